@@ -1,0 +1,3 @@
+"""kproxy: a Kafka-protocol-aware transparent TCP proxy."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,69 @@
+"""kproxy's sans-IO Kafka codec.
+
+Layers, bottom up (none does I/O; this package imports nothing else of kproxy):
+
+* :mod:`.framing`  - 4-byte size-prefixed frames out of arbitrary chunks.
+* :mod:`.headers`  - request/response headers and their derived versions.
+* :mod:`.schema`   - per-(api key, version) layouts from the generated tables.
+* :mod:`.messages` - full decode/encode of bodies (byte-exact round trips).
+* :mod:`.scan`     - partial decode for the hot path (topics, partitions, error codes).
+* :mod:`.splice`   - rewrite a few top-level fields, copy the rest untouched.
+* :mod:`.records`  - RecordBatch v2 and legacy MessageSets, decoded lazily.
+* :mod:`.tables`   - API names, error codes: printable lookups that never raise.
+"""
+
+from kproxy.protocol.errors import (
+    CorruptRecordsError,
+    DecodeError,
+    EncodeError,
+    FrameSizeError,
+    ProtocolError,
+    UnknownApiError,
+)
+from kproxy.protocol.frames import Request, Response, decode_request, decode_response, encode_request, encode_response
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, frame
+from kproxy.protocol.headers import (
+    RequestHeader,
+    ResponseHeader,
+    peek_correlation_id,
+    peek_request,
+    request_header_version,
+    response_header_version,
+)
+from kproxy.protocol.messages import codec, decode_body, default_body, encode_body
+from kproxy.protocol.scan import BodyScan, scan_body
+from kproxy.protocol.schema import Direction, message_schema
+from kproxy.protocol.splice import splice_body
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "BodyScan",
+    "CorruptRecordsError",
+    "DecodeError",
+    "Direction",
+    "EncodeError",
+    "FrameSizeError",
+    "FrameSplitter",
+    "ProtocolError",
+    "Request",
+    "RequestHeader",
+    "Response",
+    "ResponseHeader",
+    "UnknownApiError",
+    "codec",
+    "decode_body",
+    "decode_request",
+    "decode_response",
+    "default_body",
+    "encode_body",
+    "encode_request",
+    "encode_response",
+    "frame",
+    "message_schema",
+    "peek_correlation_id",
+    "peek_request",
+    "request_header_version",
+    "response_header_version",
+    "scan_body",
+    "splice_body",
+]

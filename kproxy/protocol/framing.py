@@ -1,0 +1,93 @@
+"""Splitting a byte stream into Kafka frames: a 4-byte big-endian size, then that many bytes.
+
+Sans-IO: feed whatever chunks the socket gave, take out whole frames. The size
+is checked the moment its 4 bytes are in, before any buffer is sized for it, so
+a hostile peer cannot make kproxy allocate by announcing a huge frame.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from kproxy.protocol.errors import FrameSizeError
+
+DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
+SIZE_PREFIX = struct.Struct(">i")
+
+
+def check_frame_size(size: int, max_frame_size: int, *, offset: int | None = None) -> None:
+    """Raise :class:`FrameSizeError` for a negative or over-limit frame size."""
+    if size < 0:
+        raise FrameSizeError(f"negative frame size {size}", offset=offset)
+    if size > max_frame_size:
+        raise FrameSizeError(f"frame size {size} exceeds the limit of {max_frame_size} bytes", offset=offset)
+
+
+class FrameSplitter:
+    """Incremental frame splitter.
+
+    ``feed(chunk)`` buffers bytes; ``next_frame()`` returns the payload of the
+    next complete frame (without its size prefix) or ``None``. ``stream_offset``
+    counts bytes consumed so far, so errors can name where in the stream they
+    happened. After a :class:`FrameSizeError` the stream is unusable (framing is
+    lost) and the caller must close the connection.
+    """
+
+    __slots__ = ("_buf", "_pos", "consumed", "max_frame_size")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if max_frame_size < 0:
+            raise ValueError("max_frame_size must be >= 0")
+        self.max_frame_size = max_frame_size
+        self._buf = bytearray()
+        self._pos = 0
+        self.consumed = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos == len(self._buf):
+            # Everything was consumed: start over rather than grow.
+            self._buf.clear()
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that are not yet part of a returned frame."""
+        return len(self._buf) - self._pos
+
+    def pending_frame_size(self) -> int | None:
+        """Size announced by the next frame's prefix, once its 4 bytes are in (validated)."""
+        if len(self._buf) - self._pos < 4:
+            return None
+        (size,) = SIZE_PREFIX.unpack_from(self._buf, self._pos)
+        check_frame_size(size, self.max_frame_size, offset=self.consumed)
+        return int(size)
+
+    def next_frame(self) -> bytes | None:
+        size = self.pending_frame_size()
+        if size is None:
+            return None
+        start = self._pos + 4
+        end = start + size
+        if end > len(self._buf):
+            return None
+        frame = bytes(self._buf[start:end])
+        self._pos = end
+        self.consumed += 4 + size
+        if self._pos > 65536 and self._pos * 2 > len(self._buf):
+            # Drop consumed bytes once they dominate, keeping memory ~ one frame.
+            del self._buf[: self._pos]
+            self._pos = 0
+        return frame
+
+    def frames(self) -> list[bytes]:
+        """Every complete frame buffered so far."""
+        out = []
+        while (frame := self.next_frame()) is not None:
+            out.append(frame)
+        return out
+
+
+def frame(payload: bytes | bytearray) -> bytes:
+    """Prefix a payload with its 4-byte size."""
+    return SIZE_PREFIX.pack(len(payload)) + bytes(payload)

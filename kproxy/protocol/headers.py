@@ -1,0 +1,176 @@
+"""Request and response headers, and which header version a message uses.
+
+Facts kept here (KIP-482, KIP-511; RequestHeader.json / ResponseHeader.json):
+
+* Request header v0: api_key int16, api_version int16, correlation_id int32.
+  v1 adds client_id as a *nullable int16-length string*; v2 adds a tagged-field
+  section. ClientId is never compact, even in v2, so that a broker can read it
+  before it knows whether the api version is flexible.
+* Response header v0: correlation_id; v1 adds a tagged-field section.
+* A request uses header v2 (response header v1) when its api version is
+  flexible, else v1 (response v0). ControlledShutdown v0 uses request header v0.
+  ApiVersions responses always use response header v0, whatever the version,
+  so a client that guessed too new a version can still find the body.
+* Unknown (api key, version): assumed non-flexible. Correlation id and client
+  id sit at the same offsets in v1 and v2, which is all the proxy needs.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
+from kproxy.protocol.errors import DecodeError, EncodeError
+from kproxy.protocol.schema import is_flexible
+
+API_VERSIONS_KEY = 18
+CONTROLLED_SHUTDOWN_KEY = 7
+
+_FIXED = struct.Struct(">hhi")
+_FIXED_CLIENT = struct.Struct(">hhih")
+_CORRELATION = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
+
+
+def request_header_version(api_key: int, api_version: int) -> int:
+    if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+        return 0
+    return 2 if is_flexible(api_key, api_version) else 1
+
+
+def response_header_version(api_key: int, api_version: int) -> int:
+    if api_key == API_VERSIONS_KEY:
+        return 0
+    return 1 if is_flexible(api_key, api_version) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A decoded request header; ``size`` is its length in bytes on the wire."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None = None
+    header_version: int = 1
+    tagged_fields: dict[int, bytes] = field(default_factory=dict)
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseHeader:
+    correlation_id: int
+    header_version: int = 0
+    tagged_fields: dict[int, bytes] = field(default_factory=dict)
+    size: int = 4
+
+
+def _read_tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
+    count, pos = read_uvarint(buf, pos)
+    tags: dict[int, bytes] = {}
+    for _ in range(count):
+        tag, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        if pos + size > len(buf):
+            raise Malformed("tagged field runs past the end of the header")
+        tags[tag] = bytes(buf[pos : pos + size])
+        pos += size
+    return tags, pos
+
+
+def _write_tags(out: bytearray, tags: dict[int, bytes]) -> None:
+    write_uvarint(out, len(tags))
+    for tag in sorted(tags):
+        write_uvarint(out, tag)
+        write_uvarint(out, len(tags[tag]))
+        out += tags[tag]
+
+
+def peek_request(frame: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a request frame payload: the hot path."""
+    try:
+        return _FIXED.unpack_from(frame, 0)  # type: ignore[return-value]
+    except struct.error:
+        raise DecodeError(f"request frame of {len(frame)} bytes is shorter than a request header",
+                          offset=0) from None
+
+
+def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
+    """The correlation id of a response frame payload."""
+    try:
+        return int(_CORRELATION.unpack_from(frame, 0)[0])
+    except struct.error:
+        raise DecodeError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
+
+
+def decode_request_header(frame: bytes, header_version: int | None = None) -> RequestHeader:
+    """Decode the header at the start of a request payload (no size prefix).
+
+    ``header_version`` is derived from the api key and version unless given.
+    """
+    try:
+        if header_version is None:
+            api_key, api_version = _FIXED.unpack_from(frame, 0)[:2]
+            header_version = request_header_version(api_key, api_version)
+        if header_version == 0:
+            api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
+            return RequestHeader(api_key, api_version, correlation_id, None, 0, {}, 8)
+        api_key, api_version, correlation_id, n = _FIXED_CLIENT.unpack_from(frame, 0)
+        pos = 10
+        client_id: str | None = None
+        if n >= 0:
+            if pos + n > len(frame):
+                raise Malformed(f"client id of {n} bytes runs past the end of the frame")
+            client_id = bytes(frame[pos : pos + n]).decode("utf-8")
+            pos += n
+        elif n != -1:
+            raise Malformed(f"negative client id length {n}")
+        tags: dict[int, bytes] = {}
+        if header_version >= 2:
+            tags, pos = _read_tags(frame, pos)
+        return RequestHeader(api_key, api_version, correlation_id, client_id, header_version, tags, pos)
+    except (struct.error, IndexError):
+        raise DecodeError("truncated request header", offset=min(len(frame), 10)) from None
+    except UnicodeDecodeError:
+        raise DecodeError("client id is not valid UTF-8", offset=10, field="client_id") from None
+    except Malformed as exc:
+        raise DecodeError(str(exc), offset=10) from None
+
+
+def encode_request_header(header: RequestHeader) -> bytes:
+    try:
+        out = bytearray(_FIXED.pack(header.api_key, header.api_version, header.correlation_id))
+        if header.header_version >= 1:
+            if header.client_id is None:
+                out += b"\xff\xff"
+            else:
+                raw = header.client_id.encode("utf-8")
+                out += _INT16.pack(len(raw)) + raw
+        if header.header_version >= 2:
+            _write_tags(out, header.tagged_fields)
+        return bytes(out)
+    except struct.error as exc:
+        raise EncodeError(f"cannot encode request header: {exc}") from None
+
+
+def decode_response_header(frame: bytes, api_key: int, api_version: int) -> ResponseHeader:
+    """Decode the header at the start of a response payload to a request of that kind."""
+    version = response_header_version(api_key, api_version)
+    try:
+        correlation_id = int(_CORRELATION.unpack_from(frame, 0)[0])
+        if version == 0:
+            return ResponseHeader(correlation_id, 0, {}, 4)
+        tags, pos = _read_tags(frame, 4)
+        return ResponseHeader(correlation_id, 1, tags, pos)
+    except (struct.error, IndexError):
+        raise DecodeError("truncated response header", offset=min(len(frame), 4)) from None
+    except Malformed as exc:
+        raise DecodeError(str(exc), offset=4) from None
+
+
+def encode_response_header(header: ResponseHeader) -> bytes:
+    out = bytearray(_CORRELATION.pack(header.correlation_id))
+    if header.header_version >= 1:
+        _write_tags(out, header.tagged_fields)
+    return bytes(out)

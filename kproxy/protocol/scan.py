@@ -1,0 +1,257 @@
+"""The partial decoder of the hot path: what metrics and rules need, nothing more.
+
+:func:`scan_body` walks a request or response body with generated code that
+reads only topic names/ids, partition indexes and error codes, and *skips*
+everything else by length: strings are not decoded, records are not touched
+(their byte ranges are noted so records can be counted later, on demand).
+
+What a scan reports, as :class:`BodyScan.entries`, a list of
+``(topic, partition, error_code)``:
+
+* one entry per partition-level struct (a struct with a partition index field
+  under a topic): ``(topic, partition, code)``, ``code`` being ``None`` where
+  that struct has no error code (requests);
+* one entry per struct that has an error code but no partition:
+  ``(topic or None, None, code)``; top-level codes are ``(None, None, code)``;
+* one entry per topic-level struct that has neither partitions nor an error
+  code (``Metadata`` or ``DeleteTopics`` requests): ``(topic, None, None)``.
+
+``topic`` is the topic name, or its :class:`uuid.UUID` where the message only
+carries a topic id (Fetch v13+).
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from kproxy.protocol.codegen import Malformed, SchemaCompiler
+from kproxy.protocol.errors import DecodeError, UnknownApiError
+from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
+
+Topic = str | uuid.UUID | None
+Entry = tuple[Topic, int | None, int | None]
+
+_TOPIC_PARTITION_FIELDS = PARTITION_FIELDS | {"index"}
+
+
+def _is_topic_name(f: Field) -> bool:
+    return f.entity_type == "topicName" and f.type == "string" and not f.array and f.tag is None
+
+
+def _is_topic_id(f: Field) -> bool:
+    return f.name == "topic_id" and f.type == "uuid" and not f.array and f.tag is None
+
+
+def _is_partition(f: Field) -> bool:
+    return f.name in _TOPIC_PARTITION_FIELDS and f.type == "int32" and not f.array and f.tag is None
+
+
+def _is_error(f: Field) -> bool:
+    return f.is_error_code and f.tag is None
+
+
+def _is_topic_struct(fields: tuple[Field, ...]) -> bool:
+    return any(_is_topic_name(f) or _is_topic_id(f) for f in fields)
+
+
+def _interesting(fields: tuple[Field, ...]) -> bool:
+    for f in fields:
+        if f.tag is not None:
+            continue
+        if _is_topic_name(f) or _is_topic_id(f) or _is_partition(f) or _is_error(f) or f.type == "records":
+            return True
+        if f.type == "struct" and f.fields is not None and _interesting(f.fields):
+            return True
+    return False
+
+
+def _has_partition_children(fields: tuple[Field, ...]) -> bool:
+    for f in fields:
+        if f.type == "struct" and f.fields is not None and f.tag is None and (
+            any(_is_partition(g) for g in f.fields) or _has_partition_children(f.fields)
+        ):
+            return True
+    return False
+
+
+class _ScanCompiler(SchemaCompiler):
+    """Adds ``scan_S(buf, pos, acc, recs, topic) -> pos`` functions to the skip build."""
+
+    def build_scan(self) -> Callable[..., int]:
+        top = self.scan_struct(self.schema.fields, "Top", top=True)
+        source = "\n".join(self.w.lines) + "\n"
+        exec(compile(source, f"<kproxy scan {self.schema.name} v{self.schema.api_version}>", "exec"), self.ns)
+        return self.ns[top]  # type: ignore[no-any-return]
+
+    def scan_struct(self, fields: tuple[Field, ...], stem: str, top: bool = False) -> str:
+        subs: dict[int, str] = {}
+        for f in fields:
+            if f.type == "struct" and f.fields is not None and f.tag is None and _interesting(f.fields):
+                subs[id(f)] = self.scan_struct(f.fields, f.name)
+            elif f.type == "struct" and f.fields is not None:
+                self.struct_functions(f.fields, f.name)  # for its skip function
+        name = self.fresh(f"scan_{stem}_")
+        w = self.w
+        w(f"def {name}(buf, pos, acc, recs, topic):")
+        w.indent()
+        topic_struct = _is_topic_struct(fields)
+        has_name = any(_is_topic_name(f) for f in fields)
+        has_partition = any(_is_partition(f) for f in fields)
+        has_error = any(_is_error(f) for f in fields)
+        if topic_struct:
+            w("topic = None")
+        if has_partition:
+            w("part = None")
+        if has_error:
+            w("code = None")
+        for f in fields:
+            if f.tag is not None:
+                continue
+            if _is_topic_name(f):
+                self.emit_scalar_decode(f, "topic", "''")
+            elif _is_topic_id(f):
+                if has_name:
+                    w("if topic is None:")
+                    w.indent()
+                    self.emit_scalar_decode(f, "topic", "''")
+                    w.dedent()
+                    w("else: pos += 16")
+                else:
+                    self.emit_scalar_decode(f, "topic", "''")
+            elif _is_partition(f):
+                self.emit_scalar_decode(f, "part", "''")
+            elif _is_error(f):
+                self.emit_scalar_decode(f, "code", "''")
+            elif f.type == "records":
+                n = self.fresh("n")
+                self.emit_len("records", n)
+                w(f"if {n} > 0:")
+                w.indent()
+                w(f"recs.append((pos, pos + {n}))")
+                w(f"pos += {n}")
+                w.dedent()
+            elif id(f) in subs:
+                self.emit_scan_call(f, subs[id(f)])
+            else:
+                self.emit_value_skip(f)
+        if self.flexible:
+            w("nt = buf[pos]")
+            w("if nt < 0x80: pos += 1")
+            w("else: nt, pos = read_uvarint(buf, pos)")
+            w("for _ in range(nt):")
+            w.indent()
+            w("tag, pos = read_uvarint(buf, pos)")
+            w("size, pos = read_uvarint(buf, pos)")
+            w("pos += size")
+            w.dedent()
+        w("_check_len(buf, pos)")
+        ctx = "topic" if topic_struct or not top else "None"
+        if has_partition:
+            w(f"acc.append(({ctx}, part, {'code' if has_error else 'None'}))")
+        elif has_error:
+            w(f"acc.append(({ctx}, None, code))")
+        elif topic_struct and not _has_partition_children(fields):
+            w("acc.append((topic, None, None))")
+        w("return pos")
+        w.dedent()
+        return name
+
+    def emit_scan_call(self, f: Field, fn: str) -> None:
+        w = self.w
+        call = f"pos = {fn}(buf, pos, acc, recs, topic)"
+        if f.array:
+            n = self.fresh("n")
+            self.emit_len("array", n)
+            w(f"if {n} > 0: _count({n}, pos, buf, 1)")
+            w(f"for _ in range({n}):")
+            w.indent()
+            w(call)
+            w.dedent()
+        elif f.nullable:
+            w("if buf[pos] == 0xFF: pos += 1")
+            w("else:")
+            w.indent()
+            w("pos += 1")
+            w(call)
+            w.dedent()
+        else:
+            w(call)
+
+
+@dataclass(frozen=True, slots=True)
+class BodyScan:
+    """What :func:`scan_body` found; ``records`` are (start, end) offsets of records fields."""
+
+    entries: list[Entry]
+    records: list[tuple[int, int]]
+    data: bytes
+
+    def error_codes(self) -> Iterator[int]:
+        """Every error code found, zeros included (a response's verdict per partition)."""
+        return (code for _, _, code in self.entries if code is not None)
+
+    def errors(self) -> list[Entry]:
+        """Entries whose error code is set and not NONE (0)."""
+        return [e for e in self.entries if e[2]]
+
+    def topics(self) -> list[Topic]:
+        """Distinct topics in first-seen order."""
+        seen: dict[Topic, None] = {}
+        for topic, _, _ in self.entries:
+            if topic is not None:
+                seen.setdefault(topic, None)
+        return list(seen)
+
+    def record_count(self) -> int:
+        """Records in all records fields, from batch headers (no decompression)."""
+        from kproxy.protocol.records import count_records
+
+        return sum(count_records(self.data[start:end]) for start, end in self.records)
+
+
+_scanners: dict[tuple[int, int, Direction], Callable[..., int]] = {}
+_lock = threading.Lock()
+_FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
+
+
+def scanner(api_key: int, api_version: int, direction: Direction) -> Callable[..., int] | None:
+    key = (api_key, api_version, direction)
+    fn = _scanners.get(key)
+    if fn is None:
+        schema: MessageSchema | None = message_schema(api_key, api_version, direction)
+        if schema is None:
+            return None
+        with _lock:
+            fn = _scanners.get(key)
+            if fn is None:
+                fn = _scanners[key] = _ScanCompiler(schema, traced=False).build_scan()
+    return fn
+
+
+def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0) -> BodyScan:
+    """Scan the body at ``data[offset:]``. Raises :class:`DecodeError` on malformed bytes.
+
+    Unknown (api key, version) raises :class:`UnknownApiError`; the proxy treats
+    that as "nothing to report", not as a reason to drop the frame.
+    """
+    fn = scanner(api_key, api_version, direction)
+    if fn is None:
+        raise UnknownApiError(api_key, api_version)
+    acc: list[Entry] = []
+    recs: list[tuple[int, int]] = []
+    try:
+        end = fn(data, offset, acc, recs, None)
+    except _FAILURES as exc:
+        # The full decoder knows how to say where; ask it (only on this error path).
+        from kproxy.protocol.messages import require_codec
+
+        require_codec(api_key, api_version, direction).decode(data, offset)
+        raise DecodeError(f"malformed body: {exc}", offset=offset) from None
+    if end != len(data):
+        raise DecodeError(f"{len(data) - end} bytes left over after the body", offset=end)
+    return BodyScan(acc, recs, data)
+

@@ -1,0 +1,114 @@
+"""Rewrite a few top-level fields of a body without re-encoding the rest.
+
+A Metadata response of 100,000 partitions is megabytes; the proxy only has to
+change its ``brokers`` list. :func:`splice_body` skips the fields it was not
+asked about (by length, no values built), decodes the named ones, hands each
+to its edit function, encodes the result and joins the untouched byte ranges
+around it. Top-level *tagged* fields (``node_endpoints`` of Produce v10+ and
+Fetch v16+ responses, KIP-951) are handled the same way inside the tag section.
+
+Edit functions receive the decoded value and return the new value; they may
+mutate and return the same object.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
+from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.messages import require_codec
+from kproxy.protocol.schema import Direction
+
+Edit = Callable[[Any], Any]
+_FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
+
+
+def splice_body(api_key: int, api_version: int, direction: Direction, data: bytes,
+                edits: Mapping[str, Edit], offset: int = 0) -> tuple[bytes, list[str]]:
+    """Apply ``edits`` (top-level field name -> edit) to the body at ``data[offset:]``.
+
+    Returns ``(new_bytes, edited_field_names)``: ``new_bytes`` covers
+    ``data[offset:]`` only (the caller keeps its header), and is ``data[offset:]``
+    itself when none of the fields is present in this version or on the wire.
+    Raises :class:`DecodeError` on malformed bodies.
+    """
+    codec = require_codec(api_key, api_version, direction)
+    schema = codec.schema
+    pieces: list[bytes] = []
+    done: list[str] = []
+    mark = offset
+    pos = offset
+    tagged = {f.tag: f for f in schema.fields if f.tag is not None and f.name in edits}
+    regular = [f for f in schema.fields if f.tag is None]
+    wanted = [i for i, f in enumerate(regular) if f.name in edits]
+    # Without tagged edits the walk ends at the last edited field: the rest is copied as is.
+    stop = len(regular) if tagged or not wanted else wanted[-1] + 1
+    try:
+        for field in regular[:stop]:
+            decode, encode, skip = codec.field_functions(field.name)
+            edit = edits.get(field.name)
+            if edit is None:
+                pos = skip(data, pos)
+                continue
+            value, end = decode(data, pos)
+            out = bytearray()
+            encode(out, edit(value))
+            pieces.append(data[mark:pos])
+            pieces.append(bytes(out))
+            mark = pos = end
+            done.append(field.name)
+        if schema.flexible and tagged:
+            pos = _splice_tags(codec, data, pos, tagged, edits, pieces, mark, done)
+            mark = pos
+    except _FAILURES as exc:
+        codec.decode(data, offset)  # raises a DecodeError that says where
+        raise DecodeError(f"malformed body: {exc}", offset=pos) from None
+    if not done:
+        return data[offset:], done
+    pieces.append(data[mark:])
+    return b"".join(pieces), done
+
+
+def _splice_tags(codec: Any, data: bytes, pos: int, tagged: dict[int | None, Any], edits: Mapping[str, Edit],
+                 pieces: list[bytes], mark: int, done: list[str]) -> int:
+    """Rewrite the chosen tagged fields of the top-level tag section starting at ``pos``.
+
+    Appends to ``pieces`` everything from ``mark`` up to the end of the section
+    and returns that end.
+    """
+    count, pos = read_uvarint(data, pos)
+    out = bytearray()
+    changed = False
+    section_start = pos
+    for _ in range(count):
+        start = pos
+        tag, pos = read_uvarint(data, pos)
+        size, pos = read_uvarint(data, pos)
+        end = pos + size
+        if end > len(data):
+            raise Malformed("tagged field runs past the end of the body")
+        field = tagged.get(tag)
+        if field is None:
+            out += data[start:end]
+        else:
+            decode, encode, _ = codec.field_functions(field.name)
+            value, stop = decode(data, pos)
+            if stop != end:
+                raise Malformed(f"tagged field {tag} size mismatch")
+            sub = bytearray()
+            encode(sub, edits[field.name](value))
+            write_uvarint(out, tag)
+            write_uvarint(out, len(sub))
+            out += sub
+            changed = True
+            done.append(field.name)
+        pos = end
+    if changed:
+        pieces.append(data[mark:section_start])
+        pieces.append(bytes(out))
+    else:
+        pieces.append(data[mark:pos])
+    return pos

@@ -1,0 +1,63 @@
+"""Printable lookups of Kafka's api keys and error codes. They never raise.
+
+Unknown values are data (a newer broker may send codes this build does not
+know): they get a placeholder name, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kproxy.protocol import _tables
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaError:
+    code: int
+    name: str
+    retriable: bool
+    known: bool
+
+
+def error(code: int) -> KafkaError:
+    """The error for a code; unknown codes are ``UNKNOWN_ERROR_CODE_<n>``, not retriable."""
+    found = _tables.ERRORS.get(code)
+    if found is None:
+        return KafkaError(code, f"UNKNOWN_ERROR_CODE_{code}", False, False)
+    return KafkaError(code, found[0], found[1], True)
+
+
+def error_name(code: int) -> str:
+    return error(code).name
+
+
+_BY_NAME = {name: code for code, (name, _) in _tables.ERRORS.items()}
+
+
+def error_code(name: str) -> int | None:
+    """The code of an error name (``NOT_LEADER_OR_FOLLOWER``), case-insensitive; None if unknown."""
+    return _BY_NAME.get(name.upper())
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name (``Metadata``); unknown keys are ``UnknownApi<n>``."""
+    return _tables.API_NAMES.get(api_key, f"UnknownApi{api_key}")
+
+
+def api_snake_name(api_key: int) -> str:
+    """``metadata``, ``find_coordinator``: the label form used in metrics and rules."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", api_name(api_key)).lower()
+
+
+_BY_API_NAME = {name.lower(): key for key, name in _tables.API_NAMES.items()}
+_BY_API_NAME.update({api_snake_name(key): key for key in _tables.API_NAMES})
+
+
+def api_key(name: str) -> int | None:
+    """The key of an api name in either form (``FindCoordinator`` / ``find_coordinator``)."""
+    return _BY_API_NAME.get(name.lower())
+
+
+def all_api_keys() -> list[int]:
+    return sorted(_tables.API_NAMES)
