@@ -85,7 +85,7 @@ def _check_len(buf: bytes, end: int) -> None:
 
 
 def _count(n: int, pos: int, buf: bytes, min_size: int) -> None:
-    # A count can claim 2**31 elements with 4 bytes of data; refuse before allocating.
+    """Refuse a count that cannot fit the bytes left (2**31 claimed with 4 bytes of data)."""
     if n * min_size > len(buf) - pos:
         raise Malformed(f"array of {n} elements cannot fit in the {len(buf) - pos} bytes left")
 
@@ -93,6 +93,14 @@ def _count(n: int, pos: int, buf: bytes, min_size: int) -> None:
 def _uuid_from(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=raw)
 
+
+# Arrays of ints are read and written with one struct call; formats of small counts are
+# compiled once here rather than looked up by format string on every array.
+_ARRAY_CACHE = 256
+_ARRAY_UNPACK = {c: [struct.Struct(f">{n}{c}").unpack_from for n in range(_ARRAY_CACHE)]
+                 for c in set(STRUCT_FORMAT.values())}
+_ARRAY_PACK = {c: [struct.Struct(f">{n}{c}").pack for n in range(_ARRAY_CACHE)]
+               for c in set(STRUCT_FORMAT.values())}
 
 _BASE_NAMESPACE: dict[str, Any] = {
     "Malformed": Malformed,
@@ -106,6 +114,8 @@ _BASE_NAMESPACE: dict[str, Any] = {
     "unpack_from": struct.unpack_from,
     "pack": struct.pack,
     "UNKNOWN_TAGS": UNKNOWN_TAGS,
+    **{f"AU_{ord(c)}": v for c, v in _ARRAY_UNPACK.items()},
+    **{f"AP_{ord(c)}": v for c, v in _ARRAY_PACK.items()},
 }
 
 
@@ -296,13 +306,16 @@ class SchemaCompiler:
             w(f"if {n} < 0: {target} = None")
             w("else:")
             w.indent()
-            w(f"_count({n}, pos, buf, {min_wire_size(self.element(field), self.flexible)})")
             elem = self.element(field)
             if elem.type in STRUCT_FORMAT and not self.traced:
-                fmt_char = STRUCT_FORMAT[elem.type]
-                w(f"{target} = list(unpack_from('>%d{fmt_char}' % {n}, buf, pos))")
+                # unpack_from checks the buffer's length before it allocates: no count check needed.
+                c = STRUCT_FORMAT[elem.type]
+                w(f"if {n} < {_ARRAY_CACHE}: {target} = list(AU_{ord(c)}[{n}](buf, pos))")
+                w(f"else: {target} = list(unpack_from('>%d{c}' % {n}, buf, pos))")
                 w(f"pos += {FIXED_WIDTH[elem.type]} * {n}")
             else:
+                size = min_wire_size(elem, self.flexible)
+                w(f"if {n} * {max(size, 1)} > len(buf) - pos: _count({n}, pos, buf, {max(size, 1)})")
                 lst = self.fresh("lst")
                 idx = self.fresh("i")
                 w(f"{lst} = []")
@@ -454,7 +467,9 @@ class SchemaCompiler:
             self.emit_write_len("array", n)
             elem = self.element(field)
             if elem.type in STRUCT_FORMAT and not self.traced:
-                w(f"out += pack('>%d{STRUCT_FORMAT[elem.type]}' % {n}, *{var})")
+                c = STRUCT_FORMAT[elem.type]
+                w(f"if {n} < {_ARRAY_CACHE}: out += AP_{ord(c)}[{n}](*{var})")
+                w(f"else: out += pack('>%d{c}' % {n}, *{var})")
             else:
                 item = self.fresh("item")
                 idx = self.fresh("i")
