@@ -46,7 +46,7 @@ class Malformed(Exception):
     """Raised inside generated decoders; the public wrappers translate it."""
 
 
-def read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     """Decode an unsigned varint at ``pos`` (slow path: the caller inlines 1-byte values)."""
     result = 0
     shift = 0

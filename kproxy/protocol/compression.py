@@ -150,7 +150,7 @@ def _lz4_compress(data: BytesLike, *, legacy_header: bool) -> bytes:
     # (cramjam's default) would be unreadable there; no content checksum either,
     # since older Java readers reject it.
     compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
-    compressor.compress(data)
+    compressor.compress(bytes(data))  # the streaming API takes bytes only
     frame = bytearray(bytes(compressor.finish()))
     if legacy_header:
         descriptor_end = 4 + _lz4_descriptor_length(frame)
@@ -220,6 +220,7 @@ def _gzip_decompress(data: BytesLike, max_size: int) -> bytes:
         except zlib.error as exc:
             raise CorruptRecordsError(f"bad gzip data: {exc}", offset=consumed) from exc
         out += chunk
+        del chunk  # keep peak memory near one copy of the output, not two
         if len(out) > max_size:
             raise _too_big(Codec.GZIP, max_size)
         if not inflater.eof:
@@ -233,12 +234,20 @@ def _gzip_decompress(data: BytesLike, max_size: int) -> bytes:
 
 def _snappy_decompress(data: BytesLike, max_size: int) -> bytes:
     view = memoryview(data)
-    if len(view) >= len(_XERIAL_HEADER) and view[: len(_XERIAL_MAGIC)] == _XERIAL_MAGIC:
+    if len(view) >= len(_XERIAL_HEADER) and bytes(view[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
         # Version fields are ignored on purpose: some writers put them in
         # little-endian, and there only ever was one xerial block format.
         out = bytearray()
         pos = len(_XERIAL_HEADER)
         while pos < len(view):
+            if bytes(view[pos : pos + len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:
+                # Concatenated streams (snappy-java reads them): a new header
+                # where a block length would be. Unambiguous, since 0x82 would
+                # make that length negative.
+                if len(view) - pos < len(_XERIAL_HEADER):
+                    raise CorruptRecordsError("truncated xerial snappy header", offset=pos)
+                pos += len(_XERIAL_HEADER)
+                continue
             if len(view) - pos < 4:
                 raise CorruptRecordsError("truncated xerial snappy block length", offset=pos)
             (block_len,) = struct.unpack_from(">i", view, pos)

@@ -64,14 +64,28 @@ class FrameSplitter:
         return int(size)
 
     def next_frame(self) -> bytes | None:
+        """The next complete frame's payload (no size prefix), or None."""
+        return self._take(4)
+
+    def next_raw(self) -> bytes | None:
+        """The next complete frame *with* its size prefix (what a proxy forwards), or None."""
+        return self._take(0)
+
+    def raw_frames(self) -> list[bytes]:
+        """Every complete frame buffered so far, size prefixes included."""
+        out = []
+        while (raw := self._take(0)) is not None:
+            out.append(raw)
+        return out
+
+    def _take(self, skip: int) -> bytes | None:
         size = self.pending_frame_size()
         if size is None:
             return None
-        start = self._pos + 4
-        end = start + size
+        end = self._pos + 4 + size
         if end > len(self._buf):
             return None
-        frame = bytes(self._buf[start:end])
+        frame = bytes(self._buf[self._pos + skip : end])
         self._pos = end
         self.consumed += 4 + size
         if self._pos > 65536 and self._pos * 2 > len(self._buf):

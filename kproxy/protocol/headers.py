@@ -66,7 +66,7 @@ class ResponseHeader:
     size: int = 4
 
 
-def _read_tags(buf: bytes, pos: int) -> tuple[dict[int, bytes], int]:
+def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[dict[int, bytes], int]:
     count, pos = read_uvarint(buf, pos)
     tags: dict[int, bytes] = {}
     for _ in range(count):
@@ -90,7 +90,8 @@ def _write_tags(out: bytearray, tags: dict[int, bytes]) -> None:
 def peek_request(frame: bytes | bytearray | memoryview) -> tuple[int, int, int]:
     """(api_key, api_version, correlation_id) of a request frame payload: the hot path."""
     try:
-        return _FIXED.unpack_from(frame, 0)  # type: ignore[return-value]
+        api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
+        return int(api_key), int(api_version), int(correlation_id)
     except struct.error:
         raise DecodeError(f"request frame of {len(frame)} bytes is shorter than a request header",
                           offset=0) from None
@@ -104,7 +105,7 @@ def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
         raise DecodeError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
 
 
-def decode_request_header(frame: bytes, header_version: int | None = None) -> RequestHeader:
+def decode_request_header(frame: bytes | memoryview, header_version: int | None = None) -> RequestHeader:
     """Decode the header at the start of a request payload (no size prefix).
 
     ``header_version`` is derived from the api key and version unless given.

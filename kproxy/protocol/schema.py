@@ -131,7 +131,7 @@ def known_api_keys() -> list[int]:
 
 def all_message_kinds() -> list[tuple[int, int, Direction]]:
     """Every (api key, version, direction) the tables know: what round-trip tests walk."""
-    out = []
+    out: list[tuple[int, int, Direction]] = []
     for (key, direction), variants in sorted(_tables.MESSAGES.items()):
         versions = sorted({v for first, last, _, _ in variants for v in range(first, last + 1)})
         out.extend((key, v, Direction(direction)) for v in versions)

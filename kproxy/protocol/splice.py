@@ -41,7 +41,7 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
     done: list[str] = []
     mark = offset
     pos = offset
-    tagged = {f.tag: f for f in schema.fields if f.tag is not None and f.name in edits}
+    tagged = {f.tag: f for f in schema.fields if f.tag is not None and f.name in edits}  # tag -> field
     regular = [f for f in schema.fields if f.tag is None]
     wanted = [i for i, f in enumerate(regular) if f.name in edits]
     # Without tagged edits the walk ends at the last edited field: the rest is copied as is.
@@ -72,7 +72,7 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
     return b"".join(pieces), done
 
 
-def _splice_tags(codec: Any, data: bytes, pos: int, tagged: dict[int | None, Any], edits: Mapping[str, Edit],
+def _splice_tags(codec: Any, data: bytes, pos: int, tagged: dict[int, Any], edits: Mapping[str, Edit],
                  pieces: list[bytes], mark: int, done: list[str]) -> int:
     """Rewrite the chosen tagged fields of the top-level tag section starting at ``pos``.
 

@@ -1,0 +1,334 @@
+"""kproxy's configuration: one table of options, read from YAML and from flags alike.
+
+Every option is declared once in :data:`OPTIONS` with its YAML path, its flag,
+its parser and its help; the YAML loader and the ``kproxy run`` argument parser
+are both derived from that table, so no option exists in one and not the
+other. Precedence: built-in default < config file < flag.
+
+Invalid configuration is refused before anything starts, with the file, the
+key and the reason (:class:`ConfigError`), e.g.
+``kproxy.yaml: limits.max_in_flight: must be an integer >= 1, got 'many'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kproxy.proxy.addresses import HostPort, parse_host_port
+
+
+class ConfigError(Exception):
+    """Configuration that kproxy refuses to start with; the message names where and why."""
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS towards clients (kproxy is the server)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+    require_client_cert: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """TLS towards brokers (kproxy is the client). Verification is on unless turned off."""
+
+    enabled: bool = False
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_in_flight: int = 1000
+    idle_timeout: float = 600.0
+    connect_timeout: float = 10.0
+    shutdown_grace: float = 30.0
+    read_size: int = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    upstream: tuple[HostPort, ...]
+    listen: HostPort = HostPort("127.0.0.1", 19092)
+    advertised_host: str | None = None
+    broker_port_base: int | None = None
+    broker_ports: Mapping[int, int] = field(default_factory=dict)
+    metrics_listen: HostPort | None = None
+    log_level: str = "info"
+    limits: Limits = Limits()
+    client_tls: ClientTls = ClientTls()
+    upstream_tls: UpstreamTls = UpstreamTls()
+
+    @property
+    def advertised(self) -> str:
+        """What clients are told: the configured host, else the listen host (``localhost``
+        when listening on a wildcard address, which no client can connect to)."""
+        if self.advertised_host:
+            return self.advertised_host
+        return "localhost" if self.listen.host in ("0.0.0.0", "::", "") else self.listen.host
+
+    @property
+    def first_broker_port(self) -> int:
+        """``broker_port_base`` or, by default, the port after the bootstrap port (0 = ephemeral)."""
+        if self.broker_port_base is not None:
+            return self.broker_port_base
+        return 0 if self.listen.port == 0 else self.listen.port + 1
+
+
+# -- value parsers: each raises ValueError with a short reason -----------------------------
+def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"must be an integer, got {value!r}")
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"must be an integer >= {lo}, got {value!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            raise ValueError(f"must be between {lo} and {hi}, got {n}" if hi else f"must be >= {lo}, got {n}")
+        return n
+
+    return parse
+
+
+def _seconds(value: Any) -> float:
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number of seconds, got {value!r}") from None
+    if n <= 0:
+        raise ValueError(f"must be > 0 seconds, got {n}")
+    return n
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "yes", "on", "1"):
+        return True
+    if str(value).lower() in ("false", "no", "off", "0"):
+        return False
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _path(value: Any) -> Path:
+    path = Path(_str(value))
+    if not path.exists():
+        raise ValueError(f"file {str(path)!r} does not exist")
+    return path
+
+
+def _address(value: Any) -> HostPort:
+    return parse_host_port(_str(value))
+
+
+def _listen_address(value: Any) -> HostPort:
+    text = _str(value)
+    if text.rsplit(":", 1)[-1] == "0":
+        return HostPort(text.rsplit(":", 1)[0].strip("[]"), 0)  # port 0: let the OS choose (tests)
+    return parse_host_port(text)
+
+
+def _addresses(value: Any) -> tuple[HostPort, ...]:
+    items = value if isinstance(value, list) else [value]
+    out: list[HostPort] = []
+    for item in items:
+        out.extend(parse_host_port(part) for part in _str(item).split(",") if part.strip())
+    if not out:
+        raise ValueError("needs at least one host:port")
+    return tuple(out)
+
+
+def _broker_ports(value: Any) -> dict[int, int]:
+    """YAML mapping ``{node_id: port}``, or flags ``NODE=PORT`` (repeatable)."""
+    if isinstance(value, Mapping):
+        pairs = list(value.items())
+    else:
+        pairs = []
+        for item in value if isinstance(value, list) else [value]:
+            node, sep, port = str(item).partition("=")
+            if not sep:
+                raise ValueError(f"expected NODE_ID=PORT, got {item!r}")
+            pairs.append((node, port))
+    return {_int(0)(node): _int(1, 65535)(port) for node, port in pairs}
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(value: Any) -> str:
+    level = _str(value).lower()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    return level
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its YAML path (dotted), flag, parser, and help."""
+
+    path: str
+    flag: str
+    parse: Callable[[Any], Any]
+    help: str
+    metavar: str | None = None
+    repeatable: bool = False
+    is_switch: bool = False
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("upstream", "--upstream", _addresses,
+           "upstream bootstrap broker(s), HOST:PORT; repeatable or comma-separated", "HOST:PORT", repeatable=True),
+    Option("listen", "--listen", _listen_address, "bootstrap listener address (default 127.0.0.1:19092)",
+           "HOST:PORT"),
+    Option("advertised_host", "--advertised-host", _str,
+           "host name clients are told to connect to (default: the listen host, or localhost)", "HOST"),
+    Option("broker_port_base", "--broker-port-base", _int(0, 65535),
+           "port of broker node 0; broker N listens on BASE+N (default: listen port + 1; 0 = ephemeral)", "PORT"),
+    Option("broker_ports", "--broker-port", _broker_ports,
+           "pin a broker's local port, NODE_ID=PORT; repeatable", "NODE=PORT", repeatable=True),
+    Option("metrics_listen", "--metrics-listen", _address,
+           "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
+    Option("log_level", "--log-level", _log_level, "debug, info, warning or error (default info)", "LEVEL"),
+    Option("limits.max_frame_size", "--max-frame-size", _int(1024),
+           "largest frame accepted in either direction, bytes (default 100 MiB)", "BYTES"),
+    Option("limits.max_in_flight", "--max-in-flight", _int(1),
+           "requests in flight per client connection before kproxy stops reading it (default 1000)", "N"),
+    Option("limits.idle_timeout", "--idle-timeout", _seconds,
+           "close a connection idle this long in both directions (default 600)", "SECONDS"),
+    Option("limits.connect_timeout", "--connect-timeout", _seconds,
+           "upstream connect (and TLS handshake) timeout (default 10)", "SECONDS"),
+    Option("limits.shutdown_grace", "--shutdown-grace", _seconds,
+           "on SIGTERM, how long in-flight requests may take to finish (default 30)", "SECONDS"),
+    Option("tls.client.cert", "--tls-cert", _path, "serve TLS to clients with this certificate (PEM)", "FILE"),
+    Option("tls.client.key", "--tls-key", _path, "private key of --tls-cert (PEM)", "FILE"),
+    Option("tls.client.client_ca", "--tls-client-ca", _path,
+           "verify client certificates against this CA (PEM)", "FILE"),
+    Option("tls.client.require_client_cert", "--tls-require-client-cert", _bool,
+           "refuse clients without a certificate signed by --tls-client-ca", is_switch=True),
+    Option("tls.upstream.enabled", "--upstream-tls", _bool, "connect to brokers with TLS", is_switch=True),
+    Option("tls.upstream.ca", "--upstream-ca", _path, "CA bundle that signs the brokers' certificates", "FILE"),
+    Option("tls.upstream.cert", "--upstream-cert", _path, "client certificate for brokers (mTLS)", "FILE"),
+    Option("tls.upstream.key", "--upstream-key", _path, "private key of --upstream-cert", "FILE"),
+    Option("tls.upstream.server_name", "--upstream-server-name", _str,
+           "SNI and verified name for brokers (default: each broker's host)", "NAME"),
+    Option("tls.upstream.verify", "--upstream-no-verify", _bool,
+           "do NOT verify broker certificates (staging only)", is_switch=True),
+)
+_BY_PATH = {o.path: o for o in OPTIONS}
+
+
+def _flatten(data: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if path in _BY_PATH:
+            out[path] = value
+        elif isinstance(value, Mapping) and any(p.startswith(path + ".") for p in _BY_PATH):
+            out.update(_flatten(value, path + ".", source))
+        else:
+            known = [p for p in _BY_PATH if p.startswith(prefix)] or list(_BY_PATH)
+            hint = difflib.get_close_matches(path, known, n=1)
+            suggestion = f" (did you mean {hint[0]}?)" if hint else ""
+            raise ConfigError(f"{source}: {path}: unknown key{suggestion}")
+    return out
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Raw values from a YAML file, keyed by dotted option path (not parsed yet)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{where}: invalid YAML: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: the top level must be a mapping of options, got {type(data).__name__}")
+    return _flatten(data, "", str(path))
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config`` and one flag per option to ``kproxy run``'s parser."""
+    parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
+    for opt in OPTIONS:
+        dest = opt.path.replace(".", "__")
+        if opt.is_switch:
+            # --upstream-no-verify sets verify=false; every other switch sets true.
+            value = opt.flag != "--upstream-no-verify"
+            parser.add_argument(opt.flag, dest=dest, action="store_const", const=value, default=None,
+                                help=opt.help)
+        elif opt.repeatable:
+            parser.add_argument(opt.flag, dest=dest, action="append", metavar=opt.metavar, help=opt.help)
+        else:
+            parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.help)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """Merge defaults, ``--config`` and flags; raises :class:`ConfigError`."""
+    raw: dict[str, tuple[Any, str]] = {}
+    if args.config is not None:
+        for path, value in read_config_file(args.config).items():
+            raw[path] = (value, f"{args.config}: {path}")
+    for opt in OPTIONS:
+        value = getattr(args, opt.path.replace(".", "__"), None)
+        if value is not None:
+            raw[opt.path] = (value, opt.flag)
+    return build_config(raw)
+
+
+def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
+    """Parse raw values (with where each came from) into a validated :class:`Config`."""
+    parsed: dict[str, Any] = {}
+    for path, (value, where) in raw.items():
+        try:
+            parsed[path] = _BY_PATH[path].parse(value)
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    if "upstream" not in parsed:
+        raise ConfigError("upstream: required (--upstream HOST:PORT or 'upstream:' in the config file)")
+
+    def section(prefix: str) -> dict[str, Any]:
+        return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
+
+    client_tls = ClientTls(**section("tls.client."))
+    if (client_tls.cert is None) != (client_tls.key is None):
+        raise ConfigError("tls.client: cert and key go together (--tls-cert with --tls-key)")
+    if client_tls.require_client_cert and client_tls.client_ca is None:
+        raise ConfigError("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-ca)")
+    upstream_tls = UpstreamTls(**section("tls.upstream."))
+    if (upstream_tls.cert is None) != (upstream_tls.key is None):
+        raise ConfigError("tls.upstream: cert and key go together (--upstream-cert with --upstream-key)")
+    top = {p: v for p, v in parsed.items() if "." not in p}
+    return Config(limits=Limits(**section("limits.")), client_tls=client_tls, upstream_tls=upstream_tls, **top)

@@ -1,0 +1,117 @@
+"""Which kproxy port stands for which upstream broker.
+
+Clients must never learn a real broker address: every broker kproxy sees in a
+response gets a kproxy listener, and the response is rewritten to point there.
+This module owns that mapping (sans-IO; the server opens the listeners).
+
+Port assignment is deterministic by default, so a restarted sidecar hands out
+the same ports and clients holding cached metadata reconnect to the right
+broker: ``port = broker_port_base + node_id``. Node ids too large for that
+(KRaft clusters may number brokers in the thousands) fall back to the next
+free port above the range, in order of first appearance; a static
+``node_id -> port`` map in the config overrides both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_host_port(text: str, *, default_port: int | None = None) -> HostPort:
+    """Parse ``host:port`` / ``[v6]:port``; raises ValueError with the offending text."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty address")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise ValueError(f"unclosed '[' in address {text!r}")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            host, port_text = text, ""
+    if not port_text:
+        if default_port is None:
+            raise ValueError(f"address {text!r} has no port")
+        return HostPort(host, default_port)
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad port {port_text!r} in address {text!r}")
+    if not host:
+        raise ValueError(f"address {text!r} has no host")
+    return HostPort(host, int(port_text))
+
+
+@dataclass(slots=True)
+class BrokerRoute:
+    """One upstream broker as kproxy exposes it."""
+
+    node_id: int
+    upstream: HostPort
+    local_port: int
+
+
+@dataclass
+class AddressMap:
+    """node id -> (upstream address, local port). Shared by every session of a proxy.
+
+    ``advertised_host`` is what clients are told (``localhost``, a pod IP, a
+    Service name). ``learn`` is the only mutator. A route's upstream may change
+    (a broker moved); its local port never does, and listeners look the route
+    up per accepted connection, so new connections follow the move.
+    """
+
+    advertised_host: str
+    broker_port_base: int
+    static_ports: dict[int, int] = field(default_factory=dict)
+    max_port: int = 65535
+    routes: dict[int, BrokerRoute] = field(default_factory=dict)
+    # Optional: picks (and reserves) a port for a new broker, e.g. by binding port 0.
+    port_allocator: Callable[[int], int] | None = None
+    reserved_ports: set[int] = field(default_factory=set)
+
+    def _assign_port(self, node_id: int) -> int:
+        if node_id in self.static_ports:
+            return self.static_ports[node_id]
+        if self.port_allocator is not None:
+            return self.port_allocator(node_id)
+        used = {r.local_port for r in self.routes.values()} | self.reserved_ports
+        wanted = self.broker_port_base + node_id
+        if 0 <= node_id and wanted <= self.max_port and wanted not in used:
+            return wanted
+        # Past the deterministic range: first free port above it.
+        candidate = self.broker_port_base + 1 + max(
+            [r.local_port - self.broker_port_base for r in self.routes.values()] + [0])
+        while candidate in used:
+            candidate += 1
+        if candidate > self.max_port:
+            raise RuntimeError(f"no local port left for broker {node_id}")
+        return candidate
+
+    def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:
+        """Record that broker ``node_id`` is at ``host:port`` upstream; return its route."""
+        upstream = HostPort(host, port)
+        route = self.routes.get(node_id)
+        if route is None:
+            route = BrokerRoute(node_id, upstream, self._assign_port(node_id))
+            self.routes[node_id] = route
+        elif route.upstream != upstream:
+            # The broker moved: same local port, new destination for new connections.
+            route.upstream = upstream
+        return route
+
+    def route_for_port(self, local_port: int) -> BrokerRoute | None:
+        for route in self.routes.values():
+            if route.local_port == local_port:
+                return route
+        return None

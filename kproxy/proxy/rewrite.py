@@ -1,0 +1,187 @@
+"""Rewriting responses so that clients only ever see kproxy's addresses.
+
+Which responses carry broker addresses is derived from the schemas, not listed
+by hand: any response struct with ``host`` and ``port`` fields (Metadata
+brokers, FindCoordinator, DescribeCluster, the KIP-951 ``node_endpoints`` of
+Produce v10+ and Fetch v16+, ShareFetch/ShareAcknowledge, the KRaft quorum
+APIs). A new API with endpoints in a newer spec is covered by regenerating the
+tables.
+
+Only the top-level fields that contain endpoints are decoded and re-encoded
+(:func:`kproxy.protocol.splice.splice_body`); records and partition lists
+around them are copied as they are.
+
+ApiVersions responses are intersected with what kproxy can decode for the
+APIs it must rewrite (KIP-511 and DESIGN.md): a client must never pick a
+version of Metadata whose brokers kproxy could not rewrite.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kproxy.protocol.framing import SIZE_PREFIX
+from kproxy.protocol.messages import codec
+from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
+from kproxy.protocol.splice import splice_body
+from kproxy.protocol.tables import all_api_keys
+from kproxy.proxy.addresses import AddressMap, BrokerRoute
+
+API_VERSIONS = 18
+UNSUPPORTED_VERSION = 35
+NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
+
+
+def _has_endpoint(fields: tuple[Field, ...]) -> bool:
+    names = {f.name for f in fields}
+    if "host" in names and "port" in names:
+        return True
+    return any(f.fields is not None and _has_endpoint(f.fields) for f in fields)
+
+
+@functools.lru_cache(maxsize=None)
+def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
+    """Top-level response fields holding endpoints; ``()`` when the top level itself
+    has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
+    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    if schema is None:
+        return None
+    names = {f.name for f in schema.fields}
+    if "host" in names and "port" in names:
+        return ()
+    found = tuple(f.name for f in schema.fields if f.fields is not None and _has_endpoint(f.fields))
+    return found or None
+
+
+@functools.lru_cache(maxsize=None)
+def rewritten_api_keys() -> frozenset[int]:
+    """API keys with endpoints in some response version: their versions are capped."""
+    out = set()
+    for key in all_api_keys():
+        span = supported_versions(key)
+        if span and any(endpoint_fields(key, v) is not None for v in range(span[0], span[1] + 1)):
+            out.add(key)
+    return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Rewritten:
+    """A rewritten response frame (size prefix included) and the brokers it advertises."""
+
+    frame: bytes
+    routes: list[BrokerRoute]
+
+
+class ResponseRewriter:
+    """Rewrites endpoint-carrying responses against one :class:`AddressMap`.
+
+    ``pinned_versions`` are API keys kproxy must be able to *read* in both
+    directions even without endpoints (Produce for acks, SaslHandshake for the
+    mechanism); they are capped in ApiVersions like the rewritten ones.
+    """
+
+    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17})) -> None:
+        self.addresses = addresses
+        self.capped = rewritten_api_keys() | pinned_api_keys
+
+    def needs_rewrite(self, api_key: int, api_version: int) -> bool:
+        return api_key == API_VERSIONS or endpoint_fields(api_key, api_version) is not None
+
+    def rewrite(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
+        """Rewrite a response frame; ``None`` when nothing changed.
+
+        ``body_offset`` is where the body starts in ``frame`` (after the size
+        prefix and the response header). Raises DecodeError on a malformed body.
+        """
+        if api_key == API_VERSIONS:
+            return self._api_versions(api_version, frame, body_offset)
+        fields = endpoint_fields(api_key, api_version)
+        if fields is None:
+            return None
+        routes: list[BrokerRoute] = []
+        if fields == ():
+            # Host and port at the top level (FindCoordinator v0-3): tiny, decode it whole.
+            c = codec(api_key, api_version, Direction.RESPONSE)
+            assert c is not None
+            body = c.decode(frame, body_offset)
+            self._rewrite_struct(body, c.schema.fields, None, routes)
+            new_body = c.encode(body)
+        else:
+            schema = message_schema(api_key, api_version, Direction.RESPONSE)
+            assert schema is not None
+            by_name = {f.name: f for f in schema.fields}
+            edits = {name: self._editor(by_name[name], routes) for name in fields}
+            new_body, done = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
+            if not done:
+                return None
+        return Rewritten(_reframe(frame, body_offset, new_body), routes)
+
+    def _editor(self, field: Field, routes: list[BrokerRoute]) -> Callable[[Any], Any]:
+        def edit(value: Any) -> Any:
+            self._rewrite_value(value, field, None, routes)
+            return value
+
+        return edit
+
+    def _rewrite_value(self, value: Any, field: Field, parent_node: int | None,
+                       routes: list[BrokerRoute]) -> None:
+        if value is None or field.fields is None:
+            return
+        for item in value if field.array else (value,):
+            self._rewrite_struct(item, field.fields, parent_node, routes)
+
+    def _rewrite_struct(self, struct_value: dict[str, Any], fields: tuple[Field, ...],
+                        parent_node: int | None, routes: list[BrokerRoute]) -> None:
+        node = next((struct_value[n] for n in NODE_ID_FIELDS if n in struct_value), parent_node)
+        if "host" in struct_value and "port" in struct_value:
+            host = struct_value["host"]
+            # node -1 / empty host: "no coordinator", "leader unknown": nothing to map.
+            if node is not None and node >= 0 and host:
+                route = self.addresses.learn(node, host, struct_value["port"])
+                struct_value["host"] = self.addresses.advertised_host
+                struct_value["port"] = route.local_port
+                routes.append(route)
+        for f in fields:
+            if f.fields is not None and f.name in struct_value and _has_endpoint(f.fields):
+                self._rewrite_value(struct_value[f.name], f, node, routes)
+
+    # -- ApiVersions ------------------------------------------------------------------
+    def _api_versions(self, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
+        # A broker that cannot read the client's version answers with a v0 body and
+        # UNSUPPORTED_VERSION (KIP-511); its error code is the first field in every version.
+        (error_code,) = struct.unpack_from(">h", frame, body_offset)
+        version = 0 if error_code == UNSUPPORTED_VERSION else api_version
+        if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
+            return None
+
+        def cap(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+            if entries is None:
+                return None
+            out = []
+            for entry in entries:
+                key = entry["api_key"]
+                if key in self.capped:
+                    ours = supported_versions(key)
+                    assert ours is not None
+                    lo = max(entry["min_version"], ours[0])
+                    hi = min(entry["max_version"], ours[1])
+                    if lo > hi:
+                        continue  # nothing both sides speak: hide the API
+                    entry["min_version"], entry["max_version"] = lo, hi
+                out.append(entry)
+            return out
+
+        new_body, done = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},
+                                     body_offset)
+        if not done:
+            return None
+        return Rewritten(_reframe(frame, body_offset, new_body), [])
+
+
+def _reframe(frame: bytes, body_offset: int, new_body: bytes) -> bytes:
+    header = frame[4:body_offset]
+    return SIZE_PREFIX.pack(len(header) + len(new_body)) + header + new_body

@@ -1,0 +1,267 @@
+"""One client connection's protocol state, with no I/O (h11-style: frames in, frames out).
+
+The server feeds :class:`Session` whole frames (size prefix included) from the
+client and from the upstream broker; the session says what to forward upstream
+and hands back, in order, the frames to send to the client.
+
+Guarantees kept here (each has bitten a peer):
+
+* Responses leave in request order, including responses kproxy makes itself: a
+  local answer waits behind earlier in-flight requests.
+* Produce with acks=0 has no response: never tracked, never waited for.
+* After a successful SaslHandshake v0, the client and broker exchange raw
+  size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
+  mechanism's exchange is over (PLAIN and OAUTHBEARER: one round, SCRAM: two;
+  others: until the client sends something that reads as a Kafka request).
+* ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
+  UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection.
+* A response whose correlation id is not the oldest forwarded request's is a
+  desynchronised stream: :class:`SessionError`, and the server closes.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kproxy.protocol.codegen import Malformed, read_uvarint
+from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.frames import encode_response
+from kproxy.protocol.headers import decode_request_header, response_header_version
+from kproxy.protocol.messages import decode_body
+from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.protocol.tables import api_name
+from kproxy.proxy.addresses import BrokerRoute
+from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
+
+PRODUCE = 0
+SASL_HANDSHAKE = 17
+_REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
+_INT16 = struct.Struct(">h")
+# Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
+SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
+
+
+class SessionError(ProtocolError):
+    """The connection cannot go on (desynchronised stream, unrewritable response)."""
+
+
+class Mode(enum.Enum):
+    KAFKA = "kafka"
+    SASL_TOKENS = "sasl-tokens"
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request in flight and, once it arrived or was made, its response."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    request_size: int
+    forwarded_at: float
+    local: bool = False
+    response: bytes | None = None
+    received_at: float = 0.0
+    routes: list[BrokerRoute] = field(default_factory=list)
+    sasl_mechanism: str | None = None
+
+    @property
+    def api(self) -> str:
+        return api_name(self.api_key)
+
+
+class Session:
+    """Sans-IO state of one client connection.
+
+    ``on_client_frame`` returns the frame to forward upstream, or ``None`` when
+    kproxy answered itself; ``on_upstream_frame`` takes a broker frame. After
+    either, ``take_ready()`` gives the frames due to the client, in order, and
+    the broker routes they advertise (listeners must exist before they are sent).
+    ``on_complete`` (optional) sees every finished exchange: the metrics hook.
+    """
+
+    def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
+                 clock: Callable[[], float] = time.perf_counter,
+                 on_complete: Callable[[Exchange], None] | None = None) -> None:
+        self.rewriter = rewriter
+        self.max_in_flight = max_in_flight
+        self.clock = clock
+        self.on_complete = on_complete
+        self.in_flight: deque[Exchange] = deque()
+        self.mode = Mode.KAFKA
+        self._sasl_rounds_left: int | None = None
+        self._ready: list[bytes] = []
+        self._ready_routes: list[BrokerRoute] = []
+        self.requests = 0
+        self.responses = 0
+
+    # -- client -> upstream ----------------------------------------------------------
+    @property
+    def can_accept(self) -> bool:
+        """False while ``max_in_flight`` requests await responses: stop reading the client."""
+        return len(self.in_flight) < self.max_in_flight
+
+    def on_client_frame(self, frame: bytes) -> bytes | None:
+        if self.mode is Mode.SASL_TOKENS and not self._token_ends_sasl(frame):
+            return frame
+        try:
+            _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
+        except struct.error:
+            raise SessionError(f"request frame of {len(frame)} bytes is too short for a header",
+                               offset=0) from None
+        self.requests += 1
+        now = self.clock()
+        ex = Exchange(correlation_id, api_key, api_version, len(frame), now)
+        if api_key == API_VERSIONS and supported_versions(API_VERSIONS) is not None \
+                and api_version > supported_versions(API_VERSIONS)[1]:  # type: ignore[index]
+            ex.local = True
+            ex.response = self._kip511_answer(correlation_id)
+            ex.received_at = now
+            self.in_flight.append(ex)
+            self._flush()
+            return None
+        if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
+            # acks=0: the broker will not answer; nothing to track.
+            if self.on_complete is not None:
+                self.on_complete(ex)
+            return frame
+        if api_key == SASL_HANDSHAKE and api_version == 0:
+            ex.sasl_mechanism = _sasl_mechanism(frame)
+        self.in_flight.append(ex)
+        return frame
+
+    def _kip511_answer(self, correlation_id: int) -> bytes:
+        span = supported_versions(API_VERSIONS)
+        assert span is not None
+        body = {"error_code": UNSUPPORTED_VERSION,
+                "api_keys": [{"api_key": API_VERSIONS, "min_version": span[0], "max_version": span[1]}]}
+        payload = encode_response(correlation_id, API_VERSIONS, 0, body)
+        return struct.pack(">i", len(payload)) + payload
+
+    def _token_ends_sasl(self, frame: bytes) -> bool:
+        """In token mode with an open-ended mechanism: does this frame read as a Kafka request?"""
+        if self._sasl_rounds_left is not None:
+            return False
+        if len(frame) < 14:
+            return False
+        _, api_key, api_version, _ = _REQUEST_FIXED.unpack_from(frame, 0)
+        span = supported_versions(api_key)
+        (client_id_len,) = _INT16.unpack_from(frame, 12)
+        plausible = span is not None and span[0] <= api_version <= span[1] and -1 <= client_id_len <= len(frame) - 14
+        if plausible:
+            self.mode = Mode.KAFKA
+        return plausible
+
+    # -- upstream -> client ----------------------------------------------------------
+    def on_upstream_frame(self, frame: bytes) -> None:
+        if self.mode is Mode.SASL_TOKENS:
+            self._ready.append(frame)
+            if self._sasl_rounds_left is not None:
+                self._sasl_rounds_left -= 1
+                if self._sasl_rounds_left <= 0:
+                    self.mode = Mode.KAFKA
+            return
+        try:
+            _, correlation_id = _RESPONSE_FIXED.unpack_from(frame, 0)
+        except struct.error:
+            raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
+        ex = next((e for e in self.in_flight if not e.local and e.response is None), None)
+        if ex is None:
+            raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
+        if ex.correlation_id != correlation_id:
+            raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
+                               f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
+        self.responses += 1
+        ex.received_at = self.clock()
+        ex.response = self._rewrite(ex, frame)
+        if ex.sasl_mechanism is not None:
+            self._after_sasl_handshake(ex, frame)
+        self._flush()
+
+    def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
+        if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
+            return frame
+        try:
+            body_offset = _body_offset(frame, ex.api_key, ex.api_version)
+            done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
+        except (DecodeError, Malformed, IndexError) as exc:
+            # Forwarding it unrewritten could leak a broker address: the connection ends.
+            raise SessionError(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
+        if done is None:
+            return frame
+        ex.routes = done.routes
+        return done.frame
+
+    def _after_sasl_handshake(self, ex: Exchange, frame: bytes) -> None:
+        (error_code,) = _INT16.unpack_from(frame, 8)
+        if error_code == 0:
+            self.mode = Mode.SASL_TOKENS
+            self._sasl_rounds_left = SASL_ROUNDS.get((ex.sasl_mechanism or "").upper())
+
+    def _flush(self) -> None:
+        while self.in_flight and self.in_flight[0].response is not None:
+            ex = self.in_flight.popleft()
+            assert ex.response is not None
+            self._ready.append(ex.response)
+            self._ready_routes.extend(ex.routes)
+            if self.on_complete is not None:
+                self.on_complete(ex)
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def take_ready(self) -> tuple[list[bytes], list[BrokerRoute]]:
+        """Frames due to the client in order, and the routes they advertise."""
+        frames, routes = self._ready, self._ready_routes
+        self._ready, self._ready_routes = [], []
+        return frames, routes
+
+
+def _body_offset(frame: bytes, api_key: int, api_version: int) -> int:
+    """Where a response frame's body starts: after size, correlation id and any header tags."""
+    if response_header_version(api_key, api_version) == 0:
+        return 8
+    if frame[8] == 0:  # the usual empty tag section
+        return 9
+    count, pos = read_uvarint(frame, 8)
+    for _ in range(count):
+        _, pos = read_uvarint(frame, pos)
+        size, pos = read_uvarint(frame, pos)
+        pos += size
+    return pos
+
+
+def _produce_acks(frame: bytes, api_version: int) -> int | None:
+    """The acks of a Produce request frame; None if it cannot be read (then it is tracked)."""
+    try:
+        header = decode_request_header(memoryview(frame)[4:])
+        pos = 4 + header.size
+        if api_version >= 3:
+            # transactional_id comes first: a nullable string, compact from v9 on.
+            if api_version >= 9:
+                n, pos = read_uvarint(frame, pos)
+                pos += max(n - 1, 0)
+            else:
+                (n,) = _INT16.unpack_from(frame, pos)
+                pos += 2 + max(n, 0)
+        (acks,) = _INT16.unpack_from(frame, pos)
+        return int(acks)
+    except (ProtocolError, Malformed, struct.error, IndexError):
+        return None
+
+
+def _sasl_mechanism(frame: bytes) -> str | None:
+    try:
+        header = decode_request_header(memoryview(frame)[4:])
+        body = decode_body(SASL_HANDSHAKE, 0, Direction.REQUEST, frame, 4 + header.size)
+        mechanism = body.get("mechanism")
+        return mechanism if isinstance(mechanism, str) else None
+    except ProtocolError:
+        return None

@@ -1,0 +1,177 @@
+"""One client connection: two pumps around a sans-IO :class:`Session`.
+
+``client -> upstream``: read a chunk, split it into frames, let the session
+note each request (correlation id, acks, SASL state), forward the frames in one
+write. ``upstream -> client``: read, split, let the session match and rewrite
+responses, make sure the brokers they advertise have listeners, write them to
+the client in order.
+
+Resource rules: the connection owns both streams and closes both in one place
+(``run``'s ``finally``); either side closing or failing ends the connection,
+and in-flight requests get no invented answers (the client retries).
+Backpressure is trio's: a slow client blocks the upstream pump's write, which
+stops reading the broker. The client pump stops reading once
+``max_in_flight`` requests await answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from kproxy.config import Limits
+from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.framing import FrameSplitter
+from kproxy.proxy.addresses import BrokerRoute, HostPort
+from kproxy.proxy.session import Session
+from kproxy.server.logfmt import q as _q
+
+log = logging.getLogger("kproxy.connection")
+
+EnsureListeners = Callable[[list[BrokerRoute]], Awaitable[None]]
+
+
+@dataclass
+class ConnectionStats:
+    bytes_from_client: int = 0
+    bytes_to_client: int = 0
+    requests: int = 0
+    responses: int = 0
+
+
+class Connection:
+    """A client connection bridged to one upstream broker connection."""
+
+    def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream, session: Session, *,
+                 limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
+                 upstream_addr: HostPort) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.session = session
+        self.limits = limits
+        self.ensure_listeners = ensure_listeners
+        self.peer = peer
+        self.listener = listener
+        self.upstream_addr = upstream_addr
+        self.stats = ConnectionStats()
+        self._client_lock = trio.Lock()
+        self._room = trio.Event()  # set when in-flight room frees up
+        self._reading_client = trio.CancelScope()
+        self._idle = trio.CancelScope()
+        self.draining = False
+        self.close_reason = "client closed"
+
+    def drain(self) -> None:
+        """Stop reading new requests; the connection closes once in-flight ones are answered."""
+        self.draining = True
+        self._reading_client.cancel()
+        if not self.session.in_flight:
+            self._idle.cancel()
+
+    async def run(self) -> None:
+        started = time.monotonic()
+        try:
+            with self._idle:
+                self._touch()
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
+                    nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
+            if self._idle.cancelled_caught and not self.draining:
+                self.close_reason = "idle timeout"
+        finally:
+            with trio.CancelScope(shield=True):
+                await _aclose(self.client)
+                await _aclose(self.upstream)
+            log.info(
+                "event=connection_closed peer=%s listener=%s upstream=%s bytes_in=%d bytes_out=%d "
+                "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",
+                self.peer, self.listener, self.upstream_addr, self.stats.bytes_from_client,
+                self.stats.bytes_to_client, self.session.requests, self.session.responses,
+                len(self.session.in_flight), time.monotonic() - started, _q(self.close_reason))
+
+    def _touch(self) -> None:
+        self._idle.deadline = trio.current_time() + self.limits.idle_timeout
+
+    def _end(self, scope: trio.CancelScope, reason: str) -> None:
+        if self.close_reason == "client closed" or reason != "client closed":
+            self.close_reason = reason
+        scope.cancel()
+
+    async def _client_to_upstream(self, scope: trio.CancelScope) -> None:
+        splitter = FrameSplitter(self.limits.max_frame_size)
+        session = self.session
+        try:
+            with self._reading_client:
+                while True:
+                    while not session.can_accept:
+                        self._room = trio.Event()
+                        await self._room.wait()
+                    data = await self.client.receive_some(self.limits.read_size)
+                    if not data:
+                        self._end(scope, "client closed")
+                        return
+                    self._touch()
+                    self.stats.bytes_from_client += len(data)
+                    splitter.feed(data)
+                    forward = [f for raw in splitter.raw_frames() if (f := session.on_client_frame(raw)) is not None]
+                    if forward:
+                        await self.upstream.send_all(forward[0] if len(forward) == 1 else b"".join(forward))
+                    if session.has_ready:
+                        await self._send_ready()
+        except ProtocolError as exc:
+            self._end(scope, f"bad request from client: {exc}")
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._end(scope, f"stream error: {exc!r}")
+            return
+        # Draining: no new requests. Wait for answers, then close.
+        if self.draining and not session.in_flight:
+            scope.cancel()
+
+    async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
+        splitter = FrameSplitter(self.limits.max_frame_size)
+        session = self.session
+        try:
+            while True:
+                data = await self.upstream.receive_some(self.limits.read_size)
+                if not data:
+                    self._end(scope, "upstream closed" + (" with requests in flight" if session.in_flight else ""))
+                    return
+                self._touch()
+                splitter.feed(data)
+                for raw in splitter.raw_frames():
+                    session.on_upstream_frame(raw)
+                if session.has_ready:
+                    await self._send_ready()
+                if session.can_accept:
+                    self._room.set()
+                if self.draining and not session.in_flight:
+                    self._end(scope, "shutdown")
+                    return
+        except ProtocolError as exc:
+            self._end(scope, f"bad response from upstream: {exc}")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._end(scope, f"stream error: {exc!r}")
+
+    async def _send_ready(self) -> None:
+        # Taken under the lock: both pumps may have answers ready, and order is the contract.
+        async with self._client_lock:
+            frames, routes = self.session.take_ready()
+            if routes:
+                await self.ensure_listeners(routes)
+            if frames:
+                data = frames[0] if len(frames) == 1 else b"".join(frames)
+                await self.client.send_all(data)
+                self.stats.bytes_to_client += len(data)
+
+
+async def _aclose(stream: trio.abc.AsyncResource) -> None:
+    try:
+        await trio.aclose_forcefully(stream)
+    except Exception:  # noqa: BLE001 - closing must never raise out of cleanup
+        log.debug("event=close_failed", exc_info=True)
+

@@ -1,0 +1,270 @@
+"""The proxy server: a bootstrap listener, one listener per upstream broker, and shutdown.
+
+Listener model: the bootstrap port forwards to the configured upstream
+bootstrap servers (the first that accepts). Every broker seen in a response
+gets its own port (see :class:`~kproxy.proxy.addresses.AddressMap`), opened
+*before* the response naming it reaches the client, so a client never races a
+listener that is not there yet. Each client connection gets its own upstream
+connection.
+
+Failure containment: a connection's errors end that connection only (logged,
+never raised into the server's nursery). On SIGTERM/SIGINT the server stops
+accepting, lets connections finish their in-flight requests for
+``limits.shutdown_grace`` seconds, then cancels what is left.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import signal
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from kproxy.config import Config
+from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+from kproxy.server.connection import Connection
+from kproxy.server.logfmt import q as _q
+from kproxy.server.tls import client_side_context, upstream_context
+
+log = logging.getLogger("kproxy.server")
+
+
+class UpstreamUnavailable(Exception):
+    """No upstream address accepted a connection."""
+
+
+@dataclass
+class _Listener:
+    name: str
+    port: int
+    resolve: Callable[[], list[HostPort]]
+    ready: trio.Event = field(default_factory=trio.Event)
+    failed: str | None = None
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+
+
+class ProxyServer:
+    """Owns listeners and connections for one :class:`Config`.
+
+    ``await server.run(task_status=...)`` serves until cancelled or signalled;
+    with ``nursery.start`` it returns once the bootstrap listener accepts, and
+    ``bootstrap_port`` is the bound port (useful with ``--listen HOST:0``).
+    """
+
+    def __init__(self, config: Config, *, handle_signals: bool = True) -> None:
+        self.config = config
+        self.handle_signals = handle_signals
+        self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
+        self.rewriter = ResponseRewriter(self.addresses)
+        self.client_ssl = client_side_context(config.client_tls)
+        self.upstream_ssl = upstream_context(config.upstream_tls)
+        self.listeners: dict[int, _Listener] = {}
+        self.connections: set[Connection] = set()
+        self.bootstrap_port = 0
+        self._nursery: trio.Nursery | None = None
+        self._connections_nursery: trio.Nursery | None = None
+        self._listener_lock = trio.Lock()
+        self.draining = False
+        self.connections_total = 0
+        if self.addresses.broker_port_base == 0:
+            self.addresses.port_allocator = self._bind_ephemeral
+        self._prebound: dict[int, socket.socket] = {}
+
+    # -- lifecycle -----------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as connections:
+            self._connections_nursery = connections
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                boot = _Listener("bootstrap", self.config.listen.port, lambda: list(self.config.upstream))
+                await nursery.start(self._serve, boot)
+                self.bootstrap_port = boot.port
+                self.addresses.reserved_ports.add(boot.port)
+                if self.handle_signals:
+                    nursery.start_soon(self._watch_signals)
+                log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
+                         self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
+                         self.config.advertised)
+                task_status.started()
+            # Listeners are closed (shutdown); connections drain within the grace period.
+            with trio.move_on_after(self.config.limits.shutdown_grace) as grace:
+                while self.connections:
+                    await trio.sleep(0.05)
+            if grace.cancelled_caught:
+                log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
+            connections.cancel_scope.cancel()
+        log.info("event=stopped")
+
+    def shutdown(self) -> None:
+        """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("event=shutdown_started connections=%d grace_s=%.1f", len(self.connections),
+                 self.config.limits.shutdown_grace)
+        for listener in self.listeners.values():
+            listener.scope.cancel()
+        for conn in list(self.connections):
+            conn.drain()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("event=signal signal=%s", signal.Signals(signum).name)
+                self.shutdown()
+                return
+
+    # -- listeners -----------------------------------------------------------------
+    def _bind_ephemeral(self, node_id: int) -> int:
+        """Port allocator for ``broker_port_base: 0``: bind now, so the port is known synchronously."""
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.listen.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.listen.host, 0))
+        port: int = sock.getsockname()[1]
+        self._prebound[port] = sock
+        return port
+
+    async def ensure_listeners(self, routes: list[BrokerRoute]) -> None:
+        """Make sure every route has a listening port; waits for ones being opened."""
+        for route in routes:
+            listener = self.listeners.get(route.local_port)
+            if listener is None:
+                async with self._listener_lock:
+                    listener = self.listeners.get(route.local_port)
+                    if listener is None and self._nursery is not None and not self.draining:
+                        listener = _Listener(f"broker-{route.node_id}", route.local_port,
+                                             _route_resolver(route))
+                        await self._nursery.start(self._serve, listener)
+            if listener is not None:
+                await listener.ready.wait()
+
+    async def _serve(self, listener: _Listener, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            sock = await self._open_socket(listener.port)
+        except OSError as exc:
+            listener.failed = f"{exc.strerror or exc}"
+            listener.ready.set()
+            self.listeners[listener.port] = listener
+            log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
+                      _q(listener.failed))
+            if listener.name == "bootstrap":
+                raise
+            task_status.started()
+            return
+        listener.port = sock.getsockname()[1]
+        self.listeners[listener.port] = listener
+        tcp = trio.SocketListener(sock)
+        listener.ready.set()
+        if listener.name != "bootstrap":
+            log.info("event=listening listener=%s address=%s:%d", listener.name, self.config.listen.host,
+                     listener.port)
+        task_status.started()
+        assert self._connections_nursery is not None
+        with listener.scope:
+            async with tcp:
+                while True:
+                    stream = await tcp.accept()
+                    self.connections_total += 1
+                    self._connections_nursery.start_soon(self._handle, stream, listener)
+
+    async def _open_socket(self, port: int) -> trio.socket.SocketType:
+        pre = self._prebound.pop(port, None)
+        if pre is not None:
+            sock = trio.socket.from_stdlib_socket(pre)
+        else:
+            host = self.config.listen.host
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = trio.socket.socket(family, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                await sock.bind((host, port))
+            except OSError:
+                sock.close()
+                raise
+        sock.listen(512)
+        return sock
+
+    # -- connections -----------------------------------------------------------------
+    async def _handle(self, stream: trio.SocketStream, listener: _Listener) -> None:
+        peer = _peer(stream)
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+            client: trio.abc.Stream = stream
+            if self.client_ssl is not None:
+                client = trio.SSLStream(stream, self.client_ssl, server_side=True)
+                with trio.fail_after(self.config.limits.connect_timeout):
+                    await client.do_handshake()
+            upstream, addr = await self._connect_upstream(listener.resolve())
+        except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
+            log.warning("event=connection_refused peer=%s listener=%s reason=%s", peer, listener.name,
+                        _q(str(exc) or type(exc).__name__))
+            await trio.aclose_forcefully(stream)
+            return
+        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight)
+        conn = Connection(client, upstream, session, limits=self.config.limits,
+                          ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
+                          upstream_addr=addr)
+        self.connections.add(conn)
+        log.info("event=connection_opened peer=%s listener=%s upstream=%s", peer, listener.name, addr)
+        try:
+            if self.draining:
+                conn.drain()
+            await conn.run()
+        except Exception:
+            # A bug in one connection must not take the server down: log it loudly, keep serving.
+            log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
+        finally:
+            self.connections.discard(conn)
+
+    async def _connect_upstream(self, addresses: list[HostPort]) -> tuple[trio.abc.Stream, HostPort]:
+        errors = []
+        for addr in addresses:
+            try:
+                with trio.fail_after(self.config.limits.connect_timeout):
+                    sock = await trio.open_tcp_stream(addr.host, addr.port)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                    if self.upstream_ssl is None:
+                        return sock, addr
+                    name = self.config.upstream_tls.server_name or addr.host
+                    tls = trio.SSLStream(sock, self.upstream_ssl, server_hostname=name)
+                    try:
+                        await tls.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(sock)
+                        raise
+                    return tls, addr
+            except trio.TooSlowError:
+                errors.append(f"{addr}: timed out")
+            except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+                errors.append(f"{addr}: {_os_reason(exc)}")
+        raise UpstreamUnavailable("upstream unavailable: " + "; ".join(errors))
+
+
+def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
+    # Read at every accept: a broker that moved is followed by new connections.
+    return lambda: [route.upstream]
+
+
+def _os_reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED,):
+        return "connection refused"
+    cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ else exc
+    return str(cause) or type(cause).__name__
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "unknown"
+
