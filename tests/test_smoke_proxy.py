@@ -1,0 +1,18 @@
+"""The shortest end-to-end check: a real client, through kproxy, to a real broker."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient
+
+from tests.support.proxy import ProxyThread
+
+
+def test_metadata_through_kproxy_advertises_only_kproxy_ports(kproxy: ProxyThread) -> None:
+    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    md = admin.list_topics(timeout=10)
+    assert md.brokers, "the broker list came back empty"
+    assert kproxy.server is not None
+    kproxy_ports = set(kproxy.server.listeners)
+    for broker in md.brokers.values():
+        assert broker.host == "127.0.0.1"
+        assert broker.port in kproxy_ports
