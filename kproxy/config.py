@@ -66,6 +66,16 @@ class Limits:
 
 
 @dataclass(frozen=True)
+class MetricsOptions:
+    """Opt-in labels (bounded by ``label_cap`` values each, the rest counted as 'other')."""
+
+    client_id_label: bool = False
+    topic_label: bool = False
+    label_cap: int = 100
+    scan_responses: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: tuple[HostPort, ...]
     listen: HostPort = HostPort("127.0.0.1", 19092)
@@ -75,6 +85,7 @@ class Config:
     metrics_listen: HostPort | None = None
     log_level: str = "info"
     limits: Limits = Limits()
+    metrics: MetricsOptions = MetricsOptions()
     client_tls: ClientTls = ClientTls()
     upstream_tls: UpstreamTls = UpstreamTls()
 
@@ -214,6 +225,14 @@ OPTIONS: tuple[Option, ...] = (
            "pin a broker's local port, NODE_ID=PORT; repeatable", "NODE=PORT", repeatable=True),
     Option("metrics_listen", "--metrics-listen", _address,
            "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
+    Option("metrics.client_id_label", "--metrics-client-id-label", _bool,
+           "label request counts by client id (capped by --metrics-label-cap)", is_switch=True),
+    Option("metrics.topic_label", "--metrics-topic-label", _bool,
+           "label response errors by topic (capped by --metrics-label-cap)", is_switch=True),
+    Option("metrics.label_cap", "--metrics-label-cap", _int(1, 100_000),
+           "distinct client ids / topics per label before the rest count as 'other' (default 100)", "N"),
+    Option("metrics.scan_responses", "--metrics-no-error-scan", _bool,
+           "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", is_switch=True),
     Option("log_level", "--log-level", _log_level, "debug, info, warning or error (default info)", "LEVEL"),
     Option("limits.max_frame_size", "--max-frame-size", _int(1024),
            "largest frame accepted in either direction, bytes (default 100 MiB)", "BYTES"),
@@ -285,8 +304,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     for opt in OPTIONS:
         dest = opt.path.replace(".", "__")
         if opt.is_switch:
-            # --upstream-no-verify sets verify=false; every other switch sets true.
-            value = opt.flag != "--upstream-no-verify"
+            # The "--...-no-..." switches set false; every other switch sets true.
+            value = "-no-" not in opt.flag
             parser.add_argument(opt.flag, dest=dest, action="store_const", const=value, default=None,
                                 help=opt.help)
         elif opt.repeatable:
@@ -331,4 +350,5 @@ def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
     if (upstream_tls.cert is None) != (upstream_tls.key is None):
         raise ConfigError("tls.upstream: cert and key go together (--upstream-cert with --upstream-key)")
     top = {p: v for p, v in parsed.items() if "." not in p}
-    return Config(limits=Limits(**section("limits.")), client_tls=client_tls, upstream_tls=upstream_tls, **top)
+    return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
+                  client_tls=client_tls, upstream_tls=upstream_tls, **top)

@@ -27,6 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kproxy.protocol.codegen import Malformed, read_uvarint
 from kproxy.protocol.errors import DecodeError, ProtocolError
@@ -58,22 +59,53 @@ class Mode(enum.Enum):
 
 @dataclass(slots=True)
 class Exchange:
-    """One request in flight and, once it arrived or was made, its response."""
+    """One request in flight and, once it arrived or was made, its response.
+
+    Times come from the session's clock: ``read_at`` when the chunk holding the
+    request was read, ``forwarded_at`` when the session let it go upstream,
+    ``received_at`` when the response was read, ``completed_at`` when it was
+    released to the client (in order).
+    """
 
     correlation_id: int
     api_key: int
     api_version: int
     request_size: int
+    read_at: float
     forwarded_at: float
     local: bool = False
     response: bytes | None = None
     received_at: float = 0.0
+    completed_at: float = 0.0
     routes: list[BrokerRoute] = field(default_factory=list)
     sasl_mechanism: str | None = None
 
     @property
     def api(self) -> str:
         return api_name(self.api_key)
+
+    @property
+    def broker_seconds(self) -> float | None:
+        """The broker's share: forwarded -> response read. None for local answers and acks=0."""
+        if self.local or self.response is None:
+            return None
+        return self.received_at - self.forwarded_at
+
+    @property
+    def overhead_seconds(self) -> float:
+        """kproxy's share: request read -> forwarded, plus response read -> released."""
+        request_side = self.forwarded_at - self.read_at
+        if self.response is None:
+            return request_side
+        return request_side + (self.completed_at - self.received_at)
+
+
+class SessionObserver(Protocol):
+    """What the server's metrics see of a session (the session calls; it never awaits)."""
+
+    def request(self, exchange: Exchange, frame: bytes) -> None: ...
+
+    def complete(self, exchange: Exchange) -> None: ...
 
 
 class Session:
@@ -83,16 +115,17 @@ class Session:
     kproxy answered itself; ``on_upstream_frame`` takes a broker frame. After
     either, ``take_ready()`` gives the frames due to the client, in order, and
     the broker routes they advertise (listeners must exist before they are sent).
-    ``on_complete`` (optional) sees every finished exchange: the metrics hook.
+    ``observer`` (optional) sees every request as it is read and every exchange
+    as it completes (acks=0 Produce completes at once, with no response).
     """
 
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
                  clock: Callable[[], float] = time.perf_counter,
-                 on_complete: Callable[[Exchange], None] | None = None) -> None:
+                 observer: SessionObserver | None = None) -> None:
         self.rewriter = rewriter
         self.max_in_flight = max_in_flight
         self.clock = clock
-        self.on_complete = on_complete
+        self.observer = observer
         self.in_flight: deque[Exchange] = deque()
         self.mode = Mode.KAFKA
         self._sasl_rounds_left: int | None = None
@@ -107,7 +140,11 @@ class Session:
         """False while ``max_in_flight`` requests await responses: stop reading the client."""
         return len(self.in_flight) < self.max_in_flight
 
-    def on_client_frame(self, frame: bytes) -> bytes | None:
+    def on_client_frame(self, frame: bytes, read_at: float | None = None) -> bytes | None:
+        """Take one request frame; return it to forward upstream, or None if kproxy answered.
+
+        ``read_at`` is when the chunk holding it was read (defaults to now).
+        """
         if self.mode is Mode.SASL_TOKENS and not self._token_ends_sasl(frame):
             return frame
         try:
@@ -117,7 +154,9 @@ class Session:
                                offset=0) from None
         self.requests += 1
         now = self.clock()
-        ex = Exchange(correlation_id, api_key, api_version, len(frame), now)
+        ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
+        if self.observer is not None:
+            self.observer.request(ex, frame)
         if api_key == API_VERSIONS and supported_versions(API_VERSIONS) is not None \
                 and api_version > supported_versions(API_VERSIONS)[1]:  # type: ignore[index]
             ex.local = True
@@ -128,8 +167,9 @@ class Session:
             return None
         if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
             # acks=0: the broker will not answer; nothing to track.
-            if self.on_complete is not None:
-                self.on_complete(ex)
+            if self.observer is not None:
+                ex.completed_at = now
+                self.observer.complete(ex)
             return frame
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
@@ -188,7 +228,7 @@ class Session:
         if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
             return frame
         try:
-            body_offset = _body_offset(frame, ex.api_key, ex.api_version)
+            body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
             done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
         except (DecodeError, Malformed, IndexError) as exc:
             # Forwarding it unrewritten could leak a broker address: the connection ends.
@@ -210,8 +250,9 @@ class Session:
             assert ex.response is not None
             self._ready.append(ex.response)
             self._ready_routes.extend(ex.routes)
-            if self.on_complete is not None:
-                self.on_complete(ex)
+            if self.observer is not None:
+                ex.completed_at = self.clock()
+                self.observer.complete(ex)
 
     @property
     def has_ready(self) -> bool:
@@ -224,7 +265,7 @@ class Session:
         return frames, routes
 
 
-def _body_offset(frame: bytes, api_key: int, api_version: int) -> int:
+def response_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
     """Where a response frame's body starts: after size, correlation id and any header tags."""
     if response_header_version(api_key, api_version) == 0:
         return 8

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import trio
 
 from kproxy.config import Limits
-from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.errors import FrameSizeError, ProtocolError
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.addresses import BrokerRoute, HostPort
 from kproxy.proxy.session import Session
@@ -48,7 +48,7 @@ class Connection:
 
     def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream, session: Session, *,
                  limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
-                 upstream_addr: HostPort) -> None:
+                 upstream_addr: HostPort, on_reject: Callable[[str], None] | None = None) -> None:
         self.client = client
         self.upstream = upstream
         self.session = session
@@ -57,6 +57,7 @@ class Connection:
         self.peer = peer
         self.listener = listener
         self.upstream_addr = upstream_addr
+        self.on_reject = on_reject
         self.stats = ConnectionStats()
         self._client_lock = trio.Lock()
         self._room = trio.Event()  # set when in-flight room frees up
@@ -114,15 +115,18 @@ class Connection:
                     if not data:
                         self._end(scope, "client closed")
                         return
+                    read_at = time.perf_counter()
                     self._touch()
                     self.stats.bytes_from_client += len(data)
                     splitter.feed(data)
-                    forward = [f for raw in splitter.raw_frames() if (f := session.on_client_frame(raw)) is not None]
+                    forward = [f for raw in splitter.raw_frames()
+                               if (f := session.on_client_frame(raw, read_at)) is not None]
                     if forward:
                         await self.upstream.send_all(forward[0] if len(forward) == 1 else b"".join(forward))
                     if session.has_ready:
                         await self._send_ready()
         except ProtocolError as exc:
+            self._reject(exc, "request")
             self._end(scope, f"bad request from client: {exc}")
             return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -153,9 +157,15 @@ class Connection:
                     self._end(scope, "shutdown")
                     return
         except ProtocolError as exc:
+            self._reject(exc, "response")
             self._end(scope, f"bad response from upstream: {exc}")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._end(scope, f"stream error: {exc!r}")
+
+    def _reject(self, exc: ProtocolError, direction: str) -> None:
+        if self.on_reject is not None:
+            kind = "oversize" if isinstance(exc, FrameSizeError) else type(exc).__name__.lower().removesuffix("error")
+            self.on_reject(f"{direction}_{kind}")
 
     async def _send_ready(self) -> None:
         # Taken under the lock: both pumps may have answers ready, and order is the contract.

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 import trio
 
 from kproxy.config import Config
+from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
+from kproxy.metrics.observer import MetricsObserver
+from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
@@ -63,6 +66,10 @@ class ProxyServer:
         self.handle_signals = handle_signals
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
         self.rewriter = ResponseRewriter(self.addresses)
+        m = config.metrics
+        self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses))
+        self.observer = MetricsObserver(self.stats)
+        self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
         self.listeners: dict[int, _Listener] = {}
@@ -87,6 +94,10 @@ class ProxyServer:
                 await nursery.start(self._serve, boot)
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
+                if self.config.metrics_listen is not None:
+                    self.metrics_server = MetricsServer(make_registry(self.stats, self._live_gauges), self.readiness)
+                    await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
+                                        self.config.metrics_listen.port)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
@@ -122,6 +133,24 @@ class ProxyServer:
                 log.info("event=signal signal=%s", signal.Signals(signum).name)
                 self.shutdown()
                 return
+
+    # -- health and metrics ----------------------------------------------------------
+    def _live_gauges(self) -> LiveGauges:
+        return LiveGauges(in_flight=sum(len(c.session.in_flight) for c in self.connections),
+                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None))
+
+    async def readiness(self) -> str | None:
+        """None when ready to serve; else why not (for ``/readyz``)."""
+        if self.draining:
+            return "shutting down"
+        if self.bootstrap_port == 0:
+            return "bootstrap listener not open"
+        try:
+            stream, _ = await self._connect_upstream(list(self.config.upstream), probe=True)
+        except UpstreamUnavailable as exc:
+            return str(exc)
+        await trio.aclose_forcefully(stream)
+        return None
 
     # -- listeners -----------------------------------------------------------------
     def _bind_ephemeral(self, node_id: int) -> int:
@@ -209,11 +238,13 @@ class ProxyServer:
                         _q(str(exc) or type(exc).__name__))
             await trio.aclose_forcefully(stream)
             return
-        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight)
+        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight, observer=self.observer)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
-                          upstream_addr=addr)
+                          upstream_addr=addr, on_reject=self.stats.frame_rejected)
         self.connections.add(conn)
+        self.stats.client_connected(listener.name)
+        self.stats.upstream_connected(str(addr))
         log.info("event=connection_opened peer=%s listener=%s upstream=%s", peer, listener.name, addr)
         try:
             if self.draining:
@@ -224,8 +255,13 @@ class ProxyServer:
             log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
         finally:
             self.connections.discard(conn)
+            self.stats.client_disconnected(listener.name)
+            self.stats.upstream_disconnected(str(addr))
 
-    async def _connect_upstream(self, addresses: list[HostPort]) -> tuple[trio.abc.Stream, HostPort]:
+    async def _connect_upstream(self, addresses: list[HostPort], *, probe: bool = False
+                                ) -> tuple[trio.abc.Stream, HostPort]:
+        """Connect to the first address that accepts (TLS included); failures are counted
+        per broker address unless ``probe`` (a readiness check)."""
         errors = []
         for addr in addresses:
             try:
@@ -246,6 +282,8 @@ class ProxyServer:
                 errors.append(f"{addr}: timed out")
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
                 errors.append(f"{addr}: {_os_reason(exc)}")
+            if not probe:
+                self.stats.upstream_connect_failed(str(addr))
         raise UpstreamUnavailable("upstream unavailable: " + "; ".join(errors))
 
 

@@ -1,0 +1,196 @@
+"""Prometheus exposition of :class:`~kproxy.metrics.stats.TrafficStats`, and the HTTP endpoint.
+
+One registry of kproxy's own (no default process collectors mixed in unless
+asked): a custom collector turns the plain counters into metric families at
+scrape time. Names follow Prometheus conventions: ``kproxy_`` prefix, base
+units (seconds, bytes), ``_total`` for counters.
+
+The endpoint is a small HTTP/1.1 server on trio with h11 doing the parsing:
+``/metrics`` (text exposition), ``/healthz`` (the process answers: 200),
+``/readyz`` (200 only while the listeners are up and the upstream is reachable;
+503 with the reason otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+import kproxy
+from kproxy.metrics.stats import Histogram, TrafficStats
+
+log = logging.getLogger("kproxy.metrics")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class LiveGauges:
+    """Values read from the running server at scrape time."""
+
+    in_flight: int = 0
+    listeners: int = 0
+
+
+class TrafficCollector(Collector):
+    """Turns :class:`TrafficStats` into Prometheus metric families at scrape time."""
+
+    def __init__(self, stats: TrafficStats, gauges: Callable[[], LiveGauges]) -> None:
+        self.stats = stats
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats
+        yield _info()
+        yield _counter("kproxy_requests", "Requests read from clients.", ["api", "version"], s.requests)
+        yield _counter("kproxy_responses", "Responses written to clients.", ["api", "version"], s.responses)
+        yield _histogram("kproxy_broker_latency_seconds",
+                         "Time from a request forwarded upstream to its response read back (the broker's time).",
+                         s.broker_latency)
+        yield _histogram("kproxy_overhead_seconds",
+                         "kproxy's own time per request: reading, decoding, rewriting and writing, both ways.",
+                         s.overhead)
+        yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, "
+                       "per partition where the response has partitions.", ["api", "error"], s.errors)
+        if s.options.topic_label:
+            yield _counter("kproxy_topic_response_errors", "Kafka error codes in responses by topic "
+                           "(opt-in; capped, the rest is 'other').", ["api", "topic", "error"], s.topic_errors)
+        if s.options.client_id_label:
+            yield _counter("kproxy_client_requests", "Requests by client id (opt-in; capped, the rest is "
+                           "'other').", ["client_id", "api"], s.client_requests)
+        yield _counter("kproxy_bytes", "Bytes of Kafka frames by api and direction (request: client to "
+                       "broker; response: broker to client).", ["api", "direction"], s.byte_counts)
+        yield _counter("kproxy_records", "Records in Produce requests and Fetch responses.", ["api"], s.records)
+        yield _counter("kproxy_undecodable_responses", "Responses whose body kproxy could not scan.", ["api"],
+                       s.undecodable_responses)
+        yield _gauge("kproxy_client_connections_active", "Open client connections.", ["listener"],
+                     s.client_connections)
+        yield _counter("kproxy_client_connections_accepted", "Client connections accepted.", ["listener"],
+                       s.client_connections_total)
+        yield _gauge("kproxy_upstream_connections_active", "Open upstream broker connections.", ["broker"],
+                     s.upstream_connections)
+        yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
+                       s.upstream_connect_failures)
+        yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
+                       s.frames_rejected)
+        live = self.gauges()
+        yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
+        yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+
+
+def _info() -> Metric:
+    family = GaugeMetricFamily("kproxy_build_info", "kproxy build information (always 1).",
+                               labels=["version", "python"])
+    family.add_metric([kproxy.__version__, platform.python_version()], 1)
+    return family
+
+
+Samples = Mapping[Any, int]
+
+
+def _label_values(key: Any) -> list[str]:
+    """Counter keys are a label value or a tuple of them (ints become strings)."""
+    return [str(v) for v in key] if isinstance(key, tuple) else [str(key)]
+
+
+def _counter(name: str, doc: str, labels: list[str], samples: Samples) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, n in list(samples.items()):
+        family.add_metric(_label_values(key), n)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: Samples) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, n in list(samples.items()):
+        family.add_metric(_label_values(key), n)
+    return family
+
+
+def _histogram(name: str, doc: str, by_api: dict[str, Histogram]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=["api"])
+    for api, hist in list(by_api.items()):
+        family.add_metric([api], hist.cumulative(), hist.sum)
+    return family
+
+
+def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TrafficCollector(stats, gauges))
+    return registry
+
+
+Readiness = Callable[[], Awaitable[str | None]]
+
+
+class MetricsServer:
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one address.
+
+    ``ready()`` returns None when ready, else the reason it is not.
+    """
+
+    def __init__(self, registry: CollectorRegistry, ready: Readiness) -> None:
+        self.registry = registry
+        self.ready = ready
+        self.port = 0
+
+    async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        self.port = listeners[0].socket.getsockname()[1]
+        log.info("event=metrics_listening address=%s:%d", host, self.port)
+        task_status.started()
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            with trio.move_on_after(10):
+                await self._exchange(stream)
+        except (trio.BrokenResourceError, h11.RemoteProtocolError, OSError):
+            pass  # a broken scrape connection is the scraper's problem
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _exchange(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                conn.receive_data(data)
+                if not data:
+                    return
+                continue
+            if isinstance(event, h11.Request):
+                break
+            if isinstance(event, h11.ConnectionClosed):
+                return
+        target = event.target.decode("latin-1").split("?", 1)[0]
+        status, body, ctype = await self._route(event.method.decode("latin-1"), target)
+        headers = [("content-type", ctype), ("content-length", str(len(body))), ("connection", "close")]
+        await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
+        if event.method != b"HEAD":
+            await stream.send_all(conn.send(h11.Data(data=body)) or b"")
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+    async def _route(self, method: str, target: str) -> tuple[int, bytes, str]:
+        if method not in ("GET", "HEAD"):
+            return 405, b"method not allowed\n", "text/plain"
+        if target == "/metrics":
+            return 200, generate_latest(self.registry), CONTENT_TYPE
+        if target == "/healthz":
+            return 200, b"ok\n", "text/plain"
+        if target == "/readyz":
+            reason = await self.ready()
+            if reason is None:
+                return 200, b"ready\n", "text/plain"
+            return 503, f"not ready: {reason}\n".encode(), "text/plain"
+        return 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain"
