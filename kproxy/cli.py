@@ -1,0 +1,244 @@
+"""The ``kproxy`` command line: one subcommand per job.
+
+Contract of :func:`main`: it never raises for user errors and never prints a
+traceback. It returns the exit status: 0 on success, 2 for bad flags (after
+argparse's usage message) and for input a command cannot read (after one
+line on stderr). ``--help`` returns 0.
+
+Adding a subcommand: write ``_add_<name>(subparsers)`` that registers its
+parser and, with ``set_defaults``, sets ``handler`` (parsed namespace to exit
+status) and optionally ``check`` (cross-flag validation that calls
+``parser.error``), and list it in :data:`_SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from kproxy import __version__
+from kproxy.config import ConfigError, add_run_arguments, config_from_args
+from kproxy.protocol.tables import api_key as api_key_by_name
+from kproxy.tools.decode import DecodeOptions, InputError, decode_input
+
+EXIT_OK = 0
+EXIT_USAGE = 2  # argparse's status for bad flags; also bad input, as the decode issue asks
+
+_INT16_MIN, _INT16_MAX = -(2**15), 2**15 - 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kproxy`` parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(
+        prog="kproxy", description="A Kafka-protocol-aware proxy and its tools.")
+    parser.add_argument("--version", action="version", version=f"kproxy {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in _SUBCOMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``kproxy`` with ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        check: Callable[[argparse.Namespace], None] | None = getattr(args, "check", None)
+        if check is not None:
+            check(args)
+    except SystemExit as exc:  # argparse has printed usage or help already
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+# ---------------------------------------------------------------------------- decode
+
+_DECODE_EPILOG = """\
+Input: raw bytes, or hex as tcpdump, Wireshark, xxd or hexdump -C print it
+(offset and ASCII columns are dropped), with or without 4-byte size prefixes.
+Output: one JSON object per frame; bytes fields are lowercase hex, record
+keys and values are text when printable UTF-8, else {"hex": ...}.
+Requests decode on their own. A response decodes when a request with the
+same correlation id comes earlier in the input, or with --api-key and
+--api-version. Unknown api keys or versions print the header and the body
+as hex (exit 0). Bad input exits 2 with one line naming the byte offset
+(for hex input, the offset in the decoded bytes and the hex line/column).
+"""
+
+
+def _add_decode(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "decode", help="print Kafka frames (raw or hex) as JSON",
+        description="Decode Kafka protocol frames and print each as a JSON object.",
+        epilog=_DECODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("input", nargs="?", default="-", metavar="FILE",
+                        help="file to read; '-' (the default) reads stdin")
+    form = parser.add_mutually_exclusive_group()
+    form.add_argument("--hex", dest="input_format", action="store_const", const="hex",
+                      help="the input is a hex dump")
+    form.add_argument("--raw", dest="input_format", action="store_const", const="raw",
+                      help="the input is binary")
+    parser.set_defaults(input_format="auto")
+    parser.add_argument("--no-size", action="store_true",
+                        help="the input is a single frame without its 4-byte size prefix "
+                             "(default: detected)")
+    parser.add_argument("--direction", choices=("auto", "request", "response"), default="auto",
+                        help="what every frame is (default: detected per frame)")
+    parser.add_argument("--api-key", type=_api_key, metavar="K",
+                        help="api key (number or name, e.g. 3 or Metadata) of responses with no "
+                             "request before them")
+    parser.add_argument("--api-version", type=_int16, metavar="V", help="api version of those responses")
+    parser.add_argument("--records", action="store_true",
+                        help="also decode the records of each record batch")
+    parser.add_argument("--pretty", action="store_true", help="indent the JSON")
+    parser.set_defaults(handler=_run_decode, check=_decode_checker(parser))
+
+
+def _decode_checker(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], None]:
+    def check(args: argparse.Namespace) -> None:
+        if (args.api_key is None) != (args.api_version is None):
+            parser.error("--api-key and --api-version go together")  # exits 2 after the usage
+    return check
+
+
+def _int16(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not _INT16_MIN <= value <= _INT16_MAX:
+        raise argparse.ArgumentTypeError(f"{value} is outside the int16 range")
+    return value
+
+
+def _api_key(text: str) -> int:
+    key = api_key_by_name(text)
+    return key if key is not None else _int16(text)
+
+
+def _run_decode(args: argparse.Namespace) -> int:
+    options = DecodeOptions(
+        input_format=args.input_format, size_prefix=False if args.no_size else None,
+        direction=args.direction, api_key=args.api_key, api_version=args.api_version,
+        records=args.records)
+    try:
+        raw = _read(args.input)
+    except OSError as exc:
+        return _fail(f"cannot read {args.input}: {exc.strerror or exc}")
+    return _print_frames(raw, options, indent=2 if args.pretty else None, out=sys.stdout)
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _print_frames(raw: bytes, options: DecodeOptions, *, indent: int | None, out: TextIO) -> int:
+    """Print frames as they decode; on bad input, one line on stderr after the good frames."""
+    try:
+        for frame in decode_input(raw, options):
+            out.write(json.dumps(frame, indent=indent) + "\n")
+    except InputError as exc:
+        out.flush()
+        return _fail(str(exc))
+    except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
+        _silence_stdout()
+    return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor (captured output): nothing to flush
+        pass
+
+
+def _fail(message: str) -> int:
+    print(f"kproxy decode: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ------------------------------------------------------------------------------- run
+
+_RUN_EPILOG = """\
+Every option can also be set in the YAML file given with --config (same names,
+nested: limits.max_in_flight, tls.upstream.ca, ...); flags win over the file.
+Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
+(broker N is then served on port 19093+N). Stops on SIGTERM/SIGINT after
+letting in-flight requests finish (--shutdown-grace).
+"""
+
+
+def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
+        epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(parser)
+    parser.set_defaults(handler=_run_proxy)
+
+
+def _run_proxy(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+        # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
+        from kproxy.server.tls import client_side_context, upstream_context
+
+        client_side_context(config.client_tls)
+        upstream_context(config.upstream_tls)
+    except ConfigError as exc:
+        print(f"kproxy run: invalid configuration: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from kproxy.server.app import run
+
+    return run(config)
+
+
+# ------------------------------------------------------------------------------ demo
+
+
+def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="show kproxy at work against an embedded broker",
+        description="Start an embedded Tansu broker (unless --upstream is given), put kproxy in front of "
+                    "it, run real producers and consumers through it, and print what kproxy saw.")
+    parser.add_argument("--upstream", metavar="HOST:PORT", help="use this cluster instead of the embedded broker")
+    parser.add_argument("--messages", type=_positive, default=1000, metavar="N",
+                        help="messages to produce and consume (default 1000)")
+    parser.set_defaults(handler=_run_demo)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from kproxy.tools.demo import run_demo
+    from kproxy.tools.tansu import BrokerUnavailable
+
+    try:
+        return run_demo(args.upstream, sys.stdout, messages=args.messages)
+    except (BrokerUnavailable, ImportError) as exc:
+        print(f"kproxy demo: {exc}", file=sys.stderr)
+        return 1
+
+
+_SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
+    _add_run,
+    _add_demo,
+    _add_decode,
+)

@@ -1,0 +1,42 @@
+"""``kproxy run``: load the configuration, set up logging, serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from kproxy.config import Config
+from kproxy.server.logfmt import q, setup_logging
+from kproxy.server.proxy import ProxyServer
+
+log = logging.getLogger("kproxy.server")
+
+
+def run(config: Config) -> int:
+    """Serve with ``config`` until a signal; returns the process exit status.
+
+    A bootstrap port that cannot be opened (in use, no permission) is reported
+    in one log line and exits 1; every other failure after start-up is
+    contained in the connection it happened in.
+    """
+    setup_logging(config.log_level)
+    failed: list[OSError] = []
+    try:
+        trio.run(ProxyServer(config).run)
+    except* OSError as group:  # trio nurseries wrap errors in groups
+        failed.extend(_leaves(group))
+    if failed:
+        log.error("event=start_failed address=%s error=%s", config.listen, q(failed[0].strerror or str(failed[0])))
+        return 1
+    return 0
+
+
+def _leaves(group: BaseExceptionGroup[OSError]) -> list[OSError]:
+    out: list[OSError] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(_leaves(exc))
+        else:
+            out.append(exc)
+    return out

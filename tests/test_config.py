@@ -1,0 +1,91 @@
+"""Configuration: one option table for YAML and flags; bad input says file, key and reason."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from kproxy.config import OPTIONS, ConfigError, add_run_arguments, config_from_args
+from kproxy.proxy.addresses import HostPort
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_flags_only_no_config_file() -> None:
+    cfg = config_from_args(parse(["--upstream", "127.0.0.1:9092", "--listen", "127.0.0.1:19092"]))
+    assert cfg.upstream == (HostPort("127.0.0.1", 9092),)
+    assert cfg.listen == HostPort("127.0.0.1", 19092)
+    assert cfg.first_broker_port == 19093  # broker N on 19093 + N, next to the bootstrap port
+    assert cfg.advertised == "127.0.0.1"
+
+
+def test_upstream_repeatable_and_comma_separated() -> None:
+    cfg = config_from_args(parse(["--upstream", "a:1,b:2", "--upstream", "[::1]:3"]))
+    assert cfg.upstream == (HostPort("a", 1), HostPort("b", 2), HostPort("::1", 3))
+
+
+def test_wildcard_listen_advertises_localhost_unless_told() -> None:
+    cfg = config_from_args(parse(["--upstream", "k:9092", "--listen", "0.0.0.0:9092"]))
+    assert cfg.advertised == "localhost"
+    cfg = config_from_args(parse(["--upstream", "k:9092", "--listen", "0.0.0.0:9092",
+                                  "--advertised-host", "kafka-proxy.default.svc"]))
+    assert cfg.advertised == "kafka-proxy.default.svc"
+
+
+def test_file_then_flags_override(tmp_path: Path) -> None:
+    f = tmp_path / "kproxy.yaml"
+    f.write_text("upstream: [k1:9092, k2:9092]\nlisten: 127.0.0.1:29092\nlimits:\n  max_in_flight: 7\n"
+                 "broker_ports: {1: 30001}\nmetrics:\n  topic_label: true\n")
+    cfg = config_from_args(parse(["--config", str(f), "--max-in-flight", "9"]))
+    assert cfg.upstream == (HostPort("k1", 9092), HostPort("k2", 9092))
+    assert cfg.limits.max_in_flight == 9
+    assert cfg.broker_ports == {1: 30001}
+    assert cfg.metrics.topic_label is True
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("upstream: [k:1]\nlimits:\n  max_in_flite: 3\n", "limits.max_in_flite: unknown key (did you mean limits.max_in_flight?)"),
+    ("upstream: [k:1]\nlimits:\n  max_in_flight: many\n", "limits.max_in_flight: must be an integer >= 1, got 'many'"),
+    ("upstream: [k:1\n", "invalid YAML"),
+    ("- just\n- a list\n", "the top level must be a mapping"),
+    ("listen: 127.0.0.1:1\n", "upstream: required"),
+    ("upstream: [k:1]\ntls:\n  client:\n    cert: /nonexistent.pem\n", "tls.client.cert: file '/nonexistent.pem' does not exist"),
+    ("upstream: [k:1]\nbroker_ports: {1: 70000}\n", "broker_ports: must be between 1 and 65535"),
+    ("upstream: [k:1]\nlog_level: loud\n", "log_level: must be one of"),
+])
+def test_invalid_file_names_file_key_and_reason(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        config_from_args(parse(["--config", str(f)]))
+    assert message in str(err.value)
+    if "required" not in message:
+        assert str(f) in str(err.value)
+
+
+def test_invalid_flag_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"--idle-timeout: must be > 0 seconds"):
+        config_from_args(parse(["--upstream", "k:1", "--idle-timeout", "0"]))
+
+
+def test_tls_pairs_are_checked(tmp_path: Path) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    with pytest.raises(ConfigError, match="cert and key go together"):
+        config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert)]))
+    with pytest.raises(ConfigError, match="needs tls.client.client_ca"):
+        config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert), "--tls-key", str(cert),
+                                "--tls-require-client-cert"]))
+
+
+def test_every_option_has_a_flag_and_the_flags_the_issue_names() -> None:
+    flags = {o.flag for o in OPTIONS}
+    assert len(flags) == len(OPTIONS)
+    for flag in ("--upstream", "--listen", "--advertised-host", "--metrics-listen", "--log-level"):
+        assert flag in flags
