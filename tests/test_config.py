@@ -89,3 +89,10 @@ def test_every_option_has_a_flag_and_the_flags_the_issue_names() -> None:
     assert len(flags) == len(OPTIONS)
     for flag in ("--upstream", "--listen", "--advertised-host", "--metrics-listen", "--log-level"):
         assert flag in flags
+
+
+def test_shipped_example_config_is_valid() -> None:
+    example = Path(__file__).resolve().parent.parent / "deploy" / "kproxy.example.yaml"
+    cfg = config_from_args(parse(["--config", str(example)]))
+    assert cfg.listen == HostPort("0.0.0.0", 19092)
+    assert cfg.advertised == "localhost"
