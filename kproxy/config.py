@@ -78,16 +78,16 @@ class MetricsOptions:
 @dataclass(frozen=True)
 class Config:
     upstream: tuple[HostPort, ...]
-    listen: HostPort = HostPort("127.0.0.1", 19092)
+    listen: HostPort = field(default_factory=lambda: HostPort("127.0.0.1", 19092))
     advertised_host: str | None = None
     broker_port_base: int | None = None
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
     log_level: str = "info"
-    limits: Limits = Limits()
-    metrics: MetricsOptions = MetricsOptions()
-    client_tls: ClientTls = ClientTls()
-    upstream_tls: UpstreamTls = UpstreamTls()
+    limits: Limits = field(default_factory=Limits)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    client_tls: ClientTls = field(default_factory=ClientTls)
+    upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
 
     @property
     def advertised(self) -> str:

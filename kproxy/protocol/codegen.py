@@ -196,7 +196,8 @@ class SchemaCompiler:
         source = "\n".join(self.w.lines) + "\n"
         code = compile(source, f"<kproxy codec {self.schema.name} v{self.schema.api_version}>", "exec")
         exec(code, self.ns)
-        out: dict[str, Callable[..., Any]] = {k: self.ns[v] for k, v in zip(("decode", "encode", "skip"), top)}
+        roles = ("decode", "encode", "skip")
+        out: dict[str, Callable[..., Any]] = {k: self.ns[v] for k, v in zip(roles, top, strict=True)}
         for name, (dec, enc, skip) in fields.items():
             out[f"decode:{name}"] = self.ns[dec]
             out[f"encode:{name}"] = self.ns[enc]
@@ -354,7 +355,7 @@ class SchemaCompiler:
             w.indent()
             w(f"end = pos + {n}")
             w("_check_len(buf, end)")
-            conv = f"buf[pos:end].decode('utf-8')" if t == "string" else "buf[pos:end]"
+            conv = "buf[pos:end].decode('utf-8')" if t == "string" else "buf[pos:end]"
             w(f"{target} = {conv}")
             w("pos = end")
             w.dedent()

@@ -100,7 +100,7 @@ def _resolve(raw_fields: tuple[Any, ...], version: int, flexible: bool) -> tuple
     return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def message_schema(api_key: int, api_version: int, direction: Direction) -> MessageSchema | None:
     """The schema of one message body, or ``None`` when the tables do not know it."""
     for first, last, first_flexible, raw_fields in _tables.MESSAGES.get((api_key, int(direction)), ()):

@@ -87,7 +87,7 @@ class AddressMap:
             return self.port_allocator(node_id)
         used = {r.local_port for r in self.routes.values()} | self.reserved_ports
         wanted = self.broker_port_base + node_id
-        if 0 <= node_id and wanted <= self.max_port and wanted not in used:
+        if node_id >= 0 and wanted <= self.max_port and wanted not in used:
             return wanted
         # Past the deterministic range: first free port above it.
         candidate = self.broker_port_base + 1 + max(

@@ -43,7 +43,7 @@ def _has_endpoint(fields: tuple[Field, ...]) -> bool:
     return any(f.fields is not None and _has_endpoint(f.fields) for f in fields)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
     """Top-level response fields holding endpoints; ``()`` when the top level itself
     has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
@@ -57,7 +57,7 @@ def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
     return found or None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def rewritten_api_keys() -> frozenset[int]:
     """API keys with endpoints in some response version: their versions are capped."""
     out = set()

@@ -182,6 +182,6 @@ class Connection:
 async def _aclose(stream: trio.abc.AsyncResource) -> None:
     try:
         await trio.aclose_forcefully(stream)
-    except Exception:  # noqa: BLE001 - closing must never raise out of cleanup
+    except Exception:
         log.debug("event=close_failed", exc_info=True)
 
