@@ -78,6 +78,40 @@ class FrameSplitter:
             out.append(raw)
         return out
 
+    def split(self, data: bytes | bytearray) -> tuple[list[bytes], bytes, bool]:
+        """Feed ``data`` and take every complete frame (size prefixes included).
+
+        The proxy's hot path. Returns ``(frames, chunk, exact)``: ``chunk`` is
+        ``data`` as ``bytes`` (TLS streams hand out bytearrays); ``exact`` means
+        the chunk held exactly these frames, with nothing buffered before or left
+        after, so forwarding ``chunk`` itself equals forwarding the frames. With
+        nothing buffered, frames are sliced straight from ``data`` (a chunk
+        that is one whole frame is returned as is: no copy at all).
+        """
+        if not isinstance(data, bytes):
+            data = bytes(data)
+        if self._pos != len(self._buf):
+            self.feed(data)
+            return self.raw_frames(), data, False
+        frames: list[bytes] = []
+        pos = 0
+        n = len(data)
+        while n - pos >= 4:
+            (size,) = SIZE_PREFIX.unpack_from(data, pos)
+            check_frame_size(size, self.max_frame_size, offset=self.consumed + pos)
+            end = pos + 4 + size
+            if end > n:
+                break
+            frames.append(data if pos == 0 and end == n else data[pos:end])
+            pos = end
+        self.consumed += pos
+        if pos == n:
+            return frames, data, True
+        self._buf.clear()
+        self._buf += memoryview(data)[pos:]
+        self._pos = 0
+        return frames, data, False
+
     def _take(self, skip: int) -> bytes | None:
         size = self.pending_frame_size()
         if size is None:
@@ -85,7 +119,8 @@ class FrameSplitter:
         end = self._pos + 4 + size
         if end > len(self._buf):
             return None
-        frame = bytes(self._buf[self._pos + skip : end])
+        with memoryview(self._buf) as view:
+            frame = bytes(view[self._pos + skip : end])
         self._pos = end
         self.consumed += 4 + size
         if self._pos > 65536 and self._pos * 2 > len(self._buf):

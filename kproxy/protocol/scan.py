@@ -210,7 +210,8 @@ class BodyScan:
         """Records in all records fields, from batch headers (no decompression)."""
         from kproxy.protocol.records import count_records
 
-        return sum(count_records(self.data[start:end]) for start, end in self.records)
+        view = memoryview(self.data)
+        return sum(count_records(view[start:end]) for start, end in self.records)
 
 
 _scanners: dict[tuple[int, int, Direction], Callable[..., int]] = {}

@@ -27,12 +27,14 @@ _FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
 
 
 def splice_body(api_key: int, api_version: int, direction: Direction, data: bytes,
-                edits: Mapping[str, Edit], offset: int = 0) -> tuple[bytes, list[str]]:
+                edits: Mapping[str, Edit], offset: int = 0) -> tuple[bytes | None, list[str]]:
     """Apply ``edits`` (top-level field name -> edit) to the body at ``data[offset:]``.
 
     Returns ``(new_bytes, edited_field_names)``: ``new_bytes`` covers
-    ``data[offset:]`` only (the caller keeps its header), and is ``data[offset:]``
-    itself when none of the fields is present in this version or on the wire.
+    ``data[offset:]`` only (the caller keeps its header); it is ``None`` when
+    none of the fields is present in this version or on the wire (nothing is
+    copied: a multi-megabyte Fetch response without node endpoints costs a walk
+    of its partitions, not a copy).
     Raises :class:`DecodeError` on malformed bodies.
     """
     codec = require_codec(api_key, api_version, direction)
@@ -67,7 +69,7 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
         codec.decode(data, offset)  # raises a DecodeError that says where
         raise DecodeError(f"malformed body: {exc}", offset=pos) from None
     if not done:
-        return data[offset:], done
+        return None, done
     pieces.append(data[mark:])
     return b"".join(pieces), done
 

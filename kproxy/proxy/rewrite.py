@@ -115,9 +115,10 @@ class ResponseRewriter:
             assert schema is not None
             by_name = {f.name: f for f in schema.fields}
             edits = {name: self._editor(by_name[name], routes) for name in fields}
-            new_body, done = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
-            if not done:
+            spliced, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
+            if spliced is None:
                 return None
+            new_body = spliced
         return Rewritten(_reframe(frame, body_offset, new_body), routes)
 
     def _editor(self, field: Field, routes: list[BrokerRoute]) -> Callable[[Any], Any]:
@@ -175,9 +176,9 @@ class ResponseRewriter:
                 out.append(entry)
             return out
 
-        new_body, done = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},
-                                     body_offset)
-        if not done:
+        new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},
+                                  body_offset)
+        if new_body is None:
             return None
         return Rewritten(_reframe(frame, body_offset, new_body), [])
 

@@ -118,11 +118,10 @@ class Connection:
                     read_at = time.perf_counter()
                     self._touch()
                     self.stats.bytes_from_client += len(data)
-                    splitter.feed(data)
-                    forward = [f for raw in splitter.raw_frames()
-                               if (f := session.on_client_frame(raw, read_at)) is not None]
+                    frames, chunk, exact = splitter.split(data)
+                    forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
                     if forward:
-                        await self.upstream.send_all(forward[0] if len(forward) == 1 else b"".join(forward))
+                        await self.upstream.send_all(_payload(forward, frames, chunk, exact))
                     if session.has_ready:
                         await self._send_ready()
         except ProtocolError as exc:
@@ -146,11 +145,11 @@ class Connection:
                     self._end(scope, "upstream closed" + (" with requests in flight" if session.in_flight else ""))
                     return
                 self._touch()
-                splitter.feed(data)
-                for raw in splitter.raw_frames():
+                frames, chunk, exact = splitter.split(data)
+                for raw in frames:
                     session.on_upstream_frame(raw)
                 if session.has_ready:
-                    await self._send_ready()
+                    await self._send_ready(frames, chunk, exact)
                 if session.can_accept:
                     self._room.set()
                 if self.draining and not session.in_flight:
@@ -167,16 +166,26 @@ class Connection:
             kind = "oversize" if isinstance(exc, FrameSizeError) else type(exc).__name__.lower().removesuffix("error")
             self.on_reject(f"{direction}_{kind}")
 
-    async def _send_ready(self) -> None:
+    async def _send_ready(self, read: list[bytes] | None = None, chunk: bytes = b"", exact: bool = False) -> None:
+        """Write the responses due to the client. ``read``/``chunk``/``exact`` describe the chunk
+        just read from upstream: when the due frames are exactly its frames, the chunk goes as is."""
         # Taken under the lock: both pumps may have answers ready, and order is the contract.
         async with self._client_lock:
             frames, routes = self.session.take_ready()
             if routes:
                 await self.ensure_listeners(routes)
             if frames:
-                data = frames[0] if len(frames) == 1 else b"".join(frames)
+                data = _payload(frames, read or [], chunk, exact)
                 await self.client.send_all(data)
                 self.stats.bytes_to_client += len(data)
+
+
+def _payload(out: list[bytes], read: list[bytes], chunk: bytes, exact: bool) -> bytes:
+    """The bytes to write for frames ``out``: the chunk they were read in when nothing was
+    changed, dropped or reordered (no copy), else the frames joined."""
+    if exact and len(out) == len(read) and all(a is b for a, b in zip(out, read, strict=True)):
+        return chunk
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 async def _aclose(stream: trio.abc.AsyncResource) -> None:
