@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kproxy.protocol.headers import (
+    NO_TAGS,
     RequestHeader,
     ResponseHeader,
     decode_request_header,
@@ -63,7 +64,7 @@ def decode_response(payload: bytes, api_key: int, api_version: int) -> Response:
 def encode_response(correlation_id: int, api_key: int, api_version: int, body: Body,
                     header_tags: dict[int, bytes] | None = None) -> bytes:
     codec = require_codec(api_key, api_version, Direction.RESPONSE)
-    header = ResponseHeader(correlation_id, response_header_version(api_key, api_version), header_tags or {})
+    header = ResponseHeader(correlation_id, response_header_version(api_key, api_version), header_tags or NO_TAGS)
     out = bytearray(encode_response_header(header))
     codec.encode_into(out, body)
     return bytes(out)

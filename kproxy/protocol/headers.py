@@ -18,7 +18,9 @@ Facts kept here (KIP-482, KIP-511; RequestHeader.json / ResponseHeader.json):
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
 
 from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
 from kproxy.protocol.errors import DecodeError, EncodeError
@@ -33,10 +35,20 @@ _CORRELATION = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
 
 
+_REQUEST_HEADER_VERSIONS: dict[tuple[int, int], int] = {}
+
+
 def request_header_version(api_key: int, api_version: int) -> int:
-    if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
-        return 0
-    return 2 if is_flexible(api_key, api_version) else 1
+    """2 for flexible versions, 1 otherwise, 0 for ControlledShutdown v0 (cached per pair)."""
+    found = _REQUEST_HEADER_VERSIONS.get((api_key, api_version))
+    if found is None:
+        if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+            found = 0
+        else:
+            found = 2 if is_flexible(api_key, api_version) else 1
+        if len(_REQUEST_HEADER_VERSIONS) < 65536:  # hostile versions must not grow it forever
+            _REQUEST_HEADER_VERSIONS[(api_key, api_version)] = found
+    return found
 
 
 def response_header_version(api_key: int, api_version: int) -> int:
@@ -45,28 +57,35 @@ def response_header_version(api_key: int, api_version: int) -> int:
     return 1 if is_flexible(api_key, api_version) else 0
 
 
-@dataclass(frozen=True, slots=True)
-class RequestHeader:
-    """A decoded request header; ``size`` is its length in bytes on the wire."""
+NO_TAGS: Mapping[int, bytes] = MappingProxyType({})
+
+
+class RequestHeader(NamedTuple):
+    """A decoded request header; ``size`` is its length in bytes on the wire.
+
+    A NamedTuple rather than a frozen dataclass: immutable all the same, and
+    built in a fraction of the time, which matters at 500,000 headers a second.
+    """
 
     api_key: int
     api_version: int
     correlation_id: int
     client_id: str | None = None
     header_version: int = 1
-    tagged_fields: dict[int, bytes] = field(default_factory=dict)
+    tagged_fields: Mapping[int, bytes] = NO_TAGS
     size: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ResponseHeader:
+class ResponseHeader(NamedTuple):
     correlation_id: int
     header_version: int = 0
-    tagged_fields: dict[int, bytes] = field(default_factory=dict)
+    tagged_fields: Mapping[int, bytes] = NO_TAGS
     size: int = 4
 
 
-def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[dict[int, bytes], int]:
+def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[Mapping[int, bytes], int]:
+    if buf[pos] == 0:  # the usual case: no tags
+        return NO_TAGS, pos + 1
     count, pos = read_uvarint(buf, pos)
     tags: dict[int, bytes] = {}
     for _ in range(count):
@@ -79,7 +98,7 @@ def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[dict[int, bytes], int
     return tags, pos
 
 
-def _write_tags(out: bytearray, tags: dict[int, bytes]) -> None:
+def _write_tags(out: bytearray, tags: Mapping[int, bytes]) -> None:
     write_uvarint(out, len(tags))
     for tag in sorted(tags):
         write_uvarint(out, tag)
@@ -112,22 +131,24 @@ def decode_request_header(frame: bytes | memoryview, header_version: int | None 
     """
     try:
         if header_version is None:
-            api_key, api_version = _FIXED.unpack_from(frame, 0)[:2]
-            header_version = request_header_version(api_key, api_version)
+            api_key, api_version, _ = _FIXED.unpack_from(frame, 0)
+            header_version = _REQUEST_HEADER_VERSIONS.get((api_key, api_version))
+            if header_version is None:
+                header_version = request_header_version(api_key, api_version)
         if header_version == 0:
             api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
-            return RequestHeader(api_key, api_version, correlation_id, None, 0, {}, 8)
+            return RequestHeader(api_key, api_version, correlation_id, None, 0, NO_TAGS, 8)
         api_key, api_version, correlation_id, n = _FIXED_CLIENT.unpack_from(frame, 0)
         pos = 10
         client_id: str | None = None
         if n >= 0:
             if pos + n > len(frame):
                 raise Malformed(f"client id of {n} bytes runs past the end of the frame")
-            client_id = bytes(frame[pos : pos + n]).decode("utf-8")
+            client_id = str(frame[pos : pos + n], "utf-8")
             pos += n
         elif n != -1:
             raise Malformed(f"negative client id length {n}")
-        tags: dict[int, bytes] = {}
+        tags = NO_TAGS
         if header_version >= 2:
             tags, pos = _read_tags(frame, pos)
         return RequestHeader(api_key, api_version, correlation_id, client_id, header_version, tags, pos)
@@ -161,7 +182,7 @@ def decode_response_header(frame: bytes, api_key: int, api_version: int) -> Resp
     try:
         correlation_id = int(_CORRELATION.unpack_from(frame, 0)[0])
         if version == 0:
-            return ResponseHeader(correlation_id, 0, {}, 4)
+            return ResponseHeader(correlation_id, 0, NO_TAGS, 4)
         tags, pos = _read_tags(frame, 4)
         return ResponseHeader(correlation_id, 1, tags, pos)
     except (struct.error, IndexError):

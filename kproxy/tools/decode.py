@@ -69,7 +69,7 @@ import bisect
 import math
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -612,7 +612,7 @@ def _unknown_body(body: bytes, api_key: int, api_version: int) -> JsonDict:
             "body_hex": body.hex()}
 
 
-def _tags_json(tags: dict[int, bytes]) -> dict[str, str]:
+def _tags_json(tags: Mapping[int, bytes]) -> dict[str, str]:
     return {str(tag): bytes(value).hex() for tag, value in tags.items()}
 
 
