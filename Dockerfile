@@ -1,0 +1,64 @@
+# syntax=docker/dockerfile:1
+#
+# kproxy container image.
+#
+#   docker build -t kproxy:0.1.0 .
+#   docker run --rm -v "$PWD/kproxy.yaml:/etc/kproxy/kproxy.yaml:ro" -p 19092-19095:19092-19095 -p 9308:9308 kproxy:0.1.0
+#   docker run --rm kproxy:0.1.0 run --upstream kafka:9092 --listen 0.0.0.0:19092 --metrics-listen 0.0.0.0:9308
+#
+# Stage 1 builds wheels (kproxy's own and every dependency's); stage 2 installs
+# them from that local wheel directory into a venv, without network access and
+# without compilers, then runs as an unprivileged user. The base image is pinned
+# by tag; pin it by digest too (python:3.11-slim-trixie@sha256:...) for
+# byte-for-byte reproducible builds.
+
+FROM python:3.11-slim-trixie AS build
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /src
+# Only what the wheel is built from (.dockerignore keeps the rest of the context out).
+COPY pyproject.toml README.md ./
+COPY kproxy ./kproxy
+RUN python -m pip wheel --no-cache-dir --wheel-dir /wheels .
+
+
+FROM python:3.11-slim-trixie
+
+LABEL org.opencontainers.image.title="kproxy" \
+      org.opencontainers.image.description="Kafka-protocol-aware transparent TCP proxy: address rewriting, fault injection, per-API metrics" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH="/opt/kproxy/bin:${PATH}"
+
+# The venv gets no pip of its own: the base image's pip installs into it
+# (--python), from the wheels of stage 1 only (--no-index), mounted for this
+# step rather than copied, so they are not left in a layer. pip byte-compiles
+# on install, so a read-only root filesystem costs nothing at start-up.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    python -m venv --without-pip /opt/kproxy \
+    && python -m pip --python /opt/kproxy/bin/python install --no-cache-dir --no-index \
+        --find-links /wheels /wheels/kproxy-*.whl \
+    && groupadd --system --gid 10001 kproxy \
+    && useradd --system --no-log-init --uid 10001 --gid 10001 --no-create-home \
+        --home-dir /nonexistent --shell /usr/sbin/nologin kproxy \
+    && mkdir -p /etc/kproxy
+
+# Numeric, so Kubernetes can check runAsNonRoot against the image.
+USER 10001:10001
+WORKDIR /
+
+# Bootstrap listener and /metrics, /healthz, /readyz (as in deploy/kproxy.example.yaml).
+# Broker N listens on broker_port_base + N (default 19093 + N): publish those too.
+EXPOSE 19092 9308
+
+# kproxy handles SIGTERM itself: stop accepting, drain in-flight requests
+# (limits.shutdown_grace), exit.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["kproxy"]
+CMD ["run", "--config", "/etc/kproxy/kproxy.yaml"]

@@ -1,0 +1,355 @@
+{{/*
+Helpers of the kproxy chart.
+
+Every helper below needs only .Values (this chart's values) and .Release, so
+another chart that depends on this one can call the sidecar templates with
+  (dict "Values" .Values.kproxy "Release" .Release)
+where .Values.kproxy holds this chart's values (its defaults merged in by Helm).
+*/}}
+
+{{- define "kproxy.name" -}}
+{{- default "kproxy" .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kproxy.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "kproxy.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.configMapName" -}}
+{{- printf "%s-config" (include "kproxy.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kproxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "kproxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kproxy.labels" -}}
+helm.sh/chart: {{ include "kproxy.chart" . }}
+{{ include "kproxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "kproxy.image" -}}
+{{- printf "%s:%s" .Values.image.repository (required "kproxy: image.tag is required" .Values.image.tag) -}}
+{{- end -}}
+
+{{/* "host:port", with IPv6 hosts in brackets. Argument: (list host port). */}}
+{{- define "kproxy.hostPort" -}}
+{{- $host := index . 0 -}}
+{{- $port := int (index . 1) -}}
+{{- if contains ":" $host -}}
+{{- printf "[%s]:%d" $host $port -}}
+{{- else -}}
+{{- printf "%s:%d" $host $port -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.isSidecar" -}}
+{{- if eq .Values.mode "sidecar" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.listenHost" -}}
+{{- if .Values.kproxy.listenHost -}}
+{{- .Values.kproxy.listenHost -}}
+{{- else if include "kproxy.isSidecar" . -}}
+127.0.0.1
+{{- else -}}
+0.0.0.0
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.advertisedHost" -}}
+{{- if .Values.kproxy.advertisedHost -}}
+{{- .Values.kproxy.advertisedHost -}}
+{{- else if include "kproxy.isSidecar" . -}}
+127.0.0.1
+{{- else -}}
+{{- printf "%s.%s.svc.%s" (include "kproxy.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The broker listeners as a YAML list of {nodeId, name, port}: brokerPortBase + id
+for every id of brokerNodeIds, or the pinned port of brokerPorts; pinned brokers
+not in brokerNodeIds are listed too.
+*/}}
+{{- define "kproxy.brokers" -}}
+{{- $v := .Values.kproxy -}}
+{{- $pins := $v.brokerPorts | default dict -}}
+{{- $ids := list -}}
+{{- range $v.brokerNodeIds -}}
+{{- $ids = append $ids (int .) -}}
+{{- end -}}
+{{- range $id, $_ := $pins -}}
+{{- if not (has (int $id) $ids) -}}
+{{- $ids = append $ids (int $id) -}}
+{{- end -}}
+{{- end -}}
+{{- $out := list -}}
+{{- range $id := $ids -}}
+{{- if lt $id 0 -}}
+{{- fail (printf "kproxy: broker node ids are >= 0, got %d" $id) -}}
+{{- end -}}
+{{- $port := add (int $v.brokerPortBase) $id -}}
+{{- if hasKey $pins (toString $id) -}}
+{{- $port = int (get $pins (toString $id)) -}}
+{{- end -}}
+{{- if gt (int $port) 65535 -}}
+{{- fail (printf "kproxy: broker %d would listen on port %d (brokerPortBase + id): pin it in kproxy.brokerPorts" $id (int $port)) -}}
+{{- end -}}
+{{- $out = append $out (dict "nodeId" $id "name" (printf "broker-%d" $id) "port" (int $port)) -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* Refuses values kproxy or Kubernetes would refuse later, with the reason. */}}
+{{- define "kproxy.validate" -}}
+{{- $v := .Values.kproxy -}}
+{{- if not (has .Values.mode (list "standalone" "sidecar")) -}}
+{{- fail (printf "kproxy: mode must be standalone or sidecar, got %q" (toString .Values.mode)) -}}
+{{- end -}}
+{{- if not $v.upstream -}}
+{{- fail "kproxy: kproxy.upstream needs at least one HOST:PORT" -}}
+{{- end -}}
+{{- $ports := list (int $v.bootstrapPort) (int $v.metricsPort) -}}
+{{- range (include "kproxy.brokers" . | fromYamlArray) -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- range $ports -}}
+{{- if or (lt . 1) (gt . 65535) -}}
+{{- fail (printf "kproxy: port %d is not between 1 and 65535" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $ports) (len (uniq $ports)) -}}
+{{- fail (printf "kproxy: the bootstrap, metrics and broker ports must all differ, got %v" $ports) -}}
+{{- end -}}
+{{- with .Values.tls.client -}}
+{{- if and .enabled (not .secretName) -}}
+{{- fail "kproxy: tls.client.enabled needs tls.client.secretName" -}}
+{{- end -}}
+{{- if and .enabled .requireClientCert (not .clientCAKey) -}}
+{{- fail "kproxy: tls.client.requireClientCert needs tls.client.clientCAKey" -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.tls.upstream -}}
+{{- if and .enabled (ne (empty .certKey) (empty .keyKey)) -}}
+{{- fail "kproxy: tls.upstream.certKey and tls.upstream.keyKey go together" -}}
+{{- end -}}
+{{- if and .enabled .certKey (not .secretName) -}}
+{{- fail "kproxy: tls.upstream.certKey needs tls.upstream.secretName" -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.terminationGracePeriodSeconds -}}
+{{- if le (float64 .Values.terminationGracePeriodSeconds) (addf (float64 .Values.preStopSleepSeconds) (float64 ($v.limits.shutdown_grace | default 30))) -}}
+{{- fail "kproxy: terminationGracePeriodSeconds must exceed preStopSleepSeconds + kproxy.limits.shutdown_grace" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Seconds the pod may take to stop: the preStop sleep, then kproxy's own drain
+(limits.shutdown_grace), plus a margin, unless set. Charts running kproxy as a
+sidecar should give their pod at least this much.
+*/}}
+{{- define "kproxy.terminationGracePeriodSeconds" -}}
+{{- if .Values.terminationGracePeriodSeconds -}}
+{{- int .Values.terminationGracePeriodSeconds -}}
+{{- else -}}
+{{- add (int .Values.preStopSleepSeconds) (ceil (.Values.kproxy.limits.shutdown_grace | default 30 | float64)) 10 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.tlsClientDir" -}}/etc/kproxy-tls/client{{- end -}}
+{{- define "kproxy.tlsUpstreamDir" -}}/etc/kproxy-tls/upstream{{- end -}}
+
+{{/* kproxy.yaml, the file `kproxy run --config` reads. */}}
+{{- define "kproxy.config" -}}
+{{- $v := .Values.kproxy -}}
+{{- $cfg := dict -}}
+{{- $_ := set $cfg "upstream" $v.upstream -}}
+{{- $_ := set $cfg "listen" (include "kproxy.hostPort" (list (include "kproxy.listenHost" .) $v.bootstrapPort)) -}}
+{{- $_ := set $cfg "advertised_host" (include "kproxy.advertisedHost" .) -}}
+{{- $_ := set $cfg "broker_port_base" (int $v.brokerPortBase) -}}
+{{- if $v.brokerPorts -}}
+{{- $pins := dict -}}
+{{- range $id, $port := $v.brokerPorts -}}
+{{- $_ := set $pins (toString $id) (int $port) -}}
+{{- end -}}
+{{- $_ := set $cfg "broker_ports" $pins -}}
+{{- end -}}
+{{- $_ := set $cfg "metrics_listen" (printf "0.0.0.0:%d" (int $v.metricsPort)) -}}
+{{- $_ := set $cfg "log_level" $v.logLevel -}}
+{{- $_ := set $cfg "limits" (deepCopy ($v.limits | default dict)) -}}
+{{- $_ := set $cfg "metrics" (deepCopy ($v.metrics | default dict)) -}}
+{{- $tls := dict -}}
+{{- with .Values.tls.client -}}
+{{- if .enabled -}}
+{{- $dir := include "kproxy.tlsClientDir" . -}}
+{{- $client := dict "cert" (printf "%s/%s" $dir .certKey) "key" (printf "%s/%s" $dir .keyKey) -}}
+{{- if .clientCAKey -}}
+{{- $_ := set $client "client_ca" (printf "%s/%s" $dir .clientCAKey) -}}
+{{- end -}}
+{{- $_ := set $client "require_client_cert" (.requireClientCert | default false) -}}
+{{- $_ := set $tls "client" $client -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.tls.upstream -}}
+{{- if .enabled -}}
+{{- $dir := include "kproxy.tlsUpstreamDir" . -}}
+{{- $upstream := dict "enabled" true "verify" (ne (toString .verify) "false") -}}
+{{- if and .secretName .caKey -}}
+{{- $_ := set $upstream "ca" (printf "%s/%s" $dir .caKey) -}}
+{{- end -}}
+{{- if .certKey -}}
+{{- $_ := set $upstream "cert" (printf "%s/%s" $dir .certKey) -}}
+{{- $_ := set $upstream "key" (printf "%s/%s" $dir .keyKey) -}}
+{{- end -}}
+{{- if .serverName -}}
+{{- $_ := set $upstream "server_name" .serverName -}}
+{{- end -}}
+{{- $_ := set $tls "upstream" $upstream -}}
+{{- end -}}
+{{- end -}}
+{{- if $tls -}}
+{{- $_ := set $cfg "tls" $tls -}}
+{{- end -}}
+{{- $cfg = mergeOverwrite $cfg (deepCopy ($v.extraConfig | default dict)) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* Volumes kproxy's container mounts (names prefixed, to share a pod with an app). */}}
+{{- define "kproxy.volumes" -}}
+- name: kproxy-config
+  configMap:
+    name: {{ include "kproxy.configMapName" . }}
+{{- if .Values.tls.client.enabled }}
+- name: kproxy-tls-client
+  secret:
+    secretName: {{ .Values.tls.client.secretName }}
+{{- end }}
+{{- if and .Values.tls.upstream.enabled .Values.tls.upstream.secretName }}
+- name: kproxy-tls-upstream
+  secret:
+    secretName: {{ .Values.tls.upstream.secretName }}
+{{- end }}
+{{- end -}}
+
+{{/*
+kproxy's container, as a mapping. In standalone mode it publishes every
+listener; as a sidecar only its metrics port (the listeners are on loopback).
+*/}}
+{{- define "kproxy.container" -}}
+{{- include "kproxy.validate" . -}}
+{{- $v := .Values.kproxy -}}
+{{- $sidecar := include "kproxy.isSidecar" . -}}
+name: kproxy
+image: {{ include "kproxy.image" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- if and $sidecar .Values.sidecar.native }}
+restartPolicy: Always
+{{- end }}
+args:
+  - run
+  - --config
+  - /etc/kproxy/kproxy.yaml
+  {{- range $v.extraArgs }}
+  - {{ . | quote }}
+  {{- end }}
+ports:
+{{- if not $sidecar }}
+  - name: bootstrap
+    containerPort: {{ int $v.bootstrapPort }}
+    protocol: TCP
+  {{- range (include "kproxy.brokers" . | fromYamlArray) }}
+  - name: {{ .name }}
+    containerPort: {{ int .port }}
+    protocol: TCP
+  {{- end }}
+{{- end }}
+  - name: {{ ternary "kproxy-metrics" "metrics" (not (empty $sidecar)) }}
+    containerPort: {{ int $v.metricsPort }}
+    protocol: TCP
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: {{ int $v.metricsPort }}
+  {{- toYaml .Values.probes.startup | nindent 2 }}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ int $v.metricsPort }}
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ int $v.metricsPort }}
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- if gt (int .Values.preStopSleepSeconds) 0 }}
+lifecycle:
+  preStop:
+    exec:
+      command: ["sleep", "{{ int .Values.preStopSleepSeconds }}"]
+{{- end }}
+{{- with .Values.resources }}
+resources:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.securityContext }}
+securityContext:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+volumeMounts:
+  - name: kproxy-config
+    mountPath: /etc/kproxy
+    readOnly: true
+  {{- if .Values.tls.client.enabled }}
+  - name: kproxy-tls-client
+    mountPath: {{ include "kproxy.tlsClientDir" . }}
+    readOnly: true
+  {{- end }}
+  {{- if and .Values.tls.upstream.enabled .Values.tls.upstream.secretName }}
+  - name: kproxy-tls-upstream
+    mountPath: {{ include "kproxy.tlsUpstreamDir" . }}
+    readOnly: true
+  {{- end }}
+{{- end -}}
+
+{{/*
+The sidecar: one list item for another chart's pod spec, under containers (or
+under initContainers with sidecar.native: true), plus its volumes:
+
+  containers:
+    - name: app
+      ...
+    {{- include "kproxy.sidecar" (dict "Values" .Values.kproxy "Release" .Release) | nindent 4 }}
+  volumes:
+    {{- include "kproxy.sidecar.volumes" (dict "Values" .Values.kproxy "Release" .Release) | nindent 4 }}
+
+with this chart as a dependency whose values set mode: sidecar (it then renders
+only the ConfigMap the sidecar mounts).
+*/}}
+{{- define "kproxy.sidecar" -}}
+{{- if not (include "kproxy.isSidecar" .) -}}
+{{- fail "kproxy: the kproxy.sidecar template needs this chart's values to set mode: sidecar" -}}
+{{- end -}}
+- {{ include "kproxy.container" . | nindent 2 | trim }}
+{{- end -}}
+
+{{- define "kproxy.sidecar.volumes" -}}
+{{- include "kproxy.volumes" . -}}
+{{- end -}}
