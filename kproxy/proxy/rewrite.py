@@ -79,12 +79,12 @@ class Rewritten:
 class ResponseRewriter:
     """Rewrites endpoint-carrying responses against one :class:`AddressMap`.
 
-    ``pinned_versions`` are API keys kproxy must be able to *read* in both
-    directions even without endpoints (Produce for acks, SaslHandshake for the
-    mechanism); they are capped in ApiVersions like the rewritten ones.
+    ``pinned_api_keys`` are API keys kproxy must be able to *read* even without
+    endpoints (Produce for acks, SaslHandshake for the mechanism, ApiVersions
+    itself); they are capped in ApiVersions like the rewritten ones.
     """
 
-    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17})) -> None:
+    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18})) -> None:
         self.addresses = addresses
         self.capped = rewritten_api_keys() | pinned_api_keys
 

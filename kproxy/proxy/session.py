@@ -46,6 +46,8 @@ _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _INT16 = struct.Struct(">h")
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
 SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
+# acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does).
+ACKS0_REMEMBERED = 1024
 
 
 class SessionError(ProtocolError):
@@ -131,6 +133,7 @@ class Session:
         self._sasl_rounds_left: int | None = None
         self._ready: list[bytes] = []
         self._ready_routes: list[BrokerRoute] = []
+        self._acks0_ids: deque[int] = deque(maxlen=ACKS0_REMEMBERED)
         self.requests = 0
         self.responses = 0
 
@@ -166,7 +169,9 @@ class Session:
             self._flush()
             return None
         if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
-            # acks=0: the broker will not answer; nothing to track.
+            # acks=0: the broker should not answer; nothing to track. A broker that answers
+            # anyway (Tansu) has that answer dropped: the client expects none.
+            self._acks0_ids.append(correlation_id)
             if self.observer is not None:
                 ex.completed_at = now
                 self.observer.complete(ex)
@@ -212,6 +217,9 @@ class Session:
         except struct.error:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
         ex = next((e for e in self.in_flight if not e.local and e.response is None), None)
+        if (ex is None or ex.correlation_id != correlation_id) and correlation_id in self._acks0_ids:
+            self._acks0_ids.remove(correlation_id)
+            return
         if ex is None:
             raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
         if ex.correlation_id != correlation_id:

@@ -71,6 +71,7 @@ class Connection:
         self.draining = True
         self._reading_client.cancel()
         if not self.session.in_flight:
+            self.close_reason = "shutdown"
             self._idle.cancel()
 
     async def run(self) -> None:
@@ -106,24 +107,28 @@ class Connection:
         splitter = FrameSplitter(self.limits.max_frame_size)
         session = self.session
         try:
-            with self._reading_client:
-                while True:
+            while not self.draining:
+                # drain() cancels the waits only: a chunk once read is forwarded whole (a request
+                # tracked but never sent would hold the connection open until the grace ran out).
+                with trio.CancelScope() as self._reading_client:
                     while not session.can_accept:
                         self._room = trio.Event()
                         await self._room.wait()
                     data = await self.client.receive_some(self.limits.read_size)
-                    if not data:
-                        self._end(scope, "client closed")
-                        return
-                    read_at = time.perf_counter()
-                    self._touch()
-                    self.stats.bytes_from_client += len(data)
-                    frames, chunk, exact = splitter.split(data)
-                    forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
-                    if forward:
-                        await self.upstream.send_all(_payload(forward, frames, chunk, exact))
-                    if session.has_ready:
-                        await self._send_ready()
+                if self._reading_client.cancelled_caught:
+                    break
+                if not data:
+                    self._end(scope, "client closed")
+                    return
+                read_at = time.perf_counter()
+                self._touch()
+                self.stats.bytes_from_client += len(data)
+                frames, chunk, exact = splitter.split(data)
+                forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
+                if forward:
+                    await self.upstream.send_all(_payload(forward, frames, chunk, exact))
+                if session.has_ready:
+                    await self._send_ready()
         except ProtocolError as exc:
             self._reject(exc, "request")
             self._end(scope, f"bad request from client: {exc}")
@@ -133,7 +138,7 @@ class Connection:
             return
         # Draining: no new requests. Wait for answers, then close.
         if self.draining and not session.in_flight:
-            scope.cancel()
+            self._end(scope, "shutdown")
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
         splitter = FrameSplitter(self.limits.max_frame_size)

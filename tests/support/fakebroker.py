@@ -138,7 +138,12 @@ def endpoints(value: Any) -> Iterator[tuple[Any, Any]]:
 
 # -- the cluster ----------------------------------------------------------------------------
 class CloseConnection(Exception):
-    """Raised by a handler: the fake broker hangs up without answering."""
+    """Raised by a handler: the fake broker hangs up without answering (after sending
+    ``last_words``, raw bytes such as half a frame, if given)."""
+
+    def __init__(self, last_words: bytes = b"") -> None:
+        super().__init__("fake broker hangs up")
+        self.last_words = last_words
 
 
 @dataclass
@@ -242,9 +247,13 @@ class FakeCluster:
             broker.port = listeners[0].socket.getsockname()[1]
             self.ports_used.add(broker.port)
             task_status.started()
-            await trio.serve_listeners(lambda stream: self._handle(broker, stream), listeners)
 
-    async def _handle(self, broker: FakeBroker, stream: trio.SocketStream) -> None:
+            async def handle(stream: trio.SocketStream) -> None:
+                await self._handle(broker, stream)
+
+            await trio.serve_listeners(handle, listeners)
+
+    async def _handle(self, broker: FakeBroker, stream: trio.abc.Stream) -> None:
         broker.connections_accepted += 1
         broker.open_connections += 1
         splitter = FrameSplitter()
@@ -256,10 +265,15 @@ class FakeCluster:
                         return
                     splitter.feed(data)
                     for payload in splitter.frames():
-                        answer = await self._answer(broker, payload)
+                        try:
+                            answer = await self._answer(broker, payload)
+                        except CloseConnection as exc:
+                            if exc.last_words:
+                                await stream.send_all(exc.last_words)
+                            return
                         if answer is not None:
                             await stream.send_all(frame(answer))
-        except (CloseConnection, trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
             broker.open_connections -= 1
@@ -312,11 +326,9 @@ class FakeCluster:
 
     def _metadata(self, broker: FakeBroker, version: int, body: Body) -> Body:
         wanted = body.get("topics")
-        if wanted is None or (version == 0 and not wanted):
-            names = sorted(self.topics)
-        else:
-            names = [t["name"] for t in wanted]
-        topics = []
+        every = wanted is None or (version == 0 and not wanted)  # v0: an empty list means all
+        names = sorted(self.topics) if every else [t["name"] for t in wanted or ()]
+        topics: list[dict[str, Any]] = []
         for name in names:
             topic = self.topics.get(name)
             if topic is None:

@@ -1,0 +1,405 @@
+"""The sans-IO :class:`Session`: exact frames in, exact frames out, no sockets, no clock."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+
+from kproxy.protocol import decode_response, encode_request, encode_response, frame
+from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.schema import supported_versions
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Exchange, Mode, Session, SessionError
+from tests.support.fakebroker import request_body, request_frame, response_body, response_frame
+
+PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
+LIST_OFFSETS = 2
+ADVERTISED = "kproxy.test"
+BASE = 40000
+BROKERS = [{"node_id": 1, "host": "b1.internal", "port": 9092, "rack": None},
+           {"node_id": 2, "host": "b2.internal", "port": 9093, "rack": "r2"}]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A :class:`SessionObserver` that keeps what it saw."""
+
+    def __init__(self) -> None:
+        self.requests: list[Exchange] = []
+        self.done: list[Exchange] = []
+
+    def request(self, exchange: Exchange, frame: bytes) -> None:
+        self.requests.append(exchange)
+
+    def complete(self, exchange: Exchange) -> None:
+        self.done.append(exchange)
+
+
+def session(clock: Clock | None = None, **kwargs: Any) -> tuple[Session, list[Exchange]]:
+    recorder = Recorder()
+    s = Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=clock or Clock(), observer=recorder,
+                **kwargs)
+    return s, recorder.done
+
+
+def req(api_key: int, version: int, correlation_id: int, **values: Any) -> bytes:
+    return request_frame(api_key, version, correlation_id, **values)
+
+
+def resp(api_key: int, version: int, correlation_id: int, **values: Any) -> bytes:
+    return response_frame(api_key, version, correlation_id, **values)
+
+
+def future_api_versions(correlation_id: int, version: int = 99) -> bytes:
+    """An ApiVersions request of a version kproxy cannot read (its body is opaque bytes)."""
+    return frame(struct.pack(">hhih", API_VERSIONS, version, correlation_id, 3) + b"cli" + b"\x00future-body")
+
+
+def heartbeat(correlation_id: int) -> tuple[bytes, bytes]:
+    """A request/response pair that passes untouched (nothing to rewrite in Heartbeat)."""
+    return (req(HEARTBEAT, 4, correlation_id, group_id="g", generation_id=1, member_id="m"),
+            resp(HEARTBEAT, 4, correlation_id, error_code=0))
+
+
+def forward(s: Session, frames: list[bytes]) -> None:
+    """Each request goes upstream unchanged."""
+    for f in frames:
+        assert s.on_client_frame(f) == f
+
+
+def ready(s: Session) -> list[bytes]:
+    frames, _ = s.take_ready()
+    return frames
+
+
+def metadata_response(correlation_id: int, brokers: list[dict[str, Any]], version: int = 12) -> bytes:
+    return resp(METADATA, version, correlation_id, brokers=brokers, cluster_id="c", controller_id=1,
+                topics=[])
+
+
+def rewritten_brokers(brokers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**b, "host": ADVERTISED, "port": BASE + b["node_id"]} for b in brokers]
+
+
+# -- ordering -----------------------------------------------------------------------------------
+async def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
+    s, done = session()
+    pairs = [heartbeat(c) for c in (7, 8, 9)]
+    forward(s, [r for r, _ in pairs])
+    assert [e.correlation_id for e in s.in_flight] == [7, 8, 9]
+    assert not s.has_ready
+    for i, (_, answer) in enumerate(pairs):
+        s.on_upstream_frame(answer)
+        assert ready(s) == [answer], "each answer is due as soon as it is the oldest"
+        assert len(s.in_flight) == 2 - i
+    assert [e.correlation_id for e in done] == [7, 8, 9]
+    assert (s.requests, s.responses) == (3, 3)
+
+
+async def test_local_answer_waits_behind_in_flight_requests() -> None:
+    s, done = session()
+    (hb1, hb1_answer), (hb3, hb3_answer) = heartbeat(1), heartbeat(3)
+    forward(s, [hb1])
+    future = future_api_versions(2)
+    assert s.on_client_frame(future) is None, "answered locally, not forwarded"
+    assert not s.has_ready, "the local answer must not overtake request 1"
+    forward(s, [hb3])
+    s.on_upstream_frame(hb1_answer)
+    frames = ready(s)
+    assert frames[0] == hb1_answer
+    assert len(frames) == 2
+    local = decode_response(frames[1][4:], API_VERSIONS, 0)
+    assert local.header.correlation_id == 2
+    s.on_upstream_frame(hb3_answer)  # upstream's next answer matches request 3, skipping the local one
+    assert ready(s) == [hb3_answer]
+    assert [(e.correlation_id, e.local) for e in done] == [(1, False), (2, True), (3, False)]
+
+
+async def test_local_answer_with_nothing_in_flight_is_ready_at_once() -> None:
+    s, _ = session()
+    assert s.on_client_frame(future_api_versions(5)) is None
+    [answer] = ready(s)
+    assert decode_response(answer[4:], API_VERSIONS, 0).header.correlation_id == 5
+    assert not s.in_flight
+
+
+@pytest.mark.parametrize("version", [5, 99, 32767])
+async def test_api_versions_beyond_what_kproxy_reads_gets_the_kip511_answer(version: int) -> None:
+    s, _ = session()
+    assert s.on_client_frame(future_api_versions(42, version)) is None
+    [answer] = ready(s)
+    lo, hi = supported_versions(API_VERSIONS)  # type: ignore[misc]
+    assert answer == frame(struct.pack(">ihihhh", 42, 35, 1, API_VERSIONS, lo, hi))
+    body = decode_response(answer[4:], API_VERSIONS, 0).body
+    assert body == {"error_code": 35,
+                    "api_keys": [{"api_key": API_VERSIONS, "min_version": lo, "max_version": hi}]}
+
+
+async def test_api_versions_that_kproxy_reads_is_forwarded_and_capped() -> None:
+    s, _ = session()
+    request = req(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1")
+    forward(s, [request])
+    keys = [{"api_key": METADATA, "min_version": 0, "max_version": 99},
+            {"api_key": LIST_OFFSETS, "min_version": 0, "max_version": 99},
+            {"api_key": 30000, "min_version": 1, "max_version": 2},
+            {"api_key": PRODUCE, "min_version": 20, "max_version": 30}]
+    s.on_upstream_frame(resp(API_VERSIONS, 3, 1, api_keys=keys))
+    [answer] = ready(s)
+    expected = [{"api_key": METADATA, "min_version": 0, "max_version": supported_versions(METADATA)[1]},  # type: ignore[index]
+                {"api_key": LIST_OFFSETS, "min_version": 0, "max_version": 99},
+                {"api_key": 30000, "min_version": 1, "max_version": 2}]  # Produce: no common version
+    assert answer == resp(API_VERSIONS, 3, 1, api_keys=expected)
+
+
+async def test_broker_kip511_answer_is_capped_as_a_v0_body() -> None:
+    s, _ = session()
+    forward(s, [req(API_VERSIONS, 4, 1, client_software_name="t", client_software_version="1")])
+    # A broker that cannot read v4 answers with a v0 body (KIP-511), whatever the request's version.
+    upstream = frame(encode_response(1, API_VERSIONS, 0, {"error_code": 35, "api_keys": [
+        {"api_key": API_VERSIONS, "min_version": 0, "max_version": 3},
+        {"api_key": METADATA, "min_version": 0, "max_version": 99}]}))
+    s.on_upstream_frame(upstream)
+    [answer] = ready(s)
+    assert answer == frame(encode_response(1, API_VERSIONS, 0, {"error_code": 35, "api_keys": [
+        {"api_key": API_VERSIONS, "min_version": 0, "max_version": 3},
+        {"api_key": METADATA, "min_version": 0, "max_version": supported_versions(METADATA)[1]}]}))  # type: ignore[index]
+
+
+# -- rewriting ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("version", [1, 9, 12])
+async def test_metadata_rewritten_exactly_and_routes_reported(version: int) -> None:
+    s, _ = session()
+    forward(s, [req(METADATA, version, 11, topics=None)])
+    s.on_upstream_frame(metadata_response(11, BROKERS, version))
+    frames, routes = s.take_ready()
+    assert frames == [metadata_response(11, rewritten_brokers(BROKERS), version)]
+    assert [(r.node_id, r.upstream.host, r.upstream.port, r.local_port) for r in routes] == [
+        (1, "b1.internal", 9092, BASE + 1), (2, "b2.internal", 9093, BASE + 2)]
+
+
+async def test_rewrite_finds_the_body_after_response_header_tags() -> None:
+    s, _ = session()
+    forward(s, [req(METADATA, 12, 3, topics=None)])
+    body = response_body(METADATA, 12, brokers=BROKERS, topics=[])
+    tags = {0: b"x" * 5, 7: b""}
+    s.on_upstream_frame(frame(encode_response(3, METADATA, 12, body, header_tags=tags)))
+    expected = response_body(METADATA, 12, brokers=rewritten_brokers(BROKERS), topics=[])
+    assert ready(s) == [frame(encode_response(3, METADATA, 12, expected, header_tags=tags))]
+
+
+async def test_unrewritable_response_is_an_error_never_forwarded_as_is() -> None:
+    s, _ = session()
+    forward(s, [req(METADATA, 12, 3, topics=None)])
+    good = metadata_response(3, BROKERS)
+    truncated = struct.pack(">i", 20) + good[4:24]
+    with pytest.raises(SessionError, match="cannot rewrite"):
+        s.on_upstream_frame(truncated)
+    assert not s.has_ready
+
+
+# -- acks=0 ------------------------------------------------------------------------------------
+def produce(version: int, correlation_id: int, acks: int, transactional_id: str | None = None,
+            header_tags: dict[int, bytes] | None = None) -> bytes:
+    body = request_body(PRODUCE, version, transactional_id=transactional_id, acks=acks, timeout_ms=1500,
+                        topic_data=[{"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 9}]}])
+    header = RequestHeader(PRODUCE, version, correlation_id, "producer-1" * 3, 2 if version >= 9 else 1,
+                           header_tags or {})
+    return frame(encode_request(header, body))
+
+
+PRODUCE_CASES = [(v, None) for v in range(0, 14)] + [(v, "tx-1") for v in range(3, 14)] + [
+    (9, "t" * 200), (13, "")]
+
+
+@pytest.mark.parametrize(("version", "transactional_id"), PRODUCE_CASES)
+async def test_produce_acks_0_is_never_tracked(version: int, transactional_id: str | None) -> None:
+    s, done = session()
+    hb, hb_answer = heartbeat(2)
+    request = produce(version, 1, 0, transactional_id)
+    forward(s, [request, hb])
+    assert [e.correlation_id for e in s.in_flight] == [2]
+    s.on_upstream_frame(hb_answer)  # the broker answers only the heartbeat
+    assert ready(s) == [hb_answer]
+    assert [e.correlation_id for e in done] == [1, 2]  # acks=0 is still seen by metrics
+
+
+@pytest.mark.parametrize(("version", "transactional_id"),
+                         [(2, None), (5, "tx-1"), (9, "tx-1"), (13, "t" * 200)])
+@pytest.mark.parametrize("acks", [1, -1])
+async def test_produce_with_acks_is_tracked(version: int, transactional_id: str | None, acks: int) -> None:
+    s, _ = session()
+    forward(s, [produce(version, 1, acks, transactional_id)])
+    assert [e.correlation_id for e in s.in_flight] == [1]
+
+
+async def test_produce_acks_0_read_past_request_header_tags() -> None:
+    s, _ = session()
+    forward(s, [produce(9, 1, 0, "tx", header_tags={0: b"\x01\x02", 3: b"z" * 130})])
+    assert not s.in_flight
+
+
+async def test_unreadable_produce_is_tracked_rather_than_dropped() -> None:
+    s, _ = session()
+    truncated = frame(struct.pack(">hhih", PRODUCE, 3, 1, -1) + b"\x00")
+    forward(s, [truncated])
+    assert [e.correlation_id for e in s.in_flight] == [1]
+
+
+# -- SASL --------------------------------------------------------------------------------------
+def handshake(s: Session, mechanism: str, correlation_id: int = 1, error_code: int = 0) -> None:
+    request = req(SASL_HANDSHAKE, 0, correlation_id, mechanism=mechanism)
+    answer = resp(SASL_HANDSHAKE, 0, correlation_id, error_code=error_code, mechanisms=[mechanism])
+    forward(s, [request])
+    s.on_upstream_frame(answer)
+    assert ready(s) == [answer]
+
+
+def then_kafka_again(s: Session, correlation_id: int) -> None:
+    forward(s, [req(METADATA, 12, correlation_id, topics=None)])
+    assert s.in_flight[-1].correlation_id == correlation_id
+    s.on_upstream_frame(metadata_response(correlation_id, BROKERS))
+    assert ready(s) == [metadata_response(correlation_id, rewritten_brokers(BROKERS))]
+
+
+@pytest.mark.parametrize(("mechanism", "rounds"), [("PLAIN", 1), ("SCRAM-SHA-256", 2), ("scram-sha-512", 2),
+                                                   ("OAUTHBEARER", 1)])
+async def test_sasl_v0_tokens_pass_opaquely_for_fixed_rounds(mechanism: str, rounds: int) -> None:
+    s, _ = session()
+    handshake(s, mechanism)
+    assert s.mode is Mode.SASL_TOKENS
+    for i in range(rounds):
+        # Tokens have no Kafka header: these would not even parse as one.
+        client_token = frame(b"\x00alice\x00secret" if i == 0 else b"c=biws,r=nonce,p=proof")
+        server_token = frame(b"" if mechanism == "PLAIN" else f"r=nonce,s=salt,i={4096 + i}".encode())
+        assert s.on_client_frame(client_token) == client_token
+        assert not s.in_flight
+        s.on_upstream_frame(server_token)
+        assert ready(s) == [server_token]
+        assert s.mode is (Mode.KAFKA if i == rounds - 1 else Mode.SASL_TOKENS)
+    then_kafka_again(s, 2)
+
+
+async def test_sasl_v0_open_ended_mechanism_ends_at_the_first_kafka_request() -> None:
+    s, _ = session()
+    handshake(s, "GSSAPI")
+    tokens = [frame(b"\x60\x82\x02\x10" + b"\xa5" * 40), frame(b"\x05\x04\x01\xff" + b"\x00" * 12),
+              frame(b"")]
+    for token in tokens:
+        assert s.on_client_frame(token) == token
+        s.on_upstream_frame(frame(b"\x05\x04" + token[4:8]))
+        assert ready(s) == [frame(b"\x05\x04" + token[4:8])]
+    assert s.mode is Mode.SASL_TOKENS
+    then_kafka_again(s, 2)
+    assert s.mode.value == "kafka"
+
+
+async def test_failed_sasl_handshake_stays_in_kafka_mode() -> None:
+    s, _ = session()
+    handshake(s, "PLAIN", error_code=33)  # UNSUPPORTED_SASL_MECHANISM
+    assert s.mode is Mode.KAFKA
+    then_kafka_again(s, 2)
+
+
+async def test_sasl_handshake_v1_then_sasl_authenticate_are_normal_kafka() -> None:
+    s, _ = session()
+    request = req(SASL_HANDSHAKE, 1, 1, mechanism="SCRAM-SHA-256")
+    answer = resp(SASL_HANDSHAKE, 1, 1, error_code=0, mechanisms=["SCRAM-SHA-256", "PLAIN"])
+    forward(s, [request])
+    s.on_upstream_frame(answer)
+    assert ready(s) == [answer]
+    assert s.mode is Mode.KAFKA
+    for correlation_id, version in ((2, 0), (3, 1), (4, 2)):
+        auth = req(SASL_AUTHENTICATE, version, correlation_id, auth_bytes=b"n,,n=user,r=abc")
+        auth_answer = resp(SASL_AUTHENTICATE, version, correlation_id, error_code=0, auth_bytes=b"r=abcdef",
+                           session_lifetime_ms=3600_000)
+        forward(s, [auth])
+        s.on_upstream_frame(auth_answer)
+        assert ready(s) == [auth_answer]
+    then_kafka_again(s, 5)
+
+
+# -- desynchronised streams and limits ------------------------------------------------------------
+async def test_correlation_mismatch_raises() -> None:
+    s, _ = session()
+    (a, _), (b, b_answer) = heartbeat(1), heartbeat(2)
+    forward(s, [a, b])
+    with pytest.raises(SessionError, match="does not match the oldest"):
+        s.on_upstream_frame(b_answer)
+
+
+async def test_response_with_nothing_in_flight_raises() -> None:
+    s, _ = session()
+    with pytest.raises(SessionError, match="matches no request"):
+        s.on_upstream_frame(heartbeat(1)[1])
+
+
+async def test_response_to_a_locally_answered_request_raises() -> None:
+    s, _ = session()
+    assert s.on_client_frame(future_api_versions(1)) is None
+    with pytest.raises(SessionError):
+        s.on_upstream_frame(resp(API_VERSIONS, 0, 1, error_code=0, api_keys=[]))
+
+
+@pytest.mark.parametrize("payload", [b"", b"\x00\x03", b"\x00\x03\x00\x01\x00"])
+async def test_frames_too_short_for_a_header_raise(payload: bytes) -> None:
+    s, _ = session()
+    with pytest.raises(SessionError):
+        s.on_client_frame(frame(payload))
+    forward(s, [heartbeat(1)[0]])
+    with pytest.raises(SessionError):
+        s.on_upstream_frame(frame(payload[:3]))
+
+
+async def test_max_in_flight_and_can_accept() -> None:
+    s, _ = session(max_in_flight=2)
+    pairs = [heartbeat(c) for c in (1, 2, 3)]
+    assert s.can_accept
+    forward(s, [pairs[0][0]])
+    assert s.can_accept
+    forward(s, [produce(3, 99, 0)])  # acks=0 takes no slot
+    assert s.can_accept
+    forward(s, [pairs[1][0]])
+    assert not s.can_accept
+    s.on_upstream_frame(pairs[0][1])
+    assert s.can_accept
+    forward(s, [pairs[2][0]])
+    assert not s.can_accept
+    s.on_upstream_frame(pairs[1][1])
+    s.on_upstream_frame(pairs[2][1])
+    assert ready(s) == [p[1] for p in pairs]
+    assert s.can_accept
+
+
+async def test_local_answers_hold_a_slot_until_delivered() -> None:
+    s, _ = session(max_in_flight=2)
+    hb, hb_answer = heartbeat(1)
+    forward(s, [hb])
+    assert s.on_client_frame(future_api_versions(2)) is None
+    assert not s.can_accept
+    s.on_upstream_frame(hb_answer)
+    assert s.can_accept
+    assert len(ready(s)) == 2
+
+
+async def test_exchange_timings_come_from_the_clock() -> None:
+    clock = Clock()
+    s, done = session(clock)
+    hb, hb_answer = heartbeat(1)
+    assert s.on_client_frame(hb, read_at=99.5) == hb
+    clock.now += 2.5
+    s.on_upstream_frame(hb_answer)
+    [ex] = done
+    assert (ex.read_at, ex.forwarded_at, ex.received_at, ex.completed_at) == (99.5, 100.0, 102.5, 102.5)
+    assert (ex.broker_seconds, ex.overhead_seconds, ex.request_size) == (2.5, 0.5, len(hb))
+    assert ex.api == "Heartbeat"
+
