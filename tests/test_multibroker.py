@@ -339,3 +339,25 @@ async def test_connections_after_a_test_are_all_closed(cluster: FakeCluster, pro
     with trio.fail_after(5):
         while proxy.connections or any(b.open_connections for b in cluster.brokers.values()):
             await trio.sleep(0.01)
+
+
+async def test_broker_ports_listen_at_start_up_before_any_client_asks() -> None:
+    """A restarted kproxy must serve clients that kept cached metadata: it discovers the brokers itself."""
+    base = free_port_range(8)
+    async with fake_cluster((0, 2, 5)) as cluster, running_server(
+            proxy_config(cluster.bootstrap, advertised_host=ADVERTISED, broker_port_base=base)) as server:
+        with trio.fail_after(10):
+            while not {base, base + 2, base + 5} <= set(server.listeners):
+                await trio.sleep(0.01)
+        # No client has sent anything yet: the ports were opened from kproxy's own Metadata request.
+        assert cluster.received == [] and cluster.discovery_requests >= 1
+        for node_id in (0, 2, 5):
+            assert await reaches(server, base + node_id, cluster) == node_id
+
+
+async def test_discovery_retries_until_the_cluster_is_up() -> None:
+    base = free_port_range(4)
+    dead = free_port_range(1)
+    async with running_server(proxy_config(f"127.0.0.1:{dead}", broker_port_base=base)) as server:
+        await trio.sleep(0.3)  # a few failed attempts: no broker listener, no crash
+        assert set(server.listeners) == {server.bootstrap_port}

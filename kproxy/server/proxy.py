@@ -29,10 +29,12 @@ from kproxy.config import Config
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.server.connection import Connection
+from kproxy.server.discovery import fetch_brokers
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
 
@@ -100,6 +102,7 @@ class ProxyServer:
                                         self.config.metrics_listen.port)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
+                nursery.start_soon(self._discover_brokers)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
@@ -133,6 +136,32 @@ class ProxyServer:
                 log.info("event=signal signal=%s", signal.Signals(signum).name)
                 self.shutdown()
                 return
+
+    async def _discover_brokers(self) -> None:
+        """Open every broker's port at start-up (see :mod:`kproxy.server.discovery`).
+
+        Retries with backoff until it succeeds once; clients' own Metadata keeps
+        the map current after that.
+        """
+        delay = 0.5
+        while True:
+            try:
+                stream, addr = await self._connect_upstream(list(self.config.upstream), probe=True)
+                try:
+                    with trio.fail_after(self.config.limits.connect_timeout):
+                        brokers = await fetch_brokers(stream, self.config.limits.max_frame_size)
+                finally:
+                    await trio.aclose_forcefully(stream)
+                routes = [self.addresses.learn(node, host, port) for node, host, port in brokers if node >= 0]
+                await self.ensure_listeners(routes)
+                log.info("event=brokers_discovered upstream=%s brokers=%d", addr, len(routes))
+                return
+            except (UpstreamUnavailable, ProtocolError, trio.BrokenResourceError, trio.TooSlowError, OSError,
+                    ssl.SSLError) as exc:
+                log.warning("event=broker_discovery_failed retry_in_s=%.1f reason=%s", delay,
+                            _q(str(exc) or type(exc).__name__))
+            await trio.sleep(delay)
+            delay = min(delay * 2, 30.0)
 
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:

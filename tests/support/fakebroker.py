@@ -61,6 +61,7 @@ from kproxy.protocol import (
 from kproxy.protocol.messages import Body, default_struct
 from kproxy.protocol.schema import Field, supported_versions
 from kproxy.protocol.tables import all_api_keys
+from kproxy.server.discovery import DISCOVERY_CLIENT_ID
 from kproxy.server.proxy import ProxyServer
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 0, 1, 3, 10, 18, 60
@@ -203,6 +204,7 @@ class FakeCluster:
             k: span for k in all_api_keys() if (span := supported_versions(k)) is not None}
         self.handlers: dict[int, Handler] = {}
         self.received: list[Received] = []
+        self.discovery_requests = 0  # kproxy's start-up broker discovery, kept out of `received`
         self.ports_used: set[int] = set()  # every port any fake broker ever listened on
         self.next_offset = 0
 
@@ -285,6 +287,12 @@ class FakeCluster:
         except UnknownApiError:
             request = None
         received = Received(broker.node_id, api_key, api_version, correlation_id, request, payload)
+        if request is not None and request.header.client_id == DISCOVERY_CLIENT_ID:
+            # kproxy's own start-up Metadata request: answered, but not part of what a test sent.
+            self.discovery_requests += 1
+            body = await self.answer(broker, received)
+            assert isinstance(body, dict)
+            return encode_response(correlation_id, api_key, api_version, body)
         self.received.append(received)
         handler = self.handlers.get(api_key)
         result = await (handler(broker, received) if handler is not None else self.answer(broker, received))
