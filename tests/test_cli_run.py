@@ -21,9 +21,9 @@ def test_run_with_flags_only_then_sigterm(tansu: Broker, tmp_path: Path) -> None
     base = free_port()
     log = tmp_path / "kproxy.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(KPROXY + ["run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
-                                          "--broker-port-base", str(base - 111), "--shutdown-grace", "5"],
-                                stdout=out, stderr=subprocess.STDOUT)
+        argv = [*KPROXY, "run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
+                "--broker-port-base", str(base - 111), "--shutdown-grace", "5"]
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_port("127.0.0.1", port)
         md = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=15)
@@ -45,7 +45,7 @@ def test_run_with_flags_only_then_sigterm(tansu: Broker, tmp_path: Path) -> None
 def test_run_refuses_bad_config_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "kproxy.yaml"
     bad.write_text("upstream: [127.0.0.1:9092]\nlimits: {max_frame_size: -5}\n")
-    result = subprocess.run(KPROXY + ["run", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run([*KPROXY, "run", "--config", str(bad)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -57,7 +57,7 @@ def test_run_reports_a_busy_port_and_exits_1() -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         port = busy.getsockname()[1]
-        result = subprocess.run(KPROXY + ["run", "--upstream", "127.0.0.1:9", "--listen", f"127.0.0.1:{port}"],
+        result = subprocess.run([*KPROXY, "run", "--upstream", "127.0.0.1:9", "--listen", f"127.0.0.1:{port}"],
                                 capture_output=True, text=True, timeout=60, env={**os.environ})
     assert result.returncode == 1
     assert "event=start_failed" in result.stderr and "Traceback" not in result.stderr

@@ -50,12 +50,15 @@ def test_file_then_flags_override(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("upstream: [k:1]\nlimits:\n  max_in_flite: 3\n", "limits.max_in_flite: unknown key (did you mean limits.max_in_flight?)"),
-    ("upstream: [k:1]\nlimits:\n  max_in_flight: many\n", "limits.max_in_flight: must be an integer >= 1, got 'many'"),
+    ("upstream: [k:1]\nlimits:\n  max_in_flite: 3\n",
+     "limits.max_in_flite: unknown key (did you mean limits.max_in_flight?)"),
+    ("upstream: [k:1]\nlimits:\n  max_in_flight: many\n",
+     "limits.max_in_flight: must be an integer >= 1, got 'many'"),
     ("upstream: [k:1\n", "invalid YAML"),
     ("- just\n- a list\n", "the top level must be a mapping"),
     ("listen: 127.0.0.1:1\n", "upstream: required"),
-    ("upstream: [k:1]\ntls:\n  client:\n    cert: /nonexistent.pem\n", "tls.client.cert: file '/nonexistent.pem' does not exist"),
+    ("upstream: [k:1]\ntls:\n  client:\n    cert: /nonexistent.pem\n",
+     "tls.client.cert: file '/nonexistent.pem' does not exist"),
     ("upstream: [k:1]\nbroker_ports: {1: 70000}\n", "broker_ports: must be between 1 and 65535"),
     ("upstream: [k:1]\nlog_level: loud\n", "log_level: must be one of"),
 ])
@@ -79,7 +82,7 @@ def test_tls_pairs_are_checked(tmp_path: Path) -> None:
     cert.write_text("x")
     with pytest.raises(ConfigError, match="cert and key go together"):
         config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert)]))
-    with pytest.raises(ConfigError, match="needs tls.client.client_ca"):
+    with pytest.raises(ConfigError, match=r"needs tls\.client\.client_ca"):
         config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert), "--tls-key", str(cert),
                                 "--tls-require-client-cert"]))
 

@@ -8,7 +8,8 @@ Guarantees kept here (each has bitten a peer):
 
 * Responses leave in request order, including responses kproxy makes itself: a
   local answer waits behind earlier in-flight requests.
-* Produce with acks=0 has no response: never tracked, never waited for.
+* Produce with acks=0 has no response: never tracked, never waited for. A broker
+  that answers one anyway (Tansu does) has that answer dropped: the client expects none.
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (PLAIN and OAUTHBEARER: one round, SCRAM: two;

@@ -82,6 +82,9 @@ class ProxyServer:
         self._listener_lock = trio.Lock()
         self.draining = False
         self.connections_total = 0
+        for addr in config.upstream:
+            # Born at zero, so that the first failure is an increase alerts can see.
+            self.stats.upstream_connect_failures.setdefault(str(addr), 0)
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
@@ -322,10 +325,16 @@ def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
 
 
 def _os_reason(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.errno in (errno.ECONNREFUSED,):
-        return "connection refused"
-    cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ else exc
-    return str(cause) or type(cause).__name__
+    """The root cause in a few words: trio wraps per-address failures of one connect in a group."""
+    root: BaseException = exc
+    while True:
+        if isinstance(root, OSError) and root.errno == errno.ECONNREFUSED:
+            return "connection refused"
+        nxt = root.exceptions[0] if isinstance(root, BaseExceptionGroup) else root.__cause__
+        if nxt is None:
+            break
+        root = nxt
+    return str(root) or type(root).__name__
 
 
 def _peer(stream: trio.SocketStream) -> str:

@@ -1,0 +1,219 @@
+"""Generates ``kproxy-dashboard.json``, the Grafana dashboard for kproxy's ``/metrics``.
+
+The JSON is built with Grafana's own Python SDK (``grafana-foundation-sdk``, a
+test dependency) and committed next to this file, so a Grafana can import it
+without Python. Edit this file, never the JSON, then regenerate::
+
+    .venv/bin/python deploy/grafana/dashboard.py          # rewrite the JSON
+    .venv/bin/python deploy/grafana/dashboard.py --check  # exit 1 if the JSON is stale
+
+The test suite runs the check, and evaluates every query below against a real
+Prometheus scraping a real kproxy (tests/test_metrics_prometheus.py).
+
+Template variables: ``datasource`` (any Prometheus), ``job`` and ``instance``
+(from ``kproxy_build_info``) and ``api`` (Kafka API names as kproxy labels them:
+``produce``, ``fetch``, ``metadata`` ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.builders.common import StackingConfig, VizLegendOptions
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import LegendDisplayMode, LegendPlacement, StackingMode
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DataSourceRef,
+    Threshold,
+    ThresholdsMode,
+    VariableModel,
+    VariableRefresh,
+    VariableSort,
+)
+
+OUTPUT = Path(__file__).with_name("kproxy-dashboard.json")
+UID = "kproxy-overview"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Every selector carries the dashboard's filters; $api only where the metric has an api label.
+SEL = 'job=~"$job", instance=~"$instance"'
+SEL_API = SEL + ', api=~"$api"'
+WINDOW = "$__rate_interval"
+
+
+def query(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
+    return prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DATASOURCE)
+
+
+def graph(title: str, description: str, unit: str, *queries: prometheus.Dataquery,
+          width: int = 12, stacked: bool = False) -> timeseries.Panel:
+    panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .height(8).span(width).fill_opacity(30 if stacked else 10).line_width(1).min(0)
+             .stacking(StackingConfig().mode(StackingMode.NORMAL if stacked else StackingMode.NONE))
+             .legend(VizLegendOptions().display_mode(LegendDisplayMode.TABLE).placement(LegendPlacement.BOTTOM)
+                     .show_legend(True).calcs(["mean", "max", "lastNotNull"])))
+    for q in queries:
+        panel = panel.with_target(q)
+    return panel
+
+
+def single(title: str, description: str, unit: str, expr: str, legend: str,
+           steps: list[tuple[float | None, str]]) -> stat.Panel:
+    thresholds = dash.ThresholdsConfig().mode(ThresholdsMode.ABSOLUTE).steps(
+        [Threshold(value=value, color=color) for value, color in steps])
+    return (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+            .height(4).span(6).thresholds(thresholds).with_target(query(expr, legend)))
+
+
+def quantile(q: float, metric: str, ref: str) -> prometheus.Dataquery:
+    expr = (f"histogram_quantile({q}, sum by (api, le) "
+            f"(rate({metric}_bucket{{{SEL_API}}}[{WINDOW}])))")
+    return query(expr, f"{{{{api}}}} p{round(q * 100)}", ref)
+
+
+def overview_row() -> list[stat.Panel]:
+    return [
+        single("Instances up", "kproxy processes Prometheus scraped successfully (up == 1).", "none",
+               f'sum(up{{{SEL}}})', "up", [(None, "red"), (1, "green")]),
+        single("Requests / s", "All Kafka requests read from clients, all APIs.", "reqps",
+               f"sum(rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))", "requests/s", [(None, "blue")]),
+        single("Error ratio", "Kafka error codes in responses (per partition where the response has "
+               "partitions) divided by responses. Above 1 means several failing partitions per response.",
+               "percentunit",
+               f"sum(rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}])) / "
+               f"sum(rate(kproxy_responses_total{{{SEL_API}}}[{WINDOW}]))", "errors/responses",
+               [(None, "green"), (0.01, "orange"), (0.05, "red")]),
+        single("In flight", "Requests forwarded upstream and still awaiting their response.", "none",
+               f"sum(kproxy_in_flight_requests{{{SEL}}})", "in flight", [(None, "green"), (500, "orange")]),
+    ]
+
+
+def traffic_row() -> list[timeseries.Panel]:
+    return [
+        graph("Request rate by API", "Requests read from clients, per second, by Kafka API.", "reqps",
+              query(f"sum by (api) (rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))", "{{api}}"),
+              stacked=True),
+        graph("Bytes by direction", "Kafka frame bytes per second: request = client to broker, "
+              "response = broker to client.", "Bps",
+              query(f"sum by (direction) (rate(kproxy_bytes_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{direction}}")),
+        graph("Records by API", "Records in Produce requests and in Fetch responses, per second "
+              "(counted from batch headers, nothing decompressed for v2 batches).", "short",
+              query(f"sum by (api) (rate(kproxy_records_total{{{SEL_API}}}[{WINDOW}]))", "{{api}}")),
+        graph("Requests by API version", "Which protocol versions clients use, per second.", "reqps",
+              query(f"sum by (api, version) (rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{api}} v{{version}}")),
+    ]
+
+
+def latency_row() -> list[timeseries.Panel]:
+    return [
+        graph("Broker latency p50 / p99", "From a request forwarded upstream to its response read back: "
+              "the broker's time (and the network's). Fetch and JoinGroup wait on purpose (long polls).", "s",
+              quantile(0.5, "kproxy_broker_latency_seconds", "A"),
+              quantile(0.99, "kproxy_broker_latency_seconds", "B")),
+        graph("kproxy overhead p50 / p99", "kproxy's own time per request: reading, decoding, rewriting and "
+              "writing, both directions. Microseconds when healthy.", "s",
+              quantile(0.5, "kproxy_overhead_seconds", "A"),
+              quantile(0.99, "kproxy_overhead_seconds", "B")),
+    ]
+
+
+def errors_row() -> list[timeseries.Panel]:
+    return [
+        graph("Error codes by API", "Kafka error codes (not NONE) found in responses, per second, by API "
+              "and error name.", "short",
+              query(f"sum by (api, error) (rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{api}} {{error}}"), width=24, stacked=True),
+        graph("Frames rejected", "Frames kproxy refused (oversize, malformed header), by reason; each "
+              "closes its connection.", "short",
+              query(f"sum by (reason) (increase(kproxy_frames_rejected_total{{{SEL}}}[{WINDOW}]))",
+                    "{{reason}}")),
+        graph("Upstream connect failures", "Failed connection attempts to brokers, by broker address.",
+              "short",
+              query(f"sum by (broker) (increase(kproxy_upstream_connect_failures_total{{{SEL}}}[{WINDOW}]))",
+                    "{{broker}}")),
+    ]
+
+
+def connections_row() -> list[timeseries.Panel]:
+    return [
+        graph("Client connections", "Open client connections by listener (bootstrap, broker-N).", "short",
+              query(f"sum by (listener) (kproxy_client_connections_active{{{SEL}}})", "{{listener}}"),
+              width=8),
+        graph("Upstream connections", "Open connections to brokers by broker address.", "short",
+              query(f"sum by (broker) (kproxy_upstream_connections_active{{{SEL}}})", "{{broker}}"), width=8),
+        graph("In-flight requests", "Requests awaiting a broker response, per kproxy instance.", "short",
+              query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
+    ]
+
+
+def variables() -> list[Builder[VariableModel]]:
+    def label_values(name: str, label: str, expr: str, include_all: bool = True) -> dash.QueryVariable:
+        v = (dash.QueryVariable(name).label(label).datasource(DATASOURCE)
+             .query({"query": expr, "refId": f"{name}-values"})
+             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.ALPHABETICAL_ASC)
+             .multi(True).include_all(include_all))
+        return v.all_value(".*") if include_all else v
+
+    return [
+        dash.DatasourceVariable("datasource").label("Data source").type("prometheus"),
+        label_values("job", "Job", "label_values(kproxy_build_info, job)"),
+        label_values("instance", "Instance", 'label_values(kproxy_build_info{job=~"$job"}, instance)'),
+        label_values("api", "API", 'label_values(kproxy_requests_total{job=~"$job"}, api)'),
+    ]
+
+
+def build() -> dash.Dashboard:
+    board = (dash.Dashboard("kproxy").uid(UID).tags(["kafka", "kproxy"]).editable()
+             .description("kproxy, the Kafka-protocol-aware proxy: traffic, latency, Kafka error codes, "
+                          "connections.")
+             .tooltip(DashboardCursorSync.CROSSHAIR).time("now-1h", "now").refresh("30s").timezone("browser")
+             .variables(variables()))
+    rows: list[tuple[str, list[timeseries.Panel] | list[stat.Panel]]] = [
+        ("Overview", overview_row()),
+        ("Traffic", traffic_row()),
+        ("Latency", latency_row()),
+        ("Errors", errors_row()),
+        ("Connections", connections_row()),
+    ]
+    for title, panels in rows:
+        board = board.with_row(dash.Row(title))
+        for panel in panels:
+            board = board.with_panel(panel)
+    return board
+
+
+def render() -> str:
+    """The dashboard as committed: stable key order, two-space indent, trailing newline."""
+    data = json.loads(json.dumps(build().build(), cls=JSONEncoder))
+    # Panel ids: Grafana needs them unique; number them in layout order.
+    for n, panel in enumerate(data["panels"], start=1):
+        panel["id"] = n
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed JSON is not up to date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not OUTPUT.exists() or OUTPUT.read_text() != text:
+            print(f"{OUTPUT} is stale: run {Path(__file__).as_posix()} to regenerate it", file=sys.stderr)
+            return 1
+        return 0
+    OUTPUT.write_text(text)
+    print(f"wrote {OUTPUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
