@@ -100,7 +100,7 @@ def convert_fields(fields: list[dict[str, Any]], common: dict[str, list[dict[str
             ftype if sub is None else ("[]" if ftype.startswith("[]") else "") + "struct",
             version_range(f["versions"]),
             version_range(f.get("nullableVersions")),
-            f.get("tag"),
+            None if f.get("tag") is None else int(f["tag"]),  # one spec spells a tag "0"
             version_range(f.get("taggedVersions")),
             parse_default(ftype, f.get("default")),
             sub,

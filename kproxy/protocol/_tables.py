@@ -1667,7 +1667,7 @@ MESSAGES: dict[tuple[int, int], tuple[Any, ...]] = {
             ('current_metadata_offset', 'int64', (0, 32767), None, None, None, None, None, None),
             ('want_fence', 'bool', (0, 32767), None, None, None, None, None, None),
             ('want_shut_down', 'bool', (0, 32767), None, None, None, None, None, None),
-            ('offline_log_dirs', '[]uuid', (1, 32767), None, '0', (1, 32767), None, None, None),
+            ('offline_log_dirs', '[]uuid', (1, 32767), None, 0, (1, 32767), None, None, None),
         )),
     ),
     (63, 1): (

@@ -22,6 +22,13 @@ Contracts of the generated functions (``buf`` is ``bytes``):
 * ``encode(out: bytearray, value: dict) -> None`` appends the wire form.
 * ``skip(buf, pos) -> pos`` moves past one value without building it.
 
+Decoding is canonical: bytes that would not re-encode to themselves are a
+``Malformed`` input (a bool byte other than 0/1, a varint not in its shortest
+form, tagged fields out of order or repeated, a nullable-struct marker other
+than -1/1). That keeps the round-trip contract true for *every* input that
+decodes. Kafka's own encoders only write canonical bytes, and the proxy
+forwards frames it does not rewrite untouched, so strictness drops nothing.
+
 Null is accepted for strings, bytes, records and arrays in every version on
 decode and written back as null on encode: kproxy must re-emit what a client
 sent even when the client broke the spec's nullability (Metadata v0 requests
@@ -60,6 +67,9 @@ def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         if not b & 0x80:
             if result > 0xFFFFFFFF:
                 raise Malformed("unsigned varint above 32 bits")
+            if b == 0 and pos - start > 1:
+                # 0x80 0x00 also reads as 0, but would not re-encode to the same bytes.
+                raise Malformed("unsigned varint not in its shortest form")
             return result, pos
         shift += 7
 
@@ -90,6 +100,17 @@ def _count(n: int, pos: int, buf: bytes, min_size: int) -> None:
         raise Malformed(f"array of {n} elements cannot fit in the {len(buf) - pos} bytes left")
 
 
+def _bool(byte: int) -> bool:
+    """A bool byte; only 0 and 1 re-encode to themselves."""
+    if byte > 1:
+        raise Malformed(f"bool byte {byte} is neither 0 nor 1")
+    return byte == 1
+
+
+# Decoding reads bools as unsigned bytes, so that a byte of 2 is caught rather than folded into True.
+DECODE_FORMAT = {**STRUCT_FORMAT, "bool": "B"}
+
+
 def _uuid_from(raw: bytes) -> uuid.UUID:
     return uuid.UUID(bytes=raw)
 
@@ -110,6 +131,7 @@ _BASE_NAMESPACE: dict[str, Any] = {
     "_check_len": _check_len,
     "_count": _count,
     "_uuid_from": _uuid_from,
+    "_bool": _bool,
     "UUID": uuid.UUID,
     "unpack_from": struct.unpack_from,
     "pack": struct.pack,
@@ -257,10 +279,13 @@ class SchemaCompiler:
         while i < len(regular):
             run = self.fixed_run(regular, i)
             if len(run) > 1:
-                fmt = ">" + "".join(STRUCT_FORMAT[f.type] for f in run)
+                fmt = ">" + "".join(DECODE_FORMAT[f.type] for f in run)
                 unpacker = self.constant("U", struct.Struct(fmt).unpack_from)
                 targets = ", ".join(f"d[{f.name!r}]" for f in run)
                 w(f"{targets} = {unpacker}(buf, pos)")
+                for f in run:
+                    if f.type == "bool":
+                        w(f"d[{f.name!r}] = _bool(d[{f.name!r}])")
                 w(f"pos += {struct.calcsize(fmt)}")
                 i += len(run)
                 continue
@@ -308,7 +333,7 @@ class SchemaCompiler:
             w("else:")
             w.indent()
             elem = self.element(field)
-            if elem.type in STRUCT_FORMAT and not self.traced:
+            if elem.type in STRUCT_FORMAT and elem.type != "bool" and not self.traced:
                 # unpack_from checks the buffer's length before it allocates: no count check needed.
                 c = STRUCT_FORMAT[elem.type]
                 w(f"if {n} < {_ARRAY_CACHE}: {target} = list(AU_{ord(c)}[{n}](buf, pos))")
@@ -340,8 +365,10 @@ class SchemaCompiler:
         t = field.type
         self.trace(path)
         if t in STRUCT_FORMAT:
-            unp = self.constant("U", struct.Struct(">" + STRUCT_FORMAT[t]).unpack_from)
+            unp = self.constant("U", struct.Struct(">" + DECODE_FORMAT[t]).unpack_from)
             w(f"{target}, = {unp}(buf, pos)")
+            if t == "bool":
+                w(f"{target} = _bool({target})")
             w(f"pos += {FIXED_WIDTH[t]}")
         elif t == "uuid":
             w("_check_len(buf, pos + 16)")
@@ -367,6 +394,7 @@ class SchemaCompiler:
                 w(f"{target} = None")
                 w("pos += 1")
                 w.dedent()
+                w("elif buf[pos] != 1: raise Malformed('nullable struct marker ' + str(buf[pos]) + ', not -1 or 1')")
                 w("else:")
                 w.indent()
                 w(f"{target}, pos = {self.call(dec, 'buf, pos + 1', path)}")
@@ -387,9 +415,12 @@ class SchemaCompiler:
         w.indent()
         w("_count(nt, pos, buf, 2)")
         w("unknown = None")
+        w("last = -1")
         w("for _ in range(nt):")
         w.indent()
         w("tag, pos = read_uvarint(buf, pos)")
+        w("if tag <= last: raise Malformed('tagged field ' + str(tag) + ' out of order or repeated')")
+        w("last = tag")
         w("size, pos = read_uvarint(buf, pos)")
         w("tend = pos + size")
         w("_check_len(buf, tend)")

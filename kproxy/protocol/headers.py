@@ -90,6 +90,8 @@ def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[Mapping[int, bytes], 
     tags: dict[int, bytes] = {}
     for _ in range(count):
         tag, pos = read_uvarint(buf, pos)
+        if tags and tag <= max(tags):
+            raise Malformed(f"header tagged field {tag} out of order or repeated")
         size, pos = read_uvarint(buf, pos)
         if pos + size > len(buf):
             raise Malformed("tagged field runs past the end of the header")

@@ -117,8 +117,15 @@ class MessageCodec:
         return self._fast[f"decode:{name}"], self._fast[f"encode:{name}"], self._fast[f"skip:{name}"]
 
     def skip(self, data: bytes, offset: int) -> int:
-        """Offset just past a whole body starting at ``offset`` (no values built)."""
-        return self._fast["skip"](data, offset)  # type: ignore[no-any-return]
+        """Offset just past a whole body starting at ``offset`` (no values built).
+
+        Raises :class:`DecodeError` when the body is malformed.
+        """
+        try:
+            return self._fast["skip"](data, offset)  # type: ignore[no-any-return]
+        except _DECODE_FAILURES:
+            self._explain_decode(bytes(data), offset)
+            raise AssertionError("unreachable") from None
 
 
 def _describe(exc: BaseException, label: str) -> str:

@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
-from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.schema import Direction
 
 Edit = Callable[[Any], Any]
 _FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
+_ENCODE_FAILURES = (struct.error, KeyError, TypeError, AttributeError, ValueError, OverflowError, IndexError)
 
 
 def splice_body(api_key: int, api_version: int, direction: Direction, data: bytes,
@@ -57,7 +58,7 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
                 continue
             value, end = decode(data, pos)
             out = bytearray()
-            encode(out, edit(value))
+            _encode_edit(encode, out, edit(value), codec, field.name)
             pieces.append(data[mark:pos])
             pieces.append(bytes(out))
             mark = pos = end
@@ -72,6 +73,16 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
         return None, done
     pieces.append(data[mark:])
     return b"".join(pieces), done
+
+
+def _encode_edit(encode: Callable[..., Any], out: bytearray, value: Any, codec: Any, name: str) -> None:
+    """Encode an edited value; a value the schema cannot hold is the edit's fault: EncodeError."""
+    try:
+        encode(out, value)
+    except _ENCODE_FAILURES as exc:
+        what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise EncodeError(f"cannot encode the edited {name} of {codec.schema.name} v{codec.schema.api_version}: "
+                          f"{what}", field=name) from None
 
 
 def _splice_tags(codec: Any, data: bytes, pos: int, tagged: dict[int, Any], edits: Mapping[str, Edit],
@@ -101,7 +112,7 @@ def _splice_tags(codec: Any, data: bytes, pos: int, tagged: dict[int, Any], edit
             if stop != end:
                 raise Malformed(f"tagged field {tag} size mismatch")
             sub = bytearray()
-            encode(sub, edits[field.name](value))
+            _encode_edit(encode, sub, edits[field.name](value), codec, field.name)
             write_uvarint(out, tag)
             write_uvarint(out, len(sub))
             out += sub
