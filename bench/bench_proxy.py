@@ -1,0 +1,563 @@
+"""Proxy benchmark: direct vs a bare trio pipe vs kproxy vs `tansu proxy`, against one Tansu broker.
+
+    .venv/bin/python bench/bench_proxy.py [--rounds N] [--quick]
+
+Every path is measured in the same run, against the same broker, in rounds
+whose path order rotates; medians of the rounds are reported. Processes: the
+Tansu broker, the byte pipe (bench/pipe.py), kproxy (bench/run_kproxy.py) and
+Tansu's own Rust proxy each run in their own process; the load generator is
+this process (raw sockets, requests pre-encoded with kproxy's codec, responses
+counted by their size prefix, so the client costs the same on every path).
+
+Phases:
+
+1. sequential round trips (ApiVersions v3, Metadata v1), one request at a time
+   on one connection: p50/p99 and what each proxy *adds* over direct;
+2. pipelined small requests: 4 connections x 100 in flight, requests/s;
+3. Produce v7 of ~100 KB batches (acks=1), 2 connections x 5 in flight, MB/s;
+4. Fetch v11 of ~5 MB responses (max bytes 8 MB), 2 connections x 2 in flight, MB/s;
+5. each proxy's CPU seconds per GB forwarded over phases 3 and 4, and its RSS
+   growth with 1,000 idle connections open through it.
+
+Prints Markdown tables for docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import selectors
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path[:0] = [str(BENCH), str(ROOT)]
+
+import _tansu  # noqa: E402
+import _wire as wire  # noqa: E402
+from _util import machine_line, percentile, table, verdict  # noqa: E402
+
+PRODUCE_TOPIC = "bench-produce"
+FETCH_TOPIC = "bench-fetch"
+FETCH_BATCHES = 50  # x ~100 KB: ~5 MB fetched per request
+BATCH_BYTES = 100_000
+FETCH_MAX_BYTES = 8 * 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+LATENCY_SLICE = 50  # sequential requests per path before moving to the next path
+_HEAD = struct.Struct(">ii")
+
+
+# -- the paths under test ------------------------------------------------------------------
+@dataclass
+class Hop:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes] | None = None  # None for direct
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    bytes_moved: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+def _ready_port(proc: subprocess.Popen[bytes], what: str) -> int:
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().split()
+    if len(line) != 2 or line[0] != "ready":
+        raise RuntimeError(f"{what} did not start (said {line!r})")
+    return int(line[1])
+
+
+@contextlib.contextmanager
+def started(cmd: list[str], what: str, log: Path,
+            env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    with log.open("wb") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+                                env={**os.environ, **env} if env else None)
+    try:
+        yield proc, _ready_port(proc, what)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def tansu_proxy(origin_port: int, log: Path) -> Iterator[tuple[subprocess.Popen[bytes] | None, int, str]]:
+    """Tansu's Rust proxy in front of the broker; yields (None, 0, reason) if it cannot run."""
+    port = _tansu.free_port()
+    try:
+        with _tansu.proxy(port, origin_port, log) as proc:
+            yield proc, port, ""
+    except TimeoutError:
+        yield None, 0, f"`tansu proxy` did not listen within 20 s (see {log})"
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
+
+
+def rss_kb(pid: int, key: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {key} for pid {pid}")
+
+
+# -- load generation --------------------------------------------------------------------------
+class FrameCounter:
+    """Counts response frames in a byte stream by their size prefix, checking correlation ids."""
+
+    __slots__ = ("expected", "frames", "head", "skip")
+
+    def __init__(self, expected_correlation_id: int) -> None:
+        self.expected = expected_correlation_id
+        self.head = b""
+        self.skip = 0
+        self.frames = 0
+
+    def feed(self, data: bytes) -> int:
+        pos, n, done = 0, len(data), 0
+        while pos < n:
+            if self.skip:
+                take = min(self.skip, n - pos)
+                self.skip -= take
+                pos += take
+                if not self.skip:
+                    done += 1
+                continue
+            need = 8 - len(self.head)
+            self.head += data[pos:pos + need]
+            pos += need
+            if len(self.head) < 8:
+                break
+            size, cid = _HEAD.unpack(self.head)
+            if cid != self.expected:
+                raise RuntimeError(f"correlation id {cid}, expected {self.expected}: stream out of sync")
+            self.head = b""
+            self.skip = size - 4
+            if not self.skip:
+                done += 1
+        self.frames += done
+        return done
+
+
+@dataclass
+class LoadResult:
+    responses: int
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    all_responses: int  # warm-up and drain included
+
+
+def run_load(port: int, frame: bytes, *, connections: int, depth: int, count: int | None = None,
+             duration: float | None = None, warmup: float = 0.0) -> LoadResult:
+    """Keep ``depth`` requests in flight on each of ``connections`` connections.
+
+    Stops after ``count`` requests per connection, or ``duration`` seconds after
+    ``warmup``; in-flight requests are always drained before returning. Only
+    responses (and bytes) after the warm-up are counted.
+    """
+    (cid,) = struct.unpack_from(">i", frame, 8)
+    sel = selectors.DefaultSelector()
+    socks = [wire.connect(port) for _ in range(connections)]
+    state = {}
+    for s in socks:
+        s.setblocking(False)
+        first = min(depth, count) if count is not None else depth
+        state[s] = {"out": bytearray(frame * first), "sent": first, "inflight": first,
+                    "counter": FrameCounter(cid)}
+        sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+    start = time.perf_counter()
+    counting_from = start + warmup
+    stop_at = counting_from + duration if duration is not None else None
+    counted = 0
+    sent_bytes = received_bytes = 0
+    counting = warmup == 0
+    t_count = start
+    stopping = False
+    try:
+        while any(st["inflight"] or st["out"] for st in state.values()):
+            now = time.perf_counter()
+            if not counting and now >= counting_from:
+                counting, t_count = True, now
+            if stop_at is not None and now >= stop_at and not stopping:
+                stopping, t_end = True, now
+            for key, events in sel.select(timeout=1.0):
+                s = key.fileobj
+                st = state[s]  # type: ignore[index]
+                if events & selectors.EVENT_WRITE and st["out"]:
+                    k = s.send(st["out"])  # type: ignore[union-attr]
+                    del st["out"][:k]
+                    if counting:
+                        sent_bytes += k
+                    if not st["out"]:
+                        sel.modify(s, selectors.EVENT_READ)
+                if events & selectors.EVENT_READ:
+                    data = s.recv(1 << 20)  # type: ignore[union-attr]
+                    if not data:
+                        raise ConnectionError("server closed the connection")
+                    done = st["counter"].feed(data)
+                    if counting:
+                        received_bytes += len(data)
+                    if done:
+                        st["inflight"] -= done
+                        if counting and not stopping:
+                            counted += done
+                        more = done
+                        if stopping:
+                            more = 0
+                        elif count is not None:
+                            more = min(done, count - st["sent"])
+                        if more:
+                            st["sent"] += more
+                            st["inflight"] += more
+                            was_empty = not st["out"]
+                            st["out"] += frame * more
+                            if was_empty:
+                                sel.modify(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        if not stopping:
+            t_end = time.perf_counter()
+            counted = sum(st["counter"].frames for st in state.values()) if count is not None else counted
+    finally:
+        sel.close()
+        for s in socks:
+            s.close()
+    total = sum(st["counter"].frames for st in state.values())
+    return LoadResult(counted, t_end - t_count, sent_bytes, received_bytes, total)
+
+
+def round_trips(sock: socket.socket, frame: bytes, n: int) -> list[float]:
+    """Seconds for each of ``n`` sequential request/response round trips."""
+    out = []
+    clock = time.perf_counter
+    for _ in range(n):
+        t0 = clock()
+        sock.sendall(frame)
+        wire.recv_frame(sock)
+        out.append(clock() - t0)
+    return out
+
+
+# -- phases ------------------------------------------------------------------------------------
+def rotated(paths: list[Hop], r: int) -> list[Hop]:
+    k = r % len(paths)
+    return paths[k:] + paths[:k]
+
+
+def phase_latency(paths: list[Hop], rounds: int, n: int) -> tuple[list[list[str]], dict[str, float]]:
+    rows: list[list[str]] = []
+    ratios: dict[str, float] = {}
+    small = wire.produce_request(PRODUCE_TOPIC, wire.record_batch(100, record_size=100))
+    for label, frame in (("ApiVersions v3", wire.api_versions_request()),
+                         ("Metadata v1 (all topics)", wire.metadata_request(None)),
+                         ("Produce v7, 1 record of 100 B, acks=1", small)):
+        socks = {p.name: wire.connect(p.port) for p in paths}
+        for p in paths:
+            round_trips(socks[p.name], frame, 200)  # warm up: caches, listeners, codec compilation
+        p50: dict[str, list[float]] = {p.name: [] for p in paths}
+        p99: dict[str, list[float]] = {p.name: [] for p in paths}
+        cpu: dict[str, float] = {p.name: 0.0 for p in paths}
+        for r in range(rounds):
+            # Interleave in slices of LATENCY_SLICE requests so that a burst of noise from
+            # elsewhere on the machine lands on every path alike, not on one path's whole round.
+            samples: dict[str, list[float]] = {p.name: [] for p in paths}
+            for k in range(max(1, n // LATENCY_SLICE)):
+                for p in rotated(paths, r + k):
+                    cpu0 = cpu_seconds(p.pid) if p.pid else 0.0
+                    samples[p.name].extend(round_trips(socks[p.name], frame, LATENCY_SLICE))
+                    if p.pid:
+                        cpu[p.name] += cpu_seconds(p.pid) - cpu0
+            for name, values in samples.items():
+                p50[name].append(percentile(values, 50))
+                p99[name].append(percentile(values, 99))
+        for s in socks.values():
+            s.close()
+        m50 = {k: statistics.median(v) for k, v in p50.items()}
+        m99 = {k: statistics.median(v) for k, v in p99.items()}
+        # Added latency per round (same round, same noise), then the median.
+        add50 = {k: statistics.median(a - d for a, d in zip(p50[k], p50["direct"], strict=True)) for k in p50}
+        add99 = {k: statistics.median(a - d for a, d in zip(p99[k], p99["direct"], strict=True)) for k in p99}
+        for p in paths:
+            per_request = cpu[p.name] / (rounds * max(1, n // LATENCY_SLICE) * LATENCY_SLICE)
+            rows.append([label, p.name, f"{m50[p.name] * 1e6:.0f}", f"{m99[p.name] * 1e6:.0f}",
+                         "-" if p.name == "direct" else f"{add50[p.name] * 1e6:+.0f}",
+                         "-" if p.name == "direct" else f"{add99[p.name] * 1e6:+.0f}",
+                         "-" if p.pid is None else f"{per_request * 1e6:.0f}"])
+        if "pipe" in add50 and "kproxy" in add50:
+            ratios[f"{label}: kproxy added p50 / pipe added p50"] = add50["kproxy"] / add50["pipe"]
+        if "tansu proxy" in add50 and "kproxy" in add50:
+            ratios[f"{label}: kproxy added p50 / tansu proxy added p50"] = add50["kproxy"] / add50["tansu proxy"]
+    return rows, ratios
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def phase_throughput(paths: list[Hop], rounds: int, label: str, frame: bytes, unit: str, *,
+                     connections: int, depth: int, count: int | None = None, duration: float | None = None,
+                     warmup: float = 0.0, broker_pid: int,
+                     utilisation: dict[tuple[str, str], list[tuple[float, float, float]]]) -> dict[str, float]:
+    """Median rate per path: requests/s (unit 'req/s') or MB/s of request+response bytes ('MB/s').
+
+    Also notes, per run, the CPU use (% of one core) of the client, the proxy and the broker.
+    """
+    rates: dict[str, list[float]] = {p.name: [] for p in paths}
+    for r in range(rounds):
+        for p in rotated(paths, r):
+            cpu0 = cpu_seconds(p.pid) if p.pid else 0.0
+            own0, broker0, wall0 = own_cpu_seconds(), cpu_seconds(broker_pid), time.perf_counter()
+            res = run_load(p.port, frame, connections=connections, depth=depth, count=count,
+                           duration=duration, warmup=warmup)
+            wall = time.perf_counter() - wall0
+            utilisation.setdefault((label, p.name), []).append((
+                100 * (own_cpu_seconds() - own0) / wall,
+                100 * (cpu_seconds(p.pid) - cpu0) / wall if p.pid else float("nan"),
+                100 * (cpu_seconds(broker_pid) - broker0) / wall))
+            if p.pid:
+                p.cpu_s[label] = p.cpu_s.get(label, 0.0) + cpu_seconds(p.pid) - cpu0
+                p.bytes_moved[label] = p.bytes_moved.get(label, 0) + res.bytes_sent + res.bytes_received
+                p.requests[label] = p.requests.get(label, 0) + res.all_responses
+            if unit == "req/s":
+                rates[p.name].append(res.responses / res.seconds)
+            else:
+                rates[p.name].append((res.bytes_sent + res.bytes_received) / res.seconds / 1e6)
+        print(f"  {label}: round {r + 1}/{rounds} done", file=sys.stderr)
+    return {k: statistics.median(v) for k, v in rates.items()}
+
+
+def idle_connections_rss(p: Hop, n: int) -> tuple[int, int]:
+    """(RSS before, RSS with ``n`` connections open, each having answered one ApiVersions), in KB."""
+    assert p.pid is not None
+    time.sleep(0.5)
+    before = rss_kb(p.pid)
+    frame = wire.api_versions_request()
+    socks = []
+    try:
+        for _ in range(n):
+            s = wire.connect(p.port)
+            s.sendall(frame)
+            socks.append(s)
+        for s in socks:
+            wire.recv_frame(s)  # answered: the upstream connection exists
+        time.sleep(1.0)
+        after = rss_kb(p.pid)
+    finally:
+        for s in socks:
+            s.close()
+    time.sleep(1.0)
+    return before, after
+
+
+# -- main ----------------------------------------------------------------------------------------
+def sanity(paths: list[Hop]) -> None:
+    """Each path answers each request kind correctly before anything is timed."""
+    batch = wire.record_batch(BATCH_BYTES)
+    for p in paths:
+        with contextlib.closing(wire.connect(p.port)) as s:
+            assert wire.call(s, wire.API_VERSIONS, wire.api_versions_request())["error_code"] == 0
+            md = wire.call(s, wire.METADATA, wire.metadata_request(None))
+            assert {t["name"] for t in md["topics"]} >= {PRODUCE_TOPIC, FETCH_TOPIC}, md
+            produced = wire.call(s, wire.PRODUCE, wire.produce_request(PRODUCE_TOPIC, batch))
+            assert produced["responses"][0]["partition_responses"][0]["error_code"] == 0, produced
+            fetched = wire.call(s, wire.FETCH, wire.fetch_request(FETCH_TOPIC, 0, FETCH_MAX_BYTES))
+            part = fetched["responses"][0]["partitions"][0]
+            assert part["error_code"] == 0 and len(part["records"] or b"") > FETCH_BATCHES * BATCH_BYTES * 0.9, \
+                (p.name, part["error_code"], len(part["records"] or b""))
+
+
+def setup_topics(broker_port: int) -> None:
+    batch = wire.record_batch(BATCH_BYTES)
+    with contextlib.closing(wire.connect(broker_port)) as s:
+        for topic in (PRODUCE_TOPIC, FETCH_TOPIC):
+            res = wire.call(s, wire.CREATE_TOPICS, wire.create_topic_request(topic))
+            assert res["topics"][0]["error_code"] == 0, res
+        for _ in range(FETCH_BATCHES):
+            res = wire.call(s, wire.PRODUCE, wire.produce_request(FETCH_TOPIC, batch))
+            assert res["responses"][0]["partition_responses"][0]["error_code"] == 0, res
+
+
+def pct(a: float, b: float) -> str:
+    return f"{100 * a / b:.0f}%"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per phase (medians reported)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, shorter phases (a smoke run)")
+    parser.add_argument("--idle-connections", type=int, default=1000)
+    parser.add_argument("--kproxy-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="also measure a second kproxy process run with this environment variable "
+                             "(repeatable), e.g. MALLOC_TRIM_THRESHOLD_=268435456, side by side with the plain one")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    py = sys.executable
+
+    broker_port = _tansu.free_port()
+    upstream = f"127.0.0.1:{broker_port}"
+    with _tansu.broker(broker_port, logs / "bench-tansu-broker.log") as broker_proc, \
+            started([py, str(BENCH / "pipe.py"), "--upstream", upstream], "pipe",
+                    logs / "bench-pipe.log") as (pipe_proc, pipe_port), \
+            started([py, str(BENCH / "run_kproxy.py"), "--upstream", upstream], "kproxy",
+                    logs / "bench-kproxy.log") as (kp_proc, kp_port), \
+            tansu_proxy(broker_port, logs / "bench-tansu-proxy.log") as (tp_proc, tp_port, tp_problem), \
+            contextlib.ExitStack() as extra:
+        paths = [Hop("direct", broker_port), Hop("pipe", pipe_port, pipe_proc),
+                 Hop("kproxy", kp_port, kp_proc)]
+        if args.kproxy_env:
+            env = dict(item.split("=", 1) for item in args.kproxy_env)
+            kp2_proc, kp2_port = extra.enter_context(started(
+                [py, str(BENCH / "run_kproxy.py"), "--upstream", upstream], "kproxy (env)",
+                logs / "bench-kproxy-env.log", env))
+            paths.append(Hop("kproxy " + " ".join(args.kproxy_env), kp2_port, kp2_proc))
+        if tp_proc is not None:
+            paths.append(Hop("tansu proxy", tp_port, tp_proc))
+        setup_topics(broker_port)
+        try:
+            sanity(paths)
+        except Exception as exc:
+            bad = [p for p in paths if p.name == "tansu proxy"]
+            if not bad:
+                raise
+            tp_problem = f"`tansu proxy` failed the sanity check: {exc!r}"
+            paths.remove(bad[0])
+            sanity(paths)
+
+        print(f"### Proxy benchmark ({machine_line()})\n")
+        print(f"Broker: Tansu ({Path(_tansu.tansu_binary()).name}, memory storage). Paths: "
+              + ", ".join(p.name for p in paths) + f". Median of {rounds} rounds, path order rotated per round.\n")
+        if tp_problem:
+            print(f"**tansu proxy not measured**: {tp_problem}\n")
+
+        # RSS first, while every proxy is fresh.
+        rss_rows = []
+        for p in paths:
+            if p.pid is None:
+                continue
+            before, after = idle_connections_rss(p, args.idle_connections)
+            rss_rows.append([p.name, f"{before / 1024:.1f}", f"{after / 1024:.1f}", f"{(after - before) / 1024:.1f}",
+                             f"{(after - before) / args.idle_connections:.1f}"])
+        print("  idle connections done", file=sys.stderr)
+
+        n_seq = 300 if args.quick else 1000
+        lat_rows, lat_ratios = phase_latency(paths, rounds, n_seq)
+        print("  latency done", file=sys.stderr)
+        print("#### Sequential round trips (one connection per path, one request at a time)\n")
+        print(f"{n_seq} requests per path per round, interleaved across paths {LATENCY_SLICE} at a time; "
+              f"p50 and p99 of each round, median of {rounds} rounds. 'added' = path minus direct in the "
+              "same round (p99 differences are noisy on a shared machine and can come out negative). "
+              "'proxy CPU' is the proxy process's CPU time per request (from /proc/PID/stat).\n")
+        print(table(["request", "path", "p50 µs", "p99 µs", "added p50 µs", "added p99 µs", "proxy CPU µs/req"],
+                    lat_rows))
+        print()
+
+        tp_rounds = rounds
+        duration = 1.0 if args.quick else 1.5
+        pipelined = {}
+        util: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+        common = {"broker_pid": broker_proc.pid, "utilisation": util}
+        for label, frame in (("ApiVersions v3", wire.api_versions_request()),
+                             ("Metadata v1", wire.metadata_request(None))):
+            pipelined[label] = phase_throughput(paths, tp_rounds, f"pipelined {label}", frame, "req/s",
+                                                connections=4, depth=100, duration=duration, warmup=0.3, **common)
+        batch = wire.record_batch(BATCH_BYTES)
+        produce_frame = wire.produce_request(PRODUCE_TOPIC, batch)
+        produce = phase_throughput(paths, tp_rounds, "produce", produce_frame, "MB/s", connections=2, depth=5,
+                                   count=30 if args.quick else 60, **common)
+        fetch_frame = wire.fetch_request(FETCH_TOPIC, 0, FETCH_MAX_BYTES)
+        fetch = phase_throughput(paths, tp_rounds, "fetch", fetch_frame, "MB/s", connections=2, depth=2,
+                                 count=6 if args.quick else 10, **common)
+        peak = {p.name: rss_kb(p.pid, "VmHWM") for p in paths if p.pid}
+
+    names = [p.name for p in paths]
+    rows = []
+    for label, rates in pipelined.items():
+        rows.append([f"pipelined {label}, 4 conns x 100 in flight", "req/s",
+                     *[f"{rates[n]:,.0f} ({pct(rates[n], rates['direct'])})" for n in names]])
+    rows.append([f"Produce v7 ~{BATCH_BYTES // 1000} KB batches, acks=1, 2 conns x 5 in flight", "MB/s",
+                 *[f"{produce[n]:.1f} ({pct(produce[n], produce['direct'])})" for n in names]])
+    rows.append([f"Fetch v11 ~{FETCH_BATCHES * BATCH_BYTES // 1_000_000} MB responses, 2 conns x 2 in flight", "MB/s",
+                 *[f"{fetch[n]:.1f} ({pct(fetch[n], fetch['direct'])})" for n in names]])
+    print(f"#### Throughput (median of {tp_rounds} rounds; % of direct in parentheses)\n")
+    print("MB/s counts request plus response bytes through the path.\n")
+    print(table(["load", "unit", *names], rows))
+    print()
+
+    util_rows = []
+    for (label, name), runs in util.items():
+        client, proxy, broker = (statistics.median(x[i] for x in runs) for i in range(3))
+        util_rows.append([label, name, f"{client:.0f}", "-" if name == "direct" else f"{proxy:.0f}", f"{broker:.0f}"])
+    print("CPU use during those runs (% of one core, median of the rounds; the machine has "
+          f"{os.cpu_count()} cores in all). A proxy near 100% is the bottleneck of its path.\n")
+    print(table(["load", "path", "client %", "proxy %", "broker %"], util_rows))
+    print()
+
+    cpu_rows = []
+    pipelined_keys = [f"pipelined {label}" for label in pipelined]
+    for p in paths:
+        if p.pid is None:
+            continue
+        cells = [f"{1e6 * p.cpu_s[k] / p.requests[k]:.0f}" if p.requests.get(k) else "-" for k in pipelined_keys]
+        for key in ("produce", "fetch"):
+            gb = p.bytes_moved.get(key, 0) / 1e9
+            cells.append(f"{p.cpu_s.get(key, 0.0) / gb:.1f}" if gb else "-")
+        both_gb = (p.bytes_moved.get("produce", 0) + p.bytes_moved.get("fetch", 0)) / 1e9
+        both_cpu = p.cpu_s.get("produce", 0.0) + p.cpu_s.get("fetch", 0.0)
+        cells.append(f"{both_cpu / both_gb:.1f}" if both_gb else "-")
+        cpu_rows.append([p.name, *cells, f"{peak[p.name] / 1024:.0f}"])
+    print("#### Proxy process cost\n")
+    print("CPU time of the proxy process (user+system, all threads, from /proc/PID/stat): per request in the "
+          "pipelined phases, per GB of request+response bytes forwarded in the Produce and Fetch phases; "
+          "peak RSS over the whole run. CPU time is far less sensitive to a noisy neighbour than throughput.\n")
+    print(table(["proxy", *[f"CPU µs/req {k}" for k in pipelined_keys], "CPU s/GB produce", "CPU s/GB fetch",
+                 "CPU s/GB produce+fetch", "peak RSS MB"], cpu_rows))
+    print()
+    print(f"RSS with {args.idle_connections:,} idle client connections open (each with its upstream "
+          "connection, each having answered one ApiVersions):\n")
+    print(table(["proxy", "RSS before MB", "RSS with conns MB", "delta MB", "KB per connection"], rss_rows))
+    print()
+
+    target_rows = []
+    for what, ratio in lat_ratios.items():
+        target = 1.2 if what.endswith("pipe added p50") else 0.6
+        target_rows.append([what, f"{ratio:.2f}x", f"<= {target}x", verdict(ratio <= target)])
+    for label, rates in [*(("pipelined " + k, v) for k, v in pipelined.items()), ("Produce", produce),
+                         ("Fetch", fetch)]:
+        share = rates["kproxy"] / rates["direct"]
+        floor = f" (pipe: {100 * rates['pipe'] / rates['direct']:.1f}%)"
+        target_rows.append([f"{label}: kproxy % of direct", f"{100 * share:.1f}%{floor}", ">= 90%",
+                            verdict(share >= 0.9)])
+        if "tansu proxy" in rates:
+            vs = rates["kproxy"] / rates["tansu proxy"]
+            target_rows.append([f"{label}: kproxy / tansu proxy", f"{vs:.2f}x", ">= 2x", verdict(vs >= 2)])
+    print("#### Targets\n")
+    print(table(["metric", "measured", "target", "status"], target_rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
