@@ -16,6 +16,7 @@ import resource
 import trio
 
 from kproxy.config import build_config
+from kproxy.server.memory import tune_allocator
 from kproxy.server.proxy import ProxyServer
 
 
@@ -40,6 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     raise_fd_limit()
+    tune_allocator()  # as `kproxy run` does
     raw: dict[str, tuple[object, str]] = {
         "upstream": (args.upstream, "--upstream"),
         "listen": (f"127.0.0.1:{args.listen_port}", "--listen-port"),

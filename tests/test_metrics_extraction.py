@@ -386,12 +386,23 @@ def test_undecodable_response_is_counted_not_raised() -> None:
     body = produce_response(9, {"t": [(0, NOT_LEADER)]})
     data, offset = response(PRODUCE, 9, body)
     stats = TrafficStats()
-    stats.response(PRODUCE, 9, data[:-3], offset, 0.001, 0.00001)          # truncated
-    stats.response(PRODUCE, 9, data + b"\0\0", offset, 0.001, 0.00001)     # bytes left over
+    stats.response(PRODUCE, 9, data[:offset + 6], offset, 0.001, 0.00001)  # truncated inside the partitions
     stats.response(1000, 0, data, offset, 0.001, 0.00001)                   # an api kproxy does not know
     assert stats.errors == {}
-    assert stats.undecodable_responses == {"produce": 2, stats.api(1000): 1}
-    assert sum(stats.responses.values()) == 3
+    assert stats.undecodable_responses == {"produce": 1, stats.api(1000): 1}
+    assert sum(stats.responses.values()) == 2
+
+
+def test_error_scan_stops_after_the_last_field_that_can_hold_an_error() -> None:
+    """The metrics scan does not walk (nor check) what follows the last error-bearing field:
+    a response damaged only there still has its error codes counted."""
+    body = produce_response(9, {"t": [(0, NOT_LEADER)]})
+    data, offset = response(PRODUCE, 9, body)
+    stats = TrafficStats()
+    stats.response(PRODUCE, 9, data[:-3], offset, 0.001, 0.00001)       # throttle_time_ms cut short
+    stats.response(PRODUCE, 9, data + b"\0\0", offset, 0.001, 0.00001)  # bytes left over
+    assert stats.errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 2}
+    assert stats.undecodable_responses == {}
 
 
 def test_scanning_can_be_turned_off() -> None:

@@ -173,7 +173,7 @@ class TrafficStats:
 
     def _scan_errors(self, api_key: int, api_version: int, frame: bytes, body_offset: int, api: str) -> None:
         try:
-            scan = scan_body(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+            scan = scan_body(api_key, api_version, Direction.RESPONSE, frame, body_offset, errors_only=True)
         except ProtocolError:
             # Unknown api/version, or a body we cannot read: counted, never fatal.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
@@ -197,7 +197,7 @@ class TrafficStats:
     def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str) -> None:
         try:
             header = decode_request_header(memoryview(frame)[4:])
-            scan = scan_body(api_key, api_version, direction, frame, 4 + header.size)
+            scan = scan_body(api_key, api_version, direction, frame, 4 + header.size, errors_only=True)
             self.records[api] = self.records.get(api, 0) + scan.record_count()
         except ProtocolError:
             return  # a malformed request is the broker's to refuse; nothing to count

@@ -69,6 +69,18 @@ def _interesting(fields: tuple[Field, ...]) -> bool:
     return False
 
 
+def _has_errors(fields: tuple[Field, ...]) -> bool:
+    """Does this subtree hold error codes or records (what an errors-only scan reads)?"""
+    for f in fields:
+        if f.tag is not None:
+            continue
+        if _is_error(f) or f.type == "records":
+            return True
+        if f.type == "struct" and f.fields is not None and _has_errors(f.fields):
+            return True
+    return False
+
+
 def _has_partition_children(fields: tuple[Field, ...]) -> bool:
     for f in fields:
         if f.type == "struct" and f.fields is not None and f.tag is None and (
@@ -79,7 +91,19 @@ def _has_partition_children(fields: tuple[Field, ...]) -> bool:
 
 
 class _ScanCompiler(SchemaCompiler):
-    """Adds ``scan_S(buf, pos, acc, recs, topic) -> pos`` functions to the skip build."""
+    """Adds ``scan_S(buf, pos, acc, recs, topic) -> pos`` functions to the skip build.
+
+    ``errors_only``: record only non-zero error codes (and records ranges), skip
+    subtrees without either, and stop after the last top-level field that can
+    hold one (returning -1: the rest of the body is not walked, nor checked).
+    """
+
+    def __init__(self, schema: MessageSchema, errors_only: bool) -> None:
+        super().__init__(schema, traced=False)
+        self.errors_only = errors_only
+
+    def _wanted(self, fields: tuple[Field, ...]) -> bool:
+        return _has_errors(fields) if self.errors_only else _interesting(fields)
 
     def build_scan(self) -> Callable[..., int]:
         top = self.scan_struct(self.schema.fields, "Top", top=True)
@@ -90,7 +114,7 @@ class _ScanCompiler(SchemaCompiler):
     def scan_struct(self, fields: tuple[Field, ...], stem: str, top: bool = False) -> str:
         subs: dict[int, str] = {}
         for f in fields:
-            if f.type == "struct" and f.fields is not None and f.tag is None and _interesting(f.fields):
+            if f.type == "struct" and f.fields is not None and f.tag is None and self._wanted(f.fields):
                 subs[id(f)] = self.scan_struct(f.fields, f.name)
             elif f.type == "struct" and f.fields is not None:
                 self.struct_functions(f.fields, f.name)  # for its skip function
@@ -108,9 +132,17 @@ class _ScanCompiler(SchemaCompiler):
             w("part = None")
         if has_error:
             w("code = None")
-        for f in fields:
+        last_wanted = max((i for i, f in enumerate(fields) if f.tag is None and (
+            _is_error(f) or f.type == "records" or id(f) in subs)), default=-1)
+        for i, f in enumerate(fields):
             if f.tag is not None:
                 continue
+            if top and self.errors_only and i > last_wanted:
+                if has_error:
+                    w("if code: acc.append((None, None, code))")
+                w("return -1")  # nothing more to find: the rest is neither walked nor checked
+                w.dedent()
+                return name
             if _is_topic_name(f):
                 self.emit_scalar_decode(f, "topic", "''")
             elif _is_topic_id(f):
@@ -150,7 +182,10 @@ class _ScanCompiler(SchemaCompiler):
             w.dedent()
         w("_check_len(buf, pos)")
         ctx = "topic" if topic_struct or not top else "None"
-        if has_partition:
+        if self.errors_only:
+            if has_error:
+                w(f"if code: acc.append(({ctx}, {'part' if has_partition else 'None'}, code))")
+        elif has_partition:
             w(f"acc.append(({ctx}, part, {'code' if has_error else 'None'}))")
         elif has_error:
             w(f"acc.append(({ctx}, None, code))")
@@ -214,13 +249,14 @@ class BodyScan:
         return sum(count_records(view[start:end]) for start, end in self.records)
 
 
-_scanners: dict[tuple[int, int, Direction], Callable[..., int]] = {}
+_scanners: dict[tuple[int, int, Direction, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
 _FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
 
 
-def scanner(api_key: int, api_version: int, direction: Direction) -> Callable[..., int] | None:
-    key = (api_key, api_version, direction)
+def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False
+            ) -> Callable[..., int] | None:
+    key = (api_key, api_version, direction, errors_only)
     fn = _scanners.get(key)
     if fn is None:
         schema: MessageSchema | None = message_schema(api_key, api_version, direction)
@@ -229,17 +265,23 @@ def scanner(api_key: int, api_version: int, direction: Direction) -> Callable[..
         with _lock:
             fn = _scanners.get(key)
             if fn is None:
-                fn = _scanners[key] = _ScanCompiler(schema, traced=False).build_scan()
+                fn = _scanners[key] = _ScanCompiler(schema, errors_only).build_scan()
     return fn
 
 
-def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0) -> BodyScan:
+def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0, *,
+              errors_only: bool = False) -> BodyScan:
     """Scan the body at ``data[offset:]``. Raises :class:`DecodeError` on malformed bytes.
 
     Unknown (api key, version) raises :class:`UnknownApiError`; the proxy treats
     that as "nothing to report", not as a reason to drop the frame.
+
+    ``errors_only`` (the metrics path): ``entries`` holds only non-zero error
+    codes, ``(topic or None, partition or None, code)``; subtrees without error
+    codes or records are skipped, and the walk stops after the last field that
+    could hold one, so trailing bytes are not checked.
     """
-    fn = scanner(api_key, api_version, direction)
+    fn = scanner(api_key, api_version, direction, errors_only)
     if fn is None:
         raise UnknownApiError(api_key, api_version)
     acc: list[Entry] = []
@@ -252,7 +294,7 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
 
         require_codec(api_key, api_version, direction).decode(data, offset)
         raise DecodeError(f"malformed body: {exc}", offset=offset) from None
-    if end != len(data):
+    if end != len(data) and end != -1:
         raise DecodeError(f"{len(data) - end} bytes left over after the body", offset=end)
     return BodyScan(acc, recs, data)
 

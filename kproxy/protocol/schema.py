@@ -111,6 +111,7 @@ def message_schema(api_key: int, api_version: int, direction: Direction) -> Mess
     return None
 
 
+@functools.cache
 def supported_versions(api_key: int) -> tuple[int, int] | None:
     """The lowest and highest version the tables know for an api key (both directions)."""
     spans = [(v[0], v[1]) for d in (0, 1) for v in _tables.MESSAGES.get((api_key, d), ())]

@@ -87,6 +87,8 @@ class ResponseRewriter:
     def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18})) -> None:
         self.addresses = addresses
         self.capped = rewritten_api_keys() | pinned_api_keys
+        # A broker answers ApiVersions with the same bytes every time: rewrite each distinct body once.
+        self._api_versions_cache: dict[tuple[int, bytes], bytes | None] = {}
 
     def needs_rewrite(self, api_key: int, api_version: int) -> bool:
         return api_key == API_VERSIONS or endpoint_fields(api_key, api_version) is not None
@@ -152,6 +154,19 @@ class ResponseRewriter:
 
     # -- ApiVersions ------------------------------------------------------------------
     def _api_versions(self, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
+        key = (api_version, frame[body_offset:])
+        if key in self._api_versions_cache:
+            new_body = self._api_versions_cache[key]
+        else:
+            new_body = self._cap_api_versions(api_version, frame, body_offset)
+            if len(self._api_versions_cache) >= 64:  # bounded: many brokers or versions, not hostile growth
+                self._api_versions_cache.clear()
+            self._api_versions_cache[key] = new_body
+        if new_body is None:
+            return None
+        return Rewritten(_reframe(frame, body_offset, new_body), [])
+
+    def _cap_api_versions(self, api_version: int, frame: bytes, body_offset: int) -> bytes | None:
         # A broker that cannot read the client's version answers with a v0 body and
         # UNSUPPORTED_VERSION (KIP-511); its error code is the first field in every version.
         (error_code,) = struct.unpack_from(">h", frame, body_offset)
@@ -178,9 +193,7 @@ class ResponseRewriter:
 
         new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},
                                   body_offset)
-        if new_body is None:
-            return None
-        return Rewritten(_reframe(frame, body_offset, new_body), [])
+        return new_body
 
 
 def _reframe(frame: bytes, body_offset: int, new_body: bytes) -> bytes:

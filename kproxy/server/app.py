@@ -8,6 +8,7 @@ import trio
 
 from kproxy.config import Config
 from kproxy.server.logfmt import q, setup_logging
+from kproxy.server.memory import tune_allocator
 from kproxy.server.proxy import ProxyServer
 
 log = logging.getLogger("kproxy.server")
@@ -21,6 +22,7 @@ def run(config: Config) -> int:
     contained in the connection it happened in.
     """
     setup_logging(config.log_level)
+    tune_allocator()
     failed: list[OSError] = []
     try:
         trio.run(ProxyServer(config).run)

@@ -175,7 +175,12 @@ class Connection:
         """Write the responses due to the client. ``read``/``chunk``/``exact`` describe the chunk
         just read from upstream: when the due frames are exactly its frames, the chunk goes as is."""
         # Taken under the lock: both pumps may have answers ready, and order is the contract.
-        async with self._client_lock:
+        # Uncontended (the usual case), the lock is taken without a trip through the scheduler.
+        try:
+            self._client_lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._client_lock.acquire()
+        try:
             frames, routes = self.session.take_ready()
             if routes:
                 await self.ensure_listeners(routes)
@@ -183,6 +188,8 @@ class Connection:
                 data = _payload(frames, read or [], chunk, exact)
                 await self.client.send_all(data)
                 self.stats.bytes_to_client += len(data)
+        finally:
+            self._client_lock.release()
 
 
 def _payload(out: list[bytes], read: list[bytes], chunk: bytes, exact: bool) -> bytes:

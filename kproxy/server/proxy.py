@@ -205,8 +205,8 @@ class ProxyServer:
                         listener = _Listener(f"broker-{route.node_id}", route.local_port,
                                              _route_resolver(route))
                         await self._nursery.start(self._serve, listener)
-            if listener is not None:
-                await listener.ready.wait()
+            if listener is not None and not listener.ready.is_set():
+                await listener.ready.wait()  # (Event.wait yields even when set: skip it on the hot path)
 
     async def _serve(self, listener: _Listener, *, task_status: trio.TaskStatus[None]) -> None:
         try:

@@ -13,15 +13,17 @@ The checks that clients only ever reach the broker through kproxy live here too:
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import struct
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
@@ -32,7 +34,6 @@ from tests.support.tansu import Broker
 
 PROXY_HOST = "127.0.0.1"  # what the test proxy listens on and advertises
 TANSU_NODE_ID = 111
-T = TypeVar("T")
 KeyValue = tuple[bytes | None, bytes | None]
 
 
@@ -41,16 +42,15 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 20.0, interval: float = 0.1) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+@contextlib.contextmanager
+def no_protocol_errors_in_kproxy(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail if, meanwhile, kproxy crashed a connection or closed one for a protocol error
+    (a desynchronised stream, a response it could not rewrite, a malformed frame)."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    yield
+    bad = [r.getMessage() for r in caplog.records if r.name.startswith("kproxy")
+           and ("connection_crashed" in r.getMessage() or 'reason="bad ' in r.getMessage())]
+    assert not bad, "kproxy closed connections on protocol errors:\n" + "\n".join(bad)
 
 
 # -- where clients go ------------------------------------------------------------------------
@@ -93,8 +93,6 @@ class BrokerConnections:
 
     def start(self) -> BrokerConnections:
         if not Path("/proc/net/tcp").exists():
-            import pytest
-
             pytest.skip("needs /proc/net/tcp (Linux) to see who connects to the broker")
         self.before = _established_to(self.broker.port)
         return self
