@@ -19,7 +19,7 @@ from typing import Any
 
 from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
 from kproxy.protocol.errors import DecodeError, EncodeError
-from kproxy.protocol.messages import require_codec
+from kproxy.protocol.messages import MessageCodec, require_codec
 from kproxy.protocol.schema import Direction
 
 Edit = Callable[[Any], Any]
@@ -38,32 +38,24 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
     of its partitions, not a copy).
     Raises :class:`DecodeError` on malformed bodies.
     """
-    codec = require_codec(api_key, api_version, direction)
-    schema = codec.schema
+    codec, steps, tagged = _plan(api_key, api_version, direction, frozenset(edits))
     pieces: list[bytes] = []
     done: list[str] = []
     mark = offset
     pos = offset
-    tagged = {f.tag: f for f in schema.fields if f.tag is not None and f.name in edits}  # tag -> field
-    regular = [f for f in schema.fields if f.tag is None]
-    wanted = [i for i, f in enumerate(regular) if f.name in edits]
-    # Without tagged edits the walk ends at the last edited field: the rest is copied as is.
-    stop = len(regular) if tagged or not wanted else wanted[-1] + 1
     try:
-        for field in regular[:stop]:
-            decode, encode, skip = codec.field_functions(field.name)
-            edit = edits.get(field.name)
-            if edit is None:
+        for name, decode, encode, skip, edited in steps:
+            if not edited:
                 pos = skip(data, pos)
                 continue
             value, end = decode(data, pos)
             out = bytearray()
-            _encode_edit(encode, out, edit(value), codec, field.name)
+            _encode_edit(encode, out, edits[name](value), codec, name)
             pieces.append(data[mark:pos])
             pieces.append(bytes(out))
             mark = pos = end
-            done.append(field.name)
-        if schema.flexible and tagged:
+            done.append(name)
+        if tagged:
             pos = _splice_tags(codec, data, pos, tagged, edits, pieces, mark, done)
             mark = pos
     except _FAILURES as exc:
@@ -73,6 +65,34 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
         return None, done
     pieces.append(data[mark:])
     return b"".join(pieces), done
+
+
+Step = tuple[str, Callable[..., Any], Callable[..., Any], Callable[..., Any], bool]
+_plans: dict[tuple[int, int, Direction, frozenset[str]], tuple[MessageCodec, list[Step], dict[int, Any]]] = {}
+
+
+def _plan(api_key: int, api_version: int, direction: Direction, names: frozenset[str]
+          ) -> tuple[MessageCodec, list[Step], dict[int, Any]]:
+    """The walk for one (message kind, set of edited fields), worked out once.
+
+    Steps are the top-level regular fields up to the last edited one (without
+    tagged edits the rest is copied as is); ``tagged`` maps tag -> field for
+    edited tagged fields of flexible versions.
+    """
+    key = (api_key, api_version, direction, names)
+    found = _plans.get(key)
+    if found is None:
+        codec = require_codec(api_key, api_version, direction)
+        fields = codec.schema.fields
+        tagged = {f.tag: f for f in fields if f.tag is not None and f.name in names} if codec.schema.flexible else {}
+        regular = [f for f in fields if f.tag is None]
+        wanted = [i for i, f in enumerate(regular) if f.name in names]
+        stop = len(regular) if tagged or not wanted else wanted[-1] + 1
+        steps = [(f.name, *codec.field_functions(f.name), f.name in names) for f in regular[:stop]]
+        found = (codec, steps, tagged)
+        if len(_plans) < 4096:  # edit sets come from code, not traffic; the bound is a safety net
+            _plans[key] = found
+    return found
 
 
 def _encode_edit(encode: Callable[..., Any], out: bytearray, value: Any, codec: Any, name: str) -> None:

@@ -33,9 +33,13 @@ from kproxy.proxy.addresses import AddressMap, BrokerRoute
 
 API_VERSIONS = 18
 UNSUPPORTED_VERSION = 35
+MEMO_MAX_BODY = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
+MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes of bodies remembered before the memo starts over
 NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
+Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
 
 
+@functools.cache
 def _has_endpoint(fields: tuple[Field, ...]) -> bool:
     names = {f.name for f in fields}
     if "host" in names and "port" in names:
@@ -55,6 +59,14 @@ def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
         return ()
     found = tuple(f.name for f in schema.fields if f.fields is not None and _has_endpoint(f.fields))
     return found or None
+
+
+@functools.cache
+def _endpoint_struct_fields(api_key: int, api_version: int) -> tuple[Field, ...]:
+    """The top-level Field objects named by :func:`endpoint_fields` (for the splice editors)."""
+    names = endpoint_fields(api_key, api_version) or ()
+    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    return tuple(f for f in schema.fields if f.name in names) if schema is not None else ()
 
 
 @functools.cache
@@ -87,8 +99,13 @@ class ResponseRewriter:
     def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18})) -> None:
         self.addresses = addresses
         self.capped = rewritten_api_keys() | pinned_api_keys
-        # A broker answers ApiVersions with the same bytes every time: rewrite each distinct body once.
-        self._api_versions_cache: dict[tuple[int, bytes], bytes | None] = {}
+        # Brokers repeat themselves: every ApiVersions answer, and Metadata / FindCoordinator
+        # answers between cluster changes, are byte-identical. Each distinct small body is
+        # rewritten once; the address map never changes a node's port, so the result stays
+        # right. What each body taught the address map is replayed on every hit, so a broker
+        # that moves away and back is followed too.
+        self._memo: dict[tuple[int, int, bytes], tuple[bytes | None, list[Endpoint]]] = {}
+        self._memo_bytes = 0
 
     def needs_rewrite(self, api_key: int, api_version: int) -> bool:
         return api_key == API_VERSIONS or endpoint_fields(api_key, api_version) is not None
@@ -99,12 +116,33 @@ class ResponseRewriter:
         ``body_offset`` is where the body starts in ``frame`` (after the size
         prefix and the response header). Raises DecodeError on a malformed body.
         """
-        if api_key == API_VERSIONS:
-            return self._api_versions(api_version, frame, body_offset)
-        fields = endpoint_fields(api_key, api_version)
-        if fields is None:
+        if api_key != API_VERSIONS and endpoint_fields(api_key, api_version) is None:
             return None
-        routes: list[BrokerRoute] = []
+        if len(frame) - body_offset > MEMO_MAX_BODY:
+            new_body, learned = self._rewrite_body(api_key, api_version, frame, body_offset)
+        else:
+            key = (api_key, api_version, frame[body_offset:])
+            found = self._memo.get(key)
+            if found is None:
+                found = self._rewrite_body(api_key, api_version, frame, body_offset)
+                if self._memo_bytes + len(key[2]) > MEMO_MAX_TOTAL:
+                    self._memo.clear()
+                    self._memo_bytes = 0
+                self._memo[key] = found
+                self._memo_bytes += len(key[2])
+            new_body, learned = found
+        routes = [self.addresses.learn(*endpoint) for endpoint in learned]
+        if new_body is None:
+            return None
+        return Rewritten(_reframe(frame, body_offset, new_body), routes)
+
+    def _rewrite_body(self, api_key: int, api_version: int, frame: bytes, body_offset: int
+                      ) -> tuple[bytes | None, list[Endpoint]]:
+        """The rewritten body (None: nothing to change) and the upstream endpoints it named."""
+        if api_key == API_VERSIONS:
+            return self._cap_api_versions(api_version, frame, body_offset), []
+        fields = endpoint_fields(api_key, api_version)
+        routes: list[Endpoint] = []
         if fields == ():
             # Host and port at the top level (FindCoordinator v0-3): tiny, decode it whole.
             c = codec(api_key, api_version, Direction.RESPONSE)
@@ -113,17 +151,14 @@ class ResponseRewriter:
             self._rewrite_struct(body, c.schema.fields, None, routes)
             new_body = c.encode(body)
         else:
-            schema = message_schema(api_key, api_version, Direction.RESPONSE)
-            assert schema is not None
-            by_name = {f.name: f for f in schema.fields}
-            edits = {name: self._editor(by_name[name], routes) for name in fields}
+            edits = {f.name: self._editor(f, routes) for f in _endpoint_struct_fields(api_key, api_version)}
             spliced, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
             if spliced is None:
-                return None
+                return None, []
             new_body = spliced
-        return Rewritten(_reframe(frame, body_offset, new_body), routes)
+        return new_body, routes
 
-    def _editor(self, field: Field, routes: list[BrokerRoute]) -> Callable[[Any], Any]:
+    def _editor(self, field: Field, routes: list[Endpoint]) -> Callable[[Any], Any]:
         def edit(value: Any) -> Any:
             self._rewrite_value(value, field, None, routes)
             return value
@@ -131,41 +166,32 @@ class ResponseRewriter:
         return edit
 
     def _rewrite_value(self, value: Any, field: Field, parent_node: int | None,
-                       routes: list[BrokerRoute]) -> None:
+                       routes: list[Endpoint]) -> None:
         if value is None or field.fields is None:
             return
         for item in value if field.array else (value,):
             self._rewrite_struct(item, field.fields, parent_node, routes)
 
     def _rewrite_struct(self, struct_value: dict[str, Any], fields: tuple[Field, ...],
-                        parent_node: int | None, routes: list[BrokerRoute]) -> None:
-        node = next((struct_value[n] for n in NODE_ID_FIELDS if n in struct_value), parent_node)
+                        parent_node: int | None, routes: list[Endpoint]) -> None:
+        node = parent_node
+        for name in NODE_ID_FIELDS:
+            if name in struct_value:
+                node = struct_value[name]
+                break
         if "host" in struct_value and "port" in struct_value:
             host = struct_value["host"]
             # node -1 / empty host: "no coordinator", "leader unknown": nothing to map.
             if node is not None and node >= 0 and host:
                 route = self.addresses.learn(node, host, struct_value["port"])
+                routes.append((node, host, struct_value["port"]))
                 struct_value["host"] = self.addresses.advertised_host
                 struct_value["port"] = route.local_port
-                routes.append(route)
         for f in fields:
             if f.fields is not None and f.name in struct_value and _has_endpoint(f.fields):
                 self._rewrite_value(struct_value[f.name], f, node, routes)
 
     # -- ApiVersions ------------------------------------------------------------------
-    def _api_versions(self, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
-        key = (api_version, frame[body_offset:])
-        if key in self._api_versions_cache:
-            new_body = self._api_versions_cache[key]
-        else:
-            new_body = self._cap_api_versions(api_version, frame, body_offset)
-            if len(self._api_versions_cache) >= 64:  # bounded: many brokers or versions, not hostile growth
-                self._api_versions_cache.clear()
-            self._api_versions_cache[key] = new_body
-        if new_body is None:
-            return None
-        return Rewritten(_reframe(frame, body_offset, new_body), [])
-
     def _cap_api_versions(self, api_version: int, frame: bytes, body_offset: int) -> bytes | None:
         # A broker that cannot read the client's version answers with a v0 body and
         # UNSUPPORTED_VERSION (KIP-511); its error code is the first field in every version.
