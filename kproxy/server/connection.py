@@ -62,14 +62,19 @@ class Connection:
         self._client_lock = trio.Lock()
         self._room = trio.Event()  # set when in-flight room frees up
         self._reading_client = trio.CancelScope()
+        self._waiting_for_client = False  # True only while the client pump may be cancelled harmlessly
         self._idle = trio.CancelScope()
+        self._last_activity = 0.0
         self.draining = False
         self.close_reason = "client closed"
 
     def drain(self) -> None:
         """Stop reading new requests; the connection closes once in-flight ones are answered."""
         self.draining = True
-        self._reading_client.cancel()
+        if self._waiting_for_client:
+            # Parked in receive or waiting for room: nothing half done, cancel the wait. Otherwise
+            # the pump is forwarding a chunk it read, finishes it, and sees `draining` after.
+            self._reading_client.cancel()
         if not self.session.in_flight:
             self.close_reason = "shutdown"
             self._idle.cancel()
@@ -82,6 +87,7 @@ class Connection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
                     nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
+                    nursery.start_soon(self._idle_watchdog)
             if self._idle.cancelled_caught and not self.draining:
                 self.close_reason = "idle timeout"
         finally:
@@ -96,7 +102,17 @@ class Connection:
                 len(self.session.in_flight), time.monotonic() - started, _q(self.close_reason))
 
     def _touch(self) -> None:
-        self._idle.deadline = trio.current_time() + self.limits.idle_timeout
+        # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
+        self._last_activity = trio.current_time()
+
+    async def _idle_watchdog(self) -> None:
+        """Ends the connection once neither side moved for ``idle_timeout`` seconds."""
+        while True:
+            due = self._last_activity + self.limits.idle_timeout
+            if trio.current_time() >= due:
+                self._idle.cancel()
+                return
+            await trio.sleep_until(due)
 
     def _end(self, scope: trio.CancelScope, reason: str) -> None:
         if self.close_reason == "client closed" or reason != "client closed":
@@ -106,29 +122,27 @@ class Connection:
     async def _client_to_upstream(self, scope: trio.CancelScope) -> None:
         splitter = FrameSplitter(self.limits.max_frame_size)
         session = self.session
+        late: bytes | bytearray = b""
         try:
-            while not self.draining:
-                # drain() cancels the waits only: a chunk once read is forwarded whole (a request
-                # tracked but never sent would hold the connection open until the grace ran out).
-                with trio.CancelScope() as self._reading_client:
+            with self._reading_client:
+                while not self.draining:
+                    # drain() cancels only these waits: a chunk once read is forwarded whole (a request
+                    # tracked but never sent would hold the connection open until the grace ran out).
+                    self._waiting_for_client = True
                     while not session.can_accept:
                         self._room = trio.Event()
                         await self._room.wait()
                     data = await self.client.receive_some(self.limits.read_size)
-                if self._reading_client.cancelled_caught:
-                    break
-                if not data:
-                    self._end(scope, "client closed")
-                    return
-                read_at = time.perf_counter()
-                self._touch()
-                self.stats.bytes_from_client += len(data)
-                frames, chunk, exact = splitter.split(data)
-                forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
-                if forward:
-                    await self.upstream.send_all(_payload(forward, frames, chunk, exact))
-                if session.has_ready:
-                    await self._send_ready()
+                    self._waiting_for_client = False
+                    if not data:
+                        self._end(scope, "client closed")
+                        return
+                    if self._reading_client.cancel_called:
+                        late = data  # drain() landed after this read: forward it outside the cancelled scope
+                        break
+                    await self._forward(data, splitter)
+            if late:
+                await self._forward(late, splitter)
         except ProtocolError as exc:
             self._reject(exc, "request")
             self._end(scope, f"bad request from client: {exc}")
@@ -139,6 +153,19 @@ class Connection:
         # Draining: no new requests. Wait for answers, then close.
         if self.draining and not session.in_flight:
             self._end(scope, "shutdown")
+
+    async def _forward(self, data: bytes | bytearray, splitter: FrameSplitter) -> None:
+        """Take one chunk from the client: note its requests, forward them, answer local ones."""
+        session = self.session
+        read_at = time.perf_counter()
+        self._touch()
+        self.stats.bytes_from_client += len(data)
+        frames, chunk, exact = splitter.split(data)
+        forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
+        if forward:
+            await self.upstream.send_all(_payload(forward, frames, chunk, exact))
+        if session.has_ready:
+            await self._send_ready()
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
         splitter = FrameSplitter(self.limits.max_frame_size)
