@@ -26,8 +26,8 @@ import enum
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from kproxy.protocol.codegen import Malformed, read_uvarint
@@ -80,7 +80,7 @@ class Exchange:
     response: bytes | None = None
     received_at: float = 0.0
     completed_at: float = 0.0
-    routes: list[BrokerRoute] = field(default_factory=list)
+    routes: Sequence[BrokerRoute] = ()
     sasl_mechanism: str | None = None
 
     @property
@@ -289,21 +289,32 @@ def response_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
 
 
 def _produce_acks(frame: bytes, api_version: int) -> int | None:
-    """The acks of a Produce request frame; None if it cannot be read (then it is tracked)."""
+    """The acks of a Produce request frame; None if it cannot be read (then it is tracked).
+
+    Read in place, on every Produce: size, api key, version, correlation id, the
+    int16-length client id, header tags from v9 (flexible), then the body's
+    transactional id from v3 (compact from v9) and acks.
+    """
     try:
-        header = decode_request_header(memoryview(frame)[4:])
-        pos = 4 + header.size
-        if api_version >= 3:
-            # transactional_id comes first: a nullable string, compact from v9 on.
-            if api_version >= 9:
-                n, pos = read_uvarint(frame, pos)
-                pos += max(n - 1, 0)
+        (n,) = _INT16.unpack_from(frame, 12)
+        pos = 14 + max(n, 0)
+        if api_version >= 9:
+            if frame[pos] == 0:  # no header tags: the usual case
+                pos += 1
             else:
-                (n,) = _INT16.unpack_from(frame, pos)
-                pos += 2 + max(n, 0)
+                count, pos = read_uvarint(frame, pos)
+                for _ in range(count):
+                    _, pos = read_uvarint(frame, pos)
+                    size, pos = read_uvarint(frame, pos)
+                    pos += size
+            n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
+            pos += max(n - 1, 0)
+        elif api_version >= 3:
+            (n,) = _INT16.unpack_from(frame, pos)
+            pos += 2 + max(n, 0)
         (acks,) = _INT16.unpack_from(frame, pos)
         return int(acks)
-    except (ProtocolError, Malformed, struct.error, IndexError):
+    except (Malformed, struct.error, IndexError):
         return None
 
 
