@@ -32,7 +32,7 @@ class Clock:
 
 
 class Recorder:
-    """A :class:`SessionObserver` that keeps what it saw."""
+    """A :class:`SessionObserver` that keeps what it saw (handed over by ``Session.report``)."""
 
     def __init__(self) -> None:
         self.requests: list[Exchange] = []
@@ -102,6 +102,7 @@ async def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
         s.on_upstream_frame(answer)
         assert ready(s) == [answer], "each answer is due as soon as it is the oldest"
         assert len(s.in_flight) == 2 - i
+    s.report()
     assert [e.correlation_id for e in done] == [7, 8, 9]
     assert (s.requests, s.responses) == (3, 3)
 
@@ -122,6 +123,7 @@ async def test_local_answer_waits_behind_in_flight_requests() -> None:
     assert local.header.correlation_id == 2
     s.on_upstream_frame(hb3_answer)  # upstream's next answer matches request 3, skipping the local one
     assert ready(s) == [hb3_answer]
+    s.report()
     assert [(e.correlation_id, e.local) for e in done] == [(1, False), (2, True), (3, False)]
 
 
@@ -230,6 +232,7 @@ async def test_produce_acks_0_is_never_tracked(version: int, transactional_id: s
     assert [e.correlation_id for e in s.in_flight] == [2]
     s.on_upstream_frame(hb_answer)  # the broker answers only the heartbeat
     assert ready(s) == [hb_answer]
+    s.report()
     assert [e.correlation_id for e in done] == [1, 2]  # acks=0 is still seen by metrics
 
 
@@ -398,6 +401,7 @@ async def test_exchange_timings_come_from_the_clock() -> None:
     assert s.on_client_frame(hb, read_at=99.5) == hb
     clock.now += 2.5
     s.on_upstream_frame(hb_answer)
+    s.report()
     [ex] = done
     assert (ex.read_at, ex.forwarded_at, ex.received_at, ex.completed_at) == (99.5, 100.0, 102.5, 102.5)
     assert (ex.broker_seconds, ex.overhead_seconds, ex.request_size) == (2.5, 0.5, len(hb))

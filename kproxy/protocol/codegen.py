@@ -371,7 +371,7 @@ class SchemaCompiler:
                 w(f"{target} = _bool({target})")
             w(f"pos += {FIXED_WIDTH[t]}")
         elif t == "uuid":
-            w("_check_len(buf, pos + 16)")
+            w("if pos + 16 > len(buf): _check_len(buf, pos + 16)")
             w(f"{target} = _uuid_from(buf[pos:pos + 16])")
             w("pos += 16")
         elif t in ("string", "bytes", "records"):
@@ -381,7 +381,7 @@ class SchemaCompiler:
             w("else:")
             w.indent()
             w(f"end = pos + {n}")
-            w("_check_len(buf, end)")
+            w("if end > len(buf): _check_len(buf, end)")
             conv = "buf[pos:end].decode('utf-8')" if t == "string" else "buf[pos:end]"
             w(f"{target} = {conv}")
             w("pos = end")
@@ -423,7 +423,7 @@ class SchemaCompiler:
         w("last = tag")
         w("size, pos = read_uvarint(buf, pos)")
         w("tend = pos + size")
-        w("_check_len(buf, tend)")
+        w("if tend > len(buf): _check_len(buf, tend)")
         first = True
         for f in tagged:
             kw = "if" if first else "elif"
@@ -612,7 +612,7 @@ class SchemaCompiler:
             w("size, pos = read_uvarint(buf, pos)")
             w("pos += size")
             w.dedent()
-        w("_check_len(buf, pos)")
+        w("if pos > len(buf): _check_len(buf, pos)")
         w("return pos")
         w.dedent()
 
@@ -632,7 +632,7 @@ class SchemaCompiler:
                 w.indent()
                 self.emit_scalar_skip(elem)
                 w.dedent()
-            w("_check_len(buf, pos)")
+            w("if pos > len(buf): _check_len(buf, pos)")
         else:
             self.emit_scalar_skip(field)
 

@@ -180,7 +180,7 @@ class _ScanCompiler(SchemaCompiler):
             w("size, pos = read_uvarint(buf, pos)")
             w("pos += size")
             w.dedent()
-        w("_check_len(buf, pos)")
+        w("if pos > len(buf): _check_len(buf, pos)")
         ctx = "topic" if topic_struct or not top else "None"
         if self.errors_only:
             if has_error:

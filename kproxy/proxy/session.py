@@ -118,8 +118,10 @@ class Session:
     kproxy answered itself; ``on_upstream_frame`` takes a broker frame. After
     either, ``take_ready()`` gives the frames due to the client, in order, and
     the broker routes they advertise (listeners must exist before they are sent).
-    ``observer`` (optional) sees every request as it is read and every exchange
-    as it completes (acks=0 Produce completes at once, with no response).
+    ``observer`` (optional) sees every request read and every exchange completed
+    (acks=0 Produce completes at once, with no response) when the server calls
+    :meth:`report`: after it has written what the frames asked for, so that
+    metrics work is never on the path of a request or a response.
     """
 
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
@@ -129,6 +131,8 @@ class Session:
         self.max_in_flight = max_in_flight
         self.clock = clock
         self.observer = observer
+        self._seen: list[tuple[Exchange, bytes]] = []
+        self._completed: list[Exchange] = []
         self.in_flight: deque[Exchange] = deque()
         self.mode = Mode.KAFKA
         self._sasl_rounds_left: int | None = None
@@ -160,7 +164,7 @@ class Session:
         now = self.clock()
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
         if self.observer is not None:
-            self.observer.request(ex, frame)
+            self._seen.append((ex, frame))
         if api_key == API_VERSIONS and supported_versions(API_VERSIONS) is not None \
                 and api_version > supported_versions(API_VERSIONS)[1]:  # type: ignore[index]
             ex.local = True
@@ -175,7 +179,7 @@ class Session:
             self._acks0_ids.append(correlation_id)
             if self.observer is not None:
                 ex.completed_at = now
-                self.observer.complete(ex)
+                self._completed.append(ex)
             return frame
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
@@ -261,7 +265,21 @@ class Session:
             self._ready_routes.extend(ex.routes)
             if self.observer is not None:
                 ex.completed_at = self.clock()
-                self.observer.complete(ex)
+                self._completed.append(ex)
+
+    def report(self) -> None:
+        """Hand the observer the requests read and exchanges completed since the last call."""
+        observer = self.observer
+        if observer is None:
+            return
+        if self._seen:
+            seen, self._seen = self._seen, []
+            for ex, frame in seen:
+                observer.request(ex, frame)
+        if self._completed:
+            completed, self._completed = self._completed, []
+            for ex in completed:
+                observer.complete(ex)
 
     @property
     def has_ready(self) -> bool:

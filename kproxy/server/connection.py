@@ -166,6 +166,7 @@ class Connection:
             await self.upstream.send_all(_payload(forward, frames, chunk, exact))
         if session.has_ready:
             await self._send_ready()
+        session.report()  # metrics, once the bytes are on their way
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
         splitter = FrameSplitter(self.limits.max_frame_size)
@@ -182,6 +183,7 @@ class Connection:
                     session.on_upstream_frame(raw)
                 if session.has_ready:
                     await self._send_ready(frames, chunk, exact)
+                session.report()
                 if session.can_accept:
                     self._room.set()
                 if self.draining and not session.in_flight:
