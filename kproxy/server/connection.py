@@ -17,6 +17,7 @@ stops reading the broker. The client pump stops reading once
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ class Connection:
         self.listener = listener
         self.upstream_addr = upstream_addr
         self.on_reject = on_reject
+        self._client_writer = writer(client)
+        self._upstream_writer = writer(upstream)
+        self._client_reader = reader(client)
+        self._upstream_reader = reader(upstream)
         self.stats = ConnectionStats()
         self._client_lock = trio.Lock()
         self._room = trio.Event()  # set when in-flight room frees up
@@ -132,7 +137,7 @@ class Connection:
                     while not session.can_accept:
                         self._room = trio.Event()
                         await self._room.wait()
-                    data = await self.client.receive_some(self.limits.read_size)
+                    data = await self._client_reader(self.limits.read_size)
                     self._waiting_for_client = False
                     if not data:
                         self._end(scope, "client closed")
@@ -163,7 +168,7 @@ class Connection:
         frames, chunk, exact = splitter.split(data)
         forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
         if forward:
-            await self.upstream.send_all(_payload(forward, frames, chunk, exact))
+            await self._upstream_writer(_payload(forward, frames, chunk, exact))
         if session.has_ready:
             await self._send_ready()
         session.report()  # metrics, once the bytes are on their way
@@ -173,7 +178,7 @@ class Connection:
         session = self.session
         try:
             while True:
-                data = await self.upstream.receive_some(self.limits.read_size)
+                data = await self._upstream_reader(self.limits.read_size)
                 if not data:
                     self._end(scope, "upstream closed" + (" with requests in flight" if session.in_flight else ""))
                     return
@@ -215,10 +220,81 @@ class Connection:
                 await self.ensure_listeners(routes)
             if frames:
                 data = _payload(frames, read or [], chunk, exact)
-                await self.client.send_all(data)
+                await self._client_writer(data)
                 self.stats.bytes_to_client += len(data)
         finally:
             self._client_lock.release()
+
+
+Writer = Callable[[bytes], Awaitable[None]]
+Reader = Callable[[int], Awaitable[bytes | bytearray]]
+# A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
+YIELD_EVERY = 8
+
+
+def reader(stream: trio.abc.Stream) -> Reader:
+    """``receive_some`` for ``stream``, with a fast path for plain TCP.
+
+    trio's ``receive_some`` passes through the scheduler after every read, even
+    when data was already waiting. For a plain socket kproxy reads first and
+    parks in ``wait_readable`` only when the kernel has nothing; every
+    ``YIELD_EVERY`` reads it yields anyway, so a busy connection cannot starve
+    the others and stays cancellable. TLS streams always use ``receive_some``.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return stream.receive_some
+    fd = stream.socket.fileno()
+    wait_readable = trio.lowlevel.wait_readable
+    checkpoint = trio.lowlevel.checkpoint
+    streak = 0
+
+    async def read(max_bytes: int) -> bytes:
+        nonlocal streak
+        while True:
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                streak = 0
+                await wait_readable(fd)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"read failed: {exc.strerror or exc}") from exc
+            streak += 1
+            if streak >= YIELD_EVERY:
+                streak = 0
+                await checkpoint()
+            return data
+
+    return read
+
+
+
+
+def writer(stream: trio.abc.Stream) -> Writer:
+    """``send_all`` for ``stream``, with a fast path for plain TCP.
+
+    trio's ``send_all`` always passes through the scheduler, even when the
+    kernel takes every byte at once, which it nearly always does for Kafka's
+    small frames. For a plain socket, kproxy first writes synchronously; only
+    what the kernel did not take goes through ``send_all`` (which then waits for
+    room: backpressure is unchanged). TLS streams always use ``send_all``.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return stream.send_all
+    fd = stream.socket.fileno()
+    send_all = stream.send_all
+
+    async def write(data: bytes) -> None:
+        try:
+            sent = os.write(fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"write failed: {exc.strerror or exc}") from exc
+        if sent < len(data):
+            await send_all(memoryview(data)[sent:])
+
+    return write
 
 
 def _payload(out: list[bytes], read: list[bytes], chunk: bytes, exact: bool) -> bytes:
