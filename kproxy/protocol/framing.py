@@ -12,6 +12,7 @@ import struct
 from kproxy.protocol.errors import FrameSizeError
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
+LARGE_FRAME = 1024 * 1024  # frames at least this big are assembled in a buffer of their own size
 SIZE_PREFIX = struct.Struct(">i")
 
 
@@ -33,7 +34,7 @@ class FrameSplitter:
     lost) and the caller must close the connection.
     """
 
-    __slots__ = ("_buf", "_pos", "consumed", "max_frame_size")
+    __slots__ = ("_buf", "_large", "_large_fill", "_pos", "consumed", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
@@ -42,6 +43,8 @@ class FrameSplitter:
         self._buf = bytearray()
         self._pos = 0
         self.consumed = 0
+        self._large: bytearray | None = None
+        self._large_fill = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos and self._pos == len(self._buf):
@@ -53,7 +56,7 @@ class FrameSplitter:
     @property
     def buffered(self) -> int:
         """Bytes held that are not yet part of a returned frame."""
-        return len(self._buf) - self._pos
+        return len(self._buf) - self._pos + (self._large_fill if self._large is not None else 0)
 
     def pending_frame_size(self) -> int | None:
         """Size announced by the next frame's prefix, once its 4 bytes are in (validated)."""
@@ -90,10 +93,14 @@ class FrameSplitter:
         """
         if not isinstance(data, bytes):
             data = bytes(data)
+        if self._large is not None:
+            return self._fill_large(data)
         if self._pos != len(self._buf):
             self.feed(data)
-            return self.raw_frames(), data, False
-        frames: list[bytes] = []
+            frames = self.raw_frames()
+            self._maybe_go_large()
+            return frames, data, False
+        frames = []
         pos = 0
         n = len(data)
         while n - pos >= 4:
@@ -110,7 +117,40 @@ class FrameSplitter:
         self._buf.clear()
         self._buf += memoryview(data)[pos:]
         self._pos = 0
+        self._maybe_go_large()
         return frames, data, False
+
+    def _maybe_go_large(self) -> None:
+        """A partial frame of LARGE_FRAME bytes or more gets a buffer of its exact size.
+
+        Copied into once, piece by piece as chunks arrive, and handed out as
+        it is: one copy in all, instead of growing a buffer and copying the
+        frame out of it.
+        """
+        size = self.pending_frame_size()
+        if size is None or size < LARGE_FRAME:
+            return
+        large = bytearray(4 + size)
+        have = len(self._buf) - self._pos
+        large[:have] = memoryview(self._buf)[self._pos:]
+        self._buf.clear()
+        self._pos = 0
+        self._large = large
+        self._large_fill = have
+
+    def _fill_large(self, data: bytes) -> tuple[list[bytes], bytes, bool]:
+        large = self._large
+        assert large is not None
+        take = min(len(large) - self._large_fill, len(data))
+        large[self._large_fill : self._large_fill + take] = memoryview(data)[:take]
+        self._large_fill += take
+        if self._large_fill < len(large):
+            return [], data, False
+        self._large = None
+        self.consumed += len(large)
+        rest = self.split(data[take:])[0] if take < len(data) else []
+        # A bytearray, not bytes: copying a multi-megabyte frame once more buys nothing.
+        return [large, *rest], data, False  # type: ignore[list-item]
 
     def _take(self, skip: int) -> bytes | None:
         size = self.pending_frame_size()
