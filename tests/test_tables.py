@@ -1,0 +1,41 @@
+"""The committed protocol tables are what the generator makes of Kafka's specs; lookups never raise."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kproxy.protocol import _tables
+from kproxy.protocol.tables import api_key, api_name, api_snake_name, error, error_code, error_name
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT.parent / "shared" / "kafka-specs"
+
+
+@pytest.mark.skipif(not SPECS.is_dir(), reason="Kafka's JSON specs (../shared/kafka-specs) are not beside the checkout")
+def test_committed_tables_match_the_specs() -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_protocol_tables.py"), str(SPECS), "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_api_key_of_the_specs_has_a_name_and_known_errors_have_flags() -> None:
+    assert api_name(0) == "Produce" and api_name(3) == "Metadata" and api_name(18) == "ApiVersions"
+    assert api_snake_name(10) == "find_coordinator"
+    assert api_key("FindCoordinator") == api_key("find_coordinator") == 10
+    assert len(_tables.API_NAMES) >= 80
+    assert error(6).name == "NOT_LEADER_OR_FOLLOWER" and error(6).retriable
+    assert not error(-1).retriable
+    assert error_code("unknown_topic_or_partition") == 3
+
+
+def test_unknown_values_are_printable_not_exceptions() -> None:
+    assert api_name(31000) == "UnknownApi31000"
+    assert api_key("NoSuchApi") is None
+    assert error_name(31000) == "UNKNOWN_ERROR_CODE_31000"
+    assert error(31000).known is False
+    assert error_code("NO_SUCH_ERROR") is None
+
