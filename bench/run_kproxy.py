@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/run_kproxy.py --upstream HOST:PORT [--listen-port PORT] [--log-level LEVEL]
 
-Prints ``ready PORT`` on stdout once the bootstrap listener accepts. Broker
+Prints ``ready PORT`` on stdout once the bootstrap listener accepts. With
+``KPROXY_BENCH_NO_METRICS=1`` in the environment the sessions get no metrics
+observer (for the metrics-overhead comparison). Broker
 listeners are ephemeral ports (``broker_port_base: 0``). Logging defaults to
 ``warning`` so that per-connection log lines do not count as proxy cost.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 
 import trio
@@ -28,6 +31,9 @@ def raise_fd_limit() -> None:
 
 async def serve(config_raw: dict[str, tuple[object, str]]) -> None:
     server = ProxyServer(build_config(config_raw))
+    if os.environ.get("KPROXY_BENCH_NO_METRICS") == "1":
+        # The metrics-overhead comparison: the same proxy with no observer on its sessions.
+        server.observer = None
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         print(f"ready {server.bootstrap_port}", flush=True)

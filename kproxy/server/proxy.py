@@ -32,7 +32,7 @@ from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Session
+from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_brokers
 from kproxy.server.logfmt import q as _q
@@ -70,7 +70,7 @@ class ProxyServer:
         self.rewriter = ResponseRewriter(self.addresses)
         m = config.metrics
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses))
-        self.observer = MetricsObserver(self.stats)
+        self.observer: SessionObserver | None = MetricsObserver(self.stats)
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
