@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import decode_request_header
-from kproxy.protocol.scan import scan_body
+from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.records import count_records
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import api_snake_name, error_name
 
@@ -32,6 +33,7 @@ BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                     0.025, 0.05, 0.1)
 OTHER = "other"
+_MISSING = object()
 KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "response_oversize", "response_session")
 PRODUCE, FETCH = 0, 1
 
@@ -117,6 +119,7 @@ class TrafficStats:
         self._topics = LabelCap(self.options.label_cap)
         self._clients = LabelCap(self.options.label_cap)
         self._api_names: dict[int, str] = {}
+        self._scanners: dict[tuple[int, int, Direction], object] = {}
         # The reasons kproxy.server.connection reports start at zero: a counter series born at 1
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
         for reason in KNOWN_REJECT_REASONS:
@@ -171,14 +174,36 @@ class TrafficStats:
             hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
         hist.observe(overhead_seconds)
 
-    def _scan_errors(self, api_key: int, api_version: int, frame: bytes, body_offset: int, api: str) -> None:
+    def _scan(self, api_key: int, api_version: int, direction: Direction, frame: bytes, offset: int
+              ) -> tuple[list[Entry], list[tuple[int, int]]] | None:
+        """Run the errors-only scanner of a message kind: (non-zero error entries, records ranges).
+
+        The generated scanner is called directly (found once per kind), not through
+        :func:`scan_body`: this runs for every request and response. None when the
+        kind is unknown or the bytes cannot be read.
+        """
+        key = (api_key, api_version, direction)
+        fn = self._scanners.get(key, _MISSING)
+        if fn is _MISSING:
+            fn = self._scanners[key] = scanner(api_key, api_version, direction, errors_only=True)
+        if fn is None:
+            return None
+        acc: list[Entry] = []
+        recs: list[tuple[int, int]] = []
         try:
-            scan = scan_body(api_key, api_version, Direction.RESPONSE, frame, body_offset, errors_only=True)
-        except ProtocolError:
+            fn(frame, offset, acc, recs, None)  # type: ignore[operator]
+        except SCAN_FAILURES:
+            return None
+        return acc, recs
+
+    def _scan_errors(self, api_key: int, api_version: int, frame: bytes, body_offset: int, api: str) -> None:
+        found = self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+        if found is None:
             # Unknown api/version, or a body we cannot read: counted, never fatal.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
             return
-        for topic, _partition, code in scan.entries:
+        entries, records = found
+        for topic, _partition, code in entries:
             if not code:
                 continue
             name = error_name(code)
@@ -187,20 +212,23 @@ class TrafficStats:
             if self.options.topic_label and topic is not None:
                 tkey = (api, self._topics(str(topic)), name)
                 self.topic_errors[tkey] = self.topic_errors.get(tkey, 0) + 1
-        if api_key == FETCH and scan.records:
-            try:
-                count = scan.record_count()
-            except ProtocolError:
-                return  # records kproxy cannot read are the client's to judge: forwarded, not counted
-            self.records[api] = self.records.get(api, 0) + count
+        if api_key == FETCH and records:
+            self._add_records(api, frame, records)
 
     def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str) -> None:
+        offset = request_body_offset(frame, api_key, api_version)
+        found = None if offset is None else self._scan(api_key, api_version, direction, frame, offset)
+        if found is not None and found[1]:
+            self._add_records(api, frame, found[1])
+        # else: a malformed request is the broker's to refuse; nothing to count
+
+    def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
+        view = memoryview(frame)
         try:
-            header = decode_request_header(memoryview(frame)[4:])
-            scan = scan_body(api_key, api_version, direction, frame, 4 + header.size, errors_only=True)
-            self.records[api] = self.records.get(api, 0) + scan.record_count()
+            count = sum(count_records(view[start:end]) for start, end in ranges)
         except ProtocolError:
-            return  # a malformed request is the broker's to refuse; nothing to count
+            return  # records kproxy cannot read are the client's to judge: forwarded, not counted
+        self.records[api] = self.records.get(api, 0) + count
 
     # -- connections -------------------------------------------------------------------
     def client_connected(self, listener: str) -> None:

@@ -251,7 +251,9 @@ class BodyScan:
 
 _scanners: dict[tuple[int, int, Direction, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
-_FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
+# What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these).
+SCAN_FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
+_FAILURES = SCAN_FAILURES
 
 
 def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False
