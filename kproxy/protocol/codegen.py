@@ -603,17 +603,22 @@ class SchemaCompiler:
         if fixed:
             w(f"pos += {fixed}")
         if self.flexible:
-            w("nt = buf[pos]")
-            w("if nt < 0x80: pos += 1")
-            w("else: nt, pos = read_uvarint(buf, pos)")
-            w("for _ in range(nt):")
-            w.indent()
-            w("tag, pos = read_uvarint(buf, pos)")
-            w("size, pos = read_uvarint(buf, pos)")
-            w("pos += size")
-            w.dedent()
+            self.emit_tags_skip()
         w("if pos > len(buf): _check_len(buf, pos)")
         w("return pos")
+        w.dedent()
+
+    def emit_tags_skip(self) -> None:
+        """Move past a tagged-field section without reading any tag."""
+        w = self.w
+        w("nt = buf[pos]")
+        w("if nt < 0x80: pos += 1")
+        w("else: nt, pos = read_uvarint(buf, pos)")
+        w("for _ in range(nt):")
+        w.indent()
+        w("tag, pos = read_uvarint(buf, pos)")
+        w("size, pos = read_uvarint(buf, pos)")
+        w("pos += size")
         w.dedent()
 
     def emit_value_skip(self, field: Field) -> None:

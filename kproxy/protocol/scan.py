@@ -171,15 +171,7 @@ class _ScanCompiler(SchemaCompiler):
             else:
                 self.emit_value_skip(f)
         if self.flexible:
-            w("nt = buf[pos]")
-            w("if nt < 0x80: pos += 1")
-            w("else: nt, pos = read_uvarint(buf, pos)")
-            w("for _ in range(nt):")
-            w.indent()
-            w("tag, pos = read_uvarint(buf, pos)")
-            w("size, pos = read_uvarint(buf, pos)")
-            w("pos += size")
-            w.dedent()
+            self.emit_tags_skip()
         w("if pos > len(buf): _check_len(buf, pos)")
         ctx = "topic" if topic_struct or not top else "None"
         if self.errors_only:

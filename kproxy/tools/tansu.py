@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -30,6 +31,16 @@ def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> None:
+    """SIGTERM, wait up to ``grace`` seconds, then SIGKILL: no process outlives its owner."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class BrokerUnavailable(RuntimeError):
@@ -73,9 +84,4 @@ def run_tansu(port: int | None = None) -> Iterator[Broker]:
         wait_for_port("127.0.0.1", port)
         yield Broker("127.0.0.1", port, proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
