@@ -355,9 +355,16 @@ async def test_broker_ports_listen_at_start_up_before_any_client_asks() -> None:
             assert await reaches(server, base + node_id, cluster) == node_id
 
 
-async def test_discovery_retries_until_the_cluster_is_up() -> None:
+async def test_failed_discovery_leaves_the_bootstrap_listener_serving() -> None:
+    """With the cluster down, discovery keeps retrying in the background; the proxy stays up
+    and a client on the bootstrap port is turned away cleanly (no broker port was invented)."""
     base = free_port_range(4)
     dead = free_port_range(1)
     async with running_server(proxy_config(f"127.0.0.1:{dead}", broker_port_base=base)) as server:
-        await trio.sleep(0.3)  # a few failed attempts: no broker listener, no crash
+        await trio.sleep(0.3)  # a few failed attempts
         assert set(server.listeners) == {server.bootstrap_port}
+        stream = await trio.open_tcp_stream("127.0.0.1", server.bootstrap_port)
+        with trio.fail_after(10):
+            assert await stream.receive_some(10) == b""  # closed: upstream unavailable
+        await stream.aclose()
+        assert not server.connections
