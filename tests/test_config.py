@@ -99,3 +99,9 @@ def test_shipped_example_config_is_valid() -> None:
     cfg = config_from_args(parse(["--config", str(example)]))
     assert cfg.listen == HostPort("0.0.0.0", 19092)
     assert cfg.advertised == "localhost"
+
+
+def test_reserved_options_are_refused_not_ignored() -> None:
+    for flag in ("--rules", "--capture-dir"):
+        with pytest.raises(ConfigError, match=f"{flag}: .* not in this build yet"):
+            config_from_args(parse(["--upstream", "k:1", flag, "x"]))
