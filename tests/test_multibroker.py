@@ -351,6 +351,8 @@ async def test_broker_ports_listen_at_start_up_before_any_client_asks() -> None:
                 await trio.sleep(0.01)
         # No client has sent anything yet: the ports were opened from kproxy's own Metadata request.
         assert cluster.received == [] and cluster.discovery_requests >= 1
+        with trio.fail_after(10):
+            await server.warmed.wait()  # and the codecs clients will use were compiled ahead
         for node_id in (0, 2, 5):
             assert await reaches(server, base + node_id, cluster) == node_id
 

@@ -5,6 +5,11 @@ client's Metadata response named it: clients holding cached metadata (every
 long-lived producer and consumer) would reconnect straight to broker ports
 that are not there yet. kproxy asks the cluster itself: one Metadata request
 (v1: every broker, no topics) over a fresh upstream connection.
+
+The same connection asks ApiVersions, so that kproxy can compile, before the
+first client arrives, the codecs of the versions clients will pick (the highest
+both sides speak): compiling one costs milliseconds, which the first request of
+each kind would otherwise pay.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from kproxy.protocol.frames import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
 
 METADATA = 3
+API_VERSIONS = 18
 METADATA_VERSION = 1  # every Kafka since 0.10 answers it; brokers with rack, no topics asked
 DISCOVERY_CLIENT_ID = "kproxy-discovery"
 _SIZE = struct.Struct(">i")
@@ -36,6 +42,18 @@ async def fetch_brokers(stream: trio.abc.Stream, max_frame_size: int) -> list[tu
         raise trio.BrokenResourceError(f"metadata response of {size} bytes is out of bounds")
     response = decode_response(await _receive_exactly(stream, size), METADATA, METADATA_VERSION)
     return [(b["node_id"], b["host"], b["port"]) for b in response.body["brokers"]]
+
+
+async def fetch_api_versions(stream: trio.abc.Stream, max_frame_size: int) -> dict[int, int]:
+    """ApiVersions v0 (every broker answers it): the highest version the broker speaks, per api key."""
+    header = RequestHeader(API_VERSIONS, 0, correlation_id=2, client_id=DISCOVERY_CLIENT_ID)
+    payload = encode_request(header, {})
+    await stream.send_all(_SIZE.pack(len(payload)) + payload)
+    size = _SIZE.unpack(await _receive_exactly(stream, 4))[0]
+    if not 0 <= size <= max_frame_size:
+        raise trio.BrokenResourceError(f"api versions response of {size} bytes is out of bounds")
+    response = decode_response(await _receive_exactly(stream, size), API_VERSIONS, 0)
+    return {k["api_key"]: k["max_version"] for k in response.body["api_keys"] or []}
 
 
 async def _receive_exactly(stream: trio.abc.Stream, n: int) -> bytes:

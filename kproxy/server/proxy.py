@@ -34,9 +34,10 @@ from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
-from kproxy.server.discovery import fetch_brokers
+from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
+from kproxy.server.warmup import warm_up
 
 log = logging.getLogger("kproxy.server")
 
@@ -81,6 +82,7 @@ class ProxyServer:
         self._connections_nursery: trio.Nursery | None = None
         self._listener_lock = trio.Lock()
         self.draining = False
+        self.warmed = trio.Event()  # brokers discovered and the likely codecs compiled
         self.connections_total = 0
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
@@ -152,12 +154,15 @@ class ProxyServer:
                 stream, addr = await self._connect_upstream(list(self.config.upstream), probe=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
+                        versions = await fetch_api_versions(stream, self.config.limits.max_frame_size)
                         brokers = await fetch_brokers(stream, self.config.limits.max_frame_size)
                 finally:
                     await trio.aclose_forcefully(stream)
                 routes = [self.addresses.learn(node, host, port) for node, host, port in brokers if node >= 0]
                 await self.ensure_listeners(routes)
                 log.info("event=brokers_discovered upstream=%s brokers=%d", addr, len(routes))
+                await warm_up(versions, self.rewriter)
+                self.warmed.set()
                 return
             except (UpstreamUnavailable, ProtocolError, trio.BrokenResourceError, trio.TooSlowError, OSError,
                     ssl.SSLError) as exc:
