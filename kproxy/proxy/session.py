@@ -46,6 +46,7 @@ _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlati
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _INT16 = struct.Struct(">h")
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
+_API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
 SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
 # acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does).
 ACKS0_REMEMBERED = 1024
@@ -134,6 +135,7 @@ class Session:
         self._seen: list[tuple[Exchange, bytes]] = []
         self._completed: list[Exchange] = []
         self.in_flight: deque[Exchange] = deque()
+        self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
         self.mode = Mode.KAFKA
         self._sasl_rounds_left: int | None = None
         self._ready: list[bytes] = []
@@ -165,8 +167,7 @@ class Session:
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
         if self.observer is not None:
             self._seen.append((ex, frame))
-        if api_key == API_VERSIONS and supported_versions(API_VERSIONS) is not None \
-                and api_version > supported_versions(API_VERSIONS)[1]:  # type: ignore[index]
+        if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
             ex.local = True
             ex.response = self._kip511_answer(correlation_id)
             ex.received_at = now
@@ -184,6 +185,7 @@ class Session:
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
         self.in_flight.append(ex)
+        self._awaiting.append(ex)
         return frame
 
     def _kip511_answer(self, correlation_id: int) -> bytes:
@@ -221,7 +223,7 @@ class Session:
             _, correlation_id = _RESPONSE_FIXED.unpack_from(frame, 0)
         except struct.error:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
-        ex = next((e for e in self.in_flight if not e.local and e.response is None), None)
+        ex = self._awaiting[0] if self._awaiting else None
         if (ex is None or ex.correlation_id != correlation_id) and correlation_id in self._acks0_ids:
             self._acks0_ids.remove(correlation_id)
             return
@@ -230,6 +232,7 @@ class Session:
         if ex.correlation_id != correlation_id:
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
+        self._awaiting.popleft()
         self.responses += 1
         ex.received_at = self.clock()
         ex.response = self._rewrite(ex, frame)
