@@ -6,7 +6,7 @@ import os
 
 import trio
 
-from kproxy.server.connection import YIELD_EVERY, reader, writer
+from kproxy.server.fastio import YIELD_EVERY, reader, writer
 
 
 def stream_pair() -> tuple[trio.SocketStream, trio.SocketStream]:

@@ -17,7 +17,6 @@ stops reading the broker. The client pump stops reading once
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from kproxy.protocol.errors import FrameSizeError, ProtocolError
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.addresses import BrokerRoute, HostPort
 from kproxy.proxy.session import Session
+from kproxy.server.fastio import reader, writer
 from kproxy.server.logfmt import q as _q
 
 log = logging.getLogger("kproxy.connection")
@@ -40,8 +40,6 @@ EnsureListeners = Callable[[list[BrokerRoute]], Awaitable[None]]
 class ConnectionStats:
     bytes_from_client: int = 0
     bytes_to_client: int = 0
-    requests: int = 0
-    responses: int = 0
 
 
 class Connection:
@@ -224,77 +222,6 @@ class Connection:
                 self.stats.bytes_to_client += len(data)
         finally:
             self._client_lock.release()
-
-
-Writer = Callable[[bytes], Awaitable[None]]
-Reader = Callable[[int], Awaitable[bytes | bytearray]]
-# A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
-YIELD_EVERY = 8
-
-
-def reader(stream: trio.abc.Stream) -> Reader:
-    """``receive_some`` for ``stream``, with a fast path for plain TCP.
-
-    trio's ``receive_some`` passes through the scheduler after every read, even
-    when data was already waiting. For a plain socket kproxy reads first and
-    parks in ``wait_readable`` only when the kernel has nothing; every
-    ``YIELD_EVERY`` reads it yields anyway, so a busy connection cannot starve
-    the others and stays cancellable. TLS streams always use ``receive_some``.
-    """
-    if not isinstance(stream, trio.SocketStream):
-        return stream.receive_some
-    fd = stream.socket.fileno()
-    wait_readable = trio.lowlevel.wait_readable
-    checkpoint = trio.lowlevel.checkpoint
-    streak = 0
-
-    async def read(max_bytes: int) -> bytes:
-        nonlocal streak
-        while True:
-            try:
-                data = os.read(fd, max_bytes)
-            except BlockingIOError:
-                streak = 0
-                await wait_readable(fd)
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(f"read failed: {exc.strerror or exc}") from exc
-            streak += 1
-            if streak >= YIELD_EVERY:
-                streak = 0
-                await checkpoint()
-            return data
-
-    return read
-
-
-
-
-def writer(stream: trio.abc.Stream) -> Writer:
-    """``send_all`` for ``stream``, with a fast path for plain TCP.
-
-    trio's ``send_all`` always passes through the scheduler, even when the
-    kernel takes every byte at once, which it nearly always does for Kafka's
-    small frames. For a plain socket, kproxy first writes synchronously; only
-    what the kernel did not take goes through ``send_all`` (which then waits for
-    room: backpressure is unchanged). TLS streams always use ``send_all``.
-    """
-    if not isinstance(stream, trio.SocketStream):
-        return stream.send_all
-    fd = stream.socket.fileno()
-    send_all = stream.send_all
-
-    async def write(data: bytes) -> None:
-        try:
-            sent = os.write(fd, data)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"write failed: {exc.strerror or exc}") from exc
-        if sent < len(data):
-            await send_all(memoryview(data)[sent:])
-
-    return write
 
 
 def _payload(out: list[bytes], read: list[bytes], chunk: bytes, exact: bool) -> bytes:

@@ -1,0 +1,86 @@
+"""Plain-TCP fast paths for the connection pumps (one job: move bytes with fewer scheduler passes).
+
+trio's stream methods pass through the scheduler on every call, even when the
+kernel could answer at once: ``receive_some`` yields after a read that found
+data waiting, ``send_all`` after a write the kernel took whole. For Kafka's
+small frames that doubles the scheduler passes per exchange. These wrappers
+try the system call first and fall back to trio's waiting only when the kernel
+cannot answer, which keeps backpressure and cancellation as they were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+
+import trio
+
+Writer = Callable[[bytes], Awaitable[None]]
+Reader = Callable[[int], Awaitable[bytes | bytearray]]
+# A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
+YIELD_EVERY = 8
+
+
+def reader(stream: trio.abc.Stream) -> Reader:
+    """``receive_some`` for ``stream``, with a fast path for plain TCP.
+
+    trio's ``receive_some`` passes through the scheduler after every read, even
+    when data was already waiting. For a plain socket kproxy reads first and
+    parks in ``wait_readable`` only when the kernel has nothing; every
+    ``YIELD_EVERY`` reads it yields anyway, so a busy connection cannot starve
+    the others and stays cancellable. TLS streams always use ``receive_some``.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return stream.receive_some
+    fd = stream.socket.fileno()
+    wait_readable = trio.lowlevel.wait_readable
+    checkpoint = trio.lowlevel.checkpoint
+    streak = 0
+
+    async def read(max_bytes: int) -> bytes:
+        nonlocal streak
+        while True:
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                streak = 0
+                await wait_readable(fd)
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"read failed: {exc.strerror or exc}") from exc
+            streak += 1
+            if streak >= YIELD_EVERY:
+                streak = 0
+                await checkpoint()
+            return data
+
+    return read
+
+
+
+
+def writer(stream: trio.abc.Stream) -> Writer:
+    """``send_all`` for ``stream``, with a fast path for plain TCP.
+
+    trio's ``send_all`` always passes through the scheduler, even when the
+    kernel takes every byte at once, which it nearly always does for Kafka's
+    small frames. For a plain socket, kproxy first writes synchronously; only
+    what the kernel did not take goes through ``send_all`` (which then waits for
+    room: backpressure is unchanged). TLS streams always use ``send_all``.
+    """
+    if not isinstance(stream, trio.SocketStream):
+        return stream.send_all
+    fd = stream.socket.fileno()
+    send_all = stream.send_all
+
+    async def write(data: bytes) -> None:
+        try:
+            sent = os.write(fd, data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"write failed: {exc.strerror or exc}") from exc
+        if sent < len(data):
+            await send_all(memoryview(data)[sent:])
+
+    return write
