@@ -632,7 +632,8 @@ class SchemaCompiler:
             elif elem.type == "uuid":
                 w(f"if {n} > 0: pos += 16 * {n}")
             else:
-                w(f"if {n} > 0: _count({n}, pos, buf, {min_wire_size(elem, self.flexible)})")
+                size = max(min_wire_size(elem, self.flexible), 1)
+                w(f"if {n} * {size} > len(buf) - pos: _count({n}, pos, buf, {size})")
                 w(f"for _ in range({n}):")
                 w.indent()
                 self.emit_scalar_skip(elem)

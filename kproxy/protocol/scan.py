@@ -193,7 +193,7 @@ class _ScanCompiler(SchemaCompiler):
         if f.array:
             n = self.fresh("n")
             self.emit_len("array", n)
-            w(f"if {n} > 0: _count({n}, pos, buf, 1)")
+            w(f"if {n} > len(buf) - pos: _count({n}, pos, buf, 1)")
             w(f"for _ in range({n}):")
             w.indent()
             w(call)
