@@ -407,3 +407,27 @@ async def test_exchange_timings_come_from_the_clock() -> None:
     assert (ex.broker_seconds, ex.overhead_seconds, ex.request_size) == (2.5, 0.5, len(hb))
     assert ex.api == "Heartbeat"
 
+
+
+def raw_request(api_key: int, version: int, correlation_id: int) -> bytes:
+    """A request header with an empty body, for versions the codec cannot encode."""
+    payload = struct.pack(">hhih", api_key, version, correlation_id, -1)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def test_capped_api_at_an_unreadable_version_is_refused_not_forwarded() -> None:
+    """A client that ignores ApiVersions and asks Metadata at a version kproxy cannot read
+    would get real broker addresses back: the session refuses instead of forwarding."""
+    s, _ = session()
+    top = supported_versions(3)
+    assert top is not None
+    with pytest.raises(SessionError, match=f"Metadata v{top[1] + 1} request"):
+        s.on_client_frame(raw_request(3, top[1] + 1, 1))
+    assert not s.in_flight and s.requests == 0
+
+
+def test_unknown_api_key_at_any_version_is_forwarded() -> None:
+    s, _ = session()
+    frame_ = raw_request(30000, 7, 2)
+    assert s.on_client_frame(frame_) == frame_
+    assert [e.correlation_id for e in s.in_flight] == [2]

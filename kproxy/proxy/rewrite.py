@@ -106,9 +106,27 @@ class ResponseRewriter:
         # that moves away and back is followed too.
         self._memo: dict[tuple[int, int, bytes], tuple[bytes | None, list[Endpoint]]] = {}
         self._memo_bytes = 0
+        self._unreadable: dict[tuple[int, int], bool] = {}
 
     def needs_rewrite(self, api_key: int, api_version: int) -> bool:
         return api_key == API_VERSIONS or endpoint_fields(api_key, api_version) is not None
+
+    def unreadable(self, api_key: int, api_version: int) -> bool:
+        """A request kproxy must not forward: an API it caps, at a version it cannot read.
+
+        ApiVersions told the client which versions to use; a client that asks
+        Metadata (or FindCoordinator, Produce...) at another version anyway would
+        get a response kproxy could not rewrite, with real broker addresses in it.
+        ApiVersions itself is exempt: unreadable versions get the KIP-511 answer.
+        """
+        if api_key not in self.capped or api_key == API_VERSIONS:
+            return False
+        found = self._unreadable.get((api_key, api_version))
+        if found is None:
+            found = message_schema(api_key, api_version, Direction.RESPONSE) is None
+            if len(self._unreadable) < 65536:  # versions are int16: bounded, but say so
+                self._unreadable[(api_key, api_version)] = found
+        return found
 
     def rewrite(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
         """Rewrite a response frame; ``None`` when nothing changed.

@@ -162,6 +162,10 @@ class Session:
         except struct.error:
             raise SessionError(f"request frame of {len(frame)} bytes is too short for a header",
                                offset=0) from None
+        if self.rewriter.unreadable(api_key, api_version):
+            raise SessionError(f"{api_name(api_key)} v{api_version} request: kproxy cannot read that version's "
+                               f"response, so it could not keep broker addresses out of it (ApiVersions offered "
+                               f"only versions it reads)", offset=0)
         self.requests += 1
         now = self.clock()
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
