@@ -35,9 +35,11 @@ class MetricsObserver:
         if response is None:
             self.stats.no_response(exchange.api_key, exchange.overhead_seconds)
             return
-        try:
-            offset = response_body_offset(response, exchange.api_key, exchange.api_version)
-        except (ProtocolError, IndexError):
-            offset = len(response)
+        offset = exchange.body_offset  # the session's, when it rewrote this response (headers are kept)
+        if not offset:
+            try:
+                offset = response_body_offset(response, exchange.api_key, exchange.api_version)
+            except (ProtocolError, IndexError):
+                offset = len(response)
         self.stats.response(exchange.api_key, exchange.api_version, response, offset,
                             exchange.broker_seconds, exchange.overhead_seconds)

@@ -83,6 +83,7 @@ class Exchange:
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
     sasl_mechanism: str | None = None
+    body_offset: int = 0  # where the response body starts, once known (0: not computed yet)
 
     @property
     def api(self) -> str:
@@ -248,7 +249,7 @@ class Session:
         if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
             return frame
         try:
-            body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
+            body_offset = ex.body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
             done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
         except (DecodeError, Malformed, IndexError) as exc:
             # Forwarding it unrewritten could leak a broker address: the connection ends.
