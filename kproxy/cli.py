@@ -18,6 +18,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TextIO
 
 from kproxy import __version__
@@ -237,8 +238,43 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 1
 
 
+# ---------------------------------------------------------------------------- health
+
+
+def _add_health(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kproxy.tools.health import DEFAULT_URL
+
+    parser = subparsers.add_parser(
+        "health", help="probe a running kproxy's /healthz (for container HEALTHCHECKs)",
+        description="Exit 0 when a running kproxy answers /healthz with HTTP 200, 1 otherwise "
+                    "(one line on stderr saying why). No curl or wget needed in the image.")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--config", type=Path, metavar="FILE",
+                       help="take the address from this kproxy config file's metrics_listen")
+    where.add_argument("--url", default=None, help=f"URL to probe (default {DEFAULT_URL})")
+    parser.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
+                        help="give up after this long (default 3)")
+    parser.set_defaults(handler=_run_health)
+
+
+def _run_health(args: argparse.Namespace) -> int:
+    from kproxy.tools.health import DEFAULT_URL, probe, url_from_config
+
+    try:
+        url = url_from_config(args.config) if args.config is not None else (args.url or DEFAULT_URL)
+    except ConfigError as exc:
+        print(f"kproxy health: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    ok, said = probe(url, args.timeout)
+    if not ok:
+        print(f"kproxy health: unhealthy: {said}", file=sys.stderr)
+        return 1
+    return EXIT_OK
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
     _add_decode,
+    _add_health,
 )

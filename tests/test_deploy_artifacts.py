@@ -251,7 +251,7 @@ def test_chart_versions_agree() -> None:
 
 def test_default_render_is_a_standalone_proxy(helm: Any, tmp_path: Path) -> None:
     docs = render(helm)
-    assert kinds(docs) == ["ConfigMap", "Deployment", "Service"]
+    assert kinds(docs) == ["ConfigMap", "Deployment", "Service", "ServiceAccount"]
     defaults = chart_values()["kproxy"]
     cm, deploy, svc = one(docs, "ConfigMap"), one(docs, "Deployment"), one(docs, "Service")
 
@@ -317,12 +317,14 @@ def test_pinned_ports_and_extra_config(helm: Any, tmp_path: Path) -> None:
 
 def test_service_monitor_and_pdb(helm: Any) -> None:
     docs = render(helm, MONITORED_VALUES)
-    assert kinds(docs) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceMonitor"]
+    assert kinds(docs) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount",
+                           "ServiceMonitor"]
     svc, monitor, pdb = one(docs, "Service"), one(docs, "ServiceMonitor"), one(docs, "PodDisruptionBudget")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s", "relabelings": [
+        {"action": "replace", "targetLabel": "job", "replacement": "kproxy"}]}]
     assert "metrics" in {p["name"] for p in svc["spec"]["ports"]}
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["maxUnavailable"] == 1

@@ -184,13 +184,16 @@ class Stack:
 
 
 @contextlib.contextmanager
-def run_prometheus(tmp: Path, targets: list[str]) -> Iterator[PromAPI]:
+def run_prometheus(tmp: Path, targets: list[str], *, rule_files: list[Path] | None = None,
+                   scrape_configs: list[dict[str, Any]] | None = None) -> Iterator[PromAPI]:
+    """A real Prometheus scraping ``targets`` as job "kproxy" with deploy/prometheus/alerts.yml, every 1 s;
+    ``rule_files`` / ``scrape_configs`` replace those defaults."""
     binary = _tool("prometheus")
     port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(ALERTS)],
-        "scrape_configs": [{"job_name": "kproxy", "static_configs": [{"targets": targets}]}],
+        "rule_files": [str(f) for f in rule_files or [ALERTS]],
+        "scrape_configs": scrape_configs or [{"job_name": "kproxy", "static_configs": [{"targets": targets}]}],
     }
     config_file = tmp / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))

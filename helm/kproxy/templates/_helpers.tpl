@@ -44,8 +44,31 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{- define "kproxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kproxy.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Relabeling of a ServiceMonitor / PodMonitor endpoint: the job label is monitoringJob
+whatever the Service or pod is called, so alerts and dashboards work for any release.
+*/}}
+{{- define "kproxy.jobRelabeling" -}}
+- action: replace
+  targetLabel: job
+  replacement: {{ required "kproxy: monitoringJob is required" .Values.monitoringJob | quote }}
+{{- end -}}
+
+{{/* repository@digest when image.digest is set (immutable), else repository:tag. */}}
 {{- define "kproxy.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (required "kproxy: image.tag is required" .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* "host:port", with IPv6 hosts in brackets. Argument: (list host port). */}}
@@ -247,6 +270,9 @@ sidecar should give their pod at least this much.
   secret:
     secretName: {{ .Values.tls.upstream.secretName }}
 {{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -305,6 +331,10 @@ lifecycle:
     exec:
       command: ["sleep", "{{ int .Values.preStopSleepSeconds }}"]
 {{- end }}
+{{- with .Values.extraEnv }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with .Values.resources }}
 resources:
   {{- toYaml . | nindent 2 }}
@@ -326,6 +356,9 @@ volumeMounts:
   - name: kproxy-tls-upstream
     mountPath: {{ include "kproxy.tlsUpstreamDir" . }}
     readOnly: true
+  {{- end }}
+  {{- with .Values.extraVolumeMounts }}
+  {{- toYaml . | nindent 2 }}
   {{- end }}
 {{- end -}}
 
