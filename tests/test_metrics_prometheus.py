@@ -423,8 +423,22 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs
 
 
+def test_long_polls_have_a_latency_panel_of_their_own() -> None:
+    """Fetch and rebalances wait on purpose: mixed with the rest they would lead every latency graph."""
+    by_title: dict[str, list[str]] = {}
+    for title, expr in dashboard_exprs():
+        by_title.setdefault(title, []).append(expr)
+    broker = by_title["Broker latency p50 / p99"]
+    polls = by_title["Long polls p50 / p99"]
+    assert all('api!~"fetch|share_fetch|join_group|sync_group"' in e for e in broker)
+    assert all('api=~"fetch|share_fetch|join_group|sync_group"' in e for e in polls)
+    variables = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
+    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api"]
+
+
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
-    values = {"job": "kproxy", "instance": ".*", "api": ".*", "__rate_interval": "30s", "datasource": ""}
+    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*",
+              "__rate_interval": "30s", "datasource": ""}
     exprs = dashboard_exprs()
     assert len(exprs) >= 15
     for title, expr in exprs:

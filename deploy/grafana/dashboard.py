@@ -10,9 +10,10 @@ without Python. Edit this file, never the JSON, then regenerate::
 The test suite runs the check, and evaluates every query below against a real
 Prometheus scraping a real kproxy (tests/test_metrics_prometheus.py).
 
-Template variables: ``datasource`` (any Prometheus), ``job`` and ``instance``
-(from ``kproxy_build_info``) and ``api`` (Kafka API names as kproxy labels them:
-``produce``, ``fetch``, ``metadata`` ...).
+Template variables: ``datasource`` (any Prometheus), ``job``, ``namespace``, ``pod``
+and ``instance`` (from ``kproxy_build_info``; namespace and pod are the target labels
+the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere) and ``api``
+(Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...).
 """
 
 from __future__ import annotations
@@ -43,9 +44,13 @@ UID = "kproxy-overview"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 # Every selector carries the dashboard's filters; $api only where the metric has an api label.
-SEL = 'job=~"$job", instance=~"$instance"'
+# namespace=~".*" also matches series without the label (static scrape configs), so "All" works anywhere.
+SEL = 'job=~"$job", namespace=~"$namespace", pod=~"$pod", instance=~"$instance"'
 SEL_API = SEL + ', api=~"$api"'
 WINDOW = "$__rate_interval"
+# APIs whose requests wait on purpose (KIP-227 / max.wait.ms long polls, group rebalances): their
+# latency says how long the broker was asked to wait, not how fast it is, so it gets its own panel.
+LONG_POLLS = "fetch|share_fetch|join_group|sync_group"
 
 
 def query(expr: str, legend: str, ref: str = "A") -> prometheus.Dataquery:
@@ -72,9 +77,11 @@ def single(title: str, description: str, unit: str, expr: str, legend: str,
             .height(4).span(6).thresholds(thresholds).with_target(query(expr, legend)))
 
 
-def quantile(q: float, metric: str, ref: str) -> prometheus.Dataquery:
+def quantile(q: float, metric: str, ref: str, apis: str = "") -> prometheus.Dataquery:
+    """p``q`` by API of a latency histogram; ``apis`` narrows the API selector (e.g. ``api!~"..."``)."""
+    sel = SEL_API + (f", {apis}" if apis else "")
     expr = (f"histogram_quantile({q}, sum by (api, le) "
-            f"(rate({metric}_bucket{{{SEL_API}}}[{WINDOW}])))")
+            f"(rate({metric}_bucket{{{sel}}}[{WINDOW}])))")
     return query(expr, f"{{{{api}}}} p{round(q * 100)}", ref)
 
 
@@ -105,7 +112,7 @@ def traffic_row() -> list[timeseries.Panel]:
               query(f"sum by (direction) (rate(kproxy_bytes_total{{{SEL_API}}}[{WINDOW}]))",
                     "{{direction}}")),
         graph("Records by API", "Records in Produce requests and in Fetch responses, per second "
-              "(counted from batch headers, nothing decompressed for v2 batches).", "short",
+              "(counted from batch headers, nothing decompressed for v2 batches).", "suffix: records/s",
               query(f"sum by (api) (rate(kproxy_records_total{{{SEL_API}}}[{WINDOW}]))", "{{api}}")),
         graph("Requests by API version", "Which protocol versions clients use, per second.", "reqps",
               query(f"sum by (api, version) (rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))",
@@ -116,9 +123,15 @@ def traffic_row() -> list[timeseries.Panel]:
 def latency_row() -> list[timeseries.Panel]:
     return [
         graph("Broker latency p50 / p99", "From a request forwarded upstream to its response read back: "
-              "the broker's time (and the network's). Fetch and JoinGroup wait on purpose (long polls).", "s",
-              quantile(0.5, "kproxy_broker_latency_seconds", "A"),
-              quantile(0.99, "kproxy_broker_latency_seconds", "B")),
+              "the broker's time (and the network's), for every API that answers at once. Long polls "
+              "are on the next panel.", "s",
+              quantile(0.5, "kproxy_broker_latency_seconds", "A", f'api!~"{LONG_POLLS}"'),
+              quantile(0.99, "kproxy_broker_latency_seconds", "B", f'api!~"{LONG_POLLS}"')),
+        graph("Long polls p50 / p99", "Fetch, ShareFetch, JoinGroup and SyncGroup wait on purpose "
+              "(fetch.max.wait.ms, rebalances): this is mostly the wait clients asked for, not broker "
+              "slowness.", "s",
+              quantile(0.5, "kproxy_broker_latency_seconds", "A", f'api=~"{LONG_POLLS}"'),
+              quantile(0.99, "kproxy_broker_latency_seconds", "B", f'api=~"{LONG_POLLS}"')),
         graph("kproxy overhead p50 / p99", "kproxy's own time per request: reading, decoding, rewriting and "
               "writing, both directions. Microseconds when healthy.", "s",
               quantile(0.5, "kproxy_overhead_seconds", "A"),
@@ -129,7 +142,7 @@ def latency_row() -> list[timeseries.Panel]:
 def errors_row() -> list[timeseries.Panel]:
     return [
         graph("Error codes by API", "Kafka error codes (not NONE) found in responses, per second, by API "
-              "and error name.", "short",
+              "and error name.", "cps",
               query(f"sum by (api, error) (rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}]))",
                     "{{api}} {{error}}"), width=24, stacked=True),
         graph("Frames rejected", "Frames kproxy refused (oversize, malformed header), by reason; each "
@@ -166,7 +179,10 @@ def variables() -> list[Builder[VariableModel]]:
     return [
         dash.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         label_values("job", "Job", "label_values(kproxy_build_info, job)"),
-        label_values("instance", "Instance", 'label_values(kproxy_build_info{job=~"$job"}, instance)'),
+        label_values("namespace", "Namespace", 'label_values(kproxy_build_info{job=~"$job"}, namespace)'),
+        label_values("pod", "Pod", 'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace"}, pod)'),
+        label_values("instance", "Instance",
+                     'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace", pod=~"$pod"}, instance)'),
         label_values("api", "API", 'label_values(kproxy_requests_total{job=~"$job"}, api)'),
     ]
 
