@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 from typing import Any
 
 import pytest
@@ -495,3 +496,34 @@ async def test_broker_answer_to_acks_0_produce_is_dropped() -> None:
     assert [(e.correlation_id, e.response) for e in done] == [(1, None), (2, None), (3, hb_answer)]
     with pytest.raises(SessionError, match="matches no request"):
         s.on_upstream_frame(stray)  # an id is forgiven once: a second answer is a desynchronised stream
+
+
+# -- KIP-951 node_endpoints rewritten, every other tag kept ------------------------------------------
+@pytest.mark.parametrize(("api_key", "version"), [(PRODUCE, 10), (PRODUCE, 13), (1, 16), (1, 18)])
+async def test_node_endpoints_rewrite_keeps_other_tags(api_key: int, version: int) -> None:
+    """A broker newer than kproxy may put tags kproxy does not know next to node_endpoints
+    (top level and per partition): the rewritten response carries them unchanged."""
+    s, _ = session()
+    if api_key == PRODUCE:
+        request = produce_with_timeout(version, 5, 1, None, 0x7F01_0203)
+        responses = [{"name": "t", "partition_responses": [
+            {"index": 0, "error_code": 6, "current_leader": {"leader_id": 2, "leader_epoch": 3},
+             "_unknown_tags": {4: b"part"}}]}]
+    else:
+        request = req(1, version, 5, topics=[])
+        responses = [{"topic_id": uuid.UUID(int=1), "partitions": [
+            {"partition_index": 0, "error_code": 6, "records": None,
+             "current_leader": {"leader_id": 2, "leader_epoch": 3}, "_unknown_tags": {4: b"part"}}]}]
+    forward(s, [request])
+    other_tags = {1: b"\x00\x01", 77: b"", 1000: b"n" * 200}
+
+    def answer(brokers: list[dict[str, Any]]) -> bytes:
+        body = response_body(api_key, version, responses=responses, node_endpoints=brokers)
+        body["_unknown_tags"] = other_tags
+        return resp(api_key, version, 5, body=body)
+
+    s.on_upstream_frame(answer(BROKERS))
+    frames, routes = s.take_ready()
+    assert frames == [answer(rewritten_brokers(BROKERS))]
+    assert decode_response(frames[0][4:], api_key, version).body["_unknown_tags"] == other_tags
+    assert [r.node_id for r in routes] == [1, 2]
