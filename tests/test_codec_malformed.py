@@ -10,9 +10,11 @@
 * unknown api keys and versions: UnknownApiError, while peek_request still works;
 * fuzz: random bytes and mutated valid bodies for random kinds; decode_body,
   scan_body and splice_body raise only ProtocolError subclasses (or succeed), and
-  whatever decodes also scans, skips and splices;
+  whatever decodes also scans, skips, re-encodes to the same bytes and splices
+  (an identity splice giving back the input);
 * MessageCodec.skip on truncated bodies (ProtocolError only, like every decoder);
-* the round-trip contract on decodable but non-canonical bytes;
+* the round-trip contract: non-canonical bytes are refused, decodable edge cases
+  (tags at their defaults, null structs, NaN payloads...) re-encode exactly;
 * splice_body edits returning values the schema cannot hold: EncodeError.
 """
 
