@@ -33,6 +33,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import kafka.protocol.api_message as kafka_api_message
+import kio.index as kio_index
+import kio.schema.errors as kio_errors
+import kio.schema.index as kio_schema_index
+import kio.serial as kio_serial
+import kio.serial._implicit_defaults as kio_defaults
+import kio.serial._introspect as kio_introspect
+import kio.serial.readers as kio_readers
+import kio.static.primitive as kio_primitive
 import pytest
 
 from kproxy.protocol import (
@@ -51,16 +60,6 @@ from kproxy.protocol import (
 )
 from kproxy.protocol.headers import decode_request_header, encode_request_header
 from kproxy.protocol.schema import Field, all_message_kinds, message_schema
-
-kio_index = pytest.importorskip("kio.index")
-kio_schema_index = pytest.importorskip("kio.schema.index")
-kio_serial = pytest.importorskip("kio.serial")
-kio_introspect = pytest.importorskip("kio.serial._introspect")
-kio_defaults = pytest.importorskip("kio.serial._implicit_defaults")
-kio_primitive = pytest.importorskip("kio.static.primitive")
-kio_errors = pytest.importorskip("kio.schema.errors")
-kio_readers = pytest.importorskip("kio.serial.readers")
-kafka_api_message = pytest.importorskip("kafka.protocol.api_message")
 
 Kind = tuple[int, int, Direction]
 OUR_KINDS = set(all_message_kinds())

@@ -10,9 +10,11 @@
 * unknown api keys and versions: UnknownApiError, while peek_request still works;
 * fuzz: random bytes and mutated valid bodies for random kinds; decode_body,
   scan_body and splice_body raise only ProtocolError subclasses (or succeed), and
-  whatever decodes also scans, skips and splices;
+  whatever decodes also scans, skips, re-encodes to the same bytes and splices
+  (an identity splice giving back the input);
 * MessageCodec.skip on truncated bodies (ProtocolError only, like every decoder);
-* the round-trip contract on decodable but non-canonical bytes;
+* the round-trip contract: non-canonical bytes are refused, decodable edge cases
+  (tags at their defaults, null structs, NaN payloads...) re-encode exactly;
 * splice_body edits returning values the schema cannot hold: EncodeError.
 """
 
@@ -252,6 +254,12 @@ def test_truncated_bodies_fail_in_every_entry_point(kind: Kind, body: bytes) -> 
                 assert exc.offset is not None and 0 <= exc.offset <= cut, (cut, exc)
             else:
                 assert out is None or out == data, (cut, name)
+    # The whole body (cut == len(body), which the loop above stops short of): every entry
+    # point accepts it, and an identity splice of either field gives back the input exactly.
+    assert scan_body(*kind, body) is not None
+    for name in (first, last):
+        out, edited = splice_body(*kind, body, {name: lambda v: v})
+        assert (out, edited) == (body, [name]), name
 
 
 def test_skip_on_truncated_bodies_raises_protocol_error() -> None:
@@ -496,8 +504,12 @@ def _check_everything(kind: Kind, data: bytes, edit_field: str) -> None:
     if decoded is not None:
         assert scanned and splice_ok
         assert the_codec.skip(data, 0) == len(data)
-        reencoded = encode_body(*kind, decoded)
-        assert decode_body(*kind, reencoded) == decoded
+        # messages.py's contract, on whatever decodes: the exact bytes back.
+        assert encode_body(*kind, decoded) == data
+        # A splice that changes nothing gives back the input (None: the field is a tagged
+        # one not on the wire, so there was nothing to splice).
+        out, _ = splice_body(*kind, data, {edit_field: lambda v: v})
+        assert out == data or (out is None and edit_field not in decoded), (out, edit_field)
 
 
 @st.composite
@@ -552,10 +564,13 @@ def test_rich_bodies_are_valid() -> None:
 # The round-trip contract on decodable, non-canonical bytes
 # =====================================================================================
 # messages.py promises encode_body(decode_body(data)) == data "for every byte string
-# that decodes". Each case below decodes; each must therefore re-encode to the same
-# bytes (or the decoder must refuse it).
+# that decodes". A codec keeps it either by re-encoding exactly or by refusing bytes it
+# could not reproduce. The first group is bytes Kafka's own writers never produce:
+# kproxy refuses each (a decoder that starts accepting one must then re-encode it exactly;
+# this test says which way it went). The second group decodes, each with something an
+# encoder could easily normalise away, and must come back byte for byte.
 
-NON_CANONICAL: dict[str, tuple[Kind, bytes]] = {
+REFUSED: dict[str, tuple[Kind, bytes]] = {
     # Metadata v4 request: null topics, allow_auto_topic_creation = 0x02 (true, not 0x01)
     "bool-byte-2": ((3, 4, REQ), b"\xff\xff\xff\xff\x02"),
     # ApiVersions v3 request: software name length as a 2-byte varint (0x81 0x00 = 1 -> "")
@@ -568,17 +583,61 @@ NON_CANONICAL: dict[str, tuple[Kind, bytes]] = {
     # member id, epoch, interval, then the nullable struct 'assignment' with presence
     # marker 0x00 (not 0x01), no topic partitions, empty tag sections.
     "nullable-struct-marker-0": ((68, 0, RESP), bytes(16) + b"\x00\x01\x00\x00"),
+    # ApiVersions v3 response (error 0, no api keys, throttle 0): tag 3 (zk_migration_ready,
+    # a bool) announced as 2 bytes, the bool and a stray byte after it
+    "known-tag-longer-than-its-value": ((18, 3, RESP), b"\x00\x00\x01\x00\x00\x00\x00\x01\x03\x02\x01\x00"),
+}
+
+_API_VERSIONS_V3_RESPONSE_HEAD = b"\x00\x00\x01\x00\x00\x00\x00"  # error 0, no api keys, throttle 0
+
+
+def _alter_client_quotas_v1(value_bits: int) -> bytes:
+    """AlterClientQuotas v1 request: one entry (entity type "u", null name), one op ("k",
+    the float64 with these bits, remove false), validate_only false."""
+    return (b"\x02\x02\x02u\x00\x00\x02\x02k" + value_bits.to_bytes(8, "big")
+            + b"\x00\x00\x00\x00\x00")
+
+
+DECODABLE: dict[str, tuple[Kind, bytes]] = {
+    # ApiVersions v3 request: unknown tags 8 and 9, in order, one of them empty
+    "unknown-tags-in-order": ((18, 3, REQ), b"\x01\x01\x02\x08\x00\x09\x01a"),
+    # ... and the largest tag number (2**32 - 1, a 5-byte varint)
+    "largest-unknown-tag": ((18, 3, REQ), b"\x01\x01\x01\xff\xff\xff\xff\x0f\x00"),
+    # ApiVersions v3 response: every known tag on the wire at its default value
+    # (supported_features [], finalized_features_epoch -1, finalized_features [],
+    # zk_migration_ready false); an encoder that leaves defaults out would drop them
+    "known-tags-at-their-defaults": ((18, 3, RESP), _API_VERSIONS_V3_RESPONSE_HEAD + b"\x04"
+                                     b"\x00\x01\x01" + b"\x01\x08" + b"\xff" * 8 + b"\x02\x01\x01" + b"\x03\x01\x00"),
+    # Fetch v16 response: no partitions, node_endpoints (tag 0) present and empty
+    "empty-node-endpoints-tag": ((1, 16, RESP), bytes(10) + b"\x01" + b"\x01\x00\x01\x01"),
+    # ConsumerGroupHeartbeat v0 response: null error message and member id, null assignment
+    "null-nullable-struct": ((68, 0, RESP), bytes(16) + b"\xff\x00"),
+    # float64 values whose bits a float round trip could change
+    "float-negative-zero": ((49, 1, REQ), _alter_client_quotas_v1(0x8000_0000_0000_0000)),
+    "float-nan-with-payload": ((49, 1, REQ), _alter_client_quotas_v1(0x7FF8_0000_0000_0123)),
+    "float-signalling-nan": ((49, 1, REQ), _alter_client_quotas_v1(0x7FF0_0000_0000_0001)),
+    "float-negative-nan": ((49, 1, REQ), _alter_client_quotas_v1(0xFFF8_0000_0000_0000)),
 }
 
 
-@pytest.mark.parametrize("case", sorted(NON_CANONICAL))
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_non_canonical_bytes_are_refused(case: str) -> None:
+    kind, data = REFUSED[case]
+    exc = _error(decode_body, *kind, data)
+    assert isinstance(exc, DecodeError)
+    assert exc.offset is not None and 0 <= exc.offset <= len(data)
+
+
+@pytest.mark.parametrize("case", sorted(DECODABLE))
 def test_decodable_bytes_reencode_exactly(case: str) -> None:
-    kind, data = NON_CANONICAL[case]
-    try:
-        body = decode_body(*kind, data)
-    except DecodeError:
-        return  # refusing non-canonical bytes keeps the contract too
+    kind, data = DECODABLE[case]
+    body = decode_body(*kind, data)  # these decode: a DecodeError fails the test
     assert encode_body(*kind, body) == data
+    assert codec(*kind).skip(data, 0) == len(data)  # type: ignore[union-attr]
+    for name in body:
+        if name != "_unknown_tags":
+            out, _ = splice_body(*kind, data, {name: lambda v: v})
+            assert out == data, name
 
 
 # =====================================================================================

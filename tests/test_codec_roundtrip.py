@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kproxy.protocol import Direction, codec, decode_body, encode_body, scan_body
-from kproxy.protocol.schema import Field, all_message_kinds, message_schema
+from kproxy.protocol.schema import Field, all_message_kinds, message_schema, supported_versions
 
 KINDS = all_message_kinds()
 # Per kind; raise it for a deeper run: KPROXY_CODEC_EXAMPLES=500 pytest tests/test_codec_roundtrip.py
@@ -248,3 +248,59 @@ def test_splice_edits_tagged_offline_log_dirs() -> None:
     new, edited = splice_body(63, 1, Direction.REQUEST, raw, {"offline_log_dirs": lambda dirs: []})
     assert edited == ["offline_log_dirs"]
     assert decode_body(63, 1, Direction.REQUEST, new)["offline_log_dirs"] == []
+
+
+# -- splicing node_endpoints (KIP-951) keeps every other tag -------------------------------------
+# Produce v10+ and Fetch v16+ responses carry node_endpoints as top-level tag 0; a broker
+# may send other tags after it (a newer Kafka's fields are unknown tags to kproxy), and
+# partitions carry tags of their own. Rewriting the endpoints must keep all of them.
+OTHER_TOP_TAGS = {1: b"\x01\x02", 42: b"", 300: b"t" * 130}  # 300 and 130: two-byte varints
+
+
+def _kip951_body(api_key: int, version: int) -> dict[str, Any]:
+    from tests.support.fakebroker import response_body
+
+    leader = {"leader_id": 2, "leader_epoch": 9}
+    if api_key == 0:
+        responses = [{"name": "orders", "partition_responses": [
+            {"index": 0, "error_code": 6, "base_offset": 5, "current_leader": leader,
+             "_unknown_tags": {7: b"p"}}]}]
+    else:
+        responses = [{"topic_id": uuid.UUID(int=77), "partitions": [
+            {"partition_index": 0, "error_code": 6, "high_watermark": 5, "records": None,
+             "current_leader": leader, "_unknown_tags": {9: b"q"}}]}]
+    body = response_body(api_key, version, responses=responses, node_endpoints=[
+        {"node_id": 2, "host": "b2.internal", "port": 9093, "rack": None},
+        {"node_id": 3, "host": "b3.internal", "port": 9094, "rack": "r3"}])
+    body["_unknown_tags"] = dict(OTHER_TOP_TAGS)
+    return body
+
+
+def _kip951_kinds() -> list[tuple[int, int]]:
+    produce, fetch = supported_versions(0), supported_versions(1)
+    assert produce is not None and fetch is not None
+    return [(0, v) for v in range(10, produce[1] + 1)] + [(1, v) for v in range(16, fetch[1] + 1)]
+
+
+@pytest.mark.parametrize(("api_key", "version"), _kip951_kinds())
+def test_splice_of_node_endpoints_keeps_the_other_tags(api_key: int, version: int) -> None:
+    from kproxy.protocol import splice_body
+
+    body = _kip951_body(api_key, version)
+    raw = encode_body(api_key, version, Direction.RESPONSE, body)
+    assert decode_body(api_key, version, Direction.RESPONSE, raw) == body  # the input has every tag
+
+    def move(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**e, "host": "kproxy.test", "port": 40000 + e["node_id"]} for e in endpoints]
+
+    new, edited = splice_body(api_key, version, Direction.RESPONSE, raw, {"node_endpoints": move})
+    assert edited == ["node_endpoints"]
+    assert new is not None
+    expected = {**body, "node_endpoints": move(body["node_endpoints"])}
+    got = decode_body(api_key, version, Direction.RESPONSE, new)
+    assert got.get("_unknown_tags") == OTHER_TOP_TAGS, "top-level tags other than node_endpoints were lost"
+    assert got == expected
+    assert new == encode_body(api_key, version, Direction.RESPONSE, expected)
+    # A splice that changes nothing gives back the input, byte for byte.
+    same, _ = splice_body(api_key, version, Direction.RESPONSE, raw, {"node_endpoints": lambda v: v})
+    assert same == raw

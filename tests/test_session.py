@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 from typing import Any
 
 import pytest
@@ -431,3 +432,98 @@ def test_unknown_api_key_at_any_version_is_forwarded() -> None:
     frame_ = raw_request(30000, 7, 2)
     assert s.on_client_frame(frame_) == frame_
     assert [e.correlation_id for e in s.in_flight] == [2]
+
+
+# -- acks read exactly, whatever the bytes around it ----------------------------------------------
+# Field values chosen so that reading acks one byte early or late gives a different number:
+# the timeout's high byte is not zero (1500 ms, 0x000005DC, would turn a late read of acks=0
+# into 0x0000 = 0 again), and the byte before acks is often 0x00 (a null compact
+# transactional id, or the empty header tag section), so an early read of acks=1 gives 0.
+MISREAD_TIMEOUTS = (0x7F01_0203, -2)  # high bytes 0x7F and 0xFF
+MISREAD_CASES = [(v, tx) for v in (3, 8, 9, 10, 13) for tx in (None, "", "tx-1", "t" * 200)]
+
+
+def produce_with_timeout(version: int, correlation_id: int, acks: int, transactional_id: str | None,
+                         timeout_ms: int) -> bytes:
+    body = request_body(PRODUCE, version, transactional_id=transactional_id, acks=acks, timeout_ms=timeout_ms,
+                        topic_data=[{"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 9}]}])
+    return req(PRODUCE, version, correlation_id, body=body)
+
+
+@pytest.mark.parametrize("timeout_ms", MISREAD_TIMEOUTS)
+@pytest.mark.parametrize(("version", "transactional_id"), MISREAD_CASES)
+async def test_produce_acks_read_exactly_next_to_telling_bytes(version: int, transactional_id: str | None,
+                                                               timeout_ms: int) -> None:
+    for correlation_id, acks in ((1, 0), (2, 1), (3, -1)):
+        s, _ = session()
+        forward(s, [produce_with_timeout(version, correlation_id, acks, transactional_id, timeout_ms)])
+        tracked = [e.correlation_id for e in s.in_flight]
+        assert tracked == ([] if acks == 0 else [correlation_id]), (
+            f"Produce v{version} acks={acks} timeout_ms={timeout_ms:#x} transactional id "
+            f"{'null' if transactional_id is None else f'of {len(transactional_id)} chars'}: in flight {tracked}")
+
+
+@pytest.mark.parametrize(("version", "transactional_id"), MISREAD_CASES)
+def test_produce_acks_value_is_the_one_sent(version: int, transactional_id: str | None) -> None:
+    """The reader behind the acks=0 decision returns the exact int16 on the wire: 0x0102
+    read a byte off would be 0x01xx or 0xxx01."""
+    from kproxy.proxy.session import _produce_acks
+
+    request = produce_with_timeout(version, 1, 0x0102, transactional_id, 0x7F01_0203)
+    assert _produce_acks(request, version) == 0x0102
+
+
+# -- a broker that answers acks=0 anyway (Tansu does) -------------------------------------------------
+async def test_broker_answer_to_acks_0_produce_is_dropped() -> None:
+    """The client expects no answer to acks=0: the broker's is swallowed, whether it comes
+    with nothing in flight or ahead of the answer to a later request, and exactly once."""
+    s, done = session()
+    produce_v9 = produce_with_timeout(9, 1, 0, "tx-1", 0x7F01_0203)
+    stray = resp(PRODUCE, 9, 1, responses=[])
+    forward(s, [produce_v9])
+    assert not s.in_flight
+    s.on_upstream_frame(stray)  # nothing in flight: dropped, not "matches no request"
+    assert not s.has_ready
+    hb, hb_answer = heartbeat(3)
+    forward(s, [produce_with_timeout(13, 2, 0, None, 0x7F01_0203), hb])
+    s.on_upstream_frame(resp(PRODUCE, 13, 2, responses=[]))  # ahead of the heartbeat's answer: dropped
+    assert not s.has_ready
+    assert [e.correlation_id for e in s.in_flight] == [3]
+    s.on_upstream_frame(hb_answer)
+    assert ready(s) == [hb_answer]
+    assert (s.requests, s.responses) == (3, 1)
+    s.report()
+    assert [(e.correlation_id, e.response) for e in done] == [(1, None), (2, None), (3, hb_answer)]
+    with pytest.raises(SessionError, match="matches no request"):
+        s.on_upstream_frame(stray)  # an id is forgiven once: a second answer is a desynchronised stream
+
+
+# -- KIP-951 node_endpoints rewritten, every other tag kept ------------------------------------------
+@pytest.mark.parametrize(("api_key", "version"), [(PRODUCE, 10), (PRODUCE, 13), (1, 16), (1, 18)])
+async def test_node_endpoints_rewrite_keeps_other_tags(api_key: int, version: int) -> None:
+    """A broker newer than kproxy may put tags kproxy does not know next to node_endpoints
+    (top level and per partition): the rewritten response carries them unchanged."""
+    s, _ = session()
+    if api_key == PRODUCE:
+        request = produce_with_timeout(version, 5, 1, None, 0x7F01_0203)
+        responses = [{"name": "t", "partition_responses": [
+            {"index": 0, "error_code": 6, "current_leader": {"leader_id": 2, "leader_epoch": 3},
+             "_unknown_tags": {4: b"part"}}]}]
+    else:
+        request = req(1, version, 5, topics=[])
+        responses = [{"topic_id": uuid.UUID(int=1), "partitions": [
+            {"partition_index": 0, "error_code": 6, "records": None,
+             "current_leader": {"leader_id": 2, "leader_epoch": 3}, "_unknown_tags": {4: b"part"}}]}]
+    forward(s, [request])
+    other_tags = {1: b"\x00\x01", 77: b"", 1000: b"n" * 200}
+
+    def answer(brokers: list[dict[str, Any]]) -> bytes:
+        body = response_body(api_key, version, responses=responses, node_endpoints=brokers)
+        body["_unknown_tags"] = other_tags
+        return resp(api_key, version, 5, body=body)
+
+    s.on_upstream_frame(answer(BROKERS))
+    frames, routes = s.take_ready()
+    assert frames == [answer(rewritten_brokers(BROKERS))]
+    assert decode_response(frames[0][4:], api_key, version).body["_unknown_tags"] == other_tags
+    assert [r.node_id for r in routes] == [1, 2]

@@ -140,3 +140,32 @@ def test_client_certificate_required(tansu: Broker, pki: dict[str, Path]) -> Non
         with socket.create_connection((host, int(port)), timeout=10) as s, \
                 with_cert.wrap_socket(s, server_hostname="localhost") as tls:
             assert _api_versions_over(tls)["error_code"] == 0
+
+
+def test_upstream_tls_refuses_the_right_ca_with_the_wrong_name(tls_front: str, pki: dict[str, Path]) -> None:
+    """B's certificate is signed by the CA kproxy trusts but names localhost/127.0.0.1: asked to
+    reach another name, kproxy must refuse it (a certificate of any host under that CA is not
+    this broker's)."""
+    with running_proxy(tls_front, tls__upstream__enabled=True, tls__upstream__ca=str(pki["ca"]),
+                       tls__upstream__server_name="not-this-broker.example") as back:
+        host, port = back.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.settimeout(15)
+            # Verification fails: kproxy closes the client connection; an answer means it went on.
+            header = RequestHeader(api_key=18, api_version=3, correlation_id=7, client_id="tls-test",
+                                   header_version=2)
+            payload = encode_request(header, {"client_software_name": "t", "client_software_version": "1"})
+            try:
+                s.sendall(len(payload).to_bytes(4, "big") + payload)
+                answer = s.recv(100)
+            except (ConnectionResetError, BrokenPipeError):
+                answer = b""
+            assert answer == b"", f"kproxy talked to a broker whose certificate names another host: {answer[:12]!r}..."
+        assert back.server is not None
+        assert sum(back.server.stats.upstream_connect_failures.values()) >= 1
+        # The same CA and the right name: accepted (so the refusal above was the name).
+    with running_proxy(tls_front, tls__upstream__enabled=True, tls__upstream__ca=str(pki["ca"]),
+                       tls__upstream__server_name="localhost") as good:
+        host, port = good.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            assert _api_versions_over(s)["error_code"] == 0
