@@ -1,0 +1,86 @@
+"""Hostile clients and broken brokers, through a real kproxy over raw sockets.
+
+Each test here reproduces what a misbehaving peer can do to kproxy from the
+outside: announce frames it never sends, collide correlation ids so that one
+answer is read as another, or answer with bytes that do not parse. kproxy must
+keep memory tied to bytes actually received, never let client bytes choose an
+upstream target, and end a connection with one log line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+
+import trio
+
+from kproxy.protocol.framing import FrameSplitter
+from tests.support.fakebroker import fake_cluster, running_server
+from tests.support.proxy import proxy_config
+
+MiB = 1024 * 1024
+
+
+async def wait_until(predicate: object, timeout: float = 5.0) -> None:
+    assert callable(predicate)
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+# -- a size prefix alone ----------------------------------------------------------------------------
+def test_a_size_prefix_alone_allocates_nothing_like_the_announced_frame() -> None:
+    """Ten streams each announce a 100 MiB frame and send nothing more: a few KB each, not 1 GB."""
+    splitters = [FrameSplitter() for _ in range(10)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for splitter in splitters:
+            assert splitter.split(struct.pack(">i", 100 * MiB) + b"abc")[0] == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 10 * 4096, f"{held} bytes held for 70 bytes received"
+    assert [s.buffered for s in splitters] == [7] * 10
+
+
+def test_large_frame_memory_grows_with_bytes_received() -> None:
+    size = 64 * MiB
+    splitter = FrameSplitter()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        chunk = b"z" * (64 * 1024)
+        splitter.split(struct.pack(">i", size) + chunk)
+        for _ in range(15):  # 1 MiB in all
+            splitter.split(chunk)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert splitter.buffered == 4 + MiB
+    assert held < 3 * MiB, f"{held} bytes held for 1 MiB received of a {size}-byte frame"
+
+
+async def test_ten_connections_announcing_100_mib_each_hold_a_few_kb() -> None:
+    """The same through a real kproxy: ten raw sockets send only a 4-byte size prefix."""
+    async with fake_cluster((0,)) as cluster, running_server(proxy_config(cluster.bootstrap)) as server:
+        streams = [await trio.open_tcp_stream("127.0.0.1", server.bootstrap_port) for _ in range(10)]
+        try:
+            await wait_until(lambda: len(server.connections) == 10)
+            await trio.sleep(0.1)
+            tracemalloc.start(30)
+            try:
+                for stream in streams:
+                    await stream.send_all(struct.pack(">i", 100 * MiB))
+                await wait_until(lambda: all(c.stats.bytes_from_client == 4 for c in server.connections))
+                await trio.sleep(0.1)
+                snapshot = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+            ours = snapshot.filter_traces([tracemalloc.Filter(True, f"*/kproxy/{d}/*", all_frames=True)
+                                           for d in ("server", "proxy", "protocol")])
+            held = sum(stat.size for stat in ours.statistics("filename"))
+            assert held < 10 * 8192, f"kproxy holds {held} bytes for 40 bytes received"
+        finally:
+            for stream in streams:
+                await trio.aclose_forcefully(stream)
