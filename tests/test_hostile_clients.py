@@ -9,14 +9,17 @@ upstream target, and end a connection with one log line, never a traceback.
 
 from __future__ import annotations
 
+import socket
 import struct
+import time
 import tracemalloc
 
 import trio
 
 from kproxy.protocol.framing import FrameSplitter
-from tests.support.fakebroker import fake_cluster, running_server
-from tests.support.proxy import proxy_config
+from tests.support.fakebroker import fake_cluster, request_frame, running_server
+from tests.support.proxy import ProxyThread, proxy_config
+from tests.support.tansu import Broker
 
 MiB = 1024 * 1024
 
@@ -84,3 +87,57 @@ async def test_ten_connections_announcing_100_mib_each_hold_a_few_kb() -> None:
         finally:
             for stream in streams:
                 await trio.aclose_forcefully(stream)
+
+
+# -- correlation ids chosen to confuse answers -------------------------------------------------------
+PRODUCE, METADATA = 0, 3
+
+
+def fake_broker_entry(node_id: int, host: str, port: int) -> bytes:
+    """One Metadata v12 broker entry: node id, compact host, port, null rack, no tags."""
+    raw = host.encode()
+    return struct.pack(">i", node_id) + bytes([len(raw) + 1]) + raw + struct.pack(">i", port) + b"\x00\x00"
+
+
+def routes_of(proxy: ProxyThread) -> dict[int, str]:
+    assert proxy.server is not None
+    server = proxy.server
+    return dict(proxy.call(lambda: {n: str(r.upstream) for n, r in server.addresses.routes.items()}))
+
+
+def listener_names(proxy: ProxyThread) -> set[str]:
+    assert proxy.server is not None
+    server = proxy.server
+    return set(proxy.call(lambda: {lst.name for lst in server.listeners.values()}))
+
+
+def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets(
+        tansu: Broker, kproxy: ProxyThread) -> None:
+    """Tansu answers acks=0 Produce, echoing the topic name. Sent under the id of a Metadata
+    request, that answer would be read as the Metadata answer: the topic name below is laid out
+    so that it reads as a broker list (Tansu's node re-pointed, a new node 7 with a listener)."""
+    deadline = time.monotonic() + 10
+    while not routes_of(kproxy) and time.monotonic() < deadline:  # start-up discovery learned Tansu
+        time.sleep(0.02)
+    [(tansu_node, tansu_addr)] = routes_of(kproxy).items()
+    listeners = listener_names(kproxy)
+    # Read as a Metadata v12 body, Tansu's Produce v9 answer starts: responses count (1), the topic
+    # name's compact length, then the name. Two name bytes end throttle_time_ms; then the brokers.
+    name = b"xx\x03" + fake_broker_entry(tansu_node, "evil.test", 6666) + fake_broker_entry(7, "evil.test", 6666)
+    produce = request_frame(PRODUCE, 9, 5, transactional_id=None, acks=0, timeout_ms=1000,
+                            topic_data=[{"name": name.decode(), "partition_data": [{"index": 0, "records": b""}]}])
+    metadata = request_frame(METADATA, 12, 5, topics=None)
+    with socket.create_connection(("127.0.0.1", kproxy.port), timeout=5) as sock:
+        sock.sendall(produce + metadata)
+        got = b""
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not data:
+                break
+            got += data
+    assert routes_of(kproxy) == {tansu_node: tansu_addr}, "client bytes chose an upstream target"
+    assert listener_names(kproxy) == listeners
+    assert got == b"", "the request reusing the id is refused: the connection closes unanswered"

@@ -431,3 +431,98 @@ def test_unknown_api_key_at_any_version_is_forwarded() -> None:
     frame_ = raw_request(30000, 7, 2)
     assert s.on_client_frame(frame_) == frame_
     assert [e.correlation_id for e in s.in_flight] == [2]
+
+
+# -- correlation ids: client bytes must never choose upstream targets ------------------------------
+def test_request_reusing_a_correlation_id_in_flight_is_refused() -> None:
+    s, _ = session()
+    hb, _ = heartbeat(1)
+    forward(s, [hb])
+    with pytest.raises(SessionError, match=r"correlation id 1 .*in flight"):
+        s.on_client_frame(req(METADATA, 12, 1, topics=None))
+    assert [e.correlation_id for e in s.in_flight] == [1]
+
+
+def test_request_reusing_the_id_of_a_pending_local_answer_is_refused() -> None:
+    s, _ = session()
+    forward(s, [heartbeat(1)[0]])
+    assert s.on_client_frame(future_api_versions(2)) is None
+    with pytest.raises(SessionError, match="correlation id 2"):
+        s.on_client_frame(heartbeat(2)[0])
+
+
+def test_request_reusing_an_acks0_produce_id_is_refused() -> None:
+    """Tansu answers acks=0 Produce: with the same id, that answer would be read as the Metadata's."""
+    s, _ = session()
+    forward(s, [produce(9, 5, 0)])
+    with pytest.raises(SessionError, match=r"correlation id 5 .*acks=0"):
+        s.on_client_frame(req(METADATA, 12, 5, topics=None))
+    with pytest.raises(SessionError, match="correlation id 5"):
+        s.on_client_frame(produce(9, 5, 0))
+    assert not s.in_flight and not s.rewriter.addresses.routes
+
+
+def test_ids_are_free_again_once_answered_as_after_a_wrap_around() -> None:
+    s, _ = session()
+    for _ in range(3):
+        hb, hb_answer = heartbeat(1)
+        forward(s, [hb])
+        s.on_upstream_frame(hb_answer)
+        assert ready(s) == [hb_answer]
+
+
+def test_acks0_id_is_free_once_the_broker_answers_it() -> None:
+    s, _ = session()
+    forward(s, [produce(9, 5, 0)])
+    s.on_upstream_frame(resp(PRODUCE, 9, 5, responses=[]))  # Tansu's answer: dropped
+    assert not s.has_ready
+    then_kafka_again(s, 5)
+
+
+def test_acks0_id_is_free_once_a_later_request_is_answered() -> None:
+    """Brokers answer in order: once request 6 is answered, acks=0 Produce 5 never will be."""
+    s, _ = session()
+    hb, hb_answer = heartbeat(6)
+    forward(s, [produce(9, 5, 0), hb])
+    s.on_upstream_frame(hb_answer)
+    assert ready(s) == [hb_answer]
+    then_kafka_again(s, 5)
+    with pytest.raises(SessionError, match="matches no request"):
+        s.on_upstream_frame(resp(PRODUCE, 9, 5, responses=[]))  # too late: a desynchronised stream
+
+
+def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
+    s, _ = session()
+    count = 1024 + 10
+    forward(s, [produce(9, c, 0) for c in range(100, 100 + count)])
+    assert len(s._acks0_ids) <= 1024
+    for forgotten in (100, 109):  # pushed out of the memory, yet the broker may still answer them
+        with pytest.raises(SessionError, match=f"correlation id {forgotten}"):
+            s.on_client_frame(heartbeat(forgotten)[0])
+    s.on_upstream_frame(resp(PRODUCE, 9, 100, responses=[]))  # a late answer to a forgotten one: dropped
+    assert not s.has_ready
+    hb, hb_answer = heartbeat(5000)
+    forward(s, [hb])
+    s.on_upstream_frame(hb_answer)  # a later request answered: none of them can be answered any more
+    assert ready(s) == [hb_answer]
+    assert not s._acks0_ids
+    forward(s, [heartbeat(100)[0]])
+
+
+def test_malformed_endpoint_response_never_reaches_the_address_map() -> None:
+    """Brokers that decode but a body that does not: nothing learned, nothing re-pointed."""
+    s, _ = session()
+    forward(s, [req(METADATA, 12, 1, topics=None)])
+    s.on_upstream_frame(metadata_response(1, BROKERS))
+    ready(s)
+    before = {n: (r.upstream, r.local_port) for n, r in s.rewriter.addresses.routes.items()}
+    evil = [{"node_id": 1, "host": "evil.test", "port": 6666, "rack": None},
+            {"node_id": 9, "host": "evil.test", "port": 6666, "rack": None}]
+    good = metadata_response(2, evil)
+    for bad in (good + b"\x00\x01",  # bytes left over after the body
+                struct.pack(">i", len(good) - 6) + good[4:-2]):  # topics cut short
+        s2 = Session(s.rewriter, clock=Clock())
+        forward(s2, [req(METADATA, 12, 2, topics=None)])
+        with pytest.raises(SessionError, match="cannot rewrite"):
+            s2.on_upstream_frame(struct.pack(">i", len(bad) - 4) + bad[4:])
+        assert {n: (r.upstream, r.local_port) for n, r in s.rewriter.addresses.routes.items()} == before

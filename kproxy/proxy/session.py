@@ -10,6 +10,13 @@ Guarantees kept here (each has bitten a peer):
   local answer waits behind earlier in-flight requests.
 * Produce with acks=0 has no response: never tracked, never waited for. A broker
   that answers one anyway (Tansu does) has that answer dropped: the client expects none.
+* A response is matched to its request by correlation id, so a client must never
+  have two requests the broker may answer under one id: a request reusing the id
+  of a request in flight, or of an acks=0 Produce the broker may still answer, is
+  refused (:class:`SessionError`). Otherwise Tansu's answer to the Produce would
+  be read as, say, a Metadata answer, and topic names the client wrote would
+  become broker addresses. Ids are free again once answered (clients wrap their
+  int32 counter); see :meth:`Session.on_client_frame` for when an acks=0 id is.
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (PLAIN and OAUTHBEARER: one round, SCRAM: two;
@@ -48,7 +55,8 @@ _INT16 = struct.Struct(">h")
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
 _API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
 SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
-# acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does).
+# acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does);
+# see Session.on_client_frame for what happens to the ones pushed out.
 ACKS0_REMEMBERED = 1024
 
 
@@ -83,6 +91,7 @@ class Exchange:
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
     sasl_mechanism: str | None = None
+    seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
     body_offset: int = 0  # where the response body starts, once known (0: not computed yet)
 
     @property
@@ -141,7 +150,12 @@ class Session:
         self._sasl_rounds_left: int | None = None
         self._ready: list[bytes] = []
         self._ready_routes: list[BrokerRoute] = []
-        self._acks0_ids: deque[int] = deque(maxlen=ACKS0_REMEMBERED)
+        self._in_flight_ids: set[int] = set()  # correlation ids of in_flight
+        # acks=0 Produce the broker may still answer, oldest first: (seq, correlation id), and the ids.
+        self._acks0: deque[tuple[int, int]] = deque()
+        self._acks0_ids: set[int] = set()
+        # acks=0 ids pushed out of the memory while still answerable: their span, and the newest one's seq.
+        self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
         self.requests = 0
         self.responses = 0
 
@@ -155,6 +169,17 @@ class Session:
         """Take one request frame; return it to forward upstream, or None if kproxy answered.
 
         ``read_at`` is when the chunk holding it was read (defaults to now).
+
+        Raises :class:`SessionError` for a request whose correlation id is taken:
+        the id of a request in flight (forwarded or answered locally, until its
+        answer is released), or of an acks=0 Produce the broker may still answer.
+        Brokers answer in order (the Kafka protocol's guarantee), so an acks=0 id
+        is taken until the broker answers it or answers a request sent after it;
+        at most ``ACKS0_REMEMBERED`` such ids are kept, and older ones pushed out
+        stay taken as a span (lowest to highest) until a request sent after the
+        newest of them is answered. A client counting ids up (every Kafka client)
+        never meets that span again before it is cleared, except for a counter
+        wrapping inside it, which costs that client one reconnect.
         """
         if self.mode is Mode.SASL_TOKENS and not self._token_ends_sasl(frame):
             return frame
@@ -167,9 +192,13 @@ class Session:
             raise SessionError(f"{api_name(api_key)} v{api_version} request: kproxy cannot read that version's "
                                f"response, so it could not keep broker addresses out of it (ApiVersions offered "
                                f"only versions it reads)", offset=0)
+        if (correlation_id in self._in_flight_ids or correlation_id in self._acks0_ids
+                or self._forgotten_lo <= correlation_id <= self._forgotten_hi):
+            raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
         self.requests += 1
         now = self.clock()
-        ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
+        ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now,
+                      seq=self.requests)
         if self.observer is not None:
             self._seen.append((ex, frame))
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
@@ -177,12 +206,13 @@ class Session:
             ex.response = self._kip511_answer(correlation_id)
             ex.received_at = now
             self.in_flight.append(ex)
+            self._in_flight_ids.add(correlation_id)
             self._flush()
             return None
         if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
             # acks=0: the broker should not answer; nothing to track. A broker that answers
             # anyway (Tansu) has that answer dropped: the client expects none.
-            self._acks0_ids.append(correlation_id)
+            self._remember_acks0(correlation_id)
             if self.observer is not None:
                 ex.completed_at = now
                 self._completed.append(ex)
@@ -190,8 +220,39 @@ class Session:
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
         self.in_flight.append(ex)
+        self._in_flight_ids.add(correlation_id)
         self._awaiting.append(ex)
         return frame
+
+    def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
+        if correlation_id in self._in_flight_ids:
+            why = "a request in flight"
+        else:
+            why = "an acks=0 Produce the broker may still answer"
+        return (f"{api_name(api_key)} v{api_version} request reuses correlation id {correlation_id} of {why}: "
+                f"its answer could not be told apart")
+
+    def _remember_acks0(self, correlation_id: int) -> None:
+        acks0 = self._acks0
+        if len(acks0) >= ACKS0_REMEMBERED:
+            seq, old = acks0.popleft()
+            self._acks0_ids.discard(old)
+            if self._forgotten_seq < 0:
+                self._forgotten_lo = self._forgotten_hi = old
+            else:
+                self._forgotten_lo = min(self._forgotten_lo, old)
+                self._forgotten_hi = max(self._forgotten_hi, old)
+            self._forgotten_seq = seq
+        acks0.append((self.requests, correlation_id))
+        self._acks0_ids.add(correlation_id)
+
+    def _answered_in_order(self, seq: int) -> None:
+        """The broker answered request ``seq``: acks=0 Produce sent before it never will be."""
+        acks0 = self._acks0
+        while acks0 and acks0[0][0] < seq:
+            self._acks0_ids.discard(acks0.popleft()[1])
+        if 0 <= self._forgotten_seq < seq:
+            self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
 
     def _kip511_answer(self, correlation_id: int) -> bytes:
         span = supported_versions(API_VERSIONS)
@@ -228,16 +289,26 @@ class Session:
             _, correlation_id = _RESPONSE_FIXED.unpack_from(frame, 0)
         except struct.error:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
-        ex = self._awaiting[0] if self._awaiting else None
-        if (ex is None or ex.correlation_id != correlation_id) and correlation_id in self._acks0_ids:
-            self._acks0_ids.remove(correlation_id)
+        if correlation_id in self._acks0_ids:
+            # The answer to an acks=0 Produce (ids are never shared with a request in flight): dropped.
+            acks0 = self._acks0
+            while acks0:
+                _, answered = acks0.popleft()
+                self._acks0_ids.discard(answered)
+                if answered == correlation_id:
+                    break
             return
-        if ex is None:
-            raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
-        if ex.correlation_id != correlation_id:
+        ex = self._awaiting[0] if self._awaiting else None
+        if ex is None or ex.correlation_id != correlation_id:
+            if self._forgotten_lo <= correlation_id <= self._forgotten_hi:
+                return  # the answer to an acks=0 Produce pushed out of the memory
+            if ex is None:
+                raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
         self._awaiting.popleft()
+        if self._acks0 or self._forgotten_seq >= 0:
+            self._answered_in_order(ex.seq)
         self.responses += 1
         ex.received_at = self.clock()
         ex.response = self._rewrite(ex, frame)
@@ -268,6 +339,7 @@ class Session:
     def _flush(self) -> None:
         while self.in_flight and self.in_flight[0].response is not None:
             ex = self.in_flight.popleft()
+            self._in_flight_ids.discard(ex.correlation_id)
             assert ex.response is not None
             self._ready.append(ex.response)
             self._ready_routes.extend(ex.routes)
