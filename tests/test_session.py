@@ -526,3 +526,37 @@ def test_malformed_endpoint_response_never_reaches_the_address_map() -> None:
         with pytest.raises(SessionError, match="cannot rewrite"):
             s2.on_upstream_frame(struct.pack(">i", len(bad) - 4) + bad[4:])
         assert {n: (r.upstream, r.local_port) for n, r in s.rewriter.addresses.routes.items()} == before
+
+
+# -- SASL token mode: Kafka requests get the same checks whatever mode they arrive in ----------------
+def gssapi_session() -> Session:
+    s, _ = session()
+    handshake(s, "GSSAPI")
+    token = frame(b"\x60\x82\x02\x10" + b"\xa5" * 40)
+    assert s.on_client_frame(token) == token
+    s.on_upstream_frame(frame(b"\x05\x04\x01\xff"))
+    ready(s)
+    assert s.mode is Mode.SASL_TOKENS
+    return s
+
+
+def test_sasl_open_ended_mechanism_unreadable_capped_request_is_refused() -> None:
+    """A Metadata request at a version kproxy cannot read, sent while GSSAPI tokens may still
+    flow, is a Kafka request all the same: refused, never forwarded as a token whose answer
+    would go back unrewritten."""
+    s = gssapi_session()
+    top = supported_versions(METADATA)
+    assert top is not None
+    with pytest.raises(SessionError, match=f"Metadata v{top[1] + 1} request"):
+        s.on_client_frame(raw_request(METADATA, top[1] + 1, 7))
+
+
+def test_sasl_open_ended_mechanism_request_at_an_unknown_version_is_tracked() -> None:
+    s = gssapi_session()
+    request = raw_request(HEARTBEAT, 99, 7)
+    assert s.on_client_frame(request) == request
+    assert s.mode is Mode.KAFKA
+    assert [e.correlation_id for e in s.in_flight] == [7]
+    answer = frame(struct.pack(">ih", 7, 0))
+    s.on_upstream_frame(answer)
+    assert ready(s) == [answer]

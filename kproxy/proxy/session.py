@@ -20,7 +20,8 @@ Guarantees kept here (each has bitten a peer):
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (PLAIN and OAUTHBEARER: one round, SCRAM: two;
-  others: until the client sends something that reads as a Kafka request).
+  others: until the client sends something that reads as a Kafka request, at
+  any version: that request then gets every check a request gets).
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection.
 * A response whose correlation id is not the oldest forwarded request's is a
@@ -263,15 +264,24 @@ class Session:
         return struct.pack(">i", len(payload)) + payload
 
     def _token_ends_sasl(self, frame: bytes) -> bool:
-        """In token mode with an open-ended mechanism: does this frame read as a Kafka request?"""
+        """In token mode with an open-ended mechanism: does this frame read as a Kafka request?
+
+        It does when it starts with a request header for an API kproxy knows, at any
+        version (the header layout does not depend on it), with a client id length
+        that fits: such a frame then goes through every check a request gets in Kafka
+        mode, the refusal of versions kproxy cannot read included. GSSAPI tokens
+        cannot look like that: they start 0x60 (RFC 2743 section 3.1 framing) or with
+        a per-message token id of RFC 1964 / RFC 4121 (0x01 to 0x05), while every api
+        key kproxy knows is below 256, so its first byte is 0x00.
+        """
         if self._sasl_rounds_left is not None:
             return False
         if len(frame) < 14:
             return False
         _, api_key, api_version, _ = _REQUEST_FIXED.unpack_from(frame, 0)
-        span = supported_versions(api_key)
         (client_id_len,) = _INT16.unpack_from(frame, 12)
-        plausible = span is not None and span[0] <= api_version <= span[1] and -1 <= client_id_len <= len(frame) - 14
+        plausible = (api_version >= 0 and -1 <= client_id_len <= len(frame) - 14
+                     and supported_versions(api_key) is not None)
         if plausible:
             self.mode = Mode.KAFKA
         return plausible
