@@ -9,15 +9,26 @@ upstream target, and end a connection with one log line, never a traceback.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import time
 import tracemalloc
+from typing import Any
 
+import pytest
 import trio
 
 from kproxy.protocol.framing import FrameSplitter
-from tests.support.fakebroker import fake_cluster, request_frame, running_server
+from kproxy.server.logfmt import LogfmtFormatter
+from tests.support.fakebroker import (
+    FakeBroker,
+    KafkaClient,
+    Received,
+    fake_cluster,
+    request_frame,
+    running_server,
+)
 from tests.support.proxy import ProxyThread, proxy_config
 from tests.support.tansu import Broker
 
@@ -67,6 +78,8 @@ def test_large_frame_memory_grows_with_bytes_received() -> None:
 async def test_ten_connections_announcing_100_mib_each_hold_a_few_kb() -> None:
     """The same through a real kproxy: ten raw sockets send only a 4-byte size prefix."""
     async with fake_cluster((0,)) as cluster, running_server(proxy_config(cluster.bootstrap)) as server:
+        with trio.fail_after(10):
+            await server.warmed.wait()  # start-up discovery and codec warm-up allocate: not measured
         streams = [await trio.open_tcp_stream("127.0.0.1", server.bootstrap_port) for _ in range(10)]
         try:
             await wait_until(lambda: len(server.connections) == 10)
@@ -141,3 +154,54 @@ def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets
     assert routes_of(kproxy) == {tansu_node: tansu_addr}, "client bytes chose an upstream target"
     assert listener_names(kproxy) == listeners
     assert got == b"", "the request reusing the id is refused: the connection closes unanswered"
+
+
+# -- malformed broker answers: one log line, never a traceback --------------------------------------
+HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS = 12, 17, 18
+HEARTBEAT_BODY = {"group_id": "g", "generation_id": 1, "member_id": "m"}
+# What the client asks, and the raw bytes the broker answers with after the correlation id.
+# Answers kproxy must read (ApiVersions to cap it, SaslHandshake v0 for its error code, anything
+# with broker addresses) end the connection; the rest pass as they are (metrics read their header
+# tags too, and must shrug).
+MALFORMED_ANSWERS: dict[str, tuple[int, int, dict[str, Any], bytes]] = {
+    "api_versions_empty": (API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}, b""),
+    "api_versions_one_byte": (API_VERSIONS, 0, {}, b"\x00"),
+    "api_versions_cut_in_keys": (API_VERSIONS, 2, {}, b"\x00\x00\x00\x00\x00\x05\x00"),
+    "sasl_handshake_empty": (SASL_HANDSHAKE, 0, {"mechanism": "GSSAPI"}, b""),
+    "sasl_handshake_one_byte": (SASL_HANDSHAKE, 0, {"mechanism": "PLAIN"}, b"\x00"),
+    "metadata_header_tags_cut_short": (METADATA, 12, {"topics": None}, b"\x02\x00"),
+    "metadata_header_tags_past_the_end": (METADATA, 12, {"topics": None}, b"\x01\x00\x7f\x00"),
+    "passed_header_tags_not_shortest": (HEARTBEAT, 4, HEARTBEAT_BODY, b"\xff\x00\x00\x00"),
+    "passed_header_tags_cut_short": (HEARTBEAT, 4, HEARTBEAT_BODY, b"\x01\x00"),
+    "passed_header_tags_past_the_end": (HEARTBEAT, 4, HEARTBEAT_BODY, b"\x01\x00\x7f\x00"),
+    "passed_header_tags_missing": (HEARTBEAT, 4, HEARTBEAT_BODY, b""),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MALFORMED_ANSWERS))
+async def test_malformed_broker_answer_ends_the_connection_in_one_log_line(
+        kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    api_key, version, values, body = MALFORMED_ANSWERS[kind]
+    caplog.set_level(logging.DEBUG, logger="kproxy")
+    async with fake_cluster((0,)) as cluster, running_server(proxy_config(cluster.bootstrap)) as server:
+        async def malformed(broker: FakeBroker, received: Received) -> bytes:
+            return struct.pack(">i", received.correlation_id) + body
+
+        cluster.handlers[api_key] = malformed
+        caplog.clear()
+        async with await KafkaClient.connect(server.bootstrap_port) as client:
+            correlation_id = await client.send(api_key, version, **values)
+            if kind.startswith("passed_"):
+                assert await client.receive_frame() == struct.pack(">i", correlation_id) + body
+            else:
+                assert await client.closed_by_peer() == b"", "nothing malformed reaches the client"
+        await wait_until(lambda: not server.connections)
+    records = [r for r in caplog.records if r.name.startswith("kproxy")]
+    lines = [LogfmtFormatter().format(r) for r in records]
+    assert not [line for line in lines if "\n" in line or "traceback=" in line], lines
+    assert not [r for r in records if r.exc_info or r.levelno >= logging.ERROR], lines
+    closes = [line for line in lines if "event=connection_closed" in line]
+    assert len(closes) == 1, lines
+    reason = "reason=\"client closed\"" if kind.startswith("passed_") else "reason=\"bad response from upstream:"
+    assert reason in closes[0]
+    assert not [line for line in lines if "event=connection_crashed" in line]

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from typing import Any
 
 import pytest
 
 from kproxy.protocol import decode_response, encode_request, encode_response, frame
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.schema import supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Exchange, Mode, Session, SessionError
+from kproxy.proxy.session import Exchange, Mode, Session, SessionError, response_body_offset
 from tests.support.fakebroker import request_body, request_frame, response_body, response_frame
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
@@ -560,3 +562,31 @@ def test_sasl_open_ended_mechanism_request_at_an_unknown_version_is_tracked() ->
     answer = frame(struct.pack(">ih", 7, 0))
     s.on_upstream_frame(answer)
     assert ready(s) == [answer]
+
+
+# -- malformed answers: only the project's own errors -------------------------------------------------
+API_VERSIONS_KEYS = [{"api_key": METADATA, "min_version": 0, "max_version": 12}]
+ANSWER_KINDS = [
+    (req(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"),
+     resp(API_VERSIONS, 3, 1, api_keys=API_VERSIONS_KEYS)),
+    (req(API_VERSIONS, 0, 1), resp(API_VERSIONS, 0, 1, api_keys=API_VERSIONS_KEYS)),
+    (req(SASL_HANDSHAKE, 0, 1, mechanism="PLAIN"), resp(SASL_HANDSHAKE, 0, 1, error_code=0, mechanisms=["PLAIN"])),
+    (req(METADATA, 12, 1, topics=None),
+     frame(encode_response(1, METADATA, 12, response_body(METADATA, 12, brokers=BROKERS, topics=[]),
+                           header_tags={3: b"abc"}))),
+    (req(METADATA, 1, 1, topics=None), metadata_response(1, BROKERS, 1)),
+    heartbeat(1),
+]
+
+
+@pytest.mark.parametrize(("request_", "answer"), ANSWER_KINDS)
+def test_answers_cut_at_any_length_raise_only_protocol_errors(request_: bytes, answer: bytes) -> None:
+    api_key, version = struct.unpack_from(">hh", request_, 4)
+    for cut in range(4, len(answer)):
+        cut_short = struct.pack(">i", cut - 4) + answer[4:cut]
+        s, _ = session()
+        forward(s, [request_])
+        with contextlib.suppress(ProtocolError):
+            s.on_upstream_frame(cut_short)
+        with contextlib.suppress(ProtocolError):
+            response_body_offset(cut_short, api_key, version)  # what metrics call on every answer

@@ -52,6 +52,10 @@ def parse_host_port(text: str, *, default_port: int | None = None) -> HostPort:
     return HostPort(host, int(port_text))
 
 
+class PortsExhausted(RuntimeError):
+    """Every local port up to ``max_port`` stands for a broker already."""
+
+
 @dataclass(slots=True)
 class BrokerRoute:
     """One upstream broker as kproxy exposes it."""
@@ -99,7 +103,7 @@ class AddressMap:
         while candidate in used:
             candidate += 1
         if candidate > self.max_port:
-            raise RuntimeError(f"no local port left for broker {node_id}")
+            raise PortsExhausted(f"no local port left for broker {node_id}")
         return candidate
 
     def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:

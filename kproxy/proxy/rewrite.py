@@ -237,6 +237,8 @@ class ResponseRewriter:
     def _cap_api_versions(self, api_version: int, frame: bytes, body_offset: int) -> bytes | None:
         # A broker that cannot read the client's version answers with a v0 body and
         # UNSUPPORTED_VERSION (KIP-511); its error code is the first field in every version.
+        if len(frame) < body_offset + 2:
+            raise DecodeError("ApiVersions response too short for its error code", offset=body_offset)
         (error_code,) = struct.unpack_from(">h", frame, body_offset)
         version = 0 if error_code == UNSUPPORTED_VERSION else api_version
         if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:

@@ -45,7 +45,7 @@ from kproxy.protocol.headers import decode_request_header, response_header_versi
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import api_name
-from kproxy.proxy.addresses import BrokerRoute
+from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
 from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
 
 PRODUCE = 0
@@ -332,7 +332,7 @@ class Session:
         try:
             body_offset = ex.body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
             done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
-        except (DecodeError, Malformed, IndexError) as exc:
+        except (DecodeError, PortsExhausted) as exc:
             # Forwarding it unrewritten could leak a broker address: the connection ends.
             raise SessionError(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
         if done is None:
@@ -341,6 +341,8 @@ class Session:
         return done.frame
 
     def _after_sasl_handshake(self, ex: Exchange, frame: bytes) -> None:
+        if len(frame) < 10:
+            raise SessionError(f"SaslHandshake v0 response of {len(frame)} bytes has no error code", offset=8)
         (error_code,) = _INT16.unpack_from(frame, 8)
         if error_code == 0:
             self.mode = Mode.SASL_TOKENS
@@ -383,16 +385,24 @@ class Session:
 
 
 def response_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
-    """Where a response frame's body starts: after size, correlation id and any header tags."""
+    """Where a response frame's body starts: after size, correlation id and any header tags.
+
+    Raises :class:`DecodeError` when the header tags are cut short or malformed.
+    """
     if response_header_version(api_key, api_version) == 0:
         return 8
-    if frame[8] == 0:  # the usual empty tag section
+    if len(frame) > 8 and frame[8] == 0:  # the usual empty tag section
         return 9
-    count, pos = read_uvarint(frame, 8)
-    for _ in range(count):
-        _, pos = read_uvarint(frame, pos)
-        size, pos = read_uvarint(frame, pos)
-        pos += size
+    try:
+        count, pos = read_uvarint(frame, 8)
+        for _ in range(count):
+            _, pos = read_uvarint(frame, pos)
+            size, pos = read_uvarint(frame, pos)
+            pos += size
+    except (Malformed, IndexError) as exc:
+        raise DecodeError(f"malformed response header tags: {exc or 'cut short'}", offset=8) from None
+    if pos > len(frame):
+        raise DecodeError("response header tags run past the end of the frame", offset=8)
     return pos
 
 
