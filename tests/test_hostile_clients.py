@@ -125,7 +125,7 @@ def listener_names(proxy: ProxyThread) -> set[str]:
 
 
 def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets(
-        tansu: Broker, kproxy: ProxyThread) -> None:
+        tansu: Broker, kproxy: ProxyThread, caplog: pytest.LogCaptureFixture) -> None:
     """Tansu answers acks=0 Produce, echoing the topic name. Sent under the id of a Metadata
     request, that answer would be read as the Metadata answer: the topic name below is laid out
     so that it reads as a broker list (Tansu's node re-pointed, a new node 7 with a listener)."""
@@ -140,6 +140,7 @@ def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets
     produce = request_frame(PRODUCE, 9, 5, transactional_id=None, acks=0, timeout_ms=1000,
                             topic_data=[{"name": name.decode(), "partition_data": [{"index": 0, "records": b""}]}])
     metadata = request_frame(METADATA, 12, 5, topics=None)
+    caplog.set_level(logging.INFO, logger="kproxy")
     with socket.create_connection(("127.0.0.1", kproxy.port), timeout=5) as sock:
         sock.sendall(produce + metadata)
         got = b""
@@ -154,6 +155,12 @@ def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets
     assert routes_of(kproxy) == {tansu_node: tansu_addr}, "client bytes chose an upstream target"
     assert listener_names(kproxy) == listeners
     assert got == b"", "the request reusing the id is refused: the connection closes unanswered"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any("event=connection_closed" in r.getMessage()
+                                                   for r in caplog.records):
+        time.sleep(0.02)
+    [closed] = [r.getMessage() for r in caplog.records if "event=connection_closed" in r.getMessage()]
+    assert "bad request from client: Metadata v12 request reuses correlation id 5" in closed
 
 
 # -- malformed broker answers: one log line, never a traceback --------------------------------------
