@@ -590,3 +590,11 @@ def test_answers_cut_at_any_length_raise_only_protocol_errors(request_: bytes, a
             s.on_upstream_frame(cut_short)
         with contextlib.suppress(ProtocolError):
             response_body_offset(cut_short, api_key, version)  # what metrics call on every answer
+
+
+def test_pushed_out_acks0_ids_are_free_once_a_newer_acks0_is_answered() -> None:
+    s, _ = session()
+    forward(s, [produce(9, c, 0) for c in range(1, 1024 + 3)])  # ids 1 and 2 pushed out
+    s.on_upstream_frame(resp(PRODUCE, 9, 500, responses=[]))  # answers come in order: 1 and 2 never will
+    forward(s, [heartbeat(1)[0]])
+    assert len(s._acks0_ids) == 1024 + 2 - 500

@@ -301,12 +301,15 @@ class Session:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
         if correlation_id in self._acks0_ids:
             # The answer to an acks=0 Produce (ids are never shared with a request in flight): dropped.
+            # Answers come in order, so acks=0 Produce sent before it, remembered or pushed out, never
+            # will be answered.
             acks0 = self._acks0
             while acks0:
                 _, answered = acks0.popleft()
                 self._acks0_ids.discard(answered)
                 if answered == correlation_id:
                     break
+            self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
             return
         ex = self._awaiting[0] if self._awaiting else None
         if ex is None or ex.correlation_id != correlation_id:
