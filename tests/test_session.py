@@ -497,7 +497,7 @@ def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
     s, _ = session()
     count = 1024 + 10
     forward(s, [produce(9, c, 0) for c in range(100, 100 + count)])
-    assert len(s._acks0_ids) <= 1024
+    assert len(s._acks0) <= 1024
     for forgotten in (100, 109):  # pushed out of the memory, yet the broker may still answer them
         with pytest.raises(SessionError, match=f"correlation id {forgotten}"):
             s.on_client_frame(heartbeat(forgotten)[0])
@@ -507,7 +507,7 @@ def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
     forward(s, [hb])
     s.on_upstream_frame(hb_answer)  # a later request answered: none of them can be answered any more
     assert ready(s) == [hb_answer]
-    assert not s._acks0_ids
+    assert not s._acks0 and s._forgotten is None
     forward(s, [heartbeat(100)[0]])
 
 
@@ -597,4 +597,4 @@ def test_pushed_out_acks0_ids_are_free_once_a_newer_acks0_is_answered() -> None:
     forward(s, [produce(9, c, 0) for c in range(1, 1024 + 3)])  # ids 1 and 2 pushed out
     s.on_upstream_frame(resp(PRODUCE, 9, 500, responses=[]))  # answers come in order: 1 and 2 never will
     forward(s, [heartbeat(1)[0]])
-    assert len(s._acks0_ids) == 1024 + 2 - 500
+    assert len(s._acks0) == 1024 + 2 - 500 and s._forgotten is None

@@ -151,12 +151,12 @@ class Session:
         self._sasl_rounds_left: int | None = None
         self._ready: list[bytes] = []
         self._ready_routes: list[BrokerRoute] = []
-        self._in_flight_ids: set[int] = set()  # correlation ids of in_flight
-        # acks=0 Produce the broker may still answer, oldest first: (seq, correlation id), and the ids.
+        # acks=0 Produce the broker may still answer, oldest first: (seq, correlation id).
         self._acks0: deque[tuple[int, int]] = deque()
-        self._acks0_ids: set[int] = set()
-        # acks=0 ids pushed out of the memory while still answerable: their span, and the newest one's seq.
-        self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
+        # Correlation ids taken: those of in_flight and of _acks0 (never both: see on_client_frame).
+        self._taken: set[int] = set()
+        # acks=0 ids pushed out of _acks0 while still answerable: (lowest, highest, newest one's seq).
+        self._forgotten: tuple[int, int, int] | None = None
         self.requests = 0
         self.responses = 0
 
@@ -193,13 +193,14 @@ class Session:
             raise SessionError(f"{api_name(api_key)} v{api_version} request: kproxy cannot read that version's "
                                f"response, so it could not keep broker addresses out of it (ApiVersions offered "
                                f"only versions it reads)", offset=0)
-        if (correlation_id in self._in_flight_ids or correlation_id in self._acks0_ids
-                or self._forgotten_lo <= correlation_id <= self._forgotten_hi):
+        if correlation_id in self._taken or (
+                self._forgotten is not None and self._forgotten[0] <= correlation_id <= self._forgotten[1]):
             raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
         self.requests += 1
         now = self.clock()
-        ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now,
-                      seq=self.requests)
+        ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
+        if self._acks0:  # only then does its place among acks=0 Produce matter (see _answered_in_order)
+            ex.seq = self.requests
         if self.observer is not None:
             self._seen.append((ex, frame))
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
@@ -207,7 +208,7 @@ class Session:
             ex.response = self._kip511_answer(correlation_id)
             ex.received_at = now
             self.in_flight.append(ex)
-            self._in_flight_ids.add(correlation_id)
+            self._taken.add(correlation_id)
             self._flush()
             return None
         if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
@@ -221,12 +222,12 @@ class Session:
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
         self.in_flight.append(ex)
-        self._in_flight_ids.add(correlation_id)
+        self._taken.add(correlation_id)
         self._awaiting.append(ex)
         return frame
 
     def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
-        if correlation_id in self._in_flight_ids:
+        if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
             why = "a request in flight"
         else:
             why = "an acks=0 Produce the broker may still answer"
@@ -237,23 +238,34 @@ class Session:
         acks0 = self._acks0
         if len(acks0) >= ACKS0_REMEMBERED:
             seq, old = acks0.popleft()
-            self._acks0_ids.discard(old)
-            if self._forgotten_seq < 0:
-                self._forgotten_lo = self._forgotten_hi = old
-            else:
-                self._forgotten_lo = min(self._forgotten_lo, old)
-                self._forgotten_hi = max(self._forgotten_hi, old)
-            self._forgotten_seq = seq
+            self._taken.discard(old)
+            span = self._forgotten
+            self._forgotten = (old, old, seq) if span is None else (min(span[0], old), max(span[1], old), seq)
         acks0.append((self.requests, correlation_id))
-        self._acks0_ids.add(correlation_id)
+        self._taken.add(correlation_id)
 
     def _answered_in_order(self, seq: int) -> None:
         """The broker answered request ``seq``: acks=0 Produce sent before it never will be."""
         acks0 = self._acks0
         while acks0 and acks0[0][0] < seq:
-            self._acks0_ids.discard(acks0.popleft()[1])
-        if 0 <= self._forgotten_seq < seq:
-            self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
+            self._taken.discard(acks0.popleft()[1])
+        if self._forgotten is not None and self._forgotten[2] < seq:
+            self._forgotten = None
+
+    def _acks0_answered(self, correlation_id: int) -> bool:
+        """Drop the memory of acks=0 Produce up to the one with this id; False if none has it.
+
+        Answers come in order, so those sent before it, remembered or pushed out, never
+        will be answered. Nearly always the oldest one: not a scan in practice.
+        """
+        acks0 = self._acks0
+        for i, (_, remembered) in enumerate(acks0):
+            if remembered == correlation_id:
+                for _ in range(i + 1):
+                    self._taken.discard(acks0.popleft()[1])
+                self._forgotten = None
+                return True
+        return False
 
     def _kip511_answer(self, correlation_id: int) -> bytes:
         span = supported_versions(API_VERSIONS)
@@ -299,28 +311,21 @@ class Session:
             _, correlation_id = _RESPONSE_FIXED.unpack_from(frame, 0)
         except struct.error:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
-        if correlation_id in self._acks0_ids:
-            # The answer to an acks=0 Produce (ids are never shared with a request in flight): dropped.
-            # Answers come in order, so acks=0 Produce sent before it, remembered or pushed out, never
-            # will be answered.
-            acks0 = self._acks0
-            while acks0:
-                _, answered = acks0.popleft()
-                self._acks0_ids.discard(answered)
-                if answered == correlation_id:
-                    break
-            self._forgotten_lo, self._forgotten_hi, self._forgotten_seq = 1, 0, -1
-            return
         ex = self._awaiting[0] if self._awaiting else None
         if ex is None or ex.correlation_id != correlation_id:
-            if self._forgotten_lo <= correlation_id <= self._forgotten_hi:
-                return  # the answer to an acks=0 Produce pushed out of the memory
+            # Not the oldest request's answer (ids are never shared between it and an acks=0 Produce):
+            # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
+            if self._acks0 and self._acks0_answered(correlation_id):
+                return
+            span = self._forgotten
+            if span is not None and span[0] <= correlation_id <= span[1]:
+                return
             if ex is None:
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
         self._awaiting.popleft()
-        if self._acks0 or self._forgotten_seq >= 0:
+        if self._acks0:
             self._answered_in_order(ex.seq)
         self.responses += 1
         ex.received_at = self.clock()
@@ -354,7 +359,7 @@ class Session:
     def _flush(self) -> None:
         while self.in_flight and self.in_flight[0].response is not None:
             ex = self.in_flight.popleft()
-            self._in_flight_ids.discard(ex.correlation_id)
+            self._taken.discard(ex.correlation_id)
             assert ex.response is not None
             self._ready.append(ex.response)
             self._ready_routes.extend(ex.routes)
