@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import uuid
 from typing import Any
@@ -9,11 +10,12 @@ from typing import Any
 import pytest
 
 from kproxy.protocol import decode_response, encode_request, encode_response, frame
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.schema import supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Exchange, Mode, Session, SessionError
+from kproxy.proxy.session import Exchange, Mode, Session, SessionError, response_body_offset
 from tests.support.fakebroker import request_body, request_frame, response_body, response_frame
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
@@ -527,3 +529,167 @@ async def test_node_endpoints_rewrite_keeps_other_tags(api_key: int, version: in
     assert frames == [answer(rewritten_brokers(BROKERS))]
     assert decode_response(frames[0][4:], api_key, version).body["_unknown_tags"] == other_tags
     assert [r.node_id for r in routes] == [1, 2]
+
+# -- correlation ids: client bytes must never choose upstream targets ------------------------------
+def test_request_reusing_a_correlation_id_in_flight_is_refused() -> None:
+    s, _ = session()
+    hb, _ = heartbeat(1)
+    forward(s, [hb])
+    with pytest.raises(SessionError, match=r"correlation id 1 .*in flight"):
+        s.on_client_frame(req(METADATA, 12, 1, topics=None))
+    assert [e.correlation_id for e in s.in_flight] == [1]
+
+
+def test_request_reusing_the_id_of_a_pending_local_answer_is_refused() -> None:
+    s, _ = session()
+    forward(s, [heartbeat(1)[0]])
+    assert s.on_client_frame(future_api_versions(2)) is None
+    with pytest.raises(SessionError, match="correlation id 2"):
+        s.on_client_frame(heartbeat(2)[0])
+
+
+def test_request_reusing_an_acks0_produce_id_is_refused() -> None:
+    """Tansu answers acks=0 Produce: with the same id, that answer would be read as the Metadata's."""
+    s, _ = session()
+    forward(s, [produce(9, 5, 0)])
+    with pytest.raises(SessionError, match=r"correlation id 5 .*acks=0"):
+        s.on_client_frame(req(METADATA, 12, 5, topics=None))
+    with pytest.raises(SessionError, match="correlation id 5"):
+        s.on_client_frame(produce(9, 5, 0))
+    assert not s.in_flight and not s.rewriter.addresses.routes
+
+
+def test_ids_are_free_again_once_answered_as_after_a_wrap_around() -> None:
+    s, _ = session()
+    for _ in range(3):
+        hb, hb_answer = heartbeat(1)
+        forward(s, [hb])
+        s.on_upstream_frame(hb_answer)
+        assert ready(s) == [hb_answer]
+
+
+def test_acks0_id_is_free_once_the_broker_answers_it() -> None:
+    s, _ = session()
+    forward(s, [produce(9, 5, 0)])
+    s.on_upstream_frame(resp(PRODUCE, 9, 5, responses=[]))  # Tansu's answer: dropped
+    assert not s.has_ready
+    then_kafka_again(s, 5)
+
+
+def test_acks0_id_is_free_once_a_later_request_is_answered() -> None:
+    """Brokers answer in order: once request 6 is answered, acks=0 Produce 5 never will be."""
+    s, _ = session()
+    hb, hb_answer = heartbeat(6)
+    forward(s, [produce(9, 5, 0), hb])
+    s.on_upstream_frame(hb_answer)
+    assert ready(s) == [hb_answer]
+    then_kafka_again(s, 5)
+    with pytest.raises(SessionError, match="matches no request"):
+        s.on_upstream_frame(resp(PRODUCE, 9, 5, responses=[]))  # too late: a desynchronised stream
+
+
+def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
+    s, _ = session()
+    count = 1024 + 10
+    forward(s, [produce(9, c, 0) for c in range(100, 100 + count)])
+    assert len(s._acks0) <= 1024
+    for forgotten in (100, 109):  # pushed out of the memory, yet the broker may still answer them
+        with pytest.raises(SessionError, match=f"correlation id {forgotten}"):
+            s.on_client_frame(heartbeat(forgotten)[0])
+    s.on_upstream_frame(resp(PRODUCE, 9, 100, responses=[]))  # a late answer to a forgotten one: dropped
+    assert not s.has_ready
+    hb, hb_answer = heartbeat(5000)
+    forward(s, [hb])
+    s.on_upstream_frame(hb_answer)  # a later request answered: none of them can be answered any more
+    assert ready(s) == [hb_answer]
+    assert not s._acks0 and s._forgotten is None
+    forward(s, [heartbeat(100)[0]])
+
+
+def test_malformed_endpoint_response_never_reaches_the_address_map() -> None:
+    """Brokers that decode but a body that does not: nothing learned, nothing re-pointed."""
+    s, _ = session()
+    forward(s, [req(METADATA, 12, 1, topics=None)])
+    s.on_upstream_frame(metadata_response(1, BROKERS))
+    ready(s)
+    before = {n: (r.upstream, r.local_port) for n, r in s.rewriter.addresses.routes.items()}
+    evil = [{"node_id": 1, "host": "evil.test", "port": 6666, "rack": None},
+            {"node_id": 9, "host": "evil.test", "port": 6666, "rack": None}]
+    good = metadata_response(2, evil)
+    for bad in (good + b"\x00\x01",  # bytes left over after the body
+                struct.pack(">i", len(good) - 6) + good[4:-2]):  # topics cut short
+        s2 = Session(s.rewriter, clock=Clock())
+        forward(s2, [req(METADATA, 12, 2, topics=None)])
+        with pytest.raises(SessionError, match="cannot rewrite"):
+            s2.on_upstream_frame(struct.pack(">i", len(bad) - 4) + bad[4:])
+        assert {n: (r.upstream, r.local_port) for n, r in s.rewriter.addresses.routes.items()} == before
+
+
+# -- SASL token mode: Kafka requests get the same checks whatever mode they arrive in ----------------
+def gssapi_session() -> Session:
+    s, _ = session()
+    handshake(s, "GSSAPI")
+    token = frame(b"\x60\x82\x02\x10" + b"\xa5" * 40)
+    assert s.on_client_frame(token) == token
+    s.on_upstream_frame(frame(b"\x05\x04\x01\xff"))
+    ready(s)
+    assert s.mode is Mode.SASL_TOKENS
+    return s
+
+
+def test_sasl_open_ended_mechanism_unreadable_capped_request_is_refused() -> None:
+    """A Metadata request at a version kproxy cannot read, sent while GSSAPI tokens may still
+    flow, is a Kafka request all the same: refused, never forwarded as a token whose answer
+    would go back unrewritten."""
+    s = gssapi_session()
+    top = supported_versions(METADATA)
+    assert top is not None
+    with pytest.raises(SessionError, match=f"Metadata v{top[1] + 1} request"):
+        s.on_client_frame(raw_request(METADATA, top[1] + 1, 7))
+
+
+def test_sasl_open_ended_mechanism_request_at_an_unknown_version_is_tracked() -> None:
+    s = gssapi_session()
+    request = raw_request(HEARTBEAT, 99, 7)
+    assert s.on_client_frame(request) == request
+    assert s.mode is Mode.KAFKA
+    assert [e.correlation_id for e in s.in_flight] == [7]
+    answer = frame(struct.pack(">ih", 7, 0))
+    s.on_upstream_frame(answer)
+    assert ready(s) == [answer]
+
+
+# -- malformed answers: only the project's own errors -------------------------------------------------
+API_VERSIONS_KEYS = [{"api_key": METADATA, "min_version": 0, "max_version": 12}]
+ANSWER_KINDS = [
+    (req(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"),
+     resp(API_VERSIONS, 3, 1, api_keys=API_VERSIONS_KEYS)),
+    (req(API_VERSIONS, 0, 1), resp(API_VERSIONS, 0, 1, api_keys=API_VERSIONS_KEYS)),
+    (req(SASL_HANDSHAKE, 0, 1, mechanism="PLAIN"), resp(SASL_HANDSHAKE, 0, 1, error_code=0, mechanisms=["PLAIN"])),
+    (req(METADATA, 12, 1, topics=None),
+     frame(encode_response(1, METADATA, 12, response_body(METADATA, 12, brokers=BROKERS, topics=[]),
+                           header_tags={3: b"abc"}))),
+    (req(METADATA, 1, 1, topics=None), metadata_response(1, BROKERS, 1)),
+    heartbeat(1),
+]
+
+
+@pytest.mark.parametrize(("request_", "answer"), ANSWER_KINDS)
+def test_answers_cut_at_any_length_raise_only_protocol_errors(request_: bytes, answer: bytes) -> None:
+    api_key, version = struct.unpack_from(">hh", request_, 4)
+    for cut in range(4, len(answer)):
+        cut_short = struct.pack(">i", cut - 4) + answer[4:cut]
+        s, _ = session()
+        forward(s, [request_])
+        with contextlib.suppress(ProtocolError):
+            s.on_upstream_frame(cut_short)
+        with contextlib.suppress(ProtocolError):
+            response_body_offset(cut_short, api_key, version)  # what metrics call on every answer
+
+
+def test_pushed_out_acks0_ids_are_free_once_a_newer_acks0_is_answered() -> None:
+    s, _ = session()
+    forward(s, [produce(9, c, 0) for c in range(1, 1024 + 3)])  # ids 1 and 2 pushed out
+    s.on_upstream_frame(resp(PRODUCE, 9, 500, responses=[]))  # answers come in order: 1 and 2 never will
+    forward(s, [heartbeat(1)[0]])
+    assert len(s._acks0) == 1024 + 2 - 500 and s._forgotten is None

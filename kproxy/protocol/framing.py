@@ -1,8 +1,9 @@
 """Splitting a byte stream into Kafka frames: a 4-byte big-endian size, then that many bytes.
 
 Sans-IO: feed whatever chunks the socket gave, take out whole frames. The size
-is checked the moment its 4 bytes are in, before any buffer is sized for it, so
-a hostile peer cannot make kproxy allocate by announcing a huge frame.
+is checked the moment its 4 bytes are in, and no buffer is ever sized from it:
+memory grows with the bytes a peer actually sent, so announcing a huge frame
+and sending nothing more costs kproxy nothing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import struct
 from kproxy.protocol.errors import FrameSizeError
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
-LARGE_FRAME = 1024 * 1024  # frames at least this big are assembled in a buffer of their own size
+LARGE_FRAME = 1024 * 1024  # frames at least this big are assembled in a buffer of their own
 SIZE_PREFIX = struct.Struct(">i")
 
 
@@ -34,7 +35,7 @@ class FrameSplitter:
     lost) and the caller must close the connection.
     """
 
-    __slots__ = ("_buf", "_large", "_large_fill", "_pos", "consumed", "max_frame_size")
+    __slots__ = ("_buf", "_large", "_large_size", "_pos", "consumed", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
@@ -44,7 +45,7 @@ class FrameSplitter:
         self._pos = 0
         self.consumed = 0
         self._large: bytearray | None = None
-        self._large_fill = 0
+        self._large_size = 0  # the large frame's length, size prefix included
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos and self._pos == len(self._buf):
@@ -56,7 +57,7 @@ class FrameSplitter:
     @property
     def buffered(self) -> int:
         """Bytes held that are not yet part of a returned frame."""
-        return len(self._buf) - self._pos + (self._large_fill if self._large is not None else 0)
+        return len(self._buf) - self._pos + (len(self._large) if self._large is not None else 0)
 
     def pending_frame_size(self) -> int | None:
         """Size announced by the next frame's prefix, once its 4 bytes are in (validated)."""
@@ -121,30 +122,29 @@ class FrameSplitter:
         return frames, data, False
 
     def _maybe_go_large(self) -> None:
-        """A partial frame of LARGE_FRAME bytes or more gets a buffer of its exact size.
+        """A partial frame of LARGE_FRAME bytes or more moves to a buffer of its own.
 
-        Copied into once, piece by piece as chunks arrive, and handed out as
-        it is: one copy in all, instead of growing a buffer and copying the
-        frame out of it.
+        That buffer holds only this frame and grows as its bytes arrive (never
+        sized from the prefix: a peer announcing 100 MiB and sending 4 bytes
+        holds 4 bytes). Each chunk is copied into it once, and it is handed out
+        as it is when complete: no copy out of a shared buffer. Growing a
+        bytearray is amortised, and at these sizes the allocator moves pages
+        (mremap) rather than bytes.
         """
         size = self.pending_frame_size()
         if size is None or size < LARGE_FRAME:
             return
-        large = bytearray(4 + size)
-        have = len(self._buf) - self._pos
-        large[:have] = memoryview(self._buf)[self._pos:]
+        self._large = bytearray(memoryview(self._buf)[self._pos:])
+        self._large_size = 4 + size
         self._buf.clear()
         self._pos = 0
-        self._large = large
-        self._large_fill = have
 
     def _fill_large(self, data: bytes) -> tuple[list[bytes], bytes, bool]:
         large = self._large
         assert large is not None
-        take = min(len(large) - self._large_fill, len(data))
-        large[self._large_fill : self._large_fill + take] = memoryview(data)[:take]
-        self._large_fill += take
-        if self._large_fill < len(large):
+        take = min(self._large_size - len(large), len(data))
+        large += memoryview(data)[:take]
+        if len(large) < self._large_size:
             return [], data, False
         self._large = None
         self.consumed += len(large)

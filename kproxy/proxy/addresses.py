@@ -52,6 +52,10 @@ def parse_host_port(text: str, *, default_port: int | None = None) -> HostPort:
     return HostPort(host, int(port_text))
 
 
+class PortsExhausted(RuntimeError):
+    """Every local port up to ``max_port`` stands for a broker already."""
+
+
 @dataclass(slots=True)
 class BrokerRoute:
     """One upstream broker as kproxy exposes it."""
@@ -66,7 +70,10 @@ class AddressMap:
     """node id -> (upstream address, local port). Shared by every session of a proxy.
 
     ``advertised_host`` is what clients are told (``localhost``, a pod IP, a
-    Service name). ``learn`` is the only mutator. A route's upstream may change
+    Service name). ``learn`` is the only mutator of routes, and is only called
+    with endpoints of responses that parsed whole; ``port_for`` may reserve a
+    port for a node not known yet (a response is rewritten before it is known to
+    be whole), never a route. A route's upstream may change
     (a broker moved); its local port never does, and listeners look the route
     up per accepted connection, so new connections follow the move.
     """
@@ -79,23 +86,24 @@ class AddressMap:
     # Optional: picks (and reserves) a port for a new broker, e.g. by binding port 0.
     port_allocator: Callable[[int], int] | None = None
     reserved_ports: set[int] = field(default_factory=set)
+    pending_ports: dict[int, int] = field(default_factory=dict)  # node id -> port, no route yet
 
     def _assign_port(self, node_id: int) -> int:
         if node_id in self.static_ports:
             return self.static_ports[node_id]
         if self.port_allocator is not None:
             return self.port_allocator(node_id)
-        used = {r.local_port for r in self.routes.values()} | self.reserved_ports
+        taken = [r.local_port for r in self.routes.values()] + list(self.pending_ports.values())
+        used = set(taken) | self.reserved_ports
         wanted = self.broker_port_base + node_id
         if node_id >= 0 and wanted <= self.max_port and wanted not in used:
             return wanted
         # Past the deterministic range: first free port above it.
-        candidate = self.broker_port_base + 1 + max(
-            [r.local_port - self.broker_port_base for r in self.routes.values()] + [0])
+        candidate = self.broker_port_base + 1 + max([port - self.broker_port_base for port in taken] + [0])
         while candidate in used:
             candidate += 1
         if candidate > self.max_port:
-            raise RuntimeError(f"no local port left for broker {node_id}")
+            raise PortsExhausted(f"no local port left for broker {node_id}")
         return candidate
 
     def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:
@@ -103,12 +111,23 @@ class AddressMap:
         upstream = HostPort(host, port)
         route = self.routes.get(node_id)
         if route is None:
-            route = BrokerRoute(node_id, upstream, self._assign_port(node_id))
+            pending = self.pending_ports.pop(node_id, -1)
+            route = BrokerRoute(node_id, upstream, pending if pending >= 0 else self._assign_port(node_id))
             self.routes[node_id] = route
         elif route.upstream != upstream:
             # The broker moved: same local port, new destination for new connections.
             route.upstream = upstream
         return route
+
+    def port_for(self, node_id: int) -> int:
+        """The local port broker ``node_id`` has, or will have once learned (reserved now)."""
+        route = self.routes.get(node_id)
+        if route is not None:
+            return route.local_port
+        port = self.pending_ports.get(node_id)
+        if port is None:
+            port = self.pending_ports[node_id] = self._assign_port(node_id)
+        return port
 
     def route_for_port(self, local_port: int) -> BrokerRoute | None:
         for route in self.routes.values():

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import SIZE_PREFIX
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
@@ -80,6 +81,23 @@ def rewritten_api_keys() -> frozenset[int]:
     return frozenset(out)
 
 
+@functools.cache
+def _walks_part(api_key: int, api_version: int) -> bool:
+    """True when splicing the endpoint fields leaves the end of the body unread: no endpoint
+    field is tagged (tagged ones sit after every regular field, so the splice reads them all)."""
+    return not any(f.tag is not None for f in _endpoint_struct_fields(api_key, api_version))
+
+
+def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int) -> None:
+    """DecodeError unless ``frame[body_offset:]`` is exactly one body of this kind (walked, not built)."""
+    c = codec(api_key, api_version, Direction.RESPONSE)
+    assert c is not None
+    end = c.skip(frame, body_offset)
+    if end != len(frame):
+        raise DecodeError(f"{len(frame) - end} bytes left over after the {c.schema.name} v{api_version} body",
+                          offset=end)
+
+
 @dataclass(frozen=True, slots=True)
 class Rewritten:
     """A rewritten response frame (size prefix included) and the brokers it advertises."""
@@ -132,7 +150,8 @@ class ResponseRewriter:
         """Rewrite a response frame; ``None`` when nothing changed.
 
         ``body_offset`` is where the body starts in ``frame`` (after the size
-        prefix and the response header). Raises DecodeError on a malformed body.
+        prefix and the response header). Raises DecodeError on a malformed body,
+        before the address map has learned anything from it.
         """
         if api_key != API_VERSIONS and endpoint_fields(api_key, api_version) is None:
             return None
@@ -169,6 +188,11 @@ class ResponseRewriter:
             self._rewrite_struct(body, c.schema.fields, None, routes)
             new_body = c.encode(body)
         else:
+            if _walks_part(api_key, api_version):
+                # The splice stops after the last edited field: first make sure the whole body
+                # parses as this response, or a broker list could come from bytes that are not one
+                # (another API's answer read under a wrong correlation id, a truncated frame).
+                _check_whole(api_key, api_version, frame, body_offset)
             edits = {f.name: self._editor(f, routes) for f in _endpoint_struct_fields(api_key, api_version)}
             spliced, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
             if spliced is None:
@@ -201,10 +225,10 @@ class ResponseRewriter:
             host = struct_value["host"]
             # node -1 / empty host: "no coordinator", "leader unknown": nothing to map.
             if node is not None and node >= 0 and host:
-                route = self.addresses.learn(node, host, struct_value["port"])
+                # Only noted here: the map learns it once the whole body has parsed (see rewrite).
                 routes.append((node, host, struct_value["port"]))
                 struct_value["host"] = self.addresses.advertised_host
-                struct_value["port"] = route.local_port
+                struct_value["port"] = self.addresses.port_for(node)
         for f in fields:
             if f.fields is not None and f.name in struct_value and _has_endpoint(f.fields):
                 self._rewrite_value(struct_value[f.name], f, node, routes)
@@ -213,6 +237,8 @@ class ResponseRewriter:
     def _cap_api_versions(self, api_version: int, frame: bytes, body_offset: int) -> bytes | None:
         # A broker that cannot read the client's version answers with a v0 body and
         # UNSUPPORTED_VERSION (KIP-511); its error code is the first field in every version.
+        if len(frame) < body_offset + 2:
+            raise DecodeError("ApiVersions response too short for its error code", offset=body_offset)
         (error_code,) = struct.unpack_from(">h", frame, body_offset)
         version = 0 if error_code == UNSUPPORTED_VERSION else api_version
         if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:

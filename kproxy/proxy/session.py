@@ -10,10 +10,18 @@ Guarantees kept here (each has bitten a peer):
   local answer waits behind earlier in-flight requests.
 * Produce with acks=0 has no response: never tracked, never waited for. A broker
   that answers one anyway (Tansu does) has that answer dropped: the client expects none.
+* A response is matched to its request by correlation id, so a client must never
+  have two requests the broker may answer under one id: a request reusing the id
+  of a request in flight, or of an acks=0 Produce the broker may still answer, is
+  refused (:class:`SessionError`). Otherwise Tansu's answer to the Produce would
+  be read as, say, a Metadata answer, and topic names the client wrote would
+  become broker addresses. Ids are free again once answered (clients wrap their
+  int32 counter); see :meth:`Session.on_client_frame` for when an acks=0 id is.
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (PLAIN and OAUTHBEARER: one round, SCRAM: two;
-  others: until the client sends something that reads as a Kafka request).
+  others: until the client sends something that reads as a Kafka request, at
+  any version: that request then gets every check a request gets).
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection.
 * A response whose correlation id is not the oldest forwarded request's is a
@@ -37,7 +45,7 @@ from kproxy.protocol.headers import decode_request_header, response_header_versi
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import api_name
-from kproxy.proxy.addresses import BrokerRoute
+from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
 from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
 
 PRODUCE = 0
@@ -48,7 +56,8 @@ _INT16 = struct.Struct(">h")
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
 _API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
 SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
-# acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does).
+# acks=0 Produce correlation ids remembered, in case a broker answers them anyway (Tansu does);
+# see Session.on_client_frame for what happens to the ones pushed out.
 ACKS0_REMEMBERED = 1024
 
 
@@ -83,6 +92,7 @@ class Exchange:
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
     sasl_mechanism: str | None = None
+    seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
     body_offset: int = 0  # where the response body starts, once known (0: not computed yet)
 
     @property
@@ -141,7 +151,12 @@ class Session:
         self._sasl_rounds_left: int | None = None
         self._ready: list[bytes] = []
         self._ready_routes: list[BrokerRoute] = []
-        self._acks0_ids: deque[int] = deque(maxlen=ACKS0_REMEMBERED)
+        # acks=0 Produce the broker may still answer, oldest first: (seq, correlation id).
+        self._acks0: deque[tuple[int, int]] = deque()
+        # Correlation ids taken: those of in_flight and of _acks0 (never both: see on_client_frame).
+        self._taken: set[int] = set()
+        # acks=0 ids pushed out of _acks0 while still answerable: (lowest, highest, newest one's seq).
+        self._forgotten: tuple[int, int, int] | None = None
         self.requests = 0
         self.responses = 0
 
@@ -155,6 +170,17 @@ class Session:
         """Take one request frame; return it to forward upstream, or None if kproxy answered.
 
         ``read_at`` is when the chunk holding it was read (defaults to now).
+
+        Raises :class:`SessionError` for a request whose correlation id is taken:
+        the id of a request in flight (forwarded or answered locally, until its
+        answer is released), or of an acks=0 Produce the broker may still answer.
+        Brokers answer in order (the Kafka protocol's guarantee), so an acks=0 id
+        is taken until the broker answers it or answers a request sent after it;
+        at most ``ACKS0_REMEMBERED`` such ids are kept, and older ones pushed out
+        stay taken as a span (lowest to highest) until a request sent after the
+        newest of them is answered. A client counting ids up (every Kafka client)
+        never meets that span again before it is cleared, except for a counter
+        wrapping inside it, which costs that client one reconnect.
         """
         if self.mode is Mode.SASL_TOKENS and not self._token_ends_sasl(frame):
             return frame
@@ -167,9 +193,14 @@ class Session:
             raise SessionError(f"{api_name(api_key)} v{api_version} request: kproxy cannot read that version's "
                                f"response, so it could not keep broker addresses out of it (ApiVersions offered "
                                f"only versions it reads)", offset=0)
+        if correlation_id in self._taken or (
+                self._forgotten is not None and self._forgotten[0] <= correlation_id <= self._forgotten[1]):
+            raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
         self.requests += 1
         now = self.clock()
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now)
+        if self._acks0:  # only then does its place among acks=0 Produce matter (see _answered_in_order)
+            ex.seq = self.requests
         if self.observer is not None:
             self._seen.append((ex, frame))
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
@@ -177,12 +208,13 @@ class Session:
             ex.response = self._kip511_answer(correlation_id)
             ex.received_at = now
             self.in_flight.append(ex)
+            self._taken.add(correlation_id)
             self._flush()
             return None
         if api_key == PRODUCE and _produce_acks(frame, api_version) == 0:
             # acks=0: the broker should not answer; nothing to track. A broker that answers
             # anyway (Tansu) has that answer dropped: the client expects none.
-            self._acks0_ids.append(correlation_id)
+            self._remember_acks0(correlation_id)
             if self.observer is not None:
                 ex.completed_at = now
                 self._completed.append(ex)
@@ -190,8 +222,50 @@ class Session:
         if api_key == SASL_HANDSHAKE and api_version == 0:
             ex.sasl_mechanism = _sasl_mechanism(frame)
         self.in_flight.append(ex)
+        self._taken.add(correlation_id)
         self._awaiting.append(ex)
         return frame
+
+    def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
+        if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
+            why = "a request in flight"
+        else:
+            why = "an acks=0 Produce the broker may still answer"
+        return (f"{api_name(api_key)} v{api_version} request reuses correlation id {correlation_id} of {why}: "
+                f"its answer could not be told apart")
+
+    def _remember_acks0(self, correlation_id: int) -> None:
+        acks0 = self._acks0
+        if len(acks0) >= ACKS0_REMEMBERED:
+            seq, old = acks0.popleft()
+            self._taken.discard(old)
+            span = self._forgotten
+            self._forgotten = (old, old, seq) if span is None else (min(span[0], old), max(span[1], old), seq)
+        acks0.append((self.requests, correlation_id))
+        self._taken.add(correlation_id)
+
+    def _answered_in_order(self, seq: int) -> None:
+        """The broker answered request ``seq``: acks=0 Produce sent before it never will be."""
+        acks0 = self._acks0
+        while acks0 and acks0[0][0] < seq:
+            self._taken.discard(acks0.popleft()[1])
+        if self._forgotten is not None and self._forgotten[2] < seq:
+            self._forgotten = None
+
+    def _acks0_answered(self, correlation_id: int) -> bool:
+        """Drop the memory of acks=0 Produce up to the one with this id; False if none has it.
+
+        Answers come in order, so those sent before it, remembered or pushed out, never
+        will be answered. Nearly always the oldest one: not a scan in practice.
+        """
+        acks0 = self._acks0
+        for i, (_, remembered) in enumerate(acks0):
+            if remembered == correlation_id:
+                for _ in range(i + 1):
+                    self._taken.discard(acks0.popleft()[1])
+                self._forgotten = None
+                return True
+        return False
 
     def _kip511_answer(self, correlation_id: int) -> bytes:
         span = supported_versions(API_VERSIONS)
@@ -202,15 +276,24 @@ class Session:
         return struct.pack(">i", len(payload)) + payload
 
     def _token_ends_sasl(self, frame: bytes) -> bool:
-        """In token mode with an open-ended mechanism: does this frame read as a Kafka request?"""
+        """In token mode with an open-ended mechanism: does this frame read as a Kafka request?
+
+        It does when it starts with a request header for an API kproxy knows, at any
+        version (the header layout does not depend on it), with a client id length
+        that fits: such a frame then goes through every check a request gets in Kafka
+        mode, the refusal of versions kproxy cannot read included. GSSAPI tokens
+        cannot look like that: they start 0x60 (RFC 2743 section 3.1 framing) or with
+        a per-message token id of RFC 1964 / RFC 4121 (0x01 to 0x05), while every api
+        key kproxy knows is below 256, so its first byte is 0x00.
+        """
         if self._sasl_rounds_left is not None:
             return False
         if len(frame) < 14:
             return False
         _, api_key, api_version, _ = _REQUEST_FIXED.unpack_from(frame, 0)
-        span = supported_versions(api_key)
         (client_id_len,) = _INT16.unpack_from(frame, 12)
-        plausible = span is not None and span[0] <= api_version <= span[1] and -1 <= client_id_len <= len(frame) - 14
+        plausible = (api_version >= 0 and -1 <= client_id_len <= len(frame) - 14
+                     and supported_versions(api_key) is not None)
         if plausible:
             self.mode = Mode.KAFKA
         return plausible
@@ -229,15 +312,21 @@ class Session:
         except struct.error:
             raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
         ex = self._awaiting[0] if self._awaiting else None
-        if (ex is None or ex.correlation_id != correlation_id) and correlation_id in self._acks0_ids:
-            self._acks0_ids.remove(correlation_id)
-            return
-        if ex is None:
-            raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
-        if ex.correlation_id != correlation_id:
+        if ex is None or ex.correlation_id != correlation_id:
+            # Not the oldest request's answer (ids are never shared between it and an acks=0 Produce):
+            # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
+            if self._acks0 and self._acks0_answered(correlation_id):
+                return
+            span = self._forgotten
+            if span is not None and span[0] <= correlation_id <= span[1]:
+                return
+            if ex is None:
+                raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
         self._awaiting.popleft()
+        if self._acks0:
+            self._answered_in_order(ex.seq)
         self.responses += 1
         ex.received_at = self.clock()
         ex.response = self._rewrite(ex, frame)
@@ -251,7 +340,7 @@ class Session:
         try:
             body_offset = ex.body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
             done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
-        except (DecodeError, Malformed, IndexError) as exc:
+        except (DecodeError, PortsExhausted) as exc:
             # Forwarding it unrewritten could leak a broker address: the connection ends.
             raise SessionError(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
         if done is None:
@@ -260,6 +349,8 @@ class Session:
         return done.frame
 
     def _after_sasl_handshake(self, ex: Exchange, frame: bytes) -> None:
+        if len(frame) < 10:
+            raise SessionError(f"SaslHandshake v0 response of {len(frame)} bytes has no error code", offset=8)
         (error_code,) = _INT16.unpack_from(frame, 8)
         if error_code == 0:
             self.mode = Mode.SASL_TOKENS
@@ -268,6 +359,7 @@ class Session:
     def _flush(self) -> None:
         while self.in_flight and self.in_flight[0].response is not None:
             ex = self.in_flight.popleft()
+            self._taken.discard(ex.correlation_id)
             assert ex.response is not None
             self._ready.append(ex.response)
             self._ready_routes.extend(ex.routes)
@@ -301,16 +393,24 @@ class Session:
 
 
 def response_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
-    """Where a response frame's body starts: after size, correlation id and any header tags."""
+    """Where a response frame's body starts: after size, correlation id and any header tags.
+
+    Raises :class:`DecodeError` when the header tags are cut short or malformed.
+    """
     if response_header_version(api_key, api_version) == 0:
         return 8
-    if frame[8] == 0:  # the usual empty tag section
+    if len(frame) > 8 and frame[8] == 0:  # the usual empty tag section
         return 9
-    count, pos = read_uvarint(frame, 8)
-    for _ in range(count):
-        _, pos = read_uvarint(frame, pos)
-        size, pos = read_uvarint(frame, pos)
-        pos += size
+    try:
+        count, pos = read_uvarint(frame, 8)
+        for _ in range(count):
+            _, pos = read_uvarint(frame, pos)
+            size, pos = read_uvarint(frame, pos)
+            pos += size
+    except (Malformed, IndexError) as exc:
+        raise DecodeError(f"malformed response header tags: {exc or 'cut short'}", offset=8) from None
+    if pos > len(frame):
+        raise DecodeError("response header tags run past the end of the frame", offset=8)
     return pos
 
 
