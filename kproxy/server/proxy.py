@@ -93,6 +93,7 @@ class ProxyServer:
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._warn_about_options()
         async with trio.open_nursery() as connections:
             self._connections_nursery = connections
             async with trio.open_nursery() as nursery:
@@ -120,6 +121,17 @@ class ProxyServer:
                 log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
             connections.cancel_scope.cancel()
         log.info("event=stopped")
+
+    def _warn_about_options(self) -> None:
+        """One warning line per risky setting, at start: an operator reading the log must see them."""
+        tls = self.config.upstream_tls
+        if not tls.verify and tls.enabled:
+            log.warning("event=upstream_tls_unverified option=tls.upstream.verify detail=%s",
+                        _q("broker certificates and names are not checked: whoever answers on the "
+                           "broker's address is trusted (--upstream-no-verify)"))
+        elif not tls.verify:
+            log.warning("event=option_unused option=tls.upstream.verify detail=%s",
+                        _q("--upstream-no-verify has no effect without --upstream-tls"))
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
