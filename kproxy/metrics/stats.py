@@ -115,8 +115,8 @@ class TrafficStats:
 
     options: StatsOptions = field(default_factory=StatsOptions)
     started: float = field(default_factory=time.time)
-    requests: dict[tuple[str, int], int] = field(default_factory=dict)
-    responses: dict[tuple[str, int], int] = field(default_factory=dict)
+    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     overhead: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
