@@ -8,19 +8,27 @@ needs answers Tansu does not give, a virtual clock where it needs exact time.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import time
+import zlib
+from collections.abc import Iterator
 
 import trio
 
-from kproxy.metrics.stats import MAX_LABEL_LENGTH
-from tests.support.fakebroker import KafkaClient, fake_cluster, running_server
+from kproxy.metrics.stats import MAX_LABEL_LENGTH, TrafficStats
+from kproxy.protocol.compression import Codec
+from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set
+from tests.support.fakebroker import KafkaClient, fake_cluster, request_frame, running_server
 from tests.support.proxy import proxy_config
-from tests.support.tansu import free_port, wait_for_port
+from tests.support.tansu import Broker, free_port, wait_for_port
 
+PRODUCE, API_VERSIONS = 0, 18
 KPROXY = [sys.executable, "-m", "kproxy"]
 
 
@@ -115,3 +123,105 @@ def test_upstream_no_verify_logs_one_warning_at_start() -> None:
     assert " level=warning " in warned[0] and "\n" not in warned[0]
     # Verification on (the default): nothing to warn about.
     assert "upstream_tls_unverified" not in run_briefly("--upstream-tls")
+
+
+# -- defect: counting a legacy gzip Produce's records stalled every connection --------------------------
+def legacy_gzip_wrapper(inner_messages: int) -> bytes:
+    """One magic-0 gzip wrapper around ``inner_messages`` identical empty messages (26 bytes each):
+    gzip shrinks them about a thousand-fold, and counting them means walking every one."""
+    one = encode_message_set([Record(0, -1, None, None, [])], magic=0)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # gzip framing, as Kafka's codec 1
+    value = deflate.compress(one * inner_messages) + deflate.flush()
+    body = struct.pack(">bbii", 0, Codec.GZIP, -1, len(value)) + value  # magic, attributes, null key, value
+    return struct.pack(">qiI", 0, 4 + len(body), zlib.crc32(body)) + body
+
+
+def produce_frame(records: bytes, correlation_id: int, version: int = 2) -> bytes:
+    topic = {"name": "bomb", "partition_data": [{"index": 0, "records": records}]}
+    return request_frame(PRODUCE, version, correlation_id, acks=1, timeout_ms=1000, topic_data=[topic])
+
+
+def round_trip(sock: socket.socket, correlation_id: int) -> float:
+    """Seconds for one ApiVersions v0 request through ``sock`` to be answered."""
+    started = time.perf_counter()
+    sock.sendall(raw_request(API_VERSIONS, 0, correlation_id))
+    size = int.from_bytes(recv_exact(sock, 4), "big")
+    assert int.from_bytes(recv_exact(sock, size)[:4], "big") == correlation_id
+    return time.perf_counter() - started
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "closed by kproxy"
+        data += chunk
+    return bytes(data)
+
+
+@contextlib.contextmanager
+def kproxy_process(upstream: str, *flags: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """``kproxy run`` in front of ``upstream``, as users run it: (bootstrap port, process)."""
+    port = free_port()
+    argv = [*KPROXY, "run", "--upstream", upstream, "--listen", f"127.0.0.1:{port}", "--broker-port-base", "0",
+            "--shutdown-grace", "2", *flags]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_port("127.0.0.1", port)
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+def test_a_legacy_gzip_produce_does_not_stall_other_connections(tansu: Broker) -> None:
+    # 651 KB on the wire: four gzip wrappers of 2.58 million empty messages each (64 MiB inflated).
+    records = legacy_gzip_wrapper(64 * 1024 * 1024 // 26 - 1) * 4
+    with kproxy_process(tansu.bootstrap) as (port, _), \
+            socket.create_connection(("127.0.0.1", port), timeout=3) as probe, \
+            socket.create_connection(("127.0.0.1", port), timeout=10) as hostile:
+        baseline = max(round_trip(probe, c) for c in range(1, 6))
+        hostile.sendall(produce_frame(records, 1))
+        worst = 0.0
+        deadline = time.monotonic() + 2
+        c = 10
+        while time.monotonic() < deadline:  # about 2 s of round trips, each bounded by the socket timeout
+            try:
+                worst = max(worst, round_trip(probe, c))
+            except TimeoutError:
+                worst = float("inf")
+                break
+            c += 1
+            time.sleep(0.01)
+        assert worst < 0.5, f"another connection waited {worst:.2f} s (baseline {baseline * 1000:.1f} ms)"
+        # The Produce itself went through and was answered (Tansu refuses magic 0; what matters is the answer).
+        size = int.from_bytes(recv_exact(hostile, 4), "big")
+        assert int.from_bytes(recv_exact(hostile, size)[:4], "big") == 1
+
+
+def test_record_counting_stops_at_its_budget() -> None:
+    bomb = legacy_gzip_wrapper(1_000_000)  # 26 MB inflated, 10 KB on the wire
+    budget = CountBudget(1024 * 1024)
+    started = time.perf_counter()
+    assert count_records(bomb * 50, budget=budget) == 0
+    assert budget.exhausted and budget.remaining == 0
+    assert time.perf_counter() - started < 0.1
+    # Within the budget: counted exactly, and the budget spent by what was inflated.
+    small = legacy_gzip_wrapper(1000)
+    budget = CountBudget(100 * 26_000)
+    assert count_records(small * 3, budget=budget) == 3000
+    assert not budget.exhausted and budget.remaining == 100 * 26_000 - 3 * 26_000
+    # The budget is per frame, shared by its records fields: the 101st wrapper is not paid for.
+    assert sum(count_records(small, budget=budget) for _ in range(98)) == 97_000
+    assert budget.exhausted
+
+
+def test_a_frame_past_the_budget_is_counted_as_uncounted_not_as_a_partial_count() -> None:
+    stats = TrafficStats()
+    fits = produce_frame(legacy_gzip_wrapper(1000), 1)
+    stats.request(PRODUCE, 2, len(fits), None, fits)
+    bomb = produce_frame(legacy_gzip_wrapper(1000) + legacy_gzip_wrapper(1_000_000), 2)
+    stats.request(PRODUCE, 2, len(bomb), None, bomb)
+    assert stats.records == {"produce": 1000}
+    assert stats.records_uncounted == {"produce": 1, "fetch": 0}

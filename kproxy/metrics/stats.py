@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
-from kproxy.protocol.records import count_records
+from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import api_snake_name, error_name
@@ -44,6 +44,10 @@ _CUT_MARK = "~"
 _MISSING = object()
 KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "response_oversize", "response_session")
 PRODUCE, FETCH = 0, 1
+# Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
+# loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
+# at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
+RECORD_COUNT_BUDGET = 1024 * 1024
 
 
 class Histogram:
@@ -124,6 +128,7 @@ class TrafficStats:
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
     byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
+    records_uncounted: dict[str, int] = field(default_factory=dict)
     client_connections: dict[str, int] = field(default_factory=dict)
     client_connections_total: dict[str, int] = field(default_factory=dict)
     upstream_connections: dict[str, int] = field(default_factory=dict)
@@ -145,6 +150,8 @@ class TrafficStats:
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
         for reason in KNOWN_REJECT_REASONS:
             self.frames_rejected.setdefault(reason, 0)
+        for api in ("produce", "fetch"):
+            self.records_uncounted.setdefault(api, 0)
 
     def api(self, api_key: int) -> str:
         """The ``api`` label of a key: its snake-case name, or ``unknown``."""
@@ -260,11 +267,18 @@ class TrafficStats:
         # else: a malformed request is the broker's to refuse; nothing to count
 
     def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
+        """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
+        more, or whose records kproxy cannot read (the client's to judge: forwarded all the same),
+        is not counted at all but counted as such (a partial count would look like a real one)."""
         view = memoryview(frame)
+        budget = CountBudget(RECORD_COUNT_BUDGET)
         try:
-            count = sum(count_records(view[start:end]) for start, end in ranges)
+            count = sum(count_records(view[start:end], budget=budget) for start, end in ranges)
         except ProtocolError:
-            return  # records kproxy cannot read are the client's to judge: forwarded, not counted
+            count = -1
+        if count < 0 or budget.exhausted:
+            self.records_uncounted[api] = self.records_uncounted.get(api, 0) + 1
+            return
         self.records[api] = self.records.get(api, 0) + count
 
     # -- connections -------------------------------------------------------------------
