@@ -42,7 +42,8 @@ UNKNOWN_API = "unknown"
 MAX_LABEL_LENGTH = 128
 _CUT_MARK = "~"
 _MISSING = object()
-KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "response_oversize", "response_session")
+KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "request_timeout", "response_oversize",
+                        "response_session")
 PRODUCE, FETCH = 0, 1
 # Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
 # loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
