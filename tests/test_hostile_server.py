@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import resource
 import signal
 import socket
 import struct
@@ -18,6 +19,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import trio
 
@@ -225,3 +227,114 @@ def test_a_frame_past_the_budget_is_counted_as_uncounted_not_as_a_partial_count(
     stats.request(PRODUCE, 2, len(bomb), None, bomb)
     assert stats.records == {"produce": 1000}
     assert stats.records_uncounted == {"produce": 1, "fetch": 0}
+
+
+# -- defect: running out of file descriptors killed the process -------------------------------------------
+def api_versions_works(sock: socket.socket, correlation_id: int) -> bool:
+    """One ApiVersions round trip; False when kproxy closed the connection or did not answer in time."""
+    try:
+        round_trip(sock, correlation_id)
+    except (AssertionError, OSError):
+        return False
+    return True
+
+
+def wait_for_line(path: Path, text: str, timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in path.read_text().splitlines():
+            if text in line:
+                return line
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in the log:\n{path.read_text()}")
+
+
+def test_out_of_file_descriptors_kproxy_keeps_serving(tansu: Broker, tmp_path: Path) -> None:
+    log = tmp_path / "kproxy.log"
+    port, metrics = free_port(), free_port()
+    argv = [*KPROXY, "run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--broker-port-base",
+            "0", "--shutdown-grace", "2", "--metrics-listen", f"127.0.0.1:{metrics}"]
+
+    def few_fds() -> None:  # in the child, before exec: a limit a few dozen connections reach
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, hard))
+
+    held: list[socket.socket] = []
+    with log.open("w") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, preexec_fn=few_fds)
+    try:
+        wait_for_port("127.0.0.1", port)
+        wait_for_line(log, "event=brokers_discovered")
+        # Open connections until one is not served: kproxy holds two descriptors for each.
+        pending = None
+        for c in range(1, 40):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=1)
+            except ConnectionRefusedError:
+                time.sleep(0.5)
+                raise AssertionError(f"kproxy stopped listening (exit status {proc.poll()})") from None
+            if not api_versions_works(sock, c):
+                pending = sock
+                break
+            held.append(sock)
+        assert pending is not None and len(held) >= 5, "the descriptor limit was not reached"
+        hanging: socket.socket | None = None
+        if not api_versions_works(pending, 100):  # refused (one descriptor left), not hanging
+            pending.close()
+            # One idle scrape connection takes the last descriptor; the next client meets EMFILE in accept.
+            hanging = socket.create_connection(("127.0.0.1", metrics), timeout=1)
+            pending = socket.create_connection(("127.0.0.1", port), timeout=1)
+            assert not api_versions_works(pending, 101)
+        line = wait_for_line(log, "event=accept_failed listener=bootstrap")
+        assert "error=EMFILE" in line and " level=warning " in line
+        assert proc.poll() is None, "kproxy exited"
+        # Connections already open still reach the broker ...
+        assert all(api_versions_works(sock, 200 + i) for i, sock in enumerate(held[:5]))
+        # ... and once some close, the waiting client is served, and new ones too.
+        for sock in held[:5]:
+            sock.close()
+        if hanging is not None:
+            hanging.close()
+        pending.settimeout(10)
+        size = int.from_bytes(recv_exact(pending, 4), "big")  # the request it sent while it waited
+        assert len(recv_exact(pending, size)) == size
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as fresh:
+            assert api_versions_works(fresh, 300)
+        for sock in held[5:10]:
+            sock.close()
+        body = trio.run(scrape, metrics)
+        assert re.search(r'^kproxy_accept_errors_total\{error="EMFILE"\} [1-9]', body, re.M), body
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        for sock in held:
+            sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "Traceback" not in text and "start_failed" not in text
+    # Rate-limited: however many times accept failed, a handful of lines.
+    assert len([line for line in text.splitlines() if "event=accept_failed" in line]) <= 3
+
+
+async def test_connections_over_the_cap_are_closed_at_once_and_counted() -> None:
+    async with fake_cluster((0,)) as cluster, \
+            running_server(proxy_config(cluster.bootstrap, limits__max_connections=2)) as server:
+        first = await KafkaClient.connect(server.bootstrap_port)
+        async with await KafkaClient.connect(server.bootstrap_port) as second:
+            await first.request(API_VERSIONS, 3)
+            await second.request(API_VERSIONS, 3)
+            for _ in range(3):
+                async with await KafkaClient.connect(server.bootstrap_port) as third:
+                    await third.send_raw(raw_request(API_VERSIONS, 0, 1))
+                    assert await third.closed_by_peer() == b""
+            assert server.stats.client_connections_refused == {"bootstrap": 3, "broker-0": 0}
+            await first.aclose()
+            with trio.fail_after(5):
+                while server.open_clients > 1:
+                    await trio.sleep(0.01)
+            async with await KafkaClient.connect(server.bootstrap_port) as fourth:
+                await fourth.request(API_VERSIONS, 3)
+            await second.request(API_VERSIONS, 3)
+        assert server.connections_total == 3

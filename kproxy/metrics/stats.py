@@ -45,6 +45,8 @@ _MISSING = object()
 KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "request_timeout", "response_oversize",
                         "response_session")
 PRODUCE, FETCH = 0, 1
+# accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
+ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 # Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
 # loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
 # at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
@@ -135,6 +137,8 @@ class TrafficStats:
     upstream_connections: dict[str, int] = field(default_factory=dict)
     upstream_connect_failures: dict[str, int] = field(default_factory=dict)
     frames_rejected: dict[str, int] = field(default_factory=dict)
+    accept_errors: dict[str, int] = field(default_factory=dict)
+    client_connections_refused: dict[str, int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -153,6 +157,8 @@ class TrafficStats:
             self.frames_rejected.setdefault(reason, 0)
         for api in ("produce", "fetch"):
             self.records_uncounted.setdefault(api, 0)
+        for error in ACCEPT_CAPACITY_ERRORS:
+            self.accept_errors.setdefault(error, 0)
 
     def api(self, api_key: int) -> str:
         """The ``api`` label of a key: its snake-case name, or ``unknown``."""
@@ -298,6 +304,16 @@ class TrafficStats:
 
     def upstream_connect_failed(self, broker: str) -> None:
         self.upstream_connect_failures[broker] = self.upstream_connect_failures.get(broker, 0) + 1
+
+    def accept_failed(self, error: str) -> None:
+        self.accept_errors[error] = self.accept_errors.get(error, 0) + 1
+
+    def listener_opened(self, listener: str) -> None:
+        """Born at zero: the first refusal must be an increase an alert can see."""
+        self.client_connections_refused.setdefault(listener, 0)
+
+    def client_refused(self, listener: str) -> None:
+        self.client_connections_refused[listener] = self.client_connections_refused.get(listener, 0) + 1
 
     def frame_rejected(self, reason: str) -> None:
         self.frames_rejected[reason] = self.frames_rejected.get(reason, 0) + 1
