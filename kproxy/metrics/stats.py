@@ -181,8 +181,13 @@ class TrafficStats:
     def request(self, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None) -> None:
         """A request was read from a client. ``frame`` is given for Produce (to count records)."""
-        api, version, known = self._labels(api_key, api_version)
-        key = (api, version)
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
         self.requests[key] = self.requests.get(key, 0) + 1
         bkey = (api, "request")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + size
@@ -195,8 +200,13 @@ class TrafficStats:
     def response(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
         """A response went to the client. Scans its error codes (records are skipped, not read)."""
-        api, version, known = self._labels(api_key, api_version)
-        key = (api, version)
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
         self.responses[key] = self.responses.get(key, 0) + 1
         bkey = (api, "response")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + len(frame)
