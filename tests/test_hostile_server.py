@@ -23,9 +23,10 @@ from pathlib import Path
 
 import trio
 
-from kproxy.metrics.stats import MAX_LABEL_LENGTH, TrafficStats
+from kproxy.metrics.stats import MAX_LABEL_LENGTH, LabelCap, TrafficStats
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set
+from kproxy.server.logfmt import Throttle
 from tests.support.fakebroker import KafkaClient, fake_cluster, request_frame, running_server
 from tests.support.proxy import proxy_config
 from tests.support.tansu import Broker, free_port, wait_for_port
@@ -338,3 +339,19 @@ async def test_connections_over_the_cap_are_closed_at_once_and_counted() -> None
                 await fourth.request(API_VERSIONS, 3)
             await second.request(API_VERSIONS, 3)
         assert server.connections_total == 3
+
+
+def test_throttle_logs_the_first_then_one_line_per_interval_with_the_count() -> None:
+    throttle = Throttle(interval=0.2)
+    assert throttle.due() == 1
+    assert [throttle.due() for _ in range(1000)] == [None] * 1000
+    time.sleep(0.25)
+    assert throttle.due() == 1001
+
+
+def test_label_values_are_capped_in_length() -> None:
+    cap = LabelCap(2)
+    long_id = "consumer-" + "x" * 5000
+    assert cap(long_id) == long_id[:MAX_LABEL_LENGTH - 1] + "~"
+    assert cap(long_id + "y") == cap(long_id)  # same first 127 characters: one value, not two
+    assert cap("short") == "short" and cap("third") == "other"
