@@ -59,7 +59,9 @@ class UpstreamTls:
 class Limits:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 1000
+    max_connections: int = 0  # 0: no cap but the process's descriptor limit
     idle_timeout: float = 600.0
+    frame_timeout: float = 30.0
     connect_timeout: float = 10.0
     shutdown_grace: float = 30.0
     read_size: int = 256 * 1024
@@ -250,8 +252,14 @@ OPTIONS: tuple[Option, ...] = (
            "largest frame accepted in either direction, bytes (default 100 MiB)", "BYTES"),
     Option("limits.max_in_flight", "--max-in-flight", _int(1),
            "requests in flight per client connection before kproxy stops reading it (default 1000)", "N"),
+    Option("limits.max_connections", "--max-connections", _int(0),
+           "client connections open at once, all listeners together; more are closed as soon as accepted "
+           "(default 0: no cap)", "N"),
     Option("limits.idle_timeout", "--idle-timeout", _seconds,
            "close a connection idle this long in both directions (default 600)", "SECONDS"),
+    Option("limits.frame_timeout", "--frame-timeout", _seconds,
+           "a request frame must arrive whole within this long of its first byte, or the connection "
+           "closes (default 30)", "SECONDS"),
     Option("limits.connect_timeout", "--connect-timeout", _seconds,
            "upstream connect (and TLS handshake) timeout (default 10)", "SECONDS"),
     Option("limits.shutdown_grace", "--shutdown-grace", _seconds,

@@ -337,6 +337,96 @@ async def test_idle_timeout_on_a_virtual_clock(autojump_clock: trio.testing.Mock
     assert conn.close_reason == "idle timeout"
 
 
+# -- frame deadline (slowloris) ----------------------------------------------------------------------
+async def test_a_trickled_frame_is_cut_at_the_frame_deadline_on_a_virtual_clock(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A byte every 2 s keeps the connection from ever being idle; the frame deadline (default
+    30 s from the frame's first byte) ends it all the same, and says why."""
+    conn, client, upstream = memory_connection(Limits(idle_timeout=3))
+    rejected: list[str] = []
+    conn.on_reject = rejected.append
+    request = opaque(1, b"x" * 100)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        # Whole frames, however slow between them, are fine: each is complete when its first byte is in.
+        for c in range(2, 12):
+            await client.send_all(opaque(c))
+            assert await upstream.receive_some() == opaque(c)
+            await trio.sleep(2.5)
+
+        async def trickle() -> None:
+            for byte in request:
+                try:
+                    await client.send_all(bytes([byte]))
+                except trio.BrokenResourceError:
+                    return
+                await trio.sleep(2)
+
+        start = trio.current_time()
+        nursery.start_soon(trickle)
+        assert await client.receive_some() == b""
+        assert trio.current_time() - start == pytest.approx(30, abs=0.01)
+    assert conn.close_reason == "request frame not complete within frame_timeout 30 s"
+    assert rejected == ["request_timeout"]
+
+
+async def test_the_frame_deadline_restarts_with_each_frame(autojump_clock: trio.testing.MockClock) -> None:
+    conn, client, upstream = memory_connection(Limits(frame_timeout=10))
+    # Nine frames of 31 bytes sent 9 bytes every 2 s: each takes about 8 s, most begin in the chunk
+    # that ends the one before. 60 s of traffic, no frame later than its own 10 s.
+    frames = b"".join(opaque(c, b"y" * 21) for c in range(1, 10))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        for piece in range(0, len(frames), 9):
+            await client.send_all(frames[piece:piece + 9])
+            await trio.sleep(2)
+        assert await read_frames(upstream, 9) == [opaque(c, b"y" * 21) for c in range(1, 10)]
+        await client.aclose()
+    assert conn.close_reason == "client closed"
+
+
+async def test_the_frame_deadline_waits_while_kproxy_does_not_read(autojump_clock: trio.testing.MockClock) -> None:
+    """A request behind one awaiting its answer (max_in_flight reached) is not the client's delay."""
+    conn, client, upstream = memory_connection(Limits(frame_timeout=10, max_in_flight=1))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client.send_all(opaque(50) + opaque(51)[:5])  # kproxy holds 5 bytes of frame 51 ...
+        assert await upstream.receive_some() == opaque(50)
+        await trio.sleep(60)  # ... and reads no more until 50 is answered
+        await upstream.send_all(opaque_answer(50))
+        assert await client.receive_some() == opaque_answer(50)
+        await trio.sleep(9)  # the client gets its full frame_timeout from then
+        await client.send_all(opaque(51)[5:])
+        assert await upstream.receive_some() == opaque(51)
+        await upstream.send_all(opaque_answer(51))
+        assert await client.receive_some() == opaque_answer(51)
+        await client.aclose()
+    assert conn.close_reason == "client closed"
+
+
+async def test_slowloris_over_a_real_socket_other_clients_unaffected() -> None:
+    async with proxied(limits__idle_timeout=3, limits__frame_timeout=0.5) as (_, server), \
+            await KafkaClient.connect(server.bootstrap_port) as slow, \
+            await KafkaClient.connect(server.bootstrap_port) as busy:
+        start = trio.current_time()
+        request = opaque(1, b"z" * 64)
+        with trio.fail_after(5):
+            for byte in request:  # as in the field: a byte at a time, well within the idle timeout
+                try:
+                    await slow.send_raw(bytes([byte]))
+                except trio.BrokenResourceError:
+                    break
+                await busy.request(METADATA, 12, topics=[])
+                if trio.current_time() - start > 1.5:
+                    break
+                await trio.sleep(0.1)
+            assert await slow.closed_by_peer() == b""
+        assert 0.45 < trio.current_time() - start < 1.5
+        await busy.request(METADATA, 12, topics=[])
+        assert server.stats.frames_rejected["request_timeout"] == 1
+        assert len(server.connections) == 1
+
+
 # -- shutdown -----------------------------------------------------------------------------------------
 @contextlib.asynccontextmanager
 async def own_server(upstream: str, **options: Any) -> AsyncIterator[tuple[ProxyServer, trio.Nursery]]:

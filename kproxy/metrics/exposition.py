@@ -13,8 +13,10 @@ The endpoint is a small HTTP/1.1 server on trio with h11 doing the parsing:
 
 from __future__ import annotations
 
+import errno
 import logging
 import platform
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import kproxy
-from kproxy.metrics.stats import Histogram, TrafficStats
+from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, Histogram, TrafficStats
 
 log = logging.getLogger("kproxy.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -69,12 +71,19 @@ class TrafficCollector(Collector):
         yield _counter("kproxy_bytes", "Bytes of Kafka frames by api and direction (request: client to "
                        "broker; response: broker to client).", ["api", "direction"], s.byte_counts)
         yield _counter("kproxy_records", "Records in Produce requests and Fetch responses.", ["api"], s.records)
+        yield _counter("kproxy_records_uncounted", "Produce requests and Fetch responses whose records were not "
+                       "counted: unreadable, or legacy compressed records beyond the per-frame decompression "
+                       "budget.", ["api"], s.records_uncounted)
         yield _counter("kproxy_undecodable_responses", "Responses whose body kproxy could not scan.", ["api"],
                        s.undecodable_responses)
         yield _gauge("kproxy_client_connections_active", "Open client connections.", ["listener"],
                      s.client_connections)
         yield _counter("kproxy_client_connections_accepted", "Client connections accepted.", ["listener"],
                        s.client_connections_total)
+        yield _counter("kproxy_client_connections_refused", "Client connections closed as soon as accepted "
+                       "because limits.max_connections were open.", ["listener"], s.client_connections_refused)
+        yield _counter("kproxy_accept_errors", "accept() failures for lack of descriptors or kernel memory "
+                       "(the listener backs off and retries).", ["error"], s.accept_errors)
         yield _gauge("kproxy_upstream_connections_active", "Open upstream broker connections.", ["broker"],
                      s.upstream_connections)
         yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
@@ -141,6 +150,7 @@ class MetricsServer:
         self.registry = registry
         self.ready = ready
         self.port = 0
+        self._next_accept_warning = 0.0
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
@@ -148,7 +158,27 @@ class MetricsServer:
         self.port = listeners[0].socket.getsockname()[1]
         log.info("event=metrics_listening address=%s:%d", host, self.port)
         task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept, listener, nursery)
+
+    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        """trio.serve_listeners, but out of descriptors it logs one logfmt line per 10 s (trio's
+        own logs a traceback per failed accept, through the root logger)."""
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    name = errno.errorcode.get(exc.errno or 0, "")
+                    if name not in ACCEPT_CAPACITY_ERRORS:
+                        raise
+                    if time.monotonic() >= self._next_accept_warning:
+                        self._next_accept_warning = time.monotonic() + 10
+                        log.warning("event=accept_failed listener=metrics error=%s retry_in_s=0.1", name)
+                    await trio.sleep(0.1)
+                    continue
+                nursery.start_soon(self._handle, stream)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:

@@ -6,11 +6,14 @@ overhead budget. So the proxy counts into dicts and bucket lists here (one dict
 operation per counter), and :mod:`kproxy.metrics.exposition` turns them into
 Prometheus metric families only when Prometheus scrapes.
 
-Cardinality is bounded by construction: api and error names come from Kafka's
-finite tables (unknown codes collapse to one name per code, and codes are
-int16), listener names are one per broker; client ids and topics are opt-in
-labels capped by :class:`LabelCap`, with everything past the cap counted as
-``other``.
+Cardinality is bounded by construction, whatever clients send: api names and
+versions come from Kafka's tables (an api key kproxy does not know is
+``unknown``, a version above the highest it knows for that api is ``other``,
+so a client cycling through 65536 x 65536 key/version pairs adds two series,
+not billions); error names come from the same tables (unknown codes collapse
+to one name per code, and codes are int16), listener names are one per broker;
+client ids and topics are opt-in labels capped by :class:`LabelCap` in count
+(everything past the cap is ``other``) and in length (:data:`MAX_LABEL_LENGTH`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ from dataclasses import dataclass, field
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
-from kproxy.protocol.records import count_records
+from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
-from kproxy.protocol.schema import Direction
+from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import api_snake_name, error_name
 
 # Broker latency: from sub-millisecond produce acks to 30 s long-poll fetches.
@@ -33,9 +36,21 @@ BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                     0.025, 0.05, 0.1)
 OTHER = "other"
+UNKNOWN_API = "unknown"
+# Client ids are up to 32 KiB on the wire; real ones ("producer-1", "app-StreamThread-3-consumer-<uuid>")
+# fit well within this. Longer values are cut (and marked), so a label never costs more than this.
+MAX_LABEL_LENGTH = 128
+_CUT_MARK = "~"
 _MISSING = object()
-KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "response_oversize", "response_session")
+KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "request_timeout", "response_oversize",
+                        "response_session")
 PRODUCE, FETCH = 0, 1
+# accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
+ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
+# Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
+# loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
+# at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
+RECORD_COUNT_BUDGET = 1024 * 1024
 
 
 class Histogram:
@@ -68,7 +83,11 @@ def _le(bound: float) -> str:
 
 
 class LabelCap:
-    """Lets the first ``limit`` distinct values through; every later one is ``other``."""
+    """Lets the first ``limit`` distinct values through; every later one is ``other``.
+
+    Values longer than :data:`MAX_LABEL_LENGTH` are cut to it (the last character
+    becomes ``~``), so ``limit`` values cost at most ``limit * MAX_LABEL_LENGTH``.
+    """
 
     __slots__ = ("limit", "seen")
 
@@ -79,6 +98,10 @@ class LabelCap:
     def __call__(self, value: str) -> str:
         if value in self.seen:
             return value
+        if len(value) > MAX_LABEL_LENGTH:
+            value = value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
+            if value in self.seen:
+                return value
         if len(self.seen) < self.limit:
             self.seen.add(value)
             return value
@@ -99,8 +122,8 @@ class TrafficStats:
 
     options: StatsOptions = field(default_factory=StatsOptions)
     started: float = field(default_factory=time.time)
-    requests: dict[tuple[str, int], int] = field(default_factory=dict)
-    responses: dict[tuple[str, int], int] = field(default_factory=dict)
+    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     overhead: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -108,49 +131,82 @@ class TrafficStats:
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
     byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
+    records_uncounted: dict[str, int] = field(default_factory=dict)
     client_connections: dict[str, int] = field(default_factory=dict)
     client_connections_total: dict[str, int] = field(default_factory=dict)
     upstream_connections: dict[str, int] = field(default_factory=dict)
     upstream_connect_failures: dict[str, int] = field(default_factory=dict)
     frames_rejected: dict[str, int] = field(default_factory=dict)
+    accept_errors: dict[str, int] = field(default_factory=dict)
+    client_connections_refused: dict[str, int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._topics = LabelCap(self.options.label_cap)
         self._clients = LabelCap(self.options.label_cap)
-        self._api_names: dict[int, str] = {}
+        # Known api key -> (label, highest version kproxy knows); anything outside is folded (see _labels).
+        self._apis: dict[int, tuple[str, int]] = {}
+        for key in known_api_keys():
+            span = supported_versions(key)
+            if span is not None:
+                self._apis[key] = (api_snake_name(key), span[1])
         self._scanners: dict[tuple[int, int, Direction], object] = {}
         # The reasons kproxy.server.connection reports start at zero: a counter series born at 1
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
         for reason in KNOWN_REJECT_REASONS:
             self.frames_rejected.setdefault(reason, 0)
+        for api in ("produce", "fetch"):
+            self.records_uncounted.setdefault(api, 0)
+        for error in ACCEPT_CAPACITY_ERRORS:
+            self.accept_errors.setdefault(error, 0)
 
     def api(self, api_key: int) -> str:
-        name = self._api_names.get(api_key)
-        if name is None:
-            name = self._api_names[api_key] = api_snake_name(api_key)
-        return name
+        """The ``api`` label of a key: its snake-case name, or ``unknown``."""
+        known = self._apis.get(api_key)
+        return UNKNOWN_API if known is None else known[0]
+
+    def _labels(self, api_key: int, api_version: int) -> tuple[str, int | str, bool]:
+        """``(api, version, known)`` labels of a pair: versions from 0 to the highest kproxy
+        knows are kept (a client may still speak versions the specs have dropped); the rest
+        fold into ``other``, and an unknown key into ``unknown``/``other``. ``known`` is False
+        for folded pairs: there is no scanner for them either."""
+        known = self._apis.get(api_key)
+        if known is None:
+            return UNKNOWN_API, OTHER, False
+        if 0 <= api_version <= known[1]:
+            return known[0], api_version, True
+        return known[0], OTHER, False
 
     # -- per request / response ------------------------------------------------------
     def request(self, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None) -> None:
         """A request was read from a client. ``frame`` is given for Produce (to count records)."""
-        api = self.api(api_key)
-        key = (api, api_version)
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
         self.requests[key] = self.requests.get(key, 0) + 1
         bkey = (api, "request")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + size
         if self.options.client_id_label:
             ckey = (self._clients(client_id or ""), api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
-        if frame is not None and api_key == PRODUCE:
+        if frame is not None and api_key == PRODUCE and known:
             self._count_records(api_key, api_version, Direction.REQUEST, frame, api)
 
     def response(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
         """A response went to the client. Scans its error codes (records are skipped, not read)."""
-        api = self.api(api_key)
-        key = (api, api_version)
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
         self.responses[key] = self.responses.get(key, 0) + 1
         bkey = (api, "response")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + len(frame)
@@ -163,8 +219,13 @@ class TrafficStats:
         if hist is None:
             hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
         hist.observe(overhead_seconds)
-        if self.options.scan_responses:
+        if not self.options.scan_responses:
+            return
+        if known:
             self._scan_errors(api_key, api_version, frame, body_offset, api)
+        else:
+            # Nothing to scan it with; and a scanner cache entry per pair would grow without bound.
+            self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
@@ -223,11 +284,18 @@ class TrafficStats:
         # else: a malformed request is the broker's to refuse; nothing to count
 
     def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
+        """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
+        more, or whose records kproxy cannot read (the client's to judge: forwarded all the same),
+        is not counted at all but counted as such (a partial count would look like a real one)."""
         view = memoryview(frame)
+        budget = CountBudget(RECORD_COUNT_BUDGET)
         try:
-            count = sum(count_records(view[start:end]) for start, end in ranges)
+            count = sum(count_records(view[start:end], budget=budget) for start, end in ranges)
         except ProtocolError:
-            return  # records kproxy cannot read are the client's to judge: forwarded, not counted
+            count = -1
+        if count < 0 or budget.exhausted:
+            self.records_uncounted[api] = self.records_uncounted.get(api, 0) + 1
+            return
         self.records[api] = self.records.get(api, 0) + count
 
     # -- connections -------------------------------------------------------------------
@@ -246,6 +314,16 @@ class TrafficStats:
 
     def upstream_connect_failed(self, broker: str) -> None:
         self.upstream_connect_failures[broker] = self.upstream_connect_failures.get(broker, 0) + 1
+
+    def accept_failed(self, error: str) -> None:
+        self.accept_errors[error] = self.accept_errors.get(error, 0) + 1
+
+    def listener_opened(self, listener: str) -> None:
+        """Born at zero: the first refusal must be an increase an alert can see."""
+        self.client_connections_refused.setdefault(listener, 0)
+
+    def client_refused(self, listener: str) -> None:
+        self.client_connections_refused[listener] = self.client_connections_refused.get(listener, 0) + 1
 
     def frame_rejected(self, reason: str) -> None:
         self.frames_rejected[reason] = self.frames_rejected.get(reason, 0) + 1

@@ -70,6 +70,7 @@ __all__ = [
     "V2_HEADER_SIZE",
     "BatchInfo",
     "BatchIterator",
+    "CountBudget",
     "Record",
     "TimestampType",
     "compute_crc",
@@ -451,13 +452,43 @@ _V2_COUNT = struct.Struct(">i")  # recordsCount, at byte 57 of a v2 batch
 _V2_FAST_MIN = 61  # a v2 batch header
 
 
-def count_records(data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED) -> int:
+class CountBudget:
+    """How much decompressed data :func:`count_records` may still produce, in bytes.
+
+    v2 batches carry their record count in the header; a compressed legacy
+    (magic 0/1) wrapper does not, so counting it means decompressing its value
+    and walking every inner message header. Gzip shrinks a run of identical
+    26-byte messages about a thousand-fold: 160 KB on the wire are 2.5 million
+    messages to walk, seconds of CPU. A budget shared by every records field of
+    one frame bounds what the frame can cost, however many wrappers it packs
+    (an inner message is at least 26 bytes, so bytes bound the walk too).
+
+    ``exhausted`` is set when a wrapper did not fit in what was left: the count
+    stopped there and is incomplete.
+    """
+
+    __slots__ = ("exhausted", "remaining")
+
+    def __init__(self, decompressed_bytes: int) -> None:
+        self.remaining = decompressed_bytes
+        self.exhausted = False
+
+
+def count_records(
+    data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, budget: CountBudget | None = None
+) -> int:
     """Number of records in a records field; a truncated tail is not counted.
 
     v2 batches are counted from their headers without decompression. A
     compressed legacy wrapper has no count in its header, so its value is
     decompressed (within ``max_decompressed``) and the inner messages' headers
     are walked.
+
+    With a ``budget``, a wrapper whose value does not decompress within what is
+    left of it (too big for it, or not decompressible at all) is not paid for:
+    the count stops before it, ``budget.exhausted`` is set and the records
+    counted so far are returned. Without one, as before: only
+    ``max_decompressed`` per wrapper bounds the work.
     """
     # Fast path for the usual case, v2 batches only: three fields per batch, no objects built.
     total = 0
@@ -474,9 +505,44 @@ def count_records(data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMP
     for batch in iter_batches(data, start=pos):
         if batch.record_count is not None:
             total += batch.record_count
-        else:
-            total += sum(1 for _ in _inner_messages(batch, max_decompressed))
+            continue
+        inner = _count_wrapper(batch, max_decompressed, budget)
+        if inner is None:
+            return total
+        total += inner
     return total
+
+
+_LEGACY_SIZE_MAGIC_ATTRIBUTES: Final = struct.Struct(">i4xbb")  # message_size, (crc), magic, attributes
+
+
+def _count_wrapper(batch: BatchInfo, max_decompressed: int, budget: CountBudget | None) -> int | None:
+    """Inner messages of one compressed legacy wrapper; None when ``budget`` ran out."""
+    limit = max_decompressed if budget is None else min(max_decompressed, budget.remaining)
+    try:
+        data, pos, end, reader = _wrapper_payload(batch, limit)
+    except CorruptRecordsError:
+        if budget is None or limit == max_decompressed:
+            raise
+        budget.remaining = 0  # too big for what was left, or not valid: either way, not paid for
+        budget.exhausted = True
+        return None
+    if budget is not None:
+        budget.remaining -= end - pos
+    # Fast walk: message sizes only, for data that is well-formed. Anything odd goes
+    # to the full walk, which names the problem exactly as decoding would.
+    count = 0
+    minimum = _LEGACY_MIN_SIZE[batch.magic]
+    unpack = _LEGACY_SIZE_MAGIC_ATTRIBUTES.unpack_from
+    while end - pos >= LOG_OVERHEAD + minimum:
+        size, magic, attributes = unpack(data, pos + 8)
+        if size < minimum or size > end - pos - LOG_OVERHEAD or magic != batch.magic or attributes & _CODEC_MASK:
+            break
+        pos += LOG_OVERHEAD + size
+        count += 1
+    if pos == end:
+        return count
+    return count + sum(1 for _ in _inner_entries(batch, data, pos, end, reader))
 
 
 class _Reader:
@@ -634,12 +700,24 @@ def _parse_message(buf: BytesLike, pos: int, end: int) -> _Message:
 
 def _inner_messages(batch: BatchInfo, max_decompressed: int) -> Iterator[tuple[BatchInfo, _Reader]]:
     """The inner messages of a compressed legacy wrapper (header level), with error context."""
+    data, pos, end, reader = _wrapper_payload(batch, max_decompressed)
+    return _inner_entries(batch, data, pos, end, reader)
+
+
+def _wrapper_payload(batch: BatchInfo, max_decompressed: int) -> tuple[BytesLike, int, int, _Reader]:
+    """The decompressed value of a compressed legacy wrapper."""
     wrapper = _parse_message(batch.buffer, batch.offset, batch.end)
     if wrapper.value_start < 0:
         raise CorruptRecordsError("compressed message has a null value", offset=batch.offset, field="value")
-    data, pos, end, reader = _payload(
+    return _payload(
         batch, wrapper.value_start, wrapper.value_end, max_decompressed, lz4_legacy_header=batch.magic == 0
     )
+
+
+def _inner_entries(
+    batch: BatchInfo, data: BytesLike, pos: int, end: int, reader: _Reader
+) -> Iterator[tuple[BatchInfo, _Reader]]:
+    """The entries of a wrapper's decompressed value ``data[pos:end]``, checked against the wrapper."""
     inner = iter_batches(data, start=pos, end=end, allow_truncated_tail=False)
     while True:
         try:

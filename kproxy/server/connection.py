@@ -12,11 +12,18 @@ and in-flight requests get no invented answers (the client retries).
 Backpressure is trio's: a slow client blocks the upstream pump's write, which
 stops reading the broker. The client pump stops reading once
 ``max_in_flight`` requests await answers.
+
+Deadlines: one watchdog task per connection ends it after ``idle_timeout``
+without traffic either way, or when a request frame begun ``frame_timeout``
+ago is still incomplete while kproxy waits for its bytes (a client trickling a
+byte at a time, slowloris, would otherwise never be idle). The pumps only
+record times; the watchdog sleeps until the nearest deadline.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +41,7 @@ from kproxy.server.logfmt import q as _q
 log = logging.getLogger("kproxy.connection")
 
 EnsureListeners = Callable[[list[BrokerRoute]], Awaitable[None]]
+_NO_FRAME = math.inf  # _frame_due when no partial request frame is buffered
 
 
 @dataclass
@@ -68,6 +76,8 @@ class Connection:
         self._waiting_for_client = False  # True only while the client pump may be cancelled harmlessly
         self._idle = trio.CancelScope()
         self._last_activity = 0.0
+        self._frame_due = _NO_FRAME  # when the client's partial request frame must be whole
+        self._watch = trio.CancelScope()  # the watchdog's current sleep
         self.draining = False
         self.close_reason = "client closed"
 
@@ -90,8 +100,8 @@ class Connection:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
                     nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
-                    nursery.start_soon(self._idle_watchdog)
-            if self._idle.cancelled_caught and not self.draining:
+                    nursery.start_soon(self._watchdog)
+            if self._idle.cancelled_caught and not self.draining and self.close_reason == "client closed":
                 self.close_reason = "idle timeout"
         finally:
             with trio.CancelScope(shield=True):
@@ -108,14 +118,40 @@ class Connection:
         # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
         self._last_activity = trio.current_time()
 
-    async def _idle_watchdog(self) -> None:
-        """Ends the connection once neither side moved for ``idle_timeout`` seconds."""
+    async def _watchdog(self) -> None:
+        """Ends the connection once neither side moved for ``idle_timeout`` seconds, or once a
+        request frame is not whole ``frame_timeout`` seconds after its first byte.
+
+        The frame deadline runs only while kproxy waits on the client: when kproxy itself held
+        off reading (``max_in_flight`` reached, a slow broker, draining), the client gets a
+        fresh ``frame_timeout`` from the moment the watchdog notices.
+        """
+        limits = self.limits
         while True:
-            due = self._last_activity + self.limits.idle_timeout
-            if trio.current_time() >= due:
+            now = trio.current_time()
+            idle_due = self._last_activity + limits.idle_timeout
+            if now >= idle_due:
                 self._idle.cancel()
                 return
-            await trio.sleep_until(due)
+            frame_due = self._frame_due
+            if now >= frame_due:
+                if self._waiting_for_client and self.session.can_accept and not self.draining:
+                    self.close_reason = f"request frame not complete within frame_timeout {limits.frame_timeout:g} s"
+                    if self.on_reject is not None:
+                        self.on_reject("request_timeout")
+                    self._idle.cancel()
+                    return
+                frame_due = self._frame_due = now + limits.frame_timeout
+            with trio.CancelScope(deadline=min(idle_due, frame_due)) as self._watch:
+                await trio.sleep_forever()
+
+    def _frame_begun(self) -> None:
+        """A chunk left part of a new request frame buffered: its deadline starts now. Moves the
+        watchdog's wake-up only when it would sleep past it (once per frame at most, and not at
+        all while frames keep arriving within ``frame_timeout`` of each other)."""
+        due = self._frame_due = self._last_activity + self.limits.frame_timeout
+        if due < self._watch.deadline:
+            self._watch.deadline = due
 
     def _end(self, scope: trio.CancelScope, reason: str) -> None:
         if self.close_reason == "client closed" or reason != "client closed":
@@ -164,6 +200,11 @@ class Connection:
         self._touch()
         self.stats.bytes_from_client += len(data)
         frames, chunk, exact = splitter.split(data)
+        if splitter.buffered:
+            if frames or self._frame_due == _NO_FRAME:
+                self._frame_begun()
+        elif self._frame_due != _NO_FRAME:
+            self._frame_due = _NO_FRAME
         forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
         if forward:
             await self._upstream_writer(_payload(forward, frames, chunk, exact))

@@ -8,7 +8,11 @@ listener that is not there yet. Each client connection gets its own upstream
 connection.
 
 Failure containment: a connection's errors end that connection only (logged,
-never raised into the server's nursery). On SIGTERM/SIGINT the server stops
+never raised into the server's nursery). Running out of descriptors or kernel
+memory makes ``accept()`` fail: the listener logs it (one line per interval,
+with a count), backs off and retries while open connections carry on; clients
+wait in the listen backlog meanwhile. ``limits.max_connections`` caps client
+connections below that point: one more is closed as soon as accepted. On SIGTERM/SIGINT the server stops
 accepting, lets connections finish their in-flight requests for
 ``limits.shutdown_grace`` seconds, then cancels what is left.
 """
@@ -28,18 +32,24 @@ import trio
 from kproxy.config import Config
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
-from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, StatsOptions, TrafficStats
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
+from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
 
 log = logging.getLogger("kproxy.server")
+
+# errno -> name for accept() failures that mean "no descriptors or memory left right now" (accept(2)):
+# retried after _ACCEPT_BACKOFF, as trio's own serve_listeners does; any other error ends the listener.
+_CAPACITY_ERRNOS = {getattr(errno, name): name for name in ACCEPT_CAPACITY_ERRORS}
+_ACCEPT_BACKOFF = 0.1
 
 
 class UpstreamUnavailable(Exception):
@@ -84,6 +94,9 @@ class ProxyServer:
         self.draining = False
         self.warmed = trio.Event()  # brokers discovered and the likely codecs compiled
         self.connections_total = 0
+        self.open_clients = 0  # accepted and not closed yet, handshaking ones included (limits.max_connections)
+        self._accept_failures = Throttle()
+        self._cap_refusals = Throttle()
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
             self.stats.upstream_connect_failures.setdefault(str(addr), 0)
@@ -93,6 +106,7 @@ class ProxyServer:
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._warn_about_options()
         async with trio.open_nursery() as connections:
             self._connections_nursery = connections
             async with trio.open_nursery() as nursery:
@@ -120,6 +134,17 @@ class ProxyServer:
                 log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
             connections.cancel_scope.cancel()
         log.info("event=stopped")
+
+    def _warn_about_options(self) -> None:
+        """One warning line per risky setting, at start: an operator reading the log must see them."""
+        tls = self.config.upstream_tls
+        if not tls.verify and tls.enabled:
+            log.warning("event=upstream_tls_unverified option=tls.upstream.verify detail=%s",
+                        _q("broker certificates and names are not checked: whoever answers on the "
+                           "broker's address is trusted (--upstream-no-verify)"))
+        elif not tls.verify:
+            log.warning("event=option_unused option=tls.upstream.verify detail=%s",
+                        _q("--upstream-no-verify has no effect without --upstream-tls"))
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
@@ -228,6 +253,7 @@ class ProxyServer:
             return
         listener.port = sock.getsockname()[1]
         self.listeners[listener.port] = listener
+        self.stats.listener_opened(listener.name)
         tcp = trio.SocketListener(sock)
         listener.ready.set()
         if listener.name != "bootstrap":
@@ -237,10 +263,41 @@ class ProxyServer:
         assert self._connections_nursery is not None
         with listener.scope:
             async with tcp:
+                cap = self.config.limits.max_connections
                 while True:
-                    stream = await tcp.accept()
+                    try:
+                        stream = await tcp.accept()
+                    except OSError as exc:
+                        error = _CAPACITY_ERRNOS.get(exc.errno or 0)
+                        if error is None:
+                            raise
+                        self._accept_failed(listener, error, exc)
+                        await trio.sleep(_ACCEPT_BACKOFF)
+                        continue
+                    if cap and self.open_clients >= cap:
+                        await self._refuse(stream, listener, cap)
+                        continue
                     self.connections_total += 1
+                    self.open_clients += 1
                     self._connections_nursery.start_soon(self._handle, stream, listener)
+
+    def _accept_failed(self, listener: _Listener, error: str, exc: OSError) -> None:
+        self.stats.accept_failed(error)
+        count = self._accept_failures.due()
+        if count is not None:
+            log.warning("event=accept_failed listener=%s error=%s detail=%s occurrences=%d retry_in_s=%.1f "
+                        "open_connections=%d", listener.name, error, _q(exc.strerror or str(exc)), count,
+                        _ACCEPT_BACKOFF, self.open_clients)
+
+    async def _refuse(self, stream: trio.SocketStream, listener: _Listener, cap: int) -> None:
+        """Close a connection accepted over ``limits.max_connections`` at once (the client sees
+        the connection closed and retries later, as after a broker restart)."""
+        self.stats.client_refused(listener.name)
+        count = self._cap_refusals.due()
+        if count is not None:
+            log.warning("event=connection_refused listener=%s peer=%s reason=max_connections max_connections=%d "
+                        "occurrences=%d", listener.name, _peer(stream), cap, count)
+        await trio.aclose_forcefully(stream)
 
     async def _open_socket(self, port: int) -> trio.socket.SocketType:
         pre = self._prebound.pop(port, None)
@@ -261,6 +318,12 @@ class ProxyServer:
 
     # -- connections -----------------------------------------------------------------
     async def _handle(self, stream: trio.SocketStream, listener: _Listener) -> None:
+        try:
+            await self._bridge(stream, listener)
+        finally:
+            self.open_clients -= 1
+
+    async def _bridge(self, stream: trio.SocketStream, listener: _Listener) -> None:
         peer = _peer(stream)
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
