@@ -136,9 +136,8 @@ async def test_oversize_response_is_counted_as_a_response_reject() -> None:
             await client.send_raw(opaque(1))
             assert await client.closed_by_peer() == b""
         await wait_until(lambda: sum(server.stats.frames_rejected.values()) > 0)
-        assert server.stats.frames_rejected == {"request_oversize": 0, "request_session": 0,
-                                                "response_oversize": 1, "response_session": 0}, (
-            f"rejected frames by reason: {server.stats.frames_rejected}")
+        counted = {reason: n for reason, n in server.stats.frames_rejected.items() if n}
+        assert counted == {"response_oversize": 1}, f"rejected frames by reason: {server.stats.frames_rejected}"
         text = exposition(server.stats)
         assert sample(text, "kproxy_frames_rejected_total", reason="response_oversize") == 1
         assert sample(text, "kproxy_frames_rejected_total", reason="request_oversize") == 0
@@ -151,9 +150,8 @@ async def test_oversize_request_is_counted_as_a_request_reject() -> None:
             await client.send_raw(struct.pack(">i", 4096) + b"z" * 200)
             assert await client.closed_by_peer() == b""
         await wait_until(lambda: sum(server.stats.frames_rejected.values()) > 0)
-        assert server.stats.frames_rejected == {"request_oversize": 1, "request_session": 0,
-                                                "response_oversize": 0, "response_session": 0}, (
-            f"rejected frames by reason: {server.stats.frames_rejected}")
+        counted = {reason: n for reason, n in server.stats.frames_rejected.items() if n}
+        assert counted == {"request_oversize": 1}, f"rejected frames by reason: {server.stats.frames_rejected}"
 
 
 # -- histogram buckets are inclusive (le) -----------------------------------------------------

@@ -34,7 +34,7 @@ from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, StatsOptions, TrafficStats
 from kproxy.protocol.errors import ProtocolError
-from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
+from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
@@ -189,8 +189,8 @@ class ProxyServer:
                 await warm_up(versions, self.rewriter)
                 self.warmed.set()
                 return
-            except (UpstreamUnavailable, ProtocolError, trio.BrokenResourceError, trio.TooSlowError, OSError,
-                    ssl.SSLError) as exc:
+            except (UpstreamUnavailable, ProtocolError, PortsExhausted, trio.BrokenResourceError, trio.TooSlowError,
+                    OSError, ssl.SSLError) as exc:
                 log.warning("event=broker_discovery_failed retry_in_s=%.1f reason=%s", delay,
                             _q(str(exc) or type(exc).__name__))
             await trio.sleep(delay)
