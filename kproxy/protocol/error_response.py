@@ -164,27 +164,44 @@ def _role(fields: tuple[Field, ...] | None) -> str | None:
     return None
 
 
-def _pair(target: Field, sources: tuple[Field, ...]) -> Field | None:
+def _pair(target: Field, sources: tuple[Field, ...], only: bool) -> Field | None:
     """The request array that plays the role of response array ``target``."""
     candidates = [f for f in sources if f.array and f.tag is None]
     for f in candidates:
         if f.name == target.name and f.type == target.type:
             return f
     role = _role(target.fields)
-    if role is None:
-        return None
     for f in candidates:
-        if f.type == "struct" and _role(f.fields) == role:
+        if role is not None and f.type == "struct" and _role(f.fields) == role:
             return f
     if role == "partition":
         # OffsetFetch v1-v7 requests list partitions as bare indexes (PartitionIndexes).
         return next((f for f in candidates if f.type == "int32" and "partition" in f.name), None)
+    # The one array of entities on each side (DescribeConfigs Resources -> Results, ...).
+    structs = [f for f in candidates if f.type == "struct" and _role(f.fields) is None]
+    if role is None and only and len(structs) == 1:
+        return structs[0]
+    # A list of names answered by a struct per name: FindCoordinator v4+ CoordinatorKeys -> Coordinators
+    # (KIP-699), DescribeGroups Groups, DeleteGroups GroupsNames -> Results.
+    strings = [f for f in candidates if f.type == "string"]
+    if len(strings) == 1 and _string_key(target.fields or ()) is not None:
+        return strings[0]
     return None
 
 
-def _mirror(fields: tuple[Field, ...], sources: tuple[Field, ...], source: Body | int) -> Body:
+def _string_key(fields: tuple[Field, ...]) -> Field | None:
+    return next((f for f in fields if f.type == "string" and not f.array and f.tag is None
+                 and f.name in _OTHER_KEYS | _TOPIC_KEYS), None)
+
+
+def _mirror(fields: tuple[Field, ...], sources: tuple[Field, ...], source: Body | int | str) -> Body:
     """A default struct of ``fields`` carrying the identity of the request struct ``source``."""
     out = default_struct(fields)
+    if isinstance(source, str):  # one name of a list of names
+        key = _string_key(fields)
+        if key is not None:
+            out[key.name] = source
+        return out
     if isinstance(source, int):  # a bare partition index
         for f in fields:
             if f.name in _PARTITION_KEYS and f.type == "int32" and not f.array and f.tag is None:
@@ -192,12 +209,13 @@ def _mirror(fields: tuple[Field, ...], sources: tuple[Field, ...], source: Body 
                 break
         return out
     by_name = {f.name: f for f in sources if f.tag is None}
+    only = sum(1 for f in fields if f.array and f.type == "struct" and f.tag is None) == 1
     for f in fields:
         if f.tag is not None:
             continue
         if f.array and f.type == "struct":
             assert f.fields is not None
-            paired = _pair(f, sources)
+            paired = _pair(f, sources, only)
             if paired is None:
                 continue
             items = source.get(paired.name) or []
