@@ -694,6 +694,9 @@ class _Loader:
 
     def string(self, node: yaml.Node, path: str) -> str | _Bad:
         value = self.scalar(node)
+        if isinstance(value, bool | int | float) and isinstance(node, yaml.ScalarNode) and node.style is None:
+            # What was written: YAML 1.1 reads an id `off` as false and a topic `1e3` as 1000.0.
+            return str(node.value)
         if not isinstance(value, str):
             return self.fail(node, path, f"expected a string, got {_kind(node, value)}")
         return value
