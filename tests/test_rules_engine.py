@@ -292,7 +292,8 @@ def test_produce_facts(version: int) -> None:
     e = engine("""\
         rules:
           - id: r
-            match: {api: produce, topic: orders, partition: 4, acks: 0, transactional_id: "tx-.*", client_id: "batch-.*"}
+            match: {api: produce, topic: orders, partition: 4, acks: 0, transactional_id: "tx-.*",
+                    client_id: "batch-.*"}
             actions: [drop_response]
         """)
     assert ids(e, facts) == ["r"]  # type: ignore[arg-type]
