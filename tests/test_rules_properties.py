@@ -76,11 +76,11 @@ def reference(rules: RuleSet, facts: StaticFacts) -> list[str]:
             continue
         if m.client_id is not None and (facts.client_id is None or not m.client_id.fullmatch(facts.client_id)):
             continue
-        if m.topics is not None or m.partitions is not None:
-            if not any((m.topics is None or any(t.matches(topic) for t in m.topics))
-                       and (m.partitions is None or parts & m.partitions)
-                       for topic, parts in facts.topics().items()):
-                continue
+        wants_topics = m.topics is not None or m.partitions is not None
+        if wants_topics and not any((m.topics is None or any(t.matches(topic) for t in m.topics))
+                                    and (m.partitions is None or parts & m.partitions)
+                                    for topic, parts in facts.topics().items()):
+            continue
         if m.probability is not None:
             seed = rule.seed if rule.seed is not None else rules.seed
             if draw(seed, rule.id, facts, 0) >= m.probability:

@@ -23,6 +23,9 @@ Where a schema default would mislead a client, a small table fixes it (see
 ``_ERROR_VALUES``): each entry says which Kafka class sets that value on an
 error path.
 
+Produce with acks=0 has no response at all: callers must never send one
+(this function builds what was asked and cannot know the connection's rules).
+
 A caution for callers answering Produce *without forwarding* it: partitions
 outside the subset are answered as successful (``base_offset`` -1) though
 their records were never written. Partial Produce failures without loss need

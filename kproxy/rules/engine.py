@@ -9,8 +9,9 @@ rule names (and no rule is api-agnostic) costs one dict lookup. A request's
 topics, partitions, acks, group id and transactional id are asked of the facts
 only when a candidate rule matches on them, and after its cheap keys passed.
 
-Order of the keys of one rule: api and version, client id, client address,
-broker id, acks, topics/partitions, group id, transactional id; then the
+Order of the keys of one rule: api; client id, client address and broker id
+(the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
+(cached per topic list); version, acks, partitions, group id, transactional id; then the
 schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
 then its counters; then ``probability``. The counters (``after_requests``,
 ``first``, ``every``) count, per rule, the requests that passed everything
@@ -87,19 +88,40 @@ def draw(seed: int, rule_id: str, facts: RequestFacts, index: int) -> float:
 class _Compiled:
     """A rule with what evaluation needs at hand, and its schedule counter."""
 
-    __slots__ = ("count", "delays", "match", "rule", "seed", "static")
+    __slots__ = ("count", "decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed")
 
     def __init__(self, rule: Rule, seed: int) -> None:
         self.rule = rule
-        self.match = rule.match
+        self.match = m = rule.match
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
         self.count = 0
-        m = rule.match
-        # True when api/version are all there is to check: the common zero-cost case.
-        self.static = all(v is None for v in (
-            m.client_id, m.client_address, m.broker_ids, m.acks, m.topics, m.partitions, m.group_id,
-            m.transactional_id, m.probability, m.schedule, m.min_version, m.max_version))
+        # Keys fixed for a client connection, checked once per (api, client id, address, broker).
+        self.peer_keys = any(v is not None for v in (m.client_id, m.client_address, m.broker_ids))
+        # Keys that differ per request.
+        self.request_keys = any(v is not None for v in (
+            m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
+            m.max_version))
+        # Without a draw, a hit is always the same value: built once.
+        fixed = m.probability is None and not any(d.jitter_ms for d in self.delays)
+        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
+            if fixed else None
+        self.decision = Decision((self.fixed,)) if self.fixed is not None else None
+
+    def peer_matches(self, facts: RequestFacts) -> bool:
+        m = self.match
+        if m.client_id is not None:
+            cid = facts.client_id
+            if cid is None or m.client_id.fullmatch(cid) is None:
+                return False
+        if m.client_address is not None:
+            ip = facts.client_ip
+            if ip is None or not any(ip in net for net in m.client_address):
+                return False
+        return m.broker_ids is None or facts.broker_id in m.broker_ids
+
+
+_PEER_CACHE_MAX = 4096
 
 
 class RuleEngine:
@@ -107,6 +129,13 @@ class RuleEngine:
 
     ``loaded_at`` is the monotonic reading (same clock as ``RequestFacts.now``)
     that ``after_seconds`` and ``for_seconds`` count from.
+
+    The keys that are fixed for a client (client id, address, broker id) are
+    checked once per (api key, client id, address, broker id) and the rules
+    that pass are remembered; topic patterns likewise once per such key and
+    list of request topics (each cache holds at most 4096 entries and starts
+    afresh when full). So a hundred rules for other clients or other topics
+    cost a request a few dict lookups, not a hundred regex matches.
     """
 
     def __init__(self, rules: RuleSet, loaded_at: float = 0.0) -> None:
@@ -119,27 +148,61 @@ class RuleEngine:
         self._any = wildcard
         self._by_api: dict[int, tuple[_Compiled, ...]] = {
             k: tuple(c for c in compiled if c.match.apis is None or k in c.match.apis) for k in keys}
+        self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
+        self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
 
     def mentions(self, api_key: int) -> bool:
         """Whether any enabled rule could match a request of this api key."""
         return bool(self._by_api.get(api_key, self._any))
 
     def evaluate(self, facts: RequestFacts) -> Decision:
-        candidates = self._by_api.get(facts.api_key, self._any)
+        api_key = facts.api_key
+        candidates = self._by_api.get(api_key, self._any)
         if not candidates:
             return NO_DECISION
+        peer = (api_key, facts.client_id, facts.client_ip, facts.broker_id)
+        cached = self._by_peer.get(peer)
+        if cached is None:
+            live = tuple(c for c in candidates if not c.peer_keys or c.peer_matches(facts))
+            cached = live, any(c.match.topics is not None for c in live)
+            if len(self._by_peer) >= _PEER_CACHE_MAX:
+                self._by_peer.clear()
+            self._by_peer[peer] = cached
+        live, by_topic = cached
+        if by_topic:
+            live = self._topic_filter(peer, live, facts)
         hits: list[RuleHit] = []
-        for c in candidates:
+        for c in live:
             hit = self._try(c, facts)
             if hit is not None:
-                hits.append(hit)
                 if not c.rule.continue_:
+                    if not hits and hit is c.fixed:
+                        assert c.decision is not None
+                        return c.decision
+                    hits.append(hit)
                     break
+                hits.append(hit)
         return Decision(tuple(hits)) if hits else NO_DECISION
 
+    def _topic_filter(self, peer: tuple[object, ...], live: tuple[_Compiled, ...], facts: RequestFacts
+                      ) -> tuple[_Compiled, ...]:
+        """The rules of ``live`` whose topic patterns match a topic of the request (cached per topic list)."""
+        topics = tuple(facts.topics())
+        key = (peer, topics)
+        found = self._by_topics.get(key)
+        if found is None:
+            found = tuple(c for c in live if c.match.topics is None
+                          or any(t.matches(name) for t in c.match.topics for name in topics))
+            if len(self._by_topics) >= _PEER_CACHE_MAX:
+                self._by_topics.clear()
+            self._by_topics[key] = found
+        return found
+
     def _try(self, c: _Compiled, facts: RequestFacts) -> RuleHit | None:
-        if not c.static and not self._matches(c, c.match, facts):
+        if c.request_keys and not self._matches(c, c.match, facts):
             return None
+        if c.fixed is not None:
+            return c.fixed
         p = c.match.probability
         d: float | None = None
         index = 0
@@ -156,16 +219,6 @@ class RuleEngine:
         if m.min_version is not None and facts.api_version < m.min_version:
             return False
         if m.max_version is not None and facts.api_version > m.max_version:
-            return False
-        if m.client_id is not None:
-            cid = facts.client_id
-            if cid is None or m.client_id.fullmatch(cid) is None:
-                return False
-        if m.client_address is not None:
-            ip = facts.client_ip
-            if ip is None or not any(ip in net for net in m.client_address):
-                return False
-        if m.broker_ids is not None and facts.broker_id not in m.broker_ids:
             return False
         if m.acks is not None and facts.acks() not in m.acks:
             return False

@@ -17,6 +17,7 @@ import fnmatch
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from kproxy.protocol.tables import api_snake_name
 
@@ -190,8 +191,6 @@ class Delay:
             return self.ms
         if self.distribution is Distribution.UNIFORM:
             return max(0.0, self.ms + (2 * draw - 1) * self.jitter_ms)
-        from statistics import NormalDist
-
         # Inverse CDF of the same uniform draw: one draw per delay whatever the distribution.
         p = min(max(draw, 1e-12), 1 - 1e-12)
         return max(0.0, NormalDist(self.ms, self.jitter_ms).inv_cdf(p))
