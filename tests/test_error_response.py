@@ -251,3 +251,35 @@ async def test_kafka_python_producer_retries_injected_not_leader() -> None:
         first_error = cluster.received.index(produced[0])
         assert any(r.api_key == 3 for r in cluster.received[first_error:])
         assert metadata.topic == "orders" and metadata.partition == 0 and metadata.offset >= 0
+
+
+async def test_librdkafka_producer_retries_injected_not_leader() -> None:
+    """librdkafka (confluent-kafka) meets the same injected error and delivers after its retry."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    async with fake_cluster((0,)) as cluster:
+        cluster.add_topic("orders", [0])
+        injected: list[int] = []
+
+        async def produce(broker: Any, received: Received) -> Any:
+            if not injected:
+                injected.append(received.correlation_id)
+                frame = len(received.payload).to_bytes(4, "big") + received.payload
+                return error_response(frame, NOT_LEADER_OR_FOLLOWER)[4:]
+            return await cluster.answer(broker, received)
+
+        cluster.handlers[PRODUCE] = produce
+
+        def run_producer() -> list[Any]:
+            outcomes: list[Any] = []
+            producer = confluent_kafka.Producer({
+                "bootstrap.servers": cluster.bootstrap, "retry.backoff.ms": 50, "message.timeout.ms": 20000,
+                "enable.idempotence": False, "linger.ms": 0})
+            producer.produce("orders", b"v", partition=0, on_delivery=lambda err, msg: outcomes.append(err))
+            producer.flush(25)
+            return outcomes
+
+        with trio.fail_after(60):
+            outcomes = await trio.to_thread.run_sync(run_producer)
+        assert outcomes == [None]  # delivered, no error reached the application
+        assert len(injected) == 1
+        assert len([r for r in cluster.received if r.api_key == PRODUCE]) == 2
