@@ -104,7 +104,7 @@ def test_numbers_names_and_lists_are_all_accepted() -> None:
             match: {api: [0, Fetch, list_offsets], api_version: {min: 3}, acks: [all, 1], partition: [0, 2],
                     client_address: ["10.0.0.0/8", "::1"], broker_id: 3,
                     schedule: {window: {start: "22:00", end: 6:00}}}
-            actions: [{inject_error: {error: 6, partitions: 1}}, {delay: {ms: 1}}]
+            actions: [{inject_error: {error: 6, partitions: 1, mode: replace}}, {delay: {ms: 1}}]
           - id: b
             match: {api: metadata}
             actions:
@@ -119,7 +119,7 @@ def test_numbers_names_and_lists_are_all_accepted() -> None:
     assert a.match.schedule is not None and a.match.schedule.window is not None
     # An unquoted 6:00 is the base-60 integer 360 to YAML 1.1: the loader reads the text as written.
     assert (a.match.schedule.window.start_s, a.match.schedule.window.end_s) == (22 * 3600, 6 * 3600)
-    assert a.actions[0] == InjectError(6, partitions=frozenset({1}))
+    assert a.actions[0] == InjectError(6, partitions=frozenset({1}), mode=InjectMode.REPLACE)
     assert b.actions == (MutateMetadata(hide_brokers=frozenset({2}), move_leader=((PartitionRef("t", 0), 1),)),)
     assert c.actions == (DowngradeApiVersions(((0, 7), (1, 11))),)
 
@@ -250,6 +250,13 @@ BAD_FILES: list[tuple[str, str, list[str], bool]] = [
             actions: [{corrupt_records: {target: crc}}]
         """, ["r.yaml:4: rules[0].actions[0].corrupt_records: acts on fetch, produce only: "
               "restrict match.api to them"], False),
+    ("partial produce failure answered locally", """\
+        rules:
+          - id: a
+            match: {api: [produce, fetch]}
+            actions: [{inject_error: {error: NOT_ENOUGH_REPLICAS, partitions: [0]}}]
+        """, ["r.yaml:4: rules[0].actions[0].inject_error.partitions: a partial Produce failure needs mode: replace "
+              "(answering without forwarding would acknowledge records that were never written)"], False),
     ("no actions", """\
         rules:
           - id: a

@@ -29,6 +29,7 @@ from kproxy.protocol.tables import api_key, api_snake_name, error_code
 from kproxy.rules.model import (
     ACTION_APIS,
     ACTION_NAMES,
+    PRODUCE,
     Action,
     Blackhole,
     CloseConnection,
@@ -422,7 +423,13 @@ class _Loader:
         if m is None:
             return BAD
         maker: Callable[[dict[str, yaml.Node], yaml.Node, str], Action | _Bad] = getattr(self, f"act_{name}")
-        return maker(m, at, apath)
+        made = maker(m, at, apath)
+        if (isinstance(made, InjectError) and made.partitions is not None and made.mode is InjectMode.RESPOND
+                and (apis is None or PRODUCE in apis)):
+            return self.fail(m.get("partitions", at), f"{apath}.partitions",
+                             "a partial Produce failure needs mode: replace (answering without forwarding "
+                             "would acknowledge records that were never written)")
+        return made
 
     def _made(self, at: yaml.Node, path: str, kw: dict[str, Any], make: Callable[..., T]) -> T | _Bad:
         if any(isinstance(v, _Bad) for v in kw.values()):

@@ -402,6 +402,9 @@ class Rule:
         if not self.actions:
             raise ValueError("a rule needs at least one action")
         for action in self.actions:
+            if (isinstance(action, InjectError) and action.partitions is not None
+                    and action.mode is InjectMode.RESPOND and (self.match.apis is None or PRODUCE in self.match.apis)):
+                raise ValueError("a partial Produce failure needs mode: replace")
             allowed = ACTION_APIS.get(type(action))
             if allowed is None:
                 continue
