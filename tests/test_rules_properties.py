@@ -24,6 +24,7 @@ from kproxy.rules.model import (
     InjectError,
     Match,
     Rule,
+    Schedule,
     TopicPattern,
 )
 
@@ -41,6 +42,8 @@ matches = st.builds(
                                         (TopicPattern("orders-[a-z]+", is_regex=True),)]),
     partitions=st.none() | st.frozensets(st.integers(0, 3), min_size=1, max_size=2),
     probability=st.none() | st.sampled_from([0.1, 0.5, 0.9, 1.0]),
+    schedule=st.none() | st.builds(Schedule, after_requests=st.integers(0, 3), first=st.none() | st.integers(1, 4),
+                                   every=st.none() | st.integers(1, 3)),
 )
 
 
@@ -65,8 +68,8 @@ facts_strategy = st.builds(
 streams = st.lists(facts_strategy, min_size=1, max_size=40)
 
 
-def reference(rules: RuleSet, facts: StaticFacts) -> list[str]:
-    """The contract, written plainly: no index, no shortcuts."""
+def reference(rules: RuleSet, facts: StaticFacts, counts: dict[str, int]) -> list[str]:
+    """The contract, written plainly: no index, no caches. ``counts``: the schedule counters, per rule."""
     out: list[str] = []
     for rule in rules.rules:
         if not rule.enabled:
@@ -81,6 +84,14 @@ def reference(rules: RuleSet, facts: StaticFacts) -> list[str]:
                                     and (m.partitions is None or parts & m.partitions)
                                     for topic, parts in facts.topics().items()):
             continue
+        if m.schedule is not None:
+            n = counts.get(rule.id, 0)
+            counts[rule.id] = n + 1
+            n -= m.schedule.after_requests
+            if n < 0 or (m.schedule.first is not None and n >= m.schedule.first):
+                continue
+            if m.schedule.every is not None and n % m.schedule.every:
+                continue
         if m.probability is not None:
             seed = rule.seed if rule.seed is not None else rules.seed
             if draw(seed, rule.id, facts, 0) >= m.probability:
@@ -102,9 +113,10 @@ def test_same_rules_same_requests_same_decisions(rules: RuleSet, requests: list[
 @given(rule_sets(), streams)
 def test_engine_agrees_with_the_reference(rules: RuleSet, requests: list[StaticFacts]) -> None:
     engine = RuleEngine(rules)
+    counts: dict[str, int] = {}
     for facts in requests:
         decision = engine.evaluate(facts)
-        assert [h.rule_id for h in decision.hits] == reference(rules, facts)
+        assert [h.rule_id for h in decision.hits] == reference(rules, facts, counts)
         by_id = {r.id: r for r in rules.rules}
         for hit in decision.hits:
             rule = by_id[hit.rule_id]
@@ -131,12 +143,21 @@ def test_different_seeds_give_different_decisions(seed_a: int, seed_b: int, p: f
 @settings(max_examples=100, deadline=None)
 @given(rule_sets(), streams)
 def test_decisions_are_a_function_of_each_request_alone(rules: RuleSet, requests: list[StaticFacts]) -> None:
-    """Without schedules, a request's decision does not depend on the requests before it."""
+    """Without schedules, a request's decision does not depend on the requests before it (nor on caches)."""
     rules = replace(rules, rules=tuple(r for r in rules.rules if r.match.schedule is None))
     engine = RuleEngine(rules)
     forward = [engine.evaluate(f) for f in requests]
     backward = [RuleEngine(rules).evaluate(f) for f in reversed(requests)][::-1]
     assert forward == backward
+
+
+def test_caches_stay_right_past_their_bound() -> None:
+    rules = RuleSet((Rule(id="odd", match=Match(client_id=re.compile(r"c\d*[13579]"), topics=(TopicPattern("t1*"),)),
+                          actions=(DropResponse(),)),))
+    engine = RuleEngine(rules)
+    for i in range(10_000):  # more clients and topic lists than the caches keep
+        facts = StaticFacts(api_key=0, client_id=f"c{i}", topic_partitions={f"t{i % 20}": frozenset({0})})
+        assert engine.evaluate(facts).matched == (i % 2 == 1 and f"t{i % 20}".startswith("t1")), i
 
 
 def test_rule_hit_is_a_plain_value() -> None:
