@@ -21,6 +21,8 @@ from kproxy.rules.model import (
     InjectMode,
     MutateMetadata,
     PartitionRef,
+    Rewrite,
+    RewriteDirection,
     Throttle,
     ThrottleScope,
 )
@@ -257,6 +259,16 @@ BAD_FILES: list[tuple[str, str, list[str], bool]] = [
             actions: [{inject_error: {error: NOT_ENOUGH_REPLICAS, partitions: [0]}}]
         """, ["r.yaml:4: rules[0].actions[0].inject_error.partitions: a partial Produce failure needs mode: replace "
               "(answering without forwarding would acknowledge records that were never written)"], False),
+    ("rewrite of a field the api does not have", """\
+        rules:
+          - id: a
+            match: {api: produce}
+            actions:
+              - rewrite: {set: {ack: 1, "topic_data[].name": x, "topic_data.name": y}}
+        """, ["r.yaml:5: rules[0].actions[0].rewrite.set.ack: no field 'ack' in produce requests of any version "
+              "(arrays end in []) (did you mean 'acks'?)",
+              "r.yaml:5: rules[0].actions[0].rewrite.set.topic_data.name: no field 'topic_data.name' in produce "
+              "requests of any version (arrays end in []) (did you mean 'topic_data'?)"], False),
     ("no actions", """\
         rules:
           - id: a
@@ -337,3 +349,21 @@ def test_rules_check_exits_2_listing_every_problem_of_every_file(
     ]
 
 
+
+
+def test_rewrite_paths_resolve_in_the_schemas() -> None:
+    rules = load_text(textwrap.dedent("""\
+        rules:
+          - id: a
+            match: {api: produce}
+            actions:
+              - rewrite: {set: {acks: 1, "topic_data[].name": renamed}, topic_prefix: {"old-": "new-"}}
+          - id: b
+            match: {api: [fetch, produce]}
+            actions:
+              - rewrite: {direction: response, set: {throttle_time_ms: 5}}
+        """))
+    a, b = (r.actions[0] for r in rules.rules)
+    assert isinstance(a, Rewrite) and a.set_fields == (("acks", 1), ("topic_data[].name", "renamed"))
+    assert a.topic_prefix == (("old-", "new-"),)
+    assert isinstance(b, Rewrite) and b.direction is RewriteDirection.RESPONSE

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import yaml
 
 from kproxy.protocol import _tables
-from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.schema import Direction, message_schema, supported_versions
 from kproxy.protocol.tables import api_key, api_snake_name, error_code
 from kproxy.rules.model import (
     ACTION_APIS,
@@ -424,6 +424,12 @@ class _Loader:
             return BAD
         maker: Callable[[dict[str, yaml.Node], yaml.Node, str], Action | _Bad] = getattr(self, f"act_{name}")
         made = maker(m, at, apath)
+        if isinstance(made, Rewrite) and apis is not None and "set" in m:
+            direction = made.direction
+            for key_node, _ in m["set"].value:
+                reason = _unknown_field_path(str(key_node.value), apis, direction)
+                if reason is not None:
+                    made = self.fail(key_node, f"{apath}.set.{key_node.value}", reason)
         if (isinstance(made, InjectError) and made.partitions is not None and made.mode is InjectMode.RESPOND
                 and (apis is None or PRODUCE in apis)):
             return self.fail(m.get("partitions", at), f"{apath}.partitions",
@@ -754,6 +760,34 @@ class _Loader:
         shown = _show(node, value)
         return self.fail(node, path, f"expected one of {', '.join(names)}, got {shown}"
                                      f"{did_you_mean(str(value), names) if isinstance(value, str) else ''}")
+
+
+def _unknown_field_path(path: str, apis: frozenset[int], direction: RewriteDirection) -> str | None:
+    """Why ``path`` names no field of these APIs' messages in any version; None when it does."""
+    side = Direction.REQUEST if direction is RewriteDirection.REQUEST else Direction.RESPONSE
+    for key in sorted(apis):
+        known = supported_versions(key)
+        names: set[str] = set()
+        found = False
+        for version in range(known[0], known[1] + 1) if known else ():
+            schema = message_schema(key, version, side)
+            fields = schema.fields if schema is not None else ()
+            for i, part in enumerate(path.split(".")):
+                name, is_list = part.removesuffix("[]"), part.endswith("[]")
+                if i == 0:
+                    names.update(f.name for f in fields)
+                match = next((f for f in fields if f.name == name), None)
+                if match is None or match.array != is_list:
+                    break
+                fields = match.fields or ()
+            else:
+                found = True
+                break
+        if not found:
+            first = path.split(".")[0].removesuffix("[]")
+            return (f"no field {path!r} in {api_snake_name(key)} {side.name.lower()}s of any version "
+                    f"(arrays end in []){did_you_mean(first, sorted(names))}")
+    return None
 
 
 def _kind(node: yaml.Node, value: Any) -> str:
