@@ -272,9 +272,39 @@ def _run_health(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ----------------------------------------------------------------------------- rules
+
+
+def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "rules", help="work with fault-injection rule files",
+        description="Fault-injection rule files (format: rules/README.md, rules/kproxy-rules.schema.json).")
+    actions = parser.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
+    check = actions.add_parser(
+        "check", help="validate rule files",
+        description="Load each rule file as kproxy run --rules would. Exit 0 when all are valid; exit 2 "
+                    "listing every problem of every file as file:line: key: reason.")
+    check.add_argument("files", nargs="+", metavar="FILE", help="rule files (YAML)")
+    check.set_defaults(handler=_run_rules_check)
+
+
+def _run_rules_check(args: argparse.Namespace) -> int:
+    from kproxy.rules.load import check_files
+
+    problems = check_files(args.files)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return EXIT_USAGE
+    for path in args.files:
+        print(f"{path}: ok")
+    return EXIT_OK
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
     _add_decode,
     _add_health,
+    _add_rules,
 )
