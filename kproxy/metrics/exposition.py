@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 import kproxy
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, Histogram, TrafficStats
+from kproxy.protocol.tables import error_class, error_code
 
 log = logging.getLogger("kproxy.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -60,8 +61,13 @@ class TrafficCollector(Collector):
         yield _histogram("kproxy_overhead_seconds",
                          "kproxy's own time per request: reading, decoding, rewriting and writing, both ways.",
                          s.overhead)
-        yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, "
-                       "per partition where the response has partitions.", ["api", "error"], s.errors)
+        yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, per partition "
+                       "where the response has partitions; class: routine (normal protocol flow), retriable, "
+                       "error.", ["api", "error", "class"],
+                       {(api, name, _class_of(name)): n for (api, name), n in s.errors.items()})
+        yield _counter("kproxy_responses_with_errors", "Responses carrying at least one error code, by the worst "
+                       "class among them (routine < retriable < error).", ["api", "class"],
+                       s.responses_with_errors)
         if s.options.topic_label:
             yield _counter("kproxy_topic_response_errors", "Kafka error codes in responses by topic "
                            "(opt-in; capped, the rest is 'other').", ["api", "topic", "error"], s.topic_errors)
@@ -93,6 +99,12 @@ class TrafficCollector(Collector):
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+
+
+def _class_of(error_name: str) -> str:
+    code = error_code(error_name)
+    # UNKNOWN_ERROR_CODE_<n>: a code this build does not know is an error
+    return "error" if code is None else error_class(code)
 
 
 def _info() -> Metric:
