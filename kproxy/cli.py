@@ -184,6 +184,9 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
         epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
+    parser.add_argument("--check", action="store_true", dest="check_only",
+                        help="check the configuration (file, KPROXY_* environment, flags, TLS files) and exit: "
+                             "0 when valid, 2 listing every problem")
     parser.set_defaults(handler=_run_proxy)
 
 
@@ -193,11 +196,25 @@ def _run_proxy(args: argparse.Namespace) -> int:
         # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
         from kproxy.server.tls import client_side_context, upstream_context
 
-        client_side_context(config.client_tls)
-        upstream_context(config.upstream_tls)
+        problems: list[str] = []
+        try:
+            client_side_context(config.client_tls)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        try:
+            upstream_context(config.upstream_tls)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        if problems:
+            raise ConfigError(*problems)
     except ConfigError as exc:
-        print(f"kproxy run: invalid configuration: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check_only:
+        print(f"kproxy run --check: configuration ok (upstream {','.join(map(str, config.upstream))}, "
+              f"listen {config.listen})")
+        return EXIT_OK
     from kproxy.server.app import run
 
     return run(config)

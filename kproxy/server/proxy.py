@@ -56,6 +56,15 @@ class UpstreamUnavailable(Exception):
     """No upstream address accepted a connection."""
 
 
+class ListenFailed(OSError):
+    """A port kproxy must listen on could not be opened; says which (``what``, ``address``)."""
+
+    def __init__(self, what: str, address: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.what = what
+        self.address = address
+
+
 @dataclass
 class _Listener:
     name: str
@@ -117,8 +126,11 @@ class ProxyServer:
                 self.addresses.reserved_ports.add(boot.port)
                 if self.config.metrics_listen is not None:
                     self.metrics_server = MetricsServer(make_registry(self.stats, self._live_gauges), self.readiness)
-                    await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
-                                        self.config.metrics_listen.port)
+                    try:
+                        await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
+                                            self.config.metrics_listen.port)
+                    except OSError as exc:
+                        raise ListenFailed("metrics", str(self.config.metrics_listen), exc) from exc
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._discover_brokers)
@@ -248,7 +260,7 @@ class ProxyServer:
             log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
                       _q(listener.failed))
             if listener.name == "bootstrap":
-                raise
+                raise ListenFailed("bootstrap", f"{self.config.listen.host}:{listener.port}", exc) from exc
             task_status.started()
             return
         listener.port = sock.getsockname()[1]
