@@ -194,12 +194,22 @@ def _run_proxy(args: argparse.Namespace) -> int:
 
         client_side_context(config.client_tls)
         upstream_context(config.upstream_tls)
+        if config.capture.enabled:
+            _check_capture_installed()
     except ConfigError as exc:
         print(f"kproxy run: invalid configuration: {exc}", file=sys.stderr)
         return EXIT_USAGE
     from kproxy.server.app import run
 
     return run(config)
+
+
+def _check_capture_installed() -> None:
+    try:
+        import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+    except ImportError as exc:
+        raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
+                          f"install it with: pip install 'kproxy[capture]'") from None
 
 
 # ------------------------------------------------------------------------------ demo

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.captured import CapturedRun, make_capture
 from tests.support.proxy import ProxyThread, running_proxy
 from tests.support.tansu import Broker, run_tansu
 
@@ -22,3 +23,10 @@ def kproxy(tansu: Broker) -> Iterator[ProxyThread]:
     """A fresh kproxy in front of the session's Tansu broker."""
     with running_proxy(tansu.bootstrap) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="session")
+def captured_run(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> CapturedRun:
+    """One real capture (see :mod:`tests.support.captured`), shared by capture and analysis tests."""
+    pytest.importorskip("pyarrow")
+    return make_capture(tansu, tmp_path_factory.mktemp("capture"))

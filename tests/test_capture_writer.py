@@ -33,7 +33,7 @@ def _rows(directory: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for path in _files(directory):
         check_version(pq.read_metadata(path).metadata, str(path))
-        rows.extend(pq.read_table(path).to_pylist())
+        rows.extend(pq.ParquetFile(path).read().to_pylist())
     return rows
 
 
@@ -95,7 +95,7 @@ def test_rotates_by_size_and_splits_by_hour(tmp_path: Path) -> None:
     assert sorted(r["correlation_id"] for r in rows) == list(range(n))
     for path in files:  # every record sits in its own hour's directory
         hours = {hour_dir_name(int(r["request_time"].timestamp() * 1_000_000) // HOUR_US)
-                 for r in pq.read_table(path).to_pylist()}
+                 for r in pq.ParquetFile(path).read().to_pylist()}
         assert hours == {path.parent.name}
 
 
@@ -189,3 +189,16 @@ def test_wrong_schema_version_names_the_file() -> None:
         check_version({b"kproxy.capture.schema_version": b"99"}, "f.parquet")
     with pytest.raises(SchemaVersionError, match=r"f\.parquet: not a kproxy capture file"):
         check_version({}, "f.parquet")
+
+
+def test_capture_counts_are_exported_only_when_capture_is_on() -> None:
+    from prometheus_client import generate_latest
+
+    from kproxy.metrics.exposition import LiveGauges, make_registry
+    from kproxy.metrics.stats import TrafficStats
+
+    on = generate_latest(make_registry(TrafficStats(), lambda: LiveGauges(capture={"written": 3, "dropped": 1})))
+    assert b'kproxy_capture_records_total{outcome="written"} 3.0' in on
+    assert b'kproxy_capture_records_total{outcome="dropped"} 1.0' in on
+    off = generate_latest(make_registry(TrafficStats(), LiveGauges))
+    assert b"kproxy_capture_records" not in off
