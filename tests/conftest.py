@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +34,20 @@ def captured_run(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Cap
     """One real capture (see :mod:`tests.support.captured`), shared by capture and analysis tests."""
     pytest.importorskip("pyarrow")
     return make_capture(tansu, tmp_path_factory.mktemp("capture"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One Spark session (local[2]) for every analysis test: a JVM start costs seconds."""
+    pytest.importorskip("pyspark")
+    if not os.environ.get("JAVA_HOME"):
+        java = shutil.which("java")
+        if java is None:
+            pytest.skip("no Java on this machine (Spark needs Java 17+)")
+        os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
+    from kproxy.analysis.job import spark_session
+
+    session = spark_session("local[2]")
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
