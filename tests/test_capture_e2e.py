@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +16,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from kproxy.capture.schema import COLUMN_NAMES, SCHEMA_VERSION, check_version  # noqa: E402
 from tests.support.captured import PRODUCER_ID, CapturedRun  # noqa: E402
+from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique  # noqa: E402
+from tests.support.proxy import running_proxy  # noqa: E402
+from tests.support.tansu import free_port, wait_for_port  # noqa: E402
 
 
 def _rows(run: CapturedRun) -> list[dict[str, Any]]:
@@ -75,3 +83,57 @@ def test_records_and_bytes_per_topic_match_what_was_sent(captured_run: CapturedR
         assert r["payloads"] is None  # keys and values are not captured by default
     assert all(r["client_host"] == "127.0.0.1" and r["client_port"] for r in rows)
     assert len({r["connection_id"] for r in rows}) >= 2
+
+
+def test_sigterm_completes_the_open_file(tansu: Any, tmp_path: Path) -> None:
+    """A real ``kproxy run`` process: while it runs, only a hidden temporary file exists; SIGTERM
+    completes and renames it, with every record of the traffic in it."""
+    port = free_port()
+    capture = tmp_path / "capture"
+    topic = unique("sigterm")
+    create_topic(tansu.bootstrap, topic, partitions=1)
+    argv = [sys.executable, "-m", "kproxy", "run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
+            "--broker-port-base", "0", "--shutdown-grace", "5", "--capture-dir", str(capture)]
+    log = tmp_path / "kproxy.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_port("127.0.0.1", port)
+        producer = produce_confluent(f"127.0.0.1:{port}", topic, [(b"k", b"v%d" % i) for i in range(50)])
+        deadline = time.monotonic() + 10  # the writer flushes a row group within a second
+        while not list(capture.rglob(".capture-*.tmp")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(capture.rglob(".capture-*.tmp")), "no file being written"
+        assert list(capture.rglob("capture-*.parquet")) == []  # nothing complete is visible yet
+        proc.send_signal(signal.SIGTERM)  # with the producer still connected
+        assert proc.wait(timeout=20) == 0
+        del producer
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert list(capture.rglob(".*")) == [], log.read_text()
+    files = list(capture.rglob("capture-*.parquet"))
+    assert len(files) == 1
+    rows = pq.ParquetFile(files[0]).read().to_pylist()
+    produced = sum(p["record_count"] for r in rows if r["api_name"] == "Produce" for p in r["partitions"])
+    assert produced == 50
+    assert "Traceback" not in log.read_text()
+
+
+def test_payloads_are_opt_in_and_capped(tansu: Any, tmp_path: Path) -> None:
+    topic = unique("payloads")
+    create_topic(tansu.bootstrap, topic, partitions=1)
+    with running_proxy(tansu.bootstrap, capture__dir=str(tmp_path), capture__include_payloads=True,
+                       capture__payload_max_bytes=4) as proxy:
+        produce_confluent(proxy.bootstrap, topic, [(b"key-%d" % i, b"value-%d" % i) for i in range(5)],
+                          **{"linger.ms": 50})
+        got = consume_confluent(proxy.bootstrap, topic, 1, 5)
+    assert len(got) == 5
+    rows = [r for path in sorted(tmp_path.rglob("capture-*.parquet")) for r in pq.ParquetFile(path).read().to_pylist()]
+    for api in ("Produce", "Fetch"):
+        payloads = [p for r in rows if r["api_name"] == api for p in r["payloads"] or ()]
+        assert sorted((p["key"], p["value"], p["key_size"], p["value_size"]) for p in payloads) == [
+            (b"key-", b"valu", 5, 7)] * 5, api
+        assert {p["topic"] for p in payloads} == {topic}
+    assert all(r["payloads"] is None or r["api_name"] in ("Produce", "Fetch") or r["payloads"] == []
+               for r in rows)
