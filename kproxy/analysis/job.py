@@ -122,7 +122,7 @@ def check_file(path: Path) -> InputProblem | None:
 
     try:
         metadata = pq.read_metadata(path).metadata
-    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a bad footer
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError, ArrowIOError an OSError
         return InputProblem(str(path), f"unreadable Parquet footer: {exc}")
     try:
         check_version(metadata, str(path))
