@@ -270,6 +270,9 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                         help="Spark master (default local[*]: every core of this machine)")
     parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
                         help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
+                             "until Ctrl-C)")
     parser.set_defaults(handler=_run_analyze)
 
 
@@ -281,7 +284,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install 'kproxy[analysis]'",
               file=sys.stderr)
         return EXIT_USAGE
-    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr)
+    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
+                   follow=args.follow)
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (

@@ -221,3 +221,32 @@ def test_summary_prints_per_api_lines(analysed: Any) -> None:
     text = buf.getvalue()
     line = next(x for x in text.splitlines() if x.startswith("FindCoordinator"))
     assert line.split()[1:3] == ["20", "2.00/2.00/2.00"]
+
+
+def test_follow_keeps_per_minute_aggregates_up_to_date(spark: Any, tmp_path: Path) -> None:
+    from kproxy.analysis.follow import LIVE_TABLE, follow
+
+    capture, out = tmp_path / "capture", tmp_path / "out"
+    capture.mkdir()
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        writer = CaptureWriter(capture, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+        for r in rows:
+            writer.offer(r)
+        writer.close()
+
+    def live() -> dict[tuple[int, str], tuple[int, int]]:
+        table = pq.read_table(out / LIVE_TABLE).to_pylist()
+        return {(r["minute"].minute, r["api_name"]): (r["requests"], r["errors"]) for r in table}
+
+    write([record(i, at_us=M0 + i) for i in range(30)])
+    query = follow(spark, str(capture), str(out), trigger_seconds=0.5)
+    try:
+        query.processAllAvailable()
+        assert live() == {(14, "Produce"): (30, 0)}
+        write([record(100 + i, at_us=M0 + MINUTE_US + i, api_key=1, api_name="Fetch", error_code=1)
+               for i in range(7)])
+        query.processAllAvailable()
+        assert live() == {(14, "Produce"): (30, 0), (15, "Fetch"): (7, 7)}
+    finally:
+        query.stop()

@@ -14,8 +14,14 @@ from kproxy.analysis.report import summary, write_html
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
-def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO) -> int:
-    """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be."""
+def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
+            follow: bool = False) -> int:
+    """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
+
+    ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
+    """
+    if follow:
+        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr)
     def progress(stage: str) -> None:
         stderr.write(f"kproxy analyze: {stage}\n")
         stderr.flush()
@@ -41,6 +47,28 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     return EXIT_OK
 
 
+def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO) -> int:
+    from kproxy.analysis.follow import LIVE_TABLE, follow
+
+    if len(paths) != 1:
+        stderr.write("kproxy analyze: --follow takes exactly one capture directory\n")
+        return EXIT_USAGE
+    if "://" not in paths[0] and not Path(paths[0]).is_dir():
+        stderr.write(f"kproxy analyze: {paths[0]}: not a directory\n")
+        return EXIT_USAGE
+
+    def on_batch(batch_id: int, rows: int) -> None:
+        stdout.write(f"batch {batch_id}: {rows} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
+        stdout.flush()
+
+    query = follow(spark_session(master), paths[0], out, on_batch=on_batch)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    return EXIT_OK
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("captures", nargs="+", metavar="CAPTURE",
                         help="capture directories or files (local paths, or any URI Spark reads)")
@@ -48,13 +76,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Spark master (default local[*]: every core of this machine)")
     parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
                         help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kproxy analyze")
     add_arguments(parser)
     args = parser.parse_args(argv)
-    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr)
+    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
+                   follow=args.follow)
 
 
 if __name__ == "__main__":
