@@ -202,3 +202,17 @@ def test_capture_counts_are_exported_only_when_capture_is_on() -> None:
     assert b'kproxy_capture_records_total{outcome="dropped"} 1.0' in on
     off = generate_latest(make_registry(TrafficStats(), LiveGauges))
     assert b"kproxy_capture_records" not in off
+
+
+def test_run_with_capture_but_without_pyarrow_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from kproxy.cli import main
+
+    for name in ("kproxy.capture.service", "kproxy.capture.writer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: importing it raises ImportError
+    assert main(["run", "--upstream", "127.0.0.1:1", "--capture-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy[capture]'" in err
