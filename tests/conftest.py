@@ -49,5 +49,6 @@ def spark() -> Iterator[Any]:
 
     session = spark_session("local[2]")
     session.sparkContext.setLogLevel("ERROR")
+    session.conf.set("spark.sql.shuffle.partitions", "2")  # test data is tiny: fewer tasks, faster stages
     yield session
     session.stop()

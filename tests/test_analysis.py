@@ -51,6 +51,16 @@ def _generated() -> list[dict[str, Any]]:
         add(M0 + 2_000_000 + i, connection_id="f1", client_id="consumer", api_key=1, api_name="Fetch",
             broker_latency_ms=200.0 + i, kproxy_latency_ms=0.05, record_count=3, record_bytes=300,
             partitions=[{"topic": "b", "partition": 1, "error_code": 0, "record_count": 3, "record_bytes": 300}])
+    fault = [{"rule": "flaky-produce", "action": "error", "detail": "NOT_LEADER_OR_FOLLOWER"}]
+    r1 = M0 + MINUTE_US + 4_000_000
+    for i in range(3):  # minute 1, connection r1: faulted Produce retried 5 ms later; the last one ends r1
+        add(r1 + i * 10_000, connection_id="r1", client_id="retrier", rule_decisions=fault,
+            local_response=True, broker_latency_ms=None)
+        if i < 2:
+            add(r1 + i * 10_000 + 5_000, connection_id="r1", client_id="retrier", broker_latency_ms=10.0)
+    add(r1 + 100_000, connection_id="r2", client_id="retrier", api_key=3, api_name="Metadata",
+        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100ms"}])
+    add(r1 + 100_500, connection_id="r2", client_id="retrier", api_key=1, api_name="Fetch")
     for i in range(20):
         add(M0 + 3_000_000 + i, connection_id="x1", client_id="consumer", api_key=10, api_name="FindCoordinator",
             broker_latency_ms=2.0, kproxy_latency_ms=0.05, group_id="g",
@@ -103,14 +113,14 @@ def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, lis
             minute0["broker_max_ms"]) == pytest.approx((50.5, 95.05, 99.01, 100.0))
     minute1 = next(r for r in analysed.tables["latency_by_minute"]
                    if r["api_name"] == "Produce" and r["minute"].minute == 15)
-    assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 55
+    assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 60
 
 
 def test_error_rates_by_api_and_code(analysed: Any) -> None:
     errors = {(r["api_name"], r["code"]): r for r in analysed.tables["errors"]}
     assert set(errors) == {("Produce", NOT_LEADER), ("FindCoordinator", COORDINATOR_NOT_AVAILABLE)}
     assert errors[("Produce", NOT_LEADER)]["requests"] == 10
-    assert errors[("Produce", NOT_LEADER)]["rate"] == pytest.approx(10 / 160)
+    assert errors[("Produce", NOT_LEADER)]["rate"] == pytest.approx(10 / 165)
     assert errors[("FindCoordinator", COORDINATOR_NOT_AVAILABLE)]["rate"] == 0.25
 
 
@@ -144,8 +154,16 @@ def test_throughput_per_topic_per_minute(analysed: Any) -> None:
 
 def test_connection_churn(analysed: Any) -> None:
     churn = {r["minute"].minute: (r["opened"], r["closed"]) for r in analysed.tables["connection_churn"]}
-    # p1, f1, x1 live within minute 14; p0 opens in 14 and ends in 15; p2 lives in 15.
-    assert churn == {14: (4, 3), 15: (1, 2)}
+    # p1, f1, x1 live within minute 14; p0 opens in 14 and ends in 15; p2, r1, r2 live in 15.
+    assert churn == {14: (4, 3), 15: (3, 4)}
+
+
+def test_faults_by_rule_and_what_the_client_did_next(analysed: Any) -> None:
+    got = {(r["rule"], r["action"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
+           for r in analysed.tables["faults"]}
+    assert got == {("flaky-produce", "error", "Produce", "retried"): (2, 5.0),
+                   ("flaky-produce", "error", "Produce", "connection_ended"): (1, None),
+                   ("slow-metadata", "delay", "Metadata", "other"): (1, 0.5)}
 
 
 def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
@@ -153,7 +171,8 @@ def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
     table = pq.read_table(out / "errors")
     assert sorted(table.column("code").to_pylist()) == [NOT_LEADER, COORDINATOR_NOT_AVAILABLE]
     assert {p.name for p in out.iterdir()} >= {"latency_by_api", "latency_by_minute", "errors", "top_clients",
-                                                    "top_topics", "throughput", "hot_partitions", "connection_churn"}
+                                                    "top_topics", "throughput", "hot_partitions", "connection_churn",
+                                                    "faults"}
 
 
 def test_bad_inputs_are_named_and_the_rest_is_analysed(spark: Any, generated: tuple[Path, list[dict[str, Any]]],

@@ -18,6 +18,11 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
 * ``throughput``: Produce and Fetch records and bytes per topic per minute.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per minute, connections first and last seen.
+* ``faults``: per rule and action that acted (``rule_decisions``), what the
+  client did next on that connection: ``retried`` (its next request was the
+  same api), ``other`` (another api), ``connection_ended`` (it sent nothing
+  more there: closed, or reconnected elsewhere); with the median time to that
+  next request.
 
 Bad input never stops the rest: a missing path, a file that is not Parquet (or
 is cut short), a file of another schema version are each reported with the file
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kproxy.analysis.schema import spark_schema
@@ -225,7 +230,24 @@ def aggregates(df: DataFrame) -> dict[str, DataFrame]:
     closed = spans.groupBy(F.date_trunc("minute", "last").alias("minute")).agg(F.count(F.lit(1)).alias("closed"))
     out["connection_churn"] = (opened.join(closed, "minute", "full_outer").na.fill(0, ["opened", "closed"])
                                .orderBy("minute"))
+    out["faults"] = _faults(df)
     return out
+
+
+def _faults(df: DataFrame) -> DataFrame:
+    by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
+    nxt = (df.select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
+           .withColumn("next_api", F.lead("api_name").over(by_connection))
+           .withColumn("next_time", F.lead("request_time").over(by_connection))
+           .where(F.size("rule_decisions") > 0))
+    outcome = (F.when(F.col("next_api").isNull(), "connection_ended")
+               .when(F.col("next_api") == F.col("api_name"), "retried").otherwise("other"))
+    delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
+    return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
+                       delay_ms.alias("delay_ms"))
+            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"), "api_name", "then")
+            .agg(F.count(F.lit(1)).alias("requests"), F.percentile("delay_ms", 0.5).alias("median_delay_ms"))
+            .orderBy("rule", "action", "api_name", "then"))
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,

@@ -22,6 +22,7 @@ _TABLES = (
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
     ("connection_churn", "Connection churn per minute"),
+    ("faults", "Faults injected by rule, and what the client did next on that connection"),
 )
 
 
@@ -40,6 +41,10 @@ def summary(analysis: Analysis, out: TextIO) -> None:
     if errors:
         w("\nerrors: " + ", ".join(f"{r['api_name']} code {r['code']}: {r['requests']} ({r['rate']:.1%})"
                                    for r in errors[:10]) + "\n")
+    faults = analysis.tables["faults"]
+    if faults:
+        w("\nfaults: " + ", ".join(f"{r['rule']} ({r['action']}) on {r['api_name']}, then {r['then']}: "
+                                   f"{r['requests']}" for r in faults[:10]) + "\n")
     topics = analysis.tables["top_topics"]
     if topics:
         w("\ntopic                                requests     records        bytes  errors\n")

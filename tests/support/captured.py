@@ -43,11 +43,13 @@ def make_capture(tansu: Broker, directory: Path) -> CapturedRun:
         del producer
         got = consume_confluent(proxy.bootstrap, topic, PARTITIONS, RECORDS)
         server: Any = proxy.server
-        stats = server.stats
-        requests: dict[str, int] = {}
-        for (api, _version), n in proxy.call(lambda: dict(stats.requests)).items():
-            requests[api] = requests.get(api, 0) + n
-        records_counted = proxy.call(lambda: dict(stats.records))
+    # Read once kproxy has stopped: every connection closed, nothing more can be counted or captured
+    # (librdkafka's background Metadata refreshes would otherwise race a snapshot taken earlier).
+    stats = server.stats
+    requests: dict[str, int] = {}
+    for (api, _version), n in stats.requests.items():
+        requests[api] = requests.get(api, 0) + n
+    records_counted = dict(stats.records)
     capture = server.capture
     return CapturedRun(directory=directory, topic=topic, records=RECORDS, partitions=PARTITIONS, received=len(got),
                        requests=requests, records_counted=records_counted, written=capture.writer.written,
