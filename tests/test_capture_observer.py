@@ -146,3 +146,28 @@ def test_split_peer() -> None:
     assert split_peer("127.0.0.1:5000") == ("127.0.0.1", 5000)
     assert split_peer("[::1]:5000") == ("::1", 5000)
     assert split_peer("unknown") == ("unknown", None)
+
+
+def test_sasl_user_becomes_the_principal_after_a_successful_authenticate() -> None:
+    h = Harness()
+    h.exchange(request_frame(17, 1, 1, mechanism="PLAIN"), response_frame(17, 1, 1, error_code=0,
+                                                                         mechanisms=["PLAIN"]))
+    failed = h.exchange(request_frame(36, 2, 2, auth_bytes=b"\x00mallory\x00guess"),
+                        response_frame(36, 2, 2, error_code=58, error_message="bad", auth_bytes=b""))
+    assert failed["principal"] is None and failed["error_code"] == 58
+    ok = h.exchange(request_frame(36, 2, 3, auth_bytes=b"\x00alice\x00s3cret"),
+                    response_frame(36, 2, 3, error_code=0, auth_bytes=b""))
+    later = h.exchange(request_frame(METADATA, 12, 4, topics=None),
+                       response_frame(METADATA, 12, 4, brokers=[], cluster_id="c", controller_id=7, topics=[]))
+    assert ok["principal"] == later["principal"] == "User:alice"
+    assert "s3cret" not in repr(h.records) and "guess" not in repr(h.records)
+
+
+def test_sasl_user_of_each_mechanism() -> None:
+    from kproxy.capture.observer import sasl_user
+
+    assert sasl_user("PLAIN", b"admin\x00alice\x00pw") == "alice"
+    assert sasl_user("PLAIN", b"no-separators") is None
+    assert sasl_user("SCRAM-SHA-512", b"n,,n=bob=2Cjr=3D,r=fyko+d2lbbFgONRv9qkxdawL") == "bob,jr="
+    assert sasl_user("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01") is None
+    assert sasl_user(None, b"\x00alice\x00pw") is None

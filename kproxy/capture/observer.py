@@ -20,6 +20,10 @@ What is read, and how far:
 * records are counted from batch headers (no decompression); keys and values
   are decoded only with ``include_payloads``, cut to ``payload_max_bytes``.
 
+The principal is the TLS client certificate's subject, or the SASL user once a
+SaslAuthenticate succeeds on the connection (PLAIN's authcid, RFC 4616; SCRAM's
+``n=`` attribute, RFC 5802); the password is never read past, nor kept.
+
 Fetch v13+ names topics by id: :class:`TopicNames` (shared by all connections)
 learns id -> name from Metadata responses, the only responses decoded in full.
 """
@@ -47,6 +51,7 @@ from kproxy.proxy.session import Exchange, SessionObserver, response_body_offset
 log = logging.getLogger("kproxy.capture")
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR = 0, 1, 3, 10
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 _RECORD_APIS = frozenset({PRODUCE, FETCH})
 # Requests decoded in full for group_id / transactional_id: all small, none carries records.
 # OffsetCommit 8, OffsetFetch 9, FindCoordinator 10, JoinGroup 11, Heartbeat 12, LeaveGroup 13,
@@ -133,7 +138,8 @@ class PayloadOptions:
 class CaptureObserver:
     """Capture records of one connection; see the module docstring for what is read."""
 
-    __slots__ = ("_clock_offset", "_pending", "conn", "node_id", "payloads", "sink", "topics")
+    __slots__ = ("_clock_offset", "_mechanism", "_pending", "conn", "node_id", "payloads", "principal", "sink",
+                 "topics")
 
     def __init__(self, conn: ConnectionInfo, sink: Sink, topics: TopicNames,
                  payloads: PayloadOptions = PayloadOptions()) -> None:
@@ -145,6 +151,8 @@ class CaptureObserver:
         # Exchange times come from the session's perf_counter clock; records carry UTC wall time.
         self._clock_offset = time.time() - time.perf_counter()
         self._pending: dict[int, tuple[Exchange, dict[str, Any]]] = {}
+        self._mechanism: str | None = None
+        self.principal = conn.principal
 
     # -- SessionObserver --------------------------------------------------------------
     def request(self, exchange: Exchange, frame: bytes) -> None:
@@ -188,6 +196,13 @@ class CaptureObserver:
                 out["payloads"] = self._payloads(acc, recs, frame)
         if ex.api_key == PRODUCE:
             out["transactional_id"], out["acks"] = _produce_head(frame, body, ex.api_version)
+        elif ex.api_key == SASL_HANDSHAKE:
+            mechanism = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, frame, body).get("mechanism")
+            self._mechanism = mechanism.upper() if isinstance(mechanism, str) else None
+        elif ex.api_key == SASL_AUTHENTICATE:
+            auth = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, frame, body).get("auth_bytes")
+            if isinstance(auth, bytes | bytearray | memoryview):
+                out["sasl_user"] = sasl_user(self._mechanism, bytes(auth))
         elif ex.api_key in _ID_APIS:
             decoded = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, frame, body)
             out["group_id"] = decoded.get("group_id")
@@ -262,6 +277,8 @@ class CaptureObserver:
                 self._merge(parts, acc, recs, response, keep_all=ex.api_key in _RECORD_APIS)
                 if ex.api_key == FETCH and self.payloads.include:
                     payloads = self._payloads(acc, recs, response)
+        if ex.api_key == SASL_AUTHENTICATE and top_code == 0 and req.get("sasl_user"):
+            self.principal = "User:" + req["sasl_user"]  # this record and every later one of the connection
         wall = self._clock_offset
         partitions = [{"topic": t, "partition": p, "error_code": c, "record_count": n, "record_bytes": b}
                       for t, p, c, n, b in parts.values()]
@@ -274,7 +291,7 @@ class CaptureObserver:
             "client_host": self.conn.client_host,
             "client_port": self.conn.client_port,
             "client_id": req["client_id"],
-            "principal": self.conn.principal,
+            "principal": self.principal,
             "listener": self.conn.listener,
             "node_id": self.node_id,
             "upstream": self.conn.upstream,
@@ -307,6 +324,21 @@ class CaptureObserver:
             topic_id, name = topic.get("topic_id"), topic.get("name")
             if isinstance(topic_id, uuid.UUID) and isinstance(name, str):
                 self.topics.learn(topic_id, name)
+
+
+def sasl_user(mechanism: str | None, auth: bytes) -> str | None:
+    """The user name in a client's first SASL message, for PLAIN and SCRAM; None for others."""
+    try:
+        if mechanism == "PLAIN":  # [authzid] NUL authcid NUL passwd (RFC 4616): the password is not read
+            parts = auth.split(b"\x00", 2)
+            return parts[1].decode("utf-8") if len(parts) == 3 and parts[1] else None
+        if mechanism is not None and mechanism.startswith("SCRAM-"):  # "n,,n=user,r=nonce" (RFC 5802)
+            for attr in auth.decode("utf-8").split(",")[2:]:
+                if attr.startswith("n="):
+                    return attr[2:].replace("=2C", ",").replace("=3D", "=") or None
+    except UnicodeDecodeError:
+        return None
+    return None
 
 
 class Tee:

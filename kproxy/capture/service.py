@@ -62,7 +62,8 @@ class CaptureService:
 
 
 def _tls_subject(client: Any) -> str | None:
-    """The subject of a verified TLS client certificate (``CN=...,O=...``), else None."""
+    """``User:`` and the subject of a verified TLS client certificate (``User:CN=...,O=...``, as Kafka's
+    default SSL principal builder names it), else None."""
     getpeercert = getattr(client, "getpeercert", None)
     if getpeercert is None:
         return None
@@ -73,4 +74,10 @@ def _tls_subject(client: Any) -> str | None:
     if not cert:
         return None
     rdns = cert.get("subject", ())
-    return ",".join(f"{k}={v}" for rdn in rdns for k, v in rdn) or None
+    subject = ",".join(f"{_RDN_KEYS.get(k, k)}={v}" for rdn in rdns for k, v in rdn)
+    return "User:" + subject if subject else None
+
+
+# Python's ssl module spells the subject's attributes out; Kafka's principal uses the X.500 short names.
+_RDN_KEYS = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+             "stateOrProvinceName": "ST", "localityName": "L"}
