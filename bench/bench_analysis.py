@@ -163,13 +163,16 @@ def main() -> None:
     parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, help="where to generate the captures (default: a temporary directory)")
+    parser.add_argument("--driver-memory", default="4g",
+                        help="Spark driver memory (local mode: the executors' too); exact percentiles keep every "
+                             "distinct latency of a group (default 4g)")
     args = parser.parse_args()
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     from kproxy.analysis.job import spark_session
 
     t = time.perf_counter()
-    spark = spark_session("local[2]")
+    spark = spark_session("local[2]", [("spark.driver.memory", args.driver_memory)])
     spark.sparkContext.setLogLevel("ERROR")
     startup = time.perf_counter() - t
     base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))

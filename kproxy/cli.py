@@ -273,6 +273,9 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--follow", action="store_true",
                         help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
                              "until Ctrl-C)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
+                             "millions of records need memory); repeatable")
     parser.set_defaults(handler=_run_analyze)
 
 
@@ -285,7 +288,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
-                   follow=args.follow)
+                   follow=args.follow, conf=args.conf)
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (

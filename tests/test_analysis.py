@@ -201,7 +201,8 @@ def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[
                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from kproxy.cli import main
 
-    assert main(["analyze", str(generated[0]), "--out", str(tmp_path / "out")]) == 0
+    assert main(["analyze", str(generated[0]), "--out", str(tmp_path / "out"),
+                 "--conf", "spark.sql.shuffle.partitions=2"]) == 0
     out = capsys.readouterr().out
     assert f"{len(generated[1])} records" in out and "Produce" in out
     report = (tmp_path / "out" / "report.html").read_text()
@@ -209,6 +210,8 @@ def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[
     assert main(["analyze", str(tmp_path / "nothing-here")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nothing-here'}: no such file or directory" in err
+    assert main(["analyze", str(generated[0]), "--conf", "no-equals-sign"]) == 2
+    assert "--conf 'no-equals-sign': expected KEY=VALUE" in capsys.readouterr().err
 
 
 def test_a_real_capture_matches_what_was_sent(spark: Any, captured_run: CapturedRun, tmp_path: Path) -> None:

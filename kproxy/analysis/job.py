@@ -288,11 +288,14 @@ class NoInput(Exception):
         super().__init__("no readable capture input: " + "; ".join(map(str, problems)))
 
 
-def spark_session(master: str = "local[*]") -> SparkSession:
-    """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small)."""
-    return (SparkSession.builder.master(master).appName("kproxy-analyze")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "8")
-            .config("spark.sql.files.ignoreCorruptFiles", "false")
-            .getOrCreate())
+def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
+    """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small);
+    ``conf`` (e.g. ``spark.driver.memory=4g`` for exact percentiles over tens of millions of
+    records: Spark's ``percentile`` keeps every distinct value of a group) goes last and wins."""
+    builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8"))
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

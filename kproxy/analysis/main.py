@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -15,13 +16,21 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
-            follow: bool = False) -> int:
+            follow: bool = False, conf: Sequence[str] = ()) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
+    ``conf``: Spark settings, ``KEY=VALUE`` each.
     """
+    settings = []
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            stderr.write(f"kproxy analyze: --conf {item!r}: expected KEY=VALUE\n")
+            return EXIT_USAGE
+        settings.append((key, value))
     if follow:
-        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr)
+        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings)
     def progress(stage: str) -> None:
         stderr.write(f"kproxy analyze: {stage}\n")
         stderr.flush()
@@ -29,7 +38,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     local = "://" not in out
     if local:
         Path(out).mkdir(parents=True, exist_ok=True)
-    spark = spark_session(master)
+    spark = spark_session(master, settings)
     try:
         analysis = run_analysis(paths, out, spark, progress)
     except NoInput as exc:
@@ -47,7 +56,8 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     return EXIT_OK
 
 
-def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO) -> int:
+def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
+            conf: Sequence[tuple[str, str]]) -> int:
     from kproxy.analysis.follow import LIVE_TABLE, follow
 
     if len(paths) != 1:
@@ -61,7 +71,7 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stdout.write(f"batch {batch_id}: {rows} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
         stdout.flush()
 
-    query = follow(spark_session(master), paths[0], out, on_batch=on_batch)
+    query = follow(spark_session(master, conf), paths[0], out, on_batch=on_batch)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
@@ -78,6 +88,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
     parser.add_argument("--follow", action="store_true",
                         help="keep per-minute aggregates up to date as the capture grows (Structured Streaming)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g; repeatable")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
-                   follow=args.follow)
+                   follow=args.follow, conf=args.conf)
 
 
 if __name__ == "__main__":
