@@ -207,6 +207,8 @@ def _run_proxy(args: argparse.Namespace) -> int:
             problems.extend(exc.problems)
         if problems:
             raise ConfigError(*problems)
+        if config.capture.enabled:
+            _check_capture_installed()
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
@@ -218,6 +220,14 @@ def _run_proxy(args: argparse.Namespace) -> int:
     from kproxy.server.app import run
 
     return run(config)
+
+
+def _check_capture_installed() -> None:
+    try:
+        import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+    except ImportError as exc:
+        raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
+                          f"install it with: pip install 'kproxy[capture]'") from None
 
 
 # ------------------------------------------------------------------------------ demo
@@ -318,10 +328,55 @@ def _run_rules_check(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- analyze
+
+_ANALYZE_EPILOG = """\
+Reads capture files written by kproxy run --capture-dir and writes, under --out,
+Parquet aggregates and report.html (latency percentiles over time, errors by
+api and code, top clients and topics, throughput per topic per minute, hot
+partitions, connection churn), and prints a summary. Inputs that cannot be
+read are listed with the reason; the rest is analysed. Needs the 'analysis'
+extra (PySpark, Java 17+): pip install 'kproxy[analysis]'.
+"""
+
+
+def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "analyze", help="analyse capture files with Spark",
+        description="Analyse kproxy capture files with Spark (local[*] by default).",
+        epilog=_ANALYZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
+                        help="capture directories or files (local paths, or any URI Spark reads)")
+    parser.add_argument("--master", default="local[*]", metavar="URL",
+                        help="Spark master (default local[*]: every core of this machine)")
+    parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
+                        help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
+                             "until Ctrl-C)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
+                             "millions of records need memory); repeatable")
+    parser.set_defaults(handler=_run_analyze)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    # The one place that reaches kproxy.analysis, lazily: the proxy never loads Spark.
+    try:
+        from kproxy.analysis.main import analyze
+    except ImportError as exc:
+        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install 'kproxy[analysis]'",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
+                   follow=args.follow, conf=args.conf)
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
     _add_decode,
     _add_health,
     _add_rules,
+    _add_analyze,
 )

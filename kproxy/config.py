@@ -89,6 +89,23 @@ class MetricsOptions:
 
 
 @dataclass(frozen=True)
+class CaptureOptions:
+    """Traffic capture (off unless ``dir`` is set); see :mod:`kproxy.capture.writer`."""
+
+    dir: Path | None = None
+    max_bytes_total: int = 10 * 1024**3
+    rotate_bytes: int = 128 * 1024**2
+    rotate_seconds: float = 300.0
+    queue_size: int = 10_000
+    include_payloads: bool = False
+    payload_max_bytes: int = 1024
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: tuple[HostPort, ...]
     listen: HostPort = field(default_factory=lambda: HostPort("127.0.0.1", 19092))
@@ -102,6 +119,7 @@ class Config:
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
     client_tls: ClientTls = field(default_factory=ClientTls)
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
 
     @property
     def advertised(self) -> str:
@@ -165,6 +183,13 @@ def _path(value: Any) -> Path:
     path = Path(_str(value))
     if not path.exists():
         raise ValueError(f"file {str(path)!r} does not exist")
+    return path
+
+
+def _directory(value: Any) -> Path:
+    path = Path(_str(value))
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} is not a directory")
     return path
 
 
@@ -259,8 +284,20 @@ OPTIONS: tuple[Option, ...] = (
            "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
     Option("rules", "--rules", _not_in_this_build("the rules engine (fault injection)"),
            "YAML fault-injection rules (reserved: refused until the rules engine lands)", "FILE"),
-    Option("capture_dir", "--capture-dir", _not_in_this_build("traffic capture"),
-           "directory for traffic capture files (reserved: refused until capture lands)", "DIR"),
+    Option("capture.dir", "--capture-dir", _directory,
+           "capture every request/response pair to Parquet files here (needs the 'capture' extra)", "DIR"),
+    Option("capture.max_bytes_total", "--capture-max-bytes", _int(1024),
+           "disk cap of all capture files; the oldest are deleted first (default 10 GiB)", "BYTES"),
+    Option("capture.rotate_bytes", "--capture-rotate-bytes", _int(1024),
+           "start a new capture file at this size (default 128 MiB)", "BYTES"),
+    Option("capture.rotate_seconds", "--capture-rotate-seconds", _seconds,
+           "start a new capture file after this long (default 300)", "SECONDS"),
+    Option("capture.queue_size", "--capture-queue-size", _int(1),
+           "records waiting for the writer before new ones are dropped (and counted) (default 10000)", "N"),
+    Option("capture.include_payloads", "--capture-payloads", _bool,
+           "also capture record keys and values (off by default: privacy)", is_switch=True),
+    Option("capture.payload_max_bytes", "--capture-payload-max-bytes", _int(0),
+           "bytes kept of each captured key and value (default 1024)", "BYTES"),
     Option("metrics.client_id_label", "--metrics-client-id-label", _bool,
            "label request counts by client id (capped by --metrics-label-cap)", is_switch=True),
     Option("metrics.topic_label", "--metrics-topic-label", _bool,
@@ -436,8 +473,11 @@ def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
     upstream_tls = UpstreamTls(**section("tls.upstream."))
     if (upstream_tls.cert is None) != (upstream_tls.key is None):
         problems.append("tls.upstream: cert and key go together (--upstream-cert with --upstream-key)")
+    capture = CaptureOptions(**section("capture."))
+    if capture.rotate_bytes > capture.max_bytes_total:
+        problems.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
     if problems:
         raise ConfigError(*problems)
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
-                  client_tls=client_tls, upstream_tls=upstream_tls, **top)
+                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, **top)

@@ -41,6 +41,7 @@ class LiveGauges:
 
     in_flight: int = 0
     listeners: int = 0
+    capture: Mapping[str, int] | None = None  # records by outcome; None: capture is off
 
 
 class TrafficCollector(Collector):
@@ -99,6 +100,9 @@ class TrafficCollector(Collector):
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+        if live.capture is not None:
+            yield _counter("kproxy_capture_records", "Capture records written to disk, or dropped (the writer's "
+                           "queue was full, or a write failed).", ["outcome"], live.capture)
 
 
 def _class_of(error_name: str) -> str:

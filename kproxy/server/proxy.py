@@ -26,6 +26,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -43,6 +44,9 @@ from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
+
+if TYPE_CHECKING:
+    from kproxy.capture.service import CaptureService
 
 log = logging.getLogger("kproxy.server")
 
@@ -112,10 +116,27 @@ class ProxyServer:
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
+        self.capture: CaptureService | None = None
+        if config.capture.enabled:
+            from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
+
+            self.capture = CaptureService(config.capture)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._warn_about_options()
+        if self.capture is None:
+            await self._run(task_status=task_status)
+            return
+        self.capture.start()
+        try:
+            await self._run(task_status=task_status)
+        finally:
+            # Complete (rename) the open capture file, also when cancelled: never a half-written file.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.capture.close)
+
+    async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as connections:
             self._connections_nursery = connections
             async with trio.open_nursery() as nursery:
@@ -211,7 +232,8 @@ class ProxyServer:
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:
         return LiveGauges(in_flight=sum(len(c.session.in_flight) for c in self.connections),
-                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None))
+                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
+                          capture=self.capture.counts() if self.capture is not None else None)
 
     async def readiness(self) -> str | None:
         """None when ready to serve; else why not (for ``/readyz``)."""
@@ -350,7 +372,11 @@ class ProxyServer:
                         _q(str(exc) or type(exc).__name__))
             await trio.aclose_forcefully(stream)
             return
-        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight, observer=self.observer)
+        observer = self.observer
+        if self.capture is not None:
+            observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
+                                             client=client)
+        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight, observer=observer)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)
@@ -367,6 +393,9 @@ class ProxyServer:
             log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
         finally:
             self.connections.discard(conn)
+            if self.capture is not None:
+                session.report()  # what the connection read before it ended
+                self.capture.connection_closed(observer)
             self.stats.client_disconnected(listener.name)
             self.stats.upstream_disconnected(str(addr))
 
