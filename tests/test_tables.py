@@ -17,7 +17,7 @@ SPECS = ROOT.parent / "shared" / "kafka-specs"
 
 @pytest.mark.skipif(not SPECS.is_dir(), reason="Kafka's JSON specs (../shared/kafka-specs) are not beside the checkout")
 def test_committed_tables_match_the_specs() -> None:
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_protocol_tables.py"), str(SPECS), "--check"],
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protocol_tables.py"), str(SPECS), "--check"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 
