@@ -1,6 +1,6 @@
 """Tansu processes for the benchmarks: the broker and Tansu's own Rust proxy.
 
-The process helpers are kproxy's own (``kproxy.tools.tansu``, which the demo
+The process helpers are kproxy's own (``kproxy.testing``, which the demo
 and the tests use too); this module adds ``tansu proxy``.
 """
 
@@ -12,8 +12,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from kproxy.tools.tansu import free_port, stop_process, tansu_binary
-from kproxy.tools.tansu import wait_for_port as _wait_for_port
+from kproxy.testing import free_port, stop_process, tansu_binary
+from kproxy.testing import wait_for_port as _wait_for_port
 
 __all__ = ["broker", "free_port", "proxy", "tansu", "tansu_binary", "wait_for_port"]
 

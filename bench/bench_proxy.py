@@ -47,7 +47,7 @@ import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
 from _util import machine_line, percentile, table, verdict  # noqa: E402
 
-from kproxy.tools.tansu import stop_process  # noqa: E402
+from kproxy.testing import stop_process  # noqa: E402
 
 PRODUCE_TOPIC = "bench-produce"
 FETCH_TOPIC = "bench-fetch"

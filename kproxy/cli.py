@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TextIO
 
 from kproxy import __version__
+from kproxy.commands.decode import DecodeOptions, InputError, decode_input
 from kproxy.config import ConfigError, add_run_arguments, config_from_args
 from kproxy.protocol.tables import api_key as api_key_by_name
-from kproxy.tools.decode import DecodeOptions, InputError, decode_input
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # argparse's status for bad flags; also bad input, as the decode issue asks
@@ -255,8 +255,8 @@ def _positive(text: str) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from kproxy.tools.demo import run_demo
-    from kproxy.tools.tansu import BrokerUnavailable
+    from kproxy.commands.demo import run_demo
+    from kproxy.testing import BrokerUnavailable
 
     try:
         return run_demo(args.upstream, sys.stdout, messages=args.messages)
@@ -269,7 +269,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _add_health(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from kproxy.tools.health import DEFAULT_URL
+    from kproxy.commands.health import DEFAULT_URL
 
     parser = subparsers.add_parser(
         "health", help="probe a running kproxy's /healthz (for container HEALTHCHECKs)",
@@ -285,7 +285,7 @@ def _add_health(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _run_health(args: argparse.Namespace) -> int:
-    from kproxy.tools.health import DEFAULT_URL, probe, url_from_config
+    from kproxy.commands.health import DEFAULT_URL, probe, url_from_config
 
     try:
         url = url_from_config(args.config) if args.config is not None else (args.url or DEFAULT_URL)

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
+from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from tests.support.captured import CapturedRun, make_capture
-from tests.support.proxy import ProxyThread, running_proxy
-from tests.support.tansu import Broker, run_tansu
 
 
 @pytest.fixture(scope="session")

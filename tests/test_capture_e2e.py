@@ -15,10 +15,9 @@ import pytest
 pq = pytest.importorskip("pyarrow.parquet")
 
 from kproxy.capture.schema import COLUMN_NAMES, SCHEMA_VERSION, check_version  # noqa: E402
+from kproxy.testing import free_port, running_proxy, wait_for_port  # noqa: E402
 from tests.support.captured import PRODUCER_ID, CapturedRun  # noqa: E402
 from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique  # noqa: E402
-from tests.support.proxy import running_proxy  # noqa: E402
-from tests.support.tansu import free_port, wait_for_port  # noqa: E402
 
 
 def _rows(run: CapturedRun) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support.tansu import free_port
+from kproxy.testing import free_port
 from tests.test_deploy_artifacts import CHART, ROOT, kinds, one
 from tests.test_metrics_prometheus import run_prometheus, wait_until
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from tests.support.tansu import Broker, free_port, wait_for_port
+from kproxy.testing import Broker, free_port, wait_for_port
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 

@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 from kproxy.config import OPTIONS, ConfigError, add_run_arguments, config_from_args, env_name
 from kproxy.proxy.addresses import HostPort
 from kproxy.server.logfmt import JsonFormatter, LogfmtFormatter, parse_logfmt, q
-from tests.support.tansu import Broker, free_port, wait_for_port
+from kproxy.testing import Broker, free_port, wait_for_port
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 

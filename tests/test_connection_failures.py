@@ -28,6 +28,7 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.server.connection import Connection
 from kproxy.server.proxy import ProxyServer
+from kproxy.testing import proxy_config
 from tests.support.fakebroker import (
     METADATA,
     CloseConnection,
@@ -38,7 +39,6 @@ from tests.support.fakebroker import (
     fake_cluster,
     running_server,
 )
-from tests.support.proxy import proxy_config
 
 UNKNOWN_API = 30000  # passes through kproxy untouched; the fake echoes it unless told otherwise
 MiB = 1024 * 1024

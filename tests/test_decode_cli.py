@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from kproxy.cli import build_parser, main
+from kproxy.commands.decode import DecodeOptions, decode_input, parse_hex
 from kproxy.protocol import RequestHeader, encode_request, frame
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
-from kproxy.tools.decode import DecodeOptions, decode_input, parse_hex
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "examples" / "metadata-v0.hex")

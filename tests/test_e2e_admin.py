@@ -23,6 +23,7 @@ from kafka import TopicPartition as KTopicPartition
 from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType
 
+from kproxy.testing import Broker, ProxyThread
 from tests.support.e2e import (
     TANSU_NODE_ID,
     assert_kproxy_endpoint,
@@ -31,8 +32,6 @@ from tests.support.e2e import (
     produce_confluent,
     unique,
 )
-from tests.support.proxy import ProxyThread
-from tests.support.tansu import Broker
 
 TOPIC_CONFIG = {"retention.ms": "3600000", "cleanup.policy": "delete", "max.message.bytes": "65536"}
 

@@ -29,6 +29,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kafka.admin import NewTopic as KNewTopic
 
+from kproxy.testing import Broker, ProxyThread
 from tests.support.e2e import (
     PROXY_HOST,
     TANSU_NODE_ID,
@@ -46,8 +47,6 @@ from tests.support.e2e import (
     produce_confluent,
     unique,
 )
-from tests.support.proxy import ProxyThread
-from tests.support.tansu import Broker
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

@@ -26,6 +26,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 
+from kproxy.testing import Broker, ProxyThread
 from tests.support.e2e import (
     TANSU_NODE_ID,
     assert_kproxy_endpoint,
@@ -37,8 +38,6 @@ from tests.support.e2e import (
     produce_confluent,
     unique,
 )
-from tests.support.proxy import ProxyThread
-from tests.support.tansu import Broker
 
 KCAT = shutil.which("kcat")
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

@@ -21,6 +21,7 @@ import trio
 
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.server.logfmt import LogfmtFormatter
+from kproxy.testing import Broker, ProxyThread, proxy_config
 from tests.support.fakebroker import (
     FakeBroker,
     KafkaClient,
@@ -29,8 +30,6 @@ from tests.support.fakebroker import (
     request_frame,
     running_server,
 )
-from tests.support.proxy import ProxyThread, proxy_config
-from tests.support.tansu import Broker
 
 MiB = 1024 * 1024
 

@@ -27,9 +27,8 @@ from kproxy.metrics.stats import MAX_LABEL_LENGTH, LabelCap, TrafficStats
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set
 from kproxy.server.logfmt import Throttle
+from kproxy.testing import Broker, free_port, proxy_config, wait_for_port
 from tests.support.fakebroker import KafkaClient, fake_cluster, request_frame, running_server
-from tests.support.proxy import proxy_config
-from tests.support.tansu import Broker, free_port, wait_for_port
 
 PRODUCE, API_VERSIONS = 0, 18
 KPROXY = [sys.executable, "-m", "kproxy"]

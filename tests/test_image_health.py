@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.tansu import Broker, free_port, wait_for_port
+from kproxy.testing import Broker, free_port, wait_for_port
 from tests.test_deploy_artifacts import CONFIG_PATH, stages
 
 KPROXY = [sys.executable, "-m", "kproxy"]

@@ -27,6 +27,7 @@ from kproxy.metrics.exposition import LiveGauges, make_registry
 from kproxy.metrics.stats import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram, TrafficStats
 from kproxy.protocol import frame
 from kproxy.protocol.tables import error_code
+from kproxy.testing import proxy_config
 from tests.support.fakebroker import (
     METADATA,
     PRODUCE,
@@ -38,7 +39,6 @@ from tests.support.fakebroker import (
     response_body,
     running_server,
 )
-from tests.support.proxy import proxy_config
 
 LIST_OFFSETS = 2
 UNKNOWN_API = 30000  # passes through kproxy untouched

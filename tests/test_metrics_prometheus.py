@@ -47,9 +47,7 @@ from kproxy.protocol import Direction, RequestHeader, decode_response, default_b
 from kproxy.protocol.headers import request_header_version
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
-from kproxy.tools.tansu import stop_process
-from tests.support.proxy import ProxyThread, running_proxy
-from tests.support.tansu import Broker, free_port
+from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "kproxy-dashboard.json"

@@ -20,6 +20,7 @@ import trio
 from kproxy.protocol import Direction, Response, frame, message_schema
 from kproxy.protocol.schema import supported_versions
 from kproxy.server.proxy import ProxyServer
+from kproxy.testing import proxy_config
 from tests.support.fakebroker import (
     API_VERSIONS,
     COORDINATOR_NOT_AVAILABLE,
@@ -35,7 +36,6 @@ from tests.support.fakebroker import (
     fake_cluster,
     running_server,
 )
-from tests.support.proxy import proxy_config
 
 ADVERTISED = "kproxy.test"
 SASL_HANDSHAKE, LIST_OFFSETS = 17, 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient
 
-from tests.support.proxy import ProxyThread
+from kproxy.testing import ProxyThread
 
 
 def test_metadata_through_kproxy_advertises_only_kproxy_ports(kproxy: ProxyThread) -> None:

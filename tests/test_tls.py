@@ -19,8 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from kproxy.protocol import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
-from tests.support.proxy import running_proxy
-from tests.support.tansu import Broker
+from kproxy.testing import Broker, running_proxy
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kproxy.metrics.stats import Histogram, TrafficStats
-from kproxy.server.background import ProxyThread, proxy_config
-from kproxy.tools.tansu import Broker, run_tansu
+from kproxy.testing import Broker, ProxyThread, proxy_config, run_tansu
 
 MESSAGES = 1000
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kproxy.testing import Broker, running_proxy
 from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique
-from tests.support.proxy import running_proxy
-from tests.support.tansu import Broker
 
 PARTITIONS = 3
 RECORDS = 600

@@ -29,8 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
-from tests.support.proxy import ProxyThread
-from tests.support.tansu import Broker
+from kproxy.testing import Broker, ProxyThread
 
 PROXY_HOST = "127.0.0.1"  # what the test proxy listens on and advertises
 TANSU_NODE_ID = 111
