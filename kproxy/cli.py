@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TextIO
 
 from kproxy import __version__
-from kproxy.commands.decode import DecodeOptions, InputError, decode_input
+from kproxy.commands.decode import DecodeOptions, decode_input
+from kproxy.commands.hexdump import InputError
 from kproxy.config import ConfigError, add_run_arguments, config_from_args
 from kproxy.protocol.tables import api_key as api_key_by_name
 

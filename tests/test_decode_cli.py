@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from kproxy.cli import build_parser, main
-from kproxy.commands.decode import DecodeOptions, decode_input, parse_hex
+from kproxy.commands.decode import DecodeOptions, decode_input
+from kproxy.commands.hexdump import parse_hex
 from kproxy.protocol import RequestHeader, encode_request, frame
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
 
