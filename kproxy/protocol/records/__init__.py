@@ -1,0 +1,128 @@
+"""Kafka record data: RecordBatch v2 (magic 2) and legacy MessageSets (magic 0 and 1).
+
+A ``records`` field (Produce requests, Fetch responses, ...) holds a sequence of
+*entries*. Every entry, whatever its magic, starts with the same 17 bytes, which
+is what lets one walker handle mixed magics::
+
+    offset  int64   base offset (v2) / message offset (v0, v1)
+    size    int32   bytes that follow this field (batchLength / messageSize)
+    ....    4 bytes partitionLeaderEpoch (v2) / crc (v0, v1)
+    magic   int8    0, 1 or 2
+
+RecordBatch v2 header (61 bytes), then the records, compressed as a whole::
+
+    base_offset int64, batch_length int32, partition_leader_epoch int32, magic int8,
+    crc uint32 (CRC-32C of everything from attributes to the end of the batch),
+    attributes int16, last_offset_delta int32, base_timestamp int64, max_timestamp int64,
+    producer_id int64, producer_epoch int16, base_sequence int32, records_count int32
+
+    Record: length varint, attributes int8, timestamp_delta varlong, offset_delta varint,
+            key_length varint (-1 = null) + key, value_length varint (-1 = null) + value,
+            headers_count varint, then per header: key_length varint + key (UTF-8, never
+            null), value_length varint (-1 = null) + value.   (varints are zig-zag)
+
+Legacy message (v0/v1), after the 12-byte offset/size prefix::
+
+    crc uint32 (CRC-32 of magic..end), magic int8, attributes int8,
+    timestamp int64 (magic 1 only), key int32-length bytes, value int32-length bytes
+
+    A compressed legacy message is a *wrapper*: its value is a compressed inner
+    message set. For magic 1, inner offsets are relative and the wrapper carries the
+    absolute offset of the *last* inner message; for magic 0 inner offsets are absolute.
+
+What this package offers (import it from here; the modules split it by job)
+---------------------------------------------------------------------------
+:mod:`.entries` (layouts, values, header walking, CRCs), :mod:`.recordbatch`
+(RecordBatch v2), :mod:`.messageset` (legacy message sets), :mod:`.counting`
+(record counts and their budget), :mod:`.fields` (bounded field readers and
+writers, payload decompression); :func:`decode_records` here dispatches by magic.
+
+* :func:`iter_batches` - lazy and cheap: reads only each entry's header (no CRC
+  check, no decompression) and yields a :class:`BatchInfo`. A partial entry at the
+  end (a broker cuts Fetch responses at the byte limit) ends iteration cleanly and
+  is reported as :attr:`BatchIterator.truncated_tail`; it is not an error.
+* :func:`verify_crc`, :func:`decode_records`, :func:`decode_all` - the expensive part,
+  on demand.
+* :func:`count_records` - records in a records field from the v2 headers alone.
+* :func:`encode_batch_v2`, :func:`encode_message_set` - encoders for tests and
+  fault injection, with correct lengths and CRCs.
+
+Error contract: malformed input raises :class:`CorruptRecordsError` (a
+:class:`DecodeError`) whose ``offset`` is a byte offset into the buffer the caller
+passed (for a problem inside compressed records: the start of the compressed
+payload, with the position in the decompressed bytes named in the reason).
+Nothing allocates based on a length before checking it against the bytes
+actually present, and decompression is capped by ``max_decompressed``.
+"""
+
+from __future__ import annotations
+
+from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
+from kproxy.protocol.records.counting import CountBudget, count_records
+from kproxy.protocol.records.entries import (
+    LOG_OVERHEAD,
+    V2_HEADER_SIZE,
+    BatchInfo,
+    BatchIterator,
+    BytesLike,
+    Record,
+    TimestampType,
+    compute_crc,
+    iter_batches,
+    verify_crc,
+)
+from kproxy.protocol.records.messageset import decode_legacy, encode_message_set
+from kproxy.protocol.records.recordbatch import decode_v2, encode_batch_v2
+
+__all__ = [
+    "DEFAULT_MAX_DECOMPRESSED",
+    "LOG_OVERHEAD",
+    "V2_HEADER_SIZE",
+    "BatchInfo",
+    "BatchIterator",
+    "CountBudget",
+    "Record",
+    "TimestampType",
+    "compute_crc",
+    "count_records",
+    "decode_all",
+    "decode_records",
+    "encode_batch_v2",
+    "encode_message_set",
+    "iter_batches",
+    "verify_crc",
+]
+
+
+# --------------------------------------------------------------------- decoding
+
+
+def decode_records(
+    batch: BatchInfo, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, check_crc: bool = True
+) -> list[Record]:
+    """Every record of one entry, decompressing if needed.
+
+    ``max_decompressed`` caps the decompressed size of the entry's records
+    (memory stays bounded by it, see :mod:`kproxy.protocol.compression`).
+    ``check_crc`` verifies the CRC first (and the inner messages' CRCs of a
+    legacy wrapper), as Kafka's consumer does by default.
+
+    Raises :class:`CorruptRecordsError` for any inconsistency: wrong CRC, bad
+    compression, a record running past its length or the batch, a count that
+    does not match, bytes left over, bad varints, invalid UTF-8 in a header key.
+    """
+    if check_crc:
+        verify_crc(batch)
+    if batch.magic >= 2:
+        return decode_v2(batch, max_decompressed)
+    return decode_legacy(batch, max_decompressed, check_crc)
+
+
+def decode_all(
+    data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, check_crc: bool = True
+) -> list[Record]:
+    """Records of every complete entry in ``data`` (a truncated tail is ignored, as Kafka does)."""
+    out: list[Record] = []
+    for batch in iter_batches(data):
+        out.extend(decode_records(batch, max_decompressed=max_decompressed, check_crc=check_crc))
+    return out
