@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.capture.schema import SCHEMA_VERSION
-from kproxy.protocol.codegen import Malformed, read_uvarint
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import decode_request_header
 from kproxy.protocol.messages import decode_body
@@ -46,6 +45,7 @@ from kproxy.protocol.records import count_records, decode_all
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import api_name
+from kproxy.protocol.wire import Malformed, read_uvarint
 from kproxy.proxy.session import Exchange, SessionObserver, response_body_offset
 
 log = logging.getLogger("kproxy.capture")

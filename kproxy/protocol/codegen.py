@@ -6,6 +6,10 @@ this module writes Python source once (runs of fixed-width fields become a
 single ``struct`` call, arrays of ints one ``unpack_from``), ``exec``s it, and
 caches the functions per (api key, version, direction).
 
+The generated code reads and writes through the primitives of
+:mod:`kproxy.protocol.wire` (varints, :class:`~kproxy.protocol.wire.Malformed`);
+:meth:`SchemaCompiler.build` returns a :class:`CompiledSchema`.
+
 Each schema gets two builds:
 
 * the *fast* build, used for every call;
@@ -40,53 +44,15 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from kproxy.protocol.schema import FIXED_WIDTH, STRUCT_FORMAT, Field, MessageSchema
+from kproxy.protocol.wire import Malformed, read_uvarint, uvarint_bytes, write_uvarint
 
 UNKNOWN_TAGS = "_unknown_tags"
-MAX_UVARINT_BYTES = 5  # a Kafka unsigned varint carries at most 32 bits
-
-
-class Malformed(Exception):
-    """Raised inside generated decoders; the public wrappers translate it."""
-
-
-def read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """Decode an unsigned varint at ``pos`` (slow path: the caller inlines 1-byte values)."""
-    result = 0
-    shift = 0
-    start = pos
-    while True:
-        if pos - start >= MAX_UVARINT_BYTES:
-            raise Malformed(f"unsigned varint longer than {MAX_UVARINT_BYTES} bytes")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            if result > 0xFFFFFFFF:
-                raise Malformed("unsigned varint above 32 bits")
-            if b == 0 and pos - start > 1:
-                # 0x80 0x00 also reads as 0, but would not re-encode to the same bytes.
-                raise Malformed("unsigned varint not in its shortest form")
-            return result, pos
-        shift += 7
-
-
-def write_uvarint(out: bytearray, n: int) -> None:
-    if n < 0 or n > 0xFFFFFFFF:
-        raise struct.error(f"unsigned varint out of range: {n}")
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def uvarint_bytes(n: int) -> bytes:
-    out = bytearray()
-    write_uvarint(out, n)
-    return bytes(out)
 
 
 def _check_len(buf: bytes, end: int) -> None:
@@ -158,6 +124,30 @@ def min_wire_size(field: Field, flexible: bool) -> int:
     return 1 if flexible else 4  # bytes, records
 
 
+class FieldFunctions(NamedTuple):
+    """The standalone functions of one top-level field's value (the splice path)."""
+
+    decode: Callable[..., Any]  # (buf, pos) -> (value, pos)
+    encode: Callable[..., Any]  # (out, value) -> None
+    skip: Callable[..., Any]  # (buf, pos) -> pos
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledSchema:
+    """What :meth:`SchemaCompiler.build` gives for one schema.
+
+    ``decode``/``encode``/``skip`` follow the contracts in the module docstring
+    (the traced build's take ``trace, path`` after them); ``fields`` holds the
+    functions of every top-level field by name; ``source`` is the generated code.
+    """
+
+    decode: Callable[..., Any]
+    encode: Callable[..., Any]
+    skip: Callable[..., Any]
+    fields: Mapping[str, FieldFunctions]
+    source: str
+
+
 class _Writer:
     """Accumulates generated source with indentation."""
 
@@ -209,7 +199,7 @@ class SchemaCompiler:
         return f"{fn}({args}, tr, {path})" if self.traced else f"{fn}({args})"
 
     # -- building ------------------------------------------------------------------
-    def build(self) -> dict[str, Callable[..., Any]]:
+    def build(self) -> CompiledSchema:
         top = self.struct_functions(self.schema.fields, "Top")
         # One value codec per top-level field, for the splice path.
         fields: dict[str, tuple[str, str, str]] = {}
@@ -218,14 +208,12 @@ class SchemaCompiler:
         source = "\n".join(self.w.lines) + "\n"
         code = compile(source, f"<kproxy codec {self.schema.name} v{self.schema.api_version}>", "exec")
         exec(code, self.ns)
-        roles = ("decode", "encode", "skip")
-        out: dict[str, Callable[..., Any]] = {k: self.ns[v] for k, v in zip(roles, top, strict=True)}
-        for name, (dec, enc, skip) in fields.items():
-            out[f"decode:{name}"] = self.ns[dec]
-            out[f"encode:{name}"] = self.ns[enc]
-            out[f"skip:{name}"] = self.ns[skip]
-        out["__source__"] = source  # type: ignore[assignment]
-        return out
+        ns = self.ns
+        return CompiledSchema(
+            decode=ns[top[0]], encode=ns[top[1]], skip=ns[top[2]],
+            fields=MappingProxyType({name: FieldFunctions(ns[dec], ns[enc], ns[skip])
+                                     for name, (dec, enc, skip) in fields.items()}),
+            source=source)
 
     def struct_functions(self, fields: tuple[Field, ...], stem: str) -> tuple[str, str, str]:
         # Sub-structs first: a function's source cannot be written inside another's.

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import NamedTuple
 
-from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
+from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
 
 API_VERSIONS_KEY = 18
 CONTROLLED_SHUTDOWN_KEY = 7

@@ -20,12 +20,12 @@ from __future__ import annotations
 import struct
 import threading
 import uuid
-from collections.abc import Callable
 from typing import Any
 
-from kproxy.protocol.codegen import Malformed, SchemaCompiler
+from kproxy.protocol.codegen import CompiledSchema, FieldFunctions, SchemaCompiler
 from kproxy.protocol.errors import DecodeError, EncodeError, UnknownApiError
 from kproxy.protocol.schema import Direction, Field, MessageSchema, message_schema
+from kproxy.protocol.wire import Malformed
 
 Body = dict[str, Any]
 # What a bug-free generated decoder can still raise on hostile bytes.
@@ -45,10 +45,10 @@ class MessageCodec:
     def __init__(self, schema: MessageSchema) -> None:
         self.schema = schema
         self._fast = SchemaCompiler(schema, traced=False).build()
-        self._traced: dict[str, Callable[..., Any]] | None = None
+        self._traced: CompiledSchema | None = None
         self._lock = threading.Lock()
 
-    def _diagnostics(self) -> dict[str, Callable[..., Any]]:
+    def _diagnostics(self) -> CompiledSchema:
         with self._lock:
             if self._traced is None:
                 self._traced = SchemaCompiler(self.schema, traced=True).build()
@@ -63,7 +63,7 @@ class MessageCodec:
         """
         data = bytes(data)
         try:
-            body, end = self._fast["decode"](data, offset)
+            body, end = self._fast.decode(data, offset)
         except _DECODE_FAILURES:
             self._explain_decode(data, offset)
             raise AssertionError("unreachable") from None
@@ -76,7 +76,7 @@ class MessageCodec:
         trace: list[Any] = [offset, ""]
         label = f"{self.schema.name} v{self.schema.api_version}"
         try:
-            self._diagnostics()["decode"](data, offset, trace, "")
+            self._diagnostics().decode(data, offset, trace, "")
         except _DECODE_FAILURES as exc:
             raise DecodeError(_describe(exc, label), offset=trace[0],
                               field=trace[1].lstrip(".") or None) from None
@@ -87,7 +87,7 @@ class MessageCodec:
         """Encode a body; raises :class:`EncodeError` naming the offending field."""
         out = bytearray()
         try:
-            self._fast["encode"](out, body)
+            self._fast.encode(out, body)
         except _ENCODE_FAILURES:
             self._explain_encode(body)
         return bytes(out)
@@ -96,7 +96,7 @@ class MessageCodec:
         """Append the body's encoding to ``out`` (saves a copy when framing)."""
         mark = len(out)
         try:
-            self._fast["encode"](out, body)
+            self._fast.encode(out, body)
         except _ENCODE_FAILURES:
             del out[mark:]
             self._explain_encode(body)
@@ -105,16 +105,16 @@ class MessageCodec:
         trace: list[Any] = [0, ""]
         label = f"{self.schema.name} v{self.schema.api_version}"
         try:
-            self._diagnostics()["encode"](bytearray(), body, trace, "")
+            self._diagnostics().encode(bytearray(), body, trace, "")
         except _ENCODE_FAILURES as exc:
             what = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else _describe(exc, label)
             raise EncodeError(f"cannot encode {label}: {what}", field=trace[1].lstrip(".") or None) from None
         raise EncodeError(f"internal codec inconsistency encoding {label}")
 
     # -- single top-level fields (the splice path) -------------------------------------
-    def field_functions(self, name: str) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    def field_functions(self, name: str) -> FieldFunctions:
         """(decode, encode, skip) of one top-level field's value; KeyError if absent."""
-        return self._fast[f"decode:{name}"], self._fast[f"encode:{name}"], self._fast[f"skip:{name}"]
+        return self._fast.fields[name]
 
     def skip(self, data: bytes, offset: int) -> int:
         """Offset just past a whole body starting at ``offset`` (no values built).
@@ -122,7 +122,7 @@ class MessageCodec:
         Raises :class:`DecodeError` when the body is malformed.
         """
         try:
-            return self._fast["skip"](data, offset)  # type: ignore[no-any-return]
+            return self._fast.skip(data, offset)  # type: ignore[no-any-return]
         except _DECODE_FAILURES:
             self._explain_decode(bytes(data), offset)
             raise AssertionError("unreachable") from None

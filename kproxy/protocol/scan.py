@@ -28,9 +28,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kproxy.protocol.codegen import Malformed, SchemaCompiler
+from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
+from kproxy.protocol.wire import Malformed
 
 Topic = str | uuid.UUID | None
 Entry = tuple[Topic, int | None, int | None]

@@ -17,10 +17,10 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kproxy.protocol.codegen import Malformed, read_uvarint, write_uvarint
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.messages import MessageCodec, require_codec
 from kproxy.protocol.schema import Direction
+from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
 
 Edit = Callable[[Any], Any]
 _FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)

@@ -38,13 +38,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from kproxy.protocol.codegen import Malformed, read_uvarint
 from kproxy.protocol.errors import DecodeError, ProtocolError
 from kproxy.protocol.frames import encode_response
 from kproxy.protocol.headers import decode_request_header, response_header_version
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import api_name
+from kproxy.protocol.wire import Malformed, read_uvarint
 from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
 from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
 

@@ -16,6 +16,7 @@ from kproxy.protocol.records.entries import (
     BatchInfo,
     BytesLike,
 )
+from kproxy.protocol.wire import write_varlong
 
 
 class _Reader:
@@ -136,24 +137,11 @@ def _read_varint_bytes(buf: BytesLike, pos: int, end: int, name: str) -> tuple[b
     return bytes(buf[p : p + n]), p + n
 
 
-def _write_uvarint(out: bytearray, u: int) -> None:
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-
-
-def _write_varint(out: bytearray, v: int) -> None:
-    # Zig-zag: small magnitudes of either sign get short encodings. (v >> 63) is
-    # 0 or -1 for any value in int64 range, so this serves varint and varlong.
-    _write_uvarint(out, (v << 1) ^ (v >> 63))
-
-
 def _write_varint_bytes(out: bytearray, data: BytesLike | None) -> None:
     if data is None:
-        _write_varint(out, -1)
+        write_varlong(out, -1)
         return
-    _write_varint(out, len(data))
+    write_varlong(out, len(data))
     out += data
 
 

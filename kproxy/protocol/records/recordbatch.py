@@ -38,9 +38,9 @@ from kproxy.protocol.records.fields import (
     _read_varint,
     _read_varint_bytes,
     _read_varlong,
-    _write_varint,
     _write_varint_bytes,
 )
+from kproxy.protocol.wire import write_varlong
 
 
 def decode_v2(batch: BatchInfo, max_decompressed: int) -> list[Record]:
@@ -180,18 +180,18 @@ def encode_batch_v2(
         _check_bytes(rec.value, where + ".value")
         record.clear()
         record.append(0)  # attributes
-        _write_varint(record, timestamp_delta)
-        _write_varint(record, offset_delta)
+        write_varlong(record, timestamp_delta)
+        write_varlong(record, offset_delta)
         _write_varint_bytes(record, rec.key)
         _write_varint_bytes(record, rec.value)
-        _write_varint(record, len(rec.headers))
+        write_varlong(record, len(rec.headers))
         for h, (header_key, header_value) in enumerate(rec.headers):
             if not isinstance(header_key, str):
                 raise EncodeError("header key must be str", field=f"{where}.headers[{h}].key")
             _check_bytes(header_value, f"{where}.headers[{h}].value")
             _write_varint_bytes(record, header_key.encode("utf-8"))
             _write_varint_bytes(record, header_value)
-        _write_varint(body, len(record))
+        write_varlong(body, len(record))
         body += record
     if last_offset_delta is None:
         last_offset_delta = previous_delta if recs else 0
