@@ -10,6 +10,10 @@ The generated code reads and writes through the primitives of
 :mod:`kproxy.protocol.wire` (varints, :class:`~kproxy.protocol.wire.Malformed`);
 :meth:`SchemaCompiler.build` returns a :class:`CompiledSchema`.
 
+Why one module of ~650 lines: it is one compiler, whose emit methods for decode,
+encode and skip recurse into each other per field type (and
+:mod:`kproxy.protocol.scan` subclasses it); split, each half would need the other.
+
 Each schema gets two builds:
 
 * the *fast* build, used for every call;
