@@ -160,6 +160,7 @@ def render(names: dict[int, str], variants: dict[tuple[int, int], list[Any]],
         "# fmt: off",
         "# Field: (name, type, versions, nullable_versions, tag, tagged_versions, default, fields, entity_type)",
         "# Variant: (first_version, last_version, first_flexible_version | None, fields)",
+        "from enum import IntEnum",
         "from typing import Any",
         "",
         f"MAX_VERSION = {MAX_VERSION}",
@@ -169,7 +170,9 @@ def render(names: dict[int, str], variants: dict[tuple[int, int], list[Any]],
     lines += [f"    {k}: {names[k]!r}," for k in sorted(names)]
     lines += ["}", "", "ERRORS: dict[int, tuple[str, bool]] = {"]
     lines += [f"    {k}: {errors[k]!r}," for k in sorted(errors)]
-    lines += ["}", "", "MESSAGES: dict[tuple[int, int], tuple[Any, ...]] = {"]
+    lines += ["}", ""]
+    lines += render_enums(names, errors)
+    lines += ["", "MESSAGES: dict[tuple[int, int], tuple[Any, ...]] = {"]
     for key in sorted(variants):
         lines.append(f"    {key!r}: (")
         for v in variants[key]:
@@ -182,6 +185,34 @@ def render(names: dict[int, str], variants: dict[tuple[int, int], list[Any]],
     return "\n".join(lines)
 
 
+def enum_member(name: str) -> str:
+    """A Python identifier in Kafka's own constant style: 'FindCoordinator' -> 'FIND_COORDINATOR'."""
+    member = snake(name).upper()
+    if not member.isidentifier():
+        raise SystemExit(f"{name!r} makes no enum member name")
+    return member
+
+
+def render_enums(names: dict[int, str], errors: dict[int, tuple[str, bool]]) -> list[str]:
+    """``ApiKey`` and ``ErrorCode`` (IntEnums, members named as Kafka's ApiKeys and Errors
+    enums name them) and ``RETRIABLE``, the codes Kafka marks retriable."""
+    lines = ["", "class ApiKey(IntEnum):", '    """Kafka\'s api keys."""', ""]
+    members = {enum_member(names[k]): k for k in sorted(names)}
+    if len(members) != len(names):
+        raise SystemExit("two api names make the same enum member")
+    lines += [f"    {m} = {k}" for m, k in members.items()]
+    lines += ["", "", "RETRIABLE: frozenset[int] = frozenset({"]
+    lines += [f"    {k}," for k in sorted(errors) if errors[k][1]]
+    lines += ["})", "", "", "class ErrorCode(IntEnum):",
+              '    """Kafka\'s error codes; ``retriable`` is Kafka\'s own flag (the client retries by itself)."""', ""]
+    codes = {errors[k][0]: k for k in sorted(errors)}
+    if len(codes) != len(errors) or not all(name.isidentifier() for name in codes):
+        raise SystemExit("error names are not unique identifiers")
+    lines += [f"    {name} = {k}" for name, k in codes.items()]
+    lines += ["", "    @property", "    def retriable(self) -> bool:", "        return self.value in RETRIABLE", ""]
+    return lines
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
     args = [a for a in argv if not a.startswith("--")]
@@ -191,7 +222,7 @@ def main(argv: list[str]) -> int:
     text = render(names, variants, load_errors(shared))
     if check:
         same = OUT.exists() and OUT.read_text() == text
-        print("tables up to date" if same else f"{OUT} is stale: run tools/gen_protocol_tables.py")
+        print("tables up to date" if same else f"{OUT} is stale: run scripts/gen_protocol_tables.py")
         return 0 if same else 1
     OUT.write_text(text)
     print(f"wrote {OUT} ({len(text)} bytes, {len(variants)} message kinds)")

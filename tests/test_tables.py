@@ -9,7 +9,17 @@ from pathlib import Path
 import pytest
 
 from kproxy.protocol import _tables
-from kproxy.protocol.tables import api_key, api_name, api_snake_name, error, error_code, error_name
+from kproxy.protocol.tables import (
+    RETRIABLE_ERRORS,
+    ApiKey,
+    ErrorCode,
+    api_key,
+    api_name,
+    api_snake_name,
+    error,
+    error_code,
+    error_name,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT.parent / "shared" / "kafka-specs"
@@ -39,3 +49,14 @@ def test_unknown_values_are_printable_not_exceptions() -> None:
     assert error(31000).known is False
     assert error_code("NO_SUCH_ERROR") is None
 
+
+
+def test_the_enums_name_every_api_key_and_error_code_of_the_tables() -> None:
+    assert sorted(ApiKey) == sorted(_tables.API_NAMES)
+    assert all(api_name(key).lower() == key.name.replace("_", "").lower() for key in ApiKey)
+    assert (ApiKey.PRODUCE, ApiKey.METADATA, ApiKey.API_VERSIONS, ApiKey.DESCRIBE_CLUSTER) == (0, 3, 18, 60)
+    assert sorted(ErrorCode) == sorted(_tables.ERRORS)
+    assert all(error(code).name == code.name and error(code).retriable == code.retriable for code in ErrorCode)
+    assert ErrorCode.UNSUPPORTED_VERSION == 35 and not ErrorCode.UNSUPPORTED_VERSION.retriable
+    assert ErrorCode.NOT_LEADER_OR_FOLLOWER.retriable and ErrorCode.NOT_LEADER_OR_FOLLOWER in RETRIABLE_ERRORS
+    assert {code for code in ErrorCode if code.retriable} == RETRIABLE_ERRORS

@@ -1,4 +1,10 @@
-"""Printable lookups of Kafka's api keys and error codes. They never raise.
+"""Kafka's api keys and error codes: the enums, and printable lookups that never raise.
+
+:class:`ApiKey` and :class:`ErrorCode` (generated into ``_tables.py`` by
+scripts/gen_protocol_tables.py) name the constants once; :data:`RETRIABLE_ERRORS`
+holds the codes Kafka marks retriable (``ErrorCode.X.retriable`` says it per code).
+Code on the per-frame path compares with ``int(ApiKey.X)`` bound once at import: an
+``int == IntEnum`` comparison costs about twice a plain one.
 
 Unknown values are data (a newer broker may send codes this build does not
 know): they get a placeholder name, never an exception.
@@ -10,6 +16,26 @@ import re
 from dataclasses import dataclass
 
 from kproxy.protocol import _tables
+from kproxy.protocol._tables import ApiKey, ErrorCode
+
+__all__ = [
+    "ERROR_CLASSES",
+    "RETRIABLE_ERRORS",
+    "ROUTINE_ERRORS",
+    "ApiKey",
+    "ErrorCode",
+    "KafkaError",
+    "all_api_keys",
+    "api_key",
+    "api_name",
+    "api_snake_name",
+    "error",
+    "error_class",
+    "error_code",
+    "error_name",
+]
+
+RETRIABLE_ERRORS: frozenset[int] = _tables.RETRIABLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +72,9 @@ def error_code(name: str) -> int | None:
 #   REBALANCE_IN_PROGRESS: how the coordinator tells members to rejoin (Heartbeat, OffsetCommit).
 #   FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH: an evicted incremental fetch session;
 #   the client starts a new one (KIP-227).
-ROUTINE_ERRORS = frozenset(
-    code for code, (name, _) in _tables.ERRORS.items()
-    if name in {"MEMBER_ID_REQUIRED", "REBALANCE_IN_PROGRESS", "FETCH_SESSION_ID_NOT_FOUND",
-                "INVALID_FETCH_SESSION_EPOCH"})
+ROUTINE_ERRORS: frozenset[int] = frozenset({
+    ErrorCode.MEMBER_ID_REQUIRED, ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+    ErrorCode.INVALID_FETCH_SESSION_EPOCH})
 # The kinds of error codes, mildest first (metrics and dashboards tell them apart).
 ERROR_CLASSES = ("routine", "retriable", "error")
 
