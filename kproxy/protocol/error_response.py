@@ -43,7 +43,7 @@ from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.headers import ResponseHeader, encode_response_header, response_header_version
 from kproxy.protocol.messages import Body, default_struct, require_codec
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field
-from kproxy.protocol.tables import error_name
+from kproxy.protocol.tables import ApiKey, error_name
 
 _SIZE = struct.Struct(">i")
 _TOPIC_KEYS = frozenset({"name", "topic", "topic_name", "topic_id"})
@@ -51,30 +51,29 @@ _PARTITION_KEYS = PARTITION_FIELDS | {"index"}
 # Identity fields copied from a request struct to its answer, beside topics and partitions.
 _OTHER_KEYS = frozenset({"group_id", "key", "key_type", "resource_type", "resource_name", "transactional_id",
                          "member_id", "group_instance_id"})
-_FETCH, _METADATA, _FIND_COORDINATOR, _OFFSET_FOR_LEADER_EPOCH = 1, 3, 10, 23
 
 # Values Kafka's brokers put in a response when a partition (or the request) failed, where the
 # spec's default (often 0) would read as data. Keyed by api key, then field name; applied in every
 # struct of the response that has the field.
 _ERROR_VALUES: dict[int, dict[str, Any]] = {
     # ProduceResponse.INVALID_OFFSET (clients/.../ProduceResponse.java): no offset was assigned.
-    0: {"base_offset": -1},
+    ApiKey.PRODUCE: {"base_offset": -1},
     # FetchResponse.INVALID_HIGH_WATERMARK / INVALID_LAST_STABLE_OFFSET; MemoryRecords.EMPTY, not null,
     # because some clients read a null records field as a protocol error.
-    _FETCH: {"high_watermark": -1, "last_stable_offset": -1, "records": b""},
+    ApiKey.FETCH: {"high_watermark": -1, "last_stable_offset": -1, "records": b""},
     # ListOffsetsResponse.UNKNOWN_OFFSET / UNKNOWN_TIMESTAMP (the spec's -1 defaults hold already for v1+;
     # v0 has old_style_offsets, an empty list).
-    2: {"offset": -1, "timestamp": -1},
+    ApiKey.LIST_OFFSETS: {"offset": -1, "timestamp": -1},
     # MetadataResponse: no controller known (-1), a partition without a leader (-1).
-    _METADATA: {"controller_id": -1, "leader_id": -1},
+    ApiKey.METADATA: {"controller_id": -1, "leader_id": -1},
     # OffsetFetchResponse: no committed offset (OffsetFetchResponse.INVALID_OFFSET).
-    9: {"committed_offset": -1},
+    ApiKey.OFFSET_FETCH: {"committed_offset": -1},
     # FindCoordinatorResponse on error: Node.noNode() is id -1, host "", port -1.
-    _FIND_COORDINATOR: {"node_id": -1, "port": -1},
+    ApiKey.FIND_COORDINATOR: {"node_id": -1, "port": -1},
     # OffsetForLeaderEpochResponse: UNDEFINED_EPOCH_OFFSET / UNDEFINED_EPOCH.
-    _OFFSET_FOR_LEADER_EPOCH: {"end_offset": -1, "leader_epoch": -1},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: {"end_offset": -1, "leader_epoch": -1},
     # ShareFetch partitions: an empty record set, as for Fetch.
-    78: {"records": b""},
+    ApiKey.SHARE_FETCH: {"records": b""},
 }
 
 

@@ -25,11 +25,10 @@ import yaml
 
 from kproxy.protocol import _tables
 from kproxy.protocol.schema import Direction, message_schema, supported_versions
-from kproxy.protocol.tables import api_key, api_snake_name, error_code
+from kproxy.protocol.tables import ApiKey, api_key, api_snake_name, error_code
 from kproxy.rules.model import (
     ACTION_APIS,
     ACTION_NAMES,
-    PRODUCE,
     Action,
     Blackhole,
     CloseConnection,
@@ -431,7 +430,7 @@ class _Loader:
                 if reason is not None:
                     made = self.fail(key_node, f"{apath}.set.{key_node.value}", reason)
         if (isinstance(made, InjectError) and made.partitions is not None and made.mode is InjectMode.RESPOND
-                and (apis is None or PRODUCE in apis)):
+                and (apis is None or ApiKey.PRODUCE in apis)):
             return self.fail(m.get("partitions", at), f"{apath}.partitions",
                              "a partial Produce failure needs mode: replace (answering without forwarding "
                              "would acknowledge records that were never written)")

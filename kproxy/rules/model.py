@@ -19,14 +19,12 @@ import re
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from kproxy.protocol.tables import api_snake_name
+from kproxy.protocol.tables import ApiKey, api_snake_name
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
-DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
-RECORD_APIS = frozenset({PRODUCE, FETCH})
-METADATA_APIS = frozenset({METADATA, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS})
+RECORD_APIS: frozenset[int] = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
+METADATA_APIS: frozenset[int] = frozenset({ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_TOPIC_PARTITIONS})
 
 
 # ------------------------------------------------------------------------------ match
@@ -132,7 +130,7 @@ class Match:
             raise ValueError("min is above max")
         if self.acks is not None and not self.acks <= {-1, 0, 1}:
             raise ValueError("acks is -1 (all), 0 or 1")
-        if self.acks is not None and self.apis is not None and PRODUCE not in self.apis:
+        if self.acks is not None and self.apis is not None and ApiKey.PRODUCE not in self.apis:
             raise ValueError("acks only exists on produce requests")
 
     @property
@@ -376,7 +374,7 @@ ACTION_APIS: dict[type, frozenset[int]] = {
     DuplicateRecords: RECORD_APIS,
     InvalidSchemaId: RECORD_APIS,
     MutateMetadata: METADATA_APIS,
-    DowngradeApiVersions: frozenset({API_VERSIONS}),
+    DowngradeApiVersions: frozenset({ApiKey.API_VERSIONS}),
 }
 
 
@@ -403,7 +401,8 @@ class Rule:
             raise ValueError("a rule needs at least one action")
         for action in self.actions:
             if (isinstance(action, InjectError) and action.partitions is not None
-                    and action.mode is InjectMode.RESPOND and (self.match.apis is None or PRODUCE in self.match.apis)):
+                    and action.mode is InjectMode.RESPOND
+                    and (self.match.apis is None or ApiKey.PRODUCE in self.match.apis)):
                 raise ValueError("a partial Produce failure needs mode: replace")
             allowed = ACTION_APIS.get(type(action))
             if allowed is None:

@@ -20,9 +20,10 @@ import trio
 
 from kproxy.protocol.frames import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.tables import ApiKey
 
-METADATA = 3
-API_VERSIONS = 18
+METADATA = ApiKey.METADATA
+API_VERSIONS = ApiKey.API_VERSIONS
 METADATA_VERSION = 1  # every Kafka since 0.10 answers it; brokers with rack, no topics asked
 DISCOVERY_CLIENT_ID = "kproxy-discovery"
 _SIZE = struct.Struct(">i")
