@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from kproxy.protocol import scan
+from kproxy.protocol.kinds import FIRST_REQUEST_APIS, warm_up_kinds
 from kproxy.protocol.schema import Direction
+from kproxy.protocol.tables import ApiKey, all_api_keys
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.server.warmup import VERSIONS_BELOW, warm_up
 
-PRODUCE, METADATA = 0, 3
+PRODUCE, METADATA = ApiKey.PRODUCE, ApiKey.METADATA
 
 
 async def test_warm_up_compiles_the_versions_below_the_broker_max() -> None:
@@ -25,3 +27,14 @@ async def test_warm_up_compiles_the_versions_below_the_broker_max() -> None:
 
 async def test_warm_up_skips_apis_the_broker_does_not_speak() -> None:
     assert await warm_up({}, ResponseRewriter(AddressMap("h", 1000))) == 0
+
+
+def test_the_kinds_to_warm_come_from_the_schemas() -> None:
+    broker = {key: 100 for key in all_api_keys()}  # a broker speaking every version of every api
+    apis = {api for api, _ in warm_up_kinds(broker)}
+    assert apis >= FIRST_REQUEST_APIS
+    # Responses with broker endpoints are rewritten, so they are warmed too, found in the schemas:
+    assert {ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER, ApiKey.SHARE_FETCH} <= apis
+    assert ApiKey.SHARE_FETCH not in FIRST_REQUEST_APIS
+    assert ApiKey.DELETE_TOPICS not in apis  # neither a first request nor an endpoint carrier
+    assert warm_up_kinds({ApiKey.METADATA: 6}, versions_below=2) == [(3, 6), (3, 5), (3, 4)]

@@ -26,10 +26,10 @@ from typing import Any
 
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import SIZE_PREFIX
+from kproxy.protocol.kinds import endpoint_fields, has_endpoint, rewritten_api_keys
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import all_api_keys
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 
 API_VERSIONS = 18
@@ -41,44 +41,11 @@ Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a 
 
 
 @functools.cache
-def _has_endpoint(fields: tuple[Field, ...]) -> bool:
-    names = {f.name for f in fields}
-    if "host" in names and "port" in names:
-        return True
-    return any(f.fields is not None and _has_endpoint(f.fields) for f in fields)
-
-
-@functools.cache
-def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
-    """Top-level response fields holding endpoints; ``()`` when the top level itself
-    has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
-    if schema is None:
-        return None
-    names = {f.name for f in schema.fields}
-    if "host" in names and "port" in names:
-        return ()
-    found = tuple(f.name for f in schema.fields if f.fields is not None and _has_endpoint(f.fields))
-    return found or None
-
-
-@functools.cache
 def _endpoint_struct_fields(api_key: int, api_version: int) -> tuple[Field, ...]:
     """The top-level Field objects named by :func:`endpoint_fields` (for the splice editors)."""
     names = endpoint_fields(api_key, api_version) or ()
     schema = message_schema(api_key, api_version, Direction.RESPONSE)
     return tuple(f for f in schema.fields if f.name in names) if schema is not None else ()
-
-
-@functools.cache
-def rewritten_api_keys() -> frozenset[int]:
-    """API keys with endpoints in some response version: their versions are capped."""
-    out = set()
-    for key in all_api_keys():
-        span = supported_versions(key)
-        if span and any(endpoint_fields(key, v) is not None for v in range(span[0], span[1] + 1)):
-            out.add(key)
-    return frozenset(out)
 
 
 @functools.cache
@@ -230,7 +197,7 @@ class ResponseRewriter:
                 struct_value["host"] = self.addresses.advertised_host
                 struct_value["port"] = self.addresses.port_for(node)
         for f in fields:
-            if f.fields is not None and f.name in struct_value and _has_endpoint(f.fields):
+            if f.fields is not None and f.name in struct_value and has_endpoint(f.fields):
                 self._rewrite_value(struct_value[f.name], f, node, routes)
 
     # -- ApiVersions ------------------------------------------------------------------
