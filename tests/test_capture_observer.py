@@ -8,12 +8,12 @@ from typing import Any
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, TopicNames, split_peer
 from kproxy.capture.schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
+from kproxy.protocol.builders import request_body, request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
-from tests.support.fakebroker import request_body, request_frame, response_frame
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
 TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")

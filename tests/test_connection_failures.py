@@ -2,7 +2,7 @@
 slow readers, idle connections and shutdown.
 
 Most tests run a real :class:`ProxyServer` in the test's trio run in front of a
-scripted fake broker (tests/support/fakebroker.py). The ones that need exact
+scripted fake broker (tests/support/fakecluster.py). The ones that need exact
 interleavings or time drive a :class:`Connection` over trio's in-memory
 streams with a virtual clock instead.
 """
@@ -28,17 +28,9 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.server.connection import Connection
 from kproxy.server.proxy import ProxyServer
-from kproxy.testing import proxy_config
-from tests.support.fakebroker import (
-    METADATA,
-    CloseConnection,
-    FakeBroker,
-    FakeCluster,
-    KafkaClient,
-    Received,
-    fake_cluster,
-    running_server,
-)
+from kproxy.testing import proxy_config, running_server
+from tests.support.fakecluster import METADATA, CloseConnection, FakeBroker, FakeCluster, Received, fake_cluster
+from tests.support.kafkaclient import KafkaClient
 
 UNKNOWN_API = 30000  # passes through kproxy untouched; the fake echoes it unless told otherwise
 MiB = 1024 * 1024

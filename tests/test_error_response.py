@@ -10,12 +10,13 @@ import pytest
 import trio
 
 from kproxy.protocol import Direction, decode_body, default_body, response_header_version
+from kproxy.protocol.builders import request_frame
 from kproxy.protocol.error_response import error_response, set_error_codes
 from kproxy.protocol.headers import decode_response_header
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.scan import scan_body
 from kproxy.protocol.schema import all_message_kinds
-from tests.support.fakebroker import PRODUCE, Received, fake_cluster, request_frame
+from tests.support.fakecluster import PRODUCE, Received, fake_cluster
 
 NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR, TOPIC_AUTHORIZATION_FAILED = 6, 16, 29
 REQUEST_KINDS = [(k, v) for k, v, d in all_message_kinds() if d is Direction.REQUEST

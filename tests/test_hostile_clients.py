@@ -19,17 +19,12 @@ from typing import Any
 import pytest
 import trio
 
+from kproxy.protocol.builders import request_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.server.logfmt import LogfmtFormatter
-from kproxy.testing import Broker, ProxyThread, proxy_config
-from tests.support.fakebroker import (
-    FakeBroker,
-    KafkaClient,
-    Received,
-    fake_cluster,
-    request_frame,
-    running_server,
-)
+from kproxy.testing import Broker, ProxyThread, proxy_config, running_server
+from tests.support.fakecluster import FakeBroker, Received, fake_cluster
+from tests.support.kafkaclient import KafkaClient
 
 MiB = 1024 * 1024
 

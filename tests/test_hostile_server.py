@@ -2,7 +2,7 @@
 
 Each test plays what a hostile client or a pressed operator does, through a
 real kproxy: a raw socket or a real broker (Tansu) where that is how it
-happens, a scripted fake broker (tests/support/fakebroker.py) where the test
+happens, a scripted fake broker (tests/support/fakecluster.py) where the test
 needs answers Tansu does not give, a virtual clock where it needs exact time.
 """
 
@@ -24,11 +24,13 @@ from pathlib import Path
 import trio
 
 from kproxy.metrics.stats import MAX_LABEL_LENGTH, LabelCap, TrafficStats
+from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set
 from kproxy.server.logfmt import Throttle
-from kproxy.testing import Broker, free_port, proxy_config, wait_for_port
-from tests.support.fakebroker import KafkaClient, fake_cluster, request_frame, running_server
+from kproxy.testing import Broker, free_port, proxy_config, running_server, wait_for_port
+from tests.support.fakecluster import fake_cluster
+from tests.support.kafkaclient import KafkaClient
 
 PRODUCE, API_VERSIONS = 0, 18
 KPROXY = [sys.executable, "-m", "kproxy"]

@@ -9,7 +9,7 @@
   that bound's bucket.
 
 A real :class:`ProxyServer` runs in the test's trio run in front of the scripted fake
-broker (tests/support/fakebroker.py); what it counts is read from its stats and from
+broker (tests/support/fakecluster.py); what it counts is read from its stats and from
 the text exposition Prometheus would scrape.
 """
 
@@ -26,19 +26,11 @@ from prometheus_client import generate_latest
 from kproxy.metrics.exposition import LiveGauges, make_registry
 from kproxy.metrics.stats import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram, TrafficStats
 from kproxy.protocol import frame
+from kproxy.protocol.builders import request_frame, response_body
 from kproxy.protocol.tables import error_code
-from kproxy.testing import proxy_config
-from tests.support.fakebroker import (
-    METADATA,
-    PRODUCE,
-    FakeBroker,
-    KafkaClient,
-    Received,
-    fake_cluster,
-    request_frame,
-    response_body,
-    running_server,
-)
+from kproxy.testing import proxy_config, running_server
+from tests.support.fakecluster import METADATA, PRODUCE, FakeBroker, Received, fake_cluster
+from tests.support.kafkaclient import KafkaClient
 
 LIST_OFFSETS = 2
 UNKNOWN_API = 30000  # passes through kproxy untouched

@@ -1,4 +1,4 @@
-"""Address rewriting against a scripted multi-broker cluster (tests/support/fakebroker.py).
+"""Address rewriting against a scripted multi-broker cluster (tests/support/fakecluster.py).
 
 A real :class:`ProxyServer` runs in the test's trio run; requests are encoded
 with kproxy's codec and sent over loopback TCP. The proxy advertises
@@ -20,8 +20,8 @@ import trio
 from kproxy.protocol import Direction, Response, frame, message_schema
 from kproxy.protocol.schema import supported_versions
 from kproxy.server.proxy import ProxyServer
-from kproxy.testing import proxy_config
-from tests.support.fakebroker import (
+from kproxy.testing import proxy_config, running_server
+from tests.support.fakecluster import (
     API_VERSIONS,
     COORDINATOR_NOT_AVAILABLE,
     DESCRIBE_CLUSTER,
@@ -31,11 +31,10 @@ from tests.support.fakebroker import (
     NOT_LEADER_OR_FOLLOWER,
     PRODUCE,
     FakeCluster,
-    KafkaClient,
     endpoints,
     fake_cluster,
-    running_server,
 )
+from tests.support.kafkaclient import KafkaClient
 
 ADVERTISED = "kproxy.test"
 SASL_HANDSHAKE, LIST_OFFSETS = 17, 2

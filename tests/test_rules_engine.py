@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import pytest
 
+from kproxy.protocol.builders import request_frame
 from kproxy.protocol.headers import decode_request_header
 from kproxy.rules import NO_DECISION, RuleEngine, StaticFacts, load_text
 from kproxy.rules.bucket import TokenBucket
 from kproxy.rules.engine import draw
 from kproxy.rules.facts import FrameFacts
 from kproxy.rules.model import Delay, Distribution, Throttle, ThrottleScope
-from tests.support.fakebroker import request_frame
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT = 0, 1, 3, 10, 11, 12
 

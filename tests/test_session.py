@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from kproxy.protocol import decode_response, encode_request, encode_response, frame
+from kproxy.protocol.builders import request_body, request_frame, response_body, response_frame
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.schema import supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Mode, Session, SessionError, response_body_offset
-from tests.support.fakebroker import request_body, request_frame, response_body, response_frame
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
 LIST_OFFSETS = 2

@@ -2,14 +2,19 @@
 
 Layers, bottom up (none does I/O; this package imports nothing else of kproxy):
 
+* :mod:`.wire`     - varints, tagged-field sections, the ``Malformed`` signal.
 * :mod:`.framing`  - 4-byte size-prefixed frames out of arbitrary chunks.
 * :mod:`.headers`  - request/response headers and their derived versions.
 * :mod:`.schema`   - per-(api key, version) layouts from the generated tables.
+* :mod:`.codegen`  - the compiler behind messages and scan: schemas to Python functions.
 * :mod:`.messages` - full decode/encode of bodies (byte-exact round trips).
 * :mod:`.scan`     - partial decode for the hot path (topics, partitions, error codes).
 * :mod:`.splice`   - rewrite a few top-level fields, copy the rest untouched.
-* :mod:`.records`  - RecordBatch v2 and legacy MessageSets, decoded lazily.
-* :mod:`.tables`   - API names, error codes: printable lookups that never raise.
+* :mod:`.records`  - RecordBatch v2 and legacy MessageSets, decoded lazily (a package split by job).
+* :mod:`.builders` - request/response frames of any version from version-independent values;
+  :mod:`.error_response` answers a request with an error code.
+* :mod:`.kinds`    - which (api key, version) kinds carry broker endpoints, which to warm up.
+* :mod:`.tables`   - ``ApiKey``, ``ErrorCode``; API names, error codes: printable lookups that never raise.
 """
 
 from kproxy.protocol.errors import (

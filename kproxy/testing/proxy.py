@@ -1,4 +1,4 @@
-"""Run a kproxy server in a background thread, for callers that are not trio code.
+"""Run a kproxy server in a background thread (for callers that are not trio code), or in this trio run.
 
 The demo and the tests drive kproxy with blocking Kafka clients (librdkafka,
 kafka-python); they run the server on its own trio loop in a thread and talk
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import trio
@@ -99,3 +99,15 @@ def proxy_config(upstream: str, **options: Any) -> Config:
 def running_proxy(upstream: str, **options: Any) -> Iterator[ProxyThread]:
     with ProxyThread(proxy_config(upstream, **options)) as proxy:
         yield proxy
+
+
+@contextlib.asynccontextmanager
+async def running_server(config: Config) -> AsyncIterator[ProxyServer]:
+    """A :class:`ProxyServer` serving in the current trio run; cancelled on exit."""
+    async with trio.open_nursery() as nursery:
+        server = ProxyServer(config, handle_signals=False)
+        await nursery.start(server.run)
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()

@@ -25,7 +25,8 @@ Every request is recorded in ``cluster.received`` (node id, decoded request,
 raw payload). ``cluster.handlers[api_key]`` overrides an answer: an async
 function of ``(broker, received)`` returning a body dict, a raw response
 payload (``bytes``), or ``None`` for no answer; raise :class:`CloseConnection`
-to hang up instead. :class:`KafkaClient` is the matching test client.
+to hang up instead. :class:`tests.support.kafkaclient.KafkaClient` is the matching test client;
+frames are built with :mod:`kproxy.protocol.builders`.
 """
 
 from __future__ import annotations
@@ -39,92 +40,32 @@ from typing import Any
 
 import trio
 
-from kproxy.config import Config
 from kproxy.protocol import (
-    Direction,
     FrameSplitter,
     Request,
-    RequestHeader,
-    Response,
     UnknownApiError,
     decode_request,
-    decode_response,
-    default_body,
-    encode_request,
     encode_response,
     frame,
-    message_schema,
-    peek_correlation_id,
     peek_request,
-    request_header_version,
 )
-from kproxy.protocol.messages import Body, default_struct
-from kproxy.protocol.schema import Field, supported_versions
-from kproxy.protocol.tables import all_api_keys
+from kproxy.protocol.builders import response_body
+from kproxy.protocol.messages import Body
+from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.tables import ApiKey, ErrorCode, all_api_keys
 from kproxy.server.discovery import DISCOVERY_CLIENT_ID
-from kproxy.server.proxy import ProxyServer
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = 0, 1, 3, 10, 18, 60
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-NOT_LEADER_OR_FOLLOWER = 6
-COORDINATOR_NOT_AVAILABLE = 15
-UNSUPPORTED_VERSION = 35
+# The kinds and codes the fake cluster answers, by their Kafka names (tests import them from here).
+PRODUCE, FETCH, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.METADATA
+FIND_COORDINATOR, API_VERSIONS, DESCRIBE_CLUSTER = ApiKey.FIND_COORDINATOR, ApiKey.API_VERSIONS, ApiKey.DESCRIBE_CLUSTER
+NONE, UNKNOWN_TOPIC_OR_PARTITION = ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+NOT_LEADER_OR_FOLLOWER = ErrorCode.NOT_LEADER_OR_FOLLOWER
+COORDINATOR_NOT_AVAILABLE = ErrorCode.COORDINATOR_NOT_AVAILABLE
+UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION
 LOOPBACK = "127.0.0.1"
 
 
-# -- building bodies of any version from version-independent values ------------------------
-def shape(fields: tuple[Field, ...], values: dict[str, Any]) -> Body:
-    """A struct of exactly ``fields``: defaults, overridden by the ``values`` this version has.
-
-    Values for fields absent in this version are dropped (``topic_id`` before
-    it existed, ``rack`` in Metadata v0...); tagged fields appear only when given.
-    """
-    out = default_struct(fields)
-    by_name = {f.name: f for f in fields}
-    for name, value in values.items():
-        f = by_name.get(name)
-        if f is None:
-            continue
-        if f.fields is not None and value is not None:
-            value = [shape(f.fields, v) for v in value] if f.array else shape(f.fields, value)
-        out[name] = value
-    return out
-
-
-def body_of(api_key: int, api_version: int, direction: Direction, **values: Any) -> Body:
-    schema = message_schema(api_key, api_version, direction)
-    if schema is None:
-        raise UnknownApiError(api_key, api_version)
-    return shape(schema.fields, values)
-
-
-def request_body(api_key: int, api_version: int, **values: Any) -> Body:
-    return body_of(api_key, api_version, Direction.REQUEST, **values)
-
-
-def response_body(api_key: int, api_version: int, **values: Any) -> Body:
-    return body_of(api_key, api_version, Direction.RESPONSE, **values)
-
-
-def request_frame(api_key: int, api_version: int, correlation_id: int, body: Body | None = None,
-                  client_id: str | None = "kproxy-test", **values: Any) -> bytes:
-    """A whole request frame (size prefix included)."""
-    if body is None:
-        body = request_body(api_key, api_version, **values)
-    header = RequestHeader(api_key, api_version, correlation_id, client_id,
-                           request_header_version(api_key, api_version))
-    return frame(encode_request(header, body))
-
-
-def response_frame(api_key: int, api_version: int, correlation_id: int, body: Body | None = None,
-                   **values: Any) -> bytes:
-    """A whole response frame (size prefix included)."""
-    if body is None:
-        body = response_body(api_key, api_version, **values)
-    return frame(encode_response(correlation_id, api_key, api_version, body))
-
-
+# -- reading decoded bodies ----------------------------------------------------------------
 def endpoints(value: Any) -> Iterator[tuple[Any, Any]]:
     """Every (host, port) pair anywhere in a decoded body."""
     if isinstance(value, dict):
@@ -434,116 +375,3 @@ async def fake_cluster(node_ids: tuple[int, ...] = (0, 1, 2), **kwargs: Any) -> 
             yield cluster
         finally:
             nursery.cancel_scope.cancel()
-
-
-# -- a proxy in this trio run ---------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def running_server(config: Config) -> AsyncIterator[ProxyServer]:
-    """A :class:`ProxyServer` serving in the current trio run; cancelled on exit."""
-    async with trio.open_nursery() as nursery:
-        server = ProxyServer(config, handle_signals=False)
-        await nursery.start(server.run)
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
-
-
-# -- the client -----------------------------------------------------------------------------
-class KafkaClient:
-    """A minimal pipelining Kafka client over one trio stream, for driving kproxy in tests.
-
-    ``send`` encodes a request (tracking what it was, to decode the answer);
-    ``receive`` decodes the next response; every wait is bounded by ``timeout``.
-    """
-
-    def __init__(self, stream: trio.abc.Stream, *, client_id: str = "kproxy-test",
-                 timeout: float = 5.0) -> None:
-        self.stream = stream
-        self.client_id = client_id
-        self.timeout = timeout
-        self.splitter = FrameSplitter()
-        self.pending: list[tuple[int, int, int]] = []  # (correlation id, api key, api version)
-        self.next_correlation_id = 1
-
-    @classmethod
-    async def connect(cls, port: int, host: str = LOOPBACK, **kwargs: Any) -> KafkaClient:
-        with trio.fail_after(kwargs.get("timeout", 5.0)):
-            return cls(await trio.open_tcp_stream(host, port), **kwargs)
-
-    async def __aenter__(self) -> KafkaClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await trio.aclose_forcefully(self.stream)
-
-    async def send(self, api_key: int, api_version: int, body: Body | None = None, **values: Any) -> int:
-        correlation_id = self.next_correlation_id
-        self.next_correlation_id += 1
-        raw = request_frame(api_key, api_version, correlation_id, body, self.client_id, **values)
-        self.pending.append((correlation_id, api_key, api_version))
-        await self.send_raw(raw)
-        return correlation_id
-
-    async def send_raw(self, data: bytes) -> None:
-        with trio.fail_after(self.timeout):
-            await self.stream.send_all(data)
-
-    async def receive_frame(self) -> bytes:
-        """The next response payload (no size prefix), untouched."""
-        with trio.fail_after(self.timeout):
-            while (payload := self.splitter.next_frame()) is None:
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    raise EOFError("the connection closed")
-                self.splitter.feed(data)
-        return payload
-
-    async def receive(self) -> Response:
-        correlation_id, api_key, api_version = self.pending.pop(0)
-        payload = await self.receive_frame()
-        assert peek_correlation_id(payload) == correlation_id
-        if api_key == API_VERSIONS and struct.unpack_from(">h", payload, 4)[0] == UNSUPPORTED_VERSION:
-            api_version = 0  # KIP-511: the answer is a v0 body
-        return decode_response(payload, api_key, api_version)
-
-    async def request(self, api_key: int, api_version: int, body: Body | None = None,
-                      **values: Any) -> Response:
-        await self.send(api_key, api_version, body, **values)
-        return await self.receive()
-
-    async def closed_by_peer(self) -> bytes:
-        """Wait for the peer to close; returns whatever bytes arrived before (EOF or reset)."""
-        got = bytearray()
-        with trio.fail_after(self.timeout):
-            while True:
-                try:
-                    data = await self.stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    return bytes(got)
-                if not data:
-                    return bytes(got)
-                got += data
-
-
-__all__ = [
-    "CloseConnection",
-    "FakeBroker",
-    "FakeCluster",
-    "KafkaClient",
-    "Received",
-    "Topic",
-    "body_of",
-    "default_body",
-    "endpoints",
-    "fake_cluster",
-    "request_body",
-    "request_frame",
-    "response_body",
-    "response_frame",
-    "running_server",
-    "shape",
-]
