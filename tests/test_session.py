@@ -95,7 +95,7 @@ def rewritten_brokers(brokers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 # -- ordering -----------------------------------------------------------------------------------
-async def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
+def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
     s, done = session()
     pairs = [heartbeat(c) for c in (7, 8, 9)]
     forward(s, [r for r, _ in pairs])
@@ -110,7 +110,7 @@ async def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
     assert (s.requests, s.responses) == (3, 3)
 
 
-async def test_local_answer_waits_behind_in_flight_requests() -> None:
+def test_local_answer_waits_behind_in_flight_requests() -> None:
     s, done = session()
     (hb1, hb1_answer), (hb3, hb3_answer) = heartbeat(1), heartbeat(3)
     forward(s, [hb1])
@@ -130,7 +130,7 @@ async def test_local_answer_waits_behind_in_flight_requests() -> None:
     assert [(e.correlation_id, e.local) for e in done] == [(1, False), (2, True), (3, False)]
 
 
-async def test_local_answer_with_nothing_in_flight_is_ready_at_once() -> None:
+def test_local_answer_with_nothing_in_flight_is_ready_at_once() -> None:
     s, _ = session()
     assert s.on_client_frame(future_api_versions(5)) is None
     [answer] = ready(s)
@@ -139,7 +139,7 @@ async def test_local_answer_with_nothing_in_flight_is_ready_at_once() -> None:
 
 
 @pytest.mark.parametrize("version", [5, 99, 32767])
-async def test_api_versions_beyond_what_kproxy_reads_gets_the_kip511_answer(version: int) -> None:
+def test_api_versions_beyond_what_kproxy_reads_gets_the_kip511_answer(version: int) -> None:
     s, _ = session()
     assert s.on_client_frame(future_api_versions(42, version)) is None
     [answer] = ready(s)
@@ -150,7 +150,7 @@ async def test_api_versions_beyond_what_kproxy_reads_gets_the_kip511_answer(vers
                     "api_keys": [{"api_key": API_VERSIONS, "min_version": lo, "max_version": hi}]}
 
 
-async def test_api_versions_that_kproxy_reads_is_forwarded_and_capped() -> None:
+def test_api_versions_that_kproxy_reads_is_forwarded_and_capped() -> None:
     s, _ = session()
     request = req(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1")
     forward(s, [request])
@@ -166,7 +166,7 @@ async def test_api_versions_that_kproxy_reads_is_forwarded_and_capped() -> None:
     assert answer == resp(API_VERSIONS, 3, 1, api_keys=expected)
 
 
-async def test_broker_kip511_answer_is_capped_as_a_v0_body() -> None:
+def test_broker_kip511_answer_is_capped_as_a_v0_body() -> None:
     s, _ = session()
     forward(s, [req(API_VERSIONS, 4, 1, client_software_name="t", client_software_version="1")])
     # A broker that cannot read v4 answers with a v0 body (KIP-511), whatever the request's version.
@@ -182,7 +182,7 @@ async def test_broker_kip511_answer_is_capped_as_a_v0_body() -> None:
 
 # -- rewriting ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("version", [1, 9, 12])
-async def test_metadata_rewritten_exactly_and_routes_reported(version: int) -> None:
+def test_metadata_rewritten_exactly_and_routes_reported(version: int) -> None:
     s, _ = session()
     forward(s, [req(METADATA, version, 11, topics=None)])
     s.on_upstream_frame(metadata_response(11, BROKERS, version))
@@ -192,7 +192,7 @@ async def test_metadata_rewritten_exactly_and_routes_reported(version: int) -> N
         (1, "b1.internal", 9092, BASE + 1), (2, "b2.internal", 9093, BASE + 2)]
 
 
-async def test_rewrite_finds_the_body_after_response_header_tags() -> None:
+def test_rewrite_finds_the_body_after_response_header_tags() -> None:
     s, _ = session()
     forward(s, [req(METADATA, 12, 3, topics=None)])
     body = response_body(METADATA, 12, brokers=BROKERS, topics=[])
@@ -202,7 +202,7 @@ async def test_rewrite_finds_the_body_after_response_header_tags() -> None:
     assert ready(s) == [frame(encode_response(3, METADATA, 12, expected, header_tags=tags))]
 
 
-async def test_unrewritable_response_is_an_error_never_forwarded_as_is() -> None:
+def test_unrewritable_response_is_an_error_never_forwarded_as_is() -> None:
     s, _ = session()
     forward(s, [req(METADATA, 12, 3, topics=None)])
     good = metadata_response(3, BROKERS)
@@ -227,7 +227,7 @@ PRODUCE_CASES = [(v, None) for v in range(0, 14)] + [(v, "tx-1") for v in range(
 
 
 @pytest.mark.parametrize(("version", "transactional_id"), PRODUCE_CASES)
-async def test_produce_acks_0_is_never_tracked(version: int, transactional_id: str | None) -> None:
+def test_produce_acks_0_is_never_tracked(version: int, transactional_id: str | None) -> None:
     s, done = session()
     hb, hb_answer = heartbeat(2)
     request = produce(version, 1, 0, transactional_id)
@@ -242,19 +242,19 @@ async def test_produce_acks_0_is_never_tracked(version: int, transactional_id: s
 @pytest.mark.parametrize(("version", "transactional_id"),
                          [(2, None), (5, "tx-1"), (9, "tx-1"), (13, "t" * 200)])
 @pytest.mark.parametrize("acks", [1, -1])
-async def test_produce_with_acks_is_tracked(version: int, transactional_id: str | None, acks: int) -> None:
+def test_produce_with_acks_is_tracked(version: int, transactional_id: str | None, acks: int) -> None:
     s, _ = session()
     forward(s, [produce(version, 1, acks, transactional_id)])
     assert [e.correlation_id for e in s.in_flight] == [1]
 
 
-async def test_produce_acks_0_read_past_request_header_tags() -> None:
+def test_produce_acks_0_read_past_request_header_tags() -> None:
     s, _ = session()
     forward(s, [produce(9, 1, 0, "tx", header_tags={0: b"\x01\x02", 3: b"z" * 130})])
     assert not s.in_flight
 
 
-async def test_unreadable_produce_is_tracked_rather_than_dropped() -> None:
+def test_unreadable_produce_is_tracked_rather_than_dropped() -> None:
     s, _ = session()
     truncated = frame(struct.pack(">hhih", PRODUCE, 3, 1, -1) + b"\x00")
     forward(s, [truncated])
@@ -279,7 +279,7 @@ def then_kafka_again(s: Session, correlation_id: int) -> None:
 
 @pytest.mark.parametrize(("mechanism", "rounds"), [("PLAIN", 1), ("SCRAM-SHA-256", 2), ("scram-sha-512", 2),
                                                    ("OAUTHBEARER", 1)])
-async def test_sasl_v0_tokens_pass_opaquely_for_fixed_rounds(mechanism: str, rounds: int) -> None:
+def test_sasl_v0_tokens_pass_opaquely_for_fixed_rounds(mechanism: str, rounds: int) -> None:
     s, _ = session()
     handshake(s, mechanism)
     assert s.mode is Mode.SASL_TOKENS
@@ -295,7 +295,7 @@ async def test_sasl_v0_tokens_pass_opaquely_for_fixed_rounds(mechanism: str, rou
     then_kafka_again(s, 2)
 
 
-async def test_sasl_v0_open_ended_mechanism_ends_at_the_first_kafka_request() -> None:
+def test_sasl_v0_open_ended_mechanism_ends_at_the_first_kafka_request() -> None:
     s, _ = session()
     handshake(s, "GSSAPI")
     tokens = [frame(b"\x60\x82\x02\x10" + b"\xa5" * 40), frame(b"\x05\x04\x01\xff" + b"\x00" * 12),
@@ -309,14 +309,14 @@ async def test_sasl_v0_open_ended_mechanism_ends_at_the_first_kafka_request() ->
     assert s.mode.value == "kafka"
 
 
-async def test_failed_sasl_handshake_stays_in_kafka_mode() -> None:
+def test_failed_sasl_handshake_stays_in_kafka_mode() -> None:
     s, _ = session()
     handshake(s, "PLAIN", error_code=33)  # UNSUPPORTED_SASL_MECHANISM
     assert s.mode is Mode.KAFKA
     then_kafka_again(s, 2)
 
 
-async def test_sasl_handshake_v1_then_sasl_authenticate_are_normal_kafka() -> None:
+def test_sasl_handshake_v1_then_sasl_authenticate_are_normal_kafka() -> None:
     s, _ = session()
     request = req(SASL_HANDSHAKE, 1, 1, mechanism="SCRAM-SHA-256")
     answer = resp(SASL_HANDSHAKE, 1, 1, error_code=0, mechanisms=["SCRAM-SHA-256", "PLAIN"])
@@ -335,7 +335,7 @@ async def test_sasl_handshake_v1_then_sasl_authenticate_are_normal_kafka() -> No
 
 
 # -- desynchronised streams and limits ------------------------------------------------------------
-async def test_correlation_mismatch_raises() -> None:
+def test_correlation_mismatch_raises() -> None:
     s, _ = session()
     (a, _), (b, b_answer) = heartbeat(1), heartbeat(2)
     forward(s, [a, b])
@@ -343,13 +343,13 @@ async def test_correlation_mismatch_raises() -> None:
         s.on_upstream_frame(b_answer)
 
 
-async def test_response_with_nothing_in_flight_raises() -> None:
+def test_response_with_nothing_in_flight_raises() -> None:
     s, _ = session()
     with pytest.raises(SessionError, match="matches no request"):
         s.on_upstream_frame(heartbeat(1)[1])
 
 
-async def test_response_to_a_locally_answered_request_raises() -> None:
+def test_response_to_a_locally_answered_request_raises() -> None:
     s, _ = session()
     assert s.on_client_frame(future_api_versions(1)) is None
     with pytest.raises(SessionError):
@@ -357,7 +357,7 @@ async def test_response_to_a_locally_answered_request_raises() -> None:
 
 
 @pytest.mark.parametrize("payload", [b"", b"\x00\x03", b"\x00\x03\x00\x01\x00"])
-async def test_frames_too_short_for_a_header_raise(payload: bytes) -> None:
+def test_frames_too_short_for_a_header_raise(payload: bytes) -> None:
     s, _ = session()
     with pytest.raises(SessionError):
         s.on_client_frame(frame(payload))
@@ -366,7 +366,7 @@ async def test_frames_too_short_for_a_header_raise(payload: bytes) -> None:
         s.on_upstream_frame(frame(payload[:3]))
 
 
-async def test_max_in_flight_and_can_accept() -> None:
+def test_max_in_flight_and_can_accept() -> None:
     s, _ = session(max_in_flight=2)
     pairs = [heartbeat(c) for c in (1, 2, 3)]
     assert s.can_accept
@@ -386,7 +386,7 @@ async def test_max_in_flight_and_can_accept() -> None:
     assert s.can_accept
 
 
-async def test_local_answers_hold_a_slot_until_delivered() -> None:
+def test_local_answers_hold_a_slot_until_delivered() -> None:
     s, _ = session(max_in_flight=2)
     hb, hb_answer = heartbeat(1)
     forward(s, [hb])
@@ -397,7 +397,7 @@ async def test_local_answers_hold_a_slot_until_delivered() -> None:
     assert len(ready(s)) == 2
 
 
-async def test_exchange_timings_come_from_the_clock() -> None:
+def test_exchange_timings_come_from_the_clock() -> None:
     clock = Clock()
     s, done = session(clock)
     hb, hb_answer = heartbeat(1)
@@ -454,7 +454,7 @@ def produce_with_timeout(version: int, correlation_id: int, acks: int, transacti
 
 @pytest.mark.parametrize("timeout_ms", MISREAD_TIMEOUTS)
 @pytest.mark.parametrize(("version", "transactional_id"), MISREAD_CASES)
-async def test_produce_acks_read_exactly_next_to_telling_bytes(version: int, transactional_id: str | None,
+def test_produce_acks_read_exactly_next_to_telling_bytes(version: int, transactional_id: str | None,
                                                                timeout_ms: int) -> None:
     for correlation_id, acks in ((1, 0), (2, 1), (3, -1)):
         s, _ = session()
@@ -476,7 +476,7 @@ def test_produce_acks_value_is_the_one_sent(version: int, transactional_id: str 
 
 
 # -- a broker that answers acks=0 anyway (Tansu does) -------------------------------------------------
-async def test_broker_answer_to_acks_0_produce_is_dropped() -> None:
+def test_broker_answer_to_acks_0_produce_is_dropped() -> None:
     """The client expects no answer to acks=0: the broker's is swallowed, whether it comes
     with nothing in flight or ahead of the answer to a later request, and exactly once."""
     s, done = session()
@@ -502,7 +502,7 @@ async def test_broker_answer_to_acks_0_produce_is_dropped() -> None:
 
 # -- KIP-951 node_endpoints rewritten, every other tag kept ------------------------------------------
 @pytest.mark.parametrize(("api_key", "version"), [(PRODUCE, 10), (PRODUCE, 13), (1, 16), (1, 18)])
-async def test_node_endpoints_rewrite_keeps_other_tags(api_key: int, version: int) -> None:
+def test_node_endpoints_rewrite_keeps_other_tags(api_key: int, version: int) -> None:
     """A broker newer than kproxy may put tags kproxy does not know next to node_endpoints
     (top level and per partition): the rewritten response carries them unchanged."""
     s, _ = session()
