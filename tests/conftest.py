@@ -14,6 +14,14 @@ from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from tests.support.captured import CapturedRun, make_capture
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``broker`` every test that reaches the real Tansu broker (through :func:`tansu`, directly
+    or by a fixture built on it), so ``pytest -m "not broker"`` runs the fast suite."""
+    for item in items:
+        if "tansu" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.broker)
+
+
 @pytest.fixture(scope="session")
 def tansu() -> Iterator[Broker]:
     """One Tansu broker for the whole test session (topics are named per test)."""
