@@ -28,7 +28,7 @@ from kproxy.config import ConfigError, add_run_arguments, config_from_args
 from kproxy.protocol.tables import api_key as api_key_by_name
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # argparse's status for bad flags; also bad input, as the decode issue asks
+EXIT_USAGE = 2  # argparse's status for bad flags; kproxy decode uses it for input it cannot read too
 
 _INT16_MIN, _INT16_MAX = -(2**15), 2**15 - 1
 

@@ -229,7 +229,7 @@ def _broker_ports(value: Any) -> dict[int, int]:
 
 
 def _not_in_this_build(what: str) -> Callable[[Any], Any]:
-    """Options the issue names whose machinery is not built yet: refused, never silently ignored."""
+    """Options documented ahead of their machinery (``rules``, say): refused, never silently ignored."""
     def parse(value: Any) -> Any:
         raise ValueError(f"{what} is not in this build yet; remove the option (nothing would read it)")
 
