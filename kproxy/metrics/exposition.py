@@ -95,6 +95,9 @@ class TrafficCollector(Collector):
                      s.upstream_connections)
         yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
                        s.upstream_connect_failures)
+        yield _gauge("kproxy_upstream_up", "1 when the last periodic check reached the upstream (a configured "
+                     "bootstrap server, node_id=bootstrap, or a broker by node id), else 0.", ["upstream", "node_id"],
+                     s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
         live = self.gauges()
