@@ -86,6 +86,7 @@ class MetricsOptions:
     topic_label: bool = False
     label_cap: int = 100
     scan_responses: bool = True
+    process_metrics: bool = False
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("upstream_check_interval", "--upstream-check-interval", _seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (default 10)", "SECONDS"),
+    Option("metrics.process_metrics", "--metrics-process", _bool,
+           "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
+           is_switch=True),
     Option("log_level", "--log-level", _log_level, "debug, info, warning (or warn) or error (default info)",
            "LEVEL"),
     Option("log_format", "--log-format", _log_format,

@@ -122,3 +122,16 @@ async def test_a_target_that_comes_back_is_up_again() -> None:
     assert [r.up for r in seen] == [False, True]
     with trio.move_on_after(0.1):
         await health.run()  # the loop runs a round at once and then sleeps; cancelled here
+
+
+def test_process_metrics_are_opt_in() -> None:
+    metrics_off, metrics_on = free_port(), free_port()
+    dead = f"127.0.0.1:{free_port()}"
+    with running_proxy(dead, metrics_listen=f"127.0.0.1:{metrics_off}"), \
+            running_proxy(dead, metrics_listen=f"127.0.0.1:{metrics_on}", metrics__process_metrics=True):
+        off = get(f"http://127.0.0.1:{metrics_off}/metrics")[1]
+        on = get(f"http://127.0.0.1:{metrics_on}/metrics")[1]
+    assert "process_open_fds" not in off and "python_gc_objects_collected_total" not in off
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
+                 "python_gc_objects_collected_total", "python_info"):
+        assert f"\n{name}" in on, name

@@ -149,7 +149,9 @@ class ProxyServer:
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
                 if self.config.metrics_listen is not None:
-                    self.metrics_server = MetricsServer(make_registry(self.stats, self._live_gauges), self.readiness)
+                    self.metrics_server = MetricsServer(
+                        make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics),
+                        self.readiness)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
                                             self.config.metrics_listen.port)
