@@ -135,3 +135,24 @@ def test_process_metrics_are_opt_in() -> None:
     for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
                  "python_gc_objects_collected_total", "python_info"):
         assert f"\n{name}" in on, name
+
+
+def test_a_client_retrying_against_a_dead_upstream_makes_few_log_lines(caplog: object) -> None:
+    import logging
+
+    import pytest
+
+    assert isinstance(caplog, pytest.LogCaptureFixture)
+    dead = f"127.0.0.1:{free_port()}"
+    with caplog.at_level(logging.WARNING, logger="kproxy"), \
+            running_proxy(dead, upstream_check_interval=3600) as proxy:
+        host, port = proxy.bootstrap.rsplit(":", 1)
+        for _ in range(40):
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.settimeout(5)
+                assert s.recv(1) == b""  # refused: closed without an answer
+        assert proxy.server is not None
+        assert proxy.server.stats.upstream_connect_failures[dead] >= 40
+    lines = [r.getMessage() for r in caplog.records if "event=connection_refused" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines  # the first at once, then at most one per 10 s with its count
+    assert "occurrences=1" in lines[0]

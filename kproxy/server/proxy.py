@@ -111,6 +111,9 @@ class ProxyServer:
         self.open_clients = 0  # accepted and not closed yet, handshaking ones included (limits.max_connections)
         self._accept_failures = Throttle()
         self._cap_refusals = Throttle()
+        # One throttle per (listener, reason): a client retrying against a dead broker in a tight loop
+        # makes one line per 10 s with a count, not one per attempt; a new reason is logged at once.
+        self._upstream_refusals: dict[tuple[str, str], Throttle] = {}
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
             self.stats.upstream_connect_failures.setdefault(str(addr), 0)
@@ -382,8 +385,14 @@ class ProxyServer:
                     await client.do_handshake()
             upstream, addr = await self._connect_upstream(listener.resolve())
         except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-            log.warning("event=connection_refused peer=%s listener=%s reason=%s", peer, listener.name,
-                        _q(str(exc) or type(exc).__name__))
+            reason = str(exc) or type(exc).__name__
+            if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
+                self._upstream_refusals.clear()
+            throttle = self._upstream_refusals.setdefault((listener.name, reason), Throttle())
+            count = throttle.due()
+            if count is not None:
+                log.warning("event=connection_refused peer=%s listener=%s reason=%s occurrences=%d", peer,
+                            listener.name, _q(reason), count)
             await trio.aclose_forcefully(stream)
             return
         observer = self.observer
