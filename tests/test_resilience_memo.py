@@ -28,7 +28,7 @@ def produce_response(correlation_id: int, offset: int) -> bytes:
 
 @pytest.mark.xfail(strict=True, reason=(
     "ResponseRewriter._memo counts only body bytes against MEMO_MAX_TOTAL: small never-repeating "
-    "bodies (Produce v10+ responses) hold ~4x the bound in keys, tuples and results "
+    "bodies (Produce v10+ responses) hold ~6x the bound in keys, tuples and results (1.5 MiB for a 256 KiB bound) "
     "(kproxy/proxy/rewrite.py, ResponseRewriter.rewrite)"))
 def test_memo_memory_stays_within_its_bound_under_distinct_produce_responses(
         monkeypatch: pytest.MonkeyPatch) -> None:
