@@ -27,7 +27,6 @@ from typing import Any
 
 from kproxy.protocol.errors import ProtocolError
 
-Input = bytes
 _KIND = struct.Struct(">H")
 
 
