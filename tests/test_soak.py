@@ -46,6 +46,8 @@ from tests.support.tansu import Broker, free_port, wait_for_port
 
 SECONDS = float(os.environ.get("KPROXY_SOAK_SECONDS", "60"))
 EXTRA_ARGS = shlex.split(os.environ.get("KPROXY_SOAK_ARGS", ""))
+# The same run with the clients on the broker itself: the baseline to compare a finding with.
+DIRECT = os.environ.get("KPROXY_SOAK_DIRECT") == "1"
 PARTITIONS = 3
 RSS_SLACK_KB = 8 * 1024  # allocator noise and the first full-size buffers of late connections
 
@@ -95,7 +97,7 @@ def soak(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> SoakResult:
     workers: list[Worker] = []
     try:
         wait_for_port("127.0.0.1", port)
-        bootstrap = f"127.0.0.1:{port}"
+        bootstrap = tansu.bootstrap if DIRECT else f"127.0.0.1:{port}"
         topic, group = unique("soak"), unique("soak-group")
         create_topic(bootstrap, topic, partitions=PARTITIONS)
 
@@ -286,8 +288,11 @@ def read_log(bootstrap: str, topic: str, wanted: set[tuple[int, int]], timeout: 
 
 
 def _requests_total(metrics_port: int) -> int:
+    """Requests kproxy read (its own counter); its error-code counters are printed alongside."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
+    errors = [line for line in text.splitlines() if line.startswith("kproxy_response_errors_total")]
+    print("soak: kproxy saw error codes:", errors or "none")
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("kproxy_requests_total")))
 
