@@ -86,6 +86,7 @@ class MetricsOptions:
     topic_label: bool = False
     label_cap: int = 100
     scan_responses: bool = True
+    process_metrics: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Config:
     broker_port_base: int | None = None
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
+    upstream_check_interval: float = 10.0
     log_level: str = "info"
     log_format: str = "logfmt"
     limits: Limits = field(default_factory=Limits)
@@ -306,6 +308,12 @@ OPTIONS: tuple[Option, ...] = (
            "distinct client ids / topics per label before the rest count as 'other' (default 100)", "N"),
     Option("metrics.scan_responses", "--metrics-no-error-scan", _bool,
            "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", is_switch=True),
+    Option("upstream_check_interval", "--upstream-check-interval", _seconds,
+           "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
+           "/readyz and kproxy_upstream_up (default 10)", "SECONDS"),
+    Option("metrics.process_metrics", "--metrics-process", _bool,
+           "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
+           is_switch=True),
     Option("log_level", "--log-level", _log_level, "debug, info, warning (or warn) or error (default info)",
            "LEVEL"),
     Option("log_format", "--log-format", _log_format,

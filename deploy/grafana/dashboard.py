@@ -169,6 +169,10 @@ def connections_row() -> list[timeseries.Panel]:
               width=8),
         graph("Upstream connections", "Open connections to brokers by broker address.", "short",
               query(f"sum by (broker) (kproxy_upstream_connections_active{{{SEL}}})", "{{broker}}"), width=8),
+        graph("Upstream reachable", "The periodic check of every bootstrap server and known broker "
+              "(upstream_check_interval): 1 reachable, 0 not, the worst instance shown.", "none",
+              query(f"min by (upstream, node_id) (kproxy_upstream_up{{{SEL}}})", "{{upstream}} (node {{node_id}})"),
+              width=8),
         graph("In-flight requests", "Requests awaiting a broker response, per kproxy instance.", "short",
               query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
     ]

@@ -23,7 +23,7 @@ from typing import Any
 
 import h11
 import trio
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -95,6 +95,9 @@ class TrafficCollector(Collector):
                      s.upstream_connections)
         yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
                        s.upstream_connect_failures)
+        yield _gauge("kproxy_upstream_up", "1 when the last periodic check reached the upstream (a configured "
+                     "bootstrap server, node_id=bootstrap, or a broker by node id), else 0.", ["upstream", "node_id"],
+                     s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
         live = self.gauges()
@@ -147,9 +150,17 @@ def _histogram(name: str, doc: str, by_api: dict[str, Histogram]) -> Metric:
     return family
 
 
-def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges]) -> CollectorRegistry:
+def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
+                  process: bool = False) -> CollectorRegistry:
+    """kproxy's own registry; ``process`` adds prometheus-client's standard process (CPU, memory, open
+    fds, start time: ``process_*``), Python (``python_info``) and garbage-collector (``python_gc_*``)
+    collectors, off by default (metrics.process_metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TrafficCollector(stats, gauges))
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
     return registry
 
 

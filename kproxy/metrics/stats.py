@@ -131,6 +131,8 @@ class TrafficStats:
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     overhead: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The last periodic check of each upstream (kproxy.server.health), by (address, node id or "bootstrap").
+    upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
     # Responses carrying at least one error code, by api and the worst class among their codes:
     # a ratio to responses that stays within 0..1 however many partitions fail at once.
     responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)

@@ -40,6 +40,7 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
+from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
@@ -110,9 +111,14 @@ class ProxyServer:
         self.open_clients = 0  # accepted and not closed yet, handshaking ones included (limits.max_connections)
         self._accept_failures = Throttle()
         self._cap_refusals = Throttle()
+        # One throttle per (listener, reason): a client retrying against a dead broker in a tight loop
+        # makes one line per 10 s with a count, not one per attempt; a new reason is logged at once.
+        self._upstream_refusals: dict[tuple[str, str], Throttle] = {}
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
             self.stats.upstream_connect_failures.setdefault(str(addr), 0)
+        self.health = UpstreamHealth(self._health_targets, self._probe_upstream,
+                                     interval=config.upstream_check_interval, on_result=self._health_result)
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
@@ -146,7 +152,9 @@ class ProxyServer:
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
                 if self.config.metrics_listen is not None:
-                    self.metrics_server = MetricsServer(make_registry(self.stats, self._live_gauges), self.readiness)
+                    self.metrics_server = MetricsServer(
+                        make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics),
+                        self.readiness)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
                                             self.config.metrics_listen.port)
@@ -155,6 +163,7 @@ class ProxyServer:
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._discover_brokers)
+                nursery.start_soon(self.health.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
@@ -241,12 +250,20 @@ class ProxyServer:
             return "shutting down"
         if self.bootstrap_port == 0:
             return "bootstrap listener not open"
-        try:
-            stream, _ = await self._connect_upstream(list(self.config.upstream), probe=True)
-        except UpstreamUnavailable as exc:
-            return str(exc)
+        return self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+
+    def _health_targets(self) -> list[Target]:
+        targets = [Target(addr, BOOTSTRAP) for addr in self.config.upstream]
+        targets += [Target(route.upstream, str(node)) for node, route in sorted(self.addresses.routes.items())]
+        return targets
+
+    async def _probe_upstream(self, addr: HostPort) -> None:
+        # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
+        stream, _ = await self._connect_upstream([addr])
         await trio.aclose_forcefully(stream)
-        return None
+
+    def _health_result(self, target: Target, result: Result) -> None:
+        self.stats.upstream_up[(str(target.address), target.node_id)] = int(result.up)
 
     # -- listeners -----------------------------------------------------------------
     def _bind_ephemeral(self, node_id: int) -> int:
@@ -368,8 +385,14 @@ class ProxyServer:
                     await client.do_handshake()
             upstream, addr = await self._connect_upstream(listener.resolve())
         except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-            log.warning("event=connection_refused peer=%s listener=%s reason=%s", peer, listener.name,
-                        _q(str(exc) or type(exc).__name__))
+            reason = str(exc) or type(exc).__name__
+            if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
+                self._upstream_refusals.clear()
+            throttle = self._upstream_refusals.setdefault((listener.name, reason), Throttle())
+            count = throttle.due()
+            if count is not None:
+                log.warning("event=connection_refused peer=%s listener=%s reason=%s occurrences=%d", peer,
+                            listener.name, _q(reason), count)
             await trio.aclose_forcefully(stream)
             return
         observer = self.observer
