@@ -765,6 +765,8 @@ class _Loader:
 def _unknown_field_path(path: str, apis: frozenset[int], direction: RewriteDirection) -> str | None:
     """Why ``path`` names no field of these APIs' messages in any version; None when it does."""
     side = Direction.REQUEST if direction is RewriteDirection.REQUEST else Direction.RESPONSE
+    if path == "client_id" and side is Direction.REQUEST:
+        return None  # the request header's client id (kproxy/protocol/field_rewrite.py)
     for key in sorted(apis):
         known = supported_versions(key)
         names: set[str] = set()
