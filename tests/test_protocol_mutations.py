@@ -537,3 +537,62 @@ def test_body_offset_needs_a_consistent_size_prefix() -> None:
     frame = produce_response(9)
     with pytest.raises(ProtocolError):
         response_body_offset(frame[:-1], PRODUCE, 9)
+
+
+_bytes_or_none = st.none() | st.binary(max_size=12)
+_records = st.lists(st.tuples(_bytes_or_none, _bytes_or_none,
+                              st.lists(st.tuples(st.text(max_size=4), _bytes_or_none), max_size=2)),
+                    min_size=1, max_size=6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=_records, codec=st.sampled_from([Codec.NONE, Codec.GZIP, Codec.ZSTD]),
+       target=st.sampled_from(list(CorruptTarget)), version=st.sampled_from(versions(PRODUCE, 3)),
+       schema_id=st.integers(-(2**31), 2**31 - 1))
+def test_record_faults_on_random_batches(rows: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+                                         codec: int, target: CorruptTarget, version: int, schema_id: int) -> None:
+    sample = [Record(i, 1_000 + i, k, v, h) for i, (k, v, h) in enumerate(rows)]
+    batch = encode_batch_v2(sample, codec=codec)
+    frame = produce_request(version, batch)
+    result = corrupt_records(frame, PRODUCE, version, target)
+    for records in records_of(PRODUCE, version, result.frame):
+        if target is CorruptTarget.CRC:
+            assert not crc_ok(records) and len(records) == len(batch)
+            if codec != Codec.ZSTD:
+                assert not kafka_python_crc_ok(records)
+            continue
+        assert crc_ok(records)
+        if codec != Codec.ZSTD:
+            assert kafka_python_crc_ok(records)
+        got = decode_all(records)
+        assert len(got) == len(sample)
+        for old, new in zip(sample, got, strict=True):
+            assert new.offset == old.offset
+            if target is CorruptTarget.TIMESTAMP:
+                assert new.timestamp == old.timestamp - 365 * 24 * 3600 * 1000
+                assert (new.key, new.value, new.headers) == (old.key, old.value, old.headers)
+                continue
+            assert new.timestamp == old.timestamp
+            flip = {CorruptTarget.KEY: "key", CorruptTarget.VALUE: "value"}.get(target)
+            for name in ("key", "value"):
+                before, after = getattr(old, name), getattr(new, name)
+                if name == flip and before:
+                    assert after == bytes([before[0] ^ 0xFF]) + before[1:]
+                else:
+                    assert after == before
+            if target is CorruptTarget.HEADERS:
+                assert new.headers == [(k, bytes([v[0] ^ 0xFF]) + v[1:] if v else v) for k, v in old.headers]
+            else:
+                assert new.headers == old.headers
+    if target is not CorruptTarget.CRC and result.changed == 0:
+        assert result.frame is frame
+    ids = replace_schema_ids(frame, PRODUCE, version, schema_id)
+    wire = [r for r in sample if r.value is not None and len(r.value) >= 5 and r.value[0] == 0
+            and r.value[1:5] != schema_id.to_bytes(4, "big", signed=True)]
+    assert ids.changed == 2 * len(wire)
+    for records in records_of(PRODUCE, version, ids.frame):
+        for old, new in zip(sample, decode_all(records), strict=True):
+            if old.value is not None and len(old.value) >= 5 and old.value[0] == 0:
+                assert new.value == b"\0" + schema_id.to_bytes(4, "big", signed=True) + old.value[5:]
+            else:
+                assert new == old
