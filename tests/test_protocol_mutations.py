@@ -596,3 +596,22 @@ def test_record_faults_on_random_batches(rows: list[tuple[bytes | None, bytes | 
                 assert new.value == b"\0" + schema_id.to_bytes(4, "big", signed=True) + old.value[5:]
             else:
                 assert new == old
+
+
+@settings(max_examples=300, deadline=None)
+@given(junk=st.binary(max_size=120), count=st.integers(-1, 6), codec=st.sampled_from([Codec.NONE, Codec.GZIP]),
+       whole=st.booleans(), target=st.sampled_from(list(CorruptTarget)))
+def test_hostile_record_bytes_raise_only_protocol_errors(junk: bytes, count: int, codec: int, whole: bool,
+                                                        target: CorruptTarget) -> None:
+    """A v2 batch header that frames arbitrary record bytes (a valid length, any count, any payload)."""
+    header = bytearray(encode_batch_v2([], codec=codec))
+    struct.pack_into(">i", header, 8, 49 + len(junk))
+    struct.pack_into(">i", header, 57, count)
+    frame = produce_request(9, bytes(header) + junk if whole else junk)
+    for run in (lambda: corrupt_records(frame, PRODUCE, 9, target), lambda: duplicate_records(frame, PRODUCE, 9),
+                lambda: replace_schema_ids(frame, PRODUCE, 9, 1)):
+        try:
+            result = run()
+        except ProtocolError:
+            continue
+        records_of(PRODUCE, 9, result.frame)  # whatever came back still decodes as a Produce request
