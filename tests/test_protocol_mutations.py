@@ -512,8 +512,35 @@ def test_legacy_message_sets_crc_and_duplicates() -> None:
     doubled = records_of(PRODUCE, 2, duplicate_records(frame, PRODUCE, 2).frame)[0]
     entries = [bytes(b.raw) for b in iter_batches(legacy)]  # one entry per uncompressed legacy message
     assert doubled == b"".join(e * 2 for e in entries) and count_records(doubled) == 4
-    # Field targets edit v2 batches only: a legacy message set is left as it is.
-    assert corrupt_records(frame, PRODUCE, 2, CorruptTarget.VALUE).frame is frame
+    assert corrupt_records(frame, PRODUCE, 2, CorruptTarget.HEADERS).frame is frame  # legacy has no headers
+
+
+@pytest.mark.usefixtures("kafka_codecs")
+@pytest.mark.parametrize("magic", [0, 1])
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP, Codec.SNAPPY, Codec.LZ4], ids=lambda c: Codec(c).name)
+def test_legacy_field_corruption_keeps_every_crc_valid(magic: int, codec: int) -> None:
+    sample = [Record(0, 5, b"k", b"\0\0\0\0\1v", []), Record(1, 6, None, b"w", []), Record(2, 7, b"", None, [])]
+    legacy = encode_message_set(sample, magic=magic, codec=codec)
+    frame = produce_request(2, legacy)
+    for target, expected in [
+        (CorruptTarget.VALUE, [b"\xff\0\0\0\1v", b"\x88", None]),
+        (CorruptTarget.KEY, [r.value for r in sample]),
+    ]:
+        result = corrupt_records(frame, PRODUCE, 2, target)
+        (records, _) = records_of(PRODUCE, 2, result.frame)
+        assert kafka_python_crc_ok(records)
+        got = decode_all(records)  # checks the inner messages' CRCs of a compressed wrapper too
+        assert [r.value for r in got] == expected
+        assert [r.key for r in got] == ([b"\x94", None, b""] if target is CorruptTarget.KEY else [b"k", None, b""])
+        assert [r.offset for r in got] == [0, 1, 2]
+    shifted = corrupt_records(frame, PRODUCE, 2, CorruptTarget.TIMESTAMP)
+    if magic == 0:
+        assert shifted.frame is frame  # magic 0 has no timestamps
+    else:
+        got = decode_all(records_of(PRODUCE, 2, shifted.frame)[0])
+        assert [r.timestamp for r in got] == [t - 365 * 24 * 3600 * 1000 for t in (5, 6, 7)]
+    ids = replace_schema_ids(frame, PRODUCE, 2, 258)
+    assert decode_all(records_of(PRODUCE, 2, ids.frame)[0])[0].value == b"\0\0\0\1\2v"
 
 
 def test_truncated_fetch_tail_is_kept_and_empty_records_untouched() -> None:
@@ -600,18 +627,26 @@ def test_record_faults_on_random_batches(rows: list[tuple[bytes | None, bytes | 
 
 @settings(max_examples=300, deadline=None)
 @given(junk=st.binary(max_size=120), count=st.integers(-1, 6), codec=st.sampled_from([Codec.NONE, Codec.GZIP]),
-       whole=st.booleans(), target=st.sampled_from(list(CorruptTarget)))
-def test_hostile_record_bytes_raise_only_protocol_errors(junk: bytes, count: int, codec: int, whole: bool,
+       framing=st.sampled_from(["v2", "legacy", "none"]), target=st.sampled_from(list(CorruptTarget)))
+def test_hostile_record_bytes_raise_only_protocol_errors(junk: bytes, count: int, codec: int, framing: str,
                                                         target: CorruptTarget) -> None:
-    """A v2 batch header that frames arbitrary record bytes (a valid length, any count, any payload)."""
-    header = bytearray(encode_batch_v2([], codec=codec))
-    struct.pack_into(">i", header, 8, 49 + len(junk))
-    struct.pack_into(">i", header, 57, count)
-    frame = produce_request(9, bytes(header) + junk if whole else junk)
-    for run in (lambda: corrupt_records(frame, PRODUCE, 9, target), lambda: duplicate_records(frame, PRODUCE, 9),
-                lambda: replace_schema_ids(frame, PRODUCE, 9, 1)):
+    """A v2 batch header or a legacy message prefix that frames arbitrary bytes (a valid length, any
+    count or codec, any payload), or bare junk."""
+    if framing == "v2":
+        header = bytearray(encode_batch_v2([], codec=codec))
+        struct.pack_into(">i", header, 8, 49 + len(junk))
+        struct.pack_into(">i", header, 57, count)
+    elif framing == "legacy":  # offset, size, crc, magic 1, attributes, timestamp: then junk as key/value
+        header = bytearray(struct.pack(">qiIbbq", 0, 14 + len(junk), 0, 1, codec, 5))
+    else:
+        header = bytearray()
+    frame = produce_request(2 if framing == "legacy" else 9, bytes(header) + junk)
+    version = 2 if framing == "legacy" else 9
+    for run in (lambda: corrupt_records(frame, PRODUCE, version, target),
+                lambda: duplicate_records(frame, PRODUCE, version),
+                lambda: replace_schema_ids(frame, PRODUCE, version, 1)):
         try:
             result = run()
         except ProtocolError:
             continue
-        records_of(PRODUCE, 9, result.frame)  # whatever came back still decodes as a Produce request
+        records_of(PRODUCE, version, result.frame)  # whatever came back still decodes as a Produce request

@@ -16,8 +16,9 @@ every entry it does not change is copied too.
   record's key, value or header values (or shifts the batch timestamps) and
   recomputes the CRC-32C, so the batch is valid and the *data* is wrong.
   Compressed batches are decompressed, edited and recompressed with the same
-  codec (:mod:`kproxy.protocol.compression`). Field targets edit v2 batches;
-  legacy messages are left as they are.
+  codec (:mod:`kproxy.protocol.compression`). Legacy (magic 0 and 1) messages
+  take the key, value and (magic 1) timestamp targets too, compressed wrappers
+  included (inner messages and wrapper get new CRC-32s); they have no headers.
 * :func:`duplicate_records` repeats every entry ``copies`` more times, bytes
   unchanged (same offsets and producer sequence numbers).
 * :func:`replace_schema_ids` writes a schema id into every record value in the
@@ -36,6 +37,7 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +54,7 @@ PRODUCE, FETCH = 0, 1
 Selector = Callable[[str | uuid.UUID | None, int], bool]
 # Byte positions in a RecordBatch v2 (see kproxy/protocol/records.py's module docstring).
 _BATCH_LENGTH_POS, _CRC_POS, _ATTRIBUTES_POS, _BASE_TIMESTAMP_POS, _MAX_TIMESTAMP_POS = 8, 17, 21, 27, 35
+_LEGACY_CRC_POS, _LEGACY_MAGIC_POS = 12, 16
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT64 = struct.Struct(">q")
@@ -190,22 +193,27 @@ def repeat_batches(data: bytes, copies: int) -> tuple[bytes, int]:
     return bytes(out), len(batches)
 
 
-# A patcher edits the decompressed records of one v2 batch in place; it returns the records changed.
-Patcher = Callable[[bytearray, int], int]
+# Where one record's parts sit in a buffer: (key start, key length, value start, value length,
+# [(header value start, length)...]); a null key or value has length -1.
+Span = tuple[int, int, int, int, list[tuple[int, int]]]
+# A patcher edits records in place at the given spans; it returns how many records it changed.
+Patcher = Callable[[bytearray, list[Span]], int]
 
 
 def edit_batches(data: bytes, patch: Patcher | None, timestamp_shift_ms: int = 0) -> tuple[bytes, int]:
-    """Apply ``patch`` to every v2 batch (decompressing and recompressing as needed) and/or
-    shift its timestamps; each changed batch gets a new length and CRC-32C. Legacy
-    entries and a truncated tail are copied as they are."""
+    """Apply ``patch`` to every record and/or shift timestamps by ``timestamp_shift_ms``,
+    decompressing and recompressing as needed; each changed v2 batch gets a new length and
+    CRC-32C, each changed legacy message (and its compressed wrapper) a new size and CRC-32.
+    A truncated tail is copied as it is."""
     batches, _ = _entries(data)
     out = bytearray()
     changed = 0
     mark = 0
     for batch in batches:
-        if batch.magic != 2:
-            continue
-        new, n = _edit_batch(batch, patch, timestamp_shift_ms)
+        if batch.magic == 2:
+            new, n = _edit_batch(batch, patch, timestamp_shift_ms)
+        else:
+            new, n = _edit_legacy(bytearray(batch.raw), patch, timestamp_shift_ms)
         if n:
             out += data[mark:batch.offset]
             out += new
@@ -235,7 +243,7 @@ def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int
                                 decompress(codec, bytes(payload), max_size=DEFAULT_MAX_DECOMPRESSED))
         except CorruptRecordsError as exc:
             raise RecordsMutationError(f"cannot decompress a batch: {exc.reason}", offset=batch.offset) from None
-        n = patch(records, batch.record_count)
+        n = patch(records, record_spans(records, batch.record_count))
         if n:
             changed += n
             payload = bytearray(records if codec == Codec.NONE else compress(codec, records))
@@ -269,10 +277,9 @@ def _varint(buf: bytearray, pos: int) -> tuple[int, int]:
     return (u >> 1) ^ -(u & 1), pos
 
 
-def record_spans(buf: bytearray, count: int) -> list[tuple[int, int, int, int, list[tuple[int, int]]]]:
-    """Per record of an uncompressed v2 records section: (key start, key length, value start,
-    value length, [(header value start, length)...]); a null key or value has length -1."""
-    out = []
+def record_spans(buf: bytearray, count: int) -> list[Span]:
+    """The :data:`Span` of each record of an uncompressed v2 records section."""
+    out: list[Span] = []
     pos = 0
     for _ in range(count):
         length, pos = _varint(buf, pos)
@@ -289,7 +296,7 @@ def record_spans(buf: bytearray, count: int) -> list[tuple[int, int, int, int, l
         value_at = p
         p += max(value_len, 0)
         n_headers, p = _varint(buf, p)
-        headers = []
+        headers: list[tuple[int, int]] = []
         for _ in range(max(n_headers, 0)):
             hkey_len, p = _varint(buf, p)
             p += max(hkey_len, 0)
@@ -307,9 +314,9 @@ def _field_patcher(target: CorruptTarget) -> Patcher | None:
     if target is CorruptTarget.TIMESTAMP:
         return None
 
-    def patch(buf: bytearray, count: int) -> int:
+    def patch(buf: bytearray, spans: list[Span]) -> int:
         changed = 0
-        for key_at, key_len, value_at, value_len, headers in record_spans(buf, count):
+        for key_at, key_len, value_at, value_len, headers in spans:
             if target is CorruptTarget.KEY:
                 spots = [(key_at, key_len)]
             elif target is CorruptTarget.VALUE:
@@ -328,15 +335,77 @@ def _field_patcher(target: CorruptTarget) -> Patcher | None:
 
 
 def _schema_id_patcher(new_id: bytes) -> Patcher:
-    def patch(buf: bytearray, count: int) -> int:
+    def patch(buf: bytearray, spans: list[Span]) -> int:
         changed = 0
-        for _, _, value_at, value_len, _ in record_spans(buf, count):
+        for _, _, value_at, value_len, _ in spans:
             if value_len >= 5 and buf[value_at] == 0 and buf[value_at + 1:value_at + 5] != new_id:
                 buf[value_at + 1:value_at + 5] = new_id
                 changed += 1
         return changed
 
     return patch
+
+
+# ---------------------------------------------------------------------- legacy messages
+
+
+def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: int) -> tuple[bytes, int]:
+    """One legacy message (12-byte prefix included), edited: a plain message in place, a
+    compressed wrapper through its decompressed inner messages. Returns (bytes, records changed)."""
+    magic, attributes = entry[_LEGACY_MAGIC_POS], entry[_LEGACY_MAGIC_POS + 1]
+    ts_at = _LEGACY_MAGIC_POS + 2
+    key_len_at = ts_at + (8 if magic == 1 else 0)
+    try:
+        (key_len,) = _INT32.unpack_from(entry, key_len_at)
+        value_len_at = key_len_at + 4 + max(key_len, 0)
+        (value_len,) = _INT32.unpack_from(entry, value_len_at)
+    except struct.error:
+        raise RecordsMutationError("legacy message shorter than its fields", offset=key_len_at) from None
+    value_at = value_len_at + 4
+    if value_at + max(value_len, 0) != len(entry):
+        raise RecordsMutationError("legacy message fields do not end where its size says", offset=value_at)
+    changed = 0
+    if timestamp_shift_ms and magic == 1:
+        (ts,) = _INT64.unpack_from(entry, ts_at)
+        if ts >= 0:
+            _INT64.pack_into(entry, ts_at, ts + timestamp_shift_ms)
+            changed = 1
+    codec = attributes & _CODEC_MASK
+    if codec == Codec.NONE:
+        if patch is not None:
+            changed = max(changed, patch(entry, [(key_len_at + 4, key_len, value_at, value_len, [])]))
+    elif value_len > 0:
+        inner, n = _edit_legacy_set(entry[value_at:], codec, magic, patch, timestamp_shift_ms)
+        if n:
+            entry = entry[:value_len_at] + _INT32.pack(len(inner)) + inner
+            changed = n
+    if not changed:
+        return b"", 0
+    _INT32.pack_into(entry, _BATCH_LENGTH_POS, len(entry) - 12)
+    _UINT32.pack_into(entry, _LEGACY_CRC_POS, zlib.crc32(bytes(entry[_LEGACY_MAGIC_POS:])))
+    return bytes(entry), changed
+
+
+def _edit_legacy_set(value: bytearray, codec: int, magic: int, patch: Patcher | None,
+                     timestamp_shift_ms: int) -> tuple[bytes, int]:
+    """A compressed wrapper's value with its inner messages edited (recompressed alike)."""
+    legacy_lz4 = magic == 0  # magic 0 carries Kafka's old, wrong LZ4 header checksum
+    try:
+        inner = decompress(codec, bytes(value), max_size=DEFAULT_MAX_DECOMPRESSED, lz4_legacy_header=legacy_lz4)
+        entries = list(iter_batches(inner, allow_truncated_tail=False))
+    except CorruptRecordsError as exc:
+        raise RecordsMutationError(f"cannot read a compressed legacy message: {exc.reason}") from None
+    out = bytearray()
+    changed = 0
+    for info in entries:
+        if info.magic != magic:
+            raise RecordsMutationError("inner legacy message of another magic than its wrapper")
+        new, n = _edit_legacy(bytearray(info.raw), patch, timestamp_shift_ms)
+        out += new if n else info.raw
+        changed += n
+    if not changed:
+        return b"", 0
+    return compress(codec, out, lz4_legacy_header=legacy_lz4), changed
 
 
 __all__ = ["CorruptTarget", "Selector", "corrupt_records", "duplicate_records", "edit_records_fields",
