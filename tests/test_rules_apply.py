@@ -11,6 +11,7 @@ from typing import Any
 
 import kafka.errors as kafka_errors
 import pytest
+import yaml
 from kafka import TopicPartition
 from kafka.consumer.fetcher import Fetcher
 from kafka.record import MemoryRecords
@@ -20,7 +21,7 @@ from kproxy.protocol.errors import CorruptRecordsError
 from kproxy.protocol.headers import decode_response_header
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records, duplicate_records
 from kproxy.protocol.records import Record, decode_all, encode_batch_v2
-from kproxy.rules import load_text
+from kproxy.rules import RulesError, load_text
 from kproxy.rules.apply import address_map, apply_to_request, apply_to_response, selector
 from kproxy.rules.model import Action, RewriteAddresses
 from tests.support.e2e import create_topic, unique
@@ -34,6 +35,7 @@ from tests.test_protocol_mutations import (
     produce_response,
     records_of,
 )
+from tests.test_rules_load import VALIDATOR
 
 PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
 CORRUPT_MESSAGE, NOT_LEADER_OR_FOLLOWER, POLICY_VIOLATION = 2, 6, 44
@@ -291,3 +293,22 @@ def test_a_duplicated_produce_batch_is_stored_twice(tansu: Broker) -> None:
     if code == 0:
         stored = decode_all(records_of(FETCH, 11, _fetch(tansu.bootstrap, topic))[0])
         assert [(r.offset, r.value) for r in stored] == [(i, b"v%d" % (i % 3)) for i in range(6)]
+
+
+def test_rewrite_maps_scalar_values_by_a_table() -> None:
+    text = """
+        - rewrite:
+            map: {acks: {-1: 1}, "topic_data[].partition_data[].index": {1: 5, 7: 8}}
+        """
+    acts = actions(text, "{api: produce}")
+    document = yaml.safe_load("rules:\n  - id: r\n    match: {api: produce}\n    actions:\n"
+                              + textwrap.indent(textwrap.dedent(text).strip(), "      "))
+    assert not list(VALIDATOR.iter_errors(document))  # the JSON Schema agrees with the loader
+    got = decode_request(apply_to_request(acts, produce_request(9, acks=-1)).frame[4:]).body
+    assert got["acks"] == 1 and [p["index"] for p in got["topic_data"][0]["partition_data"]] == [0, 5]
+    assert decode_request(apply_to_request(acts, produce_request(9, acks=0)).frame[4:]).body["acks"] == 0
+
+
+def test_rewrite_map_paths_are_checked_like_set_paths() -> None:
+    with pytest.raises(RulesError, match="no field 'ack'"):
+        actions("- rewrite: {map: {ack: {0: 1}}}", "{api: produce}")

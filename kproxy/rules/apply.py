@@ -183,6 +183,7 @@ def _records_step(action: Action, api_key: int, api_version: int, only: Selector
 
 def _rewrite_step(action: Rewrite, api_key: int, api_version: int, direction: Direction) -> Step:
     edits = [FieldEdit(path, value=value) for path, value in action.set_fields]
+    edits += [FieldEdit(path, values=dict(table)) for path, table in action.map_fields]
     prefixes = action.topic_prefix
 
     def run(frame: bytes) -> Mutation:
@@ -194,7 +195,7 @@ def _rewrite_step(action: Rewrite, api_key: int, api_version: int, direction: Di
             changed += renamed
         return Mutation(frame, changed)
 
-    paths = ", ".join([p for p, _ in action.set_fields] + ["topic names" for _ in prefixes[:1]])
+    paths = ", ".join([e.path for e in edits] + ["topic names" for _ in prefixes[:1]])
     return f"rewrite {direction.name.lower()} {paths}", run
 
 
