@@ -17,6 +17,7 @@ from kafka.record import MemoryRecords
 from kproxy.protocol import Direction, decode_request, decode_response
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.endpoints import rewrite_endpoints
+from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import (
     ApiVersionsMutationError,
     CorruptRecordsError,
@@ -50,7 +51,8 @@ from kproxy.protocol.records import (
     iter_batches,
     verify_crc,
 )
-from kproxy.protocol.schema import all_message_kinds, message_schema, supported_versions
+from kproxy.protocol.scan import scan_body
+from kproxy.protocol.schema import ERROR_CODE_FIELDS, all_message_kinds, message_schema, supported_versions
 from tests.support.fakebroker import request_frame, response_frame
 from tests.test_records import kafka_codecs  # noqa: F401  (a fixture: kafka-python's codecs through cramjam)
 
@@ -650,3 +652,37 @@ def test_hostile_record_bytes_raise_only_protocol_errors(junk: bytes, count: int
         except ProtocolError:
             continue
         records_of(PRODUCE, version, result.frame)  # whatever came back still decodes as a Produce request
+
+
+ANSWERABLE = [(k, v) for k, v, d in all_message_kinds() if d is Direction.REQUEST
+              and message_schema(k, v, Direction.RESPONSE) is not None]
+
+
+@pytest.mark.parametrize(("api_key", "version"), ANSWERABLE, ids=str)
+def test_replace_error_codes_in_every_known_response(api_key: int, version: int) -> None:
+    """A broker's answer (here: one naming every topic and partition of a default request, all codes NONE)
+    has every error code replaced, and nothing else changed."""
+    request = request_frame(api_key, version, 5, default_body(api_key, version, Direction.REQUEST))
+    answer = error_response(request, 0)
+    before = body_of_response(api_key, version, answer)
+    codes = list(scan_body(api_key, version, Direction.RESPONSE, answer, response_body_offset(
+        answer, api_key, version)).error_codes())
+    if not codes:
+        with pytest.raises(ErrorCodeMutationError):
+            replace_error_codes(answer, api_key, version, NOT_LEADER_OR_FOLLOWER)
+        return
+    result = replace_error_codes(answer, api_key, version, NOT_LEADER_OR_FOLLOWER, message="injected")
+    after = body_of_response(api_key, version, result.frame)
+    assert decode_response(result.frame[4:], api_key, version).header.correlation_id == 5
+    assert set(scan_body(api_key, version, Direction.RESPONSE, result.frame, response_body_offset(
+        result.frame, api_key, version)).error_codes()) == {NOT_LEADER_OR_FOLLOWER}
+    assert _without(after) == _without(before)
+
+
+def _without(value: Any) -> Any:
+    """A body with its error codes and messages blanked (what a replacement may change)."""
+    if isinstance(value, list):
+        return [_without(v) for v in value]
+    if isinstance(value, dict):
+        return {k: None if k in ("error_message", *ERROR_CODE_FIELDS) else _without(v) for k, v in value.items()}
+    return value

@@ -30,7 +30,7 @@ from kproxy.protocol.errors import (
 )
 from kproxy.protocol.frame_edit import Mutation, reframe, response_body_offset
 from kproxy.protocol.messages import require_codec
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema
+from kproxy.protocol.schema import PARTITION_FIELDS, Direction, message_schema
 from kproxy.protocol.splice import Edit, splice_body
 from kproxy.protocol.tables import error_name
 
@@ -274,11 +274,11 @@ def replace_error_codes(frame: bytes, api_key: int, api_version: int, error_code
         raise ErrorCodeMutationError(f"no error code to replace in api key {api_key} v{api_version}"
                                      + ("" if chosen is None else f" for partitions {sorted(chosen)}"))
     if api_key == FETCH:
-        _drop_fetch_records(codec.schema.fields, body, chosen)
+        _drop_fetch_records(body, chosen)
     return Mutation(reframe(frame, offset, codec.encode(body)), changed)
 
 
-def _drop_fetch_records(fields: tuple[Field, ...], body: dict[str, Any], chosen: frozenset[int] | None) -> None:
+def _drop_fetch_records(body: dict[str, Any], chosen: frozenset[int] | None) -> None:
     for topic in body.get("responses") or ():
         for p in topic.get("partitions") or ():
             index = next((p[k] for k in PARTITION_FIELDS if k in p), None)
