@@ -193,12 +193,17 @@ def test_describe_cluster_hides_brokers(version: int) -> None:
     assert [b["broker_id"] for b in after["brokers"]] == [1] and after["controller_id"] == -1
 
 
-def test_describe_topic_partitions_moves_leaders() -> None:
-    parts = [{"partition_index": 0, "leader_id": 1, "leader_epoch": 0, "replica_nodes": [1, 2], "isr_nodes": [1, 2]}]
+def test_describe_topic_partitions_moves_leaders_and_hides_brokers() -> None:
+    parts = [{"partition_index": 0, "leader_id": 1, "leader_epoch": 0, "replica_nodes": [1, 2, 3],
+              "isr_nodes": [1, 2, 3], "eligible_leader_replicas": [3], "offline_replicas": []}]
     frame = response_frame(DESCRIBE_TOPIC_PARTITIONS, 0, 1, topics=[{"name": "t", "partitions": parts}])
     after = body_of_response(DESCRIBE_TOPIC_PARTITIONS, 0, mutate_metadata(
         frame, DESCRIBE_TOPIC_PARTITIONS, 0, MetadataEdits(move_leader={("t", 0): 2})).frame)
     assert after["topics"][0]["partitions"][0]["leader_id"] == 2
+    hidden = body_of_response(DESCRIBE_TOPIC_PARTITIONS, 0, mutate_metadata(
+        frame, DESCRIBE_TOPIC_PARTITIONS, 0, MetadataEdits(hide_brokers=frozenset({3}))).frame)
+    p = hidden["topics"][0]["partitions"][0]
+    assert (p["isr_nodes"], p["eligible_leader_replicas"], p["offline_replicas"]) == ([1, 2], [], [3])
 
 
 def test_metadata_mutation_refused_on_other_apis() -> None:

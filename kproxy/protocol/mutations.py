@@ -175,8 +175,10 @@ def _edit_partition(topic: str | None, p: dict[str, Any], edits: MetadataEdits, 
     hidden = edits.hide_brokers
     if hidden:
         replicas = p.get("replica_nodes") or []
-        if "isr_nodes" in p and p["isr_nodes"] is not None:
-            p["isr_nodes"] = [n for n in p["isr_nodes"] if n not in hidden]
+        # A hidden broker is out of sync and, in DescribeTopicPartitions (KIP-966), not eligible to lead.
+        for name in ("isr_nodes", "eligible_leader_replicas"):
+            if p.get(name) is not None:
+                p[name] = [n for n in p[name] if n not in hidden]
         if "offline_replicas" in p and p["offline_replicas"] is not None:
             p["offline_replicas"] = list(p["offline_replicas"]) + [
                 n for n in replicas if n in hidden and n not in p["offline_replicas"]]
