@@ -158,6 +158,9 @@ def test_an_action_that_cannot_apply_leaves_the_frame_and_says_why() -> None:
     frame = response_frame(PRODUCE, 0, 4)  # Produce v0 answers have no throttle_time_ms
     out = apply_to_response((), frame, PRODUCE, 0, throttle_time_ms=100)
     assert out.frame is frame and "skipped" in out.notes[0]
+    garbage = b"\0\0\0\3\0\0\0"
+    request = apply_to_request(actions("- inject_error: {error: 6}"), garbage)
+    assert request.frame is garbage and request.forward and "unreadable" in request.notes[0]
     unchanged = metadata_frame(9)
     assert apply_to_response(actions("- delay: {ms: 5}"), unchanged, METADATA, 9).frame is unchanged
 

@@ -103,12 +103,16 @@ def apply_to_request(actions: Sequence[Action], frame: bytes, *, only: Selector 
     ``only`` limits the record actions to some partitions (see
     :func:`selector`); by default they touch every partition of the request.
     """
+    if not actions:
+        return RequestOutcome(frame)
+    try:
+        header = request_header(frame)
+    except ProtocolError as exc:  # the session forwards what it cannot read; so do the rules
+        return RequestOutcome(frame, notes=(f"skipped: unreadable request header ({exc.reason})",))
     notes: list[str] = []
     current = frame
-    header = None
     for action in actions:
         if isinstance(action, InjectError) and action.mode is InjectMode.RESPOND:
-            header = header or request_header(frame)
             label = f"inject_error {error_name(action.error_code)} respond"
             if header.api_key == PRODUCE and FrameFacts(frame, header).acks() == 0:
                 notes.append(f"{label}: acks=0, request dropped without an answer")
@@ -121,7 +125,6 @@ def apply_to_request(actions: Sequence[Action], frame: bytes, *, only: Selector 
                 continue
             notes.append(label)
             return RequestOutcome(frame, False, answer, tuple(notes))
-        header = header or request_header(frame)
         step = _request_step(action, header.api_key, header.api_version, only)
         if step is None:
             continue
