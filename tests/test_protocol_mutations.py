@@ -95,8 +95,8 @@ def test_throttle_time_set_in_every_response_that_has_it(api_key: int, version: 
     got = decode_response(result.frame[4:], api_key, version)
     assert got.header.correlation_id == 31
     assert got.body == {**body, "throttle_time_ms": 1500}
-    assert len(result.frame) == len(frame)  # an int32 in place: every other byte equal
-    assert [i for i, (a, b) in enumerate(zip(frame, result.frame, strict=True)) if a != b] != []
+    diff = [i for i, (a, b) in enumerate(zip(frame, result.frame, strict=True)) if a != b]
+    assert len(result.frame) == len(frame) and diff and diff[-1] - diff[0] < 4  # one int32, in place
 
 
 def test_throttle_time_keeps_a_larger_broker_value_and_returns_the_same_object() -> None:
