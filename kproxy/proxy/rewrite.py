@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.protocol.endpoints import endpoint_fields
+from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import SIZE_PREFIX
 from kproxy.protocol.messages import codec
@@ -45,28 +47,6 @@ NEVER_REPEATS = frozenset(k for k in (api_key(name) for name in ("Produce", "Fet
                                                                     "ShareAcknowledge")) if k is not None)
 NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
 Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
-
-
-@functools.cache
-def _has_endpoint(fields: tuple[Field, ...]) -> bool:
-    names = {f.name for f in fields}
-    if "host" in names and "port" in names:
-        return True
-    return any(f.fields is not None and _has_endpoint(f.fields) for f in fields)
-
-
-@functools.cache
-def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
-    """Top-level response fields holding endpoints; ``()`` when the top level itself
-    has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
-    if schema is None:
-        return None
-    names = {f.name for f in schema.fields}
-    if "host" in names and "port" in names:
-        return ()
-    found = tuple(f.name for f in schema.fields if f.fields is not None and _has_endpoint(f.fields))
-    return found or None
 
 
 @functools.cache
