@@ -256,11 +256,6 @@ def test_soak_no_answer_reaches_the_wrong_request(soak: SoakResult) -> None:
     assert not soak.mismatches, f"answers reached the wrong request: {soak.mismatches[:5]}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ResponseRewriter memoizes every distinct rewritable response body, Produce responses included "
-    "(each carries new offsets, so none is ever reused); MEMO_MAX_TOTAL counts body bytes only, so "
-    "~50-byte bodies hold several times that in Python objects: kproxy RSS climbed 48 -> 67 MB in a 60 s soak "
-    "(kproxy/proxy/rewrite.py; tests/test_resilience_memo.py pins it down)"))
 def test_soak_memory_is_flat(soak: SoakResult) -> None:
     rss = soak.rss
     assert len(rss) >= 6, "too few RSS samples"

@@ -1,10 +1,9 @@
 """Which message kinds (api key, version) matter to a proxy, derived from the schemas.
 
-* :func:`endpoint_fields` / :func:`rewritten_api_keys`: the responses that carry broker
-  endpoints (a struct with ``host`` and ``port``), which a proxy must rewrite to its own
-  addresses (Metadata, FindCoordinator, DescribeCluster, the ``node_endpoints`` of
-  Produce and Fetch since KIP-951, ...). Read from the schemas, so an API that gains
-  endpoints in a new spec is rewritten without a list to update.
+* :func:`rewritten_api_keys`: the APIs with a response version that carries broker
+  endpoints (found by :mod:`kproxy.protocol.endpoints`), which a proxy must rewrite to
+  its own addresses. Read from the schemas, so an API that gains endpoints in a new
+  spec is rewritten without a list to update.
 * :func:`warm_up_kinds`: the kinds to compile before the first client asks, given the
   versions the broker speaks.
 """
@@ -14,7 +13,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
-from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
+from kproxy.protocol.endpoints import endpoint_fields
+from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, all_api_keys
 
 # The APIs every producer, consumer and admin client sends in its first seconds (bootstrap,
@@ -28,29 +28,6 @@ FIRST_REQUEST_APIS: frozenset[int] = frozenset({
 # Clients older than the broker pick lower versions than the highest both sides speak
 # (librdkafka 2.16 asks ApiVersions v3 and Produce v10 of a broker speaking v4 and v11).
 VERSIONS_BELOW = 4
-
-
-@functools.cache
-def has_endpoint(fields: tuple[Field, ...]) -> bool:
-    """Whether these fields, or a struct under them, hold a ``host`` and a ``port``."""
-    names = {f.name for f in fields}
-    if "host" in names and "port" in names:
-        return True
-    return any(f.fields is not None and has_endpoint(f.fields) for f in fields)
-
-
-@functools.cache
-def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
-    """Top-level response fields holding endpoints; ``()`` when the top level itself
-    has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
-    if schema is None:
-        return None
-    names = {f.name for f in schema.fields}
-    if "host" in names and "port" in names:
-        return ()
-    found = tuple(f.name for f in schema.fields if f.fields is not None and has_endpoint(f.fields))
-    return found or None
 
 
 @functools.cache

@@ -24,18 +24,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.protocol.endpoints import endpoint_fields
+from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import SIZE_PREFIX
-from kproxy.protocol.kinds import endpoint_fields, has_endpoint, rewritten_api_keys
+from kproxy.protocol.kinds import rewritten_api_keys
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
+from kproxy.protocol.tables import api_key
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 
 API_VERSIONS = 18
 UNSUPPORTED_VERSION = 35
 MEMO_MAX_BODY = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
-MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes of bodies remembered before the memo starts over
+MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over
+# What one memo entry costs beside its body bytes: the dict slot, the key and result tuples, the
+# bytes objects' headers and the endpoint list (measured with tracemalloc: ~200 bytes on CPython 3.11).
+MEMO_ENTRY_OVERHEAD = 256
+# Responses that answer records (new offsets, new data every time) never repeat: remembering them
+# would only fill the memo. Their endpoints (KIP-951 node_endpoints) are rewritten every time.
+NEVER_REPEATS = frozenset(k for k in (api_key(name) for name in ("Produce", "Fetch", "ShareFetch",
+                                                                    "ShareAcknowledge")) if k is not None)
 NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
 Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
 
@@ -122,18 +132,19 @@ class ResponseRewriter:
         """
         if api_key != API_VERSIONS and endpoint_fields(api_key, api_version) is None:
             return None
-        if len(frame) - body_offset > MEMO_MAX_BODY:
+        if len(frame) - body_offset > MEMO_MAX_BODY or api_key in NEVER_REPEATS:
             new_body, learned = self._rewrite_body(api_key, api_version, frame, body_offset)
         else:
             key = (api_key, api_version, frame[body_offset:])
             found = self._memo.get(key)
             if found is None:
                 found = self._rewrite_body(api_key, api_version, frame, body_offset)
-                if self._memo_bytes + len(key[2]) > MEMO_MAX_TOTAL:
+                cost = 2 * len(key[2]) + MEMO_ENTRY_OVERHEAD  # the body, its rewrite (about as long), bookkeeping
+                if self._memo_bytes + cost > MEMO_MAX_TOTAL:
                     self._memo.clear()
                     self._memo_bytes = 0
                 self._memo[key] = found
-                self._memo_bytes += len(key[2])
+                self._memo_bytes += cost
             new_body, learned = found
         routes = [self.addresses.learn(*endpoint) for endpoint in learned]
         if new_body is None:
@@ -197,7 +208,7 @@ class ResponseRewriter:
                 struct_value["host"] = self.addresses.advertised_host
                 struct_value["port"] = self.addresses.port_for(node)
         for f in fields:
-            if f.fields is not None and f.name in struct_value and has_endpoint(f.fields):
+            if f.fields is not None and f.name in struct_value and _has_endpoint(f.fields):
                 self._rewrite_value(struct_value[f.name], f, node, routes)
 
     # -- ApiVersions ------------------------------------------------------------------

@@ -27,12 +27,6 @@ PER_INPUT_BYTES = 64 * 1024 * 1024
 # Recorded failures in code another change owns: they must keep failing until fixed there
 # (strict xfail turns the fix into a reminder to drop the entry).
 KNOWN: dict[str, str] = {
-    "session/crash-98a774e4a322e62efb99be30c61001e844fdbf65":
-        "Session._after_sasl_handshake reads the error code of a SaslHandshake response shorter than "
-        "10 bytes with struct.unpack_from: struct.error escapes the session (kproxy/proxy/session.py)",
-    "session/crash-c59942c9e6093588590bf980df9be5316fe7686a":
-        "same as crash-98a7...: an 8-byte SaslHandshake v0 response raises struct.error in "
-        "Session._after_sasl_handshake (kproxy/proxy/session.py)",
 }
 
 
