@@ -58,6 +58,7 @@ import ipaddress
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -84,6 +85,7 @@ from kproxy.rules.request import IpAddress, StaticFacts
 HITS = "whatif_hits"
 TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
 PER_CONNECTION, GLOBAL = "per-connection", "global"
+_EPOCH = datetime(1970, 1, 1)
 
 HIT_SCHEMA = StructType([
     StructField("connection_id", StringType(), False),
@@ -99,7 +101,8 @@ HIT_SCHEMA = StructType([
     StructField("error_code", ShortType(), True),  # the first inject_error's code
     StructField("error", StringType(), True),
     StructField("delay_ms", DoubleType(), False),  # every delay action, resolved (jitter drawn) and summed
-    StructField("throttle_ms", DoubleType(), False),  # the longest wait a throttle action would impose
+    # The longest wait a throttle action would impose; dry-run rules are charged too (what they would do).
+    StructField("throttle_ms", DoubleType(), False),
     StructField("draw", DoubleType(), True),  # the probability draw; null: the rule has no probability
 ])
 
@@ -202,7 +205,7 @@ class WhatIf:
     seed: int
     ordering: str  # PER_CONNECTION or GLOBAL
     shared: tuple[str, ...]  # the rules that made it GLOBAL
-    start: Any  # the rule set's assumed load time: the capture's first request
+    start: datetime  # the rule set's assumed load time: the capture's first request (UTC)
 
 
 def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: int) -> tuple[DataFrame, WhatIf]:
@@ -219,9 +222,8 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
         prepared = prepared.repartition("connection_id").sortWithinPartitions(
             "connection_id", "request_us", "correlation_id")
     hits = spark.createDataFrame(prepared.rdd.mapPartitions(evaluator(rules, start_us)), HIT_SCHEMA)
-    start = spark.createDataFrame([(start_us,)], "us long").select(F.timestamp_micros("us")).first()
-    info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CONNECTION, shared,
-                  None if start is None else start[0])
+    start = _EPOCH + timedelta(microseconds=start_us)  # naive UTC, as Spark returns timestamps here
+    info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CONNECTION, shared, start)
     return hits, info
 
 
