@@ -261,7 +261,8 @@ def _connection(limits: Limits, client: trio.abc.Stream, upstream: trio.abc.Stre
     async def no_listeners(routes: list[BrokerRoute]) -> None:
         pass
 
-    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=limits.max_in_flight)
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=limits.max_in_flight,
+                      max_frame_size=limits.max_frame_size)
     return Connection(client, upstream, session, limits=limits, ensure_listeners=no_listeners, peer="test",
                       listener="bootstrap", upstream_addr=HostPort("upstream.test", 9092))
 

@@ -24,7 +24,7 @@ import logging
 import signal
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -198,7 +198,7 @@ class ProxyServer:
 
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:
-        return LiveGauges(in_flight=sum(len(c.session.in_flight) for c in self.connections),
+        return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
                           listeners=sum(1 for lst in self.listeners.values() if lst.failed is None))
 
     async def readiness(self) -> str | None:
@@ -224,7 +224,7 @@ class ProxyServer:
         self._prebound[port] = sock
         return port
 
-    async def ensure_listeners(self, routes: list[BrokerRoute]) -> None:
+    async def ensure_listeners(self, routes: Sequence[BrokerRoute]) -> None:
         """Make sure every route has a listening port; waits for ones being opened."""
         for route in routes:
             listener = self.listeners.get(route.local_port)
@@ -338,7 +338,9 @@ class ProxyServer:
                         _q(str(exc) or type(exc).__name__))
             await trio.aclose_forcefully(stream)
             return
-        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight, observer=self.observer)
+        limits = self.config.limits
+        session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
+                          observer=self.observer)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)
