@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -209,9 +209,23 @@ def _log_level(value: Any) -> str:
     return level
 
 
+def _as_is(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _bytes(value: Any) -> str:
+    return f"{value // (1024 * 1024)} MiB" if value % (1024 * 1024) == 0 else f"{value}"
+
+
 @dataclass(frozen=True)
 class Option:
-    """One option: its YAML path (dotted), flag, parser, and help."""
+    """One option: its YAML path (dotted), flag, parser, and help.
+
+    ``switch`` is the value a flag that takes no argument sets (``--upstream-tls``:
+    True, ``--upstream-no-verify``: False); None for a flag that takes a value.
+    ``show_default`` renders the built-in default (read from the dataclasses above,
+    never written twice) at the end of the help, followed by ``default_note``.
+    """
 
     path: str
     flag: str
@@ -219,14 +233,35 @@ class Option:
     help: str
     metavar: str | None = None
     repeatable: bool = False
-    is_switch: bool = False
+    switch: bool | None = None
+    show_default: Callable[[Any], str] | None = None
+    default_note: str = ""
+
+    @property
+    def full_help(self) -> str:
+        if self.show_default is None:
+            return self.help
+        return f"{self.help} (default {self.show_default(builtin_default(self.path))}{self.default_note})"
+
+
+_SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
+                             "tls.upstream": UpstreamTls()}
+
+
+def builtin_default(path: str) -> Any:
+    """The value an option has when neither the config file nor a flag sets it."""
+    section, _, name = path.rpartition(".")
+    if section:
+        return getattr(_SECTIONS[section], name)
+    found = {f.name: f for f in fields(Config)}[name]
+    return found.default_factory() if found.default_factory is not MISSING else found.default
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("upstream", "--upstream", _addresses,
            "upstream bootstrap broker(s), HOST:PORT; repeatable or comma-separated", "HOST:PORT", repeatable=True),
-    Option("listen", "--listen", _listen_address, "bootstrap listener address (default 127.0.0.1:19092)",
-           "HOST:PORT"),
+    Option("listen", "--listen", _listen_address, "bootstrap listener address", "HOST:PORT",
+           show_default=_as_is),
     Option("advertised_host", "--advertised-host", _str,
            "host name clients are told to connect to (default: the listen host, or localhost)", "HOST"),
     Option("broker_port_base", "--broker-port-base", _int(0, 65535),
@@ -240,44 +275,45 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture_dir", "--capture-dir", _not_in_this_build("traffic capture"),
            "directory for traffic capture files (reserved: refused until capture lands)", "DIR"),
     Option("metrics.client_id_label", "--metrics-client-id-label", _bool,
-           "label request counts by client id (capped by --metrics-label-cap)", is_switch=True),
+           "label request counts by client id (capped by --metrics-label-cap)", switch=True),
     Option("metrics.topic_label", "--metrics-topic-label", _bool,
-           "label response errors by topic (capped by --metrics-label-cap)", is_switch=True),
+           "label response errors by topic (capped by --metrics-label-cap)", switch=True),
     Option("metrics.label_cap", "--metrics-label-cap", _int(1, 100_000),
-           "distinct client ids / topics per label before the rest count as 'other' (default 100)", "N"),
+           "distinct client ids / topics per label before the rest count as 'other'", "N", show_default=_as_is),
     Option("metrics.scan_responses", "--metrics-no-error-scan", _bool,
-           "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", is_switch=True),
-    Option("log_level", "--log-level", _log_level, "debug, info, warning or error (default info)", "LEVEL"),
+           "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", switch=False),
+    Option("log_level", "--log-level", _log_level, f"{', '.join(_LOG_LEVELS[:-1])} or {_LOG_LEVELS[-1]}",
+           "LEVEL", show_default=_as_is),
     Option("limits.max_frame_size", "--max-frame-size", _int(1024),
-           "largest frame accepted in either direction, bytes (default 100 MiB)", "BYTES"),
+           "largest frame accepted in either direction, bytes", "BYTES", show_default=_bytes),
     Option("limits.max_in_flight", "--max-in-flight", _int(1),
-           "requests in flight per client connection before kproxy stops reading it (default 1000)", "N"),
+           "requests in flight per client connection before kproxy stops reading it", "N", show_default=_as_is),
     Option("limits.max_connections", "--max-connections", _int(0),
-           "client connections open at once, all listeners together; more are closed as soon as accepted "
-           "(default 0: no cap)", "N"),
+           "client connections open at once, all listeners together; more are closed as soon as accepted",
+           "N", show_default=_as_is, default_note=": no cap"),
     Option("limits.idle_timeout", "--idle-timeout", _seconds,
-           "close a connection idle this long in both directions (default 600)", "SECONDS"),
+           "close a connection idle this long in both directions", "SECONDS", show_default=_as_is),
     Option("limits.frame_timeout", "--frame-timeout", _seconds,
            "a request frame must arrive whole within this long of its first byte, or the connection "
-           "closes (default 30)", "SECONDS"),
+           "closes", "SECONDS", show_default=_as_is),
     Option("limits.connect_timeout", "--connect-timeout", _seconds,
-           "upstream connect (and TLS handshake) timeout (default 10)", "SECONDS"),
+           "upstream connect (and TLS handshake) timeout", "SECONDS", show_default=_as_is),
     Option("limits.shutdown_grace", "--shutdown-grace", _seconds,
-           "on SIGTERM, how long in-flight requests may take to finish (default 30)", "SECONDS"),
+           "on SIGTERM, how long in-flight requests may take to finish", "SECONDS", show_default=_as_is),
     Option("tls.client.cert", "--tls-cert", _path, "serve TLS to clients with this certificate (PEM)", "FILE"),
     Option("tls.client.key", "--tls-key", _path, "private key of --tls-cert (PEM)", "FILE"),
     Option("tls.client.client_ca", "--tls-client-ca", _path,
            "verify client certificates against this CA (PEM)", "FILE"),
     Option("tls.client.require_client_cert", "--tls-require-client-cert", _bool,
-           "refuse clients without a certificate signed by --tls-client-ca", is_switch=True),
-    Option("tls.upstream.enabled", "--upstream-tls", _bool, "connect to brokers with TLS", is_switch=True),
+           "refuse clients without a certificate signed by --tls-client-ca", switch=True),
+    Option("tls.upstream.enabled", "--upstream-tls", _bool, "connect to brokers with TLS", switch=True),
     Option("tls.upstream.ca", "--upstream-ca", _path, "CA bundle that signs the brokers' certificates", "FILE"),
     Option("tls.upstream.cert", "--upstream-cert", _path, "client certificate for brokers (mTLS)", "FILE"),
     Option("tls.upstream.key", "--upstream-key", _path, "private key of --upstream-cert", "FILE"),
     Option("tls.upstream.server_name", "--upstream-server-name", _str,
            "SNI and verified name for brokers (default: each broker's host)", "NAME"),
     Option("tls.upstream.verify", "--upstream-no-verify", _bool,
-           "do NOT verify broker certificates (staging only)", is_switch=True),
+           "do NOT verify broker certificates (staging only)", switch=False),
 )
 _BY_PATH = {o.path: o for o in OPTIONS}
 
@@ -323,15 +359,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     for opt in OPTIONS:
         dest = opt.path.replace(".", "__")
-        if opt.is_switch:
-            # The "--...-no-..." switches set false; every other switch sets true.
-            value = "-no-" not in opt.flag
-            parser.add_argument(opt.flag, dest=dest, action="store_const", const=value, default=None,
-                                help=opt.help)
+        if opt.switch is not None:
+            parser.add_argument(opt.flag, dest=dest, action="store_const", const=opt.switch, default=None,
+                                help=opt.full_help)
         elif opt.repeatable:
-            parser.add_argument(opt.flag, dest=dest, action="append", metavar=opt.metavar, help=opt.help)
+            parser.add_argument(opt.flag, dest=dest, action="append", metavar=opt.metavar, help=opt.full_help)
         else:
-            parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.help)
+            parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.full_help)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
