@@ -83,10 +83,10 @@ def _ready_port(proc: subprocess.Popen[bytes], what: str) -> int:
 
 
 @contextlib.contextmanager
-def started(cmd: list[str], what: str, log: Path,
-            env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+def started(cmd: list[str], what: str, log: Path, env: dict[str, str] | None = None,
+            cwd: Path = ROOT) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     with log.open("wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=ROOT,
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, cwd=cwd,
                                 env={**os.environ, **env} if env else None)
     try:
         yield proc, _ready_port(proc, what)
@@ -407,6 +407,10 @@ def main() -> int:
     parser.add_argument("--kproxy-env", action="append", default=[], metavar="KEY=VALUE",
                         help="also measure a second kproxy process run with this environment variable "
                              "(repeatable), e.g. MALLOC_TRIM_THRESHOLD_=268435456, side by side with the plain one")
+    parser.add_argument("--kproxy-tree", action="append", default=[], metavar="LABEL=DIR",
+                        help="also measure the kproxy of another checkout (e.g. before=/tmp/kproxy-old made with "
+                             "`git worktree add --detach /tmp/kproxy-old COMMIT`): its bench/run_kproxy.py runs with "
+                             "that tree first on PYTHONPATH, side by side with this one (repeatable)")
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -431,6 +435,13 @@ def main() -> int:
                 [py, str(BENCH / "run_kproxy.py"), "--upstream", upstream], "kproxy (env)",
                 logs / "bench-kproxy-env.log", env))
             paths.append(Hop("kproxy " + " ".join(args.kproxy_env), kp2_port, kp2_proc))
+        for item in args.kproxy_tree:
+            label, _, tree = item.partition("=")
+            root = Path(tree).resolve()
+            kp3_proc, kp3_port = extra.enter_context(started(
+                [py, str(root / "bench" / "run_kproxy.py"), "--upstream", upstream], f"kproxy {label}",
+                logs / f"bench-kproxy-{label}.log", {"PYTHONPATH": str(root)}, cwd=root))
+            paths.append(Hop(f"kproxy {label}", kp3_port, kp3_proc))
         if tp_proc is not None:
             paths.append(Hop("tansu proxy", tp_port, tp_proc))
         setup_topics(broker_port)

@@ -4,7 +4,9 @@
 
 Prints ``ready PORT`` on stdout once the bootstrap listener accepts. With
 ``KPROXY_BENCH_NO_METRICS=1`` in the environment the sessions get no metrics
-observer (for the metrics-overhead comparison). Broker
+observer (for the metrics-overhead comparison); with ``KPROXY_BENCH_CAPTURE_DIR=DIR`` it
+captures to DIR (the capture-overhead comparison: ``bench_proxy.py --kproxy-env
+KPROXY_BENCH_CAPTURE_DIR=/tmp/kproxy-bench-capture`` puts it beside capture off). Broker
 listeners are ephemeral ports (``broker_port_base: 0``). Logging defaults to
 ``warning`` so that per-connection log lines do not count as proxy cost.
 """
@@ -55,6 +57,9 @@ def main() -> None:
         "log_level": (args.log_level, "--log-level"),
         "limits.shutdown_grace": (2, "bench"),
     }
+    capture = os.environ.get("KPROXY_BENCH_CAPTURE_DIR")
+    if capture:
+        raw["capture.dir"] = (capture, "KPROXY_BENCH_CAPTURE_DIR")
     trio.run(serve, raw)
 
 

@@ -184,6 +184,9 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
         epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
+    parser.add_argument("--check", action="store_true", dest="check_only",
+                        help="check the configuration (file, KPROXY_* environment, flags, TLS files) and exit: "
+                             "0 when valid, 2 listing every problem")
     parser.set_defaults(handler=_run_proxy)
 
 
@@ -193,14 +196,38 @@ def _run_proxy(args: argparse.Namespace) -> int:
         # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
         from kproxy.server.tls import client_side_context, upstream_context
 
-        client_side_context(config.client_tls)
-        upstream_context(config.upstream_tls)
+        problems: list[str] = []
+        try:
+            client_side_context(config.client_tls)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        try:
+            upstream_context(config.upstream_tls)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        if problems:
+            raise ConfigError(*problems)
+        if config.capture.enabled:
+            _check_capture_installed()
     except ConfigError as exc:
-        print(f"kproxy run: invalid configuration: {exc}", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    if args.check_only:
+        print(f"kproxy run --check: configuration ok (upstream {','.join(map(str, config.upstream))}, "
+              f"listen {config.listen})")
+        return EXIT_OK
     from kproxy.server.app import run
 
     return run(config)
+
+
+def _check_capture_installed() -> None:
+    try:
+        import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+    except ImportError as exc:
+        raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
+                          f"install it with: pip install 'kproxy[capture]'") from None
 
 
 # ------------------------------------------------------------------------------ demo
@@ -272,9 +299,84 @@ def _run_health(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# ----------------------------------------------------------------------------- rules
+
+
+def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "rules", help="work with fault-injection rule files",
+        description="Fault-injection rule files (format: rules/README.md, rules/kproxy-rules.schema.json).")
+    actions = parser.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
+    check = actions.add_parser(
+        "check", help="validate rule files",
+        description="Load each rule file as kproxy run --rules would. Exit 0 when all are valid; exit 2 "
+                    "listing every problem of every file as file:line: key: reason.")
+    check.add_argument("files", nargs="+", metavar="FILE", help="rule files (YAML)")
+    check.set_defaults(handler=_run_rules_check)
+
+
+def _run_rules_check(args: argparse.Namespace) -> int:
+    from kproxy.rules.load import check_files
+
+    problems = check_files(args.files)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return EXIT_USAGE
+    for path in args.files:
+        print(f"{path}: ok")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- analyze
+
+_ANALYZE_EPILOG = """\
+Reads capture files written by kproxy run --capture-dir and writes, under --out,
+Parquet aggregates and report.html (latency percentiles over time, errors by
+api and code, top clients and topics, throughput per topic per minute, hot
+partitions, connection churn), and prints a summary. Inputs that cannot be
+read are listed with the reason; the rest is analysed. Needs the 'analysis'
+extra (PySpark, Java 17+): pip install 'kproxy[analysis]'.
+"""
+
+
+def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "analyze", help="analyse capture files with Spark",
+        description="Analyse kproxy capture files with Spark (local[*] by default).",
+        epilog=_ANALYZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
+                        help="capture directories or files (local paths, or any URI Spark reads)")
+    parser.add_argument("--master", default="local[*]", metavar="URL",
+                        help="Spark master (default local[*]: every core of this machine)")
+    parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
+                        help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
+                             "until Ctrl-C)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
+                             "millions of records need memory); repeatable")
+    parser.set_defaults(handler=_run_analyze)
+
+
+def _run_analyze(args: argparse.Namespace) -> int:
+    # The one place that reaches kproxy.analysis, lazily: the proxy never loads Spark.
+    try:
+        from kproxy.analysis.main import analyze
+    except ImportError as exc:
+        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install 'kproxy[analysis]'",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
+                   follow=args.follow, conf=args.conf)
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
     _add_decode,
     _add_health,
+    _add_rules,
+    _add_analyze,
 )

@@ -3,17 +3,21 @@
 Every option is declared once in :data:`OPTIONS` with its YAML path, its flag,
 its parser and its help; the YAML loader and the ``kproxy run`` argument parser
 are both derived from that table, so no option exists in one and not the
-other. Precedence: built-in default < config file < flag.
+other, and each option can also come from an environment variable named
+after its path (``limits.max_in_flight`` -> ``KPROXY_LIMITS_MAX_IN_FLIGHT``, see
+:func:`env_name`). Precedence: built-in default < config file < environment < flag.
 
 Invalid configuration is refused before anything starts, with the file, the
 key and the reason (:class:`ConfigError`), e.g.
-``kproxy.yaml: limits.max_in_flight: must be an integer >= 1, got 'many'``.
+``kproxy.yaml: limits.max_in_flight: must be an integer >= 1, got 'many'``;
+every problem found is reported at once, not only the first.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -26,7 +30,14 @@ from kproxy.proxy.addresses import HostPort, parse_host_port
 
 
 class ConfigError(Exception):
-    """Configuration that kproxy refuses to start with; the message names where and why."""
+    """Configuration that kproxy refuses to start with; the message names where and why.
+
+    ``problems`` holds every problem found (one line each); the message joins them.
+    """
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,24 @@ class MetricsOptions:
     topic_label: bool = False
     label_cap: int = 100
     scan_responses: bool = True
+    process_metrics: bool = False
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Traffic capture (off unless ``dir`` is set); see :mod:`kproxy.capture.writer`."""
+
+    dir: Path | None = None
+    max_bytes_total: int = 10 * 1024**3
+    rotate_bytes: int = 128 * 1024**2
+    rotate_seconds: float = 300.0
+    queue_size: int = 10_000
+    include_payloads: bool = False
+    payload_max_bytes: int = 1024
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
 
 
 @dataclass(frozen=True)
@@ -85,11 +114,14 @@ class Config:
     broker_port_base: int | None = None
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
+    upstream_check_interval: float = 10.0
     log_level: str = "info"
+    log_format: str = "logfmt"
     limits: Limits = field(default_factory=Limits)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
     client_tls: ClientTls = field(default_factory=ClientTls)
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
 
     @property
     def advertised(self) -> str:
@@ -156,6 +188,13 @@ def _path(value: Any) -> Path:
     return path
 
 
+def _directory(value: Any) -> Path:
+    path = Path(_str(value))
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{str(path)!r} is not a directory")
+    return path
+
+
 def _address(value: Any) -> HostPort:
     return parse_host_port(_str(value))
 
@@ -200,10 +239,13 @@ def _not_in_this_build(what: str) -> Callable[[Any], Any]:
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_LEVEL_ALIASES = {"warn": "warning"}  # what Go and Java tools call it
+LOG_FORMATS = ("logfmt", "json")
 
 
 def _log_level(value: Any) -> str:
     level = _str(value).lower()
+    level = _LOG_LEVEL_ALIASES.get(level, level)
     if level not in _LOG_LEVELS:
         raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}, got {value!r}")
     return level
@@ -214,7 +256,17 @@ def _as_is(value: Any) -> str:
 
 
 def _bytes(value: Any) -> str:
-    return f"{value // (1024 * 1024)} MiB" if value % (1024 * 1024) == 0 else f"{value}"
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2)):
+        if value and value % size == 0:
+            return f"{value // size} {unit}"
+    return str(value)
+
+
+def _log_format(value: Any) -> str:
+    fmt = _str(value).lower()
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+    return fmt
 
 
 @dataclass(frozen=True)
@@ -245,7 +297,7 @@ class Option:
 
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
-                             "tls.upstream": UpstreamTls()}
+                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions()}
 
 
 def builtin_default(path: str) -> Any:
@@ -272,8 +324,20 @@ OPTIONS: tuple[Option, ...] = (
            "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
     Option("rules", "--rules", _not_in_this_build("the rules engine (fault injection)"),
            "YAML fault-injection rules (reserved: refused until the rules engine lands)", "FILE"),
-    Option("capture_dir", "--capture-dir", _not_in_this_build("traffic capture"),
-           "directory for traffic capture files (reserved: refused until capture lands)", "DIR"),
+    Option("capture.dir", "--capture-dir", _directory,
+           "capture every request/response pair to Parquet files here (needs the 'capture' extra)", "DIR"),
+    Option("capture.max_bytes_total", "--capture-max-bytes", _int(1024),
+           "disk cap of all capture files; the oldest are deleted first", "BYTES", show_default=_bytes),
+    Option("capture.rotate_bytes", "--capture-rotate-bytes", _int(1024),
+           "start a new capture file at this size", "BYTES", show_default=_bytes),
+    Option("capture.rotate_seconds", "--capture-rotate-seconds", _seconds,
+           "start a new capture file after this long", "SECONDS", show_default=_as_is),
+    Option("capture.queue_size", "--capture-queue-size", _int(1),
+           "records waiting for the writer before new ones are dropped (and counted)", "N", show_default=_as_is),
+    Option("capture.include_payloads", "--capture-payloads", _bool,
+           "also capture record keys and values (off by default: privacy)", switch=True),
+    Option("capture.payload_max_bytes", "--capture-payload-max-bytes", _int(0),
+           "bytes kept of each captured key and value", "BYTES", show_default=_as_is),
     Option("metrics.client_id_label", "--metrics-client-id-label", _bool,
            "label request counts by client id (capped by --metrics-label-cap)", switch=True),
     Option("metrics.topic_label", "--metrics-topic-label", _bool,
@@ -282,8 +346,17 @@ OPTIONS: tuple[Option, ...] = (
            "distinct client ids / topics per label before the rest count as 'other'", "N", show_default=_as_is),
     Option("metrics.scan_responses", "--metrics-no-error-scan", _bool,
            "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", switch=False),
-    Option("log_level", "--log-level", _log_level, f"{', '.join(_LOG_LEVELS[:-1])} or {_LOG_LEVELS[-1]}",
-           "LEVEL", show_default=_as_is),
+    Option("upstream_check_interval", "--upstream-check-interval", _seconds,
+           "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
+           "/readyz and kproxy_upstream_up", "SECONDS", show_default=_as_is),
+    Option("metrics.process_metrics", "--metrics-process", _bool,
+           "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
+           switch=True),
+    Option("log_level", "--log-level", _log_level,
+           f"{', '.join(_LOG_LEVELS[:-1])} (or {', '.join(_LOG_LEVEL_ALIASES)}) or {_LOG_LEVELS[-1]}", "LEVEL",
+           show_default=_as_is),
+    Option("log_format", "--log-format", _log_format,
+           "logfmt (key=value) or json (one object per line)", "FORMAT", show_default=_as_is),
     Option("limits.max_frame_size", "--max-frame-size", _int(1024),
            "largest frame accepted in either direction, bytes", "BYTES", show_default=_bytes),
     Option("limits.max_in_flight", "--max-in-flight", _int(1),
@@ -318,19 +391,51 @@ OPTIONS: tuple[Option, ...] = (
 _BY_PATH = {o.path: o for o in OPTIONS}
 
 
-def _flatten(data: Mapping[str, Any], prefix: str, source: str) -> dict[str, Any]:
+def _flatten(data: Mapping[str, Any], prefix: str, source: str, problems: list[str]) -> dict[str, Any]:
+    """Option values keyed by dotted path; every unknown key or misplaced value goes to ``problems``."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         path = f"{prefix}{key}"
+        section = [p[len(path) + 1:] for p in _BY_PATH if p.startswith(path + ".")]
         if path in _BY_PATH:
             out[path] = value
-        elif isinstance(value, Mapping) and any(p.startswith(path + ".") for p in _BY_PATH):
-            out.update(_flatten(value, path + ".", source))
+        elif section and isinstance(value, Mapping):
+            out.update(_flatten(value, path + ".", source, problems))
+        elif section:
+            problems.append(f"{source}: {path}: is a section of options ({', '.join(section)}), "
+                            f"not a {type(value).__name__} ({value!r})")
         else:
-            known = [p for p in _BY_PATH if p.startswith(prefix)] or list(_BY_PATH)
+            # Sections are candidates too: "metrcs" means the metrics section, not metrics_listen.
+            sections = {p.rsplit(".", i)[0] for p in _BY_PATH for i in range(1, p.count(".") + 1)}
+            known = [p for p in (*_BY_PATH, *sections) if p.startswith(prefix)] or list(_BY_PATH)
             hint = difflib.get_close_matches(path, known, n=1)
             suggestion = f" (did you mean {hint[0]}?)" if hint else ""
-            raise ConfigError(f"{source}: {path}: unknown key{suggestion}")
+            problems.append(f"{source}: {path}: unknown key{suggestion}")
+    return out
+
+
+def env_name(path: str) -> str:
+    """The environment variable of an option: ``limits.max_in_flight`` -> ``KPROXY_LIMITS_MAX_IN_FLIGHT``."""
+    return "KPROXY_" + path.replace(".", "_").upper()
+
+
+_BY_ENV = {env_name(o.path): o for o in OPTIONS}
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """Option values set by ``KPROXY_*`` variables, with where each came from.
+
+    Values are read as the YAML file's would be (``KPROXY_TLS_UPSTREAM_VERIFY=false``);
+    options that take several values take them comma-separated. Other ``KPROXY_*``
+    variables are not options and are left alone.
+    """
+    out: dict[str, tuple[Any, str]] = {}
+    for name, text in environ.items():
+        opt = _BY_ENV.get(name)
+        if opt is None:
+            continue
+        value: Any = [part.strip() for part in text.split(",") if part.strip()] if opt.repeatable else text
+        out[opt.path] = (value, f"environment {name}")
     return out
 
 
@@ -351,7 +456,11 @@ def read_config_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: the top level must be a mapping of options, got {type(data).__name__}")
-    return _flatten(data, "", str(path))
+    problems: list[str] = []
+    values = _flatten(data, "", str(path), problems)
+    if problems:
+        raise ConfigError(*problems)
+    return values
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -368,12 +477,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.full_help)
 
 
-def config_from_args(args: argparse.Namespace) -> Config:
-    """Merge defaults, ``--config`` and flags; raises :class:`ConfigError`."""
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """Merge defaults, ``--config``, ``KPROXY_*`` variables (``environ``, default the process's)
+    and flags, in that order of precedence; raises :class:`ConfigError` with every problem."""
     raw: dict[str, tuple[Any, str]] = {}
     if args.config is not None:
         for path, value in read_config_file(args.config).items():
             raw[path] = (value, f"{args.config}: {path}")
+    raw.update(read_environment(os.environ if environ is None else environ))
     for opt in OPTIONS:
         value = getattr(args, opt.path.replace(".", "__"), None)
         if value is not None:
@@ -384,25 +495,34 @@ def config_from_args(args: argparse.Namespace) -> Config:
 def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
     """Parse raw values (with where each came from) into a validated :class:`Config`."""
     parsed: dict[str, Any] = {}
+    problems: list[str] = []
     for path, (value, where) in raw.items():
         try:
             parsed[path] = _BY_PATH[path].parse(value)
         except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-    if "upstream" not in parsed:
-        raise ConfigError("upstream: required (--upstream HOST:PORT or 'upstream:' in the config file)")
+            problems.append(f"{where}: {exc}")
+    if "upstream" not in raw:
+        problems.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
+                        f"{env_name('upstream')})")
+    if problems:
+        raise ConfigError(*problems)
 
     def section(prefix: str) -> dict[str, Any]:
         return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
 
     client_tls = ClientTls(**section("tls.client."))
     if (client_tls.cert is None) != (client_tls.key is None):
-        raise ConfigError("tls.client: cert and key go together (--tls-cert with --tls-key)")
+        problems.append("tls.client: cert and key go together (--tls-cert with --tls-key)")
     if client_tls.require_client_cert and client_tls.client_ca is None:
-        raise ConfigError("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-ca)")
+        problems.append("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-ca)")
     upstream_tls = UpstreamTls(**section("tls.upstream."))
     if (upstream_tls.cert is None) != (upstream_tls.key is None):
-        raise ConfigError("tls.upstream: cert and key go together (--upstream-cert with --upstream-key)")
+        problems.append("tls.upstream: cert and key go together (--upstream-cert with --upstream-key)")
+    capture = CaptureOptions(**section("capture."))
+    if capture.rotate_bytes > capture.max_bytes_total:
+        problems.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
+    if problems:
+        raise ConfigError(*problems)
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
-                  client_tls=client_tls, upstream_tls=upstream_tls, **top)
+                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, **top)

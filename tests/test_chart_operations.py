@@ -151,7 +151,10 @@ def test_kproxy_down_fires_for_any_release_name(helm: Any, tmp_path: Path) -> No
                                lambda: prom.query('ALERTS{alertname="KproxyDown"}'), timeout=30)
             assert [a["metric"]["instance"] for a in fired] == [down]
             assert fired[0]["metric"]["job"] == "kproxy"
-            assert prom.value(f'up{{instance="{up}"}}') == 1.0
+            # Both targets are scraped once a second, not necessarily in the same round.
+            wait_until("the up target to be scraped", lambda: prom.value(f'up{{instance="{up}"}}') == 1.0,
+                       timeout=30)
+            assert [a["metric"]["instance"] for a in prom.query('ALERTS{alertname="KproxyDown"}')] == [down]
     finally:
         server.shutdown()
         server.server_close()

@@ -102,7 +102,7 @@ def test_shipped_example_config_is_valid() -> None:
 
 
 def test_reserved_options_are_refused_not_ignored() -> None:
-    for flag in ("--rules", "--capture-dir"):
+    for flag in ("--rules",):
         with pytest.raises(ConfigError, match=f"{flag}: .* not in this build yet"):
             config_from_args(parse(["--upstream", "k:1", flag, "x"]))
 
@@ -120,7 +120,8 @@ def test_each_switch_sets_the_value_its_option_declares(tmp_path: Path) -> None:
         assert builtin_default(opt.path) is not opt.switch, f"{opt.flag} would change nothing"
         cfg = config_from_args(parse([*base, *extra.get(opt.flag, []), opt.flag]))
         section, _, name = opt.path.rpartition(".")
-        holder = {"metrics": cfg.metrics, "tls.client": cfg.client_tls, "tls.upstream": cfg.upstream_tls}[section]
+        holder = {"metrics": cfg.metrics, "tls.client": cfg.client_tls, "tls.upstream": cfg.upstream_tls,
+                  "capture": cfg.capture}[section]
         assert getattr(holder, name) is opt.switch, opt.flag
 
 
@@ -135,3 +136,16 @@ def test_defaults_in_help_come_from_the_defaults_themselves() -> None:
     for opt in OPTIONS:
         if opt.show_default is not None:
             assert "default" not in opt.help, f"{opt.flag}: the default is written by hand too"
+
+
+def test_capture_options_from_flags_and_file(tmp_path: Path) -> None:
+    cfg = config_from_args(parse(["--upstream", "k:1"]))
+    assert not cfg.capture.enabled
+    conf = tmp_path / "kproxy.yaml"
+    conf.write_text("upstream: k:1\ncapture:\n  dir: /tmp/cap\n  rotate_bytes: 2048\n  include_payloads: true\n")
+    cfg = config_from_args(parse(["--config", str(conf), "--capture-max-bytes", "4096"]))
+    assert cfg.capture.dir == Path("/tmp/cap") and cfg.capture.enabled
+    assert (cfg.capture.rotate_bytes, cfg.capture.max_bytes_total) == (2048, 4096)
+    assert cfg.capture.include_payloads and cfg.capture.payload_max_bytes == 1024
+    with pytest.raises(ConfigError, match=r"capture\.rotate_bytes: must not exceed"):
+        config_from_args(parse(["--config", str(conf), "--capture-max-bytes", "1024"]))

@@ -114,9 +114,13 @@ async def test_pipelined_apis_have_their_errors_counted_under_their_own_api() ->
                     ("list_offsets", "LEADER_NOT_AVAILABLE"): 3}
         assert stats.errors == expected, f"errors counted (api, error): {sorted(stats.errors.items())}"
         text = exposition(stats)
-        assert sample(text, "kproxy_response_errors_total", api="produce", error="NOT_LEADER_OR_FOLLOWER") == 1
+        assert sample(text, "kproxy_response_errors_total", api="produce", error="NOT_LEADER_OR_FOLLOWER",
+                      **{"class": "retriable"}) == 1
         assert sample(text, "kproxy_response_errors_total", api="list_offsets",
-                      error="UNKNOWN_TOPIC_OR_PARTITION") is None
+                      error="UNKNOWN_TOPIC_OR_PARTITION", **{"class": "retriable"}) is None
+        # One response each, however many of its partitions carried an error.
+        assert stats.responses_with_errors == {("metadata", "retriable"): 1, ("produce", "retriable"): 1,
+                                               ("list_offsets", "retriable"): 1}
 
 
 # -- rejected frames by side -------------------------------------------------------------------

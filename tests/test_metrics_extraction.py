@@ -418,3 +418,26 @@ def test_every_response_kind_scans_its_default_body() -> None:
     for api_key, version in kinds:
         found = scan(api_key, version, default_body(api_key, version, RESP))
         assert all(not c for _, _, c in found.entries), (api_key, version, found.entries)
+
+
+# -- error classes: routine codes are not failures ------------------------------------------------
+@pytest.mark.parametrize(("api_key", "version", "api", "error", "klass"), [
+    (JOIN_GROUP, 5, "join_group", "MEMBER_ID_REQUIRED", "routine"),
+    (HEARTBEAT, 4, "heartbeat", "REBALANCE_IN_PROGRESS", "routine"),
+    (FIND_COORDINATOR, 3, "find_coordinator", "COORDINATOR_LOAD_IN_PROGRESS", "retriable"),
+    (JOIN_GROUP, 0, "join_group", "UNKNOWN_MEMBER_ID", "error"),
+    (API_VERSIONS, 3, "api_versions", "UNSUPPORTED_VERSION", "error"),
+])
+def test_responses_with_errors_by_class(api_key: int, version: int, api: str, error: str, klass: str) -> None:
+    body = default_body(api_key, version, RESP)
+    body["error_code"] = code(error)
+    assert stats_after(api_key, version, body).responses_with_errors == {(api, klass): 1}
+
+
+def test_a_response_counts_once_under_its_worst_class() -> None:
+    """Per-partition codes can outnumber responses; responses_with_errors never does."""
+    body = produce_response(9, {"orders": [(i, code("NOT_LEADER_OR_FOLLOWER")) for i in range(5)],
+                                "audit": [(0, code("TOPIC_AUTHORIZATION_FAILED"))]})
+    stats = stats_after(PRODUCE, 9, body)
+    assert sum(stats.errors.values()) == 6
+    assert stats.responses_with_errors == {("produce", "error"): 1}

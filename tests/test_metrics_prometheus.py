@@ -291,7 +291,8 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     down_target, dead_upstream = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
                        metrics__label_cap=LABEL_CAP) as proxy, \
-            running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2) as dead, \
+            running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,
+                          upstream_check_interval=3600) as dead, \
             run_prometheus(tmp, [metrics, dead_metrics, down_target]) as prom:
         # Prometheus applies discovered targets a few seconds after it starts: the traffic waits for
         # a first scrape of both kproxies, so their counters are seen from zero.
@@ -314,10 +315,11 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         # A frame far over max_frame_size: rejected, connection closed.
         assert closed_by_peer(proxy.bootstrap, struct.pack(">i", 0x7FFFFFF0) + b"\0" * 64)
         # Clients of the dead-upstream kproxy: each refused once its upstream connect fails. Two,
-        # with a scrape between them, so that increase() sees the counter move.
+        # with a scrape between them, so that increase() sees the counter move. The upstream check
+        # at start-up failed once before them (its next one is an hour away): 3 failures in all.
         assert closed_by_peer(dead.bootstrap, b"")
         failures = f'kproxy_upstream_connect_failures_total{{instance="{dead_metrics}"}}'
-        wait_until("the first connect failure scraped", lambda: prom.value(failures), timeout=15)
+        wait_until("the first client's connect failure scraped", lambda: prom.value(failures) == 2, timeout=15)
         assert closed_by_peer(dead.bootstrap, b"")
         yield Stack(proxy, dead, metrics, dead_metrics, down_target, dead_upstream, prom, traffic)
 
@@ -340,7 +342,7 @@ def scraped(stack: Stack) -> Stack:
     wait_until("Prometheus to scrape kproxy's final counts", caught_up, timeout=20)
     # Connect failures were counted last, by the other kproxy.
     failures = f'kproxy_upstream_connect_failures_total{{instance="{stack.dead_metrics}"}}'
-    wait_until("Prometheus to scrape the second connect failure", lambda: stack.prom.value(failures) == 2,
+    wait_until("Prometheus to scrape the second connect failure", lambda: stack.prom.value(failures) == 3,
                timeout=15)
     return stack
 
@@ -539,7 +541,7 @@ def test_failures_are_counted(scraped: Stack) -> None:
     prom = scraped.prom
     assert prom.value(f'kproxy_frames_rejected_total{{instance="{scraped.metrics}",reason="request_oversize"}}') == 1
     assert prom.value(f'kproxy_upstream_connect_failures_total{{instance="{scraped.dead_metrics}",'
-                      f'broker="{scraped.dead_upstream}"}}') == 2
+                      f'broker="{scraped.dead_upstream}"}}') == 3  # the start-up check, then two clients
     assert prom.value(f'up{{instance="{scraped.down_target}"}}') == 0
     assert prom.value(f'up{{instance="{scraped.metrics}"}}') == 1
     assert prom.value(f'kproxy_build_info{{instance="{scraped.metrics}"}}') == 1

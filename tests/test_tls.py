@@ -169,3 +169,23 @@ def test_upstream_tls_refuses_the_right_ca_with_the_wrong_name(tls_front: str, p
         host, port = good.bootstrap.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as s:
             assert _api_versions_over(s)["error_code"] == 0
+
+
+def test_capture_names_the_client_certificate_as_principal(tansu: Broker, pki: dict[str, Path],
+                                                          tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    with running_proxy(tansu.bootstrap, tls__client__cert=str(pki["cert"]), tls__client__key=str(pki["key"]),
+                       tls__client__client_ca=str(pki["ca"]), capture__dir=str(tmp_path)) as front:
+        host, port = front.bootstrap.rsplit(":", 1)
+        for cert in (True, False):
+            context = ssl.create_default_context(cafile=str(pki["ca"]))
+            if cert:
+                context.load_cert_chain(str(pki["client_cert"]), str(pki["client_key"]))
+            with socket.create_connection((host, int(port)), timeout=10) as s, \
+                    context.wrap_socket(s, server_hostname="localhost") as tls:
+                assert _api_versions_over(tls)["error_code"] == 0
+    rows = [r for f in sorted(tmp_path.rglob("capture-*.parquet")) for r in pq.ParquetFile(f).read().to_pylist()]
+    principals = sorted((r["principal"] or "") for r in rows if r["client_id"] == "tls-test")
+    assert len(principals) == 2
+    assert principals[0] == ""  # no certificate: no principal
+    assert principals[1].startswith("User:O=trustme v") and ",OU=Testing cert #" in principals[1]

@@ -91,11 +91,12 @@ def overview_row() -> list[stat.Panel]:
                f'sum(up{{{SEL}}})', "up", [(None, "red"), (1, "green")]),
         single("Requests / s", "All Kafka requests read from clients, all APIs.", "reqps",
                f"sum(rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))", "requests/s", [(None, "blue")]),
-        single("Error ratio", "Kafka error codes in responses (per partition where the response has "
-               "partitions) divided by responses. Above 1 means several failing partitions per response.",
-               "percentunit",
-               f"sum(rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}])) / "
-               f"sum(rate(kproxy_responses_total{{{SEL_API}}}[{WINDOW}]))", "errors/responses",
+        single("Failed responses", "Share of responses carrying a retriable or non-retriable Kafka error "
+               "code (a response counts once, however many of its partitions failed). Routine codes of "
+               "normal protocol flow (MEMBER_ID_REQUIRED, REBALANCE_IN_PROGRESS, fetch-session resets) "
+               "are left out.", "percentunit",
+               f'sum(rate(kproxy_responses_with_errors_total{{{SEL_API}, class!="routine"}}[{WINDOW}])) / '
+               f"sum(rate(kproxy_responses_total{{{SEL_API}}}[{WINDOW}]))", "failed/responses",
                [(None, "green"), (0.01, "orange"), (0.05, "red")]),
         single("In flight", "Requests forwarded upstream and still awaiting their response.", "none",
                f"sum(kproxy_in_flight_requests{{{SEL}}})", "in flight", [(None, "green"), (500, "orange")]),
@@ -142,9 +143,14 @@ def latency_row() -> list[timeseries.Panel]:
 def errors_row() -> list[timeseries.Panel]:
     return [
         graph("Error codes by API", "Kafka error codes (not NONE) found in responses, per second, by API "
-              "and error name.", "cps",
-              query(f"sum by (api, error) (rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}]))",
-                    "{{api}} {{error}}"), width=24, stacked=True),
+              "and error name, per partition where the response has partitions. Class: routine (normal "
+              "protocol flow), retriable (clients retry by themselves), error.", "cps",
+              query(f"sum by (api, error, class) (rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{api}} {{error}} ({{class}})"), width=12, stacked=True),
+        graph("Responses with errors by class", "Responses carrying at least one error code, per second, by "
+              "the worst class among their codes: routine < retriable < error.", "reqps",
+              query(f"sum by (class) (rate(kproxy_responses_with_errors_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{class}}"), width=12, stacked=True),
         graph("Frames rejected", "Frames kproxy refused (oversize, malformed header), by reason; each "
               "closes its connection.", "short",
               query(f"sum by (reason) (increase(kproxy_frames_rejected_total{{{SEL}}}[{WINDOW}]))",
@@ -163,6 +169,10 @@ def connections_row() -> list[timeseries.Panel]:
               width=8),
         graph("Upstream connections", "Open connections to brokers by broker address.", "short",
               query(f"sum by (broker) (kproxy_upstream_connections_active{{{SEL}}})", "{{broker}}"), width=8),
+        graph("Upstream reachable", "The periodic check of every bootstrap server and known broker "
+              "(upstream_check_interval): 1 reachable, 0 not, the worst instance shown.", "none",
+              query(f"min by (upstream, node_id) (kproxy_upstream_up{{{SEL}}})", "{{upstream}} (node {{node_id}})"),
+              width=8),
         graph("In-flight requests", "Requests awaiting a broker response, per kproxy instance.", "short",
               query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
     ]

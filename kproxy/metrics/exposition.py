@@ -23,12 +23,13 @@ from typing import Any
 
 import h11
 import trio
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import kproxy
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, Histogram, TrafficStats
+from kproxy.protocol.tables import error_class, error_code
 
 log = logging.getLogger("kproxy.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,6 +41,7 @@ class LiveGauges:
 
     in_flight: int = 0
     listeners: int = 0
+    capture: Mapping[str, int] | None = None  # records by outcome; None: capture is off
 
 
 class TrafficCollector(Collector):
@@ -60,8 +62,13 @@ class TrafficCollector(Collector):
         yield _histogram("kproxy_overhead_seconds",
                          "kproxy's own time per request: reading, decoding, rewriting and writing, both ways.",
                          s.overhead)
-        yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, "
-                       "per partition where the response has partitions.", ["api", "error"], s.errors)
+        yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, per partition "
+                       "where the response has partitions; class: routine (normal protocol flow), retriable, "
+                       "error.", ["api", "error", "class"],
+                       {(api, name, _class_of(name)): n for (api, name), n in s.errors.items()})
+        yield _counter("kproxy_responses_with_errors", "Responses carrying at least one error code, by the worst "
+                       "class among them (routine < retriable < error).", ["api", "class"],
+                       s.responses_with_errors)
         if s.options.topic_label:
             yield _counter("kproxy_topic_response_errors", "Kafka error codes in responses by topic "
                            "(opt-in; capped, the rest is 'other').", ["api", "topic", "error"], s.topic_errors)
@@ -88,11 +95,23 @@ class TrafficCollector(Collector):
                      s.upstream_connections)
         yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
                        s.upstream_connect_failures)
+        yield _gauge("kproxy_upstream_up", "1 when the last periodic check reached the upstream (a configured "
+                     "bootstrap server, node_id=bootstrap, or a broker by node id), else 0.", ["upstream", "node_id"],
+                     s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+        if live.capture is not None:
+            yield _counter("kproxy_capture_records", "Capture records written to disk, or dropped (the writer's "
+                           "queue was full, or a write failed).", ["outcome"], live.capture)
+
+
+def _class_of(error_name: str) -> str:
+    code = error_code(error_name)
+    # UNKNOWN_ERROR_CODE_<n>: a code this build does not know is an error
+    return "error" if code is None else error_class(code)
 
 
 def _info() -> Metric:
@@ -131,9 +150,17 @@ def _histogram(name: str, doc: str, by_api: dict[str, Histogram]) -> Metric:
     return family
 
 
-def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges]) -> CollectorRegistry:
+def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
+                  process: bool = False) -> CollectorRegistry:
+    """kproxy's own registry; ``process`` adds prometheus-client's standard process (CPU, memory, open
+    fds, start time: ``process_*``), Python (``python_info``) and garbage-collector (``python_gc_*``)
+    collectors, off by default (metrics.process_metrics)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TrafficCollector(stats, gauges))
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
     return registry
 
 

@@ -27,7 +27,7 @@ from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
-from kproxy.protocol.tables import api_snake_name, error_name
+from kproxy.protocol.tables import ERROR_CLASSES, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
 
 # Broker latency: from sub-millisecond produce acks to 30 s long-poll fetches.
@@ -52,6 +52,9 @@ ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 # at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
 RECORD_COUNT_BUDGET = 1024 * 1024
 
+
+# error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
+_ERROR_RANK: dict[int, int] = {}
 
 class Histogram:
     """Cumulative-on-export histogram: ``counts[i]`` counts values <= ``bounds[i]``
@@ -127,6 +130,11 @@ class TrafficStats:
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     overhead: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The last periodic check of each upstream (kproxy.server.health), by (address, node id or "bootstrap").
+    upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Responses carrying at least one error code, by api and the worst class among their codes:
+    # a ratio to responses that stays within 0..1 however many partitions fail at once.
+    responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
     byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -265,15 +273,23 @@ class TrafficStats:
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
             return
         entries, records = found
+        worst = -1
         for topic, _partition, code in entries:
             if not code:
                 continue
+            rank = _ERROR_RANK.get(code)
+            if rank is None:
+                rank = _ERROR_RANK[code] = ERROR_CLASSES.index(error_class(code))
+            worst = max(worst, rank)
             name = error_name(code)
             ekey = (api, name)
             self.errors[ekey] = self.errors.get(ekey, 0) + 1
             if self.options.topic_label and topic is not None:
                 tkey = (api, self._topics(str(topic)), name)
                 self.topic_errors[tkey] = self.topic_errors.get(tkey, 0) + 1
+        if worst >= 0:
+            wkey = (api, ERROR_CLASSES[worst])
+            self.responses_with_errors[wkey] = self.responses_with_errors.get(wkey, 0) + 1
         if api_key == FETCH and records:
             self._add_records(api, frame, records)
 

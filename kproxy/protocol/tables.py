@@ -40,6 +40,28 @@ def error_code(name: str) -> int | None:
     return _BY_NAME.get(name.upper())
 
 
+# Codes a healthy cluster returns as part of normal protocol flow: counting them as failures
+# would make a busy consumer group look broken.
+#   MEMBER_ID_REQUIRED: the first JoinGroup of every member (KIP-394).
+#   REBALANCE_IN_PROGRESS: how the coordinator tells members to rejoin (Heartbeat, OffsetCommit).
+#   FETCH_SESSION_ID_NOT_FOUND, INVALID_FETCH_SESSION_EPOCH: an evicted incremental fetch session;
+#   the client starts a new one (KIP-227).
+ROUTINE_ERRORS = frozenset(
+    code for code, (name, _) in _tables.ERRORS.items()
+    if name in {"MEMBER_ID_REQUIRED", "REBALANCE_IN_PROGRESS", "FETCH_SESSION_ID_NOT_FOUND",
+                "INVALID_FETCH_SESSION_EPOCH"})
+# The kinds of error codes, mildest first (metrics and dashboards tell them apart).
+ERROR_CLASSES = ("routine", "retriable", "error")
+
+
+def error_class(code: int) -> str:
+    """``routine`` (normal protocol flow, :data:`ROUTINE_ERRORS`), ``retriable`` (Kafka's own
+    retriable flag: the client retries by itself) or ``error``; unknown codes are errors."""
+    if code in ROUTINE_ERRORS:
+        return "routine"
+    return "retriable" if error(code).retriable else "error"
+
+
 def api_name(api_key: int) -> str:
     """Kafka's name (``Metadata``); unknown keys are ``UnknownApi<n>``."""
     return _tables.API_NAMES.get(api_key, f"UnknownApi{api_key}")

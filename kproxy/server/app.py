@@ -9,7 +9,7 @@ import trio
 from kproxy.config import Config
 from kproxy.server.logfmt import q, setup_logging
 from kproxy.server.memory import tune_allocator
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy import ListenFailed, ProxyServer
 
 log = logging.getLogger("kproxy.server")
 
@@ -21,7 +21,7 @@ def run(config: Config) -> int:
     in one log line and exits 1; every other failure after start-up is
     contained in the connection it happened in.
     """
-    setup_logging(config.log_level)
+    setup_logging(config.log_level, config.log_format)
     tune_allocator()
     failed: list[OSError] = []
     try:
@@ -29,7 +29,11 @@ def run(config: Config) -> int:
     except* OSError as group:  # trio nurseries wrap errors in groups
         failed.extend(_leaves(group))
     if failed:
-        log.error("event=start_failed address=%s error=%s", config.listen, q(failed[0].strerror or str(failed[0])))
+        first = failed[0]
+        listener, address = ((first.what, first.address) if isinstance(first, ListenFailed)
+                             else ("bootstrap", str(config.listen)))
+        log.error("event=start_failed listener=%s address=%s error=%s", listener, address,
+                  q(first.strerror or str(first)))
         return 1
     return 0
 

@@ -1,8 +1,15 @@
-"""Log lines as logfmt (``key=value``): one line per event, greppable, parseable by Loki/Vector."""
+"""Log lines as logfmt (``key=value``) or JSON: one line per event, greppable, parseable by Loki/Vector.
+
+Code logs logfmt messages (``event=connection_closed peer=... reason=...``) whatever the output
+format; :class:`JsonFormatter` turns each into one JSON object with the same keys, so a field has
+one name in both formats.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 import time
 
@@ -23,6 +30,45 @@ class LogfmtFormatter(logging.Formatter):
         if record.exc_info:
             line += " traceback=" + q(self.formatException(record.exc_info))
         return line
+
+
+_PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S*)')
+
+
+def parse_logfmt(message: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a logfmt message (quoted values unquoted, as :func:`q` quoted them).
+
+    Text that is not a pair is kept under ``msg`` rather than lost.
+    """
+    out: dict[str, str] = {}
+    rest: list[str] = []
+    pos = 0
+    for m in _PAIR.finditer(message):
+        if message[pos:m.start()].strip():
+            rest.append(message[pos:m.start()].strip())
+        key, value = m.group(1), m.group(2)
+        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+        out[key] = value
+        pos = m.end()
+    if message[pos:].strip():
+        rest.append(message[pos:].strip())
+    if rest:
+        out["msg"] = " ".join(rest)
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, then the message's own keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+        entry: dict[str, str] = {"ts": ts, "level": record.levelname.lower(), "logger": record.name}
+        for key, value in parse_logfmt(record.getMessage()).items():
+            entry.setdefault(key, value)  # ts/level/logger are the record's own
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
 
 
 class Throttle:
@@ -51,9 +97,10 @@ class Throttle:
         return count
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, fmt: str = "logfmt") -> None:
+    """kproxy's loggers to stderr at ``level``, as ``fmt`` (``logfmt`` or ``json``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
     root = logging.getLogger("kproxy")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -26,6 +26,7 @@ import socket
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -39,10 +40,14 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
+from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
+
+if TYPE_CHECKING:
+    from kproxy.capture.service import CaptureService
 
 log = logging.getLogger("kproxy.server")
 
@@ -54,6 +59,15 @@ _ACCEPT_BACKOFF = 0.1
 
 class UpstreamUnavailable(Exception):
     """No upstream address accepted a connection."""
+
+
+class ListenFailed(OSError):
+    """A port kproxy must listen on could not be opened; says which (``what``, ``address``)."""
+
+    def __init__(self, what: str, address: str, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.what = what
+        self.address = address
 
 
 @dataclass
@@ -97,16 +111,38 @@ class ProxyServer:
         self.open_clients = 0  # accepted and not closed yet, handshaking ones included (limits.max_connections)
         self._accept_failures = Throttle()
         self._cap_refusals = Throttle()
+        # One throttle per (listener, reason): a client retrying against a dead broker in a tight loop
+        # makes one line per 10 s with a count, not one per attempt; a new reason is logged at once.
+        self._upstream_refusals: dict[tuple[str, str], Throttle] = {}
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
             self.stats.upstream_connect_failures.setdefault(str(addr), 0)
+        self.health = UpstreamHealth(self._health_targets, self._probe_upstream,
+                                     interval=config.upstream_check_interval, on_result=self._health_result)
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
+        self.capture: CaptureService | None = None
+        if config.capture.enabled:
+            from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
+
+            self.capture = CaptureService(config.capture)
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._warn_about_options()
+        if self.capture is None:
+            await self._run(task_status=task_status)
+            return
+        self.capture.start()
+        try:
+            await self._run(task_status=task_status)
+        finally:
+            # Complete (rename) the open capture file, also when cancelled: never a half-written file.
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.capture.close)
+
+    async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
         async with trio.open_nursery() as connections:
             self._connections_nursery = connections
             async with trio.open_nursery() as nursery:
@@ -116,12 +152,18 @@ class ProxyServer:
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
                 if self.config.metrics_listen is not None:
-                    self.metrics_server = MetricsServer(make_registry(self.stats, self._live_gauges), self.readiness)
-                    await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
-                                        self.config.metrics_listen.port)
+                    self.metrics_server = MetricsServer(
+                        make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics),
+                        self.readiness)
+                    try:
+                        await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
+                                            self.config.metrics_listen.port)
+                    except OSError as exc:
+                        raise ListenFailed("metrics", str(self.config.metrics_listen), exc) from exc
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                 nursery.start_soon(self._discover_brokers)
+                nursery.start_soon(self.health.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
@@ -199,7 +241,8 @@ class ProxyServer:
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
-                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None))
+                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
+                          capture=self.capture.counts() if self.capture is not None else None)
 
     async def readiness(self) -> str | None:
         """None when ready to serve; else why not (for ``/readyz``)."""
@@ -207,12 +250,20 @@ class ProxyServer:
             return "shutting down"
         if self.bootstrap_port == 0:
             return "bootstrap listener not open"
-        try:
-            stream, _ = await self._connect_upstream(list(self.config.upstream), probe=True)
-        except UpstreamUnavailable as exc:
-            return str(exc)
+        return self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+
+    def _health_targets(self) -> list[Target]:
+        targets = [Target(addr, BOOTSTRAP) for addr in self.config.upstream]
+        targets += [Target(route.upstream, str(node)) for node, route in sorted(self.addresses.routes.items())]
+        return targets
+
+    async def _probe_upstream(self, addr: HostPort) -> None:
+        # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
+        stream, _ = await self._connect_upstream([addr])
         await trio.aclose_forcefully(stream)
-        return None
+
+    def _health_result(self, target: Target, result: Result) -> None:
+        self.stats.upstream_up[(str(target.address), target.node_id)] = int(result.up)
 
     # -- listeners -----------------------------------------------------------------
     def _bind_ephemeral(self, node_id: int) -> int:
@@ -248,7 +299,7 @@ class ProxyServer:
             log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
                       _q(listener.failed))
             if listener.name == "bootstrap":
-                raise
+                raise ListenFailed("bootstrap", f"{self.config.listen.host}:{listener.port}", exc) from exc
             task_status.started()
             return
         listener.port = sock.getsockname()[1]
@@ -334,13 +385,23 @@ class ProxyServer:
                     await client.do_handshake()
             upstream, addr = await self._connect_upstream(listener.resolve())
         except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
-            log.warning("event=connection_refused peer=%s listener=%s reason=%s", peer, listener.name,
-                        _q(str(exc) or type(exc).__name__))
+            reason = str(exc) or type(exc).__name__
+            if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
+                self._upstream_refusals.clear()
+            throttle = self._upstream_refusals.setdefault((listener.name, reason), Throttle())
+            count = throttle.due()
+            if count is not None:
+                log.warning("event=connection_refused peer=%s listener=%s reason=%s occurrences=%d", peer,
+                            listener.name, _q(reason), count)
             await trio.aclose_forcefully(stream)
             return
+        observer = self.observer
+        if self.capture is not None:
+            observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
+                                             client=client)
         limits = self.config.limits
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          observer=self.observer)
+                          observer=observer)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)
@@ -357,6 +418,9 @@ class ProxyServer:
             log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
         finally:
             self.connections.discard(conn)
+            if self.capture is not None:
+                session.report()  # what the connection read before it ended
+                self.capture.connection_closed(observer)
             self.stats.client_disconnected(listener.name)
             self.stats.upstream_disconnected(str(addr))
 

@@ -1,0 +1,209 @@
+"""Analysis benchmark: the Spark job on local[2] beside the same aggregation in plain pyarrow on one core.
+
+    .venv/bin/python bench/bench_analysis.py [--records 1000000 10000000] [--repeats 3] [--dir DIR]
+
+Generates capture files of N records (Produce, Fetch, Metadata, Heartbeat with
+log-normal broker latencies, 50 topics of 12 partitions, 1 % of Produce
+partitions failing), then times, side by side, on the same files:
+
+* Spark (``local[2]``): latency percentiles per api (exact), error counts by
+  api and code, and Produce/Fetch throughput per topic per minute, with the
+  job's own :func:`kproxy.analysis.job.aggregates`;
+* pyarrow on one core (``pa.set_cpu_count(1)``): the same three aggregates,
+  numpy's exact percentiles.
+
+Before timing, both results are checked to agree. Prints a Markdown table
+(wall seconds, records/s, records/s per core) for docs/PERFORMANCE.md. Spark's
+JVM start-up is timed apart (once), not in the per-run figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from _util import fmt_rate, machine_line, table
+
+from kproxy.capture.schema import COLUMNS
+from kproxy.capture.writer import arrow_schema
+
+APIS = [("Produce", 0, 0.45), ("Fetch", 1, 0.45), ("Metadata", 3, 0.05), ("Heartbeat", 12, 0.05)]
+TOPICS, PARTITIONS = 50, 12
+ROWS_PER_FILE = 1_000_000
+T0_US = 1_790_000_040_000_000
+PERCENTILES = (0.5, 0.95, 0.99)
+
+
+def generate(directory: Path, records: int, seed: int = 7) -> list[str]:
+    """Capture files of ``records`` made-up records (vectorised: numpy, not one dict per record)."""
+    rng = np.random.default_rng(seed)
+    schema = arrow_schema()
+    files = []
+    for start in range(0, records, ROWS_PER_FILE):
+        n = min(ROWS_PER_FILE, records - start)
+        pick = rng.choice(len(APIS), size=n, p=[w for _, _, w in APIS])
+        names = np.array([a for a, _, _ in APIS], dtype=object)[pick]
+        keys = np.array([k for _, k, _ in APIS], dtype=np.int16)[pick]
+        moves = (pick <= 1)
+        # One partition entry per Produce/Fetch request; none for the others.
+        offsets = np.concatenate([[0], np.cumsum(moves)]).astype(np.int32)
+        m = int(moves.sum())
+        topic = rng.integers(0, TOPICS, size=m)
+        partition = rng.integers(0, PARTITIONS, size=m).astype(np.int32)
+        count = rng.integers(1, 500, size=m).astype(np.int64)
+        failed = (rng.random(m) < 0.01) & (names[moves] == "Produce")
+        entries = pa.StructArray.from_arrays(
+            [pa.array(np.char.add("topic-", topic.astype(str)).astype(object)), pa.array(partition),
+             pa.array(np.where(failed, 6, 0).astype(np.int16)), pa.array(count), pa.array(count * 100)],
+            fields=list(schema.field("partitions").type.value_type))
+        parts = pa.ListArray.from_arrays(pa.array(offsets), entries)
+        moved_count = np.zeros(n, dtype=np.int64)
+        moved_count[moves] = count
+        columns: dict[str, Any] = {
+            "schema_version": pa.array(np.ones(n, dtype=np.int16)),
+            "request_time": pa.array(T0_US + start * 1000 + np.arange(n, dtype=np.int64) * 1000,
+                                     type=pa.timestamp("us", tz="UTC")),
+            "connection_id": pa.array(np.char.add("c", (rng.integers(0, 200, size=n)).astype(str)).astype(object)),
+            "client_host": pa.array(["10.0.0.1"] * n),
+            "client_id": pa.array(np.char.add("client-", (rng.integers(0, 30, size=n)).astype(str)).astype(object)),
+            "listener": pa.array(["broker-1"] * n),
+            "api_key": pa.array(keys), "api_name": pa.array(names.astype(object)),
+            "api_version": pa.array(np.full(n, 9, dtype=np.int16)),
+            "correlation_id": pa.array(np.arange(n, dtype=np.int32)),
+            "request_bytes": pa.array(rng.integers(50, 100_000, size=n)),
+            "response_bytes": pa.array(rng.integers(50, 100_000, size=n)),
+            "broker_latency_ms": pa.array(rng.lognormal(0.5, 1.0, size=n)),
+            "kproxy_latency_ms": pa.array(rng.lognormal(-4.0, 0.5, size=n)),
+            "local_response": pa.array(np.zeros(n, dtype=bool)),
+            "record_count": pa.array(moved_count), "record_bytes": pa.array(moved_count * 100),
+            "partitions": parts,
+            "rule_decisions": pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array(
+                [], type=schema.field("rule_decisions").type.value_type)),
+        }
+        arrays = [columns[c.name] if c.name in columns else pa.nulls(n, schema.field(c.name).type) for c in COLUMNS]
+        path = directory / f"capture-{start // ROWS_PER_FILE:06d}.parquet"
+        pq.write_table(pa.Table.from_arrays(arrays, schema=schema), path, compression="zstd")
+        files.append(str(path))
+    return files
+
+
+# -- the same aggregation, plain pyarrow, one core ------------------------------------------------
+def pyarrow_aggregate(files: list[str]) -> dict[str, Any]:
+    t = pq.read_table(files, columns=["api_name", "request_time", "broker_latency_ms", "kproxy_latency_ms",
+                                      "error_code", "partitions"])
+    latency = {}
+    api = t.column("api_name").to_numpy(zero_copy_only=False)
+    broker = t.column("broker_latency_ms").to_numpy(zero_copy_only=False)
+    kproxy = t.column("kproxy_latency_ms").to_numpy(zero_copy_only=False)
+    order = np.argsort(api, kind="stable")
+    names, starts = np.unique(api[order], return_index=True)
+    bounds = [*starts[1:], len(order)]
+    for name, lo, hi in zip(names, starts, bounds, strict=True):
+        idx = order[lo:hi]
+        b = broker[idx]
+        b = b[~np.isnan(b.astype(float))]
+        latency[name] = (hi - lo, *np.percentile(b.astype(float), [p * 100 for p in PERCENTILES]), b.max(),
+                         *np.percentile(kproxy[idx].astype(float), [p * 100 for p in PERCENTILES]))
+    parents = pc.list_parent_indices(t.column("partitions"))
+    flat = pc.list_flatten(t.column("partitions"))
+    entries = pa.table({
+        "api_name": pc.take(t.column("api_name"), parents),
+        "minute": pc.floor_temporal(pc.take(t.column("request_time"), parents), unit="minute"),
+        "topic": pc.struct_field(flat, "topic"), "code": pc.struct_field(flat, "error_code"),
+        "records": pc.struct_field(flat, "record_count"), "bytes": pc.struct_field(flat, "record_bytes")})
+    throughput = entries.group_by(["minute", "api_name", "topic"]).aggregate([("records", "sum"), ("bytes", "sum")])
+    errors = (entries.filter(pc.not_equal(entries.column("code"), 0))
+              .group_by(["api_name", "code"]).aggregate([("records", "count")]))
+    return {"latency": latency, "throughput_rows": throughput.num_rows,
+            "throughput_records": pc.sum(throughput.column("records_sum")).as_py(),
+            "errors": {(r["api_name"], r["code"]): r["records_count"] for r in errors.to_pylist()}}
+
+
+def spark_aggregate(spark: Any, files: list[str]) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    from kproxy.analysis.job import aggregates
+    from kproxy.analysis.schema import spark_schema
+
+    df = spark.read.schema(spark_schema()).parquet(*files)
+    aggs = aggregates(df)
+    latency = {r["api_name"]: (r["requests"], r["broker_p50_ms"], r["broker_p95_ms"], r["broker_p99_ms"],
+                               r["broker_max_ms"], r["kproxy_p50_ms"], r["kproxy_p95_ms"], r["kproxy_p99_ms"])
+               for r in aggs["latency_by_api"].collect()}
+    tp = aggs["throughput"].agg(F.count(F.lit(1)).alias("rows"), F.sum("records").alias("records")).collect()[0]
+    errors = {(r["api_name"], r["code"]): r["requests"] for r in aggs["errors"].collect()}
+    return {"latency": latency, "throughput_rows": tp["rows"], "throughput_records": tp["records"],
+            "errors": errors}
+
+
+def agree(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["throughput_rows"] == b["throughput_rows"], (a["throughput_rows"], b["throughput_rows"])
+    assert a["throughput_records"] == b["throughput_records"]
+    assert a["errors"] == b["errors"], (a["errors"], b["errors"])
+    assert a["latency"].keys() == b["latency"].keys()
+    for api, values in a["latency"].items():
+        assert np.allclose(values, b["latency"][api], rtol=1e-9), (api, values, b["latency"][api])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", type=Path, help="where to generate the captures (default: a temporary directory)")
+    parser.add_argument("--driver-memory", default="4g",
+                        help="Spark driver memory (local mode: the executors' too); exact percentiles keep every "
+                             "distinct latency of a group (default 4g)")
+    args = parser.parse_args()
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    from kproxy.analysis.job import spark_session
+
+    t = time.perf_counter()
+    spark = spark_session("local[2]", [("spark.driver.memory", args.driver_memory)])
+    spark.sparkContext.setLogLevel("ERROR")
+    startup = time.perf_counter() - t
+    base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))
+    rows = []
+    try:
+        for n in args.records:
+            directory = base / f"n{n}"
+            directory.mkdir(parents=True, exist_ok=True)
+            t = time.perf_counter()
+            files = generate(directory, n)
+            gen = time.perf_counter() - t
+            agree(spark_aggregate(spark, files), pyarrow_aggregate(files))
+            spark_times, arrow_times = [], []
+            for r in range(args.repeats):  # side by side, order alternating
+                for label in (("spark", "arrow") if r % 2 == 0 else ("arrow", "spark")):
+                    t = time.perf_counter()
+                    spark_aggregate(spark, files) if label == "spark" else pyarrow_aggregate(files)
+                    (spark_times if label == "spark" else arrow_times).append(time.perf_counter() - t)
+            s, a = statistics.median(spark_times), statistics.median(arrow_times)
+            size = sum(os.path.getsize(f) for f in files)
+            rows.append([f"{n:,}", f"{size / 1e6:.0f} MB", f"{s:.2f}", fmt_rate(n / s), fmt_rate(n / s / 2),
+                         f"{a:.2f}", fmt_rate(n / a), f"{a / s:.2f}x", f"{gen:.1f}"])
+    finally:
+        spark.stop()
+        if args.dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    print(machine_line())
+    print(f"Spark JVM and session start-up (once, not in the figures): {startup:.1f} s\n")
+    print(table(["records", "parquet", "Spark local[2] s", "records/s", "records/s per core", "pyarrow 1 core s",
+                 "records/s (1 core)", "Spark speed-up", "generate s"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The analysis job: capture files in, Parquet aggregates and a report out.
+
+``run_analysis(inputs, out, spark)`` reads capture files (local paths, checked
+file by file first, or any URI Spark reads), computes the aggregates below
+with Spark, writes each as Parquet under ``out/<name>/`` and returns them
+collected (they are small: per api, per minute, per top-N) for the report.
+
+Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
+
+* ``latency_by_api`` / ``latency_by_minute``: requests and p50/p95/p99/max of
+  broker and kproxy latency, per api (and minute). Percentiles are exact,
+  Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
+  default); broker latency ignores requests without one (local answers, acks=0).
+* ``errors``: per api and error code, the requests whose response carried that
+  code (top level or in any partition) and their share of the api's requests.
+* ``top_clients`` / ``top_topics``: requests, bytes, records and requests with
+  an error, by client id and by topic.
+* ``throughput``: Produce and Fetch records and bytes per topic per minute.
+* ``hot_partitions``: topic-partitions by records and bytes moved.
+* ``connection_churn``: per minute, connections first and last seen.
+* ``faults``: per rule and action that acted (``rule_decisions``), what the
+  client did next on that connection: ``retried`` (its next request was the
+  same api), ``other`` (another api), ``connection_ended`` (it sent nothing
+  more there: closed, or reconnected elsewhere); with the median time to that
+  next request.
+
+Bad input never stops the rest: a missing path, a file that is not Parquet (or
+is cut short), a file of another schema version are each reported with the file
+and the reason (:class:`InputProblem`), and the readable files are analysed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from kproxy.analysis.schema import spark_schema
+from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
+
+PERCENTILES = (0.5, 0.95, 0.99)
+TOP_N = 20
+PARQUET_MAGIC = b"PAR1"
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """One input that was left out, and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass
+class Inputs:
+    files: list[str] = field(default_factory=list)  # local capture files that passed the checks
+    uris: list[str] = field(default_factory=list)  # directories/files Spark reads itself (remote)
+    problems: list[InputProblem] = field(default_factory=list)
+
+
+@dataclass
+class Analysis:
+    """Every aggregate, collected as lists of row dicts, plus what was read and left out."""
+
+    records: int
+    files: int
+    first: Any
+    last: Any
+    problems: list[InputProblem]
+    tables: dict[str, list[dict[str, Any]]]
+    out: str = ""  # where the Parquet aggregates were written
+
+
+# -- inputs ----------------------------------------------------------------------------------
+def find_inputs(paths: Sequence[str]) -> Inputs:
+    """Expand and check the inputs: local directories are searched for capture files, and each
+    local file's Parquet footer and schema version are checked before Spark sees it."""
+    found = Inputs()
+    for raw in paths:
+        if "://" in raw and not raw.startswith("file://"):
+            found.uris.append(raw)
+            continue
+        path = Path(raw.removeprefix("file://"))
+        if not path.exists():
+            found.problems.append(InputProblem(raw, "no such file or directory"))
+            continue
+        if path.is_dir():
+            files = sorted(Path(p) for p in glob.glob(str(path / "**" / "capture-*.parquet"), recursive=True))
+            if not files:
+                found.problems.append(InputProblem(raw, "no capture files (capture-*.parquet) under it"))
+                continue
+        else:
+            files = [path]
+        for file in files:
+            problem = check_file(file)
+            if problem is None:
+                found.files.append(str(file))
+            else:
+                found.problems.append(problem)
+    return found
+
+
+def check_file(path: Path) -> InputProblem | None:
+    """None if ``path`` is a complete Parquet file of this capture schema version; else why not."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 4))
+            tail = f.read(4)
+    except OSError as exc:
+        return InputProblem(str(path), f"cannot read: {exc.strerror or exc}")
+    if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return InputProblem(str(path), "not a complete Parquet file (no PAR1 magic at both ends: cut short, "
+                                       "or another format)")
+    import pyarrow.parquet as pq  # the analysis extra carries pyarrow (Spark's Arrow transfer needs it)
+
+    try:
+        metadata = pq.read_metadata(path).metadata
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError, ArrowIOError an OSError
+        return InputProblem(str(path), f"unreadable Parquet footer: {exc}")
+    try:
+        check_version(metadata, str(path))
+    except SchemaVersionError as exc:
+        return InputProblem(str(path), str(exc).removeprefix(f"{path}: "))
+    return None
+
+
+def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
+    """All readable records as one DataFrame (None if there are none); remote inputs whose
+    ``schema_version`` column is not this one are reported in ``inputs.problems`` and left out."""
+    schema = spark_schema()
+    frames: list[DataFrame] = []
+    if inputs.files:
+        frames.append(spark.read.schema(schema).parquet(*inputs.files))
+    if inputs.uris:
+        remote = (spark.read.schema(schema).option("recursiveFileLookup", "true")
+                  .option("pathGlobFilter", "capture-*.parquet").parquet(*inputs.uris))
+        wrong = (remote.where(F.col("schema_version") != SCHEMA_VERSION)
+                 .select(F.input_file_name().alias("file"), "schema_version").distinct().collect())
+        for row in wrong:
+            inputs.problems.append(InputProblem(row["file"], f"capture schema version {row['schema_version']}, "
+                                                             f"this kproxy reads version {SCHEMA_VERSION}"))
+        frames.append(remote.where(F.col("schema_version") == SCHEMA_VERSION))
+    if not frames:
+        return None
+    df = frames[0]
+    for more in frames[1:]:
+        df = df.unionByName(more)
+    return df
+
+
+# -- aggregates ------------------------------------------------------------------------------
+def _latency(group: list[str]) -> list[Any]:
+    cols: list[Any] = [F.count(F.lit(1)).alias("requests")]
+    for name, column in (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms")):
+        for p in PERCENTILES:
+            cols.append(F.percentile(column, p).alias(f"{name}_p{round(p * 100)}_ms"))
+        cols.append(F.max(column).alias(f"{name}_max_ms"))
+    return cols
+
+
+def _error_codes(df: DataFrame) -> DataFrame:
+    """One row per (request, distinct non-zero error code of its response)."""
+    partition_codes = F.transform(F.col("partitions"), lambda p: p["error_code"])
+    codes = F.array_distinct(F.filter(F.concat(F.array(F.col("error_code")), partition_codes),
+                                      lambda c: c.isNotNull() & (c != 0)))
+    return df.select("api_name", "client_id", "partitions", F.explode(codes).alias("code"))
+
+
+def aggregates(df: DataFrame) -> dict[str, DataFrame]:
+    """Every aggregate of the report, as (lazy) DataFrames."""
+    minute = F.date_trunc("minute", F.col("request_time")).alias("minute")
+    has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
+        F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
+    df = df.withColumn("has_error", has_error).withColumn(
+        "bytes", F.col("request_bytes") + F.coalesce(F.col("response_bytes"), F.lit(0)))
+    out: dict[str, DataFrame] = {}
+    out["latency_by_api"] = df.groupBy("api_name").agg(*_latency([])).orderBy(F.desc("requests"))
+    out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency([])).orderBy("minute", "api_name")
+
+    per_api = df.groupBy("api_name").agg(F.count(F.lit(1)).alias("api_requests"))
+    errors = _error_codes(df).groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
+    out["errors"] = (errors.join(per_api, "api_name")
+                     .withColumn("rate", F.col("requests") / F.col("api_requests"))
+                     .orderBy(F.desc("requests"), "api_name", "code"))
+
+    out["top_clients"] = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"))
+                          .agg(F.count(F.lit(1)).alias("requests"), F.sum("bytes").alias("bytes"),
+                               F.sum("record_count").alias("records"),
+                               F.sum(F.col("has_error").cast("long")).alias("errors"),
+                               F.countDistinct("connection_id").alias("connections"))
+                          .orderBy(F.desc("requests"), "client_id").limit(TOP_N))
+
+    parts = df.select("api_name", "request_time", "connection_id", "correlation_id",
+                      F.explode("partitions").alias("p"))
+    parts = parts.select("api_name", "request_time", "connection_id", "correlation_id", F.col("p.topic").alias("topic"),
+                         F.col("p.partition").alias("partition"), F.col("p.error_code").alias("error_code"),
+                         F.col("p.record_count").alias("records"), F.col("p.record_bytes").alias("record_bytes"))
+    parts = parts.where(F.col("topic").isNotNull())
+    out["top_topics"] = (parts.groupBy("topic")
+                         .agg(F.countDistinct("connection_id", "correlation_id", "api_name").alias("requests"),
+                              F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"),
+                              F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
+                         .orderBy(F.desc("requests"), "topic").limit(TOP_N))
+    moved = parts.where(F.col("api_name").isin("Produce", "Fetch"))
+    out["throughput"] = (moved.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name", "topic")
+                         .agg(F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
+                         .orderBy("minute", "api_name", "topic"))
+    out["hot_partitions"] = (moved.where(F.col("partition").isNotNull())
+                             .groupBy("topic", "partition")
+                             .agg(F.sum(F.when(F.col("api_name") == "Produce", F.col("records"))).alias("produced"),
+                                  F.sum(F.when(F.col("api_name") == "Fetch", F.col("records"))).alias("fetched"),
+                                  F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
+                             .na.fill(0, ["produced", "fetched"])
+                             .orderBy(F.desc("bytes"), "topic", "partition").limit(TOP_N))
+    spans = df.groupBy("connection_id").agg(F.min("request_time").alias("first"),
+                                            F.max(F.coalesce("response_time", "request_time")).alias("last"))
+    opened = spans.groupBy(F.date_trunc("minute", "first").alias("minute")).agg(F.count(F.lit(1)).alias("opened"))
+    closed = spans.groupBy(F.date_trunc("minute", "last").alias("minute")).agg(F.count(F.lit(1)).alias("closed"))
+    out["connection_churn"] = (opened.join(closed, "minute", "full_outer").na.fill(0, ["opened", "closed"])
+                               .orderBy("minute"))
+    out["faults"] = _faults(df)
+    return out
+
+
+def _faults(df: DataFrame) -> DataFrame:
+    by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
+    nxt = (df.select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
+           .withColumn("next_api", F.lead("api_name").over(by_connection))
+           .withColumn("next_time", F.lead("request_time").over(by_connection))
+           .where(F.size("rule_decisions") > 0))
+    outcome = (F.when(F.col("next_api").isNull(), "connection_ended")
+               .when(F.col("next_api") == F.col("api_name"), "retried").otherwise("other"))
+    delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
+    return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
+                       delay_ms.alias("delay_ms"))
+            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"), "api_name", "then")
+            .agg(F.count(F.lit(1)).alias("requests"), F.percentile("delay_ms", 0.5).alias("median_delay_ms"))
+            .orderBy("rule", "action", "api_name", "then"))
+
+
+def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
+                 progress: Callable[[str], None] = lambda _: None) -> Analysis:
+    """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
+
+    Raises :class:`NoInput` when no input could be read at all (its message lists why).
+    """
+    progress("checking inputs")
+    inputs = find_inputs(paths)
+    df = read_captures(spark, inputs)
+    if df is None:
+        raise NoInput(inputs.problems)
+    df = df.cache()
+    progress("reading captures")
+    span = df.agg(F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"),
+                  F.max("request_time").alias("last")).collect()[0]
+    if span["n"] == 0:
+        raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records")])
+    tables: dict[str, list[dict[str, Any]]] = {}
+    out_dir = str(out)
+    for name, frame in aggregates(df).items():
+        progress(f"aggregating {name}")
+        frame = frame.cache()
+        frame.write.mode("overwrite").parquet(os.path.join(out_dir, name))
+        tables[name] = [row.asDict() for row in frame.collect()]
+        frame.unpersist()
+    df.unpersist()
+    return Analysis(records=span["n"], files=len(inputs.files) + len(inputs.uris), first=span["first"],
+                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir)
+
+
+class NoInput(Exception):
+    """Nothing readable among the inputs."""
+
+    def __init__(self, problems: list[InputProblem]) -> None:
+        self.problems = problems
+        super().__init__("no readable capture input: " + "; ".join(map(str, problems)))
+
+
+def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
+    """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small);
+    ``conf`` (e.g. ``spark.driver.memory=4g`` for exact percentiles over tens of millions of
+    records: Spark's ``percentile`` keeps every distinct value of a group) goes last and wins."""
+    builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8"))
+    for key, value in conf:
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,104 @@
+"""Entry point of ``kproxy analyze`` (and of ``spark-submit kproxy/analysis/main.py CAPTURE...``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from kproxy.analysis.job import NoInput, run_analysis, spark_session
+from kproxy.analysis.report import summary, write_html
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
+            follow: bool = False, conf: Sequence[str] = ()) -> int:
+    """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
+
+    ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
+    ``conf``: Spark settings, ``KEY=VALUE`` each.
+    """
+    settings = []
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            stderr.write(f"kproxy analyze: --conf {item!r}: expected KEY=VALUE\n")
+            return EXIT_USAGE
+        settings.append((key, value))
+    if follow:
+        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings)
+    def progress(stage: str) -> None:
+        stderr.write(f"kproxy analyze: {stage}\n")
+        stderr.flush()
+
+    local = "://" not in out
+    if local:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    spark = spark_session(master, settings)
+    try:
+        analysis = run_analysis(paths, out, spark, progress)
+    except NoInput as exc:
+        for problem in exc.problems:
+            stderr.write(f"kproxy analyze: {problem}\n")
+        stderr.write("kproxy analyze: no readable capture input\n")
+        return EXIT_USAGE
+    for problem in analysis.problems:
+        stderr.write(f"kproxy analyze: skipped {problem}\n")
+    report = os.path.join(out, "report.html")
+    if local:
+        write_html(analysis, report)
+    summary(analysis, stdout)
+    stdout.write(f"\nParquet aggregates in {out}/, report: {report}\n")
+    return EXIT_OK
+
+
+def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
+            conf: Sequence[tuple[str, str]]) -> int:
+    from kproxy.analysis.follow import LIVE_TABLE, follow
+
+    if len(paths) != 1:
+        stderr.write("kproxy analyze: --follow takes exactly one capture directory\n")
+        return EXIT_USAGE
+    if "://" not in paths[0] and not Path(paths[0]).is_dir():
+        stderr.write(f"kproxy analyze: {paths[0]}: not a directory\n")
+        return EXIT_USAGE
+
+    def on_batch(batch_id: int, rows: int) -> None:
+        stdout.write(f"batch {batch_id}: {rows} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
+        stdout.flush()
+
+    query = follow(spark_session(master, conf), paths[0], out, on_batch=on_batch)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    return EXIT_OK
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
+                        help="capture directories or files (local paths, or any URI Spark reads)")
+    parser.add_argument("--master", default="local[*]", metavar="URL",
+                        help="Spark master (default local[*]: every core of this machine)")
+    parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
+                        help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
+    parser.add_argument("--follow", action="store_true",
+                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting, e.g. spark.driver.memory=4g; repeatable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kproxy analyze")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
+                   follow=args.follow, conf=args.conf)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

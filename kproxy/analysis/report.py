@@ -1,0 +1,142 @@
+"""What people read of an analysis: a console summary and one self-contained HTML file.
+
+The HTML embeds its plots as inline SVG (matplotlib, Agg backend: no display
+needed) and its tables as plain HTML, so it can be mailed or attached to a
+ticket as one file.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from kproxy.analysis.job import Analysis
+
+_TABLES = (
+    ("latency_by_api", "Latency per API (ms)"),
+    ("errors", "Error codes by API (requests whose response carried the code)"),
+    ("top_clients", "Top clients"),
+    ("top_topics", "Top topics"),
+    ("hot_partitions", "Hot partitions (Produce + Fetch)"),
+    ("connection_churn", "Connection churn per minute"),
+    ("faults", "Faults injected by rule, and what the client did next on that connection"),
+)
+
+
+def summary(analysis: Analysis, out: TextIO) -> None:
+    """A few lines per aggregate: what a person reads in the terminal."""
+    w = out.write
+    w(f"{analysis.records} records from {analysis.files} capture input(s), {analysis.first} .. {analysis.last} UTC\n")
+    for problem in analysis.problems:
+        w(f"skipped {problem}\n")
+    w("\napi                        requests  broker p50/p99/max ms      kproxy p99 ms\n")
+    for r in analysis.tables["latency_by_api"]:
+        broker = "-" if r["broker_p50_ms"] is None else (
+            f"{r['broker_p50_ms']:.2f}/{r['broker_p99_ms']:.2f}/{r['broker_max_ms']:.2f}")
+        w(f"{r['api_name']:<26} {r['requests']:>9}  {broker:<26} {r['kproxy_p99_ms']:.3f}\n")
+    errors = analysis.tables["errors"]
+    if errors:
+        w("\nerrors: " + ", ".join(f"{r['api_name']} code {r['code']}: {r['requests']} ({r['rate']:.1%})"
+                                   for r in errors[:10]) + "\n")
+    faults = analysis.tables["faults"]
+    if faults:
+        w("\nfaults: " + ", ".join(f"{r['rule']} ({r['action']}) on {r['api_name']}, then {r['then']}: "
+                                   f"{r['requests']}" for r in faults[:10]) + "\n")
+    topics = analysis.tables["top_topics"]
+    if topics:
+        w("\ntopic                                requests     records        bytes  errors\n")
+        for r in topics[:10]:
+            w(f"{r['topic']:<36} {r['requests']:>8} {r['records']:>11} {r['bytes']:>12} {r['errors']:>7}\n")
+
+
+def write_html(analysis: Analysis, path: str) -> None:
+    parts = ["<!doctype html><meta charset='utf-8'><title>kproxy capture analysis</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#eee}"
+             "td:first-child{text-align:left}</style>",
+             "<h1>kproxy capture analysis</h1>",
+             f"<p>{analysis.records} records from {analysis.files} input(s), "
+             f"{html.escape(str(analysis.first))} .. {html.escape(str(analysis.last))} UTC.</p>"]
+    if analysis.problems:
+        parts.append("<h2>Inputs left out</h2><ul>" + "".join(
+            f"<li>{html.escape(str(p))}</li>" for p in analysis.problems) + "</ul>")
+    parts.append("<h2>Latency over time (p99, ms)</h2>" + _latency_plot(analysis.tables["latency_by_minute"]))
+    parts.append("<h2>Throughput per topic (records per minute)</h2>" + _throughput_plot(analysis.tables["throughput"]))
+    for name, title in _TABLES:
+        parts.append(f"<h2>{html.escape(title)}</h2>" + _table(analysis.tables[name]))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+
+
+def _table(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>none</p>"
+    cols = list(rows[0])
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # inline: drop the XML prolog
+
+
+def _latency_plot(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>no data</p>"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, str], list[tuple[Any, float]]] = defaultdict(list)
+    for r in rows:
+        if r["broker_p99_ms"] is not None:
+            series[(r["api_name"], "broker")].append((r["minute"], r["broker_p99_ms"]))
+        series[(r["api_name"], "kproxy")].append((r["minute"], r["kproxy_p99_ms"]))
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for (api, who), points in sorted(series.items()):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, marker="o", linestyle="-" if who == "broker" else "--", label=f"{api} {who}")
+    ax.set_yscale("log")
+    ax.set_ylabel("p99 ms")
+    ax.legend(fontsize="small", ncol=2)
+    return _svg(fig)
+
+
+def _throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p>no Produce or Fetch traffic</p>"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[tuple[str, str], list[tuple[Any, int]]] = defaultdict(list)
+    for r in rows:
+        series[(r["api_name"], r["topic"])].append((r["minute"], r["records"]))
+    top = sorted(series, key=lambda k: -sum(n for _, n in series[k]))[:10]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for key in top:
+        xs, ys = zip(*series[key], strict=True)
+        ax.plot(xs, ys, marker="o", label=f"{key[0]} {key[1]}")
+    ax.set_ylabel("records / minute")
+    ax.legend(fontsize="small")
+    return _svg(fig)

@@ -1,0 +1,37 @@
+"""The capture schema as Spark sees it: derived from :mod:`kproxy.capture.schema`, never restated."""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kproxy.capture.schema import COLUMNS, Column
+
+_SPARK_SCALARS: dict[str, DataType] = {
+    "bool": BooleanType(), "int16": ShortType(), "int32": IntegerType(), "int64": LongType(),
+    "float64": DoubleType(), "string": StringType(), "binary": BinaryType(),
+    "timestamp_us": TimestampType(),  # Parquet's UTC-adjusted microsecond timestamp, as pyarrow writes it
+}
+
+
+def _field(col: Column) -> StructField:
+    if col.type == "list":
+        return StructField(col.name, ArrayType(StructType([_field(c) for c in col.items])), col.nullable)
+    return StructField(col.name, _SPARK_SCALARS[col.type], col.nullable)
+
+
+def spark_schema() -> StructType:
+    """The ``StructType`` of one capture record."""
+    return StructType([_field(c) for c in COLUMNS])

@@ -1,0 +1,160 @@
+"""The capture record: one definition, read by the writer and by the Spark job alike.
+
+One record describes one request and its response (or its absence: Produce with
+acks=0). The columns are declared once, here, as plain data; the writer derives
+its Arrow schema from them (:mod:`kproxy.capture.writer`) and the analysis job
+its Spark ``StructType`` (:mod:`kproxy.analysis.schema`), so the two cannot
+drift apart. This module is sans-IO and imports nothing else of kproxy, nor
+pyarrow nor pyspark: the Spark job ships it to executors on its own.
+
+Every capture file carries :data:`SCHEMA_VERSION` twice: in its file metadata
+under :data:`VERSION_METADATA_KEY` (checked before a file is read) and in the
+``schema_version`` column (so a mixed directory is visible in a query).
+Bump the version when a column changes meaning or type; adding a nullable
+column at the end is compatible and keeps it.
+
+The columns a fault-injection rule can match on (api, version, client id,
+client address, node id, topics and partitions, group id, transactional id,
+acks) are all here, so a what-if run can evaluate rules against a capture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SCHEMA_VERSION = 1
+VERSION_METADATA_KEY = "kproxy.capture.schema_version"
+
+# Scalar types, named as Arrow and Spark both understand them (each side maps them once).
+SCALAR_TYPES = frozenset({"bool", "int16", "int32", "int64", "float64", "string", "binary", "timestamp_us"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Column:
+    """One column: a scalar, or (``type="list"``) a list of structs whose fields are ``items``."""
+
+    name: str
+    type: str
+    doc: str
+    nullable: bool = True
+    items: tuple[Column, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type == "list":
+            if not self.items:
+                raise ValueError(f"list column {self.name!r} needs item fields")
+        elif self.type not in SCALAR_TYPES:
+            raise ValueError(f"column {self.name!r}: unknown type {self.type!r}")
+
+
+def _c(name: str, type_: str, doc: str, *, nullable: bool = True, items: tuple[Column, ...] = ()) -> Column:
+    return Column(name=name, type=type_, doc=doc, nullable=nullable, items=items)
+
+
+PARTITION_ITEMS: tuple[Column, ...] = (
+    _c("topic", "string", "topic name; a Fetch v13+ topic id (UUID text) when the name was not learned"),
+    _c("partition", "int32", "partition index; null for a topic-level entry"),
+    _c("error_code", "int16", "the response's error code for this partition (or topic); null: none given"),
+    _c("record_count", "int64", "records in this partition's record batches (Produce request, Fetch response)",
+       nullable=False),
+    _c("record_bytes", "int64", "bytes of those record batches as sent (compressed)", nullable=False),
+)
+
+RULE_DECISION_ITEMS: tuple[Column, ...] = (
+    _c("rule", "string", "the rule's name (or its file:line)", nullable=False),
+    _c("action", "string", "what it did: error, delay, throttle, close, ...", nullable=False),
+    _c("detail", "string", "the action's parameters, e.g. the error name or the delay"),
+)
+
+PAYLOAD_ITEMS: tuple[Column, ...] = (
+    _c("topic", "string", "topic of the record"),
+    _c("partition", "int32", "partition of the record"),
+    _c("offset", "int64", "the record's offset (as the batch states it; Produce requests: relative)"),
+    _c("key", "binary", "the key, cut to the configured cap"),
+    _c("value", "binary", "the value, cut to the configured cap"),
+    _c("key_size", "int32", "the key's full size (-1: null key)", nullable=False),
+    _c("value_size", "int32", "the value's full size (-1: null value)", nullable=False),
+)
+
+COLUMNS: tuple[Column, ...] = (
+    _c("schema_version", "int16", "SCHEMA_VERSION of the writer", nullable=False),
+    _c("request_time", "timestamp_us", "when the request was read from the client (UTC)", nullable=False),
+    _c("response_time", "timestamp_us", "when the response was released to the client (UTC); null: none"),
+    _c("connection_id", "string", "unique per client connection of one kproxy process", nullable=False),
+    _c("client_host", "string", "client address", nullable=False),
+    _c("client_port", "int32", "client port"),
+    _c("client_id", "string", "the request header's client id"),
+    _c("principal", "string", "TLS client certificate subject or SASL principal, when known"),
+    _c("listener", "string", "kproxy listener: bootstrap or broker-N", nullable=False),
+    _c("node_id", "int32", "broker node id behind the listener; null for the bootstrap listener"),
+    _c("upstream", "string", "the broker address kproxy forwarded to"),
+    _c("api_key", "int16", "Kafka api key", nullable=False),
+    _c("api_name", "string", "Kafka api name (Produce, Fetch, ...)", nullable=False),
+    _c("api_version", "int16", "request api version", nullable=False),
+    _c("correlation_id", "int32", "request header correlation id", nullable=False),
+    _c("request_bytes", "int64", "request frame size, size prefix included", nullable=False),
+    _c("response_bytes", "int64", "response frame size as sent to the client; null: no response"),
+    _c("broker_latency_ms", "float64", "forwarded upstream -> response read; null for local answers and acks=0"),
+    _c("kproxy_latency_ms", "float64", "kproxy's own time: read -> forwarded, plus response read -> released",
+       nullable=False),
+    _c("local_response", "bool", "kproxy answered itself (the broker never saw the request)", nullable=False),
+    _c("error_code", "int16", "top-level error code of the response; null: the response has none"),
+    _c("acks", "int16", "Produce acks"),
+    _c("group_id", "string", "consumer group id of group requests"),
+    _c("transactional_id", "string", "transactional id of Produce and transaction requests"),
+    _c("record_count", "int64", "records in the request (Produce) or response (Fetch)", nullable=False),
+    _c("record_bytes", "int64", "bytes of those record batches", nullable=False),
+    _c("partitions", "list", "per topic-partition entries of the request and response", nullable=False,
+       items=PARTITION_ITEMS),
+    _c("rule_decisions", "list", "fault-injection rules that acted on this request", nullable=False,
+       items=RULE_DECISION_ITEMS),
+    _c("payloads", "list", "record keys and values; null unless capture.include_payloads",
+       items=PAYLOAD_ITEMS),
+)
+COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+_BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}
+
+# What to fill where a producer of records has nothing to say.
+_EMPTY: Mapping[str, Any] = {"schema_version": SCHEMA_VERSION, "record_count": 0, "record_bytes": 0,
+                             "local_response": False, "partitions": [], "rule_decisions": []}
+
+
+def column(name: str) -> Column:
+    return _BY_NAME[name]
+
+
+def new_record(**values: Any) -> dict[str, Any]:
+    """A record with every column present: ``values`` over the defaults (null, 0, empty lists).
+
+    Unknown names raise :class:`KeyError`, so a typo cannot make a column silently null.
+    """
+    for name in values:
+        if name not in _BY_NAME:
+            raise KeyError(f"no capture column {name!r}")
+    record = dict.fromkeys(COLUMN_NAMES)
+    record.update(_EMPTY)
+    record["partitions"] = []
+    record["rule_decisions"] = []
+    record.update(values)
+    return record
+
+
+def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
+    """Raise :class:`SchemaVersionError` unless ``metadata`` (a file's key/value metadata)
+    names this module's schema version; ``where`` (a file name) goes in the message."""
+    raw = (metadata or {}).get(VERSION_METADATA_KEY.encode())
+    if raw is None:
+        raise SchemaVersionError(f"{where}: not a kproxy capture file (no {VERSION_METADATA_KEY} metadata)")
+    try:
+        version = int(raw)
+    except ValueError:
+        raise SchemaVersionError(f"{where}: unreadable capture schema version {raw!r}") from None
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(f"{where}: capture schema version {version}, this kproxy reads version "
+                                 f"{SCHEMA_VERSION}")
+
+
+class SchemaVersionError(Exception):
+    """A capture file written with another schema version (or not a capture file)."""

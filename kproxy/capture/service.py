@@ -1,0 +1,83 @@
+"""The capture of one kproxy process: the writer, and an observer per client connection.
+
+Imported only when capture is configured: it needs pyarrow (the ``capture``
+extra), which the proxy does not carry otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, Tee, TopicNames, split_peer
+from kproxy.capture.writer import CaptureWriter
+from kproxy.config import CaptureOptions
+from kproxy.proxy.session import SessionObserver
+
+
+class CaptureService:
+    """``start()`` once, ``observer(...)`` per connection, ``close()`` at shutdown."""
+
+    def __init__(self, options: CaptureOptions) -> None:
+        assert options.dir is not None
+        self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
+                                    rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
+                                    queue_size=options.queue_size)
+        self.topics = TopicNames()
+        self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
+        # Connection ids unique across processes writing to one directory: pid and start time.
+        self._prefix = f"{os.getpid():x}-{int(time.time()):x}"
+        self._connections = 0
+
+    def start(self) -> None:
+        self.writer.start()
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def observer(self, metrics: SessionObserver | None, *, peer: str, listener: str, upstream: str,
+                 client: Any = None) -> SessionObserver:
+        """The observer of one new connection: capture, behind ``metrics`` when there is one.
+
+        ``client`` is the client stream; a TLS client certificate's subject becomes the principal.
+        """
+        self._connections += 1
+        host, port = split_peer(peer)
+        conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
+                              client_port=port, listener=listener, upstream=upstream,
+                              principal=_tls_subject(client))
+        capture = CaptureObserver(conn, self.writer.offer, self.topics, self.payloads)
+        return capture if metrics is None else Tee(metrics, capture)
+
+    def connection_closed(self, observer: SessionObserver | None) -> None:
+        """Record the requests ``observer``'s connection left unanswered (see :meth:`CaptureObserver.close`)."""
+        capture = observer.second if isinstance(observer, Tee) else observer
+        if isinstance(capture, CaptureObserver):
+            capture.close()
+
+    def counts(self) -> dict[str, int]:
+        """Records by outcome, for ``kproxy_capture_records_total``."""
+        return {"written": self.writer.written, "dropped": self.writer.dropped}
+
+
+def _tls_subject(client: Any) -> str | None:
+    """``User:`` and the subject of a verified TLS client certificate (``User:CN=...,O=...``, as Kafka's
+    default SSL principal builder names it), else None."""
+    getpeercert = getattr(client, "getpeercert", None)
+    if getpeercert is None:
+        return None
+    try:
+        cert = getpeercert()
+    except (ValueError, AttributeError):  # handshake not done / not TLS
+        return None
+    if not cert:
+        return None
+    rdns = cert.get("subject", ())
+    subject = ",".join(f"{_RDN_KEYS.get(k, k)}={v}" for rdn in rdns for k, v in rdn)
+    return "User:" + subject if subject else None
+
+
+# Python's ssl module spells the subject's attributes out; Kafka's principal uses the X.500 short names.
+_RDN_KEYS = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
+             "stateOrProvinceName": "ST", "localityName": "L"}

@@ -1,0 +1,284 @@
+"""The rule engine: a request's facts in, a :class:`Decision` out. No I/O, no clock.
+
+Evaluation (:meth:`RuleEngine.evaluate`): the enabled rules are tried in file
+order; the first that matches decides, unless it says ``continue: true``, in
+which case later rules are tried too and every match is in the decision.
+
+Cost: rules are indexed by api key when loaded, so a request whose api key no
+rule names (and no rule is api-agnostic) costs one dict lookup. A request's
+topics, partitions, acks, group id and transactional id are asked of the facts
+only when a candidate rule matches on them, and after its cheap keys passed.
+
+Order of the keys of one rule: api; client id, client address and broker id
+(the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
+(cached per topic list); version, acks, partitions, group id, transactional id; then the
+schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
+then its counters; then ``probability``. The counters (``after_requests``,
+``first``, ``every``) count, per rule, the requests that passed everything
+before them, in the order this engine sees them.
+
+Reproducibility contract. A probabilistic choice (``probability``, a delay's
+jitter) is a pure function of::
+
+    (seed, rule id, client id, broker id, api key, stream ordinal, draw index)
+
+hashed with BLAKE2b to a uniform number in [0, 1). ``seed`` is the rule's own
+``seed`` when it has one, else the file's. ``stream ordinal`` is the request's
+ordinal among its connection's requests of the same api key (see
+:class:`~kproxy.rules.request.RequestFacts`), so the draws of one client do
+not depend on how its requests interleave with other connections' (a shared
+RNG would make them depend on scheduling). Same seed and same per-connection
+request sequences give the same draws; another seed gives other draws.
+Counters are shared by all connections, so schedules that count are
+reproducible when the global order of matching requests is (one client, or
+rules scoped by ``client_id``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kproxy.rules.bucket import Buckets
+from kproxy.rules.model import Action, Delay, Match, Rule, RuleSet, Throttle, ThrottleScope
+from kproxy.rules.request import RequestFacts
+
+
+@dataclass(frozen=True, slots=True)
+class RuleHit:
+    """One matched rule. ``draw`` is the probability draw (None when the rule has no
+    probability); ``delays_ms`` the resolved delay of each ``delay`` action, in order."""
+
+    rule_id: str
+    actions: tuple[Action, ...]
+    dry_run: bool
+    draw: float | None = None
+    delays_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the rules say about one request: the hits in rule order (empty: forward as is)."""
+
+    hits: tuple[RuleHit, ...] = ()
+
+    @property
+    def matched(self) -> bool:
+        return bool(self.hits)
+
+    def actions(self) -> tuple[Action, ...]:
+        """The actions to execute: those of hits that are not dry runs, in order."""
+        return tuple(a for hit in self.hits if not hit.dry_run for a in hit.actions)
+
+
+NO_DECISION = Decision()
+_DRAW_SCALE = 1.0 / 2**64
+_U64 = struct.Struct(">Q")
+
+
+def draw(seed: int, rule_id: str, facts: RequestFacts, index: int) -> float:
+    """The reproducible uniform draw in [0, 1) of the contract above."""
+    key = (f"{seed}\x1f{rule_id}\x1f{facts.client_id}\x1f{facts.broker_id}\x1f{facts.api_key}"
+           f"\x1f{facts.stream_ordinal}\x1f{index}").encode()
+    return float(_U64.unpack(hashlib.blake2b(key, digest_size=8).digest())[0]) * _DRAW_SCALE
+
+
+class _Compiled:
+    """A rule with what evaluation needs at hand, and its schedule counter."""
+
+    __slots__ = ("count", "decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed")
+
+    def __init__(self, rule: Rule, seed: int) -> None:
+        self.rule = rule
+        self.match = m = rule.match
+        self.seed = rule.seed if rule.seed is not None else seed
+        self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
+        self.count = 0
+        # Keys fixed for a client connection, checked once per (api, client id, address, broker).
+        self.peer_keys = any(v is not None for v in (m.client_id, m.client_address, m.broker_ids))
+        # Keys that differ per request.
+        self.request_keys = any(v is not None for v in (
+            m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
+            m.max_version))
+        # Without a draw, a hit is always the same value: built once.
+        fixed = m.probability is None and not any(d.jitter_ms for d in self.delays)
+        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
+            if fixed else None
+        self.decision = Decision((self.fixed,)) if self.fixed is not None else None
+
+    def peer_matches(self, facts: RequestFacts) -> bool:
+        m = self.match
+        if m.client_id is not None:
+            cid = facts.client_id
+            if cid is None or m.client_id.fullmatch(cid) is None:
+                return False
+        if m.client_address is not None:
+            ip = facts.client_ip
+            if ip is None or not any(ip in net for net in m.client_address):
+                return False
+        return m.broker_ids is None or facts.broker_id in m.broker_ids
+
+
+_PEER_CACHE_MAX = 4096
+
+
+class RuleEngine:
+    """Evaluates a :class:`RuleSet`. Not thread-safe (schedule counters); one per event loop.
+
+    ``loaded_at`` is the monotonic reading (same clock as ``RequestFacts.now``)
+    that ``after_seconds`` and ``for_seconds`` count from.
+
+    The keys that are fixed for a client (client id, address, broker id) are
+    checked once per (api key, client id, address, broker id) and the rules
+    that pass are remembered; topic patterns likewise once per such key and
+    list of request topics (each cache holds at most 4096 entries and starts
+    afresh when full). So a hundred rules for other clients or other topics
+    cost a request a few dict lookups, not a hundred regex matches.
+    """
+
+    def __init__(self, rules: RuleSet, loaded_at: float = 0.0) -> None:
+        self.rules = rules
+        self.loaded_at = loaded_at
+        self.buckets = Buckets()
+        compiled = [_Compiled(r, rules.seed) for r in rules.rules if r.enabled]
+        wildcard = tuple(c for c in compiled if c.match.apis is None)
+        keys = {k for c in compiled if c.match.apis is not None for k in c.match.apis}
+        self._any = wildcard
+        self._by_api: dict[int, tuple[_Compiled, ...]] = {
+            k: tuple(c for c in compiled if c.match.apis is None or k in c.match.apis) for k in keys}
+        self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
+        self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
+
+    def mentions(self, api_key: int) -> bool:
+        """Whether any enabled rule could match a request of this api key."""
+        return bool(self._by_api.get(api_key, self._any))
+
+    def evaluate(self, facts: RequestFacts) -> Decision:
+        api_key = facts.api_key
+        candidates = self._by_api.get(api_key, self._any)
+        if not candidates:
+            return NO_DECISION
+        peer = (api_key, facts.client_id, facts.client_ip, facts.broker_id)
+        cached = self._by_peer.get(peer)
+        if cached is None:
+            live = tuple(c for c in candidates if not c.peer_keys or c.peer_matches(facts))
+            cached = live, any(c.match.topics is not None for c in live)
+            if len(self._by_peer) >= _PEER_CACHE_MAX:
+                self._by_peer.clear()
+            self._by_peer[peer] = cached
+        live, by_topic = cached
+        if by_topic:
+            live = self._topic_filter(peer, live, facts)
+        hits: list[RuleHit] = []
+        for c in live:
+            hit = self._try(c, facts)
+            if hit is not None:
+                if not c.rule.continue_:
+                    if not hits and hit is c.fixed:
+                        assert c.decision is not None
+                        return c.decision
+                    hits.append(hit)
+                    break
+                hits.append(hit)
+        return Decision(tuple(hits)) if hits else NO_DECISION
+
+    def _topic_filter(self, peer: tuple[object, ...], live: tuple[_Compiled, ...], facts: RequestFacts
+                      ) -> tuple[_Compiled, ...]:
+        """The rules of ``live`` whose topic patterns match a topic of the request (cached per topic list)."""
+        topics = tuple(facts.topics())
+        key = (peer, topics)
+        found = self._by_topics.get(key)
+        if found is None:
+            found = tuple(c for c in live if c.match.topics is None
+                          or any(t.matches(name) for t in c.match.topics for name in topics))
+            if len(self._by_topics) >= _PEER_CACHE_MAX:
+                self._by_topics.clear()
+            self._by_topics[key] = found
+        return found
+
+    def _try(self, c: _Compiled, facts: RequestFacts) -> RuleHit | None:
+        if c.request_keys and not self._matches(c, c.match, facts):
+            return None
+        if c.fixed is not None:
+            return c.fixed
+        p = c.match.probability
+        d: float | None = None
+        index = 0
+        if p is not None:
+            d = draw(c.seed, c.rule.id, facts, 0)
+            index = 1
+            if d >= p:
+                return None
+        delays = tuple(delay.resolve(draw(c.seed, c.rule.id, facts, index + i)) if delay.jitter_ms else delay.ms
+                       for i, delay in enumerate(c.delays))
+        return RuleHit(c.rule.id, c.rule.actions, c.rule.dry_run, d, delays)
+
+    def _matches(self, c: _Compiled, m: Match, facts: RequestFacts) -> bool:
+        if m.min_version is not None and facts.api_version < m.min_version:
+            return False
+        if m.max_version is not None and facts.api_version > m.max_version:
+            return False
+        if m.acks is not None and facts.acks() not in m.acks:
+            return False
+        if m.needs_topics and not _topics_match(m, facts.topics()):
+            return False
+        if m.group_id is not None:
+            group = facts.group_id()
+            if group is None or m.group_id.fullmatch(group) is None:
+                return False
+        if m.transactional_id is not None:
+            txn = facts.transactional_id()
+            if txn is None or m.transactional_id.fullmatch(txn) is None:
+                return False
+        s = m.schedule
+        if s is not None:
+            elapsed = facts.now - self.loaded_at
+            if elapsed < s.after_s:
+                return False
+            if s.for_s is not None and elapsed >= s.after_s + s.for_s:
+                return False
+            if s.window is not None and not s.window.contains(facts.wall_time):
+                return False
+            if s.counts:
+                n = c.count
+                c.count = n + 1
+                n -= s.after_requests
+                if n < 0 or (s.first is not None and n >= s.first):
+                    return False
+                if s.every is not None and n % s.every:
+                    return False
+        return True
+
+    def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
+        """Record one request of ``nbytes`` against a throttle's buckets; the delay it earns.
+
+        The longest of the byte and request buckets; with a topic scope, the
+        longest over the request's topics. This is also the response's
+        ``throttle_time_ms`` (in seconds), as brokers report it.
+        """
+        if throttle.scope is ThrottleScope.GLOBAL:
+            scopes: list[object] = [None]
+        elif throttle.scope is ThrottleScope.CLIENT_ID:
+            scopes = [facts.client_id]
+        else:
+            scopes = list(facts.topics()) or [None]
+        worst = 0.0
+        for scope in scopes:
+            if throttle.bytes_per_second is not None:
+                worst = max(worst, self.buckets.take((rule_id, scope, "bytes"), throttle.bytes_per_second,
+                                                     throttle.burst_s, nbytes, facts.now))
+            if throttle.requests_per_second is not None:
+                worst = max(worst, self.buckets.take((rule_id, scope, "requests"), throttle.requests_per_second,
+                                                     throttle.burst_s, 1, facts.now))
+        return worst
+
+
+def _topics_match(m: Match, topics: Mapping[str, frozenset[int]]) -> bool:
+    for topic, partitions in topics.items():
+        if m.topics is not None and not any(t.matches(topic) for t in m.topics):
+            continue
+        if m.partitions is None or not m.partitions.isdisjoint(partitions):
+            return True
+    return False

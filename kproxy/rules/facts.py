@@ -1,0 +1,144 @@
+"""Request facts read from a live request frame, lazily and partially.
+
+:class:`FrameFacts` implements :class:`~kproxy.rules.request.RequestFacts` over
+the frame the session already holds and the header it already parsed. The
+cheap facts are given by the session; the others are decoded on first use
+only, with :mod:`kproxy.protocol`'s generated functions:
+
+* ``topics()``: the request scanner (:func:`kproxy.protocol.scan.scanner`),
+  which reads topic names and partition indexes and skips the rest by length
+  (records are never touched);
+* ``acks()``, ``transactional_id()``, ``group_id()``: one top-level field,
+  after skipping the fields before it (``acks`` is Produce's second field).
+
+Read as leniently as a broker reads: bytes after the body are ignored, and a
+body that cannot be read yields "no value" (the rule then does not match),
+never an exception, since the proxy forwards what it cannot read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.messages import codec
+from kproxy.protocol.scan import SCAN_FAILURES, scanner
+from kproxy.protocol.schema import Direction
+from kproxy.rules.request import IpAddress
+
+FIND_COORDINATOR = 10
+_EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
+_UNSET: Any = object()
+
+
+class FrameFacts:
+    """The facts of one request frame (4-byte size prefix included, as the session holds it)."""
+
+    __slots__ = ("_acks", "_frame", "_group", "_header", "_names", "_topics", "_txn", "broker_id", "client_ip",
+                 "now", "stream_ordinal", "wall_time")
+
+    def __init__(self, frame: bytes, header: RequestHeader, *, client_ip: IpAddress | None = None,
+                 broker_id: int | None = None, stream_ordinal: int = 0, now: float = 0.0, wall_time: float = 0.0,
+                 topic_names: Mapping[uuid.UUID, str] | None = None) -> None:
+        self._frame = frame
+        self._header = header
+        self._names = topic_names
+        self.client_ip = client_ip
+        self.broker_id = broker_id
+        self.stream_ordinal = stream_ordinal
+        self.now = now
+        self.wall_time = wall_time
+        self._topics: Mapping[str, frozenset[int]] | None = None
+        self._acks: Any = _UNSET
+        self._txn: Any = _UNSET
+        self._group: Any = _UNSET
+
+    @property
+    def api_key(self) -> int:
+        return self._header.api_key
+
+    @property
+    def api_version(self) -> int:
+        return self._header.api_version
+
+    @property
+    def correlation_id(self) -> int:
+        return self._header.correlation_id
+
+    @property
+    def client_id(self) -> str | None:
+        return self._header.client_id
+
+    @property
+    def _body_offset(self) -> int:
+        return 4 + self._header.size
+
+    def topics(self) -> Mapping[str, frozenset[int]]:
+        if self._topics is None:
+            self._topics = self._scan_topics()
+        return self._topics
+
+    def _scan_topics(self) -> Mapping[str, frozenset[int]]:
+        h = self._header
+        fn = scanner(h.api_key, h.api_version, Direction.REQUEST)
+        if fn is None:
+            return _EMPTY
+        acc: list[tuple[Any, int | None, int | None]] = []
+        try:
+            fn(bytes(self._frame), self._body_offset, acc, [], None)  # the end offset: trailing bytes are fine
+        except SCAN_FAILURES:
+            return _EMPTY
+        out: dict[str, set[int]] = {}
+        for topic, partition, _ in acc:
+            if topic is None:
+                continue
+            if isinstance(topic, uuid.UUID):
+                topic = (self._names or {}).get(topic, str(topic))
+            parts = out.setdefault(topic, set())
+            if partition is not None:
+                parts.add(partition)
+        return {t: frozenset(p) for t, p in out.items()}
+
+    def acks(self) -> int | None:
+        if self._acks is _UNSET:
+            self._acks = self._field("acks") if self._header.api_key == 0 else None
+        return self._acks  # type: ignore[no-any-return]
+
+    def transactional_id(self) -> str | None:
+        if self._txn is _UNSET:
+            self._txn = self._field("transactional_id")
+        return self._txn  # type: ignore[no-any-return]
+
+    def group_id(self) -> str | None:
+        if self._group is _UNSET:
+            if self._header.api_key == FIND_COORDINATOR:
+                # FindCoordinator v0-v3: `key` names a group when key_type is 0 (absent in v0).
+                # v4+ batches keys (KIP-699) in `coordinator_keys`: not a single group.
+                key_type = self._field("key_type")
+                self._group = self._field("key") if key_type in (None, 0) else None
+            else:
+                self._group = self._field("group_id")
+        return self._group  # type: ignore[no-any-return]
+
+    def _field(self, name: str) -> Any:
+        """One top-level (untagged) field's value, or None when absent or unreadable."""
+        h = self._header
+        c = codec(h.api_key, h.api_version, Direction.REQUEST)
+        if c is None or not any(f.name == name and f.tag is None for f in c.schema.fields):
+            return None
+        buf = bytes(self._frame)
+        pos = self._body_offset
+        try:
+            for f in c.schema.fields:
+                if f.tag is not None:
+                    continue
+                decode, _, skip = c.field_functions(f.name)
+                if f.name == name:
+                    return decode(buf, pos)[0]
+                pos = skip(buf, pos)
+        except SCAN_FAILURES:
+            return None
+        return None

@@ -1,0 +1,90 @@
+"""What the engine reads of a request: :class:`RequestFacts`, a plain value interface.
+
+Two producers build it: the proxy from a live request frame
+(:class:`kproxy.rules.facts.FrameFacts`, which decodes lazily) and the analysis
+job from captured records (a what-if report). Nothing here parses frames.
+
+The cheap facts are attributes; the ones that need a body decode are methods,
+called by the engine only when a loaded rule matches on them (``topics`` for a
+``topic`` or ``partition`` key, ``acks``, ``group_id``, ``transactional_id``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class RequestFacts(Protocol):
+    """One request as the rules see it.
+
+    * ``stream_ordinal``: the request's 0-based ordinal among the requests of
+      the same api key on the same client connection; with ``client_id``,
+      ``broker_id`` and ``api_key`` it keys the engine's random draws (see
+      :class:`kproxy.rules.engine.RuleEngine`).
+    * ``now``: a monotonic clock reading in seconds (the same clock the engine
+      was given when the rule set was loaded); ``wall_time``: Unix seconds, for
+      daily windows.
+    * ``topics()``: topic name -> partitions named in the request (empty for
+      topic-only requests such as Metadata). Topic ids (Fetch v13+) appear as
+      names when the producer could resolve them, else as the id's text.
+    """
+
+    @property
+    def api_key(self) -> int: ...
+    @property
+    def api_version(self) -> int: ...
+    @property
+    def correlation_id(self) -> int: ...
+    @property
+    def client_id(self) -> str | None: ...
+    @property
+    def client_ip(self) -> IpAddress | None: ...
+    @property
+    def broker_id(self) -> int | None: ...
+    @property
+    def stream_ordinal(self) -> int: ...
+    @property
+    def now(self) -> float: ...
+    @property
+    def wall_time(self) -> float: ...
+
+    def topics(self) -> Mapping[str, frozenset[int]]: ...
+    def acks(self) -> int | None: ...
+    def group_id(self) -> str | None: ...
+    def transactional_id(self) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StaticFacts:
+    """A :class:`RequestFacts` of plain values: tests, and records read back from a capture."""
+
+    api_key: int
+    api_version: int = 0
+    correlation_id: int = 0
+    client_id: str | None = None
+    client_ip: IpAddress | None = None
+    broker_id: int | None = None
+    stream_ordinal: int = 0
+    now: float = 0.0
+    wall_time: float = 0.0
+    topic_partitions: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    acks_value: int | None = None
+    group: str | None = None
+    transactional: str | None = None
+
+    def topics(self) -> Mapping[str, frozenset[int]]:
+        return self.topic_partitions
+
+    def acks(self) -> int | None:
+        return self.acks_value
+
+    def group_id(self) -> str | None:
+        return self.group
+
+    def transactional_id(self) -> str | None:
+        return self.transactional

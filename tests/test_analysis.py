@@ -1,0 +1,274 @@
+"""The Spark job, in local mode: generated captures with known figures, bad inputs, a real capture."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+np = pytest.importorskip("numpy")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+from kproxy.capture.writer import CaptureWriter, arrow_schema  # noqa: E402
+from tests.support.capture import record  # noqa: E402
+from tests.support.captured import CapturedRun  # noqa: E402
+
+MINUTE_US = 60_000_000
+M0 = 1_790_000_040_000_000  # 2026-09-21T14:14:00Z, a whole minute
+NOT_LEADER, COORDINATOR_NOT_AVAILABLE = 6, 15
+
+
+def _generated() -> list[dict[str, Any]]:
+    """Produce, acks=0 Produce, Fetch and FindCoordinator over two minutes, with set latencies and errors."""
+    rows: list[dict[str, Any]] = []
+    n = 0
+
+    def add(at_us: int, **values: Any) -> None:
+        nonlocal n
+        rows.append(record(n, at_us=at_us, **values))
+        n += 1
+
+    for i in range(100):  # minute 0: broker latency 1..100 ms, every 10th partition NOT_LEADER
+        add(M0 + i * 1000, connection_id="p1", client_id="producer", broker_latency_ms=float(i + 1),
+            kproxy_latency_ms=i * 0.01, acks=-1, record_count=5, record_bytes=500,
+            partitions=[{"topic": "a", "partition": i % 4, "error_code": NOT_LEADER if i % 10 == 0 else 0,
+                         "record_count": 5, "record_bytes": 500}])
+    for i in range(50):  # minute 1: a flat 10 ms
+        add(M0 + MINUTE_US + i * 1000, connection_id="p2", client_id="producer", broker_latency_ms=10.0,
+            kproxy_latency_ms=0.5, acks=-1, record_count=5, record_bytes=500,
+            partitions=[{"topic": "a", "partition": 0, "error_code": 0, "record_count": 5, "record_bytes": 500}])
+    for i in range(10):  # acks=0 across both minutes: no response, no broker latency
+        add(M0 + (i % 2) * MINUTE_US + 500_000 + i, connection_id="p0", client_id="fire-and-forget",
+            broker_latency_ms=None, response_bytes=None, kproxy_latency_ms=0.2, acks=0, record_count=1,
+            record_bytes=100,
+            partitions=[{"topic": "a", "partition": 3, "error_code": None, "record_count": 1, "record_bytes": 100}])
+    for i in range(40):
+        add(M0 + 2_000_000 + i, connection_id="f1", client_id="consumer", api_key=1, api_name="Fetch",
+            broker_latency_ms=200.0 + i, kproxy_latency_ms=0.05, record_count=3, record_bytes=300,
+            partitions=[{"topic": "b", "partition": 1, "error_code": 0, "record_count": 3, "record_bytes": 300}])
+    fault = [{"rule": "flaky-produce", "action": "error", "detail": "NOT_LEADER_OR_FOLLOWER"}]
+    r1 = M0 + MINUTE_US + 4_000_000
+    for i in range(3):  # minute 1, connection r1: faulted Produce retried 5 ms later; the last one ends r1
+        add(r1 + i * 10_000, connection_id="r1", client_id="retrier", rule_decisions=fault,
+            local_response=True, broker_latency_ms=None)
+        if i < 2:
+            add(r1 + i * 10_000 + 5_000, connection_id="r1", client_id="retrier", broker_latency_ms=10.0)
+    add(r1 + 100_000, connection_id="r2", client_id="retrier", api_key=3, api_name="Metadata",
+        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100ms"}])
+    add(r1 + 100_500, connection_id="r2", client_id="retrier", api_key=1, api_name="Fetch")
+    for i in range(20):
+        add(M0 + 3_000_000 + i, connection_id="x1", client_id="consumer", api_key=10, api_name="FindCoordinator",
+            broker_latency_ms=2.0, kproxy_latency_ms=0.05, group_id="g",
+            error_code=COORDINATOR_NOT_AVAILABLE if i < 5 else 0)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    directory = tmp_path_factory.mktemp("generated")
+    rows = _generated()
+    writer = CaptureWriter(directory, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    for r in rows:
+        assert writer.offer(r)
+    writer.close()
+    return directory, rows
+
+
+@pytest.fixture(scope="module")
+def analysed(spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path_factory: pytest.TempPathFactory
+             ) -> Any:
+    from kproxy.analysis.job import run_analysis
+
+    return run_analysis([str(generated[0])], tmp_path_factory.mktemp("out"), spark)
+
+
+def _pct(values: list[float], p: float) -> float:
+    return float(np.percentile(values, p * 100))  # numpy's default: linear interpolation, as Spark's percentile
+
+
+def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, list[dict[str, Any]]]) -> None:
+    rows = generated[1]
+    by_api = {r["api_name"]: r for r in analysed.tables["latency_by_api"]}
+    for api in ("Produce", "Fetch", "FindCoordinator"):
+        mine = [r for r in rows if r["api_name"] == api]
+        broker = [r["broker_latency_ms"] for r in mine if r["broker_latency_ms"] is not None]
+        kproxy = [r["kproxy_latency_ms"] for r in mine]
+        got = by_api[api]
+        assert got["requests"] == len(mine)
+        for p in (0.5, 0.95, 0.99):
+            assert got[f"broker_p{round(p * 100)}_ms"] == pytest.approx(_pct(broker, p), rel=1e-12)
+            assert got[f"kproxy_p{round(p * 100)}_ms"] == pytest.approx(_pct(kproxy, p), rel=1e-12)
+        assert got["broker_max_ms"] == max(broker)
+        assert got["kproxy_max_ms"] == max(kproxy)
+    # The hand-checkable case: Produce in minute 0 is 1..100 ms exactly.
+    minute0 = next(r for r in analysed.tables["latency_by_minute"]
+                   if r["api_name"] == "Produce" and r["minute"].minute == 14)
+    assert minute0["requests"] == 105  # 100 + the 5 acks=0 requests of that minute
+    assert (minute0["broker_p50_ms"], minute0["broker_p95_ms"], minute0["broker_p99_ms"],
+            minute0["broker_max_ms"]) == pytest.approx((50.5, 95.05, 99.01, 100.0))
+    minute1 = next(r for r in analysed.tables["latency_by_minute"]
+                   if r["api_name"] == "Produce" and r["minute"].minute == 15)
+    assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 60
+
+
+def test_error_rates_by_api_and_code(analysed: Any) -> None:
+    errors = {(r["api_name"], r["code"]): r for r in analysed.tables["errors"]}
+    assert set(errors) == {("Produce", NOT_LEADER), ("FindCoordinator", COORDINATOR_NOT_AVAILABLE)}
+    assert errors[("Produce", NOT_LEADER)]["requests"] == 10
+    assert errors[("Produce", NOT_LEADER)]["rate"] == pytest.approx(10 / 165)
+    assert errors[("FindCoordinator", COORDINATOR_NOT_AVAILABLE)]["rate"] == 0.25
+
+
+def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[Path, list[dict[str, Any]]]) -> None:
+    rows = generated[1]
+    clients = {r["client_id"]: r for r in analysed.tables["top_clients"]}
+    assert clients["producer"]["requests"] == 150 and clients["producer"]["errors"] == 10
+    assert clients["producer"]["bytes"] == sum(r["request_bytes"] + (r["response_bytes"] or 0)
+                                               for r in rows if r["client_id"] == "producer")
+    assert clients["consumer"]["requests"] == 60 and clients["consumer"]["errors"] == 5
+    assert clients["fire-and-forget"]["records"] == 10
+    topics = {r["topic"]: r for r in analysed.tables["top_topics"]}
+    assert topics["a"] == {"topic": "a", "requests": 160, "records": 760, "bytes": 76_000, "errors": 10}
+    assert topics["b"] == {"topic": "b", "requests": 40, "records": 120, "bytes": 12_000, "errors": 0}
+    hot = analysed.tables["hot_partitions"]
+    expected: Counter[tuple[str, int]] = Counter()
+    for r in rows:
+        for p in r["partitions"]:
+            expected[(p["topic"], p["partition"])] += p["record_bytes"]
+    assert [(h["topic"], h["partition"], h["bytes"]) for h in hot] == sorted(
+        ((t, p, b) for (t, p), b in expected.items()), key=lambda x: (-x[2], x[0], x[1]))
+    assert next(h for h in hot if (h["topic"], h["partition"]) == ("b", 1))["fetched"] == 120
+
+
+def test_throughput_per_topic_per_minute(analysed: Any) -> None:
+    got = {(r["minute"].minute, r["api_name"], r["topic"]): (r["records"], r["bytes"])
+           for r in analysed.tables["throughput"]}
+    assert got == {(14, "Produce", "a"): (500 + 5, 50_000 + 500), (15, "Produce", "a"): (250 + 5, 25_000 + 500),
+                   (14, "Fetch", "b"): (120, 12_000)}
+
+
+def test_connection_churn(analysed: Any) -> None:
+    churn = {r["minute"].minute: (r["opened"], r["closed"]) for r in analysed.tables["connection_churn"]}
+    # p1, f1, x1 live within minute 14; p0 opens in 14 and ends in 15; p2, r1, r2 live in 15.
+    assert churn == {14: (4, 3), 15: (3, 4)}
+
+
+def test_faults_by_rule_and_what_the_client_did_next(analysed: Any) -> None:
+    got = {(r["rule"], r["action"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
+           for r in analysed.tables["faults"]}
+    assert got == {("flaky-produce", "error", "Produce", "retried"): (2, 5.0),
+                   ("flaky-produce", "error", "Produce", "connection_ended"): (1, None),
+                   ("slow-metadata", "delay", "Metadata", "other"): (1, 0.5)}
+
+
+def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
+    out = Path(analysed.out)
+    table = pq.read_table(out / "errors")
+    assert sorted(table.column("code").to_pylist()) == [NOT_LEADER, COORDINATOR_NOT_AVAILABLE]
+    assert {p.name for p in out.iterdir()} >= {"latency_by_api", "latency_by_minute", "errors", "top_clients",
+                                                    "top_topics", "throughput", "hot_partitions", "connection_churn",
+                                                    "faults"}
+
+
+def test_bad_inputs_are_named_and_the_rest_is_analysed(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                       tmp_path: Path) -> None:
+    from kproxy.analysis.job import run_analysis
+
+    good = sorted(generated[0].glob("hour=*/capture-*.parquet"))[0]
+    cut = tmp_path / "capture-cut.parquet"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])  # a copy cut short
+    other = tmp_path / "capture-v99.parquet"
+    schema = arrow_schema().with_metadata({"kproxy.capture.schema_version": "99"})
+    pq.write_table(pa.Table.from_pylist([record(0)], schema=schema), other)
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    result = run_analysis([str(tmp_path / "missing"), str(cut), str(other), str(empty_dir), str(generated[0])],
+                          tmp_path / "out", spark)
+    reasons = {p.path: p.reason for p in result.problems}
+    assert reasons[str(tmp_path / "missing")] == "no such file or directory"
+    assert "not a complete Parquet file" in reasons[str(cut)]
+    assert reasons[str(other)] == "capture schema version 99, this kproxy reads version 1"
+    assert "no capture files" in reasons[str(empty_dir)]
+    assert result.records == len(generated[1])
+
+
+def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                   tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kproxy.cli import main
+
+    assert main(["analyze", str(generated[0]), "--out", str(tmp_path / "out"),
+                 "--conf", "spark.sql.shuffle.partitions=2"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(generated[1])} records" in out and "Produce" in out
+    report = (tmp_path / "out" / "report.html").read_text()
+    assert report.count("<svg") == 2 and "FindCoordinator" in report
+    assert main(["analyze", str(tmp_path / "nothing-here")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'nothing-here'}: no such file or directory" in err
+    assert main(["analyze", str(generated[0]), "--conf", "no-equals-sign"]) == 2
+    assert "--conf 'no-equals-sign': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_a_real_capture_matches_what_was_sent(spark: Any, captured_run: CapturedRun, tmp_path: Path) -> None:
+    from kproxy.analysis.job import run_analysis
+
+    run = captured_run
+    result = run_analysis([str(run.directory)], tmp_path, spark)
+    assert result.problems == []
+    requests = {r["api_name"]: r["requests"] for r in result.tables["latency_by_api"]}
+    from kproxy.protocol.tables import api_key, api_snake_name
+
+    assert {api_snake_name(api_key(name) or 0): n for name, n in requests.items()} == run.requests
+    moved: Counter[tuple[str, str]] = Counter()
+    for r in result.tables["throughput"]:
+        moved[(r["api_name"], r["topic"])] += r["records"]
+    assert moved == {("Produce", run.topic): run.records, ("Fetch", run.topic): run.records}
+    topic = next(t for t in result.tables["top_topics"] if t["topic"] == run.topic)
+    assert topic["records"] == 2 * run.records and topic["errors"] == 0
+    assert {h["partition"] for h in result.tables["hot_partitions"] if h["topic"] == run.topic} == set(
+        range(run.partitions))
+    assert result.tables["errors"] == []
+
+
+def test_summary_prints_per_api_lines(analysed: Any) -> None:
+    from kproxy.analysis.report import summary
+
+    buf = io.StringIO()
+    summary(analysed, buf)
+    text = buf.getvalue()
+    line = next(x for x in text.splitlines() if x.startswith("FindCoordinator"))
+    assert line.split()[1:3] == ["20", "2.00/2.00/2.00"]
+
+
+def test_follow_keeps_per_minute_aggregates_up_to_date(spark: Any, tmp_path: Path) -> None:
+    from kproxy.analysis.follow import LIVE_TABLE, follow
+
+    capture, out = tmp_path / "capture", tmp_path / "out"
+    capture.mkdir()
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        writer = CaptureWriter(capture, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+        for r in rows:
+            writer.offer(r)
+        writer.close()
+
+    def live() -> dict[tuple[int, str], tuple[int, int]]:
+        table = pq.read_table(out / LIVE_TABLE).to_pylist()
+        return {(r["minute"].minute, r["api_name"]): (r["requests"], r["errors"]) for r in table}
+
+    write([record(i, at_us=M0 + i) for i in range(30)])
+    query = follow(spark, str(capture), str(out), trigger_seconds=0.5)
+    try:
+        query.processAllAvailable()
+        assert live() == {(14, "Produce"): (30, 0)}
+        write([record(100 + i, at_us=M0 + MINUTE_US + i, api_key=1, api_name="Fetch", error_code=1)
+               for i in range(7)])
+        query.processAllAvailable()
+        assert live() == {(14, "Produce"): (30, 0), (15, "Fetch"): (7, 7)}
+    finally:
+        query.stop()

@@ -1,0 +1,174 @@
+"""The capture observer on a sans-IO session: exact frames in, exact records out (no disk, no sockets)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, TopicNames, split_peer
+from kproxy.capture.schema import COLUMN_NAMES
+from kproxy.protocol import encode_request, frame
+from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.records import Record, encode_batch_v2
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.commands import ForwardUpstream, SendToClient
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+from tests.support.fakebroker import request_body, request_frame, response_frame
+
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
+TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
+
+
+def _batch(n: int, base: int = 0) -> bytes:
+    return encode_batch_v2([Record(offset=base + i, timestamp=1000 + i, key=b"key%d" % i, value=b"v" * (i + 1))
+                            for i in range(n)], base_offset=base)
+
+
+class Harness:
+    """A session whose observer is a capture observer writing into a list."""
+
+    def __init__(self, listener: str = "broker-7", topics: TopicNames | None = None,
+                 payloads: PayloadOptions | None = None) -> None:
+        self.records: list[dict[str, Any]] = []
+        conn = ConnectionInfo(connection_id="c-1", client_host="10.0.0.9", client_port=5555, listener=listener,
+                              upstream="b1:9092")
+        self.observer = CaptureObserver(conn, self._sink, topics or TopicNames(), payloads or PayloadOptions())
+        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=self.observer)
+
+    def _sink(self, record: dict[str, Any]) -> bool:
+        self.records.append(record)
+        return True
+
+    def exchange(self, request: bytes, response: bytes | None) -> dict[str, Any]:
+        before = len(self.records)
+        assert self.session.receive_client(request) == [ForwardUpstream(request)]
+        if response is not None:
+            [sent] = self.session.receive_upstream(response)
+            assert isinstance(sent, SendToClient)
+        self.session.report()
+        assert len(self.records) == before + 1
+        return self.records[-1]
+
+
+def _produce(version: int, correlation_id: int, acks: int, txn: str | None, batches: dict[int, bytes]) -> bytes:
+    body = request_body(PRODUCE, version, transactional_id=txn, acks=acks, timeout_ms=1500,
+                        topic_data=[{"name": "orders", "partition_data": [{"index": p, "records": b}
+                                                                          for p, b in batches.items()]}])
+    header = RequestHeader(PRODUCE, version, correlation_id, "shop", 2 if version >= 9 else 1, {})
+    return frame(encode_request(header, body))
+
+
+def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
+    h = Harness()
+    batches = {0: _batch(3), 2: _batch(5)}
+    response = response_frame(PRODUCE, 9, 4, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0}, {"index": 2, "error_code": 6}]}])
+    rec = h.exchange(_produce(9, 4, -1, "tx-9", batches), response)
+    assert set(rec) == set(COLUMN_NAMES)
+    assert (rec["api_name"], rec["api_version"], rec["correlation_id"], rec["client_id"]) == ("Produce", 9, 4, "shop")
+    assert (rec["acks"], rec["transactional_id"], rec["group_id"]) == (-1, "tx-9", None)
+    assert (rec["client_host"], rec["client_port"], rec["node_id"], rec["listener"]) == ("10.0.0.9", 5555, 7,
+                                                                                          "broker-7")
+    assert rec["partitions"] == [
+        {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0])},
+        {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2])}]
+    assert (rec["record_count"], rec["record_bytes"]) == (8, len(batches[0]) + len(batches[2]))
+    assert rec["error_code"] is None  # Produce has no top-level code
+    assert rec["response_bytes"] == len(response) and rec["broker_latency_ms"] is not None
+    assert rec["payloads"] is None and rec["rule_decisions"] == []
+
+
+def test_produce_acks_0_is_a_record_without_response() -> None:
+    h = Harness(listener="bootstrap")
+    rec = h.exchange(_produce(3, 1, 0, None, {1: _batch(2)}), None)
+    assert (rec["acks"], rec["transactional_id"], rec["node_id"]) == (0, None, None)
+    assert rec["response_time"] is None and rec["response_bytes"] is None and rec["broker_latency_ms"] is None
+    assert rec["record_count"] == 2
+
+
+def test_group_and_transaction_ids() -> None:
+    h = Harness()
+    join = h.exchange(request_frame(JOIN_GROUP, 9, 1, group_id="readers", member_id="", protocol_type="consumer"),
+                      response_frame(JOIN_GROUP, 9, 1, error_code=79))
+    assert join["group_id"] == "readers" and join["error_code"] == 79
+    txn = h.exchange(request_frame(FIND_COORDINATOR, 3, 2, key="tx-1", key_type=1),
+                     response_frame(FIND_COORDINATOR, 3, 2, error_code=0, node_id=7, host="b1", port=9092))
+    assert (txn["transactional_id"], txn["group_id"], txn["error_code"]) == ("tx-1", None, 0)
+    group = h.exchange(request_frame(FIND_COORDINATOR, 4, 3, key_type=0, coordinator_keys=["readers"]),
+                       response_frame(FIND_COORDINATOR, 4, 3, coordinators=[]))
+    assert group["group_id"] == "readers"
+
+
+def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection() -> None:
+    names = TopicNames()
+    meta = Harness(topics=names)
+    meta.exchange(request_frame(METADATA, 12, 1, topics=None),
+                  response_frame(METADATA, 12, 1, brokers=[], cluster_id="c", controller_id=7,
+                                 topics=[{"name": "orders", "topic_id": TOPIC_ID, "partitions": []}]))
+    fetch = Harness(topics=names, payloads=PayloadOptions(include=True, max_bytes=2))
+    batch = _batch(4, base=10)
+    rec = fetch.exchange(
+        request_frame(FETCH, 13, 2, topics=[{"topic_id": TOPIC_ID, "partitions": [{"partition": 1}]}]),
+        response_frame(FETCH, 13, 2, responses=[{"topic_id": TOPIC_ID, "partitions": [
+            {"partition_index": 1, "error_code": 0, "records": batch}]}]))
+    assert rec["partitions"] == [{"topic": "orders", "partition": 1, "error_code": 0, "record_count": 4,
+                                  "record_bytes": len(batch)}]
+    assert [(p["offset"], p["key"], p["value"], p["key_size"], p["value_size"]) for p in rec["payloads"]] == [
+        (10, b"ke", b"v", 4, 1), (11, b"ke", b"vv", 4, 2), (12, b"ke", b"vv", 4, 3), (13, b"ke", b"vv", 4, 4)]
+    unknown = Harness()  # a topic id never seen in Metadata stays an id
+    rec = unknown.exchange(
+        request_frame(FETCH, 13, 3, topics=[]),
+        response_frame(FETCH, 13, 3, responses=[{"topic_id": TOPIC_ID, "partitions": [
+            {"partition_index": 0, "error_code": 3, "records": None}]}]))
+    assert rec["partitions"][0]["topic"] == str(TOPIC_ID) and rec["partitions"][0]["error_code"] == 3
+
+
+def test_requests_left_unanswered_become_records_at_close() -> None:
+    h = Harness()
+    h.session.receive_client(request_frame(METADATA, 12, 5, topics=None))
+    h.session.report()
+    assert h.records == []
+    h.observer.close()
+    (rec,) = h.records
+    assert rec["correlation_id"] == 5 and rec["response_time"] is None and rec["response_bytes"] is None
+
+
+def test_unreadable_request_body_still_makes_a_record() -> None:
+    h = Harness()
+    garbage = request_frame(JOIN_GROUP, 9, 1, group_id="g")[:-3]  # cut short: the broker will refuse it
+    body_len = len(garbage) - 4
+    garbage = body_len.to_bytes(4, "big") + garbage[4:]
+    rec = h.exchange(garbage, response_frame(JOIN_GROUP, 9, 1, error_code=0))
+    assert rec["api_name"] == "JoinGroup" and rec["group_id"] is None
+
+
+def test_split_peer() -> None:
+    assert split_peer("127.0.0.1:5000") == ("127.0.0.1", 5000)
+    assert split_peer("[::1]:5000") == ("::1", 5000)
+    assert split_peer("unknown") == ("unknown", None)
+
+
+def test_sasl_user_becomes_the_principal_after_a_successful_authenticate() -> None:
+    h = Harness()
+    h.exchange(request_frame(17, 1, 1, mechanism="PLAIN"), response_frame(17, 1, 1, error_code=0,
+                                                                         mechanisms=["PLAIN"]))
+    failed = h.exchange(request_frame(36, 2, 2, auth_bytes=b"\x00mallory\x00guess"),
+                        response_frame(36, 2, 2, error_code=58, error_message="bad", auth_bytes=b""))
+    assert failed["principal"] is None and failed["error_code"] == 58
+    ok = h.exchange(request_frame(36, 2, 3, auth_bytes=b"\x00alice\x00s3cret"),
+                    response_frame(36, 2, 3, error_code=0, auth_bytes=b""))
+    later = h.exchange(request_frame(METADATA, 12, 4, topics=None),
+                       response_frame(METADATA, 12, 4, brokers=[], cluster_id="c", controller_id=7, topics=[]))
+    assert ok["principal"] == later["principal"] == "User:alice"
+    assert "s3cret" not in repr(h.records) and "guess" not in repr(h.records)
+
+
+def test_sasl_user_of_each_mechanism() -> None:
+    from kproxy.capture.observer import sasl_user
+
+    assert sasl_user("PLAIN", b"admin\x00alice\x00pw") == "alice"
+    assert sasl_user("PLAIN", b"no-separators") is None
+    assert sasl_user("SCRAM-SHA-512", b"n,,n=bob=2Cjr=3D,r=fyko+d2lbbFgONRv9qkxdawL") == "bob,jr="
+    assert sasl_user("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01") is None
+    assert sasl_user(None, b"\x00alice\x00pw") is None

@@ -1,0 +1,218 @@
+"""The capture writer: rotation, disk cap, drop-and-count under pressure, no partial files."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+from kproxy.capture.schema import COLUMN_NAMES, SCHEMA_VERSION, SchemaVersionError, check_version, new_record  # noqa: E402
+from kproxy.capture.writer import (  # noqa: E402
+    HOUR_US,
+    CaptureWriter,
+    Rotation,
+    hour_dir_name,
+    over_cap,
+)
+from tests.support.capture import T0_US, record  # noqa: E402
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("hour=*/capture-*.parquet"))
+
+
+def _hidden(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.name.startswith("."))
+
+
+def _rows(directory: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for path in _files(directory):
+        check_version(pq.read_metadata(path).metadata, str(path))
+        rows.extend(pq.ParquetFile(path).read().to_pylist())
+    return rows
+
+
+# -- pure decisions -----------------------------------------------------------------------
+def test_over_cap_deletes_oldest_first_and_never_the_open_file() -> None:
+    files = [(Path("a"), 40), (Path("b"), 40), (Path("c"), 40)]
+    assert over_cap(files, 0, 120) == []
+    assert over_cap(files, 10, 120) == [Path("a")]
+    assert over_cap(files, 50, 100) == [Path("a"), Path("b")]
+    assert over_cap(files, 500, 100) == [Path("a"), Path("b"), Path("c")]
+
+
+def test_rotation_is_due_on_size_or_age() -> None:
+    rot = Rotation(rotate_bytes=100, rotate_seconds=60)
+    assert not rot.due(size=99, opened_at=0, now=59.9)
+    assert rot.due(size=100, opened_at=0, now=1)
+    assert rot.due(size=1, opened_at=0, now=60)
+
+
+def test_hour_directories_are_utc_hours() -> None:
+    assert hour_dir_name(T0_US // HOUR_US) == "hour=2026-09-21T14"
+
+
+def test_new_record_refuses_unknown_columns() -> None:
+    with pytest.raises(KeyError, match="no capture column 'topic_name'"):
+        new_record(topic_name="x")
+    assert set(new_record()) == set(COLUMN_NAMES)
+
+
+# -- on disk ------------------------------------------------------------------------------
+def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 5, "record_bytes": 300}]
+    for i in range(10):
+        assert writer.offer(record(i, partitions=parts, record_count=5, record_bytes=300))
+    writer.close()
+    rows = _rows(tmp_path)
+    assert [r["correlation_id"] for r in rows] == list(range(10))
+    assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION}
+    assert rows[3]["partitions"] == parts
+    assert writer.written == 10 and writer.dropped == 0
+    assert _hidden(tmp_path) == []
+
+
+def test_rotates_by_size_and_splits_by_hour(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=20_000, rotate_seconds=3600,
+                           row_group_rows=100).start()
+    n = 3000
+    for i in range(n):
+        hour_shift = HOUR_US if i >= n // 2 else 0  # the second half belongs to the next hour
+        writer.offer(record(i, at_us=T0_US + hour_shift + i, client_id=f"client-{i}"))
+        if i % 500 == 0:
+            time.sleep(0.05)  # let row groups form, so size rotation has something to measure
+    writer.close()
+    files = _files(tmp_path)
+    assert len(files) > 3, files
+    assert {p.parent.name for p in files} == {"hour=2026-09-21T14", "hour=2026-09-21T15"}
+    rows = _rows(tmp_path)
+    assert sorted(r["correlation_id"] for r in rows) == list(range(n))
+    for path in files:  # every record sits in its own hour's directory
+        hours = {hour_dir_name(int(r["request_time"].timestamp() * 1_000_000) // HOUR_US)
+                 for r in pq.ParquetFile(path).read().to_pylist()}
+        assert hours == {path.parent.name}
+
+
+def test_rotates_by_age(tmp_path: Path) -> None:
+    now = [1000.0]
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=10,
+                           flush_seconds=0.05, clock=lambda: now[0]).start()
+    for step in range(3):
+        writer.offer(record(step))
+        deadline = time.monotonic() + 5
+        while writer.written <= step and time.monotonic() < deadline:
+            now[0] += 0.01  # time passes: the record is flushed after flush_seconds, the file stays open
+            time.sleep(0.01)
+        assert writer.files_written == step
+        now[0] += 11  # older than rotate_seconds: the writer completes the file on its next turn
+        deadline = time.monotonic() + 5
+        while writer.files_written <= step and time.monotonic() < deadline:
+            time.sleep(0.01)
+    writer.close()
+    assert len(_files(tmp_path)) == 3
+    assert len(_rows(tmp_path)) == 3
+
+
+def test_disk_cap_holds_and_keeps_the_newest(tmp_path: Path) -> None:
+    cap = 60_000
+    writer = CaptureWriter(tmp_path, max_bytes_total=cap, rotate_bytes=15_000, rotate_seconds=3600,
+                           row_group_rows=200, queue_size=30_000).start()
+    for i in range(20_000):
+        writer.offer(record(i, client_id=f"client-{i}"))  # distinct ids: little to compress
+        if i % 1000 == 0:
+            time.sleep(0.02)
+    writer.close()
+    files = _files(tmp_path)
+    total = sum(p.stat().st_size for p in files)
+    assert total <= cap, (total, cap)
+    assert writer.files_deleted > 0
+    rows = _rows(tmp_path)
+    # What survives is the most recent traffic: the last record written is there.
+    ids = {r["correlation_id"] for r in rows}
+    assert writer.dropped == 0
+    assert max(ids) == 19_999 and min(ids) > 0
+
+
+def test_a_slow_writer_drops_and_counts_never_blocks(tmp_path: Path) -> None:
+    class SlowWriter(CaptureWriter):
+        def write_batch_done(self, file: Any) -> None:
+            time.sleep(0.2)  # a disk far slower than the traffic
+
+    writer = SlowWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                        queue_size=50, row_group_rows=10).start()
+    slowest = 0.0
+    accepted = 0
+    for i in range(5000):
+        t = time.perf_counter()
+        accepted += writer.offer(record(i))
+        slowest = max(slowest, time.perf_counter() - t)
+    assert slowest < 0.05, f"offer blocked for {slowest:.3f} s"
+    writer.close()
+    assert writer.offered == 5000
+    assert writer.dropped > 4000
+    assert writer.written + writer.dropped == writer.offered
+    assert len(_rows(tmp_path)) == writer.written == accepted
+
+
+def test_no_partial_file_is_visible_while_writing_or_after_close(tmp_path: Path) -> None:
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           flush_seconds=0.05).start()
+    writer.offer(record(0))
+    deadline = time.monotonic() + 5
+    while writer.written == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert writer.written == 1
+    assert _files(tmp_path) == []  # open: only its hidden temporary name exists
+    assert len(_hidden(tmp_path)) == 1
+    writer.close()
+    assert _hidden(tmp_path) == []
+    assert len(_rows(tmp_path)) == 1
+
+
+def test_a_stale_temporary_file_is_removed_at_start(tmp_path: Path) -> None:
+    stale = tmp_path / "hour=2026-09-21T13" / ".capture-x-000001.parquet.tmp"
+    stale.parent.mkdir()
+    stale.write_bytes(b"PAR1 half a file")
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    writer.close()
+    assert not stale.exists()
+
+
+def test_wrong_schema_version_names_the_file() -> None:
+    with pytest.raises(SchemaVersionError, match=r"f\.parquet: capture schema version 99"):
+        check_version({b"kproxy.capture.schema_version": b"99"}, "f.parquet")
+    with pytest.raises(SchemaVersionError, match=r"f\.parquet: not a kproxy capture file"):
+        check_version({}, "f.parquet")
+
+
+def test_capture_counts_are_exported_only_when_capture_is_on() -> None:
+    from prometheus_client import generate_latest
+
+    from kproxy.metrics.exposition import LiveGauges, make_registry
+    from kproxy.metrics.stats import TrafficStats
+
+    on = generate_latest(make_registry(TrafficStats(), lambda: LiveGauges(capture={"written": 3, "dropped": 1})))
+    assert b'kproxy_capture_records_total{outcome="written"} 3.0' in on
+    assert b'kproxy_capture_records_total{outcome="dropped"} 1.0' in on
+    off = generate_latest(make_registry(TrafficStats(), LiveGauges))
+    assert b"kproxy_capture_records" not in off
+
+
+def test_run_with_capture_but_without_pyarrow_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    from kproxy.cli import main
+
+    for name in ("kproxy.capture.service", "kproxy.capture.writer"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: importing it raises ImportError
+    assert main(["run", "--upstream", "127.0.0.1:1", "--capture-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy[capture]'" in err
