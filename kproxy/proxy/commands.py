@@ -8,7 +8,8 @@ server keeps none of them past its execution.
 Ordering contract: a :class:`SendToClient` is always first in its list, so that the
 server can claim the client side for it before it awaits anything else (responses
 leave in request order: two lists returned one after the other must reach the client
-in that order, whichever task executes them).
+in that order, whichever task executes them). :class:`ForwardUpstream` comes only from
+``receive_client``: requests reach the broker in the order the session tracks them.
 """
 
 from __future__ import annotations

@@ -325,7 +325,7 @@ class Session:
             self._taken.add(correlation_id)
             self._flush()
             return None
-        if api_key == PRODUCE and self._acks_zero(ex):
+        if api_key == PRODUCE and _acks_zero(ex, frame):
             # acks=0: the broker should not answer; nothing to track. A broker that answers
             # anyway (Tansu) has that answer dropped: the client expects none.
             self._remember_acks0(correlation_id)
@@ -339,12 +339,6 @@ class Session:
         self._taken.add(correlation_id)
         self._awaiting.append(ex)
         return frame
-
-    @staticmethod
-    def _acks_zero(ex: Exchange) -> bool:
-        """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse)."""
-        offset = ex.request_body_offset
-        return offset is not None and produce_acks(ex.request, ex.api_version, offset) == 0
 
     def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
         if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
@@ -440,8 +434,11 @@ class Session:
     def on_timer(self, now: float) -> list[Command]:
         """The time asked by a :class:`~kproxy.proxy.commands.WakeAt` has come (or is near).
 
-        Nothing asks for one yet: a delayed response (a fault-injection rule) will be
-        released from here.
+        Returns only :class:`SendToClient`, :class:`CloseConnection` or :class:`WakeAt`:
+        requests go upstream from ``receive_client`` alone, so that they reach the broker
+        in the order the session expects their answers (the server's client pump is the
+        only writer upstream). Nothing asks for a wake-up yet: a delayed response (a
+        fault-injection rule) will be released from here.
         """
         return []
 
@@ -545,6 +542,17 @@ class Session:
 def _reject(exc: ProtocolError, oversize: RejectReason, otherwise: RejectReason, side: str) -> CloseConnection:
     """The close for a protocol error met on one side (the log line keeps its text as it was)."""
     return CloseConnection.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")
+
+
+def _acks_zero(ex: Exchange, frame: bytes) -> bool:
+    """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
+    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
+    offset = find_request_body(frame, PRODUCE, ex.api_version)
+    if offset is None:
+        ex._request_body_offset = -2
+        return False
+    ex._request_body_offset = offset
+    return produce_acks(frame, ex.api_version, offset) == 0
 
 
 def _sasl_mechanism(ex: Exchange) -> str | None:

@@ -71,7 +71,6 @@ class Connection:
         self._upstream_reader = reader(upstream)
         self.stats = ConnectionStats()
         self._client_lock = trio.Lock()
-        self._upstream_lock = trio.Lock()
         self._room = trio.Event()  # set when in-flight room frees up
         self._reading_client = trio.CancelScope()
         self._waiting_for_client = False  # True only while the client pump may be cancelled harmlessly
@@ -245,7 +244,7 @@ class Connection:
             if kind is SendToClient:
                 await self._send(command)  # type: ignore[arg-type]
             elif kind is ForwardUpstream:
-                await self._send_upstream(command.data)  # type: ignore[union-attr]
+                await self._upstream_writer(command.data)  # type: ignore[union-attr]
             elif kind is WakeAt:
                 self._wake_at(command.when)  # type: ignore[union-attr]
             else:
@@ -255,17 +254,6 @@ class Connection:
                 self._end(scope, command.reason)
                 return False
         return True
-
-    async def _send_upstream(self, data: bytes) -> None:
-        # Both the client pump and the timer (WakeAt) may forward: whole frames must not interleave.
-        try:
-            self._upstream_lock.acquire_nowait()
-        except trio.WouldBlock:
-            await self._upstream_lock.acquire()
-        try:
-            await self._upstream_writer(data)
-        finally:
-            self._upstream_lock.release()
 
     async def _send(self, command: SendToClient) -> None:
         """Write responses to the client once the brokers they name have listeners."""
