@@ -60,3 +60,41 @@ class UnknownApiError(DecodeError):
 
 class CorruptRecordsError(DecodeError):
     """A record batch or legacy message whose CRC, length or compression is wrong."""
+
+
+class MutationError(ProtocolError):
+    """A fault-injection transformation was asked of a frame that cannot take it.
+
+    The frame itself may be valid: the field is not in this version, a path
+    names nothing, a value does not fit the field's type. Callers applying a
+    rule leave the frame as it was (a fault must never break the protocol).
+    Each transformation raises its own subclass.
+    """
+
+
+class ThrottleTimeError(MutationError):
+    """The response has no top-level ``throttle_time_ms`` in this version."""
+
+
+class MetadataMutationError(MutationError):
+    """A Metadata-style mutation on a response without brokers or topics to edit."""
+
+
+class ApiVersionsMutationError(MutationError):
+    """An ApiVersions downgrade on a response that is not an ApiVersions answer it can edit."""
+
+
+class ErrorCodeMutationError(MutationError):
+    """Error codes replaced in a response that has no error code field."""
+
+
+class FieldRewriteError(MutationError):
+    """A field path that names nothing in this version, or a value the field cannot hold."""
+
+
+class RecordsMutationError(MutationError):
+    """A records transformation on an API without records, or on record bytes it cannot walk."""
+
+
+class EndpointRewriteError(MutationError):
+    """Endpoints rewritten in a response that carries none in this version."""

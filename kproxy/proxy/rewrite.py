@@ -24,42 +24,29 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.protocol.endpoints import endpoint_fields
+from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import SIZE_PREFIX
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import all_api_keys
+from kproxy.protocol.tables import all_api_keys, api_key
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 
 API_VERSIONS = 18
 UNSUPPORTED_VERSION = 35
 MEMO_MAX_BODY = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
-MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes of bodies remembered before the memo starts over
+MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over
+# What one memo entry costs beside its body bytes: the dict slot, the key and result tuples, the
+# bytes objects' headers and the endpoint list (measured with tracemalloc: ~200 bytes on CPython 3.11).
+MEMO_ENTRY_OVERHEAD = 256
+# Responses that answer records (new offsets, new data every time) never repeat: remembering them
+# would only fill the memo. Their endpoints (KIP-951 node_endpoints) are rewritten every time.
+NEVER_REPEATS = frozenset(k for k in (api_key(name) for name in ("Produce", "Fetch", "ShareFetch",
+                                                                    "ShareAcknowledge")) if k is not None)
 NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
 Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
-
-
-@functools.cache
-def _has_endpoint(fields: tuple[Field, ...]) -> bool:
-    names = {f.name for f in fields}
-    if "host" in names and "port" in names:
-        return True
-    return any(f.fields is not None and _has_endpoint(f.fields) for f in fields)
-
-
-@functools.cache
-def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
-    """Top-level response fields holding endpoints; ``()`` when the top level itself
-    has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
-    if schema is None:
-        return None
-    names = {f.name for f in schema.fields}
-    if "host" in names and "port" in names:
-        return ()
-    found = tuple(f.name for f in schema.fields if f.fields is not None and _has_endpoint(f.fields))
-    return found or None
 
 
 @functools.cache
@@ -155,18 +142,19 @@ class ResponseRewriter:
         """
         if api_key != API_VERSIONS and endpoint_fields(api_key, api_version) is None:
             return None
-        if len(frame) - body_offset > MEMO_MAX_BODY:
+        if len(frame) - body_offset > MEMO_MAX_BODY or api_key in NEVER_REPEATS:
             new_body, learned = self._rewrite_body(api_key, api_version, frame, body_offset)
         else:
             key = (api_key, api_version, frame[body_offset:])
             found = self._memo.get(key)
             if found is None:
                 found = self._rewrite_body(api_key, api_version, frame, body_offset)
-                if self._memo_bytes + len(key[2]) > MEMO_MAX_TOTAL:
+                cost = 2 * len(key[2]) + MEMO_ENTRY_OVERHEAD  # the body, its rewrite (about as long), bookkeeping
+                if self._memo_bytes + cost > MEMO_MAX_TOTAL:
                     self._memo.clear()
                     self._memo_bytes = 0
                 self._memo[key] = found
-                self._memo_bytes += len(key[2])
+                self._memo_bytes += cost
             new_body, learned = found
         routes = [self.addresses.learn(*endpoint) for endpoint in learned]
         if new_body is None:

@@ -6,6 +6,8 @@
 * :mod:`.facts`   - those facts read lazily from a live request frame.
 * :mod:`.engine`  - :class:`RuleEngine`: facts in, :class:`Decision` out, seeded and reproducible.
 * :mod:`.bucket`  - token buckets for ``throttle`` (time passed in).
+* :mod:`.apply`   - a hit's actions done to request and response frames (through
+  :mod:`kproxy.protocol`'s mutations, record faults, field and endpoint rewrites).
 
 This package imports :mod:`kproxy.protocol` and PyYAML only; ``kproxy.proxy``
 never imports it (it declares the policy interface it needs; the server wires

@@ -84,7 +84,7 @@ ACTION_KEYS: dict[str, tuple[str, ...]] = {
     "rewrite_addresses": ("map", "pattern", "replacement"),
     "mutate_metadata": ("hide_brokers", "hide_partitions", "move_leader", "shrink_isr"),
     "downgrade_api_versions": (),  # a map of api name -> max version, checked by name
-    "rewrite": ("direction", "set", "topic_prefix"),
+    "rewrite": ("direction", "set", "map", "topic_prefix"),
 }
 ERROR_NAMES = tuple(name for name, _ in _tables.ERRORS.values())
 API_NAMES = tuple(api_snake_name(k) for k in _tables.API_NAMES)
@@ -424,12 +424,13 @@ class _Loader:
             return BAD
         maker: Callable[[dict[str, yaml.Node], yaml.Node, str], Action | _Bad] = getattr(self, f"act_{name}")
         made = maker(m, at, apath)
-        if isinstance(made, Rewrite) and apis is not None and "set" in m:
+        if isinstance(made, Rewrite) and apis is not None:
             direction = made.direction
-            for key_node, _ in m["set"].value:
-                reason = _unknown_field_path(str(key_node.value), apis, direction)
-                if reason is not None:
-                    made = self.fail(key_node, f"{apath}.set.{key_node.value}", reason)
+            for key in ("set", "map"):
+                for key_node, _ in m[key].value if key in m else ():
+                    reason = _unknown_field_path(str(key_node.value), apis, direction)
+                    if reason is not None:
+                        made = self.fail(key_node, f"{apath}.{key}.{key_node.value}", reason)
         if (isinstance(made, InjectError) and made.partitions is not None and made.mode is InjectMode.RESPOND
                 and (apis is None or PRODUCE in apis)):
             return self.fail(m.get("partitions", at), f"{apath}.partitions",
@@ -635,10 +636,33 @@ class _Loader:
                         continue
                     pairs.append((field_path, self.scalar(v)))
                 kw.setdefault("set_fields", tuple(pairs))
+        if "map" in m:
+            kw["map_fields"] = self.value_maps(m["map"], f"{path}.map")
         if "topic_prefix" in m:
             prefixes = self.string_map(m["topic_prefix"], f"{path}.topic_prefix", lambda n, p, t: t)
             kw["topic_prefix"] = prefixes if isinstance(prefixes, _Bad) else tuple(prefixes)
         return self._made(at, path, kw, Rewrite)
+
+    def value_maps(self, node: yaml.Node, path: str) -> Any:
+        """``{field.path: {old: new, ...}}`` with scalar olds and news."""
+        if not isinstance(node, yaml.MappingNode) or not node.value:
+            return self.fail(node, path, "expected a map of field path to a map of old value to new value")
+        out: list[tuple[str, tuple[tuple[object, object], ...]]] = []
+        bad = False
+        for k, v in node.value:
+            field_path = str(k.value)
+            where = f"{path}.{field_path}"
+            if not _FIELD_PATH.fullmatch(field_path):
+                bad = bool(self.fail(k, where, "expected a field path such as 'acks' or 'topics[].name'"))
+                continue
+            if not isinstance(v, yaml.MappingNode) or not v.value:
+                bad = bool(self.fail(v, where, "expected a map of old value to new value, e.g. {-1: 1}"))
+                continue
+            if not all(isinstance(n, yaml.ScalarNode) for pair in v.value for n in pair):
+                bad = bool(self.fail(v, where, "old and new values are scalars"))
+                continue
+            out.append((field_path, tuple((self.scalar(a), self.scalar(b)) for a, b in v.value)))
+        return BAD if bad else tuple(out)
 
     # -- primitives -----------------------------------------------------------------------
     def scalar(self, node: yaml.Node) -> Any:
@@ -765,6 +789,8 @@ class _Loader:
 def _unknown_field_path(path: str, apis: frozenset[int], direction: RewriteDirection) -> str | None:
     """Why ``path`` names no field of these APIs' messages in any version; None when it does."""
     side = Direction.REQUEST if direction is RewriteDirection.REQUEST else Direction.RESPONSE
+    if path == "client_id" and side is Direction.REQUEST:
+        return None  # the request header's client id (kproxy/protocol/field_rewrite.py)
     for key in sorted(apis):
         known = supported_versions(key)
         names: set[str] = set()

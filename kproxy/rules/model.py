@@ -338,15 +338,17 @@ class RewriteDirection(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Rewrite:
-    """Set fields (dotted paths, ``[]`` for every array element) or map topic-name prefixes."""
+    """Set fields (dotted paths, ``[]`` for every array element), map their values through a
+    table (values not in it are kept), or map topic-name prefixes."""
 
     direction: RewriteDirection = RewriteDirection.REQUEST
     set_fields: tuple[tuple[str, object], ...] = ()
     topic_prefix: tuple[tuple[str, str], ...] = ()
+    map_fields: tuple[tuple[str, tuple[tuple[object, object], ...]], ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.set_fields and not self.topic_prefix:
-            raise ValueError("give set or topic_prefix")
+        if not self.set_fields and not self.topic_prefix and not self.map_fields:
+            raise ValueError("give set, map or topic_prefix")
 
 
 Action = (InjectError | Delay | Throttle | DropResponse | CloseConnection | ResetConnection | Blackhole

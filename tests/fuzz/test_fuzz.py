@@ -1,0 +1,119 @@
+"""The fuzz targets in CI: replay the corpus and every recorded failure, then fuzz each target briefly.
+
+The long runs are ``scripts/fuzz --target NAME --seconds N`` (see docs/RELIABILITY.md).
+``KPROXY_FUZZ_SECONDS`` sets the brief run per target (default 6; 0 skips it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from tests.fuzz.engine import REGRESSIONS, signature, stored_inputs
+from tests.fuzz.targets import TARGETS
+
+ROOT = Path(__file__).resolve().parents[2]
+SECONDS = float(os.environ.get("KPROXY_FUZZ_SECONDS", "6"))
+PER_INPUT_SECONDS = 2.0
+PER_INPUT_BYTES = 64 * 1024 * 1024
+
+# Recorded failures in code another change owns: they must keep failing until fixed there
+# (strict xfail turns the fix into a reminder to drop the entry).
+KNOWN: dict[str, str] = {
+}
+
+
+def _regressions() -> list[object]:
+    params: list[object] = []
+    for name in sorted(TARGETS):
+        root = REGRESSIONS / name
+        for path in sorted(root.iterdir()) if root.is_dir() else []:
+            key = f"{name}/{path.name}"
+            marks = [pytest.mark.xfail(strict=True, reason=KNOWN[key])] if key in KNOWN else []
+            params.append(pytest.param(name, path, id=key, marks=marks))
+    return params
+
+
+def test_every_known_failure_is_still_stored() -> None:
+    missing = [key for key in KNOWN if not (REGRESSIONS / key).is_file()]
+    assert not missing, f"KNOWN names inputs that are not in tests/fuzz/regressions: {missing}"
+
+
+@pytest.mark.parametrize(("target", "path"), _regressions())
+def test_regression(target: str, path: Path) -> None:
+    """Every input that ever failed a target passes it now."""
+    TARGETS[target].run(path.read_bytes())
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_corpus_and_seeds(target: str) -> None:
+    """Seeds and the stored corpus pass, each within its time and memory bound."""
+    inputs = [(f"seed {i}", d) for i, d in enumerate(TARGETS[target].seeds())]
+    inputs += [(str(p.relative_to(ROOT)), d) for p, d in stored_inputs(target) if "regressions" not in p.parts]
+    assert inputs, f"target {target} has no seeds"
+    failures = []
+    tracemalloc.start()
+    try:
+        for label, data in inputs:
+            if "regressions" in label:
+                continue
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            t0 = time.monotonic()
+            TARGETS[target].run(data)
+            took = time.monotonic() - t0
+            peak = tracemalloc.get_traced_memory()[1] - before
+            if took > PER_INPUT_SECONDS or peak > PER_INPUT_BYTES:
+                failures.append(f"{label}: {took:.2f} s, {peak >> 20} MiB peak")
+    finally:
+        tracemalloc.stop()
+    assert not failures, "inputs over their budget:\n" + "\n".join(failures)
+
+
+@pytest.mark.skipif(SECONDS <= 0, reason="KPROXY_FUZZ_SECONDS=0")
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_fuzz_briefly(target: str, tmp_path: Path) -> None:
+    """Coverage-guided (atheris) or mutation fuzzing of one target for a few seconds: no failure found.
+
+    A failing input is left in ``tmp_path`` and printed; add it under
+    tests/fuzz/regressions/<target>/ (scripts/fuzz does that by itself).
+    """
+    cmd = [sys.executable, "-m", "tests.fuzz.engine", "--target", target, "--seconds", str(SECONDS),
+           "--artifacts", str(tmp_path / "failures"), "--seed", "1", "--quiet",
+           "--no-generated-coverage"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=SECONDS + 90)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    failures = summary["failures"]
+    if failures:
+        known = [f for f in failures if _matches_known(target, f)]
+        detail = "\n".join(f"{f}: {Path(f).read_bytes().hex() if Path(f).is_file() else ''}" for f in failures)
+        if len(known) == len(failures):
+            pytest.xfail(f"only already-recorded failures found again:\n{detail}")
+        pytest.fail(f"fuzzing {target} found failures:\n{detail}\n{done.stderr[-4000:]}")
+    assert summary["runs"] > 0, f"no input was run: {summary}"
+    print(json.dumps(summary))
+
+
+def _matches_known(target: str, failure: str) -> bool:
+    """Does a new failing input fail the same way (exception type and kproxy function) as a known one?"""
+    path = Path(failure)
+    if not path.is_file():
+        return False
+    mine = _signature(target, path.read_bytes())
+    return any(key.startswith(f"{target}/") and _signature(target, (REGRESSIONS / key).read_bytes()) == mine
+               for key in KNOWN)
+
+
+def _signature(target: str, data: bytes) -> tuple[str, str] | None:
+    try:
+        TARGETS[target].run(data)
+    except Exception as exc:
+        return signature(exc)
+    return None
