@@ -335,7 +335,9 @@ Reads capture files written by kproxy run --capture-dir and writes, under --out,
 Parquet aggregates and report.html (latency percentiles over time, errors by
 api and code, top clients and topics, throughput per topic per minute, hot
 partitions, connection churn), and prints a summary. Inputs that cannot be
-read are listed with the reason; the rest is analysed. Needs the 'analysis'
+read are listed with the reason; the rest is analysed. With --rules FILE, also
+what that rule file would have done to the captured requests (the proxy's own
+rule engine, same seed, same decisions), per rule, api, client and topic. Needs the 'analysis'
 extra (PySpark, Java 17+): pip install 'kproxy[analysis]'.
 """
 
@@ -357,6 +359,10 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
                              "millions of records need memory); repeatable")
+    parser.add_argument("--rules", metavar="FILE",
+                        help="what-if: evaluate this rule file against the captured requests, per rule "
+                             "(an invalid file: exit 2, every problem listed)")
+    parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
     parser.set_defaults(handler=_run_analyze)
 
 
@@ -369,7 +375,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
-                   follow=args.follow, conf=args.conf)
+                   follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed)
 
 
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (

@@ -23,6 +23,8 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   same api), ``other`` (another api), ``connection_ended`` (it sent nothing
   more there: closed, or reconnected elsewhere); with the median time to that
   next request.
+* ``whatif_*`` (with ``rules``): what a rule file would have done to these
+  records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
 Bad input never stops the rest: a missing path, a file that is not Parquet (or
 is cut short), a file of another schema version are each reported with the file
@@ -41,7 +43,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from kproxy.analysis import whatif
 from kproxy.analysis.schema import spark_schema
+from kproxy.analysis.whatif import WhatIf, WhatIfRules
 from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
 
 PERCENTILES = (0.5, 0.95, 0.99)
@@ -78,6 +82,7 @@ class Analysis:
     problems: list[InputProblem]
     tables: dict[str, list[dict[str, Any]]]
     out: str = ""  # where the Parquet aggregates were written
+    whatif: WhatIf | None = None  # how a --rules what-if ran (its tables are in ``tables``, whatif_*)
 
 
 # -- inputs ----------------------------------------------------------------------------------
@@ -251,8 +256,10 @@ def _faults(df: DataFrame) -> DataFrame:
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
-                 progress: Callable[[str], None] = lambda _: None) -> Analysis:
+                 progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
+
+    ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
@@ -264,7 +271,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     df = df.cache()
     progress("reading captures")
     span = df.agg(F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"),
-                  F.max("request_time").alias("last")).collect()[0]
+                  F.max("request_time").alias("last"), F.min(F.unix_micros("request_time")).alias("first_us")
+                  ).collect()[0]
     if span["n"] == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records")])
     tables: dict[str, list[dict[str, Any]]] = {}
@@ -275,9 +283,13 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
         frame.write.mode("overwrite").parquet(os.path.join(out_dir, name))
         tables[name] = [row.asDict() for row in frame.collect()]
         frame.unpersist()
+    info = None
+    if rules is not None:
+        found, info = whatif.run(spark, df, rules, span["first_us"], out_dir, progress)
+        tables.update(found)
     df.unpersist()
     return Analysis(records=span["n"], files=len(inputs.files) + len(inputs.uris), first=span["first"],
-                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir)
+                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir, whatif=info)
 
 
 class NoInput(Exception):

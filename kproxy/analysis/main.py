@@ -11,16 +11,22 @@ from typing import TextIO
 
 from kproxy.analysis.job import NoInput, run_analysis, spark_session
 from kproxy.analysis.report import summary, write_html
+from kproxy.analysis.whatif import WhatIfRules
+from kproxy.rules.load import RulesError
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
-            follow: bool = False, conf: Sequence[str] = ()) -> int:
+            follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
+            seed: int | None = None) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
+    ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
+    ``seed``; a file the loader refuses is exit 2 with every problem as file:line: key: reason,
+    before Spark starts.
     """
     settings = []
     for item in conf:
@@ -29,6 +35,21 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
             stderr.write(f"kproxy analyze: --conf {item!r}: expected KEY=VALUE\n")
             return EXIT_USAGE
         settings.append((key, value))
+    what_if = None
+    if rules is not None:
+        if follow:
+            stderr.write("kproxy analyze: --rules does not combine with --follow\n")
+            return EXIT_USAGE
+        try:
+            what_if = WhatIfRules.from_file(rules, seed)
+        except RulesError as exc:
+            for rule_problem in exc.problems:
+                stderr.write(f"{rule_problem}\n")
+            stderr.write(f"kproxy analyze: {rules}: rule file refused\n")
+            return EXIT_USAGE
+    elif seed is not None:
+        stderr.write("kproxy analyze: --seed needs --rules\n")
+        return EXIT_USAGE
     if follow:
         return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings)
     def progress(stage: str) -> None:
@@ -40,7 +61,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         Path(out).mkdir(parents=True, exist_ok=True)
     spark = spark_session(master, settings)
     try:
-        analysis = run_analysis(paths, out, spark, progress)
+        analysis = run_analysis(paths, out, spark, progress, rules=what_if)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -90,6 +111,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep per-minute aggregates up to date as the capture grows (Structured Streaming)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting, e.g. spark.driver.memory=4g; repeatable")
+    parser.add_argument("--rules", metavar="FILE",
+                        help="what-if: evaluate this rule file against the captured requests, per rule")
+    parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
-                   follow=args.follow, conf=args.conf)
+                   follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed)
 
 
 if __name__ == "__main__":

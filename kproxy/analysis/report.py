@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kproxy.analysis.job import Analysis
+from kproxy.protocol.tables import error_name
 
 _TABLES = (
     ("latency_by_api", "Latency per API (ms)"),
@@ -24,6 +25,18 @@ _TABLES = (
     ("connection_churn", "Connection churn per minute"),
     ("faults", "Faults injected by rule, and what the client did next on that connection"),
 )
+_WHATIF_TABLES = (
+    ("whatif_rules", "Per rule: requests it would have matched, what it would have done, first and last time"),
+    ("whatif_by_api", "By api"),
+    ("whatif_by_client", "By client id"),
+    ("whatif_by_topic", "By topic (a request naming several topics counts for each)"),
+    ("whatif_errors", "Errors it would have injected"),
+)
+
+
+def error_label(code: int) -> str:
+    """``NOT_LEADER_OR_FOLLOWER (6)``: the name people search for, and the code clients log."""
+    return f"{error_name(code)} ({code})"
 
 
 def summary(analysis: Analysis, out: TextIO) -> None:
@@ -39,7 +52,7 @@ def summary(analysis: Analysis, out: TextIO) -> None:
         w(f"{r['api_name']:<26} {r['requests']:>9}  {broker:<26} {r['kproxy_p99_ms']:.3f}\n")
     errors = analysis.tables["errors"]
     if errors:
-        w("\nerrors: " + ", ".join(f"{r['api_name']} code {r['code']}: {r['requests']} ({r['rate']:.1%})"
+        w("\nerrors: " + ", ".join(f"{r['api_name']} {error_label(r['code'])}: {r['requests']} ({r['rate']:.1%})"
                                    for r in errors[:10]) + "\n")
     faults = analysis.tables["faults"]
     if faults:
@@ -50,6 +63,25 @@ def summary(analysis: Analysis, out: TextIO) -> None:
         w("\ntopic                                requests     records        bytes  errors\n")
         for r in topics[:10]:
             w(f"{r['topic']:<36} {r['requests']:>8} {r['records']:>11} {r['bytes']:>12} {r['errors']:>7}\n")
+    if analysis.whatif is not None:
+        _whatif_summary(analysis, w)
+
+
+def _whatif_summary(analysis: Analysis, w: Any) -> None:
+    info = analysis.whatif
+    assert info is not None
+    w(f"\nwhat-if {info.source} (seed {info.seed}, {info.ordering} order): what each rule would have done\n")
+    w("rule                          requests  conns  errors   delay ms  throttle ms  first .. last\n")
+    errors: dict[str, list[str]] = defaultdict(list)
+    for r in analysis.tables["whatif_errors"]:
+        errors[r["rule"]].append(f"{error_label(r['error_code'])} x{r['requests']} on {r['api_name']}")
+    for r in analysis.tables["whatif_rules"]:
+        flag = " [dry run]" if r["dry_run"] else "" if r["enabled"] else " [disabled]"
+        span = "-" if r["first"] is None else f"{r['first']} .. {r['last']}"
+        w(f"{r['rule'] + flag:<29} {r['requests']:>8} {r['connections']:>6} {r['errors']:>7} "
+          f"{r['delay_ms']:>10.1f} {r['throttle_ms']:>12.1f}  {span}\n")
+        if errors[r["rule"]]:
+            w(f"    injects {', '.join(errors[r['rule']])}\n")
 
 
 def write_html(analysis: Analysis, path: str) -> None:
@@ -66,7 +98,17 @@ def write_html(analysis: Analysis, path: str) -> None:
     parts.append("<h2>Latency over time (p99, ms)</h2>" + _latency_plot(analysis.tables["latency_by_minute"]))
     parts.append("<h2>Throughput per topic (records per minute)</h2>" + _throughput_plot(analysis.tables["throughput"]))
     for name, title in _TABLES:
-        parts.append(f"<h2>{html.escape(title)}</h2>" + _table(analysis.tables[name]))
+        parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(analysis.tables[name])))
+    if analysis.whatif is not None:
+        info = analysis.whatif
+        parts.append(f"<h2>What-if: {html.escape(info.source)}</h2><p>Seed {info.seed}; requests evaluated in "
+                     f"{info.ordering} order"
+                     + (f" (rules with state shared by connections: {html.escape(', '.join(info.shared))})"
+                        if info.shared else "")
+                     + f"; time conditions count from the first captured request, "
+                       f"{html.escape(str(info.start))} UTC. Dry-run rules are flagged: live, they only log.</p>")
+        for name, title in _WHATIF_TABLES:
+            parts.append(f"<h3>{html.escape(title)}</h3>" + _table(_labelled(analysis.tables[name])))
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(parts))
 
@@ -78,6 +120,20 @@ def _table(rows: Sequence[dict[str, Any]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _labelled(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows with error codes shown by name and code (``code``, ``error_code`` columns)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for key in ("code", "error_code"):
+            if isinstance(r.get(key), int):
+                r[key] = error_label(r[key])
+        if "error_code" in r:
+            r.pop("error", None)  # the name is in the label now
+        out.append(r)
+    return out
 
 
 def _fmt(value: Any) -> str:

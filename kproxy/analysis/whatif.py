@@ -1,0 +1,293 @@
+"""``kproxy analyze --rules FILE``: what a rule file would have done to the captured traffic.
+
+Every captured request is turned into :class:`~kproxy.rules.request.StaticFacts`
+and evaluated by :class:`~kproxy.rules.engine.RuleEngine`, the engine the proxy
+runs, so a what-if and a live run share one matching code. Spark does the heavy
+lifting: the records are partitioned and sorted (below), each partition is
+evaluated by one engine in a Python task (``mapPartitions``; ``mapInArrow``
+would need pandas, which PySpark requires even for Arrow maps), every hit
+becomes a row of ``whatif_hits`` (written as Parquet), and the per-rule
+aggregates are Spark group-bys over those rows.
+
+Facts from a record (:func:`facts_of`): api key and version, correlation id,
+client id, client address (``client_host``), broker id (``node_id``; null for
+the bootstrap listener, as the proxy passes it), acks, group id,
+transactional id, and topics with their partitions (the ``partitions`` column:
+the request's entries, plus response entries that carried an error or
+records, which for Produce and Fetch are the request's own).
+
+Ordering, and why it reproduces the live decisions. The engine's draws are a
+pure function of ``(seed, rule, client id, broker id, api key, stream ordinal,
+draw index)`` (see :mod:`kproxy.rules.engine`), where the stream ordinal
+counts the requests of one api key on one connection in the order they were
+read. Records are therefore evaluated sorted by ``request_time`` within each
+connection (ties, a microsecond apart at most, by correlation id: clients
+number requests in sending order), and the ordinal is counted in that order
+over *every* record of the connection and api key, matched or not. A
+connection's ``request_time`` values come from one monotonic clock plus one
+offset (:mod:`kproxy.capture.observer`), so that order is the read order.
+Time conditions (``after_seconds``, ``for_seconds``) count from the rule set's
+load, taken here as the first request of the capture; ``window`` reads
+``request_time`` as wall time.
+
+Two evaluation orders:
+
+* ``per-connection`` (the default): records partitioned by connection id and
+  sorted per connection. Exact whenever no rule keeps state shared by
+  connections: a decision then depends only on the request and its ordinal.
+* ``global``: when an enabled rule counts (``after_requests``, ``first``,
+  ``every``) or throttles, its counter or token bucket is one for the whole
+  proxy, so the live decision depends on the order of requests across
+  connections. Then one engine sees every record, sorted by ``request_time``
+  (ties by connection id, then correlation id): one Spark task, the price of
+  an exact answer. Across connections the clocks differ by the offsets'
+  error (well under a millisecond), the one place a what-if may order two
+  requests differently from the live proxy.
+
+What a what-if cannot know: the capture shows traffic as it was, so a fault
+the rules would have injected does not change the requests that follow (no
+retries appear); a ``throttle`` charges each request's ``request_bytes`` at
+its captured time; and records the capture dropped (its ``dropped`` metric)
+shift the ordinals of later requests of their connection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from kproxy.protocol.tables import error_name
+from kproxy.rules.engine import RuleEngine
+from kproxy.rules.load import load_file, load_text
+from kproxy.rules.model import InjectError, RuleSet, Throttle, action_name
+from kproxy.rules.request import IpAddress, StaticFacts
+
+HITS = "whatif_hits"
+TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
+PER_CONNECTION, GLOBAL = "per-connection", "global"
+_EPOCH = datetime(1970, 1, 1)
+
+HIT_SCHEMA = StructType([
+    StructField("connection_id", StringType(), False),
+    StructField("request_us", LongType(), False),
+    StructField("correlation_id", IntegerType(), False),
+    StructField("api_name", StringType(), False),
+    StructField("client_id", StringType(), True),
+    StructField("topics", ArrayType(StringType()), False),
+    StructField("stream_ordinal", LongType(), False),
+    StructField("rule", StringType(), False),
+    StructField("dry_run", BooleanType(), False),
+    StructField("actions", ArrayType(StringType()), False),
+    StructField("error_code", ShortType(), True),  # the first inject_error's code
+    StructField("error", StringType(), True),
+    StructField("delay_ms", DoubleType(), False),  # every delay action, resolved (jitter drawn) and summed
+    # The longest wait a throttle action would impose; dry-run rules are charged too (what they would do).
+    StructField("throttle_ms", DoubleType(), False),
+    StructField("draw", DoubleType(), True),  # the probability draw; null: the rule has no probability
+])
+
+_INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
+                  "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
+
+
+@dataclass(frozen=True)
+class WhatIfRules:
+    """A loaded rule file, as shipped to Spark's Python workers: its text (re-loaded there, so
+    nothing but strings crosses the wire) and the ``--seed`` that replaces the file's ``seed``.
+    Rules with a ``seed`` of their own keep it, as in the proxy."""
+
+    source: str
+    text: str
+    seed: int | None = None
+
+    @classmethod
+    def from_file(cls, path: str, seed: int | None = None) -> WhatIfRules:
+        """Load ``path``; raises :class:`kproxy.rules.RulesError` (every problem, file:line) when invalid."""
+        load_file(path)  # the loader's own errors, before any Spark work
+        with open(path, encoding="utf-8") as f:
+            return cls(path, f.read(), seed)
+
+    def load(self) -> RuleSet:
+        rules = load_text(self.text, self.source)
+        return rules if self.seed is None else dataclasses.replace(rules, seed=self.seed)
+
+
+def shared_state(rules: RuleSet) -> tuple[str, ...]:
+    """Ids of enabled rules whose state is shared by connections (schedule counters, throttle buckets)."""
+    return tuple(r.id for r in rules.rules if r.enabled and (
+        (r.match.schedule is not None and r.match.schedule.counts) or any(isinstance(a, Throttle) for a in r.actions)))
+
+
+@lru_cache(maxsize=4096)
+def _ip(host: str | None) -> IpAddress | None:
+    if host is None:
+        return None
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:  # a host name, or an address with a zone: no CIDR can match it
+        return None
+
+
+def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
+    """The engine's view of one record (``row``: the columns of ``_INPUT_COLUMNS``, ``request_us``
+    and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time."""
+    topics: dict[str, set[int]] = {}
+    for entry in row["topics"] or ():
+        parts = topics.setdefault(entry["topic"], set())
+        if entry["partition"] is not None:
+            parts.add(entry["partition"])
+    request_us = row["request_us"]
+    return StaticFacts(
+        api_key=row["api_key"], api_version=row["api_version"], correlation_id=row["correlation_id"],
+        client_id=row["client_id"], client_ip=_ip(row["client_host"]), broker_id=row["node_id"],
+        stream_ordinal=stream_ordinal, now=(request_us - start_us) / 1e6, wall_time=request_us / 1e6,
+        topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
+        group=row["group_id"], transactional=row["transactional_id"])
+
+
+def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
+    """The function run on each partition: records in evaluation order in, one tuple per hit
+    (:data:`HIT_SCHEMA`) out. One engine per partition, as one proxy process has one."""
+
+    def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
+        rule_set = rules.load()
+        engine = RuleEngine(rule_set, loaded_at=0.0)
+        ordinals: dict[tuple[str, int], int] = {}
+        for row in rows:
+            key = (row["connection_id"], row["api_key"])
+            ordinal = ordinals.get(key, 0)
+            ordinals[key] = ordinal + 1  # every request counts, matched or not, as in the session
+            if not engine.mentions(row["api_key"]):
+                continue
+            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal)
+            decision = engine.evaluate(facts)
+            if not decision.hits:
+                continue
+            topics = sorted(facts.topic_partitions)
+            for hit in decision.hits:
+                code = next((a.error_code for a in hit.actions if isinstance(a, InjectError)), None)
+                throttle_s = max((engine.throttle_delay_s(hit.rule_id, a, facts, row["request_bytes"])
+                                  for a in hit.actions if isinstance(a, Throttle)), default=0.0)
+                yield (row["connection_id"], row["request_us"], row["correlation_id"], row["api_name"],
+                       row["client_id"], topics, ordinal, hit.rule_id, hit.dry_run,
+                       [action_name(a) for a in hit.actions], code,
+                       None if code is None else error_name(code), float(sum(hit.delays_ms)), throttle_s * 1000.0,
+                       hit.draw)
+
+    return run
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """What the report says about the run itself."""
+
+    source: str
+    seed: int
+    ordering: str  # PER_CONNECTION or GLOBAL
+    shared: tuple[str, ...]  # the rules that made it GLOBAL
+    start: datetime  # the rule set's assumed load time: the capture's first request (UTC)
+
+
+def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: int) -> tuple[DataFrame, WhatIf]:
+    """The hits of ``rules`` over the capture records ``df`` (lazy), and how they were ordered."""
+    rule_set = rules.load()
+    shared = shared_state(rule_set)
+    topics = F.filter(F.transform(F.col("partitions"), lambda p: F.struct(p["topic"].alias("topic"),
+                                                                          p["partition"].alias("partition"))),
+                      lambda p: p["topic"].isNotNull())
+    prepared = df.select(*_INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
+    if shared:
+        prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
+    else:
+        prepared = prepared.repartition("connection_id").sortWithinPartitions(
+            "connection_id", "request_us", "correlation_id")
+    hits = spark.createDataFrame(prepared.rdd.mapPartitions(evaluator(rules, start_us)), HIT_SCHEMA)
+    start = _EPOCH + timedelta(microseconds=start_us)  # naive UTC, as Spark returns timestamps here
+    info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CONNECTION, shared, start)
+    return hits, info
+
+
+def _rules_frame(spark: SparkSession, rule_set: RuleSet) -> DataFrame:
+    rows = [Row(position=i, rule=r.id, enabled=r.enabled, dry_run=r.dry_run,
+                actions=", ".join(action_name(a) for a in r.actions), description=r.description)
+            for i, r in enumerate(rule_set.rules)]
+    schema = ("position int, rule string, enabled boolean, dry_run boolean, actions string, "
+              "description string")
+    return spark.createDataFrame(rows, schema)
+
+
+def _did() -> list[Any]:
+    return [F.count(F.lit(1)).alias("requests"), F.sum(F.col("error_code").isNotNull().cast("long")).alias("errors"),
+            F.sum("delay_ms").alias("delay_ms"), F.sum("throttle_ms").alias("throttle_ms")]
+
+
+def aggregates(spark: SparkSession, hits: DataFrame, rule_set: RuleSet) -> dict[str, DataFrame]:
+    """Per rule (every rule of the file, matched or not, in file order): requests matched,
+    connections and clients, first and last time it would have fired, injected errors, delays and
+    throttle summed; the same by api, by client id and by topic; injected errors by name."""
+    when = F.col("request_us")
+    per_rule = hits.groupBy("rule").agg(
+        *_did(), F.countDistinct("connection_id").alias("connections"),
+        F.countDistinct(F.coalesce("client_id", F.lit(""))).alias("clients"),
+        F.timestamp_micros(F.min(when)).alias("first"), F.timestamp_micros(F.max(when)).alias("last"))
+    out: dict[str, DataFrame] = {}
+    out["whatif_rules"] = (_rules_frame(spark, rule_set).join(per_rule, "rule", "left")
+                           .na.fill(0, ["requests", "errors", "connections", "clients"])
+                           .na.fill(0.0, ["delay_ms", "throttle_ms"])
+                           .select("rule", "enabled", "dry_run", "actions", "requests", "connections", "clients",
+                                   "errors", "delay_ms", "throttle_ms", "first", "last", "position")
+                           .orderBy("position").drop("position"))
+    out["whatif_by_api"] = hits.groupBy("rule", "api_name").agg(*_did()).orderBy("rule", F.desc("requests"),
+                                                                                  "api_name")
+    out["whatif_by_client"] = (hits.groupBy("rule", F.coalesce("client_id", F.lit("")).alias("client_id"))
+                               .agg(*_did()).orderBy("rule", F.desc("requests"), "client_id"))
+    out["whatif_by_topic"] = (hits.select("*", F.explode("topics").alias("topic")).groupBy("rule", "topic")
+                              .agg(*_did()).orderBy("rule", F.desc("requests"), "topic"))
+    out["whatif_errors"] = (hits.where(F.col("error_code").isNotNull())
+                            .groupBy("rule", "api_name", "error_code", "error")
+                            .agg(F.count(F.lit(1)).alias("requests"))
+                            .orderBy("rule", F.desc("requests"), "api_name", "error_code"))
+    return out
+
+
+def run(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: int, out: str,
+        progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, list[dict[str, Any]]], WhatIf]:
+    """Evaluate ``rules`` over ``df``; write the hits and the aggregates as Parquet under ``out``
+    (``whatif_hits/``, ``whatif_rules/``, ...) and return the aggregates collected.
+
+    The hits are written first and the aggregates read them back, so the engine runs once per
+    record whatever the number of aggregates.
+    """
+    progress(f"what-if: evaluating {rules.source}")
+    hits, info = evaluate(spark, df, rules, start_us)
+    path = os.path.join(out, HITS)
+    hits.write.mode("overwrite").parquet(path)
+    written = spark.read.schema(HIT_SCHEMA).parquet(path)
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for name, frame in aggregates(spark, written, rules.load()).items():
+        progress(f"what-if: aggregating {name}")
+        frame = frame.cache()
+        frame.write.mode("overwrite").parquet(os.path.join(out, name))
+        tables[name] = [row.asDict() for row in frame.collect()]
+        frame.unpersist()
+    return tables, info
