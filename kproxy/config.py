@@ -19,7 +19,7 @@ import argparse
 import difflib
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +251,17 @@ def _log_level(value: Any) -> str:
     return level
 
 
+def _as_is(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _bytes(value: Any) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2)):
+        if value and value % size == 0:
+            return f"{value // size} {unit}"
+    return str(value)
+
+
 def _log_format(value: Any) -> str:
     fmt = _str(value).lower()
     if fmt not in LOG_FORMATS:
@@ -260,7 +271,13 @@ def _log_format(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Option:
-    """One option: its YAML path (dotted), flag, parser, and help."""
+    """One option: its YAML path (dotted), flag, parser, and help.
+
+    ``switch`` is the value a flag that takes no argument sets (``--upstream-tls``:
+    True, ``--upstream-no-verify``: False); None for a flag that takes a value.
+    ``show_default`` renders the built-in default (read from the dataclasses above,
+    never written twice) at the end of the help, followed by ``default_note``.
+    """
 
     path: str
     flag: str
@@ -268,14 +285,35 @@ class Option:
     help: str
     metavar: str | None = None
     repeatable: bool = False
-    is_switch: bool = False
+    switch: bool | None = None
+    show_default: Callable[[Any], str] | None = None
+    default_note: str = ""
+
+    @property
+    def full_help(self) -> str:
+        if self.show_default is None:
+            return self.help
+        return f"{self.help} (default {self.show_default(builtin_default(self.path))}{self.default_note})"
+
+
+_SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
+                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions()}
+
+
+def builtin_default(path: str) -> Any:
+    """The value an option has when neither the config file nor a flag sets it."""
+    section, _, name = path.rpartition(".")
+    if section:
+        return getattr(_SECTIONS[section], name)
+    found = {f.name: f for f in fields(Config)}[name]
+    return found.default_factory() if found.default_factory is not MISSING else found.default
 
 
 OPTIONS: tuple[Option, ...] = (
     Option("upstream", "--upstream", _addresses,
            "upstream bootstrap broker(s), HOST:PORT; repeatable or comma-separated", "HOST:PORT", repeatable=True),
-    Option("listen", "--listen", _listen_address, "bootstrap listener address (default 127.0.0.1:19092)",
-           "HOST:PORT"),
+    Option("listen", "--listen", _listen_address, "bootstrap listener address", "HOST:PORT",
+           show_default=_as_is),
     Option("advertised_host", "--advertised-host", _str,
            "host name clients are told to connect to (default: the listen host, or localhost)", "HOST"),
     Option("broker_port_base", "--broker-port-base", _int(0, 65535),
@@ -289,65 +327,66 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture.dir", "--capture-dir", _directory,
            "capture every request/response pair to Parquet files here (needs the 'capture' extra)", "DIR"),
     Option("capture.max_bytes_total", "--capture-max-bytes", _int(1024),
-           "disk cap of all capture files; the oldest are deleted first (default 10 GiB)", "BYTES"),
+           "disk cap of all capture files; the oldest are deleted first", "BYTES", show_default=_bytes),
     Option("capture.rotate_bytes", "--capture-rotate-bytes", _int(1024),
-           "start a new capture file at this size (default 128 MiB)", "BYTES"),
+           "start a new capture file at this size", "BYTES", show_default=_bytes),
     Option("capture.rotate_seconds", "--capture-rotate-seconds", _seconds,
-           "start a new capture file after this long (default 300)", "SECONDS"),
+           "start a new capture file after this long", "SECONDS", show_default=_as_is),
     Option("capture.queue_size", "--capture-queue-size", _int(1),
-           "records waiting for the writer before new ones are dropped (and counted) (default 10000)", "N"),
+           "records waiting for the writer before new ones are dropped (and counted)", "N", show_default=_as_is),
     Option("capture.include_payloads", "--capture-payloads", _bool,
-           "also capture record keys and values (off by default: privacy)", is_switch=True),
+           "also capture record keys and values (off by default: privacy)", switch=True),
     Option("capture.payload_max_bytes", "--capture-payload-max-bytes", _int(0),
-           "bytes kept of each captured key and value (default 1024)", "BYTES"),
+           "bytes kept of each captured key and value", "BYTES", show_default=_as_is),
     Option("metrics.client_id_label", "--metrics-client-id-label", _bool,
-           "label request counts by client id (capped by --metrics-label-cap)", is_switch=True),
+           "label request counts by client id (capped by --metrics-label-cap)", switch=True),
     Option("metrics.topic_label", "--metrics-topic-label", _bool,
-           "label response errors by topic (capped by --metrics-label-cap)", is_switch=True),
+           "label response errors by topic (capped by --metrics-label-cap)", switch=True),
     Option("metrics.label_cap", "--metrics-label-cap", _int(1, 100_000),
-           "distinct client ids / topics per label before the rest count as 'other' (default 100)", "N"),
+           "distinct client ids / topics per label before the rest count as 'other'", "N", show_default=_as_is),
     Option("metrics.scan_responses", "--metrics-no-error-scan", _bool,
-           "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", is_switch=True),
+           "do NOT scan response bodies for error codes (saves CPU on huge Metadata responses)", switch=False),
     Option("upstream_check_interval", "--upstream-check-interval", _seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
-           "/readyz and kproxy_upstream_up (default 10)", "SECONDS"),
+           "/readyz and kproxy_upstream_up", "SECONDS", show_default=_as_is),
     Option("metrics.process_metrics", "--metrics-process", _bool,
            "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
-           is_switch=True),
-    Option("log_level", "--log-level", _log_level, "debug, info, warning (or warn) or error (default info)",
-           "LEVEL"),
+           switch=True),
+    Option("log_level", "--log-level", _log_level,
+           f"{', '.join(_LOG_LEVELS[:-1])} (or {', '.join(_LOG_LEVEL_ALIASES)}) or {_LOG_LEVELS[-1]}", "LEVEL",
+           show_default=_as_is),
     Option("log_format", "--log-format", _log_format,
-           "logfmt (key=value, the default) or json (one object per line)", "FORMAT"),
+           "logfmt (key=value) or json (one object per line)", "FORMAT", show_default=_as_is),
     Option("limits.max_frame_size", "--max-frame-size", _int(1024),
-           "largest frame accepted in either direction, bytes (default 100 MiB)", "BYTES"),
+           "largest frame accepted in either direction, bytes", "BYTES", show_default=_bytes),
     Option("limits.max_in_flight", "--max-in-flight", _int(1),
-           "requests in flight per client connection before kproxy stops reading it (default 1000)", "N"),
+           "requests in flight per client connection before kproxy stops reading it", "N", show_default=_as_is),
     Option("limits.max_connections", "--max-connections", _int(0),
-           "client connections open at once, all listeners together; more are closed as soon as accepted "
-           "(default 0: no cap)", "N"),
+           "client connections open at once, all listeners together; more are closed as soon as accepted",
+           "N", show_default=_as_is, default_note=": no cap"),
     Option("limits.idle_timeout", "--idle-timeout", _seconds,
-           "close a connection idle this long in both directions (default 600)", "SECONDS"),
+           "close a connection idle this long in both directions", "SECONDS", show_default=_as_is),
     Option("limits.frame_timeout", "--frame-timeout", _seconds,
            "a request frame must arrive whole within this long of its first byte, or the connection "
-           "closes (default 30)", "SECONDS"),
+           "closes", "SECONDS", show_default=_as_is),
     Option("limits.connect_timeout", "--connect-timeout", _seconds,
-           "upstream connect (and TLS handshake) timeout (default 10)", "SECONDS"),
+           "upstream connect (and TLS handshake) timeout", "SECONDS", show_default=_as_is),
     Option("limits.shutdown_grace", "--shutdown-grace", _seconds,
-           "on SIGTERM, how long in-flight requests may take to finish (default 30)", "SECONDS"),
+           "on SIGTERM, how long in-flight requests may take to finish", "SECONDS", show_default=_as_is),
     Option("tls.client.cert", "--tls-cert", _path, "serve TLS to clients with this certificate (PEM)", "FILE"),
     Option("tls.client.key", "--tls-key", _path, "private key of --tls-cert (PEM)", "FILE"),
     Option("tls.client.client_ca", "--tls-client-ca", _path,
            "verify client certificates against this CA (PEM)", "FILE"),
     Option("tls.client.require_client_cert", "--tls-require-client-cert", _bool,
-           "refuse clients without a certificate signed by --tls-client-ca", is_switch=True),
-    Option("tls.upstream.enabled", "--upstream-tls", _bool, "connect to brokers with TLS", is_switch=True),
+           "refuse clients without a certificate signed by --tls-client-ca", switch=True),
+    Option("tls.upstream.enabled", "--upstream-tls", _bool, "connect to brokers with TLS", switch=True),
     Option("tls.upstream.ca", "--upstream-ca", _path, "CA bundle that signs the brokers' certificates", "FILE"),
     Option("tls.upstream.cert", "--upstream-cert", _path, "client certificate for brokers (mTLS)", "FILE"),
     Option("tls.upstream.key", "--upstream-key", _path, "private key of --upstream-cert", "FILE"),
     Option("tls.upstream.server_name", "--upstream-server-name", _str,
            "SNI and verified name for brokers (default: each broker's host)", "NAME"),
     Option("tls.upstream.verify", "--upstream-no-verify", _bool,
-           "do NOT verify broker certificates (staging only)", is_switch=True),
+           "do NOT verify broker certificates (staging only)", switch=False),
 )
 _BY_PATH = {o.path: o for o in OPTIONS}
 
@@ -429,15 +468,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, metavar="FILE", help="YAML configuration file")
     for opt in OPTIONS:
         dest = opt.path.replace(".", "__")
-        if opt.is_switch:
-            # The "--...-no-..." switches set false; every other switch sets true.
-            value = "-no-" not in opt.flag
-            parser.add_argument(opt.flag, dest=dest, action="store_const", const=value, default=None,
-                                help=opt.help)
+        if opt.switch is not None:
+            parser.add_argument(opt.flag, dest=dest, action="store_const", const=opt.switch, default=None,
+                                help=opt.full_help)
         elif opt.repeatable:
-            parser.add_argument(opt.flag, dest=dest, action="append", metavar=opt.metavar, help=opt.help)
+            parser.add_argument(opt.flag, dest=dest, action="append", metavar=opt.metavar, help=opt.full_help)
         else:
-            parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.help)
+            parser.add_argument(opt.flag, dest=dest, metavar=opt.metavar, help=opt.full_help)
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:

@@ -12,6 +12,7 @@ from kproxy.protocol.builders import request_body, request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
@@ -41,10 +42,10 @@ class Harness:
 
     def exchange(self, request: bytes, response: bytes | None) -> dict[str, Any]:
         before = len(self.records)
-        assert self.session.on_client_frame(request) == request
+        assert self.session.receive_client(request) == [ForwardUpstream(request)]
         if response is not None:
-            self.session.on_upstream_frame(response)
-            self.session.take_ready()
+            [sent] = self.session.receive_upstream(response)
+            assert isinstance(sent, SendToClient)
         self.session.report()
         assert len(self.records) == before + 1
         return self.records[-1]
@@ -125,7 +126,7 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
 
 def test_requests_left_unanswered_become_records_at_close() -> None:
     h = Harness()
-    h.session.on_client_frame(request_frame(METADATA, 12, 5, topics=None))
+    h.session.receive_client(request_frame(METADATA, 12, 5, topics=None))
     h.session.report()
     assert h.records == []
     h.observer.close()

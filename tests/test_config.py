@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.config import OPTIONS, ConfigError, add_run_arguments, config_from_args
+from kproxy.config import OPTIONS, ConfigError, Limits, add_run_arguments, builtin_default, config_from_args
 from kproxy.proxy.addresses import HostPort
 
 
@@ -105,6 +105,37 @@ def test_reserved_options_are_refused_not_ignored() -> None:
     for flag in ("--rules",):
         with pytest.raises(ConfigError, match=f"{flag}: .* not in this build yet"):
             config_from_args(parse(["--upstream", "k:1", flag, "x"]))
+
+
+def test_each_switch_sets_the_value_its_option_declares(tmp_path: Path) -> None:
+    """Polarity is stated on the Option, not read from the flag's spelling: every switch, given
+    alone, moves its setting away from the built-in default to exactly the declared value."""
+    switches = [o for o in OPTIONS if o.switch is not None]
+    assert {o.flag for o in switches if o.switch is False} == {"--metrics-no-error-scan", "--upstream-no-verify"}
+    base = ["--upstream", "k:1"]
+    pem = tmp_path / "any.pem"
+    pem.write_text("unread: only its existence is checked here")
+    extra = {"--tls-require-client-cert": ["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca", str(pem)]}
+    for opt in switches:
+        assert builtin_default(opt.path) is not opt.switch, f"{opt.flag} would change nothing"
+        cfg = config_from_args(parse([*base, *extra.get(opt.flag, []), opt.flag]))
+        section, _, name = opt.path.rpartition(".")
+        holder = {"metrics": cfg.metrics, "tls.client": cfg.client_tls, "tls.upstream": cfg.upstream_tls,
+                  "capture": cfg.capture}[section]
+        assert getattr(holder, name) is opt.switch, opt.flag
+
+
+def test_defaults_in_help_come_from_the_defaults_themselves() -> None:
+    by_flag = {o.flag: o for o in OPTIONS}
+    limits = Limits()
+    assert by_flag["--max-in-flight"].full_help.endswith(f"(default {limits.max_in_flight})")
+    assert by_flag["--idle-timeout"].full_help.endswith(f"(default {limits.idle_timeout:g})")
+    assert by_flag["--max-frame-size"].full_help.endswith("(default 100 MiB)")
+    assert by_flag["--max-connections"].full_help.endswith("(default 0: no cap)")
+    assert by_flag["--listen"].full_help.endswith("(default 127.0.0.1:19092)")
+    for opt in OPTIONS:
+        if opt.show_default is not None:
+            assert "default" not in opt.help, f"{opt.flag}: the default is written by hand too"
 
 
 def test_capture_options_from_flags_and_file(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import struct
+import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,6 +25,7 @@ import trio.testing
 from kproxy.config import Limits
 from kproxy.protocol import FrameSplitter, frame
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
+from kproxy.proxy.commands import Command, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.server.connection import Connection
@@ -253,7 +255,8 @@ def _connection(limits: Limits, client: trio.abc.Stream, upstream: trio.abc.Stre
     async def no_listeners(routes: list[BrokerRoute]) -> None:
         pass
 
-    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=limits.max_in_flight)
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=limits.max_in_flight,
+                      max_frame_size=limits.max_frame_size)
     return Connection(client, upstream, session, limits=limits, ensure_listeners=no_listeners, peer="test",
                       listener="bootstrap", upstream_addr=HostPort("upstream.test", 9092))
 
@@ -532,3 +535,48 @@ async def test_drain_between_read_and_forward_with_requests_in_flight_does_not_s
             assert await upstream.receive_some() == b""
         assert trio.current_time() - start < 1
     assert conn.close_reason == "shutdown"
+
+
+# -- the session's wake-up requests --------------------------------------------------------------------
+class HoldingSession(Session):
+    """Holds each batch of answers until the time it asks for: what a response delay will do."""
+
+    hold = 5.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held: list[Command] = []
+
+    def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
+        commands = super().receive_upstream(chunk)
+        self.held += [c for c in commands if isinstance(c, SendToClient)]
+        rest = [c for c in commands if not isinstance(c, SendToClient)]
+        return [WakeAt(time.perf_counter() + self.hold), *rest] if self.held else rest
+
+    def on_timer(self, now: float) -> list[Command]:
+        held, self.held = self.held, []
+        return held
+
+
+async def test_a_wake_up_the_session_asks_for_is_kept(autojump_clock: trio.testing.MockClock) -> None:
+    limits = Limits()
+    session = HoldingSession(ResponseRewriter(AddressMap("kproxy.test", 40000)),
+                             max_frame_size=limits.max_frame_size)
+
+    async def no_listeners(routes: Any) -> None:
+        pass
+
+    proxy_client, client = trio.testing.memory_stream_pair()
+    proxy_upstream, upstream = trio.testing.memory_stream_pair()
+    conn = Connection(proxy_client, proxy_upstream, session, limits=limits, ensure_listeners=no_listeners,
+                      peer="test", listener="bootstrap", upstream_addr=HostPort("upstream.test", 9092))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(conn.run)
+        await client.send_all(opaque(1))
+        assert await upstream.receive_some() == opaque(1)
+        start = trio.current_time()
+        await upstream.send_all(opaque_answer(1))
+        assert await client.receive_some() == opaque_answer(1)
+        assert trio.current_time() - start == pytest.approx(HoldingSession.hold, abs=0.05)
+        await client.aclose()
+    assert conn.close_reason == "client closed"

@@ -17,13 +17,12 @@ import pytest
 from kproxy.metrics.stats import OTHER, StatsOptions, TrafficStats
 from kproxy.protocol import Direction, RequestHeader, default_body, encode_request, encode_response, frame
 from kproxy.protocol.compression import Codec
-from kproxy.protocol.headers import request_header_version
+from kproxy.protocol.headers import request_header_version, response_body_offset
 from kproxy.protocol.messages import default_struct
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
 from kproxy.protocol.scan import BodyScan, scan_body
 from kproxy.protocol.schema import all_message_kinds, message_schema
 from kproxy.protocol.tables import error_code
-from kproxy.proxy.session import response_body_offset
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT = 0, 1, 2, 3, 8
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, API_VERSIONS = 10, 11, 12, 18

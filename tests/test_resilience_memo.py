@@ -14,9 +14,9 @@ import pytest
 
 import kproxy.proxy.rewrite as rewrite
 from kproxy.protocol.builders import response_frame
+from kproxy.protocol.headers import response_body_offset
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import response_body_offset
 
 BUDGET = 256 * 1024  # a small memo bound, so the test needs few responses to cross it
 

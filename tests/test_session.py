@@ -1,4 +1,10 @@
-"""The sans-IO :class:`Session`: exact frames in, exact frames out, no sockets, no clock."""
+"""The sans-IO :class:`Session`: exact bytes in, exact commands out, no sockets, no clock.
+
+Most tests read as one exchange, a frame at a time: :class:`FrameByFrame` feeds the
+session's real ``receive_client`` / ``receive_upstream`` one frame per chunk and keeps
+what the commands asked (a close becomes :class:`SessionError` with its reason). The
+command API itself is checked as such at the end (zero copy, close kinds, the policy seam).
+"""
 
 from __future__ import annotations
 
@@ -12,11 +18,13 @@ import pytest
 from kproxy.protocol import decode_response, encode_request, encode_response, frame
 from kproxy.protocol.builders import request_body, request_frame, response_body, response_frame
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.framing import FrameSplitter
+from kproxy.protocol.headers import RequestHeader, response_body_offset
 from kproxy.protocol.schema import supported_versions
-from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.addresses import AddressMap, BrokerRoute
+from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUpstream, RejectReason, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Exchange, Mode, Session, SessionError, response_body_offset
+from kproxy.proxy.session import Exchange, Mode, Session, SessionError
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
 LIST_OFFSETS = 2
@@ -41,17 +49,58 @@ class Recorder:
         self.requests: list[Exchange] = []
         self.done: list[Exchange] = []
 
-    def request(self, exchange: Exchange, frame: bytes) -> None:
+    def request(self, exchange: Exchange) -> None:
         self.requests.append(exchange)
 
     def complete(self, exchange: Exchange) -> None:
         self.done.append(exchange)
 
 
-def session(clock: Clock | None = None, **kwargs: Any) -> tuple[Session, list[Exchange]]:
+class FrameByFrame(Session):
+    """A real :class:`Session` driven one whole frame per chunk, keeping what its commands asked.
+
+    ``on_client_frame`` returns the bytes forwarded upstream (None: nothing was);
+    responses due to the client collect until ``take_ready``; a ``CloseConnection``
+    raises :class:`SessionError` carrying its reason.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.to_client: list[bytes] = []
+        self.routes: list[BrokerRoute] = []
+
+    def on_client_frame(self, frame_: bytes, read_at: float | None = None) -> bytes | None:
+        return self._run(self.receive_client(frame_, read_at))
+
+    def on_upstream_frame(self, frame_: bytes) -> None:
+        assert self._run(self.receive_upstream(frame_)) is None
+
+    def _run(self, commands: list[Command]) -> bytes | None:
+        forwarded = None
+        for command in commands:
+            if isinstance(command, CloseConnection):
+                raise SessionError(command.reason)
+            if isinstance(command, ForwardUpstream):
+                forwarded = command.data
+            elif isinstance(command, SendToClient):
+                self.to_client += FrameSplitter().split(command.data)[0]
+                self.routes += command.routes
+        return forwarded
+
+    @property
+    def has_ready(self) -> bool:
+        return bool(self.to_client)
+
+    def take_ready(self) -> tuple[list[bytes], list[BrokerRoute]]:
+        frames, routes = self.to_client, self.routes
+        self.to_client, self.routes = [], []
+        return frames, routes
+
+
+def session(clock: Clock | None = None, **kwargs: Any) -> tuple[FrameByFrame, list[Exchange]]:
     recorder = Recorder()
-    s = Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=clock or Clock(), observer=recorder,
-                **kwargs)
+    s = FrameByFrame(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=clock or Clock(), observer=recorder,
+                     **kwargs)
     return s, recorder.done
 
 
@@ -74,13 +123,13 @@ def heartbeat(correlation_id: int) -> tuple[bytes, bytes]:
             resp(HEARTBEAT, 4, correlation_id, error_code=0))
 
 
-def forward(s: Session, frames: list[bytes]) -> None:
+def forward(s: FrameByFrame, frames: list[bytes]) -> None:
     """Each request goes upstream unchanged."""
     for f in frames:
         assert s.on_client_frame(f) == f
 
 
-def ready(s: Session) -> list[bytes]:
+def ready(s: FrameByFrame) -> list[bytes]:
     frames, _ = s.take_ready()
     return frames
 
@@ -262,7 +311,7 @@ def test_unreadable_produce_is_tracked_rather_than_dropped() -> None:
 
 
 # -- SASL --------------------------------------------------------------------------------------
-def handshake(s: Session, mechanism: str, correlation_id: int = 1, error_code: int = 0) -> None:
+def handshake(s: FrameByFrame, mechanism: str, correlation_id: int = 1, error_code: int = 0) -> None:
     request = req(SASL_HANDSHAKE, 0, correlation_id, mechanism=mechanism)
     answer = resp(SASL_HANDSHAKE, 0, correlation_id, error_code=error_code, mechanisms=[mechanism])
     forward(s, [request])
@@ -270,7 +319,7 @@ def handshake(s: Session, mechanism: str, correlation_id: int = 1, error_code: i
     assert ready(s) == [answer]
 
 
-def then_kafka_again(s: Session, correlation_id: int) -> None:
+def then_kafka_again(s: FrameByFrame, correlation_id: int) -> None:
     forward(s, [req(METADATA, 12, correlation_id, topics=None)])
     assert s.in_flight[-1].correlation_id == correlation_id
     s.on_upstream_frame(metadata_response(correlation_id, BROKERS))
@@ -469,10 +518,13 @@ def test_produce_acks_read_exactly_next_to_telling_bytes(version: int, transacti
 def test_produce_acks_value_is_the_one_sent(version: int, transactional_id: str | None) -> None:
     """The reader behind the acks=0 decision returns the exact int16 on the wire: 0x0102
     read a byte off would be 0x01xx or 0xxx01."""
-    from kproxy.proxy.session import _produce_acks
+    from kproxy.protocol.headers import request_body_offset
+    from kproxy.protocol.requests import produce_acks
 
     request = produce_with_timeout(version, 1, 0x0102, transactional_id, 0x7F01_0203)
-    assert _produce_acks(request, version) == 0x0102
+    offset = request_body_offset(request, PRODUCE, version)
+    assert offset is not None
+    assert produce_acks(request, version, offset) == 0x0102
 
 
 # -- a broker that answers acks=0 anyway (Tansu does) -------------------------------------------------
@@ -618,7 +670,7 @@ def test_malformed_endpoint_response_never_reaches_the_address_map() -> None:
     good = metadata_response(2, evil)
     for bad in (good + b"\x00\x01",  # bytes left over after the body
                 struct.pack(">i", len(good) - 6) + good[4:-2]):  # topics cut short
-        s2 = Session(s.rewriter, clock=Clock())
+        s2 = FrameByFrame(s.rewriter, clock=Clock())
         forward(s2, [req(METADATA, 12, 2, topics=None)])
         with pytest.raises(SessionError, match="cannot rewrite"):
             s2.on_upstream_frame(struct.pack(">i", len(bad) - 4) + bad[4:])
@@ -626,7 +678,7 @@ def test_malformed_endpoint_response_never_reaches_the_address_map() -> None:
 
 
 # -- SASL token mode: Kafka requests get the same checks whatever mode they arrive in ----------------
-def gssapi_session() -> Session:
+def gssapi_session() -> FrameByFrame:
     s, _ = session()
     handshake(s, "GSSAPI")
     token = frame(b"\x60\x82\x02\x10" + b"\xa5" * 40)
@@ -693,3 +745,127 @@ def test_pushed_out_acks0_ids_are_free_once_a_newer_acks0_is_answered() -> None:
     s.on_upstream_frame(resp(PRODUCE, 9, 500, responses=[]))  # answers come in order: 1 and 2 never will
     forward(s, [heartbeat(1)[0]])
     assert len(s._acks0) == 1024 + 2 - 500 and s._forgotten is None
+
+
+# -- the command API itself ---------------------------------------------------------------------------
+def plain_session(**kwargs: Any) -> Session:
+    return Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=Clock(), **kwargs)
+
+
+def test_a_chunk_of_whole_untouched_frames_is_forwarded_as_the_same_object() -> None:
+    s = plain_session()
+    pairs = [heartbeat(c) for c in (1, 2, 3)]
+    one = pairs[0][0]
+    [command] = s.receive_client(one)
+    assert type(command) is ForwardUpstream and command.data is one
+    chunk = pairs[1][0] + pairs[2][0]
+    [command] = s.receive_client(chunk)
+    assert type(command) is ForwardUpstream and command.data is chunk
+    answers = b"".join(answer for _, answer in pairs)
+    [command] = s.receive_upstream(answers)
+    assert type(command) is SendToClient and command.data is answers and not command.routes
+
+
+def test_frames_split_across_chunks_go_out_whole() -> None:
+    s = plain_session()
+    (hb1, hb1_answer), (hb2, _) = heartbeat(1), heartbeat(2)
+    stream = hb1 + hb2
+    assert s.receive_client(stream[:5]) == [] and s.partial_request_at == 0
+    assert s.receive_client(stream[5 : len(hb1) + 3]) == [ForwardUpstream(hb1)]
+    assert s.partial_request_at == len(hb1), "the second frame begins where the first ended"
+    assert s.receive_client(stream[len(hb1) + 3 :]) == [ForwardUpstream(hb2)]
+    assert s.partial_request_at is None
+    assert s.receive_upstream(hb1_answer[:6]) == []
+    assert s.receive_upstream(hb1_answer[6:]) == [SendToClient(hb1_answer)]
+    assert s.in_flight_count == 1
+
+
+def test_a_rewritten_response_is_not_the_chunk_read() -> None:
+    s = plain_session()
+    s.receive_client(req(METADATA, 12, 1, topics=None))
+    [command] = s.receive_upstream(metadata_response(1, BROKERS))
+    assert type(command) is SendToClient
+    assert command.data == metadata_response(1, rewritten_brokers(BROKERS))
+    assert [r.node_id for r in command.routes] == [1, 2]
+
+
+def test_due_local_answers_come_before_the_forward_of_the_same_chunk() -> None:
+    """The server claims the client side for a SendToClient before it awaits anything else: an
+    answer to the request forwarded next cannot overtake the local one."""
+    s = plain_session()
+    hb = heartbeat(2)[0]
+    commands = s.receive_client(future_api_versions(1) + hb)
+    assert [type(c) for c in commands] == [SendToClient, ForwardUpstream]
+    assert commands[1] == ForwardUpstream(hb)
+    assert decode_response(commands[0].data[4:], API_VERSIONS, 0).header.correlation_id == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("side", "data", "reject", "text"), [
+    ("client", struct.pack(">i", 2**31 - 1), "request_oversize", "bad request from client: frame size"),
+    ("client", frame(b"\x00\x03"), "request_session", "bad request from client: request frame of 6 bytes"),
+    ("upstream", struct.pack(">i", -1), "response_oversize", "bad response from upstream: negative frame size"),
+    ("upstream", heartbeat(9)[1], "response_session", "bad response from upstream: response with correlation id 9"),
+])
+def test_protocol_errors_close_as_rejects_with_their_reason(side: str, data: bytes, reject: str, text: str) -> None:
+    s = plain_session(max_frame_size=1000)
+    hb = heartbeat(1)[0]
+    receive = s.receive_client if side == "client" else s.receive_upstream
+    [command] = receive(hb + data) if side == "client" else receive(data)
+    assert isinstance(command, CloseConnection)
+    assert command.kind is CloseKind.REJECT and command.reject == reject
+    assert command.reason.startswith(text), command.reason
+
+
+def test_reject_reasons_are_exactly_the_dashboard_label_values() -> None:
+    from kproxy.metrics.stats import KNOWN_REJECT_REASONS
+
+    assert KNOWN_REJECT_REASONS == ("request_oversize", "request_session", "request_timeout", "response_oversize",
+                                    "response_session")
+    assert [str(r) for r in RejectReason] == list(KNOWN_REJECT_REASONS)
+
+
+class Decider:
+    """A :class:`RequestPolicy` that lets everything go on, noting what it was shown."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str | None, dict[str, Any] | None]] = []
+
+    def decide(self, exchange: Exchange) -> None:
+        try:
+            body = exchange.request_body()
+        except ProtocolError:
+            body = None  # a version kproxy cannot read: the body is opaque
+        self.seen.append((exchange.correlation_id, exchange.client_id, body))
+
+
+def test_a_policy_returning_none_changes_nothing() -> None:
+    requests = [req(METADATA, 12, 1, topics=[{"topic_id": uuid.UUID(int=0), "name": "orders"}]),
+                produce(9, 2, 0), future_api_versions(3, 5), heartbeat(4)[0]]
+    answers = [metadata_response(1, BROKERS), heartbeat(4)[1]]
+    policy = Decider()
+    outputs = []
+    for s in (plain_session(), plain_session(policy=policy)):
+        out: list[Command] = []
+        for r in requests:
+            out += s.receive_client(r)
+        for a in answers:
+            out += s.receive_upstream(a)
+        outputs.append(out)
+    assert outputs[0] == outputs[1]
+    assert [(c, cid, body is None) for c, cid, body in policy.seen] == [
+        (1, "kproxy-test", False), (2, "producer-1" * 3, False), (3, "cli", True), (4, "kproxy-test", False)], (
+        "every request, the acks=0 Produce and the KIP-511 one included, each with its header read")
+    assert policy.seen[0][2] is not None
+    assert policy.seen[0][2]["topics"][0]["name"] == "orders", "a request's topics, before it is forwarded"
+
+
+def test_the_header_is_read_for_the_observer_and_the_frame_let_go_after() -> None:
+    recorder = Recorder()
+    s = Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=Clock(), observer=recorder)
+    request = req(METADATA, 12, 7, topics=None)
+    s.receive_client(request)
+    s.report()
+    [ex] = recorder.requests
+    assert (ex.api_key, ex.api_version, ex.correlation_id, ex.request_size) == (METADATA, 12, 7, len(request))
+    assert ex.request == b"", "not held for the broker's round trip once seen"
+    assert s.in_flight_count == 1

@@ -38,15 +38,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.capture.schema import SCHEMA_VERSION
-from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import decode_request_header
+from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.records import count_records, decode_all
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.wire import Malformed, read_uvarint
-from kproxy.proxy.session import Exchange, SessionObserver, response_body_offset
+from kproxy.proxy.session import Exchange, SessionObserver
 
 log = logging.getLogger("kproxy.capture")
 
@@ -159,9 +159,9 @@ class CaptureObserver:
         self.principal = conn.principal
 
     # -- SessionObserver --------------------------------------------------------------
-    def request(self, exchange: Exchange, frame: bytes) -> None:
+    def request(self, exchange: Exchange) -> None:
         try:
-            req = self._read_request(exchange, frame)
+            req = self._read_request(exchange, exchange.request)
         except (ProtocolError, Malformed, *SCAN_FAILURES) as exc:
             log.debug("event=capture_request_unreadable api=%s reason=%s", exchange.api, type(exc).__name__)
             req = {"client_id": None, "partitions": {}}
@@ -185,9 +185,10 @@ class CaptureObserver:
 
     # -- reading -----------------------------------------------------------------------
     def _read_request(self, ex: Exchange, frame: bytes) -> dict[str, Any]:
-        header = decode_request_header(memoryview(frame)[4:])
-        body = 4 + header.size
-        out: dict[str, Any] = {"client_id": header.client_id}
+        body = ex.request_body_offset  # the header as the session parsed it
+        if body is None:
+            raise DecodeError("truncated request header", offset=4)
+        out: dict[str, Any] = {"client_id": ex.client_id}
         parts: dict[tuple[str | None, int | None], list[Any]] = {}
         out["partitions"] = parts
         fn = scanner(ex.api_key, ex.api_version, Direction.REQUEST)
@@ -271,7 +272,7 @@ class CaptureObserver:
                 self._learn_topic_ids(ex, response)
             fn = scanner(ex.api_key, ex.api_version, Direction.RESPONSE)
             if fn is not None:
-                offset = ex.body_offset or response_body_offset(response, ex.api_key, ex.api_version)
+                offset = ex.response_body_offset or response_body_offset(response, ex.api_key, ex.api_version)
                 acc: list[Entry] = []
                 recs = _Ranges(acc)
                 fn(response, offset, acc, recs, None)
@@ -322,7 +323,7 @@ class CaptureObserver:
     def _learn_topic_ids(self, ex: Exchange, response: bytes) -> None:
         if ex.api_version < 10:  # topic ids appear in Metadata v10 (KIP-516)
             return
-        offset = ex.body_offset or response_body_offset(response, ex.api_key, ex.api_version)
+        offset = ex.response_body_offset or response_body_offset(response, ex.api_key, ex.api_version)
         body = decode_body(METADATA, ex.api_version, Direction.RESPONSE, response, offset)
         for topic in body.get("topics") or ():
             topic_id, name = topic.get("topic_id"), topic.get("name")
@@ -354,9 +355,9 @@ class Tee:
         self.first = first
         self.second = second
 
-    def request(self, exchange: Exchange, frame: bytes) -> None:
-        self.first.request(exchange, frame)
-        self.second.request(exchange, frame)
+    def request(self, exchange: Exchange) -> None:
+        self.first.request(exchange)
+        self.second.request(exchange)
 
     def complete(self, exchange: Exchange) -> None:
         self.first.complete(exchange)

@@ -28,6 +28,7 @@ from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
+from kproxy.proxy.commands import RejectReason
 
 # Broker latency: from sub-millisecond produce acks to 30 s long-poll fetches.
 BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -42,8 +43,7 @@ UNKNOWN_API = "unknown"
 MAX_LABEL_LENGTH = 128
 _CUT_MARK = "~"
 _MISSING = object()
-KNOWN_REJECT_REASONS = ("request_oversize", "request_session", "request_timeout", "response_oversize",
-                        "response_session")
+KNOWN_REJECT_REASONS = tuple(reason.value for reason in RejectReason)  # every value of the reason label
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
 PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
@@ -188,8 +188,9 @@ class TrafficStats:
 
     # -- per request / response ------------------------------------------------------
     def request(self, api_key: int, api_version: int, size: int, client_id: str | None,
-                frame: bytes | None = None) -> None:
-        """A request was read from a client. ``frame`` is given for Produce (to count records)."""
+                frame: bytes | None = None, body_offset: int | None = None) -> None:
+        """A request was read from a client. ``frame`` is given for Produce (to count records),
+        with ``body_offset`` where its body starts when the caller knows it."""
         key: tuple[str, int | str]
         span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
         if span is not None and 0 <= api_version <= span[1]:
@@ -204,7 +205,7 @@ class TrafficStats:
             ckey = (self._clients(client_id or ""), api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
         if frame is not None and api_key == PRODUCE and known:
-            self._count_records(api_key, api_version, Direction.REQUEST, frame, api)
+            self._count_records(api_key, api_version, Direction.REQUEST, frame, api, body_offset)
 
     def response(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
@@ -293,8 +294,10 @@ class TrafficStats:
         if api_key == FETCH and records:
             self._add_records(api, frame, records)
 
-    def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str) -> None:
-        offset = request_body_offset(frame, api_key, api_version)
+    def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str,
+                       offset: int | None) -> None:
+        if offset is None:
+            offset = request_body_offset(frame, api_key, api_version)
         found = None if offset is None else self._scan(api_key, api_version, direction, frame, offset)
         if found is not None and found[1]:
             self._add_records(api, frame, found[1])

@@ -83,6 +83,22 @@ class ResponseHeader(NamedTuple):
     size: int = 4
 
 
+def skip_tags(buf: bytes | memoryview, pos: int) -> int:
+    """The offset just past the tagged-field section at ``pos`` (KIP-482), read without building it.
+
+    Raises ``Malformed`` or ``IndexError`` when the section is malformed or cut short;
+    the offset returned may lie past the end of ``buf`` (callers compare).
+    """
+    if buf[pos] == 0:  # the usual case: no tags
+        return pos + 1
+    count, pos = read_uvarint(buf, pos)
+    for _ in range(count):
+        _, pos = read_uvarint(buf, pos)
+        size, pos = read_uvarint(buf, pos)
+        pos += size
+    return pos
+
+
 def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[Mapping[int, bytes], int]:
     if buf[pos] == 0:  # the usual case: no tags
         return NO_TAGS, pos + 1
@@ -140,9 +156,7 @@ def request_body_offset(frame: bytes | memoryview, api_key: int, api_version: in
         n: int = _INT16.unpack_from(frame, 12)[0]
         pos = 14 + max(n, 0)
         if version >= 2:
-            if frame[pos] == 0:
-                return pos + 1
-            _, pos = _read_tags(frame, pos)
+            pos = skip_tags(frame, pos)
         return pos if pos <= len(frame) else None
     except (struct.error, IndexError, Malformed):
         return None
@@ -220,3 +234,20 @@ def encode_response_header(header: ResponseHeader) -> bytes:
     if header.header_version >= 1:
         _write_tags(out, header.tagged_fields)
     return bytes(out)
+
+
+def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
+    """Where the body of a response frame (size prefix included) starts: after the size, the
+    correlation id and, in response header v1, the tagged fields.
+
+    Raises :class:`DecodeError` when the header tags are cut short or malformed.
+    """
+    if response_header_version(api_key, api_version) == 0:
+        return 8
+    try:
+        pos = skip_tags(frame, 8)
+    except (Malformed, IndexError) as exc:
+        raise DecodeError(f"malformed response header tags: {exc or 'cut short'}", offset=8) from None
+    if pos > len(frame):
+        raise DecodeError("response header tags run past the end of the frame", offset=8)
+    return pos

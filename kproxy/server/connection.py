@@ -1,10 +1,10 @@
-"""One client connection: two pumps around a sans-IO :class:`Session`.
+"""One client connection: two pumps around a sans-IO :class:`Session`, executing its commands.
 
-``client -> upstream``: read a chunk, split it into frames, let the session
-note each request (correlation id, acks, SASL state), forward the frames in one
-write. ``upstream -> client``: read, split, let the session match and rewrite
-responses, make sure the brokers they advertise have listeners, write them to
-the client in order.
+``client -> upstream``: read a chunk, hand it to the session, do what it says
+(:mod:`kproxy.proxy.commands`: forward upstream, answer the client, close).
+``upstream -> client``: read, hand it over, make sure the brokers the responses
+advertise have listeners, write them to the client in order. The session splits
+frames and says itself when a chunk passes untouched: the pumps only move bytes.
 
 Resource rules: the connection owns both streams and closes both in one place
 (``run``'s ``finally``); either side closing or failing ends the connection,
@@ -17,7 +17,8 @@ Deadlines: one watchdog task per connection ends it after ``idle_timeout``
 without traffic either way, or when a request frame begun ``frame_timeout``
 ago is still incomplete while kproxy waits for its bytes (a client trickling a
 byte at a time, slowloris, would otherwise never be idle). The pumps only
-record times; the watchdog sleeps until the nearest deadline.
+record times; the watchdog sleeps until the nearest deadline, and also calls the
+session back at the times it asks for (:class:`~kproxy.proxy.commands.WakeAt`).
 """
 
 from __future__ import annotations
@@ -25,22 +26,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import trio
 
 from kproxy.config import Limits
-from kproxy.protocol.errors import FrameSizeError, ProtocolError
-from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.addresses import BrokerRoute, HostPort
+from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient, WakeAt
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, writer
 from kproxy.server.logfmt import q as _q
 
 log = logging.getLogger("kproxy.connection")
 
-EnsureListeners = Callable[[list[BrokerRoute]], Awaitable[None]]
+EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 _NO_FRAME = math.inf  # _frame_due when no partial request frame is buffered
 
 
@@ -77,6 +77,8 @@ class Connection:
         self._idle = trio.CancelScope()
         self._last_activity = 0.0
         self._frame_due = _NO_FRAME  # when the client's partial request frame must be whole
+        self._frame_at = -1  # where in the client's stream that frame begins
+        self._wake_due = math.inf  # when the session asked to be called back (trio clock)
         self._watch = trio.CancelScope()  # the watchdog's current sleep
         self.draining = False
         self.close_reason = "client closed"
@@ -88,7 +90,7 @@ class Connection:
             # Parked in receive or waiting for room: nothing half done, cancel the wait. Otherwise
             # the pump is forwarding a chunk it read, finishes it, and sees `draining` after.
             self._reading_client.cancel()
-        if not self.session.in_flight:
+        if not self.session.in_flight_count:
             self.close_reason = "shutdown"
             self._idle.cancel()
 
@@ -112,7 +114,7 @@ class Connection:
                 "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",
                 self.peer, self.listener, self.upstream_addr, self.stats.bytes_from_client,
                 self.stats.bytes_to_client, self.session.requests, self.session.responses,
-                len(self.session.in_flight), time.monotonic() - started, _q(self.close_reason))
+                self.session.in_flight_count, time.monotonic() - started, _q(self.close_reason))
 
     def _touch(self) -> None:
         # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
@@ -138,11 +140,16 @@ class Connection:
                 if self._waiting_for_client and self.session.can_accept and not self.draining:
                     self.close_reason = f"request frame not complete within frame_timeout {limits.frame_timeout:g} s"
                     if self.on_reject is not None:
-                        self.on_reject("request_timeout")
+                        self.on_reject(RejectReason.REQUEST_TIMEOUT.value)
                     self._idle.cancel()
                     return
                 frame_due = self._frame_due = now + limits.frame_timeout
-            with trio.CancelScope(deadline=min(idle_due, frame_due)) as self._watch:
+            if now >= self._wake_due:
+                self._wake_due = math.inf
+                if not await self._execute(self.session.on_timer(time.perf_counter()), self._idle):
+                    return
+                continue
+            with trio.CancelScope(deadline=min(idle_due, frame_due, self._wake_due)) as self._watch:
                 await trio.sleep_forever()
 
     def _frame_begun(self) -> None:
@@ -159,7 +166,6 @@ class Connection:
         scope.cancel()
 
     async def _client_to_upstream(self, scope: trio.CancelScope) -> None:
-        splitter = FrameSplitter(self.limits.max_frame_size)
         session = self.session
         late: bytes | bytearray = b""
         try:
@@ -179,98 +185,100 @@ class Connection:
                     if self._reading_client.cancel_called:
                         late = data  # drain() landed after this read: forward it outside the cancelled scope
                         break
-                    await self._forward(data, splitter)
-            if late:
-                await self._forward(late, splitter)
-        except ProtocolError as exc:
-            self._reject(exc, "request")
-            self._end(scope, f"bad request from client: {exc}")
-            return
+                    if not await self._forward(data, scope):
+                        return
+            if late and not await self._forward(late, scope):
+                return
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._end(scope, f"stream error: {exc!r}")
             return
         # Draining: no new requests. Wait for answers, then close.
-        if self.draining and not session.in_flight:
+        if self.draining and not session.in_flight_count:
             self._end(scope, "shutdown")
 
-    async def _forward(self, data: bytes | bytearray, splitter: FrameSplitter) -> None:
-        """Take one chunk from the client: note its requests, forward them, answer local ones."""
+    async def _forward(self, data: bytes | bytearray, scope: trio.CancelScope) -> bool:
+        """Take one chunk from the client and do what the session says; False once it closed."""
         session = self.session
         read_at = time.perf_counter()
         self._touch()
         self.stats.bytes_from_client += len(data)
-        frames, chunk, exact = splitter.split(data)
-        if splitter.buffered:
-            if frames or self._frame_due == _NO_FRAME:
-                self._frame_begun()
-        elif self._frame_due != _NO_FRAME:
-            self._frame_due = _NO_FRAME
-        forward = [f for raw in frames if (f := session.on_client_frame(raw, read_at)) is not None]
-        if forward:
-            await self._upstream_writer(_payload(forward, frames, chunk, exact))
-        if session.has_ready:
-            await self._send_ready()
+        commands = session.receive_client(data, read_at)
+        begun = session.partial_request_at
+        if begun is None:
+            if self._frame_due != _NO_FRAME:
+                self._frame_due = _NO_FRAME
+        elif begun != self._frame_at or self._frame_due == _NO_FRAME:
+            self._frame_at = begun
+            self._frame_begun()
+        if commands and not await self._execute(commands, scope):
+            return False
         session.report()  # metrics, once the bytes are on their way
+        return True
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
-        splitter = FrameSplitter(self.limits.max_frame_size)
         session = self.session
         try:
             while True:
                 data = await self._upstream_reader(self.limits.read_size)
                 if not data:
-                    self._end(scope, "upstream closed" + (" with requests in flight" if session.in_flight else ""))
+                    self._end(scope, "upstream closed" + (" with requests in flight" if session.in_flight_count
+                                                          else ""))
                     return
                 self._touch()
-                frames, chunk, exact = splitter.split(data)
-                for raw in frames:
-                    session.on_upstream_frame(raw)
-                if session.has_ready:
-                    await self._send_ready(frames, chunk, exact)
+                commands = session.receive_upstream(data)
+                if commands and not await self._execute(commands, scope):
+                    return
                 session.report()
                 if session.can_accept:
                     self._room.set()
-                if self.draining and not session.in_flight:
+                if self.draining and not session.in_flight_count:
                     self._end(scope, "shutdown")
                     return
-        except ProtocolError as exc:
-            self._reject(exc, "response")
-            self._end(scope, f"bad response from upstream: {exc}")
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._end(scope, f"stream error: {exc!r}")
 
-    def _reject(self, exc: ProtocolError, direction: str) -> None:
-        if self.on_reject is not None:
-            kind = "oversize" if isinstance(exc, FrameSizeError) else type(exc).__name__.lower().removesuffix("error")
-            self.on_reject(f"{direction}_{kind}")
+    async def _execute(self, commands: list[Command], scope: trio.CancelScope) -> bool:
+        """Do what the session asked, in order; False when it asked to close (``scope`` is cancelled)."""
+        for command in commands:
+            kind = type(command)
+            if kind is SendToClient:
+                await self._send(command)  # type: ignore[arg-type]
+            elif kind is ForwardUpstream:
+                await self._upstream_writer(command.data)  # type: ignore[union-attr]
+            elif kind is WakeAt:
+                self._wake_at(command.when)  # type: ignore[union-attr]
+            else:
+                assert isinstance(command, CloseConnection)
+                if command.reject is not None and self.on_reject is not None:
+                    self.on_reject(command.reject.value)
+                self._end(scope, command.reason)
+                return False
+        return True
 
-    async def _send_ready(self, read: list[bytes] | None = None, chunk: bytes = b"", exact: bool = False) -> None:
-        """Write the responses due to the client. ``read``/``chunk``/``exact`` describe the chunk
-        just read from upstream: when the due frames are exactly its frames, the chunk goes as is."""
-        # Taken under the lock: both pumps may have answers ready, and order is the contract.
-        # Uncontended (the usual case), the lock is taken without a trip through the scheduler.
+    async def _send(self, command: SendToClient) -> None:
+        """Write responses to the client once the brokers they name have listeners."""
+        # Both pumps (and the timer) may have answers to send, and order is the contract: the session
+        # puts a SendToClient first in its list, so the lock is claimed in the order the session let
+        # answers go. Uncontended (the usual case), it is taken without a trip through the scheduler.
         try:
             self._client_lock.acquire_nowait()
         except trio.WouldBlock:
             await self._client_lock.acquire()
         try:
-            frames, routes = self.session.take_ready()
-            if routes:
-                await self.ensure_listeners(routes)
-            if frames:
-                data = _payload(frames, read or [], chunk, exact)
-                await self._client_writer(data)
-                self.stats.bytes_to_client += len(data)
+            if command.routes:
+                await self.ensure_listeners(command.routes)
+            await self._client_writer(command.data)
+            self.stats.bytes_to_client += len(command.data)
         finally:
             self._client_lock.release()
 
-
-def _payload(out: list[bytes], read: list[bytes], chunk: bytes, exact: bool) -> bytes:
-    """The bytes to write for frames ``out``: the chunk they were read in when nothing was
-    changed, dropped or reordered (no copy), else the frames joined."""
-    if exact and len(out) == len(read) and all(a is b for a, b in zip(out, read, strict=True)):
-        return chunk
-    return out[0] if len(out) == 1 else b"".join(out)
+    def _wake_at(self, when: float) -> None:
+        """Arrange the session's ``on_timer`` near ``when`` (session clock: ``time.perf_counter``)."""
+        due = trio.current_time() + (when - time.perf_counter())
+        if due < self._wake_due:
+            self._wake_due = due
+            if due < self._watch.deadline:
+                self._watch.deadline = due
 
 
 async def _aclose(stream: trio.abc.AsyncResource) -> None:
@@ -278,4 +286,3 @@ async def _aclose(stream: trio.abc.AsyncResource) -> None:
         await trio.aclose_forcefully(stream)
     except Exception:
         log.debug("event=close_failed", exc_info=True)
-

@@ -24,7 +24,7 @@ import logging
 import signal
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -240,7 +240,7 @@ class ProxyServer:
 
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:
-        return LiveGauges(in_flight=sum(len(c.session.in_flight) for c in self.connections),
+        return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
                           listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
                           capture=self.capture.counts() if self.capture is not None else None)
 
@@ -275,7 +275,7 @@ class ProxyServer:
         self._prebound[port] = sock
         return port
 
-    async def ensure_listeners(self, routes: list[BrokerRoute]) -> None:
+    async def ensure_listeners(self, routes: Sequence[BrokerRoute]) -> None:
         """Make sure every route has a listening port; waits for ones being opened."""
         for route in routes:
             listener = self.listeners.get(route.local_port)
@@ -399,7 +399,9 @@ class ProxyServer:
         if self.capture is not None:
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
                                              client=client)
-        session = Session(self.rewriter, max_in_flight=self.config.limits.max_in_flight, observer=observer)
+        limits = self.config.limits
+        session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
+                          observer=observer)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)

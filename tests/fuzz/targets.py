@@ -364,9 +364,11 @@ def _session_seeds() -> Iterator[bytes]:
 
 @target(_session_seeds)
 def fuzz_session(data: bytes) -> None:
-    """A whole sans-IO Session fed frames from both sides: only ProtocolError; responses in request order."""
-    from kproxy.protocol.framing import frame
+    """A whole sans-IO Session fed frames from both sides: never an exception (a protocol error is a
+    CloseConnection command); responses in request order."""
+    from kproxy.protocol.framing import FrameSplitter, frame
     from kproxy.proxy.addresses import AddressMap
+    from kproxy.proxy.commands import CloseConnection, SendToClient
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Mode, Session
 
@@ -375,16 +377,12 @@ def fuzz_session(data: bytes) -> None:
     for side, payload in _session_ops(data):
         whole = frame(payload)
         kafka_mode = session.mode is Mode.KAFKA
-        try:
-            if side == 0:
-                session.on_client_frame(whole)
-                if session.mode is Mode.KAFKA and len(payload) >= 8:
-                    asked.append(struct.unpack_from(">i", payload, 4)[0])
-            else:
-                session.on_upstream_frame(whole)
-        except ProtocolError:
+        commands = session.receive_client(whole) if side == 0 else session.receive_upstream(whole)
+        if any(isinstance(c, CloseConnection) for c in commands):
             return  # the server closes the connection: nothing more is read
-        released, _ = session.take_ready()
+        if side == 0 and session.mode is Mode.KAFKA and len(payload) >= 8:
+            asked.append(struct.unpack_from(">i", payload, 4)[0])
+        released = [f for c in commands if isinstance(c, SendToClient) for f in FrameSplitter().split(c.data)[0]]
         if kafka_mode:
             for out in released:
                 (cid,) = struct.unpack_from(">i", out, 4)

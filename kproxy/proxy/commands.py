@@ -1,0 +1,88 @@
+"""What a :class:`~kproxy.proxy.session.Session` asks its server to do (mitmproxy's layers and
+h11 speak the same way: the protocol state machine decides, the I/O code executes).
+
+The session's ``receive_client``, ``receive_upstream`` and ``on_timer`` each return a
+list of these, to be executed in list order. Every command is frozen and slotted: the
+server keeps none of them past its execution.
+
+Ordering contract: a :class:`SendToClient` is always first in its list, so that the
+server can claim the client side for it before it awaits anything else (responses
+leave in request order: two lists returned one after the other must reach the client
+in that order, whichever task executes them). :class:`ForwardUpstream` comes only from
+``receive_client``: requests reach the broker in the order the session tracks them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kproxy.proxy.addresses import BrokerRoute
+
+
+class RejectReason(enum.StrEnum):
+    """Why a connection was refused for what a peer sent: the only values of the
+    ``kproxy_frames_rejected_total{reason}`` label (dashboards and alerts match these
+    strings; deploy/prometheus/alerts.yml). ``request_*``: the client's bytes,
+    ``response_*``: the broker's."""
+
+    REQUEST_OVERSIZE = "request_oversize"  # a size prefix over limits.max_frame_size (or negative)
+    REQUEST_SESSION = "request_session"  # a request the session cannot take (see proxy/session.py)
+    REQUEST_TIMEOUT = "request_timeout"  # a request frame not whole within limits.frame_timeout
+    RESPONSE_OVERSIZE = "response_oversize"
+    RESPONSE_SESSION = "response_session"  # desynchronised or unrewritable response
+
+
+class CloseKind(enum.Enum):
+    """Why a :class:`CloseConnection` closes: counted and logged apart."""
+
+    REJECT = "reject"  # a peer broke the protocol; ``reject`` says how (a metric counts it)
+    DELIBERATE = "deliberate"  # kproxy chose to (a fault-injection rule): not a protocol error
+    END = "end"  # the exchange is over in an orderly way
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardUpstream:
+    """Write ``data`` (whole request frames) to the broker. When the chunk read from the
+    client held exactly the frames going out, unchanged, ``data`` *is* that chunk (no copy)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SendToClient:
+    """Write ``data`` (whole response frames, in request order) to the client, once every
+    route in ``routes`` has a listener: the brokers those responses advertise must be
+    reachable before the client reads their addresses. As for :class:`ForwardUpstream`,
+    ``data`` is the chunk read from the broker itself when nothing in it changed."""
+
+    data: bytes
+    routes: Sequence[BrokerRoute] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """End the connection (both sides). ``reason`` is the text for the
+    ``event=connection_closed ... reason=...`` log line; ``reject`` is set exactly when
+    ``kind`` is :attr:`CloseKind.REJECT`."""
+
+    reason: str
+    kind: CloseKind
+    reject: RejectReason | None = None
+
+    @classmethod
+    def rejected(cls, reject: RejectReason, reason: str) -> CloseConnection:
+        return cls(reason, CloseKind.REJECT, reject)
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    """Call the session's ``on_timer(now)`` at ``when`` (on the clock the session was given)
+    or soon after. The server keeps the earliest time asked and not yet passed; a session
+    that still needs a later one asks again from ``on_timer``."""
+
+    when: float
+
+
+Command = ForwardUpstream | SendToClient | CloseConnection | WakeAt
