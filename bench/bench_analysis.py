@@ -195,6 +195,7 @@ def main() -> None:
             size = sum(os.path.getsize(f) for f in files)
             rows.append([f"{n:,}", f"{size / 1e6:.0f} MB", f"{s:.2f}", fmt_rate(n / s), fmt_rate(n / s / 2),
                          f"{a:.2f}", fmt_rate(n / a), f"{a / s:.2f}x", f"{gen:.1f}"])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)  # each size as it is done
     finally:
         spark.stop()
         if args.dir is None:
