@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,8 +14,10 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from kproxy.protocol import decode_response
 from kproxy.server.logfmt import parse_logfmt
-from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique
+from tests.support.e2e import _recv_exactly, consume_confluent, create_topic, produce_confluent, unique
+from tests.support.fakebroker import request_frame
 from tests.support.proxy import ProxyThread, running_proxy
 from tests.support.tansu import Broker
 from tests.test_e2e_clients import messages, same_records
@@ -163,3 +167,50 @@ rules:
     producer.poll(1.0)  # one more statistics report
     throttles = [b["throttle"]["max"] for s in stats for b in s["brokers"].values() if b.get("nodeid", -1) >= 0]
     assert max(throttles) > 0, "librdkafka saw no throttle_time_ms"
+
+
+# -- determinism ---------------------------------------------------------------------------------
+METADATA = 3
+LEADER_NOT_AVAILABLE = 5
+
+
+def _metadata_errors(bootstrap: str, topic: str, n: int) -> dict[int, int]:
+    """Send ``n`` Metadata requests one at a time on one raw connection; correlation id -> topic error."""
+    host, port = bootstrap.rsplit(":", 1)
+    out: dict[int, int] = {}
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for cid in range(1, n + 1):
+            sock.sendall(request_frame(METADATA, 9, cid, client_id="determinism", topics=[{"name": topic}],
+                                       allow_auto_topic_creation=False))
+            (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+            response = decode_response(_recv_exactly(sock, size), METADATA, 9)
+            assert response.header.correlation_id == cid
+            out[cid] = response.body["topics"][0]["error_code"]
+    return out
+
+
+def test_same_seed_same_faults_other_seed_other_faults(with_rules: Any, caplog: pytest.LogCaptureFixture) -> None:
+    topic = unique("rules-seed")
+    runs = []
+    for i, seed in enumerate((42, 42, 43)):  # the draw hashes seed, rule id, client id, api, ordinal
+        proxy = with_rules(f"""
+seed: {seed}
+rules:
+  - id: coin
+    match: {{api: metadata, topic: "{topic}", probability: 0.5}}
+    actions:
+      - inject_error: {{error: LEADER_NOT_AVAILABLE}}
+""")
+        if i == 0:
+            create_topic(proxy.bootstrap, topic, 1)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "kproxy.faults"):
+            errors = _metadata_errors(proxy.bootstrap, topic, 40)
+        logged = [int(f["correlation_id"]) for f in faults(caplog, "coin")]
+        # What the client saw is what the fault log says, request by request.
+        assert logged == [cid for cid, code in errors.items() if code == LEADER_NOT_AVAILABLE]
+        assert {code for cid, code in errors.items() if cid not in logged} == {0}
+        runs.append(logged)
+    assert 5 < len(runs[0]) < 35
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
