@@ -270,3 +270,37 @@ def test_random_rules_keep_order_ids_and_acks0_silence(rule_specs: list[tuple[st
     assert len(got) == len(set(got))
     assert not {i for i, k in enumerate(stream, 1) if k == "p0"} & set(got), "an acks=0 Produce got an answer"
     assert d.session.in_flight_count == 0
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def test_faults_are_exported_as_prometheus_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from kproxy.metrics.exposition import LiveGauges, make_registry
+    from kproxy.metrics.stats import TrafficStats
+
+    stats = TrafficStats()
+    text = """
+rules:
+  - id: deny
+    match: {api: heartbeat}
+    actions: [{inject_error: {error: REBALANCE_IN_PROGRESS}}]
+  - id: quota
+    match: {api: produce}
+    actions: [{throttle: {requests_per_second: 1, burst_seconds: 1}}, drop_response]
+  - id: idle
+    match: {api: fetch}
+    actions: [close_connection]
+"""
+    d = Driver(text)
+    d.injector = FaultInjector(load_text(text), counts=stats.faults, clock=d.clock)
+    d.session.policy = d.injector.policy("127.0.0.1:5555")
+    d.client(heartbeat(1), produce(2, -1), produce(3, -1))
+    exported = generate_latest(make_registry(stats, LiveGauges)).decode()
+    for line in ['kproxy_rules_loaded 3.0',
+                 'kproxy_rule_hits_total{action="inject_error",dry_run="false",rule="deny"} 1.0',
+                 'kproxy_rule_hits_total{action="close_connection",dry_run="false",rule="idle"} 0.0',
+                 'kproxy_injected_errors_total{api="heartbeat",error="REBALANCE_IN_PROGRESS"} 1.0',
+                 'kproxy_rule_throttle_seconds_total{rule="quota"} 1.0',
+                 'kproxy_rule_connection_faults_total{action="drop_response",rule="quota"} 2.0']:
+        assert line in exported, line

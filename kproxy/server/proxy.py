@@ -125,7 +125,7 @@ class ProxyServer:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
         # One engine for every connection: schedule counters and throttle buckets are global.
-        self.faults = FaultInjector(config.rules) if config.rules is not None else None
+        self.faults = FaultInjector(config.rules, counts=self.stats.faults) if config.rules is not None else None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on

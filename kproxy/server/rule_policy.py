@@ -21,8 +21,8 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
+from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_edit import request_header
 from kproxy.protocol.tables import api_snake_name, error_name
@@ -50,29 +50,37 @@ from kproxy.server.logfmt import q
 log = logging.getLogger("kproxy.faults")
 
 # Actions the session times or ends the connection for; apply.py's functions ignore them.
-_SESSION_ACTIONS = (Delay, Throttle, DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
-
-
-@dataclass
-class FaultCounts:
-    """Plain counters (kproxy.metrics exports them when scraped): one dict operation per fault."""
-
-    hits: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (rule, action, dry_run)
-    injected_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (api, error)
-    throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
-    drops: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, kind): drop / close / reset ...
-    rules_loaded: int = 0
+_CONNECTION_ACTIONS = (DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
+_SESSION_ACTIONS = (Delay, Throttle, *_CONNECTION_ACTIONS)
 
 
 class FaultInjector:
     """One rule set at work: the engine, the counters, the fault log."""
 
-    def __init__(self, rules: RuleSet, *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.rules = rules
         self.clock = clock
         self.engine = RuleEngine(rules, loaded_at=clock())
         self.by_id: dict[str, Rule] = {r.id: r for r in rules.rules}
-        self.counts = FaultCounts(rules_loaded=sum(1 for r in rules.rules if r.enabled))
+        self.counts = counts = counts if counts is not None else FaultStats()
+        enabled = [r for r in rules.rules if r.enabled]
+        counts.rules_loaded = len(enabled)
+        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
+        # dashboards show every loaded rule.
+        for rule in enabled:
+            for action in rule.actions:
+                name = action_name(action)
+                counts.hits.setdefault((rule.id, name, "true" if rule.dry_run else "false"), 0)
+                if rule.dry_run:
+                    continue
+                if isinstance(action, _CONNECTION_ACTIONS):
+                    counts.connection_faults.setdefault((rule.id, name), 0)
+                elif isinstance(action, Throttle):
+                    counts.throttle_seconds.setdefault(rule.id, 0.0)
+                elif isinstance(action, InjectError):
+                    for api in sorted(rule.match.apis or ()):
+                        counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
 
     def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy:
         """The policy of one client connection (``peer``: ``host:port``)."""
@@ -226,7 +234,7 @@ class RulePolicy:
 
     # -- accounting ---------------------------------------------------------------------
     def _kill(self, hit: RuleHit, name: str, facts: FrameFacts, detail: str) -> None:
-        self.injector.count(self.injector.counts.drops, (hit.rule_id, name))
+        self.injector.count(self.injector.counts.connection_faults, (hit.rule_id, name))
         self._fault(hit, name, facts, detail)
 
     def _fault(self, hit: RuleHit, action: str, facts: FrameFacts, detail: str, *, dry_run: bool = False) -> None:
@@ -256,4 +264,4 @@ def _response_side(action: object) -> bool:
     return not isinstance(action, _SESSION_ACTIONS)
 
 
-__all__ = ["FaultCounts", "FaultInjector", "RulePolicy"]
+__all__ = ["FaultInjector", "RulePolicy"]
