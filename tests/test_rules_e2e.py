@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from kproxy.protocol import decode_response
 from kproxy.server.logfmt import parse_logfmt
@@ -214,3 +214,35 @@ rules:
     assert 5 < len(runs[0]) < 35
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
+
+
+def test_corrupted_fetched_records_fail_the_crc_check_of_the_consumer(with_rules: Any, tansu: Broker) -> None:
+    topic = unique("rules-crc")
+    proxy = with_rules(f"""
+rules:
+  - id: bitrot
+    match: {{api: fetch, client_id: "{topic}-reader"}}
+    actions:
+      - corrupt_records: {{target: crc}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    produce_confluent(proxy.bootstrap, topic, messages("crc", 10), acks="all")
+    # Matched by client id: Fetch v13+ names topics by id, which the rules see as the id's text.
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("crc"), "check.crcs": True,
+                         "client.id": f"{topic}-reader",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        errors, good = [], 0
+        deadline = time.monotonic() + 15
+        while not errors and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=100, timeout=0.5):
+                if msg.error() is not None:
+                    errors.append(msg.error())
+                else:
+                    good += 1
+    finally:
+        consumer.close()
+    assert errors and good == 0, f"{good} records passed the CRC check; errors {errors}"
+    # The same records read directly from the broker are intact.
+    same_records(consume_confluent(tansu.bootstrap, topic, 1, 10), messages("crc", 10))
