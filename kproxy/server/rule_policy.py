@@ -241,6 +241,8 @@ class RulePolicy:
         counts = self.injector.counts
         key = (hit.rule_id, action, "true" if dry_run else "false")
         counts.hits[key] = counts.hits.get(key, 0) + 1
+        if not log.isEnabledFor(logging.INFO):
+            return  # the topic scan below is for the line alone
         topics = facts.topics()
         partitions = sorted({p for parts in topics.values() for p in parts})
         log.info("event=fault rule=%s action=%s connection=%s correlation_id=%d api=%s topic=%s partition=%s "
