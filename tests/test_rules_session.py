@@ -304,3 +304,16 @@ rules:
                  'kproxy_rule_throttle_seconds_total{rule="quota"} 1.0',
                  'kproxy_rule_connection_faults_total{action="drop_response",rule="quota"} 2.0']:
         assert line in exported, line
+
+
+def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
+    from kproxy.protocol.records import Record, encode_batch_v2
+
+    batch = encode_batch_v2([Record(0, 1_700_000_000_000, b"k", b"v")])
+    body = request_body(PRODUCE, 9, transactional_id=None, acks=-1, timeout_ms=1500,
+                        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}])
+    original = frame(encode_request(RequestHeader(PRODUCE, 9, 1, "producer-1", 2), body))
+    d = Driver(rules("corrupt_records: {target: crc}", "{api: produce}"))
+    d.client(original)  # the chunk holds exactly this one frame
+    [sent] = d.upstream
+    assert len(sent) == len(original) and sent != original

@@ -289,6 +289,7 @@ class Session:
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed = False
         self._close_at: float | None = None  # a slow close's time
+        self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
 
     # -- what the server may ask between chunks ----------------------------------------
     @property
@@ -328,10 +329,11 @@ class Session:
         commands: list[Command] = [self._take_ready(frames, data, False)] if self._ready else []
         if forward:
             # Requests go on unchanged (same objects): all of them and nothing else means the chunk itself.
-            if exact and len(forward) == len(frames):
+            if exact and len(forward) == len(frames) and not self._edited:
                 commands.append(ForwardUpstream(data))
             else:
                 commands.append(ForwardUpstream(forward[0] if len(forward) == 1 else b"".join(forward)))
+        self._edited = False
         if self._wake is not None:
             self._ask_wake(commands)
         if self._closing is not None:
@@ -420,7 +422,10 @@ class Session:
             if verdict.close_after_s is not None:
                 self._close_at = now + verdict.close_after_s
                 self._want_wake(self._close_at)
-        out = frame if verdict.request is None else verdict.request
+        out = frame
+        if verdict.request is not None:
+            out = verdict.request
+            self._edited = True
         if ex.api_key == PRODUCE and _acks_zero(ex, frame):
             # No answer, injected or not (the client expects none): only forwarding is a choice.
             if self.observer is not None:
