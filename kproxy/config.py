@@ -21,12 +21,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kproxy.proxy.addresses import HostPort, parse_host_port
+
+if TYPE_CHECKING:
+    from kproxy.rules import RuleSet
 
 
 class ConfigError(Exception):
@@ -122,6 +125,7 @@ class Config:
     client_tls: ClientTls = field(default_factory=ClientTls)
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
     capture: CaptureOptions = field(default_factory=CaptureOptions)
+    rules: RuleSet | None = None  # fault injection (kproxy/server/rule_policy.py); None: none
 
     @property
     def advertised(self) -> str:
@@ -230,12 +234,15 @@ def _broker_ports(value: Any) -> dict[int, int]:
     return {_int(0)(node): _int(1, 65535)(port) for node, port in pairs}
 
 
-def _not_in_this_build(what: str) -> Callable[[Any], Any]:
-    """Options documented ahead of their machinery (``rules``, say): refused, never silently ignored."""
-    def parse(value: Any) -> Any:
-        raise ValueError(f"{what} is not in this build yet; remove the option (nothing would read it)")
+def _rules(value: Any) -> RuleSet:
+    """A rule file, loaded now: a bad one is a start-up error listing every problem as
+    ``file:line: key: reason``, as ``kproxy rules check`` prints them."""
+    from kproxy.rules import RulesError, load_file
 
-    return parse
+    try:
+        return load_file(_str(value))
+    except RulesError as exc:
+        raise ValueError(*(str(p) for p in exc.problems)) from None
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -322,8 +329,8 @@ OPTIONS: tuple[Option, ...] = (
            "pin a broker's local port, NODE_ID=PORT; repeatable", "NODE=PORT", repeatable=True),
     Option("metrics_listen", "--metrics-listen", _address,
            "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
-    Option("rules", "--rules", _not_in_this_build("the rules engine (fault injection)"),
-           "YAML fault-injection rules (reserved: refused until the rules engine lands)", "FILE"),
+    Option("rules", "--rules", _rules,
+           "YAML fault-injection rules (format: rules/README.md); loaded at start", "FILE"),
     Option("capture.dir", "--capture-dir", _directory,
            "capture every request/response pair to Parquet files here (needs the 'capture' extra)", "DIR"),
     Option("capture.max_bytes_total", "--capture-max-bytes", _int(1024),
@@ -500,7 +507,7 @@ def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
         try:
             parsed[path] = _BY_PATH[path].parse(value)
         except ValueError as exc:
-            problems.append(f"{where}: {exc}")
+            problems.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
     if "upstream" not in raw:
         problems.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
                         f"{env_name('upstream')})")

@@ -52,6 +52,19 @@ def test_run_refuses_bad_config_with_one_line(tmp_path: Path) -> None:
     assert str(bad) in lines[0] and "limits.max_frame_size" in lines[0]
 
 
+def test_run_refuses_a_bad_rule_file_listing_every_problem(tmp_path: Path) -> None:
+    rules = tmp_path / "chaos.yaml"
+    rules.write_text("rules:\n  - id: x\n    match: {api: produce, probablity: 0.5}\n    actions:\n"
+                     "      - delay: {ms: -1}\n")
+    result = subprocess.run([*KPROXY, "run", "--upstream", "127.0.0.1:9092", "--rules", str(rules), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2, result.stderr
+    assert f"--rules: {rules}:3: rules[0].match.probablity: unknown key (did you mean 'probability'?)" in lines[0]
+    assert f"--rules: {rules}:5: rules[0].actions[0].delay" in lines[1]
+
+
 def test_run_reports_a_busy_port_and_exits_1() -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -101,10 +101,20 @@ def test_shipped_example_config_is_valid() -> None:
     assert cfg.advertised == "localhost"
 
 
-def test_reserved_options_are_refused_not_ignored() -> None:
-    for flag in ("--rules",):
-        with pytest.raises(ConfigError, match=f"{flag}: .* not in this build yet"):
-            config_from_args(parse(["--upstream", "k:1", flag, "x"]))
+def test_rules_are_loaded_at_start_and_every_problem_is_listed(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("seed: 3\nrules:\n  - id: a\n    match: {api: fetch}\n    actions: [drop_response]\n")
+    cfg = config_from_args(parse(["--upstream", "k:1", "--rules", str(good)]))
+    assert cfg.rules is not None and [r.id for r in cfg.rules.rules] == ["a"] and cfg.rules.seed == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - id: a\n    match: {api: fetch, topc: x}\n    actions:\n"
+                   "      - inject_error: {error: NOT_LEADER_FOR_PARTITON}\n")
+    with pytest.raises(ConfigError) as caught:
+        config_from_args(parse(["--upstream", "k:1", "--rules", str(bad)]))
+    assert list(caught.value.problems) == [
+        f"--rules: {bad}:3: rules[0].match.topc: unknown key (did you mean 'topic'?)",
+        f"--rules: {bad}:5: rules[0].actions[0].inject_error.error: unknown Kafka error "
+        f"'NOT_LEADER_FOR_PARTITON' (did you mean 'NOT_LEADER_OR_FOLLOWER'?)"]
 
 
 def test_each_switch_sets_the_value_its_option_declares(tmp_path: Path) -> None:

@@ -287,8 +287,16 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     tmp = tmp_path_factory.mktemp("prometheus")
     metrics, dead_metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     down_target, dead_upstream = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    # Rules that never match (no client has that id): their series exist at zero, for the Faults row
+    # and the fault alert, and the traffic the other tests count is untouched.
+    rules = tmp / "rules.yaml"
+    rules.write_text("rules:\n"
+                     "  - id: idle-error\n    match: {api: produce, client_id: never-matches}\n"
+                     "    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]\n"
+                     "  - id: idle-quota\n    match: {api: fetch, client_id: never-matches}\n"
+                     "    actions: [{throttle: {bytes_per_second: 1000}}, drop_response]\n")
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
-                       metrics__label_cap=LABEL_CAP) as proxy, \
+                       metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
             running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,
                           upstream_check_interval=3600) as dead, \
             run_prometheus(tmp, [metrics, dead_metrics, down_target]) as prom:
@@ -417,7 +425,9 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
     exprs = " ".join(e for _, e in dashboard_exprs())
     for metric in ("kproxy_requests_total", "kproxy_broker_latency_seconds_bucket", "kproxy_overhead_seconds_bucket",
                    "kproxy_response_errors_total", "kproxy_bytes_total", "kproxy_client_connections_active",
-                   "kproxy_upstream_connections_active", "kproxy_frames_rejected_total", "kproxy_in_flight_requests"):
+                   "kproxy_upstream_connections_active", "kproxy_frames_rejected_total", "kproxy_in_flight_requests",
+                   "kproxy_rule_hits_total", "kproxy_injected_errors_total", "kproxy_rule_throttle_seconds_total",
+                   "kproxy_rule_connection_faults_total", "kproxy_rules_loaded"):
         assert metric in exprs, f"no dashboard panel queries {metric}"
     assert "histogram_quantile(0.99, sum by (api, le) (rate(kproxy_overhead_seconds_bucket" in exprs
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs
@@ -450,7 +460,7 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
     rules = alert_rules()
     assert {r["alert"] for r in rules} >= {"KproxyDown", "KproxyHighKafkaErrorRatio", "KproxyBrokerLatencyHigh",
                                             "KproxyOverheadHigh", "KproxyUpstreamConnectFailures",
-                                            "KproxyFramesRejected"}
+                                            "KproxyFramesRejected", "KproxyFaultInjectionActive"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"

@@ -162,6 +162,27 @@ def errors_row() -> list[timeseries.Panel]:
     ]
 
 
+def faults_row() -> list[timeseries.Panel]:
+    return [
+        graph("Rules loaded", "Enabled fault-injection rules (kproxy run --rules), per instance: anything "
+              "above 0 means kproxy is set to misbehave on purpose.", "short",
+              query(f"max by (instance) (kproxy_rules_loaded{{{SEL}}})", "{{instance}}"), width=6),
+        graph("Rule actions", "Fault-injection actions done per second, by rule and action (dry-run rules "
+              "apart: matched and logged only).", "ops",
+              query(f"sum by (rule, action, dry_run) (rate(kproxy_rule_hits_total{{{SEL}}}[{WINDOW}]))",
+                    "{{rule}} {{action}} (dry run: {{dry_run}})"), width=6, stacked=True),
+        graph("Injected errors", "Kafka error codes injected by rules per second, by API and error.", "cps",
+              query(f"sum by (api, error) (rate(kproxy_injected_errors_total{{{SEL_API}}}[{WINDOW}]))",
+                    "{{api}} {{error}}"), width=6, stacked=True),
+        graph("Throttle and connection faults", "Seconds of throttle applied per second, by rule; responses "
+              "dropped and connections closed, reset or blackholed, by rule and action.", "short",
+              query(f"sum by (rule) (rate(kproxy_rule_throttle_seconds_total{{{SEL}}}[{WINDOW}]))",
+                    "throttle {{rule}}"),
+              query(f"sum by (rule, action) (increase(kproxy_rule_connection_faults_total{{{SEL}}}[{WINDOW}]))",
+                    "{{action}} {{rule}}", "B"), width=6),
+    ]
+
+
 def connections_row() -> list[timeseries.Panel]:
     return [
         graph("Client connections", "Open client connections by listener (bootstrap, broker-N).", "short",
@@ -209,6 +230,7 @@ def build() -> dash.Dashboard:
         ("Latency", latency_row()),
         ("Errors", errors_row()),
         ("Connections", connections_row()),
+        ("Faults", faults_row()),
     ]
     for title, panels in rows:
         board = board.with_row(dash.Row(title))

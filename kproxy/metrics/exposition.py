@@ -100,6 +100,17 @@ class TrafficCollector(Collector):
                      s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
+        f = s.faults
+        yield GaugeMetricFamily("kproxy_rules_loaded", "Enabled fault-injection rules loaded (--rules).",
+                                value=f.rules_loaded)
+        yield _counter("kproxy_rule_hits", "Fault-injection rule actions done (dry_run=\"true\": matched and logged "
+                       "only).", ["rule", "action", "dry_run"], f.hits)
+        yield _counter("kproxy_injected_errors", "Kafka error codes injected by rules, by api and error.",
+                       ["api", "error"], f.injected_errors)
+        yield _counter("kproxy_rule_throttle_seconds", "Time responses were held by throttle rules (also reported "
+                       "to clients as throttle_time_ms).", ["rule"], f.throttle_seconds)
+        yield _counter("kproxy_rule_connection_faults", "Responses dropped and connections closed, reset or "
+                       "blackholed by rules.", ["rule", "action"], f.connection_faults)
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
@@ -121,7 +132,7 @@ def _info() -> Metric:
     return family
 
 
-Samples = Mapping[Any, int]
+Samples = Mapping[Any, float]
 
 
 def _label_values(key: Any) -> list[str]:

@@ -121,6 +121,20 @@ class StatsOptions:
 
 
 @dataclass
+class FaultStats:
+    """What fault-injection rules did (kproxy/server/rule_policy.py counts; one dict operation per fault).
+
+    Rule ids come from the loaded file (bounded by it), api and error names from Kafka's tables.
+    """
+
+    hits: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (rule, action, dry_run "true"/"false")
+    injected_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (api, error name)
+    throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
+    connection_faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, action): drops, closes
+    rules_loaded: int = 0
+
+
+@dataclass
 class TrafficStats:
     """Everything ``/metrics`` reports, updated by the server as traffic flows."""
 
@@ -149,6 +163,7 @@ class TrafficStats:
     accept_errors: dict[str, int] = field(default_factory=dict)
     client_connections_refused: dict[str, int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)
+    faults: FaultStats = field(default_factory=FaultStats)
 
     def __post_init__(self) -> None:
         self._topics = LabelCap(self.options.label_cap)

@@ -65,11 +65,12 @@ class SendToClient:
 class CloseConnection:
     """End the connection (both sides). ``reason`` is the text for the
     ``event=connection_closed ... reason=...`` log line; ``reject`` is set exactly when
-    ``kind`` is :attr:`CloseKind.REJECT`."""
+    ``kind`` is :attr:`CloseKind.REJECT`; ``abort`` only with :attr:`CloseKind.DELIBERATE`."""
 
     reason: str
     kind: CloseKind
     reject: RejectReason | None = None
+    abort: bool = False  # end with a TCP RST (SO_LINGER 0) rather than a FIN: a reset_connection rule
 
     @classmethod
     def rejected(cls, reject: RejectReason, reason: str) -> CloseConnection:

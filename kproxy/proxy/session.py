@@ -52,7 +52,15 @@ from kproxy.protocol.requests import produce_acks, request_client_id
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import api_name
 from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
-from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient
+from kproxy.proxy.commands import (
+    CloseConnection,
+    CloseKind,
+    Command,
+    ForwardUpstream,
+    RejectReason,
+    SendToClient,
+    WakeAt,
+)
 from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
 
 PRODUCE = 0
@@ -115,6 +123,11 @@ class Exchange:
     sasl_mechanism: str | None = None
     seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
     response_body_offset: int = 0  # where the response body starts, once known (0: not computed yet)
+    # Set by a policy's Verdict only (0 / None / False on the common path):
+    release_at: float = 0.0  # the response leaves no earlier than this (session clock)
+    response_delay: float = 0.0  # ... nor earlier than this many seconds after it arrived
+    on_response: Callable[[bytes], bytes] | None = None  # edits the (address-rewritten) response
+    drop: bool = False  # the response is swallowed when it comes: the client never gets an answer
     _request_body_offset: int = -1  # -1: not read yet
     _client_id: str | None = _UNREAD
 
@@ -178,16 +191,54 @@ class SessionObserver(Protocol):
     def complete(self, exchange: Exchange) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a :class:`RequestPolicy` decided about one request, in the session's own terms
+    (the server's adapter translates fault-injection rules into it; proxy/ never sees a rule).
+
+    * ``close``: end the connection instead; the request is not forwarded.
+    * ``answer``: a response frame kproxy sends in the request's place (not forwarded);
+      it waits its turn like any response. ``forward=False`` without an answer swallows
+      the request (only meaningful for acks=0 Produce, which has no answer anyway).
+    * ``request``: the frame to forward instead of the one read (same correlation id).
+    * ``hold_s``: the response leaves no earlier than this long after the request was
+      read (a delay before forwarding, or a throttle: the client sees the same wait);
+      ``response_delay_s``: no earlier than this long after the broker's answer came.
+    * ``on_response``: edits the broker's answer, after the default address rewrite.
+    * ``drop_response``: the broker's answer is swallowed: the client times out.
+    * ``blackhole``: this request and every later one on the connection get no answer;
+      with ``close_after_s`` the connection then ends that long after (a slow close).
+
+    Every guarantee of the session holds whatever the verdict: responses that do leave
+    keep request order and correlation ids, and an acks=0 Produce never gets an answer.
+    """
+
+    close: CloseConnection | None = None
+    answer: bytes | None = None
+    forward: bool = True
+    request: bytes | None = None
+    hold_s: float = 0.0
+    response_delay_s: float = 0.0
+    on_response: Callable[[bytes], bytes] | None = None
+    drop_response: bool = False
+    blackhole: bool = False
+    close_after_s: float | None = None
+
+
+_BLACKHOLED = Verdict(drop_response=True)  # every request after a blackhole
+
+
 class RequestPolicy(Protocol):
-    """Where a rule decides about a request (the seam kproxy.rules will fill; proxy/ never imports it).
+    """Where a rule decides about a request (kproxy.rules fills it through the server; proxy/ never
+    imports it).
 
     Called once per Kafka request, right after its header is parsed and its id
     checked, before anything else happens to it (the acks=0 branch included), with
     ``exchange.request`` holding the whole frame. Returns None to let the request go
-    on as usual, which is all any policy does yet.
+    on as usual (the common case: it must cost next to nothing), or a :class:`Verdict`.
     """
 
-    def decide(self, exchange: Exchange) -> None: ...
+    def decide(self, exchange: Exchange) -> Verdict | None: ...
 
 
 class Session:
@@ -234,6 +285,11 @@ class Session:
         self._forgotten: tuple[int, int, int] | None = None
         self.requests = 0
         self.responses = 0
+        self._wake: float | None = None  # a WakeAt to ask for (a held response), None: none
+        self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
+        self._blackholed = False
+        self._close_at: float | None = None  # a slow close's time
+        self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
 
     # -- what the server may ask between chunks ----------------------------------------
     @property
@@ -273,11 +329,21 @@ class Session:
         commands: list[Command] = [self._take_ready(frames, data, False)] if self._ready else []
         if forward:
             # Requests go on unchanged (same objects): all of them and nothing else means the chunk itself.
-            if exact and len(forward) == len(frames):
+            if exact and len(forward) == len(frames) and not self._edited:
                 commands.append(ForwardUpstream(data))
             else:
                 commands.append(ForwardUpstream(forward[0] if len(forward) == 1 else b"".join(forward)))
+        self._edited = False
+        if self._wake is not None:
+            self._ask_wake(commands)
+        if self._closing is not None:
+            commands.append(self._closing)
         return commands
+
+    def _ask_wake(self, commands: list[Command]) -> None:
+        assert self._wake is not None
+        commands.append(WakeAt(self._wake))
+        self._wake = None
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:
         """Take one request frame; return it to forward upstream, or None if kproxy answered.
@@ -316,7 +382,13 @@ class Session:
         if self.observer is not None:
             self._seen.append(ex)
         if self.policy is not None:
-            self.policy.decide(ex)
+            if self._closing is not None:
+                return None  # a rule closed the connection earlier in this chunk: nothing more goes on
+            verdict = self.policy.decide(ex)
+            if verdict is None and self._blackholed:
+                verdict = _BLACKHOLED
+            if verdict is not None:
+                return self._execute(ex, verdict, frame, now)
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
             ex.local = True
             ex.response = self._kip511_answer(correlation_id)
@@ -339,6 +411,52 @@ class Session:
         self._taken.add(correlation_id)
         self._awaiting.append(ex)
         return frame
+
+    def _execute(self, ex: Exchange, verdict: Verdict, frame: bytes, now: float) -> bytes | None:
+        """Carry out a policy's verdict on a request just read; what to forward, or None."""
+        if verdict.close is not None:
+            self._closing = verdict.close
+            return None
+        if verdict.blackhole and not self._blackholed:
+            self._blackholed = True
+            if verdict.close_after_s is not None:
+                self._close_at = now + verdict.close_after_s
+                self._want_wake(self._close_at)
+        out = frame
+        if verdict.request is not None:
+            out = verdict.request
+            self._edited = True
+        if ex.api_key == PRODUCE and _acks_zero(ex, frame):
+            # No answer, injected or not (the client expects none): only forwarding is a choice.
+            if self.observer is not None:
+                ex.completed_at = now
+                self._completed.append(ex)
+            if not verdict.forward:
+                return None
+            self._remember_acks0(ex.correlation_id)
+            return out
+        if verdict.hold_s:
+            ex.release_at = ex.read_at + verdict.hold_s
+        ex.response_delay = verdict.response_delay_s
+        ex.on_response = verdict.on_response
+        ex.drop = verdict.drop_response or verdict.blackhole
+        self.in_flight.append(ex)
+        self._taken.add(ex.correlation_id)
+        if not verdict.forward:
+            ex.local = True
+            ex.received_at = now
+            ex.response = verdict.answer if verdict.answer is not None else b""
+            ex.drop = ex.drop or verdict.answer is None
+            self._flush()
+            return None
+        if ex.api_key == SASL_HANDSHAKE and ex.api_version == 0:
+            ex.sasl_mechanism = _sasl_mechanism(ex)
+        self._awaiting.append(ex)
+        return out
+
+    def _want_wake(self, when: float) -> None:
+        if self._wake is None or when < self._wake:
+            self._wake = when
 
     def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
         if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
@@ -429,7 +547,10 @@ class Session:
         except ProtocolError as exc:
             return [_reject(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
                             "bad response from upstream")]
-        return [self._take_ready(frames, data, exact)] if self._ready else []
+        commands: list[Command] = [self._take_ready(frames, data, exact)] if self._ready else []
+        if self._wake is not None:
+            self._ask_wake(commands)
+        return commands
 
     def on_timer(self, now: float) -> list[Command]:
         """The time asked by a :class:`~kproxy.proxy.commands.WakeAt` has come (or is near).
@@ -437,10 +558,18 @@ class Session:
         Returns only :class:`SendToClient`, :class:`CloseConnection` or :class:`WakeAt`:
         requests go upstream from ``receive_client`` alone, so that they reach the broker
         in the order the session expects their answers (the server's client pump is the
-        only writer upstream). Nothing asks for a wake-up yet: a delayed response (a
-        fault-injection rule) will be released from here.
+        only writer upstream). Held responses (a policy's delay or throttle) whose time
+        has come are released from here, in request order, and a slow close ends here.
         """
-        return []
+        if self._close_at is not None and now >= self._close_at:
+            return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
+        self._flush()
+        commands: list[Command] = [self._take_ready([], b"", False)] if self._ready else []
+        if self._close_at is not None:
+            self._want_wake(self._close_at)
+        if self._wake is not None:
+            self._ask_wake(commands)
+        return commands
 
     def _upstream_frame(self, frame: bytes) -> None:
         if self.mode is Mode.SASL_TOKENS:
@@ -472,7 +601,13 @@ class Session:
             self._answered_in_order(ex.seq)
         self.responses += 1
         ex.received_at = self.clock()
-        ex.response = self._rewrite(ex, frame)
+        response = self._rewrite(ex, frame)
+        if ex.on_response is not None:
+            # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
+            response = ex.on_response(response)
+        if ex.response_delay:
+            ex.release_at = max(ex.release_at, ex.received_at + ex.response_delay)
+        ex.response = response
         if ex.sasl_mechanism is not None:
             self._after_sasl_handshake(ex, frame)
         self._flush()
@@ -500,12 +635,24 @@ class Session:
             self._sasl_rounds_left = SASL_ROUNDS.get((ex.sasl_mechanism or "").upper())
 
     def _flush(self) -> None:
+        """Release the answered exchanges at the head of ``in_flight``, in request order.
+
+        A held exchange (``release_at`` in the future) stops the release there and asks for a
+        wake-up: the ones behind it wait, as they would behind a slow broker. A dropped one
+        releases nothing once its answer came, and the ones behind it go on: the broker
+        answers in order, so its answer is read before any later one.
+        """
         while self.in_flight and self.in_flight[0].response is not None:
+            head = self.in_flight[0]
+            if head.release_at and head.release_at > self.clock():
+                self._want_wake(head.release_at)
+                break
             ex = self.in_flight.popleft()
             self._taken.discard(ex.correlation_id)
             assert ex.response is not None
-            self._ready.append(ex.response)
-            self._ready_routes.extend(ex.routes)
+            if not ex.drop:
+                self._ready.append(ex.response)
+                self._ready_routes.extend(ex.routes)
             if self.observer is not None:
                 ex.completed_at = self.clock()
                 self._completed.append(ex)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -148,6 +150,9 @@ class Connection:
                 self._wake_due = math.inf
                 if not await self._execute(self.session.on_timer(time.perf_counter()), self._idle):
                     return
+                self.session.report()
+                if self.session.can_accept:
+                    self._room.set()  # held responses released: room for the client pump
                 continue
             with trio.CancelScope(deadline=min(idle_due, frame_due, self._wake_due)) as self._watch:
                 await trio.sleep_forever()
@@ -251,6 +256,8 @@ class Connection:
                 assert isinstance(command, CloseConnection)
                 if command.reject is not None and self.on_reject is not None:
                     self.on_reject(command.reject.value)
+                if command.abort:
+                    _linger_zero(self.client)
                 self._end(scope, command.reason)
                 return False
         return True
@@ -279,6 +286,17 @@ class Connection:
             self._wake_due = due
             if due < self._watch.deadline:
                 self._watch.deadline = due
+
+
+def _linger_zero(stream: trio.abc.Stream) -> None:
+    """Make closing ``stream`` send a TCP RST (SO_LINGER on, timeout 0): a reset_connection rule."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if isinstance(stream, trio.SocketStream):
+        try:
+            stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            log.debug("event=linger_failed", exc_info=True)
 
 
 async def _aclose(stream: trio.abc.AsyncResource) -> None:

@@ -43,6 +43,7 @@ from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
+from kproxy.server.rule_policy import FaultInjector
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
 
@@ -78,6 +79,7 @@ class _Listener:
     ready: trio.Event = field(default_factory=trio.Event)
     failed: str | None = None
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    node_id: int | None = None  # the broker behind it (None: the bootstrap listener)
 
 
 class ProxyServer:
@@ -122,6 +124,8 @@ class ProxyServer:
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
+        # One engine for every connection: schedule counters and throttle buckets are global.
+        self.faults = FaultInjector(config.rules, counts=self.stats.faults) if config.rules is not None else None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
@@ -187,6 +191,12 @@ class ProxyServer:
         elif not tls.verify:
             log.warning("event=option_unused option=tls.upstream.verify detail=%s",
                         _q("--upstream-no-verify has no effect without --upstream-tls"))
+        rules = self.config.rules
+        if rules is not None:
+            # A warning: kproxy misbehaves on purpose from now on (kproxy_rules_loaded says so too).
+            enabled = [r for r in rules.rules if r.enabled]
+            log.warning("event=fault_injection_enabled file=%s rules=%d dry_run=%d seed=%d", _q(rules.source or "-"),
+                        len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
@@ -284,7 +294,7 @@ class ProxyServer:
                     listener = self.listeners.get(route.local_port)
                     if listener is None and self._nursery is not None and not self.draining:
                         listener = _Listener(f"broker-{route.node_id}", route.local_port,
-                                             _route_resolver(route))
+                                             _route_resolver(route), node_id=route.node_id)
                         await self._nursery.start(self._serve, listener)
             if listener is not None and not listener.ready.is_set():
                 await listener.ready.wait()  # (Event.wait yields even when set: skip it on the hot path)
@@ -400,8 +410,9 @@ class ProxyServer:
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
                                              client=client)
         limits = self.config.limits
+        policy = self.faults.policy(peer, listener.node_id) if self.faults is not None else None
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          observer=observer)
+                          observer=observer, policy=policy)
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)

@@ -1,0 +1,269 @@
+"""Fault-injection rules wired into sessions: kproxy.rules' decisions -> the session's verdicts.
+
+The server builds one :class:`FaultInjector` per rule set (one :class:`~kproxy.rules.RuleEngine`,
+shared by every connection: schedule counters and throttle buckets are global, as a broker's
+quotas are) and gives each :class:`~kproxy.proxy.session.Session` a :class:`RulePolicy`, the
+:class:`~kproxy.proxy.session.RequestPolicy` the session calls once per request. proxy/ never
+imports kproxy.rules (pyproject.toml's import contracts): this module is the translation.
+
+Cost: a request of an api key no rule names costs one dict lookup (:meth:`RuleEngine.mentions`).
+
+Every fault done (dry runs included, marked ``dry_run=true``) is one log line::
+
+    event=fault rule=ID action=NAME connection=PEER correlation_id=N api=... topic=... partition=... detail=...
+
+so a run can be explained afterwards, and two runs with one seed compared line by line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+
+from kproxy.metrics.stats import FaultStats
+from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.frame_edit import request_header
+from kproxy.protocol.tables import api_snake_name, error_name
+from kproxy.proxy.commands import CloseConnection, CloseKind
+from kproxy.proxy.session import Exchange, Verdict
+from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
+from kproxy.rules.apply import apply_to_request, apply_to_response, selector
+from kproxy.rules.facts import FrameFacts
+from kproxy.rules.model import (
+    Blackhole,
+    Delay,
+    DelayPoint,
+    DropResponse,
+    InjectError,
+    InjectMode,
+    ResetConnection,
+    Rule,
+    SlowClose,
+    Throttle,
+    action_name,
+)
+from kproxy.rules.model import CloseConnection as CloseRule
+from kproxy.server.logfmt import q
+
+log = logging.getLogger("kproxy.faults")
+
+# Actions the session times or ends the connection for; apply.py's functions ignore them.
+_CONNECTION_ACTIONS = (DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
+_SESSION_ACTIONS = (Delay, Throttle, *_CONNECTION_ACTIONS)
+
+
+class FaultInjector:
+    """One rule set at work: the engine, the counters, the fault log."""
+
+    def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.rules = rules
+        self.clock = clock
+        self.engine = RuleEngine(rules, loaded_at=clock())
+        self.by_id: dict[str, Rule] = {r.id: r for r in rules.rules}
+        self.counts = counts = counts if counts is not None else FaultStats()
+        enabled = [r for r in rules.rules if r.enabled]
+        counts.rules_loaded = len(enabled)
+        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
+        # dashboards show every loaded rule.
+        for rule in enabled:
+            for action in rule.actions:
+                name = action_name(action)
+                counts.hits.setdefault((rule.id, name, "true" if rule.dry_run else "false"), 0)
+                if rule.dry_run:
+                    continue
+                if isinstance(action, _CONNECTION_ACTIONS):
+                    counts.connection_faults.setdefault((rule.id, name), 0)
+                elif isinstance(action, Throttle):
+                    counts.throttle_seconds.setdefault(rule.id, 0.0)
+                elif isinstance(action, InjectError):
+                    for api in sorted(rule.match.apis or ()):
+                        counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
+
+    def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy:
+        """The policy of one client connection (``peer``: ``host:port``)."""
+        return RulePolicy(self, peer, broker_id)
+
+    def count(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+        table[key] = table.get(key, 0) + 1
+
+
+def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    host = peer.rpartition(":")[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+class RulePolicy:
+    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection."""
+
+    __slots__ = ("_ordinals", "broker_id", "client_ip", "injector", "peer")
+
+    def __init__(self, injector: FaultInjector, peer: str, broker_id: int | None) -> None:
+        self.injector = injector
+        self.peer = peer
+        self.client_ip = _client_ip(peer)
+        self.broker_id = broker_id
+        self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        injector = self.injector
+        engine = injector.engine
+        api_key = exchange.api_key
+        if not engine.mentions(api_key):
+            return None
+        ordinal = self._ordinals.get(api_key, 0)
+        self._ordinals[api_key] = ordinal + 1
+        frame = exchange.request
+        try:
+            header = request_header(frame)
+        except ProtocolError:
+            return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
+        facts = FrameFacts(frame, header, client_ip=self.client_ip, broker_id=self.broker_id,
+                           stream_ordinal=ordinal, now=exchange.read_at, wall_time=time.time())
+        decision = engine.evaluate(facts)
+        if not decision.matched:
+            return None
+        return self._verdict(exchange, decision, facts, frame)
+
+    # -- a decision -> a verdict --------------------------------------------------------
+    def _verdict(self, ex: Exchange, decision: Decision, facts: FrameFacts, frame: bytes) -> Verdict | None:
+        counts = self.injector.counts
+        close: CloseConnection | None = None
+        answer: bytes | None = None
+        forward = True
+        request = frame
+        hold_s = response_delay_s = 0.0
+        throttle_ms = 0
+        drop = blackhole = False
+        close_after: float | None = None
+        response_steps: list[tuple[RuleHit, Rule]] = []
+        for hit in decision.hits:
+            rule = self.injector.by_id[hit.rule_id]
+            if hit.dry_run:
+                for action in hit.actions:
+                    self._fault(hit, action_name(action), facts, "dry run: nothing done", dry_run=True)
+                continue
+            delays = iter(hit.delays_ms)
+            for action in hit.actions:
+                name = action_name(action)
+                if isinstance(action, Delay):
+                    ms = next(delays)
+                    if action.at is DelayPoint.REQUEST:
+                        hold_s += ms / 1000
+                    else:
+                        response_delay_s += ms / 1000
+                    self._fault(hit, name, facts, f"{ms:.1f}ms at {action.at.value}")
+                elif isinstance(action, Throttle):
+                    delay = self.injector.engine.throttle_delay_s(hit.rule_id, action, facts, ex.request_size)
+                    if delay > 0:
+                        hold_s += delay
+                        throttle_ms = max(throttle_ms, round(delay * 1000))
+                        key = hit.rule_id
+                        counts.throttle_seconds[key] = counts.throttle_seconds.get(key, 0.0) + delay
+                        self._fault(hit, name, facts, f"held {delay * 1000:.1f}ms")
+                elif isinstance(action, DropResponse):
+                    drop = True
+                    self._kill(hit, name, facts, "the response will be swallowed")
+                elif isinstance(action, CloseRule | ResetConnection):
+                    abort = isinstance(action, ResetConnection)
+                    close = close or CloseConnection(f"rule {hit.rule_id}: {name}", CloseKind.DELIBERATE,
+                                                     abort=abort)
+                    self._kill(hit, name, facts, "RST" if abort else "FIN")
+                elif isinstance(action, Blackhole | SlowClose):
+                    blackhole = True
+                    if isinstance(action, SlowClose):
+                        close_after = action.ms / 1000
+                    self._kill(hit, name, facts, "no more answers on this connection"
+                               + (f", closing in {action.ms:g}ms" if isinstance(action, SlowClose) else ""))
+            if close is not None or answer is not None:
+                continue
+            outcome = apply_to_request([a for a in hit.actions if not isinstance(a, _SESSION_ACTIONS)], request,
+                                       only=selector(rule.match))
+            request = outcome.frame
+            for note in outcome.notes:
+                self._fault(hit, _note_action(note), facts, note)
+            if not outcome.forward:
+                forward = False
+                answer = outcome.answer
+                for action in hit.actions:
+                    if isinstance(action, InjectError) and action.mode is InjectMode.RESPOND:
+                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+                        break
+            elif any(_response_side(a) for a in hit.actions):
+                response_steps.append((hit, rule))
+        if close is not None:
+            return Verdict(close=close)
+        on_response = self._on_response(ex, facts, response_steps, throttle_ms) \
+            if (response_steps or throttle_ms) and forward else None
+        if answer is not None and throttle_ms:
+            answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
+        if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
+                or blackhole):
+            return Verdict(answer=answer, forward=forward, request=None if request is frame else request,
+                           hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
+                           drop_response=drop, blackhole=blackhole, close_after_s=close_after)
+        return None
+
+    def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[RuleHit, Rule]], throttle_ms: int
+                     ) -> Callable[[bytes], bytes]:
+        api_key, api_version = ex.api_key, ex.api_version
+        counts = self.injector.counts
+
+        def edit(response: bytes) -> bytes:
+            for i, (hit, rule) in enumerate(steps):
+                last = i == len(steps) - 1
+                actions = [a for a in hit.actions if _response_side(a)]
+                outcome = apply_to_response(actions, response, api_key, api_version,
+                                            throttle_time_ms=throttle_ms if last else None, only=selector(rule.match))
+                response = outcome.frame
+                for note in outcome.notes:
+                    self._fault(hit, _note_action(note), facts, note)
+                for action in actions:
+                    if isinstance(action, InjectError):
+                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+            if not steps and throttle_ms:
+                response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
+            return response
+
+        return edit
+
+    # -- accounting ---------------------------------------------------------------------
+    def _kill(self, hit: RuleHit, name: str, facts: FrameFacts, detail: str) -> None:
+        self.injector.count(self.injector.counts.connection_faults, (hit.rule_id, name))
+        self._fault(hit, name, facts, detail)
+
+    def _fault(self, hit: RuleHit, action: str, facts: FrameFacts, detail: str, *, dry_run: bool = False) -> None:
+        counts = self.injector.counts
+        key = (hit.rule_id, action, "true" if dry_run else "false")
+        counts.hits[key] = counts.hits.get(key, 0) + 1
+        if not log.isEnabledFor(logging.INFO):
+            return  # the topic scan below is for the line alone
+        topics = facts.topics()
+        partitions = sorted({p for parts in topics.values() for p in parts})
+        log.info("event=fault rule=%s action=%s connection=%s correlation_id=%d api=%s topic=%s partition=%s "
+                 "detail=%s%s", hit.rule_id, action, self.peer, facts.correlation_id, api_snake_name(facts.api_key),
+                 q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
+                 " dry_run=true" if dry_run else "")
+
+
+def facts_api(ex: Exchange) -> str:
+    return api_snake_name(ex.api_key)
+
+
+def _note_action(note: str) -> str:
+    """The action name a note of kproxy.rules.apply starts with (``inject_error NOT_LEADER...: ...``)."""
+    return note.split(" ", 1)[0].split(":", 1)[0]
+
+
+def _response_side(action: object) -> bool:
+    if isinstance(action, InjectError):
+        return action.mode is InjectMode.REPLACE
+    return not isinstance(action, _SESSION_ACTIONS)
+
+
+__all__ = ["FaultInjector", "RulePolicy"]

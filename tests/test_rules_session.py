@@ -1,0 +1,319 @@
+"""Rules executed by a real Session through the server's adapter (kproxy/server/rule_policy.py), sans-IO.
+
+Every test drives a real :class:`~kproxy.proxy.session.Session` with real frames and a rule file
+loaded by :func:`kproxy.rules.load_text`; only the clock is the test's.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kproxy.protocol import decode_response, encode_request, frame
+from kproxy.protocol.builders import request_body, request_frame, response_frame
+from kproxy.protocol.framing import FrameSplitter
+from kproxy.protocol.headers import RequestHeader
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUpstream, SendToClient, WakeAt
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+from kproxy.rules import load_text
+from kproxy.server.logfmt import parse_logfmt
+from kproxy.server.rule_policy import FaultInjector
+
+PRODUCE, METADATA, HEARTBEAT = 0, 3, 12
+NOT_LEADER_OR_FOLLOWER, REBALANCE_IN_PROGRESS = 6, 27
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Driver:
+    """A Session with a rule set, keeping what its commands asked for."""
+
+    def __init__(self, rules: str, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+        self.injector = FaultInjector(load_text(rules), clock=self.clock)
+        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=self.clock,
+                               policy=self.injector.policy("127.0.0.1:5555"))
+        self.to_client: list[bytes] = []
+        self.upstream: list[bytes] = []
+        self.closed: CloseConnection | None = None
+        self.wake: float | None = None
+
+    def run(self, commands: list[Command]) -> None:
+        for c in commands:
+            if isinstance(c, SendToClient):
+                self.to_client += FrameSplitter().split(c.data)[0]
+            elif isinstance(c, ForwardUpstream):
+                self.upstream += FrameSplitter().split(c.data)[0]
+            elif isinstance(c, WakeAt):
+                self.wake = c.when
+            else:
+                assert isinstance(c, CloseConnection)
+                self.closed = c
+
+    def client(self, *frames: bytes) -> None:
+        self.run(self.session.receive_client(b"".join(frames), self.clock.now))
+
+    def broker(self, *frames: bytes) -> None:
+        self.run(self.session.receive_upstream(b"".join(frames)))
+
+    def tick(self, seconds: float) -> None:
+        self.clock.now += seconds
+        self.run(self.session.on_timer(self.clock.now))
+
+    def answered(self) -> list[int]:
+        return [struct.unpack_from(">i", f, 4)[0] for f in self.to_client]
+
+
+def produce(correlation_id: int, acks: int, topic: str = "orders", partitions: tuple[int, ...] = (0,)) -> bytes:
+    body = request_body(PRODUCE, 9, transactional_id=None, acks=acks, timeout_ms=1500,
+                        topic_data=[{"name": topic, "partition_data": [{"index": p, "records": None}
+                                                                       for p in partitions]}])
+    return frame(encode_request(RequestHeader(PRODUCE, 9, correlation_id, "producer-1", 2), body))
+
+
+def produce_answer(correlation_id: int, topic: str = "orders", partitions: tuple[int, ...] = (0,)) -> bytes:
+    return response_frame(PRODUCE, 9, correlation_id, responses=[
+        {"name": topic, "partition_responses": [{"index": p, "error_code": 0, "base_offset": 7} for p in partitions]}])
+
+
+def heartbeat(correlation_id: int) -> bytes:
+    return request_frame(HEARTBEAT, 4, correlation_id, group_id="g", generation_id=1, member_id="m")
+
+
+def heartbeat_answer(correlation_id: int) -> bytes:
+    return response_frame(HEARTBEAT, 4, correlation_id, error_code=0)
+
+
+def body(api_key: int, version: int, response: bytes) -> dict[str, Any]:
+    return decode_response(response[4:], api_key, version).body
+
+
+def codes(response: bytes) -> list[int]:
+    return [p["error_code"] for t in body(PRODUCE, 9, response)["responses"] for p in t["partition_responses"]]
+
+
+RULES = """
+seed: 7
+rules:
+  - id: {id}
+    match: {match}
+    actions:
+      - {action}
+"""
+
+
+def rules(action: str, match: str = "{api: heartbeat}", rule_id: str = "r1") -> str:
+    return RULES.format(id=rule_id, match=match, action=action)
+
+
+# -- inject_error ----------------------------------------------------------------------------------
+def test_respond_answers_locally_in_request_order_and_keeps_the_correlation_id() -> None:
+    d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}"))
+    d.client(produce(1, -1), heartbeat(2), produce(3, -1))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 3]  # the heartbeat never went up
+    assert d.to_client == []  # the local answer waits behind produce 1
+    d.broker(produce_answer(1))
+    assert d.answered() == [1, 2]
+    assert body(HEARTBEAT, 4, d.to_client[1])["error_code"] == REBALANCE_IN_PROGRESS
+    d.broker(produce_answer(3))
+    assert d.answered() == [1, 2, 3]
+
+
+def test_replace_rewrites_the_broker_codes_of_chosen_partitions_only() -> None:
+    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER, mode: replace, partitions: [1]}",
+                     "{api: produce}"))
+    d.client(produce(1, -1, partitions=(0, 1)))
+    assert len(d.upstream) == 1
+    d.broker(produce_answer(1, partitions=(0, 1)))
+    assert d.answered() == [1]
+    assert codes(d.to_client[0]) == [0, NOT_LEADER_OR_FOLLOWER]
+
+
+def test_acks0_produce_never_gets_an_answer_even_an_injected_one() -> None:
+    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER}", "{api: produce}"))
+    d.client(produce(1, 0), heartbeat(2))
+    assert [struct.unpack_from(">h", f, 4)[0] for f in d.upstream] == [HEARTBEAT]  # swallowed, not forwarded
+    d.broker(heartbeat_answer(2))
+    assert d.answered() == [2]
+
+
+# -- delay and throttle ------------------------------------------------------------------------------
+@pytest.mark.parametrize("at", ["request", "response"])
+def test_delay_holds_the_response_and_later_ones_wait_behind_it(at: str) -> None:
+    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
+    d.client(heartbeat(1), produce(2, -1))
+    d.clock.now += 0.05
+    d.broker(heartbeat_answer(1), produce_answer(2))
+    assert d.to_client == []
+    due = 100.2 if at == "request" else 100.25
+    assert d.wake == pytest.approx(due)
+    d.tick(due - d.clock.now - 0.01)
+    assert d.to_client == []
+    d.tick(0.02)
+    assert d.answered() == [1, 2]
+
+
+def test_throttle_holds_like_a_quota_and_reports_throttle_time_ms() -> None:
+    d = Driver(rules("throttle: {bytes_per_second: 1000, burst_seconds: 0.01}", "{api: produce}"))
+    first = produce(1, -1)
+    d.client(first)
+    d.broker(produce_answer(1))
+    # A 10-byte bucket; the request's bytes past it are paid back at 1000 B/s.
+    expected_ms = round(len(first) - 10)  # ms: 1 byte a millisecond
+    assert d.to_client == []
+    d.tick(expected_ms / 1000 + 0.001)
+    assert d.answered() == [1]
+    assert body(PRODUCE, 9, d.to_client[0])["throttle_time_ms"] == expected_ms
+
+
+# -- connection faults -----------------------------------------------------------------------------
+def test_drop_response_swallows_one_answer_and_later_ones_flow() -> None:
+    d = Driver(rules("drop_response", "{api: heartbeat, schedule: {first: 1}}"))
+    d.client(heartbeat(1), heartbeat(2))
+    d.broker(heartbeat_answer(1), heartbeat_answer(2))
+    assert d.answered() == [2]
+    assert d.session.in_flight_count == 0
+
+
+@pytest.mark.parametrize(("action", "abort"), [("close_connection", False), ("reset_connection", True)])
+def test_close_and_reset_end_the_connection_deliberately(action: str, abort: bool) -> None:
+    d = Driver(rules(action))
+    d.client(produce(1, -1), heartbeat(2), produce(3, -1))
+    assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE and d.closed.abort is abort
+    assert len(d.upstream) == 1  # produce 1 went before the rule; nothing after it
+
+
+def test_blackhole_answers_nothing_more_and_slow_close_ends_later() -> None:
+    d = Driver(rules("slow_close: {ms: 500}"))
+    d.client(heartbeat(1))
+    d.client(produce(2, -1))
+    d.broker(heartbeat_answer(1), produce_answer(2))
+    assert d.to_client == [] and d.closed is None
+    d.tick(0.6)
+    assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE
+
+
+def test_dry_run_changes_nothing_and_logs_the_fault(caplog: pytest.LogCaptureFixture) -> None:
+    text = rules("inject_error: {error: REBALANCE_IN_PROGRESS}").replace("    match:", "    dry_run: true\n    match:")
+    d = Driver(text)
+    with caplog.at_level(logging.INFO, "kproxy.faults"):
+        d.client(heartbeat(1))
+    d.broker(heartbeat_answer(1))
+    assert body(HEARTBEAT, 4, d.to_client[0])["error_code"] == 0
+    line = parse_logfmt(caplog.records[0].getMessage())
+    assert line["event"] == "fault" and line["rule"] == "r1" and line["dry_run"] == "true"
+    assert d.injector.counts.hits == {("r1", "inject_error", "true"): 1}
+
+
+def test_fault_log_line_names_rule_connection_request_and_topic(caplog: pytest.LogCaptureFixture) -> None:
+    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER}", "{api: produce, topic: 'ord*'}"))
+    with caplog.at_level(logging.INFO, "kproxy.faults"):
+        d.client(produce(41, -1, partitions=(2, 0)))
+    line = parse_logfmt(caplog.records[0].getMessage())
+    assert line == {"event": "fault", "rule": "r1", "action": "inject_error", "connection": "127.0.0.1:5555",
+                    "correlation_id": "41", "api": "produce", "topic": "orders", "partition": "0,2",
+                    "detail": "inject_error NOT_LEADER_OR_FOLLOWER respond"}
+    assert d.injector.counts.injected_errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1}
+
+
+# -- the guarantees under random rules and streams -------------------------------------------------
+ACTIONS = ["inject_error: {error: NOT_LEADER_OR_FOLLOWER}", "inject_error: {error: 6, mode: replace}",
+           "delay: {ms: 30, jitter_ms: 20}", "delay: {ms: 10, at: response}", "drop_response",
+           "throttle: {requests_per_second: 50}", "duplicate_records"]
+
+
+def _acts_on(spec: tuple[str, str, float]) -> bool:
+    return spec[0] == "produce" or "records" not in spec[1]  # record actions are Produce and Fetch only
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(["produce", "heartbeat"]), st.sampled_from(ACTIONS),
+                          st.sampled_from([0.3, 0.7, 1.0])).filter(_acts_on),
+                min_size=1, max_size=4),
+       st.lists(st.sampled_from(["p1", "p0", "hb"]), min_size=1, max_size=30), st.integers(0, 3))
+def test_random_rules_keep_order_ids_and_acks0_silence(rule_specs: list[tuple[str, str, float]],
+                                                       stream: list[str], seed: int) -> None:
+    text = f"seed: {seed}\nrules:\n" + "".join(
+        f"  - id: r{i}\n    continue: true\n    match: {{api: {api}, probability: {p}}}\n    actions:\n      - {a}\n"
+        for i, (api, a, p) in enumerate(rule_specs)) if rule_specs else "seed: 0\nrules: []\n"
+    d = Driver(text)
+    expected: list[int] = []
+    for i, kind in enumerate(stream, 1):
+        d.client(heartbeat(i) if kind == "hb" else produce(i, 0 if kind == "p0" else -1))
+        if kind != "p0":
+            expected.append(i)
+        d.clock.now += 0.01
+    for f in list(d.upstream):  # a broker answering every request that reached it, in order
+        api, _, cid = struct.unpack_from(">hhi", f, 4)
+        d.broker(heartbeat_answer(cid) if api == HEARTBEAT else produce_answer(cid))
+    for _ in range(200):
+        if d.wake is None:
+            break
+        d.clock.now, d.wake = max(d.clock.now, d.wake), None
+        d.run(d.session.on_timer(d.clock.now))
+    got = d.answered()
+    assert d.closed is None
+    assert got == [c for c in expected if c in set(got)], "responses left out of request order"
+    assert len(got) == len(set(got))
+    assert not {i for i, k in enumerate(stream, 1) if k == "p0"} & set(got), "an acks=0 Produce got an answer"
+    assert d.session.in_flight_count == 0
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+def test_faults_are_exported_as_prometheus_metrics() -> None:
+    from prometheus_client import generate_latest
+
+    from kproxy.metrics.exposition import LiveGauges, make_registry
+    from kproxy.metrics.stats import TrafficStats
+
+    stats = TrafficStats()
+    text = """
+rules:
+  - id: deny
+    match: {api: heartbeat}
+    actions: [{inject_error: {error: REBALANCE_IN_PROGRESS}}]
+  - id: quota
+    match: {api: produce}
+    actions: [{throttle: {requests_per_second: 1, burst_seconds: 1}}, drop_response]
+  - id: idle
+    match: {api: fetch}
+    actions: [close_connection]
+"""
+    d = Driver(text)
+    d.injector = FaultInjector(load_text(text), counts=stats.faults, clock=d.clock)
+    d.session.policy = d.injector.policy("127.0.0.1:5555")
+    d.client(heartbeat(1), produce(2, -1), produce(3, -1))
+    exported = generate_latest(make_registry(stats, LiveGauges)).decode()
+    for line in ['kproxy_rules_loaded 3.0',
+                 'kproxy_rule_hits_total{action="inject_error",dry_run="false",rule="deny"} 1.0',
+                 'kproxy_rule_hits_total{action="close_connection",dry_run="false",rule="idle"} 0.0',
+                 'kproxy_injected_errors_total{api="heartbeat",error="REBALANCE_IN_PROGRESS"} 1.0',
+                 'kproxy_rule_throttle_seconds_total{rule="quota"} 1.0',
+                 'kproxy_rule_connection_faults_total{action="drop_response",rule="quota"} 2.0']:
+        assert line in exported, line
+
+
+def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
+    from kproxy.protocol.records import Record, encode_batch_v2
+
+    batch = encode_batch_v2([Record(0, 1_700_000_000_000, b"k", b"v")])
+    body = request_body(PRODUCE, 9, transactional_id=None, acks=-1, timeout_ms=1500,
+                        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}])
+    original = frame(encode_request(RequestHeader(PRODUCE, 9, 1, "producer-1", 2), body))
+    d = Driver(rules("corrupt_records: {target: crc}", "{api: produce}"))
+    d.client(original)  # the chunk holds exactly this one frame
+    [sent] = d.upstream
+    assert len(sent) == len(original) and sent != original
