@@ -37,7 +37,7 @@ FROM python:3.11-slim-trixie@sha256:9534e5a8e315485d4061ed659af0fd78a284c015f9b7
 ARG VCS_REF=unknown
 ARG SOURCE_URL=unknown
 LABEL org.opencontainers.image.title="kproxy" \
-      org.opencontainers.image.description="Kafka-protocol-aware transparent TCP proxy: broker address rewriting, per-API latency and error metrics" \
+      org.opencontainers.image.description="Kafka-protocol-aware transparent TCP proxy: broker address rewriting, YAML fault injection, per-API latency and error metrics" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="0.1.0" \
       org.opencontainers.image.source="${SOURCE_URL}" \
