@@ -121,12 +121,14 @@ def rss_kb(pid: int, key: str = "VmRSS") -> int:
 
 # -- load generation --------------------------------------------------------------------------
 class FrameCounter:
-    """Counts response frames in a byte stream by their size prefix, checking correlation ids."""
+    """Counts response frames in a byte stream by their size prefix, checking that correlation
+    ids come back in the order ``expected`` cycles through them."""
 
-    __slots__ = ("expected", "frames", "head", "skip")
+    __slots__ = ("expected", "frames", "head", "next", "skip")
 
-    def __init__(self, expected_correlation_id: int) -> None:
-        self.expected = expected_correlation_id
+    def __init__(self, expected: list[int]) -> None:
+        self.expected = expected
+        self.next = 0
         self.head = b""
         self.skip = 0
         self.frames = 0
@@ -147,8 +149,9 @@ class FrameCounter:
             if len(self.head) < 8:
                 break
             size, cid = _HEAD.unpack(self.head)
-            if cid != self.expected:
-                raise RuntimeError(f"correlation id {cid}, expected {self.expected}: stream out of sync")
+            if cid != self.expected[self.next]:
+                raise RuntimeError(f"correlation id {cid}, expected {self.expected[self.next]}: stream out of sync")
+            self.next = (self.next + 1) % len(self.expected)
             self.head = b""
             self.skip = size - 4
             if not self.skip:
@@ -174,15 +177,23 @@ def run_load(port: int, frame: bytes, *, connections: int, depth: int, count: in
     ``warmup``; in-flight requests are always drained before returning. Only
     responses (and bytes) after the warm-up are counted.
     """
+    # Every request in flight on a connection carries its own correlation id (Kafka clients number
+    # them; kproxy refuses a connection that reuses one in flight): a cycle of twice the depth.
     (cid,) = struct.unpack_from(">i", frame, 8)
+    cids = [(cid + i) % 2**31 for i in range(2 * depth)]
+    variants = [frame[:8] + struct.pack(">i", c) + frame[12:] for c in cids]
+
+    def frames(start: int, n: int) -> bytes:
+        return b"".join(variants[(start + i) % len(variants)] for i in range(n))
+
     sel = selectors.DefaultSelector()
     socks = [wire.connect(port) for _ in range(connections)]
     state = {}
     for s in socks:
         s.setblocking(False)
         first = min(depth, count) if count is not None else depth
-        state[s] = {"out": bytearray(frame * first), "sent": first, "inflight": first,
-                    "counter": FrameCounter(cid)}
+        state[s] = {"out": bytearray(frames(0, first)), "sent": first, "inflight": first,
+                    "counter": FrameCounter(cids)}
         sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
     start = time.perf_counter()
     counting_from = start + warmup
@@ -226,10 +237,10 @@ def run_load(port: int, frame: bytes, *, connections: int, depth: int, count: in
                         elif count is not None:
                             more = min(done, count - st["sent"])
                         if more:
+                            was_empty = not st["out"]
+                            st["out"] += frames(st["sent"], more)
                             st["sent"] += more
                             st["inflight"] += more
-                            was_empty = not st["out"]
-                            st["out"] += frame * more
                             if was_empty:
                                 sel.modify(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
         if not stopping:
