@@ -348,22 +348,9 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
         "analyze", help="analyse capture files with Spark",
         description="Analyse kproxy capture files with Spark (local[*] by default).",
         epilog=_ANALYZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
-                        help="capture directories or files (local paths, or any URI Spark reads)")
-    parser.add_argument("--master", default="local[*]", metavar="URL",
-                        help="Spark master (default local[*]: every core of this machine)")
-    parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
-                        help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
-    parser.add_argument("--follow", action="store_true",
-                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
-                             "until Ctrl-C)")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
-                             "millions of records need memory); repeatable")
-    parser.add_argument("--rules", metavar="FILE",
-                        help="what-if: evaluate this rule file against the captured requests, per rule "
-                             "(an invalid file: exit 2, every problem listed)")
-    parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
+    from kproxy.analysis.arguments import add_arguments  # argparse only: no Spark loaded
+
+    add_arguments(parser)
     parser.set_defaults(handler=_run_analyze)
 
 

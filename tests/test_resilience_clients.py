@@ -27,7 +27,7 @@ import trustme
 from kproxy.protocol import decode_response
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.records import Record, encode_batch_v2
-from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_proxy, wait_for_port
+from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_proxy, stop_process, wait_for_port
 from tests.support.e2e import create_topic, unique
 from tests.support.resilience import (
     api_versions_request,
@@ -321,12 +321,7 @@ def test_many_idle_connections(tmp_path: Path) -> None:
         finally:
             for sock in socks:
                 sock.close()
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc, grace=15)
             log.close()
 
 

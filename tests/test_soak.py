@@ -40,7 +40,7 @@ from kafka.admin import KafkaAdminClient
 
 from kproxy.protocol import decode_response
 from kproxy.protocol.builders import request_frame
-from kproxy.testing import Broker, free_port, wait_for_port
+from kproxy.testing import Broker, free_port, stop_process, wait_for_port
 from tests.support.e2e import create_topic, unique
 from tests.support.resilience import recv_frame, vm_rss_kb
 
@@ -221,12 +221,7 @@ def soak(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> SoakResult:
                           raw_requests[0], requests, rss)
     finally:
         stop.set()
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, grace=15)
         log.close()
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from kproxy.analysis.arguments import add_arguments
 from kproxy.analysis.job import NoInput, run_analysis, spark_session
 from kproxy.analysis.report import summary, write_html
 from kproxy.analysis.whatif import WhatIfRules
@@ -98,22 +99,6 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     except KeyboardInterrupt:
         query.stop()
     return EXIT_OK
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("captures", nargs="+", metavar="CAPTURE",
-                        help="capture directories or files (local paths, or any URI Spark reads)")
-    parser.add_argument("--master", default="local[*]", metavar="URL",
-                        help="Spark master (default local[*]: every core of this machine)")
-    parser.add_argument("--out", default="kproxy-analysis", metavar="DIR",
-                        help="where the Parquet aggregates and report.html go (default ./kproxy-analysis)")
-    parser.add_argument("--follow", action="store_true",
-                        help="keep per-minute aggregates up to date as the capture grows (Structured Streaming)")
-    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting, e.g. spark.driver.memory=4g; repeatable")
-    parser.add_argument("--rules", metavar="FILE",
-                        help="what-if: evaluate this rule file against the captured requests, per rule")
-    parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kproxy.metrics.stats import Histogram, TrafficStats
+from kproxy.protocol.tables import error_class, error_code
 from kproxy.testing import Broker, ProxyThread, proxy_config, run_tansu
 
 MESSAGES = 1000
@@ -114,7 +115,7 @@ def report(stats: TrafficStats, result: DemoResult, proxy_port: int, out: TextIO
         w(f"  node {node}: {host}:{port}\n")
     w(f"messages produced: {result.produced}, consumed back: {result.consumed} "
       f"({'all' if result.consumed == result.produced else 'MISSING SOME'})\n")
-    w(f"metadata for a missing topic returned: {result.missing_topic_error}\n\n")
+    w(f"metadata for a missing topic returned (librdkafka's name for it): {result.missing_topic_error}\n\n")
     w(f"{'api':<28}{'requests':>9}{'broker p50':>12}{'broker p99':>12}{'kproxy p99':>12}{'bytes in':>11}"
       f"{'bytes out':>11}\n")
     by_api: dict[str, int] = {}
@@ -125,11 +126,12 @@ def report(stats: TrafficStats, result: DemoResult, proxy_port: int, out: TextIO
         own = stats.overhead.get(api)
         w(f"{api:<28}{n:>9}{_ms(broker, 0.5):>12}{_ms(broker, 0.99):>12}{_ms(own, 0.99):>12}"
           f"{stats.byte_counts.get((api, 'request'), 0):>11}{stats.byte_counts.get((api, 'response'), 0):>11}\n")
-    w("\nerror codes kproxy found inside responses:\n")
+    w("\nerror codes kproxy found inside responses (routine: normal protocol flow, not a failure):\n")
     if not stats.errors:
         w("  none\n")
     for (api, error), n in sorted(stats.errors.items()):
-        w(f"  {api}: {error} x{n}\n")
+        code = error_code(error)
+        w(f"  {api}: {error} x{n} ({'error' if code is None else error_class(code)})\n")
     records = ", ".join(f"{api} {n}" for api, n in sorted(stats.records.items()))
     w(f"records seen: {records or 'none'}\n")
     w("(latencies are histogram bucket bounds, in ms)\n")

@@ -30,6 +30,11 @@ Guarantees kept here (each has bitten a peer):
   desynchronised stream: the session asks the server to close.
 * A chunk whose frames all go on unchanged is handed back as the very object read
   (no copy, no join): the common case, by far.
+
+Size (over the ~500 lines the project aims for): the session is one state machine (correlation
+table, ordering, SASL modes, local answers, held responses for rules) whose parts read and write
+the same few fields on every frame; moving them apart would add a call per frame on the hot path.
+Pure helpers already live elsewhere (protocol/requests.py, protocol/headers.py, proxy/commands.py).
 """
 
 from __future__ import annotations

@@ -10,6 +10,11 @@ never stops at the first problem: it collects all of them and raises one
 Unknown keys, api names and Kafka error names get a did-you-mean from
 :mod:`difflib`. The format is documented in ``rules/README.md`` and described
 by ``rules/kproxy-rules.schema.json``.
+
+Size (over the ~500 lines the project aims for), to be split next: the node-walking helpers and
+the per-action parameter readers are separable (a ``load_actions`` module), and will be split
+once the rules wiring has settled; today one walker keeps every error message's path format in
+one place.
 """
 
 from __future__ import annotations
