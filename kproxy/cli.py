@@ -242,6 +242,8 @@ def _add_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("--upstream", metavar="HOST:PORT", help="use this cluster instead of the embedded broker")
     parser.add_argument("--messages", type=_positive, default=1000, metavar="N",
                         help="messages to produce and consume (default 1000)")
+    parser.add_argument("--no-rules", dest="rules", action="store_false",
+                        help="skip the second part: fault-injection rules and what the clients saw of them")
     parser.set_defaults(handler=_run_demo)
 
 
@@ -260,7 +262,7 @@ def _run_demo(args: argparse.Namespace) -> int:
     from kproxy.testing import BrokerUnavailable
 
     try:
-        return run_demo(args.upstream, sys.stdout, messages=args.messages)
+        return run_demo(args.upstream, sys.stdout, messages=args.messages, rules=args.rules)
     except (BrokerUnavailable, ImportError) as exc:
         print(f"kproxy demo: {exc}", file=sys.stderr)
         return 1

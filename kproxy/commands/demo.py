@@ -3,7 +3,9 @@
 Starts the embedded Tansu broker (or uses ``--upstream``), puts kproxy in front
 of it, drives real librdkafka producers and consumers through kproxy, and
 prints what kproxy saw: the addresses the clients were given, and per-API
-traffic, latency and error counts from kproxy's own metrics.
+traffic, latency and error counts from kproxy's own metrics. Then, unless told not to,
+fault-injection rules at work and what the clients saw of them
+(:mod:`kproxy.commands.demo_rules`).
 """
 
 from __future__ import annotations
@@ -144,16 +146,30 @@ def _ms(hist: Histogram | None, q: float) -> str:
     return "-" if value is None else f"<={value * 1000:g}"
 
 
-def run_demo(upstream: str | None, out: TextIO, messages: int = MESSAGES, **proxy_options: Any) -> int:
-    with _upstream(upstream) as bootstrap, ProxyThread(proxy_config(bootstrap, **proxy_options)) as proxy:
-        assert proxy.server is not None
-        server = proxy.server
-        deadline = time.monotonic() + 15
-        # As in a real deployment, clients arrive after kproxy has discovered the brokers and
-        # compiled the codecs they will need; otherwise the first requests pay for compiling.
-        while not proxy.call(server.warmed.is_set) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        produced, consumed, advertised, missing = drive_traffic(proxy.bootstrap, messages)
-        result = DemoResult(produced, consumed, advertised, bootstrap, missing)
-        report(proxy.server.stats, result, proxy.port, out)
-    return 0 if consumed == produced else 1
+def _wait_warm(proxy: ProxyThread) -> None:
+    """As in a real deployment, clients arrive after kproxy has discovered the brokers and
+    compiled the codecs they will need; otherwise the first requests pay for compiling."""
+    assert proxy.server is not None
+    server = proxy.server
+    deadline = time.monotonic() + 15
+    while not proxy.call(server.warmed.is_set) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def run_demo(upstream: str | None, out: TextIO, messages: int = MESSAGES, *, rules: bool = True,
+             **proxy_options: Any) -> int:
+    """The demo; exit status 0 when every message came back (and, with ``rules``, when the rules
+    scenario's idempotent producer got every record exactly once)."""
+    with _upstream(upstream) as bootstrap:
+        with ProxyThread(proxy_config(bootstrap, **proxy_options)) as proxy:
+            assert proxy.server is not None
+            _wait_warm(proxy)
+            produced, consumed, advertised, missing = drive_traffic(proxy.bootstrap, messages)
+            result = DemoResult(produced, consumed, advertised, bootstrap, missing)
+            report(proxy.server.stats, result, proxy.port, out)
+        ok = consumed == produced
+        if rules:
+            from kproxy.commands.demo_rules import run_rules_demo
+
+            ok = run_rules_demo(bootstrap, out, messages, wait_warm=_wait_warm, **proxy_options).ok and ok
+    return 0 if ok else 1
