@@ -17,6 +17,7 @@ so a run can be explained afterwards, and two runs with one seed compared line b
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import time
@@ -30,7 +31,7 @@ from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
-from kproxy.rules.facts import FrameFacts
+from kproxy.rules.facts import METADATA, METADATA_TOPIC_IDS, FrameFacts, TopicIdNames
 from kproxy.rules.model import (
     Blackhole,
     Delay,
@@ -65,6 +66,10 @@ class FaultInjector:
         self.by_id: dict[str, Rule] = {r.id: r for r in rules.rules}
         self.counts = counts = counts if counts is not None else FaultStats()
         enabled = [r for r in rules.rules if r.enabled]
+        # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
+        # rule has a topic key to match them with.
+        self.topic_names = TopicIdNames()
+        self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
         counts.rules_loaded = len(enabled)
         # Series born at zero: an alert's increase() sees the first fault, not only the second, and
         # dashboards show every loaded rule.
@@ -84,6 +89,8 @@ class FaultInjector:
 
     def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy:
         """The policy of one client connection (``peer``: ``host:port``)."""
+        if self.learns_topic_ids:
+            return TopicIdLearningPolicy(self, peer, broker_id)
         return RulePolicy(self, peer, broker_id)
 
     def count(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
@@ -124,7 +131,8 @@ class RulePolicy:
         except ProtocolError:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
         facts = FrameFacts(frame, header, client_ip=self.client_ip, broker_id=self.broker_id,
-                           stream_ordinal=ordinal, now=exchange.read_at, wall_time=time.time())
+                           stream_ordinal=ordinal, now=exchange.read_at, wall_time=time.time(),
+                           topic_names=injector.topic_names)
         decision = engine.evaluate(facts)
         if not decision.matched:
             return None
@@ -183,7 +191,7 @@ class RulePolicy:
             if close is not None or answer is not None:
                 continue
             outcome = apply_to_request([a for a in hit.actions if not isinstance(a, _SESSION_ACTIONS)], request,
-                                       only=selector(rule.match))
+                                       only=selector(rule.match, self.injector.topic_names))
             request = outcome.frame
             for note in outcome.notes:
                 self._fault(hit, _note_action(note), facts, note)
@@ -219,7 +227,8 @@ class RulePolicy:
                 last = i == len(steps) - 1
                 actions = [a for a in hit.actions if _response_side(a)]
                 outcome = apply_to_response(actions, response, api_key, api_version,
-                                            throttle_time_ms=throttle_ms if last else None, only=selector(rule.match))
+                                            throttle_time_ms=throttle_ms if last else None,
+                                            only=selector(rule.match, self.injector.topic_names))
                 response = outcome.frame
                 for note in outcome.notes:
                     self._fault(hit, _note_action(note), facts, note)
@@ -251,6 +260,33 @@ class RulePolicy:
                  " dry_run=true" if dry_run else "")
 
 
+class TopicIdLearningPolicy(RulePolicy):
+    """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
+    injector's shared :class:`~kproxy.rules.facts.TopicIdNames`, so a ``topic`` key matches
+    requests that name topics by id. Used only when a rule has a topic key; its per-request
+    cost is one comparison, and one decode of each Metadata response (rare: clients refresh
+    metadata every few minutes, or after an error)."""
+
+    __slots__ = ()
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        verdict = super().decide(exchange)
+        if exchange.api_key != METADATA or exchange.api_version < METADATA_TOPIC_IDS:
+            return verdict
+        return _learning_topic_ids(verdict, self.injector.topic_names, exchange.api_version)
+
+
+def _learning_topic_ids(verdict: Verdict | None, names: TopicIdNames, api_version: int) -> Verdict:
+    """``verdict`` with the broker's Metadata answer read for topic ids first (before any rule edits it)."""
+    edit = verdict.on_response if verdict is not None else None
+
+    def learn(response: bytes) -> bytes:
+        names.learn_metadata(response, api_version)
+        return response if edit is None else edit(response)
+
+    return Verdict(on_response=learn) if verdict is None else dataclasses.replace(verdict, on_response=learn)
+
+
 def facts_api(ex: Exchange) -> str:
     return api_snake_name(ex.api_key)
 
@@ -266,4 +302,4 @@ def _response_side(action: object) -> bool:
     return not isinstance(action, _SESSION_ACTIONS)
 
 
-__all__ = ["FaultInjector", "RulePolicy"]
+__all__ = ["FaultInjector", "RulePolicy", "TopicIdLearningPolicy"]

@@ -1,0 +1,94 @@
+"""Topic keys on requests that name topics by id (Fetch v13+, KIP-516): ids learnt from Metadata v10+ answers.
+
+Sans-IO, with real Sessions and real frames; tests/test_rules_e2e.py shows the same with librdkafka
+against the real broker.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+from kproxy.rules import load_text
+from kproxy.rules.facts import TopicIdNames
+from kproxy.server.rule_policy import FaultInjector, RulePolicy, TopicIdLearningPolicy
+from tests.test_rules_session import Clock, Driver, body
+
+METADATA, FETCH = 3, 1
+NOT_LEADER_OR_FOLLOWER = 6
+ORDERS = uuid.UUID("6b1d2c3e-0000-4000-8000-000000000001")
+
+RULES = """
+rules:
+  - id: orders-fetch
+    match: {api: fetch, topic: "orders*"}
+    actions:
+      - inject_error: {error: NOT_LEADER_OR_FOLLOWER}
+"""
+
+
+def metadata(correlation_id: int, version: int = 12) -> bytes:
+    return request_frame(METADATA, version, correlation_id, topics=[{"name": "orders", "topic_id": ORDERS}])
+
+
+def metadata_answer(correlation_id: int, version: int = 12, topic_id: uuid.UUID = ORDERS) -> bytes:
+    return response_frame(METADATA, version, correlation_id, brokers=[], topics=[
+        {"error_code": 0, "name": "orders", "topic_id": topic_id, "partitions": []}])
+
+
+def fetch_by_id(correlation_id: int, topic_id: uuid.UUID = ORDERS) -> bytes:
+    return request_frame(FETCH, 13, correlation_id, topics=[
+        {"topic_id": topic_id, "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1024}]}])
+
+
+def fetch_codes(response: bytes) -> list[int]:
+    return [p["error_code"] for t in body(FETCH, 13, response)["responses"] for p in t["partitions"]]
+
+
+def test_topic_id_names_learn_from_metadata_v10_and_later_only() -> None:
+    names = TopicIdNames()
+    assert names.learn_metadata(metadata_answer(1, version=9), 9) == 0  # no topic ids before v10
+    assert names.learn_metadata(metadata_answer(1, version=12)[:-5], 12) == 0  # cut short: nothing learnt
+    assert names.learn_metadata(metadata_answer(1, topic_id=uuid.UUID(int=0)), 12) == 1
+    assert dict(names) == {}  # the zero id means "no id"
+    assert names.learn_metadata(metadata_answer(1), 12) == 1
+    assert dict(names) == {ORDERS: "orders"}
+
+
+def test_topic_id_names_are_bounded_oldest_first() -> None:
+    names = TopicIdNames(cap=2)
+    ids = [uuid.UUID(int=i) for i in (1, 2, 3)]
+    for i, topic_id in enumerate(ids):
+        names.learn(topic_id, f"t{i}")
+    assert dict(names) == {ids[1]: "t1", ids[2]: "t2"}
+
+
+def test_a_topic_key_matches_fetch_by_id_once_another_connection_read_metadata() -> None:
+    clock = Clock()
+    reader = Driver(RULES, clock)
+    injector = reader.injector
+    assert isinstance(reader.session.policy, TopicIdLearningPolicy)
+    reader.client(fetch_by_id(1))
+    assert len(reader.upstream) == 1, "an unknown id is not the topic: the request goes on"
+
+    # Metadata is answered on another connection of the same rule set.
+    other = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=clock,
+                    policy=injector.policy("127.0.0.1:6666"))
+    other.receive_client(metadata(7), clock.now)
+    other.receive_upstream(metadata_answer(7))
+    assert dict(injector.topic_names) == {ORDERS: "orders"}
+
+    reader.client(fetch_by_id(2))
+    assert len(reader.upstream) == 1, "now the rule matches: answered by kproxy, not forwarded"
+    reader.broker(response_frame(FETCH, 13, 1, responses=[]))
+    assert reader.answered() == [1, 2]
+    assert fetch_codes(reader.to_client[1]) == [NOT_LEADER_OR_FOLLOWER]
+
+
+def test_without_a_topic_key_no_metadata_is_read() -> None:
+    injector = FaultInjector(load_text("rules:\n  - id: f\n    match: {api: fetch}\n    actions: [drop_response]\n"))
+    policy = injector.policy("127.0.0.1:5555")
+    assert type(policy) is RulePolicy and not injector.learns_topic_ids
