@@ -251,3 +251,49 @@ rules:
     assert errors and good == 0, f"{good} records passed the CRC check; errors {errors}"
     # The same records read directly from the broker are intact.
     same_records(consume_confluent(tansu.bootstrap, topic, 1, 10), messages("crc", 10))
+
+
+def test_a_fetch_throttle_caps_the_consumer_on_response_bytes(with_rules: Any, tansu: Broker) -> None:
+    """A broker's fetch quota is on the bytes it sends (KIP-13): so is kproxy's. The consumer's
+    requests are tiny; what it reads is held to the rate, and librdkafka reports throttle time."""
+    topic = unique("rules-fetch-quota")
+    rate = 512 * 1024
+    proxy = with_rules(f"""
+rules:
+  - id: fetch-quota
+    match: {{api: fetch, topic: "{topic}"}}
+    actions:
+      - throttle: {{bytes_per_second: {rate}, burst_seconds: 0.05}}
+""")
+    create_topic(tansu.bootstrap, topic, 1)
+    # Small batches, written straight to the broker: a Fetch returns whole batches up to its byte limit.
+    value, count = b"f" * 10_000, 250
+    producer = Producer({"bootstrap.servers": tansu.bootstrap, "linger.ms": 5, "batch.size": 40_000})
+    for _ in range(count):
+        producer.produce(topic, value=value)
+        producer.poll(0)
+    assert producer.flush(30) == 0
+    stats: list[dict[str, Any]] = []
+    limit = 64 * 1024  # bytes per Fetch: ~40 Fetches for the topic
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("fetch-quota"),
+                         "enable.auto.commit": False, "max.partition.fetch.bytes": limit, "fetch.max.bytes": limit,
+                         "message.max.bytes": limit, "statistics.interval.ms": 500,
+                         "stats_cb": lambda s: stats.append(json.loads(s))})
+    received, first = 0, None
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 30
+        while received < count * len(value) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=100, timeout=0.2):
+                assert msg.error() is None, msg.error()
+                first = first or time.monotonic()
+                received += len(msg.value())
+        elapsed = time.monotonic() - (first or 0.0)
+        consumer.poll(0.6)  # one more statistics report
+    finally:
+        consumer.close()
+    assert received == count * len(value)
+    measured = received / elapsed  # from the first record: a broker's quota, too, lets the first response go
+    assert abs(measured - rate) / rate <= 0.10, f"measured {measured:.0f} B/s for a {rate} B/s fetch throttle"
+    throttles = [b["throttle"]["max"] for s in stats for b in s["brokers"].values() if b.get("nodeid", -1) >= 0]
+    assert max(throttles) > 0, "librdkafka saw no throttle_time_ms"

@@ -4,11 +4,43 @@ A bucket works the way a Kafka broker quota does (KIP-13, KIP-124): usage is
 recorded when it happens, and a client over its rate is delayed by the time
 the bucket needs to pay the overdraft back, which is also the
 ``throttle_time_ms`` to report in the response.
+
+What is charged, as a broker charges it (KIP-13: produce quotas on the bytes
+a client sends, fetch quotas on the bytes it is sent):
+
+* every request but Fetch: its own size, when it is read (:func:`charged_on_response`
+  is False); the response is held for the debt and reports it;
+* Fetch: the size of its response, when the broker's answer is seen. The
+  response itself leaves as it came, reporting the debt in ``throttle_time_ms``
+  (KIP-219: a broker answers at once and then stops reading the client's
+  connection for that long); the *next* Fetch charged to the bucket is held for
+  whatever debt is left when it is read, so the long-run rate is the bucket's
+  whether or not the client backs off by itself.
+* ``requests_per_second``: one token per request, when it is read, for every api.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
+
+from kproxy.rules.model import Throttle
+
+FETCH = 1  # ApiKey.FETCH, bound as a plain int: compared per throttled request
+
+
+def charged_on_response(api_key: int, throttle: Throttle) -> bool:
+    """Whether a throttle's byte rate is charged with this api's response sizes (Fetch) rather
+    than its request sizes."""
+    return api_key == FETCH and throttle.bytes_per_second is not None
+
+
+def split_throttle(throttle: Throttle) -> tuple[Throttle | None, Throttle | None]:
+    """(the byte rate alone, the request rate alone) of a throttle; None where it has none."""
+    if throttle.bytes_per_second is None or throttle.requests_per_second is None:
+        return ((throttle, None) if throttle.requests_per_second is None else (None, throttle))
+    return (dataclasses.replace(throttle, requests_per_second=None),
+            dataclasses.replace(throttle, bytes_per_second=None))
 
 
 class TokenBucket:

@@ -31,6 +31,7 @@ from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
+from kproxy.rules.bucket import charged_on_response, split_throttle
 from kproxy.rules.facts import METADATA, METADATA_TOPIC_IDS, FrameFacts, TopicIdNames
 from kproxy.rules.model import (
     Blackhole,
@@ -147,6 +148,7 @@ class RulePolicy:
         request = frame
         hold_s = response_delay_s = 0.0
         throttle_ms = 0
+        response_charges: list[tuple[str, Throttle]] = []  # (rule id, byte rate) charged with the response size
         drop = blackhole = False
         close_after: float | None = None
         response_steps: list[tuple[RuleHit, Rule]] = []
@@ -167,10 +169,15 @@ class RulePolicy:
                         response_delay_s += ms / 1000
                     self._fault(hit, name, facts, f"{ms:.1f}ms at {action.at.value}")
                 elif isinstance(action, Throttle):
-                    delay = self.injector.engine.throttle_delay_s(hit.rule_id, action, facts, ex.request_size)
+                    if charged_on_response(ex.api_key, action):
+                        delay, reported, by_bytes = self._throttle_on_response(hit.rule_id, action, facts)
+                        response_charges.append((hit.rule_id, by_bytes))
+                    else:
+                        delay = reported = self.injector.engine.throttle_delay_s(hit.rule_id, action, facts,
+                                                                                 ex.request_size)
                     if delay > 0:
                         hold_s += delay
-                        throttle_ms = max(throttle_ms, round(delay * 1000))
+                        throttle_ms = max(throttle_ms, round(reported * 1000))
                         key = hit.rule_id
                         counts.throttle_seconds[key] = counts.throttle_seconds.get(key, 0.0) + delay
                         self._fault(hit, name, facts, f"held {delay * 1000:.1f}ms")
@@ -208,6 +215,8 @@ class RulePolicy:
             return Verdict(close=close)
         on_response = self._on_response(ex, facts, response_steps, throttle_ms) \
             if (response_steps or throttle_ms) and forward else None
+        if response_charges and forward:
+            on_response = self._charging_response(ex, facts, response_charges, on_response)
         if answer is not None and throttle_ms:
             answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
@@ -216,6 +225,39 @@ class RulePolicy:
                            hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
                            drop_response=drop, blackhole=blackhole, close_after_s=close_after)
         return None
+
+    def _throttle_on_response(self, rule_id: str, throttle: Throttle, facts: FrameFacts
+                              ) -> tuple[float, float, Throttle]:
+        """A Fetch under a byte rate (kproxy/rules/bucket.py: charged with response sizes): the
+        seconds to hold it (the byte debt left by earlier responses, or its request rate's
+        delay), the part of that to report as throttle_time_ms (the request rate's only: the
+        byte debt was reported by the response that made it), and the byte rate alone."""
+        engine = self.injector.engine
+        by_bytes, by_requests = split_throttle(throttle)
+        assert by_bytes is not None
+        reported = engine.throttle_delay_s(rule_id, by_requests, facts, 1) if by_requests is not None else 0.0
+        debt = engine.throttle_delay_s(rule_id, by_bytes, facts, 0)  # nothing charged: what is owed now
+        return max(debt, reported), reported, by_bytes
+
+    def _charging_response(self, ex: Exchange, facts: FrameFacts, charges: list[tuple[str, Throttle]],
+                           edit: Callable[[bytes], bytes] | None) -> Callable[[bytes], bytes]:
+        """``edit`` (if any), then the response's size charged to each byte rate, the resulting
+        debt reported in its throttle_time_ms (never lowering a larger one already there)."""
+        injector = self.injector
+        api_key, api_version = ex.api_key, ex.api_version
+
+        def charge(response: bytes) -> bytes:
+            if edit is not None:
+                response = edit(response)
+            facts.now = injector.clock()  # when the broker's answer is seen: the usage happens now
+            debt = max(injector.engine.throttle_delay_s(rule_id, by_bytes, facts, len(response))
+                       for rule_id, by_bytes in charges)
+            if debt > 0:
+                response = apply_to_response((), response, api_key, api_version,
+                                             throttle_time_ms=round(debt * 1000)).frame
+            return response
+
+        return charge
 
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[RuleHit, Rule]], throttle_ms: int
                      ) -> Callable[[bytes], bytes]:
