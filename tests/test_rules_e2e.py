@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from kafka import KafkaProducer
+from kafka.errors import TopicAuthorizationFailedError
 
 from kproxy.protocol import decode_response
 from kproxy.protocol.builders import request_frame
 from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import _recv_exactly, consume_confluent, create_topic, produce_confluent, unique
-from tests.test_e2e_clients import messages, same_records
+from tests.test_e2e_clients import messages, produce_kafka_python, same_records
 
 PARTITIONS = 2
 
@@ -297,3 +299,105 @@ rules:
     assert abs(measured - rate) / rate <= 0.10, f"measured {measured:.0f} B/s for a {rate} B/s fetch throttle"
     throttles = [b["throttle"]["max"] for s in stats for b in s["brokers"].values() if b.get("nodeid", -1) >= 0]
     assert max(throttles) > 0, "librdkafka saw no throttle_time_ms"
+
+
+# -- kafka-python: another client's handling of the same faults --------------------------------------
+def test_kafka_python_retries_errors_after_the_broker_wrote_and_its_idempotence_keeps_every_message_once(
+        with_rules: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """``mode: replace``: the broker has the records when kafka-python is told NOT_LEADER_OR_FOLLOWER;
+    its retries (idempotent by default since 3.0) must not write them twice."""
+    topic = unique("rules-kp-retry")
+    proxy = with_rules(f"""
+seed: 42
+rules:
+  - id: kp-flaky-leader
+    match: {{api: produce, topic: "{topic}", probability: 0.3}}
+    actions:
+      - inject_error: {{error: NOT_LEADER_OR_FOLLOWER, mode: replace}}
+""")
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
+    sent = messages("kp-retry", 300)
+    with caplog.at_level(logging.INFO, "kproxy.faults"):
+        produce_kafka_python(proxy.bootstrap, topic, sent, acks="all", linger_ms=2, batch_size=4000,
+                             retry_backoff_ms=20)
+    assert len(faults(caplog, "kp-flaky-leader")) >= 3, "the rule should have failed some Produce requests"
+    same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+
+
+def test_a_non_retriable_error_reaches_the_kafka_python_application(with_rules: Any) -> None:
+    topic = unique("rules-kp-fatal")
+    proxy = with_rules(f"""
+rules:
+  - id: kp-denied
+    match: {{api: produce, topic: "{topic}"}}
+    actions:
+      - inject_error: {{error: TOPIC_AUTHORIZATION_FAILED}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, request_timeout_ms=10000)
+    try:
+        future = producer.send(topic, value=b"x")
+        with pytest.raises(TopicAuthorizationFailedError):
+            future.get(timeout=15)
+    finally:
+        producer.close(timeout=5)
+
+
+def test_drop_response_makes_kafka_python_time_out_and_retry(with_rules: Any,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    topic = unique("rules-kp-drop")
+    proxy = with_rules(f"""
+rules:
+  - id: kp-lost-answer
+    match: {{api: produce, topic: "{topic}", schedule: {{first: 1}}}}
+    actions:
+      - drop_response
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    sent = messages("kp-drop", 1)
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, "kproxy.faults"):
+        # A request timeout closes kafka-python's connection; the retry goes on a new one.
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", request_timeout_ms=2000,
+                                 delivery_timeout_ms=20000, retry_backoff_ms=50)
+        try:
+            producer.send(topic, key=sent[0][0], value=sent[0][1]).get(timeout=20)
+        finally:
+            producer.close(timeout=5)
+    elapsed = time.monotonic() - started
+    assert len(faults(caplog, "kp-lost-answer")) == 1
+    assert elapsed >= 2.0, "the first answer was dropped: the client had to time out first"
+    same_records(consume_confluent(proxy.bootstrap, topic, 1, len(sent)), sent)
+
+
+def test_a_produce_throttle_caps_kafka_python_which_reports_and_honours_throttle_time(with_rules: Any) -> None:
+    """kafka-python, unlike librdkafka, backs off by itself for the throttle_time_ms it is given
+    (KIP-219, brokers 2.0+): the rate must still be the rule's, not lower."""
+    topic = unique("rules-kp-quota")
+    rate = 400_000
+    proxy = with_rules(f"""
+rules:
+  - id: kp-quota
+    match: {{api: produce, topic: "{topic}"}}
+    actions:
+      - throttle: {{bytes_per_second: {rate}, burst_seconds: 0.05}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=5, acks="all", request_timeout_ms=15000)
+    try:
+        producer.send(topic, value=b"warm-up").get(timeout=15)
+        payload, total = b"v" * 10_000, 2_000_000
+        started = time.monotonic()
+        futures = [producer.send(topic, value=payload) for _ in range(total // len(payload))]
+        producer.flush(timeout=30)
+        for f in futures:
+            f.get(timeout=1)
+        elapsed = time.monotonic() - started
+        metrics = producer.metrics()
+    finally:
+        producer.close(timeout=5)
+    measured = total / elapsed
+    print(f"kafka-python under a {rate} B/s throttle: {measured:.0f} B/s, throttle-time-max "
+          f"{metrics['producer-metrics']['throttle-time-max']} ms")
+    assert abs(measured - rate) / rate <= 0.10, f"measured {measured:.0f} B/s for a {rate} B/s throttle"
+    assert metrics["producer-metrics"]["throttle-time-max"] > 0, "kafka-python saw no throttle_time_ms"
