@@ -378,3 +378,37 @@ def test_python_dash_m(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [json.loads(line)["direction"] for line in proc.stdout.splitlines()] == ["request", "response"]
+
+
+# ------------------------------------------------------------------ read as leniently as brokers
+
+
+def _with_trailing_bytes(request: bytes, extra: bytes) -> bytes:
+    """A request frame (size prefix included) with ``extra`` after its body, inside the frame."""
+    return (len(request) - 4 + len(extra)).to_bytes(4, "big") + request[4:] + extra
+
+
+def test_a_request_with_bytes_after_its_body_decodes_and_shows_them(capsys: Capsys, tmp_path: Path) -> None:
+    """Real librdkafka was seen sending Metadata v12 with 3 bytes after the body; brokers accept it,
+    so kproxy decode reads it as they do and shows the bytes."""
+    from kproxy.protocol.builders import request_frame
+
+    metadata = request_frame(3, 12, 5, topics=[{"name": "orders"}], allow_auto_topic_creation=False)
+    text = _with_trailing_bytes(metadata, b"\x00\x01\x02").hex()
+    status, [out], err = run(capsys, write(tmp_path, text))
+    assert status == 0, err
+    assert out["direction"] == "request" and out["api_name"] == "Metadata" and out["correlation_id"] == 5
+    assert out["body"]["topics"][0]["name"] == "orders"
+    assert out["trailing_bytes"] == {"byte_offset": len(metadata), "size": 3, "hex": "000102"}
+
+
+def test_a_response_is_still_preferred_to_a_request_with_trailing_bytes(capsys: Capsys, tmp_path: Path) -> None:
+    """A strict request first, then a response its request explains, only then the lenient reading."""
+    from kproxy.protocol.builders import request_frame, response_frame
+
+    request = request_frame(3, 12, 9, topics=[{"name": "orders"}])
+    answer = response_frame(3, 12, 9, brokers=[], topics=[])
+    status, frames, err = run(capsys, write(tmp_path, (request + answer).hex()))
+    assert status == 0, err
+    assert [f["direction"] for f in frames] == ["request", "response"]
+    assert all("trailing_bytes" not in f for f in frames)

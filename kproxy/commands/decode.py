@@ -37,6 +37,11 @@ values and header values are a JSON string when they are printable UTF-8,
 
 An (api key, version) the tables do not know is data, not an error: the frame
 gets ``"unknown_api": true``, a ``note`` and ``body_hex`` instead of ``body``.
+
+Requests are read as leniently as brokers read them: bytes after a whole request
+body (real librdkafka sends some, e.g. Metadata v12 with 3) are not an error when
+nothing else explains the frame; the request gets ``"trailing_bytes": {"byte_offset",
+"size", "hex"}`` (``byte_offset`` indexes the Kafka bytes).
 """
 
 from __future__ import annotations
@@ -134,7 +139,8 @@ class FrameDecoder:
         return self._either(span)
 
     def _either(self, span: FrameSpan) -> JsonDict:
-        """A valid request; else a response of a known kind; else an unknown-api request; else an error."""
+        """A valid request; else a response of a known kind; else a request with bytes after its body;
+        else an unknown-api request; else an error."""
         try:
             request = decode_request(span.payload)
         except ProtocolError as exc:
@@ -145,6 +151,9 @@ class FrameDecoder:
         kind = self._find_kind(span)
         if kind is not None:
             return self._response(span, kind)
+        lenient = self._request_with_trailing_bytes(span)
+        if lenient is not None:
+            return lenient
         if isinstance(failure, UnknownApiError):
             return self._unknown_request(span)
         raise _neither(span, failure)
@@ -156,8 +165,31 @@ class FrameDecoder:
         except UnknownApiError:
             return self._unknown_request(span)
         except ProtocolError as exc:
-            raise _relocate(exc, span) from None
+            lenient = self._request_with_trailing_bytes(span)
+            if lenient is None:
+                raise _relocate(exc, span) from None
+            return lenient
         return self._known_request(span, request)
+
+    def _request_with_trailing_bytes(self, span: FrameSpan) -> JsonDict | None:
+        """The frame as a known request whose body ends before the frame does, with the bytes
+        after it; None when it is not one (a body that does not parse, or no bytes after it)."""
+        payload = span.payload
+        try:
+            header = decode_request_header(payload)
+            c = codec(header.api_key, header.api_version, Direction.REQUEST)
+            if c is None:
+                return None
+            end = c.skip(payload, header.size)
+            if end >= len(payload):
+                return None
+            request = Request(header, c.decode(payload[:end], header.size))
+        except ProtocolError:
+            return None
+        out = self._known_request(span, request)
+        out["trailing_bytes"] = {"byte_offset": span.payload_offset + end, "size": len(payload) - end,
+                                 "hex": payload[end:].hex()}
+        return out
 
     def _known_request(self, span: FrameSpan, request: Request) -> JsonDict:
         header = request.header
