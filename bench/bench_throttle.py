@@ -11,8 +11,8 @@ negligible against the measured span):
   achieved = record bytes / (first send .. last acknowledgement). kproxy charges request
   sizes, so framing overhead (~1 %) counts against the target too.
 * bytes/s targets, **fetch**: a topic pre-filled straight into the broker in small batches,
-  read from the start through kproxy with `max.partition.fetch.bytes` 1/16 s of the (at least 16 KiB)
-  rate; achieved = record bytes after the first response / (first record .. last record).
+  read from the start through kproxy with `max.partition.fetch.bytes` at 1/16 s of the rate
+  (at least 16 KiB); achieved = record bytes after the first response / (first record .. last record).
   kproxy charges response sizes (rules/README.md), so the first response is free, as with a
   broker's quota: its records (the first `consume` call's) start the clock and are not counted.
 * requests/s targets: **produce** one record per request (`batch.num.messages` 1, one request
