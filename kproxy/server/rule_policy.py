@@ -60,7 +60,7 @@ class FaultInjector:
     """One rule set at work: the engine, the counters, the fault log."""
 
     def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None) -> None:
         self.rules = rules
         self.clock = clock
         self.engine = RuleEngine(rules, loaded_at=clock())
@@ -68,8 +68,8 @@ class FaultInjector:
         self.counts = counts = counts if counts is not None else FaultStats()
         enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
-        # rule has a topic key to match them with.
-        self.topic_names = TopicIdNames()
+        # rule has a topic key to match them with. A reloaded rule set may be given the old map.
+        self.topic_names = topic_names if topic_names is not None else TopicIdNames()
         self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
         counts.rules_loaded = len(enabled)
         # Series born at zero: an alert's increase() sees the first fault, not only the second, and
