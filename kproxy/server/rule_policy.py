@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.errors import ProtocolError
@@ -82,12 +83,6 @@ class FaultInjector:
                     for api in sorted(rule.match.apis or ()):
                         counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
 
-    def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy:
-        """The policy of one client connection (``peer``: ``host:port``)."""
-        return RulePolicy(self, peer, broker_id)
-
-    def count(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
-        table[key] = table.get(key, 0) + 1
 
 
 def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -98,20 +93,38 @@ def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return None
 
 
+class _HasInjector(Protocol):
+    """What a policy reads per request: kproxy.server.live_rules.LiveRules (a protocol, not an
+    import: live_rules builds policies, so it imports this module)."""
+
+    @property
+    def injector(self) -> FaultInjector | None: ...
+
+    @property
+    def counts(self) -> FaultStats: ...
+
+
 class RulePolicy:
-    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection."""
+    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection.
 
-    __slots__ = ("_ordinals", "broker_id", "client_ip", "injector", "peer")
+    It reads the rule set in force from ``live`` at each request (one attribute read), so rules
+    replaced while the connection is open apply from its next request.
+    """
 
-    def __init__(self, injector: FaultInjector, peer: str, broker_id: int | None) -> None:
-        self.injector = injector
+    __slots__ = ("_ordinals", "broker_id", "client_ip", "counts", "live", "peer")
+
+    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
+        self.live = live
+        self.counts = live.counts  # one FaultStats for every generation of rules
         self.peer = peer
         self.client_ip = _client_ip(peer)
         self.broker_id = broker_id
         self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
 
     def decide(self, exchange: Exchange) -> Verdict | None:
-        injector = self.injector
+        injector = self.live.injector
+        if injector is None:
+            return None
         engine = injector.engine
         api_key = exchange.api_key
         if not engine.mentions(api_key):
@@ -128,11 +141,14 @@ class RulePolicy:
         decision = engine.evaluate(facts)
         if not decision.matched:
             return None
-        return self._verdict(exchange, decision, facts, frame)
+        # The injector goes along: a request keeps the rules it was decided by, even if they are
+        # replaced before its response comes back.
+        return self._verdict(injector, exchange, decision, facts, frame)
 
     # -- a decision -> a verdict --------------------------------------------------------
-    def _verdict(self, ex: Exchange, decision: Decision, facts: FrameFacts, frame: bytes) -> Verdict | None:
-        counts = self.injector.counts
+    def _verdict(self, injector: FaultInjector, ex: Exchange, decision: Decision, facts: FrameFacts,
+                 frame: bytes) -> Verdict | None:
+        counts = self.counts
         close: CloseConnection | None = None
         answer: bytes | None = None
         forward = True
@@ -143,7 +159,7 @@ class RulePolicy:
         close_after: float | None = None
         response_steps: list[tuple[RuleHit, Rule]] = []
         for hit in decision.hits:
-            rule = self.injector.by_id[hit.rule_id]
+            rule = injector.by_id[hit.rule_id]
             if hit.dry_run:
                 for action in hit.actions:
                     self._fault(hit, action_name(action), facts, "dry run: nothing done", dry_run=True)
@@ -159,7 +175,7 @@ class RulePolicy:
                         response_delay_s += ms / 1000
                     self._fault(hit, name, facts, f"{ms:.1f}ms at {action.at.value}")
                 elif isinstance(action, Throttle):
-                    delay = self.injector.engine.throttle_delay_s(hit.rule_id, action, facts, ex.request_size)
+                    delay = injector.engine.throttle_delay_s(hit.rule_id, action, facts, ex.request_size)
                     if delay > 0:
                         hold_s += delay
                         throttle_ms = max(throttle_ms, round(delay * 1000))
@@ -192,7 +208,7 @@ class RulePolicy:
                 answer = outcome.answer
                 for action in hit.actions:
                     if isinstance(action, InjectError) and action.mode is InjectMode.RESPOND:
-                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+                        _count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
                         break
             elif any(_response_side(a) for a in hit.actions):
                 response_steps.append((hit, rule))
@@ -212,7 +228,7 @@ class RulePolicy:
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[RuleHit, Rule]], throttle_ms: int
                      ) -> Callable[[bytes], bytes]:
         api_key, api_version = ex.api_key, ex.api_version
-        counts = self.injector.counts
+        counts = self.counts
 
         def edit(response: bytes) -> bytes:
             for i, (hit, rule) in enumerate(steps):
@@ -225,7 +241,7 @@ class RulePolicy:
                     self._fault(hit, _note_action(note), facts, note)
                 for action in actions:
                     if isinstance(action, InjectError):
-                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+                        _count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
             if not steps and throttle_ms:
                 response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
             return response
@@ -234,11 +250,11 @@ class RulePolicy:
 
     # -- accounting ---------------------------------------------------------------------
     def _kill(self, hit: RuleHit, name: str, facts: FrameFacts, detail: str) -> None:
-        self.injector.count(self.injector.counts.connection_faults, (hit.rule_id, name))
+        _count(self.counts.connection_faults, (hit.rule_id, name))
         self._fault(hit, name, facts, detail)
 
     def _fault(self, hit: RuleHit, action: str, facts: FrameFacts, detail: str, *, dry_run: bool = False) -> None:
-        counts = self.injector.counts
+        counts = self.counts
         key = (hit.rule_id, action, "true" if dry_run else "false")
         counts.hits[key] = counts.hits.get(key, 0) + 1
         if not log.isEnabledFor(logging.INFO):
@@ -249,6 +265,10 @@ class RulePolicy:
                  "detail=%s%s", hit.rule_id, action, self.peer, facts.correlation_id, api_snake_name(facts.api_key),
                  q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
                  " dry_run=true" if dry_run else "")
+
+
+def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+    table[key] = table.get(key, 0) + 1
 
 
 def facts_api(ex: Exchange) -> str:
