@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kproxy.metrics.stats import FaultStats
 from kproxy.protocol import decode_response, encode_request, frame
 from kproxy.protocol.builders import request_body, request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
@@ -23,6 +24,7 @@ from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUp
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
+from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import parse_logfmt
 from kproxy.server.rule_policy import FaultInjector
 
@@ -43,9 +45,9 @@ class Driver:
 
     def __init__(self, rules: str, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
-        self.injector = FaultInjector(load_text(rules), clock=self.clock)
+        self.live = LiveRules(load_text(rules), counts=FaultStats(), clock=self.clock)
         self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=self.clock,
-                               policy=self.injector.policy("127.0.0.1:5555"))
+                               policy=self.live.policy("127.0.0.1:5555"))
         self.to_client: list[bytes] = []
         self.upstream: list[bytes] = []
         self.closed: CloseConnection | None = None
@@ -62,6 +64,11 @@ class Driver:
             else:
                 assert isinstance(c, CloseConnection)
                 self.closed = c
+
+    @property
+    def injector(self) -> FaultInjector:
+        assert self.live.injector is not None
+        return self.live.injector
 
     def client(self, *frames: bytes) -> None:
         self.run(self.session.receive_client(b"".join(frames), self.clock.now))
@@ -229,6 +236,34 @@ def test_fault_log_line_names_rule_connection_request_and_topic(caplog: pytest.L
     assert d.injector.counts.injected_errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1}
 
 
+# -- rules replaced while the connection is open (kproxy/server/live_rules.py) -----------------------
+def test_replaced_rules_apply_from_the_next_request_and_a_decided_request_keeps_its_rules() -> None:
+    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER, mode: replace}", "{api: produce}"))
+    d.client(produce(1, -1))  # decided under generation 1: its answer is to be rewritten
+    assert d.live.generation == 1
+    assert d.live.replace(load_text(rules("inject_error: {error: REBALANCE_IN_PROGRESS}")), origin="test") == 2
+    d.client(produce(2, -1), heartbeat(3))  # generation 2: produce untouched, heartbeat answered locally
+    d.broker(produce_answer(1), produce_answer(2))
+    assert d.answered() == [1, 2, 3]
+    assert codes(d.to_client[0]) == [NOT_LEADER_OR_FOLLOWER]
+    assert codes(d.to_client[1]) == [0]
+    assert body(HEARTBEAT, 4, d.to_client[2])["error_code"] == REBALANCE_IN_PROGRESS
+    assert d.live.counts.injected_errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1,
+                                             ("heartbeat", "REBALANCE_IN_PROGRESS"): 1}
+
+
+def test_rules_removed_mid_connection_stop_at_once_and_a_mutable_set_gives_every_connection_a_policy() -> None:
+    d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}"))
+    d.live.replace(None, origin="test")
+    assert d.live.counts.rules_loaded == 0
+    d.client(heartbeat(1))
+    assert len(d.upstream) == 1  # forwarded: no rules in force
+    off = LiveRules(None, counts=FaultStats())
+    assert off.policy("127.0.0.1:1") is None  # rules off for good: sessions get no policy at all
+    off.mutable = True
+    assert off.policy("127.0.0.1:1") is not None
+
+
 # -- the guarantees under random rules and streams -------------------------------------------------
 ACTIONS = ["inject_error: {error: NOT_LEADER_OR_FOLLOWER}", "inject_error: {error: 6, mode: replace}",
            "delay: {ms: 30, jitter_ms: 20}", "delay: {ms: 10, at: response}", "drop_response",
@@ -293,8 +328,8 @@ rules:
     actions: [close_connection]
 """
     d = Driver(text)
-    d.injector = FaultInjector(load_text(text), counts=stats.faults, clock=d.clock)
-    d.session.policy = d.injector.policy("127.0.0.1:5555")
+    d.live = LiveRules(load_text(text), counts=stats.faults, clock=d.clock)
+    d.session.policy = d.live.policy("127.0.0.1:5555")
     d.client(heartbeat(1), produce(2, -1), produce(3, -1))
     exported = generate_latest(make_registry(stats, LiveGauges)).decode()
     for line in ['kproxy_rules_loaded 3.0',

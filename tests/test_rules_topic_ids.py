@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import uuid
 
+from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from kproxy.rules.facts import TopicIdNames
-from kproxy.server.rule_policy import FaultInjector, RulePolicy, TopicIdLearningPolicy
+from kproxy.server.live_rules import LiveRules
+from kproxy.server.rule_policy import RulePolicy, TopicIdLearningPolicy
 from tests.test_rules_session import Clock, Driver, body
 
 METADATA, FETCH = 3, 1
@@ -69,17 +71,16 @@ def test_topic_id_names_are_bounded_oldest_first() -> None:
 def test_a_topic_key_matches_fetch_by_id_once_another_connection_read_metadata() -> None:
     clock = Clock()
     reader = Driver(RULES, clock)
-    injector = reader.injector
     assert isinstance(reader.session.policy, TopicIdLearningPolicy)
     reader.client(fetch_by_id(1))
     assert len(reader.upstream) == 1, "an unknown id is not the topic: the request goes on"
 
     # Metadata is answered on another connection of the same rule set.
     other = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=clock,
-                    policy=injector.policy("127.0.0.1:6666"))
+                    policy=reader.live.policy("127.0.0.1:6666"))
     other.receive_client(metadata(7), clock.now)
     other.receive_upstream(metadata_answer(7))
-    assert dict(injector.topic_names) == {ORDERS: "orders"}
+    assert dict(reader.injector.topic_names) == {ORDERS: "orders"}
 
     reader.client(fetch_by_id(2))
     assert len(reader.upstream) == 1, "now the rule matches: answered by kproxy, not forwarded"
@@ -88,7 +89,20 @@ def test_a_topic_key_matches_fetch_by_id_once_another_connection_read_metadata()
     assert fetch_codes(reader.to_client[1]) == [NOT_LEADER_OR_FOLLOWER]
 
 
+def test_learnt_topic_ids_outlive_a_rule_replacement() -> None:
+    d = Driver(RULES)
+    d.client(metadata(1))
+    d.broker(metadata_answer(1))
+    d.live.replace(load_text(RULES.replace("orders-fetch", "orders-fetch-2")), origin="test")
+    d.client(fetch_by_id(2))
+    assert len(d.upstream) == 1, "the new rules know the id: the Fetch is answered by kproxy"
+    assert d.answered() == [1, 2] and fetch_codes(d.to_client[1]) == [NOT_LEADER_OR_FOLLOWER]
+
+
 def test_without_a_topic_key_no_metadata_is_read() -> None:
-    injector = FaultInjector(load_text("rules:\n  - id: f\n    match: {api: fetch}\n    actions: [drop_response]\n"))
-    policy = injector.policy("127.0.0.1:5555")
-    assert type(policy) is RulePolicy and not injector.learns_topic_ids
+    live = LiveRules(load_text("rules:\n  - id: f\n    match: {api: fetch}\n    actions: [drop_response]\n"),
+                     counts=FaultStats())
+    assert live.injector is not None and not live.injector.learns_topic_ids
+    assert type(live.policy("127.0.0.1:5555")) is RulePolicy
+    live.mutable = True  # rules with topic keys may arrive later
+    assert type(live.policy("127.0.0.1:5555")) is TopicIdLearningPolicy

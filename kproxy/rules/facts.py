@@ -101,6 +101,11 @@ class FrameFacts:
         self._group: Any = _UNSET
 
     @property
+    def topic_names(self) -> Mapping[uuid.UUID, str] | None:
+        """The topic id -> name map ids are read through (None: ids read as their text)."""
+        return self._names
+
+    @property
     def api_key(self) -> int:
         return self._header.api_key
 

@@ -41,9 +41,9 @@ from kproxy.proxy.session import Session, SessionObserver
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
+from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
-from kproxy.server.rule_policy import FaultInjector
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
 
@@ -124,8 +124,9 @@ class ProxyServer:
         if self.addresses.broker_port_base == 0:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
-        # One engine for every connection: schedule counters and throttle buckets are global.
-        self.faults = FaultInjector(config.rules, counts=self.stats.faults) if config.rules is not None else None
+        # One engine for every connection: schedule counters and throttle buckets are global. The
+        # rules in force can be replaced while connections run (kproxy/server/live_rules.py).
+        self.rules = LiveRules(config.rules, counts=self.stats.faults)
         self.capture: CaptureService | None = None
         if config.capture.enabled:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
@@ -410,7 +411,7 @@ class ProxyServer:
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
                                              client=client)
         limits = self.config.limits
-        policy = self.faults.policy(peer, listener.node_id) if self.faults is not None else None
+        policy = self.rules.policy(peer, listener.node_id)
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
                           observer=observer, policy=policy)
         conn = Connection(client, upstream, session, limits=self.config.limits,

@@ -22,6 +22,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.errors import ProtocolError
@@ -68,7 +69,7 @@ class FaultInjector:
         self.counts = counts = counts if counts is not None else FaultStats()
         enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
-        # rule has a topic key to match them with. A reloaded rule set may be given the old map.
+        # rule has a topic key to match them with. A replacing rule set is given the old map.
         self.topic_names = topic_names if topic_names is not None else TopicIdNames()
         self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
         counts.rules_loaded = len(enabled)
@@ -88,14 +89,6 @@ class FaultInjector:
                     for api in sorted(rule.match.apis or ()):
                         counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
 
-    def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy:
-        """The policy of one client connection (``peer``: ``host:port``)."""
-        if self.learns_topic_ids:
-            return TopicIdLearningPolicy(self, peer, broker_id)
-        return RulePolicy(self, peer, broker_id)
-
-    def count(self, table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
-        table[key] = table.get(key, 0) + 1
 
 
 def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -106,20 +99,38 @@ def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | Non
         return None
 
 
+class _HasInjector(Protocol):
+    """What a policy reads per request: kproxy.server.live_rules.LiveRules (a protocol, not an
+    import: live_rules builds policies, so it imports this module)."""
+
+    @property
+    def injector(self) -> FaultInjector | None: ...
+
+    @property
+    def counts(self) -> FaultStats: ...
+
+
 class RulePolicy:
-    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection."""
+    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection.
 
-    __slots__ = ("_ordinals", "broker_id", "client_ip", "injector", "peer")
+    It reads the rule set in force from ``live`` at each request (one attribute read), so rules
+    replaced while the connection is open apply from its next request.
+    """
 
-    def __init__(self, injector: FaultInjector, peer: str, broker_id: int | None) -> None:
-        self.injector = injector
+    __slots__ = ("_ordinals", "broker_id", "client_ip", "counts", "live", "peer")
+
+    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
+        self.live = live
+        self.counts = live.counts  # one FaultStats for every generation of rules
         self.peer = peer
         self.client_ip = _client_ip(peer)
         self.broker_id = broker_id
         self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
 
     def decide(self, exchange: Exchange) -> Verdict | None:
-        injector = self.injector
+        injector = self.live.injector
+        if injector is None:
+            return None
         engine = injector.engine
         api_key = exchange.api_key
         if not engine.mentions(api_key):
@@ -137,11 +148,14 @@ class RulePolicy:
         decision = engine.evaluate(facts)
         if not decision.matched:
             return None
-        return self._verdict(exchange, decision, facts, frame)
+        # The injector goes along: a request keeps the rules it was decided by, even if they are
+        # replaced before its response comes back.
+        return self._verdict(injector, exchange, decision, facts, frame)
 
     # -- a decision -> a verdict --------------------------------------------------------
-    def _verdict(self, ex: Exchange, decision: Decision, facts: FrameFacts, frame: bytes) -> Verdict | None:
-        counts = self.injector.counts
+    def _verdict(self, injector: FaultInjector, ex: Exchange, decision: Decision, facts: FrameFacts,
+                 frame: bytes) -> Verdict | None:
+        counts = self.counts
         close: CloseConnection | None = None
         answer: bytes | None = None
         forward = True
@@ -153,7 +167,7 @@ class RulePolicy:
         close_after: float | None = None
         response_steps: list[tuple[RuleHit, Rule]] = []
         for hit in decision.hits:
-            rule = self.injector.by_id[hit.rule_id]
+            rule = injector.by_id[hit.rule_id]
             if hit.dry_run:
                 for action in hit.actions:
                     self._fault(hit, action_name(action), facts, "dry run: nothing done", dry_run=True)
@@ -170,11 +184,11 @@ class RulePolicy:
                     self._fault(hit, name, facts, f"{ms:.1f}ms at {action.at.value}")
                 elif isinstance(action, Throttle):
                     if charged_on_response(ex.api_key, action):
-                        delay, reported, by_bytes = self._throttle_on_response(hit.rule_id, action, facts)
+                        delay, reported, by_bytes = _throttle_on_response(injector, hit.rule_id, action, facts)
                         response_charges.append((hit.rule_id, by_bytes))
                     else:
-                        delay = reported = self.injector.engine.throttle_delay_s(hit.rule_id, action, facts,
-                                                                                 ex.request_size)
+                        delay = reported = injector.engine.throttle_delay_s(hit.rule_id, action, facts,
+                                                                            ex.request_size)
                     if delay > 0:
                         hold_s += delay
                         throttle_ms = max(throttle_ms, round(reported * 1000))
@@ -198,7 +212,7 @@ class RulePolicy:
             if close is not None or answer is not None:
                 continue
             outcome = apply_to_request([a for a in hit.actions if not isinstance(a, _SESSION_ACTIONS)], request,
-                                       only=selector(rule.match, self.injector.topic_names))
+                                       only=selector(rule.match, facts.topic_names))
             request = outcome.frame
             for note in outcome.notes:
                 self._fault(hit, _note_action(note), facts, note)
@@ -207,7 +221,7 @@ class RulePolicy:
                 answer = outcome.answer
                 for action in hit.actions:
                     if isinstance(action, InjectError) and action.mode is InjectMode.RESPOND:
-                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+                        _count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
                         break
             elif any(_response_side(a) for a in hit.actions):
                 response_steps.append((hit, rule))
@@ -216,7 +230,7 @@ class RulePolicy:
         on_response = self._on_response(ex, facts, response_steps, throttle_ms) \
             if (response_steps or throttle_ms) and forward else None
         if response_charges and forward:
-            on_response = self._charging_response(ex, facts, response_charges, on_response)
+            on_response = _charging_response(injector, ex, facts, response_charges, on_response)
         if answer is not None and throttle_ms:
             answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
@@ -226,43 +240,10 @@ class RulePolicy:
                            drop_response=drop, blackhole=blackhole, close_after_s=close_after)
         return None
 
-    def _throttle_on_response(self, rule_id: str, throttle: Throttle, facts: FrameFacts
-                              ) -> tuple[float, float, Throttle]:
-        """A Fetch under a byte rate (kproxy/rules/bucket.py: charged with response sizes): the
-        seconds to hold it (the byte debt left by earlier responses, or its request rate's
-        delay), the part of that to report as throttle_time_ms (the request rate's only: the
-        byte debt was reported by the response that made it), and the byte rate alone."""
-        engine = self.injector.engine
-        by_bytes, by_requests = split_throttle(throttle)
-        assert by_bytes is not None
-        reported = engine.throttle_delay_s(rule_id, by_requests, facts, 1) if by_requests is not None else 0.0
-        debt = engine.throttle_delay_s(rule_id, by_bytes, facts, 0)  # nothing charged: what is owed now
-        return max(debt, reported), reported, by_bytes
-
-    def _charging_response(self, ex: Exchange, facts: FrameFacts, charges: list[tuple[str, Throttle]],
-                           edit: Callable[[bytes], bytes] | None) -> Callable[[bytes], bytes]:
-        """``edit`` (if any), then the response's size charged to each byte rate, the resulting
-        debt reported in its throttle_time_ms (never lowering a larger one already there)."""
-        injector = self.injector
-        api_key, api_version = ex.api_key, ex.api_version
-
-        def charge(response: bytes) -> bytes:
-            if edit is not None:
-                response = edit(response)
-            facts.now = injector.clock()  # when the broker's answer is seen: the usage happens now
-            debt = max(injector.engine.throttle_delay_s(rule_id, by_bytes, facts, len(response))
-                       for rule_id, by_bytes in charges)
-            if debt > 0:
-                response = apply_to_response((), response, api_key, api_version,
-                                             throttle_time_ms=round(debt * 1000)).frame
-            return response
-
-        return charge
-
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[RuleHit, Rule]], throttle_ms: int
                      ) -> Callable[[bytes], bytes]:
         api_key, api_version = ex.api_key, ex.api_version
-        counts = self.injector.counts
+        counts = self.counts
 
         def edit(response: bytes) -> bytes:
             for i, (hit, rule) in enumerate(steps):
@@ -270,13 +251,13 @@ class RulePolicy:
                 actions = [a for a in hit.actions if _response_side(a)]
                 outcome = apply_to_response(actions, response, api_key, api_version,
                                             throttle_time_ms=throttle_ms if last else None,
-                                            only=selector(rule.match, self.injector.topic_names))
+                                            only=selector(rule.match, facts.topic_names))
                 response = outcome.frame
                 for note in outcome.notes:
                     self._fault(hit, _note_action(note), facts, note)
                 for action in actions:
                     if isinstance(action, InjectError):
-                        self.injector.count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
+                        _count(counts.injected_errors, (facts_api(ex), error_name(action.error_code)))
             if not steps and throttle_ms:
                 response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
             return response
@@ -285,11 +266,11 @@ class RulePolicy:
 
     # -- accounting ---------------------------------------------------------------------
     def _kill(self, hit: RuleHit, name: str, facts: FrameFacts, detail: str) -> None:
-        self.injector.count(self.injector.counts.connection_faults, (hit.rule_id, name))
+        _count(self.counts.connection_faults, (hit.rule_id, name))
         self._fault(hit, name, facts, detail)
 
     def _fault(self, hit: RuleHit, action: str, facts: FrameFacts, detail: str, *, dry_run: bool = False) -> None:
-        counts = self.injector.counts
+        counts = self.counts
         key = (hit.rule_id, action, "true" if dry_run else "false")
         counts.hits[key] = counts.hits.get(key, 0) + 1
         if not log.isEnabledFor(logging.INFO):
@@ -304,10 +285,12 @@ class RulePolicy:
 
 class TopicIdLearningPolicy(RulePolicy):
     """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
-    injector's shared :class:`~kproxy.rules.facts.TopicIdNames`, so a ``topic`` key matches
-    requests that name topics by id. Used only when a rule has a topic key; its per-request
-    cost is one comparison, and one decode of each Metadata response (rare: clients refresh
-    metadata every few minutes, or after an error)."""
+    injector's :class:`~kproxy.rules.facts.TopicIdNames` (shared by every connection), so a
+    ``topic`` key matches requests that name topics by id (Fetch v13+). Given to connections
+    only when rules with a topic key are or may be in force
+    (:meth:`kproxy.server.live_rules.LiveRules.policy`). Its cost per request: a method call
+    and a comparison; per Metadata v10+ response: one decode (rare: clients refresh metadata
+    every few minutes, or after an error)."""
 
     __slots__ = ()
 
@@ -315,7 +298,10 @@ class TopicIdLearningPolicy(RulePolicy):
         verdict = super().decide(exchange)
         if exchange.api_key != METADATA or exchange.api_version < METADATA_TOPIC_IDS:
             return verdict
-        return _learning_topic_ids(verdict, self.injector.topic_names, exchange.api_version)
+        injector = self.live.injector
+        if injector is None or not injector.learns_topic_ids:
+            return verdict
+        return _learning_topic_ids(verdict, injector.topic_names, exchange.api_version)
 
 
 def _learning_topic_ids(verdict: Verdict | None, names: TopicIdNames, api_version: int) -> Verdict:
@@ -327,6 +313,44 @@ def _learning_topic_ids(verdict: Verdict | None, names: TopicIdNames, api_versio
         return response if edit is None else edit(response)
 
     return Verdict(on_response=learn) if verdict is None else dataclasses.replace(verdict, on_response=learn)
+
+
+# -- throttles charged with response sizes (Fetch: kproxy/rules/bucket.py) ----------------------------
+def _throttle_on_response(injector: FaultInjector, rule_id: str, throttle: Throttle, facts: FrameFacts
+                          ) -> tuple[float, float, Throttle]:
+    """A Fetch under a byte rate: the seconds to hold it (the byte debt left by earlier responses,
+    or its request rate's delay), the part of that to report as throttle_time_ms (the request
+    rate's only: the byte debt was reported by the response that made it), and the byte rate alone."""
+    engine = injector.engine
+    by_bytes, by_requests = split_throttle(throttle)
+    assert by_bytes is not None
+    reported = engine.throttle_delay_s(rule_id, by_requests, facts, 1) if by_requests is not None else 0.0
+    debt = engine.throttle_delay_s(rule_id, by_bytes, facts, 0)  # nothing charged: what is owed now
+    return max(debt, reported), reported, by_bytes
+
+
+def _charging_response(injector: FaultInjector, ex: Exchange, facts: FrameFacts, charges: list[tuple[str, Throttle]],
+                       edit: Callable[[bytes], bytes] | None) -> Callable[[bytes], bytes]:
+    """``edit`` (if any), then the response's size charged to each byte rate, the resulting debt
+    reported in its throttle_time_ms (never lowering a larger one already there)."""
+    api_key, api_version = ex.api_key, ex.api_version
+
+    def charge(response: bytes) -> bytes:
+        if edit is not None:
+            response = edit(response)
+        facts.now = injector.clock()  # when the broker's answer is seen: the usage happens now
+        debt = max(injector.engine.throttle_delay_s(rule_id, by_bytes, facts, len(response))
+                   for rule_id, by_bytes in charges)
+        if debt > 0:
+            response = apply_to_response((), response, api_key, api_version,
+                                         throttle_time_ms=round(debt * 1000)).frame
+        return response
+
+    return charge
+
+
+def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
+    table[key] = table.get(key, 0) + 1
 
 
 def facts_api(ex: Exchange) -> str:

@@ -1,0 +1,74 @@
+"""The rule set in force, replaceable while connections run (rule reloads, the admin API).
+
+One :class:`LiveRules` per server. Every connection's :class:`~kproxy.server.rule_policy.RulePolicy`
+holds it and reads :attr:`LiveRules.injector` once per request, so a :meth:`LiveRules.replace`
+takes effect at the next request of every connection, open or new, with no connection dropped.
+A request already decided keeps its decision: the verdict (and any response edit it carries) was
+built from the injector of the moment it was read.
+
+A replacement starts the new rule set afresh: its schedules count from the replacement, its
+throttle buckets start full, its seeded draws restart. That is what makes a run reproducible from
+the moment its rules were loaded, whichever way they were loaded.
+
+Contract for writers (the reload watcher, the admin API): call :meth:`replace` from the server's
+trio thread only (sessions read the injector there; no lock is needed because nothing awaits
+between a read and its use). ``generation`` grows by one on every replacement, including to "no
+rules"; it is exported as a gauge so an operator can see which file version is in force.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kproxy.metrics.stats import FaultStats
+from kproxy.rules import RuleSet
+from kproxy.server.rule_policy import FaultInjector, RulePolicy, TopicIdLearningPolicy
+
+
+class LiveRules:
+    """The current :class:`FaultInjector` (or none), its generation, and where it came from."""
+
+    __slots__ = ("clock", "counts", "generation", "injector", "mutable", "origin")
+
+    def __init__(self, rules: RuleSet | None, *, counts: FaultStats, mutable: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.counts = counts
+        self.clock = clock
+        self.injector: FaultInjector | None = None
+        self.generation = 0
+        self.origin = "none"
+        # mutable: rules may arrive after start (a watched file, an admin API). Only then do
+        # connections opened with no rules get a policy: with rules off for good, a request costs
+        # nothing here.
+        self.mutable = mutable
+        if rules is not None:
+            self.replace(rules, origin=rules.source or "config")
+
+    @property
+    def rules(self) -> RuleSet | None:
+        injector = self.injector
+        return injector.rules if injector is not None else None
+
+    def replace(self, rules: RuleSet | None, *, origin: str) -> int:
+        """Put ``rules`` in force (``None``: no rules) and return the new generation."""
+        # Learnt topic ids outlive a replacement: clients do not re-read metadata because rules changed.
+        names = self.injector.topic_names if self.injector is not None else None
+        self.injector = (FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names)
+                         if rules is not None else None)
+        if rules is None:
+            self.counts.rules_loaded = 0
+        self.generation += 1
+        self.origin = origin
+        return self.generation
+
+    def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy | None:
+        """The policy of one client connection, or ``None`` when no rule can ever apply to it."""
+        if self.injector is None and not self.mutable:
+            return None
+        if self.mutable or (self.injector is not None and self.injector.learns_topic_ids):
+            return TopicIdLearningPolicy(self, peer, broker_id)  # topic keys may need Metadata's topic ids
+        return RulePolicy(self, peer, broker_id)
+
+
+__all__ = ["LiveRules"]
