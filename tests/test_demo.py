@@ -10,8 +10,12 @@ import pytest
 from kproxy.cli import build_parser
 from kproxy.commands.demo_rules import (
     DELAY_MS,
+    FETCH_DELAY_MS,
+    FETCH_QUOTA_BYTES_PER_SECOND,
     JITTER_MS,
     QUOTA_BYTES_PER_SECOND,
+    QUOTA_READER,
+    SLOW_READER,
     RulesResult,
     check_delivery,
     run_rules_demo,
@@ -83,6 +87,21 @@ def test_the_quota_caps_the_throughput_and_the_client_reports_throttle_time(
     assert abs(capped.bytes_per_second - QUOTA_BYTES_PER_SECOND) / QUOTA_BYTES_PER_SECOND <= 0.10
     assert capped.max_throttle_ms > 0 and free.max_throttle_ms == 0
     assert free.bytes_per_second > 2 * QUOTA_BYTES_PER_SECOND
+
+
+def test_fetch_delay_and_fetch_quota_show_in_what_the_consumers_measured(scenario: tuple[RulesResult, str]) -> None:
+    result, text = scenario
+    base, slow, quota = (result.read(c) for c in ("kproxy-demo-reader", SLOW_READER, QUOTA_READER))
+    assert base is not None and slow is not None and quota is not None
+    assert base.records == slow.records == quota.records > 0
+    assert slow.fetches >= 10, "the read should take many Fetches"
+    added = result.fetch_delay_ms
+    assert added is not None and FETCH_DELAY_MS * 0.8 <= added <= FETCH_DELAY_MS * 1.3
+    assert f"took {added:.1f} ms longer" in text
+    assert abs(quota.rate - FETCH_QUOTA_BYTES_PER_SECOND) / FETCH_QUOTA_BYTES_PER_SECOND <= 0.10
+    assert quota.max_throttle_ms > 0 and base.max_throttle_ms == 0
+    assert base.overall_rate > 3 * FETCH_QUOTA_BYTES_PER_SECOND, "the control is not held to the quota"
+    assert quota.overall_rate <= 1.10 * FETCH_QUOTA_BYTES_PER_SECOND
 
 
 def test_the_rules_part_runs_by_default_and_can_be_skipped() -> None:

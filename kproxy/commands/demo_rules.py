@@ -14,6 +14,9 @@ no rule matches (another topic or client id, through the same kproxy):
   acknowledgement latency librdkafka measures for each record moves by that much.
 * ``demo-quota``: 512 KiB/s on Produce to one topic: the client's throughput meets the rate
   and the client reports the ``throttle_time_ms`` it was given.
+* ``demo-slow-fetch`` and ``demo-fetch-quota``: 100 ms on every Fetch of one consumer's
+  client id, 1 MiB/s of Fetch *responses* for another's: one topic read three times (a
+  control, then each rule), the added time per Fetch and the read rate measured by the client.
 
 Every figure comes from the clients (delivery reports, consumed records, librdkafka
 statistics, wall clock) except the count of injected errors, which is kproxy's own.
@@ -35,12 +38,17 @@ from kproxy.metrics.stats import FaultStats
 from kproxy.testing import ProxyThread, proxy_config
 
 DELAY_MS, JITTER_MS = 150, 20
+FETCH_DELAY_MS = 100
+FETCH_QUOTA_BYTES_PER_SECOND = 1024 * 1024
+READ_BYTES = 3 * 1024 * 1024  # the topic the consumers read
+FETCH_LIMIT = 128 * 1024  # the consumers' bytes per Fetch (fetch.max.bytes): many Fetches per read
 QUOTA_BYTES_PER_SECOND = 512 * 1024
 NOT_LEADER_PROBABILITY = 0.25
 SEED = 9
 
 # Topic and client-id patterns the rules name; the scenario's own names are built from them.
 RETRY_TOPIC, QUOTA_TOPIC, SLOW_CLIENT = "kproxy-demo-retry-", "kproxy-demo-quota-", "kproxy-demo-slow-writer"
+SLOW_READER, QUOTA_READER = "kproxy-demo-slow-reader", "kproxy-demo-quota-reader"
 
 DEMO_RULES = f"""\
 seed: {SEED}
@@ -58,6 +66,15 @@ rules:
     match: {{api: produce, topic: "{QUOTA_TOPIC}*"}}
     actions:
       - throttle: {{bytes_per_second: {QUOTA_BYTES_PER_SECOND}, burst_seconds: 0.05}}
+  - id: demo-slow-fetch
+    match: {{api: fetch, client_id: "{SLOW_READER}"}}
+    actions:
+      - delay: {{ms: {FETCH_DELAY_MS}}}
+  - id: demo-fetch-quota
+    description: a fetch quota is on the bytes the consumer is sent
+    match: {{api: fetch, client_id: "{QUOTA_READER}"}}
+    actions:
+      - throttle: {{bytes_per_second: {FETCH_QUOTA_BYTES_PER_SECOND}, burst_seconds: 0.05}}
 """
 
 KeyValue = tuple[bytes | None, bytes | None]
@@ -239,10 +256,40 @@ class QuotaOutcome:
 
 
 @dataclass
+class ReadOutcome:
+    """One consumer reading the demo's topic from the start."""
+
+    client_id: str
+    records: int
+    fetches: int  # Fetch requests the client sent (stats ``req.Fetch``)
+    seconds: float  # assignment to the last record
+    rate: float  # record bytes after the first response / first .. last record (B/s); 0: all came at once
+    max_throttle_ms: int
+    nbytes: int = 0  # record bytes read
+
+    @property
+    def overall_rate(self) -> float:
+        """Record bytes / (assignment .. last record), in B/s."""
+        return self.nbytes / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
 class RulesResult:
     retries: list[RetryOutcome] = field(default_factory=list)
     latencies: list[LatencyOutcome] = field(default_factory=list)
     quotas: list[QuotaOutcome] = field(default_factory=list)
+    reads: list[ReadOutcome] = field(default_factory=list)
+
+    def read(self, client_id: str) -> ReadOutcome | None:
+        return next((r for r in self.reads if r.client_id == client_id), None)
+
+    @property
+    def fetch_delay_ms(self) -> float | None:
+        """Time each Fetch of the slow reader took beyond the control's, in ms."""
+        base, slow = self.read("kproxy-demo-reader"), self.read(SLOW_READER)
+        if base is None or slow is None or not slow.fetches:
+            return None
+        return (slow.seconds - base.seconds) / slow.fetches * 1000
 
     @property
     def ok(self) -> bool:
@@ -251,7 +298,7 @@ class RulesResult:
         comparison."""
         idem = [r for r in self.retries if r.idempotent]
         return (bool(idem) and all(r.delivery.exactly_once and r.app_errors == 0 and r.injected > 0 for r in idem)
-                and bool(self.latencies) and bool(self.quotas))
+                and bool(self.latencies) and bool(self.quotas) and len(self.reads) == 3)
 
 
 def _injected(counts: FaultStats) -> int:
@@ -303,6 +350,41 @@ def run_quota(proxy: ProxyThread, topic: str, nbytes: int) -> QuotaOutcome:
     return QuotaOutcome(topic, nbytes // len(payload) * len(payload), seconds, stats.max_throttle_ms())
 
 
+def run_read(proxy: ProxyThread, topic: str, records: int, client_id: str) -> ReadOutcome:
+    """Read ``topic`` (one partition) from the start as ``client_id``, ``FETCH_LIMIT`` bytes a Fetch."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    stats = _Stats()
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"{topic}-{client_id}",
+                         "client.id": client_id, "enable.auto.commit": False, "fetch.max.bytes": FETCH_LIMIT,
+                         "max.partition.fetch.bytes": FETCH_LIMIT, "message.max.bytes": FETCH_LIMIT,
+                         "statistics.interval.ms": 250, "stats_cb": stats})
+    received = nbytes = total = 0
+    first = last = 0.0
+    try:
+        started = time.monotonic()
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = started + 60
+        while received < records and time.monotonic() < deadline:
+            batch = [m for m in consumer.consume(num_messages=500, timeout=0.1) if m.error() is None]
+            if not batch:
+                continue
+            last = time.monotonic()
+            if not received:
+                first = last  # the first response: a quota lets it go, so the rate counts from it
+            else:
+                nbytes += sum(len(m.value() or b"") for m in batch)
+            received += len(batch)
+            total += sum(len(m.value() or b"") for m in batch)
+        consumer.poll(0.3)  # a statistics report covering the end
+    finally:
+        consumer.close()
+    fetches = sum(int(b.get("req", {}).get("Fetch", 0)) for b in stats.last().get("brokers", {}).values()
+                  if b.get("nodeid", -1) >= 0)
+    return ReadOutcome(client_id, received, fetches, last - started, nbytes / max(last - first, 1e-9),
+                       stats.max_throttle_ms(), total)
+
+
 def drive_rules(proxy: ProxyThread, messages: int = 1000) -> RulesResult:
     """The scenario, against a kproxy running :data:`DEMO_RULES`."""
     result = RulesResult()
@@ -317,6 +399,15 @@ def drive_rules(proxy: ProxyThread, messages: int = 1000) -> RulesResult:
     nbytes = 3 * QUOTA_BYTES_PER_SECOND
     result.quotas.append(run_quota(proxy, f"kproxy-demo-free-{uuid.uuid4().hex[:8]}", nbytes))
     result.quotas.append(run_quota(proxy, f"{QUOTA_TOPIC}{uuid.uuid4().hex[:8]}", nbytes))
+
+    topic = f"kproxy-demo-read-{uuid.uuid4().hex[:8]}"
+    _create(proxy.bootstrap, topic, 1)
+    records = READ_BYTES // 10_000
+    # Small batches: a Fetch returns whole batches, up to the consumer's byte limit.
+    _produce_all(_producer(proxy.bootstrap, _Stats(), **{"linger.ms": 5, "batch.size": 40_000}), topic,
+                 [(None, b"r" * 10_000)] * records)
+    for client_id in ("kproxy-demo-reader", SLOW_READER, QUOTA_READER):
+        result.reads.append(run_read(proxy, topic, records, client_id))
     return result
 
 
@@ -357,6 +448,19 @@ def report_rules(result: RulesResult, counts: FaultStats, out: TextIO) -> None:
     if result.quotas:
         got = result.quotas[-1].bytes_per_second
         w(f"   throttled rate {got / QUOTA_BYTES_PER_SECOND:.0%} of the configured rate\n")
+    w(f"\n4. demo-slow-fetch: +{FETCH_DELAY_MS} ms on Fetch of {SLOW_READER}; demo-fetch-quota: "
+      f"{FETCH_QUOTA_BYTES_PER_SECOND / 1024:g} KiB/s of Fetch responses to {QUOTA_READER}\n")
+    for read in result.reads:
+        w(f"   {read.client_id:<26} read {read.records} records in {read.fetches} Fetches, {read.seconds:.2f} s "
+          f"({read.overall_rate / 1024:,.0f} KiB/s; after the first response {read.rate / 1024:,.0f} KiB/s); "
+          f"largest throttle_time_ms reported {read.max_throttle_ms}\n")
+    added = result.fetch_delay_ms
+    if added is not None:
+        w(f"   each Fetch of {SLOW_READER} took {added:.1f} ms longer than the control's "
+          f"(rule: +{FETCH_DELAY_MS} ms)\n")
+    quota = result.read(QUOTA_READER)
+    if quota is not None:
+        w(f"   {QUOTA_READER} read at {quota.rate / FETCH_QUOTA_BYTES_PER_SECOND:.0%} of the configured rate\n")
     hits = ", ".join(f"{rule} {action} x{n}" for (rule, action, dry), n in sorted(counts.hits.items())
                      if dry == "false" and n)
     w(f"\nkproxy's fault counters: {hits or 'none'}\n")
