@@ -21,7 +21,7 @@ from kproxy.protocol.builders import request_frame
 from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import _recv_exactly, consume_confluent, create_topic, produce_confluent, unique
-from tests.test_e2e_clients import messages, produce_kafka_python, same_records
+from tests.test_e2e_clients import messages, same_records
 
 PARTITIONS = 2
 
@@ -308,18 +308,26 @@ def test_kafka_python_retries_errors_after_the_broker_wrote_and_its_idempotence_
     its retries (idempotent by default since 3.0) must not write them twice."""
     topic = unique("rules-kp-retry")
     proxy = with_rules(f"""
-seed: 42
 rules:
   - id: kp-flaky-leader
-    match: {{api: produce, topic: "{topic}", probability: 0.3}}
+    match: {{api: produce, topic: "{topic}", schedule: {{every: 3}}}}
     actions:
       - inject_error: {{error: NOT_LEADER_OR_FOLLOWER, mode: replace}}
 """)
     create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages("kp-retry", 300)
-    with caplog.at_level(logging.INFO, "kproxy.faults"):
-        produce_kafka_python(proxy.bootstrap, topic, sent, acks="all", linger_ms=2, batch_size=4000,
-                             retry_backoff_ms=20)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", retry_backoff_ms=20,
+                             request_timeout_ms=15000)
+    try:
+        with caplog.at_level(logging.INFO, "kproxy.faults"):
+            # Ten flushes: at least ten Produce requests however kafka-python batches under load.
+            for start in range(0, len(sent), 30):
+                futures = [producer.send(topic, key=k, value=v) for k, v in sent[start:start + 30]]
+                producer.flush(timeout=30)
+                for f in futures:
+                    f.get(timeout=15)
+    finally:
+        producer.close(timeout=5)
     assert len(faults(caplog, "kp-flaky-leader")) >= 3, "the rule should have failed some Produce requests"
     same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
 
