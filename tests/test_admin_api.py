@@ -208,9 +208,10 @@ def test_cli_prints_the_servers_errors_and_exits_2_or_1_when_unreachable(
 
 # -- with real clients --------------------------------------------------------------------------
 def test_a_rule_enabled_mid_stream_acts_within_a_second_and_stops_when_disabled(tansu: Broker) -> None:
-    """An idempotent producer keeps sending while a rule fails half its Produce requests: the
-    rule acts within a second of the API call, stops at once when disabled, no connection is
-    replaced, and every record arrives exactly once."""
+    """An idempotent producer keeps sending while a rule, added disabled then enabled through the
+    API, fails half its Produce requests: the rule acts within a second of the call, stops at once
+    when disabled, no connection is replaced, and every record arrives exactly once. The client's
+    connections were opened before any rule existed."""
     topic = unique("admin-live")
     with running_proxy(tansu.bootstrap, admin__listen="127.0.0.1:0") as proxy:
         admin = admin_of(proxy)
@@ -238,11 +239,15 @@ def test_a_rule_enabled_mid_stream_acts_within_a_second_and_stops_when_disabled(
         connections = connections_total(proxy)
         writer = threading.Thread(target=produce, daemon=True)
         writer.start()
-        time.sleep(0.5)
-        asked = time.monotonic()
-        admin.add({"id": "flaky", "match": {"api": "produce", "topic": topic, "probability": 0.5},
+        time.sleep(0.3)
+        admin.add({"id": "flaky", "enabled": False,
+                   "match": {"api": "produce", "topic": topic, "probability": 0.5},
                    "actions": [{"inject_error": {"error": "NOT_LEADER_OR_FOLLOWER"}}]})
-        while admin.rule("flaky")["hits"]["inject_error"] == 0 and time.monotonic() - asked < 3:
+        time.sleep(0.3)
+        assert admin.rule("flaky")["hits"] == {}, "a disabled rule acted"
+        asked = time.monotonic()
+        admin.enable("flaky")
+        while not admin.rule("flaky")["hits"].get("inject_error") and time.monotonic() - asked < 3:
             time.sleep(0.01)
         took = time.monotonic() - asked
         assert took < 1.0, f"the rule acted {took:.2f}s after it was added"

@@ -110,6 +110,8 @@ class AdminServer:
                 continue
             if isinstance(event, h11.Request):
                 request = event
+                if conn.they_are_waiting_for_100_continue:  # curl asks before sending a body over 1 KiB
+                    await stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
             elif isinstance(event, h11.Data):
                 if len(body) + len(event.data) > MAX_BODY:
                     too_large = True

@@ -60,7 +60,7 @@ class Kproxy:
         self.process = process
         self.admin = AdminClient(process.admin_url)
         self._prefix = "".join(c if c.isalnum() or c in "_.:-" else "-" for c in test_name)[:60].strip("-_.:")
-        self._hits_before: dict[str, int] = {}
+        self._hits_before: dict[tuple[str, str], int] = {}  # (rule id, "hits" or "dry_run_hits") -> count
 
     @property
     def bootstrap(self) -> str:
@@ -81,7 +81,8 @@ class Kproxy:
             body["id"] = f"{self._prefix or 'rule'}-{next(self.process._ids)}"
         done = self.admin.add(body)
         rule_id = str(done["rule"]["id"])
-        self._hits_before[rule_id] = _total(done["rule"])
+        for key in ("hits", "dry_run_hits"):  # counters live as long as kproxy: this test counts from here
+            self._hits_before[rule_id, key] = _total(done["rule"][key])
         return rule_id
 
     @contextlib.contextmanager
@@ -111,8 +112,7 @@ class Kproxy:
         """Actions done by the rule since this test added it (``dry_run``: matched in shadow mode)."""
         described = self.admin.rule(rule_id)
         key = "dry_run_hits" if dry_run else "hits"
-        done = sum(int(n) for n in described[key].values())
-        return done - (0 if dry_run else self._hits_before.get(rule_id, 0))
+        return _total(described[key]) - self._hits_before.get((rule_id, key), 0)
 
     def faults(self, rule: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """The most recent faults done (newest first), of one rule or all."""
@@ -124,8 +124,8 @@ class Kproxy:
         self._hits_before.clear()
 
 
-def _total(described: Mapping[str, Any]) -> int:
-    return sum(int(n) for n in described["hits"].values())
+def _total(hits: Mapping[str, Any]) -> int:
+    return sum(int(n) for n in hits.values())
 
 
 __all__ = ["Kproxy", "KproxyProcess"]
