@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -160,6 +164,23 @@ def test_a_non_loopback_admin_address_without_a_token_is_refused_at_start(
     token.write_text("s3cret\n")
     assert main([*run, "--admin-listen", "0.0.0.0:9901", "--admin-token-file", str(token)]) == 0
     assert main([*run, "--admin-listen", "127.0.0.5:9901"]) == 0, "127/8 is loopback"
+
+
+def test_kproxy_run_refuses_to_start_and_reports_a_busy_admin_port() -> None:
+    kproxy = [sys.executable, "-m", "kproxy", "run", "--upstream", "127.0.0.1:9", "--listen", "127.0.0.1:0"]
+    refused = subprocess.run(kproxy, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "KPROXY_ADMIN_LISTEN": "0.0.0.0:9901"})
+    assert refused.returncode == 2
+    assert "admin.listen: 0.0.0.0:9901 is not a loopback address" in refused.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        failed = subprocess.run(kproxy, capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "KPROXY_ADMIN_LISTEN": f"127.0.0.1:{port}"})
+    assert failed.returncode == 1
+    assert f"event=start_failed listener=admin address=127.0.0.1:{port}" in failed.stderr
+    assert "Traceback" not in failed.stderr
 
 
 def test_with_a_token_configured_requests_without_it_get_401(tmp_path: Path) -> None:
