@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,8 +79,6 @@ class RuleBook:
     def __init__(self, live: LiveRules) -> None:
         self.live = live
         if live.recent is None:
-            from collections import deque
-
             live.recent = deque(maxlen=RECENT_FAULTS)
         # Connections opened while no rule exists must still get the rules added later.
         live.mutable = True
