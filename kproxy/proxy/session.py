@@ -254,8 +254,8 @@ class Session:
     order (:mod:`kproxy.proxy.commands`); ``on_timer(now)`` answers a
     :class:`~kproxy.proxy.commands.WakeAt`. Between them the server may ask
     :attr:`can_accept` (whether to read the client), :attr:`in_flight_count`,
-    :attr:`partial_request_at` and the counters ``requests`` / ``responses``; it reads
-    nothing else of the session.
+    :attr:`partial_request_at`, the counters ``requests`` / ``responses`` and
+    :attr:`client_id` (for its log lines); it reads nothing else of the session.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -290,6 +290,9 @@ class Session:
         self._forgotten: tuple[int, int, int] | None = None
         self.requests = 0
         self.responses = 0
+        # The first request's header client id (None: no request yet, or a null or unreadable one). Read
+        # once per connection: clients keep one id per connection, and it names the client in log lines.
+        self.client_id: str | None = None
         self._wake: float | None = None  # a WakeAt to ask for (a held response), None: none
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed = False
@@ -379,6 +382,8 @@ class Session:
                 self._forgotten is not None and self._forgotten[0] <= correlation_id <= self._forgotten[1]):
             raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
         self.requests += 1
+        if self.requests == 1:
+            self.client_id = request_client_id(frame, api_key, api_version)
         now = self.clock()
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now,
                       frame)

@@ -429,7 +429,7 @@ class ProxyServer:
             await conn.run()
         except Exception:
             # A bug in one connection must not take the server down: log it loudly, keep serving.
-            log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
+            log.exception("event=connection_crashed peer=%s listener=%s%s", peer, listener.name, conn.identity())
         finally:
             self.connections.discard(conn)
             if self.capture is not None:
