@@ -28,7 +28,7 @@ HOSTILE = {
     "quotes": 'say "hi" \\ and \\" too',
     "pairs": "x event=fake reason=none",
     "newlines": "line one\nts=2020-01-01 level=error event=forged\r\nline three",
-    "control": "\x1b[31mred\x1b[0m\x00\x07\t\x7f",
+    "control": "\x1b[31mred\x1b[0m\x00\x07\t\x7f\U000e0001",
     "unicode_breaks": "a\u2028b\u2029c\x85d\x0be\x0cf\u200bg",
     "printable_unicode": "zürich-生产者-🙂",
     "empty": "",
@@ -54,7 +54,9 @@ def test_any_value_stays_one_pair_of_one_line(name: str) -> None:
     assert parsed["client_id"] == value
     assert parsed["event"] == "connection_closed" and parsed["reason"] == "client closed"
     assert "msg" not in parsed
-    entry = json.loads(JsonFormatter().format(record))
+    json_line = JsonFormatter().format(record)
+    assert one_line(json_line) and json_line.isprintable(), json_line
+    entry = json.loads(json_line)
     assert entry["client_id"] == value and entry["event"] == "connection_closed"
 
 

@@ -112,7 +112,23 @@ class JsonFormatter(logging.Formatter):
             entry.setdefault(key, value)  # ts/level/logger are the record's own
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        # JSON escapes only U+0000..U+001F itself: line breaks beyond them (U+0085, U+2028, U+2029) and
+        # other characters that are not printable are escaped here, so a line stays one line.
+        return _UNSAFE_JSON.sub(_json_escape, json.dumps(entry, ensure_ascii=False))
+
+
+_UNSAFE_JSON = re.compile(r"[^\x20-\x7e]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c.isprintable():
+        return c
+    code = ord(c)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes characters beyond the BMP
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 class Throttle:
