@@ -24,10 +24,12 @@ from typing import NamedTuple
 
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
+from kproxy.protocol.tables import ApiKey
 from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
 
-API_VERSIONS_KEY = 18
-CONTROLLED_SHUTDOWN_KEY = 7
+# Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: tables.py).
+API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
+CONTROLLED_SHUTDOWN_KEY = int(ApiKey.CONTROLLED_SHUTDOWN)
 
 _FIXED = struct.Struct(">hhi")
 _FIXED_CLIENT = struct.Struct(">hhih")

@@ -55,7 +55,7 @@ from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.requests import produce_acks, request_client_id
 from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.protocol.tables import api_name
+from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
 from kproxy.proxy.commands import (
     CloseConnection,
@@ -66,10 +66,15 @@ from kproxy.proxy.commands import (
     SendToClient,
     WakeAt,
 )
-from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
+from kproxy.proxy.rewrite import ResponseRewriter
 
-PRODUCE = 0
-SASL_HANDSHAKE = 17
+# Plain ints, bound once: compared on every frame (an int == IntEnum comparison costs about twice a
+# plain one, kproxy/protocol/tables.py).
+PRODUCE = int(ApiKey.PRODUCE)
+SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
+API_VERSIONS = int(ApiKey.API_VERSIONS)
+NONE = int(ErrorCode.NONE)
+UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _INT16 = struct.Struct(">h")
@@ -640,7 +645,7 @@ class Session:
         if len(frame) < 10:
             raise SessionError(f"SaslHandshake v0 response of {len(frame)} bytes has no error code", offset=8)
         (error_code,) = _INT16.unpack_from(frame, 8)
-        if error_code == 0:
+        if error_code == NONE:
             self.mode = Mode.SASL_TOKENS
             self._sasl_rounds_left = SASL_ROUNDS.get((ex.sasl_mechanism or "").upper())
 
