@@ -168,6 +168,21 @@ async def test_each_brokers_traffic_and_connections_carry_its_node_id() -> None:
     assert sample(text, "kproxy_overhead_seconds_count", api="produce") == 3
 
 
+def test_totals_add_every_brokers_counters_up() -> None:
+    """What `kproxy demo` reports across brokers: counters summed, histograms merged bucket by bucket."""
+    stats = TrafficStats()
+    heartbeat = frame(struct.pack(">ih", 1, 0))
+    for node, seconds in ((None, 0.001), (1, 0.001), (1, 0.5), (2, 2.0)):
+        stats.request(stats.broker(node), 12, 0, 10, None)
+        stats.response(stats.broker(node), 12, 0, heartbeat, 8, broker_seconds=seconds, overhead_seconds=0.0001)
+    total = stats.totals()
+    assert total.requests == total.responses == {("heartbeat", 0): 4}
+    latency = total.broker_latency["heartbeat"]
+    assert dict(latency.cumulative())["0.001"] == 2 and dict(latency.cumulative())["+Inf"] == 4
+    assert latency.sum == pytest.approx(2.502)
+    assert stats.broker(1).broker_latency["heartbeat"].sum == pytest.approx(0.501)  # the brokers' own untouched
+
+
 async def test_a_dead_brokers_connect_failures_carry_its_node_id() -> None:
     async with fake_cluster((0, 1)) as cluster, \
             running_server(proxy_config(cluster.bootstrap, upstream_check_interval=3600)) as server:
