@@ -181,7 +181,7 @@ rules:
 
 def _fetch_versions(proxy: ProxyThread) -> set[int]:
     assert proxy.server is not None
-    return {int(v) for (api, v), _ in proxy.call(lambda: list(proxy.server.stats.requests.items())) if api == "fetch"}
+    return {int(v) for (api, v) in proxy.call(lambda: list(proxy.server.stats.totals().requests)) if api == "fetch"}
 
 
 def test_corrupted_fetched_records_fail_the_crc_check_of_the_consumer(with_rules: Any, tansu: Broker) -> None:
