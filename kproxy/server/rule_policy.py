@@ -24,8 +24,6 @@ from collections.abc import Callable
 from typing import Protocol
 
 from kproxy.metrics.stats import FaultStats
-from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.frame_edit import request_header
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
@@ -131,12 +129,12 @@ class RulePolicy:
             return None
         ordinal = self._ordinals.get(api_key, 0)
         self._ordinals[api_key] = ordinal + 1
-        frame = exchange.request
-        try:
-            header = request_header(frame)
-        except ProtocolError:
+        if exchange.request_body_offset is None:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
-        facts = FrameFacts(frame, header, client_ip=self.client_ip, broker_id=self.broker_id,
+        frame = exchange.request
+        # The facts read the session's parse (api key, version, correlation id; the client id when a
+        # rule asks for it): no header is decoded again here.
+        facts = FrameFacts(frame, exchange, client_ip=self.client_ip, broker_id=self.broker_id,
                            stream_ordinal=ordinal, now=exchange.read_at, wall_time=time.time())
         decision = engine.evaluate(facts)
         if not decision.matched:
