@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from kproxy.protocol.builders import request_frame
@@ -44,3 +46,21 @@ def test_unreadable_header_gives_no_body_facts() -> None:
     frame = good[:12] + b"\x7f\xff" + good[14:]
     facts = FrameFacts(frame, exchange_of(frame, PRODUCE, 7, 3))
     assert facts.topics() == {} and facts.acks() is None and facts.client_id is None
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.1:5000", "[::1]:5000", "[fe80::1%eth0]:9092", "10.1.2.3:1"])
+def test_policy_client_address_is_the_plain_address(peer: str) -> None:
+    """The policy's client address (its hash kept) equals, hashes and matches like ipaddress's own."""
+    from kproxy.server.rule_policy import _client_ip
+
+    ip = _client_ip(peer)
+    plain = ipaddress.ip_address(peer.rpartition(":")[0].strip("[]"))
+    assert ip is not None and ip == plain and hash(ip) == hash(plain) and {ip: 1}[plain] == 1
+    net = ipaddress.ip_network("10.0.0.0/8" if plain.version == 4 else "::/0")
+    assert (ip in net) == (plain in net)
+
+
+def test_policy_client_address_of_a_name_is_none() -> None:
+    from kproxy.server.rule_policy import _client_ip
+
+    assert _client_ip("broker.example:9092") is None

@@ -83,12 +83,42 @@ class FaultInjector:
 
 
 
+class _PeerIPv4(ipaddress.IPv4Address):
+    """A connection's client address with its hash computed once: the engine keys its per-peer cache
+    with it on every request (kproxy/rules/engine.py), and ipaddress hashes ``hex(int(ip))`` on every
+    call (~0.5 µs). Equal, and hashing equal, to the plain address."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+class _PeerIPv6(ipaddress.IPv6Address):
+    """:class:`_PeerIPv4` for IPv6."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, address: str) -> None:
+        super().__init__(address)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
 def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     host = peer.rpartition(":")[0].strip("[]")
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
+    for kind in (_PeerIPv4, _PeerIPv6):
+        try:
+            return kind(host)
+        except ValueError:
+            continue
+    return None
 
 
 class _HasInjector(Protocol):
