@@ -587,6 +587,7 @@ def phase_partitions(py: str, keys: list[str], workdir: Path, logs: Path, quick:
                 variant_command(py, variant, upstream, workdir, key), variant.path,
                 logs / f"bench-kproxy-{key}-fake.log"))
             paths.append(Hop(variant.path, port, proc))
+        time.sleep(3.0)  # kproxy compiles its likely codecs in the background at start: not a request's cost
         rows = []
         for n in counts:
             frame = wire.metadata_request([f"partitions-{n}"])
