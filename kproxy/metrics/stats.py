@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
+from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
@@ -65,28 +65,6 @@ REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COOR
 SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
 SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
 _ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
-
-
-class KindStats:
-    """The counters of one message kind, as labelled: an ``(api, version)`` pair kproxy knows, or
-    the pair every other version of an api (or every unknown api) folds into.
-
-    Per-kind objects instead of dictionaries keyed by label tuples: a request or a response adds
-    to two attributes found by one dict lookup on an int, and carries its response header layout
-    and histograms along, so nothing is looked up again per frame.
-    """
-
-    __slots__ = ("api", "broker", "known", "overhead", "request_bytes", "requests", "response_bytes", "responses",
-                 "tagged_header", "version")
-
-    def __init__(self, api: str, version: int | str, known: bool, tagged_header: bool) -> None:
-        self.api = api
-        self.version = version
-        self.known = known
-        self.tagged_header = tagged_header  # response header v1: tagged fields after the correlation id
-        self.requests = self.request_bytes = self.responses = self.response_bytes = 0
-        self.broker: Histogram | None = None  # the api's histograms, once it has had a response
-        self.overhead: Histogram | None = None
 
 
 class ScanMemo:
@@ -186,6 +164,8 @@ class TrafficStats:
 
     options: StatsOptions = field(default_factory=StatsOptions)
     started: float = field(default_factory=time.time)
+    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     overhead: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -196,6 +176,7 @@ class TrafficStats:
     responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
+    byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
     records_uncounted: dict[str, int] = field(default_factory=dict)
     client_connections: dict[str, int] = field(default_factory=dict)
@@ -219,10 +200,6 @@ class TrafficStats:
                 self._apis[key] = (api_snake_name(key), span[1])
         self._scanners: dict[tuple[int, int, Direction], object] = {}
         self._scan_memos: dict[tuple[int, int], ScanMemo] = {}  # (api key, version) of REPEATING_ANSWERS
-        # (api key * 65536 + version) -> its KindStats, for the pairs kproxy knows (a bounded set);
-        # folded pairs share one KindStats per api label (see _kind).
-        self._kinds: dict[int, KindStats] = {}
-        self._folded: dict[str, KindStats] = {}
         # The reasons kproxy.server.connection reports start at zero: a counter series born at 1
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
         for reason in KNOWN_REJECT_REASONS:
@@ -249,102 +226,56 @@ class TrafficStats:
             return known[0], api_version, True
         return known[0], OTHER, False
 
-    # -- what /metrics reads (built per scrape from the per-kind counters) ----------------
-    @property
-    def requests(self) -> dict[tuple[str, int | str], int]:
-        """Requests read, by ``(api, version)`` label."""
-        return {(k.api, k.version): k.requests for k in self._all_kinds() if k.requests}
-
-    @property
-    def responses(self) -> dict[tuple[str, int | str], int]:
-        """Responses written to clients, by ``(api, version)`` label."""
-        return {(k.api, k.version): k.responses for k in self._all_kinds() if k.responses}
-
-    @property
-    def byte_counts(self) -> dict[tuple[str, str], int]:
-        """Bytes by ``(api, "request" | "response")``."""
-        out: dict[tuple[str, str], int] = {}
-        for k in self._all_kinds():
-            if k.requests:
-                out[(k.api, "request")] = out.get((k.api, "request"), 0) + k.request_bytes
-            if k.responses:
-                out[(k.api, "response")] = out.get((k.api, "response"), 0) + k.response_bytes
-        return out
-
-    def _all_kinds(self) -> list[KindStats]:
-        return [*self._kinds.values(), *self._folded.values()]
-
-    def _kind(self, api_key: int, api_version: int) -> KindStats:
-        """The KindStats of a pair not met yet (see _labels for the folding)."""
-        api, version, known = self._labels(api_key, api_version)
-        if known:
-            assert isinstance(version, int)
-            kind = KindStats(api, version, True, response_header_version(api_key, api_version) >= 1)
-            self._kinds[api_key * 65536 + api_version] = kind
-            return kind
-        kind = self._folded.get(api) or KindStats(api, version, False, False)
-        self._folded[api] = kind
-        return kind
-
     # -- per request / response ------------------------------------------------------
     def request(self, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None) -> None:
         """A request was read from a client. ``frame`` is given for Produce (to count records),
         with ``body_offset`` where its body starts when the caller knows it."""
-        kind = self._kinds.get(api_key * 65536 + api_version) or self._kind(api_key, api_version)
-        kind.requests += 1
-        kind.request_bytes += size
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
+        self.requests[key] = self.requests.get(key, 0) + 1
+        bkey = (api, "request")
+        self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + size
         if self.options.client_id_label:
-            ckey = (self._clients(client_id or ""), kind.api)
+            ckey = (self._clients(client_id or ""), api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
-        if frame is not None and api_key == PRODUCE and kind.known:
-            self._count_records(api_key, api_version, Direction.REQUEST, frame, kind.api, body_offset)
+        if frame is not None and api_key == PRODUCE and known:
+            self._count_records(api_key, api_version, Direction.REQUEST, frame, api, body_offset)
 
     def response(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
-        """A response went to the client. Scans its error codes (records are skipped, not read).
-
-        ``body_offset`` 0 means "not known": it is found here (the response header layout is the
-        kind's), and a response whose header cannot be read counts as undecodable."""
-        kind = self._kinds.get(api_key * 65536 + api_version) or self._kind(api_key, api_version)
-        kind.responses += 1
-        kind.response_bytes += len(frame)
-        # Histogram.observe, inlined: two per response.
+        """A response went to the client. Scans its error codes (records are skipped, not read)."""
+        key: tuple[str, int | str]
+        span = self._apis.get(api_key)
+        if span is not None and 0 <= api_version <= span[1]:
+            api, key, known = span[0], (span[0], api_version), True
+        else:
+            api, version, known = self._labels(api_key, api_version)
+            key = (api, version)
+        self.responses[key] = self.responses.get(key, 0) + 1
+        bkey = (api, "response")
+        self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + len(frame)
         if broker_seconds is not None:
-            hist = kind.broker
+            hist = self.broker_latency.get(api)
             if hist is None:
-                hist = kind.broker = self._histogram(self.broker_latency, kind.api, BROKER_BUCKETS)
-            hist.counts[bisect.bisect_left(hist.bounds, broker_seconds)] += 1
-            hist.sum += broker_seconds
-        hist = kind.overhead
+                hist = self.broker_latency[api] = Histogram(BROKER_BUCKETS)
+            hist.observe(broker_seconds)
+        hist = self.overhead.get(api)
         if hist is None:
-            hist = kind.overhead = self._histogram(self.overhead, kind.api, OVERHEAD_BUCKETS)
-        hist.counts[bisect.bisect_left(hist.bounds, overhead_seconds)] += 1
-        hist.sum += overhead_seconds
+            hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
+        hist.observe(overhead_seconds)
         if not self.options.scan_responses:
             return
-        if not kind.known:
+        if known:
+            self._scan_errors(api_key, api_version, frame, body_offset, api)
+        else:
             # Nothing to scan it with; and a scanner cache entry per pair would grow without bound.
-            self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
-            return
-        if not body_offset:
-            if not kind.tagged_header:
-                body_offset = 8
-            elif len(frame) > 8 and frame[8] == 0:
-                body_offset = 9  # no tagged fields: the usual header v1
-            else:
-                try:
-                    body_offset = response_body_offset(frame, api_key, api_version)
-                except ProtocolError:
-                    body_offset = len(frame)  # the scan then fails: counted as undecodable
-        self._scan_errors(api_key, api_version, frame, body_offset, kind.api)
-
-    @staticmethod
-    def _histogram(table: dict[str, Histogram], api: str, bounds: tuple[float, ...]) -> Histogram:
-        hist = table.get(api)
-        if hist is None:
-            hist = table[api] = Histogram(bounds)
-        return hist
+            self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
