@@ -22,27 +22,27 @@ def test_a_repeated_failing_answer_is_counted_every_time() -> None:
     scan must still count each one's errors."""
     stats = TrafficStats()
     for cid in range(5):
-        stats.response(METADATA, 1, metadata(cid, UNKNOWN_TOPIC), 8, 0.001, 0.0001)
-    assert stats.errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 5}
-    assert stats.responses_with_errors == {("metadata", CLASS): 5}
-    assert stats.responses == {("metadata", 1): 5}
+        stats.response(stats.broker(0), METADATA, 1, metadata(cid, UNKNOWN_TOPIC), 8, 0.001, 0.0001)
+    assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 5}
+    assert stats.broker(0).responses_with_errors == {("metadata", CLASS): 5}
+    assert stats.broker(0).responses == {("metadata", 1): 5}
 
 
 def test_a_changed_answer_is_scanned_again() -> None:
     stats = TrafficStats()
-    stats.response(METADATA, 1, metadata(1, 0), 8, 0.001, 0.0001)
-    stats.response(METADATA, 1, metadata(2, UNKNOWN_TOPIC), 8, 0.001, 0.0001)
-    stats.response(METADATA, 1, metadata(3, 0), 8, 0.001, 0.0001)
-    assert stats.errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
+    stats.response(stats.broker(0), METADATA, 1, metadata(1, 0), 8, 0.001, 0.0001)
+    stats.response(stats.broker(0), METADATA, 1, metadata(2, UNKNOWN_TOPIC), 8, 0.001, 0.0001)
+    stats.response(stats.broker(0), METADATA, 1, metadata(3, 0), 8, 0.001, 0.0001)
+    assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
 
 
 def test_the_memo_stays_within_its_bytes() -> None:
     stats = TrafficStats()
     for i in range(2000):
-        stats.response(METADATA, 1, metadata(i, UNKNOWN_TOPIC, name=f"topic-{i:05d}-" + "x" * 200), 8, 0.001, 0.0001)
+        stats.response(stats.broker(0), METADATA, 1, metadata(i, UNKNOWN_TOPIC, name=f"topic-{i:05d}-" + "x" * 200), 8, 0.001, 0.0001)
     memo = stats._scan_memos[(METADATA, 1)]
     assert 0 < memo.bytes <= SCAN_MEMO_BYTES
-    assert stats.errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 2000}
+    assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 2000}
 
 
 def big_metadata(correlation_id: int, failing: int) -> bytes:
@@ -57,7 +57,7 @@ def test_big_answers_are_remembered_by_hash_and_counted_every_time() -> None:
     stats = TrafficStats()
     assert len(big_metadata(0, 1)) > SCAN_MEMO_BODY_MAX
     for cid in range(3):
-        stats.response(METADATA, 1, big_metadata(cid, 2), 8, 0.001, 0.0001)
-    stats.response(METADATA, 1, big_metadata(9, 5), 8, 0.001, 0.0001)  # changed: scanned again
-    assert stats.errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 3 * 2 + 5}
+        stats.response(stats.broker(0), METADATA, 1, big_metadata(cid, 2), 8, 0.001, 0.0001)
+    stats.response(stats.broker(0), METADATA, 1, big_metadata(9, 5), 8, 0.001, 0.0001)  # changed: scanned again
+    assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 3 * 2 + 5}
     assert all(isinstance(k, tuple) for k in stats._scan_memos[(METADATA, 1)].results)
