@@ -79,7 +79,8 @@ def test_files_that_set_a_seed_must_agree(tmp_path: Path) -> None:
 
 
 def test_every_problem_of_every_file_is_reported(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text("rules:\n  - id: a\n    match: {api: produce, topc: t}\n    actions: [drop_response]\n")
+    (tmp_path / "a.yaml").write_text("rules:\n  - id: a\n    match: {api: produce, topc: t}\n"
+                                     "    actions: [drop_response]\n")
     (tmp_path / "b.yaml").write_text("rules: [\n")
     with pytest.raises(RulesError) as err:
         load_path(str(tmp_path))
