@@ -28,6 +28,17 @@ where .Values.kproxy holds this chart's values (its defaults merged in by Helm).
 {{- printf "%s-config" (include "kproxy.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The ConfigMap of the rules directory: rules.existingConfigMap, else <fullname>-rules. */}}
+{{- define "kproxy.rulesConfigMapName" -}}
+{{- if .Values.rules.existingConfigMap -}}
+{{- .Values.rules.existingConfigMap -}}
+{{- else -}}
+{{- printf "%s-rules" (include "kproxy.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.rulesDir" -}}/etc/kproxy-rules{{- end -}}
+
 {{- define "kproxy.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -177,6 +188,9 @@ not in brokerNodeIds are listed too.
 {{- fail "kproxy: tls.upstream.certKey needs tls.upstream.secretName" -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.rules.enabled .Values.rules.files .Values.rules.existingConfigMap -}}
+{{- fail "kproxy: rules.files and rules.existingConfigMap exclude each other (the rules come from one ConfigMap)" -}}
+{{- end -}}
 {{- if .Values.terminationGracePeriodSeconds -}}
 {{- if le (float64 .Values.terminationGracePeriodSeconds) (addf (float64 .Values.preStopSleepSeconds) (float64 ($v.limits.shutdown_grace | default 30))) -}}
 {{- fail "kproxy: terminationGracePeriodSeconds must exceed preStopSleepSeconds + kproxy.limits.shutdown_grace" -}}
@@ -217,6 +231,9 @@ sidecar should give their pod at least this much.
 {{- end -}}
 {{- $_ := set $cfg "metrics_listen" (printf "0.0.0.0:%d" (int $v.metricsPort)) -}}
 {{- $_ := set $cfg "log_level" $v.logLevel -}}
+{{- if .Values.rules.enabled -}}
+{{- $_ := set $cfg "rules" (include "kproxy.rulesDir" .) -}}
+{{- end -}}
 {{- $_ := set $cfg "limits" (deepCopy ($v.limits | default dict)) -}}
 {{- $_ := set $cfg "metrics" (deepCopy ($v.metrics | default dict)) -}}
 {{- $tls := dict -}}
@@ -260,6 +277,11 @@ sidecar should give their pod at least this much.
 - name: kproxy-config
   configMap:
     name: {{ include "kproxy.configMapName" . }}
+{{- if .Values.rules.enabled }}
+- name: kproxy-rules
+  configMap:
+    name: {{ include "kproxy.rulesConfigMapName" . }}
+{{- end }}
 {{- if .Values.tls.client.enabled }}
 - name: kproxy-tls-client
   secret:
@@ -347,6 +369,13 @@ volumeMounts:
   - name: kproxy-config
     mountPath: /etc/kproxy
     readOnly: true
+  {{- if .Values.rules.enabled }}
+  # The whole ConfigMap as a directory, never a subPath: kubelet updates a directory mount in
+  # place (a symlink flip kproxy watches for); a subPath mount would never change.
+  - name: kproxy-rules
+    mountPath: {{ include "kproxy.rulesDir" . }}
+    readOnly: true
+  {{- end }}
   {{- if .Values.tls.client.enabled }}
   - name: kproxy-tls-client
     mountPath: {{ include "kproxy.tlsClientDir" . }}
