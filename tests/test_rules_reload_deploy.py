@@ -8,6 +8,7 @@ template (no checksum: the rules reload in place), while kproxy.yaml's checksum 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 
 from tests.test_deploy_artifacts import (
     CHART,
+    ROOT,
     SIDECAR_EXAMPLE,
     container,
     kinds,
@@ -161,3 +163,25 @@ def test_the_sidecar_example_loads_its_rules_from_a_directory(tmp_path: Path) ->
     pod_annotations = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["metadata"].get(
         "annotations", {})
     assert not [k for k in pod_annotations if "rules" in k]
+
+
+# -- the dashboard -----------------------------------------------------------------------------------
+def test_the_faults_row_shows_dry_run_matches_beside_the_actions_done() -> None:
+    board = json.loads((ROOT / "deploy" / "grafana" / "kproxy-dashboard.json").read_text())
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    faults = next(r for r in rows if r["title"] == "Faults")
+    # Collapsed or not, a row's panels are those between it and the next row.
+    panels = faults.get("panels") or []
+    if not panels:
+        after = board["panels"][board["panels"].index(faults) + 1:]
+        panels = next(([*after[:i]] for i, p in enumerate(after) if p["type"] == "row"), after)
+    by_title = {p["title"]: p for p in panels}
+    done, shadow = by_title["Rule actions done"], by_title["Dry-run matches"]
+    assert [t["expr"] for t in done["targets"]] == [t["expr"].replace('dry_run="true"', 'dry_run="false"')
+                                                    for t in shadow["targets"]]
+    assert 'dry_run="true"' in shadow["targets"][0]["expr"]
+    assert shadow["gridPos"]["y"] == done["gridPos"]["y"]
+    assert shadow["gridPos"]["x"] == done["gridPos"]["x"] + done["gridPos"]["w"]  # side by side
+    assert shadow["fieldConfig"]["defaults"]["unit"] == done["fieldConfig"]["defaults"]["unit"]
+    in_force = " ".join(t["expr"] for t in by_title["Rules in force"]["targets"])
+    assert "kproxy_rules_generation" in in_force and "kproxy_rules_reloads_total" in in_force
