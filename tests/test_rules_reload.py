@@ -244,6 +244,30 @@ async def test_the_same_rules_again_are_no_new_generation_unless_forced_or_repla
         nursery.cancel_scope.cancel()
 
 
+async def test_a_change_between_the_config_load_and_the_watch_is_not_missed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kproxy.rules")
+    path = tmp_path / "rules.yaml"
+    path.write_text(rules_text("a"))
+    h = Harness(path)  # what kproxy run does first: the config loads the file
+    path.write_text(rules_text("a", "b"))  # ... and it changes before the server watches it
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.reloader.run)
+        await h.until(lambda: h.ids() == ["a", "b"])
+        nursery.cancel_scope.cancel()
+    unchanged = tmp_path / "same.yaml"
+    unchanged.write_text(rules_text("a"))
+    h = Harness(unchanged)
+    caplog.clear()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.reloader.run)
+        await trio.sleep(4 * FAST)
+        nursery.cancel_scope.cancel()
+    # The start-up comparison is no reload: nothing logged, counted or replaced.
+    assert h.live.generation == 1 and h.counts.reloads == {"success": 0, "failure": 0}
+    assert reload_lines(caplog) == []
+
+
 async def test_a_configmap_flip_is_seen_and_applied(tmp_path: Path) -> None:
     volume = ConfigMapVolume(tmp_path)
     volume.publish({"rules.yaml": rules_text("a")})

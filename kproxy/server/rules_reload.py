@@ -98,7 +98,7 @@ class RulesReloader:
         self.path = path
         self.counts = counts
         self.interval = interval
-        self._seen: Signature | None = None  # taken before the last load: a later write is a change
+        self._seen: Signature | None = None  # taken before the last load: a write after it is a change
         self._in_force: RuleSet | None = live.rules  # what this reloader (or the start-up config) loaded
         self._generation = live.generation  # the generation it had; another one means someone else replaced
         self._requested = False
@@ -110,23 +110,29 @@ class RulesReloader:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        # The rules in force were loaded by the config before this signature: a write in between
-        # makes the first poll load and compare (equal rules are no new generation).
-        self._seen = signature(self.path)
         task_status.started()
+        # The rules in force were read by the config loader, before any signature: a write in
+        # between would never be a change. So the first round loads the files once more and
+        # compares, silently when they are the same (the usual case: no reload happened).
+        first = True
         while True:
-            with trio.move_on_after(self.interval):
-                await self._wake.wait()
+            if not first:
+                with trio.move_on_after(self.interval):
+                    await self._wake.wait()
             forced, self._requested = self._requested, False
             if forced:
                 self._wake = trio.Event()
             now = signature(self.path)
             if forced or now != self._seen:
                 self._seen = now
-                await self.reload(trigger="sighup" if forced else "change", force=forced)
+                await self.reload(trigger="sighup" if forced else "change", force=forced, quiet=first)
+            first = False
 
-    async def reload(self, *, trigger: str, force: bool) -> bool:
-        """Load the files now and put them in force; False (logged, counted) when they do not load."""
+    async def reload(self, *, trigger: str, force: bool, quiet: bool = False) -> bool:
+        """Load the files now and put them in force; False (logged, counted) when they do not load.
+
+        ``quiet``: the same rules as in force are no reload at all (not logged, not counted).
+        """
         try:
             rules = await trio.to_thread.run_sync(load_path, self.path)
         except RulesError as exc:
@@ -135,11 +141,14 @@ class RulesReloader:
             log.warning("event=rules_reload_failed file=%s trigger=%s problems=%d generation=%d detail=%s",
                         q(self.path), trigger, len(exc.problems), self.live.generation, q(detail))
             return False
-        self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
         if not force and rules == self._in_force and self.live.generation == self._generation:
+            if quiet:
+                return True
+            self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
             log.info("event=rules_unchanged generation=%d file=%s trigger=%s", self._generation, q(self.path),
                      trigger)
             return True
+        self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
         self._generation = self.live.replace(rules, origin=self.path)
         self._in_force = rules
         enabled = [r for r in rules.rules if r.enabled]
