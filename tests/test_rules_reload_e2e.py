@@ -130,6 +130,8 @@ def test_a_rule_written_mid_stream_applies_within_a_second_and_stops_when_remove
           f"{len(stream.sent)} messages, {after} Produce requests failed on purpose")
 
 
+# POLICY_VIOLATION fails the message and nothing more; librdkafka would remember an authorization
+# error for the topic and refuse later messages itself, whatever kproxy does by then.
 def produce_one(producer: Producer, topic: str) -> KafkaError | None:
     errors: list[KafkaError | None] = []
     producer.produce(topic, value=b"x", on_delivery=lambda err, _msg: errors.append(err))
@@ -142,13 +144,13 @@ def test_a_broken_file_keeps_the_rules_in_force_and_a_fixed_one_applies(
     caplog.set_level(logging.INFO, "kproxy.rules")
     topic = unique("reload-broken")
     path = tmp_path / "rules.yaml"
-    path.write_text(inject("deny", topic, "TOPIC_AUTHORIZATION_FAILED"))
+    path.write_text(inject("deny", topic, "POLICY_VIOLATION"))
     with running_proxy(tansu.bootstrap, rules=str(path)) as proxy:
         create_topic(proxy.bootstrap, topic, 1)
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 10000})
-        assert produce_one(producer, topic).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # type: ignore[union-attr]
+        assert produce_one(producer, topic).code() == KafkaError.POLICY_VIOLATION  # type: ignore[union-attr]
 
-        path.write_text(inject("deny", topic, "TOPIC_AUTHORISATION_FAILED"))
+        path.write_text(inject("deny", topic, "POLICY_VIOLATON"))
         deadline = time.monotonic() + 5
         while on_server(proxy, lambda s: s.stats.faults.reloads["failure"]) == 0:
             assert time.monotonic() < deadline, "the broken file was not noticed"
@@ -156,7 +158,7 @@ def test_a_broken_file_keeps_the_rules_in_force_and_a_fixed_one_applies(
         line = next(r.getMessage() for r in caplog.records if "event=rules_reload_failed" in r.getMessage())
         assert f"{path}:5: rules[0].actions[0].inject_error.error: unknown Kafka error" in line
         assert on_server(proxy, lambda s: s.rules.generation) == 1
-        assert produce_one(producer, topic).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # type: ignore[union-attr]
+        assert produce_one(producer, topic).code() == KafkaError.POLICY_VIOLATION  # type: ignore[union-attr]
 
         path.write_text(NO_RULES)
         deadline = time.monotonic() + 5
@@ -174,12 +176,12 @@ def test_a_configmap_flip_applies_to_open_connections(tansu: Broker, tmp_path: P
         create_topic(proxy.bootstrap, topic, 1)
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 10000})
         assert produce_one(producer, topic) is None
-        volume.publish({"rules.yaml": NO_RULES, "deny.yaml": inject("deny", topic, "TOPIC_AUTHORIZATION_FAILED")})
+        volume.publish({"rules.yaml": NO_RULES, "deny.yaml": inject("deny", topic, "POLICY_VIOLATION")})
         started = time.monotonic()
         while on_server(proxy, lambda s: s.rules.generation) != 2:
             assert time.monotonic() - started < 1.0, "the flip was not applied within a second"
             time.sleep(0.02)
-        assert produce_one(producer, topic).code() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # type: ignore[union-attr]
+        assert produce_one(producer, topic).code() == KafkaError.POLICY_VIOLATION  # type: ignore[union-attr]
         volume.publish({"rules.yaml": NO_RULES})
         started = time.monotonic()
         while on_server(proxy, lambda s: s.rules.generation) != 3:
