@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
@@ -114,6 +115,22 @@ class CaptureOptions:
 
 
 @dataclass(frozen=True)
+class AdminOptions:
+    """The admin HTTP API (kproxy/admin/): off unless ``listen`` is set. A listener on any
+    address but loopback needs a bearer token (``token`` or ``token_file``)."""
+
+    listen: HostPort | None = None
+    token: str | None = None
+    token_file: Path | None = None
+
+    def bearer_token(self) -> str | None:
+        """The token requests must carry (the file's first line, read now), or None."""
+        if self.token_file is not None:
+            return self.token_file.read_text(encoding="utf-8").strip() or None
+        return self.token
+
+
+@dataclass(frozen=True)
 class Config:
     upstream: tuple[HostPort, ...]
     listen: HostPort = field(default_factory=lambda: HostPort("127.0.0.1", 19092))
@@ -129,6 +146,7 @@ class Config:
     client_tls: ClientTls = field(default_factory=ClientTls)
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
     capture: CaptureOptions = field(default_factory=CaptureOptions)
+    admin: AdminOptions = field(default_factory=AdminOptions)
     rules: RuleSet | None = None  # fault injection (kproxy/server/rule_policy.py); None: none
 
     @property
@@ -311,7 +329,7 @@ class Option:
 
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
-                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions()}
+                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions()}
 
 
 def builtin_default(path: str) -> Any:
@@ -339,6 +357,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("rules", "--rules", _rules,
            "YAML fault-injection rules (format: rules/README.md): a file, or a directory whose *.yaml/*.yml "
            "files are merged in name order; reloaded when they change and on SIGHUP", "PATH"),
+    Option("admin.listen", "--admin-listen", _listen_address,
+           "HTTP address of the admin API (rules changed while kproxy runs: docs/ADMIN.md); off by default. "
+           "Any address but loopback needs --admin-token-file", "HOST:PORT"),
+    Option("admin.token_file", "--admin-token-file", _path,
+           "file holding the bearer token admin API requests must carry", "FILE"),
+    Option("admin.token", "--admin-token", _str,
+           "the bearer token itself (visible in ps: prefer --admin-token-file or KPROXY_ADMIN_TOKEN)", "TOKEN"),
     Option("capture.dir", "--capture-dir", _directory,
            "capture every request/response pair to Parquet files here (needs the 'capture' extra)", "DIR"),
     Option("capture.max_bytes_total", "--capture-max-bytes", _int(1024),
@@ -536,8 +561,39 @@ def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
     capture = CaptureOptions(**section("capture."))
     if capture.rotate_bytes > capture.max_bytes_total:
         problems.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
+    admin = AdminOptions(**section("admin."))
+    problems.extend(_admin_problems(admin))
     if problems:
         raise ConfigError(*problems)
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
-                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, **top)
+                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin, **top)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or an address in 127.0.0.0/8 or ::1; any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere: not trusted as loopback
+
+
+def _admin_problems(admin: AdminOptions) -> list[str]:
+    problems: list[str] = []
+    if admin.token is not None and admin.token_file is not None:
+        problems.append("admin: give admin.token or admin.token_file, not both")
+    try:
+        token = admin.bearer_token()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"admin.token_file: cannot read {admin.token_file}: {exc}"]
+    if admin.token_file is not None and token is None:
+        problems.append(f"admin.token_file: {admin.token_file} is empty")
+    # Whoever reaches the admin port can make kproxy fail every request: beyond this host, only
+    # with a secret.
+    if admin.listen is not None and not is_loopback(admin.listen.host) and token is None:
+        problems.append(f"admin.listen: {admin.listen} is not a loopback address: the admin API changes what "
+                        f"kproxy does to traffic, so beyond loopback it needs a bearer token "
+                        f"(admin.token_file, --admin-token-file or KPROXY_ADMIN_TOKEN)")
+    return problems

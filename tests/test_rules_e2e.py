@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from kproxy.protocol import decode_response
 from kproxy.protocol.builders import request_frame
@@ -69,46 +69,8 @@ rules:
     same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
 
 
-def test_a_non_retriable_error_reaches_the_application(with_rules: Any) -> None:
-    topic = unique("rules-fatal")
-    proxy = with_rules(f"""
-rules:
-  - id: denied
-    match: {{api: produce, topic: "{topic}"}}
-    actions:
-      - inject_error: {{error: TOPIC_AUTHORIZATION_FAILED}}
-""")
-    create_topic(proxy.bootstrap, topic, 1)
-    errors: list[KafkaError] = []
-    producer = Producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 10000})
-    producer.produce(topic, value=b"x", on_delivery=lambda err, _msg: errors.append(err))
-    assert producer.flush(15) == 0
-    assert [e.code() for e in errors] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
-
-
-def _produce_one_timed(bootstrap: str, topic: str, **config: Any) -> float:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, **config})
-    producer.produce(topic, value=b"warm-up")  # metadata and connections first
-    assert producer.flush(15) == 0
-    started = time.monotonic()
-    producer.produce(topic, value=b"timed")
-    assert producer.flush(15) == 0
-    return time.monotonic() - started
-
-
-def test_a_delay_shows_in_measured_latency(with_rules: Any) -> None:
-    slow, fast = unique("rules-slow"), unique("rules-fast")
-    proxy = with_rules(f"""
-rules:
-  - id: slow-produce
-    match: {{api: produce, topic: "{slow}"}}
-    actions:
-      - delay: {{ms: 400}}
-""")
-    create_topic(proxy.bootstrap, slow, 1)
-    create_topic(proxy.bootstrap, fast, 1)
-    assert _produce_one_timed(proxy.bootstrap, fast) < 0.3
-    assert 0.4 <= _produce_one_timed(proxy.bootstrap, slow) < 1.5
+# A non-retriable error reaching the application, and a delay in measured latency: moved to
+# tests/plugin/user_suite/test_faults.py, run through kproxy's pytest plugin as a user would.
 
 
 def test_drop_response_makes_the_client_time_out_and_retry(with_rules: Any, caplog: pytest.LogCaptureFixture) -> None:

@@ -135,6 +135,17 @@ def load_text(text: str, source: str = "<rules>") -> RuleSet:
     return _Loader(source).load(text)
 
 
+def load_data(data: Any, source: str = "<data>") -> RuleSet:
+    """Load a rule file already parsed (JSON from the admin API: ``{"rules": [...], "seed": N}``)
+    with the same checks and messages as a file. Problems' lines are of the YAML this function
+    renders and mean nothing to the caller; their key paths do."""
+    try:
+        text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    except yaml.YAMLError as exc:
+        raise RulesError([Problem(source, 0, "(data)", f"not plain data: {exc}")]) from None
+    return load_text(text, source)
+
+
 def load_file(path: str) -> RuleSet:
     """Read and parse a rule file; an unreadable file is one problem at line 0."""
     try:

@@ -19,17 +19,18 @@ rules"; it is exported as a gauge so an operator can see which file version is i
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.rules import RuleSet
-from kproxy.server.rule_policy import FaultInjector, RulePolicy
+from kproxy.server.rule_policy import FaultInjector, FaultRecord, RulePolicy
 
 
 class LiveRules:
     """The current :class:`FaultInjector` (or none), its generation, and where it came from."""
 
-    __slots__ = ("clock", "counts", "generation", "injector", "mutable", "origin")
+    __slots__ = ("clock", "counts", "generation", "injector", "mutable", "origin", "recent")
 
     def __init__(self, rules: RuleSet | None, *, counts: FaultStats, mutable: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -42,6 +43,9 @@ class LiveRules:
         # connections opened with no rules get a policy: with rules off for good, a request costs
         # nothing here.
         self.mutable = mutable
+        # The last faults done, newest last (the admin API's /faults); None: not kept. Bounded by
+        # its maxlen: one record per fault, never per request.
+        self.recent: deque[FaultRecord] | None = None
         if rules is not None:
             self.replace(rules, origin=rules.source or "config")
 

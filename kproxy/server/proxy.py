@@ -51,6 +51,7 @@ from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
 
 if TYPE_CHECKING:
+    from kproxy.admin.server import AdminServer
     from kproxy.capture.service import CaptureService
 
 log = logging.getLogger("kproxy.server")
@@ -137,6 +138,7 @@ class ProxyServer:
             # so a file empty at its start applies to it once it is filled.
             self.rules.mutable = True
             self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults)
+        self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
@@ -175,6 +177,8 @@ class ProxyServer:
                                             self.config.metrics_listen.port)
                     except OSError as exc:
                         raise ListenFailed("metrics", str(self.config.metrics_listen), exc) from exc
+                if self.config.admin.listen is not None:
+                    await self._start_admin(nursery, self.config.admin.listen)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
                     # In the outer nursery: SIGHUP is handled (not fatal) while connections drain too.
@@ -195,6 +199,17 @@ class ProxyServer:
                 log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
             connections.cancel_scope.cancel()
         log.info("event=stopped")
+
+    async def _start_admin(self, nursery: trio.Nursery, address: HostPort) -> None:
+        """The admin API (kproxy/admin/), imported only when it is on."""
+        from kproxy.admin.book import RuleBook
+        from kproxy.admin.server import AdminServer
+
+        self.admin_server = AdminServer(RuleBook(self.rules), token=self.config.admin.bearer_token())
+        try:
+            await nursery.start(self.admin_server.serve, address.host, address.port)
+        except OSError as exc:
+            raise ListenFailed("admin", str(address), exc) from exc
 
     def _warn_about_options(self) -> None:
         """One warning line per risky setting, at start: an operator reading the log must see them."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from kproxy.metrics.stats import FaultStats
@@ -85,6 +87,23 @@ class FaultInjector:
 
 
 
+@dataclass(frozen=True, slots=True)
+class FaultRecord:
+    """One fault done (or, ``dry_run``, only matched): what the fault log line says, kept in
+    :attr:`~kproxy.server.live_rules.LiveRules.recent` for the admin API's ``/faults``."""
+
+    time: float  # wall clock, seconds since the epoch
+    rule: str
+    action: str
+    connection: str
+    correlation_id: int
+    api: str
+    topics: tuple[str, ...]
+    partitions: tuple[int, ...]
+    detail: str
+    dry_run: bool
+
+
 def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     host = peer.rpartition(":")[0].strip("[]")
     try:
@@ -102,6 +121,9 @@ class _HasInjector(Protocol):
 
     @property
     def counts(self) -> FaultStats: ...
+
+    @property
+    def recent(self) -> deque[FaultRecord] | None: ...
 
 
 class RulePolicy:
@@ -257,10 +279,18 @@ class RulePolicy:
         counts = self.counts
         key = (hit.rule_id, action, "true" if dry_run else "false")
         counts.hits[key] = counts.hits.get(key, 0) + 1
-        if not log.isEnabledFor(logging.INFO):
-            return  # the topic scan below is for the line alone
+        recent = self.live.recent
+        logged = log.isEnabledFor(logging.INFO)
+        if recent is None and not logged:
+            return  # the topic scan below is for the line and the ring alone
         topics = facts.topics()
         partitions = sorted({p for parts in topics.values() for p in parts})
+        if recent is not None:  # a bounded deque: the oldest record falls out
+            recent.append(FaultRecord(time.time(), hit.rule_id, action, self.peer, facts.correlation_id,
+                                      api_snake_name(facts.api_key), tuple(sorted(topics)), tuple(partitions),
+                                      detail, dry_run))
+        if not logged:
+            return
         log.info("event=fault rule=%s action=%s connection=%s correlation_id=%d api=%s topic=%s partition=%s "
                  "detail=%s%s", hit.rule_id, action, self.peer, facts.correlation_id, api_snake_name(facts.api_key),
                  q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
@@ -286,4 +316,4 @@ def _response_side(action: object) -> bool:
     return not isinstance(action, _SESSION_ACTIONS)
 
 
-__all__ = ["FaultInjector", "RulePolicy"]
+__all__ = ["FaultInjector", "FaultRecord", "RulePolicy"]

