@@ -321,3 +321,25 @@ def test_a_server_with_a_rules_file_watches_it_and_gives_every_connection_a_poli
     assert server.rules.policy("127.0.0.1:1") is not None  # so the next rules apply to this connection too
     plain = ProxyServer(build_config({"upstream": ("127.0.0.1:9", "test")}), handle_signals=False)
     assert plain.reloader is None and plain.rules.policy("127.0.0.1:1") is None  # no rules: no cost
+
+
+async def test_a_file_reload_ends_a_divergence_made_through_the_admin_api(tmp_path: Path) -> None:
+    from kproxy.admin.book import RuleBook
+
+    path = tmp_path / "rules.yaml"
+    path.write_text(rules_text("a"))
+    h = Harness(path)
+    book = RuleBook(h.live)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(h.reloader.run)
+        book.add({"id": "api-made", "match": {"api": "produce"},
+                  "actions": [{"inject_error": {"error": "NOT_LEADER_OR_FOLLOWER"}}]})
+        assert h.ids() == ["a", "api-made"] and book.diverged
+        await trio.sleep(3 * FAST)
+        assert h.ids() == ["a", "api-made"]  # an unchanged file leaves the API's rules alone
+        # The same file again (a ConfigMap re-applied, a touch): the file's rules are put back.
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        await h.until(lambda: h.ids() == ["a"])
+        assert not book.diverged and book.listing()["file"] == str(path)
+        nursery.cancel_scope.cancel()

@@ -110,28 +110,29 @@ class RulesReloader:
         self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
         # The rules in force were read by the config loader, before any signature: a write in
-        # between would never be a change. So the first round loads the files once more and
-        # compares, silently when they are the same (the usual case: no reload happened).
-        first = True
+        # between would never be a change. So the files are loaded once more before the watch
+        # starts, and put in force only if they differ (silently otherwise: no reload happened).
+        self._seen = signature(self.path)
+        await self.reload(trigger="change", force=False, quiet=True)
+        task_status.started()
         while True:
-            if not first:
-                with trio.move_on_after(self.interval):
-                    await self._wake.wait()
+            with trio.move_on_after(self.interval):
+                await self._wake.wait()
             forced, self._requested = self._requested, False
             if forced:
                 self._wake = trio.Event()
             now = signature(self.path)
             if forced or now != self._seen:
                 self._seen = now
-                await self.reload(trigger="sighup" if forced else "change", force=forced, quiet=first)
-            first = False
+                await self.reload(trigger="sighup" if forced else "change", force=forced)
 
     async def reload(self, *, trigger: str, force: bool, quiet: bool = False) -> bool:
         """Load the files now and put them in force; False (logged, counted) when they do not load.
 
-        ``quiet``: the same rules as in force are no reload at all (not logged, not counted).
+        ``quiet`` (the check at start): the same rules as the config loaded are no reload at all,
+        not logged, not counted, whatever replaced them since (an admin API change made in the
+        meantime stays).
         """
         try:
             rules = await trio.to_thread.run_sync(load_path, self.path)
@@ -141,9 +142,9 @@ class RulesReloader:
             log.warning("event=rules_reload_failed file=%s trigger=%s problems=%d generation=%d detail=%s",
                         q(self.path), trigger, len(exc.problems), self.live.generation, q(detail))
             return False
+        if quiet and rules == self._in_force:
+            return True
         if not force and rules == self._in_force and self.live.generation == self._generation:
-            if quiet:
-                return True
             self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
             log.info("event=rules_unchanged generation=%d file=%s trigger=%s", self._generation, q(self.path),
                      trigger)
