@@ -165,6 +165,37 @@ def test_the_sidecar_example_loads_its_rules_from_a_directory(tmp_path: Path) ->
     assert not [k for k in pod_annotations if "rules" in k]
 
 
+# -- the admin API, kept on the pod's loopback ---------------------------------------------------------
+def test_the_admin_api_listens_on_loopback_with_no_port_published(helm: Any, tmp_path: Path) -> None:
+    for values in ({"admin": {"enabled": True}, **WITH_RULES}, {"mode": "sidecar", "admin": {"enabled": True}}):
+        docs = render(helm, values)
+        config_text = config_maps(docs)["kp-kproxy-config"]["data"]["kproxy.yaml"]
+        assert yaml.safe_load(config_text)["admin"] == {"listen": "127.0.0.1:9901"}
+        raw = {k: v for k, v in yaml.safe_load(config_text).items() if k != "rules"}
+        cfg = load_kproxy_config(yaml.safe_dump(raw), tmp_path)  # kproxy accepts it (no token: loopback)
+        assert cfg.admin.listen is not None and cfg.admin.listen.port == 9901
+    deploy = one(render(helm, {"admin": {"enabled": True}}), "Deployment")
+    c = container(deploy["spec"]["template"]["spec"])
+    assert 9901 not in {p["containerPort"] for p in c["ports"]}
+    svc = one(render(helm, {"admin": {"enabled": True}}), "Service")
+    assert 9901 not in {p["port"] for p in svc["spec"]["ports"]}
+    assert "admin" not in yaml.safe_load(one(render(helm), "ConfigMap")["data"]["kproxy.yaml"])
+    with pytest.raises(helm.HelmError, match="must all differ"):
+        render(helm, {"admin": {"enabled": True, "port": 9308}})
+    with pytest.raises(helm.HelmError, match="additional properties 'listen' not allowed"):
+        render(helm, {"admin": {"enabled": True, "listen": "0.0.0.0:9901"}})
+
+
+def test_the_sidecar_example_keeps_the_admin_api_on_loopback(tmp_path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(SIDECAR_EXAMPLE.read_text()) if d]
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and "kproxy.yaml" in d["data"])
+    admin = yaml.safe_load(cm["data"]["kproxy.yaml"])["admin"]
+    assert admin["listen"].startswith("127.0.0.1:")
+    port = int(admin["listen"].rsplit(":", 1)[1])
+    spec = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert port not in {p["containerPort"] for p in container(spec)["ports"]}
+
+
 # -- the dashboard -----------------------------------------------------------------------------------
 def test_the_faults_row_shows_dry_run_matches_beside_the_actions_done() -> None:
     board = json.loads((ROOT / "deploy" / "grafana" / "kproxy-dashboard.json").read_text())

@@ -161,6 +161,9 @@ not in brokerNodeIds are listed too.
 {{- fail "kproxy: kproxy.upstream needs at least one HOST:PORT" -}}
 {{- end -}}
 {{- $ports := list (int $v.bootstrapPort) (int $v.metricsPort) -}}
+{{- if .Values.admin.enabled -}}
+{{- $ports = append $ports (int .Values.admin.port) -}}
+{{- end -}}
 {{- range (include "kproxy.brokers" . | fromYamlArray) -}}
 {{- $ports = append $ports (int .port) -}}
 {{- end -}}
@@ -170,7 +173,7 @@ not in brokerNodeIds are listed too.
 {{- end -}}
 {{- end -}}
 {{- if ne (len $ports) (len (uniq $ports)) -}}
-{{- fail (printf "kproxy: the bootstrap, metrics and broker ports must all differ, got %v" $ports) -}}
+{{- fail (printf "kproxy: the bootstrap, metrics, admin and broker ports must all differ, got %v" $ports) -}}
 {{- end -}}
 {{- with .Values.tls.client -}}
 {{- if and .enabled (not .secretName) -}}
@@ -233,6 +236,10 @@ sidecar should give their pod at least this much.
 {{- $_ := set $cfg "log_level" $v.logLevel -}}
 {{- if .Values.rules.enabled -}}
 {{- $_ := set $cfg "rules" (include "kproxy.rulesDir" .) -}}
+{{- end -}}
+{{- if .Values.admin.enabled -}}
+{{- /* loopback, whatever listenHost is: kproxy refuses any other address without a token */ -}}
+{{- $_ := set $cfg "admin" (dict "listen" (printf "127.0.0.1:%d" (int .Values.admin.port))) -}}
 {{- end -}}
 {{- $_ := set $cfg "limits" (deepCopy ($v.limits | default dict)) -}}
 {{- $_ := set $cfg "metrics" (deepCopy ($v.metrics | default dict)) -}}
