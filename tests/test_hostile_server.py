@@ -92,8 +92,8 @@ async def test_metric_series_stay_bounded_whatever_api_keys_and_versions_clients
             after = await scrape(port)
     requests = series(after, "kproxy_requests_total")
     assert len(requests) - len(series(before, "kproxy_requests_total")) <= 5, requests
-    assert 'api="unknown",version="other"' in after
-    assert 'api="join_group",version="other"' in after
+    assert 'api="unknown",node_id="bootstrap",version="other"' in after
+    assert 'api="join_group",node_id="bootstrap",version="other"' in after
     client_ids = {m for line in series(after, "kproxy_client_requests_total")
                   for m in re.findall(r'client_id="([^"]*)"', line)}
     assert 0 < len(client_ids) <= 100  # --metrics-label-cap
@@ -224,9 +224,9 @@ def test_record_counting_stops_at_its_budget() -> None:
 def test_a_frame_past_the_budget_is_counted_as_uncounted_not_as_a_partial_count() -> None:
     stats = TrafficStats()
     fits = produce_frame(legacy_gzip_wrapper(1000), 1)
-    stats.request(PRODUCE, 2, len(fits), None, fits)
+    stats.request(stats.broker(1), PRODUCE, 2, len(fits), None, fits)
     bomb = produce_frame(legacy_gzip_wrapper(1000) + legacy_gzip_wrapper(1_000_000), 2)
-    stats.request(PRODUCE, 2, len(bomb), None, bomb)
+    stats.request(stats.broker(1), PRODUCE, 2, len(bomb), None, bomb)
     assert stats.records == {"produce": 1000}
     assert stats.records_uncounted == {"produce": 1, "fetch": 0}
 
@@ -331,7 +331,8 @@ async def test_connections_over_the_cap_are_closed_at_once_and_counted() -> None
                 async with await KafkaClient.connect(server.bootstrap_port) as third:
                     await third.send_raw(raw_request(API_VERSIONS, 0, 1))
                     assert await third.closed_by_peer() == b""
-            assert server.stats.client_connections_refused == {"bootstrap": 3, "broker-0": 0}
+            assert server.stats.client_connections_refused == {("bootstrap", "bootstrap"): 3,
+                                                               ("broker-0", "0"): 0}
             await first.aclose()
             with trio.fail_after(5):
                 while server.open_clients > 1:

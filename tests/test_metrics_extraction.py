@@ -74,7 +74,7 @@ def scan(api_key: int, version: int, body: dict[str, Any]) -> BodyScan:
 def stats_after(api_key: int, version: int, body: dict[str, Any], **options: Any) -> TrafficStats:
     stats = TrafficStats(StatsOptions(**options))
     data, offset = response(api_key, version, body)
-    stats.response(api_key, version, data, offset, broker_seconds=0.002, overhead_seconds=0.00004)
+    stats.response(stats.broker(1), api_key, version, data, offset, broker_seconds=0.002, overhead_seconds=0.00004)
     return stats
 
 
@@ -125,11 +125,13 @@ def test_produce_response_codes_per_partition(version: int) -> None:
     assert found.errors() == [(orders, 1, NOT_LEADER), (orders, 2, NOT_LEADER), (audit, 0, UNKNOWN_TOPIC)]
 
     stats = stats_after(PRODUCE, version, body, topic_label=True)
-    assert stats.responses == {("produce", version): 1}
-    assert stats.errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 2, ("produce", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
+    assert stats.broker(1).responses == {("produce", version): 1}
+    assert stats.broker(1).errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 2,
+                                      ("produce", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
     assert stats.topic_errors == {("produce", str(orders), "NOT_LEADER_OR_FOLLOWER"): 2,
                                   ("produce", str(audit), "UNKNOWN_TOPIC_OR_PARTITION"): 1}
-    assert stats.broker_latency["produce"].counts[stats.broker_latency["produce"].bounds.index(0.0025)] == 1
+    latency = stats.broker(1).broker_latency["produce"]
+    assert latency.counts[latency.bounds.index(0.0025)] == 1
 
 
 @pytest.mark.parametrize("version", [3, 7, 9, 11])
@@ -148,9 +150,9 @@ def test_produce_request_records_are_counted(version: int) -> None:
     data = request(PRODUCE, version, body)
 
     stats = TrafficStats()
-    stats.request(PRODUCE, version, len(data), "client", data)
+    stats.request(stats.broker(1), PRODUCE, version, len(data), "client", data)
     assert stats.records == {"produce": 9}
-    assert stats.requests == {("produce", version): 1}
+    assert stats.broker(1).requests == {("produce", version): 1}
     assert stats.byte_counts == {("produce", "request"): len(data)}
 
 
@@ -165,7 +167,7 @@ def test_produce_request_with_legacy_message_sets_counts_inner_messages() -> Non
     body["topic_data"] = [topic]
     data = request(PRODUCE, 2, body)
     stats = TrafficStats()
-    stats.request(PRODUCE, 2, len(data), None, data)
+    stats.request(stats.broker(1), PRODUCE, 2, len(data), None, data)
     assert stats.records == {"produce": 7}
 
 
@@ -178,9 +180,9 @@ def test_malformed_produce_request_counts_nothing_and_does_not_raise() -> None:
     body["topic_data"] = [topic]
     data = request(PRODUCE, 9, body)
     stats = TrafficStats()
-    stats.request(PRODUCE, 9, len(data) - 7, None, data[:-7])   # truncated
+    stats.request(stats.broker(1), PRODUCE, 9, len(data) - 7, None, data[:-7])   # truncated
     assert stats.records == {}
-    assert stats.requests == {("produce", 9): 1}
+    assert stats.broker(1).requests == {("produce", 9): 1}
 
 
 # -- Fetch -----------------------------------------------------------------------------------------
@@ -215,7 +217,7 @@ def test_fetch_response_codes_per_partition_and_records(version: int) -> None:
     assert found.record_count() == 7
 
     stats = stats_after(FETCH, version, body)
-    assert stats.errors == {("fetch", "OFFSET_OUT_OF_RANGE"): 1, ("fetch", "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert stats.broker(1).errors == {("fetch", "OFFSET_OUT_OF_RANGE"): 1, ("fetch", "NOT_LEADER_OR_FOLLOWER"): 1}
     assert stats.records == {"fetch": 7}
 
 
@@ -241,9 +243,9 @@ def test_fetch_records_are_skipped_not_decoded(version: int, garbage: bytes) -> 
 
     # Metrics never fail the exchange over records they cannot count.
     stats = TrafficStats()
-    stats.response(FETCH, version, data, offset, 0.5, 0.0001)
-    assert stats.errors == {("fetch", "NOT_LEADER_OR_FOLLOWER"): 1}
-    assert stats.responses == {("fetch", version): 1}
+    stats.response(stats.broker(1), FETCH, version, data, offset, 0.5, 0.0001)
+    assert stats.broker(1).errors == {("fetch", "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert stats.broker(1).responses == {("fetch", version): 1}
     assert stats.records.get("fetch", 0) == 0   # corrupt entries are not counted, a truncated tail neither
 
 
@@ -251,7 +253,7 @@ def test_fetch_records_are_skipped_not_decoded(version: int, garbage: bytes) -> 
 def test_fetch_top_level_error(version: int) -> None:
     body = fetch_response(version, {}, top_error=code("FETCH_SESSION_ID_NOT_FOUND"))
     assert scan(FETCH, version, body).entries == [(None, None, code("FETCH_SESSION_ID_NOT_FOUND"))]
-    assert stats_after(FETCH, version, body).errors == {("fetch", "FETCH_SESSION_ID_NOT_FOUND"): 1}
+    assert stats_after(FETCH, version, body).broker(1).errors == {("fetch", "FETCH_SESSION_ID_NOT_FOUND"): 1}
 
 
 # -- ListOffsets, OffsetCommit ------------------------------------------------------------------------
@@ -267,7 +269,7 @@ def test_list_offsets_codes_per_partition(version: int) -> None:
     body["topics"] = [item]
     assert scan(LIST_OFFSETS, version, body).entries == [
         ("orders", 0, NONE), ("orders", 1, code("OFFSET_NOT_AVAILABLE")), ("orders", 2, NOT_LEADER)]
-    assert stats_after(LIST_OFFSETS, version, body).errors == {
+    assert stats_after(LIST_OFFSETS, version, body).broker(1).errors == {
         ("list_offsets", "OFFSET_NOT_AVAILABLE"): 1, ("list_offsets", "NOT_LEADER_OR_FOLLOWER"): 1}
 
 
@@ -310,7 +312,8 @@ def test_metadata_topic_and_partition_codes(version: int) -> None:
     assert Counter(found.entries) == Counter(expected)
     assert found.topics() == ["healthy", "missing"]
     stats = stats_after(METADATA, version, body, topic_label=True)
-    assert stats.errors == {("metadata", "LEADER_NOT_AVAILABLE"): 1, ("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
+    assert stats.broker(1).errors == {("metadata", "LEADER_NOT_AVAILABLE"): 1,
+                                      ("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
     assert stats.topic_errors == {("metadata", "healthy", "LEADER_NOT_AVAILABLE"): 1,
                                   ("metadata", "missing", "UNKNOWN_TOPIC_OR_PARTITION"): 1}
 
@@ -324,11 +327,11 @@ def test_metadata_topic_label_is_capped() -> None:
         item.update(name=f"probe-{i}", error_code=UNKNOWN_TOPIC)
         body["topics"] = [item]
         data, offset = response(METADATA, 9, body)
-        stats.response(METADATA, 9, data, offset, 0.001, 0.00001)
+        stats.response(stats.broker(1), METADATA, 9, data, offset, 0.001, 0.00001)
     topics = {topic for _, topic, _ in stats.topic_errors}
     assert topics == {"probe-0", "probe-1", "probe-2", OTHER}
     assert stats.topic_errors[("metadata", OTHER, "UNKNOWN_TOPIC_OR_PARTITION")] == 47
-    assert stats.errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 50}
+    assert stats.broker(1).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 50}
 
 
 # -- top-level error codes -------------------------------------------------------------------------
@@ -350,7 +353,7 @@ def test_top_level_error_code(api_key: int, version: int, api: str, error: str) 
     body["error_code"] = code(error)
     assert scan(api_key, version, body).entries == [(None, None, code(error))]
     stats = stats_after(api_key, version, body, topic_label=True)
-    assert stats.errors == {(api, error): 1}
+    assert stats.broker(1).errors == {(api, error): 1}
     assert stats.topic_errors == {}     # no topic, nothing to label
 
 
@@ -363,7 +366,7 @@ def test_find_coordinator_batched_codes_per_key(version: int) -> None:
         body["coordinators"].append(item)
     assert scan(FIND_COORDINATOR, version, body).entries == [
         (None, None, NONE), (None, None, code("COORDINATOR_NOT_AVAILABLE")), (None, None, code("NOT_COORDINATOR"))]
-    assert stats_after(FIND_COORDINATOR, version, body).errors == {
+    assert stats_after(FIND_COORDINATOR, version, body).broker(1).errors == {
         ("find_coordinator", "COORDINATOR_NOT_AVAILABLE"): 1, ("find_coordinator", "NOT_COORDINATOR"): 1}
 
 
@@ -371,25 +374,26 @@ def test_find_coordinator_batched_codes_per_key(version: int) -> None:
 def test_success_counts_no_error() -> None:
     body = produce_response(9, {"t": [(0, NONE), (1, NONE)]})
     stats = stats_after(PRODUCE, 9, body)
-    assert stats.errors == {}
-    assert stats.responses == {("produce", 9): 1}
+    assert stats.broker(1).errors == {}
+    assert stats.broker(1).responses == {("produce", 9): 1}
 
 
 def test_unknown_error_code_gets_a_bounded_name() -> None:
     body = default_body(HEARTBEAT, 4, RESP)
     body["error_code"] = 9999
-    assert stats_after(HEARTBEAT, 4, body).errors == {("heartbeat", "UNKNOWN_ERROR_CODE_9999"): 1}
+    assert stats_after(HEARTBEAT, 4, body).broker(1).errors == {("heartbeat", "UNKNOWN_ERROR_CODE_9999"): 1}
 
 
 def test_undecodable_response_is_counted_not_raised() -> None:
     body = produce_response(9, {"t": [(0, NOT_LEADER)]})
     data, offset = response(PRODUCE, 9, body)
     stats = TrafficStats()
-    stats.response(PRODUCE, 9, data[:offset + 6], offset, 0.001, 0.00001)  # truncated inside the partitions
-    stats.response(1000, 0, data, offset, 0.001, 0.00001)                   # an api kproxy does not know
-    assert stats.errors == {}
+    node = stats.broker(1)
+    stats.response(node, PRODUCE, 9, data[:offset + 6], offset, 0.001, 0.00001)  # truncated inside the partitions
+    stats.response(node, 1000, 0, data, offset, 0.001, 0.00001)                   # an api kproxy does not know
+    assert stats.broker(1).errors == {}
     assert stats.undecodable_responses == {"produce": 1, stats.api(1000): 1}
-    assert sum(stats.responses.values()) == 2
+    assert sum(stats.broker(1).responses.values()) == 2
 
 
 def test_error_scan_stops_after_the_last_field_that_can_hold_an_error() -> None:
@@ -398,17 +402,17 @@ def test_error_scan_stops_after_the_last_field_that_can_hold_an_error() -> None:
     body = produce_response(9, {"t": [(0, NOT_LEADER)]})
     data, offset = response(PRODUCE, 9, body)
     stats = TrafficStats()
-    stats.response(PRODUCE, 9, data[:-3], offset, 0.001, 0.00001)       # throttle_time_ms cut short
-    stats.response(PRODUCE, 9, data + b"\0\0", offset, 0.001, 0.00001)  # bytes left over
-    assert stats.errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 2}
+    stats.response(stats.broker(1), PRODUCE, 9, data[:-3], offset, 0.001, 0.00001)       # throttle_time_ms cut short
+    stats.response(stats.broker(1), PRODUCE, 9, data + b"\0\0", offset, 0.001, 0.00001)  # bytes left over
+    assert stats.broker(1).errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 2}
     assert stats.undecodable_responses == {}
 
 
 def test_scanning_can_be_turned_off() -> None:
     body = produce_response(9, {"t": [(0, NOT_LEADER)]})
     stats = stats_after(PRODUCE, 9, body, scan_responses=False)
-    assert stats.errors == {}
-    assert stats.responses == {("produce", 9): 1}
+    assert stats.broker(1).errors == {}
+    assert stats.broker(1).responses == {("produce", 9): 1}
 
 
 def test_every_response_kind_scans_its_default_body() -> None:
@@ -431,7 +435,7 @@ def test_every_response_kind_scans_its_default_body() -> None:
 def test_responses_with_errors_by_class(api_key: int, version: int, api: str, error: str, klass: str) -> None:
     body = default_body(api_key, version, RESP)
     body["error_code"] = code(error)
-    assert stats_after(api_key, version, body).responses_with_errors == {(api, klass): 1}
+    assert stats_after(api_key, version, body).broker(1).responses_with_errors == {(api, klass): 1}
 
 
 def test_a_response_counts_once_under_its_worst_class() -> None:
@@ -439,5 +443,5 @@ def test_a_response_counts_once_under_its_worst_class() -> None:
     body = produce_response(9, {"orders": [(i, code("NOT_LEADER_OR_FOLLOWER")) for i in range(5)],
                                 "audit": [(0, code("TOPIC_AUTHORIZATION_FAILED"))]})
     stats = stats_after(PRODUCE, 9, body)
-    assert sum(stats.errors.values()) == 6
-    assert stats.responses_with_errors == {("produce", "error"): 1}
+    assert sum(stats.broker(1).errors.values()) == 6
+    assert stats.broker(1).responses_with_errors == {("produce", "error"): 1}

@@ -48,6 +48,7 @@ from kproxy.protocol.headers import request_header_version
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
+from tests.support.e2e import TANSU_NODE_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "kproxy-dashboard.json"
@@ -337,12 +338,13 @@ def scraped(stack: Stack) -> Stack:
     """The stack once Prometheus holds kproxy's final counter values (and a few samples of each)."""
     assert stack.proxy.server is not None
     server = stack.proxy.server
-    snapshot = stack.proxy.call(lambda: dict(server.stats.requests))
+    snapshot = stack.proxy.call(lambda: {(api, version, node): n for node, b in server.stats.brokers.items()
+                                         for (api, version), n in b.requests.items()})
 
     def caught_up() -> bool:
-        for (api, version), n in snapshot.items():
+        for (api, version, node), n in snapshot.items():
             got = stack.prom.value(f'kproxy_requests_total{{instance="{stack.metrics}",api="{api}",'
-                                   f'version="{version}"}}')
+                                   f'version="{version}",node_id="{node}"}}')
             if got != n:
                 return False
         return True
@@ -445,11 +447,11 @@ def test_long_polls_have_a_latency_panel_of_their_own() -> None:
     assert all('api!~"fetch|share_fetch|join_group|sync_group"' in e for e in broker)
     assert all('api=~"fetch|share_fetch|join_group|sync_group"' in e for e in polls)
     variables = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
-    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api"]
+    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api", "node_id"]
 
 
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
-    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*",
+    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*", "node_id": ".*",
               "__rate_interval": "30s", "datasource": ""}
     exprs = dashboard_exprs()
     assert len(exprs) >= 15
@@ -507,8 +509,13 @@ def test_alerts_fire_for_what_happened(scraped: Stack) -> None:
 # -- counters against the traffic sent -------------------------------------------------------------
 def test_request_counters_match_the_traffic(scraped: Stack) -> None:
     prom, inst, t = scraped.prom, scraped.metrics, scraped.traffic
+    # The raw Produce v3 went through the bootstrap port, the client's Produce to the broker's own.
     assert prom.value(f'kproxy_requests_total{{instance="{inst}",api="produce",version="3"}}') == RAW_PRODUCES
+    assert prom.value(f'kproxy_requests_total{{instance="{inst}",api="produce",version="3",'
+                      f'node_id="bootstrap"}}') == RAW_PRODUCES
     assert prom.value(f'kproxy_responses_total{{instance="{inst}",api="produce",version="3"}}') == RAW_PRODUCES
+    assert (prom.value(f'sum(kproxy_requests_total{{instance="{inst}",api="produce",node_id="{TANSU_NODE_ID}"}})')
+            == t.client_produce_requests)
     assert (prom.value(f'sum(kproxy_requests_total{{instance="{inst}",api="produce"}})')
             == RAW_PRODUCES + t.client_produce_requests)
     assert (prom.value(f'kproxy_records_total{{instance="{inst}",api="produce"}}')
@@ -524,8 +531,9 @@ def test_request_counters_match_the_traffic(scraped: Stack) -> None:
     assert (prom.value(f'sum(kproxy_requests_total{{instance="{inst}"}})')  # type: ignore[operator]
             >= prom.value(f'sum(kproxy_responses_total{{instance="{inst}"}})'))
     # Every histogram observed one value per response.
-    assert (prom.value(f'kproxy_broker_latency_seconds_count{{instance="{inst}",api="produce"}}')
-            == prom.value(f'sum(kproxy_responses_total{{instance="{inst}",api="produce"}})'))
+    for node in ("bootstrap", str(TANSU_NODE_ID)):
+        assert (prom.value(f'kproxy_broker_latency_seconds_count{{instance="{inst}",api="produce",node_id="{node}"}}')
+                == prom.value(f'sum(kproxy_responses_total{{instance="{inst}",api="produce",node_id="{node}"}})'))
     assert prom.value(f'sum(kproxy_bytes_total{{instance="{inst}",direction="request"}})') > 0  # type: ignore[operator]
 
 
@@ -551,10 +559,43 @@ def test_failures_are_counted(scraped: Stack) -> None:
     prom = scraped.prom
     assert prom.value(f'kproxy_frames_rejected_total{{instance="{scraped.metrics}",reason="request_oversize"}}') == 1
     assert prom.value(f'kproxy_upstream_connect_failures_total{{instance="{scraped.dead_metrics}",'
-                      f'broker="{scraped.dead_upstream}"}}') == 3  # the start-up check, then two clients
+                      f'upstream="{scraped.dead_upstream}",node_id="bootstrap"}}') == 3  # start-up check, 2 clients
     assert prom.value(f'up{{instance="{scraped.down_target}"}}') == 0
     assert prom.value(f'up{{instance="{scraped.metrics}"}}') == 1
     assert prom.value(f'kproxy_build_info{{instance="{scraped.metrics}"}}') == 1
+
+
+BROKER_SCOPED = ("kproxy_requests_total", "kproxy_responses_total", "kproxy_broker_latency_seconds_count",
+                 "kproxy_response_errors_total", "kproxy_responses_with_errors_total",
+                 "kproxy_client_connections_active", "kproxy_client_connections_accepted_total",
+                 "kproxy_client_connections_refused_total", "kproxy_upstream_connections_active",
+                 "kproxy_upstream_connect_failures_total", "kproxy_upstream_up")
+
+
+def test_every_broker_scoped_series_names_its_broker_by_node_id(scraped: Stack) -> None:
+    """One broker identity: the client side and the upstream side of a connection, its requests,
+    latency and errors all say which broker by the same node_id (bootstrap for the bootstrap port)."""
+    prom, inst = scraped.prom, scraped.metrics
+    nodes: dict[str, set[str]] = {}
+    for metric in BROKER_SCOPED:
+        series = prom.query(f'{metric}{{instance="{inst}"}}')
+        assert series, f"no {metric}"
+        assert all("node_id" in s["metric"] for s in series), f"{metric} without node_id: {series}"
+        nodes[metric] = {s["metric"]["node_id"] for s in series}
+    both = {"bootstrap", str(TANSU_NODE_ID)}
+    for metric in ("kproxy_requests_total", "kproxy_broker_latency_seconds_count",
+                   "kproxy_client_connections_accepted_total", "kproxy_upstream_connections_active"):
+        assert nodes[metric] == both, f"{metric}: {nodes[metric]}"
+    # The connection metrics of both sides agree: broker-111's listener leads to node 111's address.
+    client = {(s["metric"]["listener"], s["metric"]["node_id"])
+              for s in prom.query(f'kproxy_client_connections_accepted_total{{instance="{inst}"}}')}
+    assert client == {("bootstrap", "bootstrap"), (f"broker-{TANSU_NODE_ID}", str(TANSU_NODE_ID))}
+    upstream = {s["metric"]["node_id"]: s["metric"]["upstream"]
+                for s in prom.query(f'kproxy_upstream_connections_active{{instance="{inst}"}}')}
+    server = scraped.proxy.server
+    assert server is not None
+    assert upstream == {"bootstrap": str(server.config.upstream[0]),
+                        str(TANSU_NODE_ID): str(server.addresses.routes[TANSU_NODE_ID].upstream)}
 
 
 # -- health endpoints -------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from kproxy.protocol.errors import (
     ThrottleTimeError,
 )
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
-from kproxy.protocol.frame_edit import response_body_offset
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import default_body
 from kproxy.protocol.mutations import (
     HiddenLeader,
@@ -568,9 +568,15 @@ def test_records_faults_refused_elsewhere_and_on_garbage() -> None:
 
 
 def test_body_offset_needs_a_consistent_size_prefix() -> None:
+    """What the frame transformations ask for (whole=True): a frame cut short, or with the next
+    frame's bytes after it, is refused rather than edited and re-framed."""
     frame = produce_response(9)
-    with pytest.raises(ProtocolError):
-        response_body_offset(frame[:-1], PRODUCE, 9)
+    assert response_body_offset(frame, PRODUCE, 9, whole=True) == response_body_offset(frame, PRODUCE, 9)
+    for bad in (frame[:-1], frame + frame[:6], frame[:3], struct.pack(">i", 2) + b"\0\0"):
+        with pytest.raises(ProtocolError):
+            response_body_offset(bad, PRODUCE, 9, whole=True)
+    with pytest.raises(ProtocolError):  # a mutation on a frame with trailing bytes
+        replace_error_codes(frame + frame[:6], PRODUCE, 9, NOT_LEADER_OR_FOLLOWER)
 
 
 _bytes_or_none = st.none() | st.binary(max_size=12)

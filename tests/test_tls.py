@@ -8,8 +8,10 @@ against a real handshake rather than a mock.
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +21,11 @@ from confluent_kafka.admin import AdminClient
 
 from kproxy.protocol import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
+from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, running_proxy
+
+# The client certificate's subject as Kafka's SSL principal builder names it: RFC 2253, the last RDN first.
+PRINCIPAL = "User:CN=kproxy-test-client,OU=Payments,O=Acme\\, Inc."
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ca = trustme.CA()
     other_ca = trustme.CA()
     server = ca.issue_cert("localhost", "127.0.0.1")
-    client = ca.issue_cert("kproxy-test-client")
+    # Its subject reads O, OU, CN in the certificate; a comma in O must be escaped in a principal.
+    client = ca.issue_cert("kproxy-test-client", common_name="kproxy-test-client", organization_name="Acme, Inc.",
+                           organization_unit_name="Payments")
     files = {
         "ca": d / "ca.pem", "other_ca": d / "other-ca.pem", "cert": d / "server.pem", "key": d / "server.key",
         "client_cert": d / "client.pem", "client_key": d / "client.key",
@@ -187,4 +195,31 @@ def test_capture_names_the_client_certificate_as_principal(tansu: Broker, pki: d
     principals = sorted((r["principal"] or "") for r in rows if r["client_id"] == "tls-test")
     assert len(principals) == 2
     assert principals[0] == ""  # no certificate: no principal
-    assert principals[1].startswith("User:O=trustme v") and ",OU=Testing cert #" in principals[1]
+    # As Kafka's SSL principal builder names it (RFC 2253: the subject's last RDN first).
+    assert principals[1] == PRINCIPAL
+
+
+def test_connection_lines_name_the_client_certificate_as_principal(
+        tansu: Broker, pki: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kproxy")
+    with running_proxy(tansu.bootstrap, tls__client__cert=str(pki["cert"]), tls__client__key=str(pki["key"]),
+                       tls__client__client_ca=str(pki["ca"])) as front:
+        host, port = front.bootstrap.rsplit(":", 1)
+        for cert in (True, False):
+            context = ssl.create_default_context(cafile=str(pki["ca"]))
+            if cert:
+                context.load_cert_chain(str(pki["client_cert"]), str(pki["client_key"]))
+            with socket.create_connection((host, int(port)), timeout=10) as s, \
+                    context.wrap_socket(s, server_hostname="localhost") as tls:
+                assert _api_versions_over(tls)["error_code"] == 0
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(closes(caplog)) < (1 if cert else 2):
+                time.sleep(0.02)
+    with_cert, without = (parse_logfmt(line) for line in closes(caplog))
+    assert with_cert["client_id"] == without["client_id"] == "tls-test"
+    assert with_cert["principal"] == PRINCIPAL
+    assert "principal" not in without  # no certificate: the pair is left out
+
+
+def closes(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=connection_closed")]

@@ -85,7 +85,7 @@ def test_a_dead_upstream_is_seen_before_any_client() -> None:
     with running_proxy(dead, metrics_listen=f"127.0.0.1:{metrics}", upstream_check_interval=0.2) as proxy:
         assert proxy.server is not None
         stats = proxy.server.stats
-        wait(lambda: stats.upstream_connect_failures.get(dead, 0) >= 2)  # counted with no client at all
+        wait(lambda: stats.upstream_connect_failures.get((dead, BOOTSTRAP), 0) >= 2)  # counted with no client at all
         assert stats.upstream_up[(dead, BOOTSTRAP)] == 0
         status, body = get(f"http://127.0.0.1:{metrics}/readyz")
         assert status == 503 and dead in body and "connection refused" in body
@@ -105,7 +105,7 @@ def test_discovered_brokers_are_checked_by_node_id(tansu: Broker) -> None:
 async def test_a_target_that_comes_back_is_up_again() -> None:
     state = {"fail": True}
 
-    async def probe(addr: HostPort) -> None:
+    async def probe(target: Target) -> None:
         if state["fail"]:
             raise OSError("connection refused")
 
@@ -151,7 +151,7 @@ def test_a_client_retrying_against_a_dead_upstream_makes_few_log_lines(caplog: o
                 s.settimeout(5)
                 assert s.recv(1) == b""  # refused: closed without an answer
         assert proxy.server is not None
-        assert proxy.server.stats.upstream_connect_failures[dead] >= 40
+        assert proxy.server.stats.upstream_connect_failures[(dead, BOOTSTRAP)] >= 40
     lines = [r.getMessage() for r in caplog.records if "event=connection_refused" in r.getMessage()]
     assert 1 <= len(lines) <= 2, lines  # the first at once, then at most one per 10 s with its count
     assert "occurrences=1" in lines[0]

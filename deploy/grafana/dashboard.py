@@ -12,8 +12,10 @@ Prometheus scraping a real kproxy (tests/test_metrics_prometheus.py).
 
 Template variables: ``datasource`` (any Prometheus), ``job``, ``namespace``, ``pod``
 and ``instance`` (from ``kproxy_build_info``; namespace and pod are the target labels
-the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere) and ``api``
-(Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...).
+the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere), ``api``
+(Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...) and
+``node_id`` (the broker behind a connection: its Kafka node id, or ``bootstrap``), which
+filters the broker-scoped panels only (requests, latency, errors, connections).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # namespace=~".*" also matches series without the label (static scrape configs), so "All" works anywhere.
 SEL = 'job=~"$job", namespace=~"$namespace", pod=~"$pod", instance=~"$instance"'
 SEL_API = SEL + ', api=~"$api"'
+# Broker-scoped series (requests, responses, broker latency, error codes) also carry node_id; bytes,
+# records and kproxy's own time do not, so they keep SEL_API (a node filter would empty them).
+SEL_NODE = SEL + ', node_id=~"$node_id"'
+SEL_BROKER = SEL_API + ', node_id=~"$node_id"'
 WINDOW = "$__rate_interval"
 # APIs whose requests wait on purpose (KIP-227 / max.wait.ms long polls, group rebalances): their
 # latency says how long the broker was asked to wait, not how fast it is, so it gets its own panel.
@@ -79,7 +85,7 @@ def single(title: str, description: str, unit: str, expr: str, legend: str,
 
 def quantile(q: float, metric: str, ref: str, apis: str = "") -> prometheus.Dataquery:
     """p``q`` by API of a latency histogram; ``apis`` narrows the API selector (e.g. ``api!~"..."``)."""
-    sel = SEL_API + (f", {apis}" if apis else "")
+    sel = (SEL_BROKER if metric == "kproxy_broker_latency_seconds" else SEL_API) + (f", {apis}" if apis else "")
     expr = (f"histogram_quantile({q}, sum by (api, le) "
             f"(rate({metric}_bucket{{{sel}}}[{WINDOW}])))")
     return query(expr, f"{{{{api}}}} p{round(q * 100)}", ref)
@@ -90,13 +96,13 @@ def overview_row() -> list[stat.Panel]:
         single("Instances up", "kproxy processes Prometheus scraped successfully (up == 1).", "none",
                f'sum(up{{{SEL}}})', "up", [(None, "red"), (1, "green")]),
         single("Requests / s", "All Kafka requests read from clients, all APIs.", "reqps",
-               f"sum(rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))", "requests/s", [(None, "blue")]),
+               f"sum(rate(kproxy_requests_total{{{SEL_BROKER}}}[{WINDOW}]))", "requests/s", [(None, "blue")]),
         single("Failed responses", "Share of responses carrying a retriable or non-retriable Kafka error "
                "code (a response counts once, however many of its partitions failed). Routine codes of "
                "normal protocol flow (MEMBER_ID_REQUIRED, REBALANCE_IN_PROGRESS, fetch-session resets) "
                "are left out.", "percentunit",
-               f'sum(rate(kproxy_responses_with_errors_total{{{SEL_API}, class!="routine"}}[{WINDOW}])) / '
-               f"sum(rate(kproxy_responses_total{{{SEL_API}}}[{WINDOW}]))", "failed/responses",
+               f'sum(rate(kproxy_responses_with_errors_total{{{SEL_BROKER}, class!="routine"}}[{WINDOW}])) / '
+               f"sum(rate(kproxy_responses_total{{{SEL_BROKER}}}[{WINDOW}]))", "failed/responses",
                [(None, "green"), (0.01, "orange"), (0.05, "red")]),
         single("In flight", "Requests forwarded upstream and still awaiting their response.", "none",
                f"sum(kproxy_in_flight_requests{{{SEL}}})", "in flight", [(None, "green"), (500, "orange")]),
@@ -106,7 +112,7 @@ def overview_row() -> list[stat.Panel]:
 def traffic_row() -> list[timeseries.Panel]:
     return [
         graph("Request rate by API", "Requests read from clients, per second, by Kafka API.", "reqps",
-              query(f"sum by (api) (rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))", "{{api}}"),
+              query(f"sum by (api) (rate(kproxy_requests_total{{{SEL_BROKER}}}[{WINDOW}]))", "{{api}}"),
               stacked=True),
         graph("Bytes by direction", "Kafka frame bytes per second: request = client to broker, "
               "response = broker to client.", "Bps",
@@ -116,7 +122,7 @@ def traffic_row() -> list[timeseries.Panel]:
               "(counted from batch headers, nothing decompressed for v2 batches).", "suffix: records/s",
               query(f"sum by (api) (rate(kproxy_records_total{{{SEL_API}}}[{WINDOW}]))", "{{api}}")),
         graph("Requests by API version", "Which protocol versions clients use, per second.", "reqps",
-              query(f"sum by (api, version) (rate(kproxy_requests_total{{{SEL_API}}}[{WINDOW}]))",
+              query(f"sum by (api, version) (rate(kproxy_requests_total{{{SEL_BROKER}}}[{WINDOW}]))",
                     "{{api}} v{{version}}")),
     ]
 
@@ -145,20 +151,39 @@ def errors_row() -> list[timeseries.Panel]:
         graph("Error codes by API", "Kafka error codes (not NONE) found in responses, per second, by API "
               "and error name, per partition where the response has partitions. Class: routine (normal "
               "protocol flow), retriable (clients retry by themselves), error.", "cps",
-              query(f"sum by (api, error, class) (rate(kproxy_response_errors_total{{{SEL_API}}}[{WINDOW}]))",
+              query(f"sum by (api, error, class) (rate(kproxy_response_errors_total{{{SEL_BROKER}}}[{WINDOW}]))",
                     "{{api}} {{error}} ({{class}})"), width=12, stacked=True),
         graph("Responses with errors by class", "Responses carrying at least one error code, per second, by "
               "the worst class among their codes: routine < retriable < error.", "reqps",
-              query(f"sum by (class) (rate(kproxy_responses_with_errors_total{{{SEL_API}}}[{WINDOW}]))",
+              query(f"sum by (class) (rate(kproxy_responses_with_errors_total{{{SEL_BROKER}}}[{WINDOW}]))",
                     "{{class}}"), width=12, stacked=True),
         graph("Frames rejected", "Frames kproxy refused (oversize, malformed header), by reason; each "
               "closes its connection.", "short",
               query(f"sum by (reason) (increase(kproxy_frames_rejected_total{{{SEL}}}[{WINDOW}]))",
                     "{{reason}}")),
-        graph("Upstream connect failures", "Failed connection attempts to brokers, by broker address.",
-              "short",
-              query(f"sum by (broker) (increase(kproxy_upstream_connect_failures_total{{{SEL}}}[{WINDOW}]))",
-                    "{{broker}}")),
+        graph("Upstream connect failures", "Failed connection attempts to brokers, by address and node_id "
+              "(bootstrap: a configured bootstrap server).", "short",
+              query(f"sum by (upstream, node_id) (increase(kproxy_upstream_connect_failures_total{{{SEL_NODE}}}"
+                    f"[{WINDOW}]))", "{{upstream}} (node {{node_id}})")),
+    ]
+
+
+def brokers_row() -> list[timeseries.Panel]:
+    """The same traffic split by broker: one slow or failing broker stands out from the others."""
+    return [
+        graph("Requests by broker", "Requests per second by the broker behind the connection (node_id; "
+              "bootstrap: the bootstrap port, mostly Metadata and ApiVersions).", "reqps",
+              query(f"sum by (node_id) (rate(kproxy_requests_total{{{SEL_BROKER}}}[{WINDOW}]))",
+                    "node {{node_id}}"), width=8, stacked=True),
+        graph("Broker latency p99 by broker", "The broker's time per request (long polls left out, as on the "
+              "Broker latency panel), p99 for each broker: the one that is slow.", "s",
+              query(f"histogram_quantile(0.99, sum by (node_id, le) (rate(kproxy_broker_latency_seconds_bucket"
+                    f'{{{SEL_BROKER}, api!~"{LONG_POLLS}"}}[{WINDOW}])))', "node {{node_id}} p99"), width=8),
+        graph("Failed responses by broker", "Share of each broker's responses carrying a retriable or "
+              "non-retriable error code (routine codes left out, as on the overview).", "percentunit",
+              query(f'sum by (node_id) (rate(kproxy_responses_with_errors_total{{{SEL_BROKER}, class!="routine"}}'
+                    f"[{WINDOW}])) / sum by (node_id) (rate(kproxy_responses_total{{{SEL_BROKER}}}[{WINDOW}]))",
+                    "node {{node_id}}"), width=8),
     ]
 
 
@@ -195,14 +220,18 @@ def faults_row() -> list[timeseries.Panel]:
 
 def connections_row() -> list[timeseries.Panel]:
     return [
-        graph("Client connections", "Open client connections by listener (bootstrap, broker-N).", "short",
-              query(f"sum by (listener) (kproxy_client_connections_active{{{SEL}}})", "{{listener}}"),
+        graph("Client connections", "Open client connections by the broker behind their listener "
+              "(node_id; bootstrap: the bootstrap port).", "short",
+              query(f"sum by (node_id) (kproxy_client_connections_active{{{SEL_NODE}}})", "node {{node_id}}"),
               width=8),
-        graph("Upstream connections", "Open connections to brokers by broker address.", "short",
-              query(f"sum by (broker) (kproxy_upstream_connections_active{{{SEL}}})", "{{broker}}"), width=8),
+        graph("Upstream connections", "Open connections to brokers by node_id and address: the other end "
+              "of the client connections beside.", "short",
+              query(f"sum by (node_id, upstream) (kproxy_upstream_connections_active{{{SEL_NODE}}})",
+                    "node {{node_id}} ({{upstream}})"), width=8),
         graph("Upstream reachable", "The periodic check of every bootstrap server and known broker "
               "(upstream_check_interval): 1 reachable, 0 not, the worst instance shown.", "none",
-              query(f"min by (upstream, node_id) (kproxy_upstream_up{{{SEL}}})", "{{upstream}} (node {{node_id}})"),
+              query(f"min by (upstream, node_id) (kproxy_upstream_up{{{SEL_NODE}}})",
+                    "{{upstream}} (node {{node_id}})"),
               width=8),
         graph("In-flight requests", "Requests awaiting a broker response, per kproxy instance.", "short",
               query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
@@ -225,6 +254,7 @@ def variables() -> list[Builder[VariableModel]]:
         label_values("instance", "Instance",
                      'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace", pod=~"$pod"}, instance)'),
         label_values("api", "API", 'label_values(kproxy_requests_total{job=~"$job"}, api)'),
+        label_values("node_id", "Broker (node id)", 'label_values(kproxy_requests_total{job=~"$job"}, node_id)'),
     ]
 
 
@@ -238,6 +268,7 @@ def build() -> dash.Dashboard:
         ("Overview", overview_row()),
         ("Traffic", traffic_row()),
         ("Latency", latency_row()),
+        ("Brokers", brokers_row()),
         ("Errors", errors_row()),
         ("Connections", connections_row()),
         ("Faults", faults_row()),

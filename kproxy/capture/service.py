@@ -13,6 +13,7 @@ from typing import Any
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, Tee, TopicNames, split_peer
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
+from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import SessionObserver
 
 
@@ -62,8 +63,8 @@ class CaptureService:
 
 
 def _tls_subject(client: Any) -> str | None:
-    """``User:`` and the subject of a verified TLS client certificate (``User:CN=...,O=...``, as Kafka's
-    default SSL principal builder names it), else None."""
+    """The principal of a verified TLS client certificate (``User:CN=...,O=...``: see
+    :func:`kproxy.proxy.principal.tls_principal`), else None."""
     getpeercert = getattr(client, "getpeercert", None)
     if getpeercert is None:
         return None
@@ -71,13 +72,4 @@ def _tls_subject(client: Any) -> str | None:
         cert = getpeercert()
     except (ValueError, AttributeError):  # handshake not done / not TLS
         return None
-    if not cert:
-        return None
-    rdns = cert.get("subject", ())
-    subject = ",".join(f"{_RDN_KEYS.get(k, k)}={v}" for rdn in rdns for k, v in rdn)
-    return "User:" + subject if subject else None
-
-
-# Python's ssl module spells the subject's attributes out; Kafka's principal uses the X.500 short names.
-_RDN_KEYS = {"commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU", "countryName": "C",
-             "stateOrProvinceName": "ST", "localityName": "L"}
+    return tls_principal(cert)

@@ -118,18 +118,19 @@ def report(stats: TrafficStats, result: DemoResult, proxy_port: int, out: TextIO
     w(f"metadata for a missing topic returned (librdkafka's name for it): {result.missing_topic_error}\n\n")
     w(f"{'api':<28}{'requests':>9}{'broker p50':>12}{'broker p99':>12}{'kproxy p99':>12}{'bytes in':>11}"
       f"{'bytes out':>11}\n")
+    totals = stats.totals()  # every broker's together
     by_api: dict[str, int] = {}
-    for (api, _v), n in stats.requests.items():
+    for (api, _v), n in totals.requests.items():
         by_api[api] = by_api.get(api, 0) + n
     for api, n in sorted(by_api.items(), key=lambda kv: -kv[1]):
-        broker = stats.broker_latency.get(api)
+        broker = totals.broker_latency.get(api)
         own = stats.overhead.get(api)
         w(f"{api:<28}{n:>9}{_ms(broker, 0.5):>12}{_ms(broker, 0.99):>12}{_ms(own, 0.99):>12}"
           f"{stats.byte_counts.get((api, 'request'), 0):>11}{stats.byte_counts.get((api, 'response'), 0):>11}\n")
     w("\nerror codes kproxy found inside responses (routine: normal protocol flow, not a failure):\n")
-    if not stats.errors:
+    if not totals.errors:
         w("  none\n")
-    for (api, error), n in sorted(stats.errors.items()):
+    for (api, error), n in sorted(totals.errors.items()):
         code = error_code(error)
         w(f"  {api}: {error} x{n} ({'error' if code is None else error_class(code)})\n")
     records = ", ".join(f"{api} {n}" for api, n in sorted(stats.records.items()))

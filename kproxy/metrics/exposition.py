@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 import kproxy
-from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, Histogram, TrafficStats
+from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BrokerSeries, TrafficStats
 from kproxy.protocol.tables import error_class, error_code
 
 log = logging.getLogger("kproxy.metrics")
@@ -54,21 +54,31 @@ class TrafficCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.stats
         yield _info()
-        yield _counter("kproxy_requests", "Requests read from clients.", ["api", "version"], s.requests)
-        yield _counter("kproxy_responses", "Responses written to clients.", ["api", "version"], s.responses)
-        yield _histogram("kproxy_broker_latency_seconds",
-                         "Time from a request forwarded upstream to its response read back (the broker's time).",
-                         s.broker_latency)
-        yield _histogram("kproxy_overhead_seconds",
-                         "kproxy's own time per request: reading, decoding, rewriting and writing, both ways.",
-                         s.overhead)
+        brokers = list(s.brokers.values())
+        yield _counter("kproxy_requests", "Requests read from clients, by the broker behind the connection "
+                       "(node_id; bootstrap: the bootstrap port).", ["api", "version", "node_id"],
+                       _by_node(brokers, lambda b: b.requests))
+        yield _counter("kproxy_responses", "Responses written to clients.", ["api", "version", "node_id"],
+                       _by_node(brokers, lambda b: b.responses))
+        family = HistogramMetricFamily("kproxy_broker_latency_seconds", "Time from a request forwarded upstream to "
+                                       "its response read back (the broker's time).", labels=["api", "node_id"])
+        for broker in brokers:
+            for api, hist in list(broker.broker_latency.items()):
+                family.add_metric([api, broker.node_id], hist.cumulative(), hist.sum)
+        yield family
+        family = HistogramMetricFamily("kproxy_overhead_seconds", "kproxy's own time per request: reading, "
+                                       "decoding, rewriting and writing, both ways.", labels=["api"])
+        for api, hist in list(s.overhead.items()):
+            family.add_metric([api], hist.cumulative(), hist.sum)
+        yield family
         yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, per partition "
                        "where the response has partitions; class: routine (normal protocol flow), retriable, "
-                       "error.", ["api", "error", "class"],
-                       {(api, name, _class_of(name)): n for (api, name), n in s.errors.items()})
+                       "error.", ["api", "error", "class", "node_id"],
+                       {(api, name, _class_of(name), b.node_id): n
+                        for b in brokers for (api, name), n in list(b.errors.items())})
         yield _counter("kproxy_responses_with_errors", "Responses carrying at least one error code, by the worst "
-                       "class among them (routine < retriable < error).", ["api", "class"],
-                       s.responses_with_errors)
+                       "class among them (routine < retriable < error).", ["api", "class", "node_id"],
+                       _by_node(brokers, lambda b: b.responses_with_errors))
         if s.options.topic_label:
             yield _counter("kproxy_topic_response_errors", "Kafka error codes in responses by topic "
                            "(opt-in; capped, the rest is 'other').", ["api", "topic", "error"], s.topic_errors)
@@ -83,18 +93,19 @@ class TrafficCollector(Collector):
                        "budget.", ["api"], s.records_uncounted)
         yield _counter("kproxy_undecodable_responses", "Responses whose body kproxy could not scan.", ["api"],
                        s.undecodable_responses)
-        yield _gauge("kproxy_client_connections_active", "Open client connections.", ["listener"],
-                     s.client_connections)
-        yield _counter("kproxy_client_connections_accepted", "Client connections accepted.", ["listener"],
+        yield _gauge("kproxy_client_connections_active", "Open client connections, by listener and the broker "
+                     "behind it (node_id).", ["listener", "node_id"], s.client_connections)
+        yield _counter("kproxy_client_connections_accepted", "Client connections accepted.", ["listener", "node_id"],
                        s.client_connections_total)
         yield _counter("kproxy_client_connections_refused", "Client connections closed as soon as accepted "
-                       "because limits.max_connections were open.", ["listener"], s.client_connections_refused)
+                       "because limits.max_connections were open.", ["listener", "node_id"],
+                       s.client_connections_refused)
         yield _counter("kproxy_accept_errors", "accept() failures for lack of descriptors or kernel memory "
                        "(the listener backs off and retries).", ["error"], s.accept_errors)
-        yield _gauge("kproxy_upstream_connections_active", "Open upstream broker connections.", ["broker"],
-                     s.upstream_connections)
-        yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts.", ["broker"],
-                       s.upstream_connect_failures)
+        yield _gauge("kproxy_upstream_connections_active", "Open upstream broker connections, by address and "
+                     "node_id.", ["upstream", "node_id"], s.upstream_connections)
+        yield _counter("kproxy_upstream_connect_failures", "Failed upstream connection attempts, by address and "
+                       "node_id.", ["upstream", "node_id"], s.upstream_connect_failures)
         yield _gauge("kproxy_upstream_up", "1 when the last periodic check reached the upstream (a configured "
                      "bootstrap server, node_id=bootstrap, or a broker by node id), else 0.", ["upstream", "node_id"],
                      s.upstream_up)
@@ -158,11 +169,10 @@ def _gauge(name: str, doc: str, labels: list[str], samples: Samples) -> Metric:
     return family
 
 
-def _histogram(name: str, doc: str, by_api: dict[str, Histogram]) -> Metric:
-    family = HistogramMetricFamily(name, doc, labels=["api"])
-    for api, hist in list(by_api.items()):
-        family.add_metric([api], hist.cumulative(), hist.sum)
-    return family
+def _by_node(brokers: list[BrokerSeries], counts: Callable[[BrokerSeries], Mapping[Any, int]]
+             ) -> dict[tuple[Any, ...], int]:
+    """One broker-scoped counter of every broker, its keys extended with the ``node_id`` label."""
+    return {(*key, b.node_id): n for b in brokers for key, n in list(counts(b).items())}
 
 
 def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,

@@ -2,32 +2,51 @@
 
 from __future__ import annotations
 
-from kproxy.metrics.stats import PRODUCE, TrafficStats
+from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.proxy.session import Exchange
 
 
 class MetricsObserver:
-    """Implements :class:`kproxy.proxy.session.SessionObserver` for one stats object.
+    """Made once per server for one stats object; :meth:`for_broker` gives each connection
+    its :class:`kproxy.proxy.session.SessionObserver`."""
 
-    Shared by all sessions of a server: it keeps no per-connection state. Reads the
-    header facts the session parsed (the client id only when it is a label).
-    """
-
-    __slots__ = ("client_ids", "stats")
+    __slots__ = ("stats",)
 
     def __init__(self, stats: TrafficStats) -> None:
         self.stats = stats
+
+    def for_broker(self, node_id: int | None) -> BrokerObserver:
+        """The observer of one connection through the listener of broker ``node_id`` (None: bootstrap).
+
+        The broker's counters are looked up here, once per connection: per frame, the
+        ``node_id`` label costs nothing (see :mod:`kproxy.metrics.stats`).
+        """
+        return BrokerObserver(self.stats, self.stats.broker(node_id))
+
+
+class BrokerObserver:
+    """Implements :class:`kproxy.proxy.session.SessionObserver` for one connection.
+
+    Reads the header facts the session parsed (the client id only when it is a label)
+    and counts them into the stats, under the connection's broker.
+    """
+
+    __slots__ = ("broker", "client_ids", "stats")
+
+    def __init__(self, stats: TrafficStats, broker: BrokerSeries) -> None:
+        self.stats = stats
+        self.broker = broker
         self.client_ids = stats.options.client_id_label
 
     def request(self, exchange: Exchange) -> None:
         if exchange.api_key == PRODUCE:
-            self.stats.request(exchange.api_key, exchange.api_version, exchange.request_size,
+            self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None, exchange.request,
                                exchange.request_body_offset)
         else:
-            self.stats.request(exchange.api_key, exchange.api_version, exchange.request_size,
+            self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
 
     def complete(self, exchange: Exchange) -> None:
@@ -41,5 +60,5 @@ class MetricsObserver:
                 offset = response_body_offset(response, exchange.api_key, exchange.api_version)
             except ProtocolError:
                 offset = len(response)
-        self.stats.response(exchange.api_key, exchange.api_version, response, offset,
+        self.stats.response(self.broker, exchange.api_key, exchange.api_version, response, offset,
                             exchange.broker_seconds, exchange.overhead_seconds)

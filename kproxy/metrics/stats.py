@@ -11,9 +11,16 @@ versions come from Kafka's tables (an api key kproxy does not know is
 ``unknown``, a version above the highest it knows for that api is ``other``,
 so a client cycling through 65536 x 65536 key/version pairs adds two series,
 not billions); error names come from the same tables (unknown codes collapse
-to one name per code, and codes are int16), listener names are one per broker;
-client ids and topics are opt-in labels capped by :class:`LabelCap` in count
+to one name per code, and codes are int16), listener names and ``node_id`` values
+are one per broker (plus ``bootstrap``); client ids and topics are opt-in labels capped by :class:`LabelCap` in count
 (everything past the cap is ``other``) and in length (:data:`MAX_LABEL_LENGTH`).
+
+Broker identity: every broker-scoped series carries ``node_id``, the Kafka node id of the
+broker behind the connection's listener, or ``bootstrap`` (:data:`BOOTSTRAP_NODE`) for
+connections through the bootstrap port (whichever configured server accepted them). The
+traffic counters of one node live in their own :class:`BrokerSeries`, which a connection
+looks up once when it opens: per frame, the keys are the same ``(api, version)`` pairs as
+without the label, so the label costs nothing on the hot path; exposition adds it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import bisect
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
@@ -43,6 +51,9 @@ UNKNOWN_API = "unknown"
 MAX_LABEL_LENGTH = 128
 _CUT_MARK = "~"
 _MISSING = object()
+# The node_id label of series for connections through the bootstrap listener (and of configured bootstrap
+# servers in kproxy_upstream_up): a word, not -1, so that a query or a panel legend reads as what it is.
+BOOTSTRAP_NODE = "bootstrap"
 KNOWN_REJECT_REASONS = tuple(reason.value for reason in RejectReason)  # every value of the reason label
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
 PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
@@ -71,6 +82,11 @@ class Histogram:
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    def add(self, other: Histogram) -> None:
+        """Add ``other``'s observations (same bounds) to this one's."""
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.sum += other.sum
 
     def cumulative(self) -> list[tuple[str, float]]:
         out = []
@@ -139,33 +155,52 @@ class FaultStats:
 
 
 @dataclass
+class BrokerSeries:
+    """The traffic counters of one ``node_id`` (:attr:`node_id`), keyed as without the label.
+
+    Got once per connection from :meth:`TrafficStats.broker`; the label is added at scrape time.
+    """
+
+    node_id: str
+    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    broker_latency: dict[str, Histogram] = field(default_factory=dict)
+    errors: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Responses carrying at least one error code, by api and the worst class among their codes:
+    # a ratio to responses that stays within 0..1 however many partitions fail at once.
+    responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def node_label(node_id: int | str | None) -> str:
+    """The ``node_id`` label of a broker's node id; None (the bootstrap listener) is :data:`BOOTSTRAP_NODE`."""
+    return BOOTSTRAP_NODE if node_id is None else str(node_id)
+
+
+@dataclass
 class TrafficStats:
     """Everything ``/metrics`` reports, updated by the server as traffic flows."""
 
     options: StatsOptions = field(default_factory=StatsOptions)
     started: float = field(default_factory=time.time)
-    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
-    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
-    broker_latency: dict[str, Histogram] = field(default_factory=dict)
+    # Requests, responses, broker latency and error codes, by node_id (see BrokerSeries).
+    brokers: dict[str, BrokerSeries] = field(default_factory=dict)
+    # kproxy's own time: not the broker's, so by api only.
     overhead: dict[str, Histogram] = field(default_factory=dict)
-    errors: dict[tuple[str, str], int] = field(default_factory=dict)
-    # The last periodic check of each upstream (kproxy.server.health), by (address, node id or "bootstrap").
+    # The last periodic check of each upstream (kproxy.server.health), by (address, node_id).
     upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
-    # Responses carrying at least one error code, by api and the worst class among their codes:
-    # a ratio to responses that stays within 0..1 however many partitions fail at once.
-    responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
     byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
     records_uncounted: dict[str, int] = field(default_factory=dict)
-    client_connections: dict[str, int] = field(default_factory=dict)
-    client_connections_total: dict[str, int] = field(default_factory=dict)
-    upstream_connections: dict[str, int] = field(default_factory=dict)
-    upstream_connect_failures: dict[str, int] = field(default_factory=dict)
+    # Client side by (listener, node_id); upstream side by (address, node_id), as kproxy_upstream_up.
+    client_connections: dict[tuple[str, str], int] = field(default_factory=dict)
+    client_connections_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    upstream_connections: dict[tuple[str, str], int] = field(default_factory=dict)
+    upstream_connect_failures: dict[tuple[str, str], int] = field(default_factory=dict)
     frames_rejected: dict[str, int] = field(default_factory=dict)
     accept_errors: dict[str, int] = field(default_factory=dict)
-    client_connections_refused: dict[str, int] = field(default_factory=dict)
+    client_connections_refused: dict[tuple[str, str], int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)
     faults: FaultStats = field(default_factory=FaultStats)
 
@@ -188,6 +223,31 @@ class TrafficStats:
         for error in ACCEPT_CAPACITY_ERRORS:
             self.accept_errors.setdefault(error, 0)
 
+    def broker(self, node_id: int | str | None) -> BrokerSeries:
+        """The counters of one broker (None: the bootstrap listener), made on first use. Once per
+        connection, not per frame: node ids are few (one per broker), so are these."""
+        label = node_label(node_id)
+        series = self.brokers.get(label)
+        if series is None:
+            series = self.brokers[label] = BrokerSeries(label)
+        return series
+
+    def totals(self) -> BrokerSeries:
+        """Every broker's counters added up (``node_id`` ``*``): for a report across brokers, such as
+        ``kproxy demo``'s; a copy, made when asked."""
+        out = BrokerSeries("*")
+        for series in list(self.brokers.values()):
+            for name in ("requests", "responses", "errors", "responses_with_errors"):
+                into: dict[Any, int] = getattr(out, name)
+                for key, n in list(getattr(series, name).items()):
+                    into[key] = into.get(key, 0) + n
+            for api, hist in list(series.broker_latency.items()):
+                total = out.broker_latency.get(api)
+                if total is None:
+                    total = out.broker_latency[api] = Histogram(hist.bounds)
+                total.add(hist)
+        return out
+
     def api(self, api_key: int) -> str:
         """The ``api`` label of a key: its snake-case name, or ``unknown``."""
         known = self._apis.get(api_key)
@@ -206,10 +266,11 @@ class TrafficStats:
         return known[0], OTHER, False
 
     # -- per request / response ------------------------------------------------------
-    def request(self, api_key: int, api_version: int, size: int, client_id: str | None,
+    def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None) -> None:
-        """A request was read from a client. ``frame`` is given for Produce (to count records),
-        with ``body_offset`` where its body starts when the caller knows it."""
+        """A request was read from a client connected through ``broker``'s listener. ``frame`` is
+        given for Produce (to count records), with ``body_offset`` where its body starts when the
+        caller knows it."""
         key: tuple[str, int | str]
         span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
         if span is not None and 0 <= api_version <= span[1]:
@@ -217,7 +278,8 @@ class TrafficStats:
         else:
             api, version, known = self._labels(api_key, api_version)
             key = (api, version)
-        self.requests[key] = self.requests.get(key, 0) + 1
+        requests = broker.requests
+        requests[key] = requests.get(key, 0) + 1
         bkey = (api, "request")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + size
         if self.options.client_id_label:
@@ -226,9 +288,9 @@ class TrafficStats:
         if frame is not None and api_key == PRODUCE and known:
             self._count_records(api_key, api_version, Direction.REQUEST, frame, api, body_offset)
 
-    def response(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
+    def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
-        """A response went to the client. Scans its error codes (records are skipped, not read)."""
+        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read)."""
         key: tuple[str, int | str]
         span = self._apis.get(api_key)
         if span is not None and 0 <= api_version <= span[1]:
@@ -236,13 +298,14 @@ class TrafficStats:
         else:
             api, version, known = self._labels(api_key, api_version)
             key = (api, version)
-        self.responses[key] = self.responses.get(key, 0) + 1
+        responses = broker.responses
+        responses[key] = responses.get(key, 0) + 1
         bkey = (api, "response")
         self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + len(frame)
         if broker_seconds is not None:
-            hist = self.broker_latency.get(api)
+            hist = broker.broker_latency.get(api)
             if hist is None:
-                hist = self.broker_latency[api] = Histogram(BROKER_BUCKETS)
+                hist = broker.broker_latency[api] = Histogram(BROKER_BUCKETS)
             hist.observe(broker_seconds)
         hist = self.overhead.get(api)
         if hist is None:
@@ -251,7 +314,7 @@ class TrafficStats:
         if not self.options.scan_responses:
             return
         if known:
-            self._scan_errors(api_key, api_version, frame, body_offset, api)
+            self._scan_errors(broker, api_key, api_version, frame, body_offset, api)
         else:
             # Nothing to scan it with; and a scanner cache entry per pair would grow without bound.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
@@ -286,13 +349,15 @@ class TrafficStats:
             return None
         return acc, recs
 
-    def _scan_errors(self, api_key: int, api_version: int, frame: bytes, body_offset: int, api: str) -> None:
+    def _scan_errors(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
+                     api: str) -> None:
         found = self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
         if found is None:
             # Unknown api/version, or a body we cannot read: counted, never fatal.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
             return
         entries, records = found
+        errors = broker.errors
         worst = -1
         for topic, _partition, code in entries:
             if not code:
@@ -303,13 +368,13 @@ class TrafficStats:
             worst = max(worst, rank)
             name = error_name(code)
             ekey = (api, name)
-            self.errors[ekey] = self.errors.get(ekey, 0) + 1
+            errors[ekey] = errors.get(ekey, 0) + 1
             if self.options.topic_label and topic is not None:
                 tkey = (api, self._topics(str(topic)), name)
                 self.topic_errors[tkey] = self.topic_errors.get(tkey, 0) + 1
         if worst >= 0:
             wkey = (api, ERROR_CLASSES[worst])
-            self.responses_with_errors[wkey] = self.responses_with_errors.get(wkey, 0) + 1
+            broker.responses_with_errors[wkey] = broker.responses_with_errors.get(wkey, 0) + 1
         if api_key == FETCH and records:
             self._add_records(api, frame, records)
 
@@ -338,31 +403,38 @@ class TrafficStats:
         self.records[api] = self.records.get(api, 0) + count
 
     # -- connections -------------------------------------------------------------------
-    def client_connected(self, listener: str) -> None:
-        self.client_connections[listener] = self.client_connections.get(listener, 0) + 1
-        self.client_connections_total[listener] = self.client_connections_total.get(listener, 0) + 1
+    # Per connection, not per frame: the (listener or address, node_id) keys are built here.
+    def client_connected(self, listener: str, node_id: str) -> None:
+        key = (listener, node_id)
+        self.client_connections[key] = self.client_connections.get(key, 0) + 1
+        self.client_connections_total[key] = self.client_connections_total.get(key, 0) + 1
 
-    def client_disconnected(self, listener: str) -> None:
-        self.client_connections[listener] = self.client_connections.get(listener, 0) - 1
+    def client_disconnected(self, listener: str, node_id: str) -> None:
+        key = (listener, node_id)
+        self.client_connections[key] = self.client_connections.get(key, 0) - 1
 
-    def upstream_connected(self, broker: str) -> None:
-        self.upstream_connections[broker] = self.upstream_connections.get(broker, 0) + 1
+    def upstream_connected(self, address: str, node_id: str) -> None:
+        key = (address, node_id)
+        self.upstream_connections[key] = self.upstream_connections.get(key, 0) + 1
 
-    def upstream_disconnected(self, broker: str) -> None:
-        self.upstream_connections[broker] = self.upstream_connections.get(broker, 0) - 1
+    def upstream_disconnected(self, address: str, node_id: str) -> None:
+        key = (address, node_id)
+        self.upstream_connections[key] = self.upstream_connections.get(key, 0) - 1
 
-    def upstream_connect_failed(self, broker: str) -> None:
-        self.upstream_connect_failures[broker] = self.upstream_connect_failures.get(broker, 0) + 1
+    def upstream_connect_failed(self, address: str, node_id: str) -> None:
+        key = (address, node_id)
+        self.upstream_connect_failures[key] = self.upstream_connect_failures.get(key, 0) + 1
 
     def accept_failed(self, error: str) -> None:
         self.accept_errors[error] = self.accept_errors.get(error, 0) + 1
 
-    def listener_opened(self, listener: str) -> None:
+    def listener_opened(self, listener: str, node_id: str) -> None:
         """Born at zero: the first refusal must be an increase an alert can see."""
-        self.client_connections_refused.setdefault(listener, 0)
+        self.client_connections_refused.setdefault((listener, node_id), 0)
 
-    def client_refused(self, listener: str) -> None:
-        self.client_connections_refused[listener] = self.client_connections_refused.get(listener, 0) + 1
+    def client_refused(self, listener: str, node_id: str) -> None:
+        key = (listener, node_id)
+        self.client_connections_refused[key] = self.client_connections_refused.get(key, 0) + 1
 
     def frame_rejected(self, reason: str) -> None:
         self.frames_rejected[reason] = self.frames_rejected.get(reason, 0) + 1

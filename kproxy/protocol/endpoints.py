@@ -16,7 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kproxy.protocol.errors import EndpointRewriteError
-from kproxy.protocol.frame_edit import Mutation, reframe, response_body_offset
+from kproxy.protocol.frame_edit import Mutation, reframe
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
@@ -61,7 +62,7 @@ def rewrite_endpoints(frame: bytes, api_key: int, api_version: int, mapping: End
     fields = endpoint_fields(api_key, api_version)
     if fields is None:
         raise EndpointRewriteError(f"api key {api_key} v{api_version} responses carry no broker endpoints")
-    offset = response_body_offset(frame, api_key, api_version)
+    offset = response_body_offset(frame, api_key, api_version, whole=True)
     count = [0]
     codec = require_codec(api_key, api_version, Direction.RESPONSE)
 

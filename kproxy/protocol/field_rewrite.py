@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol.errors import FieldRewriteError
-from kproxy.protocol.frame_edit import Mutation, reframe, request_header, response_body_offset
-from kproxy.protocol.headers import encode_request_header
+from kproxy.protocol.frame_edit import Mutation, reframe, request_header
+from kproxy.protocol.headers import encode_request_header, response_body_offset
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import Edit, splice_body
 
@@ -159,7 +159,7 @@ def rewrite_fields(frame: bytes, api_key: int, api_version: int, direction: Dire
             count[0] += 1
             new_header = encode_request_header(header._replace(client_id=client_id))
     else:
-        offset = response_body_offset(frame, api_key, api_version)
+        offset = response_body_offset(frame, api_key, api_version, whole=True)
     new_body: bytes | None = None
     if splice_edits:
         new_body, _ = splice_body(api_key, api_version, direction, frame, splice_edits, offset)
@@ -221,7 +221,7 @@ def rename_topics(frame: bytes, api_key: int, api_version: int, direction: Direc
         return lambda value: _rename(value, f, prefixes, count)
 
     offset = 4 + request_header(frame).size if direction is Direction.REQUEST else \
-        response_body_offset(frame, api_key, api_version)
+        response_body_offset(frame, api_key, api_version, whole=True)
     new_body, _ = splice_body(api_key, api_version, direction, frame, {f.name: editor(f) for f in tops}, offset)
     if new_body is None or not count[0]:
         return Mutation(frame, 0)

@@ -1,11 +1,12 @@
-"""What every frame transformation shares: where a body starts, re-framing, the result type.
+"""What every frame transformation shares: a request's header, re-framing, the result type.
 
 Frames here are whole frames as the proxy holds them: the 4-byte size prefix,
 the header, the body (and, for requests, whatever bytes a client sent after the
 body: brokers ignore them, so kproxy keeps them, see DESIGN.md). A
 transformation returns a :class:`Mutation`: the new frame and how many things
 it changed. ``changed == 0`` means the very same frame object came back, so a
-caller can test ``result.frame is frame`` and forward the original.
+caller can test ``result.frame is frame`` and forward the original. Where a response's
+body starts: :func:`kproxy.protocol.headers.response_body_offset` with ``whole=True``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from kproxy.protocol.errors import DecodeError
-from kproxy.protocol.headers import RequestHeader, decode_request_header, decode_response_header
+from kproxy.protocol.headers import RequestHeader, check_frame_size, decode_request_header
 
 _SIZE = struct.Struct(">i")
 
@@ -26,15 +26,9 @@ class Mutation(NamedTuple):
     changed: int
 
 
-def response_body_offset(frame: bytes, api_key: int, api_version: int) -> int:
-    """Where the body of a response frame (size prefix included) starts."""
-    _check_size(frame)
-    return 4 + decode_response_header(frame[4:], api_key, api_version).size
-
-
 def request_header(frame: bytes) -> RequestHeader:
     """The header of a request frame (size prefix included); its body starts at ``4 + size``."""
-    _check_size(frame)
+    check_frame_size(frame)
     return decode_request_header(memoryview(frame)[4:])
 
 
@@ -44,10 +38,3 @@ def reframe(frame: bytes, body_offset: int, new_body: bytes, new_header: bytes |
     header = frame[4:body_offset] if new_header is None else new_header
     return _SIZE.pack(len(header) + len(new_body)) + header + new_body
 
-
-def _check_size(frame: bytes) -> None:
-    if len(frame) < 4:
-        raise DecodeError(f"frame of {len(frame)} bytes has no size prefix", offset=0)
-    (size,) = _SIZE.unpack_from(frame, 0)
-    if size != len(frame) - 4:
-        raise DecodeError(f"size prefix says {size} bytes, the frame holds {len(frame) - 4}", offset=0)

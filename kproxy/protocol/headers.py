@@ -24,15 +24,18 @@ from typing import NamedTuple
 
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
+from kproxy.protocol.tables import ApiKey
 from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
 
-API_VERSIONS_KEY = 18
-CONTROLLED_SHUTDOWN_KEY = 7
+# Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: tables.py).
+API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
+CONTROLLED_SHUTDOWN_KEY = int(ApiKey.CONTROLLED_SHUTDOWN)
 
 _FIXED = struct.Struct(">hhi")
 _FIXED_CLIENT = struct.Struct(">hhih")
 _CORRELATION = struct.Struct(">i")
 _INT16 = struct.Struct(">h")
+_SIZE = struct.Struct(">i")
 
 
 _REQUEST_HEADER_VERSIONS: dict[tuple[int, int], int] = {}
@@ -236,12 +239,35 @@ def encode_response_header(header: ResponseHeader) -> bytes:
     return bytes(out)
 
 
-def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int:
+def check_frame_size(frame: bytes | memoryview) -> None:
+    """Raise :class:`DecodeError` unless ``frame`` is one whole frame: a 4-byte size prefix that
+    counts exactly the bytes after it."""
+    if len(frame) < 4:
+        raise DecodeError(f"frame of {len(frame)} bytes has no size prefix", offset=0)
+    (size,) = _SIZE.unpack_from(frame, 0)
+    if size != len(frame) - 4:
+        raise DecodeError(f"size prefix says {size} bytes, the frame holds {len(frame) - 4}", offset=0)
+
+
+def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: int, *, whole: bool = False) -> int:
     """Where the body of a response frame (size prefix included) starts: after the size, the
     correlation id and, in response header v1, the tagged fields.
 
-    Raises :class:`DecodeError` when the header tags are cut short or malformed.
+    ``whole=True`` first checks that the size prefix counts the frame's bytes exactly
+    (:func:`check_frame_size`). The transformations that rebuild a frame around an edited body
+    (kproxy.protocol.frame_edit.reframe: mutations, record faults, endpoint and field rewrites)
+    ask for it: they take frames from their callers, and one whose prefix disagreed would have
+    bytes that are not its body (the next frame's, or a frame cut short) edited and re-framed as
+    if they were. The per-frame callers (the session's address rewrite, the metrics observer) get
+    frames from :class:`~kproxy.protocol.framing.FrameSplitter`, whole by construction, and skip it.
+
+    Raises :class:`DecodeError` when the header tags are cut short or malformed, or (``whole``)
+    the frame is not one whole frame.
     """
+    if whole:
+        check_frame_size(frame)
+        if len(frame) < 8:
+            raise DecodeError(f"response frame of {len(frame)} bytes has no correlation id", offset=4)
     if response_header_version(api_key, api_version) == 0:
         return 8
     try:

@@ -28,7 +28,8 @@ from kproxy.protocol.errors import (
     MetadataMutationError,
     ThrottleTimeError,
 )
-from kproxy.protocol.frame_edit import Mutation, reframe, response_body_offset
+from kproxy.protocol.frame_edit import Mutation, reframe
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, message_schema
 from kproxy.protocol.splice import Edit, splice_body
@@ -44,7 +45,7 @@ def _splice(frame: bytes, api_key: int, api_version: int, edits: Mapping[str, Ed
             offset: int | None = None) -> Mutation:
     """Apply top-level edits to a response frame; ``count[0]`` is what the edits counted."""
     if offset is None:
-        offset = response_body_offset(frame, api_key, api_version)
+        offset = response_body_offset(frame, api_key, api_version, whole=True)
     new_body, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, offset)
     if new_body is None or not count[0]:
         return Mutation(frame, 0)
@@ -74,7 +75,7 @@ def set_throttle_time(frame: bytes, api_key: int, api_version: int, throttle_tim
         count[0] = int(new != old)
         return new
 
-    offset = response_body_offset(frame, api_key, api_version)
+    offset = response_body_offset(frame, api_key, api_version, whole=True)
     if api_key == API_VERSIONS and _api_versions_error(frame, offset) == UNSUPPORTED_VERSION:
         raise ThrottleTimeError("an UNSUPPORTED_VERSION ApiVersions answer is a v0 body: no throttle_time_ms")
     return _splice(frame, api_key, api_version, {"throttle_time_ms": edit}, count, offset)
@@ -227,7 +228,7 @@ def downgrade_api_versions(frame: bytes, api_version: int, max_versions: Mapping
     A broker's UNSUPPORTED_VERSION answer is a v0 body whatever the request
     version (KIP-511) and is edited as one. ``changed`` counts lowered entries.
     """
-    offset = response_body_offset(frame, API_VERSIONS, api_version)
+    offset = response_body_offset(frame, API_VERSIONS, api_version, whole=True)
     version = 0 if _api_versions_error(frame, offset) == UNSUPPORTED_VERSION else api_version
     if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
         raise ApiVersionsMutationError(f"no ApiVersions response schema for v{version}")
@@ -266,7 +267,7 @@ def replace_error_codes(frame: bytes, api_key: int, api_version: int, error_code
     (or none of the given partitions).
     """
     codec = require_codec(api_key, api_version, Direction.RESPONSE)
-    offset = response_body_offset(frame, api_key, api_version)
+    offset = response_body_offset(frame, api_key, api_version, whole=True)
     body = codec.decode(frame, offset)
     chosen = None if partitions is None else frozenset(partitions)
     if message is None:

@@ -45,7 +45,8 @@ from crc32c import crc32c
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
 from kproxy.protocol.errors import CorruptRecordsError, RecordsMutationError
-from kproxy.protocol.frame_edit import Mutation, reframe, request_header, response_body_offset
+from kproxy.protocol.frame_edit import Mutation, reframe, request_header
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.records import V2_HEADER_SIZE, BatchInfo, iter_batches
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
@@ -96,7 +97,7 @@ def edit_records_fields(frame: bytes, api_key: int, api_version: int,
         offset = 4 + request_header(frame).size
     elif api_key == FETCH:
         direction = Direction.RESPONSE
-        offset = response_body_offset(frame, api_key, api_version)
+        offset = response_body_offset(frame, api_key, api_version, whole=True)
     else:
         raise RecordsMutationError(f"records faults act on Produce requests and Fetch responses, not api key "
                                    f"{api_key}")

@@ -55,7 +55,7 @@ from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.requests import produce_acks, request_client_id
 from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.protocol.tables import api_name
+from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
 from kproxy.proxy.commands import (
     CloseConnection,
@@ -66,10 +66,15 @@ from kproxy.proxy.commands import (
     SendToClient,
     WakeAt,
 )
-from kproxy.proxy.rewrite import API_VERSIONS, UNSUPPORTED_VERSION, ResponseRewriter
+from kproxy.proxy.rewrite import ResponseRewriter
 
-PRODUCE = 0
-SASL_HANDSHAKE = 17
+# Plain ints, bound once: compared on every frame (an int == IntEnum comparison costs about twice a
+# plain one, kproxy/protocol/tables.py).
+PRODUCE = int(ApiKey.PRODUCE)
+SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
+API_VERSIONS = int(ApiKey.API_VERSIONS)
+NONE = int(ErrorCode.NONE)
+UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _INT16 = struct.Struct(">h")
@@ -254,8 +259,8 @@ class Session:
     order (:mod:`kproxy.proxy.commands`); ``on_timer(now)`` answers a
     :class:`~kproxy.proxy.commands.WakeAt`. Between them the server may ask
     :attr:`can_accept` (whether to read the client), :attr:`in_flight_count`,
-    :attr:`partial_request_at` and the counters ``requests`` / ``responses``; it reads
-    nothing else of the session.
+    :attr:`partial_request_at`, the counters ``requests`` / ``responses`` and
+    :attr:`client_id` (for its log lines); it reads nothing else of the session.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -290,6 +295,9 @@ class Session:
         self._forgotten: tuple[int, int, int] | None = None
         self.requests = 0
         self.responses = 0
+        # The first request's header client id (None: no request yet, or a null or unreadable one). Read
+        # once per connection: clients keep one id per connection, and it names the client in log lines.
+        self.client_id: str | None = None
         self._wake: float | None = None  # a WakeAt to ask for (a held response), None: none
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed = False
@@ -379,6 +387,8 @@ class Session:
                 self._forgotten is not None and self._forgotten[0] <= correlation_id <= self._forgotten[1]):
             raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
         self.requests += 1
+        if self.requests == 1:
+            self.client_id = request_client_id(frame, api_key, api_version)
         now = self.clock()
         ex = Exchange(correlation_id, api_key, api_version, len(frame), now if read_at is None else read_at, now,
                       frame)
@@ -635,7 +645,7 @@ class Session:
         if len(frame) < 10:
             raise SessionError(f"SaslHandshake v0 response of {len(frame)} bytes has no error code", offset=8)
         (error_code,) = _INT16.unpack_from(frame, 8)
-        if error_code == 0:
+        if error_code == NONE:
             self.mode = Mode.SASL_TOKENS
             self._sasl_rounds_left = SASL_ROUNDS.get((ex.sasl_mechanism or "").upper())
 

@@ -13,6 +13,11 @@ Backpressure is trio's: a slow client blocks the upstream pump's write, which
 stops reading the broker. The client pump stops reading once
 ``max_in_flight`` requests await answers.
 
+Log lines name the client by peer address and, once known, by identity: ``client_id`` (the
+first request's header; cut to 256 characters and escaped by :func:`~kproxy.server.logfmt.q`,
+a client chooses it) and ``principal`` (``User:`` and the subject of a verified TLS client
+certificate, as Kafka names it: :mod:`kproxy.proxy.principal`); each is left out while unknown.
+
 Deadlines: one watchdog task per connection ends it after ``idle_timeout``
 without traffic either way, or when a request frame begun ``frame_timeout``
 ago is still incomplete while kproxy waits for its bytes (a client trickling a
@@ -30,14 +35,17 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
 from kproxy.config import Limits
 from kproxy.proxy.addresses import BrokerRoute, HostPort
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient, WakeAt
+from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, writer
+from kproxy.server.logfmt import clip
 from kproxy.server.logfmt import q as _q
 
 log = logging.getLogger("kproxy.connection")
@@ -67,6 +75,7 @@ class Connection:
         self.listener = listener
         self.upstream_addr = upstream_addr
         self.on_reject = on_reject
+        self.principal = tls_principal(_peer_certificate(client))  # the handshake is done: known now or never
         self._client_writer = writer(client)
         self._upstream_writer = writer(upstream)
         self._client_reader = reader(client)
@@ -112,11 +121,22 @@ class Connection:
                 await _aclose(self.client)
                 await _aclose(self.upstream)
             log.info(
-                "event=connection_closed peer=%s listener=%s upstream=%s bytes_in=%d bytes_out=%d "
+                "event=connection_closed peer=%s listener=%s upstream=%s%s bytes_in=%d bytes_out=%d "
                 "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",
-                self.peer, self.listener, self.upstream_addr, self.stats.bytes_from_client,
+                self.peer, self.listener, self.upstream_addr, self.identity(), self.stats.bytes_from_client,
                 self.stats.bytes_to_client, self.session.requests, self.session.responses,
                 self.session.in_flight_count, time.monotonic() - started, _q(self.close_reason))
+
+    def identity(self) -> str:
+        """`` client_id=... principal=...`` for a log line about this connection: each pair only
+        once known (the client id after the first request), "" while neither is."""
+        out = ""
+        client_id = self.session.client_id
+        if client_id is not None:
+            out = " client_id=" + _q(clip(client_id))
+        if self.principal is not None:
+            out += " principal=" + _q(clip(self.principal))
+        return out
 
     def _touch(self) -> None:
         # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
@@ -286,6 +306,17 @@ class Connection:
             self._wake_due = due
             if due < self._watch.deadline:
                 self._watch.deadline = due
+
+
+def _peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
+    """The verified certificate a TLS client presented (:meth:`ssl.SSLSocket.getpeercert`), else None."""
+    if not isinstance(stream, trio.SSLStream):
+        return None
+    try:
+        cert: dict[str, Any] | None = stream.getpeercert()
+    except (ValueError, AttributeError):  # no handshake done
+        return None
+    return cert
 
 
 def _linger_zero(stream: trio.abc.Stream) -> None:

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import trio
 
+from kproxy.metrics.stats import BOOTSTRAP_NODE
 from kproxy.proxy.addresses import HostPort
 from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.health")
 
-BOOTSTRAP = "bootstrap"  # the node_id label of a configured bootstrap server
+BOOTSTRAP = BOOTSTRAP_NODE  # the node_id label of a configured bootstrap server, as on every broker-scoped series
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class Result:
     reason: str  # "" when up
 
 
-Probe = Callable[[HostPort], Awaitable[None]]  # connects (and closes); raises on failure
+Probe = Callable[[Target], Awaitable[None]]  # connects (and closes); raises on failure
 
 
 class UpstreamHealth:
@@ -73,7 +74,7 @@ class UpstreamHealth:
 
     async def _check(self, target: Target) -> None:
         try:
-            await self.probe(target.address)
+            await self.probe(target)
             result = Result(True, "")
         except Exception as exc:  # whatever the connect raised is the reason, never a crash of the loop
             result = Result(False, str(exc) or type(exc).__name__)

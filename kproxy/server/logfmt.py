@@ -15,10 +15,54 @@ import time
 
 
 def q(text: str) -> str:
-    """Quote a logfmt value when it holds spaces, quotes or '='."""
-    if text and not any(c in text for c in ' "='):
+    """A logfmt value: as it is, or quoted when it is empty or holds spaces, quotes, '=' or any
+    character that is not printable.
+
+    Inside quotes, a backslash and a quote are escaped with a backslash, and every character
+    Python does not call printable (line breaks of any kind - ``\\n``, ``\\r``, U+2028 - tabs,
+    other control and format characters: terminal escapes among them) is written as an escape
+    (``\\n``, ``\\r``, ``\\t``, ``\\xNN``, ``\\uNNNN``, ``\\UNNNNNNNN``): whatever a client sends
+    (its client id, say), the line stays one line and its pairs stay apart.
+    :func:`parse_logfmt` reverses it.
+    """
+    if text and text.isprintable() and not any(c in text for c in ' "='):
         return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + _UNSAFE.sub(_escape, text) + '"'
+
+
+# In a quoted value: the backslash, the quote and anything outside printable ASCII (sorted out by _escape).
+_UNSAFE = re.compile(r'[\\"]|[^\x20-\x7e]')
+_NAMED = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    named = _NAMED.get(c)
+    if named is not None:
+        return named
+    if c.isprintable():
+        return c  # printable beyond ASCII (an accent, a CJK character): kept as it is
+    code = ord(c)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+_UNESCAPE = re.compile(r"\\(x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8}|.)", re.DOTALL)
+_UNNAMED = {"n": "\n", "r": "\r", "t": "\t"}
+
+
+def _unescape(m: re.Match[str]) -> str:
+    seq = m.group(1)
+    if len(seq) > 1:
+        return chr(int(seq[1:], 16))
+    return _UNNAMED.get(seq, seq)
+
+
+def clip(text: str, limit: int = 256) -> str:
+    """``text`` cut to ``limit`` characters, marked with its full length when cut: a value a client
+    chose (a client id is up to 32767 bytes) must not make every line about it that long."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text)} chars]"
 
 
 class LogfmtFormatter(logging.Formatter):
@@ -48,7 +92,7 @@ def parse_logfmt(message: str) -> dict[str, str]:
             rest.append(message[pos:m.start()].strip())
         key, value = m.group(1), m.group(2)
         if value.startswith('"') and value.endswith('"') and len(value) >= 2:
-            value = re.sub(r"\\(.)", r"\1", value[1:-1])
+            value = _UNESCAPE.sub(_unescape, value[1:-1])
         out[key] = value
         pos = m.end()
     if message[pos:].strip():
@@ -68,7 +112,23 @@ class JsonFormatter(logging.Formatter):
             entry.setdefault(key, value)  # ts/level/logger are the record's own
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        # JSON escapes only U+0000..U+001F itself: line breaks beyond them (U+0085, U+2028, U+2029) and
+        # other characters that are not printable are escaped here, so a line stays one line.
+        return _UNSAFE_JSON.sub(_json_escape, json.dumps(entry, ensure_ascii=False))
+
+
+_UNSAFE_JSON = re.compile(r"[^\x20-\x7e]")
+
+
+def _json_escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c.isprintable():
+        return c
+    code = ord(c)
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes characters beyond the BMP
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 class Throttle:

@@ -35,7 +35,7 @@ import trio
 from kproxy.config import Config
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
-from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, StatsOptions, TrafficStats
+from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOptions, TrafficStats, node_label
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -101,7 +101,7 @@ class ProxyServer:
         self.rewriter = ResponseRewriter(self.addresses)
         m = config.metrics
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses))
-        self.observer: SessionObserver | None = MetricsObserver(self.stats)
+        self.observer: MetricsObserver | None = MetricsObserver(self.stats)
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
@@ -122,7 +122,7 @@ class ProxyServer:
         self._upstream_refusals: dict[tuple[str, str], Throttle] = {}
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
-            self.stats.upstream_connect_failures.setdefault(str(addr), 0)
+            self.stats.upstream_connect_failures.setdefault((str(addr), BOOTSTRAP_NODE), 0)
         self.health = UpstreamHealth(self._health_targets, self._probe_upstream,
                                      interval=config.upstream_check_interval, on_result=self._health_result)
         if self.addresses.broker_port_base == 0:
@@ -275,7 +275,7 @@ class ProxyServer:
         delay = 0.5
         while True:
             try:
-                stream, addr = await self._connect_upstream(list(self.config.upstream), probe=True)
+                stream, addr = await self._connect_upstream(list(self.config.upstream), BOOTSTRAP_NODE, probe=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
                         versions = await fetch_api_versions(stream, self.config.limits.max_frame_size)
@@ -314,9 +314,9 @@ class ProxyServer:
         targets += [Target(route.upstream, str(node)) for node, route in sorted(self.addresses.routes.items())]
         return targets
 
-    async def _probe_upstream(self, addr: HostPort) -> None:
+    async def _probe_upstream(self, target: Target) -> None:
         # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
-        stream, _ = await self._connect_upstream([addr])
+        stream, _ = await self._connect_upstream([target.address], target.node_id)
         await trio.aclose_forcefully(stream)
 
     def _health_result(self, target: Target, result: Result) -> None:
@@ -361,7 +361,7 @@ class ProxyServer:
             return
         listener.port = sock.getsockname()[1]
         self.listeners[listener.port] = listener
-        self.stats.listener_opened(listener.name)
+        self.stats.listener_opened(listener.name, node_label(listener.node_id))
         tcp = trio.SocketListener(sock)
         listener.ready.set()
         if listener.name != "bootstrap":
@@ -400,7 +400,7 @@ class ProxyServer:
     async def _refuse(self, stream: trio.SocketStream, listener: _Listener, cap: int) -> None:
         """Close a connection accepted over ``limits.max_connections`` at once (the client sees
         the connection closed and retries later, as after a broker restart)."""
-        self.stats.client_refused(listener.name)
+        self.stats.client_refused(listener.name, node_label(listener.node_id))
         count = self._cap_refusals.due()
         if count is not None:
             log.warning("event=connection_refused listener=%s peer=%s reason=max_connections max_connections=%d "
@@ -433,6 +433,7 @@ class ProxyServer:
 
     async def _bridge(self, stream: trio.SocketStream, listener: _Listener) -> None:
         peer = _peer(stream)
+        node = node_label(listener.node_id)
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
             client: trio.abc.Stream = stream
@@ -440,7 +441,7 @@ class ProxyServer:
                 client = trio.SSLStream(stream, self.client_ssl, server_side=True)
                 with trio.fail_after(self.config.limits.connect_timeout):
                     await client.do_handshake()
-            upstream, addr = await self._connect_upstream(listener.resolve())
+            upstream, addr = await self._connect_upstream(listener.resolve(), node)
         except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
             reason = str(exc) or type(exc).__name__
             if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
@@ -452,7 +453,9 @@ class ProxyServer:
                             listener.name, _q(reason), count)
             await trio.aclose_forcefully(stream)
             return
-        observer = self.observer
+        observer: SessionObserver | None = None
+        if self.observer is not None:
+            observer = self.observer.for_broker(listener.node_id)
         if self.capture is not None:
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
                                              client=client)
@@ -464,8 +467,8 @@ class ProxyServer:
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)
         self.connections.add(conn)
-        self.stats.client_connected(listener.name)
-        self.stats.upstream_connected(str(addr))
+        self.stats.client_connected(listener.name, node)
+        self.stats.upstream_connected(str(addr), node)
         log.info("event=connection_opened peer=%s listener=%s upstream=%s", peer, listener.name, addr)
         try:
             if self.draining:
@@ -473,19 +476,19 @@ class ProxyServer:
             await conn.run()
         except Exception:
             # A bug in one connection must not take the server down: log it loudly, keep serving.
-            log.exception("event=connection_crashed peer=%s listener=%s", peer, listener.name)
+            log.exception("event=connection_crashed peer=%s listener=%s%s", peer, listener.name, conn.identity())
         finally:
             self.connections.discard(conn)
             if self.capture is not None:
                 session.report()  # what the connection read before it ended
                 self.capture.connection_closed(observer)
-            self.stats.client_disconnected(listener.name)
-            self.stats.upstream_disconnected(str(addr))
+            self.stats.client_disconnected(listener.name, node)
+            self.stats.upstream_disconnected(str(addr), node)
 
-    async def _connect_upstream(self, addresses: list[HostPort], *, probe: bool = False
+    async def _connect_upstream(self, addresses: list[HostPort], node_id: str, *, probe: bool = False
                                 ) -> tuple[trio.abc.Stream, HostPort]:
         """Connect to the first address that accepts (TLS included); failures are counted
-        per broker address unless ``probe`` (a readiness check)."""
+        per address and ``node_id`` unless ``probe`` (broker discovery)."""
         errors = []
         for addr in addresses:
             try:
@@ -507,7 +510,7 @@ class ProxyServer:
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
                 errors.append(f"{addr}: {_os_reason(exc)}")
             if not probe:
-                self.stats.upstream_connect_failed(str(addr))
+                self.stats.upstream_connect_failed(str(addr), node_id)
         raise UpstreamUnavailable("upstream unavailable: " + "; ".join(errors))
 
 

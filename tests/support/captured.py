@@ -46,7 +46,7 @@ def make_capture(tansu: Broker, directory: Path) -> CapturedRun:
     # (librdkafka's background Metadata refreshes would otherwise race a snapshot taken earlier).
     stats = server.stats
     requests: dict[str, int] = {}
-    for (api, _version), n in stats.requests.items():
+    for (api, _version), n in stats.totals().requests.items():  # every broker's
         requests[api] = requests.get(api, 0) + n
     records_counted = dict(stats.records)
     capture = server.capture
