@@ -172,6 +172,10 @@ class FaultStats:
     throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
     connection_faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, action): drops, closes
     rules_loaded: int = 0
+    # Rule set replacements (kproxy/server/live_rules.py): the generation in force, and the reloads of
+    # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
+    rules_generation: int = 0
+    reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
 
 
 @dataclass
