@@ -51,6 +51,18 @@ def load_path(path: str) -> RuleSet:
     return load_file(path)
 
 
+def check_paths(paths: Sequence[str]) -> list[Problem]:
+    """Every problem of every rule file or directory in ``paths`` (empty when all load), as
+    ``kproxy run --rules`` would load each of them."""
+    problems: list[Problem] = []
+    for path in paths:
+        try:
+            load_path(path)
+        except RulesError as exc:
+            problems.extend(exc.problems)
+    return problems
+
+
 def load_directory(directory: str) -> RuleSet:
     try:
         files = rule_files(directory)
