@@ -1,6 +1,6 @@
 """Proxy benchmark: direct vs a bare trio pipe vs kproxy vs `tansu proxy`, against one Tansu broker.
 
-    .venv/bin/python bench/bench_proxy.py [--rounds N] [--quick]
+    .venv/bin/python bench/bench_proxy.py [--rounds N] [--quick] [--variants LIST] [--scale]
 
 Every path is measured in the same run, against the same broker, in rounds
 whose path order rotates; medians of the rounds are reported. Processes: the
@@ -17,7 +17,19 @@ Phases:
 3. Produce v7 of ~100 KB batches (acks=1), 2 connections x 5 in flight, MB/s;
 4. Fetch v11 of ~5 MB responses (max bytes 8 MB), 2 connections x 2 in flight, MB/s;
 5. each proxy's CPU seconds per GB forwarded over phases 3 and 4, and its RSS
-   growth with 1,000 idle connections open through it.
+   growth with 1,000 idle connections open through it;
+6. with ``--scale``: proxy CPU per request from 1 to 1,000 connections, and per
+   Metadata request from 10 to 100,000 partitions (against bench/fake_broker.py,
+   which answers a canned Metadata of any size at once).
+
+kproxy runs in several *variants* side by side (``--variants``, named presets,
+one kproxy process each; see VARIANTS): no observer, metrics (the default, the
+path named plain ``kproxy``), 100 loaded rules none of which match, one matching
+0 ms delay rule, capture on, and everything on at once. Rule files come from
+bench/_rules.py, written into a temporary directory. The "Targets" table judges
+the issue-14 budget: each feature's cost over the variant without it, and
+everything on against the bare pipe; ratios are computed within a round, then
+the median over rounds is taken.
 
 Prints Markdown tables for docs/PERFORMANCE.md.
 """
@@ -29,11 +41,13 @@ import contextlib
 import os
 import resource
 import selectors
+import shutil
 import socket
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +57,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
+import _rules  # noqa: E402
 import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
 from _util import machine_line, percentile, table, verdict  # noqa: E402
@@ -57,6 +72,51 @@ FETCH_MAX_BYTES = 8 * 1024 * 1024
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LATENCY_SLICE = 50  # sequential requests per path before moving to the next path
 _HEAD = struct.Struct(">ii")
+KPROXY = "kproxy"  # the path name of the default variant (metrics on): the targets of earlier runs refer to it
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A kproxy preset: its path name, run_kproxy.py flags, a rule set of bench/_rules.py, capture or not."""
+
+    path: str
+    flags: tuple[str, ...] = ()
+    rules: str | None = None
+    capture: bool = False
+
+
+VARIANTS = {
+    "bare": Variant("kproxy no observer", ("--no-metrics",)),
+    "metrics": Variant(KPROXY),
+    "rules100": Variant("kproxy +100 rules", rules="none-match"),
+    "match1": Variant("kproxy +1 matching rule", rules="one-zero-delay"),
+    "capture": Variant("kproxy +capture", capture=True),
+    "all": Variant("kproxy everything", rules="none-match", capture=True),
+}
+DEFAULT_VARIANTS = "bare,metrics,rules100,match1,capture,all"
+QUICK_VARIANTS = "bare,metrics,all"
+# (what, path, compared with, at most this much over it): issue 14's per-feature budgets.
+FEATURE_BUDGETS = (
+    ("metrics on", KPROXY, "kproxy no observer", 0.05),
+    ("100 rules, none matching", "kproxy +100 rules", KPROXY, 0.05),
+    ("1 matching 0 ms delay rule", "kproxy +1 matching rule", KPROXY, 0.10),
+    ("capture on", "kproxy +capture", KPROXY, 0.10),
+)
+EVERYTHING = "kproxy everything"
+
+
+def variant_command(py: str, variant: Variant, upstream: str, workdir: Path, key: str) -> list[str]:
+    cmd = [py, str(BENCH / "run_kproxy.py"), "--upstream", upstream, *variant.flags]
+    if variant.rules is not None:
+        rules_file = workdir / f"rules-{variant.rules}.yaml"
+        if not rules_file.exists():
+            rules_file.write_text(_rules.PRESETS[variant.rules]())
+        cmd += ["--rules", str(rules_file)]
+    if variant.capture:
+        capture_dir = workdir / f"capture-{key}-{upstream.rsplit(':', 1)[1]}"
+        capture_dir.mkdir(exist_ok=True)
+        cmd += ["--capture-dir", str(capture_dir)]
+    return cmd
 
 
 # -- the paths under test ------------------------------------------------------------------
@@ -272,9 +332,13 @@ def rotated(paths: list[Hop], r: int) -> list[Hop]:
     return paths[k:] + paths[:k]
 
 
-def phase_latency(paths: list[Hop], rounds: int, n: int) -> tuple[list[list[str]], dict[str, float]]:
+def phase_latency(paths: list[Hop], rounds: int, n: int
+                  ) -> tuple[list[list[str]], dict[str, float], dict[str, dict[str, list[float]]]]:
+    """Rows of the latency table, the kproxy/pipe and kproxy/tansu ratios, and per request kind
+    each path's added p50 in every round (seconds), for the targets' ratios within a round."""
     rows: list[list[str]] = []
     ratios: dict[str, float] = {}
+    added_rounds: dict[str, dict[str, list[float]]] = {}
     small = wire.produce_request(PRODUCE_TOPIC, wire.record_batch(100, record_size=100))
     for label, frame in (("ApiVersions v3", wire.api_versions_request()),
                          ("Metadata v1 (all topics)", wire.metadata_request(None)),
@@ -305,6 +369,7 @@ def phase_latency(paths: list[Hop], rounds: int, n: int) -> tuple[list[list[str]
         # Added latency per round (same round, same noise), then the median.
         add50 = {k: statistics.median(a - d for a, d in zip(p50[k], p50["direct"], strict=True)) for k in p50}
         add99 = {k: statistics.median(a - d for a, d in zip(p99[k], p99["direct"], strict=True)) for k in p99}
+        added_rounds[label] = {k: [a - d for a, d in zip(p50[k], p50["direct"], strict=True)] for k in p50}
         for p in paths:
             per_request = cpu[p.name] / (rounds * max(1, n // LATENCY_SLICE) * LATENCY_SLICE)
             rows.append([label, p.name, f"{m50[p.name] * 1e6:.0f}", f"{m99[p.name] * 1e6:.0f}",
@@ -315,7 +380,7 @@ def phase_latency(paths: list[Hop], rounds: int, n: int) -> tuple[list[list[str]
             ratios[f"{label}: kproxy added p50 / pipe added p50"] = add50["kproxy"] / add50["pipe"]
         if "tansu proxy" in add50 and "kproxy" in add50:
             ratios[f"{label}: kproxy added p50 / tansu proxy added p50"] = add50["kproxy"] / add50["tansu proxy"]
-    return rows, ratios
+    return rows, ratios, added_rounds
 
 
 def own_cpu_seconds() -> float:
@@ -326,10 +391,12 @@ def own_cpu_seconds() -> float:
 def phase_throughput(paths: list[Hop], rounds: int, label: str, frame: bytes, unit: str, *,
                      connections: int, depth: int, count: int | None = None, duration: float | None = None,
                      warmup: float = 0.0, broker_pid: int,
-                     utilisation: dict[tuple[str, str], list[tuple[float, float, float]]]) -> dict[str, float]:
+                     utilisation: dict[tuple[str, str], list[tuple[float, float, float]]],
+                     per_round: dict[str, dict[str, list[float]]] | None = None) -> dict[str, float]:
     """Median rate per path: requests/s (unit 'req/s') or MB/s of request+response bytes ('MB/s').
 
-    Also notes, per run, the CPU use (% of one core) of the client, the proxy and the broker.
+    Also notes, per run, the CPU use (% of one core) of the client, the proxy and the broker,
+    and in ``per_round[label]`` each path's rate in every round.
     """
     rates: dict[str, list[float]] = {p.name: [] for p in paths}
     for r in range(rounds):
@@ -352,6 +419,8 @@ def phase_throughput(paths: list[Hop], rounds: int, label: str, frame: bytes, un
             else:
                 rates[p.name].append((res.bytes_sent + res.bytes_received) / res.seconds / 1e6)
         print(f"  {label}: round {r + 1}/{rounds} done", file=sys.stderr)
+    if per_round is not None:
+        per_round[label] = rates
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
@@ -410,11 +479,165 @@ def pct(a: float, b: float) -> str:
     return f"{100 * a / b:.0f}%"
 
 
+def _median_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a[r] / b[r] (inf where b[r] is not positive)."""
+    return statistics.median(x / y if y > 0 else float("inf") for x, y in zip(a, b, strict=True))
+
+
+def _cpu_per_gb(p: Hop) -> float | None:
+    gb = (p.bytes_moved.get("produce", 0) + p.bytes_moved.get("fetch", 0)) / 1e9
+    return (p.cpu_s.get("produce", 0.0) + p.cpu_s.get("fetch", 0.0)) / gb if gb else None
+
+
+def feature_targets(paths: list[Hop], lat_rounds: dict[str, dict[str, list[float]]],
+                    tp_rounds: dict[str, dict[str, list[float]]]) -> list[list[str]]:
+    """The issue-14 rows: per feature, its added p50 and throughput over the variant without it;
+    everything on against the pipe (added p50, throughput, CPU per GB)."""
+    names = {p.name for p in paths}
+    rows: list[list[str]] = []
+    for what, path, base, budget in FEATURE_BUDGETS:
+        if path not in names or base not in names:
+            continue
+        for label, added in lat_rounds.items():
+            over = _median_ratio(added[path], added[base]) - 1
+            rows.append([f"{what}: {label}, added p50 over {base}", f"{100 * over:+.1f}%",
+                         f"<= +{100 * budget:.0f}%", verdict(over <= budget)])
+        for label, rates in tp_rounds.items():
+            over = _median_ratio(rates[base], rates[path]) - 1  # how much more time per unit of work
+            rows.append([f"{what}: {label} throughput, over {base}", f"{100 * over:+.1f}%",
+                         f"<= +{100 * budget:.0f}%", verdict(over <= budget)])
+    if EVERYTHING in names and "pipe" in names:
+        for label, added in lat_rounds.items():
+            ratio = _median_ratio(added[EVERYTHING], added["pipe"])
+            rows.append([f"everything on: {label}, added p50 / pipe's", f"{ratio:.2f}x", "<= 1.1x",
+                         verdict(ratio <= 1.1)])
+        for label, rates in tp_rounds.items():
+            share = _median_ratio(rates[EVERYTHING], rates["pipe"])
+            rows.append([f"everything on: {label} throughput / pipe's", f"{100 * share:.1f}%", ">= 90%",
+                         verdict(share >= 0.9)])
+        by_name = {p.name: p for p in paths}
+        ours, pipe = _cpu_per_gb(by_name[EVERYTHING]), _cpu_per_gb(by_name["pipe"])
+        if ours is not None and pipe is not None:
+            rows.append(["everything on: CPU s per GB forwarded (Produce + Fetch), vs pipe's",
+                         f"{ours:.2f} (pipe {pipe:.2f}, {100 * (ours / pipe - 1):+.0f}%)", "<= pipe +10%",
+                         verdict(ours <= pipe * 1.1)])
+    return rows
+
+
+# -- scale ---------------------------------------------------------------------------------------
+CONNECTION_COUNTS = (1, 10, 100, 1000)
+PARTITION_COUNTS = (10, 1_000, 100_000)
+
+
+def phase_connections(proxies: list[Hop], broker_pid: int, quick: bool) -> list[str]:
+    """Proxy CPU per pipelined ApiVersions from 1 to 1,000 connections (at least 100 in flight in
+    all: depth 100/n per connection), each proxy in turn, one round per count (CPU is steady)."""
+    frame = wire.api_versions_request()
+    per_conn_total = 2000 if quick else 6000
+    cpu: dict[tuple[int, str], float] = {}
+    rate: dict[tuple[int, str], float] = {}
+    for n in CONNECTION_COUNTS:
+        depth = max(1, 100 // n)
+        count = max(2 * depth, per_conn_total // n)
+        for p in proxies:
+            assert p.pid is not None
+            cpu0, wall0 = cpu_seconds(p.pid), time.perf_counter()
+            res = run_load(p.port, frame, connections=n, depth=depth, count=count)
+            cpu[(n, p.name)] = (cpu_seconds(p.pid) - cpu0) / max(1, res.all_responses)
+            rate[(n, p.name)] = res.all_responses / (time.perf_counter() - wall0)
+        print(f"  scale: {n} connections done", file=sys.stderr)
+    rows = [[f"{n:,}", f"{max(n, 100):,}", *[f"{1e6 * cpu[(n, p.name)]:.0f} ({rate[(n, p.name)]:,.0f}/s)"
+                                             for p in proxies]] for n in CONNECTION_COUNTS]
+    out = ["#### Scale: connections\n\nProxy CPU µs per pipelined ApiVersions v3 request (requests/s in "
+           "parentheses), the load spread over N connections (100 in flight in all, N when N > 100; "
+           "connections opened before timing).\n",
+           table(["connections", "in flight", *[p.name for p in proxies]], rows)]
+    # The pipe's own cost per request grows with the connection count (fewer requests per wake-up),
+    # so "flat" is judged on kproxy's cost relative to the pipe's at the same count.
+    target_rows = []
+    pipe = "pipe" if any(q.name == "pipe" for q in proxies) else None
+    first, last = CONNECTION_COUNTS[0], CONNECTION_COUNTS[-1]
+    for p in proxies:
+        if not p.name.startswith("kproxy") or pipe is None:
+            continue
+        at_first = cpu[(first, p.name)] / cpu[(first, pipe)]
+        at_last = cpu[(last, p.name)] / cpu[(last, pipe)]
+        target_rows.append([f"{p.name}: CPU per request / pipe's, at {last:,} connections vs at {first}",
+                            f"{at_last:.2f}x vs {at_first:.2f}x ({at_last / at_first:.2f})", "<= 1.2 (flat)",
+                            verdict(at_last / at_first <= 1.2)])
+    out += ["", table(["metric", "measured", "target", "status"], target_rows)]
+    return ["\n".join(out)]
+
+
+def phase_partitions(py: str, keys: list[str], workdir: Path, logs: Path, quick: bool) -> list[str]:
+    """Sequential Metadata v1 round trips of 10 to 100,000 partitions through the pipe and each
+    kproxy variant, against bench/fake_broker.py: p50, added p50 and proxy CPU per request."""
+    counts = (10, 1_000, 10_000) if quick else PARTITION_COUNTS
+    with contextlib.ExitStack() as stack:
+        _fb_proc, fb_port = stack.enter_context(started(
+            [py, str(BENCH / "fake_broker.py"), "--partitions", ",".join(map(str, counts))], "fake broker",
+            logs / "bench-fake-broker.log"))
+        upstream = f"127.0.0.1:{fb_port}"
+        pipe_proc, pipe_port = stack.enter_context(started(
+            [py, str(BENCH / "pipe.py"), "--upstream", upstream], "pipe (fake broker)", logs / "bench-pipe-fake.log"))
+        paths = [Hop("direct", fb_port), Hop("pipe", pipe_port, pipe_proc)]
+        for key in keys:
+            variant = VARIANTS[key]
+            proc, port = stack.enter_context(started(
+                variant_command(py, variant, upstream, workdir, key), variant.path,
+                logs / f"bench-kproxy-{key}-fake.log"))
+            paths.append(Hop(variant.path, port, proc))
+        time.sleep(3.0)  # kproxy compiles its likely codecs in the background at start: not a request's cost
+        rows = []
+        for n in counts:
+            frame = wire.metadata_request([f"partitions-{n}"])
+            # CPU time comes in clock ticks (10 ms): enough requests that a tick is a small share.
+            total = max(10, min(1000, 2_000_000 // n)) if not quick else max(5, min(200, 200_000 // n))
+            socks = {p.name: wire.connect(p.port) for p in paths}
+            try:
+                for p in paths:
+                    round_trips(socks[p.name], frame, 2)  # warm up (the fake broker encodes on first use)
+                samples: dict[str, list[float]] = {p.name: [] for p in paths}
+                cpu = {p.name: 0.0 for p in paths}
+                per_slice = max(1, total // 5)
+                for k in range(5):
+                    for p in rotated(paths, k):
+                        cpu0 = cpu_seconds(p.pid) if p.pid else 0.0
+                        samples[p.name].extend(round_trips(socks[p.name], frame, per_slice))
+                        if p.pid:
+                            cpu[p.name] += cpu_seconds(p.pid) - cpu0
+            finally:
+                for sock in socks.values():
+                    sock.close()
+            direct50 = percentile(samples["direct"], 50)
+            for p in paths:
+                p50 = percentile(samples[p.name], 50)
+                per_req = cpu[p.name] / (5 * per_slice)
+                rows.append([f"{n:,}", p.name, f"{p50 * 1e3:.2f}",
+                             "-" if p.pid is None else f"{(p50 - direct50) * 1e3:+.2f}",
+                             "-" if p.pid is None else f"{per_req * 1e6:,.0f}",
+                             "-" if p.pid is None else f"{per_req * 1e9 / n:,.0f}"])
+            print(f"  scale: Metadata of {n:,} partitions done", file=sys.stderr)
+    return ["#### Scale: Metadata partitions\n\nSequential Metadata v1 round trips (one topic asked, its "
+            "answer canned by bench/fake_broker.py: topics of 100 partitions, 1 replica), medians over the "
+            "requests; proxy CPU per request from /proc. The bytes to move grow with the partition count for "
+            "every path: compare each kproxy row with the pipe's at the same count.\n\n"
+            + table(["partitions", "path", "p50 ms", "added p50 ms", "proxy CPU µs/req", "proxy CPU ns/partition"],
+                    rows)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5, help="rounds per phase (medians reported)")
     parser.add_argument("--quick", action="store_true", help="2 rounds, shorter phases (a smoke run)")
     parser.add_argument("--idle-connections", type=int, default=1000)
+    parser.add_argument("--variants", default=None, metavar="LIST",
+                        help=f"kproxy presets side by side, comma-separated, from {', '.join(VARIANTS)} "
+                             f"(default {DEFAULT_VARIANTS}; with --quick {QUICK_VARIANTS}); 'metrics' (the path "
+                             "named plain 'kproxy') is always run")
+    parser.add_argument("--scale", action="store_true",
+                        help="also measure cost per request from 1 to 1,000 connections and per Metadata request "
+                             "from 10 to 100,000 partitions (bench/fake_broker.py)")
     parser.add_argument("--kproxy-env", action="append", default=[], metavar="KEY=VALUE",
                         help="also measure a second kproxy process run with this environment variable "
                              "(repeatable), e.g. MALLOC_TRIM_THRESHOLD_=268435456, side by side with the plain one")
@@ -424,6 +647,14 @@ def main() -> int:
                              "that tree first on PYTHONPATH, side by side with this one (repeatable)")
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
+    keys = [k.strip() for k in (args.variants or (QUICK_VARIANTS if args.quick else DEFAULT_VARIANTS)).split(",")
+            if k.strip()]
+    unknown = [k for k in keys if k not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    if "metrics" not in keys:
+        keys.insert(0, "metrics")
+    workdir = Path(tempfile.mkdtemp(prefix="kproxy-bench-"))
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     logs = Path(os.environ.get("TMPDIR", "/tmp"))
@@ -434,12 +665,14 @@ def main() -> int:
     with _tansu.broker(broker_port, logs / "bench-tansu-broker.log") as broker_proc, \
             started([py, str(BENCH / "pipe.py"), "--upstream", upstream], "pipe",
                     logs / "bench-pipe.log") as (pipe_proc, pipe_port), \
-            started([py, str(BENCH / "run_kproxy.py"), "--upstream", upstream], "kproxy",
-                    logs / "bench-kproxy.log") as (kp_proc, kp_port), \
             tansu_proxy(broker_port, logs / "bench-tansu-proxy.log") as (tp_proc, tp_port, tp_problem), \
             contextlib.ExitStack() as extra:
-        paths = [Hop("direct", broker_port), Hop("pipe", pipe_port, pipe_proc),
-                 Hop("kproxy", kp_port, kp_proc)]
+        paths = [Hop("direct", broker_port), Hop("pipe", pipe_port, pipe_proc)]
+        for key in keys:
+            variant = VARIANTS[key]
+            vp_proc, vp_port = extra.enter_context(started(
+                variant_command(py, variant, upstream, workdir, key), variant.path, logs / f"bench-kproxy-{key}.log"))
+            paths.append(Hop(variant.path, vp_port, vp_proc))
         if args.kproxy_env:
             env = dict(item.split("=", 1) for item in args.kproxy_env)
             kp2_proc, kp2_port = extra.enter_context(started(
@@ -483,7 +716,7 @@ def main() -> int:
         print("  idle connections done", file=sys.stderr)
 
         n_seq = 300 if args.quick else 1000
-        lat_rows, lat_ratios = phase_latency(paths, rounds, n_seq)
+        lat_rows, lat_ratios, lat_rounds = phase_latency(paths, rounds, n_seq)
         print("  latency done", file=sys.stderr)
         print("#### Sequential round trips (one connection per path, one request at a time)\n")
         print(f"{n_seq} requests per path per round, interleaved across paths {LATENCY_SLICE} at a time; "
@@ -498,7 +731,8 @@ def main() -> int:
         duration = 1.0 if args.quick else 1.5
         pipelined = {}
         util: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
-        common = {"broker_pid": broker_proc.pid, "utilisation": util}
+        tp_per_round: dict[str, dict[str, list[float]]] = {}
+        common = {"broker_pid": broker_proc.pid, "utilisation": util, "per_round": tp_per_round}
         for label, frame in (("ApiVersions v3", wire.api_versions_request()),
                              ("Metadata v1", wire.metadata_request(None))):
             pipelined[label] = phase_throughput(paths, tp_rounds, f"pipelined {label}", frame, "req/s",
@@ -511,6 +745,11 @@ def main() -> int:
         fetch = phase_throughput(paths, tp_rounds, "fetch", fetch_frame, "MB/s", connections=2, depth=2,
                                  count=6 if args.quick else 10, **common)
         peak = {p.name: rss_kb(p.pid, "VmHWM") for p in paths if p.pid}
+        scale_out: list[str] = []
+        if args.scale:
+            proxies = [p for p in paths if p.pid is not None]
+            scale_out += phase_connections(proxies, broker_proc.pid, args.quick)
+            scale_out += phase_partitions(py, keys, workdir, logs, args.quick)
 
     names = [p.name for p in paths]
     rows = []
@@ -575,6 +814,20 @@ def main() -> int:
             target_rows.append([f"{label}: kproxy / tansu proxy", f"{vs:.2f}x", ">= 2x", verdict(vs >= 2)])
     print("#### Targets\n")
     print(table(["metric", "measured", "target", "status"], target_rows))
+    print()
+    budget_rows = feature_targets(paths, lat_rounds, tp_per_round)
+    if budget_rows:
+        print("#### Targets: the hot-path budget with features on (issue 14)\n")
+        print("Each feature's cost over the same kproxy without it, and everything on against the bare pipe. "
+              "Ratios are computed within each round (same noise on both sides), then the median over rounds; "
+              "'over' = how much more added latency, or how much less throughput. CPU per GB is over the whole "
+              "Produce + Fetch phases.\n")
+        print(table(["metric", "measured", "target", "status"], budget_rows))
+        print()
+    for block in scale_out:
+        print(block)
+        print()
+    shutil.rmtree(workdir, ignore_errors=True)  # rule files and captures
     return 0
 
 

@@ -1,14 +1,17 @@
 """Run kproxy's ProxyServer in its own process, for the proxy benchmark.
 
     .venv/bin/python bench/run_kproxy.py --upstream HOST:PORT [--listen-port PORT] [--log-level LEVEL]
+                                         [--no-metrics] [--rules FILE] [--capture-dir DIR]
 
-Prints ``ready PORT`` on stdout once the bootstrap listener accepts. With
-``KPROXY_BENCH_NO_METRICS=1`` in the environment the sessions get no metrics
-observer (for the metrics-overhead comparison); with ``KPROXY_BENCH_CAPTURE_DIR=DIR`` it
-captures to DIR (the capture-overhead comparison: ``bench_proxy.py --kproxy-env
-KPROXY_BENCH_CAPTURE_DIR=/tmp/kproxy-bench-capture`` puts it beside capture off). Broker
-listeners are ephemeral ports (``broker_port_base: 0``). Logging defaults to
-``warning`` so that per-connection log lines do not count as proxy cost.
+Prints ``ready PORT`` on stdout once the bootstrap listener accepts. ``--no-metrics``: the
+sessions get no metrics observer (the metrics-overhead comparison); ``--rules FILE``: the
+fault-injection rules of FILE are loaded, as ``kproxy run --rules`` does; ``--capture-dir DIR``:
+traffic is captured to DIR. bench_proxy.py's ``--variants`` start one such process per preset.
+The environment variables ``KPROXY_BENCH_NO_METRICS=1`` and ``KPROXY_BENCH_CAPTURE_DIR=DIR`` do
+the same as the flags (``--kproxy-env``, and checkouts measured with ``--kproxy-tree`` whose
+runner predates the flags). Broker listeners are ephemeral ports (``broker_port_base: 0``).
+Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
+lines) do not count as proxy cost.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-async def serve(config_raw: dict[str, tuple[object, str]]) -> None:
+async def serve(config_raw: dict[str, tuple[object, str]], no_metrics: bool) -> None:
     server = ProxyServer(build_config(config_raw))
-    if os.environ.get("KPROXY_BENCH_NO_METRICS") == "1":
+    if no_metrics:
         # The metrics-overhead comparison: the same proxy with no observer on its sessions.
         server.observer = None
     async with trio.open_nursery() as nursery:
@@ -46,6 +49,9 @@ def main() -> None:
     parser.add_argument("--upstream", required=True, help="HOST:PORT")
     parser.add_argument("--listen-port", type=int, default=0)
     parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--no-metrics", action="store_true", help="no metrics observer on the sessions")
+    parser.add_argument("--rules", metavar="FILE", help="fault-injection rules to load")
+    parser.add_argument("--capture-dir", metavar="DIR", help="capture traffic to DIR")
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     raise_fd_limit()
@@ -57,10 +63,12 @@ def main() -> None:
         "log_level": (args.log_level, "--log-level"),
         "limits.shutdown_grace": (2, "bench"),
     }
-    capture = os.environ.get("KPROXY_BENCH_CAPTURE_DIR")
+    capture = args.capture_dir or os.environ.get("KPROXY_BENCH_CAPTURE_DIR")
     if capture:
-        raw["capture.dir"] = (capture, "KPROXY_BENCH_CAPTURE_DIR")
-    trio.run(serve, raw)
+        raw["capture.dir"] = (capture, "--capture-dir")
+    if args.rules:
+        raw["rules"] = (args.rules, "--rules")
+    trio.run(serve, raw, args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1")
 
 
 if __name__ == "__main__":

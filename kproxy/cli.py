@@ -314,15 +314,16 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "check", help="validate rule files",
         description="Load each rule file as kproxy run --rules would. Exit 0 when all are valid; exit 2 "
                     "listing every problem of every file as file:line: key: reason.")
-    check.add_argument("files", nargs="+", metavar="FILE", help="rule files (YAML)")
+    check.add_argument("files", nargs="+", metavar="PATH",
+                       help="rule files (YAML), or directories of them merged as kproxy run --rules DIR merges them")
     check.set_defaults(handler=_run_rules_check)
     _add_rules_admin(actions)
 
 
 def _run_rules_check(args: argparse.Namespace) -> int:
-    from kproxy.rules.load import check_files
+    from kproxy.rules.sources import check_paths
 
-    problems = check_files(args.files)
+    problems = check_paths(args.files)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

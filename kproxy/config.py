@@ -257,12 +257,15 @@ def _broker_ports(value: Any) -> dict[int, int]:
 
 
 def _rules(value: Any) -> RuleSet:
-    """A rule file, loaded now: a bad one is a start-up error listing every problem as
-    ``file:line: key: reason``, as ``kproxy rules check`` prints them."""
-    from kproxy.rules import RulesError, load_file
+    """A rule file, or a directory of them (a mounted ConfigMap; kproxy/rules/sources.py), loaded
+    now: a bad one is a start-up error listing every problem as ``file:line: key: reason``, as
+    ``kproxy rules check`` prints them. The set's ``source`` is the path, which the server watches
+    and reloads on change and on SIGHUP (kproxy/server/rules_reload.py)."""
+    from kproxy.rules import RulesError
+    from kproxy.rules.sources import load_path
 
     try:
-        return load_file(_str(value))
+        return load_path(_str(value))
     except RulesError as exc:
         raise ValueError(*(str(p) for p in exc.problems)) from None
 
@@ -352,7 +355,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics_listen", "--metrics-listen", _address,
            "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
     Option("rules", "--rules", _rules,
-           "YAML fault-injection rules (format: rules/README.md); loaded at start", "FILE"),
+           "YAML fault-injection rules (format: rules/README.md): a file, or a directory whose *.yaml/*.yml "
+           "files are merged in name order; reloaded when they change and on SIGHUP", "PATH"),
     Option("admin.listen", "--admin-listen", _listen_address,
            "HTTP address of the admin API (rules changed while kproxy runs: docs/ADMIN.md); off by default. "
            "Any address but loopback needs --admin-token-file", "HOST:PORT"),

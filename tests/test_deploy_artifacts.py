@@ -487,9 +487,12 @@ def test_sidecar_template_refuses_standalone_values(helm: Any, parent_chart: Pat
 # -- the plain sidecar manifest --------------------------------------------------------------
 def test_sidecar_example_manifest(tmp_path: Path) -> None:
     docs = [d for d in yaml.safe_load_all(SIDECAR_EXAMPLE.read_text()) if d]
-    assert kinds(docs) == ["ConfigMap", "Deployment"]
-    cm, deploy = one(docs, "ConfigMap"), one(docs, "Deployment")
-    cfg = load_kproxy_config(cm["data"]["kproxy.yaml"], tmp_path)
+    assert kinds(docs) == ["ConfigMap", "ConfigMap", "Deployment"]  # kproxy.yaml, and the rules directory
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and "kproxy.yaml" in d["data"])
+    deploy = one(docs, "Deployment")
+    # Its rules directory is a mount (loaded by tests/test_rules_reload_deploy.py): the rest here.
+    raw = {k: v for k, v in yaml.safe_load(cm["data"]["kproxy.yaml"]).items() if k != "rules"}
+    cfg = load_kproxy_config(yaml.safe_dump(raw), tmp_path)
     assert cfg.listen.host == "127.0.0.1" and cfg.advertised == "127.0.0.1"
     assert cfg.metrics_listen is not None and cfg.metrics_listen.host == "0.0.0.0"
 

@@ -295,7 +295,9 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
                      "  - id: idle-error\n    match: {api: produce, client_id: never-matches}\n"
                      "    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]\n"
                      "  - id: idle-quota\n    match: {api: fetch, client_id: never-matches}\n"
-                     "    actions: [{throttle: {bytes_per_second: 1000}}, drop_response]\n")
+                     "    actions: [{throttle: {bytes_per_second: 1000}}, drop_response]\n"
+                     "  - id: idle-shadow\n    dry_run: true\n    match: {api: fetch, client_id: never-matches}\n"
+                     "    actions: [drop_response]\n")
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
                        metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
             running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,

@@ -349,6 +349,19 @@ def test_rules_check_exits_2_listing_every_problem_of_every_file(
     ]
 
 
+def test_rules_check_reads_a_directory_as_kproxy_run_does(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ConfigMap mounted as a directory: its files merged, a rule id repeated across them refused."""
+    (tmp_path / "00-base.yaml").write_text("rules:\n  - id: a\n    match: {api: fetch}\n    actions: [drop_response]\n")
+    (tmp_path / "10-more.yaml").write_text("rules:\n  - id: b\n    match: {}\n    actions: [{delay: {ms: 5}}]\n")
+    assert main(["rules", "check", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{tmp_path}: ok\n"
+    (tmp_path / "20-again.yaml").write_text("rules:\n  - id: a\n    match: {}\n    actions: [drop_response]\n")
+    assert main(["rules", "check", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{tmp_path / '20-again.yaml'}:2: ") and "'a'" in err[0], err
+
+
 
 
 def test_rewrite_paths_resolve_in_the_schemas() -> None:

@@ -25,6 +25,7 @@ CHART_VALUES: dict[str, Any] = {
     "image": {"digest": "sha256:" + "0" * 64},
     "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
     "networkPolicy": {"enabled": True}, "podDisruptionBudget": {"enabled": True},
+    "rules": {"enabled": True, "files": {"chaos.yaml": "rules: []\n"}}, "admin": {"enabled": True},
 }
 
 SKIPPED: dict[str, dict[str, str]] = {

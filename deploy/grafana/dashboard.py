@@ -189,22 +189,32 @@ def brokers_row() -> list[timeseries.Panel]:
 
 def faults_row() -> list[timeseries.Panel]:
     return [
-        graph("Rules loaded", "Enabled fault-injection rules (kproxy run --rules), per instance: anything "
-              "above 0 means kproxy is set to misbehave on purpose.", "short",
-              query(f"max by (instance) (kproxy_rules_loaded{{{SEL}}})", "{{instance}}"), width=6),
-        graph("Rule actions", "Fault-injection actions done per second, by rule and action (dry-run rules "
-              "apart: matched and logged only).", "ops",
-              query(f"sum by (rule, action, dry_run) (rate(kproxy_rule_hits_total{{{SEL}}}[{WINDOW}]))",
-                    "{{rule}} {{action}} (dry run: {{dry_run}})"), width=6, stacked=True),
+        graph("Rules in force", "Enabled fault-injection rules (kproxy run --rules), per instance: anything "
+              "above 0 means kproxy is set to misbehave on purpose. Beside it the rule set's generation (one "
+              "more at each reload or admin change) and the reloads of the rules file by result: after a "
+              "failed one the previous rules stay in force.", "short",
+              query(f"max by (instance) (kproxy_rules_loaded{{{SEL}}})", "{{instance}} rules"),
+              query(f"max by (instance) (kproxy_rules_generation{{{SEL}}})", "{{instance}} generation", "B"),
+              query(f"sum by (instance, result) (increase(kproxy_rules_reloads_total{{{SEL}}}[{WINDOW}]))",
+                    "{{instance}} reloads ({{result}})", "C"), width=4),
+        graph("Rule actions done", "Fault-injection actions carried out per second, by rule and action. "
+              "Dry-run rules are on the next panel.", "ops",
+              query(f'sum by (rule, action) (rate(kproxy_rule_hits_total{{{SEL}, dry_run="false"}}[{WINDOW}]))',
+                    "{{rule}} {{action}}"), width=5, stacked=True),
+        graph("Dry-run matches", "What dry-run (shadow) rules would have done, per second, by rule and action: "
+              "matched, counted and logged (dry_run=true), nothing done to the traffic. Beside the actions "
+              "done, to compare before a rule is switched on.", "ops",
+              query(f'sum by (rule, action) (rate(kproxy_rule_hits_total{{{SEL}, dry_run="true"}}[{WINDOW}]))',
+                    "{{rule}} {{action}} (dry run)"), width=5, stacked=True),
         graph("Injected errors", "Kafka error codes injected by rules per second, by API and error.", "cps",
               query(f"sum by (api, error) (rate(kproxy_injected_errors_total{{{SEL_API}}}[{WINDOW}]))",
-                    "{{api}} {{error}}"), width=6, stacked=True),
+                    "{{api}} {{error}}"), width=5, stacked=True),
         graph("Throttle and connection faults", "Seconds of throttle applied per second, by rule; responses "
               "dropped and connections closed, reset or blackholed, by rule and action.", "short",
               query(f"sum by (rule) (rate(kproxy_rule_throttle_seconds_total{{{SEL}}}[{WINDOW}]))",
                     "throttle {{rule}}"),
               query(f"sum by (rule, action) (increase(kproxy_rule_connection_faults_total{{{SEL}}}[{WINDOW}]))",
-                    "{{action}} {{rule}}", "B"), width=6),
+                    "{{action}} {{rule}}", "B"), width=5),
     ]
 
 

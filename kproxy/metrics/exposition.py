@@ -114,6 +114,10 @@ class TrafficCollector(Collector):
         f = s.faults
         yield GaugeMetricFamily("kproxy_rules_loaded", "Enabled fault-injection rules loaded (--rules).",
                                 value=f.rules_loaded)
+        yield GaugeMetricFamily("kproxy_rules_generation", "Rule sets put in force since start (1: the one loaded "
+                                "at start; each reload or admin change adds one).", value=f.rules_generation)
+        yield _counter("kproxy_rules_reloads", "Reloads of the rules file or directory (on change, on SIGHUP), by "
+                       "result; after a failure the previous rules stay in force.", ["result"], f.reloads)
         yield _counter("kproxy_rule_hits", "Fault-injection rule actions done (dry_run=\"true\": matched and logged "
                        "only).", ["rule", "action", "dry_run"], f.hits)
         yield _counter("kproxy_injected_errors", "Kafka error codes injected by rules, by api and error.",

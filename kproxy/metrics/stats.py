@@ -67,6 +67,30 @@ RECORD_COUNT_BUDGET = 1024 * 1024
 
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
 _ERROR_RANK: dict[int, int] = {}
+# Responses that brokers repeat byte for byte between cluster changes (the proxy's rewrite memo,
+# kproxy/proxy/rewrite.py, relies on the same): their error scan is remembered per body, so a
+# client polling Metadata or sending heartbeats costs one hash of the body instead of a scan.
+# Produce and Fetch answers carry offsets and records: never the same twice, never remembered.
+REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.HEARTBEAT,
+                                               ApiKey.DESCRIBE_CLUSTER))
+SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
+SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
+_ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
+
+
+class ScanMemo:
+    """The remembered error scans of one message kind (see :data:`REPEATING_ANSWERS`): body -> result.
+
+    Small bodies are their own key (compared exactly); big ones (a Metadata answer of 100,000
+    partitions is ~4 MB, its scan ~90 ms) are keyed by length and Python's keyed 64-bit hash
+    (SipHash, ~0.5 ms per MB), so nothing big is kept. Bounded by :data:`SCAN_MEMO_BYTES`.
+    """
+
+    __slots__ = ("bytes", "results")
+
+    def __init__(self) -> None:
+        self.results: dict[bytes | tuple[int, int], _ScanResult] = {}
+        self.bytes = 0
 
 class Histogram:
     """Cumulative-on-export histogram: ``counts[i]`` counts values <= ``bounds[i]``
@@ -148,6 +172,10 @@ class FaultStats:
     throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
     connection_faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, action): drops, closes
     rules_loaded: int = 0
+    # Rule set replacements (kproxy/server/live_rules.py): the generation in force, and the reloads of
+    # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
+    rules_generation: int = 0
+    reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
 
 
 @dataclass
@@ -210,6 +238,7 @@ class TrafficStats:
             if span is not None:
                 self._apis[key] = (api_snake_name(key), span[1])
         self._scanners: dict[tuple[int, int, Direction], object] = {}
+        self._scan_memos: dict[tuple[int, int], ScanMemo] = {}  # (api key, version) of REPEATING_ANSWERS
         # The reasons kproxy.server.connection reports start at zero: a counter series born at 1
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
         for reason in KNOWN_REJECT_REASONS:
@@ -345,9 +374,37 @@ class TrafficStats:
             return None
         return acc, recs
 
+    def _scan_response(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> _ScanResult:
+        """:meth:`_scan` of a response, remembered per body for the kinds brokers repeat."""
+        if api_key not in REPEATING_ANSWERS:
+            return self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+        memo = self._scan_memos.get((api_key, api_version))
+        if memo is None:
+            memo = self._scan_memos[(api_key, api_version)] = ScanMemo()  # known pairs only: bounded
+        size = len(frame) - body_offset
+        key: bytes | tuple[int, int]
+        if size <= SCAN_MEMO_BODY_MAX:
+            key = frame[body_offset:]
+        else:
+            view = memoryview(frame)[body_offset:]
+            key = (size, hash(view if isinstance(frame, bytes) else view.tobytes()))
+        results = memo.results
+        if key in results:
+            return results[key]
+        found = self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+        if found is not None and found[1]:
+            found = (found[0], [])  # record ranges are offsets into this frame: never reused
+        cost = len(key) if isinstance(key, bytes) else 1024
+        if memo.bytes + cost > SCAN_MEMO_BYTES:
+            results.clear()
+            memo.bytes = 0
+        results[key] = found
+        memo.bytes += cost
+        return found
+
     def _scan_errors(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                      api: str) -> None:
-        found = self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+        found = self._scan_response(api_key, api_version, frame, body_offset)
         if found is None:
             # Unknown api/version, or a body we cannot read: counted, never fatal.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1

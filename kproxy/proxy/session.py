@@ -709,11 +709,14 @@ def _reject(exc: ProtocolError, oversize: RejectReason, otherwise: RejectReason,
 def _acks_zero(ex: Exchange, frame: bytes) -> bool:
     """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
     offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
-    offset = find_request_body(frame, PRODUCE, ex.api_version)
+    offset: int | None = ex._request_body_offset
+    if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
+        offset = find_request_body(frame, PRODUCE, ex.api_version)
+        ex._request_body_offset = -2 if offset is None else offset
+    elif offset == -2:
+        offset = None
     if offset is None:
-        ex._request_body_offset = -2
         return False
-    ex._request_body_offset = offset
     return produce_acks(frame, ex.api_version, offset) == 0
 
 

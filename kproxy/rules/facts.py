@@ -1,9 +1,12 @@
 """Request facts read from a live request frame, lazily and partially.
 
 :class:`FrameFacts` implements :class:`~kproxy.rules.request.RequestFacts` over
-the frame the session already holds and the header it already parsed. The
-cheap facts are given by the session; the others are decoded on first use
-only, with :mod:`kproxy.protocol`'s generated functions:
+the frame the session already holds and the header it already parsed: a
+:class:`ParsedRequest` (the proxy session's ``Exchange`` is one, so a rule
+check decodes no header again) or a decoded
+:class:`~kproxy.protocol.headers.RequestHeader`. The cheap facts are given by
+the caller; the others are decoded on first use only, with
+:mod:`kproxy.protocol`'s generated functions:
 
 * ``topics()``: the request scanner (:func:`kproxy.protocol.scan.scanner`),
   which reads topic names and partition indexes and skips the rest by length
@@ -25,7 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader, response_body_offset
@@ -78,17 +81,46 @@ class TopicIdNames(dict[uuid.UUID, str]):
         return n
 
 
+class ParsedRequest(Protocol):
+    """A request header its reader has parsed already (``kproxy.proxy.session.Exchange`` is one:
+    kproxy.rules may not import the proxy, so this names what it reads of it).
+
+    ``client_id`` may be decoded on first use; ``request_body_offset`` is where the body starts
+    in the frame (size prefix included), or None when the header cannot be read.
+    """
+
+    @property
+    def api_key(self) -> int: ...
+    @property
+    def api_version(self) -> int: ...
+    @property
+    def correlation_id(self) -> int: ...
+    @property
+    def client_id(self) -> str | None: ...
+    @property
+    def request_body_offset(self) -> int | None: ...
+
+
 class FrameFacts:
-    """The facts of one request frame (4-byte size prefix included, as the session holds it)."""
+    """The facts of one request frame (4-byte size prefix included, as the session holds it).
 
-    __slots__ = ("_acks", "_frame", "_group", "_header", "_names", "_topics", "_txn", "broker_id", "client_ip",
-                 "now", "stream_ordinal", "wall_time")
+    ``header`` is what the caller parsed of it: a :class:`ParsedRequest` (read as it is, its
+    client id only when a rule asks) or a :class:`~kproxy.protocol.headers.RequestHeader`.
+    Building one copies three ints and decodes nothing.
+    """
 
-    def __init__(self, frame: bytes, header: RequestHeader, *, client_ip: IpAddress | None = None,
+    __slots__ = ("_acks", "_frame", "_group", "_header", "_names", "_topics", "_txn", "api_key", "api_version",
+                 "broker_id", "client_ip", "correlation_id", "now", "stream_ordinal", "wall_time")
+
+    def __init__(self, frame: bytes, header: ParsedRequest | RequestHeader, *, client_ip: IpAddress | None = None,
                  broker_id: int | None = None, stream_ordinal: int = 0, now: float = 0.0, wall_time: float = 0.0,
                  topic_names: Mapping[uuid.UUID, str] | None = None) -> None:
         self._frame = frame
         self._header = header
+        # Plain attributes, not properties over the header: the engine reads them for every rule tried.
+        self.api_key = header.api_key
+        self.api_version = header.api_version
+        self.correlation_id = header.correlation_id
         self._names = topic_names
         self.client_ip = client_ip
         self.broker_id = broker_id
@@ -106,24 +138,16 @@ class FrameFacts:
         return self._names
 
     @property
-    def api_key(self) -> int:
-        return self._header.api_key
-
-    @property
-    def api_version(self) -> int:
-        return self._header.api_version
-
-    @property
-    def correlation_id(self) -> int:
-        return self._header.correlation_id
-
-    @property
     def client_id(self) -> str | None:
         return self._header.client_id
 
     @property
-    def _body_offset(self) -> int:
-        return 4 + self._header.size
+    def _body_offset(self) -> int | None:
+        """Where the body starts in the frame; None when the header cannot be read (no body facts)."""
+        header = self._header
+        if isinstance(header, RequestHeader):
+            return 4 + header.size
+        return header.request_body_offset
 
     def topics(self) -> Mapping[str, frozenset[int]]:
         if self._topics is None:
@@ -131,13 +155,13 @@ class FrameFacts:
         return self._topics
 
     def _scan_topics(self) -> Mapping[str, frozenset[int]]:
-        h = self._header
-        fn = scanner(h.api_key, h.api_version, Direction.REQUEST)
-        if fn is None:
+        fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
+        offset = self._body_offset
+        if fn is None or offset is None:
             return _EMPTY
         acc: list[tuple[Any, int | None, int | None]] = []
         try:
-            fn(bytes(self._frame), self._body_offset, acc, [], None)  # the end offset: trailing bytes are fine
+            fn(bytes(self._frame), offset, acc, [], None)  # the end offset: trailing bytes are fine
         except SCAN_FAILURES:
             return _EMPTY
         out: dict[str, set[int]] = {}
@@ -153,7 +177,7 @@ class FrameFacts:
 
     def acks(self) -> int | None:
         if self._acks is _UNSET:
-            self._acks = self._field("acks") if self._header.api_key == PRODUCE else None
+            self._acks = self._field("acks") if self.api_key == PRODUCE else None
         return self._acks  # type: ignore[no-any-return]
 
     def transactional_id(self) -> str | None:
@@ -163,7 +187,7 @@ class FrameFacts:
 
     def group_id(self) -> str | None:
         if self._group is _UNSET:
-            if self._header.api_key == FIND_COORDINATOR:
+            if self.api_key == FIND_COORDINATOR:
                 # FindCoordinator v0-v3: `key` names a group when key_type is 0 (absent in v0).
                 # v4+ batches keys (KIP-699) in `coordinator_keys`: not a single group.
                 key_type = self._field("key_type")
@@ -174,12 +198,13 @@ class FrameFacts:
 
     def _field(self, name: str) -> Any:
         """One top-level (untagged) field's value, or None when absent or unreadable."""
-        h = self._header
-        c = codec(h.api_key, h.api_version, Direction.REQUEST)
+        c = codec(self.api_key, self.api_version, Direction.REQUEST)
         if c is None or not any(f.name == name and f.tag is None for f in c.schema.fields):
             return None
-        buf = bytes(self._frame)
         pos = self._body_offset
+        if pos is None:
+            return None
+        buf = bytes(self._frame)
         try:
             for f in c.schema.fields:
                 if f.tag is not None:

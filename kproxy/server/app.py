@@ -1,8 +1,9 @@
-"""``kproxy run``: load the configuration, set up logging, serve until SIGTERM/SIGINT."""
+"""``kproxy run``: load the configuration, set up logging, serve until SIGTERM/SIGINT (SIGHUP reloads rules)."""
 
 from __future__ import annotations
 
 import logging
+import signal
 
 import trio
 
@@ -23,6 +24,9 @@ def run(config: Config) -> int:
     """
     setup_logging(config.log_level, config.log_format)
     tune_allocator()
+    # SIGHUP must never end kproxy (it reloads the rules: ProxyServer._watch_hangups). Ignored until
+    # the server's own handler is installed, and again after it is removed on the way out.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     failed: list[OSError] = []
     try:
         trio.run(ProxyServer(config).run)

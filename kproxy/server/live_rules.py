@@ -63,6 +63,7 @@ class LiveRules:
         if rules is None:
             self.counts.rules_loaded = 0
         self.generation += 1
+        self.counts.rules_generation = self.generation
         self.origin = origin
         return self.generation
 

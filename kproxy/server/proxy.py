@@ -14,13 +14,15 @@ with a count), backs off and retries while open connections carry on; clients
 wait in the listen backlog meanwhile. ``limits.max_connections`` caps client
 connections below that point: one more is closed as soon as accepted. On SIGTERM/SIGINT the server stops
 accepting, lets connections finish their in-flight requests for
-``limits.shutdown_grace`` seconds, then cancels what is left.
+``limits.shutdown_grace`` seconds, then cancels what is left. SIGHUP never stops it: it reloads
+the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever it changes.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import signal
 import socket
 import ssl
@@ -44,6 +46,7 @@ from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
+from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
 
@@ -128,6 +131,13 @@ class ProxyServer:
         # One engine for every connection: schedule counters and throttle buckets are global. The
         # rules in force can be replaced while connections run (kproxy/server/live_rules.py).
         self.rules = LiveRules(config.rules, counts=self.stats.faults)
+        self.reloader: RulesReloader | None = None
+        source = config.rules.source if config.rules is not None else None
+        if source is not None and os.path.exists(source):
+            # Rules read from a file can change while connections run: every connection gets a policy,
+            # so a file empty at its start applies to it once it is filled.
+            self.rules.mutable = True
+            self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults)
         self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
@@ -171,6 +181,10 @@ class ProxyServer:
                     await self._start_admin(nursery, self.config.admin.listen)
                 if self.handle_signals:
                     nursery.start_soon(self._watch_signals)
+                    # In the outer nursery: SIGHUP is handled (not fatal) while connections drain too.
+                    connections.start_soon(self._watch_hangups)
+                if self.reloader is not None:
+                    await nursery.start(self.reloader.run)
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
@@ -229,11 +243,28 @@ class ProxyServer:
             self._nursery.cancel_scope.cancel()
 
     async def _watch_signals(self) -> None:
+        # Returns after the first: a second SIGTERM/SIGINT during the drain kills at once (the
+        # default action), the way out of a drain an operator does not want to wait for.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 log.info("event=signal signal=%s", signal.Signals(signum).name)
                 self.shutdown()
                 return
+
+    async def _watch_hangups(self) -> None:
+        """SIGHUP reloads the rules and never ends the process (its default action would, exit 129).
+
+        A receiver of its own, separate from SIGTERM/SIGINT's, so that it outlives their first
+        signal and covers the drain.
+        """
+        with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            async for _ in signals:
+                if self.reloader is None or self.draining:
+                    why = "shutting down" if self.draining else "no rules file configured (--rules)"
+                    log.info("event=signal signal=SIGHUP action=none reason=%s", _q(why))
+                else:
+                    log.info("event=signal signal=SIGHUP action=reload_rules file=%s", _q(self.reloader.path))
+                    self.reloader.request()
 
     async def _discover_brokers(self) -> None:
         """Open every broker's port at start-up (see :mod:`kproxy.server.discovery`).

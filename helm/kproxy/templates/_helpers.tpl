@@ -28,6 +28,17 @@ where .Values.kproxy holds this chart's values (its defaults merged in by Helm).
 {{- printf "%s-config" (include "kproxy.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The ConfigMap of the rules directory: rules.existingConfigMap, else <fullname>-rules. */}}
+{{- define "kproxy.rulesConfigMapName" -}}
+{{- if .Values.rules.existingConfigMap -}}
+{{- .Values.rules.existingConfigMap -}}
+{{- else -}}
+{{- printf "%s-rules" (include "kproxy.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kproxy.rulesDir" -}}/etc/kproxy-rules{{- end -}}
+
 {{- define "kproxy.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -150,6 +161,9 @@ not in brokerNodeIds are listed too.
 {{- fail "kproxy: kproxy.upstream needs at least one HOST:PORT" -}}
 {{- end -}}
 {{- $ports := list (int $v.bootstrapPort) (int $v.metricsPort) -}}
+{{- if .Values.admin.enabled -}}
+{{- $ports = append $ports (int .Values.admin.port) -}}
+{{- end -}}
 {{- range (include "kproxy.brokers" . | fromYamlArray) -}}
 {{- $ports = append $ports (int .port) -}}
 {{- end -}}
@@ -159,7 +173,7 @@ not in brokerNodeIds are listed too.
 {{- end -}}
 {{- end -}}
 {{- if ne (len $ports) (len (uniq $ports)) -}}
-{{- fail (printf "kproxy: the bootstrap, metrics and broker ports must all differ, got %v" $ports) -}}
+{{- fail (printf "kproxy: the bootstrap, metrics, admin and broker ports must all differ, got %v" $ports) -}}
 {{- end -}}
 {{- with .Values.tls.client -}}
 {{- if and .enabled (not .secretName) -}}
@@ -176,6 +190,9 @@ not in brokerNodeIds are listed too.
 {{- if and .enabled .certKey (not .secretName) -}}
 {{- fail "kproxy: tls.upstream.certKey needs tls.upstream.secretName" -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.rules.enabled .Values.rules.files .Values.rules.existingConfigMap -}}
+{{- fail "kproxy: rules.files and rules.existingConfigMap exclude each other (the rules come from one ConfigMap)" -}}
 {{- end -}}
 {{- if .Values.terminationGracePeriodSeconds -}}
 {{- if le (float64 .Values.terminationGracePeriodSeconds) (addf (float64 .Values.preStopSleepSeconds) (float64 ($v.limits.shutdown_grace | default 30))) -}}
@@ -217,6 +234,13 @@ sidecar should give their pod at least this much.
 {{- end -}}
 {{- $_ := set $cfg "metrics_listen" (printf "0.0.0.0:%d" (int $v.metricsPort)) -}}
 {{- $_ := set $cfg "log_level" $v.logLevel -}}
+{{- if .Values.rules.enabled -}}
+{{- $_ := set $cfg "rules" (include "kproxy.rulesDir" .) -}}
+{{- end -}}
+{{- if .Values.admin.enabled -}}
+{{- /* loopback, whatever listenHost is: kproxy refuses any other address without a token */ -}}
+{{- $_ := set $cfg "admin" (dict "listen" (printf "127.0.0.1:%d" (int .Values.admin.port))) -}}
+{{- end -}}
 {{- $_ := set $cfg "limits" (deepCopy ($v.limits | default dict)) -}}
 {{- $_ := set $cfg "metrics" (deepCopy ($v.metrics | default dict)) -}}
 {{- $tls := dict -}}
@@ -260,6 +284,11 @@ sidecar should give their pod at least this much.
 - name: kproxy-config
   configMap:
     name: {{ include "kproxy.configMapName" . }}
+{{- if .Values.rules.enabled }}
+- name: kproxy-rules
+  configMap:
+    name: {{ include "kproxy.rulesConfigMapName" . }}
+{{- end }}
 {{- if .Values.tls.client.enabled }}
 - name: kproxy-tls-client
   secret:
@@ -347,6 +376,13 @@ volumeMounts:
   - name: kproxy-config
     mountPath: /etc/kproxy
     readOnly: true
+  {{- if .Values.rules.enabled }}
+  # The whole ConfigMap as a directory, never a subPath: kubelet updates a directory mount in
+  # place (a symlink flip kproxy watches for); a subPath mount would never change.
+  - name: kproxy-rules
+    mountPath: {{ include "kproxy.rulesDir" . }}
+    readOnly: true
+  {{- end }}
   {{- if .Values.tls.client.enabled }}
   - name: kproxy-tls-client
     mountPath: {{ include "kproxy.tlsClientDir" . }}

@@ -1,0 +1,209 @@
+"""In-process micro-benchmark of the per-exchange cost of kproxy's features, side by side.
+
+    .venv/bin/python bench/bench_hotpath.py [--rounds N] [--pairs N] [--tree LABEL=DIR ...] [--quick]
+
+One request/response pair through a :class:`~kproxy.proxy.session.Session` is
+``receive_client`` + ``receive_upstream`` + ``report`` (what the server does per
+exchange, minus the sockets). Each workload is timed under each *variant* of the
+session, in turn and in rotated order within a round; the figure is µs per pair,
+the median of the rounds, and '/ none' is the ratio to the variant with no
+observer and no rules *in the same round* (the ratios are what to read on a
+shared machine):
+
+* ``none``: no observer, no rules;
+* ``metrics``: the metrics observer (the default of ``kproxy run``);
+* ``metrics+100 rules``: and 100 loaded rules of which none match (bench/_rules.py:
+  other apis, other client ids, other topics);
+* ``metrics+100 client-id rules``: and 100 rules on the same api failing on the client id;
+* ``metrics+1 matching rule``: and one rule matching every request with a 0 ms delay
+  (the whole decide path; the verdict is empty, nothing is held).
+
+``--tree LABEL=DIR`` runs the same measurement on another checkout (e.g. the
+commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
+child process, alternating with this tree round by round: before and after in
+one run. Prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+
+WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1")
+VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules", "metrics+1 matching rule")
+
+
+# -- worker: runs inside the tree under test (its kproxy first on sys.path) ----------------------
+def _frames() -> dict[str, tuple[bytes, bytes]]:
+    """(request frame, response frame) per workload, correlation id 1, encoded with the codec under test."""
+    from kproxy.protocol import default_body, encode_request, frame
+    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.headers import RequestHeader, request_header_version
+    from kproxy.protocol.records import Record, encode_batch_v2
+    from kproxy.protocol.schema import Direction
+
+    def req(key: int, version: int, **fields: Any) -> bytes:
+        body = default_body(key, version, Direction.REQUEST)
+        body.update(fields)
+        header = RequestHeader(key, version, 1, "kproxy-bench", request_header_version(key, version), {})
+        return frame(encode_request(header, body))
+
+    def resp(key: int, version: int, **fields: Any) -> bytes:
+        body = default_body(key, version, Direction.RESPONSE)
+        body.update(fields)
+        return frame(encode_response(1, key, version, body))
+
+    batch = encode_batch_v2([Record(offset=0, timestamp=int(time.time() * 1000), key=None, value=b"v" * 100,
+                                    headers=[])])
+    return {
+        "Heartbeat v4": (req(12, 4, group_id="bench-group", generation_id=1, member_id="m-1"),
+                         resp(12, 4, error_code=0)),
+        "Produce v7 1x100 B": (
+            req(0, 7, acks=1, timeout_ms=30_000, topic_data=[
+                {"name": "bench-produce", "partition_data": [{"index": 0, "records": batch}]}]),
+            resp(0, 7, responses=[{"name": "bench-produce", "partition_responses": [
+                {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1,
+                 "log_start_offset": 0}]}])),
+        "ApiVersions v3": (req(18, 3, client_software_name="kproxy-bench", client_software_version="1.0"),
+                           resp(18, 3, error_code=0, api_keys=[
+                               {"api_key": k, "min_version": 0, "max_version": v}
+                               for k, v in ((0, 9), (1, 12), (3, 12), (12, 4), (18, 3))])),
+        "Metadata v1": (req(3, 1, topics=None),
+                        resp(3, 1, brokers=[{"node_id": 0, "host": "127.0.0.1", "port": 9092, "rack": None}],
+                             controller_id=0, topics=[
+                                 {"error_code": 0, "name": t, "is_internal": False, "partitions": [
+                                     {"error_code": 0, "partition_index": 0, "leader_id": 0,
+                                      "replica_nodes": [0], "isr_nodes": [0]}]}
+                                 for t in ("bench-produce", "bench-fetch")])),
+    }
+
+
+def _session_factories() -> dict[str, Callable[[], Any]]:
+    sys.path.insert(0, str(BENCH))
+    import _rules
+
+    from kproxy.metrics.observer import MetricsObserver
+    from kproxy.metrics.stats import FaultStats, TrafficStats
+    from kproxy.proxy.addresses import AddressMap
+    from kproxy.proxy.rewrite import ResponseRewriter
+    from kproxy.proxy.session import Session
+    from kproxy.rules.load import load_text
+    from kproxy.server.live_rules import LiveRules
+
+    rewriter = ResponseRewriter(AddressMap("127.0.0.1", 40000))
+    stats = TrafficStats()
+    rule_sets = {"metrics+100 rules": load_text(_rules.none_match(100)),
+                 "metrics+100 client-id rules": load_text(_rules.same_api_client_ids(100)),
+                 "metrics+1 matching rule": load_text(_rules.one_zero_delay())}
+
+    def make(variant: str) -> Callable[[], Any]:
+        def build() -> Any:
+            observer = None if variant == "none" else MetricsObserver(stats)
+            policy = None
+            if variant in rule_sets:
+                live = LiveRules(rule_sets[variant], counts=FaultStats())
+                policy = live.policy("127.0.0.1:50000", None)
+            return Session(rewriter, observer=observer, policy=policy)
+        return build
+
+    return {v: make(v) for v in VARIANTS}
+
+
+def _time_pairs(session: Any, request: bytes, response: bytes, pairs: int) -> float:
+    """Seconds per request/response pair (one id in flight at a time: ids are free once answered)."""
+    receive_client, receive_upstream, report = session.receive_client, session.receive_upstream, session.report
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(pairs):
+        receive_client(request)
+        receive_upstream(response)
+        report()
+    return (time.perf_counter() - t0) / pairs
+
+
+def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
+    """µs per pair for every workload x variant, variants rotated by ``offset``."""
+    frames = _frames()
+    factories = _session_factories()
+    out: dict[str, dict[str, float]] = {}
+    for w_i, workload in enumerate(WORKLOADS):
+        request, response = frames[workload]
+        sessions = {v: f() for v, f in factories.items()}
+        for s in sessions.values():  # warm up: caches, memo, scanners
+            _time_pairs(s, request, response, 300)
+        order = list(VARIANTS)
+        k = (offset + w_i) % len(order)
+        order = order[k:] + order[:k]
+        best: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        for _ in range(3):  # three slices each, interleaved: a burst elsewhere lands on all alike
+            for v in order:
+                best[v].append(_time_pairs(sessions[v], request, response, pairs))
+        out[workload] = {v: 1e6 * min(ts) for v, ts in best.items()}
+    return out
+
+
+# -- driver -------------------------------------------------------------------------------------
+def run_tree(root: Path, pairs: int, offset: int) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(BENCH / "bench_hotpath.py"), "--worker", "--pairs", str(pairs),
+                           "--offset", str(offset)], env=env, cwd=root, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pairs", type=int, default=3000, help="pairs per timed slice")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 1,000 pairs")
+    parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
+                        help="also measure the kproxy of another checkout, alternating round by round")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.pairs, args.offset)))
+        return 0
+    rounds, pairs = (2, 1000) if args.quick else (args.rounds, args.pairs)
+    trees = [("this tree", BENCH.parent)] + [
+        (label, Path(d).resolve()) for label, _, d in (t.partition("=") for t in args.tree)]
+    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _ in trees}
+    for r in range(rounds):
+        for label, root in trees[r % len(trees):] + trees[:r % len(trees)]:
+            results[label].append(run_tree(root, pairs, r))
+        print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
+
+    sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+    from _util import machine_line, table
+
+    print(f"### Per-exchange cost, in process ({machine_line()})\n")
+    print(f"µs per request/response pair through a Session (receive_client + receive_upstream + report), best of "
+          f"3 slices of {pairs:,} pairs, median of {rounds} rounds; '/ none' = ratio to no observer and no rules "
+          "in the same round and tree.\n")
+    rows = []
+    for workload in WORKLOADS:
+        for variant in VARIANTS:
+            row = [workload, variant]
+            for label, _ in trees:
+                runs = results[label]
+                us = statistics.median(run[workload][variant] for run in runs)
+                ratio = statistics.median(run[workload][variant] / run[workload]["none"] for run in runs)
+                row += [f"{us:.2f}", f"{ratio:.2f}x"]
+            rows.append(row)
+    print(table(["workload", "variant", *[h for label, _ in trees for h in (f"µs {label}", f"/ none {label}")]],
+                rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
