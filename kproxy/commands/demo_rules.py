@@ -451,9 +451,11 @@ def report_rules(result: RulesResult, counts: FaultStats, out: TextIO) -> None:
     w(f"\n4. demo-slow-fetch: +{FETCH_DELAY_MS} ms on Fetch of {SLOW_READER}; demo-fetch-quota: "
       f"{FETCH_QUOTA_BYTES_PER_SECOND / 1024:g} KiB/s of Fetch responses to {QUOTA_READER}\n")
     for read in result.reads:
+        after = (f"after the first response {read.rate / 1024:,.0f} KiB/s" if read.rate
+                 else "all read before the first poll returned")
         w(f"   {read.client_id:<26} read {read.records} records in {read.fetches} Fetches, {read.seconds:.2f} s "
-          f"({read.overall_rate / 1024:,.0f} KiB/s; after the first response {read.rate / 1024:,.0f} KiB/s); "
-          f"largest throttle_time_ms reported {read.max_throttle_ms}\n")
+          f"({read.overall_rate / 1024:,.0f} KiB/s; {after}); largest throttle_time_ms reported "
+          f"{read.max_throttle_ms}\n")
     added = result.fetch_delay_ms
     if added is not None:
         w(f"   each Fetch of {SLOW_READER} took {added:.1f} ms longer than the control's "
