@@ -100,8 +100,8 @@ class KindStats:
     the kind carries its histograms and response header layout along, so nothing is looked up again.
     """
 
-    __slots__ = ("api", "broker", "known", "memo", "overhead", "request_bytes", "requests", "response_bytes",
-                 "responses", "scanner", "tagged_header", "version")
+    __slots__ = ("api", "broker", "known", "memo", "overhead", "request_bytes", "request_scanner", "requests",
+                 "response_bytes", "responses", "scanner", "tagged_header", "version")
 
     def __init__(self, api: str, version: int | str, known: bool, tagged_header: bool) -> None:
         self.api = api
@@ -114,6 +114,7 @@ class KindStats:
         self.broker: Histogram | None = None
         self.overhead: Histogram | None = None
         self.scanner: object = _MISSING  # the errors-only response scanner, found at the first scan
+        self.request_scanner: object = _MISSING  # the request's (Produce: to count records), likewise
         self.memo: ScanMemo | None = None  # the kind's remembered scans, if brokers repeat its answers
 
     def add(self, other: KindStats) -> None:
@@ -411,7 +412,7 @@ class TrafficStats:
             ckey = (self._clients(client_id or ""), kind.api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
         if frame is not None and api_key == PRODUCE and kind.known:
-            self._count_records(api_key, api_version, Direction.REQUEST, frame, kind.api, body_offset)
+            self._count_records(kind, api_key, api_version, frame, body_offset)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
@@ -547,15 +548,19 @@ class TrafficStats:
         if api_key == FETCH and records:
             self._add_records(api, frame, records)
 
-    def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str,
-                       offset: int | None) -> None:
+    def _count_records(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, offset: int | None
+                       ) -> None:
+        """Count the records of a (known) kind's request: Produce."""
         if offset is None:
             offset = request_body_offset(frame, api_key, api_version)
-        found = None if offset is None else self._run_scan(self._scanner(api_key, api_version, direction), frame,
-                                                           offset)
+            if offset is None:
+                return  # a malformed request is the broker's to refuse; nothing to count
+        fn = kind.request_scanner
+        if fn is _MISSING:
+            fn = kind.request_scanner = self._scanner(api_key, api_version, Direction.REQUEST)
+        found = self._run_scan(fn, frame, offset)
         if found is not None and found[1]:
-            self._add_records(api, frame, found[1])
-        # else: a malformed request is the broker's to refuse; nothing to count
+            self._add_records(kind.api, frame, found[1])
 
     def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
         """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
@@ -563,8 +568,10 @@ class TrafficStats:
         is not counted at all but counted as such (a partial count would look like a real one)."""
         view = memoryview(frame)
         budget = CountBudget(RECORD_COUNT_BUDGET)
+        count = 0
         try:
-            count = sum(count_records(view[start:end], budget=budget) for start, end in ranges)
+            for start, end in ranges:  # a loop, not sum() over a generator: one range is the usual case
+                count += count_records(view[start:end], budget=budget)
         except ProtocolError:
             count = -1
         if count < 0 or budget.exhausted:
