@@ -137,7 +137,7 @@ def check_file(path: Path) -> InputProblem | None:
     if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
         return InputProblem(str(path), "not a complete Parquet file (no PAR1 magic at both ends: cut short, "
                                        "or another format)")
-    import pyarrow.parquet as pq  # the analysis extra carries pyarrow (Spark's Arrow transfer needs it)
+    import pyarrow.parquet as pq  # the analysis extra carries pyarrow: the footer check before Spark reads
 
     try:
         metadata = pq.read_metadata(path).metadata

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kproxy.capture.records import Captured
 from kproxy.protocol.errors import ProtocolError
@@ -48,12 +48,13 @@ class ConnectionInfo:
     listener: str
     upstream: str
     principal: str | None = None
+    # The broker behind a ``broker-N`` listener; None behind the bootstrap listener (read per record:
+    # worked out once).
+    node_id: int | None = field(init=False, default=None)
 
-    @property
-    def node_id(self) -> int | None:
-        """The broker behind a ``broker-N`` listener; None behind the bootstrap listener."""
+    def __post_init__(self) -> None:
         prefix, _, node = self.listener.partition("-")
-        return int(node) if prefix == "broker" and node.lstrip("-").isdigit() else None
+        object.__setattr__(self, "node_id", int(node) if prefix == "broker" and node.lstrip("-").isdigit() else None)
 
 
 def split_peer(peer: str) -> tuple[str, int | None]:

@@ -179,6 +179,8 @@ class RecordBuilder:
                 except _READ_FAILURES as exc:
                     log.debug("event=capture_request_unreadable api=%s reason=%s", api_name(api_key),
                               type(exc).__name__)
+                    req = {}
+                req["client_id"] = request_client_id(request, api_key, api_version)  # in the key: cached with it
                 if key is not None:
                     _remember(self._requests, key, (entries, req))
             else:
@@ -206,7 +208,13 @@ class RecordBuilder:
             top_code = scan[1]
             if top_code is None and _top_level_code(api_key, api_version):
                 top_code = 0
-        partitions = tuple(tuple(p) for p in parts.values())
+        record_count = record_bytes = 0
+        partitions: tuple[tuple[Any, ...], ...] = ()
+        if parts:
+            partitions = tuple(tuple(p) for p in parts.values())
+            for p in partitions:
+                record_count += p[3]
+                record_bytes += p[4]
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them.
         overhead = forwarded_at - read_at
         broker = None
@@ -219,13 +227,13 @@ class RecordBuilder:
             int((read_at + wall) * 1_000_000),
             int((completed_at + wall) * 1_000_000) if response is not None else None,
             conn.connection_id, conn.client_host, conn.client_port,
-            request_client_id(request, api_key, api_version) if request else None,
+            req["client_id"] if req else None,
             principal, conn.listener, conn.node_id, conn.upstream,
             api_key, api_name(api_key), api_version, correlation_id, request_size,
             len(response) if response is not None else None,
             broker, overhead * 1000.0, local, top_code,
             req.get("acks"), req.get("group_id"), req.get("transactional_id"),
-            sum(p[3] for p in partitions), sum(p[4] for p in partitions),
+            record_count, record_bytes,
             partitions,
             (),  # rule decisions: filled once the rules engine reports its decisions
             payloads if self.payloads.include else None,
