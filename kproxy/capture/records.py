@@ -21,6 +21,8 @@ What is read, and how far:
   cluster; that is not traffic).
 * records are counted from batch headers (no decompression); keys and values
   are decoded only with ``include_payloads``, cut to ``payload_max_bytes``.
+* what was read of a small frame is kept, by its content less the correlation
+  id (:data:`CACHE_FRAME`): a repeated request or response is read once.
 
 Fetch v13+ names topics by id: :class:`TopicNames` learns id -> name from the
 Metadata responses of every connection, the only responses decoded in full.
