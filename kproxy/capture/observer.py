@@ -70,11 +70,13 @@ class CaptureObserver:
 
     __slots__ = ("_clock_offset", "_mechanism", "_pending", "_sasl_user", "conn", "principal", "sink")
 
-    def __init__(self, conn: ConnectionInfo, sink: Sink) -> None:
+    def __init__(self, conn: ConnectionInfo, sink: Sink, clock_offset: float | None = None) -> None:
         self.conn = conn
         self.sink = sink
         # Exchange times come from the session's perf_counter clock; records carry UTC wall time.
-        self._clock_offset = time.time() - time.perf_counter()
+        # One offset for every connection of a process (CaptureService's) keeps the order of
+        # requests across connections in the capture that of the proxy's clock.
+        self._clock_offset = time.time() - time.perf_counter() if clock_offset is None else clock_offset
         self._pending: dict[int, tuple[Exchange, bytes]] = {}  # id -> (exchange, its request frame) until done
         self._mechanism: str | None = None
         self._sasl_user: str | None = None
