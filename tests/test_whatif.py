@@ -350,6 +350,11 @@ def test_what_if_over_a_real_capture(spark: Any, captured_run: CapturedRun, tmp_
 LIVE_RULES = """\
 seed: 5
 rules:
+  - id: metadata-every-3rd
+    continue: true
+    match: {{api: metadata, schedule: {{every: 3}}}}
+    actions:
+      - delay: {{ms: 1}}
   - id: coin-produce
     match: {{api: produce, topic: "{topic}", probability: 0.4}}
     actions:
@@ -368,8 +373,9 @@ rules:
 
 def test_what_if_of_a_live_run_matches_what_the_proxy_did(spark: Any, tansu: Any, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    """The proxy runs a seeded rule file (probabilities, a counted schedule) with capture on; the
-    what-if of that capture with that file names the requests the proxy acted on, one by one."""
+    """The proxy runs a seeded rule file (probabilities, counted schedules: one counting over
+    several connections) with capture on; the what-if of that capture with that file names the
+    requests the proxy acted on, one by one."""
     import logging
     import time
 
@@ -408,6 +414,10 @@ def test_what_if_of_a_live_run_matches_what_the_proxy_did(spark: Any, tansu: Any
         consumer.close()
         server: Any = proxy.server
     assert server.capture.writer.dropped == 0  # every request is in the capture
+    metadata = [r for path in capture.glob("hour=*/capture-*.parquet")
+                for r in pq.ParquetFile(path).read(columns=["api_name", "connection_id"]).to_pylist()
+                if r["api_name"] == "Metadata"]
+    assert len({r["connection_id"] for r in metadata}) >= 2  # metadata-every-3rd counted across connections
     lines = [parse_logfmt(r.getMessage()) for r in caplog.records if r.name == "kproxy.faults"]
     live_hits: dict[str, int] = {}
     for (rule, _action, _dry_run), n in server.stats.faults.hits.items():
