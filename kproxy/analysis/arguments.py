@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 # Records up to which the job's latency percentiles are exact (kproxy.analysis.job says why not above).
-EXACT_PERCENTILES_MAX = 2_000_000
+EXACT_PERCENTILES_MAX = 1_000_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,7 +12,8 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   ``exact_percentiles_max`` records (default :data:`EXACT_PERCENTILES_MAX`):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
   default), which keeps every distinct value of a group in memory (10 million
-  records ran a 4 GiB driver out of heap). Above that, ``percentile_approx``
+  records ran a 4 GiB driver out of heap; 2 million took 261 s on local[2]
+  where 3 million approximate took 14 s). Above that, ``percentile_approx``
   with accuracy :data:`APPROX_ACCURACY`: a value of the group whose rank is
   within ``n / APPROX_ACCURACY`` of the exact one (``n``: the group's size), in
   bounded memory. Broker latency ignores requests without one (local answers,
