@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, split_peer
-from kproxy.capture.records import PayloadOptions, RecordBuilder, TopicNames, as_dict
+from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, TopicNames, as_dict
 from kproxy.capture.schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
 from kproxy.protocol.builders import request_body, request_frame, response_frame
@@ -33,17 +33,19 @@ class Harness:
     the writer thread reads a batch) into a record dict."""
 
     def __init__(self, listener: str = "broker-7", topics: TopicNames | None = None,
-                 payloads: PayloadOptions | None = None) -> None:
+                 payloads: PayloadOptions | None = None, early: bool = True) -> None:
         self.records: list[dict[str, Any]] = []
         conn = ConnectionInfo(connection_id="c-1", client_host="10.0.0.9", client_port=5555, listener=listener,
                               upstream="b1:9092")
         self.builder = RecordBuilder(topics or TopicNames(), payloads or PayloadOptions())
-        self.observer = CaptureObserver(conn, self._sink)
+        self.observer = CaptureObserver(conn, self._sink, reader=self.builder if early else None)
         self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=self.observer)
         self.held_bytes = 0
+        self.items: list[tuple[Any, ...]] = []
 
     def _sink(self, item: tuple[Any, ...], nbytes: int) -> bool:
         self.held_bytes += nbytes
+        self.items.append(item)
         self.records.append(as_dict(self.builder.row(item)))
         return True
 
@@ -243,3 +245,32 @@ def test_captured_exchanges_written_by_the_writer_read_back_as_built(tmp_path: A
     assert table.column("request_time").cast("int64").to_pylist() == [r["request_time"] for r in expected.records]
     assert rows[0]["payloads"][0]["key"] == b"key" and rows[1]["response_bytes"] is None
     assert writer.written == 3 and writer.dropped == 0
+
+
+def test_big_produce_requests_and_fetch_responses_are_read_at_once_and_let_go() -> None:
+    big = {0: encode_batch_v2([Record(offset=i, timestamp=i, key=None, value=b"x" * 1000) for i in range(40)],
+                              base_offset=0)}
+    request = _produce(9, 1, -1, None, big)
+    assert len(request) >= EARLY_READ_BYTES
+    produce_response = response_frame(PRODUCE, 9, 1, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 6}]}])
+    fetch_request = request_frame(FETCH, 12, 2, topics=[{"topic": "orders", "partitions": [{"partition": 0}]}])
+    fetch_response = response_frame(FETCH, 12, 2, responses=[{"topic": "orders", "partitions": [
+        {"partition_index": 0, "error_code": 0, "records": big[0]}]}])
+    payloads = PayloadOptions(include=True, max_bytes=4)
+    early, later = Harness(payloads=payloads), Harness(payloads=payloads, early=False)
+    for h in (early, later):
+        h.exchange(request, produce_response)
+        h.exchange(fetch_request, fetch_response)
+    assert [type(item[3]) for item in early.items] == [EarlyRead, bytes]  # the Produce request, read
+    assert [type(item[4]) for item in early.items] == [bytes, EarlyRead]  # the Fetch response, read
+    assert early.held_bytes == len(produce_response) + len(fetch_request)  # only the small frames are held
+    def timeless(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith(("_time", "_latency_ms"))} for r in records]
+
+    assert timeless(early.records) == timeless(later.records)  # the records the writer thread would read
+    produce, fetch = early.records
+    assert produce["partitions"] == [{"topic": "orders", "partition": 0, "error_code": 6, "record_count": 40,
+                                      "record_bytes": len(big[0])}]
+    assert produce["request_bytes"] == len(request) and fetch["response_bytes"] == len(fetch_response)
+    assert fetch["record_count"] == 40 and len(fetch["payloads"]) == 40 and fetch["payloads"][0]["value"] == b"xxxx"

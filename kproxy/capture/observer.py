@@ -9,7 +9,10 @@ frame until the exchange completes, then offers one
 ``bytes`` are immutable, nothing is copied; a few numbers) to ``sink``, the
 writer's non-blocking ``offer``. It reads no frame: scanning, decoding and
 building records is the writer thread's work (:mod:`kproxy.capture.records`),
-in batches, so the event loop pays about a microsecond per exchange.
+in batches, so the event loop pays about a microsecond per exchange. Except
+big Produce requests and Fetch responses (``EARLY_READ_BYTES`` and more): those
+are read here, a few µs each, and let go (:class:`~kproxy.capture.records.EarlyRead`),
+rather than held for the writer's next turn.
 
 One exception, because it is state of the connection that later records carry
 and too rare to matter: SASL. The principal is the TLS client certificate's
@@ -25,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kproxy.capture.records import Captured
+from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
@@ -35,6 +38,7 @@ from kproxy.protocol.wire import Malformed
 from kproxy.proxy.session import Exchange, SessionObserver
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)
+PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 Sink = Callable[[Captured, int], bool]  # (exchange, bytes of frames it holds) -> queued
 
 
@@ -68,16 +72,18 @@ def split_peer(peer: str) -> tuple[str, int | None]:
 class CaptureObserver:
     """The capture's view of one connection; see the module docstring for what it keeps."""
 
-    __slots__ = ("_clock_offset", "_mechanism", "_pending", "_sasl_user", "conn", "principal", "sink")
+    __slots__ = ("_clock_offset", "_mechanism", "_pending", "_sasl_user", "conn", "principal", "reader", "sink")
 
-    def __init__(self, conn: ConnectionInfo, sink: Sink, clock_offset: float | None = None) -> None:
+    def __init__(self, conn: ConnectionInfo, sink: Sink, clock_offset: float | None = None,
+                 reader: RecordBuilder | None = None) -> None:
         self.conn = conn
         self.sink = sink
+        self.reader = reader  # reads big Produce requests and Fetch responses at once (EARLY_READ_BYTES)
         # Exchange times come from the session's perf_counter clock; records carry UTC wall time.
         # One offset for every connection of a process (CaptureService's) keeps the order of
         # requests across connections in the capture that of the proxy's clock.
         self._clock_offset = time.time() - time.perf_counter() if clock_offset is None else clock_offset
-        self._pending: dict[int, tuple[Exchange, bytes]] = {}  # id -> (exchange, its request frame) until done
+        self._pending: dict[int, tuple[Exchange, bytes | EarlyRead]] = {}  # id -> (exchange, its request)
         self._mechanism: str | None = None
         self._sasl_user: str | None = None
         self.principal = conn.principal
@@ -85,7 +91,11 @@ class CaptureObserver:
     # -- SessionObserver --------------------------------------------------------------
     def request(self, exchange: Exchange) -> None:
         # The session lets go of the request frame once this returns; the writer still needs it.
-        self._pending[id(exchange)] = (exchange, exchange.request)
+        frame = exchange.request
+        if exchange.api_key == PRODUCE and len(frame) >= EARLY_READ_BYTES and self.reader is not None:
+            self._pending[id(exchange)] = (exchange, self.reader.early_request(PRODUCE, exchange.api_version, frame))
+        else:
+            self._pending[id(exchange)] = (exchange, frame)
         if exchange.api_key == SASL_HANDSHAKE or exchange.api_key == SASL_AUTHENTICATE:
             self._sasl_request(exchange)
 
@@ -94,11 +104,15 @@ class CaptureObserver:
             self._sasl_response(exchange, exchange.response)
         ex = exchange
         _, request = self._pending.pop(id(ex), (ex, b""))
-        response = ex.response
+        frame = ex.response
+        response: bytes | EarlyRead | None = frame
+        if (ex.api_key == FETCH and frame is not None and len(frame) >= EARLY_READ_BYTES
+                and self.reader is not None):
+            response = self.reader.early_response(FETCH, ex.api_version, frame, ex.response_body_offset)
         self.sink((self.conn, self._clock_offset, self.principal, request, response,
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
                    ex.received_at, ex.completed_at, ex.local, ex.response_body_offset),
-                  len(request) + (len(response) if response is not None else 0))
+                  _held(request) + _held(response))
 
     def close(self) -> None:
         """The connection ended: requests still unanswered are offered without a response (a
@@ -107,7 +121,7 @@ class CaptureObserver:
         for ex, request in pending.values():
             self.sink((self.conn, self._clock_offset, self.principal, request, None, ex.api_key, ex.api_version,
                        ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0),
-                      len(request))
+                      _held(request))
 
     # -- SASL: the principal -----------------------------------------------------------
     def _sasl_request(self, ex: Exchange) -> None:
@@ -152,6 +166,11 @@ def sasl_user(mechanism: str | None, auth: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     return None
+
+
+def _held(frame: bytes | EarlyRead | None) -> int:
+    """Bytes of frames an offered exchange keeps alive (what the writer's queue_bytes bounds)."""
+    return len(frame) if type(frame) is bytes else 0
 
 
 class Tee:

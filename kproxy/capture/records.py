@@ -74,8 +74,9 @@ _READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
 #   0 conn          ConnectionInfo of the connection (frozen)
 #   1 clock_offset  wall clock minus the session's clock, seconds (per connection)
 #   2 principal     the connection's principal when the exchange completed
-#   3 request       the request frame, size prefix included (b"" when not seen)
-#   4 response      the response frame as released to the client; None: none (acks=0, unanswered)
+#   3 request       the request frame, size prefix included (b"" when not seen), or its EarlyRead
+#   4 response      the response frame as released to the client, or its EarlyRead; None: none
+#                   (acks=0, unanswered)
 #   5 api_key  6 api_version  7 correlation_id  8 request_size
 #   9 read_at  10 forwarded_at  11 received_at  12 completed_at   (the session's clock)
 #   13 local        kproxy answered itself
@@ -151,6 +152,29 @@ CACHE_FRAME = 4096
 CACHE_ENTRIES = 2048
 
 
+# Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
+# soon as the observer sees them, and let go: holding them until the writer's next turn (~0.1 s of
+# traffic) made the proxy's heap grow and churn (page faults: Produce of 100 KB batches cost 4x
+# the CPU per GB with capture on). Reading one costs a few µs whatever its size (records are
+# skipped by length): at most ~0.25 s per GB of such frames, on the loop.
+EARLY_READ_BYTES = 16 * 1024
+
+
+class EarlyRead:
+    """What :class:`RecordBuilder` read of a big frame on the event loop, in its place in a
+    :data:`Captured` tuple: per-partition entries, the facts (request: acks, ids, client id;
+    response: its scan, None when unreadable), payloads when kept, and the frame's size."""
+
+    __slots__ = ("entries", "facts", "payloads", "size")
+
+    def __init__(self, entries: tuple[_Entry, ...], facts: Any, payloads: list[tuple[Any, ...]] | None,
+                 size: int) -> None:
+        self.entries = entries
+        self.facts = facts
+        self.payloads = payloads
+        self.size = size
+
+
 class RecordBuilder:
     """Rows of capture records from :data:`Captured` exchanges; see the module docstring."""
 
@@ -171,18 +195,14 @@ class RecordBuilder:
         payloads = None
         req: dict[str, Any] = {}
         entries: tuple[_Entry, ...] = ()
-        if request:
+        if type(request) is EarlyRead:
+            entries, req, payloads = request.entries, request.facts, request.payloads
+        elif request:
             key = ((api_key, api_version, request[12:])
                    if len(request) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
             hit = self._requests.get(key) if key is not None else None
             if hit is None:
-                try:
-                    entries, req, payloads = self._read_request(api_key, api_version, request, keep_payloads)
-                except _READ_FAILURES as exc:
-                    log.debug("event=capture_request_unreadable api=%s reason=%s", api_name(api_key),
-                              type(exc).__name__)
-                    req = {}
-                req["client_id"] = request_client_id(request, api_key, api_version)  # in the key: cached with it
+                entries, req, payloads = self._request_part(api_key, api_version, request, keep_payloads)
                 if key is not None:
                     _remember(self._requests, key, (entries, req))
             else:
@@ -190,22 +210,25 @@ class RecordBuilder:
         parts: _Parts = {}
         self._merge(parts, entries)
         top_code: int | None = None
+        response_size = None
         if response is not None:
-            key = ((api_key, api_version, response[8:])
-                   if len(response) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
-            scan = self._responses.get(key) if key is not None else None
-            if scan is None:
-                try:
-                    scan, fetched = self._read_response(api_key, api_version, response, response_offset,
+            fetched = None
+            if type(response) is EarlyRead:
+                scan, fetched, response_size = response.facts, response.payloads, response.size
+            else:
+                response_size = len(response)
+                key = ((api_key, api_version, response[8:])
+                       if len(response) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
+                scan = self._responses.get(key) if key is not None else None
+                if scan is None:
+                    scan, fetched = self._response_part(api_key, api_version, response, response_offset,
                                                         keep_payloads)
-                    if fetched is not None:
-                        payloads = fetched
-                except _READ_FAILURES as exc:
-                    log.debug("event=capture_response_unreadable api=%s reason=%s", api_name(api_key),
-                              type(exc).__name__)
-                    parts, scan = {}, ((), None)  # nothing of the pair's topics is sure
-                if key is not None:
-                    _remember(self._responses, key, scan)
+                    if key is not None:
+                        _remember(self._responses, key, scan)
+            if scan is None:  # unreadable: nothing of the pair's topics is sure
+                parts, scan = {}, ((), None)
+            if fetched is not None:
+                payloads = fetched
             self._merge(parts, scan[0])
             top_code = scan[1]
             if top_code is None and _top_level_code(api_key, api_version):
@@ -232,7 +255,7 @@ class RecordBuilder:
             req["client_id"] if req else None,
             principal, conn.listener, conn.node_id, conn.upstream,
             api_key, api_name(api_key), api_version, correlation_id, request_size,
-            len(response) if response is not None else None,
+            response_size,
             broker, overhead * 1000.0, local, top_code,
             req.get("acks"), req.get("group_id"), req.get("transactional_id"),
             record_count, record_bytes,
@@ -240,6 +263,40 @@ class RecordBuilder:
             (),  # rule decisions: filled once the rules engine reports its decisions
             payloads if self.payloads.include else None,
         )
+
+    # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
+    def early_request(self, api_key: int, api_version: int, frame: bytes) -> EarlyRead:
+        """What a record needs of a big request frame, read now so that the frame is not held."""
+        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        entries, req, payloads = self._request_part(api_key, api_version, frame, keep_payloads)
+        return EarlyRead(entries, req, payloads, len(frame))
+
+    def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:
+        """As :meth:`early_request`, of a big response frame (not Metadata: that one teaches
+        :class:`TopicNames`, which only the writer thread touches)."""
+        assert api_key != METADATA
+        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        scan, fetched = self._response_part(api_key, api_version, frame, offset, keep_payloads)
+        return EarlyRead((), scan, fetched, len(frame))
+
+    def _request_part(self, api_key: int, api_version: int, request: bytes, keep_payloads: bool
+                      ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
+        try:
+            entries, req, payloads = self._read_request(api_key, api_version, request, keep_payloads)
+        except _READ_FAILURES as exc:
+            log.debug("event=capture_request_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            entries, req, payloads = (), {}, None
+        req["client_id"] = request_client_id(request, api_key, api_version)  # in the cache key: cached with it
+        return entries, req, payloads
+
+    def _response_part(self, api_key: int, api_version: int, response: bytes, offset: int, keep_payloads: bool
+                       ) -> tuple[_Scan | None, list[tuple[Any, ...]] | None]:
+        """The response's scan (None: unreadable) and Fetch's payloads when kept."""
+        try:
+            return self._read_response(api_key, api_version, response, offset, keep_payloads)
+        except _READ_FAILURES as exc:
+            log.debug("event=capture_response_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            return None, None
 
     def _read_request(self, api_key: int, api_version: int, frame: bytes, keep_payloads: bool
                       ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:

@@ -53,7 +53,7 @@ class CaptureService:
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
                               principal=_tls_subject(client))
-        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset)
+        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset, reader=self.builder)
         return capture if metrics is None else Tee(metrics, capture)
 
     def connection_closed(self, observer: SessionObserver | None) -> None:
