@@ -109,7 +109,7 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
 
     def make(variant: str) -> Callable[[], Any]:
         def build() -> Any:
-            observer = None if variant == "none" else MetricsObserver(stats)
+            observer = None if variant == "none" else MetricsObserver(stats).for_broker(None)
             policy = None
             if variant in rule_sets:
                 live = LiveRules(rule_sets[variant], counts=FaultStats())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,30 @@ def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, lis
     minute1 = next(r for r in analysed.tables["latency_by_minute"]
                    if r["api_name"] == "Produce" and r["minute"].minute == 15)
     assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 60
+
+
+def test_above_the_exact_limit_percentiles_are_approximate_within_the_stated_rank_error(
+        spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    from kproxy.analysis.job import APPROX_ACCURACY, run_analysis
+    from kproxy.analysis.report import summary
+
+    rows = generated[1]
+    approx = run_analysis([str(generated[0])], tmp_path, spark, exact_percentiles_max=len(rows) - 1)
+    assert not approx.exact_percentiles
+    by_api = {r["api_name"]: r for r in approx.tables["latency_by_api"]}
+    for api in ("Produce", "Fetch", "FindCoordinator"):
+        broker = sorted(r["broker_latency_ms"] for r in rows
+                        if r["api_name"] == api and r["broker_latency_ms"] is not None)
+        n = len(broker)
+        for p in (0.5, 0.95, 0.99):
+            got = by_api[api][f"broker_p{round(p * 100)}_ms"]
+            # One of the group's own values, ranked within n / APPROX_ACCURACY of p's rank (at least one place).
+            slack = max(1, math.ceil(n / APPROX_ACCURACY))
+            rank = math.ceil(p * n) - 1
+            assert got in broker[max(0, rank - slack):rank + slack + 1], (api, p, got)
+    out = io.StringIO()
+    summary(approx, out)
+    assert "percentiles approximate: Spark's percentile_approx" in out.getvalue()
 
 
 def test_error_rates_by_api_and_code(analysed: Any) -> None:
@@ -272,3 +297,11 @@ def test_follow_keeps_per_minute_aggregates_up_to_date(spark: Any, tmp_path: Pat
         assert live() == {(14, "Produce"): (30, 0), (15, "Fetch"): (7, 7)}
     finally:
         query.stop()
+
+
+def test_local_driver_memory_is_a_quarter_of_the_machine_within_bounds() -> None:
+    from kproxy.analysis.job import local_driver_memory
+
+    assert local_driver_memory(16 << 30) == "4g"
+    assert local_driver_memory(2 << 30) == "1g"
+    assert local_driver_memory(256 << 30) == "8g"

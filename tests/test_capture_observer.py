@@ -5,7 +5,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, TopicNames, split_peer
+import pytest
+
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, split_peer
+from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, TopicNames, as_dict
 from kproxy.capture.schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
 from kproxy.protocol.builders import request_body, request_frame, response_frame
@@ -26,18 +29,24 @@ def _batch(n: int, base: int = 0) -> bytes:
 
 
 class Harness:
-    """A session whose observer is a capture observer writing into a list."""
+    """A session whose observer is a capture observer; each exchange it offers is read at once (as
+    the writer thread reads a batch) into a record dict."""
 
     def __init__(self, listener: str = "broker-7", topics: TopicNames | None = None,
-                 payloads: PayloadOptions | None = None) -> None:
+                 payloads: PayloadOptions | None = None, early: bool = True) -> None:
         self.records: list[dict[str, Any]] = []
         conn = ConnectionInfo(connection_id="c-1", client_host="10.0.0.9", client_port=5555, listener=listener,
                               upstream="b1:9092")
-        self.observer = CaptureObserver(conn, self._sink, topics or TopicNames(), payloads or PayloadOptions())
+        self.builder = RecordBuilder(topics or TopicNames(), payloads or PayloadOptions())
+        self.observer = CaptureObserver(conn, self._sink, reader=self.builder if early else None)
         self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=self.observer)
+        self.held_bytes = 0
+        self.items: list[tuple[Any, ...]] = []
 
-    def _sink(self, record: dict[str, Any]) -> bool:
-        self.records.append(record)
+    def _sink(self, item: tuple[Any, ...], nbytes: int) -> bool:
+        self.held_bytes += nbytes
+        self.items.append(item)
+        self.records.append(as_dict(self.builder.row(item)))
         return True
 
     def exchange(self, request: bytes, response: bytes | None) -> dict[str, Any]:
@@ -172,3 +181,96 @@ def test_sasl_user_of_each_mechanism() -> None:
     assert sasl_user("SCRAM-SHA-512", b"n,,n=bob=2Cjr=3D,r=fyko+d2lbbFgONRv9qkxdawL") == "bob,jr="
     assert sasl_user("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01") is None
     assert sasl_user(None, b"\x00alice\x00pw") is None
+
+
+# -- the event loop's share, and the writer's ----------------------------------------------------
+def test_the_loop_side_keeps_references_to_the_frames_and_reads_nothing() -> None:
+    items: list[tuple[Any, ...]] = []
+    conn = ConnectionInfo(connection_id="c-1", client_host="h", client_port=1, listener="bootstrap", upstream="b:1")
+    observer = CaptureObserver(conn, lambda item, nbytes: items.append((item, nbytes)) is None)
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=observer)
+    request = _produce(9, 4, -1, None, {0: _batch(3)})
+    response = response_frame(PRODUCE, 9, 4, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0}]}])
+    session.receive_client(request)
+    session.receive_upstream(response)
+    session.report()
+    [(item, nbytes)] = items
+    assert item[3] is request  # the frame itself, not a copy, held until the writer reads it
+    assert item[4] == response and nbytes == len(request) + len(response)
+    assert item[5:8] == (PRODUCE, 9, 4)  # api, version, correlation id: numbers the session had already
+
+
+def test_repeated_frames_are_read_once_yet_each_record_is_its_own() -> None:
+    h = Harness()
+    topics = [{"name": "orders", "partitions": [{"partition_index": 0, "error_code": 5, "leader_id": 7}]}]
+    first, second = (h.exchange(request_frame(METADATA, 12, cid, topics=None),
+                                response_frame(METADATA, 12, cid, brokers=[], cluster_id="c", controller_id=7,
+                                               topics=topics)) for cid in (1, 2))
+    assert (first["correlation_id"], second["correlation_id"]) == (1, 2)
+    assert first["partitions"] == second["partitions"] == [
+        {"topic": "orders", "partition": 0, "error_code": 5, "record_count": 0, "record_bytes": 0}]
+    # Same sizes, other content: never taken for one another.
+    a = h.exchange(request_frame(JOIN_GROUP, 9, 3, group_id="g-a", member_id="", protocol_type="consumer"),
+                   response_frame(JOIN_GROUP, 9, 3, error_code=0))
+    b = h.exchange(request_frame(JOIN_GROUP, 9, 4, group_id="g-b", member_id="", protocol_type="consumer"),
+                   response_frame(JOIN_GROUP, 9, 4, error_code=25))
+    assert (a["group_id"], a["error_code"], b["group_id"], b["error_code"]) == ("g-a", 0, "g-b", 25)
+
+
+def test_captured_exchanges_written_by_the_writer_read_back_as_built(tmp_path: Any) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    from kproxy.capture.writer import CaptureWriter
+
+    payloads = PayloadOptions(include=True, max_bytes=3)
+    expected = Harness(payloads=payloads)  # the same exchanges, read as the writer reads them
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           rows=RecordBuilder(TopicNames(), payloads).rows).start()
+    conn = expected.observer.conn
+    observer = CaptureObserver(conn, lambda item, nbytes: writer.offer(item, nbytes) and expected._sink(item, nbytes))
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=observer)
+    session.receive_client(_produce(9, 1, -1, "tx", {0: _batch(2), 1: _batch(1)}))
+    session.receive_upstream(response_frame(PRODUCE, 9, 1, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 0}, {"index": 1, "error_code": 6}]}]))
+    session.receive_client(_produce(9, 2, 0, None, {2: _batch(4)}))  # acks=0: no response
+    session.receive_client(request_frame(METADATA, 12, 3, topics=None))
+    session.receive_upstream(response_frame(METADATA, 12, 3, brokers=[], cluster_id="c", controller_id=7, topics=[]))
+    session.report()
+    writer.close()
+    [path] = tmp_path.glob("hour=*/capture-*.parquet")
+    table = pq.ParquetFile(path).read()
+    rows = table.drop_columns(["request_time", "response_time"]).to_pylist()
+    want = [{k: v for k, v in rec.items() if k not in ("request_time", "response_time")} for rec in expected.records]
+    assert len(rows) == 3 and rows == want
+    assert table.column("request_time").cast("int64").to_pylist() == [r["request_time"] for r in expected.records]
+    assert rows[0]["payloads"][0]["key"] == b"key" and rows[1]["response_bytes"] is None
+    assert writer.written == 3 and writer.dropped == 0
+
+
+def test_big_produce_requests_and_fetch_responses_are_read_at_once_and_let_go() -> None:
+    big = {0: encode_batch_v2([Record(offset=i, timestamp=i, key=None, value=b"x" * 1000) for i in range(40)],
+                              base_offset=0)}
+    request = _produce(9, 1, -1, None, big)
+    assert len(request) >= EARLY_READ_BYTES
+    produce_response = response_frame(PRODUCE, 9, 1, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": 6}]}])
+    fetch_request = request_frame(FETCH, 12, 2, topics=[{"topic": "orders", "partitions": [{"partition": 0}]}])
+    fetch_response = response_frame(FETCH, 12, 2, responses=[{"topic": "orders", "partitions": [
+        {"partition_index": 0, "error_code": 0, "records": big[0]}]}])
+    payloads = PayloadOptions(include=True, max_bytes=4)
+    early, later = Harness(payloads=payloads), Harness(payloads=payloads, early=False)
+    for h in (early, later):
+        h.exchange(request, produce_response)
+        h.exchange(fetch_request, fetch_response)
+    assert [type(item[3]) for item in early.items] == [EarlyRead, bytes]  # the Produce request, read
+    assert [type(item[4]) for item in early.items] == [bytes, EarlyRead]  # the Fetch response, read
+    assert early.held_bytes == len(produce_response) + len(fetch_request)  # only the small frames are held
+    def timeless(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.endswith(("_time", "_latency_ms"))} for r in records]
+
+    assert timeless(early.records) == timeless(later.records)  # the records the writer thread would read
+    produce, fetch = early.records
+    assert produce["partitions"] == [{"topic": "orders", "partition": 0, "error_code": 6, "record_count": 40,
+                                      "record_bytes": len(big[0])}]
+    assert produce["request_bytes"] == len(request) and fetch["response_bytes"] == len(fetch_response)
+    assert fetch["record_count"] == 40 and len(fetch["payloads"]) == 40 and fetch["payloads"][0]["value"] == b"xxxx"

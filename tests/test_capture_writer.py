@@ -216,3 +216,40 @@ def test_run_with_capture_but_without_pyarrow_says_how_to_install(monkeypatch: p
     assert main(["run", "--upstream", "127.0.0.1:1", "--capture-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy[capture]'" in err
+
+
+def test_the_queue_is_bounded_by_the_bytes_its_items_hold_too(tmp_path: Path) -> None:
+    # Items hold frames by reference (a 5 MB Fetch response each): a count bound alone would let the
+    # queue hold gigabytes while the writer is behind.
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           queue_size=100, queue_bytes=1000)  # not started: nothing is taken
+    assert writer.offer(record(0), 400) and writer.offer(record(1), 400)
+    assert not writer.offer(record(2), 400)  # 1200 bytes would be held
+    assert writer.offer(record(3), 200)  # exactly the bound
+    assert (writer.offered, writer.dropped) == (4, 1)
+
+
+def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
+    from kproxy.capture.records import dict_rows
+
+    def rows(items: list[Any]) -> list[tuple[Any, ...]]:
+        if any(item["client_id"] == "poison" for item in items):
+            raise ValueError("a reader bug")
+        return dict_rows(items)
+
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           rows=rows).start()
+
+    def taken() -> None:  # each item taken alone, so that the poisoned one is alone in its slice
+        deadline = time.monotonic() + 5
+        while writer.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    writer.offer(record(0))
+    taken()
+    writer.offer(record(1, client_id="poison"))
+    taken()
+    writer.offer(record(2))
+    writer.close()
+    assert [r["correlation_id"] for r in _rows(tmp_path)] == [0, 2]
+    assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)

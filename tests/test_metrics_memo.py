@@ -39,7 +39,8 @@ def test_a_changed_answer_is_scanned_again() -> None:
 def test_the_memo_stays_within_its_bytes() -> None:
     stats = TrafficStats()
     for i in range(2000):
-        stats.response(stats.broker(0), METADATA, 1, metadata(i, UNKNOWN_TOPIC, name=f"topic-{i:05d}-" + "x" * 200), 8, 0.001, 0.0001)
+        body = metadata(i, UNKNOWN_TOPIC, name=f"topic-{i:05d}-" + "x" * 200)
+        stats.response(stats.broker(0), METADATA, 1, body, 8, 0.001, 0.0001)
     memo = stats._scan_memos[(METADATA, 1)]
     assert 0 < memo.bytes <= SCAN_MEMO_BYTES
     assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 2000}

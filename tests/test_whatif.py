@@ -345,3 +345,90 @@ def test_what_if_over_a_real_capture(spark: Any, captured_run: CapturedRun, tmp_
     fetched = by_rule["half-the-fetches"]["requests"]
     assert 0 < fetched < run.requests["fetch"]
     assert by_rule["half-the-fetches"]["delay_ms"] == fetched * 10.0
+
+
+LIVE_RULES = """\
+seed: 5
+rules:
+  - id: metadata-every-3rd
+    continue: true
+    match: {{api: metadata, schedule: {{every: 3}}}}
+    actions:
+      - delay: {{ms: 1}}
+  - id: coin-produce
+    match: {{api: produce, topic: "{topic}", probability: 0.4}}
+    actions:
+      - delay: {{ms: 1}}
+  - id: fetch-after-3-every-2nd
+    match: {{api: fetch, schedule: {{after_requests: 3, every: 2}}}}
+    actions:
+      - delay: {{ms: 1}}
+  - id: coin-metadata
+    dry_run: true
+    match: {{api: metadata, probability: 0.5}}
+    actions:
+      - inject_error: {{error: LEADER_NOT_AVAILABLE}}
+"""
+
+
+def test_what_if_of_a_live_run_matches_what_the_proxy_did(spark: Any, tansu: Any, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The proxy runs a seeded rule file (probabilities, counted schedules: one counting over
+    several connections) with capture on; the what-if of that capture with that file names the
+    requests the proxy acted on, one by one."""
+    import logging
+    import time
+
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+    from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.whatif import WhatIfRules
+    from kproxy.server.logfmt import parse_logfmt
+    from kproxy.testing import running_proxy
+    from tests.support.e2e import create_topic, unique
+
+    topic = unique("whatif-live")
+    create_topic(tansu.bootstrap, topic, partitions=2)  # straight to the broker: not captured
+    rules = tmp_path / "live.yaml"
+    rules.write_text(LIVE_RULES.format(topic=topic))
+    capture = tmp_path / "capture"
+    with caplog.at_level(logging.INFO, "kproxy.faults"), \
+            running_proxy(tansu.bootstrap, rules=str(rules), capture__dir=str(capture)) as proxy:
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "live-producer", "linger.ms": 0})
+        for i in range(30):  # one Produce request each: a flush per message
+            producer.produce(topic, key=b"k%d" % i, value=b"v" * 20, partition=i % 2)
+            assert producer.flush(10) == 0
+            if i % 3 == 0:
+                producer.list_topics(topic, timeout=10)  # a Metadata request
+        del producer
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("live"),
+                             "fetch.wait.max.ms": 20, "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(2)])
+        got, deadline, polled_until = 0, time.monotonic() + 30, 0.0
+        while (got < 30 or time.monotonic() < polled_until) and time.monotonic() < deadline:
+            msg = consumer.poll(0.05)
+            got += msg is not None and msg.error() is None
+            if got < 30:
+                polled_until = time.monotonic() + 0.5  # then half a second of empty Fetches
+        assert got == 30
+        consumer.close()
+        server: Any = proxy.server
+    assert server.capture.writer.dropped == 0  # every request is in the capture
+    metadata = [r for path in capture.glob("hour=*/capture-*.parquet")
+                for r in pq.ParquetFile(path).read(columns=["api_name", "connection_id"]).to_pylist()
+                if r["api_name"] == "Metadata"]
+    assert len({r["connection_id"] for r in metadata}) >= 2  # metadata-every-3rd counted across connections
+    lines = [parse_logfmt(r.getMessage()) for r in caplog.records if r.name == "kproxy.faults"]
+    live_hits: dict[str, int] = {}
+    for (rule, _action, _dry_run), n in server.stats.faults.hits.items():
+        live_hits[rule] = live_hits.get(rule, 0) + n
+
+    result = run_analysis([str(capture)], tmp_path / "out", spark, rules=WhatIfRules.from_file(str(rules)))
+    by_rule = {r["rule"]: r["requests"] for r in result.tables["whatif_rules"]}
+    assert by_rule == live_hits
+    assert all(n >= 5 for n in by_rule.values()), by_rule  # each rule acted, often
+    # Request by request: the fault log's (rule, api, correlation id) are the what-if's hits.
+    live = sorted((f["rule"], f["api"], int(f["correlation_id"])) for f in lines)
+    what_if = sorted((h["rule"], h["api_name"], h["correlation_id"]) for h in _hits(result))
+    api_names = {"produce": "Produce", "fetch": "Fetch", "metadata": "Metadata"}
+    assert [(rule, api_names[api], cid) for rule, api, cid in live] == what_if

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 
+# Records up to which the job's latency percentiles are exact (kproxy.analysis.job says why not above).
+EXACT_PERCENTILES_MAX = 1_000_000
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("captures", nargs="+", metavar="CAPTURE",
@@ -18,8 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="keep per-minute aggregates up to date as the capture grows (Structured Streaming; "
                              "until Ctrl-C)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="a Spark setting, e.g. spark.driver.memory=4g (exact percentiles over tens of "
-                             "millions of records need memory); repeatable")
+                        help="a Spark setting, e.g. spark.driver.memory=8g; repeatable")
+    parser.add_argument("--exact-percentiles", type=int, default=EXACT_PERCENTILES_MAX, metavar="N",
+                        help="latency percentiles are exact up to N records (default %(default)s); above, "
+                             "approximate (percentile_approx, in bounded memory; the report says so)")
     parser.add_argument("--rules", metavar="FILE",
                         help="what-if: evaluate this rule file against the captured requests, per rule "
                              "(an invalid file: exit 2, every problem listed)")

@@ -8,9 +8,16 @@ collected (they are small: per api, per minute, per top-N) for the report.
 Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
 
 * ``latency_by_api`` / ``latency_by_minute``: requests and p50/p95/p99/max of
-  broker and kproxy latency, per api (and minute). Percentiles are exact,
+  broker and kproxy latency, per api (and minute). Percentiles are exact up to
+  ``exact_percentiles_max`` records (default :data:`EXACT_PERCENTILES_MAX`):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
-  default); broker latency ignores requests without one (local answers, acks=0).
+  default), which keeps every distinct value of a group in memory (10 million
+  records ran a 4 GiB driver out of heap; 2 million took 261 s on local[2]
+  where 3 million approximate took 14 s). Above that, ``percentile_approx``
+  with accuracy :data:`APPROX_ACCURACY`: a value of the group whose rank is
+  within ``n / APPROX_ACCURACY`` of the exact one (``n``: the group's size), in
+  bounded memory. Broker latency ignores requests without one (local answers,
+  acks=0).
 * ``errors``: per api and error code, the requests whose response carried that
   code (top level or in any partition) and their share of the api's requests.
 * ``top_clients`` / ``top_topics``: requests, bytes, records and requests with
@@ -44,11 +51,13 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
 from kproxy.analysis.schema import spark_schema
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
 from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
 
 PERCENTILES = (0.5, 0.95, 0.99)
+APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/10,000 of a group
 TOP_N = 20
 PARQUET_MAGIC = b"PAR1"
 
@@ -82,6 +91,7 @@ class Analysis:
     problems: list[InputProblem]
     tables: dict[str, list[dict[str, Any]]]
     out: str = ""  # where the Parquet aggregates were written
+    exact_percentiles: bool = True  # False: percentile_approx (more than exact_percentiles_max records)
     whatif: WhatIf | None = None  # how a --rules what-if ran (its tables are in ``tables``, whatif_*)
 
 
@@ -128,7 +138,7 @@ def check_file(path: Path) -> InputProblem | None:
     if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
         return InputProblem(str(path), "not a complete Parquet file (no PAR1 magic at both ends: cut short, "
                                        "or another format)")
-    import pyarrow.parquet as pq  # the analysis extra carries pyarrow (Spark's Arrow transfer needs it)
+    import pyarrow.parquet as pq  # the analysis extra carries pyarrow: the footer check before Spark reads
 
     try:
         metadata = pq.read_metadata(path).metadata
@@ -166,11 +176,16 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
 
 
 # -- aggregates ------------------------------------------------------------------------------
-def _latency(group: list[str]) -> list[Any]:
+def percentile(column: str, p: float, exact: bool) -> Any:
+    """The ``p`` percentile of ``column``: exact, or ``percentile_approx`` (see the module docstring)."""
+    return F.percentile(column, p) if exact else F.percentile_approx(column, p, APPROX_ACCURACY)
+
+
+def _latency(exact: bool) -> list[Any]:
     cols: list[Any] = [F.count(F.lit(1)).alias("requests")]
     for name, column in (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms")):
         for p in PERCENTILES:
-            cols.append(F.percentile(column, p).alias(f"{name}_p{round(p * 100)}_ms"))
+            cols.append(percentile(column, p, exact).alias(f"{name}_p{round(p * 100)}_ms"))
         cols.append(F.max(column).alias(f"{name}_max_ms"))
     return cols
 
@@ -183,16 +198,16 @@ def _error_codes(df: DataFrame) -> DataFrame:
     return df.select("api_name", "client_id", "partitions", F.explode(codes).alias("code"))
 
 
-def aggregates(df: DataFrame) -> dict[str, DataFrame]:
-    """Every aggregate of the report, as (lazy) DataFrames."""
+def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
+    """Every aggregate of the report, as (lazy) DataFrames; ``exact``: exact percentiles, else approximate."""
     minute = F.date_trunc("minute", F.col("request_time")).alias("minute")
     has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
         F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
     df = df.withColumn("has_error", has_error).withColumn(
         "bytes", F.col("request_bytes") + F.coalesce(F.col("response_bytes"), F.lit(0)))
     out: dict[str, DataFrame] = {}
-    out["latency_by_api"] = df.groupBy("api_name").agg(*_latency([])).orderBy(F.desc("requests"))
-    out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency([])).orderBy("minute", "api_name")
+    out["latency_by_api"] = df.groupBy("api_name").agg(*_latency(exact)).orderBy(F.desc("requests"))
+    out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency(exact)).orderBy("minute", "api_name")
 
     per_api = df.groupBy("api_name").agg(F.count(F.lit(1)).alias("api_requests"))
     errors = _error_codes(df).groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
@@ -235,11 +250,11 @@ def aggregates(df: DataFrame) -> dict[str, DataFrame]:
     closed = spans.groupBy(F.date_trunc("minute", "last").alias("minute")).agg(F.count(F.lit(1)).alias("closed"))
     out["connection_churn"] = (opened.join(closed, "minute", "full_outer").na.fill(0, ["opened", "closed"])
                                .orderBy("minute"))
-    out["faults"] = _faults(df)
+    out["faults"] = _faults(df, exact)
     return out
 
 
-def _faults(df: DataFrame) -> DataFrame:
+def _faults(df: DataFrame, exact: bool) -> DataFrame:
     by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
     nxt = (df.select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
            .withColumn("next_api", F.lead("api_name").over(by_connection))
@@ -251,15 +266,17 @@ def _faults(df: DataFrame) -> DataFrame:
     return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
                        delay_ms.alias("delay_ms"))
             .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"), "api_name", "then")
-            .agg(F.count(F.lit(1)).alias("requests"), F.percentile("delay_ms", 0.5).alias("median_delay_ms"))
+            .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
             .orderBy("rule", "action", "api_name", "then"))
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
-                 progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None) -> Analysis:
+                 progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None,
+                 exact_percentiles_max: int = EXACT_PERCENTILES_MAX) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
 
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
+    ``exact_percentiles_max``: more records than this, and percentiles are approximate.
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
@@ -277,7 +294,10 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records")])
     tables: dict[str, list[dict[str, Any]]] = {}
     out_dir = str(out)
-    for name, frame in aggregates(df).items():
+    exact = span["n"] <= exact_percentiles_max
+    if not exact:
+        progress(f"{span['n']} records: approximate percentiles (percentile_approx, accuracy {APPROX_ACCURACY})")
+    for name, frame in aggregates(df, exact=exact).items():
         progress(f"aggregating {name}")
         frame = frame.cache()
         frame.write.mode("overwrite").parquet(os.path.join(out_dir, name))
@@ -289,7 +309,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
         tables.update(found)
     df.unpersist()
     return Analysis(records=span["n"], files=len(inputs.files) + len(inputs.uris), first=span["first"],
-                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir, whatif=info)
+                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir, whatif=info,
+                    exact_percentiles=exact)
 
 
 class NoInput(Exception):
@@ -302,12 +323,27 @@ class NoInput(Exception):
 
 def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
     """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small);
-    ``conf`` (e.g. ``spark.driver.memory=4g`` for exact percentiles over tens of millions of
-    records: Spark's ``percentile`` keeps every distinct value of a group) goes last and wins."""
+    ``conf`` goes last and wins.
+
+    In local mode the driver is the executor too, and Spark's default driver memory (1 GiB) is
+    short for millions of records: it gets :func:`local_driver_memory` unless ``conf`` names one.
+    """
     builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "8"))
+    if master.startswith("local") and not any(key == "spark.driver.memory" for key, _ in conf):
+        builder = builder.config("spark.driver.memory", local_driver_memory())
     for key, value in conf:
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def local_driver_memory(physical: int | None = None) -> str:
+    """A quarter of this machine's memory, between 1 and 8 GiB (``spark.driver.memory`` syntax)."""
+    if physical is None:
+        try:
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            physical = 4 << 30
+    return f"{min(8, max(1, physical // 4 >> 30))}g"

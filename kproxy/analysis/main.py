@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from kproxy.analysis.arguments import add_arguments
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments
 from kproxy.analysis.job import NoInput, run_analysis, spark_session
 from kproxy.analysis.report import summary, write_html
 from kproxy.analysis.whatif import WhatIfRules
@@ -20,11 +20,12 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
-            seed: int | None = None) -> int:
+            seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
+    ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
     ``seed``; a file the loader refuses is exit 2 with every problem as file:line: key: reason,
     before Spark starts.
@@ -62,7 +63,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         Path(out).mkdir(parents=True, exist_ok=True)
     spark = spark_session(master, settings)
     try:
-        analysis = run_analysis(paths, out, spark, progress, rules=what_if)
+        analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
-                   follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed)
+                   follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
+                   exact_percentiles=args.exact_percentiles)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from kproxy.analysis.job import Analysis
+from kproxy.analysis.job import APPROX_ACCURACY, Analysis
 from kproxy.protocol.tables import error_name
 
 _TABLES = (
@@ -39,12 +39,18 @@ def error_label(code: int) -> str:
     return f"{error_name(code)} ({code})"
 
 
+APPROXIMATE = (f"Spark's percentile_approx, accuracy {APPROX_ACCURACY}: each a value whose rank is within "
+               f"1/{APPROX_ACCURACY} of its group's size of the exact one")
+
+
 def summary(analysis: Analysis, out: TextIO) -> None:
     """A few lines per aggregate: what a person reads in the terminal."""
     w = out.write
     w(f"{analysis.records} records from {analysis.files} capture input(s), {analysis.first} .. {analysis.last} UTC\n")
     for problem in analysis.problems:
         w(f"skipped {problem}\n")
+    if not analysis.exact_percentiles:
+        w(f"percentiles approximate: {APPROXIMATE}\n")
     w("\napi                        requests  broker p50/p99/max ms      kproxy p99 ms\n")
     for r in analysis.tables["latency_by_api"]:
         broker = "-" if r["broker_p50_ms"] is None else (
@@ -92,6 +98,8 @@ def write_html(analysis: Analysis, path: str) -> None:
              "<h1>kproxy capture analysis</h1>",
              f"<p>{analysis.records} records from {analysis.files} input(s), "
              f"{html.escape(str(analysis.first))} .. {html.escape(str(analysis.last))} UTC.</p>"]
+    if not analysis.exact_percentiles:
+        parts.append(f"<p>Percentiles approximate: {html.escape(APPROXIMATE)}.</p>")
     if analysis.problems:
         parts.append("<h2>Inputs left out</h2><ul>" + "".join(
             f"<li>{html.escape(str(p))}</li>" for p in analysis.problems) + "</ul>")

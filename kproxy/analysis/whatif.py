@@ -23,9 +23,10 @@ counts the requests of one api key on one connection in the order they were
 read. Records are therefore evaluated sorted by ``request_time`` within each
 connection (ties, a microsecond apart at most, by correlation id: clients
 number requests in sending order), and the ordinal is counted in that order
-over *every* record of the connection and api key, matched or not. A
-connection's ``request_time`` values come from one monotonic clock plus one
-offset (:mod:`kproxy.capture.observer`), so that order is the read order.
+over *every* record of the connection and api key, matched or not. The
+``request_time`` values of every connection of one kproxy process come from one
+monotonic clock plus one offset (:class:`kproxy.capture.service.CaptureService`),
+so that order is the read order.
 Time conditions (``after_seconds``, ``for_seconds``) count from the rule set's
 load, taken here as the first request of the capture; ``window`` reads
 ``request_time`` as wall time.
@@ -40,15 +41,24 @@ Two evaluation orders:
   proxy, so the live decision depends on the order of requests across
   connections. Then one engine sees every record, sorted by ``request_time``
   (ties by connection id, then correlation id): one Spark task, the price of
-  an exact answer. Across connections the clocks differ by the offsets'
-  error (well under a millisecond), the one place a what-if may order two
-  requests differently from the live proxy.
+  an exact answer. Requests of two connections read in one instant (equal
+  ``request_time``) are the one place a what-if may order two requests
+  differently from the live proxy; so are captures of several kproxy
+  processes (each its own clock offset).
 
 What a what-if cannot know: the capture shows traffic as it was, so a fault
 the rules would have injected does not change the requests that follow (no
 retries appear); a ``throttle`` charges each request's ``request_bytes`` at
 its captured time; and records the capture dropped (its ``dropped`` metric)
-shift the ordinals of later requests of their connection.
+shift the ordinals of later requests of their connection. Two differences from
+a live run of the same file over the same traffic, by design (the what-if
+matches exactly otherwise: tests/test_whatif.py checks it against a live run):
+``after_seconds`` / ``for_seconds`` count here from the capture's first
+request, live from the rule file's load (the capture does not know when that
+was); and Fetch v13+ requests name topics by id, which the live rules see as
+the id's text while the capture names them (ids learned from Metadata
+responses), so a ``topic`` condition on those Fetches matches here what it
+could not live.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import os
 import time
 from typing import Any
 
-from kproxy.capture.observer import CaptureObserver, ConnectionInfo, PayloadOptions, Tee, TopicNames, split_peer
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee, split_peer
+from kproxy.capture.records import PayloadOptions, RecordBuilder, TopicNames
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.proxy.principal import tls_principal
@@ -22,11 +23,16 @@ class CaptureService:
 
     def __init__(self, options: CaptureOptions) -> None:
         assert options.dir is not None
-        self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
-                                    rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
-                                    queue_size=options.queue_size)
         self.topics = TopicNames()
         self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
+        # Observers offer captured exchanges; the writer thread reads them (RecordBuilder), off the loop.
+        self.builder = RecordBuilder(self.topics, self.payloads)
+        self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
+                                    rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
+                                    queue_size=options.queue_size, rows=self.builder.rows)
+        # Wall time of the sessions' perf_counter clock, read once: every connection's records on one
+        # time line (the what-if orders requests across connections by it, kproxy.analysis.whatif).
+        self.clock_offset = time.time() - time.perf_counter()
         # Connection ids unique across processes writing to one directory: pid and start time.
         self._prefix = f"{os.getpid():x}-{int(time.time()):x}"
         self._connections = 0
@@ -48,7 +54,7 @@ class CaptureService:
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
                               principal=_tls_subject(client))
-        capture = CaptureObserver(conn, self.writer.offer, self.topics, self.payloads)
+        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset, reader=self.builder)
         return capture if metrics is None else Tee(metrics, capture)
 
     def connection_closed(self, observer: SessionObserver | None) -> None:

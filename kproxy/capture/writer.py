@@ -19,8 +19,14 @@ being the requests' (``request_time``), so Spark's partition discovery gives an
 Contract of :class:`CaptureWriter`:
 
 * :meth:`~CaptureWriter.offer` never blocks and never raises: a full queue
-  drops the record and counts it (``dropped``). It is called from the proxy's
-  event loop; everything that touches the disk happens on the writer thread.
+  (``queue_size`` items, or ``queue_bytes`` of frames referenced) drops the
+  item and counts it (``dropped``). It is called from the proxy's event loop
+  and costs an append: it does not wake the writer thread per item (a wake
+  per request costs the loop a GIL hand-over each time). The thread wakes
+  every ``poll_seconds``, or at once when the queue is a quarter full.
+  Everything else (turning items into rows, Arrow, the disk) happens on the
+  writer thread, a slice of items at a time, giving the GIL back between
+  slices so that the event loop waits at most one slice.
 * A file is rotated when it reaches ``rotate_bytes``, has been open
   ``rotate_seconds``, or the hour changes. After each write the oldest complete
   files are deleted while all files together exceed ``max_bytes_total``.
@@ -36,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from collections import deque
@@ -49,16 +54,21 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kproxy.capture.schema import COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
+from kproxy.capture.records import dict_rows
+from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 
 log = logging.getLogger("kproxy.capture")
 
 HOUR_US = 3_600_000_000
-# Records converted to Arrow per call: the conversion holds the GIL throughout (it reads Python
-# objects), so it goes in slices of ~2 ms (≈ 6 µs a record) that let the proxy's event loop run
-# between them; a 10,000-record row group converted at once would stall it for ~60 ms.
-CONVERT_SLICE = 256
-_STOP = object()
+# Items turned into rows per slice: reading frames is Python holding the GIL (~5-15 µs an item,
+# bench/bench_capture.py), so the writer gives the GIL back after each slice of well under a
+# millisecond: the proxy's event loop, if it wants the GIL meanwhile, waits that long at worst
+# (not CPython's 5 ms switch interval, nor a whole batch).
+CONVERT_SLICE = 32
+# Rows become Arrow columns a row group at a time, a column per call (pa.array: a C loop over
+# Python objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
+ROWS = Callable[[list[Any]], list[tuple[Any, ...]]]
+_REQUEST_TIME = COLUMN_NAMES.index("request_time")
 
 _ARROW_SCALARS: dict[str, pa.DataType] = {
     "bool": pa.bool_(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
@@ -154,14 +164,21 @@ class _OpenFile:
 
 
 class CaptureWriter:
-    """Queue + thread writing capture records (dicts of :mod:`kproxy.capture.schema`) as Parquet.
+    """Queue + thread writing capture records as Parquet.
+
+    The queue holds items; ``rows`` turns a list of them into rows (tuples in
+    :data:`~kproxy.capture.schema.COLUMN_NAMES` order) on the writer thread: by
+    default items are record dicts (:func:`~kproxy.capture.schema.new_record`);
+    the proxy's items are captured exchanges
+    (:meth:`kproxy.capture.records.RecordBuilder.rows`).
 
     ``start()`` scans ``directory`` (stale temporary files removed, existing
     capture files counted towards the cap), then starts the thread.
     """
 
     def __init__(self, directory: Path, *, max_bytes_total: int, rotate_bytes: int, rotate_seconds: float,
-                 queue_size: int = 10_000, row_group_rows: int = 10_000, flush_seconds: float = 1.0,
+                 queue_size: int = 10_000, queue_bytes: int = 256 * 1024 * 1024, row_group_rows: int = 10_000,
+                 flush_seconds: float = 1.0, poll_seconds: float = 0.1, rows: ROWS = dict_rows,
                  clock: Callable[[], float] = time.time) -> None:
         if rotate_bytes > max_bytes_total:
             raise ValueError("rotate_bytes must not exceed max_bytes_total")
@@ -170,30 +187,58 @@ class CaptureWriter:
         self.rotation = Rotation(rotate_bytes=rotate_bytes, rotate_seconds=rotate_seconds)
         self.row_group_rows = row_group_rows
         self.flush_seconds = flush_seconds
+        self.poll_seconds = min(poll_seconds, flush_seconds / 4)
+        self.rows = rows
         self.clock = clock
         self.schema = arrow_schema()
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        # The queue: a deque (append and popleft are atomic under the GIL) bounded by offer().
+        # Each counter below has one writer: the loop's (offered, _full, _offered_bytes) or the
+        # thread's (_taken_bytes, _lost, written...), so no increment races another.
+        self.queue_size = queue_size
+        self.queue_bytes = queue_bytes
+        self._queue: deque[tuple[Any, int]] = deque()
+        self._wake_items = max(1, queue_size // 4)
+        self._wake_bytes = queue_bytes // 4
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kproxy-capture", daemon=True)
         self._complete: deque[tuple[Path, int]] = deque()
         self._open: _OpenFile | None = None
         self._seq = 0
         self.offered = 0
-        self.dropped = 0  # queue full, or lost to a write error
+        self._full = 0  # dropped by offer(): the queue was full
+        self._offered_bytes = 0
+        self._taken_bytes = 0
+        self._lost = 0  # dropped by the thread: a write error, or offered after close()
         self.written = 0
         self.files_written = 0
         self.files_deleted = 0
         self.write_errors = 0
 
     # -- the event loop's side ---------------------------------------------------------
-    def offer(self, record: dict[str, Any]) -> bool:
-        """Queue one record for writing; False (and counted) when the queue is full."""
+    def offer(self, item: Any, nbytes: int = 0) -> bool:
+        """Queue one item (``nbytes``: the frames it holds on to); False (and counted) when full."""
         self.offered += 1
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
+        q = self._queue
+        held = self._offered_bytes - self._taken_bytes
+        if len(q) >= self.queue_size or held + nbytes > self.queue_bytes:
+            self._full += 1
             return False
+        q.append((item, nbytes))
+        self._offered_bytes += nbytes
+        if len(q) == self._wake_items or (held > self._wake_bytes and not self._wake.is_set()):
+            self._wake.set()
         return True
+
+    @property
+    def queued(self) -> int:
+        """Items offered and not yet taken by the writer thread."""
+        return len(self._queue)
+
+    @property
+    def dropped(self) -> int:
+        """Items offered and never written: the queue was full, a write failed, or offered after close."""
+        return self._full + self._lost
 
     def start(self) -> CaptureWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -212,52 +257,65 @@ class CaptureWriter:
         """Write what is queued, complete the open file; waits up to ``timeout`` seconds."""
         if not self._thread.is_alive():
             return
-        deadline = time.monotonic() + timeout
-        while True:  # the queue may be full: wait for room, within the deadline
-            try:
-                self._queue.put(_STOP, timeout=0.1)
-                break
-            except queue.Full:
-                if time.monotonic() > deadline:
-                    log.warning("event=capture_close_timeout queued=%d", self._queue.qsize())
-                    return
-        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("event=capture_close_timeout queued=%d", len(self._queue))
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
-        pending: list[dict[str, Any]] = []
+        pending: list[tuple[Any, ...]] = []  # rows waiting for a full row group, or flush_seconds
         first_at = 0.0
-        stop = False
-        while not stop:
-            try:
-                item = self._queue.get(timeout=self.flush_seconds / 4)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
-                stop = True
-            elif item is not None:
+        while True:
+            stop = self._stop.is_set()  # read first: what was offered before close() is in the queue now
+            budget = self.queue_size  # a turn ends even while items keep coming: time checks below
+            while self._queue and budget > 0:
+                items = self._take(min(CONVERT_SLICE, budget))
+                budget -= len(items)
                 if not pending:
                     first_at = self.clock()
-                pending.append(item)
-                while len(pending) < self.row_group_rows:  # take what is there without waiting
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is _STOP:
-                        stop = True
-                        break
-                    pending.append(more)
+                pending.extend(self._convert(items))
+                if len(pending) >= self.row_group_rows:
+                    self._write(pending)
+                    pending = []
+                time.sleep(0)  # hand the GIL to the event loop if it waits for it
             now = self.clock()
-            if pending and (stop or len(pending) >= self.row_group_rows or now - first_at >= self.flush_seconds):
+            if pending and (stop or now - first_at >= self.flush_seconds):
                 self._write(pending)
                 pending = []
             if self._open is not None and (stop or self.rotation.due(size=self._open.size,
                                                                      opened_at=self._open.opened_at, now=now)):
                 self._finish()
+            if stop:
+                self._lost += len(self._queue)  # offered after close(): never written
+                self._queue.clear()
+                return
+            if not self._queue:
+                self._wake.wait(self.poll_seconds)
+                self._wake.clear()
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
-        for hour, group in _by_hour(records):
+    def _take(self, n: int) -> list[Any]:
+        q = self._queue
+        items = []
+        nbytes = 0
+        for _ in range(min(n, len(q))):
+            item, size = q.popleft()
+            items.append(item)
+            nbytes += size
+        self._taken_bytes += nbytes
+        return items
+
+    def _convert(self, items: list[Any]) -> list[tuple[Any, ...]]:
+        try:
+            return self.rows(items)
+        except Exception as exc:  # a bug in reading must not stop the capture: the slice is lost, counted
+            self._lost += len(items)
+            log.error("event=capture_convert_failed records=%d error=%s", len(items), _q(repr(exc)))
+            return []
+
+    def _write(self, rows: list[tuple[Any, ...]]) -> None:
+        for hour, group in _by_hour(rows):
             try:
                 if self._open is not None and self._open.hour != hour:
                     self._finish()
@@ -268,7 +326,7 @@ class CaptureWriter:
                 self.write_batch_done(self._open)
             except (OSError, pa.ArrowException) as exc:
                 self.write_errors += 1
-                self.dropped += len(group)
+                self._lost += len(group)
                 log.error("event=capture_write_failed records=%d error=%s", len(group), _q(str(exc)))
                 if self._open is not None:
                     self._open.abandon()
@@ -278,10 +336,13 @@ class CaptureWriter:
                 self._finish()
             self._enforce_cap()
 
-    def _to_table(self, records: list[dict[str, Any]]) -> pa.Table:
-        batches = [pa.RecordBatch.from_pylist(records[i:i + CONVERT_SLICE], schema=self.schema)
-                   for i in range(0, len(records), CONVERT_SLICE)]
-        return pa.Table.from_batches(batches, schema=self.schema)
+    def _to_table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
+        """Rows -> an Arrow table, a column at a time (see ROWS above for the cost)."""
+        arrays = []
+        for values, f in zip(zip(*rows, strict=True), self.schema, strict=True):
+            arrays.append(_column(values, f.type))
+            time.sleep(0)  # as between slices of items (CONVERT_SLICE)
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def write_batch_done(self, file: _OpenFile) -> None:
         """Hook after each row group is written (tests slow the writer down here)."""
@@ -301,7 +362,7 @@ class CaptureWriter:
             size = f.finish()
         except (OSError, pa.ArrowException) as exc:
             self.write_errors += 1
-            self.dropped += f.records
+            self._lost += f.records
             self.written -= f.records
             log.error("event=capture_write_failed records=%d error=%s", f.records, _q(str(exc)))
             f.abandon()
@@ -323,17 +384,53 @@ class CaptureWriter:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
 
 
-def _by_hour(records: list[dict[str, Any]]) -> Iterable[tuple[int, list[dict[str, Any]]]]:
-    """Runs of consecutive records of the same hour (records arrive nearly in time order)."""
-    group: list[dict[str, Any]] = []
+def _column(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
+    """One column of rows; a list of structs arrives as tuples of tuples (None: a null list).
+
+    A column of one value throughout (a connection's address, a null or empty list) is made
+    without reading each value into Arrow: counting them is several times cheaper.
+    """
+    n = len(values)
+    if n and values.count(values[0]) == n:
+        first = values[0]
+        if first is None:
+            return pa.nulls(n, type_)
+        if not pa.types.is_list(type_):
+            return pa.repeat(pa.scalar(first, type=type_), n)
+        if not first:  # every list empty
+            return pa.ListArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+                                            pa.array([], type=type_.value_type), type=type_)
+    if not pa.types.is_list(type_):
+        return pa.array(values, type=type_)
+    struct = type_.value_type
+    offsets = [0]
+    flat: list[tuple[Any, ...]] = []
+    nulls = False
+    for value in values:
+        if value is None:
+            nulls = True
+        else:
+            flat.extend(value)
+        offsets.append(len(flat))
+    fields = [struct.field(i) for i in range(struct.num_fields)]
+    children = zip(*flat, strict=True) if flat else [()] * len(fields)
+    items = pa.StructArray.from_arrays([pa.array(c, type=f.type) for c, f in zip(children, fields, strict=True)],
+                                       fields=fields)
+    mask = pa.array([v is None for v in values], type=pa.bool_()) if nulls else None
+    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), items, type=type_, mask=mask)
+
+
+def _by_hour(rows: list[tuple[Any, ...]]) -> Iterable[tuple[int, list[tuple[Any, ...]]]]:
+    """Runs of consecutive rows of the same hour (rows arrive nearly in time order)."""
+    group: list[tuple[Any, ...]] = []
     current = -1
-    for rec in records:
-        hour = hour_of(rec["request_time"])
+    for row in rows:
+        hour = hour_of(row[_REQUEST_TIME])
         if hour != current and group:
             yield current, group
             group = []
         current = hour
-        group.append(rec)
+        group.append(row)
     if group:
         yield current, group
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
-from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import response_body_offset
 from kproxy.proxy.session import Exchange
 
 
@@ -54,11 +52,7 @@ class BrokerObserver:
         if response is None:
             self.stats.no_response(exchange.api_key, exchange.overhead_seconds)
             return
-        offset = exchange.response_body_offset  # the session's, when it rewrote this response (headers are kept)
-        if not offset:
-            try:
-                offset = response_body_offset(response, exchange.api_key, exchange.api_version)
-            except ProtocolError:
-                offset = len(response)
-        self.stats.response(self.broker, exchange.api_key, exchange.api_version, response, offset,
-                            exchange.broker_seconds, exchange.overhead_seconds)
+        # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
+        # the stats find it from the kind's header layout, without a header decode.
+        self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
+                            exchange.response_body_offset, exchange.broker_seconds, exchange.overhead_seconds)

@@ -19,19 +19,24 @@ Broker identity: every broker-scoped series carries ``node_id``, the Kafka node 
 broker behind the connection's listener, or ``bootstrap`` (:data:`BOOTSTRAP_NODE`) for
 connections through the bootstrap port (whichever configured server accepted them). The
 traffic counters of one node live in their own :class:`BrokerSeries`, which a connection
-looks up once when it opens: per frame, the keys are the same ``(api, version)`` pairs as
-without the label, so the label costs nothing on the hot path; exposition adds it.
+looks up once when it opens: per frame, the label costs nothing on the hot path; exposition adds it.
+
+Per frame, the counters of a message kind (an ``(api_key, api_version)`` pair) are one
+:class:`KindStats` of the connection's broker, found by one dict lookup on an int; it holds its
+counts, its histograms and its response header layout, so nothing else is looked up or built
+per frame. The label-keyed dicts /metrics reads (``requests``, ``responses``, ``byte_counts``)
+are built from the kinds when asked, at scrape time.
 """
 
 from __future__ import annotations
 
-import bisect
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.records import CountBudget, count_records
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
@@ -78,6 +83,48 @@ SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 
 _ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
 
 
+def kind_key(api_key: int, api_version: int) -> int:
+    """The int a kind is found by: ``api_key << 16 | api_version``. Unique over the pairs kept as
+    their own kind (key and version both in 0..32767, from Kafka's tables); any pair with a negative
+    key or version maps to a negative int, which no kept kind has."""
+    return api_key << 16 | api_version
+
+
+class KindStats:
+    """The counters of one message kind on one broker, as labelled: an ``(api, version)`` pair kproxy
+    knows, or the pair every other version of an api (or every unknown api) folds into
+    (``(api, "other")``, ``("unknown", "other")``).
+
+    Objects instead of dicts keyed by label tuples: a request or a response adds to attributes of
+    the kind its connection's :class:`BrokerSeries` finds by one int lookup (:func:`kind_key`), and
+    the kind carries its histograms and response header layout along, so nothing is looked up again.
+    """
+
+    __slots__ = ("api", "broker", "known", "memo", "overhead", "request_bytes", "request_scanner", "requests",
+                 "response_bytes", "responses", "scanner", "tagged_header", "version")
+
+    def __init__(self, api: str, version: int | str, known: bool, tagged_header: bool) -> None:
+        self.api = api
+        self.version = version
+        self.known = known  # False for folded pairs: no scanner for them
+        self.tagged_header = tagged_header  # response header v1: tagged fields after the correlation id
+        self.requests = self.request_bytes = self.responses = self.response_bytes = 0
+        # The broker's latency histogram of the api (shared by its versions) and kproxy's own (shared by
+        # every broker), bound at the kind's first response.
+        self.broker: Histogram | None = None
+        self.overhead: Histogram | None = None
+        self.scanner: object = _MISSING  # the errors-only response scanner, found at the first scan
+        self.request_scanner: object = _MISSING  # the request's (Produce: to count records), likewise
+        self.memo: ScanMemo | None = None  # the kind's remembered scans, if brokers repeat its answers
+
+    def add(self, other: KindStats) -> None:
+        """Add ``other``'s counts (same labels) to this one's; histograms are the series' to add."""
+        self.requests += other.requests
+        self.request_bytes += other.request_bytes
+        self.responses += other.responses
+        self.response_bytes += other.response_bytes
+
+
 class ScanMemo:
     """The remembered error scans of one message kind (see :data:`REPEATING_ANSWERS`): body -> result.
 
@@ -104,7 +151,7 @@ class Histogram:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
     def add(self, other: Histogram) -> None:
@@ -120,6 +167,14 @@ class Histogram:
             out.append((_le(bound), float(running)))
         out.append(("+Inf", float(running + self.counts[-1])))
         return out
+
+
+def _histogram(table: dict[str, Histogram], api: str, bounds: tuple[float, ...]) -> Histogram:
+    """The histogram of ``api`` in ``table``, made on first use."""
+    hist = table.get(api)
+    if hist is None:
+        hist = table[api] = Histogram(bounds)
+    return hist
 
 
 def _le(bound: float) -> str:
@@ -183,16 +238,34 @@ class BrokerSeries:
     """The traffic counters of one ``node_id`` (:attr:`node_id`), keyed as without the label.
 
     Got once per connection from :meth:`TrafficStats.broker`; the label is added at scrape time.
+    Requests and responses are counted in :attr:`kinds` (see :class:`KindStats`); :attr:`requests`
+    and :attr:`responses` are built from them when read.
     """
 
     node_id: str
-    requests: dict[tuple[str, int | str], int] = field(default_factory=dict)
-    responses: dict[tuple[str, int | str], int] = field(default_factory=dict)
+    # kind_key(api key, version) -> its counters, for the pairs kproxy knows (a bounded set).
+    kinds: dict[int, KindStats] = field(default_factory=dict)
+    # api label -> the one KindStats its folded pairs share (versions past the known, unknown apis).
+    folded: dict[str, KindStats] = field(default_factory=dict)
     broker_latency: dict[str, Histogram] = field(default_factory=dict)
     errors: dict[tuple[str, str], int] = field(default_factory=dict)
     # Responses carrying at least one error code, by api and the worst class among their codes:
     # a ratio to responses that stays within 0..1 however many partitions fail at once.
     responses_with_errors: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def all_kinds(self) -> list[KindStats]:
+        """Every kind met, folded ones included (a copy: safe to walk while traffic adds kinds)."""
+        return [*list(self.kinds.values()), *list(self.folded.values())]
+
+    @property
+    def requests(self) -> dict[tuple[str, int | str], int]:
+        """Requests read, by ``(api, version)`` label (built when read: a scrape, a report)."""
+        return {(k.api, k.version): k.requests for k in self.all_kinds() if k.requests}
+
+    @property
+    def responses(self) -> dict[tuple[str, int | str], int]:
+        """Responses written to clients, by ``(api, version)`` label (built when read)."""
+        return {(k.api, k.version): k.responses for k in self.all_kinds() if k.responses}
 
 
 def node_label(node_id: int | str | None) -> str:
@@ -214,7 +287,6 @@ class TrafficStats:
     upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
-    byte_counts: dict[tuple[str, str], int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
     records_uncounted: dict[str, int] = field(default_factory=dict)
     # Client side by (listener, node_id); upstream side by (address, node_id), as kproxy_upstream_up.
@@ -262,7 +334,14 @@ class TrafficStats:
         ``kproxy demo``'s; a copy, made when asked."""
         out = BrokerSeries("*")
         for series in list(self.brokers.values()):
-            for name in ("requests", "responses", "errors", "responses_with_errors"):
+            for name in ("kinds", "folded"):
+                kinds: dict[Any, KindStats] = getattr(out, name)
+                for key, kind in list(getattr(series, name).items()):
+                    total_kind = kinds.get(key)
+                    if total_kind is None:
+                        total_kind = kinds[key] = KindStats(kind.api, kind.version, kind.known, kind.tagged_header)
+                    total_kind.add(kind)
+            for name in ("errors", "responses_with_errors"):
                 into: dict[Any, int] = getattr(out, name)
                 for key, n in list(getattr(series, name).items()):
                     into[key] = into.get(key, 0) + n
@@ -290,59 +369,95 @@ class TrafficStats:
             return known[0], api_version, True
         return known[0], OTHER, False
 
+    # -- what /metrics reads, built per scrape from the kinds ---------------------------
+    @property
+    def byte_counts(self) -> dict[tuple[str, str], int]:
+        """Bytes by ``(api, "request" | "response")``, every broker's together."""
+        out: dict[tuple[str, str], int] = {}
+        for series in list(self.brokers.values()):
+            for k in series.all_kinds():
+                if k.requests:
+                    key = (k.api, "request")
+                    out[key] = out.get(key, 0) + k.request_bytes
+                if k.responses:
+                    key = (k.api, "response")
+                    out[key] = out.get(key, 0) + k.response_bytes
+        return out
+
+    def _kind(self, broker: BrokerSeries, api_key: int, api_version: int) -> KindStats:
+        """The KindStats of a pair not met yet on ``broker`` (made here), or of a folded pair (see
+        :meth:`_labels`): folded pairs are never keyed by their own int, so however many a client
+        cycles through, they cost one kind per api label."""
+        api, version, known = self._labels(api_key, api_version)
+        if known:
+            kind = broker.kinds[kind_key(api_key, api_version)] = KindStats(
+                api, version, True, response_header_version(api_key, api_version) >= 1)
+            if api_key in REPEATING_ANSWERS:  # one memo per kind, shared by every broker's
+                memo = self._scan_memos.get((api_key, api_version))
+                if memo is None:
+                    memo = self._scan_memos[(api_key, api_version)] = ScanMemo()
+                kind.memo = memo
+            return kind
+        folded = broker.folded.get(api)
+        if folded is None:
+            folded = broker.folded[api] = KindStats(api, version, False, False)
+        return folded
+
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None) -> None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
         caller knows it."""
-        key: tuple[str, int | str]
-        span = self._apis.get(api_key)  # _labels, inlined for the usual case: a known pair
-        if span is not None and 0 <= api_version <= span[1]:
-            api, key, known = span[0], (span[0], api_version), True
-        else:
-            api, version, known = self._labels(api_key, api_version)
-            key = (api, version)
-        requests = broker.requests
-        requests[key] = requests.get(key, 0) + 1
-        bkey = (api, "request")
-        self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + size
+        # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
+        kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
+        kind.requests += 1
+        kind.request_bytes += size
         if self.options.client_id_label:
-            ckey = (self._clients(client_id or ""), api)
+            ckey = (self._clients(client_id or ""), kind.api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
-        if frame is not None and api_key == PRODUCE and known:
-            self._count_records(api_key, api_version, Direction.REQUEST, frame, api, body_offset)
+        if frame is not None and api_key == PRODUCE and kind.known:
+            self._count_records(kind, api_key, api_version, frame, body_offset)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
-        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read)."""
-        key: tuple[str, int | str]
-        span = self._apis.get(api_key)
-        if span is not None and 0 <= api_version <= span[1]:
-            api, key, known = span[0], (span[0], api_version), True
-        else:
-            api, version, known = self._labels(api_key, api_version)
-            key = (api, version)
-        responses = broker.responses
-        responses[key] = responses.get(key, 0) + 1
-        bkey = (api, "response")
-        self.byte_counts[bkey] = self.byte_counts.get(bkey, 0) + len(frame)
+        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read).
+
+        ``body_offset`` 0 means "not known": it is found here from the kind's response header layout
+        (no header decode), and only when the body is scanned; a header that cannot be read makes the
+        response undecodable."""
+        kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)  # see request
+        kind.responses += 1
+        kind.response_bytes += len(frame)
+        # Histogram.observe, inlined: two per response.
         if broker_seconds is not None:
-            hist = broker.broker_latency.get(api)
+            hist = kind.broker
             if hist is None:
-                hist = broker.broker_latency[api] = Histogram(BROKER_BUCKETS)
-            hist.observe(broker_seconds)
-        hist = self.overhead.get(api)
+                hist = kind.broker = _histogram(broker.broker_latency, kind.api, BROKER_BUCKETS)
+            hist.counts[bisect_left(hist.bounds, broker_seconds)] += 1
+            hist.sum += broker_seconds
+        hist = kind.overhead
         if hist is None:
-            hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
-        hist.observe(overhead_seconds)
+            hist = kind.overhead = _histogram(self.overhead, kind.api, OVERHEAD_BUCKETS)
+        hist.counts[bisect_left(hist.bounds, overhead_seconds)] += 1
+        hist.sum += overhead_seconds
         if not self.options.scan_responses:
             return
-        if known:
-            self._scan_errors(broker, api_key, api_version, frame, body_offset, api)
-        else:
+        if not kind.known:
             # Nothing to scan it with; and a scanner cache entry per pair would grow without bound.
-            self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
+            self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
+            return
+        if not body_offset:
+            if not kind.tagged_header:
+                body_offset = 8  # size, correlation id
+            elif len(frame) > 8 and frame[8] == 0:
+                body_offset = 9  # and no tagged fields: the usual header v1
+            else:
+                try:
+                    body_offset = response_body_offset(frame, api_key, api_version)
+                except ProtocolError:
+                    body_offset = len(frame)  # the scan then fails: counted as undecodable
+        self._scan_errors(broker, kind, api_key, api_version, frame, body_offset)
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
@@ -352,18 +467,21 @@ class TrafficStats:
             hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
         hist.observe(overhead_seconds)
 
-    def _scan(self, api_key: int, api_version: int, direction: Direction, frame: bytes, offset: int
-              ) -> tuple[list[Entry], list[tuple[int, int]]] | None:
-        """Run the errors-only scanner of a message kind: (non-zero error entries, records ranges).
-
-        The generated scanner is called directly (found once per kind), not through
-        :func:`scan_body`: this runs for every request and response. None when the
-        kind is unknown or the bytes cannot be read.
-        """
+    def _scanner(self, api_key: int, api_version: int, direction: Direction) -> object:
+        """The generated errors-only scanner of a message kind (None: unknown kind), made once."""
         key = (api_key, api_version, direction)
         fn = self._scanners.get(key, _MISSING)
         if fn is _MISSING:
             fn = self._scanners[key] = scanner(api_key, api_version, direction, errors_only=True)
+        return fn
+
+    @staticmethod
+    def _run_scan(fn: object, frame: bytes, offset: int) -> _ScanResult:
+        """Run a scanner from :meth:`_scanner`: (non-zero error entries, records ranges).
+
+        The generated scanner is called directly, not through :func:`scan_body`: this runs for
+        every response. None when the kind is unknown or the bytes cannot be read.
+        """
         if fn is None:
             return None
         acc: list[Entry] = []
@@ -374,13 +492,16 @@ class TrafficStats:
             return None
         return acc, recs
 
-    def _scan_response(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> _ScanResult:
-        """:meth:`_scan` of a response, remembered per body for the kinds brokers repeat."""
-        if api_key not in REPEATING_ANSWERS:
-            return self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
-        memo = self._scan_memos.get((api_key, api_version))
+    def _scan_response(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, body_offset: int
+                       ) -> _ScanResult:
+        """The error scan of a (known) kind's response, remembered per body for the kinds brokers repeat
+        (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
+        fn = kind.scanner
+        if fn is _MISSING:
+            fn = kind.scanner = self._scanner(api_key, api_version, Direction.RESPONSE)
+        memo = kind.memo
         if memo is None:
-            memo = self._scan_memos[(api_key, api_version)] = ScanMemo()  # known pairs only: bounded
+            return self._run_scan(fn, frame, body_offset)
         size = len(frame) - body_offset
         key: bytes | tuple[int, int]
         if size <= SCAN_MEMO_BODY_MAX:
@@ -391,7 +512,7 @@ class TrafficStats:
         results = memo.results
         if key in results:
             return results[key]
-        found = self._scan(api_key, api_version, Direction.RESPONSE, frame, body_offset)
+        found = self._run_scan(fn, frame, body_offset)
         if found is not None and found[1]:
             found = (found[0], [])  # record ranges are offsets into this frame: never reused
         cost = len(key) if isinstance(key, bytes) else 1024
@@ -402,11 +523,12 @@ class TrafficStats:
         memo.bytes += cost
         return found
 
-    def _scan_errors(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
-                     api: str) -> None:
-        found = self._scan_response(api_key, api_version, frame, body_offset)
+    def _scan_errors(self, broker: BrokerSeries, kind: KindStats, api_key: int, api_version: int, frame: bytes,
+                     body_offset: int) -> None:
+        api = kind.api
+        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
         if found is None:
-            # Unknown api/version, or a body we cannot read: counted, never fatal.
+            # A body we cannot read: counted, never fatal.
             self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
             return
         entries, records = found
@@ -431,14 +553,19 @@ class TrafficStats:
         if api_key == FETCH and records:
             self._add_records(api, frame, records)
 
-    def _count_records(self, api_key: int, api_version: int, direction: Direction, frame: bytes, api: str,
-                       offset: int | None) -> None:
+    def _count_records(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, offset: int | None
+                       ) -> None:
+        """Count the records of a (known) kind's request: Produce."""
         if offset is None:
             offset = request_body_offset(frame, api_key, api_version)
-        found = None if offset is None else self._scan(api_key, api_version, direction, frame, offset)
+            if offset is None:
+                return  # a malformed request is the broker's to refuse; nothing to count
+        fn = kind.request_scanner
+        if fn is _MISSING:
+            fn = kind.request_scanner = self._scanner(api_key, api_version, Direction.REQUEST)
+        found = self._run_scan(fn, frame, offset)
         if found is not None and found[1]:
-            self._add_records(api, frame, found[1])
-        # else: a malformed request is the broker's to refuse; nothing to count
+            self._add_records(kind.api, frame, found[1])
 
     def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
         """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
@@ -446,8 +573,10 @@ class TrafficStats:
         is not counted at all but counted as such (a partial count would look like a real one)."""
         view = memoryview(frame)
         budget = CountBudget(RECORD_COUNT_BUDGET)
+        count = 0
         try:
-            count = sum(count_records(view[start:end], budget=budget) for start, end in ranges)
+            for start, end in ranges:  # a loop, not sum() over a generator: one range is the usual case
+                count += count_records(view[start:end], budget=budget)
         except ProtocolError:
             count = -1
         if count < 0 or budget.exhausted:

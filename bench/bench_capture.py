@@ -1,0 +1,144 @@
+"""Capture micro-benchmark: what the capture costs per exchange, on the event loop and on the writer thread.
+
+    .venv/bin/python bench/bench_capture.py [--exchanges N] [--tree NAME=DIR ...]
+
+For each kind of exchange (the proxy benchmark's: ApiVersions v3, Metadata v1
+of 10 topics x 3 partitions, Produce v7 of one 100 B record, Fetch v11 of one
+batch; every Produce and Fetch different, as a client's are), N exchanges go
+through a sans-IO session whose observer is the capture's, offering to a real
+CaptureWriter's queue (its thread not started: nothing competes). Timed
+separately, in CPU time of the process:
+
+* loop: ``Session.report()`` handing the N exchanges to the capture observer
+  (what the proxy's event loop pays per exchange, the offer included);
+* writer: turning what was queued into one Arrow table (what the writer thread
+  pays, under the GIL, before Parquet encoding and the disk).
+
+``--tree NAME=DIR`` measures another checkout too (e.g. main before a change),
+each tree in its own process, so before and after come from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KINDS = ("ApiVersions v3", "Metadata v1 (10 topics x 3)", "Produce v7 (1 x 100 B)", "Fetch v11 (1 batch)")
+
+
+def _pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
+    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.records import Record, encode_batch_v2
+
+    def batch(i: int) -> bytes:  # every batch differs (timestamp, offset), as a client's do
+        return encode_batch_v2([Record(offset=i, timestamp=1_790_000_000_000 + i, key=None, value=b"x" * 100)],
+                               base_offset=i)
+
+    topics = [{"name": f"topic-{i}", "partitions": [{"partition_index": p, "leader_id": 1, "replica_nodes": [1],
+                                                     "isr_nodes": [1]} for p in range(3)]} for i in range(10)]
+    out = []
+    for cid in range(n):
+        if kind == 0:
+            req = request_frame(18, 3, cid, client_software_name="bench", client_software_version="1")
+            resp = response_frame(18, 3, cid, api_keys=[{"api_key": k, "min_version": 0, "max_version": 9}
+                                                        for k in range(20)])
+        elif kind == 1:
+            req = request_frame(3, 1, cid, topics=None)
+            resp = response_frame(3, 1, cid, brokers=[{"node_id": 1, "host": "b", "port": 9092}], controller_id=1,
+                                  topics=topics)
+        elif kind == 2:
+            req = request_frame(0, 7, cid, acks=1, timeout_ms=1000,
+                                topic_data=[{"name": "bench", "partition_data": [{"index": 0, "records": batch(cid)}]}])
+            resp = response_frame(0, 7, cid, responses=[{"name": "bench", "partition_responses": [
+                {"index": 0, "error_code": 0}]}])
+        else:
+            req = request_frame(1, 11, cid, topics=[{"topic": "bench", "partitions": [{"partition": 0}]}])
+            resp = response_frame(1, 11, cid, responses=[{"topic": "bench", "partitions": [
+                {"partition_index": 0, "high_watermark": cid + 1, "records": batch(cid)}]}])
+        out.append((req, resp))
+    return out
+
+
+def measure(n: int) -> dict[str, list[float]]:
+    """Per kind: [loop µs/exchange, writer µs/exchange] with the kproxy on sys.path."""
+    from kproxy.capture import observer as obs_mod
+    from kproxy.capture.writer import CaptureWriter
+    from kproxy.proxy.addresses import AddressMap
+    from kproxy.proxy.rewrite import ResponseRewriter
+    from kproxy.proxy.session import Session
+
+    new_api = hasattr(obs_mod, "Captured")
+    out: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        warm_up = [(kind, "warm-up") for kind in range(len(KINDS))]  # the first pa.array call loads pyarrow...
+        for kind, name in warm_up + list(enumerate(KINDS)):
+            pairs = _pairs(kind, n if name != "warm-up" else 100)
+            conn = obs_mod.ConnectionInfo(connection_id="c-1", client_host="127.0.0.1", client_port=50000,
+                                          listener="broker-1", upstream="127.0.0.1:9092")
+            if new_api:
+                from kproxy.capture.records import RecordBuilder
+
+                builder = RecordBuilder()
+                writer = CaptureWriter(Path(tmp), max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
+                                       queue_size=n, rows=builder.rows)
+                observer = obs_mod.CaptureObserver(conn, writer.offer)
+            else:
+                writer = CaptureWriter(Path(tmp), max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
+                                       queue_size=n)
+                observer = obs_mod.CaptureObserver(conn, writer.offer, obs_mod.TopicNames(), obs_mod.PayloadOptions())
+            session = Session(ResponseRewriter(AddressMap("kproxy.bench", 40000)), observer=observer)
+            for req, resp in pairs:
+                session.receive_client(req)
+                session.receive_upstream(resp)
+            t0 = time.process_time()
+            session.report()
+            loop = time.process_time() - t0
+            t0 = time.process_time()
+            if new_api:
+                items = writer._take(n)
+                table = writer._to_table(writer.rows(items))
+            else:
+                records = [writer._queue.get_nowait() for _ in range(writer._queue.qsize())]
+                table = writer._to_table(records)
+            conv = time.process_time() - t0
+            assert table.num_rows == len(pairs), (table.num_rows, len(pairs))
+            out[name] = [loop / len(pairs) * 1e6, conv / len(pairs) * 1e6]
+    del out["warm-up"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--exchanges", type=int, default=10_000)
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
+                        help="another checkout to measure too, e.g. before=/tmp/main")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one tree, for the parent
+    args = parser.parse_args()
+    if args.json:
+        print(json.dumps(measure(args.exchanges)))
+        return
+    trees = [("this tree", str(ROOT))] + [tuple(t.split("=", 1)) for t in args.tree]
+    results = {}
+    for name, directory in trees:
+        env = dict(os.environ, PYTHONPATH=directory)
+        run = subprocess.run([sys.executable, __file__, "--json", "--exchanges", str(args.exchanges)],
+                             env=env, cwd=directory, capture_output=True, text=True, check=True)
+        results[name] = json.loads(run.stdout)
+    print(f"{args.exchanges} exchanges per kind; µs per exchange (CPU time of the process, one process per tree)\n")
+    print("| exchange | tree | loop µs | writer µs | total µs |")
+    print("| --- | --- | --- | --- | --- |")
+    for kind in KINDS:
+        for name, _ in trees:
+            loop, conv = results[name][kind]
+            print(f"| {kind} | {name} | {loop:.2f} | {conv:.2f} | {loop + conv:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,469 @@
+"""From captured exchanges to capture records, on the writer thread, a batch at a time.
+
+The observer (:mod:`kproxy.capture.observer`) hands the writer one
+:data:`Captured` tuple per request/response pair: references to the frames as
+they went through (immutable ``bytes``, never copied) and a few numbers. All the
+reading happens here, off the proxy's event loop, when the writer takes a batch:
+:meth:`RecordBuilder.rows` turns the batch into rows (tuples in the order of
+:data:`kproxy.capture.schema.COLUMN_NAMES`, nested lists as tuples in their item
+order) that the writer transposes into Arrow columns.
+
+What is read, and how far:
+
+* every request: its header (client id) and a topic/partition scan of the body
+  (records skipped by length, their byte ranges noted); Produce's acks and
+  transactional id read in place; group and transaction requests (small)
+  decoded fully for ``group_id`` / ``transactional_id``. Produce and Fetch
+  bodies are never decoded.
+* every response: a scan for error codes per partition and for Fetch's record
+  batches. Responses other than Produce and Fetch keep only their non-zero
+  per-partition codes (a Metadata response lists every partition of the
+  cluster; that is not traffic).
+* records are counted from batch headers (no decompression); keys and values
+  are decoded only with ``include_payloads``, cut to ``payload_max_bytes``.
+* what was read of a small frame is kept, by its content less the correlation
+  id (:data:`CACHE_FRAME`): a repeated request or response is read once.
+
+Fetch v13+ names topics by id: :class:`TopicNames` learns id -> name from the
+Metadata responses of every connection, the only responses decoded in full.
+The writer reads the batches in the order the observers offered them, so a
+name learned from a Metadata response serves the Fetch records after it.
+
+This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
+used by one thread, the writer's.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kproxy.capture.schema import COLUMN_NAMES, PARTITION_ITEMS, PAYLOAD_ITEMS, RULE_DECISION_ITEMS, SCHEMA_VERSION
+from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.headers import request_body_offset, response_body_offset
+from kproxy.protocol.messages import decode_body
+from kproxy.protocol.records import count_records, decode_all
+from kproxy.protocol.requests import request_client_id
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
+from kproxy.protocol.schema import Direction, message_schema
+from kproxy.protocol.tables import ApiKey, api_name
+from kproxy.protocol.wire import Malformed, read_uvarint
+
+log = logging.getLogger("kproxy.capture")
+
+# Plain ints, bound once: compared per exchange (an IntEnum member compares at about twice the cost).
+PRODUCE, FETCH, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FETCH), int(ApiKey.METADATA)
+FIND_COORDINATOR = int(ApiKey.FIND_COORDINATOR)
+_RECORD_APIS = frozenset({PRODUCE, FETCH})
+# Requests decoded in full for group_id / transactional_id: all small, none carries records
+# (DescribeGroups takes a list of groups: not decoded).
+_ID_APIS = frozenset(int(key) for key in (
+    ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR, ApiKey.JOIN_GROUP, ApiKey.HEARTBEAT,
+    ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP, ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN,
+    ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
+    ApiKey.CONSUMER_GROUP_HEARTBEAT))
+TOPIC_NAMES_CAP = 100_000
+_READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
+
+# One captured exchange, as the observer offers it (a plain tuple: built on the event loop per
+# exchange, where a NamedTuple's constructor costs several times more). Field order:
+#   0 conn          ConnectionInfo of the connection (frozen)
+#   1 clock_offset  wall clock minus the session's clock, seconds (per connection)
+#   2 principal     the connection's principal when the exchange completed
+#   3 request       the request frame, size prefix included (b"" when not seen), or its EarlyRead
+#   4 response      the response frame as released to the client, or its EarlyRead; None: none
+#                   (acks=0, unanswered)
+#   5 api_key  6 api_version  7 correlation_id  8 request_size
+#   9 read_at  10 forwarded_at  11 received_at  12 completed_at   (the session's clock)
+#   13 local        kproxy answered itself
+#   14 response_body_offset  where the response body starts (0: not computed)
+Captured = tuple[Any, ...]
+_SCALARS = len(COLUMN_NAMES) - 3  # partitions, rule_decisions and payloads close every row
+assert COLUMN_NAMES[_SCALARS:] == ("partitions", "rule_decisions", "payloads")
+PARTITION_FIELDS = tuple(c.name for c in PARTITION_ITEMS)
+RULE_DECISION_FIELDS = tuple(c.name for c in RULE_DECISION_ITEMS)
+PAYLOAD_FIELDS = tuple(c.name for c in PAYLOAD_ITEMS)
+
+
+class TopicNames:
+    """Topic id -> name, learned from Metadata responses; bounded (the oldest forgotten first)."""
+
+    def __init__(self, cap: int = TOPIC_NAMES_CAP) -> None:
+        self.cap = cap
+        self._names: dict[uuid.UUID, str] = {}
+
+    def learn(self, topic_id: uuid.UUID, name: str) -> None:
+        if topic_id.int == 0 or self._names.get(topic_id) == name:
+            return
+        if len(self._names) >= self.cap:
+            del self._names[next(iter(self._names))]
+        self._names[topic_id] = name
+
+    def name(self, topic: object) -> str | None:
+        if topic is None:
+            return None
+        if isinstance(topic, uuid.UUID):
+            return self._names.get(topic, str(topic))
+        return str(topic)
+
+
+class _Ranges(list[tuple[int, int, int]]):
+    """The scanner's ``recs`` list, noting for each records field which entry it belongs to.
+
+    A generated scanner appends a partition's records range while walking the
+    partition struct and appends the partition's entry when the struct ends, so
+    a range belongs to the entry at index ``len(acc)`` at the time it is noted.
+    """
+
+    __slots__ = ("acc",)
+
+    def __init__(self, acc: list[Entry]) -> None:
+        super().__init__()
+        self.acc = acc
+
+    def append(self, span: Any) -> None:
+        super().append((len(self.acc), span[0], span[1]))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PayloadOptions:
+    include: bool = False
+    max_bytes: int = 1024
+    max_records: int = 100  # per request/response pair
+
+
+_Parts = dict[tuple[str | None, int | None], list[Any]]
+
+
+# What a scan of one frame contributes to a record: per topic-partition entries (the topic as the
+# frame names it: a name, or a UUID until resolved), and the first non-zero top-level error code.
+_Entry = tuple[Any, int | None, int | None, int, int]  # topic, partition, error code, records, bytes
+_Scan = tuple[tuple[_Entry, ...], int | None]
+# Frames up to this size have their reading cached by content (correlation id left out): clients
+# repeat small requests and get the same small answers (ApiVersions, Metadata refreshes,
+# Heartbeats, Fetches of idle partitions) and reading a Metadata response of a few hundred
+# partitions is the costliest thing the capture does. Not Produce: its requests carry new records
+# and its responses new offsets every time. Bounded: CACHE_ENTRIES per direction.
+CACHE_FRAME = 4096
+CACHE_ENTRIES = 2048
+
+
+# Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
+# soon as the observer sees them, and let go: holding them until the writer's next turn (~0.1 s of
+# traffic) made the proxy's heap grow and churn (page faults: Produce of 100 KB batches cost 4x
+# the CPU per GB with capture on). Reading one costs a few µs whatever its size (records are
+# skipped by length): at most ~0.25 s per GB of such frames, on the loop.
+EARLY_READ_BYTES = 16 * 1024
+
+
+class EarlyRead:
+    """What :class:`RecordBuilder` read of a big frame on the event loop, in its place in a
+    :data:`Captured` tuple: per-partition entries, the facts (request: acks, ids, client id;
+    response: its scan, None when unreadable), payloads when kept, and the frame's size."""
+
+    __slots__ = ("entries", "facts", "payloads", "size")
+
+    def __init__(self, entries: tuple[_Entry, ...], facts: Any, payloads: list[tuple[Any, ...]] | None,
+                 size: int) -> None:
+        self.entries = entries
+        self.facts = facts
+        self.payloads = payloads
+        self.size = size
+
+
+class RecordBuilder:
+    """Rows of capture records from :data:`Captured` exchanges; see the module docstring."""
+
+    def __init__(self, topics: TopicNames | None = None, payloads: PayloadOptions = PayloadOptions()) -> None:
+        self.topics = topics if topics is not None else TopicNames()
+        self.payloads = payloads
+        self._requests: dict[tuple[int, int, bytes], tuple[tuple[_Entry, ...], dict[str, Any]]] = {}
+        self._responses: dict[tuple[int, int, bytes], _Scan] = {}
+
+    def rows(self, batch: Iterable[Captured]) -> list[tuple[Any, ...]]:
+        """One row per exchange, in order; an exchange that cannot be read still makes a row."""
+        return [self.row(item) for item in batch]
+
+    def row(self, item: Captured) -> tuple[Any, ...]:
+        (conn, wall, principal, request, response, api_key, api_version, correlation_id, request_size,
+         read_at, forwarded_at, received_at, completed_at, local, response_offset) = item
+        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        payloads = None
+        req: dict[str, Any] = {}
+        entries: tuple[_Entry, ...] = ()
+        if type(request) is EarlyRead:
+            entries, req, payloads = request.entries, request.facts, request.payloads
+        elif request:
+            key = ((api_key, api_version, request[12:])
+                   if len(request) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
+            hit = self._requests.get(key) if key is not None else None
+            if hit is None:
+                entries, req, payloads = self._request_part(api_key, api_version, request, keep_payloads)
+                if key is not None:
+                    _remember(self._requests, key, (entries, req))
+            else:
+                entries, req = hit
+        parts: _Parts = {}
+        self._merge(parts, entries)
+        top_code: int | None = None
+        response_size = None
+        if response is not None:
+            fetched = None
+            if type(response) is EarlyRead:
+                scan, fetched, response_size = response.facts, response.payloads, response.size
+            else:
+                response_size = len(response)
+                key = ((api_key, api_version, response[8:])
+                       if len(response) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
+                scan = self._responses.get(key) if key is not None else None
+                if scan is None:
+                    scan, fetched = self._response_part(api_key, api_version, response, response_offset,
+                                                        keep_payloads)
+                    if key is not None:
+                        _remember(self._responses, key, scan)
+            if scan is None:  # unreadable: nothing of the pair's topics is sure
+                parts, scan = {}, ((), None)
+            if fetched is not None:
+                payloads = fetched
+            self._merge(parts, scan[0])
+            top_code = scan[1]
+            if top_code is None and _top_level_code(api_key, api_version):
+                top_code = 0
+        record_count = record_bytes = 0
+        partitions: tuple[tuple[Any, ...], ...] = ()
+        if parts:
+            partitions = tuple(tuple(p) for p in parts.values())
+            for p in partitions:
+                record_count += p[3]
+                record_bytes += p[4]
+        # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them.
+        overhead = forwarded_at - read_at
+        broker = None
+        if response is not None:
+            overhead += completed_at - received_at
+            if not local:
+                broker = (received_at - forwarded_at) * 1000.0
+        return (
+            SCHEMA_VERSION,
+            int((read_at + wall) * 1_000_000),
+            int((completed_at + wall) * 1_000_000) if response is not None else None,
+            conn.connection_id, conn.client_host, conn.client_port,
+            req["client_id"] if req else None,
+            principal, conn.listener, conn.node_id, conn.upstream,
+            api_key, api_name(api_key), api_version, correlation_id, request_size,
+            response_size,
+            broker, overhead * 1000.0, local, top_code,
+            req.get("acks"), req.get("group_id"), req.get("transactional_id"),
+            record_count, record_bytes,
+            partitions,
+            (),  # rule decisions: filled once the rules engine reports its decisions
+            payloads if self.payloads.include else None,
+        )
+
+    # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
+    def early_request(self, api_key: int, api_version: int, frame: bytes) -> EarlyRead:
+        """What a record needs of a big request frame, read now so that the frame is not held."""
+        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        entries, req, payloads = self._request_part(api_key, api_version, frame, keep_payloads)
+        return EarlyRead(entries, req, payloads, len(frame))
+
+    def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:
+        """As :meth:`early_request`, of a big response frame (not Metadata: that one teaches
+        :class:`TopicNames`, which only the writer thread touches)."""
+        assert api_key != METADATA
+        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        scan, fetched = self._response_part(api_key, api_version, frame, offset, keep_payloads)
+        return EarlyRead((), scan, fetched, len(frame))
+
+    def _request_part(self, api_key: int, api_version: int, request: bytes, keep_payloads: bool
+                      ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
+        try:
+            entries, req, payloads = self._read_request(api_key, api_version, request, keep_payloads)
+        except _READ_FAILURES as exc:
+            log.debug("event=capture_request_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            entries, req, payloads = (), {}, None
+        req["client_id"] = request_client_id(request, api_key, api_version)  # in the cache key: cached with it
+        return entries, req, payloads
+
+    def _response_part(self, api_key: int, api_version: int, response: bytes, offset: int, keep_payloads: bool
+                       ) -> tuple[_Scan | None, list[tuple[Any, ...]] | None]:
+        """The response's scan (None: unreadable) and Fetch's payloads when kept."""
+        try:
+            return self._read_response(api_key, api_version, response, offset, keep_payloads)
+        except _READ_FAILURES as exc:
+            log.debug("event=capture_response_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            return None, None
+
+    def _read_request(self, api_key: int, api_version: int, frame: bytes, keep_payloads: bool
+                      ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
+        out: dict[str, Any] = {}
+        body = request_body_offset(frame, api_key, api_version)
+        if body is None:
+            raise DecodeError("truncated request header", offset=4)
+        entries: tuple[_Entry, ...] = ()
+        payloads = None
+        fn = scanner(api_key, api_version, Direction.REQUEST)
+        if fn is not None:
+            (entries, _), acc, recs = _scan(fn, frame, body, keep_all=True)
+            if keep_payloads and api_key == PRODUCE:
+                payloads = self._payloads(acc, recs, frame)
+        if api_key == PRODUCE:
+            out["transactional_id"], out["acks"] = _produce_head(frame, body, api_version)
+        elif api_key in _ID_APIS:
+            decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, body)
+            out["group_id"] = decoded.get("group_id")
+            out["transactional_id"] = decoded.get("transactional_id")
+            if api_key == FIND_COORDINATOR:
+                key = decoded.get("key") or next(iter(decoded.get("coordinator_keys") or ()), None)
+                if key is not None:
+                    out["transactional_id" if decoded.get("key_type") == 1 else "group_id"] = key
+        return entries, out, payloads
+
+    def _read_response(self, api_key: int, api_version: int, response: bytes, offset: int, keep_payloads: bool
+                       ) -> tuple[_Scan, list[tuple[Any, ...]] | None]:
+        """What the response adds to the record, and Fetch's payloads when they are kept."""
+        if api_key == METADATA:
+            self._learn_topic_ids(api_version, response, offset)
+        keep_all = api_key in _RECORD_APIS
+        # Other responses keep only non-zero codes: the errors-only scan reads no further than the
+        # last error code (an ApiVersions response: its first field), where a full scan reads all.
+        fn = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not keep_all)
+        if fn is None:
+            return ((), None), None
+        offset = offset or response_body_offset(response, api_key, api_version)
+        scan, acc, recs = _scan(fn, response, offset, keep_all=keep_all)
+        if keep_payloads and api_key == FETCH:
+            return scan, self._payloads(acc, recs, response)
+        return scan, None
+
+    def _merge(self, parts: _Parts, entries: tuple[_Entry, ...]) -> None:
+        for topic, partition, code, n, size in entries:
+            key = (self.topics.name(topic), partition)
+            entry = parts.get(key)
+            if entry is None:
+                parts[key] = [key[0], partition, code, n, size]
+            else:
+                if code is not None:
+                    entry[2] = code
+                entry[3] += n
+                entry[4] += size
+
+    def _payloads(self, acc: list[Entry], recs: _Ranges, frame: bytes) -> list[tuple[Any, ...]]:
+        cap, limit = self.payloads.max_bytes, self.payloads.max_records
+        out: list[tuple[Any, ...]] = []
+        view = memoryview(frame)
+        for index, start, end in recs:
+            topic, partition, _ = acc[index] if index < len(acc) else (None, None, None)
+            try:
+                records = decode_all(view[start:end], check_crc=False)
+            except ProtocolError:
+                continue
+            for rec in records:
+                if len(out) >= limit:
+                    return out
+                out.append((self.topics.name(topic), partition, rec.offset,
+                            None if rec.key is None else bytes(rec.key[:cap]),
+                            None if rec.value is None else bytes(rec.value[:cap]),
+                            -1 if rec.key is None else len(rec.key),
+                            -1 if rec.value is None else len(rec.value)))
+        return out
+
+    def _learn_topic_ids(self, api_version: int, response: bytes, offset: int) -> None:
+        if api_version < 10:  # topic ids appear in Metadata v10 (KIP-516)
+            return
+        offset = offset or response_body_offset(response, METADATA, api_version)
+        body = decode_body(METADATA, api_version, Direction.RESPONSE, response, offset)
+        for topic in body.get("topics") or ():
+            topic_id, name = topic.get("topic_id"), topic.get("name")
+            if isinstance(topic_id, uuid.UUID) and isinstance(name, str):
+                self.topics.learn(topic_id, name)
+
+
+def _scan(fn: Callable[..., int], frame: bytes, offset: int, *, keep_all: bool
+          ) -> tuple[_Scan, list[Entry], _Ranges]:
+    """Run a generated scanner; its entries with their records counted from the batch headers.
+
+    ``keep_all`` False keeps only entries with a non-zero code or records.
+    """
+    acc: list[Entry] = []
+    recs = _Ranges(acc)
+    fn(frame, offset, acc, recs, None)
+    counts: dict[int, tuple[int, int]] = {}
+    if recs:
+        view = memoryview(frame)
+        for index, start, end in recs:
+            n, size = counts.get(index, (0, 0))
+            counts[index] = (n + count_records(view[start:end]), size + end - start)
+    entries: list[_Entry] = []
+    top: int | None = None
+    for i, (topic, partition, code) in enumerate(acc):
+        if topic is None and partition is None:  # a top-level code: the record's error_code
+            if code and top is None:
+                top = code
+            continue
+        n, size = counts.get(i, (0, 0))
+        if keep_all or code or n:
+            entries.append((topic, partition, code, n, size))
+    return (tuple(entries), top), acc, recs
+
+
+def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(cache) >= CACHE_ENTRIES:
+        del cache[next(iter(cache))]  # the oldest
+    cache[key] = value
+
+
+@functools.cache
+def _top_level_code(api_key: int, api_version: int) -> bool:
+    """Does this response have a top-level error code (so that "no error" reads 0, not null)?"""
+    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    return schema is not None and any(f.is_error_code and f.tag is None for f in schema.fields)
+
+
+def as_dict(row: Sequence[Any]) -> dict[str, Any]:
+    """A row as a record dict (nested lists as lists of dicts): the form Arrow's ``to_pylist`` reads back."""
+    out = dict(zip(COLUMN_NAMES, row, strict=True))
+    out["partitions"] = [dict(zip(PARTITION_FIELDS, p, strict=True)) for p in out["partitions"]]
+    out["rule_decisions"] = [dict(zip(RULE_DECISION_FIELDS, d, strict=True)) for d in out["rule_decisions"]]
+    if out["payloads"] is not None:
+        out["payloads"] = [dict(zip(PAYLOAD_FIELDS, p, strict=True)) for p in out["payloads"]]
+    return out
+
+
+def dict_rows(batch: Iterable[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Rows of record dicts (:func:`kproxy.capture.schema.new_record`): for producers of ready records."""
+    out = []
+    for rec in batch:
+        row = [rec[name] for name in COLUMN_NAMES]
+        row[_SCALARS] = tuple(tuple(p[f] for f in PARTITION_FIELDS) for p in row[_SCALARS])
+        row[_SCALARS + 1] = tuple(tuple(d[f] for f in RULE_DECISION_FIELDS) for d in row[_SCALARS + 1])
+        if row[_SCALARS + 2] is not None:
+            row[_SCALARS + 2] = tuple(tuple(p[f] for f in PAYLOAD_FIELDS) for p in row[_SCALARS + 2])
+        out.append(tuple(row))
+    return out
+
+
+def _produce_head(frame: bytes, body: int, api_version: int) -> tuple[str | None, int | None]:
+    """A Produce request's transactional id (v3+) and acks, read in place (the body is never decoded)."""
+    pos = body
+    txn: str | None = None
+    try:
+        if api_version >= 9:  # compact nullable string: length + 1, 0 = null
+            n, pos = read_uvarint(frame, pos)
+            if n:
+                txn = bytes(frame[pos:pos + n - 1]).decode("utf-8", "replace")
+                pos += n - 1
+        elif api_version >= 3:
+            n = int.from_bytes(frame[pos:pos + 2], "big", signed=True)
+            pos += 2
+            if n >= 0:
+                txn = bytes(frame[pos:pos + n]).decode("utf-8", "replace")
+                pos += n
+        acks = int.from_bytes(frame[pos:pos + 2], "big", signed=True)
+        return txn, acks
+    except (Malformed, IndexError):
+        return None, None
