@@ -152,7 +152,9 @@ def test_a_slow_writer_drops_and_counts_never_blocks(tmp_path: Path) -> None:
         t = time.perf_counter()
         accepted += writer.offer(record(i))
         slowest = max(slowest, time.perf_counter() - t)
-    assert slowest < 0.05, f"offer blocked for {slowest:.3f} s"
+    # A blocking offer waits for a 0.2 s batch; on a loaded machine a non-blocking one can still
+    # lose the GIL to the writer for tens of ms (0.064 s was seen), so the bound sits between.
+    assert slowest < 0.15, f"offer blocked for {slowest:.3f} s"
     writer.close()
     assert writer.offered == 5000
     assert writer.dropped > 4000
