@@ -28,11 +28,9 @@ connections reading the rules (kproxy/server/live_rules.py's contract).
 
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import logging
-import time
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -40,7 +38,7 @@ import h11
 import trio
 
 from kproxy.admin.book import AdminError, RuleBook, error
-from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS
+from kproxy.metrics.exposition import accept_connections
 from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.admin")
@@ -57,7 +55,6 @@ class AdminServer:
         self.book = book
         self._token = token.encode() if token else None
         self.port = 0
-        self._next_accept_warning = 0.0
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
@@ -71,20 +68,7 @@ class AdminServer:
                 nursery.start_soon(self._accept, listener, nursery)
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        async with listener:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    name = errno.errorcode.get(exc.errno or 0, "")
-                    if name not in ACCEPT_CAPACITY_ERRORS:
-                        raise
-                    if time.monotonic() >= self._next_accept_warning:
-                        self._next_accept_warning = time.monotonic() + 10
-                        log.warning("event=accept_failed listener=admin error=%s retry_in_s=0.1", name)
-                    await trio.sleep(0.1)
-                    continue
-                nursery.start_soon(self._handle, stream)
+        await accept_connections(listener, nursery, self._handle, name="admin")
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:

@@ -192,6 +192,28 @@ def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
 Readiness = Callable[[], Awaitable[str | None]]
 
 
+async def accept_connections(listener: trio.SocketListener, nursery: trio.Nursery,
+                             handle: Callable[[trio.SocketStream], Awaitable[None]], *, name: str) -> None:
+    """trio.serve_listeners for kproxy's HTTP listeners (metrics, admin), but out of descriptors it
+    logs one logfmt line per 10 s naming the listener (trio's own logs a traceback per failed
+    accept, through the root logger) and keeps accepting."""
+    next_warning = 0.0
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                error = errno.errorcode.get(exc.errno or 0, "")
+                if error not in ACCEPT_CAPACITY_ERRORS:
+                    raise
+                if time.monotonic() >= next_warning:
+                    next_warning = time.monotonic() + 10
+                    log.warning("event=accept_failed listener=%s error=%s retry_in_s=0.1", name, error)
+                await trio.sleep(0.1)
+                continue
+            nursery.start_soon(handle, stream)
+
+
 class MetricsServer:
     """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one address.
 
@@ -202,7 +224,6 @@ class MetricsServer:
         self.registry = registry
         self.ready = ready
         self.port = 0
-        self._next_accept_warning = 0.0
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
@@ -215,22 +236,7 @@ class MetricsServer:
                 nursery.start_soon(self._accept, listener, nursery)
 
     async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        """trio.serve_listeners, but out of descriptors it logs one logfmt line per 10 s (trio's
-        own logs a traceback per failed accept, through the root logger)."""
-        async with listener:
-            while True:
-                try:
-                    stream = await listener.accept()
-                except OSError as exc:
-                    name = errno.errorcode.get(exc.errno or 0, "")
-                    if name not in ACCEPT_CAPACITY_ERRORS:
-                        raise
-                    if time.monotonic() >= self._next_accept_warning:
-                        self._next_accept_warning = time.monotonic() + 10
-                        log.warning("event=accept_failed listener=metrics error=%s retry_in_s=0.1", name)
-                    await trio.sleep(0.1)
-                    continue
-                nursery.start_soon(self._handle, stream)
+        await accept_connections(listener, nursery, self._handle, name="metrics")
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
