@@ -21,9 +21,9 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 from kproxy.capture.writer import CaptureWriter  # noqa: E402
 from kproxy.rules.engine import draw  # noqa: E402
-from kproxy.rules.load import check_files  # noqa: E402
 from kproxy.rules.model import Delay  # noqa: E402
 from kproxy.rules.request import StaticFacts  # noqa: E402
+from kproxy.rules.sources import check_paths  # noqa: E402
 from tests.support.capture import record  # noqa: E402
 from tests.support.captured import PRODUCER_ID, CapturedRun  # noqa: E402
 
@@ -300,7 +300,7 @@ def test_a_rule_file_with_errors_is_refused_with_its_problems(capture: Path, tmp
     bad.write_text("rules:\n  - id: x\n    match: {apii: produce}\n    actions:\n"
                    "      - inject_error: {error: NOT_LEADER_FOR_PARTITON}\n"
                    "  - id: y\n    match: {client_id: \"(unclosed\"}\n    actions: [drop_response]\n")
-    problems = [str(p) for p in check_files([str(bad)])]
+    problems = [str(p) for p in check_paths([str(bad)])]
     assert len(problems) == 3
     assert main(["analyze", str(capture), "--rules", str(bad), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.splitlines()

@@ -2,6 +2,7 @@
 
 * :mod:`.model`   - the rule values (match keys, one class per action kind).
 * :mod:`.load`    - YAML text/files -> :class:`RuleSet`, every problem as ``file:line: key: reason``.
+* :mod:`.sources` - a rule file or a directory of them (a mounted ConfigMap) -> one :class:`RuleSet`.
 * :mod:`.request` - :class:`RequestFacts`, what the engine reads of a request (a plain value interface).
 * :mod:`.facts`   - those facts read lazily from a live request frame.
 * :mod:`.engine`  - :class:`RuleEngine`: facts in, :class:`Decision` out, seeded and reproducible.
@@ -15,9 +16,10 @@ the two), as pyproject.toml's import contracts enforce.
 """
 
 from kproxy.rules.engine import NO_DECISION, Decision, RuleEngine, RuleHit
-from kproxy.rules.load import Problem, RulesError, check_files, load_file, load_text
+from kproxy.rules.load import Problem, RulesError, load_file, load_text
 from kproxy.rules.model import Rule, RuleSet
 from kproxy.rules.request import RequestFacts, StaticFacts
+from kproxy.rules.sources import check_paths, load_path
 
 __all__ = [
     "NO_DECISION",
@@ -30,7 +32,8 @@ __all__ = [
     "RuleSet",
     "RulesError",
     "StaticFacts",
-    "check_files",
+    "check_paths",
     "load_file",
+    "load_path",
     "load_text",
 ]

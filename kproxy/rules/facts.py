@@ -36,7 +36,7 @@ from kproxy.protocol.messages import codec, decode_body
 from kproxy.protocol.scan import SCAN_FAILURES, scanner
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
-from kproxy.rules.request import IpAddress
+from kproxy.rules.request import IpAddress, RequestHeaderFacts
 
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
 PRODUCE, FIND_COORDINATOR, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR), int(ApiKey.METADATA)
@@ -81,7 +81,7 @@ class TopicIdNames(dict[uuid.UUID, str]):
         return n
 
 
-class ParsedRequest(Protocol):
+class ParsedRequest(RequestHeaderFacts, Protocol):
     """A request header its reader has parsed already (``kproxy.proxy.session.Exchange`` is one:
     kproxy.rules may not import the proxy, so this names what it reads of it).
 
@@ -89,14 +89,6 @@ class ParsedRequest(Protocol):
     in the frame (size prefix included), or None when the header cannot be read.
     """
 
-    @property
-    def api_key(self) -> int: ...
-    @property
-    def api_version(self) -> int: ...
-    @property
-    def correlation_id(self) -> int: ...
-    @property
-    def client_id(self) -> str | None: ...
     @property
     def request_body_offset(self) -> int | None: ...
 

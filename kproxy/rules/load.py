@@ -157,17 +157,6 @@ def load_file(path: str) -> RuleSet:
     return load_text(text, path)
 
 
-def check_files(paths: Sequence[str]) -> list[Problem]:
-    """Every problem of every file (empty when all load)."""
-    problems: list[Problem] = []
-    for path in paths:
-        try:
-            load_file(path)
-        except RulesError as exc:
-            problems.extend(exc.problems)
-    return problems
-
-
 class _Loader:
     def __init__(self, source: str) -> None:
         self.source = source

@@ -19,7 +19,21 @@ from typing import Protocol
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-class RequestFacts(Protocol):
+class RequestHeaderFacts(Protocol):
+    """What a request header says, as the rules read it (its reader may decode ``client_id`` on
+    first use)."""
+
+    @property
+    def api_key(self) -> int: ...
+    @property
+    def api_version(self) -> int: ...
+    @property
+    def correlation_id(self) -> int: ...
+    @property
+    def client_id(self) -> str | None: ...
+
+
+class RequestFacts(RequestHeaderFacts, Protocol):
     """One request as the rules see it.
 
     * ``stream_ordinal``: the request's 0-based ordinal among the requests of
@@ -34,14 +48,6 @@ class RequestFacts(Protocol):
       names when the producer could resolve them, else as the id's text.
     """
 
-    @property
-    def api_key(self) -> int: ...
-    @property
-    def api_version(self) -> int: ...
-    @property
-    def correlation_id(self) -> int: ...
-    @property
-    def client_id(self) -> str | None: ...
     @property
     def client_ip(self) -> IpAddress | None: ...
     @property
