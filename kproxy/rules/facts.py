@@ -46,6 +46,10 @@ _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 # Scan of a request's topics (topic, partition, None per partition read) -> its topics() mapping;
 # bounded: starts afresh when full (a request naming a new set of partitions costs one build).
 TOPICS_SEEN_CAP = 4096
+# api_key << 16 | api_version -> the request scanner (None: no schema). Bounded: a client cycling
+# through made-up versions is looked up afresh, not remembered.
+REQUEST_SCANNERS_CAP = 4096
+_REQUEST_SCANNERS: dict[int, Any] = {}
 _TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
 
@@ -159,7 +163,13 @@ class FrameFacts:
         return self._topics
 
     def _scan_topics(self) -> Mapping[str, frozenset[int]]:
-        fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
+        kind = self.api_key << 16 | self.api_version
+        fn = _REQUEST_SCANNERS.get(kind, _UNSET)
+        if fn is _UNSET:
+            # Found once per kind: scanner()'s own cache hashes a key holding an Enum (a Python-level hash).
+            fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
+            if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
+                _REQUEST_SCANNERS[kind] = fn
         offset = self._body_offset
         if fn is None or offset is None:
             return _EMPTY
