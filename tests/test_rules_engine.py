@@ -190,6 +190,13 @@ def test_admits_agrees_with_evaluate_and_counts_nothing() -> None:
     # The web client's fetches counted nothing: the batch client's first fetch is still the first.
     assert ids(e, StaticFacts(api_key=FETCH, client_id="batch-1")) == ["batch-first"]
     assert ids(e, StaticFacts(api_key=FETCH, client_id="batch-1")) == []
+    everyone = engine("""\
+        rules:
+          - id: all
+            match: {}
+            actions: [{delay: {ms: 0}}]
+        """)
+    assert everyone.admits(HEARTBEAT, "web-1", wan, None) and everyone.admits(12345, None, None, 3)
 
 
 def test_schedule_time_conditions() -> None:

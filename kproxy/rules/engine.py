@@ -157,7 +157,9 @@ class RuleEngine:
         self._any = wildcard
         self._by_api: dict[int, tuple[_Compiled, ...]] = {
             k: tuple(c for c in compiled if c.match.apis is None or k in c.match.apis) for k in keys}
-        # Api keys with a rule that no client's fixed keys can exclude: admits() is True without a lookup.
+        # Api keys with a rule that no client's fixed keys can exclude (every key, when an api-agnostic
+        # rule is one): admits() is True without a lookup.
+        self._all_unscoped = any(not c.peer_keys for c in wildcard)
         self._unscoped = frozenset(k for k, cs in self._by_api.items() if any(not c.peer_keys for c in cs))
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
@@ -172,7 +174,7 @@ class RuleEngine:
         id): False means :meth:`evaluate` would decide nothing for any request of theirs with this
         api key, and touch no counter. One dict lookup once the client was met (the same cache as
         :meth:`evaluate`'s), so a caller can skip building a request's facts."""
-        if api_key in self._unscoped:
+        if self._all_unscoped or api_key in self._unscoped:
             return True
         peer = (api_key, client_id, client_ip, broker_id)
         cached = self._by_peer.get(peer)
