@@ -161,6 +161,44 @@ def test_schedule_counts_the_requests_that_pass_the_other_keys() -> None:
     assert [i for i, hit in enumerate(hits) if hit] == [2, 4, 6]
 
 
+def test_admits_agrees_with_evaluate_and_counts_nothing() -> None:
+    """``admits`` is what a caller checks before building a request's facts: False only when
+    ``evaluate`` would decide nothing for that client, and neither call counts a schedule for
+    a client its keys exclude."""
+    e = engine("""\
+        rules:
+          - id: batch-first
+            match: {api: fetch, client_id: "batch-.*", schedule: {first: 1}}
+            actions: [drop_response]
+          - id: lan
+            match: {api: metadata, client_address: "10.1.0.0/16"}
+            actions: [drop_response]
+          - id: any-produce
+            match: {api: produce}
+            actions: [drop_response]
+        """)
+    lan, wan = ipaddress.ip_address("10.1.2.3"), ipaddress.ip_address("192.0.2.1")
+    cases = [(FETCH, "web-1", None), (FETCH, "batch-1", None), (FETCH, None, None), (METADATA, "web-1", lan),
+             (METADATA, "web-1", wan), (PRODUCE, None, None), (HEARTBEAT, "batch-1", lan)]
+    for _ in range(3):  # met, then remembered: the same answer
+        for api, client, ip in cases[:1] + cases[2:]:
+            admitted = e.admits(api, client, ip, None)
+            decided = e.evaluate(Untouchable(api_key=api, client_id=client, client_ip=ip)).matched
+            assert admitted == decided, (api, client, ip)
+    assert [e.admits(api, client, ip, None) for api, client, ip in cases] == [
+        False, True, False, True, False, True, False]
+    # The web client's fetches counted nothing: the batch client's first fetch is still the first.
+    assert ids(e, StaticFacts(api_key=FETCH, client_id="batch-1")) == ["batch-first"]
+    assert ids(e, StaticFacts(api_key=FETCH, client_id="batch-1")) == []
+    everyone = engine("""\
+        rules:
+          - id: all
+            match: {}
+            actions: [{delay: {ms: 0}}]
+        """)
+    assert everyone.admits(HEARTBEAT, "web-1", wan, None) and everyone.admits(12345, None, None, 3)
+
+
 def test_schedule_time_conditions() -> None:
     e = engine("""\
         rules:
@@ -297,6 +335,23 @@ def test_produce_facts(version: int) -> None:
             actions: [drop_response]
         """)
     assert ids(e, facts) == ["r"]  # type: ignore[arg-type]
+
+
+def test_produce_topics_are_remembered_per_scan_and_read_only() -> None:
+    """A producer's requests name the same partitions again and again: the second read finds the
+    first's mapping (shared, so read-only); other partitions read as themselves."""
+
+    def produce(correlation_id: int, *partitions: int) -> bytes:
+        return request_frame(PRODUCE, 7, correlation_id, client_id="p", transactional_id=None, acks=1,
+                             timeout_ms=100, topic_data=[{"name": "orders", "partition_data": [
+                                 {"index": p, "records": None} for p in partitions]}])
+
+    first = frame_facts(produce(1, 0, 1)).topics()
+    again = frame_facts(produce(2, 0, 1)).topics()
+    assert again is first and again == {"orders": frozenset({0, 1})}
+    assert frame_facts(produce(3, 2)).topics() == {"orders": frozenset({2})}
+    with pytest.raises(TypeError):
+        first["orders"] = frozenset()  # type: ignore[index]
 
 
 def test_facts_read_requests_with_trailing_bytes_and_survive_garbage() -> None:

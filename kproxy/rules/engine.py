@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from kproxy.rules.bucket import Buckets
 from kproxy.rules.model import Action, Delay, Match, Rule, RuleSet, Throttle, ThrottleScope
-from kproxy.rules.request import RequestFacts
+from kproxy.rules.request import IpAddress, RequestFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,15 @@ def draw(seed: int, rule_id: str, facts: RequestFacts, index: int) -> float:
     return float(_U64.unpack(hashlib.blake2b(key, digest_size=8).digest())[0]) * _DRAW_SCALE
 
 
+@dataclass(frozen=True, slots=True)
+class _Peer:
+    """A client's fixed keys, for :meth:`RuleEngine.admits` (what :meth:`_Compiled.peer_matches` reads)."""
+
+    client_id: str | None
+    client_ip: IpAddress | None
+    broker_id: int | None
+
+
 class _Compiled:
     """A rule with what evaluation needs at hand, and its schedule counter."""
 
@@ -108,7 +117,7 @@ class _Compiled:
             if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
 
-    def peer_matches(self, facts: RequestFacts) -> bool:
+    def peer_matches(self, facts: _Peer | RequestFacts) -> bool:
         m = self.match
         if m.client_id is not None:
             cid = facts.client_id
@@ -148,12 +157,42 @@ class RuleEngine:
         self._any = wildcard
         self._by_api: dict[int, tuple[_Compiled, ...]] = {
             k: tuple(c for c in compiled if c.match.apis is None or k in c.match.apis) for k in keys}
+        # Api keys with a rule that no client's fixed keys can exclude (every key, when an api-agnostic
+        # rule is one): admits() is True without a lookup.
+        self._all_unscoped = any(not c.peer_keys for c in wildcard)
+        self._unscoped = frozenset(k for k, cs in self._by_api.items() if any(not c.peer_keys for c in cs))
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
 
     def mentions(self, api_key: int) -> bool:
         """Whether any enabled rule could match a request of this api key."""
         return bool(self._by_api.get(api_key, self._any))
+
+    def admits(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None
+               ) -> bool:
+        """Whether a rule of this api key passes a client's fixed keys (client id, address, broker
+        id): False means :meth:`evaluate` would decide nothing for any request of theirs with this
+        api key, and touch no counter. One dict lookup once the client was met (the same cache as
+        :meth:`evaluate`'s), so a caller can skip building a request's facts."""
+        if self._all_unscoped or api_key in self._unscoped:
+            return True
+        peer = (api_key, client_id, client_ip, broker_id)
+        cached = self._by_peer.get(peer)
+        if cached is None:
+            candidates = self._by_api.get(api_key, self._any)
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
+        return bool(cached[0])
+
+    def _peer_entry(self, peer: tuple[object, ...], candidates: tuple[_Compiled, ...], facts: _Peer | RequestFacts
+                    ) -> tuple[tuple[_Compiled, ...], bool]:
+        """The rules of ``candidates`` (``peer``'s api key's) that pass its fixed keys, and whether one has
+        topic patterns; remembered for ``peer``."""
+        live = tuple(c for c in candidates if not c.peer_keys or c.peer_matches(facts))
+        cached = live, any(c.match.topics is not None for c in live)
+        if len(self._by_peer) >= _PEER_CACHE_MAX:
+            self._by_peer.clear()
+        self._by_peer[peer] = cached
+        return cached
 
     def evaluate(self, facts: RequestFacts) -> Decision:
         api_key = facts.api_key
@@ -163,12 +202,10 @@ class RuleEngine:
         peer = (api_key, facts.client_id, facts.client_ip, facts.broker_id)
         cached = self._by_peer.get(peer)
         if cached is None:
-            live = tuple(c for c in candidates if not c.peer_keys or c.peer_matches(facts))
-            cached = live, any(c.match.topics is not None for c in live)
-            if len(self._by_peer) >= _PEER_CACHE_MAX:
-                self._by_peer.clear()
-            self._by_peer[peer] = cached
+            cached = self._peer_entry(peer, candidates, facts)
         live, by_topic = cached
+        if not live:
+            return NO_DECISION
         if by_topic:
             live = self._topic_filter(peer, live, facts)
         hits: list[RuleHit] = []

@@ -43,6 +43,14 @@ PRODUCE, FIND_COORDINATOR, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORD
 METADATA_TOPIC_IDS = 10  # the first Metadata version whose response carries topic_id (KIP-516)
 TOPIC_ID_NAMES_CAP = 100_000
 _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
+# Scan of a request's topics (topic, partition, None per partition read) -> its topics() mapping;
+# bounded: starts afresh when full (a request naming a new set of partitions costs one build).
+TOPICS_SEEN_CAP = 4096
+# api_key << 16 | api_version -> the request scanner (None: no schema). Bounded: a client cycling
+# through made-up versions is looked up afresh, not remembered.
+REQUEST_SCANNERS_CAP = 4096
+_REQUEST_SCANNERS: dict[int, Any] = {}
+_TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
 
 
@@ -147,7 +155,13 @@ class FrameFacts:
         return self._topics
 
     def _scan_topics(self) -> Mapping[str, frozenset[int]]:
-        fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
+        kind = self.api_key << 16 | self.api_version
+        fn = _REQUEST_SCANNERS.get(kind, _UNSET)
+        if fn is _UNSET:
+            # Found once per kind: scanner()'s own cache hashes a key holding an Enum (a Python-level hash).
+            fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
+            if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
+                _REQUEST_SCANNERS[kind] = fn
         offset = self._body_offset
         if fn is None or offset is None:
             return _EMPTY
@@ -156,16 +170,31 @@ class FrameFacts:
             fn(bytes(self._frame), offset, acc, [], None)  # the end offset: trailing bytes are fine
         except SCAN_FAILURES:
             return _EMPTY
+        # Producers send the same topics and partitions request after request: the mapping built
+        # from one scan is remembered (read-only, shared) and found again by the scan's value, a
+        # tuple lookup instead of building sets per request. Scans naming topics by id are not
+        # remembered: what an id reads as depends on the ids learnt by then.
+        key = tuple(acc)
+        found = _TOPICS_SEEN.get(key)
+        if found is not None:
+            return found
         out: dict[str, set[int]] = {}
+        by_id = False
         for topic, partition, _ in acc:
             if topic is None:
                 continue
             if isinstance(topic, uuid.UUID):
+                by_id = True
                 topic = (self._names or {}).get(topic, str(topic))
             parts = out.setdefault(topic, set())
             if partition is not None:
                 parts.add(partition)
-        return {t: frozenset(p) for t, p in out.items()}
+        mapping = MappingProxyType({t: frozenset(p) for t, p in out.items()})
+        if not by_id:
+            if len(_TOPICS_SEEN) >= TOPICS_SEEN_CAP:
+                _TOPICS_SEEN.clear()
+            _TOPICS_SEEN[key] = mapping
+        return mapping
 
     def acks(self) -> int | None:
         if self._acks is _UNSET:

@@ -187,6 +187,8 @@ class RulePolicy:
             return None
         ordinal = self._ordinals.get(api_key, 0)
         self._ordinals[api_key] = ordinal + 1
+        if not engine.admits(api_key, exchange.client_id, self.client_ip, self.broker_id):
+            return None  # every rule of this api is for other clients: nothing more to read (one dict lookup)
         if exchange.request_body_offset is None:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
         frame = exchange.request
