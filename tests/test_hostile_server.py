@@ -23,7 +23,8 @@ from pathlib import Path
 
 import trio
 
-from kproxy.metrics.stats import MAX_LABEL_LENGTH, LabelCap, TrafficStats
+from kproxy.metrics.labels import MAX_LABEL_LENGTH, LabelCap
+from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from kproxy.metrics.stats import OTHER, StatsOptions, TrafficStats
+from kproxy.metrics.labels import OTHER
+from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.protocol import Direction, RequestHeader, default_body, encode_request, encode_response, frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.headers import request_header_version, response_body_offset

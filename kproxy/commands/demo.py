@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kproxy.metrics.stats import Histogram, TrafficStats
+from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.tables import error_class, error_code
 from kproxy.testing import Broker, ProxyThread, proxy_config, run_tansu
 

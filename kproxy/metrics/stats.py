@@ -13,7 +13,7 @@ so a client cycling through 65536 x 65536 key/version pairs adds two series,
 not billions); error names come from the same tables (unknown codes collapse
 to one name per code, and codes are int16), listener names and ``node_id`` values
 are one per broker (plus ``bootstrap``); client ids and topics are opt-in labels capped by :class:`LabelCap` in count
-(everything past the cap is ``other``) and in length (:data:`MAX_LABEL_LENGTH`).
+(everything past the cap is ``other``) and in length (:data:`~kproxy.metrics.labels.MAX_LABEL_LENGTH`).
 
 Broker identity: every broker-scoped series carries ``node_id``, the Kafka node id of the
 broker behind the connection's listener, or ``bootstrap`` (:data:`BOOTSTRAP_NODE`) for
@@ -26,6 +26,12 @@ Per frame, the counters of a message kind (an ``(api_key, api_version)`` pair) a
 counts, its histograms and its response header layout, so nothing else is looked up or built
 per frame. The label-keyed dicts /metrics reads (``requests``, ``responses``, ``byte_counts``)
 are built from the kinds when asked, at scrape time.
+
+Size (over the ~500 lines the project aims for): the histogram and the label cap live in
+:mod:`kproxy.metrics.histogram` and :mod:`kproxy.metrics.labels`; what stays is one structure,
+:class:`TrafficStats` with its per-broker and per-kind series, whose counting methods and the
+scans they call share those series on every frame. Split further, a frame's counting would
+reach across modules for state it updates in one place.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
+from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.records import CountBudget, count_records
@@ -49,12 +57,7 @@ BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 # kproxy's own time per request: microseconds normally, milliseconds for big rewrites.
 OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                     0.025, 0.05, 0.1)
-OTHER = "other"
 UNKNOWN_API = "unknown"
-# Client ids are up to 32 KiB on the wire; real ones ("producer-1", "app-StreamThread-3-consumer-<uuid>")
-# fit well within this. Longer values are cut (and marked), so a label never costs more than this.
-MAX_LABEL_LENGTH = 128
-_CUT_MARK = "~"
 _MISSING = object()
 # The node_id label of series for connections through the bootstrap listener (and of configured bootstrap
 # servers in kproxy_upstream_up): a word, not -1, so that a query or a panel legend reads as what it is.
@@ -139,72 +142,12 @@ class ScanMemo:
         self.results: dict[bytes | tuple[int, int], _ScanResult] = {}
         self.bytes = 0
 
-class Histogram:
-    """Cumulative-on-export histogram: ``counts[i]`` counts values <= ``bounds[i]``
-    (and the last slot the rest); cumulated only when exported."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def add(self, other: Histogram) -> None:
-        """Add ``other``'s observations (same bounds) to this one's."""
-        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        self.sum += other.sum
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out = []
-        running = 0
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            running += count
-            out.append((_le(bound), float(running)))
-        out.append(("+Inf", float(running + self.counts[-1])))
-        return out
-
-
 def _histogram(table: dict[str, Histogram], api: str, bounds: tuple[float, ...]) -> Histogram:
     """The histogram of ``api`` in ``table``, made on first use."""
     hist = table.get(api)
     if hist is None:
         hist = table[api] = Histogram(bounds)
     return hist
-
-
-def _le(bound: float) -> str:
-    return repr(bound)
-
-
-class LabelCap:
-    """Lets the first ``limit`` distinct values through; every later one is ``other``.
-
-    Values longer than :data:`MAX_LABEL_LENGTH` are cut to it (the last character
-    becomes ``~``), so ``limit`` values cost at most ``limit * MAX_LABEL_LENGTH``.
-    """
-
-    __slots__ = ("limit", "seen")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.seen: set[str] = set()
-
-    def __call__(self, value: str) -> str:
-        if value in self.seen:
-            return value
-        if len(value) > MAX_LABEL_LENGTH:
-            value = value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
-            if value in self.seen:
-                return value
-        if len(self.seen) < self.limit:
-            self.seen.add(value)
-            return value
-        return OTHER
 
 
 @dataclass

@@ -16,6 +16,12 @@ connections below that point: one more is closed as soon as accepted. On SIGTERM
 accepting, lets connections finish their in-flight requests for
 ``limits.shutdown_grace`` seconds, then cancels what is left. SIGHUP never stops it: it reloads
 the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever it changes.
+
+Size (over the ~500 lines the project aims for): one class, :class:`ProxyServer`, whose
+lifecycle (start, signals, drain), listeners and per-connection set-up share its state (the
+listener table, the connection set, the draining flag, the upstream health). The jobs that stand
+alone are their own modules already: connection.py, discovery.py, health.py, live_rules.py,
+rules_reload.py, kproxy/admin/.
 """
 
 from __future__ import annotations
