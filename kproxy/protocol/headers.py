@@ -25,7 +25,7 @@ from typing import NamedTuple
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
 from kproxy.protocol.tables import ApiKey
-from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
+from kproxy.protocol.wire import Malformed, read_uvarint, skip_tagged_fields, write_uvarint
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: tables.py).
 API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
@@ -86,22 +86,6 @@ class ResponseHeader(NamedTuple):
     size: int = 4
 
 
-def skip_tags(buf: bytes | memoryview, pos: int) -> int:
-    """The offset just past the tagged-field section at ``pos`` (KIP-482), read without building it.
-
-    Raises ``Malformed`` or ``IndexError`` when the section is malformed or cut short;
-    the offset returned may lie past the end of ``buf`` (callers compare).
-    """
-    if buf[pos] == 0:  # the usual case: no tags
-        return pos + 1
-    count, pos = read_uvarint(buf, pos)
-    for _ in range(count):
-        _, pos = read_uvarint(buf, pos)
-        size, pos = read_uvarint(buf, pos)
-        pos += size
-    return pos
-
-
 def _read_tags(buf: bytes | memoryview, pos: int) -> tuple[Mapping[int, bytes], int]:
     if buf[pos] == 0:  # the usual case: no tags
         return NO_TAGS, pos + 1
@@ -159,7 +143,7 @@ def request_body_offset(frame: bytes | memoryview, api_key: int, api_version: in
         n: int = _INT16.unpack_from(frame, 12)[0]
         pos = 14 + max(n, 0)
         if version >= 2:
-            pos = skip_tags(frame, pos)
+            pos = skip_tagged_fields(frame, pos)
         return pos if pos <= len(frame) else None
     except (struct.error, IndexError, Malformed):
         return None
@@ -271,9 +255,6 @@ def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: i
     if response_header_version(api_key, api_version) == 0:
         return 8
     try:
-        pos = skip_tags(frame, 8)
+        return skip_tagged_fields(frame, 8)
     except (Malformed, IndexError) as exc:
         raise DecodeError(f"malformed response header tags: {exc or 'cut short'}", offset=8) from None
-    if pos > len(frame):
-        raise DecodeError("response header tags run past the end of the frame", offset=8)
-    return pos
