@@ -25,7 +25,9 @@ Phases:
 kproxy runs in several *variants* side by side (``--variants``, named presets,
 one kproxy process each; see VARIANTS): no observer, metrics (the default, the
 path named plain ``kproxy``), 100 loaded rules none of which match, one matching
-0 ms delay rule, capture on, and everything on at once. Rule files come from
+0 ms delay rule, capture on, everything on at once, and an A/A copy (a second
+process identical to plain kproxy: what it differs by is the run's noise floor,
+below which a feature's cost cannot be seen). Rule files come from
 bench/_rules.py, written into a temporary directory. The "Targets" table judges
 the issue-14 budget: each feature's cost over the variant without it, and
 everything on against the bare pipe; ratios are computed within a round, then
@@ -85,6 +87,7 @@ class Variant:
     capture: bool = False
 
 
+AA = "kproxy A/A copy"
 VARIANTS = {
     "bare": Variant("kproxy no observer", ("--no-metrics",)),
     "metrics": Variant(KPROXY),
@@ -92,8 +95,11 @@ VARIANTS = {
     "match1": Variant("kproxy +1 matching rule", rules="one-zero-delay"),
     "capture": Variant("kproxy +capture", capture=True),
     "all": Variant("kproxy everything", rules="none-match", capture=True),
+    # The noise floor: a second process identical to plain kproxy. What it comes out "over" kproxy
+    # is what two identical processes differ by in this run; a feature's cost below it is not seen.
+    "aa": Variant(AA),
 }
-DEFAULT_VARIANTS = "bare,metrics,rules100,match1,capture,all"
+DEFAULT_VARIANTS = "bare,metrics,rules100,match1,capture,all,aa"
 QUICK_VARIANTS = "bare,metrics,all"
 # (what, path, compared with, at most this much over it): issue 14's per-feature budgets.
 FEATURE_BUDGETS = (
@@ -506,6 +512,15 @@ def feature_targets(paths: list[Hop], lat_rounds: dict[str, dict[str, list[float
             over = _median_ratio(rates[base], rates[path]) - 1  # how much more time per unit of work
             rows.append([f"{what}: {label} throughput, over {base}", f"{100 * over:+.1f}%",
                          f"<= +{100 * budget:.0f}%", verdict(over <= budget)])
+    if AA in names:
+        for label, added in lat_rounds.items():
+            over = _median_ratio(added[AA], added[KPROXY]) - 1
+            rows.append([f"noise floor, an identical second kproxy: {label}, added p50 over {KPROXY}",
+                         f"{100 * over:+.1f}%", "-", "(no target)"])
+        for label, rates in tp_rounds.items():
+            over = _median_ratio(rates[KPROXY], rates[AA]) - 1
+            rows.append([f"noise floor, an identical second kproxy: {label} throughput, over {KPROXY}",
+                         f"{100 * over:+.1f}%", "-", "(no target)"])
     if EVERYTHING in names and "pipe" in names:
         for label, added in lat_rounds.items():
             ratio = _median_ratio(added[EVERYTHING], added["pipe"])
@@ -747,9 +762,10 @@ def main() -> int:
         peak = {p.name: rss_kb(p.pid, "VmHWM") for p in paths if p.pid}
         scale_out: list[str] = []
         if args.scale:
-            proxies = [p for p in paths if p.pid is not None]
+            # The A/A copy measures noise, not cost: the scale phases leave it out.
+            proxies = [p for p in paths if p.pid is not None and p.name != AA]
             scale_out += phase_connections(proxies, broker_proc.pid, args.quick)
-            scale_out += phase_partitions(py, keys, workdir, logs, args.quick)
+            scale_out += phase_partitions(py, [k for k in keys if k != "aa"], workdir, logs, args.quick)
 
     names = [p.name for p in paths]
     rows = []
