@@ -78,6 +78,23 @@ def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
     assert _hidden(tmp_path) == []
 
 
+def test_dictionary_encodes_the_string_columns_only(tmp_path: Path) -> None:
+    # Strings repeat (api names, client ids, topics): a dictionary shrinks them. Times, ids,
+    # sizes and latencies hardly repeat: a dictionary of them costs CPU and makes files bigger.
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 5, "record_bytes": 300}]
+    for i in range(50):
+        writer.offer(record(i, partitions=parts))
+    writer.close()
+    (path,) = _files(tmp_path)
+    meta = pq.read_metadata(path).row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    for name in ("api_name", "client_id", "connection_id", "partitions.list.element.topic"):
+        assert "RLE_DICTIONARY" in encodings[name], (name, encodings[name])
+    for name in ("request_time", "correlation_id", "kproxy_latency_ms", "partitions.list.element.record_bytes"):
+        assert not {"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & set(encodings[name]), (name, encodings[name])
+
+
 def test_rotates_by_size_and_splits_by_hour(tmp_path: Path) -> None:
     writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=20_000, rotate_seconds=3600,
                            row_group_rows=100).start()
