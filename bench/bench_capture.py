@@ -16,6 +16,12 @@ separately, in CPU time of the process:
   (``arrow``), and writing that table as a Parquet file (``parquet``: encoding,
   compression, the footer; the file's bytes per record are reported too).
 
+Then (``--stalls N``, 0 to skip) the event loop's side of the GIL: N exchanges
+are queued, the writer thread started to write them, and a stand-in for the
+event loop (waits of 100 µs for I/O, ~20 µs of Python between them) notes how
+late each wait ends: the time it waited for the writer to give the GIL back,
+over what it waits with the writer idle.
+
 Each tree is measured ``--rounds`` times, the trees' processes interleaved, and
 the least CPU time of each figure is kept: the machine is shared, and the
 least is the one least disturbed.
@@ -33,7 +39,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 KINDS = ("ApiVersions v3", "Metadata v1 (10 topics x 3)", "Produce v7 (1 x 100 B)", "Fetch v11 (1 batch)")
@@ -72,17 +80,83 @@ def _pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-FIGURES = ("loop", "rows", "arrow", "parquet", "bytes")
+def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tuple[Any, Any]:
+    """A CaptureWriter (not started) and a session whose exchanges ``pairs`` went through, not yet
+    reported to the capture observer."""
+    from kproxy.capture import observer as obs_mod
+    from kproxy.capture.writer import CaptureWriter
+    from kproxy.proxy.addresses import AddressMap
+    from kproxy.proxy.rewrite import ResponseRewriter
+    from kproxy.proxy.session import Session
+
+    conn = obs_mod.ConnectionInfo(connection_id="c-1", client_host="127.0.0.1", client_port=50000,
+                                  listener="broker-1", upstream="127.0.0.1:9092")
+    n = len(pairs)
+    if hasattr(obs_mod, "Captured"):
+        from kproxy.capture.records import RecordBuilder
+
+        builder = RecordBuilder()
+        writer = CaptureWriter(tmp, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
+                               queue_size=n, rows=builder.rows, **options)
+        observer = obs_mod.CaptureObserver(conn, writer.offer)
+    else:
+        writer = CaptureWriter(tmp, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
+                               queue_size=n, **options)
+        observer = obs_mod.CaptureObserver(conn, writer.offer, obs_mod.TopicNames(), obs_mod.PayloadOptions())
+    session = Session(ResponseRewriter(AddressMap("kproxy.bench", 40000)), observer=observer)
+    for req, resp in pairs:
+        session.receive_client(req)
+        session.receive_upstream(resp)
+    return writer, session
+
+
+def _late(done: Callable[[], bool], limit: float = 30.0) -> list[float]:
+    """A stand-in for the proxy's event loop: wait for I/O (a sleep of 100 µs: the GIL is let go,
+    as trio's epoll wait lets it go), then ~20 µs of Python; until ``done()``. Returns, per wait,
+    how late it ended in µs: on top of the kernel's timer slack, the time the loop waited to get
+    the GIL back."""
+    late = []
+    sleep, clock = time.sleep, time.perf_counter
+    deadline = clock() + limit
+    while not done() and clock() < deadline:
+        t0 = clock()
+        sleep(0.0001)
+        late.append((clock() - t0 - 0.0001) * 1e6)
+        sum(range(300))
+    return late
+
+
+def stalls(n: int) -> dict[str, list[float]]:
+    """Per kind: the loop's lateness while the writer thread writes ``n`` queued exchanges
+    (p50, p99, max µs), the same while the writer is idle, and the writer's wall time (ms)."""
+    out: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind, name in enumerate(KINDS):
+            writer, session = _session(Path(tmp) / str(kind), _pairs(kind, n))
+            session.report()
+            stop = time.perf_counter() + 0.3
+            idle = _late(lambda: time.perf_counter() > stop)  # noqa: B023 (called before the loop moves on)
+            t0 = time.perf_counter()
+            writer.start()
+            writer._stop.set()  # as close(): write what is queued, complete the file, end
+            writer._wake.set()
+            busy = _late(lambda w=writer: not w._thread.is_alive())
+            wall = time.perf_counter() - t0
+            writer.close()
+            assert writer.written == n, (writer.written, n)
+            out[name] = [*_quantiles(busy), *_quantiles(idle), wall * 1000]
+    return out
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    values = sorted(values)
+    return [values[len(values) // 2], values[len(values) * 99 // 100], values[-1]]
 
 
 def measure(n: int) -> dict[str, list[float]]:
     """Per kind: [loop, rows, arrow, parquet µs per exchange, file bytes per record] with the
     kproxy on sys.path."""
     from kproxy.capture import observer as obs_mod
-    from kproxy.capture.writer import CaptureWriter
-    from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.rewrite import ResponseRewriter
-    from kproxy.proxy.session import Session
 
     new_api = hasattr(obs_mod, "Captured")
     out: dict[str, list[float]] = {}
@@ -90,23 +164,7 @@ def measure(n: int) -> dict[str, list[float]]:
         warm_up = [(kind, "warm-up") for kind in range(len(KINDS))]  # the first pa.array call loads pyarrow...
         for kind, name in warm_up + list(enumerate(KINDS)):
             pairs = _pairs(kind, n if name != "warm-up" else 100)
-            conn = obs_mod.ConnectionInfo(connection_id="c-1", client_host="127.0.0.1", client_port=50000,
-                                          listener="broker-1", upstream="127.0.0.1:9092")
-            if new_api:
-                from kproxy.capture.records import RecordBuilder
-
-                builder = RecordBuilder()
-                writer = CaptureWriter(Path(tmp), max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
-                                       queue_size=n, rows=builder.rows)
-                observer = obs_mod.CaptureObserver(conn, writer.offer)
-            else:
-                writer = CaptureWriter(Path(tmp), max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
-                                       queue_size=n)
-                observer = obs_mod.CaptureObserver(conn, writer.offer, obs_mod.TopicNames(), obs_mod.PayloadOptions())
-            session = Session(ResponseRewriter(AddressMap("kproxy.bench", 40000)), observer=observer)
-            for req, resp in pairs:
-                session.receive_client(req)
-                session.receive_upstream(resp)
+            writer, session = _session(Path(tmp), pairs)
             t0 = time.process_time()
             session.report()
             loop = time.process_time() - t0
@@ -134,31 +192,45 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR",
                         help="another checkout to measure too, e.g. before=/tmp/main")
     parser.add_argument("--rounds", type=int, default=3, help="processes per tree; the least of each figure is kept")
+    parser.add_argument("--stalls", type=int, default=20_000, metavar="N",
+                        help="exchanges per kind for the event loop's lateness while the writer works (0: skip)")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one tree, for the parent
     args = parser.parse_args()
     if args.json:
-        print(json.dumps(measure(args.exchanges)))
+        print(json.dumps({"cpu": measure(args.exchanges), "stalls": stalls(args.stalls) if args.stalls else {}}))
         return
     trees = [("this tree", str(ROOT))] + [tuple(t.split("=", 1)) for t in args.tree]
-    results: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, dict[str, dict[str, list[float]]]] = {}
     for _ in range(args.rounds):
         for name, directory in trees:
             env = dict(os.environ, PYTHONPATH=directory)
-            run = subprocess.run([sys.executable, __file__, "--json", "--exchanges", str(args.exchanges)],
+            run = subprocess.run([sys.executable, __file__, "--json", "--exchanges", str(args.exchanges),
+                                  "--stalls", str(args.stalls)],
                                  env=env, cwd=directory, capture_output=True, text=True, check=True)
             got = json.loads(run.stdout)
             best = results.setdefault(name, got)
-            for kind, figures in got.items():
-                best[kind] = [min(a, b) for a, b in zip(best[kind], figures, strict=True)]
+            for table, kinds in got.items():
+                for kind, figures in kinds.items():
+                    best[table][kind] = [min(a, b) for a, b in zip(best[table][kind], figures, strict=True)]
     print(f"{args.exchanges} exchanges per kind; µs per exchange (CPU time of the process, least of {args.rounds} "
           "processes per tree); B/rec: Parquet file bytes per record\n")
     print("| exchange | tree | loop µs | rows µs | arrow µs | parquet µs | writer µs | B/rec |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in KINDS:
         for name, _ in trees:
-            loop, rows, arrow, parquet, size = results[name][kind]
+            loop, rows, arrow, parquet, size = results[name]["cpu"][kind]
             print(f"| {kind} | {name} | {loop:.2f} | {rows:.2f} | {arrow:.2f} | {parquet:.2f} | "
                   f"{rows + arrow + parquet:.2f} | {size:.1f} |")
+    if not args.stalls:
+        return
+    print(f"\nThe event loop's lateness (µs) after a 100 µs wait for I/O, while the writer thread writes "
+          f"{args.stalls} queued exchanges (busy) and while it is idle; least of {args.rounds} processes\n")
+    print("| exchange | tree | busy p50 | busy p99 | busy max | idle p50 | idle p99 | idle max | writer ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for kind in KINDS:
+        for name, _ in trees:
+            figures = results[name]["stalls"][kind]
+            print(f"| {kind} | {name} | " + " | ".join(f"{x:.0f}" for x in figures) + " |")
 
 
 if __name__ == "__main__":

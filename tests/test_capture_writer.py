@@ -272,3 +272,34 @@ def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp
     writer.close()
     assert [r["correlation_id"] for r in _rows(tmp_path)] == [0, 2]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
+
+
+def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
+    # A row whose partitions fit but whose payload items have a field too few: its slice is lost
+    # whole (its partitions not added either, which would shift every later row's), the rows of
+    # the slices before and after it are written as they were.
+    from kproxy.capture.records import dict_rows
+
+    parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 1, "record_bytes": 70}]
+
+    def rows(items: list[Any]) -> list[tuple[Any, ...]]:
+        out = dict_rows(items)
+        bad = (("other", 9, 0, 1, 70),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules, payloads
+        return [row[:-3] + bad if row[6] == "bad" else row for row in out]
+
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           rows=rows).start()
+
+    def taken() -> None:  # each item taken alone, so that the bad one is alone in its slice
+        deadline = time.monotonic() + 5
+        while writer.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    for i, client_id in enumerate(("gen", "bad", "gen")):
+        writer.offer(record(i, client_id=client_id, partitions=parts))
+        taken()
+    writer.close()
+    written = _rows(tmp_path)
+    assert [r["correlation_id"] for r in written] == [0, 2]
+    assert [r["partitions"] for r in written] == [parts, parts]
+    assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
