@@ -20,7 +20,9 @@ Then (``--stalls N``, 0 to skip) the event loop's side of the GIL: N exchanges
 are queued, the writer thread started to write them, and a stand-in for the
 event loop (waits of 100 µs for I/O, ~20 µs of Python between them) notes how
 late each wait ends: the time it waited for the writer to give the GIL back,
-over what it waits with the writer idle.
+over what it waits with the writer idle. That lateness is at the mercy of the
+machine's other processes; the writer's GIL holds (its CPU time between two
+hand-backs of the GIL) are not, and bound what the loop waits.
 
 Each tree is measured ``--rounds`` times, the trees' processes interleaved, and
 the least CPU time of each figure is kept: the machine is shared, and the
@@ -126,9 +128,46 @@ def _late(done: Callable[[], bool], limit: float = 30.0) -> list[float]:
     return late
 
 
+class _Holds:
+    """The writer thread's GIL holds: CPU time of the thread between two of its hand-backs
+    (``time.sleep(0)`` in kproxy.capture.writer), the Parquet writer's calls (which let go of the
+    GIL) counted as hand-backs. CPU time, not wall time: what the other processes of a shared
+    machine take from the thread is not counted."""
+
+    def __init__(self) -> None:
+        self.holds: list[float] = []
+        self._since: float | None = None
+
+    def __getattr__(self, name: str) -> Any:  # stands in for the time module in the writer's module
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.hand_back()
+        time.sleep(seconds)
+        self._since = time.thread_time()
+
+    def hand_back(self) -> None:
+        now = time.thread_time()
+        if self._since is not None:
+            self.holds.append((now - self._since) * 1e6)
+        self._since = None
+
+    def around(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
+            self.hand_back()
+            try:
+                return method(*args)
+            finally:
+                self._since = time.thread_time()
+        return call
+
+
 def stalls(n: int) -> dict[str, list[float]]:
-    """Per kind: the loop's lateness while the writer thread writes ``n`` queued exchanges
-    (p50, p99, max µs), the same while the writer is idle, and the writer's wall time (ms)."""
+    """Per kind, while the writer thread writes ``n`` queued exchanges: the loop's lateness
+    (p50, p99, max µs), the same while the writer is idle, the writer's wall time (ms), and its
+    GIL holds (p50, p99, max µs of CPU)."""
+    import kproxy.capture.writer as writer_mod
+
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for kind, name in enumerate(KINDS):
@@ -136,21 +175,33 @@ def stalls(n: int) -> dict[str, list[float]]:
             session.report()
             stop = time.perf_counter() + 0.3
             idle = _late(lambda: time.perf_counter() > stop)  # noqa: B023 (called before the loop moves on)
-            t0 = time.perf_counter()
-            writer.start()
-            writer._stop.set()  # as close(): write what is queued, complete the file, end
-            writer._wake.set()
-            busy = _late(lambda w=writer: not w._thread.is_alive())
-            wall = time.perf_counter() - t0
-            writer.close()
+            holds = _Holds()
+            file_class = writer_mod._OpenFile
+            saved = writer_mod.time, file_class.write, file_class.finish
+            writer_mod.time = holds  # type: ignore[assignment]
+            file_class.write, file_class.finish = holds.around(file_class.write), holds.around(file_class.finish)
+            try:
+                t0 = time.perf_counter()
+                writer.start()
+                writer._stop.set()  # as close(): write what is queued, complete the file, end
+                writer._wake.set()
+                busy = _late(lambda w=writer: not w._thread.is_alive())
+                wall = time.perf_counter() - t0
+                writer.close()
+            finally:
+                writer_mod.time, file_class.write, file_class.finish = saved
             assert writer.written == n, (writer.written, n)
-            out[name] = [*_quantiles(busy), *_quantiles(idle), wall * 1000]
+            out[name] = [*_quantiles(busy), *_quantiles(idle), wall * 1000, *_count_and_quantiles(holds.holds)]
     return out
 
 
 def _quantiles(values: list[float]) -> list[float]:
     values = sorted(values)
     return [values[len(values) // 2], values[len(values) * 99 // 100], values[-1]]
+
+
+def _count_and_quantiles(values: list[float]) -> list[float]:
+    return [len(values), *_quantiles(values)]
 
 
 def measure(n: int) -> dict[str, list[float]]:
@@ -229,7 +280,15 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in KINDS:
         for name, _ in trees:
-            figures = results[name]["stalls"][kind]
+            figures = results[name]["stalls"][kind][:7]
+            print(f"| {kind} | {name} | " + " | ".join(f"{x:.0f}" for x in figures) + " |")
+    print(f"\nThe writer thread's GIL holds meanwhile: µs of its CPU time between two hand-backs; least of "
+          f"{args.rounds} processes\n")
+    print("| exchange | tree | holds | p50 | p99 | max |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for kind in KINDS:
+        for name, _ in trees:
+            figures = results[name]["stalls"][kind][7:]
             print(f"| {kind} | {name} | " + " | ".join(f"{x:.0f}" for x in figures) + " |")
 
 

@@ -434,6 +434,8 @@ class _Columns:
             raise ValueError(f"rows of {len(columns)} values, not {len(self.values)}")
         staged = []  # every list column's items read before any is added: a bad one adds nothing
         for i, fields in self.items.items():
+            if not any(columns[i]):  # every list empty or null (rule decisions, payloads unless kept)
+                continue
             flat = [item for value in columns[i] if value for item in value]
             if flat:
                 transposed = list(zip(*flat, strict=True))
