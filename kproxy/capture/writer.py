@@ -61,11 +61,13 @@ from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION
 log = logging.getLogger("kproxy.capture")
 
 HOUR_US = 3_600_000_000
-# Items turned into rows per slice: reading frames is Python holding the GIL (~5-15 µs an item,
-# bench/bench_capture.py), so the writer gives the GIL back after each slice of well under a
+# Items turned into rows per slice: reading frames is Python holding the GIL (~3-13 µs an item,
+# bench/bench_capture.py), so the writer gives the GIL back after each slice of a fraction of a
 # millisecond: the proxy's event loop, if it wants the GIL meanwhile, waits that long at worst
-# (not CPython's 5 ms switch interval, nor a whole batch).
-CONVERT_SLICE = 32
+# (not CPython's 5 ms switch interval, nor a whole batch). 16, not 32: the writer's GIL holds
+# while it reads Produce exchanges went from ~370 to ~190 µs (p50), for one more sleep(0), ~1 µs,
+# per 16 items.
+CONVERT_SLICE = 16
 # Each slice's rows are added to the pending row group column by column at once (_Columns), and
 # become Arrow columns a row group at a time, a column per call (pa.array: a C loop over Python
 # objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
