@@ -273,8 +273,22 @@ class RecordBuilder:
                     ) -> tuple[tuple[tuple[Any, ...], ...], int, int]:
         """The request's and the response's entries merged per (topic name, partition), in order
         of first appearance (codes: the response's; records: summed), and the records' totals."""
-        parts: dict[tuple[str | None, int | None], list[Any]] = {}
         name = self.topics.name
+        if len(first) + len(second) == 1:  # one partition, named on one side only
+            topic, partition, code, n, size = first[0] if first else second[0]
+            return ((topic if type(topic) is str else name(topic), partition, code, n, size),), n, size
+        if len(first) == 1 and len(second) == 1:  # one partition, in the request and the response (most
+            topic, partition, code, n, size = first[0]  # Produce and Fetch exchanges)
+            topic2, partition2, code2, n2, size2 = second[0]
+            if type(topic) is not str:
+                topic = name(topic)
+            if type(topic2) is not str:
+                topic2 = name(topic2)
+            if topic == topic2 and partition == partition2:
+                n += n2
+                size += size2
+                return ((topic, partition, code if code2 is None else code2, n, size),), n, size
+        parts: dict[tuple[str | None, int | None], list[Any]] = {}
         for entries in (first, second):
             for topic, partition, code, n, size in entries:
                 if type(topic) is not str:
