@@ -88,6 +88,23 @@ def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     assert rec["payloads"] is None and rec["rule_decisions"] == []
 
 
+@pytest.mark.parametrize(("answered", "expected"), [
+    ({0: 6}, [("orders", 0, 6, 3)]),  # one partition both ways: one entry, the response's code
+    ({1: 6}, [("orders", 0, None, 3), ("orders", 1, 6, 0)]),  # the response names another partition
+    ({0: 0, 1: 6}, [("orders", 0, 0, 3), ("orders", 1, 6, 0)]),
+    ({}, [("orders", 0, None, 3)]),  # nothing answered for it
+])
+def test_a_partition_in_the_request_and_the_response_is_one_entry(answered: dict[int, int],
+                                                                   expected: list[tuple[Any, ...]]) -> None:
+    h = Harness()
+    batch = _batch(3)
+    response = response_frame(PRODUCE, 9, 4, responses=[{"name": "orders", "partition_responses": [
+        {"index": p, "error_code": code} for p, code in answered.items()]}] if answered else [])
+    rec = h.exchange(_produce(9, 4, -1, None, {0: batch}), response)
+    assert [(p["topic"], p["partition"], p["error_code"], p["record_count"]) for p in rec["partitions"]] == expected
+    assert (rec["record_count"], rec["record_bytes"]) == (3, len(batch))
+
+
 def test_produce_acks_0_is_a_record_without_response() -> None:
     h = Harness(listener="bootstrap")
     rec = h.exchange(_produce(3, 1, 0, None, {1: _batch(2)}), None)

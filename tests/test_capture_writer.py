@@ -78,6 +78,23 @@ def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
     assert _hidden(tmp_path) == []
 
 
+def test_dictionary_encodes_the_string_columns_only(tmp_path: Path) -> None:
+    # Strings repeat (api names, client ids, topics): a dictionary shrinks them. Times, ids,
+    # sizes and latencies hardly repeat: a dictionary of them costs CPU and makes files bigger.
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 5, "record_bytes": 300}]
+    for i in range(50):
+        writer.offer(record(i, partitions=parts))
+    writer.close()
+    (path,) = _files(tmp_path)
+    meta = pq.read_metadata(path).row_group(0)
+    encodings = {meta.column(i).path_in_schema: meta.column(i).encodings for i in range(meta.num_columns)}
+    for name in ("api_name", "client_id", "connection_id", "partitions.list.element.topic"):
+        assert "RLE_DICTIONARY" in encodings[name], (name, encodings[name])
+    for name in ("request_time", "correlation_id", "kproxy_latency_ms", "partitions.list.element.record_bytes"):
+        assert not {"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & set(encodings[name]), (name, encodings[name])
+
+
 def test_rotates_by_size_and_splits_by_hour(tmp_path: Path) -> None:
     writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=20_000, rotate_seconds=3600,
                            row_group_rows=100).start()
@@ -254,4 +271,35 @@ def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp
     writer.offer(record(2))
     writer.close()
     assert [r["correlation_id"] for r in _rows(tmp_path)] == [0, 2]
+    assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
+
+
+def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
+    # A row whose partitions fit but whose payload items have a field too few: its slice is lost
+    # whole (its partitions not added either, which would shift every later row's), the rows of
+    # the slices before and after it are written as they were.
+    from kproxy.capture.records import dict_rows
+
+    parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 1, "record_bytes": 70}]
+
+    def rows(items: list[Any]) -> list[tuple[Any, ...]]:
+        out = dict_rows(items)
+        bad = (("other", 9, 0, 1, 70),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules, payloads
+        return [row[:-3] + bad if row[6] == "bad" else row for row in out]
+
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           rows=rows).start()
+
+    def taken() -> None:  # each item taken alone, so that the bad one is alone in its slice
+        deadline = time.monotonic() + 5
+        while writer.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    for i, client_id in enumerate(("gen", "bad", "gen")):
+        writer.offer(record(i, client_id=client_id, partitions=parts))
+        taken()
+    writer.close()
+    written = _rows(tmp_path)
+    assert [r["correlation_id"] for r in written] == [0, 2]
+    assert [r["partitions"] for r in written] == [parts, parts]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)

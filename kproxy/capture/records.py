@@ -111,32 +111,11 @@ class TopicNames:
         return str(topic)
 
 
-class _Ranges(list[tuple[int, int, int]]):
-    """The scanner's ``recs`` list, noting for each records field which entry it belongs to.
-
-    A generated scanner appends a partition's records range while walking the
-    partition struct and appends the partition's entry when the struct ends, so
-    a range belongs to the entry at index ``len(acc)`` at the time it is noted.
-    """
-
-    __slots__ = ("acc",)
-
-    def __init__(self, acc: list[Entry]) -> None:
-        super().__init__()
-        self.acc = acc
-
-    def append(self, span: Any) -> None:
-        super().append((len(self.acc), span[0], span[1]))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PayloadOptions:
     include: bool = False
     max_bytes: int = 1024
     max_records: int = 100  # per request/response pair
-
-
-_Parts = dict[tuple[str | None, int | None], list[Any]]
 
 
 # What a scan of one frame contributes to a record: per topic-partition entries (the topic as the
@@ -175,14 +154,39 @@ class EarlyRead:
         self.size = size
 
 
+class _Kind:
+    """What reading one kind of exchange (api key and version) needs, worked out once: the
+    generated scanners, the api's name, whether its frames are cached, whether the response
+    has a top-level error code."""
+
+    __slots__ = ("api_key", "api_version", "cached", "id", "name", "payloads", "records", "request_scan",
+                 "response_scan", "top_code")
+
+    def __init__(self, api_key: int, api_version: int, include_payloads: bool) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.id = (api_key << 16) | (api_version & 0xFFFF)  # one int: cheaper to hash than a tuple
+        self.name = api_name(api_key)
+        self.records = api_key in _RECORD_APIS
+        self.payloads = include_payloads and self.records
+        # Not Produce: see CACHE_FRAME. Not with payloads kept: they are not part of the cache.
+        self.cached = api_key != PRODUCE and not self.payloads
+        self.request_scan = scanner(api_key, api_version, Direction.REQUEST)
+        # Responses other than Produce and Fetch keep only non-zero codes: the errors-only scan reads
+        # no further than the last error code (an ApiVersions response: its first field).
+        self.response_scan = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not self.records)
+        self.top_code = _top_level_code(api_key, api_version)
+
+
 class RecordBuilder:
     """Rows of capture records from :data:`Captured` exchanges; see the module docstring."""
 
     def __init__(self, topics: TopicNames | None = None, payloads: PayloadOptions = PayloadOptions()) -> None:
         self.topics = topics if topics is not None else TopicNames()
         self.payloads = payloads
-        self._requests: dict[tuple[int, int, bytes], tuple[tuple[_Entry, ...], dict[str, Any]]] = {}
-        self._responses: dict[tuple[int, int, bytes], _Scan] = {}
+        self._kinds: dict[int, _Kind] = {}
+        self._requests: dict[tuple[int, bytes], tuple[tuple[_Entry, ...], dict[str, Any]]] = {}
+        self._responses: dict[tuple[int, bytes], _Scan] = {}
 
     def rows(self, batch: Iterable[Captured]) -> list[tuple[Any, ...]]:
         """One row per exchange, in order; an exchange that cannot be read still makes a row."""
@@ -191,24 +195,24 @@ class RecordBuilder:
     def row(self, item: Captured) -> tuple[Any, ...]:
         (conn, wall, principal, request, response, api_key, api_version, correlation_id, request_size,
          read_at, forwarded_at, received_at, completed_at, local, response_offset) = item
-        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
+        kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
+        if kind is None:
+            kind = self._kind(api_key, api_version)
         payloads = None
         req: dict[str, Any] = {}
         entries: tuple[_Entry, ...] = ()
         if type(request) is EarlyRead:
             entries, req, payloads = request.entries, request.facts, request.payloads
         elif request:
-            key = ((api_key, api_version, request[12:])
-                   if len(request) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
+            key = (kind.id, request[12:]) if kind.cached and len(request) <= CACHE_FRAME else None
             hit = self._requests.get(key) if key is not None else None
             if hit is None:
-                entries, req, payloads = self._request_part(api_key, api_version, request, keep_payloads)
+                entries, req, payloads = self._request_part(kind, request)
                 if key is not None:
                     _remember(self._requests, key, (entries, req))
             else:
                 entries, req = hit
-        parts: _Parts = {}
-        self._merge(parts, entries)
+        response_entries: tuple[_Entry, ...] = ()
         top_code: int | None = None
         response_size = None
         if response is not None:
@@ -217,29 +221,23 @@ class RecordBuilder:
                 scan, fetched, response_size = response.facts, response.payloads, response.size
             else:
                 response_size = len(response)
-                key = ((api_key, api_version, response[8:])
-                       if len(response) <= CACHE_FRAME and api_key != PRODUCE and not keep_payloads else None)
+                key = (kind.id, response[8:]) if kind.cached and response_size <= CACHE_FRAME else None
                 scan = self._responses.get(key) if key is not None else None
                 if scan is None:
-                    scan, fetched = self._response_part(api_key, api_version, response, response_offset,
-                                                        keep_payloads)
+                    scan, fetched = self._response_part(kind, response, response_offset)
                     if key is not None:
                         _remember(self._responses, key, scan)
             if scan is None:  # unreadable: nothing of the pair's topics is sure
-                parts, scan = {}, ((), None)
+                entries, scan = (), ((), None)
             if fetched is not None:
                 payloads = fetched
-            self._merge(parts, scan[0])
-            top_code = scan[1]
-            if top_code is None and _top_level_code(api_key, api_version):
+            response_entries, top_code = scan
+            if top_code is None and kind.top_code:
                 top_code = 0
         record_count = record_bytes = 0
         partitions: tuple[tuple[Any, ...], ...] = ()
-        if parts:
-            partitions = tuple(tuple(p) for p in parts.values())
-            for p in partitions:
-                record_count += p[3]
-                record_bytes += p[4]
+        if entries or response_entries:
+            partitions, record_count, record_bytes = self._partitions(entries, response_entries)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them.
         overhead = forwarded_at - read_at
         broker = None
@@ -254,7 +252,7 @@ class RecordBuilder:
             conn.connection_id, conn.client_host, conn.client_port,
             req["client_id"] if req else None,
             principal, conn.listener, conn.node_id, conn.upstream,
-            api_key, api_name(api_key), api_version, correlation_id, request_size,
+            api_key, kind.name, api_version, correlation_id, request_size,
             response_size,
             broker, overhead * 1000.0, local, top_code,
             req.get("acks"), req.get("group_id"), req.get("transactional_id"),
@@ -264,53 +262,99 @@ class RecordBuilder:
             payloads if self.payloads.include else None,
         )
 
+    def _kind(self, api_key: int, api_version: int) -> _Kind:
+        kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
+        if kind is None:
+            kind = _Kind(api_key, api_version, self.payloads.include)
+            self._kinds[kind.id] = kind  # both threads may add one: the same, either stays
+        return kind
+
+    def _partitions(self, first: tuple[_Entry, ...], second: tuple[_Entry, ...]
+                    ) -> tuple[tuple[tuple[Any, ...], ...], int, int]:
+        """The request's and the response's entries merged per (topic name, partition), in order
+        of first appearance (codes: the response's; records: summed), and the records' totals."""
+        name = self.topics.name
+        if len(first) + len(second) == 1:  # one partition, named on one side only
+            topic, partition, code, n, size = first[0] if first else second[0]
+            return ((topic if type(topic) is str else name(topic), partition, code, n, size),), n, size
+        if len(first) == 1 and len(second) == 1:  # one partition, in the request and the response (most
+            topic, partition, code, n, size = first[0]  # Produce and Fetch exchanges)
+            topic2, partition2, code2, n2, size2 = second[0]
+            if type(topic) is not str:
+                topic = name(topic)
+            if type(topic2) is not str:
+                topic2 = name(topic2)
+            if topic == topic2 and partition == partition2:
+                n += n2
+                size += size2
+                return ((topic, partition, code if code2 is None else code2, n, size),), n, size
+        parts: dict[tuple[str | None, int | None], list[Any]] = {}
+        for entries in (first, second):
+            for topic, partition, code, n, size in entries:
+                if type(topic) is not str:
+                    topic = name(topic)
+                key = (topic, partition)
+                entry = parts.get(key)
+                if entry is None:
+                    parts[key] = [topic, partition, code, n, size]
+                else:
+                    if code is not None:
+                        entry[2] = code
+                    entry[3] += n
+                    entry[4] += size
+        partitions = tuple(map(tuple, parts.values()))
+        count = size_ = 0
+        for p in partitions:
+            count += p[3]
+            size_ += p[4]
+        return partitions, count, size_
+
     # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
     def early_request(self, api_key: int, api_version: int, frame: bytes) -> EarlyRead:
         """What a record needs of a big request frame, read now so that the frame is not held."""
-        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
-        entries, req, payloads = self._request_part(api_key, api_version, frame, keep_payloads)
+        entries, req, payloads = self._request_part(self._kind(api_key, api_version), frame)
         return EarlyRead(entries, req, payloads, len(frame))
 
     def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:
         """As :meth:`early_request`, of a big response frame (not Metadata: that one teaches
         :class:`TopicNames`, which only the writer thread touches)."""
         assert api_key != METADATA
-        keep_payloads = self.payloads.include and api_key in _RECORD_APIS
-        scan, fetched = self._response_part(api_key, api_version, frame, offset, keep_payloads)
+        scan, fetched = self._response_part(self._kind(api_key, api_version), frame, offset)
         return EarlyRead((), scan, fetched, len(frame))
 
-    def _request_part(self, api_key: int, api_version: int, request: bytes, keep_payloads: bool
+    def _request_part(self, kind: _Kind, request: bytes
                       ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
         try:
-            entries, req, payloads = self._read_request(api_key, api_version, request, keep_payloads)
+            entries, req, payloads = self._read_request(kind, request)
         except _READ_FAILURES as exc:
-            log.debug("event=capture_request_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            log.debug("event=capture_request_unreadable api=%s reason=%s", kind.name, type(exc).__name__)
             entries, req, payloads = (), {}, None
-        req["client_id"] = request_client_id(request, api_key, api_version)  # in the cache key: cached with it
+        req["client_id"] = request_client_id(request, kind.api_key, kind.api_version)  # cached with the rest
         return entries, req, payloads
 
-    def _response_part(self, api_key: int, api_version: int, response: bytes, offset: int, keep_payloads: bool
+    def _response_part(self, kind: _Kind, response: bytes, offset: int
                        ) -> tuple[_Scan | None, list[tuple[Any, ...]] | None]:
         """The response's scan (None: unreadable) and Fetch's payloads when kept."""
         try:
-            return self._read_response(api_key, api_version, response, offset, keep_payloads)
+            return self._read_response(kind, response, offset)
         except _READ_FAILURES as exc:
-            log.debug("event=capture_response_unreadable api=%s reason=%s", api_name(api_key), type(exc).__name__)
+            log.debug("event=capture_response_unreadable api=%s reason=%s", kind.name, type(exc).__name__)
             return None, None
 
-    def _read_request(self, api_key: int, api_version: int, frame: bytes, keep_payloads: bool
+    def _read_request(self, kind: _Kind, frame: bytes
                       ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
         out: dict[str, Any] = {}
+        api_key, api_version = kind.api_key, kind.api_version
         body = request_body_offset(frame, api_key, api_version)
         if body is None:
             raise DecodeError("truncated request header", offset=4)
         entries: tuple[_Entry, ...] = ()
         payloads = None
-        fn = scanner(api_key, api_version, Direction.REQUEST)
+        fn = kind.request_scan
         if fn is not None:
-            (entries, _), acc, recs = _scan(fn, frame, body, keep_all=True)
-            if keep_payloads and api_key == PRODUCE:
-                payloads = self._payloads(acc, recs, frame)
+            (entries, _), found = _scan(fn, frame, body, keep_all=True)
+            if kind.payloads and api_key == PRODUCE:
+                payloads = self._payloads(found, frame)
         if api_key == PRODUCE:
             out["transactional_id"], out["acks"] = _produce_head(frame, body, api_version)
         elif api_key in _ID_APIS:
@@ -323,37 +367,24 @@ class RecordBuilder:
                     out["transactional_id" if decoded.get("key_type") == 1 else "group_id"] = key
         return entries, out, payloads
 
-    def _read_response(self, api_key: int, api_version: int, response: bytes, offset: int, keep_payloads: bool
+    def _read_response(self, kind: _Kind, response: bytes, offset: int
                        ) -> tuple[_Scan, list[tuple[Any, ...]] | None]:
         """What the response adds to the record, and Fetch's payloads when they are kept."""
+        api_key, api_version = kind.api_key, kind.api_version
         if api_key == METADATA:
             self._learn_topic_ids(api_version, response, offset)
-        keep_all = api_key in _RECORD_APIS
-        # Other responses keep only non-zero codes: the errors-only scan reads no further than the
-        # last error code (an ApiVersions response: its first field), where a full scan reads all.
-        fn = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not keep_all)
+        fn = kind.response_scan
         if fn is None:
             return ((), None), None
         offset = offset or response_body_offset(response, api_key, api_version)
-        scan, acc, recs = _scan(fn, response, offset, keep_all=keep_all)
-        if keep_payloads and api_key == FETCH:
-            return scan, self._payloads(acc, recs, response)
+        scan, found = _scan(fn, response, offset, keep_all=kind.records)
+        if kind.payloads and api_key == FETCH:
+            return scan, self._payloads(found, response)
         return scan, None
 
-    def _merge(self, parts: _Parts, entries: tuple[_Entry, ...]) -> None:
-        for topic, partition, code, n, size in entries:
-            key = (self.topics.name(topic), partition)
-            entry = parts.get(key)
-            if entry is None:
-                parts[key] = [key[0], partition, code, n, size]
-            else:
-                if code is not None:
-                    entry[2] = code
-                entry[3] += n
-                entry[4] += size
-
-    def _payloads(self, acc: list[Entry], recs: _Ranges, frame: bytes) -> list[tuple[Any, ...]]:
+    def _payloads(self, found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
         cap, limit = self.payloads.max_bytes, self.payloads.max_records
+        acc, recs = _by_entry(found)
         out: list[tuple[Any, ...]] = []
         view = memoryview(frame)
         for index, start, end in recs:
@@ -383,32 +414,50 @@ class RecordBuilder:
                 self.topics.learn(topic_id, name)
 
 
-def _scan(fn: Callable[..., int], frame: bytes, offset: int, *, keep_all: bool
-          ) -> tuple[_Scan, list[Entry], _Ranges]:
+def _scan(fn: Callable[..., int], frame: bytes, offset: int, *, keep_all: bool) -> tuple[_Scan, list[Any]]:
     """Run a generated scanner; its entries with their records counted from the batch headers.
 
-    ``keep_all`` False keeps only entries with a non-zero code or records.
+    ``keep_all`` False keeps only entries with a non-zero code or records. The scanner gets
+    one list for its entries and its records ranges alike: it notes a partition's records
+    range (a 2-tuple) while walking the partition struct and the partition's entry (a
+    3-tuple) when the struct ends, so each range belongs to the next entry in the list. That
+    order, read in one pass, is what the scan also returns (see :func:`_by_entry`).
     """
-    acc: list[Entry] = []
-    recs = _Ranges(acc)
-    fn(frame, offset, acc, recs, None)
-    counts: dict[int, tuple[int, int]] = {}
-    if recs:
-        view = memoryview(frame)
-        for index, start, end in recs:
-            n, size = counts.get(index, (0, 0))
-            counts[index] = (n + count_records(view[start:end]), size + end - start)
+    found: list[Any] = []
+    fn(frame, offset, found, found, None)
     entries: list[_Entry] = []
     top: int | None = None
-    for i, (topic, partition, code) in enumerate(acc):
+    n = size = 0
+    view = None
+    for x in found:
+        if len(x) == 2:  # a records range, of the entry noted next
+            start, end = x
+            if view is None:
+                view = memoryview(frame)
+            n += count_records(view[start:end])
+            size += end - start
+            continue
+        topic, partition, code = x
         if topic is None and partition is None:  # a top-level code: the record's error_code
             if code and top is None:
                 top = code
-            continue
-        n, size = counts.get(i, (0, 0))
-        if keep_all or code or n:
+        elif keep_all or code or n:
             entries.append((topic, partition, code, n, size))
-    return (tuple(entries), top), acc, recs
+        n = size = 0
+    return (tuple(entries), top), found
+
+
+def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]]:
+    """A scan's list split into its entries and its ranges, each range with its entry's index
+    (the number of entries before it: a range after the last entry has none)."""
+    acc: list[Entry] = []
+    recs: list[tuple[int, int, int]] = []
+    for x in found:
+        if len(x) == 2:
+            recs.append((len(acc), x[0], x[1]))
+        else:
+            acc.append(x)
+    return acc, recs
 
 
 def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:

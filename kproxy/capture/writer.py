@@ -45,9 +45,10 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,13 +61,16 @@ from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION
 log = logging.getLogger("kproxy.capture")
 
 HOUR_US = 3_600_000_000
-# Items turned into rows per slice: reading frames is Python holding the GIL (~5-15 µs an item,
-# bench/bench_capture.py), so the writer gives the GIL back after each slice of well under a
+# Items turned into rows per slice: reading frames is Python holding the GIL (~3-13 µs an item,
+# bench/bench_capture.py), so the writer gives the GIL back after each slice of a fraction of a
 # millisecond: the proxy's event loop, if it wants the GIL meanwhile, waits that long at worst
-# (not CPython's 5 ms switch interval, nor a whole batch).
-CONVERT_SLICE = 32
-# Rows become Arrow columns a row group at a time, a column per call (pa.array: a C loop over
-# Python objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
+# (not CPython's 5 ms switch interval, nor a whole batch). 16, not 32: the writer's GIL holds
+# while it reads Produce exchanges went from ~370 to ~190 µs (p50), for one more sleep(0), ~1 µs,
+# per 16 items.
+CONVERT_SLICE = 16
+# Each slice's rows are added to the pending row group column by column at once (_Columns), and
+# become Arrow columns a row group at a time, a column per call (pa.array: a C loop over Python
+# objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
 ROWS = Callable[[list[Any]], list[tuple[Any, ...]]]
 _REQUEST_TIME = COLUMN_NAMES.index("request_time")
 
@@ -82,6 +86,28 @@ def _arrow_field(col: Column) -> pa.Field:
         item = pa.struct([_arrow_field(c) for c in col.items])
         return pa.field(col.name, pa.list_(item), nullable=col.nullable)
     return pa.field(col.name, _ARROW_SCALARS[col.type], nullable=col.nullable)
+
+
+def _dictionary_columns(columns: Sequence[Column], prefix: str = "") -> list[str]:
+    """Parquet paths of the string columns, nested ones included (``partitions.list.element.topic``)."""
+    out = []
+    for col in columns:
+        if col.type == "string":
+            out.append(prefix + col.name)
+        elif col.type == "list":
+            out.extend(_dictionary_columns(col.items, f"{prefix}{col.name}.list.element."))
+    return out
+
+
+# Parquet options, chosen by CPU per record against file size, measured on 10,000 records of
+# bench/bench_capture.py's four kinds of exchange mixed, from 16 connections, in one row group:
+# zstd (Arrow's default level, 1) with a dictionary for every column: 1.36 µs, 29.6 B per record;
+# level 3: 1.48 µs, 29.3 B; snappy 1.25 µs, 38.8 B; lz4 1.16 µs, 40.0 B; uncompressed 1.09 µs,
+# 50.6 B. A dictionary only for the string columns, which repeat (api names, client ids,
+# listeners, topics): 0.97 µs, 22.4 B. Times, ids, sizes and latencies hardly repeat: a
+# dictionary of them is CPU spent for a bigger file. Statistics stay (Spark skips row groups by
+# request_time with them): without, 0.1 µs less per record.
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": _dictionary_columns(COLUMNS)}
 
 
 def arrow_schema() -> pa.Schema:
@@ -139,7 +165,7 @@ class _OpenFile:
         self.records = 0
         final.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO = open(self.temp, "wb")  # noqa: SIM115 (closed in finish/abandon)
-        self._writer = pq.ParquetWriter(self._file, schema, compression="zstd")
+        self._writer = pq.ParquetWriter(self._file, schema, **PARQUET_OPTIONS)
 
     @property
     def size(self) -> int:
@@ -265,7 +291,7 @@ class CaptureWriter:
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
-        pending: list[tuple[Any, ...]] = []  # rows waiting for a full row group, or flush_seconds
+        pending = _Columns(self.schema)  # rows waiting for a full row group, or flush_seconds
         first_at = 0.0
         while True:
             stop = self._stop.is_set()  # read first: what was offered before close() is in the queue now
@@ -273,17 +299,17 @@ class CaptureWriter:
             while self._queue and budget > 0:
                 items = self._take(min(CONVERT_SLICE, budget))
                 budget -= len(items)
-                if not pending:
+                if not pending.rows:
                     first_at = self.clock()
-                pending.extend(self._convert(items))
-                if len(pending) >= self.row_group_rows:
+                self._convert(items, pending)
+                if pending.rows >= self.row_group_rows:
                     self._write(pending)
-                    pending = []
+                    pending.clear()
                 time.sleep(0)  # hand the GIL to the event loop if it waits for it
             now = self.clock()
-            if pending and (stop or now - first_at >= self.flush_seconds):
+            if pending.rows and (stop or now - first_at >= self.flush_seconds):
                 self._write(pending)
-                pending = []
+                pending.clear()
             if self._open is not None and (stop or self.rotation.due(size=self._open.size,
                                                                      opened_at=self._open.opened_at, now=now)):
                 self._finish()
@@ -306,28 +332,31 @@ class CaptureWriter:
         self._taken_bytes += nbytes
         return items
 
-    def _convert(self, items: list[Any]) -> list[tuple[Any, ...]]:
+    def _convert(self, items: list[Any], pending: _Columns) -> None:
+        """The items' rows added to ``pending``."""
         try:
-            return self.rows(items)
+            pending.add(self.rows(items))
         except Exception as exc:  # a bug in reading must not stop the capture: the slice is lost, counted
             self._lost += len(items)
             log.error("event=capture_convert_failed records=%d error=%s", len(items), _q(repr(exc)))
-            return []
 
-    def _write(self, rows: list[tuple[Any, ...]]) -> None:
-        for hour, group in _by_hour(rows):
+    def _write(self, pending: _Columns) -> None:
+        table = None
+        for hour, start, length in pending.hours():
             try:
                 if self._open is not None and self._open.hour != hour:
                     self._finish()
                 if self._open is None:
                     self._open = self._new_file(hour)
-                self._open.write(self._to_table(group))
-                self.written += len(group)
+                if table is None:
+                    table = pending.table()
+                self._open.write(table.slice(start, length))  # a slice of a table: no copy
+                self.written += length
                 self.write_batch_done(self._open)
             except (OSError, pa.ArrowException) as exc:
                 self.write_errors += 1
-                self._lost += len(group)
-                log.error("event=capture_write_failed records=%d error=%s", len(group), _q(str(exc)))
+                self._lost += length
+                log.error("event=capture_write_failed records=%d error=%s", length, _q(str(exc)))
                 if self._open is not None:
                     self._open.abandon()
                     self._open = None
@@ -337,12 +366,10 @@ class CaptureWriter:
             self._enforce_cap()
 
     def _to_table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
-        """Rows -> an Arrow table, a column at a time (see ROWS above for the cost)."""
-        arrays = []
-        for values, f in zip(zip(*rows, strict=True), self.schema, strict=True):
-            arrays.append(_column(values, f.type))
-            time.sleep(0)  # as between slices of items (CONVERT_SLICE)
-        return pa.Table.from_arrays(arrays, schema=self.schema)
+        """Rows -> an Arrow table, as the thread makes one (see ROWS above for the cost)."""
+        pending = _Columns(self.schema)
+        pending.add(rows)
+        return pending.table()
 
     def write_batch_done(self, file: _OpenFile) -> None:
         """Hook after each row group is written (tests slow the writer down here)."""
@@ -384,55 +411,115 @@ class CaptureWriter:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
 
 
-def _column(values: Sequence[Any], type_: pa.DataType) -> pa.Array:
-    """One column of rows; a list of structs arrives as tuples of tuples (None: a null list).
+class _Columns:
+    """Rows of a row group to be, kept column by column: each slice of rows is transposed as it
+    comes, the items of list columns (partitions...) into their fields' columns too. Turning
+    10,000 rows into columns at once held the GIL for ~5 ms, and a list column's items as long
+    again; a slice's share is a few µs."""
+
+    __slots__ = ("items", "rows", "schema", "values")
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.rows = 0
+        self.values: list[list[Any]] = [[] for _ in schema]  # a list column: each row's items (None: null)
+        # A list column's items, a list per field of its struct.
+        self.items: dict[int, list[list[Any]]] = {
+            i: [[] for _ in range(f.type.value_type.num_fields)]
+            for i, f in enumerate(schema) if pa.types.is_list(f.type)}
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
+            return
+        columns = list(zip(*rows, strict=True))
+        if len(columns) != len(self.values):
+            raise ValueError(f"rows of {len(columns)} values, not {len(self.values)}")
+        staged = []  # every list column's items read before any is added: a bad one adds nothing
+        for i, fields in self.items.items():
+            if not any(columns[i]):  # every list empty or null (rule decisions, payloads unless kept)
+                continue
+            flat = [item for value in columns[i] if value for item in value]
+            if flat:
+                transposed = list(zip(*flat, strict=True))
+                if len(transposed) != len(fields):
+                    raise ValueError(f"items of {len(transposed)} fields, not {len(fields)}")
+                staged.append((fields, transposed))
+        for fields, transposed in staged:
+            for out, field in zip(fields, transposed, strict=True):
+                out.extend(field)
+        for values, column in zip(self.values, columns, strict=True):
+            values.extend(column)
+        self.rows += len(rows)
+
+    def clear(self) -> None:
+        """Empty again, a column at a time: freeing a row group's values (a few hundred thousand
+        objects) at once held the GIL for ~2-3 ms."""
+        for values in self.values:
+            values.clear()
+            time.sleep(0)
+        for fields in self.items.values():
+            for values in fields:
+                values.clear()
+        self.rows = 0
+
+    def hours(self) -> list[tuple[int, int, int]]:
+        """Runs of consecutive rows of the same hour, (hour, first row, rows): rows arrive nearly
+        in time order, so most row groups are one run."""
+        times = self.values[_REQUEST_TIME]
+        if not times:
+            return []
+        first = hour_of(times[0])
+        if first == hour_of(min(times)) == hour_of(max(times)):
+            return [(first, 0, len(times))]
+        runs: list[tuple[int, int, int]] = []
+        start = 0
+        for i, t in enumerate(times):
+            hour = hour_of(t)
+            if hour != first:
+                runs.append((first, start, i - start))
+                first, start = hour, i
+        runs.append((first, start, len(times) - start))
+        return runs
+
+    def table(self) -> pa.Table:
+        arrays = []
+        for i, (values, f) in enumerate(zip(self.values, self.schema, strict=True)):
+            arrays.append(_column(values, f.type, self.items.get(i)))
+            time.sleep(0)  # as between slices of items (CONVERT_SLICE)
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+
+def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None) -> pa.Array:
+    """One column; a list column's ``values`` are each row's items (None: a null list), its
+    ``items`` their fields' values (:class:`_Columns`).
 
     A column of one value throughout (a connection's address, a null or empty list) is made
     without reading each value into Arrow: counting them is several times cheaper.
     """
     n = len(values)
-    if n and values.count(values[0]) == n:
+    if n and values[-1] == values[0] and values.count(values[0]) == n:  # the last first: cheaper when not
         first = values[0]
         if first is None:
             return pa.nulls(n, type_)
-        if not pa.types.is_list(type_):
+        if items is None:
             return pa.repeat(pa.scalar(first, type=type_), n)
         if not first:  # every list empty
             return pa.ListArray.from_arrays(pa.repeat(pa.scalar(0, pa.int32()), n + 1),
                                             pa.array([], type=type_.value_type), type=type_)
-    if not pa.types.is_list(type_):
+    if items is None:
         return pa.array(values, type=type_)
     struct = type_.value_type
-    offsets = [0]
-    flat: list[tuple[Any, ...]] = []
-    nulls = False
-    for value in values:
-        if value is None:
-            nulls = True
-        else:
-            flat.extend(value)
-        offsets.append(len(flat))
+    nulls = None in values
+    lengths = [0 if v is None else len(v) for v in values] if nulls else list(map(len, values))
+    offsets = pa.array([0, *accumulate(lengths)], type=pa.int32())
     fields = [struct.field(i) for i in range(struct.num_fields)]
-    children = zip(*flat, strict=True) if flat else [()] * len(fields)
-    items = pa.StructArray.from_arrays([pa.array(c, type=f.type) for c, f in zip(children, fields, strict=True)],
-                                       fields=fields)
+    arrays = []
+    for c, f in zip(items, fields, strict=True):
+        arrays.append(pa.array(c, type=f.type))
+        time.sleep(0)  # as between columns: one list column is several
+    children = pa.StructArray.from_arrays(arrays, fields=fields)
     mask = pa.array([v is None for v in values], type=pa.bool_()) if nulls else None
-    return pa.ListArray.from_arrays(pa.array(offsets, type=pa.int32()), items, type=type_, mask=mask)
-
-
-def _by_hour(rows: list[tuple[Any, ...]]) -> Iterable[tuple[int, list[tuple[Any, ...]]]]:
-    """Runs of consecutive rows of the same hour (rows arrive nearly in time order)."""
-    group: list[tuple[Any, ...]] = []
-    current = -1
-    for row in rows:
-        hour = hour_of(row[_REQUEST_TIME])
-        if hour != current and group:
-            yield current, group
-            group = []
-        current = hour
-        group.append(row)
-    if group:
-        yield current, group
+    return pa.ListArray.from_arrays(offsets, children, type=type_, mask=mask)
 
 
 def _q(text: str) -> str:
