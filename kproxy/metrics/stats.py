@@ -46,7 +46,7 @@ from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.records import CountBudget, count_records
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
@@ -84,6 +84,7 @@ REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COOR
 SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
 SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
 _ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
+_NO_RANGES: list[tuple[int, int]] = []  # a Produce answer has no records (never added to)
 
 
 def kind_key(api_key: int, api_version: int) -> int:
@@ -348,10 +349,13 @@ class TrafficStats:
 
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
-                frame: bytes | None = None, body_offset: int | None = None) -> None:
+                frame: bytes | None = None, body_offset: int | None = None,
+                records: list[tuple[int, int]] | None = None) -> None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
-        caller knows it."""
+        caller knows it, and ``records``, its records ranges, when the caller has scanned it already
+        (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
+        them, the records are found here."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -360,7 +364,10 @@ class TrafficStats:
             ckey = (self._clients(client_id or ""), kind.api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
         if frame is not None and api_key == PRODUCE and kind.known:
-            self._count_records(kind, api_key, api_version, frame, body_offset)
+            if records is None:
+                self._count_records(kind, api_key, api_version, frame, body_offset)
+            elif records:
+                self._add_records(kind.api, frame, records)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
@@ -439,6 +446,12 @@ class TrafficStats:
                        ) -> _ScanResult:
         """The error scan of a (known) kind's response, remembered per body for the kinds brokers repeat
         (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
+        if api_key == PRODUCE:
+            # A producer's usual answer (one topic, one partition) carries new offsets every time, so
+            # it is never remembered; read by hand instead (None: another shape, the scanner's).
+            entries = produce_answer_errors(frame, body_offset, api_version)
+            if entries is not None:
+                return entries, _NO_RANGES
         fn = kind.scanner
         if fn is _MISSING:
             fn = kind.scanner = self._scanner(api_key, api_version, Direction.RESPONSE)
