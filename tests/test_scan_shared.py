@@ -8,6 +8,8 @@
 * ``produce_answer_errors``: the hand-written read of a producer's usual Produce answer agrees
   with the generated errors-only scanner on every Produce version, for any shape and any
   corruption of the bytes (or leaves the frame to it: None), and does take the usual shape.
+* ``one_batch_count``: the metrics' in-place count of a one-batch records range is what
+  ``count_records`` of that range gives, or leaves the range to it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import FaultStats, TrafficStats
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
-from kproxy.protocol.records import Record, encode_batch_v2
+from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scan_request, scanner
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
@@ -228,3 +230,22 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
     topic: object = uuid.UUID(int=0) if version >= 13 else "orders"  # v13 names the topic by id
     assert fast == ([(topic, 4, code)] if code else [])
     assert fast == generated(frame, offset, version)
+
+
+# -- one_batch_count against count_records -------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=2), legacy=st.booleans(),
+       cut=st.integers(0, 80), flip=st.none() | st.tuples(st.integers(0, 70), st.integers(0, 255)))
+def test_one_batch_count_is_count_records_of_the_range_or_leaves_it(counts: list[int], legacy: bool, cut: int,
+                                                                     flip: tuple[int, int] | None) -> None:
+    data = b"".join(encode_message_set([Record(offset=0, timestamp=0, key=None, value=b"v", headers=[])] * n)
+                    if legacy else batch(n) for n in counts)
+    if flip is not None:
+        data = data[:flip[0]] + bytes([flip[1]]) + data[flip[0] + 1:]
+    framed = b"head" + data[:len(data) - cut] + b"tail"
+    start, end = 4, len(framed) - 4
+    found = one_batch_count(framed, start, end)
+    if found is not None:
+        assert found == count_records(memoryview(framed)[start:end])
+    elif len(counts) == 1 and not legacy and not cut and flip is None:
+        pytest.fail("one whole v2 batch was left to count_records")

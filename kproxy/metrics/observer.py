@@ -57,7 +57,12 @@ class BrokerObserver:
         if response is None:
             self.stats.no_response(exchange.api_key, exchange.overhead_seconds)
             return
+        # Exchange.broker_seconds and overhead_seconds, inlined (two property calls per exchange):
+        # here the response is there.
+        received = exchange.received_at
+        overhead = exchange.forwarded_at - exchange.read_at + exchange.completed_at - received
         # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
         # the stats find it from the kind's header layout, without a header decode.
         self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
-                            exchange.response_body_offset, exchange.broker_seconds, exchange.overhead_seconds)
+                            exchange.response_body_offset, None if exchange.local else received - exchange.forwarded_at,
+                            overhead)

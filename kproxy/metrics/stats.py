@@ -45,7 +45,7 @@ from kproxy.metrics.histogram import Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
-from kproxy.protocol.records import CountBudget, count_records
+from kproxy.protocol.records import CountBudget, count_records, one_batch_count
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
@@ -527,15 +527,20 @@ class TrafficStats:
         """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
         more, or whose records kproxy cannot read (the client's to judge: forwarded all the same),
         is not counted at all but counted as such (a partial count would look like a real one)."""
-        view = memoryview(frame)
-        budget = CountBudget(RECORD_COUNT_BUDGET)
-        count = 0
-        try:
-            for start, end in ranges:  # a loop, not sum() over a generator: one range is the usual case
-                count += count_records(view[start:end], budget=budget)
-        except ProtocolError:
-            count = -1
-        if count < 0 or budget.exhausted:
+        # One v2 batch in one range, the usual Produce: its header's count, read in place.
+        count = one_batch_count(frame, *ranges[0]) if len(ranges) == 1 else None
+        exhausted = False
+        if count is None:
+            view = memoryview(frame)
+            budget = CountBudget(RECORD_COUNT_BUDGET)
+            count = 0
+            try:
+                for start, end in ranges:  # a loop, not sum() over a generator
+                    count += count_records(view[start:end], budget=budget)
+            except ProtocolError:
+                count = -1
+            exhausted = budget.exhausted
+        if count < 0 or exhausted:
             self.records_uncounted[api] = self.records_uncounted.get(api, 0) + 1
             return
         self.records[api] = self.records.get(api, 0) + count
