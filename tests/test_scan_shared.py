@@ -29,7 +29,15 @@ from kproxy.metrics.stats import FaultStats, TrafficStats
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scan_request, scanner
+from kproxy.protocol.scan import (
+    SCAN_FAILURES,
+    Entry,
+    RequestScan,
+    _produce_request_scan,
+    produce_answer_errors,
+    scan_request,
+    scanner,
+)
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -249,3 +257,54 @@ def test_one_batch_count_is_count_records_of_the_range_or_leaves_it(counts: list
         assert found == count_records(memoryview(framed)[start:end])
     elif len(counts) == 1 and not legacy and not cut and flip is None:
         pytest.fail("one whole v2 batch was left to count_records")
+
+
+# -- the Produce request fast path of scan_request against the generated scanner --------------------
+def generated_request(frame: bytes, offset: int, version: int) -> RequestScan | None:
+    fn = scanner(PRODUCE, version, Direction.REQUEST)
+    assert fn is not None
+    acc: list[Entry] = []
+    recs: list[tuple[int, int]] = []
+    try:
+        fn(frame, offset, acc, recs, None)
+    except SCAN_FAILURES:
+        return None
+    return acc, recs
+
+
+REQUEST_SHAPES = {"plain": {}, "transactional": {"transactional_id": "tx-1"}, "no records": {"records": None},
+                  "big records": {"records": batch(40)}}
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+@pytest.mark.parametrize("shape", list(REQUEST_SHAPES))
+def test_the_produce_request_fast_path_agrees_on_every_cut_and_changed_byte(version: int, shape: str) -> None:
+    values = dict(REQUEST_SHAPES[shape])
+    records = values.pop("records", batch(1))
+    frame = request_frame(PRODUCE, version, 1, acks=1, timeout_ms=1000, topic_data=[
+        {"name": "orders", "topic_id": uuid.UUID(int=7), "partition_data": [{"index": 3, "records": records}]}],
+                          **values)
+    offset = request_body_offset(frame, PRODUCE, version)
+    assert offset is not None
+    usual = _produce_request_scan(frame, offset, version)
+    assert usual is not None and usual == generated_request(frame, offset, version)
+    ends = range(offset, len(frame)) if len(frame) < 400 else [*range(offset, offset + 80), *range(len(frame) - 80,
+                                                                                               len(frame))]
+    variants = [frame[:end] for end in ends]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(offset, min(len(frame), offset + 90)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    for variant in variants:
+        fast = _produce_request_scan(variant, offset, version)
+        if fast is not None:
+            assert fast == generated_request(variant, offset, version), variant.hex()
+        assert scan_request(PRODUCE, version, variant, offset) == generated_request(variant, offset, version)
+
+
+def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
+    frame = produce(7, 1)
+    offset = request_body_offset(frame, PRODUCE, 7)
+    assert offset is not None
+    assert _produce_request_scan(frame, offset, 7) is not None
+    for version in (-1, 14, 99):
+        assert _produce_request_scan(frame, offset, version) is None
+        assert produce_answer_errors(produce_answer(7, 1), 8, version) is None

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
-from kproxy.protocol.wire import Malformed
+from kproxy.protocol.wire import Malformed, read_uvarint
 
 Topic = str | uuid.UUID | None
 Entry = tuple[Topic, int | None, int | None]
@@ -322,6 +322,12 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     A ``memoryview`` is copied first (the scanner decodes names from slices of it); ``bytes`` and
     ``bytearray`` are read in place.
     """
+    if not isinstance(frame, bytes | bytearray):
+        frame = bytes(frame)
+    if api_key == _PRODUCE_KEY:
+        found = _produce_request_scan(frame, offset, api_version)
+        if found is not None:
+            return found
     kind = api_key << 16 | api_version
     fn = _REQUEST_SCANNERS.get(kind, _UNSEEN)
     if fn is _UNSEEN:
@@ -330,8 +336,6 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
             _REQUEST_SCANNERS[kind] = fn
     if fn is None:
         return None
-    if not isinstance(frame, bytes | bytearray):
-        frame = bytes(frame)
     acc: list[Entry] = []
     recs: list[tuple[int, int]] = []
     try:
@@ -341,6 +345,8 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     return acc, recs
 
 
+_PRODUCE_KEY = 0
+_PRODUCE_INDEX_RECORDS = struct.Struct(">ii")  # partition index, records length
 _PRODUCE_COUNT = struct.Struct(">i")
 _PRODUCE_NAME = struct.Struct(">h")
 _PRODUCE_PARTITION = struct.Struct(">ih")  # partition index, error_code
@@ -360,7 +366,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     """
     n = len(buf)
     try:
-        if api_version < 9:
+        if 0 <= api_version < 9:
             if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 1:
                 return None
             (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)
@@ -380,7 +386,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
                 if size < -1:
                     return None
                 pos += 6 + max(size, 0)
-        elif api_version <= 13:
+        elif 9 <= api_version <= 13:
             # Compact arrays and strings carry length + 1 as a varint: only one-byte ones here.
             if buf[pos] != 2:
                 return None
@@ -416,3 +422,73 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     except (struct.error, IndexError, UnicodeDecodeError):
         return None
     return [(topic, index, code)] if code else []
+
+
+def _produce_request_scan(buf: bytes | bytearray, pos: int, api_version: int) -> RequestScan | None:
+    """:func:`scan_request` of a Produce request naming one topic and one partition (what a producer
+    sends to each broker most of the time), read by hand; None for any other shape, or for bytes it
+    is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
+    agree on every version, cut and changed byte). ProduceRequest.json gives the layout (v3
+    transactional_id; v9 flexible; v13 topic_id)."""
+    try:
+        if 0 <= api_version < 9:
+            if api_version >= 3:
+                (size,) = _PRODUCE_NAME.unpack_from(buf, pos)  # transactional_id
+                if size < -1:
+                    return None
+                pos += 2 + max(size, 0)
+            pos += 6  # acks, timeout_ms
+            if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 1:
+                return None
+            (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)
+            if size < 0:
+                return None
+            start = pos + 6
+            end = start + size
+            if _PRODUCE_COUNT.unpack_from(buf, end)[0] != 1:
+                return None
+            index, size = _PRODUCE_INDEX_RECORDS.unpack_from(buf, end + 4)
+            if size < -1:
+                return None
+            records = end + 12
+            pos = records + max(size, 0)
+        elif 9 <= api_version <= 13:
+            size = buf[pos]  # transactional_id: 0 (null), else length + 1
+            if size >= 0x80:
+                return None
+            pos += 1 + max(size - 1, 0) + 6  # and acks, timeout_ms
+            if buf[pos] != 2:  # one topic (compact array: count + 1)
+                return None
+            if api_version >= 13:  # topic_id (KIP-516) instead of the name
+                start = pos + 1
+                end = start + 16
+            else:
+                size = buf[pos + 1] - 1
+                if not 0 <= size < 0x7F:
+                    return None
+                start = pos + 2
+                end = start + size
+            if buf[end] != 2:  # one partition
+                return None
+            (index,) = _PRODUCE_COUNT.unpack_from(buf, end + 1)
+            pos = end + 5
+            size = buf[pos]  # records: length + 1, a varint
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = read_uvarint(buf, pos)
+            size -= 1
+            records = pos
+            pos += max(size, 0)
+            if buf[pos] or buf[pos + 1] or buf[pos + 2]:  # the partition's, topic's and body's tagged fields
+                return None
+            pos += 3
+        else:
+            return None  # a layout this reader does not know
+        if pos > len(buf):
+            return None
+        topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
+                        else buf[start:end].decode("utf-8"))
+    except (struct.error, IndexError, UnicodeDecodeError, Malformed):
+        return None
+    return [(topic, index, None)], [(records, records + size)] if size > 0 else []
