@@ -407,7 +407,12 @@ class TrafficStats:
                     body_offset = response_body_offset(frame, api_key, api_version)
                 except ProtocolError:
                     body_offset = len(frame)  # the scan then fails: counted as undecodable
-        self._scan_errors(broker, kind, api_key, api_version, frame, body_offset)
+        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
+        if found is None:
+            # A body we cannot read: counted, never fatal.
+            self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
+        elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
+            self._add_errors(broker, kind.api, api_key, frame, found)
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
@@ -466,8 +471,9 @@ class TrafficStats:
             view = memoryview(frame)[body_offset:]
             key = (size, hash(view if isinstance(frame, bytes) else view.tobytes()))
         results = memo.results
-        if key in results:
-            return results[key]
+        found = results.get(key, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
         found = self._run_scan(fn, frame, body_offset)
         if found is not None and found[1]:
             found = (found[0], [])  # record ranges are offsets into this frame: never reused
@@ -479,14 +485,9 @@ class TrafficStats:
         memo.bytes += cost
         return found
 
-    def _scan_errors(self, broker: BrokerSeries, kind: KindStats, api_key: int, api_version: int, frame: bytes,
-                     body_offset: int) -> None:
-        api = kind.api
-        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
-        if found is None:
-            # A body we cannot read: counted, never fatal.
-            self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
-            return
+    def _add_errors(self, broker: BrokerSeries, api: str, api_key: int, frame: bytes,
+                    found: tuple[list[Entry], list[tuple[int, int]]]) -> None:
+        """Count a response's non-zero error codes and (Fetch) its records, from its scan."""
         entries, records = found
         errors = broker.errors
         worst = -1
