@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 import uuid
 from typing import Any
 
@@ -41,8 +42,9 @@ from kproxy.protocol.scan import (
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Session
+from kproxy.proxy.session import Exchange, Session
 from kproxy.rules import load_text
+from kproxy.rules.facts import FrameFacts
 from kproxy.server.live_rules import LiveRules
 
 PRODUCE = 0
@@ -298,6 +300,7 @@ def test_the_produce_request_fast_path_agrees_on_every_cut_and_changed_byte(vers
         if fast is not None:
             assert fast == generated_request(variant, offset, version), variant.hex()
         assert scan_request(PRODUCE, version, variant, offset) == generated_request(variant, offset, version)
+        assert _produce_request_scan(memoryview(variant), offset, version) == fast
 
 
 def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
@@ -308,3 +311,19 @@ def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
     for version in (-1, 14, 99):
         assert _produce_request_scan(frame, offset, version) is None
         assert produce_answer_errors(produce_answer(7, 1), 8, version) is None
+
+
+def test_the_topics_of_a_big_produce_are_read_without_copying_the_frame() -> None:
+    # Frames of LARGE_FRAME bytes and more leave the framing as bytearrays (kproxy/protocol/framing.py);
+    # a rule on topics used to copy such a frame to bytes before scanning it.
+    big = bytearray(produce(7, 1, records=encode_batch_v2([
+        Record(offset=0, timestamp=0, key=None, value=b"v" * (2 << 20), headers=[])])))
+    exchange = Exchange(1, PRODUCE, 7, len(big), 0.0, 0.0, big)  # type: ignore[arg-type]
+    facts = FrameFacts(big, exchange)  # type: ignore[arg-type]
+    tracemalloc.start()
+    try:
+        assert dict(facts.topics()) == {"orders": frozenset({0})}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024

@@ -319,15 +319,16 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     As lenient as a broker: bytes after the body are not checked. The per-request path's one read
     of a request body: a rules policy's topics, the metrics' record count and the capture's early
     read all take it from here, through the session's exchange, instead of scanning again.
-    A ``memoryview`` is copied first (the scanner decodes names from slices of it); ``bytes`` and
-    ``bytearray`` are read in place.
+    ``bytes`` and ``bytearray`` are read in place, and so is a one-topic one-partition Produce
+    held in a ``memoryview``; another body in a ``memoryview`` is copied first (the generated
+    scanner decodes names from slices of the frame).
     """
-    if not isinstance(frame, bytes | bytearray):
-        frame = bytes(frame)
-    if api_key == _PRODUCE_KEY:
+    if api_key == _PRODUCE_KEY:  # read in place, whatever holds the frame: a big one is never copied
         found = _produce_request_scan(frame, offset, api_version)
         if found is not None:
             return found
+    if not isinstance(frame, bytes | bytearray):
+        frame = bytes(frame)
     kind = api_key << 16 | api_version
     fn = _REQUEST_SCANNERS.get(kind, _UNSEEN)
     if fn is _UNSEEN:
@@ -424,7 +425,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     return [(topic, index, code)] if code else []
 
 
-def _produce_request_scan(buf: bytes | bytearray, pos: int, api_version: int) -> RequestScan | None:
+def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:
     """:func:`scan_request` of a Produce request naming one topic and one partition (what a producer
     sends to each broker most of the time), read by hand; None for any other shape, or for bytes it
     is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
@@ -488,7 +489,7 @@ def _produce_request_scan(buf: bytes | bytearray, pos: int, api_version: int) ->
         if pos > len(buf):
             return None
         topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
-                        else buf[start:end].decode("utf-8"))
+                        else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
     except (struct.error, IndexError, UnicodeDecodeError, Malformed):
         return None
     return [(topic, index, None)], [(records, records + size)] if size > 0 else []
