@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import kproxy.proxy.session as session_module
 import kproxy.rules.facts as facts_module
 from kproxy.metrics.observer import MetricsObserver
-from kproxy.metrics.stats import FaultStats, TrafficStats
+from kproxy.metrics.stats import FaultStats, StatsOptions, TrafficStats
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
@@ -327,3 +327,22 @@ def test_the_topics_of_a_big_produce_are_read_without_copying_the_frame() -> Non
     finally:
         tracemalloc.stop()
     assert peak < 64 * 1024
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+def test_a_one_partition_produce_answer_is_counted_as_the_scanner_counted_it(version: int) -> None:
+    # The fast path's entries go through the same counting as a scan's: error, worst class, topic label.
+    stats = TrafficStats(StatsOptions(topic_label=True))
+    broker = stats.broker(1)
+    for code in (0, 6, 0):
+        frame = response_frame(PRODUCE, version, 1, responses=[
+            {"name": "orders", "topic_id": uuid.UUID(int=9), "partition_responses": [
+                {"index": 4, "error_code": code, "base_offset": 7}]}])
+        assert produce_answer_errors(frame, 9 if version >= 9 else 8, version) is not None
+        stats.response(broker, PRODUCE, version, frame, 0, 0.001, 0.00001)
+    topic = str(uuid.UUID(int=9)) if version >= 13 else "orders"
+    assert broker.responses == {("produce", version): 3}
+    assert broker.errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert broker.responses_with_errors == {("produce", "retriable"): 1}
+    assert stats.topic_errors == {("produce", topic, "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert not stats.undecodable_responses

@@ -407,6 +407,14 @@ class TrafficStats:
                     body_offset = response_body_offset(frame, api_key, api_version)
                 except ProtocolError:
                     body_offset = len(frame)  # the scan then fails: counted as undecodable
+        if api_key == PRODUCE:
+            # A producer's usual answer (one topic, one partition) carries new offsets every time, so
+            # it is never remembered; read by hand instead (None: another shape, the scanner's).
+            entries = produce_answer_errors(frame, body_offset, api_version)
+            if entries is not None:
+                if entries:
+                    self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
+                return
         found = self._scan_response(kind, api_key, api_version, frame, body_offset)
         if found is None:
             # A body we cannot read: counted, never fatal.
@@ -451,12 +459,6 @@ class TrafficStats:
                        ) -> _ScanResult:
         """The error scan of a (known) kind's response, remembered per body for the kinds brokers repeat
         (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
-        if api_key == PRODUCE:
-            # A producer's usual answer (one topic, one partition) carries new offsets every time, so
-            # it is never remembered; read by hand instead (None: another shape, the scanner's).
-            entries = produce_answer_errors(frame, body_offset, api_version)
-            if entries is not None:
-                return entries, _NO_RANGES
         fn = kind.scanner
         if fn is _MISSING:
             fn = kind.scanner = self._scanner(api_key, api_version, Direction.RESPONSE)

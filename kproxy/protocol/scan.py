@@ -347,10 +347,12 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
 
 
 _PRODUCE_KEY = 0
-_PRODUCE_INDEX_RECORDS = struct.Struct(">ii")  # partition index, records length
 _PRODUCE_COUNT = struct.Struct(">i")
 _PRODUCE_NAME = struct.Struct(">h")
-_PRODUCE_PARTITION = struct.Struct(">ih")  # partition index, error_code
+_PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
+_PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
+_PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
+_PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
 
 
 def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry] | None:
@@ -368,16 +370,14 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     n = len(buf)
     try:
         if 0 <= api_version < 9:
-            if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 1:
-                return None
-            (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)
-            if size < 0:
+            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+            if topics != 1 or size < 0:
                 return None
             start = pos + 6
             end = start + size
-            if _PRODUCE_COUNT.unpack_from(buf, end)[0] != 1:
+            partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
+            if partitions != 1:
                 return None
-            index, code = _PRODUCE_PARTITION.unpack_from(buf, end + 4)
             # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
             pos = end + 10 + (8 if api_version < 2 else 16 if api_version < 5 else 24)
             if api_version >= 8:
@@ -402,7 +402,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
                 end = start + size
             if buf[end] != 2:
                 return None
-            index, code = _PRODUCE_PARTITION.unpack_from(buf, end + 1)
+            index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
             pos = end + 7 + 24
             if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
                 return None
@@ -439,17 +439,13 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
                     return None
                 pos += 2 + max(size, 0)
             pos += 6  # acks, timeout_ms
-            if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 1:
-                return None
-            (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)
-            if size < 0:
+            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+            if topics != 1 or size < 0:
                 return None
             start = pos + 6
             end = start + size
-            if _PRODUCE_COUNT.unpack_from(buf, end)[0] != 1:
-                return None
-            index, size = _PRODUCE_INDEX_RECORDS.unpack_from(buf, end + 4)
-            if size < -1:
+            partitions, index, size = _PRODUCE_PARTITION_RECORDS.unpack_from(buf, end)
+            if partitions != 1 or size < -1:
                 return None
             records = end + 12
             pos = records + max(size, 0)
