@@ -40,7 +40,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 
-WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1")
+WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1", "Produce v7 1x100 KB")
 VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules", "metrics+1 matching rule")
 
 
@@ -64,17 +64,23 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
         body.update(fields)
         return frame(encode_response(1, key, version, body))
 
-    batch = encode_batch_v2([Record(offset=0, timestamp=int(time.time() * 1000), key=None, value=b"v" * 100,
-                                    headers=[])])
+    now = int(time.time() * 1000)
+    batch = encode_batch_v2([Record(offset=0, timestamp=now, key=None, value=b"v" * 100, headers=[])])
+    # The proxy benchmark's big Produce (bench/_wire.py record_batch): one batch of 97 records of 1 KiB.
+    big = encode_batch_v2([Record(offset=i, timestamp=now, key=None, value=b"v" * 1024, headers=[])
+                           for i in range(97)])
+
+    def produce(records: bytes) -> tuple[bytes, bytes]:
+        return (req(0, 7, acks=1, timeout_ms=30_000, topic_data=[
+                    {"name": "bench-produce", "partition_data": [{"index": 0, "records": records}]}]),
+                resp(0, 7, responses=[{"name": "bench-produce", "partition_responses": [
+                    {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1,
+                     "log_start_offset": 0}]}]))
+
     return {
         "Heartbeat v4": (req(12, 4, group_id="bench-group", generation_id=1, member_id="m-1"),
                          resp(12, 4, error_code=0)),
-        "Produce v7 1x100 B": (
-            req(0, 7, acks=1, timeout_ms=30_000, topic_data=[
-                {"name": "bench-produce", "partition_data": [{"index": 0, "records": batch}]}]),
-            resp(0, 7, responses=[{"name": "bench-produce", "partition_responses": [
-                {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1,
-                 "log_start_offset": 0}]}])),
+        "Produce v7 1x100 B": produce(batch),
         "ApiVersions v3": (req(18, 3, client_software_name="kproxy-bench", client_software_version="1.0"),
                            resp(18, 3, error_code=0, api_keys=[
                                {"api_key": k, "min_version": 0, "max_version": v}
@@ -86,6 +92,7 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
                                      {"error_code": 0, "partition_index": 0, "leader_id": 0,
                                       "replica_nodes": [0], "isr_nodes": [0]}]}
                                  for t in ("bench-produce", "bench-fetch")])),
+        "Produce v7 1x100 KB": produce(big),
     }
 
 

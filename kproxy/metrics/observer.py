@@ -5,6 +5,8 @@ from __future__ import annotations
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
 from kproxy.proxy.session import Exchange
 
+_NO_RANGES: list[tuple[int, int]] = []  # never added to
+
 
 class MetricsObserver:
     """Made once per server for one stats object; :meth:`for_broker` gives each connection
@@ -40,9 +42,12 @@ class BrokerObserver:
 
     def request(self, exchange: Exchange) -> None:
         if exchange.api_key == PRODUCE:
+            # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
+            # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
+            scan = exchange.request_scan
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None, exchange.request,
-                               exchange.request_body_offset)
+                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1])
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
@@ -52,7 +57,12 @@ class BrokerObserver:
         if response is None:
             self.stats.no_response(exchange.api_key, exchange.overhead_seconds)
             return
+        # Exchange.broker_seconds and overhead_seconds, inlined (two property calls per exchange):
+        # here the response is there.
+        received = exchange.received_at
+        overhead = exchange.forwarded_at - exchange.read_at + exchange.completed_at - received
         # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
         # the stats find it from the kind's header layout, without a header decode.
         self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
-                            exchange.response_body_offset, exchange.broker_seconds, exchange.overhead_seconds)
+                            exchange.response_body_offset, None if exchange.local else received - exchange.forwarded_at,
+                            overhead)

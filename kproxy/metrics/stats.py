@@ -45,8 +45,8 @@ from kproxy.metrics.histogram import Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
-from kproxy.protocol.records import CountBudget, count_records
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
+from kproxy.protocol.records import CountBudget, count_records, one_batch_count
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
@@ -84,6 +84,7 @@ REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COOR
 SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
 SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
 _ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
+_NO_RANGES: list[tuple[int, int]] = []  # a Produce answer has no records (never added to)
 
 
 def kind_key(api_key: int, api_version: int) -> int:
@@ -348,10 +349,13 @@ class TrafficStats:
 
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
-                frame: bytes | None = None, body_offset: int | None = None) -> None:
+                frame: bytes | None = None, body_offset: int | None = None,
+                records: list[tuple[int, int]] | None = None) -> None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
-        caller knows it."""
+        caller knows it, and ``records``, its records ranges, when the caller has scanned it already
+        (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
+        them, the records are found here."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -360,7 +364,10 @@ class TrafficStats:
             ckey = (self._clients(client_id or ""), kind.api)
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
         if frame is not None and api_key == PRODUCE and kind.known:
-            self._count_records(kind, api_key, api_version, frame, body_offset)
+            if records is None:
+                self._count_records(kind, api_key, api_version, frame, body_offset)
+            elif records:
+                self._add_records(kind.api, frame, records)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float) -> None:
@@ -400,7 +407,20 @@ class TrafficStats:
                     body_offset = response_body_offset(frame, api_key, api_version)
                 except ProtocolError:
                     body_offset = len(frame)  # the scan then fails: counted as undecodable
-        self._scan_errors(broker, kind, api_key, api_version, frame, body_offset)
+        if api_key == PRODUCE:
+            # A producer's usual answer (one topic, one partition) carries new offsets every time, so
+            # it is never remembered; read by hand instead (None: another shape, the scanner's).
+            entries = produce_answer_errors(frame, body_offset, api_version)
+            if entries is not None:
+                if entries:
+                    self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
+                return
+        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
+        if found is None:
+            # A body we cannot read: counted, never fatal.
+            self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
+        elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
+            self._add_errors(broker, kind.api, api_key, frame, found)
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
@@ -453,8 +473,9 @@ class TrafficStats:
             view = memoryview(frame)[body_offset:]
             key = (size, hash(view if isinstance(frame, bytes) else view.tobytes()))
         results = memo.results
-        if key in results:
-            return results[key]
+        found = results.get(key, _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
         found = self._run_scan(fn, frame, body_offset)
         if found is not None and found[1]:
             found = (found[0], [])  # record ranges are offsets into this frame: never reused
@@ -466,14 +487,9 @@ class TrafficStats:
         memo.bytes += cost
         return found
 
-    def _scan_errors(self, broker: BrokerSeries, kind: KindStats, api_key: int, api_version: int, frame: bytes,
-                     body_offset: int) -> None:
-        api = kind.api
-        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
-        if found is None:
-            # A body we cannot read: counted, never fatal.
-            self.undecodable_responses[api] = self.undecodable_responses.get(api, 0) + 1
-            return
+    def _add_errors(self, broker: BrokerSeries, api: str, api_key: int, frame: bytes,
+                    found: tuple[list[Entry], list[tuple[int, int]]]) -> None:
+        """Count a response's non-zero error codes and (Fetch) its records, from its scan."""
         entries, records = found
         errors = broker.errors
         worst = -1
@@ -514,15 +530,20 @@ class TrafficStats:
         """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
         more, or whose records kproxy cannot read (the client's to judge: forwarded all the same),
         is not counted at all but counted as such (a partial count would look like a real one)."""
-        view = memoryview(frame)
-        budget = CountBudget(RECORD_COUNT_BUDGET)
-        count = 0
-        try:
-            for start, end in ranges:  # a loop, not sum() over a generator: one range is the usual case
-                count += count_records(view[start:end], budget=budget)
-        except ProtocolError:
-            count = -1
-        if count < 0 or budget.exhausted:
+        # One v2 batch in one range, the usual Produce: its header's count, read in place.
+        count = one_batch_count(frame, *ranges[0]) if len(ranges) == 1 else None
+        exhausted = False
+        if count is None:
+            view = memoryview(frame)
+            budget = CountBudget(RECORD_COUNT_BUDGET)
+            count = 0
+            try:
+                for start, end in ranges:  # a loop, not sum() over a generator
+                    count += count_records(view[start:end], budget=budget)
+            except ProtocolError:
+                count = -1
+            exhausted = budget.exhausted
+        if count < 0 or exhausted:
             self.records_uncounted[api] = self.records_uncounted.get(api, 0) + 1
             return
         self.records[api] = self.records.get(api, 0) + count

@@ -18,6 +18,12 @@ What a scan reports, as :class:`BodyScan.entries`, a list of
 
 ``topic`` is the topic name, or its :class:`uuid.UUID` where the message only
 carries a topic id (Fetch v13+).
+
+Two shortcuts for the per-request path: :func:`scan_request`, the one scan of a
+request body that every reader of it shares (the proxy session keeps it on the
+exchange: rules read its topics, metrics and capture its records ranges), and
+:func:`produce_answer_errors`, the errors-only scan of the Produce answer a
+producer usually gets (one topic, one partition), read by hand.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from dataclasses import dataclass
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
-from kproxy.protocol.wire import Malformed
+from kproxy.protocol.wire import Malformed, read_uvarint
 
 Topic = str | uuid.UUID | None
 Entry = tuple[Topic, int | None, int | None]
+# What scan_request found: the entries and the records fields' (start, end) offsets in the frame.
+RequestScan = tuple[list[Entry], list[tuple[int, int]]]
 
 _TOPIC_PARTITION_FIELDS = PARTITION_FIELDS | {"index"}
 
@@ -293,3 +301,191 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
         raise DecodeError(f"{len(data) - end} bytes left over after the body", offset=end)
     return BodyScan(acc, recs, data)
 
+
+
+# api_key << 16 | api_version -> the full request scanner (None: no schema), for scan_request: one int
+# lookup (scanner()'s own cache hashes a key holding an Enum, a Python-level hash). Bounded: a client
+# cycling through made-up versions is looked up afresh, not remembered.
+REQUEST_SCANNERS_CAP = 4096
+_REQUEST_SCANNERS: dict[int, Callable[..., int] | None] = {}
+_UNSEEN = object()
+
+
+def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memoryview, offset: int
+                 ) -> RequestScan | None:
+    """The full scan of the request body at ``frame[offset:]`` (the frame as the session holds it):
+    ``(entries, records ranges)``, or None when the kind has no schema or the body cannot be read.
+
+    As lenient as a broker: bytes after the body are not checked. The per-request path's one read
+    of a request body: a rules policy's topics, the metrics' record count and the capture's early
+    read all take it from here, through the session's exchange, instead of scanning again.
+    ``bytes`` and ``bytearray`` are read in place, and so is a one-topic one-partition Produce
+    held in a ``memoryview``; another body in a ``memoryview`` is copied first (the generated
+    scanner decodes names from slices of the frame).
+    """
+    if api_key == _PRODUCE_KEY:  # read in place, whatever holds the frame: a big one is never copied
+        found = _produce_request_scan(frame, offset, api_version)
+        if found is not None:
+            return found
+    if not isinstance(frame, bytes | bytearray):
+        frame = bytes(frame)
+    kind = api_key << 16 | api_version
+    fn = _REQUEST_SCANNERS.get(kind, _UNSEEN)
+    if fn is _UNSEEN:
+        fn = scanner(api_key, api_version, Direction.REQUEST)
+        if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
+            _REQUEST_SCANNERS[kind] = fn
+    if fn is None:
+        return None
+    acc: list[Entry] = []
+    recs: list[tuple[int, int]] = []
+    try:
+        fn(frame, offset, acc, recs, None)  # type: ignore[operator]
+    except SCAN_FAILURES:
+        return None
+    return acc, recs
+
+
+_PRODUCE_KEY = 0
+_PRODUCE_COUNT = struct.Struct(">i")
+_PRODUCE_NAME = struct.Struct(">h")
+_PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
+_PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
+_PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
+_PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
+
+
+def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry] | None:
+    """What the errors-only scanner of a Produce response finds in the body at ``buf[pos:]``, read
+    by hand for the answer a producer usually gets: one topic, one partition, no record errors, no
+    tagged fields (``[]`` when its error code is 0, else its one entry). None for any other shape,
+    or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_produce.py
+    checks the two agree on every version, shape and corruption).
+
+    Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
+    partition) by a few struct reads: ProduceResponse.json in Kafka's message specs gives the
+    layout (v0 base_offset; v2 log_append_time_ms; v5 log_start_offset; v8 record_errors and
+    error_message; v9 flexible; v13 topic_id).
+    """
+    n = len(buf)
+    try:
+        if 0 <= api_version < 9:
+            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+            if topics != 1 or size < 0:
+                return None
+            start = pos + 6
+            end = start + size
+            partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
+            if partitions != 1:
+                return None
+            # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
+            pos = end + 10 + (8 if api_version < 2 else 16 if api_version < 5 else 24)
+            if api_version >= 8:
+                if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 0:  # record_errors
+                    return None
+                (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)  # error_message
+                if size < -1:
+                    return None
+                pos += 6 + max(size, 0)
+        elif 9 <= api_version <= 13:
+            # Compact arrays and strings carry length + 1 as a varint: only one-byte ones here.
+            if buf[pos] != 2:
+                return None
+            if api_version >= 13:  # topic_id (KIP-516) instead of the name
+                start = pos + 1
+                end = start + 16
+            else:
+                size = buf[pos + 1] - 1
+                if not 0 <= size < 0x7F:
+                    return None
+                start = pos + 2
+                end = start + size
+            if buf[end] != 2:
+                return None
+            index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
+            pos = end + 7 + 24
+            if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
+                return None
+            size = buf[pos + 1]  # error_message: 0 (null), else length + 1
+            if size >= 0x80:
+                return None
+            pos += 2 + max(size - 1, 0)
+            if buf[pos] or buf[pos + 1]:  # the partition's, then the topic's tagged fields: none
+                return None
+            pos += 2
+        else:
+            return None  # a layout this reader does not know
+        if pos > n:
+            return None
+        if api_version >= 13:
+            return [(uuid.UUID(bytes=bytes(buf[start:end])), index, code)] if code else []
+        topic = buf[start:end].decode("utf-8")  # (the scanner reads the name whatever the code)
+    except (struct.error, IndexError, UnicodeDecodeError):
+        return None
+    return [(topic, index, code)] if code else []
+
+
+def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:
+    """:func:`scan_request` of a Produce request naming one topic and one partition (what a producer
+    sends to each broker most of the time), read by hand; None for any other shape, or for bytes it
+    is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
+    agree on every version, cut and changed byte). ProduceRequest.json gives the layout (v3
+    transactional_id; v9 flexible; v13 topic_id)."""
+    try:
+        if 0 <= api_version < 9:
+            if api_version >= 3:
+                (size,) = _PRODUCE_NAME.unpack_from(buf, pos)  # transactional_id
+                if size < -1:
+                    return None
+                pos += 2 + max(size, 0)
+            pos += 6  # acks, timeout_ms
+            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+            if topics != 1 or size < 0:
+                return None
+            start = pos + 6
+            end = start + size
+            partitions, index, size = _PRODUCE_PARTITION_RECORDS.unpack_from(buf, end)
+            if partitions != 1 or size < -1:
+                return None
+            records = end + 12
+            pos = records + max(size, 0)
+        elif 9 <= api_version <= 13:
+            size = buf[pos]  # transactional_id: 0 (null), else length + 1
+            if size >= 0x80:
+                return None
+            pos += 1 + max(size - 1, 0) + 6  # and acks, timeout_ms
+            if buf[pos] != 2:  # one topic (compact array: count + 1)
+                return None
+            if api_version >= 13:  # topic_id (KIP-516) instead of the name
+                start = pos + 1
+                end = start + 16
+            else:
+                size = buf[pos + 1] - 1
+                if not 0 <= size < 0x7F:
+                    return None
+                start = pos + 2
+                end = start + size
+            if buf[end] != 2:  # one partition
+                return None
+            (index,) = _PRODUCE_COUNT.unpack_from(buf, end + 1)
+            pos = end + 5
+            size = buf[pos]  # records: length + 1, a varint
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = read_uvarint(buf, pos)
+            size -= 1
+            records = pos
+            pos += max(size, 0)
+            if buf[pos] or buf[pos + 1] or buf[pos + 2]:  # the partition's, topic's and body's tagged fields
+                return None
+            pos += 3
+        else:
+            return None  # a layout this reader does not know
+        if pos > len(buf):
+            return None
+        topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
+                        else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
+    except (struct.error, IndexError, UnicodeDecodeError, Malformed):
+        return None
+    return [(topic, index, None)], [(records, records + size)] if size > 0 else []

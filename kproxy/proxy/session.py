@@ -54,6 +54,7 @@ from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.requests import produce_acks, request_client_id
+from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import BrokerRoute, PortsExhausted
@@ -111,6 +112,7 @@ class Exchange:
     path). ``request`` is the request frame (size prefix included) until the
     observer has seen it (with no observer: until the exchange ends); then the
     session lets it go, so a Produce's bytes are not held for the broker's round trip.
+    Its body is scanned at most once, for whoever asks first (:attr:`request_scan`).
 
     Times come from the session's clock: ``read_at`` when the chunk holding the
     request was read, ``forwarded_at`` when the session let it go upstream,
@@ -140,6 +142,7 @@ class Exchange:
     drop: bool = False  # the response is swallowed when it comes: the client never gets an answer
     _request_body_offset: int = -1  # -1: not read yet
     _client_id: str | None = _UNREAD
+    _request_scan: RequestScan | None = _UNREAD
 
     @property
     def api(self) -> str:
@@ -161,6 +164,20 @@ class Exchange:
             offset = find_request_body(self.request, self.api_key, self.api_version)
             found = self._request_body_offset = -2 if offset is None else offset
         return None if found == -2 else found
+
+    @property
+    def request_scan(self) -> RequestScan | None:
+        """The request body's scan (:func:`kproxy.protocol.scan.scan_request`: topics, partitions,
+        records ranges), done on first use and shared by every reader of this request: a rules
+        policy's topics, the metrics' record count, the capture's early read. None when the header
+        or body cannot be read. Read it while :attr:`request` holds the frame (until the observer
+        has seen it)."""
+        found = self._request_scan
+        if found is _UNREAD:
+            offset = self.request_body_offset
+            found = self._request_scan = None if offset is None else scan_request(
+                self.api_key, self.api_version, self.request, offset)
+        return found
 
     def request_body(self) -> dict[str, Any]:
         """The request body, decoded in full (for a policy deciding before it is forwarded: a

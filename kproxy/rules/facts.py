@@ -8,7 +8,8 @@ check decodes no header again) or a decoded
 the caller; the others are decoded on first use only, with
 :mod:`kproxy.protocol`'s generated functions:
 
-* ``topics()``: the request scanner (:func:`kproxy.protocol.scan.scanner`),
+* ``topics()``: the request scan (:func:`kproxy.protocol.scan.scan_request`,
+  the exchange's when built from one: shared with the metrics and capture),
   which reads topic names and partition indexes and skips the rest by length
   (records are never touched);
 * ``acks()``, ``transactional_id()``, ``group_id()``: one top-level field,
@@ -33,7 +34,7 @@ from typing import Any, Protocol
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader, response_body_offset
 from kproxy.protocol.messages import codec, decode_body
-from kproxy.protocol.scan import SCAN_FAILURES, scanner
+from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
 from kproxy.rules.request import IpAddress, RequestHeaderFacts
@@ -46,10 +47,6 @@ _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 # Scan of a request's topics (topic, partition, None per partition read) -> its topics() mapping;
 # bounded: starts afresh when full (a request naming a new set of partitions costs one build).
 TOPICS_SEEN_CAP = 4096
-# api_key << 16 | api_version -> the request scanner (None: no schema). Bounded: a client cycling
-# through made-up versions is looked up afresh, not remembered.
-REQUEST_SCANNERS_CAP = 4096
-_REQUEST_SCANNERS: dict[int, Any] = {}
 _TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
 
@@ -94,11 +91,16 @@ class ParsedRequest(RequestHeaderFacts, Protocol):
     kproxy.rules may not import the proxy, so this names what it reads of it).
 
     ``client_id`` may be decoded on first use; ``request_body_offset`` is where the body starts
-    in the frame (size prefix included), or None when the header cannot be read.
+    in the frame (size prefix included), or None when the header cannot be read;
+    ``request_scan`` is :func:`kproxy.protocol.scan.scan_request` of that frame (None: unreadable),
+    which its reader may have done already for another reader of the request.
     """
 
     @property
     def request_body_offset(self) -> int | None: ...
+
+    @property
+    def request_scan(self) -> RequestScan | None: ...
 
 
 class FrameFacts:
@@ -155,29 +157,25 @@ class FrameFacts:
         return self._topics
 
     def _scan_topics(self) -> Mapping[str, frozenset[int]]:
-        kind = self.api_key << 16 | self.api_version
-        fn = _REQUEST_SCANNERS.get(kind, _UNSET)
-        if fn is _UNSET:
-            # Found once per kind: scanner()'s own cache hashes a key holding an Enum (a Python-level hash).
-            fn = scanner(self.api_key, self.api_version, Direction.REQUEST)
-            if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
-                _REQUEST_SCANNERS[kind] = fn
-        offset = self._body_offset
-        if fn is None or offset is None:
+        header = self._header
+        if isinstance(header, RequestHeader):
+            offset = 4 + header.size
+            found = scan_request(self.api_key, self.api_version, self._frame, offset)
+        else:
+            # The exchange's scan: whoever reads the request first scans it, the others (metrics,
+            # capture) take the same result.
+            found = header.request_scan
+        if found is None:
             return _EMPTY
-        acc: list[tuple[Any, int | None, int | None]] = []
-        try:
-            fn(bytes(self._frame), offset, acc, [], None)  # the end offset: trailing bytes are fine
-        except SCAN_FAILURES:
-            return _EMPTY
+        acc = found[0]
         # Producers send the same topics and partitions request after request: the mapping built
         # from one scan is remembered (read-only, shared) and found again by the scan's value, a
         # tuple lookup instead of building sets per request. Scans naming topics by id are not
         # remembered: what an id reads as depends on the ids learnt by then.
         key = tuple(acc)
-        found = _TOPICS_SEEN.get(key)
-        if found is not None:
-            return found
+        seen = _TOPICS_SEEN.get(key)
+        if seen is not None:
+            return seen
         out: dict[str, set[int]] = {}
         by_id = False
         for topic, partition, _ in acc:

@@ -43,7 +43,8 @@ writers, payload decompression); :func:`decode_records` here dispatches by magic
   is reported as :attr:`BatchIterator.truncated_tail`; it is not an error.
 * :func:`verify_crc`, :func:`decode_records`, :func:`decode_all` - the expensive part,
   on demand.
-* :func:`count_records` - records in a records field from the v2 headers alone.
+* :func:`count_records` - records in a records field from the v2 headers alone;
+  :func:`one_batch_count` - the same for a range that is one v2 batch, read in place.
 * :func:`encode_batch_v2`, :func:`encode_message_set` - encoders for tests and
   fault injection, with correct lengths and CRCs.
 
@@ -58,7 +59,7 @@ actually present, and decompression is capped by ``max_decompressed``.
 from __future__ import annotations
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
-from kproxy.protocol.records.counting import CountBudget, count_records
+from kproxy.protocol.records.counting import CountBudget, count_records, one_batch_count
 from kproxy.protocol.records.entries import (
     LOG_OVERHEAD,
     V2_HEADER_SIZE,
@@ -90,6 +91,7 @@ __all__ = [
     "encode_batch_v2",
     "encode_message_set",
     "iter_batches",
+    "one_batch_count",
     "verify_crc",
 ]
 

@@ -83,6 +83,17 @@ def count_records(
     return total
 
 
+def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
+    """The record count in the header of ``data[start:end]`` when that range is exactly one v2
+    batch (what a producer sends per partition), read in place: what :func:`count_records` of the
+    range returns, without slicing it. None for any other range (:func:`count_records` decides)."""
+    if end - start >= _V2_FAST_MIN:
+        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + 8)
+        if magic == 2 and start + 12 + batch_length == end:
+            return int(_V2_COUNT.unpack_from(data, start + 57)[0])
+    return None
+
+
 _LEGACY_SIZE_MAGIC_ATTRIBUTES: Final = struct.Struct(">i4xbb")  # message_size, (crc), magic, attributes
 
 

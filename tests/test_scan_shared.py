@@ -1,0 +1,348 @@
+"""The per-request path's shared scans (kproxy/protocol/scan.py).
+
+* ``scan_request``: a Produce request going through a Session with metrics and a rules policy
+  is scanned once (the exchange's :attr:`~kproxy.proxy.session.Exchange.request_scan`), and both
+  readers get what they got from their own scans before: the rule matches the request's topic,
+  the metrics count its records (the ranges the metrics' own scan found, on any body, readable
+  or not); ``bytes``, ``bytearray`` and ``memoryview`` frames scan alike.
+* ``produce_answer_errors``: the hand-written read of a producer's usual Produce answer agrees
+  with the generated errors-only scanner on every Produce version, for any shape and any
+  corruption of the bytes (or leaves the frame to it: None), and does take the usual shape.
+* ``one_batch_count``: the metrics' in-place count of a one-batch records range is what
+  ``count_records`` of that range gives, or leaves the range to it.
+"""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+import uuid
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kproxy.proxy.session as session_module
+import kproxy.rules.facts as facts_module
+from kproxy.metrics.observer import MetricsObserver
+from kproxy.metrics.stats import FaultStats, StatsOptions, TrafficStats
+from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
+from kproxy.protocol.scan import (
+    SCAN_FAILURES,
+    Entry,
+    RequestScan,
+    _produce_request_scan,
+    produce_answer_errors,
+    scan_request,
+    scanner,
+)
+from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Exchange, Session
+from kproxy.rules import load_text
+from kproxy.rules.facts import FrameFacts
+from kproxy.server.live_rules import LiveRules
+
+PRODUCE = 0
+PRODUCE_VERSIONS = range(supported_versions(PRODUCE)[0], supported_versions(PRODUCE)[1] + 1)  # type: ignore[index]
+TOPIC_RULE = """
+seed: 7
+rules:
+  - id: orders-rule
+    match: {api: produce, topic: 'ord*'}
+    actions:
+      - delay: {ms: 0}
+"""
+
+
+def batch(n: int) -> bytes:
+    return encode_batch_v2([Record(offset=i, timestamp=0, key=None, value=b"v" * 10, headers=[]) for i in range(n)])
+
+
+def produce(version: int, correlation_id: int, topic: str = "orders", records: bytes | None = None) -> bytes:
+    return request_frame(PRODUCE, version, correlation_id, acks=1, timeout_ms=1000, topic_data=[
+        {"name": topic, "partition_data": [{"index": 0, "records": batch(3) if records is None else records}]}])
+
+
+def produce_answer(version: int, correlation_id: int) -> bytes:
+    return response_frame(PRODUCE, version, correlation_id, responses=[
+        {"name": "orders", "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 7}]}])
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 11])
+def test_a_produce_is_scanned_once_for_the_rules_and_the_metrics(version: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def counting(api_key: int, api_version: int, frame: Any, offset: int) -> Any:
+        calls.append(api_key)
+        return scan_request(api_key, api_version, frame, offset)
+
+    def not_again(*_: Any) -> Any:
+        raise AssertionError("the request was scanned a second time")
+
+    monkeypatch.setattr(session_module, "scan_request", counting)
+    monkeypatch.setattr(facts_module, "scan_request", not_again)  # the rules' own scan (a RequestHeader's)
+    monkeypatch.setattr(TrafficStats, "_count_records", not_again)  # the metrics' own scan
+    stats = TrafficStats()
+    counts = FaultStats()
+    live = LiveRules(load_text(TOPIC_RULE), counts=counts)
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)),
+                      observer=MetricsObserver(stats).for_broker(None), policy=live.policy("127.0.0.1:5555"))
+    for correlation_id in (1, 2):
+        session.receive_client(produce(version, correlation_id))
+        session.receive_upstream(produce_answer(version, correlation_id))
+        session.report()
+    assert calls == [PRODUCE, PRODUCE]  # one scan per request
+    assert stats.records["produce"] == 6  # the metrics read its records ranges
+    assert sum(n for (rule, _, _), n in counts.hits.items() if rule == "orders-rule") == 2  # the rule its topic
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from(list(PRODUCE_VERSIONS)), n=st.integers(0, 3), how=st.one_of(
+    st.none(), st.tuples(st.just("cut"), st.integers(0, 200)),
+    st.tuples(st.just("flip"), st.integers(0, 200), st.integers(0, 255))))
+def test_the_shared_scan_finds_the_records_ranges_the_metrics_scan_found(version: int, n: int, how: Any) -> None:
+    # The metrics counted Produce records from the errors-only scan; they now take the ranges of the
+    # shared full scan (nothing when it cannot read the body). The two must agree on every body,
+    # readable or not: same ranges, and failing on the same bytes.
+    frame = mutate(produce(version, 1, records=batch(n) if n else None), how)
+    offset = request_body_offset(frame, PRODUCE, version)
+    if offset is None:
+        return
+    fn = scanner(PRODUCE, version, Direction.REQUEST, errors_only=True)
+    assert fn is not None
+    ranges: list[tuple[int, int]] | None = []
+    try:
+        fn(frame, offset, [], ranges, None)
+    except SCAN_FAILURES:
+        ranges = None
+    shared = scan_request(PRODUCE, version, frame, offset)
+    assert (None if shared is None else shared[1]) == ranges
+
+
+def test_a_body_the_scan_cannot_read_has_no_records_counted() -> None:
+    # The body's last byte is its tagged-field count: 5 fields announced, none there.
+    bad = produce(9, 1)[:-1] + b"\x05"
+    offset = request_body_offset(bad, PRODUCE, 9)
+    assert offset is not None and scan_request(PRODUCE, 9, bad, offset) is None
+    stats = TrafficStats()
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)),
+                      observer=MetricsObserver(stats).for_broker(None))
+    session.receive_client(bad)
+    session.report()
+    assert "produce" not in stats.records and stats.records_uncounted["produce"] == 0
+
+
+@pytest.mark.parametrize("version", [3, 9])
+def test_bytes_bytearray_and_memoryview_scan_alike(version: int) -> None:
+    frame = produce(version, 1, records=batch(2))
+    offset = request_body_offset(frame, PRODUCE, version)
+    assert offset is not None
+    found = scan_request(PRODUCE, version, frame, offset)
+    assert found is not None and found[0] == [("orders", 0, None)] and len(found[1]) == 1
+    assert scan_request(PRODUCE, version, bytearray(frame), offset) == found
+    assert scan_request(PRODUCE, version, memoryview(frame), offset) == found
+    assert scan_request(PRODUCE, version, frame[:-3], offset) is None  # records cut short
+    assert scan_request(999, 0, frame, offset) is None  # no schema
+
+
+# -- produce_answer_errors against the generated scanner ---------------------------------------------
+def generated(frame: bytes, offset: int, version: int) -> list[Entry] | None:
+    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True)
+    assert fn is not None
+    acc: list[Entry] = []
+    try:
+        fn(frame, offset, acc, [], None)
+    except SCAN_FAILURES:
+        return None
+    return acc
+
+
+names = st.one_of(st.sampled_from(["orders", "", "t" * 200, "é-topic"]), st.text(max_size=12))
+partition = st.fixed_dictionaries({
+    "index": st.integers(-2, 2**31 - 1), "error_code": st.sampled_from([0, 0, 6, -1, 87, 32767]),
+    "base_offset": st.integers(-1, 2**40), "log_start_offset": st.integers(-1, 2**40),
+    "record_errors": st.lists(st.fixed_dictionaries({"batch_index": st.integers(0, 3),
+                                                     "batch_index_error_message": st.none() | st.text(max_size=4)}),
+                              max_size=1),
+    "error_message": st.none() | st.sampled_from(["", "broken", "x" * 130])})
+topic = st.fixed_dictionaries({"name": names, "partition_responses": st.lists(partition, min_size=0, max_size=2)})
+mutation = st.one_of(st.none(), st.tuples(st.just("cut"), st.integers(0, 400)),
+                     st.tuples(st.just("flip"), st.integers(0, 400), st.integers(0, 255)),
+                     st.tuples(st.just("tail"), st.binary(min_size=1, max_size=4)))
+
+
+def mutate(frame: bytes, how: Any) -> bytes:
+    if how is None:
+        return frame
+    if how[0] == "cut":
+        return frame[:max(8, len(frame) - how[1])]
+    if how[0] == "flip":
+        at = 8 + how[1] % max(1, len(frame) - 8)
+        return frame[:at] + bytes([how[2]]) + frame[at + 1:]
+    return frame + how[1]
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from(list(PRODUCE_VERSIONS)), topics=st.lists(topic, min_size=0, max_size=2),
+       how=mutation)
+def test_the_produce_answer_fast_path_agrees_with_the_generated_scanner(version: int, topics: list[dict[str, Any]],
+                                                                      how: Any) -> None:
+    frame = mutate(response_frame(PRODUCE, version, 1, responses=topics), how)
+    offset = 9 if version >= 9 else 8  # response header v1 from v9 (flexible): one empty tag byte
+    fast = produce_answer_errors(frame, offset, version)
+    if fast is not None:
+        assert fast == generated(frame, offset, version)
+
+
+SHAPES = {
+    "plain": {},
+    "error message": {"error_message": "x" * 130},
+    "record error": {"record_errors": [{"batch_index": 0, "batch_index_error_message": "bad"}]},
+    "current leader": {"current_leader": {"leader_id": 2, "leader_epoch": 5}},  # a tagged field (v10+)
+}
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_fast_path_agrees_on_every_cut_and_changed_byte_of_a_one_partition_answer(version: int,
+                                                                                       shape: str) -> None:
+    frame = response_frame(PRODUCE, version, 1, throttle_time_ms=3, responses=[
+        {"name": "orders", "partition_responses": [{"index": 4, "error_code": 6, "base_offset": 7,
+                                                    **SHAPES[shape]}]}])
+    offset = 9 if version >= 9 else 8
+    variants = [frame[:end] for end in range(offset, len(frame))]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(offset, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    taken = 0
+    for variant in variants:
+        fast = produce_answer_errors(variant, offset, version)
+        if fast is not None:
+            taken += 1
+            assert fast == generated(variant, offset, version), variant.hex()
+    if shape == "plain":
+        assert taken  # some of them (those changing only offsets, say) still take it
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+@pytest.mark.parametrize("code", [0, 6])
+def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -> None:
+    frame = response_frame(PRODUCE, version, 1, throttle_time_ms=3, responses=[
+        {"name": "orders", "partition_responses": [{"index": 4, "error_code": code, "base_offset": 7}]}])
+    offset = 9 if version >= 9 else 8
+    assert frame[8:9] == (b"\x00" if version >= 9 else struct.pack(">i", 1)[:1])  # the header's size assumed
+    fast = produce_answer_errors(frame, offset, version)
+    topic: object = uuid.UUID(int=0) if version >= 13 else "orders"  # v13 names the topic by id
+    assert fast == ([(topic, 4, code)] if code else [])
+    assert fast == generated(frame, offset, version)
+
+
+# -- one_batch_count against count_records -------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=2), legacy=st.booleans(),
+       cut=st.integers(0, 80), flip=st.none() | st.tuples(st.integers(0, 70), st.integers(0, 255)))
+def test_one_batch_count_is_count_records_of_the_range_or_leaves_it(counts: list[int], legacy: bool, cut: int,
+                                                                     flip: tuple[int, int] | None) -> None:
+    data = b"".join(encode_message_set([Record(offset=0, timestamp=0, key=None, value=b"v", headers=[])] * n)
+                    if legacy else batch(n) for n in counts)
+    if flip is not None:
+        data = data[:flip[0]] + bytes([flip[1]]) + data[flip[0] + 1:]
+    framed = b"head" + data[:len(data) - cut] + b"tail"
+    start, end = 4, len(framed) - 4
+    found = one_batch_count(framed, start, end)
+    if found is not None:
+        assert found == count_records(memoryview(framed)[start:end])
+    elif len(counts) == 1 and not legacy and not cut and flip is None:
+        pytest.fail("one whole v2 batch was left to count_records")
+
+
+# -- the Produce request fast path of scan_request against the generated scanner --------------------
+def generated_request(frame: bytes, offset: int, version: int) -> RequestScan | None:
+    fn = scanner(PRODUCE, version, Direction.REQUEST)
+    assert fn is not None
+    acc: list[Entry] = []
+    recs: list[tuple[int, int]] = []
+    try:
+        fn(frame, offset, acc, recs, None)
+    except SCAN_FAILURES:
+        return None
+    return acc, recs
+
+
+REQUEST_SHAPES = {"plain": {}, "transactional": {"transactional_id": "tx-1"}, "no records": {"records": None},
+                  "big records": {"records": batch(40)}}
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+@pytest.mark.parametrize("shape", list(REQUEST_SHAPES))
+def test_the_produce_request_fast_path_agrees_on_every_cut_and_changed_byte(version: int, shape: str) -> None:
+    values = dict(REQUEST_SHAPES[shape])
+    records = values.pop("records", batch(1))
+    frame = request_frame(PRODUCE, version, 1, acks=1, timeout_ms=1000, topic_data=[
+        {"name": "orders", "topic_id": uuid.UUID(int=7), "partition_data": [{"index": 3, "records": records}]}],
+                          **values)
+    offset = request_body_offset(frame, PRODUCE, version)
+    assert offset is not None
+    usual = _produce_request_scan(frame, offset, version)
+    assert usual is not None and usual == generated_request(frame, offset, version)
+    ends = range(offset, len(frame)) if len(frame) < 400 else [*range(offset, offset + 80), *range(len(frame) - 80,
+                                                                                               len(frame))]
+    variants = [frame[:end] for end in ends]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(offset, min(len(frame), offset + 90)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    for variant in variants:
+        fast = _produce_request_scan(variant, offset, version)
+        if fast is not None:
+            assert fast == generated_request(variant, offset, version), variant.hex()
+        assert scan_request(PRODUCE, version, variant, offset) == generated_request(variant, offset, version)
+        assert _produce_request_scan(memoryview(variant), offset, version) == fast
+
+
+def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
+    frame = produce(7, 1)
+    offset = request_body_offset(frame, PRODUCE, 7)
+    assert offset is not None
+    assert _produce_request_scan(frame, offset, 7) is not None
+    for version in (-1, 14, 99):
+        assert _produce_request_scan(frame, offset, version) is None
+        assert produce_answer_errors(produce_answer(7, 1), 8, version) is None
+
+
+def test_the_topics_of_a_big_produce_are_read_without_copying_the_frame() -> None:
+    # Frames of LARGE_FRAME bytes and more leave the framing as bytearrays (kproxy/protocol/framing.py);
+    # a rule on topics used to copy such a frame to bytes before scanning it.
+    big = bytearray(produce(7, 1, records=encode_batch_v2([
+        Record(offset=0, timestamp=0, key=None, value=b"v" * (2 << 20), headers=[])])))
+    exchange = Exchange(1, PRODUCE, 7, len(big), 0.0, 0.0, big)  # type: ignore[arg-type]
+    facts = FrameFacts(big, exchange)  # type: ignore[arg-type]
+    tracemalloc.start()
+    try:
+        assert dict(facts.topics()) == {"orders": frozenset({0})}
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+
+
+@pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
+def test_a_one_partition_produce_answer_is_counted_as_the_scanner_counted_it(version: int) -> None:
+    # The fast path's entries go through the same counting as a scan's: error, worst class, topic label.
+    stats = TrafficStats(StatsOptions(topic_label=True))
+    broker = stats.broker(1)
+    for code in (0, 6, 0):
+        frame = response_frame(PRODUCE, version, 1, responses=[
+            {"name": "orders", "topic_id": uuid.UUID(int=9), "partition_responses": [
+                {"index": 4, "error_code": code, "base_offset": 7}]}])
+        assert produce_answer_errors(frame, 9 if version >= 9 else 8, version) is not None
+        stats.response(broker, PRODUCE, version, frame, 0, 0.001, 0.00001)
+    topic = str(uuid.UUID(int=9)) if version >= 13 else "orders"
+    assert broker.responses == {("produce", version): 3}
+    assert broker.errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert broker.responses_with_errors == {("produce", "retriable"): 1}
+    assert stats.topic_errors == {("produce", topic, "NOT_LEADER_OR_FOLLOWER"): 1}
+    assert not stats.undecodable_responses
