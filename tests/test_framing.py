@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kproxy.protocol.framing import LARGE_FRAME, FrameSplitter, frame
+from kproxy.protocol.framing import FrameSplitter, frame
+
+LARGE_FRAME = 1024 * 1024  # a Fetch response's order of size: it spans several 256 KiB reads
 
 SIZES = st.sampled_from([0, 1, 7, 300, 70_000, LARGE_FRAME - 4, LARGE_FRAME, LARGE_FRAME + 123, 3 * LARGE_FRAME])
 
@@ -40,11 +44,41 @@ def test_a_chunk_that_is_one_frame_is_returned_without_a_copy() -> None:
     assert exact and got[0] is one
 
 
-def test_a_large_frame_is_assembled_once_in_its_own_buffer() -> None:
+def test_a_large_frame_is_joined_once_from_the_chunks_that_brought_it() -> None:
     big = frame(b"y" * (2 * LARGE_FRAME))
     splitter = FrameSplitter()
     assert splitter.split(big[:1000])[0] == []
     assert splitter.buffered == 1000
     assert splitter.split(big[1000:5000])[0] == []
-    got, _, _ = splitter.split(big[5000:] + frame(b"tail"))
-    assert [bytes(f) for f in got] == [big, frame(b"tail")]
+    got, _, exact = splitter.split(big[5000:] + frame(b"tail"))
+    assert got == [big, frame(b"tail")]
+    assert not exact
+    assert all(type(f) is bytes for f in got)
+
+
+def test_a_frame_spanning_chunks_is_not_copied_before_it_is_whole() -> None:
+    """The chunks are held as they came: 16 reads of 64 KiB into a 4 MiB frame add no buffer of their size."""
+    chunks = [bytes([i]) * (64 * 1024) for i in range(16)]  # the reader's objects, alive either way
+    head = (4 * LARGE_FRAME).to_bytes(4, "big")
+    splitter = FrameSplitter()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        splitter.split(head + b"x" * 10)
+        for chunk in chunks:
+            assert splitter.split(chunk)[0] == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert splitter.buffered == 4 + 10 + 16 * 64 * 1024
+    assert held < 64 * 1024, f"{held} bytes allocated to hold 1 MiB of chunks the reader already has"
+
+
+def test_a_size_prefix_cut_across_chunks_is_read_whole() -> None:
+    stream = frame(b"a" * 5) + frame(b"b" * 300) + frame(b"")
+    splitter = FrameSplitter()
+    out: list[bytes] = []
+    for i in range(len(stream)):  # one byte at a time: every prefix is cut
+        out += splitter.split(stream[i : i + 1])[0]
+    assert out == [frame(b"a" * 5), frame(b"b" * 300), frame(b"")]
+    assert splitter.consumed == len(stream) and splitter.buffered == 0
