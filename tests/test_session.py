@@ -81,9 +81,9 @@ class FrameByFrame(Session):
             if isinstance(command, CloseConnection):
                 raise SessionError(command.reason)
             if isinstance(command, ForwardUpstream):
-                forwarded = command.data
+                forwarded = command.payload()
             elif isinstance(command, SendToClient):
-                self.to_client += FrameSplitter().split(command.data)[0]
+                self.to_client += FrameSplitter().split(command.payload())[0]
                 self.routes += command.routes
         return forwarded
 
@@ -778,6 +778,54 @@ def test_frames_split_across_chunks_go_out_whole() -> None:
     assert s.receive_upstream(hb1_answer[:6]) == []
     assert s.receive_upstream(hb1_answer[6:]) == [SendToClient(hb1_answer)]
     assert s.in_flight_count == 1
+
+
+FETCH = 1
+
+
+def produce_answer(correlation_id: int) -> bytes:
+    return response_frame(PRODUCE, 7, correlation_id)
+
+
+def fetch_answer(correlation_id: int, records: bytes) -> bytes:
+    partition = {"partition_index": 0, "error_code": 0, "high_watermark": 1, "last_stable_offset": 1,
+                 "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": records}
+    return response_frame(FETCH, 11, correlation_id, responses=[{"topic": "t", "partitions": [partition]}])
+
+
+def big_produce(correlation_id: int) -> bytes:
+    body = request_body(PRODUCE, 7, acks=1, timeout_ms=1500,
+                        topic_data=[{"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 100_000}]}])
+    return frame(encode_request(RequestHeader(PRODUCE, 7, correlation_id, "producer-1", 1, {}), body))
+
+
+def test_big_frames_that_are_not_the_chunk_go_out_as_they_are_not_joined() -> None:
+    """A chunk that completes a frame begun earlier is not forwarded as itself: its big frames go in
+    one vectored write of the frames the session holds (``more``), not a join copying each of them."""
+    s = plain_session()
+    frames = [big_produce(c) for c in (1, 2, 3)]
+    stream = b"".join(frames)
+    assert s.receive_client(stream[:1000]) == []
+    [command] = s.receive_client(stream[1000:])
+    assert type(command) is ForwardUpstream
+    assert [command.data, *command.more] == frames
+    assert command.payload() == stream
+    answers = [produce_answer(c) for c in (1, 2, 3)]
+    s.receive_upstream(answers[0][:5])
+    [command] = s.receive_upstream(answers[0][5:] + answers[1] + answers[2])
+    assert type(command) is SendToClient and not command.more, "small answers are joined: one plain write"
+    assert command.data == b"".join(answers)
+
+
+def test_big_responses_that_are_not_the_chunk_go_out_as_they_are_not_joined() -> None:
+    s = plain_session()
+    requests = [req(FETCH, 11, c) for c in (1, 2)]
+    s.receive_client(b"".join(requests))
+    answers = [fetch_answer(c, b"\x00" * 200_000) for c in (1, 2)]
+    stream = b"".join(answers)
+    assert s.receive_upstream(stream[:70_000]) == []
+    [command] = s.receive_upstream(stream[70_000:])
+    assert type(command) is SendToClient and [command.data, *command.more] == answers
 
 
 def test_a_rewritten_response_is_not_the_chunk_read() -> None:
