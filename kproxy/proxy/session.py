@@ -29,7 +29,9 @@ Guarantees kept here (each has bitten a peer):
 * A response whose correlation id is not the oldest forwarded request's is a
   desynchronised stream: the session asks the server to close.
 * A chunk whose frames all go on unchanged is handed back as the very object read
-  (no copy, no join): the common case, by far.
+  (no copy, no join): the common case, by far. Otherwise the frames that go on are
+  joined into one write when small, and handed over as they are when few and big
+  (``more``: one vectored write, no join; see VECTORED_MIN_BYTES).
 
 Size (over the ~500 lines the project aims for): the session is one state machine (correlation
 table, ordering, SASL modes, local answers, held responses for rules) whose parts read and write
