@@ -102,3 +102,16 @@ async def test_vector_writer_reports_a_closed_peer_as_a_broken_stream() -> None:
     with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
         for _ in range(100):  # the first writes may land in the buffer before the reset is seen
             await vector_writer(left)([b"x" * 65536, b"y" * 65536])
+
+
+async def test_vector_writer_takes_more_buffers_than_one_writev_can() -> None:
+    """A 100 MiB frame read a few KB at a time is thousands of pieces: more than IOV_MAX (1024)."""
+    left, right = stream_pair()
+    buffers = [bytes([i % 256]) * 7 for i in range(3000)]
+    expected = b"".join(buffers)
+    received = bytearray()
+    with trio.fail_after(10):
+        await vector_writer(left)(buffers)
+        while len(received) < len(expected):
+            received.extend(await right.receive_some(65536))
+    assert bytes(received) == expected

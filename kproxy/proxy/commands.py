@@ -69,7 +69,7 @@ class SendToClient:
 
     data: bytes
     routes: Sequence[BrokerRoute] = ()
-    more: tuple[bytes, ...] = ()
+    more: tuple[bytes | bytearray | memoryview, ...] = ()
 
     def payload(self) -> bytes:
         """Every byte to write, as one object (for readers that want that: not the server)."""

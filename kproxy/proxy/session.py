@@ -51,7 +51,7 @@ from typing import Any, Protocol
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
 from kproxy.protocol.frames import encode_response
-from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.messages import decode_body
@@ -134,6 +134,9 @@ class Exchange:
     request: bytes = b""
     local: bool = False
     response: bytes | None = None
+    # With no observer, a response that came in several reads and goes on untouched: the pieces that
+    # brought it, written as they are (``response`` is then b""; nothing else reads the bytes).
+    response_parts: Spanned | None = None
     received_at: float = 0.0
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
@@ -292,7 +295,8 @@ class Session:
         self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
         self.mode = Mode.KAFKA
         self._sasl_rounds_left: int | None = None
-        self._ready: list[bytes] = []
+        self._ready: list[bytes | Spanned] = []
+        self._ready_spanned = False  # some of _ready is Spanned
         self._ready_routes: list[BrokerRoute] = []
         # acks=0 Produce the broker may still answer, oldest first: (seq, correlation id).
         self._acks0: deque[tuple[int, int]] = deque()
@@ -563,7 +567,9 @@ class Session:
         be matched or rewritten: nothing of that chunk reaches the client then.
         """
         try:
-            frames, data, exact = self._upstream_frames.split(chunk)
+            # With no observer nothing needs a response whole unless it is rewritten (see _upstream_frame).
+            splitter = self._upstream_frames
+            frames, data, exact = splitter.split(chunk) if self.observer is not None else splitter.split_spanned(chunk)
             for raw in frames:
                 self._upstream_frame(raw)
         except ProtocolError as exc:
@@ -593,7 +599,14 @@ class Session:
             self._ask_wake(commands)
         return commands
 
-    def _upstream_frame(self, frame: bytes) -> None:
+    def _upstream_frame(self, frame: bytes | Spanned) -> None:
+        parts: Spanned | None = None
+        if isinstance(frame, list):
+            parts = frame
+            frame = _head(parts)
+            if self.mode is Mode.SASL_TOKENS:
+                frame, parts = b"".join(parts), None
+        assert type(frame) is bytes
         if self.mode is Mode.SASL_TOKENS:
             self._ready.append(frame)
             if self._sasl_rounds_left is not None:
@@ -623,13 +636,21 @@ class Session:
             self._answered_in_order(ex.seq)
         self.responses += 1
         ex.received_at = self.clock()
-        response = self._rewrite(ex, frame)
-        if ex.on_response is not None:
-            # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
-            response = ex.on_response(response)
+        if parts is not None:
+            if ex.on_response is None and not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
+                ex.response = b""
+                ex.response_parts = parts
+            else:
+                frame = b"".join(parts)
+                parts = None
+        if parts is None:
+            response = self._rewrite(ex, frame)
+            if ex.on_response is not None:
+                # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
+                response = ex.on_response(response)
+            ex.response = response
         if ex.response_delay:
             ex.release_at = max(ex.release_at, ex.received_at + ex.response_delay)
-        ex.response = response
         if ex.sasl_mechanism is not None:
             self._after_sasl_handshake(ex, frame)
         self._flush()
@@ -673,13 +694,17 @@ class Session:
             self._taken.discard(ex.correlation_id)
             assert ex.response is not None
             if not ex.drop:
-                self._ready.append(ex.response)
+                if ex.response_parts is None:
+                    self._ready.append(ex.response)
+                else:
+                    self._ready.append(ex.response_parts)
+                    self._ready_spanned = True
                 self._ready_routes.extend(ex.routes)
             if self.observer is not None:
                 ex.completed_at = self.clock()
                 self._completed.append(ex)
 
-    def _take_ready(self, read: list[bytes], chunk: bytes, exact: bool) -> SendToClient:
+    def _take_ready(self, read: Sequence[bytes | Spanned], chunk: bytes, exact: bool) -> SendToClient:
         """The responses due, as one command. ``read``/``chunk``/``exact`` describe the chunk just
         split: when the due frames are exactly its frames, unchanged, the chunk goes as it is."""
         out = self._ready
@@ -690,11 +715,15 @@ class Session:
             self._ready_routes.clear()
         if exact and len(out) == len(read) and all(a is b for a, b in zip(out, read, strict=True)):
             return SendToClient(chunk, routes)
-        if len(out) == 1:
-            return SendToClient(out[0], routes)
-        if _vectored(out):
-            return SendToClient(out[0], routes, tuple(out[1:]))
-        return SendToClient(b"".join(out), routes)
+        if self._ready_spanned:
+            self._ready_spanned = False
+            return _send_pieces(out, routes)
+        frames: list[bytes] = out  # type: ignore[assignment]  # no Spanned in it
+        if len(frames) == 1:
+            return SendToClient(frames[0], routes)
+        if _vectored(frames):
+            return SendToClient(frames[0], routes, tuple(frames[1:]))
+        return SendToClient(b"".join(frames), routes)
 
     def report(self) -> None:
         """Hand the observer the requests read and exchanges completed since the last call."""
@@ -721,6 +750,29 @@ def _vectored(frames: list[bytes]) -> bool:
     """Whether these frames (more than one) go out in one vectored write rather than joined: when
     they are few and big, so that joining them would copy a lot for few buffers saved."""
     return len(frames) <= VECTORED_MAX_FRAMES and sum(map(len, frames)) >= VECTORED_MIN_BYTES
+
+
+def _send_pieces(out: list[bytes | Spanned], routes: tuple[BrokerRoute, ...]) -> SendToClient:
+    """Responses some of which are :data:`Spanned`, as one vectored write of every piece. The
+    first piece is copied when it is a view (``data`` is ``bytes``): at most one read's worth."""
+    pieces: list[bytes | bytearray | memoryview] = []
+    for frame in out:
+        if isinstance(frame, list):
+            pieces.extend(frame)
+        else:
+            pieces.append(frame)
+    first = pieces[0]
+    return SendToClient(first if type(first) is bytes else bytes(first), routes, tuple(pieces[1:]))
+
+
+def _head(parts: Spanned, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a :data:`Spanned` frame (all of it when shorter): its header."""
+    head = b""
+    for part in parts:
+        head += bytes(part[: n - len(head)])
+        if len(head) >= n:
+            break
+    return head
 
 
 def _forward_frames(frames: list[bytes]) -> ForwardUpstream:

@@ -16,10 +16,12 @@ from collections.abc import Awaitable, Callable, Sequence
 import trio
 
 Writer = Callable[[bytes], Awaitable[None]]
-VectorWriter = Callable[[Sequence[bytes]], Awaitable[None]]
+VectorWriter = Callable[[Sequence[bytes | bytearray | memoryview]], Awaitable[None]]
 Reader = Callable[[int], Awaitable[bytes | bytearray]]
 # A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
 YIELD_EVERY = 8
+# The most buffers one writev takes (POSIX: at least 16; Linux: 1024).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
 
 def reader(stream: trio.abc.Stream) -> Reader:
@@ -94,7 +96,7 @@ def vector_writer(stream: trio.abc.Stream) -> VectorWriter:
     if not isinstance(stream, trio.SocketStream):
         send = stream.send_all
 
-        async def write_each(buffers: Sequence[bytes]) -> None:
+        async def write_each(buffers: Sequence[bytes | bytearray | memoryview]) -> None:
             for data in buffers:
                 await send(data)
 
@@ -102,18 +104,20 @@ def vector_writer(stream: trio.abc.Stream) -> VectorWriter:
     fd = stream.socket.fileno()
     send_all = stream.send_all
 
-    async def writev(buffers: Sequence[bytes]) -> None:
-        try:
-            sent = os.writev(fd, buffers)
-        except BlockingIOError:
-            sent = 0
-        except OSError as exc:
-            raise trio.BrokenResourceError(f"write failed: {exc.strerror or exc}") from exc
-        for data in buffers:
-            if sent >= len(data):
-                sent -= len(data)
-                continue
-            await send_all(memoryview(data)[sent:] if sent else data)
-            sent = 0
+    async def writev(buffers: Sequence[bytes | bytearray | memoryview]) -> None:
+        for start in range(0, len(buffers), IOV_MAX):  # a frame read in many small reads has many pieces
+            group = buffers[start : start + IOV_MAX]
+            try:
+                sent = os.writev(fd, group)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                raise trio.BrokenResourceError(f"write failed: {exc.strerror or exc}") from exc
+            for data in group:
+                if sent >= len(data):
+                    sent -= len(data)
+                    continue
+                await send_all(memoryview(data)[sent:] if sent else data)
+                sent = 0
 
     return writev
