@@ -84,13 +84,13 @@ def test_a_size_prefix_cut_across_chunks_is_read_whole() -> None:
     assert splitter.consumed == len(stream) and splitter.buffered == 0
 
 
-def test_split_spanned_hands_back_the_pieces_of_a_frame_that_spans_chunks() -> None:
+def test_split_without_join_hands_back_the_pieces_of_a_frame_that_spans_chunks() -> None:
     big, small = frame(b"y" * 600_000), frame(b"s" * 10)
     stream = big + small
     reads = [stream[:1000], stream[1000:300_000], stream[300_000:]]
     splitter = FrameSplitter()
-    assert splitter.split_spanned(reads[0])[0] == [] and splitter.split_spanned(reads[1])[0] == []
-    got, _, exact = splitter.split_spanned(reads[2])
+    assert splitter.split(reads[0], join=False)[0] == [] and splitter.split(reads[1], join=False)[0] == []
+    got, _, exact = splitter.split(reads[2], join=False)
     [pieces, tail] = got
     assert isinstance(pieces, list) and pieces[1] is reads[1], "the chunk as read, not a copy"
     assert b"".join(pieces) == big and tail == small and not exact

@@ -9,17 +9,18 @@ and sending nothing more costs kproxy nothing.
 from __future__ import annotations
 
 import struct
+from typing import Any, overload
 
 from kproxy.protocol.errors import FrameSizeError
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
 SIZE_PREFIX = struct.Struct(">i")
-# A frame as the pieces of the chunks that brought it, in order (FrameSplitter.split_spanned).
+# A frame as the pieces of the chunks that brought it, in order (FrameSplitter.split with join=False).
 Spanned = list[bytes | bytearray | memoryview]
 # Pieces smaller than this are copied into one buffer rather than held each as an object of its own:
 # a peer trickling a byte per read must not cost ~35 bytes of object per byte it sent.
 COALESCE_BELOW = 16 * 1024
-# split_spanned joins frames smaller than this all the same: copying a few KB costs less than the
+# split(join=False) joins frames smaller than this all the same: copying a few KB costs less than the
 # vectored write of their pieces would save.
 SPANNED_MIN = 64 * 1024
 
@@ -94,7 +95,13 @@ class FrameSplitter:
             out.append(raw)
         return out
 
-    def split(self, data: bytes | bytearray) -> tuple[list[bytes], bytes, bool]:
+    @overload
+    def split(self, data: bytes | bytearray) -> tuple[list[bytes], bytes, bool]: ...
+
+    @overload
+    def split(self, data: bytes | bytearray, join: bool) -> tuple[list[bytes | Spanned], bytes, bool]: ...
+
+    def split(self, data: bytes | bytearray, join: bool = True) -> tuple[list[Any], bytes, bool]:
         """Take the chunk ``data`` and return every frame it completes (size prefixes included).
 
         The proxy's hot path. Returns ``(frames, chunk, exact)``: ``chunk`` is
@@ -110,17 +117,12 @@ class FrameSplitter:
         each chunk in, then again on every resize). What is held is what the
         peer sent: big reads as they are (the first a view of its chunk's tail,
         which keeps that chunk alive), small ones copied together (COALESCE_BELOW).
+
+        ``join=False``: a frame of SPANNED_MIN bytes or more that spans chunks comes back
+        as :data:`Spanned`, the pieces that brought it, not joined. For a reader that may
+        need only its head (a proxy forwarding it untouched, in a vectored write): a
+        multi-megabyte Fetch response then costs no copy in kproxy but its first piece's.
         """
-        return self._split(data, True)  # type: ignore[return-value]
-
-    def split_spanned(self, data: bytes | bytearray) -> tuple[list[bytes | Spanned], bytes, bool]:
-        """:meth:`split`, except that a frame of SPANNED_MIN bytes or more that spans chunks
-        comes back as :data:`Spanned`: the pieces that brought it, not joined. For a reader
-        that may need only its head (a proxy forwarding it untouched, in a vectored write): a
-        multi-megabyte Fetch response then costs no copy in kproxy but its first piece's."""
-        return self._split(data, False)
-
-    def _split(self, data: bytes | bytearray, join: bool) -> tuple[list[bytes | Spanned], bytes, bool]:
         if not isinstance(data, bytes):
             data = bytes(data)
         frames: list[bytes | Spanned] = []

@@ -568,8 +568,7 @@ class Session:
         """
         try:
             # With no observer nothing needs a response whole unless it is rewritten (see _upstream_frame).
-            splitter = self._upstream_frames
-            frames, data, exact = splitter.split(chunk) if self.observer is not None else splitter.split_spanned(chunk)
+            frames, data, exact = self._upstream_frames.split(chunk, self.observer is not None)
             for raw in frames:
                 self._upstream_frame(raw)
         except ProtocolError as exc:
@@ -606,7 +605,6 @@ class Session:
             frame = _head(parts)
             if self.mode is Mode.SASL_TOKENS:
                 frame, parts = b"".join(parts), None
-        assert type(frame) is bytes
         if self.mode is Mode.SASL_TOKENS:
             self._ready.append(frame)
             if self._sasl_rounds_left is not None:
