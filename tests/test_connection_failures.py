@@ -580,3 +580,43 @@ async def test_a_wake_up_the_session_asks_for_is_kept(autojump_clock: trio.testi
         assert trio.current_time() - start == pytest.approx(HoldingSession.hold, abs=0.05)
         await client.aclose()
     assert conn.close_reason == "client closed"
+
+
+async def test_big_frames_cross_real_sockets_byte_for_byte_in_pieces() -> None:
+    """Plain sockets (the vectored writes) and no observer (responses spanning reads go out as the
+    reads): big requests and answers, sent in uneven writes, arrive whole and in order."""
+    def socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+        a, b = trio.socket.socketpair()
+        return trio.SocketStream(a), trio.SocketStream(b)
+
+    proxy_client, client = socket_pair()
+    proxy_upstream, upstream = socket_pair()
+    conn = _connection(Limits(read_size=64 * 1024), proxy_client, proxy_upstream)
+    requests = b"".join(opaque(c, bytes([c]) * 300_000) for c in range(1, 4))
+    answers = b"".join(opaque_answer(c, bytes([c]) * 1_000_003) for c in range(1, 4))
+
+    async def send_unevenly(stream: trio.SocketStream, data: bytes) -> None:
+        for i, cut in enumerate(range(0, len(data), 100_001)):
+            await stream.send_all(data[cut : cut + 100_001])
+            if i % 3 == 0:
+                await trio.sleep(0.001)  # let the proxy read part of a frame
+
+    async def receive(stream: trio.SocketStream, n: int) -> bytes:
+        got = bytearray()
+        while len(got) < n:
+            data = await stream.receive_some(1 << 20)
+            assert data, "closed early"
+            got += data
+        return bytes(got)
+
+    async def broker() -> None:
+        assert await receive(upstream, len(requests)) == requests
+        await send_unevenly(upstream, answers)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(conn.run)
+            nursery.start_soon(broker)
+            await send_unevenly(client, requests)
+            assert await receive(client, len(answers)) == answers
+            await client.aclose()

@@ -56,9 +56,9 @@ class Driver:
     def run(self, commands: list[Command]) -> None:
         for c in commands:
             if isinstance(c, SendToClient):
-                self.to_client += FrameSplitter().split(c.data)[0]
+                self.to_client += FrameSplitter().split(c.payload())[0]
             elif isinstance(c, ForwardUpstream):
-                self.upstream += FrameSplitter().split(c.data)[0]
+                self.upstream += FrameSplitter().split(c.payload())[0]
             elif isinstance(c, WakeAt):
                 self.wake = c.when
             else:

@@ -24,7 +24,7 @@ from kproxy.protocol.schema import supported_versions
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUpstream, RejectReason, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Exchange, Mode, Session, SessionError
+from kproxy.proxy.session import Exchange, Mode, Session, SessionError, Verdict
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
 LIST_OFFSETS = 2
@@ -81,9 +81,9 @@ class FrameByFrame(Session):
             if isinstance(command, CloseConnection):
                 raise SessionError(command.reason)
             if isinstance(command, ForwardUpstream):
-                forwarded = command.data
+                forwarded = command.payload()
             elif isinstance(command, SendToClient):
-                self.to_client += FrameSplitter().split(command.data)[0]
+                self.to_client += FrameSplitter().split(command.payload())[0]
                 self.routes += command.routes
         return forwarded
 
@@ -778,6 +778,115 @@ def test_frames_split_across_chunks_go_out_whole() -> None:
     assert s.receive_upstream(hb1_answer[:6]) == []
     assert s.receive_upstream(hb1_answer[6:]) == [SendToClient(hb1_answer)]
     assert s.in_flight_count == 1
+
+
+FETCH = 1
+
+
+def produce_answer(correlation_id: int) -> bytes:
+    return response_frame(PRODUCE, 7, correlation_id)
+
+
+def fetch_answer(correlation_id: int, records: bytes) -> bytes:
+    partition = {"partition_index": 0, "error_code": 0, "high_watermark": 1, "last_stable_offset": 1,
+                 "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": records}
+    return response_frame(FETCH, 11, correlation_id, responses=[{"topic": "t", "partitions": [partition]}])
+
+
+def big_produce(correlation_id: int) -> bytes:
+    body = request_body(PRODUCE, 7, acks=1, timeout_ms=1500,
+                        topic_data=[{"name": "t", "partition_data": [{"index": 0, "records": b"\x00" * 100_000}]}])
+    return frame(encode_request(RequestHeader(PRODUCE, 7, correlation_id, "producer-1", 1, {}), body))
+
+
+def test_big_frames_that_are_not_the_chunk_go_out_as_they_are_not_joined() -> None:
+    """A chunk that completes a frame begun earlier is not forwarded as itself: its big frames go in
+    one vectored write of the frames the session holds (``more``), not a join copying each of them."""
+    s = plain_session()
+    frames = [big_produce(c) for c in (1, 2, 3)]
+    stream = b"".join(frames)
+    assert s.receive_client(stream[:1000]) == []
+    [command] = s.receive_client(stream[1000:])
+    assert type(command) is ForwardUpstream
+    assert [command.data, *command.more] == frames
+    assert command.payload() == stream
+    answers = [produce_answer(c) for c in (1, 2, 3)]
+    s.receive_upstream(answers[0][:5])
+    [command] = s.receive_upstream(answers[0][5:] + answers[1] + answers[2])
+    assert type(command) is SendToClient and not command.more, "small answers are joined: one plain write"
+    assert command.data == b"".join(answers)
+
+
+def test_big_responses_that_are_not_the_chunk_go_out_as_they_are_not_joined() -> None:
+    recorder = Recorder()  # an observer reads each response whole: spanning ones are joined for it
+    s = Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=Clock(), observer=recorder)
+    requests = [req(FETCH, 11, c) for c in (1, 2)]
+    s.receive_client(b"".join(requests))
+    answers = [fetch_answer(c, b"\x00" * 200_000) for c in (1, 2)]
+    stream = b"".join(answers)
+    assert s.receive_upstream(stream[:70_000]) == []
+    [command] = s.receive_upstream(stream[70_000:])
+    assert type(command) is SendToClient and [command.data, *command.more] == answers
+    s.report()
+    assert [ex.response for ex in recorder.done] == answers
+
+
+def test_with_no_observer_a_response_spanning_reads_goes_out_as_the_reads_themselves() -> None:
+    """Nothing reads it whole (no observer, no rewrite): the chunks as read are written, no copy
+    but the first piece's (a view of the read that began the frame, at most one read)."""
+    s = plain_session()
+    s.receive_client(b"".join(req(FETCH, 11, c) for c in (1, 2)))
+    first, second = fetch_answer(1, b"\x01" * 600_000), fetch_answer(2, b"\x02" * 1000)
+    stream = first + second
+    reads = [stream[i : i + 256 * 1024] for i in range(0, len(stream), 256 * 1024)]
+    assert reads[-1].endswith(second) and len(reads) == 3
+    assert s.receive_upstream(reads[0]) == [] and s.receive_upstream(reads[1]) == []
+    [command] = s.receive_upstream(reads[2])
+    assert type(command) is SendToClient and command.payload() == stream
+    assert command.data == reads[0] and command.more[0] is reads[1], "the reads themselves, not copies"
+    assert s.in_flight_count == 0
+
+
+def test_with_no_observer_a_spanning_response_that_is_rewritten_is_joined_first() -> None:
+    s = plain_session()
+    s.receive_client(req(METADATA, 12, 1, topics=None))
+    big = {"cluster_id": "c" * 100_000, "controller_id": 1, "topics": []}  # big enough to stay in pieces
+    answer = resp(METADATA, 12, 1, brokers=BROKERS, **big)
+    reads = [answer[:3], answer[3:11], answer[11:70_000], answer[70_000:]]  # the prefix and header cut too
+    for read in reads[:-1]:
+        assert s.receive_upstream(read) == []
+    [command] = s.receive_upstream(reads[-1])
+    assert type(command) is SendToClient and not command.more
+    assert command.data == resp(METADATA, 12, 1, brokers=rewritten_brokers(BROKERS), **big)
+
+
+def test_with_no_observer_a_spanning_response_a_policy_edits_is_joined_first() -> None:
+    seen: list[bytes] = []
+
+    def edit(response: bytes) -> bytes:
+        seen.append(response)
+        return response
+
+    class EditFetch:
+        def decide(self, exchange: Exchange) -> Verdict | None:
+            return Verdict(on_response=edit)
+
+    s = Session(ResponseRewriter(AddressMap(ADVERTISED, BASE)), clock=Clock(), policy=EditFetch())
+    s.receive_client(req(FETCH, 11, 1))
+    answer = fetch_answer(1, b"\x00" * 300_000)
+    assert s.receive_upstream(answer[:100_000]) == []
+    [command] = s.receive_upstream(answer[100_000:])
+    assert seen == [answer] and type(seen[0]) is bytes, "the edit gets the whole frame"
+    assert type(command) is SendToClient and command.data == answer and not command.more
+
+
+def test_with_no_observer_a_spanning_response_out_of_order_still_closes() -> None:
+    s = plain_session()
+    s.receive_client(req(FETCH, 11, 1))
+    answer = fetch_answer(2, b"\x00" * 100)
+    assert s.receive_upstream(answer[:6]) == []
+    [command] = s.receive_upstream(answer[6:])
+    assert type(command) is CloseConnection and "correlation id 2" in command.reason
 
 
 def test_a_rewritten_response_is_not_the_chunk_read() -> None:

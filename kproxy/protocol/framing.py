@@ -9,12 +9,20 @@ and sending nothing more costs kproxy nothing.
 from __future__ import annotations
 
 import struct
+from typing import Any, overload
 
 from kproxy.protocol.errors import FrameSizeError
 
 DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
-LARGE_FRAME = 1024 * 1024  # frames at least this big are assembled in a buffer of their own
 SIZE_PREFIX = struct.Struct(">i")
+# A frame as the pieces of the chunks that brought it, in order (FrameSplitter.split with join=False).
+Spanned = list[bytes | bytearray | memoryview]
+# Pieces smaller than this are copied into one buffer rather than held each as an object of its own:
+# a peer trickling a byte per read must not cost ~35 bytes of object per byte it sent.
+COALESCE_BELOW = 16 * 1024
+# split(join=False) joins frames smaller than this all the same: copying a few KB costs less than the
+# vectored write of their pieces would save.
+SPANNED_MIN = 64 * 1024
 
 
 def check_frame_size(size: int, max_frame_size: int, *, offset: int | None = None) -> None:
@@ -26,26 +34,31 @@ def check_frame_size(size: int, max_frame_size: int, *, offset: int | None = Non
 
 
 class FrameSplitter:
-    """Incremental frame splitter.
+    """Incremental frame splitter, with two entry points (use one or the other on a splitter).
 
-    ``feed(chunk)`` buffers bytes; ``next_frame()`` returns the payload of the
-    next complete frame (without its size prefix) or ``None``. ``stream_offset``
-    counts bytes consumed so far, so errors can name where in the stream they
-    happened. After a :class:`FrameSizeError` the stream is unusable (framing is
-    lost) and the caller must close the connection.
+    :meth:`split` is the proxy's hot path: it takes each chunk as read and returns
+    the frames it completes. ``feed(chunk)`` then ``next_frame()`` / ``next_raw()``
+    is the pull path (tests, tools, fake brokers): bytes are buffered, and each
+    call returns the next complete frame or ``None``. ``consumed`` counts bytes
+    consumed so far, so errors can name where in the stream they happened. After
+    a :class:`FrameSizeError` the stream is unusable (framing is lost) and the
+    caller must close the connection.
     """
 
-    __slots__ = ("_buf", "_large", "_large_size", "_pos", "consumed", "max_frame_size")
+    __slots__ = ("_buf", "_held", "_need", "_parts", "_pos", "consumed", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must be >= 0")
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
+        self._buf = bytearray()  # the pull path's buffer
         self._pos = 0
         self.consumed = 0
-        self._large: bytearray | None = None
-        self._large_size = 0  # the large frame's length, size prefix included
+        # split(): the bytes of the frame not yet complete, as the chunks that brought them (the first
+        # one a view of its chunk's tail): nothing is copied until the frame is whole.
+        self._parts: Spanned = []
+        self._held = 0  # their total length
+        self._need = 0  # that frame's length, size prefix included, once its prefix is in (0: not yet)
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         if self._pos and self._pos == len(self._buf):
@@ -57,10 +70,10 @@ class FrameSplitter:
     @property
     def buffered(self) -> int:
         """Bytes held that are not yet part of a returned frame."""
-        return len(self._buf) - self._pos + (len(self._large) if self._large is not None else 0)
+        return len(self._buf) - self._pos + self._held
 
     def pending_frame_size(self) -> int | None:
-        """Size announced by the next frame's prefix, once its 4 bytes are in (validated)."""
+        """Size announced by the next frame's prefix, once its 4 bytes are in (validated; pull path)."""
         if len(self._buf) - self._pos < 4:
             return None
         (size,) = SIZE_PREFIX.unpack_from(self._buf, self._pos)
@@ -82,75 +95,94 @@ class FrameSplitter:
             out.append(raw)
         return out
 
-    def split(self, data: bytes | bytearray) -> tuple[list[bytes], bytes, bool]:
-        """Feed ``data`` and take every complete frame (size prefixes included).
+    @overload
+    def split(self, data: bytes | bytearray) -> tuple[list[bytes], bytes, bool]: ...
+
+    @overload
+    def split(self, data: bytes | bytearray, join: bool) -> tuple[list[bytes | Spanned], bytes, bool]: ...
+
+    def split(self, data: bytes | bytearray, join: bool = True) -> tuple[list[Any], bytes, bool]:
+        """Take the chunk ``data`` and return every frame it completes (size prefixes included).
 
         The proxy's hot path. Returns ``(frames, chunk, exact)``: ``chunk`` is
         ``data`` as ``bytes`` (TLS streams hand out bytearrays); ``exact`` means
-        the chunk held exactly these frames, with nothing buffered before or left
-        after, so forwarding ``chunk`` itself equals forwarding the frames. With
-        nothing buffered, frames are sliced straight from ``data`` (a chunk
-        that is one whole frame is returned as is: no copy at all).
+        the chunk held exactly these frames, with nothing held before or left
+        after, so forwarding ``chunk`` itself equals forwarding the frames.
+
+        Each byte is copied at most once: a frame inside the chunk is sliced from
+        it (a chunk that is one whole frame is returned as is: no copy at all), and
+        a frame that spans chunks is joined once, when its last byte comes, from
+        the chunks that brought it (held as they came, not gathered into a
+        growing buffer: for a multi-megabyte Fetch response that meant copying
+        each chunk in, then again on every resize). What is held is what the
+        peer sent: big reads as they are (the first a view of its chunk's tail,
+        which keeps that chunk alive), small ones copied together (COALESCE_BELOW).
+
+        ``join=False``: a frame of SPANNED_MIN bytes or more that spans chunks comes back
+        as :data:`Spanned`, the pieces that brought it, not joined. For a reader that may
+        need only its head (a proxy forwarding it untouched, in a vectored write): a
+        multi-megabyte Fetch response then costs no copy in kproxy but its first piece's.
         """
         if not isinstance(data, bytes):
             data = bytes(data)
-        if self._large is not None:
-            return self._fill_large(data)
-        if self._pos != len(self._buf):
-            self.feed(data)
-            frames = self.raw_frames()
-            self._maybe_go_large()
-            return frames, data, False
-        frames = []
+        frames: list[bytes | Spanned] = []
         pos = 0
+        if self._held:
+            pos = self._complete(data, frames, join)
+            if pos < 0:
+                return frames, data, False
         n = len(data)
+        begun = pos
+        base = self.consumed - pos  # where data[0] is in the stream
         while n - pos >= 4:
             (size,) = SIZE_PREFIX.unpack_from(data, pos)
-            check_frame_size(size, self.max_frame_size, offset=self.consumed + pos)
+            check_frame_size(size, self.max_frame_size, offset=base + pos)
             end = pos + 4 + size
             if end > n:
+                self._need = end - pos
                 break
             frames.append(data if pos == 0 and end == n else data[pos:end])
             pos = end
-        self.consumed += pos
+        self.consumed = base + pos
         if pos == n:
-            return frames, data, True
-        self._buf.clear()
-        self._buf += memoryview(data)[pos:]
-        self._pos = 0
-        self._maybe_go_large()
+            return frames, data, not begun
+        self._hold(memoryview(data)[pos:])
         return frames, data, False
 
-    def _maybe_go_large(self) -> None:
-        """A partial frame of LARGE_FRAME bytes or more moves to a buffer of its own.
+    def _hold(self, piece: bytes | memoryview) -> None:
+        """Keep ``piece`` as part of the frame not yet whole: as it is when big, else copied."""
+        parts = self._parts
+        self._held += len(piece)
+        if len(piece) >= COALESCE_BELOW:
+            parts.append(piece)
+        elif parts and type(parts[-1]) is bytearray:
+            parts[-1] += piece
+        else:
+            parts.append(bytearray(piece))
 
-        That buffer holds only this frame and grows as its bytes arrive (never
-        sized from the prefix: a peer announcing 100 MiB and sending 4 bytes
-        holds 4 bytes). Each chunk is copied into it once, and it is handed out
-        as it is when complete: no copy out of a shared buffer. Growing a
-        bytearray is amortised, and at these sizes the allocator moves pages
-        (mremap) rather than bytes.
-        """
-        size = self.pending_frame_size()
-        if size is None or size < LARGE_FRAME:
-            return
-        self._large = bytearray(memoryview(self._buf)[self._pos:])
-        self._large_size = 4 + size
-        self._buf.clear()
-        self._pos = 0
-
-    def _fill_large(self, data: bytes) -> tuple[list[bytes], bytes, bool]:
-        large = self._large
-        assert large is not None
-        take = min(self._large_size - len(large), len(data))
-        large += memoryview(data)[:take]
-        if len(large) < self._large_size:
-            return [], data, False
-        self._large = None
-        self.consumed += len(large)
-        rest = self.split(data[take:])[0] if take < len(data) else []
-        # A bytearray, not bytes: copying a multi-megabyte frame once more buys nothing.
-        return [large, *rest], data, False  # type: ignore[list-item]
+    def _complete(self, data: bytes, frames: list[bytes | Spanned], join: bool) -> int:
+        """Add ``data`` to the frame begun in earlier chunks; where in ``data`` that frame ends,
+        once whole (appended to ``frames``), else -1."""
+        n = len(data)
+        if not self._need:  # fewer than 4 bytes held: the size prefix is not whole yet
+            head = b"".join(self._parts) + data[:4]
+            if len(head) < 4:
+                self._hold(data)
+                return -1
+            (size,) = SIZE_PREFIX.unpack_from(head, 0)
+            check_frame_size(size, self.max_frame_size, offset=self.consumed)
+            self._need = 4 + size
+        take = self._need - self._held
+        if take > n:
+            self._hold(data)
+            return -1
+        parts = self._parts
+        parts.append(data if take == n else memoryview(data)[:take])
+        frames.append(parts if not join and self._need >= SPANNED_MIN else b"".join(parts))
+        self.consumed += self._need
+        self._parts = []
+        self._held = self._need = 0
+        return take
 
     def _take(self, skip: int) -> bytes | None:
         size = self.pending_frame_size()

@@ -45,9 +45,18 @@ class CloseKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ForwardUpstream:
     """Write ``data`` (whole request frames) to the broker. When the chunk read from the
-    client held exactly the frames going out, unchanged, ``data`` *is* that chunk (no copy)."""
+    client held exactly the frames going out, unchanged, ``data`` *is* that chunk (no copy).
+
+    ``more``: further frames to write after ``data``, in one vectored write (``os.writev``):
+    big frames that joining into one ``bytes`` would copy once more. Empty for small ones.
+    """
 
     data: bytes
+    more: tuple[bytes, ...] = ()
+
+    def payload(self) -> bytes:
+        """Every byte to write, as one object (for readers that want that: not the server)."""
+        return b"".join((self.data, *self.more)) if self.more else self.data
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +64,16 @@ class SendToClient:
     """Write ``data`` (whole response frames, in request order) to the client, once every
     route in ``routes`` has a listener: the brokers those responses advertise must be
     reachable before the client reads their addresses. As for :class:`ForwardUpstream`,
-    ``data`` is the chunk read from the broker itself when nothing in it changed."""
+    ``data`` is the chunk read from the broker itself when nothing in it changed, and
+    ``more`` holds further big frames to write after it in one vectored write."""
 
     data: bytes
     routes: Sequence[BrokerRoute] = ()
+    more: tuple[bytes | bytearray | memoryview, ...] = ()
+
+    def payload(self) -> bytes:
+        """Every byte to write, as one object (for readers that want that: not the server)."""
+        return b"".join((self.data, *self.more)) if self.more else self.data
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ from kproxy.proxy.addresses import BrokerRoute, HostPort
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient, WakeAt
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
-from kproxy.server.fastio import reader, writer
+from kproxy.server.fastio import reader, vector_writer, writer
 from kproxy.server.logfmt import clip
 from kproxy.server.logfmt import q as _q
 
@@ -78,6 +78,8 @@ class Connection:
         self.principal = tls_principal(_peer_certificate(client))  # the handshake is done: known now or never
         self._client_writer = writer(client)
         self._upstream_writer = writer(upstream)
+        self._client_writev = vector_writer(client)  # commands with ``more``: several big frames
+        self._upstream_writev = vector_writer(upstream)
         self._client_reader = reader(client)
         self._upstream_reader = reader(upstream)
         self.stats = ConnectionStats()
@@ -269,7 +271,10 @@ class Connection:
             if kind is SendToClient:
                 await self._send(command)  # type: ignore[arg-type]
             elif kind is ForwardUpstream:
-                await self._upstream_writer(command.data)  # type: ignore[union-attr]
+                if command.more:  # type: ignore[union-attr]
+                    await self._upstream_writev((command.data, *command.more))  # type: ignore[union-attr]
+                else:
+                    await self._upstream_writer(command.data)  # type: ignore[union-attr]
             elif kind is WakeAt:
                 self._wake_at(command.when)  # type: ignore[union-attr]
             else:
@@ -294,7 +299,11 @@ class Connection:
         try:
             if command.routes:
                 await self.ensure_listeners(command.routes)
-            await self._client_writer(command.data)
+            if command.more:
+                await self._client_writev((command.data, *command.more))
+                self.stats.bytes_to_client += sum(map(len, command.more))
+            else:
+                await self._client_writer(command.data)
             self.stats.bytes_to_client += len(command.data)
         finally:
             self._client_lock.release()

@@ -382,7 +382,7 @@ def fuzz_session(data: bytes) -> None:
             return  # the server closes the connection: nothing more is read
         if side == 0 and session.mode is Mode.KAFKA and len(payload) >= 8:
             asked.append(struct.unpack_from(">i", payload, 4)[0])
-        released = [f for c in commands if isinstance(c, SendToClient) for f in FrameSplitter().split(c.data)[0]]
+        released = [f for c in commands if isinstance(c, SendToClient) for f in FrameSplitter().split(c.payload())[0]]
         if kafka_mode:
             for out in released:
                 (cid,) = struct.unpack_from(">i", out, 4)
