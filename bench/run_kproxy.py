@@ -11,7 +11,8 @@ The environment variables ``KPROXY_BENCH_NO_METRICS=1`` and ``KPROXY_BENCH_CAPTU
 the same as the flags (``--kproxy-env``, and checkouts measured with ``--kproxy-tree`` whose
 runner predates the flags). Broker listeners are ephemeral ports (``broker_port_base: 0``).
 Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
-lines) do not count as proxy cost.
+lines) do not count as proxy cost. ``KPROXY_BENCH_PROFILE=DIR``: a cProfile of the run is written to
+DIR/kproxy-PID.prof when the process gets SIGTERM (bench_conns.py stops it so).
 """
 
 from __future__ import annotations
@@ -68,7 +69,22 @@ def main() -> None:
         raw["capture.dir"] = (capture, "--capture-dir")
     if args.rules:
         raw["rules"] = (args.rules, "--rules")
-    trio.run(serve, raw, args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1")
+    no_metrics = args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1"
+    profile_dir = os.environ.get("KPROXY_BENCH_PROFILE")
+    if not profile_dir:
+        trio.run(serve, raw, no_metrics)
+        return
+    # A cProfile of the whole run, written when the benchmark stops the process (SIGTERM: the
+    # server drains and trio.run returns).
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        trio.run(serve, raw, no_metrics)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(os.path.join(profile_dir, f"kproxy-{os.getpid()}.prof"))
 
 
 if __name__ == "__main__":
