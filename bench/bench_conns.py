@@ -82,6 +82,8 @@ def main() -> int:
     parser.add_argument("--variants", default="bare,metrics", help=f"from {', '.join(VARIANTS)}")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                         help="also run the kproxy (metrics on) of another checkout (repeatable)")
+    parser.add_argument("--env", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE]",
+                        help="also run this tree's kproxy (the --tree-variant) with these environment variables")
     parser.add_argument("--tree-variant", default="metrics", help="the variant run for each --tree")
     parser.add_argument("--idle", type=int, default=1000, help="idle connections for the RSS figure (0: skip)")
     parser.add_argument("--no-pipelined", action="store_true", help="skip the 4 x 100 pipelined phase")
@@ -112,6 +114,13 @@ def main() -> int:
             cmd[1] = str(root / "bench" / "run_kproxy.py")
             proc, vport = stack.enter_context(started(cmd, label, workdir / f"kproxy-{label}.log",
                                                       {"PYTHONPATH": str(root)}, cwd=root))
+            paths.append(Hop(f"{v.path} [{label}]", vport, proc))
+        for item in args.env:
+            label, _, pairs = item.partition(":")
+            v = VARIANTS[args.tree_variant]
+            env = dict(pair.split("=", 1) for pair in pairs.split(","))
+            proc, vport = stack.enter_context(started(variant_command(py, v, upstream, workdir, args.tree_variant),
+                                                      label, workdir / f"kproxy-{label}.log", env))
             paths.append(Hop(f"{v.path} [{label}]", vport, proc))
 
         rss: dict[str, float] = {}

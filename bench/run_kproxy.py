@@ -25,7 +25,7 @@ import resource
 import trio
 
 from kproxy.config import build_config
-from kproxy.server.memory import tune_allocator
+from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ProxyServer
 
 
@@ -36,7 +36,7 @@ def raise_fd_limit() -> None:
 
 
 async def serve(config_raw: dict[str, tuple[object, str]], no_metrics: bool) -> None:
-    server = ProxyServer(build_config(config_raw))
+    server = ProxyServer(build_config(config_raw), freeze_gc=True)
     if no_metrics:
         # The metrics-overhead comparison: the same proxy with no observer on its sessions.
         server.observer = None
@@ -57,6 +57,7 @@ def main() -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     raise_fd_limit()
     tune_allocator()  # as `kproxy run` does
+    tune_gc()
     raw: dict[str, tuple[object, str]] = {
         "upstream": (args.upstream, "--upstream"),
         "listen": (f"127.0.0.1:{args.listen_port}", "--listen-port"),

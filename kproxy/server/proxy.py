@@ -54,6 +54,7 @@ from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
+from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
@@ -102,9 +103,10 @@ class ProxyServer:
     ``bootstrap_port`` is the bound port (useful with ``--listen HOST:0``).
     """
 
-    def __init__(self, config: Config, *, handle_signals: bool = True) -> None:
+    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False) -> None:
         self.config = config
         self.handle_signals = handle_signals
+        self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
         self.rewriter = ResponseRewriter(self.addresses)
         m = config.metrics
@@ -294,6 +296,8 @@ class ProxyServer:
                 await self.ensure_listeners(routes)
                 log.info("event=brokers_discovered upstream=%s brokers=%d", addr, len(routes))
                 await warm_up(versions, self.rewriter)
+                if self.freeze_gc:
+                    freeze_start_up()
                 self.warmed.set()
                 return
             except (UpstreamUnavailable, ProtocolError, PortsExhausted, trio.BrokenResourceError, trio.TooSlowError,
