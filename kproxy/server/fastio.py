@@ -44,16 +44,14 @@ def reader(stream: trio.abc.Stream) -> Reader:
     if not isinstance(stream, trio.SocketStream):
         return stream.receive_some
     fd = stream.socket.fileno()
-    wait_readable = trio.lowlevel.wait_readable
-    checkpoint = trio.lowlevel.checkpoint
     streak = 0
-    queued = _queued
 
     async def read(max_bytes: int) -> bytes:
+        # Module globals, not closure cells: a cell per name per reader, two readers per connection.
         nonlocal streak
-        if streak and not queued(fd):
+        if streak and not _queued(fd):
             streak = 0
-            await wait_readable(fd)
+            await _wait_readable(fd)
         while True:
             try:
                 data = os.read(fd, max_bytes)
@@ -63,17 +61,19 @@ def reader(stream: trio.abc.Stream) -> Reader:
                 raise trio.BrokenResourceError(f"read failed: {exc.strerror or exc}") from exc
             if data is None:
                 streak = 0
-                await wait_readable(fd)
+                await _wait_readable(fd)
                 continue
             streak += 1
             if streak >= YIELD_EVERY:
-                streak = 1  # still "just read": the next call asks FIONREAD first
-                await checkpoint()
+                streak = 0
+                await _checkpoint()
             return data
 
     return read
 
 
+_wait_readable = trio.lowlevel.wait_readable
+_checkpoint = trio.lowlevel.checkpoint
 _FIONREAD_OUT = array.array("i", [0])  # one for all readers: read back before any other task runs
 
 
