@@ -10,8 +10,9 @@ reassembly for a higher but bounded resident size (peak unchanged).
 The cyclic garbage collector is tuned too (:func:`tune_gc`, :func:`freeze_start_up`): with a
 thousand connections open, each request wakes cold per-connection state, and CPython's default
 of a generation-0 collection every 700 container allocations, with the survivors promoted and
-the whole heap walked once they add up, showed as a large part of the CPU per request
-(bench/bench_conns.py).
+the whole heap walked once they add up, showed as a large part of the CPU per request: timed
+with ``gc.callbacks`` over the same bench/bench_conns.py run, 1.25 s of collections with the
+defaults, 0.27 s with both settings (0.67 s with the freeze alone, 0.52 s with the threshold alone).
 """
 
 from __future__ import annotations
