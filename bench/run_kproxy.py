@@ -11,7 +11,8 @@ The environment variables ``KPROXY_BENCH_NO_METRICS=1`` and ``KPROXY_BENCH_CAPTU
 the same as the flags (``--kproxy-env``, and checkouts measured with ``--kproxy-tree`` whose
 runner predates the flags). Broker listeners are ephemeral ports (``broker_port_base: 0``).
 Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
-lines) do not count as proxy cost.
+lines) do not count as proxy cost. ``KPROXY_BENCH_PROFILE=DIR``: a cProfile of the run is written to
+DIR/kproxy-PID.prof when the process gets SIGTERM (bench_conns.py stops it so).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import resource
 import trio
 
 from kproxy.config import build_config
-from kproxy.server.memory import tune_allocator
+from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ProxyServer
 
 
@@ -35,7 +36,7 @@ def raise_fd_limit() -> None:
 
 
 async def serve(config_raw: dict[str, tuple[object, str]], no_metrics: bool) -> None:
-    server = ProxyServer(build_config(config_raw))
+    server = ProxyServer(build_config(config_raw), freeze_gc=True)
     if no_metrics:
         # The metrics-overhead comparison: the same proxy with no observer on its sessions.
         server.observer = None
@@ -56,6 +57,7 @@ def main() -> None:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     raise_fd_limit()
     tune_allocator()  # as `kproxy run` does
+    tune_gc()
     raw: dict[str, tuple[object, str]] = {
         "upstream": (args.upstream, "--upstream"),
         "listen": (f"127.0.0.1:{args.listen_port}", "--listen-port"),
@@ -68,7 +70,22 @@ def main() -> None:
         raw["capture.dir"] = (capture, "--capture-dir")
     if args.rules:
         raw["rules"] = (args.rules, "--rules")
-    trio.run(serve, raw, args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1")
+    no_metrics = args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1"
+    profile_dir = os.environ.get("KPROXY_BENCH_PROFILE")
+    if not profile_dir:
+        trio.run(serve, raw, no_metrics)
+        return
+    # A cProfile of the whole run, written when the benchmark stops the process (SIGTERM: the
+    # server drains and trio.run returns).
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        trio.run(serve, raw, no_metrics)
+    finally:
+        profiler.disable()
+        profiler.dump_stats(os.path.join(profile_dir, f"kproxy-{os.getpid()}.prof"))
 
 
 if __name__ == "__main__":

@@ -90,7 +90,9 @@ async def test_upstream_refused_closes_the_client_and_leaks_nothing() -> None:
         await wait_until(lambda: not server.connections)
         assert server.connections_total == 5
         if before is not None:
-            await wait_until(lambda: open_fds() == before)
+            # At most as many as before: broker discovery retries in the background, and its probe
+            # socket may have been open when `before` was counted (one connect() in flight).
+            await wait_until(lambda: open_fds() <= before)
 
 
 async def test_upstream_dies_with_requests_in_flight_no_invented_answers() -> None:

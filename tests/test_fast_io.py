@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
 import trio
+import trio.testing
 
 from kproxy.server.fastio import YIELD_EVERY, reader, vector_writer, writer
 
@@ -115,3 +117,54 @@ async def test_vector_writer_takes_more_buffers_than_one_writev_can() -> None:
         while len(received) < len(expected):
             received.extend(await right.receive_some(65536))
     assert bytes(received) == expected
+
+
+async def test_a_parked_reader_holds_no_exception() -> None:
+    # With a thousand idle connections, anything a parked pump keeps alive is kept a thousand
+    # times: the EAGAIN of the read that found nothing must be gone before the pump waits.
+    left, right = stream_pair()
+    read = reader(right)
+    got: list[bytes] = []
+
+    async def pump() -> None:
+        got.append(await read(100))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump)
+        await trio.testing.wait_all_tasks_blocked()
+        alive = [o for o in gc.get_objects() if type(o) is BlockingIOError]  # type(): dead weak proxies raise
+        await left.send_all(b"kafka")
+    assert alive == []
+    assert got == [b"kafka"]
+
+
+async def test_after_a_read_the_next_waits_without_a_failing_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One request in flight per connection: after each read the socket is empty. The pump must
+    # park on the ioctl's answer, not on an EAGAIN (an exception per wake-up).
+    left, right = stream_pair()
+    read = reader(right)
+    await left.send_all(b"first")
+    assert await read(100) == b"first"
+    failed = 0
+    real_read = os.read
+
+    def counting_read(fd: int, n: int) -> bytes:
+        nonlocal failed
+        try:
+            return real_read(fd, n)
+        except BlockingIOError:
+            failed += 1
+            raise
+
+    monkeypatch.setattr(os, "read", counting_read)
+    async with trio.open_nursery() as nursery:
+        second: list[bytes] = []
+
+        async def pump() -> None:
+            second.append(await read(100))
+
+        nursery.start_soon(pump)
+        await trio.testing.wait_all_tasks_blocked()
+        await left.send_all(b"second")
+    assert second == [b"second"]
+    assert failed == 0

@@ -9,7 +9,7 @@ import trio
 
 from kproxy.config import Config
 from kproxy.server.logfmt import q, setup_logging
-from kproxy.server.memory import tune_allocator
+from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ListenFailed, ProxyServer
 
 log = logging.getLogger("kproxy.server")
@@ -24,12 +24,13 @@ def run(config: Config) -> int:
     """
     setup_logging(config.log_level, config.log_format)
     tune_allocator()
+    tune_gc()
     # SIGHUP must never end kproxy (it reloads the rules: ProxyServer._watch_hangups). Ignored until
     # the server's own handler is installed, and again after it is removed on the way out.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     failed: list[OSError] = []
     try:
-        trio.run(ProxyServer(config).run)
+        trio.run(ProxyServer(config, freeze_gc=True).run)
     except* OSError as group:  # trio nurseries wrap errors in groups
         failed.extend(_leaves(group))
     if failed:

@@ -119,9 +119,8 @@ class Connection:
             if self._idle.cancelled_caught and not self.draining and self.close_reason == "client closed":
                 self.close_reason = "idle timeout"
         finally:
-            with trio.CancelScope(shield=True):
-                await _aclose(self.client)
-                await _aclose(self.upstream)
+            await _close(self.client)
+            await _close(self.upstream)
             log.info(
                 "event=connection_closed peer=%s listener=%s upstream=%s%s bytes_in=%d bytes_out=%d "
                 "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",
@@ -339,8 +338,22 @@ def _linger_zero(stream: trio.abc.Stream) -> None:
             log.debug("event=linger_failed", exc_info=True)
 
 
-async def _aclose(stream: trio.abc.AsyncResource) -> None:
-    try:
-        await trio.aclose_forcefully(stream)
-    except Exception:
-        log.debug("event=close_failed", exc_info=True)
+async def _close(stream: trio.abc.Stream) -> None:
+    """Close ``stream`` whatever the connection's cancellation state; never raises.
+
+    A plain socket closes at once: ``SocketStream.aclose`` is ``socket.close()`` and a checkpoint,
+    and ``aclose_forcefully`` adds a cancel scope and a Cancelled raised through it, for every
+    stream of every connection. TLS streams go through ``aclose_forcefully`` (no close_notify
+    exchange to wait on), shielded from the connection's own cancellation.
+    """
+    if type(stream) is trio.SocketStream:
+        try:
+            stream.socket.close()
+        except OSError:
+            log.debug("event=close_failed", exc_info=True)
+        return
+    with trio.CancelScope(shield=True):
+        try:
+            await trio.aclose_forcefully(stream)
+        except Exception:
+            log.debug("event=close_failed", exc_info=True)

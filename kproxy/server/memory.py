@@ -6,12 +6,20 @@ kproxy reassembles is built in fresh pages that fault in one by one: the
 benchmark measured 6-10 ms of page faults per 5 MB frame. Raising the mmap and
 trim thresholds keeps those buffers in the heap for reuse: ~10x cheaper frame
 reassembly for a higher but bounded resident size (peak unchanged).
+
+The cyclic garbage collector is tuned too (:func:`tune_gc`, :func:`freeze_start_up`): with a
+thousand connections open, each request wakes cold per-connection state, and CPython's default
+of a generation-0 collection every 700 container allocations, with the survivors promoted and
+the whole heap walked once they add up, showed as a large part of the CPU per request: timed
+with ``gc.callbacks`` over the same bench/bench_conns.py run, 1.25 s of collections with the
+defaults, 0.27 s with both settings (0.67 s with the freeze alone, 0.52 s with the threshold alone).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 
 log = logging.getLogger("kproxy.server")
@@ -20,6 +28,11 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's maximum on 64-bit
 TRIM_THRESHOLD = 128 * 1024 * 1024
+# Container allocations (net of frees) between generation-0 collections; CPython's default is 700.
+# Fewer collections also promote fewer objects that were only briefly alive (an exchange in
+# flight, a connection's buffers), so full collections come rarer still. The young generation
+# this lets build up is a few MB at most.
+GEN0_THRESHOLD = 10_000
 
 
 def tune_allocator() -> bool:
@@ -35,3 +48,21 @@ def tune_allocator() -> bool:
     ok = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
     log.debug("event=allocator_tuned ok=%s", ok)
     return ok
+
+
+def tune_gc() -> None:
+    """Collect generation 0 every ``GEN0_THRESHOLD`` allocations (the older generations' settings stay)."""
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
+
+
+def freeze_start_up() -> None:
+    """Leave what start-up built out of every later collection (``gc.freeze``).
+
+    Called once the server is up and its codecs compiled: the message tables, codecs, metric
+    families and configuration live as long as the process, and a full collection would walk
+    every one of them again. Objects frozen are still freed by reference counting; only cycles
+    among them would stay, and start-up builds none that it drops.
+    """
+    gc.collect()
+    gc.freeze()

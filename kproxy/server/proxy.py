@@ -27,6 +27,8 @@ rules_reload.py, kproxy/admin/.
 from __future__ import annotations
 
 import errno
+import functools
+import ipaddress
 import logging
 import os
 import signal
@@ -52,6 +54,7 @@ from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
+from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.warmup import warm_up
@@ -100,9 +103,10 @@ class ProxyServer:
     ``bootstrap_port`` is the bound port (useful with ``--listen HOST:0``).
     """
 
-    def __init__(self, config: Config, *, handle_signals: bool = True) -> None:
+    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False) -> None:
         self.config = config
         self.handle_signals = handle_signals
+        self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
         self.rewriter = ResponseRewriter(self.addresses)
         m = config.metrics
@@ -292,6 +296,8 @@ class ProxyServer:
                 await self.ensure_listeners(routes)
                 log.info("event=brokers_discovered upstream=%s brokers=%d", addr, len(routes))
                 await warm_up(versions, self.rewriter)
+                if self.freeze_gc:
+                    freeze_start_up()
                 self.warmed.set()
                 return
             except (UpstreamUnavailable, ProtocolError, PortsExhausted, trio.BrokenResourceError, trio.TooSlowError,
@@ -441,8 +447,7 @@ class ProxyServer:
         peer = _peer(stream)
         node = node_label(listener.node_id)
         try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-            client: trio.abc.Stream = stream
+            client: trio.abc.Stream = stream  # TCP_NODELAY: trio.SocketStream sets it on every stream
             if self.client_ssl is not None:
                 client = trio.SSLStream(stream, self.client_ssl, server_side=True)
                 with trio.fail_after(self.config.limits.connect_timeout):
@@ -499,8 +504,7 @@ class ProxyServer:
         for addr in addresses:
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
-                    sock = await trio.open_tcp_stream(addr.host, addr.port)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+                    sock = await _open_tcp(addr.host, addr.port)
                     if self.upstream_ssl is None:
                         return sock, addr
                     name = self.config.upstream_tls.server_name or addr.host
@@ -518,6 +522,35 @@ class ProxyServer:
             if not probe:
                 self.stats.upstream_connect_failed(str(addr), node_id)
         raise UpstreamUnavailable("upstream unavailable: " + "; ".join(errors))
+
+
+async def _open_tcp(host: str, port: int) -> trio.SocketStream:
+    """``trio.open_tcp_stream(host, port)``, without its machinery when ``host`` is an IP address.
+
+    For a name, open_tcp_stream resolves it and races the addresses (happy eyeballs, RFC 8305)
+    in a nursery of its own. An address literal has nothing to race: one socket and one
+    ``connect`` do, and cost a fraction of the nursery, its cancel scopes and its task, which
+    every client connection would otherwise pay. TCP_NODELAY is set by ``trio.SocketStream``.
+    """
+    family = _literal_family(host)
+    if family is None:
+        return await trio.open_tcp_stream(host, port)
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    try:
+        await sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return trio.SocketStream(sock)
+
+
+@functools.lru_cache(maxsize=64)
+def _literal_family(host: str) -> int | None:
+    """AF_INET or AF_INET6 when ``host`` is an IP address literal, None for a name."""
+    try:
+        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        return None
 
 
 def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
