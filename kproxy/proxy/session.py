@@ -153,6 +153,11 @@ class Exchange:
             found = self._client_id = request_client_id(self.request, self.api_key, self.api_version)
         return found
 
+    @client_id.setter
+    def client_id(self, value: str | None) -> None:
+        """Given by a reader that knows it already (a policy remembering its connection's client id)."""
+        self._client_id = value
+
     @property
     def request_body_offset(self) -> int | None:
         """Where the request body starts in :attr:`request`; None when the header cannot be read."""
