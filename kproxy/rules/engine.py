@@ -204,6 +204,24 @@ class RuleEngine:
         holding this decision may skip building the request's facts."""
         return self._fixed.get(api_key, self._any_fixed)
 
+    def client_decision(self, api_key: int, client_id: str | None, client_ip: IpAddress | None,
+                        broker_id: int | None) -> Decision | None:
+        """:meth:`fixed_decision` for one client: the decision :meth:`evaluate` returns for every
+        request of this api key from a client with these fixed keys (client id, address, broker id),
+        when it depends on nothing else; None when it may depend on the request.
+
+        That is when the first rule of the api key that passes the client's fixed keys names no
+        request key (topic, version, schedule...), draws nothing and does not ``continue``."""
+        peer = (api_key, client_id, client_ip, broker_id)
+        cached = self._by_peer.get(peer)
+        if cached is None:
+            candidates = self._by_api.get(api_key, self._any)
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
+        live = cached[0]
+        if not live or live[0].request_keys or live[0].rule.continue_:
+            return None
+        return live[0].decision
+
     def _peer_entry(self, peer: tuple[object, ...], candidates: tuple[_Compiled, ...], facts: _Peer | RequestFacts
                     ) -> tuple[tuple[_Compiled, ...], bool]:
         """The rules of ``candidates`` (``peer``'s api key's) that pass its fixed keys, and whether one has

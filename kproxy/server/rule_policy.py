@@ -205,11 +205,20 @@ class _HasInjector(Protocol):
 
 
 # Per api key, what a policy does with a request (RulePolicy._gate): ignore it, decide it, or first ask
-# whether its client may meet a rule at all.
-_IGNORED, _OPEN, _SCOPED = range(3)
+# whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it, its
+# client id read).
+_IGNORED, _OPEN, _SCOPED, _ADMITTED = range(4)
 _Gate = tuple[int, RuleHit | None, RulePlan | None]
 _GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
 _NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
+
+
+def _open(injector: FaultInjector, decision: Decision | None, kind: int = _OPEN) -> _Gate:
+    """The gate of requests a rule may apply to: with the hit of a fixed decision (the same for
+    every request) when its rule's actions are delays alone, the policy's shortcut."""
+    hit = decision.hits[0] if decision is not None else None
+    plan = injector.plans[hit.rule_id] if hit is not None else None
+    return (kind, hit, plan) if hit is not None and plan is not None and plan.delays_only else (kind, None, None)
 
 
 class RulePolicy:
@@ -223,9 +232,10 @@ class RulePolicy:
     for some clients name it, its client id (compared in place with the last one, not decoded
     again: :class:`~kproxy.protocol.requests.ClientIdMemo`) and whether those rules admit it
     (remembered per api key for that client id). What each api key needs is looked up once per
-    rule set and connection. A request that every request of its api key matches alike, by a
-    rule of ``delay`` actions only, with no fault line to write nor ring to fill, is answered
-    without building its facts or calling the engine (:meth:`RuleEngine.fixed_decision`).
+    rule set and connection. A request decided like every other of its api key and client (the
+    first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,
+    :meth:`RuleEngine.client_decision`), by a rule of ``delay`` actions only, with no fault line
+    to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
     __slots__ = ("_admitted", "_admitted_for", "_client_ids", "_gates", "_injector", "_ordinals", "broker_id",
@@ -239,11 +249,11 @@ class RulePolicy:
         self.broker_id = broker_id
         self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
         self._client_ids = ClientIdMemo()
-        # For the rule set in force (_injector): the gate of each api key met, and whether the
-        # client id _admitted_for passes some rule of each (scoped) api key met.
+        # For the rule set in force (_injector): the gate of each api key met, and for the client id
+        # _admitted_for, the gate of each api key met whose rules are for some clients only.
         self._injector: FaultInjector | None = None
         self._gates: dict[int, _Gate] = {}
-        self._admitted: dict[int, bool] = {}
+        self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
 
     def decide(self, exchange: Exchange) -> Verdict | None:
@@ -261,8 +271,10 @@ class RulePolicy:
             return None
         ordinal = self._ordinals.get(api_key, 0)
         self._ordinals[api_key] = ordinal + 1
-        if kind == _SCOPED and not self._admits(injector.engine, exchange):
-            return None  # every rule of this api is for other clients: nothing more to read
+        if kind == _SCOPED:
+            kind, fixed, plan = self._admits(injector, exchange)
+            if kind == _IGNORED:
+                return None  # every rule of this api is for other clients: nothing more to read
         if exchange.request_body_offset is None:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
         if plan is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
@@ -294,28 +306,32 @@ class RulePolicy:
         elif not engine.admits_all(api_key):
             gate = (_SCOPED, None, None)
         else:
-            decision = engine.fixed_decision(api_key)
-            hit = decision.hits[0] if decision is not None else None
-            plan = injector.plans[hit.rule_id] if hit is not None else None
-            gate = (_OPEN, hit, plan) if plan is not None and plan.delays_only else (_OPEN, None, None)
+            gate = _open(injector, engine.fixed_decision(api_key))
         if len(self._gates) >= _GATES_CAP:
             self._gates.clear()
         self._gates[api_key] = gate
         return gate
 
-    def _admits(self, engine: RuleEngine, exchange: Exchange) -> bool:
-        """:meth:`RuleEngine.admits` for this connection, remembered per api key for its client id.
-        Reads the client id into the exchange (where the facts, the metrics, read it again)."""
+    def _admits(self, injector: FaultInjector, exchange: Exchange) -> _Gate:
+        """The gate of a request's api key for this client, when rules of it are for some clients
+        only (``_IGNORED``: none is for this one); remembered per api key for its client id. Reads
+        the client id into the exchange (where the facts, the metrics, read it again)."""
         api_key = exchange.api_key
         client_id = exchange.client_id = self._client_ids.read(exchange.request, api_key, exchange.api_version)
         if client_id != self._admitted_for:  # a client may change its client id: its own answers
             self._admitted, self._admitted_for = {}, client_id
-        admitted = self._admitted.get(api_key)
-        if admitted is None:
+        gate = self._admitted.get(api_key)
+        if gate is None:
+            engine = injector.engine
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
+                gate = (_IGNORED, None, None)
+            else:
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id),
+                             _ADMITTED)
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
-            admitted = self._admitted[api_key] = engine.admits(api_key, client_id, self.client_ip, self.broker_id)
-        return admitted
+            self._admitted[api_key] = gate
+        return gate
 
     def _delays(self, hit: RuleHit, plan: RulePlan) -> Verdict | None:
         """The verdict of a hit of ``delay`` actions alone when no fault is reported (no log line,
@@ -477,12 +493,12 @@ class RulePolicy:
         partitions = sorted({p for parts in topics.values() for p in parts})
         if recent is not None:  # a bounded deque: the oldest record falls out
             recent.append(FaultRecord(time.time(), rule_id, action, self.peer, facts.correlation_id,
-                                      api_snake_name(facts.api_key), tuple(sorted(topics)), tuple(partitions),
+                                      _api_label(facts.api_key), tuple(sorted(topics)), tuple(partitions),
                                       detail, dry_run))
         if not logged:
             return
         log.info("event=fault rule=%s action=%s connection=%s correlation_id=%d api=%s topic=%s partition=%s "
-                 "detail=%s%s", rule_id, action, self.peer, facts.correlation_id, api_snake_name(facts.api_key),
+                 "detail=%s%s", rule_id, action, self.peer, facts.correlation_id, _api_label(facts.api_key),
                  q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
                  " dry_run=true" if dry_run else "")
 
@@ -558,7 +574,21 @@ def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
 
 
 def facts_api(ex: Exchange) -> str:
-    return api_snake_name(ex.api_key)
+    return _api_label(ex.api_key)
+
+
+_API_LABELS: dict[int, str] = {}
+
+
+def _api_label(api_key: int) -> str:
+    """:func:`api_snake_name`, remembered (it runs a regex substitution: ~1 µs a fault line). Bounded:
+    a rule for every api key sees whatever keys clients make up."""
+    found = _API_LABELS.get(api_key)
+    if found is None:
+        found = api_snake_name(api_key)
+        if len(_API_LABELS) < 1024:
+            _API_LABELS[api_key] = found
+    return found
 
 
 def _note_action(note: str) -> str:
