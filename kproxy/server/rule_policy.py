@@ -208,17 +208,19 @@ class _HasInjector(Protocol):
 # whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it, its
 # client id read).
 _IGNORED, _OPEN, _SCOPED, _ADMITTED = range(4)
-_Gate = tuple[int, RuleHit | None, RulePlan | None]
+# (kind, the decision of every request when it is fixed, its rule's plan when that decision is delays alone)
+_Gate = tuple[int, Decision | None, RulePlan | None]
 _GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
 _NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
 
 
 def _open(injector: FaultInjector, decision: Decision | None, kind: int = _OPEN) -> _Gate:
-    """The gate of requests a rule may apply to: with the hit of a fixed decision (the same for
-    every request) when its rule's actions are delays alone, the policy's shortcut."""
-    hit = decision.hits[0] if decision is not None else None
-    plan = injector.plans[hit.rule_id] if hit is not None else None
-    return (kind, hit, plan) if hit is not None and plan is not None and plan.delays_only else (kind, None, None)
+    """The gate of requests a rule may apply to, with their fixed decision if they have one (the
+    same for every request), and its rule's plan if that is delays alone."""
+    if decision is None:
+        return kind, None, None
+    plan = injector.plans[decision.hits[0].rule_id]
+    return kind, decision, plan if plan.delays_only else None
 
 
 class RulePolicy:
@@ -279,8 +281,8 @@ class RulePolicy:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
         if plan is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
             assert fixed is not None
-            return self._delays(fixed, plan)  # what evaluate() would say, and nothing to report
-        if kind == _OPEN:  # the engine reads the client id (its cache key); _admits read it otherwise
+            return self._delays(fixed.hits[0], plan)  # what evaluate() would say, and nothing to report
+        if kind == _OPEN and fixed is None:  # the engine reads the client id (its cache key)
             exchange.client_id = self._client_ids.read(exchange.request, api_key, exchange.api_version)
         frame = exchange.request
         engine = injector.engine
@@ -290,7 +292,7 @@ class RulePolicy:
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
                            topic_names=injector.topic_names)
-        decision = engine.evaluate(facts)
+        decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
         # The injector goes along: a request keeps the rules it was decided by, even if they are
