@@ -6,7 +6,11 @@ quotas are) and gives each :class:`~kproxy.proxy.session.Session` a :class:`Rule
 :class:`~kproxy.proxy.session.RequestPolicy` the session calls once per request. proxy/ never
 imports kproxy.rules (pyproject.toml's import contracts): this module is the translation.
 
-Cost: a request of an api key no rule names costs one dict lookup (:meth:`RuleEngine.mentions`).
+Cost: a request of an api key no rule names costs one dict lookup (the policy's gate of that api
+key, :meth:`RuleEngine.mentions` asked once per rule set and connection); see :class:`RulePolicy`
+for the others. What a verdict needs of each rule is worked out once per rule set
+(:class:`RulePlan`), and a fault's details are formatted only when its log line or the admin
+API's ring will read them.
 
 Every fault done (dry runs included, marked ``dry_run=true``) is one log line::
 
@@ -68,7 +72,6 @@ class FaultInjector:
         self.rules = rules
         self.clock = clock
         self.engine = RuleEngine(rules, loaded_at=clock())
-        self.by_id: dict[str, Rule] = {r.id: r for r in rules.rules}
         self.counts = counts = counts if counts is not None else FaultStats()
         enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
