@@ -211,19 +211,41 @@ class _HasInjector(Protocol):
 # whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it, its
 # client id read).
 _IGNORED, _OPEN, _SCOPED, _ADMITTED = range(4)
-# (kind, the decision of every request when it is fixed, its rule's plan when that decision is delays alone)
-_Gate = tuple[int, Decision | None, RulePlan | None]
+
+
+class _Delays:
+    """The verdict of a fixed hit (the same for every request) whose actions are delays alone,
+    worked out once: the hit counter keys it counts, and the verdict (None: it holds nothing, zero
+    delays or a dry run). A :class:`Verdict` is a frozen value: one serves every request."""
+
+    __slots__ = ("keys", "verdict")
+
+    def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
+        self.keys = tuple(key for _, _, key in plan.steps)
+        hold_s = response_delay_s = 0.0
+        for (kind, _, _), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
+            if kind == _DELAY_REQUEST:
+                hold_s += ms / 1000
+            else:
+                response_delay_s += ms / 1000
+        self.verdict = Verdict(hold_s=hold_s, response_delay_s=response_delay_s) \
+            if (hold_s or response_delay_s) and not hit.dry_run else None
+
+
+# (kind, the decision of every request when it is fixed, that decision worked out when it is delays alone)
+_Gate = tuple[int, Decision | None, _Delays | None]
 _GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
 _NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
 
 
 def _open(injector: FaultInjector, decision: Decision | None, kind: int = _OPEN) -> _Gate:
     """The gate of requests a rule may apply to, with their fixed decision if they have one (the
-    same for every request), and its rule's plan if that is delays alone."""
+    same for every request), worked out to the end (:class:`_Delays`) if it is delays alone."""
     if decision is None:
         return kind, None, None
-    plan = injector.plans[decision.hits[0].rule_id]
-    return kind, decision, plan if plan.delays_only else None
+    hit = decision.hits[0]
+    plan = injector.plans[hit.rule_id]
+    return kind, decision, _Delays(hit, plan) if plan.delays_only else None
 
 
 class RulePolicy:
@@ -271,20 +293,23 @@ class RulePolicy:
         gate = self._gates.get(api_key)
         if gate is None:
             gate = self._gate(injector, api_key)
-        kind, fixed, plan = gate
+        kind, fixed, delays = gate
         if kind == _IGNORED:
             return None
         ordinal = self._ordinals.get(api_key, 0)
         self._ordinals[api_key] = ordinal + 1
         if kind == _SCOPED:
-            kind, fixed, plan = self._admits(injector, exchange)
+            kind, fixed, delays = self._admits(injector, exchange)
             if kind == _IGNORED:
                 return None  # every rule of this api is for other clients: nothing more to read
         if exchange.request_body_offset is None:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
-        if plan is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
-            assert fixed is not None
-            return self._delays(fixed.hits[0], plan)  # what evaluate() would say, and nothing to report
+        if delays is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
+            # What evaluate() and _verdict() would say, and nothing to report: no facts needed.
+            hits = self.counts.hits
+            for key in delays.keys:
+                hits[key] = hits.get(key, 0) + 1
+            return delays.verdict
         if kind == _OPEN and fixed is None:  # the engine reads the client id (its cache key)
             exchange.client_id = self._client_ids.read(exchange.request, api_key, exchange.api_version)
         frame = exchange.request
@@ -337,25 +362,6 @@ class RulePolicy:
                 self._admitted.clear()
             self._admitted[api_key] = gate
         return gate
-
-    def _delays(self, hit: RuleHit, plan: RulePlan) -> Verdict | None:
-        """The verdict of a hit of ``delay`` actions alone when no fault is reported (no log line,
-        no ring): :meth:`_verdict`'s, counted the same, without the request's facts."""
-        hits = self.counts.hits
-        if hit.dry_run:
-            for _, _, key in plan.steps:
-                hits[key] = hits.get(key, 0) + 1
-            return None
-        hold_s = response_delay_s = 0.0
-        for (kind, _, key), ms in zip(plan.steps, hit.delays_ms, strict=True):
-            if kind == _DELAY_REQUEST:
-                hold_s += ms / 1000
-            else:
-                response_delay_s += ms / 1000
-            hits[key] = hits.get(key, 0) + 1
-        if hold_s or response_delay_s:
-            return Verdict(hold_s=hold_s, response_delay_s=response_delay_s)
-        return None
 
     # -- a decision -> a verdict --------------------------------------------------------
     def _verdict(self, injector: FaultInjector, ex: Exchange, decision: Decision, facts: FrameFacts,
