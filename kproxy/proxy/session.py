@@ -167,6 +167,11 @@ class Exchange:
             found = self._request_body_offset = -2 if offset is None else offset
         return None if found == -2 else found
 
+    @request_body_offset.setter
+    def request_body_offset(self, value: int | None) -> None:
+        """Given by a reader that knows it already (a policy remembering its connection's header)."""
+        self._request_body_offset = -2 if value is None else value
+
     def request_body(self) -> dict[str, Any]:
         """The request body, decoded in full (for a policy deciding before it is forwarded: a
         partial read through :mod:`kproxy.protocol.scan` is cheaper where it is enough).

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.requests import ClientIdMemo
+from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
@@ -208,9 +208,8 @@ class _HasInjector(Protocol):
 
 
 # Per api key, what a policy does with a request (RulePolicy._gate): ignore it, decide it, or first ask
-# whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it, its
-# client id read).
-_IGNORED, _OPEN, _SCOPED, _ADMITTED = range(4)
+# whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it).
+_IGNORED, _OPEN, _SCOPED = range(3)
 
 
 class _Delays:
@@ -238,14 +237,14 @@ _GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-u
 _NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
 
 
-def _open(injector: FaultInjector, decision: Decision | None, kind: int = _OPEN) -> _Gate:
+def _open(injector: FaultInjector, decision: Decision | None) -> _Gate:
     """The gate of requests a rule may apply to, with their fixed decision if they have one (the
     same for every request), worked out to the end (:class:`_Delays`) if it is delays alone."""
     if decision is None:
-        return kind, None, None
+        return _OPEN, None, None
     hit = decision.hits[0]
     plan = injector.plans[hit.rule_id]
-    return kind, decision, _Delays(hit, plan) if plan.delays_only else None
+    return _OPEN, decision, _Delays(hit, plan) if plan.delays_only else None
 
 
 class RulePolicy:
@@ -256,16 +255,17 @@ class RulePolicy:
 
     Cost per request of an api key some rule names (a request of no such key costs a dict lookup):
     the connection's count of that key's requests (the engine's stream ordinal); when only rules
-    for some clients name it, its client id (compared in place with the last one, not decoded
-    again: :class:`~kproxy.protocol.requests.ClientIdMemo`) and whether those rules admit it
-    (remembered per api key for that client id). What each api key needs is looked up once per
+    for some clients name it, whether those rules admit its client id (remembered per api key for
+    that client id); and its client id and body offset, read once for the policy, the facts and the
+    metrics (and compared in place with the last header read, not decoded again:
+    :class:`~kproxy.protocol.requests.RequestHeaderMemo`). What each api key needs is looked up once per
     rule set and connection. A request decided like every other of its api key and client (the
     first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,
     :meth:`RuleEngine.client_decision`), by a rule of ``delay`` actions only, with no fault line
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_client_ids", "_gates", "_injector", "_ordinals", "broker_id",
+    __slots__ = ("_admitted", "_admitted_for", "_gates", "_headers", "_injector", "_ordinals", "broker_id",
                  "client_ip", "counts", "live", "peer")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
@@ -275,7 +275,7 @@ class RulePolicy:
         self.client_ip = _client_ip(peer)
         self.broker_id = broker_id
         self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
-        self._client_ids = ClientIdMemo()
+        self._headers = RequestHeaderMemo()
         # For the rule set in force (_injector): the gate of each api key met, and for the client id
         # _admitted_for, the gate of each api key met whose rules are for some clients only.
         self._injector: FaultInjector | None = None
@@ -298,11 +298,13 @@ class RulePolicy:
             return None
         ordinal = self._ordinals.get(api_key, 0)
         self._ordinals[api_key] = ordinal + 1
+        frame = exchange.request
+        client_id, body_offset = self._headers.read(frame, api_key, exchange.api_version)
         if kind == _SCOPED:
-            kind, fixed, delays = self._admits(injector, exchange)
+            kind, fixed, delays = self._admits(injector, api_key, client_id)
             if kind == _IGNORED:
                 return None  # every rule of this api is for other clients: nothing more to read
-        if exchange.request_body_offset is None:
+        if body_offset is None:
             return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
         if delays is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
             # What evaluate() and _verdict() would say, and nothing to report: no facts needed.
@@ -310,9 +312,8 @@ class RulePolicy:
             for key in delays.keys:
                 hits[key] = hits.get(key, 0) + 1
             return delays.verdict
-        if kind == _OPEN and fixed is None:  # the engine reads the client id (its cache key)
-            exchange.client_id = self._client_ids.read(exchange.request, api_key, exchange.api_version)
-        frame = exchange.request
+        # Read already: the facts (and the metrics, for a client id label) read them from the exchange.
+        exchange.client_id, exchange.request_body_offset = client_id, body_offset
         engine = injector.engine
         # The facts read the session's parse (api key, version, correlation id, client id): no
         # header is decoded again here.
@@ -342,12 +343,9 @@ class RulePolicy:
         self._gates[api_key] = gate
         return gate
 
-    def _admits(self, injector: FaultInjector, exchange: Exchange) -> _Gate:
+    def _admits(self, injector: FaultInjector, api_key: int, client_id: str | None) -> _Gate:
         """The gate of a request's api key for this client, when rules of it are for some clients
-        only (``_IGNORED``: none is for this one); remembered per api key for its client id. Reads
-        the client id into the exchange (where the facts, the metrics, read it again)."""
-        api_key = exchange.api_key
-        client_id = exchange.client_id = self._client_ids.read(exchange.request, api_key, exchange.api_version)
+        only (``_IGNORED``: none is for this one); remembered per api key for its client id."""
         if client_id != self._admitted_for:  # a client may change its client id: its own answers
             self._admitted, self._admitted_for = {}, client_id
         gate = self._admitted.get(api_key)
@@ -356,8 +354,7 @@ class RulePolicy:
             if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
                 gate = (_IGNORED, None, None)
             else:
-                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id),
-                             _ADMITTED)
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id))
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate
