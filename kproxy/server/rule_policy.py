@@ -301,7 +301,8 @@ class RulePolicy:
         frame = exchange.request
         client_id, body_offset = self._headers.read(frame, api_key, exchange.api_version)
         if kind == _SCOPED:
-            kind, fixed, delays = self._admits(injector, api_key, client_id)
+            admitted = self._admitted.get(api_key) if client_id == self._admitted_for else None
+            kind, fixed, delays = admitted if admitted is not None else self._admits(injector, api_key, client_id)
             if kind == _IGNORED:
                 return None  # every rule of this api is for other clients: nothing more to read
         if body_offset is None:
@@ -345,7 +346,8 @@ class RulePolicy:
 
     def _admits(self, injector: FaultInjector, api_key: int, client_id: str | None) -> _Gate:
         """The gate of a request's api key for this client, when rules of it are for some clients
-        only (``_IGNORED``: none is for this one); remembered per api key for its client id."""
+        only (``_IGNORED``: none is for this one); remembered per api key for its client id (which
+        :meth:`decide` looks up first)."""
         if client_id != self._admitted_for:  # a client may change its client id: its own answers
             self._admitted, self._admitted_for = {}, client_id
         gate = self._admitted.get(api_key)
