@@ -300,6 +300,8 @@ class RulePolicy:
         self._ordinals[api_key] = ordinal + 1
         frame = exchange.request
         client_id, body_offset = self._headers.read(frame, api_key, exchange.api_version)
+        # Read once for all: the facts, the session (a Produce's acks) and the metrics read them from the exchange.
+        exchange.client_id, exchange.request_body_offset = client_id, body_offset
         if kind == _SCOPED:
             admitted = self._admitted.get(api_key) if client_id == self._admitted_for else None
             kind, fixed, delays = admitted if admitted is not None else self._admits(injector, api_key, client_id)
@@ -313,8 +315,6 @@ class RulePolicy:
             for key in delays.keys:
                 hits[key] = hits.get(key, 0) + 1
             return delays.verdict
-        # Read already: the facts (and the metrics, for a client id label) read them from the exchange.
-        exchange.client_id, exchange.request_body_offset = client_id, body_offset
         engine = injector.engine
         # The facts read the session's parse (api key, version, correlation id, client id): no
         # header is decoded again here.
