@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import struct
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.frame_edit import request_header
+from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.requests import RequestHeaderMemo, request_client_id
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange
 from kproxy.rules.facts import FrameFacts
@@ -64,3 +69,32 @@ def test_policy_client_address_of_a_name_is_none() -> None:
     from kproxy.server.rule_policy import _client_ip
 
     assert _client_ip("broker.example:9092") is None
+
+
+# The client id field of a request header as a hostile or a sloppy client may send it: int16 length
+# (-1 null; other negatives; longer than what follows) and bytes (UTF-8 or not); then what follows it
+# (in header v2 the tagged fields: none, one, unreadable). Header versions: v2 (Heartbeat v4,
+# Produce v9), v1 (Heartbeat v3, ControlledShutdown v1), v0 (ControlledShutdown v0: no client id,
+# whatever the bytes at its place say).
+CLIENT_ID_FIELDS = [struct.pack(">h", len(b)) + b for b in (b"app-1", b"app-2", b"", "b\u00e9".encode(), b"\xff\xfe")]
+CLIENT_ID_FIELDS += [b"\xff\xff", b"\xff\xf9", struct.pack(">h", 50) + b"app-1", b"\x00"]
+AFTER_CLIENT_ID = [b"", b"\x00", b"app-1", b"\x00\x00\x00\x01", b"-" * 60, b"\x01\x00\x02hi\x00\x00", b"\x01\x00\x09hi"]
+HEADERS = [(12, 4), (12, 3), (7, 0), (7, 1), (0, 9)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(HEADERS), st.sampled_from(CLIENT_ID_FIELDS),
+                          st.sampled_from(AFTER_CLIENT_ID)), min_size=1, max_size=12))
+@example([((12, 4), CLIENT_ID_FIELDS[7], b""), ((12, 4), CLIENT_ID_FIELDS[7], b"-" * 60)])  # past the end, then not
+@example([((7, 1), CLIENT_ID_FIELDS[0], b""), ((7, 0), CLIENT_ID_FIELDS[0], b"")])  # the same bytes, no client id
+@example([((12, 3), CLIENT_ID_FIELDS[0], AFTER_CLIENT_ID[5]), ((12, 4), CLIENT_ID_FIELDS[0], AFTER_CLIENT_ID[5])])
+def test_header_memo_answers_what_reading_each_header_answers(requests: list[tuple[tuple[int, int], bytes, bytes]]
+                                                              ) -> None:
+    """A connection's requests in any order, hostile headers among them: the memo (which compares
+    bytes in place with the last header read) answers exactly what reading each one answers."""
+    memo = RequestHeaderMemo()
+    for (api_key, version), field, rest in requests:
+        frame = struct.pack(">ihhi", 0, api_key, version, 1) + field + rest
+        frame = struct.pack(">i", len(frame) - 4) + frame[4:]
+        expected = request_client_id(frame, api_key, version), request_body_offset(frame, api_key, version)
+        assert memo.read(frame, api_key, version) == expected, frame

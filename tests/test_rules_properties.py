@@ -164,3 +164,47 @@ def test_rule_hit_is_a_plain_value() -> None:
     hit = RuleHit("r", (DropResponse(),), False, 0.25, (3.0,))
     assert hit == RuleHit("r", (DropResponse(),), False, 0.25, (3.0,))
     assert hash(hit) == hash(RuleHit("r", (DropResponse(),), False, 0.25, (3.0,)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rule_sets(), streams)
+def test_a_fixed_decision_is_what_evaluate_says_of_every_request(rules: RuleSet, requests: list[StaticFacts]) -> None:
+    """RuleEngine.fixed_decision(api) and client_decision(api, client's keys) let the proxy skip a
+    request's facts: each must be exactly evaluate()'s decision for every request of that api key
+    (from that client), and evaluating must not have counted anything (the reference's schedule
+    counters stay where they were)."""
+    engine = RuleEngine(rules)
+    counts: dict[str, int] = {}
+    for facts in requests:
+        fixed = engine.fixed_decision(facts.api_key)
+        for_client = engine.client_decision(facts.api_key, facts.client_id, facts.client_ip, facts.broker_id)
+        before = dict(counts)
+        expected = reference(rules, facts, counts)
+        decision = engine.evaluate(facts)
+        assert [h.rule_id for h in decision.hits] == expected
+        if fixed is not None:
+            assert decision == fixed and for_client == fixed
+        if for_client is not None:
+            assert decision == for_client
+            assert counts == before, "a fixed decision passed a rule with a schedule"
+
+
+def test_fixed_decisions_are_found_only_where_nothing_else_decides() -> None:
+    """Non-vacuity of the property above: which first rules make an api key's decision fixed."""
+    def first(match: Match, continue_: bool = False, jitter_ms: float = 0.0) -> RuleEngine:
+        rule = Rule(id="first", match=match, actions=(Delay(5.0, jitter_ms),), continue_=continue_)
+        later = Rule(id="later", match=Match(apis=frozenset({3})), actions=(DropResponse(),))
+        return RuleEngine(RuleSet((rule, later)))
+
+    engine = first(Match(apis=frozenset({0})))
+    assert [[h.rule_id for h in d.hits] if d else None for d in map(engine.fixed_decision, (0, 3, 12))] == \
+        [["first"], ["later"], None]  # api 12: no rule names it
+    assert first(Match()).fixed_decision(12) is not None  # an api-agnostic first rule decides every api key
+    scoped = first(Match(client_id=re.compile("c.*")))
+    assert scoped.fixed_decision(0) is None and scoped.client_decision(0, "d", None, None) is None
+    decision = scoped.client_decision(0, "c1", None, None)
+    assert decision is not None and [h.rule_id for h in decision.hits] == ["first"]
+    for engine in [first(Match(client_id=re.compile("c"))), first(Match(topics=(TopicPattern("t"),))),
+                   first(Match(probability=0.5)), first(Match(schedule=Schedule(every=2))),
+                   first(Match(min_version=3)), first(Match(), continue_=True), first(Match(), jitter_ms=2.0)]:
+        assert engine.fixed_decision(0) is None

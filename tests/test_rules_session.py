@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
+from collections import deque
 from typing import Any
 
 import pytest
@@ -352,3 +354,82 @@ def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
     d.client(original)  # the chunk holds exactly this one frame
     [sent] = d.upstream
     assert len(sent) == len(original) and sent != original
+
+
+# -- what a verdict costs must not change what it does (kproxy/server/rule_policy.py's shortcuts) ------
+def heartbeat_from(correlation_id: int, client_id: str | None) -> bytes:
+    return request_frame(HEARTBEAT, 4, correlation_id, client_id=client_id, group_id="g", generation_id=1,
+                         member_id="m")
+
+
+@pytest.mark.parametrize("match", ["{api: heartbeat}", "{}", "{api: heartbeat, client_id: 'kproxy.*|test.*'}"])
+@pytest.mark.parametrize(("action", "detail", "held"), [("delay: {ms: 200}", "200.0ms at request", True),
+                                                       ("delay: {ms: 0}", "0.0ms at request", False),
+                                                       ("delay: {ms: 200, at: response}", "200.0ms at response", True)])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_delay_rule_does_the_same_whether_its_faults_are_reported_or_not(
+        match: str, action: str, detail: str, held: bool, dry_run: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A delay rule that decides every request alike is decided without the request's facts when
+    no fault is reported (no ring, no log line): the hold, the wake-up and the hit counters must be
+    what the reported path gives, and the reported path must still say what it did."""
+    text = rules(action, match)
+    if dry_run:
+        text = text.replace("    match:", "    dry_run: true\n    match:")
+        detail, held = "dry run: nothing done", False
+    seen = []
+    for report in ("nothing", "ring", "log"):
+        d = Driver(text)
+        if report == "ring":
+            d.live.recent = deque(maxlen=10)
+        with caplog.at_level(logging.INFO if report == "log" else logging.WARNING, "kproxy.faults"):
+            caplog.clear()
+            d.client(heartbeat(1), heartbeat(2))
+            lines = [parse_logfmt(r.getMessage()) for r in caplog.records]
+        d.clock.now += 0.05  # the broker's time: a response delay counts from its answer, a hold from the request
+        d.broker(heartbeat_answer(1), heartbeat_answer(2))
+        at_once = d.answered()
+        d.tick(0.3)
+        seen.append((at_once, d.answered(), d.wake, dict(d.injector.counts.hits)))
+        details = [r.detail for r in d.live.recent or ()] if report == "ring" else [line["detail"] for line in lines]
+        assert details == ([] if report == "nothing" else [detail, detail]), report
+    assert seen[0] == seen[1] == seen[2]
+    assert seen[0][3] == {("r1", "delay", "true" if dry_run else "false"): 2}
+    assert seen[0][0] == ([] if held else [1, 2]) and seen[0][1] == [1, 2]
+
+
+def test_a_client_changing_its_client_id_meets_the_rules_of_each_id() -> None:
+    """The policy remembers, per connection, whether its client id passes the rules of an api key:
+    a client that changes its client id mid-connection (nothing forbids it) is judged anew."""
+    d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}", "{api: heartbeat, client_id: 'a.*'}"))
+    ids = ["b", "a1", "a1", "b", None, "a2", "\u00e9t\u00e9"]
+    d.client(*(heartbeat_from(i, cid) for i, cid in enumerate(ids, 1)))
+    upstream = sorted(struct.unpack_from(">i", f, 8)[0] for f in d.upstream)
+    assert upstream == [1, 4, 5, 7]  # b, b, null, été: forwarded; a1, a1, a2 answered locally
+    assert d.injector.counts.hits == {("r1", "inject_error", "false"): 3}
+
+
+def test_rules_replaced_are_read_afresh_for_api_keys_the_connection_already_sent() -> None:
+    """What each api key needs is remembered per rule set: a replacement must not be judged by the
+    previous set's answers (an api key no rule named, a client id no rule admitted)."""
+    d = Driver(rules("delay: {ms: 200}", "{api: produce}"))
+    d.client(heartbeat_from(1, "app"))
+    d.live.replace(load_text(rules("inject_error: {error: REBALANCE_IN_PROGRESS}",
+                                   "{api: heartbeat, client_id: other}")), origin="test")
+    d.client(heartbeat_from(2, "app"))
+    d.live.replace(load_text(rules("inject_error: {error: REBALANCE_IN_PROGRESS}",
+                                   "{api: heartbeat, client_id: app}")), origin="test")
+    d.client(heartbeat_from(3, "app"))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 2]
+    assert d.live.counts.hits[("r1", "inject_error", "false")] == 1
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_window_rule_reads_the_wall_clock(inside: bool) -> None:
+    """The wall clock is read only when a rule has a daily window; then it must be read."""
+    now = time.time() % 86400
+    start = (now - 600 if inside else now + 1800) % 86400
+    hhmm = [f"{int(t) // 3600:02d}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}" for t in (start, start + 1200)]
+    d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}",
+                     f"{{api: heartbeat, schedule: {{window: {{start: '{hhmm[0]}', end: '{hhmm[1]}'}}}}}}"))
+    d.client(heartbeat(1))
+    assert len(d.upstream) == (0 if inside else 1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from kproxy.protocol.headers import request_header_version
+from kproxy.protocol.headers import request_body_offset, request_header_version
 from kproxy.protocol.wire import Malformed, read_uvarint
 
 _INT16 = struct.Struct(">h")
@@ -37,6 +37,36 @@ def request_client_id(frame: bytes | memoryview, api_key: int, api_version: int)
         return str(frame[start : start + n], "utf-8")
     except (struct.error, UnicodeDecodeError):
         return None
+
+
+class RequestHeaderMemo:
+    """The client id and the body offset of one connection's requests, remembering the last header read.
+
+    A client sends the same client id on every request of a connection, so after the first, a
+    request's variable header part (the client id with its int16 length and, in header v2, the
+    tagged fields) is compared in place with the last one read, as bytes, and not read again.
+    Whatever the bytes, the answer is :func:`request_client_id`'s and
+    :func:`~kproxy.protocol.headers.request_body_offset`'s: a request whose bytes there or whose
+    header version differ is read afresh, and a header that cannot be read is not remembered.
+    """
+
+    __slots__ = ("_found", "_raw", "_version")
+
+    def __init__(self) -> None:
+        self._raw = b""  # bytes 12 .. body offset of the last header remembered
+        self._version = -1  # its header version (-1: none remembered)
+        self._found: tuple[str | None, int | None] = (None, None)
+
+    def read(self, frame: bytes, api_key: int, api_version: int) -> tuple[str | None, int | None]:
+        """(client id, body offset) of a request frame (size prefix included), as the functions read them."""
+        version = request_header_version(api_key, api_version)
+        if version == self._version and frame.startswith(self._raw, _CLIENT_ID_AT):
+            return self._found
+        found = request_client_id(frame, api_key, api_version), request_body_offset(frame, api_key, api_version)
+        offset = found[1]
+        if version and offset is not None:  # header v0 has nothing to compare: read every time (it is cheap)
+            self._raw, self._version, self._found = frame[_CLIENT_ID_AT:offset], version, found
+        return found
 
 
 def produce_acks(frame: bytes | memoryview, api_version: int, body_offset: int) -> int | None:

@@ -166,6 +166,11 @@ class Exchange:
             found = self._client_id = request_client_id(self.request, self.api_key, self.api_version)
         return found
 
+    @client_id.setter
+    def client_id(self, value: str | None) -> None:
+        """Given by a reader that knows it already (a policy remembering its connection's client id)."""
+        self._client_id = value
+
     @property
     def request_body_offset(self) -> int | None:
         """Where the request body starts in :attr:`request`; None when the header cannot be read."""
@@ -174,6 +179,11 @@ class Exchange:
             offset = find_request_body(self.request, self.api_key, self.api_version)
             found = self._request_body_offset = -2 if offset is None else offset
         return None if found == -2 else found
+
+    @request_body_offset.setter
+    def request_body_offset(self, value: int | None) -> None:
+        """Given by a reader that knows it already (a policy remembering its connection's header)."""
+        self._request_body_offset = -2 if value is None else value
 
     @property
     def request_scan(self) -> RequestScan | None:

@@ -161,6 +161,12 @@ class RuleEngine:
         # rule is one): admits() is True without a lookup.
         self._all_unscoped = any(not c.peer_keys for c in wildcard)
         self._unscoped = frozenset(k for k, cs in self._by_api.items() if any(not c.peer_keys for c in cs))
+        # Api keys whose decision is the same for every request (see fixed_decision).
+        self._fixed = {k: _fixed_decision(cs) for k, cs in self._by_api.items()}
+        self._any_fixed = _fixed_decision(wildcard)
+        # Whether a rule reads the wall clock (a daily window): else RequestFacts.wall_time is never read.
+        self.reads_wall_time = any(c.match.schedule is not None and c.match.schedule.window is not None
+                                   for c in compiled)
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
 
@@ -182,6 +188,39 @@ class RuleEngine:
             candidates = self._by_api.get(api_key, self._any)
             cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
         return bool(cached[0])
+
+    def admits_all(self, api_key: int) -> bool:
+        """Whether :meth:`admits` is True for every client: a rule of this api key (or an
+        api-agnostic one) has no client id, address or broker key."""
+        return self._all_unscoped or api_key in self._unscoped
+
+    def fixed_decision(self, api_key: int) -> Decision | None:
+        """The decision :meth:`evaluate` returns for *every* request of this api key, when it depends
+        on nothing else; None when it may depend on the client or the request.
+
+        That is when the first rule tried for the api key names no key but ``api`` (no client,
+        topic, version or schedule key), draws nothing (no ``probability``, no jitter) and does not
+        ``continue``: every request passes it and it decides alone, counting nothing. So a caller
+        holding this decision may skip building the request's facts."""
+        return self._fixed.get(api_key, self._any_fixed)
+
+    def client_decision(self, api_key: int, client_id: str | None, client_ip: IpAddress | None,
+                        broker_id: int | None) -> Decision | None:
+        """:meth:`fixed_decision` for one client: the decision :meth:`evaluate` returns for every
+        request of this api key from a client with these fixed keys (client id, address, broker id),
+        when it depends on nothing else; None when it may depend on the request.
+
+        That is when the first rule of the api key that passes the client's fixed keys names no
+        request key (topic, version, schedule...), draws nothing and does not ``continue``."""
+        peer = (api_key, client_id, client_ip, broker_id)
+        cached = self._by_peer.get(peer)
+        if cached is None:
+            candidates = self._by_api.get(api_key, self._any)
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
+        live = cached[0]
+        if not live or live[0].request_keys or live[0].rule.continue_:
+            return None
+        return live[0].decision
 
     def _peer_entry(self, peer: tuple[object, ...], candidates: tuple[_Compiled, ...], facts: _Peer | RequestFacts
                     ) -> tuple[tuple[_Compiled, ...], bool]:
@@ -310,6 +349,19 @@ class RuleEngine:
                 worst = max(worst, self.buckets.take((rule_id, scope, "requests"), throttle.requests_per_second,
                                                      throttle.burst_s, 1, facts.now))
         return worst
+
+
+def _fixed_decision(candidates: tuple[_Compiled, ...]) -> Decision | None:
+    """The decision of :meth:`RuleEngine.evaluate` for these candidates (an api key's, in order) if
+    it is the same for every request: their first passes any client's fixed keys (it has none),
+    survives the topic filter (no topic key), matches any request (no request key) with a fixed
+    hit, and stops there (no ``continue``)."""
+    if not candidates:
+        return None
+    first = candidates[0]
+    if first.peer_keys or first.request_keys or first.rule.continue_:
+        return None
+    return first.decision
 
 
 def _topics_match(m: Match, topics: Mapping[str, frozenset[int]]) -> bool:
