@@ -557,35 +557,41 @@ CONNECTION_COUNTS = (1, 10, 100, 1000)
 PARTITION_COUNTS = (10, 1_000, 100_000)
 
 
-def phase_connections(proxies: list[Hop], broker_pid: int, quick: bool) -> list[str]:
+def phase_connections(proxies: list[Hop], broker_pid: int, quick: bool, rounds: int = 3) -> list[str]:
     """Proxy CPU per pipelined ApiVersions from 1 to 1,000 connections (at least 100 in flight in
-    all: depth 100/n per connection), each proxy in turn, one round per count (CPU is steady)."""
+    all: depth 100/n per connection), every proxy in each of ``rounds`` rounds, the order rotated
+    per round; medians. One connection with 100 in flight settles into large or small batches per
+    read from run to run (its CPU per request moved 25-105 µs between single runs), hence rounds."""
     frame = wire.api_versions_request()
     per_conn_total = 2000 if quick else 12000
-    cpu: dict[tuple[int, str], float] = {}
-    rate: dict[tuple[int, str], float] = {}
+    samples: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for n in CONNECTION_COUNTS:
         depth = max(1, 100 // n)
         count = max(2 * depth, per_conn_total // n)
-        for p in proxies:
-            pid = p.pid
-            assert pid is not None
-            marks: list[tuple[float, float]] = []  # (proxy CPU s, wall s) when the load starts and ends
+        for r in range(rounds):
+            for p in rotated(proxies, r):
+                pid = p.pid
+                assert pid is not None
+                marks: list[tuple[float, float]] = []  # (proxy CPU s, wall s) when the load starts and ends
 
-            def mark(pid: int = pid, marks: list[tuple[float, float]] = marks) -> None:
-                marks.append((cpu_seconds(pid), time.perf_counter()))
+                def mark(pid: int = pid, marks: list[tuple[float, float]] = marks) -> None:
+                    marks.append((cpu_seconds(pid), time.perf_counter()))
 
-            # Connections are opened, and closed, outside the measured span: at 1,000 connections
-            # of a few requests each, accept and close would otherwise be most of the figure.
-            res = run_load(p.port, frame, connections=n, depth=depth, count=count, on_ready=mark, on_drained=mark)
-            (cpu0, wall0), (cpu1, wall1) = marks
-            cpu[(n, p.name)] = (cpu1 - cpu0) / max(1, res.all_responses)
-            rate[(n, p.name)] = res.all_responses / (wall1 - wall0)
+                # Connections are opened, and closed, outside the measured span: at 1,000 connections
+                # of a few requests each, accept and close would otherwise be most of the figure.
+                res = run_load(p.port, frame, connections=n, depth=depth, count=count, on_ready=mark,
+                               on_drained=mark)
+                (cpu0, wall0), (cpu1, wall1) = marks
+                done = max(1, res.all_responses)
+                samples.setdefault((n, p.name), []).append(((cpu1 - cpu0) / done, done / (wall1 - wall0)))
         print(f"  scale: {n} connections done", file=sys.stderr)
+    cpu = {k: statistics.median(c for c, _ in v) for k, v in samples.items()}
+    rate = {k: statistics.median(r for _, r in v) for k, v in samples.items()}
     rows = [[f"{n:,}", f"{max(n, 100):,}", *[f"{1e6 * cpu[(n, p.name)]:.0f} ({rate[(n, p.name)]:,.0f}/s)"
                                              for p in proxies]] for n in CONNECTION_COUNTS]
-    out = ["#### Scale: connections\n\nProxy CPU µs per pipelined ApiVersions v3 request (requests/s in "
-           "parentheses), the load spread over N connections (100 in flight in all, N when N > 100; "
+    out = [f"#### Scale: connections\n\nProxy CPU µs per pipelined ApiVersions v3 request (requests/s in "
+           f"parentheses; medians of {rounds} rounds), the load spread over N connections (100 in flight in all, "
+           "N when N > 100; "
            "connections opened, and one round trip made on each, before the CPU and the time are read; "
            "closed after).\n",
            table(["connections", "in flight", *[p.name for p in proxies]], rows)]
@@ -786,7 +792,7 @@ def main() -> int:
         if args.scale:
             # The A/A copy measures noise, not cost: the scale phases leave it out.
             proxies = [p for p in paths if p.pid is not None and p.name != AA]
-            scale_out += phase_connections(proxies, broker_proc.pid, args.quick)
+            scale_out += phase_connections(proxies, broker_proc.pid, args.quick, rounds)
             scale_out += phase_partitions(py, [k for k in keys if k != "aa"], workdir, logs, args.quick)
 
     names = [p.name for p in paths]
