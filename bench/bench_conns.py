@@ -10,7 +10,8 @@ working on the pumps (kproxy/server/connection.py, fastio.py): one Tansu broker,
 count N, pipelined ApiVersions v3 with 100 in flight in all (N when N > 100), as bench_proxy's
 scale phase does; proxy CPU µs per request from /proc/PID/stat, the path order rotated per round,
 medians over rounds. Also the pipelined phase of bench_proxy (4 connections x 100 in flight,
-req/s) and KB of RSS per idle connection. ``KPROXY_BENCH_PROFILE=DIR`` in the environment makes
+req/s, and each kproxy's reads and writes per request: how its pumps batched) and KB of RSS per
+idle connection. ``KPROXY_BENCH_PROFILE=DIR`` in the environment makes
 each kproxy process write a cProfile to DIR (bench/run_kproxy.py).
 
 The "flat" figure is issue 14's: kproxy's CPU per request over the pipe's at the largest count,
@@ -66,12 +67,26 @@ def churn(p: Hop, n: int) -> tuple[float, float]:
     return (cpu_seconds(p.pid) - cpu0) / n, res.all_responses / (time.perf_counter() - wall0)
 
 
-def pipelined(p: Hop, duration: float) -> tuple[float, float]:
-    """(proxy CPU s per request, requests/s) for bench_proxy's pipelined phase: 4 conns x 100 in flight."""
+def syscalls(pid: int) -> int:
+    """The read and write system calls process ``pid`` made so far (/proc/PID/io: syscr + syscw)."""
+    with open(f"/proc/{pid}/io") as f:
+        found = dict(line.split(":", 1) for line in f)
+    return int(found["syscr"]) + int(found["syscw"])
+
+
+def pipelined(p: Hop, duration: float) -> tuple[float, float, float]:
+    """(proxy CPU s per request, requests/s, reads and writes per request) for bench_proxy's pipelined
+    phase: 4 conns x 100 in flight. The last says how the pumps batched: a process that read fewer
+    frames per read pays more per request for the same per-frame work (on a shared 2-core machine,
+    ~0.2 to ~1 read and write per request from one run of one process to the next, and CPU per
+    request with them), so compare CPU per request only between runs that batched alike. Counted by
+    /proc/PID/io, which sees read/write/writev (kproxy's plain-TCP pumps, kproxy/server/fastio.py) but
+    not recv/send (trio's own stream methods, the pipe's): the pipe's column reads "-"."""
     assert p.pid is not None
-    cpu0 = cpu_seconds(p.pid)
+    cpu0, calls0 = cpu_seconds(p.pid), syscalls(p.pid)
     res = run_load(p.port, wire.api_versions_request(), connections=4, depth=100, duration=duration, warmup=0.3)
-    return (cpu_seconds(p.pid) - cpu0) / max(1, res.all_responses), res.responses / res.seconds
+    n = max(1, res.all_responses)
+    return (cpu_seconds(p.pid) - cpu0) / n, res.responses / res.seconds, (syscalls(p.pid) - calls0) / n
 
 
 def main() -> int:
@@ -132,13 +147,15 @@ def main() -> int:
             per_request(p, 4, 2000)
         cpu: dict[tuple[str, str], list[float]] = {}
         rate: dict[tuple[str, str], list[float]] = {}
+        calls: dict[tuple[str, str], list[float]] = {}  # the pipelined phase's reads and writes per request
         phases = ([str(n) for n in counts] + ([] if args.no_pipelined else ["4x100"])
                   + ([f"churn{args.churn}"] if args.churn else []))
         for r in range(args.rounds):
             for phase in phases:
                 for p in rotated(paths, r):
                     if phase == "4x100":
-                        c, q = pipelined(p, 1.0)
+                        c, q, k = pipelined(p, 1.0)
+                        calls.setdefault((phase, p.name), []).append(k)
                     elif phase.startswith("churn"):
                         c, q = churn(p, args.churn)
                     else:
@@ -160,6 +177,9 @@ def main() -> int:
         label = "4 conns x 100 (pipelined)" if phase == "4x100" else f"{int(phase):,} conns"
         rows.append([label, *[f"{1e6 * med(cpu, phase, p.name):.0f} µs ({med(rate, phase, p.name):,.0f}/s)"
                               for p in paths]])
+        if phase == "4x100":
+            rows.append([f"{label}: reads + writes per request",
+                         *[f"{med(calls, phase, p.name):.2f}" if p.name != "pipe" else "-" for p in paths]])
     print(table(["phase", *[p.name for p in paths]], rows))
     if len(counts) > 1:
         first, last = str(counts[0]), str(counts[-1])

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
+from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import SCAN_MEMO_BODY_MAX, SCAN_MEMO_BYTES, TrafficStats
-from kproxy.protocol.builders import response_frame
+from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.tables import ApiKey, error_class, error_code
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
 
 METADATA, HEARTBEAT, PRODUCE = int(ApiKey.METADATA), int(ApiKey.HEARTBEAT), int(ApiKey.PRODUCE)
 UNKNOWN_TOPIC = error_code("UNKNOWN_TOPIC_OR_PARTITION")
@@ -62,3 +70,62 @@ def test_big_answers_are_remembered_by_hash_and_counted_every_time() -> None:
     stats.response(stats.broker(0), METADATA, 1, big_metadata(9, 5), 8, 0.001, 0.0001)  # changed: scanned again
     assert stats.broker(0).errors == {("metadata", "UNKNOWN_TOPIC_OR_PARTITION"): 3 * 2 + 5}
     assert all(isinstance(k, tuple) for k in stats._scan_memos[(METADATA, 1)].results)
+
+
+# -- through a session: the rewritten body is the scan memo's key ----------------------------------
+API_VERSIONS = int(ApiKey.API_VERSIONS)
+
+
+def api_versions(correlation_id: int, error: int = 0) -> bytes:
+    return response_frame(API_VERSIONS, 3, correlation_id, error_code=error, api_keys=[
+        {"api_key": METADATA, "min_version": 0, "max_version": 12},
+        {"api_key": API_VERSIONS, "min_version": 0, "max_version": 3}])
+
+
+def observed_session(stats: TrafficStats) -> Session:
+    return Session(ResponseRewriter(AddressMap("kproxy.test", 40000)),
+                   observer=MetricsObserver(stats).for_broker(0))
+
+
+def exchange(session: Session, api_key: int, api_version: int, correlation_id: int, answer: bytes) -> None:
+    session.receive_client(request_frame(api_key, api_version, correlation_id))
+    session.receive_upstream(answer)
+    session.report()
+
+
+@pytest.mark.parametrize(("api_key", "version", "answer"), [
+    (API_VERSIONS, 3, lambda cid: api_versions(cid)),
+    (METADATA, 1, lambda cid: metadata(cid, UNKNOWN_TOPIC)),
+])
+def test_a_repeated_rewritten_answer_is_remembered_under_the_rewrite_memos_body(
+        api_key: int, version: int, answer: Callable[[int], bytes]) -> None:
+    """Answers the proxy rewrites (ApiVersions caps, Metadata brokers) are keyed in the scan memo by
+    the rewrite memo's own body object: one entry, no slice of each response hashed and compared."""
+    stats = TrafficStats()
+    session = observed_session(stats)
+    for cid in range(5):
+        exchange(session, api_key, version, cid, answer(cid))
+    (key,) = stats._scan_memos[(api_key, version)].results
+    rewritten = [body for (_, _, _), (body, _) in session.rewriter._memo.items()]
+    assert any(key is body for body in rewritten)
+    assert stats.broker(0).responses == {(("api_versions" if api_key == API_VERSIONS else "metadata"), version): 5}
+
+
+def test_answers_through_a_session_are_counted_as_the_full_scan_counts() -> None:
+    """Every response's errors are counted, repeated or changed, ApiVersions included, as the stats
+    count the same frames given alone (no memo key from the session)."""
+    stats, alone = TrafficStats(), TrafficStats()
+    session = observed_session(stats)
+    errors = [0, 31, 31, 0, 31]  # CLUSTER_AUTHORIZATION_FAILED (UNSUPPORTED_VERSION answers are v0 bodies)
+    for cid, error in enumerate(errors):
+        exchange(session, API_VERSIONS, 3, cid, api_versions(cid, error))
+        exchange(session, METADATA, 1, 100 + cid, metadata(100 + cid, UNKNOWN_TOPIC if error else 0))
+    for ex_api, version, frames in ((API_VERSIONS, 3, [api_versions(c, e) for c, e in enumerate(errors)]),
+                                     (METADATA, 1, [metadata(c, UNKNOWN_TOPIC if e else 0)
+                                                    for c, e in enumerate(errors)])):
+        for f in frames:
+            alone.response(alone.broker(0), ex_api, version, f, 0, 0.001, 0.0001)
+    assert stats.broker(0).errors == alone.broker(0).errors
+    assert stats.broker(0).responses_with_errors == alone.broker(0).responses_with_errors
+    assert stats.broker(0).errors[("metadata", "UNKNOWN_TOPIC_OR_PARTITION")] == 3
+    assert sum(n for (api, _), n in stats.broker(0).errors.items() if api == "api_versions") == 3

@@ -62,7 +62,8 @@ class BrokerObserver:
         received = exchange.received_at
         overhead = exchange.forwarded_at - exchange.read_at + exchange.completed_at - received
         # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
-        # the stats find it from the kind's header layout, without a header decode.
+        # the stats find it from the kind's header layout, without a header decode. The rewritten body,
+        # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
         self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
                             exchange.response_body_offset, None if exchange.local else received - exchange.forwarded_at,
-                            overhead)
+                            overhead, exchange.response_body)

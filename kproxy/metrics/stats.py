@@ -77,10 +77,12 @@ RECORD_COUNT_BUDGET = 1024 * 1024
 _ERROR_RANK: dict[int, int] = {}
 # Responses that brokers repeat byte for byte between cluster changes (the proxy's rewrite memo,
 # kproxy/proxy/rewrite.py, relies on the same): their error scan is remembered per body, so a
-# client polling Metadata or sending heartbeats costs one hash of the body instead of a scan.
+# client polling Metadata or sending heartbeats costs one hash of the body instead of a scan (no hash
+# at all for the answers the proxy rewrites: see TrafficStats.response's ``body``). ApiVersions is one:
+# every connection opens with it, and its scan (~1 µs) costs more than a memo hit.
 # Produce and Fetch answers carry offsets and records: never the same twice, never remembered.
 REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.HEARTBEAT,
-                                               ApiKey.DESCRIBE_CLUSTER))
+                                               ApiKey.DESCRIBE_CLUSTER, ApiKey.API_VERSIONS))
 SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
 SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
 _ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
@@ -370,8 +372,13 @@ class TrafficStats:
                 self._add_records(kind.api, frame, records)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
-                 broker_seconds: float | None, overhead_seconds: float) -> None:
+                 broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None) -> None:
         """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read).
+
+        ``body``, when given, is ``frame[body_offset:]`` as an object that repeats: the proxy's rewrite
+        memo hands out one per distinct answer (:attr:`kproxy.proxy.rewrite.Rewritten.body`). The scan
+        memo then keys on it as it is: its hash is computed once, and a repeat is found by identity,
+        where a slice of ``frame`` would be copied, hashed and compared for every response.
 
         ``body_offset`` 0 means "not known": it is found here from the kind's response header layout
         (no header decode), and only when the body is scanned; a header that cannot be read makes the
@@ -415,7 +422,7 @@ class TrafficStats:
                 if entries:
                     self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
                 return
-        found = self._scan_response(kind, api_key, api_version, frame, body_offset)
+        found = self._scan_response(kind, api_key, api_version, frame, body_offset, body)
         if found is None:
             # A body we cannot read: counted, never fatal.
             self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
@@ -455,8 +462,8 @@ class TrafficStats:
             return None
         return acc, recs
 
-    def _scan_response(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, body_offset: int
-                       ) -> _ScanResult:
+    def _scan_response(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, body_offset: int,
+                       body: bytes | None = None) -> _ScanResult:
         """The error scan of a (known) kind's response, remembered per body for the kinds brokers repeat
         (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
         fn = kind.scanner
@@ -468,7 +475,7 @@ class TrafficStats:
         size = len(frame) - body_offset
         key: bytes | tuple[int, int]
         if size <= SCAN_MEMO_BODY_MAX:
-            key = frame[body_offset:]
+            key = frame[body_offset:] if body is None else body
         else:
             view = memoryview(frame)[body_offset:]
             key = (size, hash(view if isinstance(frame, bytes) else view.tobytes()))

@@ -77,10 +77,16 @@ def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int)
 
 @dataclass(frozen=True, slots=True)
 class Rewritten:
-    """A rewritten response frame (size prefix included) and the brokers it advertises."""
+    """A rewritten response frame (size prefix included) and the brokers it advertises.
+
+    ``body`` is ``frame``'s body: for a remembered answer, the memo's own object, the same one
+    every time the broker repeats itself, so a reader that keys on it (the metrics' scan memo,
+    kproxy/metrics/stats.py) hashes it once, not once per response.
+    """
 
     frame: bytes
     routes: list[BrokerRoute]
+    body: bytes
 
 
 class ResponseRewriter:
@@ -152,7 +158,7 @@ class ResponseRewriter:
         routes = [self.addresses.learn(*endpoint) for endpoint in learned]
         if new_body is None:
             return None
-        return Rewritten(_reframe(frame, body_offset, new_body), routes)
+        return Rewritten(_reframe(frame, body_offset, new_body), routes, new_body)
 
     def _rewrite_body(self, api_key: int, api_version: int, frame: bytes, body_offset: int
                       ) -> tuple[bytes | None, list[Endpoint]]:

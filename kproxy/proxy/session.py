@@ -145,6 +145,9 @@ class Exchange:
     sasl_mechanism: str | None = None
     seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
     response_body_offset: int = 0  # where the response body starts, once known (0: not computed yet)
+    # The rewritten response's body as the rewriter returned it (None: not rewritten, or edited after):
+    # for a repeated answer the rewrite memo's own object, which the metrics' scan memo keys on.
+    response_body: bytes | None = None
     # Set by a policy's Verdict only (0 / None / False on the common path):
     release_at: float = 0.0  # the response leaves no earlier than this (session clock)
     response_delay: float = 0.0  # ... nor earlier than this many seconds after it arrived
@@ -673,6 +676,7 @@ class Session:
             if ex.on_response is not None:
                 # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
                 response = ex.on_response(response)
+                ex.response_body = None
             ex.response = response
         if ex.response_delay:
             ex.release_at = max(ex.release_at, ex.received_at + ex.response_delay)
@@ -692,6 +696,7 @@ class Session:
         if done is None:
             return frame
         ex.routes = done.routes
+        ex.response_body = done.body
         return done.frame
 
     def _after_sasl_handshake(self, ex: Exchange, frame: bytes) -> None:
