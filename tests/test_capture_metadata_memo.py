@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from typing import Any
 
 import pytest
 
-from kproxy.capture.records import BIG_MEMO_BYTES, CACHE_FRAME, RecordBuilder, TopicNames
+from kproxy.capture.records import (
+    BIG_MEMO_BYTES,
+    BIG_READ_BYTES,
+    BIG_READ_SWITCH_SECONDS,
+    CACHE_FRAME,
+    RecordBuilder,
+    TopicNames,
+)
 from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.errors import DecodeError
 from tests.test_capture_observer import Harness
 
 METADATA, FETCH = 3, 1
@@ -88,3 +97,31 @@ def test_the_big_answer_memo_is_bounded_by_bytes() -> None:
         _metadata(h, cid, _answer(cid, _ids(40, seed=cid)))
         assert builder._big_bytes <= BIG_MEMO_BYTES
     assert 0 < len(builder._big) <= BIG_MEMO_BYTES // 1024
+
+
+def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the writer reads a huge answer (one call of a generated scanner), the interpreter's
+    switch interval is cut, so that a thread waiting for the GIL waits that long at most; restored
+    after, the read failing too."""
+    seen: list[float] = []
+    fail: list[bool] = []
+    original = RecordBuilder._read_response
+
+    def spied(self: RecordBuilder, kind: Any, response: bytes, offset: int) -> Any:
+        seen.append(sys.getswitchinterval())
+        if fail:
+            raise DecodeError("unreadable answer", offset=offset)
+        return original(self, kind, response, offset)
+
+    monkeypatch.setattr(RecordBuilder, "_read_response", spied)
+    before = sys.getswitchinterval()
+    h = Harness()
+    ids = _ids(400)  # 400 x 8 partitions: above BIG_READ_BYTES
+    answer = _answer(1, ids, failing=3)
+    assert len(answer) >= BIG_READ_BYTES
+    assert _metadata(h, 1, answer)["partitions"][0]["topic"] == "t-003"
+    _metadata(h, 2, _answer(2, _ids(40)))  # big, yet not huge: read as it is
+    assert seen == [BIG_READ_SWITCH_SECONDS, before] and sys.getswitchinterval() == before
+    fail.append(True)
+    rec = _metadata(h, 3, _answer(3, ids, failing=5))  # another huge answer, which cannot be read
+    assert rec["partitions"] == [] and seen[-1] == BIG_READ_SWITCH_SECONDS and sys.getswitchinterval() == before

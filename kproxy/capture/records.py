@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -146,6 +147,13 @@ CACHE_ENTRIES = 2048
 BIG_MEMO_BYTES = 256 * 1024
 BIG_MEMO_ENTRY = 1024
 BIG_MEMO_CODE = 64
+# A first read of a Metadata answer from this size on (~2,500 partitions: ~1 ms of scan, one call
+# of a generated scanner that cannot stop midway) is done with the interpreter's switch interval
+# (sys.setswitchinterval, 5 ms by default) cut to BIG_READ_SWITCH_SECONDS: the event loop, waiting
+# for the GIL, gets it after that long instead of 5 ms, again and again for the read's ~10-200 ms.
+# Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
+BIG_READ_BYTES = 64 * 1024
+BIG_READ_SWITCH_SECONDS = 0.0005
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
@@ -295,7 +303,15 @@ class RecordBuilder:
         hit = self._big.get(key)
         if hit is not None and hit[1] == topics.forgotten:
             return hit[0]
-        scan, _ = self._response_part(kind, response, offset)
+        if len(body) < BIG_READ_BYTES:
+            scan, _ = self._response_part(kind, response, offset)
+        else:
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(interval, BIG_READ_SWITCH_SECONDS))
+            try:
+                scan, _ = self._response_part(kind, response, offset)
+            finally:
+                sys.setswitchinterval(interval)
         cost = BIG_MEMO_ENTRY + BIG_MEMO_CODE * (len(scan[0]) if scan is not None else 0)
         if self._big_bytes + cost > BIG_MEMO_BYTES:
             self._big.clear()
