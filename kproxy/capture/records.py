@@ -32,7 +32,8 @@ name learned from a Metadata response serves the Fetch records after it.
 
 This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
 used by one thread, the writer's (the only one that reads Metadata answers:
-reading a big one, it gives the GIL back between its two passes).
+reading a big one, it cuts the interpreter's switch interval and gives the GIL
+back between its two passes, see :data:`BIG_READ_BYTES`).
 """
 
 from __future__ import annotations
@@ -316,8 +317,7 @@ class RecordBuilder:
         if self._big_bytes + cost > BIG_MEMO_BYTES:
             self._big.clear()
             self._big_bytes = 0
-        if hit is None:
-            self._big_bytes += cost
+        self._big_bytes += cost  # a stale entry replaced is counted twice: the bound only errs low
         self._big[key] = (scan, topics.forgotten)
         return scan
 
