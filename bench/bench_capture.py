@@ -4,7 +4,11 @@
 
 For each kind of exchange (the proxy benchmark's: ApiVersions v3, Metadata v1
 of 10 topics x 3 partitions, Produce v7 of one 100 B record, Fetch v11 of one
-batch; every Produce and Fetch different, as a client's are), N exchanges go
+batch; every Produce and Fetch different, as a client's are), and big Metadata
+v1 answers (bench/fake_broker.py's, of 1,000 / 10,000 / 100,000 partitions:
+the same bytes every time as a broker answers a client refreshing, and at
+100,000 a new answer every time too; ~2,000,000 partitions' worth of exchanges
+of each, at least 5), N exchanges go
 through a sans-IO session whose observer is the capture's, offering to a real
 CaptureWriter's queue (its thread not started: nothing competes). Timed
 separately, in CPU time of the process:
@@ -22,7 +26,9 @@ event loop (waits of 100 µs for I/O, ~20 µs of Python between them) notes how
 late each wait ends: the time it waited for the writer to give the GIL back,
 over what it waits with the writer idle. That lateness is at the mercy of the
 machine's other processes; the writer's GIL holds (its CPU time between two
-hand-backs of the GIL) are not, and bound what the loop waits.
+hand-backs of the GIL) are not, and bound what the loop waits. The forced
+hand-overs of the interpreter's switch interval are not counted as hand-backs
+(a first read of a huge Metadata answer relies on them: see its lateness).
 
 Each tree is measured ``--rounds`` times, the trees' processes interleaved, and
 the least CPU time of each figure is kept: the machine is shared, and the
@@ -46,10 +52,51 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-KINDS = ("ApiVersions v3", "Metadata v1 (10 topics x 3)", "Produce v7 (1 x 100 B)", "Fetch v11 (1 batch)")
+KINDS = ("ApiVersions v3", "Metadata v1 (10 topics x 3)", "Produce v7 (1 x 100 B)", "Fetch v11 (1 batch)",
+         "Metadata v1 (1,000 p.)", "Metadata v1 (10,000 p.)", "Metadata v1 (100,000 p.)",
+         "Metadata v1 (100,000 p., each new)")
+# The big Metadata kinds (bench/fake_broker.py's answers, as the proxy benchmark's partition phase gets
+# them): partitions per answer, and whether every answer differs (else the same bytes, as a broker
+# answers a client that refreshes); fewer exchanges of them (see _count).
+_BIG = {4: (1_000, False), 5: (10_000, False), 6: (100_000, False), 7: (100_000, True)}
+_MARK = 0x7EADBEEF  # the controller id of the answer built once; patched per exchange for "each new"
+
+
+def _count(kind: int, n: int) -> int:
+    """Exchanges of a kind: n, or for the big Metadata kinds about 2,000,000 partitions' worth (at
+    least 5), so that each kind takes the writer a second or so."""
+    if kind not in _BIG:
+        return n
+    return max(5, min(n, 2_000_000 // _BIG[kind][0]))
+
+
+def _big_pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
+    """Metadata v1 exchanges of :data:`_BIG`'s answers, built once and copied with each exchange's
+    correlation id (and, "each new", controller id) patched in."""
+    import struct
+
+    from kproxy.protocol.builders import request_frame, response_frame
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fake_broker import metadata_body
+
+    partitions, fresh = _BIG[kind]
+    body = metadata_body(partitions, 9092)
+    body["controller_id"] = _MARK
+    template = response_frame(3, 1, 0, body)
+    mark = template.index(struct.pack(">i", _MARK))
+    out = []
+    for cid in range(n):
+        resp = bytearray(template)
+        resp[4:8] = struct.pack(">i", cid)
+        resp[mark:mark + 4] = struct.pack(">i", (cid if fresh else 1))
+        out.append((request_frame(3, 1, cid, topics=[{"name": f"partitions-{partitions}"}]), bytes(resp)))
+    return out
 
 
 def _pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
+    if kind in _BIG:
+        return _big_pairs(kind, _count(kind, n))
     from kproxy.protocol.builders import request_frame, response_frame
     from kproxy.protocol.records import Record, encode_batch_v2
 
@@ -190,7 +237,7 @@ def stalls(n: int) -> dict[str, list[float]]:
                 writer.close()
             finally:
                 writer_mod.time, file_class.write, file_class.finish = saved
-            assert writer.written == n, (writer.written, n)
+            assert writer.written == _count(kind, n), (writer.written, _count(kind, n))
             out[name] = [*_quantiles(busy), *_quantiles(idle), wall * 1000, *_count_and_quantiles(holds.holds)]
     return out
 
@@ -212,7 +259,7 @@ def measure(n: int) -> dict[str, list[float]]:
     new_api = hasattr(obs_mod, "Captured")
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        warm_up = [(kind, "warm-up") for kind in range(len(KINDS))]  # the first pa.array call loads pyarrow...
+        warm_up = [(kind, "warm-up") for kind in range(4)]  # the first pa.array call loads pyarrow...
         for kind, name in warm_up + list(enumerate(KINDS)):
             pairs = _pairs(kind, n if name != "warm-up" else 100)
             writer, session = _session(Path(tmp), pairs)
@@ -221,7 +268,7 @@ def measure(n: int) -> dict[str, list[float]]:
             loop = time.process_time() - t0
             t0 = time.process_time()
             if new_api:
-                rows = writer.rows(writer._take(n))
+                rows = writer.rows(writer._take(len(pairs)))
             else:
                 rows = [writer._queue.get_nowait() for _ in range(writer._queue.qsize())]
             t1 = time.process_time()

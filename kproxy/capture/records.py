@@ -22,7 +22,8 @@ What is read, and how far:
 * records are counted from batch headers (no decompression); keys and values
   are decoded only with ``include_payloads``, cut to ``payload_max_bytes``.
 * what was read of a small frame is kept, by its content less the correlation
-  id (:data:`CACHE_FRAME`): a repeated request or response is read once.
+  id (:data:`CACHE_FRAME`): a repeated request or response is read once; so is
+  a big Metadata answer, kept by a hash of its content (:data:`BIG_MEMO_BYTES`).
 
 Fetch v13+ names topics by id: :class:`TopicNames` learns id -> name from the
 Metadata responses of every connection, the only responses decoded in full.
@@ -30,13 +31,17 @@ The writer reads the batches in the order the observers offered them, so a
 name learned from a Metadata response serves the Fetch records after it.
 
 This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
-used by one thread, the writer's.
+used by one thread, the writer's (the only one that reads Metadata answers:
+reading a big one, it cuts the interpreter's switch interval and gives the GIL
+back between its two passes, see :data:`BIG_READ_BYTES`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -95,12 +100,16 @@ class TopicNames:
     def __init__(self, cap: int = TOPIC_NAMES_CAP) -> None:
         self.cap = cap
         self._names: dict[uuid.UUID, str] = {}
+        # Names forgotten so far: a remembered Metadata answer (RecordBuilder's big-answer memo) taught
+        # everything it names only while this has not moved since.
+        self.forgotten = 0
 
     def learn(self, topic_id: uuid.UUID, name: str) -> None:
         if topic_id.int == 0 or self._names.get(topic_id) == name:
             return
         if len(self._names) >= self.cap:
             del self._names[next(iter(self._names))]
+            self.forgotten += 1
         self._names[topic_id] = name
 
     def name(self, topic: object) -> str | None:
@@ -129,6 +138,23 @@ _Scan = tuple[tuple[_Entry, ...], int | None]
 # and its responses new offsets every time. Bounded: CACHE_ENTRIES per direction.
 CACHE_FRAME = 4096
 CACHE_ENTRIES = 2048
+# Bigger Metadata answers are remembered too, by their body's length and Python's keyed 64-bit hash
+# (SipHash, ~0.5 ms per MB; as kproxy/metrics/stats.py ScanMemo): clients refresh Metadata again and
+# again and brokers answer the same bytes, and reading an answer of 100,000 partitions (its topic ids
+# decoded, its error codes scanned) costs the writer ~100x that hash. Nothing big is kept: an entry
+# is its key, the scan (non-zero codes only) and the TopicNames stamp it was read at; it counts
+# BIG_MEMO_ENTRY bytes plus BIG_MEMO_CODE per error entry, and the memo starts afresh past
+# BIG_MEMO_BYTES.
+BIG_MEMO_BYTES = 256 * 1024
+BIG_MEMO_ENTRY = 1024
+BIG_MEMO_CODE = 64
+# A first read of a Metadata answer from this size on (~2,500 partitions: ~1 ms of scan, one call
+# of a generated scanner that cannot stop midway) is done with the interpreter's switch interval
+# (sys.setswitchinterval, 5 ms by default) cut to BIG_READ_SWITCH_SECONDS: the event loop, waiting
+# for the GIL, gets it after that long instead of 5 ms, again and again for the read's ~10-200 ms.
+# Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
+BIG_READ_BYTES = 64 * 1024
+BIG_READ_SWITCH_SECONDS = 0.0005
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
@@ -187,6 +213,9 @@ class RecordBuilder:
         self._kinds: dict[int, _Kind] = {}
         self._requests: dict[tuple[int, bytes], tuple[tuple[_Entry, ...], dict[str, Any]]] = {}
         self._responses: dict[tuple[int, bytes], _Scan] = {}
+        # (kind id, body length, hash of the body) -> (scan or None: unreadable, TopicNames.forgotten then)
+        self._big: dict[tuple[int, int, int], tuple[_Scan | None, int]] = {}
+        self._big_bytes = 0
 
     def rows(self, batch: Iterable[Captured]) -> list[tuple[Any, ...]]:
         """One row per exchange, in order; an exchange that cannot be read still makes a row."""
@@ -221,12 +250,15 @@ class RecordBuilder:
                 scan, fetched, response_size = response.facts, response.payloads, response.size
             else:
                 response_size = len(response)
-                key = (kind.id, response[8:]) if kind.cached and response_size <= CACHE_FRAME else None
-                scan = self._responses.get(key) if key is not None else None
-                if scan is None:
-                    scan, fetched = self._response_part(kind, response, response_offset)
-                    if key is not None:
-                        _remember(self._responses, key, scan)
+                if response_size > CACHE_FRAME and api_key == METADATA:
+                    scan = self._big_metadata(kind, response, response_offset)
+                else:
+                    key = (kind.id, response[8:]) if kind.cached and response_size <= CACHE_FRAME else None
+                    scan = self._responses.get(key) if key is not None else None
+                    if scan is None:
+                        scan, fetched = self._response_part(kind, response, response_offset)
+                        if key is not None:
+                            _remember(self._responses, key, scan)
             if scan is None:  # unreadable: nothing of the pair's topics is sure
                 entries, scan = (), ((), None)
             if fetched is not None:
@@ -261,6 +293,33 @@ class RecordBuilder:
             (),  # rule decisions: filled once the rules engine reports its decisions
             payloads if self.payloads.include else None,
         )
+
+    def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
+        """The scan of a Metadata answer above :data:`CACHE_FRAME`, read once per body (see
+        :data:`BIG_MEMO_BYTES`). A repeated answer teaches :class:`TopicNames` nothing new, unless
+        names were forgotten since it was read: then it is read again."""
+        body = memoryview(response)[8:]  # less the size and the correlation id; a view: no copy
+        key = (kind.id, len(body), hash(body if type(response) is bytes else body.tobytes()))
+        topics = self.topics
+        hit = self._big.get(key)
+        if hit is not None and hit[1] == topics.forgotten:
+            return hit[0]
+        if len(body) < BIG_READ_BYTES:
+            scan, _ = self._response_part(kind, response, offset)
+        else:
+            interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(interval, BIG_READ_SWITCH_SECONDS))
+            try:
+                scan, _ = self._response_part(kind, response, offset)
+            finally:
+                sys.setswitchinterval(interval)
+        cost = BIG_MEMO_ENTRY + BIG_MEMO_CODE * (len(scan[0]) if scan is not None else 0)
+        if self._big_bytes + cost > BIG_MEMO_BYTES:
+            self._big.clear()
+            self._big_bytes = 0
+        self._big_bytes += cost  # a stale entry replaced is counted twice: the bound only errs low
+        self._big[key] = (scan, topics.forgotten)
+        return scan
 
     def _kind(self, api_key: int, api_version: int) -> _Kind:
         kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
@@ -373,6 +432,8 @@ class RecordBuilder:
         api_key, api_version = kind.api_key, kind.api_version
         if api_key == METADATA:
             self._learn_topic_ids(api_version, response, offset)
+            if len(response) > CACHE_FRAME:
+                time.sleep(0)  # the writer thread (Metadata is never read early): let the event loop in
         fn = kind.response_scan
         if fn is None:
             return ((), None), None

@@ -1,0 +1,127 @@
+"""Big Metadata answers on the capture writer: read once per body, TopicNames still right."""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from typing import Any
+
+import pytest
+
+from kproxy.capture.records import (
+    BIG_MEMO_BYTES,
+    BIG_READ_BYTES,
+    BIG_READ_SWITCH_SECONDS,
+    CACHE_FRAME,
+    RecordBuilder,
+    TopicNames,
+)
+from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.errors import DecodeError
+from tests.test_capture_observer import Harness
+
+METADATA, FETCH = 3, 1
+
+
+def _ids(n: int, seed: int = 0) -> list[uuid.UUID]:
+    return [uuid.UUID(int=(seed << 32) + i + 1) for i in range(n)]
+
+
+def _answer(cid: int, ids: list[uuid.UUID], failing: int | None = None, prefix: str = "t") -> bytes:
+    """A Metadata v12 answer of len(ids) topics x 8 partitions; partition 3 of topic ``failing`` has code 5."""
+    topics = [{"name": f"{prefix}-{t:03d}", "topic_id": topic_id, "partitions": [
+        {"partition_index": p, "leader_id": 1, "replica_nodes": [1, 2], "isr_nodes": [1, 2],
+         "error_code": 5 if (t == failing and p == 3) else 0} for p in range(8)]}
+        for t, topic_id in enumerate(ids)]
+    frame = response_frame(METADATA, 12, cid, brokers=[], cluster_id="c", controller_id=1, topics=topics)
+    assert len(frame) > CACHE_FRAME
+    return frame
+
+
+def _metadata(h: Harness, cid: int, answer: bytes) -> dict[str, Any]:
+    return h.exchange(request_frame(METADATA, 12, cid, topics=None), answer)
+
+
+def _reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the builder's full reads of response frames."""
+    calls: list[int] = []
+    original = RecordBuilder._read_response
+
+    def counted(self: RecordBuilder, kind: Any, response: bytes, offset: int) -> Any:
+        calls.append(kind.api_key)
+        return original(self, kind, response, offset)
+
+    monkeypatch.setattr(RecordBuilder, "_read_response", counted)
+    return calls
+
+
+def test_a_repeated_big_metadata_answer_is_read_once_and_each_record_is_its_own(monkeypatch: pytest.MonkeyPatch
+                                                                                ) -> None:
+    reads = _reads(monkeypatch)
+    h = Harness()
+    ids = _ids(40)
+    records = [_metadata(h, cid, _answer(cid, ids, failing=7)) for cid in (1, 2, 3)]
+    assert reads.count(METADATA) == 1
+    assert [r["correlation_id"] for r in records] == [1, 2, 3]
+    for rec in records:
+        assert rec["partitions"] == [{"topic": "t-007", "partition": 3, "error_code": 5, "record_count": 0,
+                                      "record_bytes": 0}]
+        assert rec["response_bytes"] == len(_answer(1, ids, failing=7))
+    # The same size, another content (the failing partition elsewhere): read, never taken for the first.
+    other = _metadata(h, 4, _answer(4, ids, failing=9))
+    assert reads.count(METADATA) == 2
+    assert other["partitions"][0]["topic"] == "t-009"
+
+
+def test_a_remembered_answer_teaches_its_names_again_once_names_were_forgotten() -> None:
+    names = TopicNames(cap=40)
+    h = Harness(topics=names)
+    first, second = _ids(40, seed=1), _ids(40, seed=2)
+    _metadata(h, 1, _answer(1, first))
+    _metadata(h, 2, _answer(2, second, prefix="u"))  # forgets every name of the first answer
+    assert names.name(first[5]) == str(first[5])
+    _metadata(h, 3, _answer(3, first))  # remembered, but what it taught was forgotten since
+    fetch = Harness(topics=names)
+    rec = fetch.exchange(
+        request_frame(FETCH, 13, 4, topics=[{"topic_id": first[5], "partitions": [{"partition": 0}]}]),
+        response_frame(FETCH, 13, 4, responses=[{"topic_id": first[5], "partitions": [
+            {"partition_index": 0, "error_code": 0, "records": None}]}]))
+    assert rec["partitions"][0]["topic"] == "t-005"
+
+
+def test_the_big_answer_memo_is_bounded_by_bytes() -> None:
+    builder = RecordBuilder()
+    h = Harness()
+    h.builder = builder
+    for cid in range(400):  # 400 different answers
+        _metadata(h, cid, _answer(cid, _ids(40, seed=cid)))
+        assert builder._big_bytes <= BIG_MEMO_BYTES
+    assert 0 < len(builder._big) <= BIG_MEMO_BYTES // 1024
+
+
+def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the writer reads a huge answer (one call of a generated scanner), the interpreter's
+    switch interval is cut, so that a thread waiting for the GIL waits that long at most; restored
+    after, the read failing too."""
+    seen: list[float] = []
+    fail: list[bool] = []
+    original = RecordBuilder._read_response
+
+    def spied(self: RecordBuilder, kind: Any, response: bytes, offset: int) -> Any:
+        seen.append(sys.getswitchinterval())
+        if fail:
+            raise DecodeError("unreadable answer", offset=offset)
+        return original(self, kind, response, offset)
+
+    monkeypatch.setattr(RecordBuilder, "_read_response", spied)
+    before = sys.getswitchinterval()
+    h = Harness()
+    ids = _ids(400)  # 400 x 8 partitions: above BIG_READ_BYTES
+    answer = _answer(1, ids, failing=3)
+    assert len(answer) >= BIG_READ_BYTES
+    assert _metadata(h, 1, answer)["partitions"][0]["topic"] == "t-003"
+    _metadata(h, 2, _answer(2, _ids(40)))  # big, yet not huge: read as it is
+    assert seen == [BIG_READ_SWITCH_SECONDS, before] and sys.getswitchinterval() == before
+    fail.append(True)
+    rec = _metadata(h, 3, _answer(3, ids, failing=5))  # another huge answer, which cannot be read
+    assert rec["partitions"] == [] and seen[-1] == BIG_READ_SWITCH_SECONDS and sys.getswitchinterval() == before
