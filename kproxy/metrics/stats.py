@@ -46,7 +46,7 @@ from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.records import CountBudget, count_records, one_batch_count
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, produce_answer_errors, scanner
+from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
@@ -445,22 +445,9 @@ class TrafficStats:
             fn = self._scanners[key] = scanner(api_key, api_version, direction, errors_only=True)
         return fn
 
-    @staticmethod
-    def _run_scan(fn: object, frame: bytes, offset: int) -> _ScanResult:
-        """Run a scanner from :meth:`_scanner`: (non-zero error entries, records ranges).
-
-        The generated scanner is called directly, not through :func:`scan_body`: this runs for
-        every response. None when the kind is unknown or the bytes cannot be read.
-        """
-        if fn is None:
-            return None
-        acc: list[Entry] = []
-        recs: list[tuple[int, int]] = []
-        try:
-            fn(frame, offset, acc, recs, None)  # type: ignore[operator]
-        except SCAN_FAILURES:
-            return None
-        return acc, recs
+    # A scanner from :meth:`_scanner` run over a body: (non-zero error entries, records ranges), None
+    # when the kind is unknown or the bytes cannot be read (the protocol's one runner, bound here).
+    _run_scan = staticmethod(run_scanner)
 
     def _scan_response(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, body_offset: int,
                        body: bytes | None = None) -> _ScanResult:

@@ -335,6 +335,13 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
         fn = scanner(api_key, api_version, Direction.REQUEST)
         if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
             _REQUEST_SCANNERS[kind] = fn
+    return run_scanner(fn, frame, offset)
+
+
+def run_scanner(fn: object, frame: bytes | bytearray, offset: int) -> RequestScan | None:
+    """Run a generated scanner (:func:`scanner`; None: no schema) over the body at ``frame[offset:]``:
+    (entries, records ranges), or None when there is no scanner or the bytes cannot be read. The
+    scanner is called directly, not through :func:`scan_body`: callers run this per frame."""
     if fn is None:
         return None
     acc: list[Entry] = []

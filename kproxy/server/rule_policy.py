@@ -12,6 +12,12 @@ for the others. What a verdict needs of each rule is worked out once per rule se
 (:class:`RulePlan`), and a fault's details are formatted only when its log line or the admin
 API's ring will read them.
 
+Size (over the ~500 lines the project aims for): one job, decisions into verdicts, whose parts
+(the per-rule plan, the per-connection gates, the verdict builder, the accounting of faults, the
+response-side throttle charge) read each other's private state per request; split across modules
+they would need that state public, and a module boundary on the per-request path costs attribute
+lookups for nothing. The part that could stand alone, the peer address parsing, is 40 lines.
+
 Every fault done (dry runs included, marked ``dry_run=true``) is one log line::
 
     event=fault rule=ID action=NAME connection=PEER correlation_id=N api=... topic=... partition=... detail=...
