@@ -55,12 +55,30 @@ class LiveRules:
         return injector.rules if injector is not None else None
 
     def replace(self, rules: RuleSet | None, *, origin: str) -> int:
-        """Put ``rules`` in force (``None``: no rules) and return the new generation."""
-        # Learnt topic ids outlive a replacement: clients do not re-read metadata because rules changed.
-        names = self.injector.topic_names if self.injector is not None else None
-        self.injector = (FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names)
-                         if rules is not None else None)
+        """Put ``rules`` in force (``None``: no rules) and return the new generation.
+
+        Builds on the calling thread: for a big rule set, :meth:`prepare` in a worker thread and
+        :meth:`install` on the trio thread instead.
+        """
+        return self.install(self.prepare(rules), origin=origin)
+
+    def prepare(self, rules: RuleSet | None) -> FaultInjector | None:
+        """Build the injector for ``rules`` without touching anything shared: safe in a worker thread.
+
+        The result goes to :meth:`install` (trio thread). Learnt topic ids outlive a replacement
+        (clients do not re-read metadata because rules changed): the map is one object handed on.
+        """
         if rules is None:
+            return None
+        names = self.injector.topic_names if self.injector is not None else None
+        return FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names, register=False)
+
+    def install(self, injector: FaultInjector | None, *, origin: str) -> int:
+        """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only)."""
+        if injector is not None:
+            injector.register_series()
+        self.injector = injector
+        if injector is None:
             self.counts.rules_loaded = 0
         self.generation += 1
         self.counts.rules_generation = self.generation

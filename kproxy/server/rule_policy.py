@@ -74,18 +74,32 @@ class FaultInjector:
     """One rule set at work: the engine, the counters, the fault log."""
 
     def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
-                 clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None,
+                 register: bool = True) -> None:
+        """Build the engine and the per-rule plans.
+
+        ``register=False`` leaves ``counts`` untouched, so the build may run in a worker thread
+        while the trio thread scrapes and counts (kproxy.server.live_rules.LiveRules.prepare);
+        :meth:`register_series` must then be called on the trio thread before the injector is used.
+        """
         self.rules = rules
         self.clock = clock
         self.engine = RuleEngine(rules, loaded_at=clock())
-        self.counts = counts = counts if counts is not None else FaultStats()
-        enabled = [r for r in rules.rules if r.enabled]
+        self.counts = counts if counts is not None else FaultStats()
+        self._enabled = enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
         # rule has a topic key to match them with. A replacing rule set is given the old map.
         self.topic_names = topic_names if topic_names is not None else TopicIdNames()
         self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
-        counts.rules_loaded = len(enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        if register:
+            self.register_series()
+
+    def register_series(self) -> None:
+        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there)."""
+        counts = self.counts
+        enabled = self._enabled
+        counts.rules_loaded = len(enabled)
         # Series born at zero: an alert's increase() sees the first fault, not only the second, and
         # dashboards show every loaded rule.
         for rule in enabled:
