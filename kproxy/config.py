@@ -12,9 +12,7 @@ key and the reason (:class:`ConfigError`), e.g.
 ``kproxy.yaml: limits.max_in_flight: must be an integer >= 1, got 'many'``;
 every problem found is reported at once, not only the first.
 
-Size (over the ~500 lines the project aims for): most of it is the one option table and the
-value parsers it names, which are the point of this module (every option declared once).
-Splitting the table from its loader would spread one fact over two files.
+Size (over ~500 lines): the option table and its parsers, kept together: one fact, one file.
 """
 
 from __future__ import annotations
@@ -79,6 +77,7 @@ class Limits:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     max_in_flight: int = 1000
     max_connections: int = 0  # 0: no cap but the process's descriptor limit
+    max_http_connections: int = 64  # per HTTP listener (metrics, admin): descriptors Kafka clients keep
     idle_timeout: float = 600.0
     frame_timeout: float = 30.0
     connect_timeout: float = 10.0
@@ -404,6 +403,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("limits.max_connections", "--max-connections", _int(0),
            "client connections open at once, all listeners together; more are closed as soon as accepted",
            "N", show_default=_as_is, default_note=": no cap"),
+    Option("limits.max_http_connections", "--max-http-connections", _int(1), "connections open at once on "
+           "each HTTP listener (metrics, admin API); more are closed as soon as accepted", "N", show_default=_as_is),
     Option("limits.idle_timeout", "--idle-timeout", _seconds,
            "close a connection idle this long in both directions", "SECONDS", show_default=_as_is),
     Option("limits.frame_timeout", "--frame-timeout", _seconds,

@@ -3,7 +3,12 @@
 No HTTP here (that is :mod:`kproxy.admin.server`): a :class:`RuleBook` takes decoded JSON values,
 validates them with the rule-file loader (:func:`kproxy.rules.load.load_data`, so a rule means the
 same and fails with the same reasons whether it comes from a file or from the API), and puts every
-change in force with one :meth:`LiveRules.replace(..., origin="admin") <kproxy.server.live_rules.LiveRules.replace>`.
+change in force with one :meth:`LiveRules.install(..., origin="admin") <kproxy.server.live_rules.LiveRules.install>`.
+
+Every edit has two halves: a planner (``plan_add``, ``plan_apply``...: a pure function of a
+:class:`Draft`, which parses, validates and builds the new :class:`RuleSet`) and :meth:`RuleBook.commit`
+(puts it in force). :meth:`RuleBook.edit` runs the planner and the injector's build in a worker
+thread, so a PUT of 10,000 rules does not hold the connections waiting on the trio loop.
 
 The file's rules: whatever was put in force with an origin other than ``"admin"`` (the ``--rules``
 file at start, a reload of it, or nothing). The book notices such a replacement at its next call
@@ -16,7 +21,8 @@ Every edit builds a new engine: schedules (``after_requests``, ``first``, ``ever
 as after a file reload (kproxy/server/live_rules.py). Hit counters do not: they are Prometheus
 counters, kept per rule id for the life of the process.
 
-Call from the server's trio thread only (LiveRules' contract).
+Call from the server's trio thread only (LiveRules' contract); the planners, and
+:mod:`kproxy.admin.listing` on a :meth:`RuleBook.view`, from any thread.
 """
 
 from __future__ import annotations
@@ -25,19 +31,21 @@ import dataclasses
 import logging
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from kproxy.protocol.tables import api_snake_name
+import trio
+
+from kproxy.admin.listing import ADMIN, View, describe, listing
 from kproxy.rules.load import RulesError, load_data
-from kproxy.rules.model import Rule, RuleSet, action_name
+from kproxy.rules.model import Rule, RuleSet
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
-from kproxy.server.rule_policy import FaultRecord
+from kproxy.server.rule_policy import FaultInjector, FaultRecord
 
 log = logging.getLogger("kproxy.admin")
 
-ADMIN = "admin"  # the LiveRules origin of every change made here
 RECENT_FAULTS = 1000  # records kept for GET /faults
 _HINT = re.compile(r"^(?P<reason>.*?) \((?P<hint>did you mean .*)\)$", re.DOTALL)
 
@@ -73,8 +81,45 @@ def problems_as_json(exc: RulesError, strip: str = "") -> list[dict[str, str]]:
     return out
 
 
+@dataclass(frozen=True)
+class Draft:
+    """What an edit is planned from: the rules in force and the book's state, at one moment."""
+
+    rules: tuple[Rule, ...]
+    seed: int
+    generation: int
+    specs: Mapping[str, Any]
+    baseline: RuleSet | None
+    baseline_origin: str
+
+
+@dataclass
+class Change:
+    """An edit planned from a :class:`Draft`: the rule set to put in force and what to say of it."""
+
+    rules: RuleSet | None
+    origin: str
+    specs: dict[str, Any]
+    action: str
+    rule_id: str = "-"
+    what: str = ""
+    rule: Rule | None = None  # the rule added, replaced or changed
+    created: bool = False
+    injector: FaultInjector | None = None
+    prepared: bool = False  # injector built (LiveRules.prepare), maybe off the loop
+    generation: int = 0  # the generation it went in force as (set by RuleBook.commit)
+
+
+Planner = Callable[[Draft], Change]
+
+
 class RuleBook:
-    """The rules in force as the admin API sees and edits them."""
+    """The rules in force as the admin API sees and edits them.
+
+    Two ways to edit, same planners: the plain methods (:meth:`add`, :meth:`apply`...) plan and put
+    in force on the calling thread (small rule sets, tests); :meth:`edit` plans and builds in a
+    worker thread and puts in force on the trio thread, one edit at a time (the HTTP server).
+    """
 
     def __init__(self, live: LiveRules) -> None:
         self.live = live
@@ -86,6 +131,7 @@ class RuleBook:
         self.baseline_origin = live.origin
         self._seen_generation = live.generation
         self.specs: dict[str, Any] = {}  # rule id -> the JSON it was added or replaced with here
+        self._edits: trio.Lock | None = None  # made on first use: a RuleBook may live outside trio
 
     # -- reading ------------------------------------------------------------------------
     def _sync(self) -> None:
@@ -101,43 +147,25 @@ class RuleBook:
         self._sync()
         return self.live.origin == ADMIN
 
-    def listing(self) -> dict[str, Any]:
+    def view(self) -> View:
+        """A snapshot for :mod:`kproxy.admin.listing` (trio thread; the view is read anywhere)."""
         self._sync()
-        rules = self.live.rules
-        return {
-            "generation": self.live.generation,
-            "origin": self.live.origin,
-            "file": self.baseline_origin if self.baseline is not None else None,
-            "diverged": self.live.origin == ADMIN,
-            "seed": rules.seed if rules is not None else self._seed(),
-            "rules": [self.describe(r) for r in (rules.rules if rules is not None else ())],
-        }
+        live = self.live
+        rules = live.rules
+        return View(rules, live.generation, live.origin, self.baseline_origin,
+                    self.baseline_origin if self.baseline is not None else None,
+                    rules.seed if rules is not None else self._seed(), dict(self.specs),
+                    tuple(live.counts.hits.items()))
+
+    def listing(self) -> dict[str, Any]:
+        return listing(self.view())
 
     def get(self, rule_id: str) -> dict[str, Any]:
-        return self.describe(self._find(rule_id))
-
-    def describe(self, rule: Rule) -> dict[str, Any]:
-        hits: dict[str, int] = {}
-        dry: dict[str, int] = {}
-        for (rid, action, dry_run), n in list(self.live.counts.hits.items()):
-            if rid == rule.id:
-                table = dry if dry_run == "true" else hits
-                table[action] = table.get(action, 0) + n
-        out: dict[str, Any] = {
-            "id": rule.id,
-            "description": rule.description,
-            "enabled": rule.enabled,
-            "dry_run": rule.dry_run,
-            "continue": rule.continue_,
-            "api": sorted(api_snake_name(k) for k in rule.match.apis) if rule.match.apis is not None else None,
-            "actions": [action_name(a) for a in rule.actions],
-            "hits": hits,
-            "dry_run_hits": dry,
-            "source": ADMIN if rule.id in self.specs else self.baseline_origin,
-        }
-        if rule.id in self.specs:
-            out["spec"] = self.specs[rule.id]
-        return out
+        view = self.view()
+        rule = view.find(rule_id)
+        if rule is None:
+            raise error(404, "id", f"no rule {rule_id!r}")
+        return describe(view, rule)
 
     def faults(self, limit: int = 100, rule: str | None = None) -> list[dict[str, Any]]:
         """The most recent faults, newest first."""
@@ -151,118 +179,179 @@ class RuleBook:
                 break
         return out
 
-    # -- editing ------------------------------------------------------------------------
+    # -- editing on the calling thread --------------------------------------------------
     def add(self, body: Any) -> Rule:
         """Append a rule (it is evaluated after the rules already there)."""
-        rule = self._parse_rule(body)
-        rules = self._current()
-        if any(r.id == rule.id for r in rules):
-            raise error(409, "id", f"rule {rule.id!r} exists: PUT /rules/{rule.id} replaces it")
-        self._put_in_force((*rules, rule), "add", rule.id)
-        self.specs[rule.id] = body
+        rule = self.commit(plan_add(self.draft(), body)).rule
+        assert rule is not None
         return rule
 
     def put(self, rule_id: str, body: Any) -> tuple[Rule, bool]:
         """Replace a rule in place (same position), or append it; True when it is new."""
-        if isinstance(body, Mapping) and "id" not in body:
-            body = {"id": rule_id, **body}
-        rule = self._parse_rule(body)
-        if rule.id != rule_id:
-            raise error(400, "id", f"the body's id {rule.id!r} differs from the URL's {rule_id!r}")
-        rules = list(self._current())
-        at = next((i for i, r in enumerate(rules) if r.id == rule_id), None)
-        if at is None:
-            rules.append(rule)
-        else:
-            rules[at] = rule
-        self._put_in_force(tuple(rules), "add" if at is None else "replace", rule_id)
-        self.specs[rule_id] = body
-        return rule, at is None
+        change = self.commit(plan_put(self.draft(), rule_id, body))
+        assert change.rule is not None
+        return change.rule, change.created
 
     def set_state(self, rule_id: str, *, enabled: bool | None = None, dry_run: bool | None = None) -> Rule:
-        rule = self._find(rule_id)
-        changes: dict[str, bool] = {}
-        if enabled is not None:
-            changes["enabled"] = enabled
-        if dry_run is not None:
-            changes["dry_run"] = dry_run
-        new = dataclasses.replace(rule, **changes)  # type: ignore[arg-type]
-        rules = tuple(new if r.id == rule_id else r for r in self._current())
-        what = ",".join(f"{k}={str(v).lower()}" for k, v in changes.items()) or "nothing"
-        self._put_in_force(rules, "set", rule_id, what)
-        spec = self.specs.get(rule_id)
-        if isinstance(spec, dict):
-            self.specs[rule_id] = {**spec, **changes}
-        return new
+        rule = self.commit(plan_set_state(self.draft(), rule_id, enabled, dry_run)).rule
+        assert rule is not None
+        return rule
 
     def delete(self, rule_id: str) -> None:
-        self._find(rule_id)
-        self._put_in_force(tuple(r for r in self._current() if r.id != rule_id), "delete", rule_id)
-        self.specs.pop(rule_id, None)
+        self.commit(plan_delete(self.draft(), rule_id))
 
     def apply(self, body: Any) -> RuleSet:
         """Replace every rule: ``body`` is a rule file as JSON (``{"seed": N, "rules": [...]}``)."""
-        if not isinstance(body, Mapping):
-            raise error(400, "(body)", f"expected a JSON object with 'rules', got {_kind(body)}")
-        try:
-            rules = load_data(dict(body), ADMIN)
-        except RulesError as exc:
-            raise AdminError(400, problems_as_json(exc)) from None
-        self._sync()
-        self.live.replace(rules, origin=ADMIN)
-        self._seen_generation = self.live.generation
-        self.specs = {r.id: spec for r, spec in zip(rules.rules, body.get("rules") or (), strict=False)}
-        self._log("apply", "-", f"rules={len(rules.rules)}")
+        rules = self.commit(plan_apply(self.draft(), body)).rules
+        assert rules is not None
         return rules
 
     def reset(self) -> None:
         """Back to the file's rules (none if kproxy started without a file)."""
-        self._sync()
-        self.live.replace(self.baseline, origin=self.baseline_origin)
-        self._seen_generation = self.live.generation
-        self.specs.clear()
-        self._log("reset", "-", f"to={q(self.baseline_origin)}")
+        self.commit(plan_reset(self.draft()))
 
-    # -- helpers ------------------------------------------------------------------------
+    # -- editing off the loop -----------------------------------------------------------
+    async def edit(self, planner: Planner) -> Change:
+        """Plan ``planner`` and build its injector in a worker thread, then put it in force (trio
+        thread). Edits queue on one lock and go in force in the order they came: none is lost, none
+        undoes another. If the rules are replaced meanwhile (a file reload), the edit is planned
+        again from them; a change is never put in force from stale rules.
+
+        Once planning started the edit is finished even if the caller is cancelled, except on
+        shutdown, when nothing more is put in force (the server is stopping).
+        """
+        if self._edits is None:
+            self._edits = trio.Lock()
+        async with self._edits:
+            for _ in range(_REPLANS):
+                draft = self.draft()
+                change = await trio.to_thread.run_sync(self._plan_and_build, planner, draft)
+                await trio.lowlevel.checkpoint_if_cancelled()
+                if self.live.generation == draft.generation:
+                    return self.commit(change)
+            raise error(503, "(rules)", f"the rules in force changed {_REPLANS} times while this edit was being "
+                                        "built (file reloads?): nothing was changed; try again")
+
+    def _plan_and_build(self, planner: Planner, draft: Draft) -> Change:
+        change = planner(draft)
+        change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
+        change.prepared = True
+        return change
+
+    # -- the two halves of every edit ---------------------------------------------------
+    def draft(self) -> Draft:
+        """What an edit is planned from, now (trio thread)."""
+        self._sync()
+        rules = self.live.rules
+        return Draft(rules.rules if rules is not None else (), self._seed(), self.live.generation,
+                     dict(self.specs), self.baseline, self.baseline_origin)
+
+    def commit(self, change: Change) -> Change:
+        """Put a planned change in force and log it (trio thread)."""
+        injector = change.injector if change.prepared else self.live.prepare(change.rules)
+        change.generation = generation = self.live.install(injector, origin=change.origin)
+        self._seen_generation = generation
+        self.specs = change.specs
+        rules = change.rules
+        enabled = sum(1 for r in rules.rules if r.enabled) if rules is not None else 0
+        log.info("event=admin_change action=%s rule=%s%s generation=%d rules_enabled=%d diverged=%s",
+                 change.action, q(change.rule_id), f" {change.what}" if change.what else "", generation, enabled,
+                 "true" if change.origin == ADMIN else "false")
+        return change
+
     def _seed(self) -> int:
         rules = self.live.rules or self.baseline
         return rules.seed if rules is not None else 0
 
-    def _current(self) -> tuple[Rule, ...]:
-        self._sync()
-        rules = self.live.rules
-        return rules.rules if rules is not None else ()
 
-    def _find(self, rule_id: str) -> Rule:
-        for rule in self._current():
-            if rule.id == rule_id:
-                return rule
-        raise error(404, "id", f"no rule {rule_id!r}")
+_REPLANS = 3
 
-    def _parse_rule(self, body: Any) -> Rule:
-        if not isinstance(body, Mapping):
-            raise error(400, "(body)", f"expected a rule as a JSON object, got {_kind(body)}")
-        try:
-            parsed = load_data({"rules": [dict(body)]}, ADMIN)
-        except RulesError as exc:
-            raise AdminError(400, problems_as_json(exc, strip="rules[0].")) from None
-        return parsed.rules[0]
 
-    def _put_in_force(self, rules: tuple[Rule, ...], action: str, rule_id: str, what: str = "") -> None:
-        try:
-            ruleset = RuleSet(rules, self._seed(), ADMIN)
-        except ValueError as exc:  # RuleSet's own invariants (duplicate ids)
-            raise error(409, "id", str(exc)) from None
-        generation = self.live.replace(ruleset, origin=ADMIN)
-        self._seen_generation = generation
-        self._log(action, rule_id, what)
+# -- planners: pure functions of a draft (any thread) -------------------------------------
+def plan_add(draft: Draft, body: Any) -> Change:
+    rule = _parse_rule(body)
+    if any(r.id == rule.id for r in draft.rules):
+        raise error(409, "id", f"rule {rule.id!r} exists: PUT /rules/{rule.id} replaces it")
+    return _change(draft, (*draft.rules, rule), "add", rule, {**draft.specs, rule.id: body}, created=True)
 
-    def _log(self, action: str, rule_id: str, what: str) -> None:
-        rules = self.live.rules
-        enabled = sum(1 for r in rules.rules if r.enabled) if rules is not None else 0
-        log.info("event=admin_change action=%s rule=%s%s generation=%d rules_enabled=%d diverged=%s", action,
-                 q(rule_id), f" {what}" if what else "", self.live.generation, enabled,
-                 "true" if self.live.origin == ADMIN else "false")
+
+def plan_put(draft: Draft, rule_id: str, body: Any) -> Change:
+    if isinstance(body, Mapping) and "id" not in body:
+        body = {"id": rule_id, **body}
+    rule = _parse_rule(body)
+    if rule.id != rule_id:
+        raise error(400, "id", f"the body's id {rule.id!r} differs from the URL's {rule_id!r}")
+    rules = list(draft.rules)
+    at = next((i for i, r in enumerate(rules) if r.id == rule_id), None)
+    if at is None:
+        rules.append(rule)
+    else:
+        rules[at] = rule
+    return _change(draft, tuple(rules), "add" if at is None else "replace", rule, {**draft.specs, rule_id: body},
+                   created=at is None)
+
+
+def plan_set_state(draft: Draft, rule_id: str, enabled: bool | None = None, dry_run: bool | None = None) -> Change:
+    rule = _find(draft, rule_id)
+    changes: dict[str, bool] = {}
+    if enabled is not None:
+        changes["enabled"] = enabled
+    if dry_run is not None:
+        changes["dry_run"] = dry_run
+    new = dataclasses.replace(rule, **changes)  # type: ignore[arg-type]
+    specs = dict(draft.specs)
+    spec = specs.get(rule_id)
+    if isinstance(spec, dict):
+        specs[rule_id] = {**spec, **changes}
+    what = ",".join(f"{k}={str(v).lower()}" for k, v in changes.items()) or "nothing"
+    return _change(draft, tuple(new if r.id == rule_id else r for r in draft.rules), "set", new, specs, what=what)
+
+
+def plan_delete(draft: Draft, rule_id: str) -> Change:
+    rule = _find(draft, rule_id)
+    specs = {k: v for k, v in draft.specs.items() if k != rule_id}
+    return _change(draft, tuple(r for r in draft.rules if r.id != rule_id), "delete", rule, specs)
+
+
+def plan_apply(draft: Draft, body: Any) -> Change:
+    if not isinstance(body, Mapping):
+        raise error(400, "(body)", f"expected a JSON object with 'rules', got {_kind(body)}")
+    try:
+        rules = load_data(dict(body), ADMIN)
+    except RulesError as exc:
+        raise AdminError(400, problems_as_json(exc)) from None
+    specs = {r.id: spec for r, spec in zip(rules.rules, body.get("rules") or (), strict=False)}
+    return Change(rules, ADMIN, specs, "apply", what=f"rules={len(rules.rules)}")
+
+
+def plan_reset(draft: Draft) -> Change:
+    return Change(draft.baseline, draft.baseline_origin, {}, "reset", what=f"to={q(draft.baseline_origin)}")
+
+
+def _change(draft: Draft, rules: tuple[Rule, ...], action: str, rule: Rule, specs: dict[str, Any], *,
+            created: bool = False, what: str = "") -> Change:
+    try:
+        ruleset = RuleSet(rules, draft.seed, ADMIN)
+    except ValueError as exc:  # RuleSet's own invariants (duplicate ids)
+        raise error(409, "id", str(exc)) from None
+    return Change(ruleset, ADMIN, specs, action, rule.id, what, rule, created)
+
+
+def _find(draft: Draft, rule_id: str) -> Rule:
+    for rule in draft.rules:
+        if rule.id == rule_id:
+            return rule
+    raise error(404, "id", f"no rule {rule_id!r}")
+
+
+def _parse_rule(body: Any) -> Rule:
+    if not isinstance(body, Mapping):
+        raise error(400, "(body)", f"expected a rule as a JSON object, got {_kind(body)}")
+    try:
+        parsed = load_data({"rules": [dict(body)]}, ADMIN)
+    except RulesError as exc:
+        raise AdminError(400, problems_as_json(exc, strip="rules[0].")) from None
+    return parsed.rules[0]
 
 
 def _fault_json(record: FaultRecord) -> dict[str, Any]:
@@ -274,4 +363,5 @@ def _kind(value: Any) -> str:
         type(value), "a number")
 
 
-__all__ = ["ADMIN", "AdminError", "RuleBook", "problems_as_json"]
+__all__ = ["ADMIN", "AdminError", "Change", "Draft", "RuleBook", "plan_add", "plan_apply", "plan_delete", "plan_put",
+           "plan_reset", "plan_set_state", "problems_as_json"]

@@ -5,7 +5,7 @@ asked): a custom collector turns the plain counters into metric families at
 scrape time. Names follow Prometheus conventions: ``kproxy_`` prefix, base
 units (seconds, bytes), ``_total`` for counters.
 
-The endpoint is a small HTTP/1.1 server on trio with h11 doing the parsing:
+The endpoint (:class:`MetricsServer`) serves through kproxy/http_server.py:
 ``/metrics`` (text exposition), ``/healthz`` (the process answers: 200),
 ``/readyz`` (200 only while the listeners are up and the upstream is reachable;
 503 with the reason otherwise).
@@ -13,22 +13,20 @@ The endpoint is a small HTTP/1.1 server on trio with h11 doing the parsing:
 
 from __future__ import annotations
 
-import errno
 import logging
 import platform
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 import trio
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import kproxy
-from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BrokerSeries, TrafficStats
+from kproxy.http_server import HttpLimits, HttpServer, Request, Response
+from kproxy.metrics.stats import BrokerSeries, TrafficStats
 from kproxy.protocol.tables import error_class, error_code
 
 log = logging.getLogger("kproxy.metrics")
@@ -190,95 +188,46 @@ def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
 
 
 Readiness = Callable[[], Awaitable[str | None]]
-
-
-async def accept_connections(listener: trio.SocketListener, nursery: trio.Nursery,
-                             handle: Callable[[trio.SocketStream], Awaitable[None]], *, name: str) -> None:
-    """trio.serve_listeners for kproxy's HTTP listeners (metrics, admin), but out of descriptors it
-    logs one logfmt line per 10 s naming the listener (trio's own logs a traceback per failed
-    accept, through the root logger) and keeps accepting."""
-    next_warning = 0.0
-    async with listener:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                error = errno.errorcode.get(exc.errno or 0, "")
-                if error not in ACCEPT_CAPACITY_ERRORS:
-                    raise
-                if time.monotonic() >= next_warning:
-                    next_warning = time.monotonic() + 10
-                    log.warning("event=accept_failed listener=%s error=%s retry_in_s=0.1", name, error)
-                await trio.sleep(0.1)
-                continue
-            nursery.start_soon(handle, stream)
+TEXT = "text/plain; charset=utf-8"
 
 
 class MetricsServer:
-    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one address.
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` on one address, through kproxy's HTTP server
+    (kproxy/http_server.py: connection cap, deadlines, no body worth reading).
 
     ``ready()`` returns None when ready, else the reason it is not.
     """
 
-    def __init__(self, registry: CollectorRegistry, ready: Readiness) -> None:
+    def __init__(self, registry: CollectorRegistry, ready: Readiness, *, max_connections: int = 64) -> None:
         self.registry = registry
         self.ready = ready
-        self.port = 0
+        self.http = HttpServer("metrics", self, HttpLimits(max_connections=max_connections), log=log)
+
+    @property
+    def port(self) -> int:
+        return self.http.port
 
     async def serve(self, host: str, port: int, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
-        listeners = await trio.open_tcp_listeners(port, host=host)
-        self.port = listeners[0].socket.getsockname()[1]
-        log.info("event=metrics_listening address=%s:%d", host, self.port)
-        task_status.started()
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(self._accept, listener, nursery)
+        await self.http.serve(host, port, task_status=task_status)
 
-    async def _accept(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
-        await accept_connections(listener, nursery, self._handle, name="metrics")
+    def check(self, request: Request) -> Response | None:
+        if request.method not in ("GET", "HEAD"):
+            return Response(405, b"method not allowed\n", headers=(("allow", "GET, HEAD"),))
+        return None
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
-        try:
-            with trio.move_on_after(10):
-                await self._exchange(stream)
-        except (trio.BrokenResourceError, h11.RemoteProtocolError, OSError):
-            pass  # a broken scrape connection is the scraper's problem
-        finally:
-            await trio.aclose_forcefully(stream)
+    def error(self, status: int, reason: str) -> Response:
+        return Response(status, f"{reason}\n".encode())
 
-    async def _exchange(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                data = await stream.receive_some(65536)
-                conn.receive_data(data)
-                if not data:
-                    return
-                continue
-            if isinstance(event, h11.Request):
-                break
-            if isinstance(event, h11.ConnectionClosed):
-                return
-        target = event.target.decode("latin-1").split("?", 1)[0]
-        status, body, ctype = await self._route(event.method.decode("latin-1"), target)
-        headers = [("content-type", ctype), ("content-length", str(len(body))), ("connection", "close")]
-        await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
-        if event.method != b"HEAD":
-            await stream.send_all(conn.send(h11.Data(data=body)) or b"")
-        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
-
-    async def _route(self, method: str, target: str) -> tuple[int, bytes, str]:
-        if method not in ("GET", "HEAD"):
-            return 405, b"method not allowed\n", "text/plain"
+    async def respond(self, request: Request) -> Response:
+        target = request.target.split("?", 1)[0]
         if target == "/metrics":
-            return 200, generate_latest(self.registry), CONTENT_TYPE
+            return Response(200, generate_latest(self.registry), CONTENT_TYPE)
         if target == "/healthz":
-            return 200, b"ok\n", "text/plain"
+            return Response(200, b"ok\n")
         if target == "/readyz":
             reason = await self.ready()
             if reason is None:
-                return 200, b"ready\n", "text/plain"
-            return 503, f"not ready: {reason}\n".encode(), "text/plain"
-        return 404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain"
+                return Response(200, b"ready\n")
+            return Response(503, f"not ready: {reason}\n".encode())
+        return Response(404, b"not found: try /metrics, /healthz or /readyz\n")

@@ -181,7 +181,7 @@ class ProxyServer:
                 if self.config.metrics_listen is not None:
                     self.metrics_server = MetricsServer(
                         make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics),
-                        self.readiness)
+                        self.readiness, max_connections=self.config.limits.max_http_connections)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
                                             self.config.metrics_listen.port)
@@ -215,7 +215,8 @@ class ProxyServer:
         from kproxy.admin.book import RuleBook
         from kproxy.admin.server import AdminServer
 
-        self.admin_server = AdminServer(RuleBook(self.rules), token=self.config.admin.bearer_token())
+        self.admin_server = AdminServer(RuleBook(self.rules), token=self.config.admin.bearer_token(),
+                                        max_connections=self.config.limits.max_http_connections)
         try:
             await nursery.start(self.admin_server.serve, address.host, address.port)
         except OSError as exc:
