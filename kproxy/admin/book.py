@@ -42,6 +42,7 @@ from kproxy.rules.load import RulesError, load_data
 from kproxy.rules.model import Rule, RuleSet
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
+from kproxy.server.memory import collector_paused
 from kproxy.server.rule_policy import FaultInjector, FaultRecord
 
 log = logging.getLogger("kproxy.admin")
@@ -233,8 +234,9 @@ class RuleBook:
                                         "built (file reloads?): nothing was changed; try again")
 
     def _plan_and_build(self, planner: Planner, draft: Draft) -> Change:
-        change = planner(draft)
-        change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
+        with collector_paused(long_lived=True):  # no collection holds the GIL (and the loop) for its sake
+            change = planner(draft)
+            change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
         change.prepared = True
         return change
 

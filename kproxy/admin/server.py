@@ -61,6 +61,7 @@ from kproxy.admin.book import (
 from kproxy.admin.listing import View, describe, listing
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
 from kproxy.server.logfmt import q
+from kproxy.server.memory import collector_paused
 
 log = logging.getLogger("kproxy.admin")
 
@@ -103,10 +104,9 @@ class AdminServer:
         status, payload = await self.answer(request.method, request.target, request.body)
         if isinstance(payload, View):  # a listing: built and encoded off the loop (10,000 rules: ~0.5 s)
             view = payload
-            return _json_response(status, await trio.to_thread.run_sync(lambda: _dumps(listing(view))))
+            return _json_response(status, await trio.to_thread.run_sync(_made_off_loop, lambda: listing(view)))
         if callable(payload):
-            make = payload
-            return _json_response(status, await trio.to_thread.run_sync(lambda: _dumps(make())))
+            return _json_response(status, await trio.to_thread.run_sync(_made_off_loop, payload))
         return _json_response(status, _dumps(payload))
 
     # -- routing ------------------------------------------------------------------------
@@ -116,10 +116,7 @@ class AdminServer:
         url = urlsplit(target)
         parts = [unquote(p) for p in url.path.strip("/").split("/")] if url.path.strip("/") else []
         try:
-            value: Any = None
-            if body:
-                value = await trio.to_thread.run_sync(jsonbody.decode, body)
-            return await self._route(method, parts, parse_qs(url.query), value)
+            return await self._route(method, parts, parse_qs(url.query), _Body(body))
         except AdminError as exc:
             if exc.status >= 400 and method != "GET":
                 log.info("event=admin_refused method=%s path=%s status=%d reason=%s", method, q(url.path),
@@ -132,7 +129,7 @@ class AdminServer:
         # compare_digest on equal-type bytes: its time does not depend on where they differ.
         return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
 
-    async def _route(self, method: str, parts: list[str], query: dict[str, list[str]], body: Any) -> Reply:
+    async def _route(self, method: str, parts: list[str], query: dict[str, list[str]], body: _Body) -> Reply:
         book = self.book
         match parts:
             case ["healthz"]:
@@ -142,9 +139,9 @@ class AdminServer:
                 if method == "GET":
                     return 200, book.view()
                 if method == "POST":
-                    return 201, self._rule_answer(await book.edit(lambda d: plan_add(d, body)))
+                    return 201, self._rule_answer(await book.edit(lambda d: plan_add(d, body.json())))
                 if method == "PUT":
-                    await book.edit(lambda d: plan_apply(d, body))
+                    await book.edit(lambda d: plan_apply(d, body.json()))
                     return 200, book.view()
                 raise _not_allowed(method, "GET, POST, PUT")
             case ["rules", rule_id]:
@@ -155,12 +152,11 @@ class AdminServer:
                         raise error(404, "id", f"no rule {rule_id!r}")
                     return 200, lambda: describe(view, rule)
                 if method == "PUT":
-                    change = await book.edit(lambda d: plan_put(d, rule_id, body))
+                    change = await book.edit(lambda d: plan_put(d, rule_id, body.json()))
                     return (201 if change.created else 200), self._rule_answer(change)
                 if method == "PATCH":
-                    enabled, dry_run = _state(body)
-                    return 200, self._rule_answer(await book.edit(lambda d: plan_set_state(d, rule_id, enabled,
-                                                                                           dry_run)))
+                    return 200, self._rule_answer(await book.edit(lambda d: plan_set_state(d, rule_id,
+                                                                                           *_state(body.json()))))
                 if method == "DELETE":
                     change = await book.edit(lambda d: plan_delete(d, rule_id))
                     return 200, {"generation": change.generation, "deleted": change.rule_id}
@@ -187,6 +183,29 @@ class AdminServer:
         rule = change.rule
         assert rule is not None
         return lambda: {"generation": view.generation, "rule": describe(view, view.find(rule.id) or rule)}
+
+
+class _Body:
+    """A request's body, decoded (:func:`jsonbody.decode`) where it is first needed: inside an edit's
+    planner, in the worker thread and in the edit's turn, so edits go in force in the order their
+    requests were read, a big body's decoding included."""
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+        self._decoded = False
+        self._value: Any = None
+
+    def json(self) -> Any:
+        if not self._decoded:
+            self._value = jsonbody.decode(self.raw) if self.raw else None
+            self._decoded = True
+        return self._value
+
+
+def _made_off_loop(make: Callable[[], Any]) -> bytes:
+    """An answer's JSON made and encoded in a worker thread, with no collection walking it meanwhile."""
+    with collector_paused(long_lived=False):
+        return _dumps(make())
 
 
 def _dumps(value: Any) -> bytes:
