@@ -191,7 +191,8 @@ def test_without_the_token_the_answer_is_401_before_any_body_is_read() -> None:
 
 
 def test_a_request_head_that_never_ends_is_closed_at_the_head_deadline(tansu: Broker, topic: str) -> None:
-    with running_proxy(tansu.bootstrap, admin__listen="127.0.0.1:0", metrics_listen=f"127.0.0.1:{free_port()}") as proxy, \
+    with running_proxy(tansu.bootstrap, admin__listen="127.0.0.1:0",
+                       metrics_listen=f"127.0.0.1:{free_port()}") as proxy, \
             steady_producer(proxy.bootstrap, topic) as steady:
         wait_for(lambda: steady.delivered > 0, 15, "the steady producer's first delivery")
         assert proxy.server is not None and proxy.server.metrics_server is not None
