@@ -234,9 +234,10 @@ class RuleBook:
                                         "built (file reloads?): nothing was changed; try again")
 
     def _plan_and_build(self, planner: Planner, draft: Draft) -> Change:
-        with collector_paused(long_lived=True):  # no collection holds the GIL (and the loop) for its sake
+        with collector_paused() as pause:  # no collection holds the GIL (and the loop) for its sake
             change = planner(draft)
             change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
+            pause.keep = change.rules is not None and len(change.rules.rules) >= _BIG_RULE_SET
         change.prepared = True
         return change
 
@@ -267,6 +268,7 @@ class RuleBook:
 
 
 _REPLANS = 3
+_BIG_RULE_SET = 1000  # rules; from here a rule set is frozen out of the collector's walks (server.memory)
 
 
 # -- planners: pure functions of a draft (any thread) -------------------------------------

@@ -204,7 +204,7 @@ class _Body:
 
 def _made_off_loop(make: Callable[[], Any]) -> bytes:
     """An answer's JSON made and encoded in a worker thread, with no collection walking it meanwhile."""
-    with collector_paused(long_lived=False):
+    with collector_paused():
         return _dumps(make())
 
 
