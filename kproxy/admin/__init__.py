@@ -1,7 +1,11 @@
 """kproxy's admin API: rules changed while kproxy runs (docs/ADMIN.md).
 
-* :mod:`kproxy.admin.book` -- the rule-editing logic (JSON values -> the rules in force);
-* :mod:`kproxy.admin.server` -- its HTTP side (trio, h11), started by ``kproxy run --admin-listen``;
+* :mod:`kproxy.admin.book` -- the rule-editing logic (JSON values -> the rules in force), edits
+  planned and built off the loop;
+* :mod:`kproxy.admin.listing` -- what the API shows of the rules, from a snapshot (any thread);
+* :mod:`kproxy.admin.jsonbody` -- request bodies decoded as JSON within bounds;
+* :mod:`kproxy.admin.server` -- its HTTP side, served by kproxy/http_server.py, started by
+  ``kproxy run --admin-listen``;
 * :mod:`kproxy.admin.client` -- a small client (stdlib only), used by ``kproxy rules ... --admin``
   and the pytest plugin (kproxy/testing/pytest_plugin.py).
 
