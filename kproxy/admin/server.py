@@ -61,7 +61,7 @@ from kproxy.admin.book import (
 from kproxy.admin.listing import View, describe, listing
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
 from kproxy.server.logfmt import q
-from kproxy.server.memory import collector_paused
+from kproxy.server.offloop import off_loop_build
 
 log = logging.getLogger("kproxy.admin")
 
@@ -203,8 +203,8 @@ class _Body:
 
 
 def _made_off_loop(make: Callable[[], Any]) -> bytes:
-    """An answer's JSON made and encoded in a worker thread, with no collection walking it meanwhile."""
-    with collector_paused():
+    """An answer's JSON made and encoded in a worker thread, the loop served first meanwhile."""
+    with off_loop_build():
         return _dumps(make())
 
 

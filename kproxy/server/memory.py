@@ -17,13 +17,10 @@ defaults, 0.27 s with both settings (0.67 s with the freeze alone, 0.52 s with t
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import gc
 import logging
-import threading
-from collections.abc import Iterator
 
 log = logging.getLogger("kproxy.server")
 
@@ -69,46 +66,3 @@ def freeze_start_up() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-_pause_lock = threading.Lock()
-_pauses = 0  # pauses under way (any thread); the collector runs again when none is
-_freeze_at_resume = False
-
-
-class Pause:
-    """A :func:`collector_paused` block: set :attr:`keep` when what it built is big and stays."""
-
-    keep = False
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[Pause]:
-    """Build something big (a rule set of 10,000 rules: ~140,000 objects; its listing) in a worker
-    thread without the cyclic collector holding the GIL, hence the trio loop, for its sake.
-
-    A collection walks its generation while holding the GIL: the collections set off by such a
-    build held the loop 0.1-1.1 s each, and once a big rule set was in force each full collection
-    walked it again (~0.15 s). So the collector is off while a build runs. With ``pause.keep`` set
-    (what was built stays: a big rule set put in force), everything alive is frozen when the last
-    pause ends (``gc.freeze``, as :func:`freeze_start_up`): never walked again, still freed by
-    reference counting once replaced (a rule set holds no cycles: ``gc.collect`` found none after
-    building and dropping 10,000 rules). The price: cycles that other threads' objects of that
-    moment end in are never collected, so ``keep`` is for big builds only, not every edit.
-    """
-    global _pauses, _freeze_at_resume
-    pause = Pause()
-    with _pause_lock:
-        _pauses += 1
-        gc.disable()
-    try:
-        yield pause
-    finally:
-        with _pause_lock:
-            _pauses -= 1
-            _freeze_at_resume = _freeze_at_resume or pause.keep
-            if _pauses == 0:
-                if _freeze_at_resume:
-                    gc.freeze()
-                    _freeze_at_resume = False
-                gc.enable()
