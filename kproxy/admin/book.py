@@ -38,11 +38,11 @@ from typing import Any
 import trio
 
 from kproxy.admin.listing import ADMIN, View, describe, listing
+from kproxy.offloop import off_loop_build
 from kproxy.rules.load import RulesError, load_data
 from kproxy.rules.model import Rule, RuleSet
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
-from kproxy.server.offloop import off_loop_build
 from kproxy.server.rule_policy import FaultInjector, FaultRecord
 
 log = logging.getLogger("kproxy.admin")
@@ -234,7 +234,7 @@ class RuleBook:
                                         "built (file reloads?): nothing was changed; try again")
 
     def _plan_and_build(self, planner: Planner, draft: Draft) -> Change:
-        with off_loop_build() as build:  # the loop served first meanwhile (kproxy/server/offloop.py)
+        with off_loop_build() as build:  # the loop served first meanwhile (kproxy/offloop.py)
             change = planner(draft)
             change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
             build.keep = change.rules is not None and len(change.rules.rules) >= _BIG_RULE_SET
@@ -268,7 +268,7 @@ class RuleBook:
 
 
 _REPLANS = 3
-_BIG_RULE_SET = 1000  # rules; from here a rule set is frozen out of the collector's walks (server.offloop)
+_BIG_RULE_SET = 1000  # rules; from here a rule set is frozen out of the collector's walks (kproxy.offloop)
 
 
 # -- planners: pure functions of a draft (any thread) -------------------------------------

@@ -60,8 +60,8 @@ from kproxy.admin.book import (
 )
 from kproxy.admin.listing import View, describe, listing
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
+from kproxy.offloop import off_loop_build
 from kproxy.server.logfmt import q
-from kproxy.server.offloop import off_loop_build
 
 log = logging.getLogger("kproxy.admin")
 

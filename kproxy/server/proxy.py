@@ -314,8 +314,9 @@ class ProxyServer:
 
     # -- health and metrics ----------------------------------------------------------
     def _live_gauges(self) -> LiveGauges:
-        return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
-                          listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
+        # Read from a worker thread at scrape time (metrics/exposition.py): list() copies are atomic.
+        return LiveGauges(in_flight=sum(c.session.in_flight_count for c in list(self.connections)),
+                          listeners=sum(1 for lst in list(self.listeners.values()) if lst.failed is None),
                           capture=self.capture.counts() if self.capture is not None else None)
 
     async def readiness(self) -> str | None:
