@@ -64,7 +64,16 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
         root = data_node(data)
     except TypeError as exc:
         raise RulesError([Problem(source, 0, "(data)", f"not plain data: {exc}")]) from None
-    return _Loader(source).document(root)
+    loader = _Loader(source)
+    try:
+        return loader.document(root)
+    finally:
+        # The YAML loader that constructed the scalars never parsed: its state is a bound method of
+        # itself, a cycle holding every node through constructed_objects. Broken here, so the tree is
+        # freed at once (a build off the loop may be frozen out of the collector: kproxy/offloop.py).
+        if loader._yaml is not None:
+            loader._yaml.constructed_objects.clear()
+            loader._yaml.dispose()
 
 
 def load_file(path: str) -> RuleSet:
