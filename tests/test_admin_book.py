@@ -7,6 +7,7 @@ whose policy reads it: what the API changes is what the next request meets.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,42 @@ def test_put_keeps_the_position_and_apply_and_reset() -> None:
     listing = book.listing()
     assert (listing["diverged"], listing["seed"], [r["id"] for r in listing["rules"]]) == (False, 3, ["a"])
     assert live.origin == "rules.yaml"
+
+
+def test_an_edit_built_while_the_file_is_reloaded_is_planned_again_from_the_reloaded_rules() -> None:
+    """RuleBook.edit plans in a worker thread; a reload put in force meanwhile is not undone: the edit
+    is planned again from it, and what goes in force is the reloaded rules plus the edit."""
+    import threading
+
+    import trio
+
+    from kproxy.admin.book import Draft, plan_add
+
+    live = LiveRules(load_text("rules:\n  - {id: a, match: {api: fetch}, actions: [drop_response]}\n", "rules.yaml"),
+                     counts=FaultStats())
+    book = RuleBook(live)
+    reloaded = load_text("rules:\n  - {id: b, match: {api: fetch}, actions: [drop_response]}\n", "rules.yaml")
+    planning = threading.Event()
+    go_on = threading.Event()
+    drafts: list[list[str]] = []
+
+    def planner(draft: Draft) -> Any:
+        drafts.append([r.id for r in draft.rules])
+        if len(drafts) == 1:
+            planning.set()
+            assert go_on.wait(10)
+        return plan_add(draft, FAIL_PRODUCE)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(book.edit, planner)
+            with trio.fail_after(10):
+                while not planning.is_set():
+                    await trio.sleep(0.01)
+            live.replace(reloaded, origin="rules.yaml")  # the file reloaded while the edit is being built
+            go_on.set()
+
+    trio.run(main)
+    assert drafts == [["a"], ["b"]], "planned again from the reloaded rules"
+    assert [r.id for r in live.rules.rules] == ["b", "fail"]  # type: ignore[union-attr]
+    assert book.listing()["diverged"] is True
