@@ -118,6 +118,7 @@ def test_a_put_of_10000_rules_and_their_listing_never_hold_the_loop(tansu: Broke
             steady_producer(proxy.bootstrap, topic) as steady:
         wait_for(lambda: steady.delivered > 0, 15, "the steady producer's first delivery")
         generation = json.loads(call(proxy, "GET", "/rules")[1])["generation"]
+        rss_before = vm_rss_kb(os.getpid())
         reset_loop_lag(proxy)
         started = time.monotonic()
         status, data = call(proxy, "PUT", "/rules", body)
@@ -134,10 +135,13 @@ def test_a_put_of_10000_rules_and_their_listing_never_hold_the_loop(tansu: Broke
         get_lag = loop_lag_max(proxy)
         assert status == 200 and len(json.loads(data)["rules"]) == RULE_COUNT
         assert proxy.call(lambda: len(proxy.server.stats.faults.hits)) >= RULE_COUNT  # type: ignore[union-attr]
+        rss_grown = vm_rss_kb(os.getpid()) - rss_before
         time.sleep(0.5)
     assert_unaffected(steady)
     print(f"PUT of {RULE_COUNT} rules ({len(body)} bytes): answered in {put_took:.1f} s, worst loop lag "
-          f"{put_lag * 1000:.0f} ms; GET of them: {get_took:.1f} s, worst loop lag {get_lag * 1000:.0f} ms")
+          f"{put_lag * 1000:.0f} ms; GET of them: {get_took:.1f} s, worst loop lag {get_lag * 1000:.0f} ms; "
+          f"test process RSS {rss_grown:+d} KiB")
+    assert rss_grown < 512 * 1024, "10,000 rules, their listing and its JSON in this process"
     assert put_lag < BLOCKED, f"the PUT held the loop {put_lag * 1000:.0f} ms"
     assert get_lag < BLOCKED, f"the listing held the loop {get_lag * 1000:.0f} ms"
 
