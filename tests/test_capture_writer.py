@@ -249,7 +249,7 @@ def test_the_queue_is_bounded_by_the_bytes_its_items_hold_too(tmp_path: Path) ->
 
 
 def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
-    from kproxy.capture.records import dict_rows
+    from kproxy.capture.rows import dict_rows
 
     def rows(items: list[Any]) -> list[tuple[Any, ...]]:
         if any(item["client_id"] == "poison" for item in items):
@@ -278,7 +278,7 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     # A row whose partitions fit but whose payload items have a field too few: its slice is lost
     # whole (its partitions not added either, which would shift every later row's), the rows of
     # the slices before and after it are written as they were.
-    from kproxy.capture.records import dict_rows
+    from kproxy.capture.rows import dict_rows
 
     parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 1, "record_bytes": 70}]
 

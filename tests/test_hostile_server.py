@@ -28,7 +28,7 @@ from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.records import Record, RecordBudget, count_records, encode_message_set
-from kproxy.server.logfmt import Throttle
+from kproxy.ratelimit import Throttle
 from kproxy.testing import Broker, free_port, proxy_config, running_server, wait_for_port
 from tests.support.fakecluster import fake_cluster
 from tests.support.kafkaclient import KafkaClient

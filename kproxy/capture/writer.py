@@ -60,7 +60,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kproxy.capture.records import dict_rows
+from kproxy.capture.rows import dict_rows
 from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 
 log = logging.getLogger("kproxy.capture")

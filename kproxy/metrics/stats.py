@@ -177,6 +177,8 @@ class FaultStats:
     # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
     rules_generation: int = 0
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+    # Frames whose record actions were skipped: editing them needed more than their RecordBudget.
+    records_over_budget: int = 0
 
 
 @dataclass
