@@ -138,7 +138,8 @@ class TrafficCollector(Collector):
         over_budget = {"rules": f.records_over_budget}
         if live.capture is not None:
             yield _counter("kproxy_capture_records", "Capture records written to disk, or dropped (the writer's "
-                           "queue was full, or a write failed).", ["outcome"], live.capture)
+                           "queue was full, or a write failed), or abandoned (written, then their file could not "
+                           "be completed).", ["outcome"], live.capture)
             over_budget["capture"] = live.capture_over_budget
         yield _counter("kproxy_records_over_budget", "Frames whose records a reader gave up on: reading them "
                        "needed more than the per-frame budget (a decompression bomb, say); the frame went on "
