@@ -355,7 +355,7 @@ class CaptureWriter:
         """Convert what is queued (a queue's worth at most), write what is due; returns when the
         oldest pending row came."""
         budget = self.queue_size  # a turn ends even while items keep coming: time checks below
-        while self._queue and budget > 0:
+        while self._queue and budget > 0 and (stop or time.monotonic() >= self._retry_at):  # not when failing
             items = self._take(min(CONVERT_SLICE, budget))
             budget -= len(items)
             if not pending.rows:
