@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from kproxy.capture.records import PayloadOptions, RecordBuilder
+from kproxy.protocol.builders import response_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.errors import OverBudgetError, RecordsMutationError
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records
@@ -35,6 +37,7 @@ from kproxy.protocol.records import (
     RECORD_COST,
     Record,
     RecordBudget,
+    encode_batch_v2,
     encode_message_set,
 )
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
@@ -200,3 +203,27 @@ def test_a_wrapper_nested_in_a_wrapper_is_refused_not_recursed() -> None:
     nested = struct.pack(">qiI", 0, 4 + len(body), zlib.crc32(body)) + body
     with pytest.raises(RecordsMutationError, match="nested compression"):
         corrupt_records(produce_frame(nested, 9), 0, 2, CorruptTarget.VALUE)
+
+
+def test_a_fetch_response_bomb_is_read_within_the_budget_by_the_capture(bomb: bytes) -> None:
+    """A broker's answer goes through the same readers (a Fetch response read on the event loop,
+    EARLY_READ_BYTES): the partition before the bomb is counted, the bomb is not read past the
+    budget, nothing more is read of the frame (no payloads: the count came first and spent the
+    budget), and the frame is counted once."""
+    good = encode_batch_v2([Record(offset=i, timestamp=i, key=None, value=b"v%d" % i) for i in range(5)])
+    frame = response_frame(1, 12, 3, responses=[{"topic": "orders", "partitions": [
+        {"partition_index": 0, "error_code": 0, "records": good},
+        {"partition_index": 1, "error_code": 0, "records": bomb}]}])
+    builder = RecordBuilder(payloads=PayloadOptions(include=True))
+    started = time.perf_counter()
+    read = builder.early_response(1, 12, frame, 0)
+    assert time.perf_counter() - started < 0.1
+    entries, _ = read.facts
+    assert [(partition, records) for _, partition, _, records, _ in entries] == [(0, 5), (1, 0)]
+    assert read.payloads == []
+    assert builder.over_budget == 1
+    # Without the bomb, the same frame is read whole.
+    whole = builder.early_response(1, 12, response_frame(1, 12, 4, responses=[{"topic": "orders", "partitions": [
+        {"partition_index": 0, "error_code": 0, "records": good}]}]), 0)
+    assert [p[4] for p in whole.payloads] == [b"v0", b"v1", b"v2", b"v3", b"v4"]
+    assert builder.over_budget == 1
