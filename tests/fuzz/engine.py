@@ -155,9 +155,14 @@ def instrument_kproxy(generated: bool) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["kproxy"]):
+        import kproxy.admin.server
+        import kproxy.capture.observer
         import kproxy.protocol
+        import kproxy.protocol.record_faults
         import kproxy.protocol.records
-        import kproxy.proxy.session  # noqa: F401
+        import kproxy.proxy.session
+        import kproxy.rules.sources
+        import kproxy.server.rule_policy  # noqa: F401
     if not generated:
         return
     from kproxy.protocol import codegen, scan
