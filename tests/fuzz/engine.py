@@ -99,6 +99,8 @@ def run_loop(target: str, seconds: float, artifacts: Path, seed: int) -> dict[st
     from tests.fuzz.targets import TARGETS
 
     run = TARGETS[target].run
+    if TARGETS[target].prepare is not None:
+        TARGETS[target].prepare()
     pool = [*TARGETS[target].seeds()] + [d for p, d in stored_inputs(target) if REGRESSIONS not in p.parents]
     rnd = random.Random(seed)
     failures: list[str] = []
@@ -193,6 +195,8 @@ def atheris_child(target: str, seconds: float, artifacts: Path, work: Path, seed
             f"-timeout={PER_INPUT_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", f"-seed={seed}",
             f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     run = TARGETS[target].run
+    if TARGETS[target].prepare is not None:
+        TARGETS[target].prepare()  # not in the first input's time limit
     if keep_going:
         # libFuzzer's own fork mode re-executes the binary, which under Python is the interpreter:
         # record the first input of each kind of failure here and let the run go on.

@@ -92,7 +92,7 @@ def _check_answer(reply: bytes) -> None:
     assert final is not None and 200 <= final < 600, f"no final status: {reply[:200]!r}"
 
 
-@target(_admin_http_seeds)
+@target(_admin_http_seeds, warm=True)
 def fuzz_admin_http(data: bytes) -> None:
     """Raw bytes into a real AdminServer on loopback: it never raises and answers with a whole HTTP response
     (or closes) within seconds."""

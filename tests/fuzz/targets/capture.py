@@ -132,6 +132,8 @@ def _arrow_check(rows: list[tuple[Any, ...]]) -> None:
     if not _SCHEMA:
         _SCHEMA.append(arrow_schema())
     schema = _SCHEMA[0]
+    if not rows:
+        return
     assert all(len(row) == len(schema) for row in rows), "a row of the wrong width"
     for i, field in enumerate(schema):
         values = [row[i] for row in rows]
@@ -144,7 +146,14 @@ def _arrow_check(rows: list[tuple[Any, ...]]) -> None:
             raise AssertionError(f"column {field.name} ({field.type}): {exc}: {values!r:.300}") from None
 
 
-@target(_capture_seeds)
+def _prepare() -> None:
+    """pyarrow imported, the schema built, and each seed's scanners generated, as in a running capture."""
+    _arrow_check([])
+    for data in _capture_seeds():
+        fuzz_capture_records(data)
+
+
+@target(_capture_seeds, _prepare)
 def fuzz_capture_records(data: bytes) -> None:
     """Capture records (observer, RecordBuilder) of a real session's exchanges: a row per exchange, no
     exception, every row fits the Arrow schema."""

@@ -104,7 +104,7 @@ def _decodes_checked(records: bytes) -> bool:
     return True
 
 
-@target(_editor_seeds)
+@target(_editor_seeds, warm=True)
 def fuzz_record_editors(data: bytes) -> None:
     """Record editors (corrupt, duplicate, schema ids) on Produce/Fetch frames: only ProtocolError; an edited
     frame frames, keeps its header, decodes when the input did, keeps valid CRCs valid."""

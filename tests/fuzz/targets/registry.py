@@ -19,6 +19,7 @@ prefix; a valid frame with one byte changed reaches deep into the decoders).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -29,15 +30,29 @@ class Target:
     run: Callable[[bytes], None]
     seeds: Callable[[], Iterator[bytes]]
     doc: str
+    # Warms what a running kproxy already has (imports, generated scanners) before inputs are timed;
+    # runs once per process however often it is called.
+    prepare: Callable[[], None] | None = None
 
 
 TARGETS: dict[str, Target] = {}
 
 
-def target(seeds: Callable[[], Iterator[bytes]]) -> Callable[[Callable[[bytes], None]], Callable[[bytes], None]]:
-    """Register ``fuzz_NAME`` as target ``NAME``; the first line of its docstring is its ``--list`` entry."""
+def target(seeds: Callable[[], Iterator[bytes]], prepare: Callable[[], None] | None = None, *,
+           warm: bool = False) -> Callable[[Callable[[bytes], None]], Callable[[bytes], None]]:
+    """Register ``fuzz_NAME`` as target ``NAME``; the first line of its docstring is its ``--list`` entry.
+
+    ``warm``: its ``prepare`` runs every seed once (imports, generated codecs and scanners made then,
+    not in the first timed input's bound)."""
     def register(fn: Callable[[bytes], None]) -> Callable[[bytes], None]:
         name = fn.__name__.removeprefix("fuzz_")
-        TARGETS[name] = Target(name, fn, seeds, (fn.__doc__ or "").strip().splitlines()[0])
+
+        def run_seeds() -> None:
+            for data in seeds():
+                fn(data)
+
+        chosen = run_seeds if warm and prepare is None else prepare
+        TARGETS[name] = Target(name, fn, seeds, (fn.__doc__ or "").strip().splitlines()[0],
+                               None if chosen is None else functools.cache(chosen))
         return fn
     return register

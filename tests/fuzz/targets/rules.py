@@ -94,7 +94,8 @@ def _rules_yaml_seeds() -> Iterator[bytes]:
         yield b"\x00" + text
     # Directories: two files that merge, and two that clash (same id, different seeds).
     yield b"\x01" + files[0] + FILE_SEPARATOR + sample
-    yield b"\x01" + sample + FILE_SEPARATOR + sample.replace(b"seed: 3", b"seed: 4")
+    clash = b"seed: 3\nrules:\n- {id: a, match: {}, actions: [blackhole]}\n"
+    yield b"\x01" + clash + FILE_SEPARATOR + clash.replace(b"seed: 3", b"seed: 4")
     yield b"\x01"  # an empty directory
 
 
@@ -123,7 +124,7 @@ def _scratch() -> _Scratch:
     return _SCRATCH[0]
 
 
-@target(_rules_yaml_seeds)
+@target(_rules_yaml_seeds, warm=True)
 def fuzz_rules_yaml(data: bytes) -> None:
     """Rule files and directories (kproxy.rules.sources.load_path): only RulesError (lines inside the file)
     or a RuleSet whose injector builds."""
@@ -180,7 +181,7 @@ def _rules_json_seeds() -> Iterator[bytes]:
     yield b"\x00" + b'{"rules": [{"id": "x", "match": {"probability": 1e999}, "actions": ["blackhole"]}]}'
 
 
-@target(_rules_json_seeds)
+@target(_rules_json_seeds, warm=True)
 def fuzz_rules_json(data: bytes) -> None:
     """Admin API bodies (PUT/POST /rules, PUT/PATCH /rules/{id}) through AdminServer.respond: only a 2xx or
     the book's 4xx refusal, a JSON answer, never an exception."""
