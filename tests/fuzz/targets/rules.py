@@ -11,7 +11,7 @@ in force), with no exception.
 ``rules_json``: the first byte picks a route (``PUT /rules``, ``POST /rules``,
 ``PUT /rules/{id}``, ``PATCH /rules/{id}``), the rest is the request's body, answered by
 :meth:`kproxy.admin.server.AdminServer.respond` over a :class:`~kproxy.admin.book.RuleBook`
-with one file rule in force. Only the book's refusals (an ``AdminError``, answered 4xx) or a
+with one file rule in force (:func:`answer`). Only the book's refusals (an ``AdminError``, answered 4xx) or a
 success may come out: an exception, a 5xx or an answer that is not JSON is a finding.
 """
 
@@ -181,6 +181,29 @@ def _rules_json_seeds() -> Iterator[bytes]:
     yield b"\x00" + b'{"rules": [{"id": "x", "match": {"probability": 1e999}, "actions": ["blackhole"]}]}'
 
 
+def answer(server: Any, method: str, url: str, body: bytes) -> tuple[int, Any]:
+    """(status, JSON value) of one admin request, read whole, through the server's own handler.
+
+    Two shapes of the handler are known: ``respond(method, target, headers, body)`` answering
+    ``(status, value)`` on the caller's thread, and the shared HTTP server's ``async
+    respond(Request) -> Response`` (encoded JSON; work off the loop), run in a trio run of its own.
+    """
+    import inspect
+
+    if not inspect.iscoroutinefunction(server.respond):
+        status, value = server.respond(method, url, {}, body)
+        return status, value
+    import trio
+    from kproxy.http_server import Request  # type: ignore[import-not-found,unused-ignore]
+
+    response = trio.run(server.respond, Request(method=method, target=url, headers={}, body=body))
+    try:
+        return response.status, json.loads(response.body)
+    except ValueError:
+        raise AssertionError(f"{method} {url} answered {response.status}, not JSON: {response.body[:200]!r}"
+                             ) from None
+
+
 @target(_rules_json_seeds, warm=True)
 def fuzz_rules_json(data: bytes) -> None:
     """Admin API bodies (PUT/POST /rules, PUT/PATCH /rules/{id}) through AdminServer.respond: only a 2xx or
@@ -195,8 +218,7 @@ def fuzz_rules_json(data: bytes) -> None:
         return
     method, url = ROUTES[data[0] % len(ROUTES)]
     live = LiveRules(load_text(BASE_RULE, "rules.yaml"), counts=FaultStats(), mutable=True)
-    server = AdminServer(RuleBook(live))
-    status, payload = server.respond(method, url, {}, data[1:])
+    status, payload = answer(AdminServer(RuleBook(live)), method, url, data[1:])
     assert status in _OK or status in _REFUSED, f"{method} {url} answered {status}: {payload!r:.300}"
     json.dumps(payload)  # the server sends it as JSON: it must be plain data
     if status in _REFUSED:
