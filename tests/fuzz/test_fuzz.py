@@ -35,6 +35,10 @@ KNOWN: dict[str, str] = {
         "unknown or missing key)",
     "rules_yaml/crash-c713295ec1c1fbb640b290c10cd4eff0e408902e":
         "TypeError: 'Bad' object is not subscriptable, load_actions.py:237 (hide_partitions: [{topic: t}])",
+    # kproxy/rules/yaml_nodes.py: NodeReader.scalar constructs a scalar the SafeLoader has no constructor for
+    "rules_yaml/crash-a45a9a6b9742aed499a7ef9eafdd0c2a2a91a17f":
+        "yaml ConstructorError (tag:yaml.org,2002:value) out of load_path, yaml_nodes.py:102: a rule file "
+        "that is '=' (any plain '=' scalar read as a value)",
     # kproxy/rules/sources.py: load_directory composes a file again for each problem across files (_line)
     "rules_yaml/slow-4fe9ba4cfdd8db5dba408612689b3b9d5fea076d":
         "slow: 60 rule ids repeated in a second file of a directory: each problem's line re-composes the "
