@@ -54,6 +54,7 @@ def _versions(api: int) -> tuple[int, int]:
 
 
 def _editor_seeds() -> Iterator[bytes]:
+    count = 0
     for magic, records in records_fields():
         for api, versions in ((0, PRODUCE_VERSIONS), (1, FETCH_VERSIONS)):
             for version in versions:
@@ -62,7 +63,8 @@ def _editor_seeds() -> Iterator[bytes]:
                 request, response = (produce_frames if api == 0 else fetch_frames)(version, 7, records)
                 payload = (request if api == 0 else response)[4:]
                 low, _ = _versions(api)
-                for editor in range(len(EDITORS)):
+                count += 1
+                for editor in (count % len(EDITORS), (count + 4) % len(EDITORS)):  # the editors in turn
                     yield bytes([api, version - low, editor | (PARTITION_0_ONLY if editor % 2 else 0)]) + payload
 
 

@@ -168,14 +168,12 @@ def _rules_json_seeds() -> Iterator[bytes]:
     import yaml
 
     for text in _rule_files():
-        with_rules = yaml.safe_load(text)
-        yield b"\x00" + json.dumps(with_rules, default=str).encode()
-        for rule in with_rules.get("rules") or ():
-            yield b"\x01" + json.dumps(rule, default=str).encode()
+        yield b"\x00" + json.dumps(yaml.safe_load(text), default=str).encode()
     yield b"\x00" + json.dumps({"seed": 3, "rules": SAMPLE_RULES}).encode()
-    for rule in SAMPLE_RULES:
+    for i, rule in enumerate(SAMPLE_RULES):
         yield b"\x01" + json.dumps(rule).encode()
-        yield b"\x02" + json.dumps({k: v for k, v in rule.items() if k != "id"}).encode()
+        if i % 3 == 0:
+            yield b"\x02" + json.dumps({k: v for k, v in rule.items() if k != "id"}).encode()
     yield b"\x03" + json.dumps({"enabled": False, "dry_run": True}).encode()
     yield b"\x03" + b'{"enabled": 1}'
     yield b"\x00" + b'{"rules": [{"id": "x", "match": {"probability": 1e999}, "actions": ["blackhole"]}]}'
