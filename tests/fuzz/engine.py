@@ -99,8 +99,9 @@ def run_loop(target: str, seconds: float, artifacts: Path, seed: int) -> dict[st
     from tests.fuzz.targets import TARGETS
 
     run = TARGETS[target].run
-    if TARGETS[target].prepare is not None:
-        TARGETS[target].prepare()
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()
     pool = [*TARGETS[target].seeds()] + [d for p, d in stored_inputs(target) if REGRESSIONS not in p.parents]
     rnd = random.Random(seed)
     failures: list[str] = []
@@ -195,8 +196,9 @@ def atheris_child(target: str, seconds: float, artifacts: Path, work: Path, seed
             f"-timeout={PER_INPUT_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", f"-seed={seed}",
             f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     run = TARGETS[target].run
-    if TARGETS[target].prepare is not None:
-        TARGETS[target].prepare()  # not in the first input's time limit
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()  # not in the first input's time limit
     if keep_going:
         # libFuzzer's own fork mode re-executes the binary, which under Python is the interpreter:
         # record the first input of each kind of failure here and let the run go on.

@@ -109,8 +109,9 @@ def test_regression(target: str, path: Path) -> None:
     Timed without tracemalloc (it slows allocation-heavy inputs tenfold); memory is bounded by the
     process's peak RSS, which a decompression bomb would raise far past REGRESSION_RSS_BYTES.
     """
-    if TARGETS[target].prepare is not None:
-        TARGETS[target].prepare()
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     t0 = time.monotonic()
     with _interrupted_after(2 * PER_INPUT_SECONDS):
@@ -127,8 +128,9 @@ def test_corpus_and_seeds(target: str) -> None:
     inputs = [(f"seed {i}", d) for i, d in enumerate(TARGETS[target].seeds())]
     inputs += [(str(p.relative_to(ROOT)), d) for p, d in stored_inputs(target) if "regressions" not in p.parts]
     assert inputs, f"target {target} has no seeds"
-    if TARGETS[target].prepare is not None:
-        TARGETS[target].prepare()
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()
     failures = []
     tracemalloc.start()
     try:

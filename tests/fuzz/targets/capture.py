@@ -171,9 +171,14 @@ def fuzz_capture_records(data: bytes) -> None:
     builder = RecordBuilder(payloads=PayloadOptions(include=bool(flags & KEEP_PAYLOADS), max_bytes=64,
                                                     max_records=20))
     offered: list[tuple[Any, ...]] = []
+
+    def sink(item: tuple[Any, ...], held: int) -> bool:
+        offered.append(item)
+        return True
+
     conn = ConnectionInfo(connection_id="fuzz-1", client_host="10.0.0.9", client_port=5555, listener="broker-1",
                           upstream="b1:9092")
-    observer = CaptureObserver(conn, lambda item, _: offered.append(item) is None, 0.0, reader=builder)
+    observer = CaptureObserver(conn, sink, 0.0, reader=builder)
     clock = iter(range(1, 1 << 30))
     session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=64,
                       clock=lambda: float(next(clock)), observer=observer)
