@@ -42,6 +42,13 @@ KNOWN: dict[str, str] = {
     "rules_yaml/crash-a45a9a6b9742aed499a7ef9eafdd0c2a2a91a17f":
         "yaml ConstructorError (tag:yaml.org,2002:value) out of load_path, yaml_nodes.py:102: a rule file "
         "that is '=' (any plain '=' scalar read as a value)",
+    # issue 19 defect 1: rule patterns matched by a backtracking engine (kproxy/rules/model.py, engine.py)
+    "rules_yaml/slow-49e6f6b6256e17d02bf39dd246d0aa8489d36b48":
+        "slow: client_id '(a+)+$' met by a client id of 23 'a' and '!' (re backtracks, seconds per request)",
+    # issue 19 defect 10: a throttle rate the loader accepts overflows at run time (kproxy/rules/load_actions.py)
+    "rules_yaml/crash-d7fd062cab03044b616c61215412e2eea1ac4cd3":
+        "OverflowError: cannot convert float infinity to integer, rule_policy.py:436: throttle "
+        "bytes_per_second 5.0e-324 (delay inf) on the second Produce",
     # kproxy/rules/sources.py: load_directory composes a file again for each problem across files (_line)
     "rules_yaml/slow-4fe9ba4cfdd8db5dba408612689b3b9d5fea076d":
         "slow: 60 rule ids repeated in a second file of a directory: each problem's line re-composes the "

@@ -6,7 +6,8 @@ files (bit 0 set: the rest is cut at :data:`FILE_SEPARATOR` into up to four file
 (:func:`kproxy.rules.sources.load_path`). Only a :class:`~kproxy.rules.RuleSet` or a
 :class:`~kproxy.rules.RulesError` may come out, each problem printed ``file:line: key: reason``
 with a line inside the file; a rule set loaded must also build its injector (what a reload puts
-in force), with no exception.
+in force) and let one connection's requests through it (:func:`meet_requests`: matching, every
+action, response edits) with no exception and within the per-input time bound.
 
 ``rules_json``: the first byte picks a route (``PUT /rules``, ``POST /rules``,
 ``PUT /rules/{id}``, ``PATCH /rules/{id}``), the rest is the request's body, answered by
@@ -155,6 +156,72 @@ def fuzz_rules_yaml(data: bytes) -> None:
         return
     assert isinstance(rules, RuleSet)
     FaultInjector(rules, counts=FaultStats(), register=False)
+    meet_requests(rules)
+
+
+HOSTILE_TEXT = "a" * 23 + "!"  # a backtracking (a+)+$ takes ~2 s on it with re (4x per "a" more): over the bound
+_TRAFFIC: list[tuple[bytes, bytes]] = []
+
+
+def _traffic() -> list[tuple[bytes, bytes]]:
+    """(request, response) whole frames every rule kind can act on: Produce and Fetch with records,
+    Metadata, ApiVersions, JoinGroup; client id, group id, transactional id and a topic all
+    :data:`HOSTILE_TEXT`."""
+    if _TRAFFIC:
+        return _TRAFFIC
+    from kproxy.protocol.builders import request_frame, response_frame
+    from tests.fuzz.targets.capture import fetch_frames, produce_frames, records_fields
+
+    records = next(r for magic, r in records_fields() if magic == 2)
+    brokers = [{"node_id": 1, "host": "b1.internal", "port": 9092}]
+    topics = [{"name": "orders", "partitions": [{"partition_index": 0, "leader_id": 1, "replica_nodes": [1],
+                                                 "isr_nodes": [1]}]}]
+    out = [produce_frames(9, 1, records), fetch_frames(12, 2, records),
+           (request_frame(3, 12, 3, client_id=HOSTILE_TEXT, topics=[{"name": HOSTILE_TEXT}]),
+            response_frame(3, 12, 3, brokers=brokers, topics=topics)),
+           (request_frame(18, 3, 4, client_software_name="k", client_software_version="1"),
+            response_frame(18, 3, 4, api_keys=[{"api_key": 0, "min_version": 0, "max_version": 11}])),
+           (request_frame(11, 7, 5, client_id=HOSTILE_TEXT, group_id=HOSTILE_TEXT, member_id="",
+                          protocol_type="consumer"),
+            response_frame(11, 7, 5, member_id="m"))]
+    transactional = request_frame(0, 9, 6, client_id=HOSTILE_TEXT, transactional_id=HOSTILE_TEXT, acks=-1,
+                                  timeout_ms=1000, topic_data=[{"name": HOSTILE_TEXT, "partition_data": [
+                                      {"index": 0, "records": records}]}])
+    out.append((transactional, produce_frames(9, 6, records)[1]))
+    out += [produce_frames(9, 7, records), fetch_frames(12, 8, records)]  # again: throttles charge the 2nd
+    _TRAFFIC.extend(out)
+    return _TRAFFIC
+
+
+def meet_requests(rules: Any) -> None:
+    """One connection under ``rules`` (a real Session and its rule policy) meets :func:`_traffic`:
+    no exception, whatever the rules do (answer, delay, edit, close); timers fired at once."""
+    from kproxy.metrics.stats import FaultStats
+    from kproxy.proxy.addresses import AddressMap
+    from kproxy.proxy.commands import CloseConnection, ForwardUpstream, WakeAt
+    from kproxy.proxy.rewrite import ResponseRewriter
+    from kproxy.proxy.session import Session
+    from kproxy.server.live_rules import LiveRules
+
+    live = LiveRules(rules, counts=FaultStats())
+    now = [0.0]
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=lambda: now[0],
+                      policy=live.policy("10.1.2.3:5555", broker_id=1))
+    for request, response in _traffic():
+        commands = session.receive_client(request, now[0])
+        while True:
+            if any(isinstance(c, CloseConnection) for c in commands):
+                return
+            wakes = [c.when for c in commands if isinstance(c, WakeAt)]
+            forwarded = any(isinstance(c, ForwardUpstream) for c in commands)
+            if forwarded:
+                commands = session.receive_upstream(response)
+                continue
+            if not wakes:
+                break
+            now[0] = max(now[0], min(wakes))
+            commands = session.on_timer(now[0])
+        now[0] += 1.0
 
 
 # -- the admin API's JSON bodies -------------------------------------------------------------------
