@@ -111,6 +111,17 @@ def _capture_seeds() -> Iterator[bytes]:
     pending = produce_frames(9, 4, fields[2][1])[0]
     yield bytes([KEEP_PAYLOADS | CLOSE_AT_END]) + session_input(
         [(0, meta[0][4:]), (1, meta[1][4:]), (0, fetch[0][4:]), (1, fetch[1][4:]), (0, quiet[4:]), (0, pending[4:])])
+    # A Metadata answer over CACHE_FRAME (its own memo, topic ids learnt), then a Fetch v13 of one of them.
+    import uuid
+
+    from kproxy.protocol.builders import request_frame, response_frame
+
+    topics = [{"name": f"t{i}", "topic_id": uuid.UUID(int=i + 1), "partitions": [
+        {"partition_index": p, "leader_id": 1, "replica_nodes": [1], "isr_nodes": [1]} for p in range(3)]}
+        for i in range(60)]
+    big_meta = response_frame(3, 12, 1, brokers=[{"node_id": 1, "host": "b1", "port": 9092}], topics=topics)
+    yield bytes([KEEP_PAYLOADS]) + session_input(
+        [(0, request_frame(3, 12, 1, topics=None)[4:]), (1, big_meta[4:]), (0, fetch[0][4:]), (1, fetch[1][4:])])
     # Big enough to be read early (EARLY_READ_BYTES) on the event loop.
     from kproxy.protocol.records import Record, encode_batch_v2
 
