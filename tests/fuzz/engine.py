@@ -147,25 +147,33 @@ def _save(artifacts: Path, data: bytes, why: str) -> str:
 
 
 # -- atheris: coverage-guided ---------------------------------------------------------------------
-def instrument_kproxy(generated: bool) -> None:
-    """Coverage for libFuzzer: kproxy's modules, and the codecs it generates at run time.
+# What each target reaches beyond the codec and the session, instrumented for it alone: instrumenting
+# a module costs its import several times over, and every brief CI run pays for what it imports.
+INSTRUMENTED = ("kproxy.protocol", "kproxy.protocol.records", "kproxy.proxy.session")
+TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "rules_yaml": ("kproxy.rules.sources", "kproxy.server.live_rules", "kproxy.server.rule_policy"),
+    "rules_json": ("kproxy.admin.server",),
+    "admin_http": ("kproxy.admin.server",),
+    "capture_records": ("kproxy.capture.observer", "kproxy.capture.records"),
+    "record_editors": ("kproxy.protocol.record_faults",),
+}
+
+
+def instrument_kproxy(generated: bool, target: str = "") -> None:
+    """Coverage for libFuzzer: kproxy's modules ``target`` reaches, and the codecs it generates at run time.
 
     Must run before anything imports kproxy (the targets module does). The generated
     decoders, scanners and skippers (kproxy/protocol/codegen.py) are compiled from
     source strings, out of reach of import hooks: each namespace they are built in is
     instrumented right after it is filled.
     """
+    import importlib
+
     import atheris
 
     with atheris.instrument_imports(include=["kproxy"]):
-        import kproxy.admin.server
-        import kproxy.capture.observer
-        import kproxy.protocol
-        import kproxy.protocol.record_faults
-        import kproxy.protocol.records
-        import kproxy.proxy.session
-        import kproxy.rules.sources
-        import kproxy.server.rule_policy  # noqa: F401
+        for module in (*INSTRUMENTED, *TARGET_MODULES.get(target, ())):
+            importlib.import_module(module)
     if not generated:
         return
     from kproxy.protocol import codegen, scan
@@ -309,5 +317,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parents[1]))
     if "--child" in sys.argv:
-        instrument_kproxy(generated="--no-generated-coverage" not in sys.argv)
+        instrument_kproxy(generated="--no-generated-coverage" not in sys.argv,
+                          target=sys.argv[sys.argv.index("--target") + 1])
     sys.exit(main())
