@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list or not args.target:
         for name, t in sorted(TARGETS.items()):
-            print(f"{name:10} {t.doc}")
+            print(f"{name:16} {t.doc}")
         return 0
     seed = args.seed or int(time.time()) % 1_000_000 + 1
     artifacts = args.artifacts or REGRESSIONS / args.target

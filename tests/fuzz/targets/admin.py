@@ -98,8 +98,7 @@ def _check_answer(reply: bytes) -> None:
 
 @target(_admin_http_seeds, warm=True)
 def fuzz_admin_http(data: bytes) -> None:
-    """Raw bytes into a real AdminServer on loopback: it never raises and answers with a whole HTTP response
-    (or closes) within seconds."""
+    """Raw bytes into a real AdminServer on loopback: never raises; a whole HTTP answer or a close, in seconds."""
     import trio
 
     from kproxy.admin.book import RuleBook

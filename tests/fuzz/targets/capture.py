@@ -166,8 +166,7 @@ def _prepare() -> None:
 
 @target(_capture_seeds, _prepare)
 def fuzz_capture_records(data: bytes) -> None:
-    """Capture records (observer, RecordBuilder) of a real session's exchanges: a row per exchange, no
-    exception, every row fits the Arrow schema."""
+    """Capture records of a real session's exchanges: a row per exchange, no exception, rows fit the Arrow schema."""
     from kproxy.capture.observer import CaptureObserver, ConnectionInfo
     from kproxy.capture.records import PayloadOptions, RecordBuilder
     from kproxy.protocol.framing import frame

@@ -108,8 +108,9 @@ def _decodes_checked(records: bytes) -> bool:
 
 @target(_editor_seeds, warm=True)
 def fuzz_record_editors(data: bytes) -> None:
-    """Record editors (corrupt, duplicate, schema ids) on Produce/Fetch frames: only ProtocolError; an edited
-    frame frames, keeps its header, decodes when the input did, keeps valid CRCs valid."""
+    """Record editors on Produce/Fetch frames: only ProtocolError; edited frames frame, decode, keep valid CRCs.
+
+    An edited frame keeps its header and decodes when the input did (see the module docstring)."""
     if len(data) < 3:
         return
     api = data[0] & 1

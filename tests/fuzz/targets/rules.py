@@ -127,8 +127,7 @@ def _scratch() -> _Scratch:
 
 @target(_rules_yaml_seeds, warm=True)
 def fuzz_rules_yaml(data: bytes) -> None:
-    """Rule files and directories (kproxy.rules.sources.load_path): only RulesError (lines inside the file)
-    or a RuleSet whose injector builds."""
+    """Rule files and directories: only RulesError (file:line) or a RuleSet that builds and meets traffic."""
     from kproxy.metrics.stats import FaultStats
     from kproxy.rules import RulesError, RuleSet
     from kproxy.rules.sources import load_path
@@ -272,8 +271,7 @@ def answer(server: Any, method: str, url: str, body: bytes) -> tuple[int, Any]:
 
 @target(_rules_json_seeds, warm=True)
 def fuzz_rules_json(data: bytes) -> None:
-    """Admin API bodies (PUT/POST /rules, PUT/PATCH /rules/{id}) through AdminServer.respond: only a 2xx or
-    the book's 4xx refusal, a JSON answer, never an exception."""
+    """Admin API JSON bodies (PUT/POST /rules, PUT/PATCH /rules/{id}): a 2xx or a 4xx refusal, never an error."""
     from kproxy.admin.book import RuleBook
     from kproxy.admin.server import AdminServer
     from kproxy.metrics.stats import FaultStats
