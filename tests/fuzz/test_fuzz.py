@@ -42,6 +42,8 @@ KNOWN: dict[str, str] = {
     "rules_yaml/crash-a45a9a6b9742aed499a7ef9eafdd0c2a2a91a17f":
         "yaml ConstructorError (tag:yaml.org,2002:value) out of load_path, yaml_nodes.py:102: a rule file "
         "that is '=' (any plain '=' scalar read as a value)",
+    "rules_yaml/crash-90dc73a6c7a70d2a27e9dc7af7743cae74741236":
+        "yaml ConstructorError (a local tag, '!pi') out of load_path, yaml_nodes.py:102: 'seed: !pi 3'",
     # issue 19 defect 1: rule patterns matched by a backtracking engine (kproxy/rules/model.py, engine.py)
     "rules_yaml/slow-49e6f6b6256e17d02bf39dd246d0aa8489d36b48":
         "slow: client_id '(a+)+$' met by a client id of 23 'a' and '!' (re backtracks, seconds per request)",
