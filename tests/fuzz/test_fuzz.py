@@ -66,10 +66,6 @@ KNOWN: dict[str, str] = {
         "RecursionError ends AdminServer.serve: PUT /rules with rules nested 900 arrays deep",
     "admin_http/crash-898c4c8e27913c59081d61a1f66c0fc15e5d8604":
         "ValueError ends AdminServer.serve: PUT /rules with a 5,001-digit integer",
-    # issue 19 defect 5: kproxy/protocol/record_faults.py edits nested legacy gzip wrappers with no budget
-    "record_editors/slow-8a41bdec2f63640f374bb2eecf00c0905961712c":
-        "slow: corrupt_records(value) on a 981-byte Produce v2 of legacy gzip wrappers nested 2 deep, "
-        "400 wide (160,000 inner messages decompressed, edited, recompressed)",
 }
 
 
