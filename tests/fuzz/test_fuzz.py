@@ -55,17 +55,6 @@ KNOWN: dict[str, str] = {
     "rules_yaml/slow-4fe9ba4cfdd8db5dba408612689b3b9d5fea076d":
         "slow: 60 rule ids repeated in a second file of a directory: each problem's line re-composes the "
         "whole file (sources.py _line), quadratic",
-    # issue 19 defect 2: the admin API's JSON decoding (kproxy/admin/server.py respond, json.loads)
-    "rules_json/crash-3a62b6dbcffb83ec96c3d90b25f2298db0bf3c55":
-        "RecursionError out of AdminServer.respond: a body of 100,000 nested JSON arrays",
-    "rules_json/crash-7de9a89f8beaa50f746e48bf7c0f0508df2c1c60":
-        "RecursionError out of AdminServer.respond: rules nested 900 arrays deep",
-    "rules_json/crash-54b66397ec8349a2b654aa1c7a169156beb2a08a":
-        "ValueError out of AdminServer.respond: a 5,001-digit integer (int max str digits)",
-    "admin_http/crash-046b3566b9b2a8b864582a493a4a879749da0b2e":
-        "RecursionError ends AdminServer.serve: PUT /rules with rules nested 900 arrays deep",
-    "admin_http/crash-898c4c8e27913c59081d61a1f66c0fc15e5d8604":
-        "ValueError ends AdminServer.serve: PUT /rules with a 5,001-digit integer",
 }
 
 
