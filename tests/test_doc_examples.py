@@ -167,3 +167,28 @@ def _mirror(tmp_path: Path) -> Path:
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+# -- what a newcomer is pointed to exists and says what they look for ---------------------------------
+def test_the_chart_has_the_readme_its_values_point_to() -> None:
+    values = (ROOT / "helm" / "kproxy" / "values.yaml").read_text()
+    assert "(see README.md)" in values
+    chart_readme = (ROOT / "helm" / "kproxy" / "README.md").read_text()
+    for needed in ("kproxy.sidecar", "kproxy.sidecar.volumes", "image.repository", "mode: sidecar", "helm install"):
+        assert needed in chart_readme, needed
+
+
+def test_the_readme_shows_the_pytest_plugin_it_ships() -> None:
+    readme = [b for b in BLOCKS if b.path == "README.md"]
+    assert any(b.mode == "pytest" and "def test_" in b.text for b in readme), "no runnable plugin example"
+    lines = (ROOT / "README.md").read_text().splitlines()
+    layout = next(line for line in lines if line.startswith("| `kproxy/testing/`"))
+    assert "pytest plugin" in layout and "seed" not in layout, layout
+
+
+def test_deploy_readme_names_every_dashboard_variable() -> None:
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "kproxy-dashboard.json").read_text())
+    names = [v["name"] for v in dashboard["templating"]["list"]]
+    grafana = (ROOT / "deploy" / "README.md").read_text().partition("## Grafana")[2]
+    missing = [n for n in names if f"`{n}`" not in grafana]
+    assert not missing, f"deploy/README.md's Grafana section does not name: {missing}"
