@@ -124,8 +124,9 @@ class Exchange:
     Times come from the session's clock: ``read_at`` when the chunk holding the
     request was read, ``forwarded_at`` when the session let it go upstream,
     ``received_at`` when the response was read, ``completed_at`` when it was
-    released to the client (in order). ``held_s`` of that wait was a policy's doing (a
-    delay or throttle holding this response or one ahead of it), charged to ``held_by``.
+    released to the client (in order). ``held``, when a policy's hold (a delay or throttle of
+    this response or of one ahead of it) kept the response back: ``(seconds of that wait, who
+    it is charged to)``.
     """
 
     correlation_id: int
@@ -154,8 +155,8 @@ class Exchange:
     response_delay: float = 0.0  # ... nor earlier than this many seconds after it arrived
     on_response: Callable[[bytes], bytes] | None = None  # edits the (address-rewritten) response
     drop: bool = False  # the response is swallowed when it comes: the client never gets an answer
-    held_by: tuple[str, str] | None = None  # the verdict's held_by: who a hold of this response is charged to
-    held_s: float = 0.0  # set at release: how long a hold (its own or one ahead) kept the response back
+    # One field for both (set at release, only when held): each field more costs every request.
+    held: tuple[float, tuple[str, str] | None] | None = None
     _request_body_offset: int = -1  # -1: not read yet
     _client_id: str | None = _UNREAD
     _request_scan: RequestScan | None = _UNREAD
@@ -226,11 +227,12 @@ class Exchange:
     @property
     def overhead_seconds(self) -> float:
         """kproxy's share: request read -> forwarded, plus response read -> released, less the
-        time a policy held the response (``held_s``: the rules' time is not kproxy's)."""
+        time a policy held the response (``held``: the rules' time is not kproxy's)."""
         request_side = self.forwarded_at - self.read_at
         if self.response is None:
             return request_side
-        return request_side + (self.completed_at - self.received_at - self.held_s)
+        held = self.held[0] if self.held is not None else 0.0
+        return request_side + (self.completed_at - self.received_at - held)
 
 
 class SessionObserver(Protocol):
@@ -259,7 +261,7 @@ class Verdict:
       read (a delay before forwarding, or a throttle: the client sees the same wait);
       ``response_delay_s``: no earlier than this long after the broker's answer came.
       ``held_by``: who that wait is charged to, a pair of names the session hands to the
-      observer as it is (``Exchange.held_by``; the server's policy names a rule and action).
+      observer as it is (``Exchange.held``; the server's policy names a rule and action).
     * ``on_response``: edits the broker's answer, after the default address rewrite.
     * ``drop_response``: the broker's answer is swallowed: the client times out.
     * ``blackhole``: this request and every later one on the connection get no answer;
@@ -347,6 +349,8 @@ class Session:
         # once per connection: clients keep one id per connection, and it names the client in log lines.
         self.client_id: str | None = None
         self._wake: float | None = None  # a WakeAt to ask for (a held response), None: none
+        # correlation id -> the verdict's held_by, for requests a policy holds (Exchange.held at release)
+        self._hold_owners: dict[int, tuple[str, str]] = {}
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed = False
         self._close_at: float | None = None  # a slow close's time
@@ -500,7 +504,8 @@ class Session:
             return out
         if verdict.hold_s:
             ex.release_at = ex.read_at + verdict.hold_s
-        ex.held_by = verdict.held_by
+        if verdict.held_by is not None:
+            self._hold_owners[ex.correlation_id] = verdict.held_by
         ex.response_delay = verdict.response_delay_s
         ex.on_response = verdict.on_response
         ex.drop = verdict.drop_response or verdict.blackhole
@@ -723,7 +728,7 @@ class Session:
         releases nothing once its answer came, and the ones behind it go on: the broker
         answers in order, so its answer is read before any later one.
 
-        For the observer, each exchange's ``held_s`` is the part of its wait (from its answer
+        For the observer, each exchange's ``held`` is the part of its wait (from its answer
         to its release) that a hold caused: up to the latest ``release_at`` met so far in this
         release, its own or of one ahead of it that it queued behind.
         """
@@ -736,8 +741,9 @@ class Session:
                 if release_at > self.clock():
                     self._want_wake(release_at)
                     break
+                owner = self._hold_owners.pop(head.correlation_id, None)
                 if release_at > held_until:
-                    held_until, held_by = release_at, head.held_by
+                    held_until, held_by = release_at, owner
             ex = self.in_flight.popleft()
             self._taken.discard(ex.correlation_id)
             assert ex.response is not None
@@ -751,8 +757,7 @@ class Session:
             if self.observer is not None:
                 ex.completed_at = self.clock()
                 if held_until > ex.received_at:
-                    ex.held_s = held_until - ex.received_at
-                    ex.held_by = held_by
+                    ex.held = (held_until - ex.received_at, held_by)
                 self._completed.append(ex)
 
     def _take_ready(self, read: Sequence[bytes | Spanned], chunk: bytes, exact: bool) -> SendToClient:
