@@ -50,10 +50,10 @@ def run(tansu: Broker, tmp_path: Path, at: str) -> dict[tuple[str, tuple[tuple[s
         return samples(metrics)
 
 
-def overhead_over(seen: dict[tuple[str, tuple[tuple[str, str], ...]], float], api: str, le: str) -> float:
-    total = seen["kproxy_overhead_seconds_count", (("api", api),)]
-    within = seen["kproxy_overhead_seconds_bucket", (("api", api), ("le", le))]
-    return total - within
+def mean_overhead(seen: dict[tuple[str, tuple[tuple[str, str], ...]], float], api: str) -> float:
+    """kproxy's mean own time per request of ``api``: a mean, so that one request slowed by a busy
+    machine does not decide (with the delay counted in, it would be over DELAY_MS)."""
+    return seen["kproxy_overhead_seconds_sum", (("api", api),)] / seen["kproxy_overhead_seconds_count", (("api", api),)]
 
 
 def test_a_response_delay_is_held_time_not_overhead(tansu: Broker, tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_a_response_delay_is_held_time_not_overhead(tansu: Broker, tmp_path: Pat
     assert abs(seen["kproxy_rule_held_seconds_sum", held] - count * DELAY_MS / 1000) < 0.001 * count
     assert seen["kproxy_rule_held_seconds_bucket", (*held[:1], ("le", "0.025"), *held[1:])] == 0
     # kproxy's own time stays small: the 50 ms are not in it (every Produce was over 50 ms before).
-    assert overhead_over(seen, "produce", "0.025") == 0
+    assert mean_overhead(seen, "produce") < DELAY_MS / 1000 / 4
 
 
 def test_a_request_delay_is_held_time_not_overhead(tansu: Broker, tmp_path: Path) -> None:
@@ -74,4 +74,4 @@ def test_a_request_delay_is_held_time_not_overhead(tansu: Broker, tmp_path: Path
     seen = run(tansu, tmp_path, "request")
     held = (("action", "delay"), ("rule", "slow-produce"))
     assert seen["kproxy_rule_held_seconds_count", held] >= 8, seen
-    assert overhead_over(seen, "produce", "0.025") == 0
+    assert mean_overhead(seen, "produce") < DELAY_MS / 1000 / 4
