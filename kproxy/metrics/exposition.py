@@ -129,6 +129,13 @@ class TrafficCollector(Collector):
                        ["api", "error"], f.injected_errors)
         yield _counter("kproxy_rule_throttle_seconds", "Time responses were held by throttle rules (also reported "
                        "to clients as throttle_time_ms).", ["rule"], f.throttle_seconds)
+        family = HistogramMetricFamily("kproxy_rule_held_seconds", "Time responses were held back by rules "
+                                       "(delay, throttle), their own hold or one ahead of them on the connection: "
+                                       "the rules' time, not counted in kproxy_overhead_seconds.",
+                                       labels=["rule", "action"])
+        for (rule, action), hist in list(f.held.items()):
+            family.add_metric([rule, action], hist.cumulative(), hist.sum)
+        yield family
         yield _counter("kproxy_rule_connection_faults", "Responses dropped and connections closed, reset or "
                        "blackholed by rules.", ["rule", "action"], f.connection_faults)
         live = self.gauges()

@@ -182,6 +182,17 @@ class FaultStats:
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
     # Frames whose record actions were skipped: editing them needed more than their RecordBudget.
     records_over_budget: int = 0
+    # (rule, action) -> how long responses were held back by a delay or throttle (kproxy_rule_held_seconds):
+    # the rules' time, kept out of kproxy_overhead_seconds.
+    held: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+
+    def held_histogram(self, key: tuple[str, str]) -> Histogram:
+        """The ``kproxy_rule_held_seconds`` histogram of ``(rule, action)``, made on first use (a rule
+        set's delays and throttles are made at load, at zero, so dashboards see every one)."""
+        hist = self.held.get(key)
+        if hist is None:
+            hist = self.held[key] = Histogram(BROKER_BUCKETS)
+        return hist
 
 
 @dataclass
@@ -435,6 +446,11 @@ class TrafficStats:
             self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
         elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
             self._add_errors(broker, kind.api, api_key, frame, found)
+
+    def held(self, by: tuple[str, str] | None, seconds: float) -> None:
+        """A response held back ``seconds`` by a rule (``by``: its rule and action; None when the
+        policy named none) - time that is the rule's, not kproxy's (kept out of the overhead)."""
+        self.faults.held_histogram(by or ("", "")).observe(seconds)
 
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""

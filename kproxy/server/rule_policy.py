@@ -113,6 +113,9 @@ class FaultInjector:
                     counts.connection_faults.setdefault((rule.id, name), 0)
                 elif isinstance(action, Throttle):
                     counts.throttle_seconds.setdefault(rule.id, 0.0)
+                    counts.held_histogram((rule.id, name))
+                elif isinstance(action, Delay):
+                    counts.held_histogram((rule.id, name))
                 elif isinstance(action, InjectError):
                     for api in sorted(rule.match.apis or ()):
                         counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
@@ -243,13 +246,16 @@ class _Delays:
 
     def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
         self.keys = tuple(key for _, _, key in plan.steps)
-        hold_s = response_delay_s = 0.0
-        for (kind, _, _), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
+        hold_s = response_delay_s = longest = 0.0
+        held_by: tuple[str, str] | None = None
+        for (kind, _, key), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
             if kind == _DELAY_REQUEST:
                 hold_s += ms / 1000
             else:
                 response_delay_s += ms / 1000
-        self.verdict = Verdict(hold_s=hold_s, response_delay_s=response_delay_s) \
+            if ms > longest:
+                longest, held_by = ms, (key[0], key[1])
+        self.verdict = Verdict(hold_s=hold_s, response_delay_s=response_delay_s, held_by=held_by) \
             if (hold_s or response_delay_s) and not hit.dry_run else None
 
 
@@ -395,7 +401,8 @@ class RulePolicy:
         answer: bytes | None = None
         forward = True
         request = frame
-        hold_s = response_delay_s = 0.0
+        hold_s = response_delay_s = longest_s = 0.0  # longest_s: the largest single hold, charged held_by
+        held_by: tuple[str, str] | None = None
         throttle_ms = 0
         response_charges: list[tuple[str, Throttle]] | None = None  # (rule id, byte rate) charged with the size
         drop = blackhole = False
@@ -421,6 +428,8 @@ class RulePolicy:
                         hold_s += ms / 1000
                     else:
                         response_delay_s += ms / 1000
+                    if ms / 1000 > longest_s:
+                        longest_s, held_by = ms / 1000, (rule_id, key[1])
                     if report:
                         self._fault(key, facts, f"{ms:.1f}ms at {'request' if kind == _DELAY_REQUEST else 'response'}")
                     else:
@@ -435,6 +444,8 @@ class RulePolicy:
                         delay = reported = injector.engine.throttle_delay_s(rule_id, action, facts, ex.request_size)
                     if delay > 0:
                         hold_s += delay
+                        if delay > longest_s:
+                            longest_s, held_by = delay, (rule_id, key[1])
                         throttle_ms = max(throttle_ms, round(reported * 1000))
                         counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + delay
                         self._fault(key, facts, f"held {delay * 1000:.1f}ms")
@@ -483,7 +494,7 @@ class RulePolicy:
                 or blackhole):
             return Verdict(answer=answer, forward=forward, request=None if request is frame else request,
                            hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
-                           drop_response=drop, blackhole=blackhole, close_after_s=close_after)
+                           drop_response=drop, blackhole=blackhole, close_after_s=close_after, held_by=held_by)
         return None
 
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
