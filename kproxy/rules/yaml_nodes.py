@@ -66,7 +66,7 @@ class NodeReader:
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[Problem] = []
-        self._yaml: yaml.SafeLoader | None = None
+        self._yaml: yaml.SafeLoader | yaml.CSafeLoader | None = None
 
     # -- reporting ------------------------------------------------------------------
     def fail(self, node: yaml.Node, key: str, reason: str) -> Bad:
