@@ -35,6 +35,7 @@ from kproxy.rules.model import (
     TimeWindow,
     TopicPattern,
 )
+from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 from kproxy.rules.yaml_nodes import BAD, Bad, Problem, RulesError, did_you_mean, node_text
 
 T = TypeVar("T")
@@ -49,7 +50,7 @@ _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 # pure-Python scanner, which took most of a minute for a file of 100,000 rules. Same nodes, same marks.
 # A broken file up to this size is parsed again by the pure-Python parser for its clearer message.
 _REWORD_SYNTAX_MAX = 256 * 1024
-_YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_text(text: str, source: str = "<rules>") -> RuleSet:
@@ -68,22 +69,17 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
     return load_text(text, source)
 
 
-def load_file(path: str) -> RuleSet:
-    """Read and parse a rule file; an unreadable file is one problem at line 0."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RulesError([Problem(path, 0, "(file)", f"cannot read: {reason}")]) from None
-    return load_text(text, path)
+def load_file(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RuleSet:
+    """Read and parse a rule file; a file that cannot be read (missing, not a regular file, over
+    ``max_bytes``, not UTF-8: :func:`kproxy.rules.reading.read_rule_file`) is one problem at line 0."""
+    return load_text(read_rule_file(path, max_bytes), path)
 
 
 class _Loader(ActionReader):
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
         try:
-            self._yaml = _YAML_LOADER(text)
+            self._yaml = YAML_LOADER(text)
             root = self._yaml.get_single_node()
         except yaml.YAMLError as exc:
             raise RulesError([self._syntax_problem(text, exc)]) from None
@@ -107,7 +103,7 @@ class _Loader(ActionReader):
         """The problem of a file that is not YAML. libyaml words it tersely ("did not find expected
         ',' or '}'"); a file small enough to be written by hand is parsed once more by PyYAML's own
         parser, which says what it got instead, so the message is worth the milliseconds."""
-        if _YAML_LOADER is not yaml.SafeLoader and len(text) <= _REWORD_SYNTAX_MAX:
+        if YAML_LOADER is not yaml.SafeLoader and len(text) <= _REWORD_SYNTAX_MAX:
             try:
                 yaml.SafeLoader(text).get_single_node()
             except yaml.YAMLError as again:
@@ -302,4 +298,4 @@ class _Loader(ActionReader):
 
 
 
-__all__ = ["Problem", "RulesError", "did_you_mean", "load_data", "load_file", "load_text"]
+__all__ = ["YAML_LOADER", "Problem", "RulesError", "did_you_mean", "load_data", "load_file", "load_text"]
