@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +166,10 @@ class StatsOptions:
 class FaultStats:
     """What fault-injection rules did (kproxy/server/rule_policy.py counts; one dict operation per fault).
 
-    Rule ids come from the loaded file (bounded by it), api and error names from Kafka's tables.
+    Rule ids come from the rules loaded, api and error names from Kafka's tables. The series of a
+    rule no longer loaded are removed when the rules are replaced (:meth:`keep_rules`), so
+    ``/metrics`` stays as big as the rules in force however often they are edited; a rule that
+    comes back starts again from 0, which Prometheus' ``rate()`` and ``increase()`` read as a reset.
     """
 
     hits: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (rule, action, dry_run "true"/"false")
@@ -177,6 +181,16 @@ class FaultStats:
     # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
     rules_generation: int = 0
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+
+    def keep_rules(self, rule_ids: Container[str]) -> int:
+        """Remove the series of every rule not in ``rule_ids`` (the rules now loaded); how many went.
+        One walk of each map keyed by rule id: milliseconds for 100,000 series."""
+        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults)  # keys (rule, ...)
+        stale = [(table, key) for table in by_rule for key in table if key[0] not in rule_ids]
+        stale += [(self.throttle_seconds, rule) for rule in self.throttle_seconds if rule not in rule_ids]
+        for table, key in stale:
+            del table[key]
+        return len(stale)
 
 
 @dataclass

@@ -74,8 +74,18 @@ class LiveRules:
         return FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names, register=False)
 
     def install(self, injector: FaultInjector | None, *, origin: str) -> int:
-        """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only)."""
+        """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only).
+
+        Cheap whatever the size of the rule sets (milliseconds for 100,000 rules: one walk of the
+        counter maps): the series of rules no longer loaded are removed
+        (:meth:`FaultStats.keep_rules <kproxy.metrics.stats.FaultStats.keep_rules>`), so ``/metrics``
+        stays bounded however often rules are replaced, and the new rules' series are born at zero
+        (those of rules still loaded keep counting).
+        """
+        self.counts.keep_rules(injector.rule_ids if injector is not None else ())
         if injector is not None:
+            # Schedules count from the replacement, not from a build that may have taken a while.
+            injector.engine.loaded_at = self.clock()
             injector.register_series()
         self.injector = injector
         if injector is None:

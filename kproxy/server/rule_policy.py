@@ -92,28 +92,40 @@ class FaultInjector:
         self.topic_names = topic_names if topic_names is not None else TopicIdNames()
         self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
+        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
+        # dashboards show every loaded rule. Listed here (a worker thread's work for a big set), in rule
+        # order; register_series adds those not there yet.
+        hits: dict[HitKey, int] = {}
+        conns: dict[tuple[str, str], int] = {}
+        throttles: dict[str, float] = {}
+        errors: dict[tuple[str, str], int] = {}
+        for rule in enabled:
+            for _, action, (_, name, _) in self.plans[rule.id].steps:
+                hits[rule.id, name, "true" if rule.dry_run else "false"] = 0
+                if rule.dry_run:
+                    continue
+                if isinstance(action, _CONNECTION_ACTIONS):
+                    conns[rule.id, name] = 0
+                elif isinstance(action, Throttle):
+                    throttles[rule.id] = 0.0
+                elif isinstance(action, InjectError):
+                    errors.update(((api_snake_name(api), error_name(action.error_code)), 0)
+                                  for api in sorted(rule.match.apis or ()))
+        self._series = (hits, conns, throttles, errors)
         if register:
             self.register_series()
 
     def register_series(self) -> None:
-        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there)."""
+        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there).
+        Counts already there are kept. Milliseconds for 100,000 rules: one dict walk per map."""
         counts = self.counts
-        enabled = self._enabled
-        counts.rules_loaded = len(enabled)
-        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
-        # dashboards show every loaded rule.
-        for rule in enabled:
-            for _, action, (_, name, _) in self.plans[rule.id].steps:
-                counts.hits.setdefault((rule.id, name, "true" if rule.dry_run else "false"), 0)
-                if rule.dry_run:
-                    continue
-                if isinstance(action, _CONNECTION_ACTIONS):
-                    counts.connection_faults.setdefault((rule.id, name), 0)
-                elif isinstance(action, Throttle):
-                    counts.throttle_seconds.setdefault(rule.id, 0.0)
-                elif isinstance(action, InjectError):
-                    for api in sorted(rule.match.apis or ()):
-                        counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
+        counts.rules_loaded = len(self._enabled)
+        hits, conns, throttles, errors = self._series
+        counts.hits.update({k: v for k, v in hits.items() if k not in counts.hits})
+        counts.connection_faults.update({k: v for k, v in conns.items() if k not in counts.connection_faults})
+        counts.throttle_seconds.update({k: v for k, v in throttles.items() if k not in counts.throttle_seconds})
+        counts.injected_errors.update({k: v for k, v in errors.items() if k not in counts.injected_errors})
 
 
 # What RulePolicy._verdict does for an action, one int compare each (not a chain of isinstance).
