@@ -75,6 +75,25 @@ def load_file(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RuleSet:
     return load_text(read_rule_file(path, max_bytes), path)
 
 
+def release_nodes(root: yaml.Node, fan_out: int = 64) -> None:
+    """Free a composed node tree a little at a time.
+
+    Left to reference counting, the tree of a file of 100,000 rules (millions of nodes and marks)
+    is freed in one cascade of deallocations that holds the GIL for seconds, stalling the event
+    loop whatever thread drops it. Here the items of every big list (more than ``fan_out``, such as
+    the rules) are popped one by one, so each cascade is one item's subtree and the interpreter can
+    switch threads in between.
+    """
+    big: list[yaml.Node] = [root]
+    while big:
+        items = big.pop().value
+        while items:
+            item = items.pop()
+            for child in item if isinstance(item, tuple) else (item,):  # a mapping's items are (key, value)
+                if isinstance(child, yaml.CollectionNode) and len(child.value) > fan_out:
+                    big.append(child)
+
+
 class _Loader(ActionReader):
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
@@ -85,6 +104,13 @@ class _Loader(ActionReader):
             raise RulesError([self._syntax_problem(text, exc)]) from None
         if root is None:
             raise RulesError([Problem(self.source, 1, "(file)", "empty rule file: expected 'rules:'")])
+        try:
+            return self.document(root)
+        finally:
+            self._yaml.constructed_objects.clear()  # nodes -> values: the nodes stay in the tree for now
+            release_nodes(root)
+
+    def document(self, root: yaml.Node) -> RuleSet:
         top = self.mapping(root, "", TOP_KEYS)
         seed: Any = 0
         rules: list[Rule] = []

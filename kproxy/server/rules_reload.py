@@ -59,6 +59,7 @@ from kproxy.metrics.stats import FaultStats
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
 from kproxy.rules.sources import load_path, rule_files
+from kproxy.server.bulk_build import collector_paused, freeze_if_many
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
 from kproxy.server.rule_policy import FaultInjector
@@ -167,7 +168,7 @@ class RulesReloader:
                      trigger)
             return True
         if injector is None:  # someone else replaced the rules while these were read: built now
-            injector = await trio.to_thread.run_sync(self.live.prepare, rules, abandon_on_cancel=True,
+            injector = await trio.to_thread.run_sync(self._prepare, rules, abandon_on_cancel=True,
                                                      thread_name="kproxy-rules-reload")
         self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
         self._generation = self.live.install(injector, origin=self.path)
@@ -177,16 +178,25 @@ class RulesReloader:
                  q(self.path), len(enabled), sum(1 for r in enabled if r.dry_run), trigger)
         return True
 
+    def _prepare(self, rules: RuleSet) -> FaultInjector | None:
+        with collector_paused():
+            injector = self.live.prepare(rules)
+            freeze_if_many()
+            return injector
+
     def _build(self, in_force: RuleSet | None, generation: int, force: bool,
                allow_empty: bool) -> tuple[RuleSet, bool, FaultInjector | None]:
         """In a worker thread: the rules read now, whether they equal ``in_force``, and their
         injector unless they would be no new generation (the same rules, no SIGHUP, nobody else
         replaced them since ``generation``). Touches nothing shared."""
-        rules = load_path(self.path, self.max_bytes, allow_empty=allow_empty)
-        same = rules == in_force
-        if same and not force and self.live.generation == generation:
-            return rules, same, None
-        return rules, same, self.live.prepare(rules)
+        with collector_paused():  # kproxy/server/bulk_build.py: no multi-second collections meanwhile
+            rules = load_path(self.path, self.max_bytes, allow_empty=allow_empty)
+            same = rules == in_force
+            if same and not force and self.live.generation == generation:
+                return rules, same, None
+            injector = self.live.prepare(rules)
+            freeze_if_many()
+            return rules, same, injector
 
 
 __all__ = ["POLL_INTERVAL", "RulesReloader", "signature"]
