@@ -107,7 +107,9 @@ class _Loader(ActionReader):
         try:
             return self.document(root)
         finally:
-            self._yaml.constructed_objects.clear()  # nodes -> values: the nodes stay in the tree for now
+            objects = self._yaml.constructed_objects  # node -> value, one per scalar read: emptied one by one
+            while objects:  # too (a clear() of 800,000 entries is one long GIL hold)
+                objects.popitem()
             release_nodes(root)
 
     def document(self, root: yaml.Node) -> RuleSet:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Iterator
+import types
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
 # Objects a build may leave before they are frozen: a few thousand rules' worth. Below it a full
@@ -64,4 +65,50 @@ def freeze_if_many() -> bool:
     return True
 
 
-__all__ = ["FREEZE_ABOVE", "collector_paused", "freeze_if_many"]
+
+
+_LEAVES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, str, bytes)
+
+
+def hold_parts(root: object, *, keep_out: Collection[object] = (), fan_out: int = 64,
+               depth: int = 8) -> list[object]:
+    """References to the items of every big container (over ``fan_out`` items) inside ``root``.
+
+    Held, they outlive ``root``: when its last reference goes (on whatever thread), its big
+    containers are freed without freeing their items, a loop of reference decrements; the items
+    then go one at a time (:func:`release_parts`), each one a small cascade, so no single
+    deallocation holds the GIL for long. The walk goes through kproxy's own objects and small
+    containers only, never into ``keep_out`` (what ``root`` shares with the objects that replace it:
+    the counters, the topic ids map), nor into classes, modules or functions.
+    """
+    held: list[object] = []
+    skip = {id(o) for o in keep_out}
+    seen: set[int] = set()
+    level = [root]
+    for _ in range(depth):
+        below: list[object] = []
+        for obj in level:
+            for ref in gc.get_referents(obj):
+                if id(ref) in skip or id(ref) in seen or isinstance(ref, _LEAVES):
+                    continue
+                seen.add(id(ref))
+                container = isinstance(ref, tuple | list | dict | set | frozenset)
+                if container and len(ref) > fan_out:
+                    held.extend(gc.get_referents(ref))
+                elif container or type(ref).__module__.startswith("kproxy."):
+                    below.append(ref)
+        level = below
+    return held
+
+
+def release_parts(parts: list[object]) -> None:
+    """Drop what :func:`hold_parts` held, one item at a time (a worker thread's job: the interpreter
+    switches threads between items)."""
+    while True:
+        try:
+            parts.pop()
+        except IndexError:  # emptied (also by another releaser of the same list)
+            return
+
+
+__all__ = ["FREEZE_ABOVE", "collector_paused", "freeze_if_many", "hold_parts", "release_parts"]

@@ -50,8 +50,11 @@ force afresh, the operator's way to restart the rules' clocks.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
+import weakref
 
 import trio
 
@@ -59,7 +62,7 @@ from kproxy.metrics.stats import FaultStats
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
 from kproxy.rules.sources import load_path, rule_files
-from kproxy.server.bulk_build import collector_paused, freeze_if_many
+from kproxy.server.bulk_build import collector_paused, freeze_if_many, hold_parts, release_parts
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
 from kproxy.server.rule_policy import FaultInjector
@@ -69,6 +72,11 @@ log = logging.getLogger("kproxy.rules")
 # Half a second: a change applies within a second of being written, for one stat per file per
 # interval. Kubelet itself only refreshes ConfigMap volumes every minute or so (its sync period).
 POLL_INTERVAL = 0.5
+
+# A replaced rule set of more rules than this is freed a part at a time (see RulesReloader._release):
+# freeing 25,000 rules at once held the GIL ~0.4 s on a loaded machine; a thousand, milliseconds.
+RELEASE_ABOVE = 1000
+RELEASE_POLL = 1.0  # how often a replaced rule set still in use by some connection is looked at again
 
 # One entry per file: (path, dev, ino, mtime_ns, size), or (path, error) when it cannot be stat'ed.
 Signature = tuple[tuple[object, ...], ...]
@@ -115,6 +123,7 @@ class RulesReloader:
         self._generation = live.generation  # the generation it had; another one means someone else replaced
         self._requested = False
         self._wake = trio.Event()
+        self._releases: trio.Nursery | None = None  # run()'s: where replaced big rule sets are freed
 
     def request(self) -> None:
         """Reload at once, even if nothing changed (SIGHUP). Callable from the trio thread only."""
@@ -125,19 +134,20 @@ class RulesReloader:
         # The rules in force were read by the config loader, before any signature: a write in
         # between would never be a change. So the files are loaded once more before the watch
         # starts, and put in force only if they differ (silently otherwise: no reload happened).
-        self._seen = signature(self.path)
-        await self.reload(trigger="change", force=False, quiet=True)
-        task_status.started()
-        while True:
-            with trio.move_on_after(self.interval):
-                await self._wake.wait()
-            forced, self._requested = self._requested, False
-            if forced:
-                self._wake = trio.Event()
-            now = signature(self.path)
-            if forced or now != self._seen:
-                self._seen = now
-                await self.reload(trigger="sighup" if forced else "change", force=forced)
+        async with trio.open_nursery() as self._releases:
+            self._seen = signature(self.path)
+            await self.reload(trigger="change", force=False, quiet=True)
+            task_status.started()
+            while True:
+                with trio.move_on_after(self.interval):
+                    await self._wake.wait()
+                forced, self._requested = self._requested, False
+                if forced:
+                    self._wake = trio.Event()
+                now = signature(self.path)
+                if forced or now != self._seen:
+                    self._seen = now
+                    await self.reload(trigger="sighup" if forced else "change", force=forced)
 
     async def reload(self, *, trigger: str, force: bool, quiet: bool = False) -> bool:
         """Load the files now and put them in force; False (logged, counted) when they do not load.
@@ -171,12 +181,30 @@ class RulesReloader:
             injector = await trio.to_thread.run_sync(self._prepare, rules, abandon_on_cancel=True,
                                                      thread_name="kproxy-rules-reload")
         self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
-        self._generation = self.live.install(injector, origin=self.path)
+        replaced = [self.live.injector]
+        self._generation = await self.live.put_in_force(injector, origin=self.path)
+        if self._releases is not None and replaced[0] is not None and len(replaced[0].plans) > RELEASE_ABOVE:
+            self._releases.start_soon(self._release, replaced)
         self._in_force = rules
         enabled = [r for r in rules.rules if r.enabled]
         log.info("event=rules_reloaded generation=%d file=%s rules=%d dry_run=%d trigger=%s", self._generation,
                  q(self.path), len(enabled), sum(1 for r in enabled if r.dry_run), trigger)
         return True
+
+    async def _release(self, replaced: list[FaultInjector | None]) -> None:
+        """Free a replaced big rule set without one long deallocation on the loop: its parts are held
+        (kproxy/server/bulk_build.py) until the injector itself is gone (a connection lets it go at its
+        next request), then dropped one at a time by a thread of their own (also at shutdown)."""
+        parts: list[object] = []
+        try:
+            keep_out = (self.counts, self.live.clock, replaced[0].topic_names if replaced[0] else None)
+            parts = await trio.to_thread.run_sync(functools.partial(hold_parts, replaced[0], keep_out=keep_out))
+            gone = weakref.ref(replaced.pop())
+            while gone() is not None:
+                await trio.sleep(RELEASE_POLL)
+        finally:
+            replaced.clear()
+            threading.Thread(target=release_parts, args=(parts,), name="kproxy-rules-release", daemon=True).start()
 
     def _prepare(self, rules: RuleSet) -> FaultInjector | None:
         with collector_paused():
