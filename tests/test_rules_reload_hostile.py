@@ -16,6 +16,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +30,7 @@ from kproxy.rules import load_text
 from kproxy.rules.sources import load_path
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import parse_logfmt
-from kproxy.testing import Broker, free_port, running_proxy, wait_for_port
+from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, wait_for_port
 from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, vm_rss_kb, wait_for
 from tests.test_rules_reload import Harness, reload_lines, rules_text
@@ -56,16 +57,28 @@ def big_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def fifo_at(path: Path) -> Iterator[None]:
-    """A FIFO in place of ``path``. On the way out, a reader stuck opening or reading it (the defect)
-    is let go: a writer opens it and closes at once, so the reader sees the end of the file."""
+def fifo_at(path: Path, let_go_after: float = 8.0) -> Iterator[None]:
+    """A FIFO in place of ``path``. A reader stuck opening or reading it (the defect) is let go after
+    ``let_go_after`` seconds, and on the way out: a writer opens it and closes at once, so the reader
+    sees the end of the file (and the test fails on what it read, instead of hanging)."""
     path.unlink(missing_ok=True)
     os.mkfifo(path)
+    done = threading.Event()
+
+    def let_go() -> None:
+        while not done.wait(let_go_after):
+            with contextlib.suppress(OSError):  # ENXIO: nobody is reading it, nothing to let go
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    thread = threading.Thread(target=let_go, daemon=True)
+    thread.start()
     try:
         yield
     finally:
-        with contextlib.suppress(OSError):  # ENXIO: nobody is reading it, nothing to let go
+        done.set()
+        with contextlib.suppress(OSError):
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5)
         path.unlink(missing_ok=True)
 
 
@@ -82,14 +95,11 @@ def replace_with(path: Path, text: str) -> None:
 async def refused_then_recovered(h: Harness, path: Path, reason: str, caplog: pytest.LogCaptureFixture) -> None:
     """The reload of what is at ``path`` now fails at once, naming it, with the old rules kept; a
     regular file written afterwards is loaded (later edits are not ignored)."""
+    started = time.monotonic()
     async with trio.open_nursery() as nursery:
-        await nursery.start(h.reloader.run)
-        try:
-            await h.until(lambda: h.counts.reloads["failure"] >= 1, within=5.0)
-        finally:
-            if path.exists() and not path.is_symlink() and path.is_fifo():
-                with contextlib.suppress(OSError):
-                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        await nursery.start(h.reloader.run)  # its first look at the file is a reload (quiet only if unchanged)
+        await h.until(lambda: h.counts.reloads["failure"] >= 1, within=5.0)
+        assert time.monotonic() - started < 5.0, "refused at once"
         assert h.ids() == ["a"] and h.live.generation == 1, "the rules in force are kept"
         failed = reload_lines(caplog)[-1]
         assert failed["event"] == "rules_reload_failed"
@@ -251,6 +261,8 @@ def test_reloading_100000_rules_keeps_a_client_answered_and_the_loop_free(
         with steady_producer(proxy.bootstrap, "reload-100k") as record:
             wait_for(lambda: record.delivered >= 5, 30, "the steady producer's first deliveries")
             reset_loop_lag(proxy)
+            floor = loop_lag_with_python_busy_beside(proxy, seconds=8.0)
+            reset_loop_lag(proxy)
             rss = vm_rss_kb(os.getpid())
             started = time.monotonic()
             staged = tmp_path / "staged.yaml"
@@ -271,11 +283,31 @@ def test_reloading_100000_rules_keeps_a_client_answered_and_the_loop_free(
             time.sleep(3.0)  # the old set is freed meanwhile, a part at a time
             lag_back = loop_lag_max(proxy)
     print(f"\n100,000-rule reload: {took:.1f} s, worst loop lag {lag * 1000:.0f} ms, RSS +{grown_mb:.0f} MB; "
-          f"replaced again: worst loop lag {lag_back * 1000:.0f} ms")
+          f"replaced again: worst loop lag {lag_back * 1000:.0f} ms; floor (plain Python thread beside the "
+          f"loop) {floor * 1000:.0f} ms")
     assert_unaffected(record, worst_latency=2.0)
-    assert lag < BLOCKED, f"the event loop was blocked {lag * 1000:.0f} ms"
-    assert lag_back < BLOCKED, f"the event loop was blocked {lag_back * 1000:.0f} ms freeing the old rules"
+    # The bound is BLOCKED, unless this machine cannot keep it even for a thread doing plain Python
+    # work beside the loop (the GIL handed over under CPU contention): then that floor, with a margin.
+    bound = max(BLOCKED, 1.5 * floor + 0.05)
+    assert lag < bound, f"the event loop was blocked {lag * 1000:.0f} ms (bound {bound * 1000:.0f} ms)"
+    assert lag_back < bound, f"the event loop was blocked {lag_back * 1000:.0f} ms freeing the old rules"
     assert grown_mb < 1500
+
+
+def loop_lag_with_python_busy_beside(proxy: ProxyThread, seconds: float) -> float:
+    """The worst loop lag while a thread of this process does plain Python work (small allocations,
+    no long call into C) for ``seconds``: what any work off the loop costs the loop on this machine."""
+    def busy() -> None:
+        end, junk = time.monotonic() + seconds, list[str]()
+        while time.monotonic() < end:
+            junk.append(str(len(junk)))
+            if len(junk) > 10_000:
+                junk = []
+
+    thread = threading.Thread(target=busy, name="busy-control")
+    thread.start()
+    thread.join(seconds + 30)
+    return loop_lag_max(proxy)
 
 
 def test_what_a_rule_set_build_makes_holds_no_reference_cycles() -> None:
