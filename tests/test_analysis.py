@@ -95,8 +95,10 @@ def _pct(values: list[float], p: float) -> float:
 def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, list[dict[str, Any]]]) -> None:
     rows = generated[1]
     by_api = {r["api_name"]: r for r in analysed.tables["latency_by_api"]}
-    for api in ("Produce", "Fetch", "FindCoordinator"):
-        mine = [r for r in rows if r["api_name"] == api]
+    # The capture holds Kafka's names; every output of analyze spells them as the metrics do.
+    assert set(by_api) == {"produce", "fetch", "find_coordinator", "metadata"}
+    for api, name in (("produce", "Produce"), ("fetch", "Fetch"), ("find_coordinator", "FindCoordinator")):
+        mine = [r for r in rows if r["api_name"] == name]
         broker = [r["broker_latency_ms"] for r in mine if r["broker_latency_ms"] is not None]
         kproxy = [r["kproxy_latency_ms"] for r in mine]
         got = by_api[api]
@@ -108,12 +110,12 @@ def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, lis
         assert got["kproxy_max_ms"] == max(kproxy)
     # The hand-checkable case: Produce in minute 0 is 1..100 ms exactly.
     minute0 = next(r for r in analysed.tables["latency_by_minute"]
-                   if r["api_name"] == "Produce" and r["minute"].minute == 14)
+                   if r["api_name"] == "produce" and r["minute"].minute == 14)
     assert minute0["requests"] == 105  # 100 + the 5 acks=0 requests of that minute
     assert (minute0["broker_p50_ms"], minute0["broker_p95_ms"], minute0["broker_p99_ms"],
             minute0["broker_max_ms"]) == pytest.approx((50.5, 95.05, 99.01, 100.0))
     minute1 = next(r for r in analysed.tables["latency_by_minute"]
-                   if r["api_name"] == "Produce" and r["minute"].minute == 15)
+                   if r["api_name"] == "produce" and r["minute"].minute == 15)
     assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 60
 
 
@@ -126,9 +128,9 @@ def test_above_the_exact_limit_percentiles_are_approximate_within_the_stated_ran
     approx = run_analysis([str(generated[0])], tmp_path, spark, exact_percentiles_max=len(rows) - 1)
     assert not approx.exact_percentiles
     by_api = {r["api_name"]: r for r in approx.tables["latency_by_api"]}
-    for api in ("Produce", "Fetch", "FindCoordinator"):
+    for api, name in (("produce", "Produce"), ("fetch", "Fetch"), ("find_coordinator", "FindCoordinator")):
         broker = sorted(r["broker_latency_ms"] for r in rows
-                        if r["api_name"] == api and r["broker_latency_ms"] is not None)
+                        if r["api_name"] == name and r["broker_latency_ms"] is not None)
         n = len(broker)
         for p in (0.5, 0.95, 0.99):
             got = by_api[api][f"broker_p{round(p * 100)}_ms"]
@@ -143,10 +145,10 @@ def test_above_the_exact_limit_percentiles_are_approximate_within_the_stated_ran
 
 def test_error_rates_by_api_and_code(analysed: Any) -> None:
     errors = {(r["api_name"], r["code"]): r for r in analysed.tables["errors"]}
-    assert set(errors) == {("Produce", NOT_LEADER), ("FindCoordinator", COORDINATOR_NOT_AVAILABLE)}
-    assert errors[("Produce", NOT_LEADER)]["requests"] == 10
-    assert errors[("Produce", NOT_LEADER)]["rate"] == pytest.approx(10 / 165)
-    assert errors[("FindCoordinator", COORDINATOR_NOT_AVAILABLE)]["rate"] == 0.25
+    assert set(errors) == {("produce", NOT_LEADER), ("find_coordinator", COORDINATOR_NOT_AVAILABLE)}
+    assert errors[("produce", NOT_LEADER)]["requests"] == 10
+    assert errors[("produce", NOT_LEADER)]["rate"] == pytest.approx(10 / 165)
+    assert errors[("find_coordinator", COORDINATOR_NOT_AVAILABLE)]["rate"] == 0.25
 
 
 def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[Path, list[dict[str, Any]]]) -> None:
@@ -173,8 +175,8 @@ def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[P
 def test_throughput_per_topic_per_minute(analysed: Any) -> None:
     got = {(r["minute"].minute, r["api_name"], r["topic"]): (r["records"], r["bytes"])
            for r in analysed.tables["throughput"]}
-    assert got == {(14, "Produce", "a"): (500 + 5, 50_000 + 500), (15, "Produce", "a"): (250 + 5, 25_000 + 500),
-                   (14, "Fetch", "b"): (120, 12_000)}
+    assert got == {(14, "produce", "a"): (500 + 5, 50_000 + 500), (15, "produce", "a"): (250 + 5, 25_000 + 500),
+                   (14, "fetch", "b"): (120, 12_000)}
 
 
 def test_connection_churn(analysed: Any) -> None:
@@ -186,9 +188,9 @@ def test_connection_churn(analysed: Any) -> None:
 def test_faults_by_rule_and_what_the_client_did_next(analysed: Any) -> None:
     got = {(r["rule"], r["action"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
            for r in analysed.tables["faults"]}
-    assert got == {("flaky-produce", "error", "Produce", "retried"): (2, 5.0),
-                   ("flaky-produce", "error", "Produce", "connection_ended"): (1, None),
-                   ("slow-metadata", "delay", "Metadata", "other"): (1, 0.5)}
+    assert got == {("flaky-produce", "error", "produce", "retried"): (2, 5.0),
+                   ("flaky-produce", "error", "produce", "connection_ended"): (1, None),
+                   ("slow-metadata", "delay", "metadata", "other"): (1, 0.5)}
 
 
 def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
@@ -229,9 +231,9 @@ def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[
     assert main(["analyze", str(generated[0]), "--out", str(tmp_path / "out"),
                  "--conf", "spark.sql.shuffle.partitions=2"]) == 0
     out = capsys.readouterr().out
-    assert f"{len(generated[1])} records" in out and "Produce" in out
+    assert f"{len(generated[1])} records" in out and "\nproduce " in out and "Produce" not in out
     report = (tmp_path / "out" / "report.html").read_text()
-    assert report.count("<svg") == 2 and "FindCoordinator" in report
+    assert report.count("<svg") == 2 and "find_coordinator" in report and "FindCoordinator" not in report
     assert main(["analyze", str(tmp_path / "nothing-here")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nothing-here'}: no such file or directory" in err
@@ -246,13 +248,11 @@ def test_a_real_capture_matches_what_was_sent(spark: Any, captured_run: Captured
     result = run_analysis([str(run.directory)], tmp_path, spark)
     assert result.problems == []
     requests = {r["api_name"]: r["requests"] for r in result.tables["latency_by_api"]}
-    from kproxy.protocol.tables import api_key, api_snake_name
-
-    assert {api_snake_name(api_key(name) or 0): n for name, n in requests.items()} == run.requests
+    assert requests == run.requests  # the metrics' names
     moved: Counter[tuple[str, str]] = Counter()
     for r in result.tables["throughput"]:
         moved[(r["api_name"], r["topic"])] += r["records"]
-    assert moved == {("Produce", run.topic): run.records, ("Fetch", run.topic): run.records}
+    assert moved == {("produce", run.topic): run.records, ("fetch", run.topic): run.records}
     topic = next(t for t in result.tables["top_topics"] if t["topic"] == run.topic)
     assert topic["records"] == 2 * run.records and topic["errors"] == 0
     assert {h["partition"] for h in result.tables["hot_partitions"] if h["topic"] == run.topic} == set(
@@ -266,7 +266,7 @@ def test_summary_prints_per_api_lines(analysed: Any) -> None:
     buf = io.StringIO()
     summary(analysed, buf)
     text = buf.getvalue()
-    line = next(x for x in text.splitlines() if x.startswith("FindCoordinator"))
+    line = next(x for x in text.splitlines() if x.startswith("find_coordinator"))
     assert line.split()[1:3] == ["20", "2.00/2.00/2.00"]
 
 
@@ -290,11 +290,11 @@ def test_follow_keeps_per_minute_aggregates_up_to_date(spark: Any, tmp_path: Pat
     query = follow(spark, str(capture), str(out), trigger_seconds=0.5)
     try:
         query.processAllAvailable()
-        assert live() == {(14, "Produce"): (30, 0)}
+        assert live() == {(14, "produce"): (30, 0)}
         write([record(100 + i, at_us=M0 + MINUTE_US + i, api_key=1, api_name="Fetch", error_code=1)
                for i in range(7)])
         query.processAllAvailable()
-        assert live() == {(14, "Produce"): (30, 0), (15, "Fetch"): (7, 7)}
+        assert live() == {(14, "produce"): (30, 0), (15, "fetch"): (7, 7)}
     finally:
         query.stop()
 
@@ -305,3 +305,20 @@ def test_local_driver_memory_is_a_quarter_of_the_machine_within_bounds() -> None
     assert local_driver_memory(16 << 30) == "4g"
     assert local_driver_memory(2 << 30) == "1g"
     assert local_driver_memory(256 << 30) == "8g"
+
+
+def test_cli_stderr_holds_only_its_own_lines_unless_verbose(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                             tmp_path: Path) -> None:
+    """Spark's progress bars and log lines (WARN NativeCodeLoader, WARN Utils...) stay off stderr by
+    default: a fresh process, as a user runs it (the session of the ``spark`` fixture is set up already)."""
+    import re
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "kproxy", "analyze", str(generated[0]), "--out", str(tmp_path / "o"),
+                           "--master", "local[1]"], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "[Stage" not in done.stderr, done.stderr
+    spark_lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", ln)]
+    assert spark_lines == [], done.stderr
+    assert "kproxy analyze: aggregating latency_by_api" in done.stderr

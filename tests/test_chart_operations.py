@@ -97,6 +97,21 @@ def test_monitoring_job_is_one_setting(helm: Any) -> None:
     assert not any('job="kproxy"' in e for e in exprs)
 
 
+def test_every_alert_links_its_runbook_section_and_the_chart_can_rebase_it(helm: Any) -> None:
+    """runbook_url: docs/RUNBOOK.md#<alert>, a section that exists; the chart puts a base in front."""
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    sections = {line[3:].strip().lower() for line in runbook.splitlines() if line.startswith("## ")}
+    rules = [r for g in yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]
+             for r in g["rules"]]
+    for rule in rules:
+        assert rule["annotations"].get("runbook_url") == f"docs/RUNBOOK.md#{rule['alert'].lower()}", rule["alert"]
+        assert rule["alert"].lower() in sections, f"no '## {rule['alert']}' section in docs/RUNBOOK.md"
+    base = "https://git.example.com/platform/kproxy/-/blob/main"
+    docs = render(helm, {**MONITORING, "prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}, "edge")
+    urls = [r["annotations"]["runbook_url"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    assert urls == [f"{base}/docs/RUNBOOK.md#{r['alert'].lower()}" for r in rules]
+
+
 def test_chart_alerts_are_deploy_alerts() -> None:
     """The chart cannot read files outside itself: it carries a copy, kept identical here."""
     assert (CHART / "files" / "alerts.yml").read_bytes() == (ROOT / "deploy" / "prometheus" / "alerts.yml").read_bytes()

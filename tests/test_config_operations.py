@@ -129,7 +129,7 @@ def test_json_lines_carry_the_same_fields_as_logfmt() -> None:
     record = logging.LogRecord("kproxy.connection", logging.INFO, __file__, 1, message, None, None)
     entry = json.loads(JsonFormatter().format(record))
     assert entry == {"ts": entry["ts"], "level": "info", "logger": "kproxy.connection", "event": "connection_closed",
-                     "peer": "127.0.0.1:5", "reason": 'bad request: x="y"', "bytes_in": "42"}
+                     "peer": "127.0.0.1:5", "reason": 'bad request: x="y"', "bytes_in": 42}
     assert parse_logfmt(LogfmtFormatter().format(record))["reason"] == 'bad request: x="y"'
 
 
@@ -143,7 +143,8 @@ def test_run_logs_json_line_by_line(tansu: Broker, tmp_path: Path) -> None:
                                 env={**os.environ, "KPROXY_LOG_FORMAT": "json"})
     try:
         wait_for_port("127.0.0.1", port)
-        AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=15)
+        # A client id that looks like a number: it is a name, and stays a string.
+        AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "client.id": "12345"}).list_topics(timeout=15)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0  # exit code 0 after a drain
     finally:
@@ -153,6 +154,28 @@ def test_run_logs_json_line_by_line(tansu: Broker, tmp_path: Path) -> None:
     events = [e["event"] for e in entries]
     assert {"listening", "connection_opened", "connection_closed", "shutdown_started", "stopped"} <= set(events)
     assert all({"ts", "level", "logger", "event"} <= e.keys() for e in entries)
+    # Numbers are JSON numbers (Loki, Elasticsearch and Datadog compare and sum them), names strings.
+    closed = [e for e in entries if e["event"] == "connection_closed" and e.get("client_id") == "12345"]
+    assert closed, entries
+    for entry in closed:
+        assert type(entry["bytes_in"]) is int and entry["bytes_in"] > 0, entry
+        assert type(entry["bytes_out"]) is int and type(entry["requests"]) is int, entry
+        assert type(entry["duration_s"]) is float, entry
+        assert isinstance(entry["peer"], str) and isinstance(entry["listener"], str), entry
+    (started,) = [e for e in entries if e["event"] == "shutdown_started"]
+    assert type(started["connections"]) is int and type(started["grace_s"]) is float, started
+
+
+def test_json_values_are_typed_and_names_stay_strings() -> None:
+    message = ("event=fault rule=42 action=delay connection=127.0.0.1:5 correlation_id=7 api=produce "
+               "topic=7 partition=0 detail=\"delay 5.0ms\" dry_run=true node_id=1 seed=-3 ratio=0.25 code=007")
+    record = logging.LogRecord("kproxy.rules", logging.INFO, __file__, 1, message, None, None)
+    entry = json.loads(JsonFormatter().format(record))
+    assert {k: entry[k] for k in ("rule", "topic", "partition", "node_id", "connection")} == {
+        "rule": "42", "topic": "7", "partition": "0", "node_id": "1", "connection": "127.0.0.1:5"}
+    assert (entry["correlation_id"], entry["dry_run"], entry["seed"], entry["ratio"]) == (7, True, -3, 0.25)
+    assert entry["code"] == "007" and entry["detail"] == "delay 5.0ms"
+    assert LogfmtFormatter().format(record).endswith(message), "logfmt lines are the message as it is"
 
 
 # -- exit codes -------------------------------------------------------------------------------------

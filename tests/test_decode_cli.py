@@ -85,7 +85,7 @@ def write(tmp_path: Path, content: str | bytes, name: str = "input") -> str:
 
 def assert_produce_v0(frame_json: dict[str, Any], *, with_records: bool) -> None:
     assert frame_json["direction"] == "request"
-    assert (frame_json["api_key"], frame_json["api_name"], frame_json["api_version"]) == (0, "Produce", 0)
+    assert (frame_json["api_key"], frame_json["api_name"], frame_json["api_version"]) == (0, "produce", 0)
     assert (frame_json["correlation_id"], frame_json["client_id"]) == (1, "foo")
     body = frame_json["body"]
     assert (body["acks"], body["timeout_ms"]) == (1, 1500)
@@ -124,7 +124,7 @@ def test_request_then_response_matched_by_correlation_id(capsys: Capsys) -> None
     status, frames, err = run(capsys, EXAMPLE)
     assert (status, err) == (0, "")
     request, response = frames
-    assert request["direction"] == "request" and request["api_name"] == "Metadata"
+    assert request["direction"] == "request" and request["api_name"] == "metadata"
     assert request["client_id"] == "test" and request["body"] == {"topics": None}
     assert response["direction"] == "response" and response["answers"] == 0
     assert (response["api_key"], response["api_version"], response["correlation_id"]) == (3, 0, 1)
@@ -149,7 +149,7 @@ def test_bare_response_with_api_key_and_version(capsys: Capsys, tmp_path: Path,
     status, [response], _ = run(capsys, "--api-key", api_key, "--api-version", "0", path)
     assert status == 0
     assert response["direction"] == "response" and response["answers"] is None
-    assert response["api_name"] == "Metadata" and response["body"] == {"brokers": [], "topics": []}
+    assert response["api_name"] == "metadata" and response["body"] == {"brokers": [], "topics": []}
 
 
 def test_forced_direction(capsys: Capsys, tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_frame_without_size_prefix(capsys: Capsys, tmp_path: Path, flags: list[s
 def test_stdin_dash_and_forced_hex(capsys: Capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(METADATA_V0_REQUEST.encode())))
     status, [request], _ = run(capsys, "--hex", "-")
-    assert status == 0 and request["api_name"] == "Metadata"
+    assert status == 0 and request["api_name"] == "metadata"
 
 
 def test_forced_raw_reads_text_as_bytes(capsys: Capsys, tmp_path: Path) -> None:
@@ -268,7 +268,7 @@ def test_unknown_api_version_and_its_response(capsys: Capsys, tmp_path: Path) ->
     text = "0000000c 0003 0063 00000007 0000 abcd\n00000006 00000007 beef"
     status, [request, response], _ = run(capsys, write(tmp_path, text))
     assert status == 0
-    assert request["api_name"] == "Metadata" and request["unknown_api"] is True
+    assert request["api_name"] == "metadata" and request["unknown_api"] is True
     assert response["direction"] == "response" and response["answers"] == 0
     assert response["unknown_api"] is True and response["body_hex"] == "beef"
 
@@ -397,7 +397,7 @@ def test_a_request_with_bytes_after_its_body_decodes_and_shows_them(capsys: Caps
     text = _with_trailing_bytes(metadata, b"\x00\x01\x02").hex()
     status, [out], err = run(capsys, write(tmp_path, text))
     assert status == 0, err
-    assert out["direction"] == "request" and out["api_name"] == "Metadata" and out["correlation_id"] == 5
+    assert out["direction"] == "request" and out["api_name"] == "metadata" and out["correlation_id"] == 5
     assert out["body"]["topics"][0]["name"] == "orders"
     assert out["trailing_bytes"] == {"byte_offset": len(metadata), "size": 3, "hex": "000102"}
 
@@ -412,3 +412,12 @@ def test_a_response_is_still_preferred_to_a_request_with_trailing_bytes(capsys: 
     assert status == 0, err
     assert [f["direction"] for f in frames] == ["request", "response"]
     assert all("trailing_bytes" not in f for f in frames)
+
+
+def test_api_names_are_spelled_as_the_metrics_spell_them(capsys: Capsys, tmp_path: Path) -> None:
+    """One spelling everywhere: ``find_coordinator`` as in ``kproxy_requests_total{api=...}``, rules and logs."""
+    from kproxy.protocol.builders import request_frame
+
+    status, frames, _ = run(capsys, write(tmp_path, request_frame(10, 1, 7, key="orders-app", key_type=0)))
+    assert status == 0
+    assert frames[0]["api_name"] == "find_coordinator"

@@ -431,7 +431,7 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
                    "kproxy_response_errors_total", "kproxy_bytes_total", "kproxy_client_connections_active",
                    "kproxy_upstream_connections_active", "kproxy_frames_rejected_total", "kproxy_in_flight_requests",
                    "kproxy_rule_hits_total", "kproxy_injected_errors_total", "kproxy_rule_throttle_seconds_total",
-                   "kproxy_rule_connection_faults_total", "kproxy_rules_loaded"):
+                   "kproxy_rule_connection_faults_total", "kproxy_rules_loaded", "kproxy_rule_held_seconds_bucket"):
         assert metric in exprs, f"no dashboard panel queries {metric}"
     assert "histogram_quantile(0.99, sum by (api, le) (rate(kproxy_overhead_seconds_bucket" in exprs
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs

@@ -175,6 +175,42 @@ def test_delay_holds_the_response_and_later_ones_wait_behind_it(at: str) -> None
     assert d.answered() == [1, 2]
 
 
+class Completed:
+    """A SessionObserver keeping the exchanges completed."""
+
+    def __init__(self) -> None:
+        self.done: list[Any] = []
+
+    def request(self, exchange: Any) -> None:
+        pass
+
+    def complete(self, exchange: Any) -> None:
+        self.done.append(exchange)
+
+
+@pytest.mark.parametrize("at", ["request", "response"])
+def test_the_time_a_delay_holds_is_the_rules_for_the_held_response_and_those_behind_it(at: str) -> None:
+    """``held`` (kproxy_rule_held_seconds, kept out of kproxy_overhead_seconds): from each answer
+    to the hold's end, charged to the rule that held the head of the line (the produce behind the
+    delayed heartbeat matches no rule)."""
+    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
+    seen = d.session.observer = Completed()
+    d.client(heartbeat(1), produce(2, -1))
+    d.clock.now += 0.05
+    d.broker(heartbeat_answer(1), produce_answer(2))
+    due = 100.2 if at == "request" else 100.25
+    d.tick(due + 0.003 - d.clock.now)  # released 3 ms late: the timer's lateness is kproxy's own time
+    d.session.report()
+    assert d.answered() == [1, 2]
+    held = 0.2 if at == "response" else 0.15  # at request: the broker's 50 ms are the broker's
+    by_id = {ex.correlation_id: ex for ex in seen.done}
+    for ex in by_id.values():
+        assert ex.held is not None
+        assert ex.held[0] == pytest.approx(held)
+        assert ex.held[1] == ("r1", "delay")
+        assert ex.overhead_seconds == pytest.approx(0.003)
+
+
 def test_throttle_holds_like_a_quota_and_reports_throttle_time_ms() -> None:
     d = Driver(rules("throttle: {bytes_per_second: 1000, burst_seconds: 0.01}", "{api: produce}"))
     first = produce(1, -1)

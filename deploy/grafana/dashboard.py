@@ -140,9 +140,18 @@ def latency_row() -> list[timeseries.Panel]:
               quantile(0.5, "kproxy_broker_latency_seconds", "A", f'api=~"{LONG_POLLS}"'),
               quantile(0.99, "kproxy_broker_latency_seconds", "B", f'api=~"{LONG_POLLS}"')),
         graph("kproxy overhead p50 / p99", "kproxy's own time per request: reading, decoding, rewriting and "
-              "writing, both directions. Microseconds when healthy.", "s",
+              "writing, both directions. Microseconds when healthy. Time fault-injection rules hold "
+              "responses (delay, throttle) is not in it: it is on the next panel.", "s",
               quantile(0.5, "kproxy_overhead_seconds", "A"),
               quantile(0.99, "kproxy_overhead_seconds", "B")),
+        graph("Held by rules p50 / p99", "How long fault-injection rules (delay, throttle) held responses "
+              "back, by rule and action: their own hold, or one ahead of them on the connection. The "
+              "rules' time, kept out of kproxy's overhead; empty when no such rule is loaded.", "s",
+              query(f"histogram_quantile(0.5, sum by (rule, action, le) "
+                    f"(rate(kproxy_rule_held_seconds_bucket{{{SEL}}}[{WINDOW}])))", "{{rule}} {{action}} p50"),
+              query(f"histogram_quantile(0.99, sum by (rule, action, le) "
+                    f"(rate(kproxy_rule_held_seconds_bucket{{{SEL}}}[{WINDOW}])))", "{{rule}} {{action}} p99",
+                    "B")),
     ]
 
 

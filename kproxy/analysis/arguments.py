@@ -29,3 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what-if: evaluate this rule file against the captured requests, per rule "
                              "(an invalid file: exit 2, every problem listed)")
     parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let Spark write its progress bars and warnings to stderr (quiet by default: "
+                             "stderr then holds kproxy analyze's own lines)")

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
-from kproxy.analysis.schema import spark_schema
+from kproxy.analysis.schema import snake_api_name, spark_schema
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
 from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
 
@@ -172,7 +173,7 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
     df = frames[0]
     for more in frames[1:]:
         df = df.unionByName(more)
-    return df
+    return df.withColumn("api_name", snake_api_name())  # the metrics' spelling, in every table
 
 
 # -- aggregates ------------------------------------------------------------------------------
@@ -233,14 +234,14 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
                               F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"),
                               F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
                          .orderBy(F.desc("requests"), "topic").limit(TOP_N))
-    moved = parts.where(F.col("api_name").isin("Produce", "Fetch"))
+    moved = parts.where(F.col("api_name").isin("produce", "fetch"))
     out["throughput"] = (moved.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name", "topic")
                          .agg(F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
                          .orderBy("minute", "api_name", "topic"))
     out["hot_partitions"] = (moved.where(F.col("partition").isNotNull())
                              .groupBy("topic", "partition")
-                             .agg(F.sum(F.when(F.col("api_name") == "Produce", F.col("records"))).alias("produced"),
-                                  F.sum(F.when(F.col("api_name") == "Fetch", F.col("records"))).alias("fetched"),
+                             .agg(F.sum(F.when(F.col("api_name") == "produce", F.col("records"))).alias("produced"),
+                                  F.sum(F.when(F.col("api_name") == "fetch", F.col("records"))).alias("fetched"),
                                   F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
                              .na.fill(0, ["produced", "fetched"])
                              .orderBy(F.desc("bytes"), "topic", "partition").limit(TOP_N))
@@ -321,9 +322,13 @@ class NoInput(Exception):
         super().__init__("no readable capture input: " + "; ".join(map(str, problems)))
 
 
-def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()) -> SparkSession:
+def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = (), *,
+                  verbose: bool = False) -> SparkSession:
     """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small);
     ``conf`` goes last and wins.
+
+    Unless ``verbose``, Spark keeps quiet: no console progress bars (they filled stderr, between
+    the command's own lines) and its log at ERROR (a WARN of Spark's is rarely the user's to act on).
 
     In local mode the driver is the executor too, and Spark's default driver memory (1 GiB) is
     short for millions of records: it gets :func:`local_driver_memory` unless ``conf`` names one.
@@ -331,12 +336,39 @@ def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()
     builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "8"))
+               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.ui.showConsoleProgress", "true" if verbose else "false"))
+    if not verbose:
+        # Spark's own start-up lines come before setLogLevel can act: the driver JVM (started with
+        # these settings in local mode) reads a log4j2 configuration at ERROR instead of Spark's default.
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2()}")
     if master.startswith("local") and not any(key == "spark.driver.memory" for key, _ in conf):
         builder = builder.config("spark.driver.memory", local_driver_memory())
     for key, value in conf:
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+_QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j2() -> str:
+    """A log4j2 configuration logging errors only, as a file URI (written once per temp directory)."""
+    path = Path(tempfile.gettempdir()) / f"kproxy-analyze-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _QUIET_LOG4J2:
+        path.write_text(_QUIET_LOG4J2)
+    return path.as_uri()
 
 
 def local_driver_memory(physical: int | None = None) -> str:

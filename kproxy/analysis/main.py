@@ -20,12 +20,13 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
-            seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX) -> int:
+            seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
     ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
+    ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines).
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
     ``seed``; a file the loader refuses is exit 2 with every problem as file:line: key: reason,
     before Spark starts.
@@ -53,7 +54,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stderr.write("kproxy analyze: --seed needs --rules\n")
         return EXIT_USAGE
     if follow:
-        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings)
+        return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings, verbose=verbose)
     def progress(stage: str) -> None:
         stderr.write(f"kproxy analyze: {stage}\n")
         stderr.flush()
@@ -61,7 +62,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     local = "://" not in out
     if local:
         Path(out).mkdir(parents=True, exist_ok=True)
-    spark = spark_session(master, settings)
+    spark = spark_session(master, settings, verbose=verbose)
     try:
         analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles)
     except NoInput as exc:
@@ -80,7 +81,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
 
 
 def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
-            conf: Sequence[tuple[str, str]]) -> int:
+            conf: Sequence[tuple[str, str]], verbose: bool) -> int:
     from kproxy.analysis.follow import LIVE_TABLE, follow
 
     if len(paths) != 1:
@@ -94,7 +95,7 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stdout.write(f"batch {batch_id}: {rows} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
         stdout.flush()
 
-    query = follow(spark_session(master, conf), paths[0], out, on_batch=on_batch)
+    query = follow(spark_session(master, conf, verbose=verbose), paths[0], out, on_batch=on_batch)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
-                   exact_percentiles=args.exact_percentiles)
+                   exact_percentiles=args.exact_percentiles, verbose=args.verbose)
 
 
 if __name__ == "__main__":

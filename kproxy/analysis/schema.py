@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pyspark.sql import Column as SparkColumn
+from pyspark.sql import functions as F
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -35,3 +37,11 @@ def _field(col: Column) -> StructField:
 def spark_schema() -> StructType:
     """The ``StructType`` of one capture record."""
     return StructType([_field(c) for c in COLUMNS])
+
+
+def snake_api_name(column: str = "api_name") -> SparkColumn:
+    """A capture's api name (Kafka's, ``GetTelemetrySubscriptions``) as the metrics, rules and logs
+    spell it (``get_telemetry_subscriptions``): the rule of
+    :func:`kproxy.protocol.tables.api_snake_name`, in Spark, so every output of ``analyze`` uses
+    the one spelling whatever a capture holds."""
+    return F.lower(F.regexp_replace(F.col(column), "(?<!^)(?=[A-Z])", "_"))

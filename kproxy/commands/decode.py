@@ -19,8 +19,9 @@ Output (one dict per frame)
 ---------------------------
 ``frame`` (index), ``byte_offset`` (where the frame, size prefix included,
 starts in the Kafka bytes), ``size`` (bytes after the size prefix),
-``direction`` (``"request"``/``"response"``), ``api_key``, ``api_name`` (Kafka's
-name, ``"Metadata"``), ``api_version``, ``correlation_id``, ``header_version``,
+``direction`` (``"request"``/``"response"``), ``api_key``, ``api_name`` (as metrics,
+rules and logs spell it: ``"metadata"``, ``"find_coordinator"``), ``api_version``,
+``correlation_id``, ``header_version``,
 ``client_id`` (requests), ``answers`` (responses: index of the request frame
 matched by correlation id, or ``null`` when ``--api-key``/``--api-version``
 gave the kind), ``header_tagged_fields`` (when present), then ``body``.
@@ -68,7 +69,7 @@ from kproxy.protocol.records import (
     iter_batches,
 )
 from kproxy.protocol.schema import Direction, Field
-from kproxy.protocol.tables import api_name
+from kproxy.protocol.tables import api_snake_name
 
 __all__ = ["DecodeOptions", "FrameDecoder", "decode_input"]
 
@@ -264,7 +265,7 @@ class FrameDecoder:
 
 def _head(span: FrameSpan, direction: str, api_key: int, api_version: int) -> JsonDict:
     return {"frame": span.index, "byte_offset": span.byte_offset, "size": len(span.payload),
-            "direction": direction, "api_key": api_key, "api_name": api_name(api_key),
+            "direction": direction, "api_key": api_key, "api_name": api_snake_name(api_key),
             "api_version": api_version}
 
 

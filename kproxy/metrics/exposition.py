@@ -42,6 +42,7 @@ class LiveGauges:
     in_flight: int = 0
     listeners: int = 0
     capture: Mapping[str, int] | None = None  # records by outcome; None: capture is off
+    capture_over_budget: int = 0  # frames the capture read no further (kproxy.protocol.records.budget)
 
 
 class TrafficCollector(Collector):
@@ -130,14 +131,27 @@ class TrafficCollector(Collector):
                        ["api", "error"], f.injected_errors)
         yield _counter("kproxy_rule_throttle_seconds", "Time responses were held by throttle rules (also reported "
                        "to clients as throttle_time_ms).", ["rule"], f.throttle_seconds)
+        family = HistogramMetricFamily("kproxy_rule_held_seconds", "Time responses were held back by rules "
+                                       "(delay, throttle), their own hold or one ahead of them on the connection: "
+                                       "the rules' time, not counted in kproxy_overhead_seconds.",
+                                       labels=["rule", "action"])
+        for (rule, action), hist in list(f.held.items()):
+            family.add_metric([rule, action], hist.cumulative(), hist.sum)
+        yield family
         yield _counter("kproxy_rule_connection_faults", "Responses dropped and connections closed, reset or "
                        "blackholed by rules.", ["rule", "action"], f.connection_faults)
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+        over_budget = {"rules": f.records_over_budget}
         if live.capture is not None:
             yield _counter("kproxy_capture_records", "Capture records written to disk, or dropped (the writer's "
-                           "queue was full, or a write failed).", ["outcome"], live.capture)
+                           "queue was full, or a write failed), or abandoned (written, then their file could not "
+                           "be completed).", ["outcome"], live.capture)
+            over_budget["capture"] = live.capture_over_budget
+        yield _counter("kproxy_records_over_budget", "Frames whose records a reader gave up on: reading them "
+                       "needed more than the per-frame budget (a decompression bomb, say); the frame went on "
+                       "unchanged. The metrics' own count: kproxy_records_uncounted.", ["reader"], over_budget)
 
 
 def _class_of(error_name: str) -> str:

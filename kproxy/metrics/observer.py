@@ -61,6 +61,10 @@ class BrokerObserver:
         # here the response is there.
         received = exchange.received_at
         overhead = exchange.forwarded_at - exchange.read_at + exchange.completed_at - received
+        held = exchange.held
+        if held is not None:  # a rule's delay or throttle: its time, not kproxy's
+            overhead -= held[0]
+            self.stats.held(held[1], held[0])
         # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
         # the stats find it from the kind's header layout, without a header decode. The rewritten body,
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.

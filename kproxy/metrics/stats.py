@@ -46,7 +46,7 @@ from kproxy.metrics.histogram import Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
-from kproxy.protocol.records import CountBudget, count_records, one_batch_count
+from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
 from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
@@ -72,9 +72,9 @@ PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
 ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 # Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
-# loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
-# at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
-RECORD_COUNT_BUDGET = 1024 * 1024
+# loop: the one per-frame default of every records reader (kproxy.protocol.records.budget), so a wrapper
+# any broker would take is counted (~25 ms of walk at most); a decompression bomb is not.
+RECORD_COUNT_BUDGET = DEFAULT_RECORD_BUDGET
 
 
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
@@ -184,20 +184,34 @@ class FaultStats:
     # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
     rules_generation: int = 0
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+    # Frames whose record actions were skipped: editing them needed more than their RecordBudget.
+    records_over_budget: int = 0
+    # (rule, action) -> how long responses were held back by a delay or throttle (kproxy_rule_held_seconds):
+    # the rules' time, kept out of kproxy_overhead_seconds.
+    held: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+
+    def held_histogram(self, key: tuple[str, str]) -> Histogram:
+        """The ``kproxy_rule_held_seconds`` histogram of ``(rule, action)``, made on first use (a rule
+        set's delays and throttles are made at load, at zero, so dashboards see every one)."""
+        hist = self.held.get(key)
+        if hist is None:
+            hist = self.held[key] = Histogram(BROKER_BUCKETS)
+        return hist
 
     def keep_rules(self, rule_ids: Container[str], chunk: int = 0) -> Iterator[int]:
         """Remove the series of every rule not in ``rule_ids`` (the rules now loaded), ``chunk`` keys
         looked at per step (0: all at once); yields after each step how many went in it, so that a
         caller on the event loop can give the loop a turn between steps (100,000 series take a walk
         of each map keyed by rule id)."""
-        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults)  # keys (rule, ...)
+        # keys (rule, ...); the held histogram of responses no rule holds is ("", ""): no rule id is "".
+        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults, self.held)
         for table in (*by_rule, self.throttle_seconds):
             keys = list(table)  # a copy: counting goes on between steps
             step = chunk or len(keys) or 1
             for start in range(0, len(keys), step):
                 part = keys[start:start + step]
-                stale = [k for k in part if k not in rule_ids] if table is self.throttle_seconds else [
-                    k for k in part if k[0] not in rule_ids]
+                stale = [k for k in part if k and k not in rule_ids] if table is self.throttle_seconds else [
+                    k for k in part if k[0] and k[0] not in rule_ids]
                 for key in stale:
                     table.pop(key, None)
                 yield len(stale)
@@ -455,6 +469,11 @@ class TrafficStats:
         elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
             self._add_errors(broker, kind.api, api_key, frame, found)
 
+    def held(self, by: tuple[str, str] | None, seconds: float) -> None:
+        """A response held back ``seconds`` by a rule (``by``: its rule and action; None when the
+        policy named none) - time that is the rule's, not kproxy's (kept out of the overhead)."""
+        self.faults.held_histogram(by or ("", "")).observe(seconds)
+
     def no_response(self, api_key: int, overhead_seconds: float) -> None:
         """A request that gets no response (Produce acks=0): only kproxy's time to record."""
         api = self.api(api_key)
@@ -555,7 +574,7 @@ class TrafficStats:
         exhausted = False
         if count is None:
             view = memoryview(frame)
-            budget = CountBudget(RECORD_COUNT_BUDGET)
+            budget = RecordBudget(RECORD_COUNT_BUDGET)
             count = 0
             try:
                 for start, end in ranges:  # a loop, not sum() over a generator

@@ -124,7 +124,9 @@ class Exchange:
     Times come from the session's clock: ``read_at`` when the chunk holding the
     request was read, ``forwarded_at`` when the session let it go upstream,
     ``received_at`` when the response was read, ``completed_at`` when it was
-    released to the client (in order).
+    released to the client (in order). ``held``, when a policy's hold (a delay or throttle of
+    this response or of one ahead of it) kept the response back: ``(seconds of that wait, who
+    it is charged to)``.
     """
 
     correlation_id: int
@@ -153,6 +155,8 @@ class Exchange:
     response_delay: float = 0.0  # ... nor earlier than this many seconds after it arrived
     on_response: Callable[[bytes], bytes] | None = None  # edits the (address-rewritten) response
     drop: bool = False  # the response is swallowed when it comes: the client never gets an answer
+    # One field for both (set at release, only when held): each field more costs every request.
+    held: tuple[float, tuple[str, str] | None] | None = None
     _request_body_offset: int = -1  # -1: not read yet
     _client_id: str | None = _UNREAD
     _request_scan: RequestScan | None = _UNREAD
@@ -222,11 +226,13 @@ class Exchange:
 
     @property
     def overhead_seconds(self) -> float:
-        """kproxy's share: request read -> forwarded, plus response read -> released."""
+        """kproxy's share: request read -> forwarded, plus response read -> released, less the
+        time a policy held the response (``held``: the rules' time is not kproxy's)."""
         request_side = self.forwarded_at - self.read_at
         if self.response is None:
             return request_side
-        return request_side + (self.completed_at - self.received_at)
+        held = self.held[0] if self.held is not None else 0.0
+        return request_side + (self.completed_at - self.received_at - held)
 
 
 class SessionObserver(Protocol):
@@ -254,6 +260,8 @@ class Verdict:
     * ``hold_s``: the response leaves no earlier than this long after the request was
       read (a delay before forwarding, or a throttle: the client sees the same wait);
       ``response_delay_s``: no earlier than this long after the broker's answer came.
+      ``held_by``: who that wait is charged to, a pair of names the session hands to the
+      observer as it is (``Exchange.held``; the server's policy names a rule and action).
     * ``on_response``: edits the broker's answer, after the default address rewrite.
     * ``drop_response``: the broker's answer is swallowed: the client times out.
     * ``blackhole``: this request and every later one on the connection get no answer;
@@ -273,6 +281,7 @@ class Verdict:
     drop_response: bool = False
     blackhole: bool = False
     close_after_s: float | None = None
+    held_by: tuple[str, str] | None = None
 
 
 _BLACKHOLED = Verdict(drop_response=True)  # every request after a blackhole
@@ -340,6 +349,8 @@ class Session:
         # once per connection: clients keep one id per connection, and it names the client in log lines.
         self.client_id: str | None = None
         self._wake: float | None = None  # a WakeAt to ask for (a held response), None: none
+        # correlation id -> the verdict's held_by, for requests a policy holds (Exchange.held at release)
+        self._hold_owners: dict[int, tuple[str, str]] = {}
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed = False
         self._close_at: float | None = None  # a slow close's time
@@ -493,6 +504,8 @@ class Session:
             return out
         if verdict.hold_s:
             ex.release_at = ex.read_at + verdict.hold_s
+        if verdict.held_by is not None:
+            self._hold_owners[ex.correlation_id] = verdict.held_by
         ex.response_delay = verdict.response_delay_s
         ex.on_response = verdict.on_response
         ex.drop = verdict.drop_response or verdict.blackhole
@@ -714,12 +727,23 @@ class Session:
         wake-up: the ones behind it wait, as they would behind a slow broker. A dropped one
         releases nothing once its answer came, and the ones behind it go on: the broker
         answers in order, so its answer is read before any later one.
+
+        For the observer, each exchange's ``held`` is the part of its wait (from its answer
+        to its release) that a hold caused: up to the latest ``release_at`` met so far in this
+        release, its own or of one ahead of it that it queued behind.
         """
+        held_until = 0.0  # the latest release_at among the exchanges released by this call
+        held_by: tuple[str, str] | None = None
         while self.in_flight and self.in_flight[0].response is not None:
             head = self.in_flight[0]
-            if head.release_at and head.release_at > self.clock():
-                self._want_wake(head.release_at)
-                break
+            release_at = head.release_at
+            if release_at:
+                if release_at > self.clock():
+                    self._want_wake(release_at)
+                    break
+                owner = self._hold_owners.pop(head.correlation_id, None)
+                if release_at > held_until:
+                    held_until, held_by = release_at, owner
             ex = self.in_flight.popleft()
             self._taken.discard(ex.correlation_id)
             assert ex.response is not None
@@ -732,6 +756,8 @@ class Session:
                 self._ready_routes.extend(ex.routes)
             if self.observer is not None:
                 ex.completed_at = self.clock()
+                if held_until > ex.received_at:
+                    ex.held = (held_until - ex.received_at, held_by)
                 self._completed.append(ex)
 
     def _take_ready(self, read: Sequence[bytes | Spanned], chunk: bytes, exact: bool) -> SendToClient:

@@ -2,7 +2,8 @@
 
 Code logs logfmt messages (``event=connection_closed peer=... reason=...``) whatever the output
 format; :class:`JsonFormatter` turns each into one JSON object with the same keys, so a field has
-one name in both formats.
+one name in both formats, and with JSON types: a count or a duration is a JSON number, a flag a
+JSON boolean, as log pipelines (Loki, Elasticsearch, Datadog) map and compare them.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import logging
 import re
 import sys
 import time
+
+from kproxy.ratelimit import Throttle as Throttle  # re-exported: its home before kproxy/ratelimit.py
 
 
 def q(text: str) -> str:
@@ -102,14 +105,45 @@ def parse_logfmt(message: str) -> dict[str, str]:
     return out
 
 
+# Keys whose values are names someone chose (a client id, a rule id, a topic) or lists, never
+# numbers whatever they look like: a client id "42" stays the string "42", so that a field has one
+# JSON type in every line (a pipeline maps a field's type from the first value it sees, and refuses
+# lines that disagree later). node_id is "bootstrap" or a broker's id, as the metrics' label.
+STRING_KEYS = frozenset({
+    "client_id", "principal", "rule", "topic", "partition", "node_id", "peer", "connection", "listener",
+    "upstream", "address", "advertised_host", "detail", "reason", "msg", "where", "file", "path", "option",
+})
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+(?:[eE][-+]?[0-9]+)?")
+
+
+def typed(key: str, value: str) -> str | int | float | bool:
+    """A logfmt value as JSON should carry it: ``135`` an int, ``0.003`` a float, ``true`` and
+    ``false`` booleans, anything else (and every value of :data:`STRING_KEYS`) the string itself.
+    A number written with leading zeros (``007``) stays a string: it would not read back as written."""
+    if key in STRING_KEYS:
+        return value
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    if _INT.fullmatch(value):
+        return int(value)
+    if _FLOAT.fullmatch(value):
+        return float(value)
+    return value
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``ts``, ``level``, ``logger``, then the message's own keys."""
+    """One JSON object per line: ``ts``, ``level``, ``logger``, then the message's own keys, their
+    values typed by :func:`typed`."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
-        entry: dict[str, str] = {"ts": ts, "level": record.levelname.lower(), "logger": record.name}
+        entry: dict[str, str | int | float | bool] = {"ts": ts, "level": record.levelname.lower(),
+                                                      "logger": record.name}
         for key, value in parse_logfmt(record.getMessage()).items():
-            entry.setdefault(key, value)  # ts/level/logger are the record's own
+            entry.setdefault(key, typed(key, value))  # ts/level/logger are the record's own
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
         # JSON escapes only U+0000..U+001F itself: line breaks beyond them (U+0085, U+2028, U+2029) and
@@ -129,32 +163,6 @@ def _json_escape(m: re.Match[str]) -> str:
         return f"\\u{code:04x}"
     code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes characters beyond the BMP
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-
-
-class Throttle:
-    """At most one log line per ``interval`` seconds for an event that can repeat thousands of
-    times a second (accept failing while descriptors are exhausted, say).
-
-    Call :meth:`due` at every occurrence: it returns how many occurrences the line to log now
-    stands for (this one and those held back since the last line), or None while the interval
-    runs. The first occurrence is always logged at once.
-    """
-
-    __slots__ = ("_held", "_next", "interval")
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self.interval = interval
-        self._next = 0.0
-        self._held = 0
-
-    def due(self) -> int | None:
-        self._held += 1
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + self.interval
-        count, self._held = self._held, 0
-        return count
 
 
 def setup_logging(level: str, fmt: str = "logfmt") -> None:

@@ -48,11 +48,11 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
+from kproxy.ratelimit import Throttle
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
@@ -73,7 +73,12 @@ _ACCEPT_BACKOFF = 0.1
 
 
 class UpstreamUnavailable(Exception):
-    """No upstream address accepted a connection."""
+    """No upstream address accepted a connection. The message names each address with its
+    reason; ``reasons`` are the reasons alone (for a caller that names the address itself)."""
+
+    def __init__(self, failures: list[tuple[HostPort, str]]) -> None:
+        super().__init__("upstream unavailable: " + "; ".join(f"{addr}: {why}" for addr, why in failures))
+        self.reasons = [why for _, why in failures]
 
 
 class ListenFailed(OSError):
@@ -316,7 +321,8 @@ class ProxyServer:
     def _live_gauges(self) -> LiveGauges:
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
                           listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
-                          capture=self.capture.counts() if self.capture is not None else None)
+                          capture=self.capture.counts() if self.capture is not None else None,
+                          capture_over_budget=self.capture.builder.over_budget if self.capture is not None else 0)
 
     async def readiness(self) -> str | None:
         """None when ready to serve; else why not (for ``/readyz``)."""
@@ -333,7 +339,11 @@ class ProxyServer:
 
     async def _probe_upstream(self, target: Target) -> None:
         # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
-        stream, _ = await self._connect_upstream([target.address], target.node_id)
+        try:
+            stream, _ = await self._connect_upstream([target.address], target.node_id)
+        except UpstreamUnavailable as exc:
+            # The reason alone: /readyz and the upstream_down line name the address themselves.
+            raise ConnectionError("; ".join(exc.reasons)) from None
         await trio.aclose_forcefully(stream)
 
     def _health_result(self, target: Target, result: Result) -> None:
@@ -505,7 +515,7 @@ class ProxyServer:
                                 ) -> tuple[trio.abc.Stream, HostPort]:
         """Connect to the first address that accepts (TLS included); failures are counted
         per address and ``node_id`` unless ``probe`` (broker discovery)."""
-        errors = []
+        errors: list[tuple[HostPort, str]] = []
         for addr in addresses:
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
@@ -521,12 +531,12 @@ class ProxyServer:
                         raise
                     return tls, addr
             except trio.TooSlowError:
-                errors.append(f"{addr}: timed out")
+                errors.append((addr, "timed out"))
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                errors.append(f"{addr}: {_os_reason(exc)}")
+                errors.append((addr, _os_reason(exc)))
             if not probe:
                 self.stats.upstream_connect_failed(str(addr), node_id)
-        raise UpstreamUnavailable("upstream unavailable: " + "; ".join(errors))
+        raise UpstreamUnavailable(errors)
 
 
 async def _open_tcp(host: str, port: int) -> trio.SocketStream:

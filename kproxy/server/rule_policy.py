@@ -42,6 +42,7 @@ from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
+from kproxy.ratelimit import Throttle as LogThrottle
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
 from kproxy.rules.bucket import charged_on_response, split_throttle
@@ -64,6 +65,7 @@ from kproxy.rules.model import CloseConnection as CloseRule
 from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.faults")
+_OVER_BUDGET_LOG = LogThrottle(60.0)  # the first frame over its records budget, then one line a minute
 
 # Actions the session times or ends the connection for; apply.py's functions ignore them.
 _CONNECTION_ACTIONS = (DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
@@ -100,6 +102,7 @@ class FaultInjector:
         conns: dict[tuple[str, str], int] = {}
         throttles: dict[str, float] = {}
         errors: dict[tuple[str, str], int] = {}
+        held: dict[tuple[str, str], None] = {}  # kproxy_rule_held_seconds: histograms, made by counts
         for rule in enabled:
             for _, action, (_, name, _) in self.plans[rule.id].steps:
                 hits[rule.id, name, "true" if rule.dry_run else "false"] = 0
@@ -109,10 +112,14 @@ class FaultInjector:
                     conns[rule.id, name] = 0
                 elif isinstance(action, Throttle):
                     throttles[rule.id] = 0.0
+                    held[rule.id, name] = None
+                elif isinstance(action, Delay):
+                    held[rule.id, name] = None
                 elif isinstance(action, InjectError):
                     errors.update(((api_snake_name(api), error_name(action.error_code)), 0)
                                   for api in sorted(rule.match.apis or ()))
         self.series = (hits, conns, throttles, errors)
+        self.held_series = list(held)
         if register:
             self.register_series()
 
@@ -136,6 +143,11 @@ class FaultInjector:
             for start in range(0, len(items), step):
                 table.update({k: v for k, v in items[start:start + step] if k not in table})
                 yield
+        step = chunk or len(self.held_series) or 1
+        for start in range(0, len(self.held_series), step):
+            for key in self.held_series[start:start + step]:
+                counts.held_histogram(key)
+            yield
 
 
 # What RulePolicy._verdict does for an action, one int compare each (not a chain of isinstance).
@@ -263,13 +275,16 @@ class _Delays:
 
     def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
         self.keys = tuple(key for _, _, key in plan.steps)
-        hold_s = response_delay_s = 0.0
-        for (kind, _, _), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
+        hold_s = response_delay_s = longest = 0.0
+        held_by: tuple[str, str] | None = None
+        for (kind, _, key), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
             if kind == _DELAY_REQUEST:
                 hold_s += ms / 1000
             else:
                 response_delay_s += ms / 1000
-        self.verdict = Verdict(hold_s=hold_s, response_delay_s=response_delay_s) \
+            if ms > longest:
+                longest, held_by = ms, (key[0], key[1])
+        self.verdict = Verdict(hold_s=hold_s, response_delay_s=response_delay_s, held_by=held_by) \
             if (hold_s or response_delay_s) and not hit.dry_run else None
 
 
@@ -415,7 +430,8 @@ class RulePolicy:
         answer: bytes | None = None
         forward = True
         request = frame
-        hold_s = response_delay_s = 0.0
+        hold_s = response_delay_s = longest_s = 0.0  # longest_s: the largest single hold, charged held_by
+        held_by: tuple[str, str] | None = None
         throttle_ms = 0
         response_charges: list[tuple[str, Throttle]] | None = None  # (rule id, byte rate) charged with the size
         drop = blackhole = False
@@ -441,6 +457,8 @@ class RulePolicy:
                         hold_s += ms / 1000
                     else:
                         response_delay_s += ms / 1000
+                    if ms / 1000 > longest_s:
+                        longest_s, held_by = ms / 1000, (rule_id, key[1])
                     if report:
                         self._fault(key, facts, f"{ms:.1f}ms at {'request' if kind == _DELAY_REQUEST else 'response'}")
                     else:
@@ -455,6 +473,8 @@ class RulePolicy:
                         delay = reported = injector.engine.throttle_delay_s(rule_id, action, facts, ex.request_size)
                     if delay > 0:
                         hold_s += delay
+                        if delay > longest_s:
+                            longest_s, held_by = delay, (rule_id, key[1])
                         throttle_ms = max(throttle_ms, round(reported * 1000))
                         counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + delay
                         self._fault(key, facts, f"held {delay * 1000:.1f}ms")
@@ -478,6 +498,8 @@ class RulePolicy:
             if plan.request_actions:  # none: apply_to_request would hand the frame back as it is
                 outcome = apply_to_request(plan.request_actions, request, only=plan.only)
                 request = outcome.frame
+                if outcome.over_budget:
+                    _over_budget(counts, self.peer)
                 for note in outcome.notes:
                     self._fault((rule_id, _note_action(note), "false"), facts, note)
                 if not outcome.forward:
@@ -501,7 +523,7 @@ class RulePolicy:
                 or blackhole):
             return Verdict(answer=answer, forward=forward, request=None if request is frame else request,
                            hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
-                           drop_response=drop, blackhole=blackhole, close_after_s=close_after)
+                           drop_response=drop, blackhole=blackhole, close_after_s=close_after, held_by=held_by)
         return None
 
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
@@ -515,6 +537,8 @@ class RulePolicy:
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
                                             throttle_time_ms=throttle_ms if last else None, only=plan.only)
                 response = outcome.frame
+                if outcome.over_budget:
+                    _over_budget(counts, self.peer)
                 for note in outcome.notes:
                     self._fault((rule_id, _note_action(note), "false"), facts, note)
                 for error in plan.response_errors:
@@ -619,6 +643,14 @@ def _charging_response(injector: FaultInjector, ex: Exchange, facts: FrameFacts,
         return response
 
     return charge
+
+
+def _over_budget(counts: FaultStats, peer: str) -> None:
+    """A frame's record actions gave up (kproxy.protocol.records.budget): counted, logged rate-limited."""
+    counts.records_over_budget += 1
+    held = _OVER_BUDGET_LOG.due()
+    if held is not None:
+        log.warning("event=records_over_budget reader=rules connection=%s frames=%d", peer, held)
 
 
 def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:

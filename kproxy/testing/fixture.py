@@ -54,13 +54,18 @@ class KproxyProcess:
 class Kproxy:
     """One test's kproxy: ``bootstrap``, ``add_rule({...})``, ``rule({...})`` (a context manager),
     ``enable``/``disable``/``dry_run``, ``hits``, ``faults``; :meth:`close` removes every rule
-    (the kproxy of the plugin starts with none: each test starts from no rules)."""
+    (the kproxy of the plugin starts with none: each test starts from no rules).
+
+    ``hits`` of a rule this test removed (by :meth:`remove_rule` or the end of a ``with
+    kproxy.rule(...)`` block) answer its counts at removal: asserting what a rule did after its
+    block is the natural order, and the rule's count cannot change once it is gone."""
 
     def __init__(self, process: KproxyProcess, *, test_name: str = "test") -> None:
         self.process = process
         self.admin = AdminClient(process.admin_url)
         self._prefix = "".join(c if c.isalnum() or c in "_.:-" else "-" for c in test_name)[:60].strip("-_.:")
         self._hits_before: dict[tuple[str, str], int] = {}  # (rule id, "hits" or "dry_run_hits") -> count
+        self._hits_removed: dict[tuple[str, str], int] = {}  # same keys: this test's counts at removal
 
     @property
     def bootstrap(self) -> str:
@@ -83,6 +88,7 @@ class Kproxy:
         rule_id = str(done["rule"]["id"])
         for key in ("hits", "dry_run_hits"):  # counters live as long as kproxy: this test counts from here
             self._hits_before[rule_id, key] = _total(done["rule"][key])
+            self._hits_removed.pop((rule_id, key), None)  # added again: counting live again
         return rule_id
 
     @contextlib.contextmanager
@@ -95,8 +101,17 @@ class Kproxy:
             self.remove_rule(rule_id)
 
     def remove_rule(self, rule_id: str) -> None:
-        with contextlib.suppress(AdminRefused):  # already gone
+        """Take the rule out of force; :meth:`hits` keeps answering its counts at removal."""
+        try:
+            # Disabled first: from the change on no request is decided by the rule (hits are
+            # counted when a request is decided), so the counts the answer carries are final;
+            # reading then deleting would miss requests decided in between.
+            final = self.admin.disable(rule_id)["rule"]
             self.admin.delete(rule_id)
+        except AdminRefused:  # already gone
+            return
+        for key in ("hits", "dry_run_hits"):
+            self._hits_removed[rule_id, key] = _total(final[key]) - self._hits_before.get((rule_id, key), 0)
 
     def enable(self, rule_id: str) -> None:
         self.admin.enable(rule_id)
@@ -109,9 +124,14 @@ class Kproxy:
         self.admin.set_dry_run(rule_id, on)
 
     def hits(self, rule_id: str, *, dry_run: bool = False) -> int:
-        """Actions done by the rule since this test added it (``dry_run``: matched in shadow mode)."""
-        described = self.admin.rule(rule_id)
+        """Actions done by the rule since this test added it (``dry_run``: matched in shadow mode),
+        up to its removal when this test removed it. Raises
+        :class:`~kproxy.admin.client.AdminRefused` (404) for a rule kproxy never had in force."""
         key = "dry_run_hits" if dry_run else "hits"
+        removed = self._hits_removed.get((rule_id, key))
+        if removed is not None:
+            return removed
+        described = self.admin.rule(rule_id)
         return _total(described[key]) - self._hits_before.get((rule_id, key), 0)
 
     def faults(self, rule: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
@@ -122,6 +142,7 @@ class Kproxy:
         """Remove every rule: the next test starts from none."""
         self.admin.reset()
         self._hits_before.clear()
+        self._hits_removed.clear()
 
 
 def _total(hits: Mapping[str, Any]) -> int:

@@ -4,10 +4,16 @@
 
     def test_orders_survive_a_flaky_leader(kproxy):
         producer = Producer({"bootstrap.servers": kproxy.bootstrap, "enable.idempotence": True})
-        with kproxy.rule({"match": {"api": "produce", "probability": 0.3},
+        outcomes = []
+        with kproxy.rule({"match": {"api": "produce", "schedule": {"first": 3}},
                           "actions": [{"inject_error": {"error": "NOT_LEADER_OR_FOLLOWER"}}]}) as rule:
-            ...  # produce: the rule applies from the next request, on every connection
-        assert kproxy.hits(rule) > 0
+            for n in range(10):  # the rule applies from the next request, on every connection
+                producer.produce("orders", value=b"%d" % n, on_delivery=lambda err, msg: outcomes.append(err))
+            producer.flush(30)
+        assert outcomes == [None] * 10
+        assert kproxy.hits(rule) == 3  # readable after the block: the count at the rule's removal
+
+(docs/ADMIN.md has it whole, imports included; the test suite runs it.)
 
 One kproxy per session (``kproxy_process``), in front of ``--kproxy-upstream HOST:PORT`` (or the
 ``KPROXY_TEST_UPSTREAM`` variable) or, without one, of an embedded Tansu broker (the

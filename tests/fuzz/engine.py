@@ -99,6 +99,9 @@ def run_loop(target: str, seconds: float, artifacts: Path, seed: int) -> dict[st
     from tests.fuzz.targets import TARGETS
 
     run = TARGETS[target].run
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()
     pool = [*TARGETS[target].seeds()] + [d for p, d in stored_inputs(target) if REGRESSIONS not in p.parents]
     rnd = random.Random(seed)
     failures: list[str] = []
@@ -144,20 +147,33 @@ def _save(artifacts: Path, data: bytes, why: str) -> str:
 
 
 # -- atheris: coverage-guided ---------------------------------------------------------------------
-def instrument_kproxy(generated: bool) -> None:
-    """Coverage for libFuzzer: kproxy's modules, and the codecs it generates at run time.
+# What each target reaches beyond the codec and the session, instrumented for it alone: instrumenting
+# a module costs its import several times over, and every brief CI run pays for what it imports.
+INSTRUMENTED = ("kproxy.protocol", "kproxy.protocol.records", "kproxy.proxy.session")
+TARGET_MODULES: dict[str, tuple[str, ...]] = {
+    "rules_yaml": ("kproxy.rules.sources", "kproxy.server.live_rules", "kproxy.server.rule_policy"),
+    "rules_json": ("kproxy.admin.server",),
+    "admin_http": ("kproxy.admin.server",),
+    "capture_records": ("kproxy.capture.observer", "kproxy.capture.records"),
+    "record_editors": ("kproxy.protocol.record_faults",),
+}
+
+
+def instrument_kproxy(generated: bool, target: str = "") -> None:
+    """Coverage for libFuzzer: kproxy's modules ``target`` reaches, and the codecs it generates at run time.
 
     Must run before anything imports kproxy (the targets module does). The generated
     decoders, scanners and skippers (kproxy/protocol/codegen.py) are compiled from
     source strings, out of reach of import hooks: each namespace they are built in is
     instrumented right after it is filled.
     """
+    import importlib
+
     import atheris
 
     with atheris.instrument_imports(include=["kproxy"]):
-        import kproxy.protocol
-        import kproxy.protocol.records
-        import kproxy.proxy.session  # noqa: F401
+        for module in (*INSTRUMENTED, *TARGET_MODULES.get(target, ())):
+            importlib.import_module(module)
     if not generated:
         return
     from kproxy.protocol import codegen, scan
@@ -188,6 +204,9 @@ def atheris_child(target: str, seconds: float, artifacts: Path, work: Path, seed
             f"-timeout={PER_INPUT_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", f"-seed={seed}",
             f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     run = TARGETS[target].run
+    prepare = TARGETS[target].prepare
+    if prepare is not None:
+        prepare()  # not in the first input's time limit
     if keep_going:
         # libFuzzer's own fork mode re-executes the binary, which under Python is the interpreter:
         # record the first input of each kind of failure here and let the run go on.
@@ -269,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list or not args.target:
         for name, t in sorted(TARGETS.items()):
-            print(f"{name:10} {t.doc}")
+            print(f"{name:16} {t.doc}")
         return 0
     seed = args.seed or int(time.time()) % 1_000_000 + 1
     artifacts = args.artifacts or REGRESSIONS / args.target
@@ -298,5 +317,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parents[1]))
     if "--child" in sys.argv:
-        instrument_kproxy(generated="--no-generated-coverage" not in sys.argv)
+        instrument_kproxy(generated="--no-generated-coverage" not in sys.argv,
+                          target=sys.argv[sys.argv.index("--target") + 1])
     sys.exit(main())

@@ -27,7 +27,7 @@ def run_user_suite(tmp_path: Path, *args: str, env: dict[str, str] | None = None
 def test_a_users_suite_passes_against_their_broker(tansu: Broker, tmp_path: Path) -> None:
     done = run_user_suite(tmp_path, "--kproxy-upstream", tansu.bootstrap)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "6 passed" in done.stdout
+    assert "7 passed" in done.stdout
 
 
 def test_the_upstream_from_the_environment_and_one_failing_test(tansu: Broker, tmp_path: Path) -> None:

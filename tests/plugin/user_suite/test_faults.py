@@ -82,3 +82,20 @@ def test_an_invalid_rule_fails_with_the_field_at_fault(kproxy: Any) -> None:
     found = [(e["path"], e["reason"], e.get("hint")) for e in refused.value.errors]
     assert found == [("actions[0].delay.msec", "unknown key", "did you mean 'ms'?"),
                      ("actions[0].delay.ms", "missing (milliseconds)", None)]
+
+
+def test_hits_stay_readable_after_the_rule_is_gone(kproxy: Any) -> None:
+    """The count at removal, whether the ``with`` block or remove_rule() removed it; a rule added
+    again under the same id counts afresh."""
+    topic = new_topic(kproxy.bootstrap)
+    spec = {"id": "after-block", "match": {"api": "produce", "topic": topic}, "actions": [{"delay": {"ms": 1}}]}
+    with kproxy.rule(spec) as rule:
+        produce_one_timed(kproxy.bootstrap, topic)  # two produce requests
+    assert kproxy.hits(rule) == 2
+    produce_one_timed(kproxy.bootstrap, topic)
+    assert kproxy.hits(rule) == 2, "counted after its removal"
+    again = kproxy.add_rule(spec)
+    assert kproxy.hits(again) == 0
+    produce_one_timed(kproxy.bootstrap, topic)
+    kproxy.remove_rule(again)
+    assert kproxy.hits(again) == 2

@@ -1,52 +1,21 @@
-"""Fuzz targets: one function per decoding surface, each checking the codec's contract.
+"""Fuzz targets of the codec: framing, headers, message bodies, scanners, splice, records.
 
-A target takes one input (``bytes``) and returns normally when kproxy behaved:
-
-* only :class:`~kproxy.protocol.errors.ProtocolError` (and its subclasses) may
-  escape kproxy's code: ``struct.error``, ``IndexError``, ``KeyError``,
-  ``RecursionError``, ``MemoryError``... propagate out of the target and are
-  findings (kproxy/protocol/errors.py states that contract);
-* a decoder that accepts ``x`` must give back ``x`` when re-encoding what it
-  decoded (the byte-exact round trip that makes a proxy safe, messages.py);
-* a :class:`~kproxy.proxy.session.Session` releases responses in request order.
-
-Time and memory per input are bounded by the engine (tests/fuzz/engine.py), not here.
-
-Each target also knows its *seeds*: valid inputs built with kproxy's own encoders,
-which the engine mutates (a random byte string almost never gets past a length
-prefix; a valid frame with one byte changed reaches deep into the decoders).
+Besides the contract every target keeps (tests/fuzz/targets/registry.py): a decoder that
+accepts ``x`` must give back ``x`` when re-encoding what it decoded (the byte-exact round
+trip that makes a proxy safe, kproxy/protocol/messages.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from kproxy.protocol.errors import ProtocolError
+from tests.fuzz.targets.registry import target
 
 _KIND = struct.Struct(">H")
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    run: Callable[[bytes], None]
-    seeds: Callable[[], Iterator[bytes]]
-    doc: str
-
-
-TARGETS: dict[str, Target] = {}
-
-
-def target(seeds: Callable[[], Iterator[bytes]]) -> Callable[[Callable[[bytes], None]], Callable[[bytes], None]]:
-    def register(fn: Callable[[bytes], None]) -> Callable[[bytes], None]:
-        name = fn.__name__.removeprefix("fuzz_")
-        TARGETS[name] = Target(name, fn, seeds, (fn.__doc__ or "").strip().splitlines()[0])
-        return fn
-    return register
 
 
 # -- message kinds: the first two bytes of an input pick one of the tables' (api, version, direction) ----
@@ -69,7 +38,7 @@ def kind_of(data: bytes) -> tuple[tuple[int, int, Any], bytes]:
     return _KIND_CACHE[n % len(_KIND_CACHE)], data[2:]
 
 
-def _sample_values() -> dict[str, Any]:
+def sample_values() -> dict[str, Any]:
     """Non-default values for fields common across APIs, so seeds have populated arrays."""
     from kproxy.protocol.records import Record, encode_batch_v2
 
@@ -92,7 +61,7 @@ def message_seeds(kinds: list[tuple[int, int, Any]] | None = None) -> Iterator[t
     from kproxy.protocol.builders import body_of
     from kproxy.protocol.messages import default_body, encode_body
 
-    values = _sample_values()
+    values = sample_values()
     for kind in kinds if kinds is not None else _kinds():
         yield kind, encode_body(*kind, default_body(*kind))
         populated = None
@@ -313,79 +282,3 @@ def fuzz_records(data: bytes) -> None:
             continue
         if checked is not None:
             assert checked == unchecked, "checking the CRC changed the records read"
-
-
-# -- a whole session -----------------------------------------------------------------------------------
-_OP = struct.Struct(">BH")  # side (bit 0: 0 client, 1 broker), payload length; then the frame payload
-
-
-def session_input(ops: list[tuple[int, bytes]]) -> bytes:
-    """Encode a sequence of (side, frame payload without size prefix) as a session target input."""
-    return b"".join(_OP.pack(side, len(payload)) + payload for side, payload in ops)
-
-
-def _session_ops(data: bytes) -> Iterator[tuple[int, bytes]]:
-    pos = 0
-    while len(data) - pos >= _OP.size:
-        side, n = _OP.unpack_from(data, pos)
-        pos += _OP.size
-        yield side & 1, data[pos : pos + n]
-        pos += n
-
-
-def _session_seeds() -> Iterator[bytes]:
-    from kproxy.protocol.builders import request_frame, response_frame
-
-    values = _sample_values()
-    broker = {"brokers": values["brokers"], "topics": [{"name": "orders", "partitions": [
-        {"partition_index": 0, "leader_id": 1, "replica_nodes": [1], "isr_nodes": [1]}]}]}
-    pairs = [(3, 12, broker), (3, 1, broker), (10, 4, {"coordinators": values["coordinators"]}),
-             (10, 1, {"node_id": 1, "host": "b1.internal", "port": 9092}), (18, 3, {"api_keys": values["api_keys"]}),
-             (12, 4, {}), (0, 9, {"responses": values["responses"]}), (1, 12, {"responses": values["responses"]}),
-             (60, 0, {"brokers": values["brokers"]}), (17, 0, {"mechanisms": ["PLAIN"]})]
-    ops = []
-    for cid, (key, version, body) in enumerate(pairs):
-        ops.append((0, request_frame(key, version, cid, **values)[4:]))
-        ops.append((1, response_frame(key, version, cid, **body)[4:]))
-    yield session_input(ops)
-    # Pipelined: every request first, then every response.
-    yield session_input([op for op in ops if op[0] == 0] + [op for op in ops if op[0] == 1])
-    # acks=0 produce, then a Metadata reusing its correlation id (issue 7's defect 1 shape).
-    yield session_input([(0, request_frame(0, 9, 5, **{**values, "acks": 0})[4:]),
-                         (0, request_frame(3, 12, 5)[4:]),
-                         (1, response_frame(0, 9, 5, responses=values["responses"])[4:]),
-                         (1, response_frame(3, 12, 5, **broker)[4:])])
-    # SASL PLAIN in v0 token mode.
-    yield session_input([(0, request_frame(17, 0, 1, mechanism="PLAIN")[4:]),
-                         (1, response_frame(17, 0, 1, mechanisms=["PLAIN"])[4:]),
-                         (0, b"\x00user\x00pass"), (1, b""), (0, request_frame(3, 12, 2)[4:]),
-                         (1, response_frame(3, 12, 2, **broker)[4:])])
-
-
-@target(_session_seeds)
-def fuzz_session(data: bytes) -> None:
-    """A whole sans-IO Session fed frames from both sides: never an exception (a protocol error is a
-    CloseConnection command); responses in request order."""
-    from kproxy.protocol.framing import FrameSplitter, frame
-    from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.commands import CloseConnection, SendToClient
-    from kproxy.proxy.rewrite import ResponseRewriter
-    from kproxy.proxy.session import Mode, Session
-
-    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=64, clock=lambda: 0.0)
-    asked: list[int] = []  # correlation ids of requests read in Kafka mode, in order
-    for side, payload in _session_ops(data):
-        whole = frame(payload)
-        kafka_mode = session.mode is Mode.KAFKA
-        commands = session.receive_client(whole) if side == 0 else session.receive_upstream(whole)
-        if any(isinstance(c, CloseConnection) for c in commands):
-            return  # the server closes the connection: nothing more is read
-        if side == 0 and session.mode is Mode.KAFKA and len(payload) >= 8:
-            asked.append(struct.unpack_from(">i", payload, 4)[0])
-        released = [f for c in commands if isinstance(c, SendToClient) for f in FrameSplitter().split(c.payload())[0]]
-        if kafka_mode:
-            for out in released:
-                (cid,) = struct.unpack_from(">i", out, 4)
-                assert cid in asked, f"a response with correlation id {cid} answers no request"
-                # In order: it answers the oldest request still waiting with that id.
-                asked = asked[asked.index(cid) + 1 :]
