@@ -440,11 +440,13 @@ def _read_rule_document(path: str) -> dict[str, object] | str:
     by kproxy, with the loader that reads --rules (errors come back with their key path)."""
     import yaml
 
+    from kproxy.rules import RulesError
+    from kproxy.rules.reading import read_rule_file
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+        data = yaml.safe_load(read_rule_file(path))  # a regular file of at most 16 MiB: never a FIFO's wait
+    except RulesError as exc:
+        return f"cannot read {path}: {exc.problems[0].reason.removeprefix('cannot read: ')}"
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

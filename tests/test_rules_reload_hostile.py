@@ -215,6 +215,15 @@ def test_rules_check_and_run_check_refuse_what_cannot_be_read_at_once(tmp_path: 
     assert took < 30
 
 
+def test_rules_apply_of_a_fifo_is_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    with fifo_at(path):
+        done = cli("rules", "apply", str(path), "--admin", "http://127.0.0.1:9", timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"kproxy rules apply: cannot read {path}: not a regular file (a FIFO): only regular " \
+                          f"files are read\n"
+
+
 # -- shutdown during a long reload ----------------------------------------------------------------------
 def test_sigterm_during_a_long_reload_exits_within_the_grace_and_installs_nothing(
         tansu: Broker, tmp_path: Path, big_rules: Path) -> None:
@@ -246,8 +255,9 @@ def test_sigterm_during_a_long_reload_exits_within_the_grace_and_installs_nothin
     assert "shutdown_started" in events, events
     after = events[events.index("shutdown_started"):]
     assert "rules_reloaded" not in after, "new rules were put in force after shutdown began"
+    print(f"\nSIGTERM during a 100,000-rule reload: exited {took:.1f} s after (grace {grace} s)")
     assert proc.returncode == 0
-    assert took < grace + 3.0, f"exited {took:.1f} s after SIGTERM (grace {grace} s)"
+    assert took < grace, f"exited {took:.1f} s after SIGTERM (grace {grace} s)"
 
 
 # -- a big rule set, reloaded under traffic --------------------------------------------------------------
@@ -371,6 +381,7 @@ def test_metrics_stay_bounded_however_often_rules_are_replaced_through_the_admin
             series = [line for line in page.splitlines() if line.startswith("kproxy_rule_hits_total{")]
             sizes.append(len(page))
             assert len(series) == 1000, f"after {n + 1} replacements: {len(series)} rule-hit series"
+        print(f"\n/metrics after 10 replacements of 1,000 new rule ids: {sizes[-1] / 1e6:.2f} MB")
         assert max(sizes) < 2 * min(sizes), sizes
         assert proxy.call(lambda: len(proxy.server.stats.faults.hits)) == 1000  # type: ignore[union-attr]
 
