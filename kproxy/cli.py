@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -55,7 +56,26 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse has printed usage or help already
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        status = handler(args)
+        sys.stdout.flush()  # here, not at exit: a reader gone shows in the last write or in this flush
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a socket's broken pipe, say: not the quiet case below
+        # Whoever read our output has all they wanted (kproxy rules list | head): no traceback.
+        _silence_stdout()
+        return EXIT_OK
+    return status
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll says POLLERR on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real descriptor (captured output), no poll()
+        return False
 
 
 # ---------------------------------------------------------------------------- decode
@@ -150,9 +170,7 @@ def _print_frames(raw: bytes, options: DecodeOptions, *, indent: int | None, out
     except InputError as exc:
         out.flush()
         return _fail(str(exc))
-    except BrokenPipeError:  # the reader (head, less) went away: not an error of ours
-        _silence_stdout()
-    return EXIT_OK
+    return EXIT_OK  # a reader gone away (head, less) is main's to handle, as for every command
 
 
 def _silence_stdout() -> None:
@@ -422,11 +440,13 @@ def _read_rule_document(path: str) -> dict[str, object] | str:
     by kproxy, with the loader that reads --rules (errors come back with their key path)."""
     import yaml
 
+    from kproxy.rules import RulesError
+    from kproxy.rules.reading import read_rule_file
+
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+        data = yaml.safe_load(read_rule_file(path))  # a regular file of at most 16 MiB: never a FIFO's wait
+    except RulesError as exc:
+        return f"cannot read {path}: {exc.problems[0].reason.removeprefix('cannot read: ')}"
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

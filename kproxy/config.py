@@ -147,6 +147,7 @@ class Config:
     capture: CaptureOptions = field(default_factory=CaptureOptions)
     admin: AdminOptions = field(default_factory=AdminOptions)
     rules: RuleSet | None = None  # fault injection (kproxy/server/rule_policy.py); None: none
+    rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
 
     @property
     def advertised(self) -> str:
@@ -176,7 +177,6 @@ def _int(lo: int, hi: int | None = None) -> Callable[[Any], int]:
         if n < lo or (hi is not None and n > hi):
             raise ValueError(f"must be between {lo} and {hi}, got {n}" if hi else f"must be >= {lo}, got {n}")
         return n
-
     return parse
 
 
@@ -190,13 +190,12 @@ def _seconds(value: Any) -> float:
     return n
 
 
+_BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
 def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in ("true", "yes", "on", "1"):
-        return True
-    if str(value).lower() in ("false", "no", "off", "0"):
-        return False
+    if isinstance(value, bool) or str(value).lower() in _BOOL_WORDS:
+        return value if isinstance(value, bool) else _BOOL_WORDS[str(value).lower()]
     raise ValueError(f"must be true or false, got {value!r}")
 
 
@@ -255,16 +254,15 @@ def _broker_ports(value: Any) -> dict[int, int]:
     return {_int(0)(node): _int(1, 65535)(port) for node, port in pairs}
 
 
-def _rules(value: Any) -> RuleSet:
-    """A rule file, or a directory of them (a mounted ConfigMap; kproxy/rules/sources.py), loaded
-    now: a bad one is a start-up error listing every problem as ``file:line: key: reason``, as
-    ``kproxy rules check`` prints them. The set's ``source`` is the path, which the server watches
-    and reloads on change and on SIGHUP (kproxy/server/rules_reload.py)."""
+def _rules(value: Any, max_bytes: int = Config.rules_max_bytes) -> RuleSet:
+    """A rule file, or a directory of them (a mounted ConfigMap; kproxy/rules/sources.py) of at most
+    ``max_bytes``, loaded now: a bad one is a start-up error listing every problem as ``file:line: key:
+    reason``, as ``kproxy rules check`` prints them. The server watches the set's ``source`` (the path)."""
     from kproxy.rules import RulesError
     from kproxy.rules.sources import load_path
 
     try:
-        return load_path(_str(value))
+        return load_path(_str(value), max_bytes)
     except RulesError as exc:
         raise ValueError(*(str(p) for p in exc.problems)) from None
 
@@ -356,6 +354,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("rules", "--rules", _rules,
            "YAML fault-injection rules (format: rules/README.md): a file, or a directory whose *.yaml/*.yml "
            "files are merged in name order; reloaded when they change and on SIGHUP", "PATH"),
+    Option("rules_max_bytes", "--rules-max-bytes", _int(1), "largest rules source read (a file, or a directory's "
+           "files together); a bigger one is refused (reloads keep the rules in force)", "BYTES", show_default=_bytes),
     Option("admin.listen", "--admin-listen", _listen_address,
            "HTTP address of the admin API (rules changed while kproxy runs: docs/ADMIN.md); off by default. "
            "Any address but loopback needs --admin-token-file", "HOST:PORT"),
@@ -537,9 +537,10 @@ def build_config(raw: Mapping[str, tuple[Any, str]]) -> Config:
     """Parse raw values (with where each came from) into a validated :class:`Config`."""
     parsed: dict[str, Any] = {}
     problems: list[str] = []
-    for path, (value, where) in raw.items():
-        try:
-            parsed[path] = _BY_PATH[path].parse(value)
+    for path, (value, where) in sorted(raw.items(), key=lambda item: item[0] == "rules"):  # rules last:
+        try:  # they are read under rules_max_bytes
+            parsed[path] = (_BY_PATH[path].parse(value) if path != "rules" else
+                            _rules(value, parsed.get("rules_max_bytes", Config.rules_max_bytes)))
         except ValueError as exc:
             problems.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
     if "upstream" not in raw:

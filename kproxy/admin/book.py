@@ -229,7 +229,11 @@ class RuleBook:
                 change = await trio.to_thread.run_sync(self._plan_and_build, planner, draft)
                 await trio.lowlevel.checkpoint_if_cancelled()
                 if self.live.generation == draft.generation:
-                    return self.commit(change)
+                    # Swapped at once; the series of a big set registered over several loop turns
+                    # (LiveRules.put_in_force), shielded: the change is made, its answer must follow.
+                    with trio.CancelScope(shield=True):
+                        generation = await self.live.put_in_force(change.injector, origin=change.origin)
+                    return self._committed(change, generation)
             raise error(503, "(rules)", f"the rules in force changed {_REPLANS} times while this edit was being "
                                         "built (file reloads?): nothing was changed; try again")
 
@@ -252,7 +256,11 @@ class RuleBook:
     def commit(self, change: Change) -> Change:
         """Put a planned change in force and log it (trio thread)."""
         injector = change.injector if change.prepared else self.live.prepare(change.rules)
-        change.generation = generation = self.live.install(injector, origin=change.origin)
+        return self._committed(change, self.live.install(injector, origin=change.origin))
+
+    def _committed(self, change: Change, generation: int) -> Change:
+        """Record and log a change just put in force as ``generation``."""
+        change.generation = generation
         self._seen_generation = generation
         self.specs = change.specs
         enabled = self.live.counts.rules_loaded  # set by install: no second pass over 10,000 rules here

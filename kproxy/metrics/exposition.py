@@ -124,7 +124,8 @@ class TrafficCollector(Collector):
         yield _counter("kproxy_rules_reloads", "Reloads of the rules file or directory (on change, on SIGHUP), by "
                        "result; after a failure the previous rules stay in force.", ["result"], f.reloads)
         yield _counter("kproxy_rule_hits", "Fault-injection rule actions done (dry_run=\"true\": matched and logged "
-                       "only).", ["rule", "action", "dry_run"], f.hits)
+                       "only). A rule's series go when it is no longer loaded; if it comes back it restarts from 0 "
+                       "(a counter reset to rate()).", ["rule", "action", "dry_run"], f.hits)
         yield _counter("kproxy_injected_errors", "Kafka error codes injected by rules, by api and error.",
                        ["api", "error"], f.injected_errors)
         yield _counter("kproxy_rule_throttle_seconds", "Time responses were held by throttle rules (also reported "

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,10 @@ class StatsOptions:
 class FaultStats:
     """What fault-injection rules did (kproxy/server/rule_policy.py counts; one dict operation per fault).
 
-    Rule ids come from the loaded file (bounded by it), api and error names from Kafka's tables.
+    Rule ids come from the rules loaded, api and error names from Kafka's tables. The series of a
+    rule no longer loaded are removed when the rules are replaced (:meth:`keep_rules`), so
+    ``/metrics`` stays as big as the rules in force however often they are edited; a rule that
+    comes back starts again from 0, which Prometheus' ``rate()`` and ``increase()`` read as a reset.
     """
 
     hits: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (rule, action, dry_run "true"/"false")
@@ -193,6 +197,24 @@ class FaultStats:
         if hist is None:
             hist = self.held[key] = Histogram(BROKER_BUCKETS)
         return hist
+
+    def keep_rules(self, rule_ids: Container[str], chunk: int = 0) -> Iterator[int]:
+        """Remove the series of every rule not in ``rule_ids`` (the rules now loaded), ``chunk`` keys
+        looked at per step (0: all at once); yields after each step how many went in it, so that a
+        caller on the event loop can give the loop a turn between steps (100,000 series take a walk
+        of each map keyed by rule id)."""
+        # keys (rule, ...); the held histogram of responses no rule holds is ("", ""): no rule id is "".
+        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults, self.held)
+        for table in (*by_rule, self.throttle_seconds):
+            keys = list(table)  # a copy: counting goes on between steps
+            step = chunk or len(keys) or 1
+            for start in range(0, len(keys), step):
+                part = keys[start:start + step]
+                stale = [k for k in part if k and k not in rule_ids] if table is self.throttle_seconds else [
+                    k for k in part if k[0] and k[0] not in rule_ids]
+                for key in stale:
+                    table.pop(key, None)
+                yield len(stale)
 
 
 @dataclass

@@ -35,6 +35,7 @@ from kproxy.rules.model import (
     TimeWindow,
     TopicPattern,
 )
+from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 from kproxy.rules.yaml_nodes import BAD, Bad, Problem, RulesError, did_you_mean, node_text
 
 T = TypeVar("T")
@@ -45,6 +46,11 @@ MATCH_KEYS = ("api", "api_version", "client_id", "client_address", "broker_id", 
               "transactional_id", "acks", "probability", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
+# libyaml's parser when PyYAML was built with it (the wheels are): composing is ~10x faster than the
+# pure-Python scanner, which took most of a minute for a file of 100,000 rules. Same nodes, same marks.
+# A broken file up to this size is parsed again by the pure-Python parser for its clearer message.
+_REWORD_SYNTAX_MAX = 256 * 1024
+YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_text(text: str, source: str = "<rules>") -> RuleSet:
@@ -76,15 +82,29 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
             loader._yaml.dispose()
 
 
-def load_file(path: str) -> RuleSet:
-    """Read and parse a rule file; an unreadable file is one problem at line 0."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RulesError([Problem(path, 0, "(file)", f"cannot read: {reason}")]) from None
-    return load_text(text, path)
+def load_file(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> RuleSet:
+    """Read and parse a rule file; a file that cannot be read (missing, not a regular file, over
+    ``max_bytes``, not UTF-8: :func:`kproxy.rules.reading.read_rule_file`) is one problem at line 0."""
+    return load_text(read_rule_file(path, max_bytes), path)
+
+
+def release_nodes(root: yaml.Node, fan_out: int = 64) -> None:
+    """Free a composed node tree a little at a time.
+
+    Left to reference counting, the tree of a file of 100,000 rules (millions of nodes and marks)
+    is freed in one cascade of deallocations that holds the GIL for seconds, stalling the event
+    loop whatever thread drops it. Here the items of every big list (more than ``fan_out``, such as
+    the rules) are popped one by one, so each cascade is one item's subtree and the interpreter can
+    switch threads in between.
+    """
+    big: list[yaml.Node] = [root]
+    while big:
+        items = big.pop().value
+        while items:
+            item = items.pop()
+            for child in item if isinstance(item, tuple) else (item,):  # a mapping's items are (key, value)
+                if isinstance(child, yaml.CollectionNode) and len(child.value) > fan_out:
+                    big.append(child)
 
 
 _TAG = "tag:yaml.org,2002:"
@@ -151,17 +171,19 @@ class _Loader(ActionReader):
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
         try:
-            self._yaml = yaml.SafeLoader(text)
+            self._yaml = YAML_LOADER(text)
             root = self._yaml.get_single_node()
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else 0
-            raise RulesError([Problem(self.source, line, "(yaml)", str(exc.problem or exc.context))]) from None
         except yaml.YAMLError as exc:
-            raise RulesError([Problem(self.source, 0, "(yaml)", str(exc))]) from None
+            raise RulesError([self._syntax_problem(text, exc)]) from None
         if root is None:
             raise RulesError([Problem(self.source, 1, "(file)", "empty rule file: expected 'rules:'")])
-        return self.document(root)
+        try:
+            return self.document(root)
+        finally:
+            objects = self._yaml.constructed_objects  # node -> value, one per scalar read: emptied one by one
+            while objects:  # too (a clear() of 800,000 entries is one long GIL hold)
+                objects.popitem()
+            release_nodes(root)
 
     def document(self, root: yaml.Node) -> RuleSet:
         """The rule set of a composed document (or of nodes built from data: :func:`load_data`)."""
@@ -180,6 +202,21 @@ class _Loader(ActionReader):
         if self.problems:
             raise RulesError(self.problems)
         return RuleSet(tuple(rules), seed if isinstance(seed, int) else 0, self.source)
+
+    def _syntax_problem(self, text: str, exc: yaml.YAMLError) -> Problem:
+        """The problem of a file that is not YAML. libyaml words it tersely ("did not find expected
+        ',' or '}'"); a file small enough to be written by hand is parsed once more by PyYAML's own
+        parser, which says what it got instead, so the message is worth the milliseconds."""
+        if YAML_LOADER is not yaml.SafeLoader and len(text) <= _REWORD_SYNTAX_MAX:
+            try:
+                yaml.SafeLoader(text).get_single_node()
+            except yaml.YAMLError as again:
+                exc = again
+        if isinstance(exc, yaml.MarkedYAMLError):
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else 0
+            return Problem(self.source, line, "(yaml)", str(exc.problem or exc.context))
+        return Problem(self.source, 0, "(yaml)", str(exc))
 
     def rules(self, node: yaml.Node) -> list[Rule]:
         out: list[Rule] = []
@@ -365,4 +402,4 @@ class _Loader(ActionReader):
 
 
 
-__all__ = ["Problem", "RulesError", "data_node", "did_you_mean", "load_data", "load_file", "load_text"]
+__all__ = ["YAML_LOADER", "Problem", "RulesError", "data_node", "did_you_mean", "load_data", "load_file", "load_text"]

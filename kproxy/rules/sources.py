@@ -11,7 +11,11 @@ a dot (the ``..data`` machinery), in name order, and merges them into one :class
 * the seed: files that set a non-zero ``seed`` must agree (0, the default, counts as unset), so
   the seed in force never depends on which file was read last;
 * every problem of every file is reported at once, each as ``file:line: key: reason``;
-* an empty directory is an empty rule set (rules may arrive later), not an error.
+* an empty directory is an empty rule set (rules may arrive later), not an error, unless the
+  caller says it must not be (``allow_empty=False``: the reloader, while rules are in force, so
+  that an emptied mount or a directory put in a file's place never silently removes them);
+* only regular files are read, and at most ``max_bytes`` of all the files together
+  (:mod:`kproxy.rules.reading`: a FIFO or a device in a file's place is refused, never waited on).
 
 The merged set's ``source`` is the directory: that is what the server watches and logs.
 """
@@ -23,8 +27,9 @@ from collections.abc import Sequence
 
 import yaml
 
-from kproxy.rules.load import Problem, RulesError, load_file, load_text
+from kproxy.rules.load import YAML_LOADER, Problem, RulesError, load_file, load_text
 from kproxy.rules.model import Rule, RuleSet
+from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 
 RULE_SUFFIXES = (".yaml", ".yml")
 
@@ -41,38 +46,44 @@ def rule_files(directory: str) -> list[str]:
     return [os.path.join(directory, name) for name in names]
 
 
-def load_path(path: str) -> RuleSet:
+def load_path(path: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_empty: bool = True) -> RuleSet:
     """Load a rule file, or every rule file of a directory merged (see the module's docstring).
 
     Raises :class:`RulesError` listing every problem found.
     """
     if os.path.isdir(path):
-        return load_directory(path)
-    return load_file(path)
+        return load_directory(path, max_bytes, allow_empty=allow_empty)
+    return load_file(path, max_bytes)
 
 
-def check_paths(paths: Sequence[str]) -> list[Problem]:
+def check_paths(paths: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES) -> list[Problem]:
     """Every problem of every rule file or directory in ``paths`` (empty when all load), as
     ``kproxy run --rules`` would load each of them."""
     problems: list[Problem] = []
     for path in paths:
         try:
-            load_path(path)
+            load_path(path, max_bytes)
         except RulesError as exc:
             problems.extend(exc.problems)
     return problems
 
 
-def load_directory(directory: str) -> RuleSet:
+def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_empty: bool = True) -> RuleSet:
     try:
         files = rule_files(directory)
     except OSError as exc:
         raise RulesError([Problem(directory, 0, "(directory)", f"cannot list: {exc.strerror or exc}")]) from None
+    if not files and not allow_empty:
+        raise RulesError([Problem(directory, 0, "(directory)",
+                                  f"a directory with no rule file ({', '.join('*' + s for s in RULE_SUFFIXES)}): "
+                                  f"the rules in force are kept (to remove them all, load 'rules: []')")])
     problems: list[Problem] = []
     loaded: list[tuple[str, str, RuleSet]] = []
+    budget = max_bytes  # for all the files together: the memory a load may take is the point
     for path in files:
         try:
-            text = _read(path)
+            text = read_rule_file(path, budget)
+            budget -= len(text) if text.isascii() else len(text.encode("utf-8"))
             loaded.append((path, text, load_text(text, path)))
         except RulesError as exc:
             problems.extend(exc.problems)
@@ -80,16 +91,17 @@ def load_directory(directory: str) -> RuleSet:
     first_in: dict[str, str] = {}
     seed, seed_file = 0, ""
     for path, text, rule_set in loaded:
+        lines = _Lines(text)
         if rule_set.seed:
             if seed and rule_set.seed != seed:
-                problems.append(Problem(path, _line(text, ("seed",)), "seed",
+                problems.append(Problem(path, lines.of(("seed",)), "seed",
                                         f"{rule_set.seed} differs from seed {seed} of {seed_file}: files that set "
                                         f"a seed must agree"))
             elif not seed:
                 seed, seed_file = rule_set.seed, path
         for i, rule in enumerate(rule_set.rules):
             if rule.id in first_in:
-                problems.append(Problem(path, _line(text, ("rules", i, "id")), f"rules[{i}].id",
+                problems.append(Problem(path, lines.of(("rules", i, "id")), f"rules[{i}].id",
                                         f"duplicate rule id {rule.id!r} (first in {first_in[rule.id]})"))
                 continue
             first_in[rule.id] = path
@@ -99,32 +111,29 @@ def load_directory(directory: str) -> RuleSet:
     return RuleSet(tuple(rules), seed, directory)
 
 
-def _read(path: str) -> str:
-    """A file's text; an unreadable file is one problem at line 0 (as :func:`kproxy.rules.load_file`)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise RulesError([Problem(path, 0, "(file)", f"cannot read: {reason}")]) from None
+class _Lines:
+    """Lines of nodes in a file already known to load. Only problems across files need them, so
+    the file is composed a second time on that path alone, and at most once however many there are."""
 
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.root: yaml.Node | None = None
 
-def _line(text: str, keys: Sequence[str | int]) -> int:
-    """The 1-based line of the node at ``keys`` in a file already known to load (0 if not found).
-
-    Only problems across files need it, so the file is composed a second time on that path alone.
-    """
-    node: yaml.Node | None = yaml.compose(text, Loader=yaml.SafeLoader)
-    for key in keys:
-        if isinstance(key, int) and isinstance(node, yaml.SequenceNode) and key < len(node.value):
-            node = node.value[key]
-        elif isinstance(key, str) and isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
-        else:
-            node = None
-        if node is None:
-            return 0
-    return node.start_mark.line + 1 if node is not None else 0
+    def of(self, keys: Sequence[str | int]) -> int:
+        """The 1-based line of the node at ``keys`` (0 if not found)."""
+        if self.root is None:
+            self.root = YAML_LOADER(self.text).get_single_node()
+        node: yaml.Node | None = self.root
+        for key in keys:
+            if isinstance(key, int) and isinstance(node, yaml.SequenceNode) and key < len(node.value):
+                node = node.value[key]
+            elif isinstance(key, str) and isinstance(node, yaml.MappingNode):
+                node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+            else:
+                node = None
+            if node is None:
+                return 0
+        return node.start_mark.line + 1 if node is not None else 0
 
 
 __all__ = ["RULE_SUFFIXES", "load_directory", "load_path", "rule_files"]

@@ -66,7 +66,7 @@ class NodeReader:
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[Problem] = []
-        self._yaml: yaml.SafeLoader | None = None
+        self._yaml: yaml.SafeLoader | yaml.CSafeLoader | None = None
 
     # -- reporting ------------------------------------------------------------------
     def fail(self, node: yaml.Node, key: str, reason: str) -> Bad:
@@ -161,8 +161,9 @@ class NodeReader:
 
     def string(self, node: yaml.Node, path: str) -> str | Bad:
         value = self.scalar(node)
-        if isinstance(value, bool | int | float) and isinstance(node, yaml.ScalarNode) and node.style is None:
+        if isinstance(value, bool | int | float) and isinstance(node, yaml.ScalarNode) and not node.style:
             # What was written: YAML 1.1 reads an id `off` as false and a topic `1e3` as 1000.0.
+            # (A plain scalar's style is None from PyYAML's parser, '' from libyaml's.)
             return str(node.value)
         if not isinstance(value, str):
             return self.fail(node, path, f"expected a string, got {node_kind(node, value)}")

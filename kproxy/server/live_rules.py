@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import trio
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.rules import RuleSet
 from kproxy.server.rule_policy import FaultInjector, FaultRecord, RulePolicy, TopicIdLearningPolicy
+
+# Series keys looked at per turn of the loop by put_in_force: ~1 ms of work on an idle core.
+SERIES_CHUNK = 5000
 
 
 class LiveRules:
@@ -74,9 +79,34 @@ class LiveRules:
         return FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names, register=False)
 
     def install(self, injector: FaultInjector | None, *, origin: str) -> int:
-        """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only)."""
+        """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only).
+
+        The series of rules no longer loaded are removed
+        (:meth:`FaultStats.keep_rules <kproxy.metrics.stats.FaultStats.keep_rules>`), so ``/metrics``
+        stays bounded however often rules are replaced, and the new rules' series are born at zero
+        (those of rules still loaded keep counting). That is a walk of the counter maps: for a big
+        set, :meth:`put_in_force` spreads it over turns of the loop.
+        """
+        generation = self._swap(injector, origin)
+        for _ in self._series_steps(injector, 0):
+            pass
+        return generation
+
+    async def put_in_force(self, injector: FaultInjector | None, *, origin: str) -> int:
+        """:meth:`install`, with the series work done :data:`SERIES_CHUNK` keys per turn of the loop
+        (100,000 rules' series at once held the loop for hundreds of milliseconds on a loaded machine).
+        The rules apply at once; a series not registered yet is created by its first count."""
+        generation = self._swap(injector, origin)
+        for _ in self._series_steps(injector, SERIES_CHUNK):
+            if self.injector is not injector:
+                break  # replaced meanwhile: the replacement's own series work supersedes this
+            await trio.sleep(0)
+        return generation
+
+    def _swap(self, injector: FaultInjector | None, origin: str) -> int:
         if injector is not None:
-            injector.register_series()
+            # Schedules count from the replacement, not from a build that may have taken a while.
+            injector.engine.loaded_at = self.clock()
         self.injector = injector
         if injector is None:
             self.counts.rules_loaded = 0
@@ -84,6 +114,11 @@ class LiveRules:
         self.counts.rules_generation = self.generation
         self.origin = origin
         return self.generation
+
+    def _series_steps(self, injector: FaultInjector | None, chunk: int) -> Iterator[object]:
+        yield from self.counts.keep_rules(injector.rule_ids if injector is not None else (), chunk)
+        if injector is not None:
+            yield from injector.series_steps(chunk)
 
     def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy | None:
         """The policy of one client connection, or ``None`` when no rule can ever apply to it."""
@@ -94,4 +129,4 @@ class LiveRules:
         return RulePolicy(self, peer, broker_id)
 
 
-__all__ = ["LiveRules"]
+__all__ = ["SERIES_CHUNK", "LiveRules"]

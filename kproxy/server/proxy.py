@@ -154,7 +154,8 @@ class ProxyServer:
             # Rules read from a file can change while connections run: every connection gets a policy,
             # so a file empty at its start applies to it once it is filled.
             self.rules.mutable = True
-            self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults)
+            self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults,
+                                          max_bytes=config.rules_max_bytes)
         self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = None
         if config.capture.enabled:

@@ -32,9 +32,9 @@ import ipaddress
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.record_faults import Selector
@@ -94,31 +94,60 @@ class FaultInjector:
         self.topic_names = topic_names if topic_names is not None else TopicIdNames()
         self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
+        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
+        # dashboards show every loaded rule. Listed here (a worker thread's work for a big set), in rule
+        # order; register_series adds those not there yet.
+        hits: dict[HitKey, int] = {}
+        conns: dict[tuple[str, str], int] = {}
+        throttles: dict[str, float] = {}
+        errors: dict[tuple[str, str], int] = {}
+        held: dict[tuple[str, str], None] = {}  # kproxy_rule_held_seconds: histograms, made by counts
+        for rule in enabled:
+            for _, action, (_, name, _) in self.plans[rule.id].steps:
+                hits[rule.id, name, "true" if rule.dry_run else "false"] = 0
+                if rule.dry_run:
+                    continue
+                if isinstance(action, _CONNECTION_ACTIONS):
+                    conns[rule.id, name] = 0
+                elif isinstance(action, Throttle):
+                    throttles[rule.id] = 0.0
+                    held[rule.id, name] = None
+                elif isinstance(action, Delay):
+                    held[rule.id, name] = None
+                elif isinstance(action, InjectError):
+                    errors.update(((api_snake_name(api), error_name(action.error_code)), 0)
+                                  for api in sorted(rule.match.apis or ()))
+        self.series = (hits, conns, throttles, errors)
+        self.held_series = list(held)
         if register:
             self.register_series()
 
     def register_series(self) -> None:
-        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there)."""
+        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there);
+        counts already there are kept."""
+        for _ in self.series_steps():
+            pass
+
+    def series_steps(self, chunk: int = 0) -> Iterator[None]:
+        """:meth:`register_series`, ``chunk`` series per step (0: all at once), yielding between steps
+        (kproxy.server.live_rules gives the loop a turn there). Counting never needs a series registered."""
         counts = self.counts
-        enabled = self._enabled
-        counts.rules_loaded = len(enabled)
-        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
-        # dashboards show every loaded rule.
-        for rule in enabled:
-            for _, action, (_, name, _) in self.plans[rule.id].steps:
-                counts.hits.setdefault((rule.id, name, "true" if rule.dry_run else "false"), 0)
-                if rule.dry_run:
-                    continue
-                if isinstance(action, _CONNECTION_ACTIONS):
-                    counts.connection_faults.setdefault((rule.id, name), 0)
-                elif isinstance(action, Throttle):
-                    counts.throttle_seconds.setdefault(rule.id, 0.0)
-                    counts.held_histogram((rule.id, name))
-                elif isinstance(action, Delay):
-                    counts.held_histogram((rule.id, name))
-                elif isinstance(action, InjectError):
-                    for api in sorted(rule.match.apis or ()):
-                        counts.injected_errors.setdefault((api_snake_name(api), error_name(action.error_code)), 0)
+        counts.rules_loaded = len(self._enabled)
+        tables: tuple[dict[Any, Any], ...] = (counts.hits, counts.connection_faults, counts.throttle_seconds,
+                                              counts.injected_errors)
+        series: tuple[dict[Any, Any], ...] = self.series
+        for table, new in zip(tables, series, strict=True):
+            items = list(new.items())
+            step = chunk or len(items) or 1
+            for start in range(0, len(items), step):
+                table.update({k: v for k, v in items[start:start + step] if k not in table})
+                yield
+        step = chunk or len(self.held_series) or 1
+        for start in range(0, len(self.held_series), step):
+            for key in self.held_series[start:start + step]:
+                counts.held_histogram(key)
+            yield
 
 
 # What RulePolicy._verdict does for an action, one int compare each (not a chain of isinstance).
