@@ -235,6 +235,14 @@ def connections_row() -> list[timeseries.Panel]:
               width=8),
         graph("In-flight requests", "Requests awaiting a broker response, per kproxy instance.", "short",
               query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
+        graph("Event-loop lag", "How late kproxy's event loop ran a due task (sampled every 50 ms): every "
+              "connection of the instance waits this long. Healthy is under a few ms; over 100 ms, the log "
+              "line event=event_loop_blocked names what held the loop.", "s",
+              query("histogram_quantile(0.99, sum by (instance, le) "
+                    f"(rate(kproxy_event_loop_lag_seconds_bucket{{{SEL}}}[{WINDOW}])))", "p99 {{instance}}"),
+              query(f"max by (instance) (rate(kproxy_event_loop_lag_seconds_sum{{{SEL}}}[{WINDOW}]) / "
+                    f"rate(kproxy_event_loop_lag_seconds_count{{{SEL}}}[{WINDOW}]))", "mean {{instance}}", "B"),
+              width=8),
     ]
 
 

@@ -71,6 +71,11 @@ class TrafficCollector(Collector):
         for api, hist in list(s.overhead.items()):
             family.add_metric([api], hist.cumulative(), hist.sum)
         yield family
+        family = HistogramMetricFamily("kproxy_event_loop_lag_seconds", "How late kproxy's event loop ran a task "
+                                       "that was due, sampled every 50 ms: every connection waits this long. Over "
+                                       "0.1 s, one event=event_loop_blocked log line names what held it.")
+        family.add_metric([], s.event_loop_lag.cumulative(), s.event_loop_lag.sum)
+        yield family
         yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, per partition "
                        "where the response has partitions; class: routine (normal protocol flow), retriable, "
                        "error.", ["api", "error", "class", "node_id"],

@@ -57,6 +57,9 @@ BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.
 # kproxy's own time per request: microseconds normally, milliseconds for big rewrites.
 OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
                     0.025, 0.05, 0.1)
+# How late the trio loop runs a due task (kproxy.server.loopwatch): 1 ms to 10 s; 0.1 s is the bound
+# nothing may exceed (a stall every client feels).
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNKNOWN_API = "unknown"
 _MISSING = object()
 # The node_id label of series for connections through the bootstrap listener (and of configured bootstrap
@@ -229,6 +232,8 @@ class TrafficStats:
     brokers: dict[str, BrokerSeries] = field(default_factory=dict)
     # kproxy's own time: not the broker's, so by api only.
     overhead: dict[str, Histogram] = field(default_factory=dict)
+    # How late the event loop ran a due task, one observation per heartbeat (kproxy.server.loopwatch).
+    event_loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
     # The last periodic check of each upstream (kproxy.server.health), by (address, node_id).
     upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)

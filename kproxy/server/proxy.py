@@ -54,6 +54,7 @@ from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
+from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.tls import client_side_context, upstream_context
@@ -112,6 +113,7 @@ class ProxyServer:
         m = config.metrics
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses))
         self.observer: MetricsObserver | None = MetricsObserver(self.stats)
+        self.loop_watch = LoopWatch(self.stats.event_loop_lag)
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
@@ -197,6 +199,8 @@ class ProxyServer:
                     await nursery.start(self.reloader.run)
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
+                # In the outer nursery: the loop is watched while connections drain too.
+                connections.start_soon(self.loop_watch.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)

@@ -1,0 +1,77 @@
+"""The event-loop watchdog: a held loop is measured, exported and named in one log line."""
+
+from __future__ import annotations
+
+import logging
+import time
+import urllib.request
+
+import pytest
+import trio
+
+from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.stats import LOOP_LAG_BUCKETS
+from kproxy.server import loopwatch
+from kproxy.server.loopwatch import LoopWatch
+from kproxy.testing import Broker, free_port, running_proxy
+from tests.support.loopwatch import loop_lag_max, reset_loop_lag, stalls_over
+
+
+def hold_the_loop_for_a_while(seconds: float) -> None:
+    """What a stuck handler looks like from the loop: a synchronous call that does not return."""
+    time.sleep(seconds)
+
+
+async def test_a_held_loop_is_measured_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="kproxy.server")
+    watch = LoopWatch(Histogram(LOOP_LAG_BUCKETS))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.run)
+        await trio.sleep(0.3)
+        quiet = watch.max_lag
+        hold_the_loop_for_a_while(0.4)
+        await trio.sleep(0.2)  # the heartbeat runs again, logs
+        nursery.cancel_scope.cancel()
+    assert quiet < 0.05, f"an idle loop lagged {quiet * 1000:.1f} ms"
+    assert 0.3 < watch.max_lag < 1.0
+    over = sum(watch.histogram.counts[LOOP_LAG_BUCKETS.index(0.1) + 1:])
+    assert over == 1, watch.histogram.counts
+    lines = [r.getMessage() for r in caplog.records if "event_loop_blocked" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "hold_the_loop_for_a_while" in lines[0] and "tests/test_loopwatch.py" in lines[0], lines[0]
+    assert "lag_ms=" in lines[0]
+
+
+async def test_a_loop_that_does_not_come_back_is_reported_by_the_sentinel(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.WARNING, logger="kproxy.server")
+    monkeypatch.setattr(loopwatch, "STUCK_AFTER", 0.3)
+    watch = LoopWatch(Histogram(LOOP_LAG_BUCKETS))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.run)
+        await trio.sleep(0.1)
+        hold_the_loop_for_a_while(0.6)
+        # Logged by the sentinel thread while the loop was still held.
+        stuck = [r for r in caplog.records if "event_loop_stuck" in r.getMessage()]
+        nursery.cancel_scope.cancel()
+    assert len(stuck) == 1, [r.getMessage() for r in caplog.records]
+    assert "hold_the_loop_for_a_while" in stuck[0].getMessage()
+
+
+@pytest.mark.broker
+def test_the_proxy_exports_its_loop_lag(tansu: Broker) -> None:
+    with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{free_port()}") as proxy:
+        time.sleep(0.3)
+        assert loop_lag_max(proxy) < 0.1
+        proxy.call(hold_the_loop_for_a_while, 0.25)
+        time.sleep(0.2)
+        assert loop_lag_max(proxy) > 0.2
+        assert proxy.server is not None and proxy.server.metrics_server is not None
+        url = f"http://127.0.0.1:{proxy.server.metrics_server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+        assert stalls_over(text, 0.1) == 1
+        assert stalls_over(text, 10.0) == 0
+        reset_loop_lag(proxy)
+        time.sleep(0.2)
+        assert loop_lag_max(proxy) < 0.1
