@@ -10,6 +10,7 @@ matches stays bounded whatever texts clients send.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import re
@@ -27,6 +28,7 @@ from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_data
 from kproxy.rules.patterns import (
     MAX_PATTERN_CHARS,
+    MAX_UNICODE_CLASSES,
     compile_glob,
     compile_pattern,
     parse_replacement,
@@ -167,8 +169,25 @@ def test_a_pattern_at_the_size_limit_loads_and_one_over_is_refused() -> None:
     started = time.monotonic()
     assert compile_pattern(f"({names})").fullmatch("client-00042")
     assert time.monotonic() - started < 1.0
-    with pytest.raises(ValueError, match="more than the 16384 allowed"):
+    with pytest.raises(ValueError, match=f"more than the {MAX_PATTERN_CHARS} allowed"):
         compile_pattern("x" * (MAX_PATTERN_CHARS + 1))
+
+
+def test_building_any_pattern_within_the_limits_is_quick() -> None:
+    """RE2 compiles holding the GIL (a worker thread would not spare the event loop): each Unicode
+    class costs it up to a millisecond, so their number is capped, and the biggest patterns of
+    the costliest kinds are built (or refused) in well under 100 ms."""
+    compile_pattern(r"\pL")  # RE2's Unicode tables, once per process
+    with pytest.raises(ValueError, match=f"more than the {MAX_UNICODE_CLASSES} allowed"):
+        compile_pattern(r"\pL" * (MAX_UNICODE_CLASSES + 1))
+    costly = [r"\pL" * MAX_UNICODE_CLASSES + "[^a]" * 900, "(?i)" + "ſ" * (MAX_PATTERN_CHARS - 4),
+              "." * MAX_PATTERN_CHARS, r"\w\W\b" * (MAX_PATTERN_CHARS // 6), "(?i)" + r"\W" * 2000]
+    for i, pattern in enumerate(costly):
+        pattern = f"(?:{i})?" + pattern[:MAX_PATTERN_CHARS - 6]  # unique: RE2's binding caches by text
+        started = time.monotonic()
+        with contextlib.suppress(ValueError):
+            compile_pattern(pattern)
+        assert time.monotonic() - started < 0.1, pattern[:40]
 
 
 def test_the_admin_api_refuses_what_re2_cannot_take_with_400() -> None:

@@ -12,9 +12,10 @@ Contract of :func:`compile_pattern`:
 * a pattern RE2 cannot take (backreferences, lookaround, atomic groups, possessive
   quantifiers, ``\\Z``, verbose mode...) raises :class:`ValueError` whose text says why and
   what RE2 offers instead, which the loader reports as ``file:line: path: reason``;
-* a pattern over :data:`MAX_PATTERN_CHARS` characters, or whose compiled program would need
-  more than :data:`MAX_PATTERN_MEMORY` bytes, is refused before (or while) it is built, so no
-  rule file or admin request can make kproxy allocate without bound.
+* a pattern over :data:`MAX_PATTERN_CHARS` characters or :data:`MAX_UNICODE_CLASSES` Unicode
+  classes, or whose compiled program would need more than :data:`MAX_PATTERN_MEMORY` bytes, is
+  refused before (or while) it is built, so no rule file or admin request can make kproxy
+  allocate without bound or hold the GIL long building one (RE2 compiles holding it).
 
 Where RE2 differs from Python's ``re`` on what both accept (rules/README.md says so too):
 ``\\d``, ``\\w``, ``\\s`` and ``\\b`` are ASCII-only (``\\pN``, ``\\pL`` are the Unicode
@@ -28,12 +29,17 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-# A client-id alternation of a few hundred names fits; a megabyte of pattern text does not.
-MAX_PATTERN_CHARS = 16 * 1024
+# RE2 builds a pattern holding the GIL, so the time to compile one is bounded too (not only its
+# matching): under ~30 ms on a loaded 2-core machine whatever the pattern within these limits
+# (a 16 KiB pattern of \\pL took 4 s to refuse).
+# A client-id alternation of 300 names fits; a megabyte of pattern text does not.
+MAX_PATTERN_CHARS = 4096
+# Each Unicode property class (\pL, \p{Greek}, \PN...) costs RE2 up to ~1 ms to build.
+MAX_UNICODE_CLASSES = 8
 # RE2's budget for one pattern: its compiled program and the DFA cache it fills while matching
 # (a DFA that outgrows it falls back to RE2's NFA, still linear). A program that would not fit
 # is refused at compile time ("pattern too large").
-MAX_PATTERN_MEMORY = 1 << 20
+MAX_PATTERN_MEMORY = 256 * 1024
 
 SYNTAX_HINT = "kproxy matches with RE2, in linear time; its syntax is in rules/README.md"
 
@@ -87,8 +93,11 @@ def compile_pattern(pattern: str, *, captures: bool = False) -> UserPattern:
     """``pattern`` compiled for matching (see the module's contract); ValueError when refused.
     ``captures``: keep its groups (for :func:`substitute`); matching without them is faster."""
     _check_length(pattern, "pattern")
-    if _has_empty_lower_bound(pattern):
+    empty_lower_bound, unicode_classes = _scan(pattern)
+    if empty_lower_bound:
         raise ValueError("x{,n} is literal text in RE2, not a repetition: write x{0,n}")
+    if unicode_classes > MAX_UNICODE_CLASSES:
+        raise ValueError(f"{unicode_classes} Unicode classes (\\p, \\P), more than the {MAX_UNICODE_CLASSES} allowed")
     return UserPattern(pattern, _compile(pattern, _SUB_OPTIONS if captures else _MATCH_OPTIONS), captures)
 
 
@@ -147,14 +156,16 @@ _HINTS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _has_empty_lower_bound(pattern: str) -> bool:
-    """Whether ``pattern`` has ``{,n}`` outside a character class and unescaped: Python's ``re``
-    reads it as ``{0,n}``, RE2 as the literal text, so a rule written for one would silently
-    mean another thing to the other."""
-    i, n, in_class = 0, len(pattern), False
+def _scan(pattern: str) -> tuple[bool, int]:
+    """Whether ``pattern`` has ``{,n}`` unescaped outside a character class (Python's ``re`` reads
+    it as ``{0,n}``, RE2 as the literal text: a rule written for one would silently mean another
+    thing to the other), and how many Unicode property classes (``\\p``, ``\\P``) it has."""
+    i, n, in_class, empty_lower_bound, unicode_classes = 0, len(pattern), False, False, 0
     while i < n:
         c = pattern[i]
         if c == "\\":
+            if pattern[i + 1:i + 2] in ("p", "P"):
+                unicode_classes += 1
             i += 2
             continue
         if in_class:
@@ -172,9 +183,9 @@ def _has_empty_lower_bound(pattern: str) -> bool:
             while j < n and pattern[j].isdigit():
                 j += 1
             if j > i + 2 and j < n and pattern[j] == "}":
-                return True
+                empty_lower_bound = True
         i += 1
-    return False
+    return empty_lower_bound, unicode_classes
 
 
 # ------------------------------------------------------------------------------------- globs
