@@ -47,9 +47,9 @@ def _reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     original = RecordBuilder._read_response
 
-    def counted(self: RecordBuilder, kind: Any, response: bytes, offset: int) -> Any:
+    def counted(self: RecordBuilder, kind: Any, response: bytes, offset: int, budget: Any) -> Any:
         calls.append(kind.api_key)
-        return original(self, kind, response, offset)
+        return original(self, kind, response, offset, budget)
 
     monkeypatch.setattr(RecordBuilder, "_read_response", counted)
     return calls
@@ -107,11 +107,11 @@ def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch
     fail: list[bool] = []
     original = RecordBuilder._read_response
 
-    def spied(self: RecordBuilder, kind: Any, response: bytes, offset: int) -> Any:
+    def spied(self: RecordBuilder, kind: Any, response: bytes, offset: int, budget: Any) -> Any:
         seen.append(sys.getswitchinterval())
         if fail:
             raise DecodeError("unreadable answer", offset=offset)
-        return original(self, kind, response, offset)
+        return original(self, kind, response, offset, budget)
 
     monkeypatch.setattr(RecordBuilder, "_read_response", spied)
     before = sys.getswitchinterval()

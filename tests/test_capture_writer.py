@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -249,7 +251,7 @@ def test_the_queue_is_bounded_by_the_bytes_its_items_hold_too(tmp_path: Path) ->
 
 
 def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
-    from kproxy.capture.records import dict_rows
+    from kproxy.capture.rows import dict_rows
 
     def rows(items: list[Any]) -> list[tuple[Any, ...]]:
         if any(item["client_id"] == "poison" for item in items):
@@ -278,7 +280,7 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     # A row whose partitions fit but whose payload items have a field too few: its slice is lost
     # whole (its partitions not added either, which would shift every later row's), the rows of
     # the slices before and after it are written as they were.
-    from kproxy.capture.records import dict_rows
+    from kproxy.capture.rows import dict_rows
 
     parts = [{"topic": "t", "partition": 1, "error_code": 0, "record_count": 1, "record_bytes": 70}]
 
@@ -303,3 +305,58 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     assert [r["correlation_id"] for r in written] == [0, 2]
     assert [r["partitions"] for r in written] == [parts, parts]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
+
+
+# -- defect: the writer thread died for good on a disk error ------------------------------------
+def test_a_disk_failing_mid_run_is_survived_retried_and_counters_only_rise(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The partition directory replaced by a regular file while a file is open in it: completing
+    that file, and opening any new one, fail with ENOTDIR. Root ignores permission bits, so a
+    chmod would not fail a single write here; a path that is not a directory fails for anyone.
+    The writer abandoned the open file with a clean-up that raised too (the temporary file is
+    not where it was), which ended its thread: nothing more was written once the directory
+    came back, and ``written`` went down by the abandoned file's records."""
+    caplog.set_level(logging.INFO, logger="kproxy.capture")
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=1.0,
+                           flush_seconds=0.05).start()
+    hour = tmp_path / hour_dir_name(T0_US // HOUR_US)
+    seen: list[int] = []
+    sent = [0]
+
+    def offer_for(seconds: float) -> None:  # a record every 5 ms, the counter read after each
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            writer.offer(record(sent[0]))
+            sent[0] += 1
+            seen.append(writer.written)
+            time.sleep(0.005)
+
+    def wait(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 15
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            offer_for(0.05)
+
+    try:
+        wait(lambda: len(_files(tmp_path)) >= 1, "a first complete file")
+        wait(lambda: bool(_hidden(tmp_path)) and writer.written > len(_rows(tmp_path)), "records in an open file")
+        hour.rename(tmp_path / "moved")
+        hour.write_bytes(b"a regular file where the partition directory was")
+        wait(lambda: writer.write_errors >= 2, "the disk errors")
+        assert writer._thread.is_alive(), "the writer thread ended on a disk error"
+        offer_for(0.5)
+        hour.unlink()
+        (tmp_path / "moved").rename(hour)
+        before = {p.name for p in _files(tmp_path)}
+        wait(lambda: {p.name for p in _files(tmp_path)} - before, "a new file after the disk came back")
+    finally:
+        writer.close()
+    assert all(a <= b for a, b in itertools.pairwise(seen)), "the written counter went down"
+    assert writer.abandoned > 0 and writer.written >= writer.abandoned
+    # Every record offered is accounted for, once: in a complete file, abandoned, or dropped.
+    assert len(_rows(tmp_path)) == writer.written - writer.abandoned
+    assert writer.written + writer.dropped == writer.offered == sent[0]
+    lines = [r.getMessage() for r in caplog.records]
+    failed = [line for line in lines if "event=capture_write_failed" in line]
+    assert len(failed) == 1 and "retry_in_s=1" in failed[0], failed  # then one a minute at most
+    assert len([line for line in lines if "event=capture_write_recovered" in line]) == 1

@@ -27,8 +27,8 @@ from kproxy.metrics.labels import MAX_LABEL_LENGTH, LabelCap
 from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
-from kproxy.protocol.records import CountBudget, Record, count_records, encode_message_set
-from kproxy.server.logfmt import Throttle
+from kproxy.protocol.records import Record, RecordBudget, count_records, encode_message_set
+from kproxy.ratelimit import Throttle
 from kproxy.testing import Broker, free_port, proxy_config, running_server, wait_for_port
 from tests.support.fakecluster import fake_cluster
 from tests.support.kafkaclient import KafkaClient
@@ -207,14 +207,14 @@ def test_a_legacy_gzip_produce_does_not_stall_other_connections(tansu: Broker) -
 
 def test_record_counting_stops_at_its_budget() -> None:
     bomb = legacy_gzip_wrapper(1_000_000)  # 26 MB inflated, 10 KB on the wire
-    budget = CountBudget(1024 * 1024)
+    budget = RecordBudget(1024 * 1024)
     started = time.perf_counter()
     assert count_records(bomb * 50, budget=budget) == 0
     assert budget.exhausted and budget.remaining == 0
     assert time.perf_counter() - started < 0.1
     # Within the budget: counted exactly, and the budget spent by what was inflated.
     small = legacy_gzip_wrapper(1000)
-    budget = CountBudget(100 * 26_000)
+    budget = RecordBudget(100 * 26_000)
     assert count_records(small * 3, budget=budget) == 3000
     assert not budget.exhausted and budget.remaining == 100 * 26_000 - 3 * 26_000
     # The budget is per frame, shared by its records fields: the 101st wrapper is not paid for.

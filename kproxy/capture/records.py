@@ -19,8 +19,13 @@ What is read, and how far:
   batches. Responses other than Produce and Fetch keep only their non-zero
   per-partition codes (a Metadata response lists every partition of the
   cluster; that is not traffic).
-* records are counted from batch headers (no decompression); keys and values
-  are decoded only with ``include_payloads``, cut to ``payload_max_bytes``.
+* records are counted from batch headers (no decompression, but for legacy
+  compressed wrappers); keys and values are decoded only with
+  ``include_payloads``, cut to ``payload_max_bytes``. All of a frame's records
+  reading runs under one :class:`~kproxy.protocol.records.RecordBudget`: a
+  frame that needs more (a decompression bomb) is read no further, its records
+  past that point are not counted nor kept, and it is counted in
+  :attr:`RecordBuilder.over_budget` and logged (rate-limited).
 * what was read of a small frame is kept, by its content less the correlation
   id (:data:`CACHE_FRAME`): a repeated request or response is read once; so is
   a big Metadata answer, kept by a hash of its content (:data:`BIG_MEMO_BYTES`).
@@ -36,8 +41,9 @@ reading a big one, it cuts the interpreter's switch interval and gives the GIL
 back between its two passes, see :data:`BIG_READ_BYTES`).
 
 Size (over the ~500 lines the project aims for): one job, reading exchanges into rows, and most of
-it is :class:`RecordBuilder`, whose readers share its per-kind tables and memos; the row helpers
-for tests (:func:`as_dict`, :func:`dict_rows`) are small. Split, each half would import the other.
+it is :class:`RecordBuilder`, whose readers share its per-kind tables and memos; split, each half
+would import the other. The row helpers (:func:`as_dict`, :func:`dict_rows`) are in
+:mod:`kproxy.capture.rows`.
 """
 
 from __future__ import annotations
@@ -47,20 +53,22 @@ import logging
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kproxy.capture.schema import COLUMN_NAMES, PARTITION_ITEMS, PAYLOAD_ITEMS, RULE_DECISION_ITEMS, SCHEMA_VERSION
-from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
+from kproxy.capture.schema import SCHEMA_VERSION
+from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.records import count_records, decode_all
+from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches
 from kproxy.protocol.requests import request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.wire import Malformed, read_uvarint
+from kproxy.ratelimit import Throttle
 
 log = logging.getLogger("kproxy.capture")
 
@@ -76,6 +84,8 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
 TOPIC_NAMES_CAP = 100_000
+# A frame over its records budget is logged at once, then at most once a minute with the count.
+OVER_BUDGET_LOG_SECONDS = 60.0
 _READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
 
 # One captured exchange, as the observer offers it (a plain tuple: built on the event loop per
@@ -91,11 +101,6 @@ _READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
 #   13 local        kproxy answered itself
 #   14 response_body_offset  where the response body starts (0: not computed)
 Captured = tuple[Any, ...]
-_SCALARS = len(COLUMN_NAMES) - 3  # partitions, rule_decisions and payloads close every row
-assert COLUMN_NAMES[_SCALARS:] == ("partitions", "rule_decisions", "payloads")
-PARTITION_FIELDS = tuple(c.name for c in PARTITION_ITEMS)
-RULE_DECISION_FIELDS = tuple(c.name for c in RULE_DECISION_ITEMS)
-PAYLOAD_FIELDS = tuple(c.name for c in PAYLOAD_ITEMS)
 
 
 class TopicNames:
@@ -220,6 +225,26 @@ class RecordBuilder:
         # (kind id, body length, hash of the body) -> (scan or None: unreadable, TopicNames.forgotten then)
         self._big: dict[tuple[int, int, int], tuple[_Scan | None, int]] = {}
         self._big_bytes = 0
+        # Frames whose records needed more than their RecordBudget. Two counts, each with one writer
+        # (the event loop's early reads, the writer thread's reads), so no increment races another.
+        self._over_budget_early = 0
+        self._over_budget_late = 0
+        self._over_budget_log = Throttle(OVER_BUDGET_LOG_SECONDS)
+
+    @property
+    def over_budget(self) -> int:
+        """Frames read no further because their records needed more than their budget (only rises)."""
+        return self._over_budget_early + self._over_budget_late
+
+    def _gave_up(self, kind: _Kind, budget: RecordBudget, early: bool) -> None:
+        if early:
+            self._over_budget_early += 1
+        else:
+            self._over_budget_late += 1
+        held = self._over_budget_log.due()  # a line lost to two threads racing here is no loss
+        if held is not None:
+            log.warning("event=records_over_budget reader=capture api=%s budget_bytes=%d frames=%d", kind.name,
+                        budget.total, held)
 
     def rows(self, batch: Iterable[Captured]) -> list[tuple[Any, ...]]:
         """One row per exchange, in order; an exchange that cannot be read still makes a row."""
@@ -375,36 +400,44 @@ class RecordBuilder:
     # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
     def early_request(self, api_key: int, api_version: int, frame: bytes) -> EarlyRead:
         """What a record needs of a big request frame, read now so that the frame is not held."""
-        entries, req, payloads = self._request_part(self._kind(api_key, api_version), frame)
+        entries, req, payloads = self._request_part(self._kind(api_key, api_version), frame, early=True)
         return EarlyRead(entries, req, payloads, len(frame))
 
     def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:
         """As :meth:`early_request`, of a big response frame (not Metadata: that one teaches
         :class:`TopicNames`, which only the writer thread touches)."""
         assert api_key != METADATA
-        scan, fetched = self._response_part(self._kind(api_key, api_version), frame, offset)
+        scan, fetched = self._response_part(self._kind(api_key, api_version), frame, offset, early=True)
         return EarlyRead((), scan, fetched, len(frame))
 
-    def _request_part(self, kind: _Kind, request: bytes
+    def _request_part(self, kind: _Kind, request: bytes, *, early: bool = False
                       ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
+        """What the record takes of a request (``early``: read on the event loop)."""
+        budget = RecordBudget()
         try:
-            entries, req, payloads = self._read_request(kind, request)
+            entries, req, payloads = self._read_request(kind, request, budget)
         except _READ_FAILURES as exc:
             log.debug("event=capture_request_unreadable api=%s reason=%s", kind.name, type(exc).__name__)
             entries, req, payloads = (), {}, None
+        if budget.exhausted:
+            self._gave_up(kind, budget, early)
         req["client_id"] = request_client_id(request, kind.api_key, kind.api_version)  # cached with the rest
         return entries, req, payloads
 
-    def _response_part(self, kind: _Kind, response: bytes, offset: int
+    def _response_part(self, kind: _Kind, response: bytes, offset: int, *, early: bool = False
                        ) -> tuple[_Scan | None, list[tuple[Any, ...]] | None]:
         """The response's scan (None: unreadable) and Fetch's payloads when kept."""
+        budget = RecordBudget()
         try:
-            return self._read_response(kind, response, offset)
+            return self._read_response(kind, response, offset, budget)
         except _READ_FAILURES as exc:
             log.debug("event=capture_response_unreadable api=%s reason=%s", kind.name, type(exc).__name__)
             return None, None
+        finally:
+            if budget.exhausted:
+                self._gave_up(kind, budget, early)
 
-    def _read_request(self, kind: _Kind, frame: bytes
+    def _read_request(self, kind: _Kind, frame: bytes, budget: RecordBudget
                       ) -> tuple[tuple[_Entry, ...], dict[str, Any], list[tuple[Any, ...]] | None]:
         out: dict[str, Any] = {}
         api_key, api_version = kind.api_key, kind.api_version
@@ -415,9 +448,9 @@ class RecordBuilder:
         payloads = None
         fn = kind.request_scan
         if fn is not None:
-            (entries, _), found = _scan(fn, frame, body, keep_all=True)
+            (entries, _), found = _scan(fn, frame, body, budget, keep_all=True)
             if kind.payloads and api_key == PRODUCE:
-                payloads = self._payloads(found, frame)
+                payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
             out["transactional_id"], out["acks"] = _produce_head(frame, body, api_version)
         elif api_key in _ID_APIS:
@@ -430,7 +463,7 @@ class RecordBuilder:
                     out["transactional_id" if decoded.get("key_type") == 1 else "group_id"] = key
         return entries, out, payloads
 
-    def _read_response(self, kind: _Kind, response: bytes, offset: int
+    def _read_response(self, kind: _Kind, response: bytes, offset: int, budget: RecordBudget
                        ) -> tuple[_Scan, list[tuple[Any, ...]] | None]:
         """What the response adds to the record, and Fetch's payloads when they are kept."""
         api_key, api_version = kind.api_key, kind.api_version
@@ -442,12 +475,14 @@ class RecordBuilder:
         if fn is None:
             return ((), None), None
         offset = offset or response_body_offset(response, api_key, api_version)
-        scan, found = _scan(fn, response, offset, keep_all=kind.records)
+        scan, found = _scan(fn, response, offset, budget, keep_all=kind.records)
         if kind.payloads and api_key == FETCH:
-            return scan, self._payloads(found, response)
+            return scan, self._payloads(found, response, budget)
         return scan, None
 
-    def _payloads(self, found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
+    def _payloads(self, found: list[Any], frame: bytes, budget: RecordBudget) -> list[tuple[Any, ...]]:
+        """Keys and values of the frame's first records (``max_records``), a batch at a time, within
+        ``budget``: a batch over it ends the reading (the payloads read so far are kept)."""
         cap, limit = self.payloads.max_bytes, self.payloads.max_records
         acc, recs = _by_entry(found)
         out: list[tuple[Any, ...]] = []
@@ -455,7 +490,10 @@ class RecordBuilder:
         for index, start, end in recs:
             topic, partition, _ = acc[index] if index < len(acc) else (None, None, None)
             try:
-                records = decode_all(view[start:end], check_crc=False)
+                records = [rec for batch in iter_batches(view[start:end])
+                           for rec in decode_records(batch, check_crc=False, budget=budget)]
+            except OverBudgetError:
+                return out
             except ProtocolError:
                 continue
             for rec in records:
@@ -479,8 +517,10 @@ class RecordBuilder:
                 self.topics.learn(topic_id, name)
 
 
-def _scan(fn: Callable[..., int], frame: bytes, offset: int, *, keep_all: bool) -> tuple[_Scan, list[Any]]:
-    """Run a generated scanner; its entries with their records counted from the batch headers.
+def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudget, *, keep_all: bool
+          ) -> tuple[_Scan, list[Any]]:
+    """Run a generated scanner; its entries with their records counted from the batch headers
+    (legacy compressed wrappers within ``budget``: the ones past it are not counted).
 
     ``keep_all`` False keeps only entries with a non-zero code or records. The scanner gets
     one list for its entries and its records ranges alike: it notes a partition's records
@@ -499,7 +539,7 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, *, keep_all: bool) 
             start, end = x
             if view is None:
                 view = memoryview(frame)
-            n += count_records(view[start:end])
+            n += count_records(view[start:end], budget=budget)
             size += end - start
             continue
         topic, partition, code = x
@@ -536,29 +576,6 @@ def _top_level_code(api_key: int, api_version: int) -> bool:
     """Does this response have a top-level error code (so that "no error" reads 0, not null)?"""
     schema = message_schema(api_key, api_version, Direction.RESPONSE)
     return schema is not None and any(f.is_error_code and f.tag is None for f in schema.fields)
-
-
-def as_dict(row: Sequence[Any]) -> dict[str, Any]:
-    """A row as a record dict (nested lists as lists of dicts): the form Arrow's ``to_pylist`` reads back."""
-    out = dict(zip(COLUMN_NAMES, row, strict=True))
-    out["partitions"] = [dict(zip(PARTITION_FIELDS, p, strict=True)) for p in out["partitions"]]
-    out["rule_decisions"] = [dict(zip(RULE_DECISION_FIELDS, d, strict=True)) for d in out["rule_decisions"]]
-    if out["payloads"] is not None:
-        out["payloads"] = [dict(zip(PAYLOAD_FIELDS, p, strict=True)) for p in out["payloads"]]
-    return out
-
-
-def dict_rows(batch: Iterable[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """Rows of record dicts (:func:`kproxy.capture.schema.new_record`): for producers of ready records."""
-    out = []
-    for rec in batch:
-        row = [rec[name] for name in COLUMN_NAMES]
-        row[_SCALARS] = tuple(tuple(p[f] for f in PARTITION_FIELDS) for p in row[_SCALARS])
-        row[_SCALARS + 1] = tuple(tuple(d[f] for f in RULE_DECISION_FIELDS) for d in row[_SCALARS + 1])
-        if row[_SCALARS + 2] is not None:
-            row[_SCALARS + 2] = tuple(tuple(p[f] for f in PAYLOAD_FIELDS) for p in row[_SCALARS + 2])
-        out.append(tuple(row))
-    return out
 
 
 def _produce_head(frame: bytes, body: int, api_version: int) -> tuple[str | None, int | None]:

@@ -65,7 +65,7 @@ class CaptureService:
 
     def counts(self) -> dict[str, int]:
         """Records by outcome, for ``kproxy_capture_records_total``."""
-        return {"written": self.writer.written, "dropped": self.writer.dropped}
+        return {"written": self.writer.written, "dropped": self.writer.dropped, "abandoned": self.writer.abandoned}
 
 
 def _tls_subject(client: Any) -> str | None:

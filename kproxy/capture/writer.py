@@ -33,6 +33,14 @@ Contract of :class:`CaptureWriter`:
 * :meth:`~CaptureWriter.close` writes what is queued, completes and renames
   the open file; a stale temporary file (a process killed with SIGKILL) is
   removed at the next start, never renamed.
+* The thread survives every error of the disk (full, gone, out of descriptors,
+  a directory replaced by a file...), its clean-up included: a failed write's
+  records are dropped and counted, its file abandoned, and no file is opened
+  before a backoff (1 s, doubling up to :data:`RETRY_MAX_SECONDS`) during which
+  the queue is left to fill (offer drops and counts). Logged at the first
+  failure, then one line a minute at most with the count, and at recovery.
+* Counters only rise: ``written`` counts records as they reach a file, and
+  ``abandoned`` those of them whose file could not be completed.
 
 The decisions (which hour, when to rotate, which files to delete) are pure
 functions below, tested without a disk.
@@ -45,6 +53,7 @@ other user.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -60,8 +69,9 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kproxy.capture.records import dict_rows
+from kproxy.capture.rows import dict_rows
 from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
+from kproxy.ratelimit import Throttle
 
 log = logging.getLogger("kproxy.capture")
 
@@ -78,6 +88,13 @@ CONVERT_SLICE = 16
 # objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
 ROWS = Callable[[list[Any]], list[tuple[Any, ...]]]
 _REQUEST_TIME = COLUMN_NAMES.index("request_time")
+# After a failed write, the first retry waits this long, each failure since doubles it up to the max.
+RETRY_FIRST_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
+# A failing disk is logged at its first failure, then at most once per this many seconds.
+FAILURE_LOG_SECONDS = 60.0
+# What writing to a failing disk can raise: an OSError, or pyarrow's own error for it.
+_DISK_ERRORS = (OSError, pa.ArrowException)
 
 _ARROW_SCALARS: dict[str, pa.DataType] = {
     "bool": pa.bool_(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
@@ -170,7 +187,12 @@ class _OpenFile:
         self.records = 0
         final.parent.mkdir(parents=True, exist_ok=True)
         self._file: BinaryIO = open(self.temp, "wb")  # noqa: SIM115 (closed in finish/abandon)
-        self._writer = pq.ParquetWriter(self._file, schema, **PARQUET_OPTIONS)
+        try:
+            self._writer = pq.ParquetWriter(self._file, schema, **PARQUET_OPTIONS)
+        except BaseException:
+            self._file.close()  # nothing written yet: closing cannot fail on a flush
+            self.temp.unlink(missing_ok=True)
+            raise
 
     @property
     def size(self) -> int:
@@ -188,10 +210,13 @@ class _OpenFile:
         return self.final.stat().st_size
 
     def abandon(self) -> None:
-        try:
-            self._file.close()
-        finally:
-            self.temp.unlink(missing_ok=True)
+        """Give the file up, never raising: called when the disk already failed, and may fail
+        again at every step. The descriptor is released whatever happens (a buffered file's
+        close() closes it even when its flush fails); the temporary file is removed if the
+        disk lets it, else the next start removes it."""
+        for step in (self._writer.close, self._file.close, lambda: self.temp.unlink(missing_ok=True)):
+            with contextlib.suppress(Exception):  # whatever a failing disk makes them raise: nothing to add
+                step()
 
 
 class CaptureWriter:
@@ -242,9 +267,14 @@ class CaptureWriter:
         self._taken_bytes = 0
         self._lost = 0  # dropped by the thread: a write error, or offered after close()
         self.written = 0
+        self.abandoned = 0  # written, then lost with a file that could not be completed
         self.files_written = 0
         self.files_deleted = 0
         self.write_errors = 0
+        self._retry_at = 0.0  # no file is opened before this (time.monotonic()): a failing disk's backoff
+        self._retry_delay = RETRY_FIRST_SECONDS
+        self._failures_log = Throttle(FAILURE_LOG_SECONDS)
+        self._failing = 0  # failures since the last success
 
     # -- the event loop's side ---------------------------------------------------------
     def offer(self, item: Any, nbytes: int = 0) -> bool:
@@ -300,24 +330,19 @@ class CaptureWriter:
         first_at = 0.0
         while True:
             stop = self._stop.is_set()  # read first: what was offered before close() is in the queue now
-            budget = self.queue_size  # a turn ends even while items keep coming: time checks below
-            while self._queue and budget > 0:
-                items = self._take(min(CONVERT_SLICE, budget))
-                budget -= len(items)
-                if not pending.rows:
-                    first_at = self.clock()
-                self._convert(items, pending)
-                if pending.rows >= self.row_group_rows:
-                    self._write(pending)
-                    pending.clear()
-                time.sleep(0)  # hand the GIL to the event loop if it waits for it
-            now = self.clock()
-            if pending.rows and (stop or now - first_at >= self.flush_seconds):
-                self._write(pending)
+            if not stop and time.monotonic() < self._retry_at:  # a failing disk: leave the queue be
+                self._wake.wait(min(self.poll_seconds, max(0.0, self._retry_at - time.monotonic())))
+                self._wake.clear()
+                continue
+            try:
+                first_at = self._turn(pending, first_at, stop)
+            except Exception as exc:  # an error no branch foresaw: its rows are lost, the thread goes on
+                self._lost += pending.rows
                 pending.clear()
-            if self._open is not None and (stop or self.rotation.due(size=self._open.size,
-                                                                     opened_at=self._open.opened_at, now=now)):
-                self._finish()
+                self._failed(exc, 0)
+                if self._open is not None:
+                    self._open.abandon()
+                    self._open = None
             if stop:
                 self._lost += len(self._queue)  # offered after close(): never written
                 self._queue.clear()
@@ -325,6 +350,29 @@ class CaptureWriter:
             if not self._queue:
                 self._wake.wait(self.poll_seconds)
                 self._wake.clear()
+
+    def _turn(self, pending: _Columns, first_at: float, stop: bool) -> float:
+        """Convert what is queued (a queue's worth at most), write what is due; returns when the
+        oldest pending row came."""
+        budget = self.queue_size  # a turn ends even while items keep coming: time checks below
+        while self._queue and budget > 0 and (stop or time.monotonic() >= self._retry_at):  # not when failing
+            items = self._take(min(CONVERT_SLICE, budget))
+            budget -= len(items)
+            if not pending.rows:
+                first_at = self.clock()
+            self._convert(items, pending)
+            if pending.rows >= self.row_group_rows:
+                self._write(pending)
+                pending.clear()
+            time.sleep(0)  # hand the GIL to the event loop if it waits for it
+        now = self.clock()
+        if pending.rows and (stop or now - first_at >= self.flush_seconds):
+            self._write(pending)
+            pending.clear()
+        if self._open is not None and (stop or self.rotation.due(size=self._open.size,
+                                                                 opened_at=self._open.opened_at, now=now)):
+            self._finish()
+        return first_at
 
     def _take(self, n: int) -> list[Any]:
         q = self._queue
@@ -348,9 +396,13 @@ class CaptureWriter:
     def _write(self, pending: _Columns) -> None:
         table = None
         for hour, start, length in pending.hours():
+            errors = self.write_errors
+            if self._open is not None and self._open.hour != hour:
+                self._finish()
+            if self.write_errors != errors or (time.monotonic() < self._retry_at and not self._stop.is_set()):
+                self._lost += length  # the disk is failing: no new file before the backoff ends
+                continue
             try:
-                if self._open is not None and self._open.hour != hour:
-                    self._finish()
                 if self._open is None:
                     self._open = self._new_file(hour)
                 if table is None:
@@ -358,17 +410,35 @@ class CaptureWriter:
                 self._open.write(table.slice(start, length))  # a slice of a table: no copy
                 self.written += length
                 self.write_batch_done(self._open)
-            except (OSError, pa.ArrowException) as exc:
-                self.write_errors += 1
+            except _DISK_ERRORS as exc:
                 self._lost += length
-                log.error("event=capture_write_failed records=%d error=%s", length, _q(str(exc)))
+                self._failed(exc, length)
                 if self._open is not None:
                     self._open.abandon()
                     self._open = None
                 continue
+            self._succeeded()
             if self._open.size >= self.rotation.rotate_bytes:
                 self._finish()
             self._enforce_cap()
+
+    def _failed(self, exc: BaseException, records: int) -> None:
+        """A write failed: counted, the backoff before the next file, one log line now and then."""
+        self.write_errors += 1
+        self._failing += 1
+        self._retry_at = time.monotonic() + self._retry_delay
+        retry_in = self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_SECONDS)
+        held = self._failures_log.due()
+        if held is not None:
+            log.error("event=capture_write_failed records=%d failures=%d retry_in_s=%.0f error=%s", records, held,
+                      retry_in, _q(str(exc) or type(exc).__name__))
+
+    def _succeeded(self) -> None:
+        if self._failing:
+            log.warning("event=capture_write_recovered failures=%d", self._failing)
+            self._failing = 0
+        self._retry_delay = RETRY_FIRST_SECONDS
 
     def _to_table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
         """Rows -> an Arrow table, as the thread makes one (see ROWS above for the cost)."""
@@ -392,11 +462,9 @@ class CaptureWriter:
             return
         try:
             size = f.finish()
-        except (OSError, pa.ArrowException) as exc:
-            self.write_errors += 1
-            self._lost += f.records
-            self.written -= f.records
-            log.error("event=capture_write_failed records=%d error=%s", f.records, _q(str(exc)))
+        except _DISK_ERRORS as exc:
+            self.abandoned += f.records  # counted as written when they reached the file: counters only rise
+            self._failed(exc, f.records)
             f.abandon()
             return
         self.files_written += 1

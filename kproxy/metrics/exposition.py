@@ -42,6 +42,7 @@ class LiveGauges:
     in_flight: int = 0
     listeners: int = 0
     capture: Mapping[str, int] | None = None  # records by outcome; None: capture is off
+    capture_over_budget: int = 0  # frames the capture read no further (kproxy.protocol.records.budget)
 
 
 class TrafficCollector(Collector):
@@ -134,9 +135,15 @@ class TrafficCollector(Collector):
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)
+        over_budget = {"rules": f.records_over_budget}
         if live.capture is not None:
             yield _counter("kproxy_capture_records", "Capture records written to disk, or dropped (the writer's "
-                           "queue was full, or a write failed).", ["outcome"], live.capture)
+                           "queue was full, or a write failed), or abandoned (written, then their file could not "
+                           "be completed).", ["outcome"], live.capture)
+            over_budget["capture"] = live.capture_over_budget
+        yield _counter("kproxy_records_over_budget", "Frames whose records a reader gave up on: reading them "
+                       "needed more than the per-frame budget (a decompression bomb, say); the frame went on "
+                       "unchanged. The metrics' own count: kproxy_records_uncounted.", ["reader"], over_budget)
 
 
 def _class_of(error_name: str) -> str:

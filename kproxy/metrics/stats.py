@@ -45,7 +45,7 @@ from kproxy.metrics.histogram import Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
-from kproxy.protocol.records import CountBudget, count_records, one_batch_count
+from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
 from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
@@ -71,9 +71,9 @@ PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
 ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 # Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
-# loop: Kafka's default message.max.bytes, so a wrapper any broker would take is counted (~25 ms of walk
-# at most); a decompression bomb is not (see kproxy.protocol.records.CountBudget).
-RECORD_COUNT_BUDGET = 1024 * 1024
+# loop: the one per-frame default of every records reader (kproxy.protocol.records.budget), so a wrapper
+# any broker would take is counted (~25 ms of walk at most); a decompression bomb is not.
+RECORD_COUNT_BUDGET = DEFAULT_RECORD_BUDGET
 
 
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
@@ -180,6 +180,8 @@ class FaultStats:
     # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
     rules_generation: int = 0
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+    # Frames whose record actions were skipped: editing them needed more than their RecordBudget.
+    records_over_budget: int = 0
 
 
 @dataclass
@@ -534,7 +536,7 @@ class TrafficStats:
         exhausted = False
         if count is None:
             view = memoryview(frame)
-            budget = CountBudget(RECORD_COUNT_BUDGET)
+            budget = RecordBudget(RECORD_COUNT_BUDGET)
             count = 0
             try:
                 for start, end in ranges:  # a loop, not sum() over a generator

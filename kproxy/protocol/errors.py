@@ -62,6 +62,14 @@ class CorruptRecordsError(DecodeError):
     """A record batch or legacy message whose CRC, length or compression is wrong."""
 
 
+class OverBudgetError(ProtocolError):
+    """Reading a frame's records needed more than its :class:`~kproxy.protocol.records.RecordBudget`.
+
+    Not a fault of the bytes (they may be valid Kafka): the reader gave up on the
+    frame, and the caller forwards it as it came.
+    """
+
+
 class MutationError(ProtocolError):
     """A fault-injection transformation was asked of a frame that cannot take it.
 

@@ -24,6 +24,14 @@ every entry it does not change is copied too.
 * :func:`replace_schema_ids` writes a schema id into every record value in the
   Confluent wire format (magic byte 0, 4-byte big-endian schema id, payload).
 
+Reading records to edit them runs under one
+:class:`~kproxy.protocol.records.RecordBudget` per frame (``budget``; a fresh one
+of the default size when not given): the bytes decompressed and each record
+edited are charged to it, and a frame that needs more raises
+:class:`~kproxy.protocol.errors.OverBudgetError` before anything is changed (the
+caller forwards the frame as it came). Legacy wrappers nested in wrappers are
+refused, as Kafka refuses them.
+
 Every function returns a :class:`~kproxy.protocol.frame_edit.Mutation` whose
 ``changed`` counts the entries (CRC, duplicate) or records (field targets,
 schema ids) changed; the same frame object when nothing was. Bad input:
@@ -47,7 +55,7 @@ from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compres
 from kproxy.protocol.errors import CorruptRecordsError, RecordsMutationError
 from kproxy.protocol.frame_edit import Mutation, reframe, request_header
 from kproxy.protocol.headers import response_body_offset
-from kproxy.protocol.records import V2_HEADER_SIZE, BatchInfo, iter_batches
+from kproxy.protocol.records import RECORD_COST, V2_HEADER_SIZE, BatchInfo, RecordBudget, iter_batches
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
 
@@ -125,13 +133,16 @@ def edit_records_fields(frame: bytes, api_key: int, api_version: int,
 
 
 def corrupt_records(frame: bytes, api_key: int, api_version: int, target: CorruptTarget = CorruptTarget.CRC, *,
-                    only: Selector | None = None, timestamp_shift_ms: int = DEFAULT_TIMESTAMP_SHIFT_MS) -> Mutation:
+                    only: Selector | None = None, timestamp_shift_ms: int = DEFAULT_TIMESTAMP_SHIFT_MS,
+                    budget: RecordBudget | None = None) -> Mutation:
     """Corrupt the record batches of a Produce request or Fetch response (see the module docstring)."""
-    if target is CorruptTarget.CRC:
+    if target is CorruptTarget.CRC:  # the entries' headers only: nothing decompressed, nothing to charge
         return edit_records_fields(frame, api_key, api_version, break_crc, only)
-    return edit_records_fields(frame, api_key, api_version,
-                               lambda data: edit_batches(data, _field_patcher(target), timestamp_shift_ms
-                                                         if target is CorruptTarget.TIMESTAMP else 0), only)
+    spend = RecordBudget() if budget is None else budget
+    patch = _field_patcher(target)
+    shift = timestamp_shift_ms if target is CorruptTarget.TIMESTAMP else 0
+    return edit_records_fields(frame, api_key, api_version, lambda data: edit_batches(data, patch, shift, spend),
+                               only)
 
 
 def duplicate_records(frame: bytes, api_key: int, api_version: int, copies: int = 1, *,
@@ -143,13 +154,14 @@ def duplicate_records(frame: bytes, api_key: int, api_version: int, copies: int 
 
 
 def replace_schema_ids(frame: bytes, api_key: int, api_version: int, schema_id: int, *,
-                       only: Selector | None = None) -> Mutation:
+                       only: Selector | None = None, budget: RecordBudget | None = None) -> Mutation:
     """Write ``schema_id`` into every Confluent wire-format record value of the chosen partitions."""
     if not -(2**31) <= schema_id < 2**31:
         raise RecordsMutationError(f"a schema id is an int32, not {schema_id}")
     new_id = _INT32.pack(schema_id)
+    spend = RecordBudget() if budget is None else budget
     return edit_records_fields(frame, api_key, api_version,
-                               lambda data: edit_batches(data, _schema_id_patcher(new_id)), only)
+                               lambda data: edit_batches(data, _schema_id_patcher(new_id), 0, spend), only)
 
 
 # ---------------------------------------------------------------------- records fields
@@ -201,20 +213,24 @@ Span = tuple[int, int, int, int, list[tuple[int, int]]]
 Patcher = Callable[[bytearray, list[Span]], int]
 
 
-def edit_batches(data: bytes, patch: Patcher | None, timestamp_shift_ms: int = 0) -> tuple[bytes, int]:
+def edit_batches(data: bytes, patch: Patcher | None, timestamp_shift_ms: int = 0,
+                 budget: RecordBudget | None = None) -> tuple[bytes, int]:
     """Apply ``patch`` to every record and/or shift timestamps by ``timestamp_shift_ms``,
     decompressing and recompressing as needed; each changed v2 batch gets a new length and
     CRC-32C, each changed legacy message (and its compressed wrapper) a new size and CRC-32.
-    A truncated tail is copied as it is."""
+    A truncated tail is copied as it is. Decompressed bytes and patched records are charged to
+    ``budget`` (a fresh default one when None): :class:`OverBudgetError` past it."""
+    if budget is None:
+        budget = RecordBudget()
     batches, _ = _entries(data)
     out = bytearray()
     changed = 0
     mark = 0
     for batch in batches:
         if batch.magic == 2:
-            new, n = _edit_batch(batch, patch, timestamp_shift_ms)
+            new, n = _edit_batch(batch, patch, timestamp_shift_ms, budget)
         else:
-            new, n = _edit_legacy(bytearray(batch.raw), patch, timestamp_shift_ms)
+            new, n = _edit_legacy(bytearray(batch.raw), patch, timestamp_shift_ms, budget)
         if n:
             out += data[mark:batch.offset]
             out += new
@@ -226,7 +242,8 @@ def edit_batches(data: bytes, patch: Patcher | None, timestamp_shift_ms: int = 0
     return bytes(out), changed
 
 
-def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int) -> tuple[bytes, int]:
+def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int, budget: RecordBudget
+                ) -> tuple[bytes, int]:
     raw = bytearray(batch.raw)
     header = raw[:V2_HEADER_SIZE]
     changed = 0
@@ -239,11 +256,9 @@ def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int
     payload = raw[V2_HEADER_SIZE:]
     codec = batch.codec
     if patch is not None and batch.record_count:
-        try:
-            records = bytearray(payload if codec == Codec.NONE else
-                                decompress(codec, bytes(payload), max_size=DEFAULT_MAX_DECOMPRESSED))
-        except CorruptRecordsError as exc:
-            raise RecordsMutationError(f"cannot decompress a batch: {exc.reason}", offset=batch.offset) from None
+        budget.spend(RECORD_COST * batch.record_count, offset=batch.offset)
+        records = bytearray(payload if codec == Codec.NONE else
+                            _inflate(codec, payload, batch.offset, budget, "cannot decompress a batch"))
         n = patch(records, record_spans(records, batch.record_count))
         if n:
             changed += n
@@ -350,9 +365,26 @@ def _schema_id_patcher(new_id: bytes) -> Patcher:
 # ---------------------------------------------------------------------- legacy messages
 
 
-def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: int) -> tuple[bytes, int]:
+def _inflate(codec: int, payload: bytes | bytearray, offset: int, budget: RecordBudget, what: str, *,
+             lz4_legacy_header: bool = False) -> bytes:
+    """A compressed payload, decompressed within what is left of ``budget`` and charged to it;
+    ``what`` starts the error for a payload that is not valid."""
+    limit = budget.limit(DEFAULT_MAX_DECOMPRESSED)
+    try:
+        out = decompress(codec, bytes(payload), max_size=limit, lz4_legacy_header=lz4_legacy_header)
+    except CorruptRecordsError as exc:
+        if limit < DEFAULT_MAX_DECOMPRESSED:  # too big for what was left, or not valid: not paid for
+            raise budget.give_up(offset) from None
+        raise RecordsMutationError(f"{what}: {exc.reason}", offset=offset) from None
+    budget.remaining -= len(out)
+    return out
+
+
+def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: int, budget: RecordBudget, *,
+                 inner: bool = False) -> tuple[bytes, int]:
     """One legacy message (12-byte prefix included), edited: a plain message in place, a
-    compressed wrapper through its decompressed inner messages. Returns (bytes, records changed)."""
+    compressed wrapper through its decompressed inner messages (``inner``: this message is one
+    of those, and must not be compressed). Returns (bytes, records changed)."""
     magic, attributes = entry[_LEGACY_MAGIC_POS], entry[_LEGACY_MAGIC_POS + 1]
     ts_at = _LEGACY_MAGIC_POS + 2
     key_len_at = ts_at + (8 if magic == 1 else 0)
@@ -375,10 +407,12 @@ def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: in
     if codec == Codec.NONE:
         if patch is not None:
             changed = max(changed, patch(entry, [(key_len_at + 4, key_len, value_at, value_len, [])]))
+    elif inner:  # Kafka refuses a compressed message inside a compressed wrapper; so does the editor
+        raise RecordsMutationError("nested compression in a legacy message set", offset=_LEGACY_MAGIC_POS + 1)
     elif value_len > 0:
-        inner, n = _edit_legacy_set(entry[value_at:], codec, magic, patch, timestamp_shift_ms)
+        new_set, n = _edit_legacy_set(entry[value_at:], codec, magic, patch, timestamp_shift_ms, budget)
         if n:
-            entry = entry[:value_len_at] + _INT32.pack(len(inner)) + inner
+            entry = entry[:value_len_at] + _INT32.pack(len(new_set)) + new_set
             changed = n
     if not changed:
         return b"", 0
@@ -388,20 +422,27 @@ def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: in
 
 
 def _edit_legacy_set(value: bytearray, codec: int, magic: int, patch: Patcher | None,
-                     timestamp_shift_ms: int) -> tuple[bytes, int]:
-    """A compressed wrapper's value with its inner messages edited (recompressed alike)."""
+                     timestamp_shift_ms: int, budget: RecordBudget) -> tuple[bytes, int]:
+    """A compressed wrapper's value with its inner messages edited (recompressed alike); the
+    value decompressed within ``budget``, each inner message charged :data:`RECORD_COST`."""
     legacy_lz4 = magic == 0  # magic 0 carries Kafka's old, wrong LZ4 header checksum
-    try:
-        inner = decompress(codec, bytes(value), max_size=DEFAULT_MAX_DECOMPRESSED, lz4_legacy_header=legacy_lz4)
-        entries = list(iter_batches(inner, allow_truncated_tail=False))
-    except CorruptRecordsError as exc:
-        raise RecordsMutationError(f"cannot read a compressed legacy message: {exc.reason}") from None
+    inner = _inflate(codec, value, 0, budget, "cannot read a compressed legacy message", lz4_legacy_header=legacy_lz4)
+    # Walked lazily, charged as it goes: a list of every entry first was a BatchInfo per inner
+    # message of a bomb (hundreds of MB) before a single one was charged.
+    entries = iter_batches(inner, allow_truncated_tail=False)
     out = bytearray()
     changed = 0
-    for info in entries:
+    while True:
+        try:
+            info = next(entries, None)
+        except CorruptRecordsError as exc:
+            raise RecordsMutationError(f"cannot read a compressed legacy message: {exc.reason}") from None
+        if info is None:
+            break
+        budget.spend(RECORD_COST)
         if info.magic != magic:
             raise RecordsMutationError("inner legacy message of another magic than its wrapper")
-        new, n = _edit_legacy(bytearray(info.raw), patch, timestamp_shift_ms)
+        new, n = _edit_legacy(bytearray(info.raw), patch, timestamp_shift_ms, budget, inner=True)
         out += new if n else info.raw
         changed += n
     if not changed:

@@ -243,11 +243,14 @@ class BodyScan:
         return list(seen)
 
     def record_count(self) -> int:
-        """Records in all records fields, from batch headers (no decompression)."""
-        from kproxy.protocol.records import count_records
+        """Records in all records fields, from batch headers; legacy compressed wrappers are
+        decompressed within one :class:`~kproxy.protocol.records.RecordBudget` for the frame (the
+        ones past it are not counted)."""
+        from kproxy.protocol.records import RecordBudget, count_records
 
         view = memoryview(self.data)
-        return sum(count_records(view[start:end]) for start, end in self.records)
+        budget = RecordBudget()
+        return sum(count_records(view[start:end], budget=budget) for start, end in self.records)
 
 
 _scanners: dict[tuple[int, int, Direction, bool], Callable[..., int]] = {}

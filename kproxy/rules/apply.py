@@ -19,10 +19,12 @@ Timing and connection actions (``delay``, ``throttle``'s waiting,
 ``slow_close``) are the session's to execute; they are ignored here.
 
 Faults never break the protocol: an action that cannot apply to this frame
-(the field is not in this version, the body does not parse) leaves the frame
-as it was and says why in its note. A frame that no action changed comes back
-as the very same object. Each outcome carries one short note per action that
-did (or could not do) something, for the fault log line.
+(the field is not in this version, the body does not parse, its records need
+more than the frame's :class:`~kproxy.protocol.records.RecordBudget`: the
+outcome's ``over_budget``) leaves the frame as it was and says why in its note.
+A frame that no action changed comes back as the very same object. Each
+outcome carries one short note per action that did (or could not do)
+something, for the fault log line.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from kproxy.protocol.record_faults import (
     duplicate_records,
     replace_schema_ids,
 )
+from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey, error_name
 from kproxy.rules.facts import FrameFacts
@@ -88,6 +91,7 @@ class RequestOutcome:
     forward: bool = True
     answer: bytes | None = None
     notes: tuple[str, ...] = ()
+    over_budget: bool = False  # a record action gave up: the frame's records needed more than its budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,7 @@ class ResponseOutcome:
 
     frame: bytes
     notes: tuple[str, ...] = ()
+    over_budget: bool = False  # as RequestOutcome's
 
 
 def apply_to_request(actions: Sequence[Action], frame: bytes, *, only: Selector | None = None) -> RequestOutcome:
@@ -112,6 +117,7 @@ def apply_to_request(actions: Sequence[Action], frame: bytes, *, only: Selector 
         return RequestOutcome(frame, notes=(f"skipped: unreadable request header ({exc.reason})",))
     notes: list[str] = []
     current = frame
+    budget = RecordBudget()  # one for the frame, whichever record actions read it
     for action in actions:
         if isinstance(action, InjectError) and action.mode is InjectMode.RESPOND:
             label = f"inject_error {error_name(action.error_code)} respond"
@@ -126,12 +132,12 @@ def apply_to_request(actions: Sequence[Action], frame: bytes, *, only: Selector 
                 continue
             notes.append(label)
             return RequestOutcome(frame, False, answer, tuple(notes))
-        step = _request_step(action, header.api_key, header.api_version, only)
+        step = _request_step(action, header.api_key, header.api_version, only, budget)
         if step is None:
             continue
         name, run = step
         current = _run(name, run, current, notes)
-    return RequestOutcome(current, True, None, tuple(notes))
+    return RequestOutcome(current, True, None, tuple(notes), budget.exhausted)
 
 
 def apply_to_response(actions: Sequence[Action], frame: bytes, api_key: int, api_version: int, *,
@@ -141,15 +147,16 @@ def apply_to_response(actions: Sequence[Action], frame: bytes, api_key: int, api
     last when given, never lowering the broker's own."""
     notes: list[str] = []
     current = frame
+    budget = RecordBudget()
     for action in actions:
-        step = _response_step(action, api_key, api_version, only)
+        step = _response_step(action, api_key, api_version, only, budget)
         if step is not None:
             current = _run(step[0], step[1], current, notes)
     if throttle_time_ms is not None and throttle_time_ms > 0:
         ms = throttle_time_ms
         current = _run(f"throttle throttle_time_ms={ms}",
                        lambda f: set_throttle_time(f, api_key, api_version, ms), current, notes)
-    return ResponseOutcome(current, tuple(notes))
+    return ResponseOutcome(current, tuple(notes), budget.exhausted)
 
 
 # -------------------------------------------------------------------------- dispatch
@@ -168,12 +175,12 @@ def _run(name: str, run: Callable[[bytes], Mutation], frame: bytes, notes: list[
     return result.frame
 
 
-def _records_step(action: Action, api_key: int, api_version: int, only: Selector | None
+def _records_step(action: Action, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                   ) -> Step | None:
     if isinstance(action, CorruptRecords):
         target = CorruptTarget(action.target.value)
         return (f"corrupt_records {target.value}",
-                lambda f: corrupt_records(f, api_key, api_version, target, only=only))
+                lambda f: corrupt_records(f, api_key, api_version, target, only=only, budget=budget))
     if isinstance(action, DuplicateRecords):
         copies = action.copies
         return (f"duplicate_records copies={copies}",
@@ -181,7 +188,7 @@ def _records_step(action: Action, api_key: int, api_version: int, only: Selector
     if isinstance(action, InvalidSchemaId):
         schema_id = action.schema_id
         return (f"invalid_schema_id {schema_id}",
-                lambda f: replace_schema_ids(f, api_key, api_version, schema_id, only=only))
+                lambda f: replace_schema_ids(f, api_key, api_version, schema_id, only=only, budget=budget))
     return None
 
 
@@ -203,10 +210,10 @@ def _rewrite_step(action: Rewrite, api_key: int, api_version: int, direction: Di
     return f"rewrite {direction.name.lower()} {paths}", run
 
 
-def _request_step(action: Action, api_key: int, api_version: int, only: Selector | None
+def _request_step(action: Action, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                   ) -> Step | None:
     if api_key == PRODUCE:
-        step = _records_step(action, api_key, api_version, only)
+        step = _records_step(action, api_key, api_version, only, budget)
         if step is not None:
             return step
     if isinstance(action, Rewrite) and action.direction is RewriteDirection.REQUEST:
@@ -214,14 +221,14 @@ def _request_step(action: Action, api_key: int, api_version: int, only: Selector
     return None
 
 
-def _response_step(action: Action, api_key: int, api_version: int, only: Selector | None
+def _response_step(action: Action, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                    ) -> Step | None:
     if isinstance(action, InjectError) and action.mode is InjectMode.REPLACE:
         code, partitions, message = action.error_code, action.partitions, action.message
         return (f"inject_error {error_name(code)} replace",
                 lambda f: replace_error_codes(f, api_key, api_version, code, partitions=partitions, message=message))
     if api_key == FETCH:
-        step = _records_step(action, api_key, api_version, only)
+        step = _records_step(action, api_key, api_version, only, budget)
         if step is not None:
             return step
     if isinstance(action, MutateMetadata) and api_key in METADATA_APIS:

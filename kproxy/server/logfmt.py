@@ -13,6 +13,8 @@ import re
 import sys
 import time
 
+from kproxy.ratelimit import Throttle as Throttle  # re-exported: its home before kproxy/ratelimit.py
+
 
 def q(text: str) -> str:
     """A logfmt value: as it is, or quoted when it is empty or holds spaces, quotes, '=' or any
@@ -129,32 +131,6 @@ def _json_escape(m: re.Match[str]) -> str:
         return f"\\u{code:04x}"
     code -= 0x10000  # a UTF-16 surrogate pair, as JSON writes characters beyond the BMP
     return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-
-
-class Throttle:
-    """At most one log line per ``interval`` seconds for an event that can repeat thousands of
-    times a second (accept failing while descriptors are exhausted, say).
-
-    Call :meth:`due` at every occurrence: it returns how many occurrences the line to log now
-    stands for (this one and those held back since the last line), or None while the interval
-    runs. The first occurrence is always logged at once.
-    """
-
-    __slots__ = ("_held", "_next", "interval")
-
-    def __init__(self, interval: float = 10.0) -> None:
-        self.interval = interval
-        self._next = 0.0
-        self._held = 0
-
-    def due(self) -> int | None:
-        self._held += 1
-        now = time.monotonic()
-        if now < self._next:
-            return None
-        self._next = now + self.interval
-        count, self._held = self._held, 0
-        return count
 
 
 def setup_logging(level: str, fmt: str = "logfmt") -> None:

@@ -48,11 +48,11 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
+from kproxy.ratelimit import Throttle
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import Throttle
 from kproxy.server.logfmt import q as _q
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
@@ -315,7 +315,8 @@ class ProxyServer:
     def _live_gauges(self) -> LiveGauges:
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in self.connections),
                           listeners=sum(1 for lst in self.listeners.values() if lst.failed is None),
-                          capture=self.capture.counts() if self.capture is not None else None)
+                          capture=self.capture.counts() if self.capture is not None else None,
+                          capture_over_budget=self.capture.builder.over_budget if self.capture is not None else 0)
 
     async def readiness(self) -> str | None:
         """None when ready to serve; else why not (for ``/readyz``)."""

@@ -42,6 +42,7 @@ from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
+from kproxy.ratelimit import Throttle as LogThrottle
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
 from kproxy.rules.bucket import charged_on_response, split_throttle
@@ -64,6 +65,7 @@ from kproxy.rules.model import CloseConnection as CloseRule
 from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.faults")
+_OVER_BUDGET_LOG = LogThrottle(60.0)  # the first frame over its records budget, then one line a minute
 
 # Actions the session times or ends the connection for; apply.py's functions ignore them.
 _CONNECTION_ACTIONS = (DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
@@ -456,6 +458,8 @@ class RulePolicy:
             if plan.request_actions:  # none: apply_to_request would hand the frame back as it is
                 outcome = apply_to_request(plan.request_actions, request, only=plan.only)
                 request = outcome.frame
+                if outcome.over_budget:
+                    _over_budget(counts, self.peer)
                 for note in outcome.notes:
                     self._fault((rule_id, _note_action(note), "false"), facts, note)
                 if not outcome.forward:
@@ -493,6 +497,8 @@ class RulePolicy:
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
                                             throttle_time_ms=throttle_ms if last else None, only=plan.only)
                 response = outcome.frame
+                if outcome.over_budget:
+                    _over_budget(counts, self.peer)
                 for note in outcome.notes:
                     self._fault((rule_id, _note_action(note), "false"), facts, note)
                 for error in plan.response_errors:
@@ -597,6 +603,14 @@ def _charging_response(injector: FaultInjector, ex: Exchange, facts: FrameFacts,
         return response
 
     return charge
+
+
+def _over_budget(counts: FaultStats, peer: str) -> None:
+    """A frame's record actions gave up (kproxy.protocol.records.budget): counted, logged rate-limited."""
+    counts.records_over_budget += 1
+    held = _OVER_BUDGET_LOG.due()
+    if held is not None:
+        log.warning("event=records_over_budget reader=rules connection=%s frames=%d", peer, held)
 
 
 def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:

@@ -34,7 +34,8 @@ What this package offers (import it from here; the modules split it by job)
 ---------------------------------------------------------------------------
 :mod:`.entries` (layouts, values, header walking, CRCs), :mod:`.recordbatch`
 (RecordBatch v2), :mod:`.messageset` (legacy message sets), :mod:`.counting`
-(record counts and their budget), :mod:`.fields` (bounded field readers and
+(record counts), :mod:`.budget` (the :class:`RecordBudget` every per-frame
+reader on the data path runs under), :mod:`.fields` (bounded field readers and
 writers, payload decompression); :func:`decode_records` here dispatches by magic.
 
 * :func:`iter_batches` - lazy and cheap: reads only each entry's header (no CRC
@@ -59,7 +60,8 @@ actually present, and decompression is capped by ``max_decompressed``.
 from __future__ import annotations
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
-from kproxy.protocol.records.counting import CountBudget, count_records, one_batch_count
+from kproxy.protocol.records.budget import DEFAULT_RECORD_BUDGET, RECORD_COST, RecordBudget
+from kproxy.protocol.records.counting import count_records, one_batch_count
 from kproxy.protocol.records.entries import (
     LOG_OVERHEAD,
     V2_HEADER_SIZE,
@@ -77,12 +79,14 @@ from kproxy.protocol.records.recordbatch import decode_v2, encode_batch_v2
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
+    "DEFAULT_RECORD_BUDGET",
     "LOG_OVERHEAD",
+    "RECORD_COST",
     "V2_HEADER_SIZE",
     "BatchInfo",
     "BatchIterator",
-    "CountBudget",
     "Record",
+    "RecordBudget",
     "TimestampType",
     "compute_crc",
     "count_records",
@@ -100,7 +104,11 @@ __all__ = [
 
 
 def decode_records(
-    batch: BatchInfo, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, check_crc: bool = True
+    batch: BatchInfo,
+    *,
+    max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    check_crc: bool = True,
+    budget: RecordBudget | None = None,
 ) -> list[Record]:
     """Every record of one entry, decompressing if needed.
 
@@ -112,19 +120,29 @@ def decode_records(
     Raises :class:`CorruptRecordsError` for any inconsistency: wrong CRC, bad
     compression, a record running past its length or the batch, a count that
     does not match, bytes left over, bad varints, invalid UTF-8 in a header key.
+
+    With a ``budget`` (the frame's, see :mod:`.budget`), decompressed bytes and
+    records are charged to it, and :class:`~kproxy.protocol.errors.OverBudgetError`
+    is raised, before the records are built, when they do not fit in what is left.
+    The data path always passes one; without, only ``max_decompressed`` bounds the work.
     """
     if check_crc:
         verify_crc(batch)
     if batch.magic >= 2:
-        return decode_v2(batch, max_decompressed)
-    return decode_legacy(batch, max_decompressed, check_crc)
+        return decode_v2(batch, max_decompressed, budget)
+    return decode_legacy(batch, max_decompressed, check_crc, budget)
 
 
 def decode_all(
-    data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, check_crc: bool = True
+    data: BytesLike,
+    *,
+    max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    check_crc: bool = True,
+    budget: RecordBudget | None = None,
 ) -> list[Record]:
-    """Records of every complete entry in ``data`` (a truncated tail is ignored, as Kafka does)."""
+    """Records of every complete entry in ``data`` (a truncated tail is ignored, as Kafka does),
+    within ``budget`` when given (see :func:`decode_records`)."""
     out: list[Record] = []
     for batch in iter_batches(data):
-        out.extend(decode_records(batch, max_decompressed=max_decompressed, check_crc=check_crc))
+        out.extend(decode_records(batch, max_decompressed=max_decompressed, check_crc=check_crc, budget=budget))
     return out

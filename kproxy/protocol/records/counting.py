@@ -1,4 +1,4 @@
-"""Counting the records of a records field, cheaply, within a decompression budget."""
+"""Counting the records of a records field, cheaply, within a frame's :class:`RecordBudget`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import struct
 from typing import Final
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
-from kproxy.protocol.errors import CorruptRecordsError
+from kproxy.protocol.errors import OverBudgetError
+from kproxy.protocol.records.budget import RecordBudget
 from kproxy.protocol.records.entries import (
     _CODEC_MASK,
     _LEGACY_MIN_SIZE,
@@ -22,30 +23,8 @@ _V2_COUNT = struct.Struct(">i")  # recordsCount, at byte 57 of a v2 batch
 _V2_FAST_MIN = 61  # a v2 batch header
 
 
-class CountBudget:
-    """How much decompressed data :func:`count_records` may still produce, in bytes.
-
-    v2 batches carry their record count in the header; a compressed legacy
-    (magic 0/1) wrapper does not, so counting it means decompressing its value
-    and walking every inner message header. Gzip shrinks a run of identical
-    26-byte messages about a thousand-fold: 160 KB on the wire are 2.5 million
-    messages to walk, seconds of CPU. A budget shared by every records field of
-    one frame bounds what the frame can cost, however many wrappers it packs
-    (an inner message is at least 26 bytes, so bytes bound the walk too).
-
-    ``exhausted`` is set when a wrapper did not fit in what was left: the count
-    stopped there and is incomplete.
-    """
-
-    __slots__ = ("exhausted", "remaining")
-
-    def __init__(self, decompressed_bytes: int) -> None:
-        self.remaining = decompressed_bytes
-        self.exhausted = False
-
-
 def count_records(
-    data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, budget: CountBudget | None = None
+    data: BytesLike, *, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED, budget: RecordBudget | None = None
 ) -> int:
     """Number of records in a records field; a truncated tail is not counted.
 
@@ -54,11 +33,13 @@ def count_records(
     decompressed (within ``max_decompressed``) and the inner messages' headers
     are walked.
 
-    With a ``budget``, a wrapper whose value does not decompress within what is
-    left of it (too big for it, or not decompressible at all) is not paid for:
-    the count stops before it, ``budget.exhausted`` is set and the records
-    counted so far are returned. Without one, as before: only
-    ``max_decompressed`` per wrapper bounds the work.
+    With a ``budget`` (see :mod:`kproxy.protocol.records.budget`: counting is
+    charged the decompressed bytes, which bound the walk too, an inner message
+    being at least 26 bytes), a wrapper whose value does not decompress within
+    what is left of it (too big for it, or not decompressible at all) is not
+    paid for: the count stops before it, ``budget.exhausted`` is set and the
+    records counted so far are returned. Without one, only ``max_decompressed``
+    per wrapper bounds the work: for offline tools, never the data path.
     """
     # Fast path for the usual case, v2 batches only: three fields per batch, no objects built.
     total = 0
@@ -97,19 +78,12 @@ def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
 _LEGACY_SIZE_MAGIC_ATTRIBUTES: Final = struct.Struct(">i4xbb")  # message_size, (crc), magic, attributes
 
 
-def _count_wrapper(batch: BatchInfo, max_decompressed: int, budget: CountBudget | None) -> int | None:
+def _count_wrapper(batch: BatchInfo, max_decompressed: int, budget: RecordBudget | None) -> int | None:
     """Inner messages of one compressed legacy wrapper; None when ``budget`` ran out."""
-    limit = max_decompressed if budget is None else min(max_decompressed, budget.remaining)
     try:
-        data, pos, end, reader = _wrapper_payload(batch, limit)
-    except CorruptRecordsError:
-        if budget is None or limit == max_decompressed:
-            raise
-        budget.remaining = 0  # too big for what was left, or not valid: either way, not paid for
-        budget.exhausted = True
+        data, pos, end, reader = _wrapper_payload(batch, max_decompressed, budget)
+    except OverBudgetError:
         return None
-    if budget is not None:
-        budget.remaining -= end - pos
     # Fast walk: message sizes only, for data that is well-formed. Anything odd goes
     # to the full walk, which names the problem exactly as decoding would.
     count = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kproxy.protocol.compression import Codec, codec_name, decompress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.records.budget import RecordBudget
 from kproxy.protocol.records.entries import (
     _INT32,
     _LEGACY_MAGIC_POS,
@@ -43,9 +44,20 @@ class _Reader:
 
 
 def _payload(
-    batch: BatchInfo, start: int, stop: int, max_decompressed: int, *, lz4_legacy_header: bool = False
+    batch: BatchInfo,
+    start: int,
+    stop: int,
+    max_decompressed: int,
+    *,
+    lz4_legacy_header: bool = False,
+    budget: RecordBudget | None = None,
 ) -> tuple[BytesLike, int, int, _Reader]:
-    """The (possibly decompressed) bytes at ``buffer[start:stop]`` and their bounds."""
+    """The (possibly decompressed) bytes at ``buffer[start:stop]`` and their bounds.
+
+    With a ``budget``, decompression stops at what is left of it and the output is
+    charged to it; a payload that does not decompress within what is left (too big
+    for it, or not valid: either way not paid for) raises :class:`~kproxy.protocol.errors.OverBudgetError`.
+    """
     codec = batch.codec
     if codec == Codec.NONE:
         return batch.buffer, start, stop, _Reader(None)
@@ -56,15 +68,20 @@ def _payload(
             offset=batch.offset + (_V2_ATTRIBUTES_POS if batch.magic >= 2 else _LEGACY_MAGIC_POS + 1),
             field="attributes",
         )
+    limit = max_decompressed if budget is None else budget.limit(max_decompressed)
     try:
         data = decompress(
             codec,
             memoryview(batch.buffer)[start:stop],
-            max_size=max_decompressed,
+            max_size=limit,
             lz4_legacy_header=lz4_legacy_header,
         )
     except CorruptRecordsError as exc:
+        if budget is not None and limit < max_decompressed:
+            raise budget.give_up(start) from None
         raise CorruptRecordsError(exc.reason, offset=start + (exc.offset or 0), field="records") from exc
+    if budget is not None:
+        budget.remaining -= len(data)
     return data, 0, len(data), _Reader(start)
 
 

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from kproxy.protocol.compression import Codec, codec_name, compress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.records.budget import RECORD_COST, RecordBudget
 from kproxy.protocol.records.entries import (
     _INT32,
     _INT64,
@@ -63,19 +64,28 @@ def _parse_message(buf: BytesLike, pos: int, end: int) -> _Message:
     return _Message(offset, magic, attributes, timestamp, key, value_start, value_end)
 
 
-def _inner_messages(batch: BatchInfo, max_decompressed: int) -> Iterator[tuple[BatchInfo, _Reader]]:
+def _inner_messages(
+    batch: BatchInfo, max_decompressed: int, budget: RecordBudget | None = None
+) -> Iterator[tuple[BatchInfo, _Reader]]:
     """The inner messages of a compressed legacy wrapper (header level), with error context."""
-    data, pos, end, reader = _wrapper_payload(batch, max_decompressed)
+    data, pos, end, reader = _wrapper_payload(batch, max_decompressed, budget)
     return _inner_entries(batch, data, pos, end, reader)
 
 
-def _wrapper_payload(batch: BatchInfo, max_decompressed: int) -> tuple[BytesLike, int, int, _Reader]:
-    """The decompressed value of a compressed legacy wrapper."""
+def _wrapper_payload(
+    batch: BatchInfo, max_decompressed: int, budget: RecordBudget | None = None
+) -> tuple[BytesLike, int, int, _Reader]:
+    """The decompressed value of a compressed legacy wrapper (charged to ``budget`` when given)."""
     wrapper = _parse_message(batch.buffer, batch.offset, batch.end)
     if wrapper.value_start < 0:
         raise CorruptRecordsError("compressed message has a null value", offset=batch.offset, field="value")
     return _payload(
-        batch, wrapper.value_start, wrapper.value_end, max_decompressed, lz4_legacy_header=batch.magic == 0
+        batch,
+        wrapper.value_start,
+        wrapper.value_end,
+        max_decompressed,
+        lz4_legacy_header=batch.magic == 0,
+        budget=budget,
     )
 
 
@@ -104,14 +114,20 @@ def _inner_entries(
         yield info, reader
 
 
-def decode_legacy(batch: BatchInfo, max_decompressed: int, check_crc: bool) -> list[Record]:
+def decode_legacy(
+    batch: BatchInfo, max_decompressed: int, check_crc: bool, budget: RecordBudget | None = None
+) -> list[Record]:
+    """The records of one legacy entry; a wrapper's inner messages are charged to ``budget``
+    (:data:`~kproxy.protocol.records.budget.RECORD_COST` each, on top of the decompressed bytes)."""
     if batch.codec == Codec.NONE:
         msg = _parse_message(batch.buffer, batch.offset, batch.end)
         value = None if msg.value_start < 0 else bytes(batch.buffer[msg.value_start : msg.value_end])
         return [Record(msg.offset, msg.timestamp, msg.key, value, [])]
     messages: list[_Message] = []
     inner_buffer: BytesLike = b""
-    for info, reader in _inner_messages(batch, max_decompressed):
+    for info, reader in _inner_messages(batch, max_decompressed, budget):
+        if budget is not None:
+            budget.spend(RECORD_COST, offset=batch.offset)
         inner_buffer = info.buffer
         try:
             if check_crc:

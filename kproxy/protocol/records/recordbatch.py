@@ -8,6 +8,7 @@ from crc32c import crc32c
 
 from kproxy.protocol.compression import Codec, compress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.records.budget import RECORD_COST, RecordBudget
 from kproxy.protocol.records.entries import (
     _CODEC_MASK,
     _CONTROL_MASK,
@@ -43,8 +44,14 @@ from kproxy.protocol.records.fields import (
 from kproxy.protocol.wire import write_varlong
 
 
-def decode_v2(batch: BatchInfo, max_decompressed: int) -> list[Record]:
-    data, pos, end, reader = _payload(batch, batch.offset + V2_HEADER_SIZE, batch.end, max_decompressed)
+def decode_v2(batch: BatchInfo, max_decompressed: int, budget: RecordBudget | None = None) -> list[Record]:
+    """The records of one v2 batch; with a ``budget``, the decompressed bytes and
+    :data:`~kproxy.protocol.records.budget.RECORD_COST` per record are charged to it first."""
+    data, pos, end, reader = _payload(
+        batch, batch.offset + V2_HEADER_SIZE, batch.end, max_decompressed, budget=budget
+    )
+    if budget is not None:
+        budget.spend(RECORD_COST * (batch.record_count or 0), offset=batch.offset)
     try:
         return _parse_v2_records(data, pos, end, batch)
     except CorruptRecordsError as exc:
