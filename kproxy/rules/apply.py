@@ -71,6 +71,7 @@ from kproxy.rules.model import (
     RewriteAddresses,
     RewriteDirection,
 )
+from kproxy.rules.patterns import substitute
 
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
 PRODUCE, FETCH, API_VERSIONS = int(ApiKey.PRODUCE), int(ApiKey.FETCH), int(ApiKey.API_VERSIONS)
@@ -267,9 +268,10 @@ def _split(text: str) -> tuple[str, int | None]:
 def address_map(action: RewriteAddresses) -> EndpointMap:
     """The endpoint mapping of a ``rewrite_addresses`` action.
 
-    ``map``: exact ``host:port`` -> ``host:port``. ``pattern``: a regex
-    substituted (``re.sub``, backreferences allowed) in the ``host:port`` text
-    of every endpoint; a result without a port keeps the endpoint's port.
+    ``map``: exact ``host:port`` -> ``host:port``. ``pattern``: an RE2 regex whose every
+    match in the ``host:port`` text of an endpoint is replaced (groups inserted with ``\\1`` or
+    ``\\g<name>``: :func:`~kproxy.rules.patterns.parse_replacement`); a result without a port
+    keeps the endpoint's port.
     """
     if action.pattern is None:
         table: dict[tuple[str, int | None], tuple[str, int | None]] = {
@@ -282,11 +284,11 @@ def address_map(action: RewriteAddresses) -> EndpointMap:
             return found[0], port if found[1] is None else found[1]
 
         return by_table
-    pattern, replacement = action.pattern, action.replacement or ""
+    pattern, template = action.pattern, action.template
 
     def by_pattern(host: str, port: int) -> tuple[str, int] | None:
         text = f"{host}:{port}"
-        new = pattern.sub(replacement, text)
+        new = substitute(pattern, template, text)
         if new == text:
             return None
         new_host, new_port = _split(new)

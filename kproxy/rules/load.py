@@ -333,9 +333,13 @@ class _Loader(ActionReader):
                 return BAD
             if kind == "regex" and isinstance(self.regex(value, f"{path}.regex"), Bad):
                 return BAD
-            return TopicPattern(text, is_regex=kind == "regex")
+            source: str = text
+            return self.build(value, f"{path}.{kind}", lambda: TopicPattern(source, is_regex=kind == "regex"))
         text = self.string(node, path)
-        return BAD if isinstance(text, Bad) else TopicPattern(text)
+        if isinstance(text, Bad):
+            return BAD
+        glob: str = text
+        return self.build(node, path, lambda: TopicPattern(glob))  # a glob too long is refused
 
     def acks(self, node: yaml.Node, path: str) -> int | Bad:
         value = self.scalar(node)

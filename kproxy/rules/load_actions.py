@@ -19,6 +19,11 @@ from kproxy.protocol.tables import ApiKey, api_snake_name, error_code
 from kproxy.rules.model import (
     ACTION_APIS,
     ACTION_NAMES,
+    MAX_DURATION_MS,
+    MAX_DURATION_S,
+    MAX_RATE,
+    MIN_BYTES_PER_SECOND,
+    MIN_REQUESTS_PER_SECOND,
     Action,
     Blackhole,
     CloseConnection,
@@ -43,6 +48,7 @@ from kproxy.rules.model import (
     Throttle,
     ThrottleScope,
 )
+from kproxy.rules.patterns import UserPattern, parse_replacement
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader, did_you_mean, node_kind
 
 T = TypeVar("T")
@@ -161,9 +167,9 @@ class ActionReader(NodeReader):
     def act_delay(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:
         kw: dict[str, Any] = {}
         ms = self._required(m, at, path, "ms", "milliseconds")
-        kw["ms"] = BAD if ms is None else self.number(ms, f"{path}.ms", 0.0)
+        kw["ms"] = BAD if ms is None else self.number(ms, f"{path}.ms", 0.0, hi=MAX_DURATION_MS)
         if "jitter_ms" in m:
-            kw["jitter_ms"] = self.number(m["jitter_ms"], f"{path}.jitter_ms", 0.0)
+            kw["jitter_ms"] = self.number(m["jitter_ms"], f"{path}.jitter_ms", 0.0, hi=MAX_DURATION_MS)
         if "distribution" in m:
             kw["distribution"] = self.choice(m["distribution"], f"{path}.distribution", Distribution)
         if "at" in m:
@@ -172,13 +178,16 @@ class ActionReader(NodeReader):
 
     def act_throttle(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:
         kw: dict[str, Any] = {}
-        for key in ("bytes_per_second", "requests_per_second"):
+        # Bounded both ways: the hold a throttle imposes is debt / rate (see MIN_BYTES_PER_SECOND).
+        for key, least in (("bytes_per_second", MIN_BYTES_PER_SECOND),
+                           ("requests_per_second", MIN_REQUESTS_PER_SECOND)):
             if key in m:
-                kw[key] = self.number(m[key], f"{path}.{key}", 0.0, exclusive=True)
+                kw[key] = self.number(m[key], f"{path}.{key}", least, hi=MAX_RATE)
         if "scope" in m:
             kw["scope"] = self.choice(m["scope"], f"{path}.scope", ThrottleScope)
         if "burst_seconds" in m:
-            kw["burst_s"] = self.number(m["burst_seconds"], f"{path}.burst_seconds", 0.0, exclusive=True)
+            kw["burst_s"] = self.number(m["burst_seconds"], f"{path}.burst_seconds", 0.0, exclusive=True,
+                                        hi=MAX_DURATION_S)
         return self._made(at, path, kw, Throttle)
 
     def act_drop_response(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:
@@ -195,7 +204,8 @@ class ActionReader(NodeReader):
 
     def act_slow_close(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:
         ms = self._required(m, at, path, "ms", "milliseconds to hold the connection before closing it")
-        return self._made(at, path, {"ms": BAD if ms is None else self.number(ms, f"{path}.ms", 0.0, exclusive=True)},
+        return self._made(at, path, {"ms": BAD if ms is None else self.number(ms, f"{path}.ms", 0.0, exclusive=True,
+                                                                              hi=MAX_DURATION_MS)},
                           SlowClose)
 
     def act_corrupt_records(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:
@@ -216,9 +226,15 @@ class ActionReader(NodeReader):
             pairs = self.string_map(m["map"], f"{path}.map", self.host_port)
             kw["mapping"] = pairs if isinstance(pairs, Bad) else tuple(pairs)
         if "pattern" in m:
-            kw["pattern"] = self.regex(m["pattern"], f"{path}.pattern")
+            kw["pattern"] = self.regex(m["pattern"], f"{path}.pattern", captures=True)
         if "replacement" in m:
             kw["replacement"] = self.string(m["replacement"], f"{path}.replacement")
+            pattern, replacement = kw.get("pattern"), kw["replacement"]
+            if isinstance(pattern, UserPattern) and isinstance(replacement, str):
+                # Checked here for the replacement's own line (the model checks it again).
+                checked = self.build(m["replacement"], f"{path}.replacement",
+                                     lambda: parse_replacement(pattern, replacement))
+                kw["replacement"] = BAD if isinstance(checked, Bad) else replacement
         return self._made(at, path, kw, RewriteAddresses)
 
     def host_port(self, node: yaml.Node, path: str, text: str) -> str | Bad:

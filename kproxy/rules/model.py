@@ -13,13 +13,13 @@ codes by their protocol names, ``acks``, ``transactional_id``...).
 from __future__ import annotations
 
 import enum
-import fnmatch
 import ipaddress
 import re
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from kproxy.protocol.tables import ApiKey, api_snake_name
+from kproxy.rules.patterns import Template, UserPattern, compile_glob, compile_pattern, parse_replacement
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -27,23 +27,33 @@ RECORD_APIS: frozenset[int] = frozenset({ApiKey.PRODUCE, ApiKey.FETCH})
 METADATA_APIS: frozenset[int] = frozenset({ApiKey.METADATA, ApiKey.DESCRIBE_CLUSTER, ApiKey.DESCRIBE_TOPIC_PARTITIONS})
 
 
+# Bounds on the actions' numbers, so that nothing accepted overflows at run time: a throttle holds
+# a request debt / rate seconds and reports that in an int32 throttle_time_ms, and a rate of
+# 5e-324 bytes/s made that hold infinite (round(inf) ended the connection).
+MIN_BYTES_PER_SECOND = 1.0
+MIN_REQUESTS_PER_SECOND = 0.001  # one request every ~17 minutes
+MAX_RATE = 1e15  # per second, bytes or requests: far above any link, and rate * burst stays finite
+MAX_DURATION_S = 7 * 86400  # a delay, its jitter, a slow close, a throttle's burst: a week at most
+MAX_DURATION_MS = MAX_DURATION_S * 1000
+
 # ------------------------------------------------------------------------------ match
 
 
 @dataclass(frozen=True, slots=True)
 class TopicPattern:
-    """A topic glob (``orders-*``, fnmatch syntax) or regex, matched against the whole name."""
+    """A topic glob (``orders-*``, fnmatch syntax) or regex (RE2), matched against the whole name.
+    Both compile to RE2 (:mod:`kproxy.rules.patterns`): linear in the name; ValueError when refused."""
 
     pattern: str
     is_regex: bool = False
-    compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    compiled: UserPattern = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        source = self.pattern if self.is_regex else fnmatch.translate(self.pattern)
-        object.__setattr__(self, "compiled", re.compile(source))
+        compiled = compile_pattern(self.pattern) if self.is_regex else compile_glob(self.pattern)
+        object.__setattr__(self, "compiled", compiled)
 
     def matches(self, topic: str) -> bool:
-        return self.compiled.fullmatch(topic) is not None
+        return self.compiled.fullmatch(topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +114,7 @@ class Schedule:
 class Match:
     """What a request must be for a rule to apply; ``None`` means "any".
 
-    Strings are matched whole (``re.fullmatch``): ``client_id: "batch-.*"``.
+    Strings are RE2 patterns (:mod:`kproxy.rules.patterns`) matched whole: ``client_id: "batch-.*"``.
     A request matches when every given key matches; for ``topic`` and
     ``partition``, when at least one of the request's topic-partitions does.
     """
@@ -112,13 +122,13 @@ class Match:
     apis: frozenset[int] | None = None
     min_version: int | None = None
     max_version: int | None = None
-    client_id: re.Pattern[str] | None = None
+    client_id: UserPattern | None = None
     client_address: tuple[IpNetwork, ...] | None = None
     broker_ids: frozenset[int] | None = None
     topics: tuple[TopicPattern, ...] | None = None
     partitions: frozenset[int] | None = None
-    group_id: re.Pattern[str] | None = None
-    transactional_id: re.Pattern[str] | None = None
+    group_id: UserPattern | None = None
+    transactional_id: UserPattern | None = None
     acks: frozenset[int] | None = None
     probability: float | None = None
     schedule: Schedule | None = None
@@ -182,6 +192,8 @@ class Delay:
     def __post_init__(self) -> None:
         if self.ms < 0 or self.jitter_ms < 0:
             raise ValueError("ms and jitter_ms must be >= 0")
+        if not (self.ms <= MAX_DURATION_MS and self.jitter_ms <= MAX_DURATION_MS):
+            raise ValueError(f"ms and jitter_ms must be <= {MAX_DURATION_MS} (a week)")
 
     def resolve(self, draw: float) -> float:
         """The delay in ms for a uniform draw in [0, 1) (the engine's, so runs replay)."""
@@ -212,11 +224,12 @@ class Throttle:
     def __post_init__(self) -> None:
         if self.bytes_per_second is None and self.requests_per_second is None:
             raise ValueError("give bytes_per_second, requests_per_second or both")
-        for rate in (self.bytes_per_second, self.requests_per_second):
-            if rate is not None and rate <= 0:
-                raise ValueError("a rate must be > 0")
-        if self.burst_s <= 0:
-            raise ValueError("burst_seconds must be > 0")
+        for rate, least, unit in ((self.bytes_per_second, MIN_BYTES_PER_SECOND, "bytes_per_second"),
+                                  (self.requests_per_second, MIN_REQUESTS_PER_SECOND, "requests_per_second")):
+            if rate is not None and not least <= rate <= MAX_RATE:
+                raise ValueError(f"{unit} must be between {least:g} and {MAX_RATE:g}")
+        if not 0 < self.burst_s <= MAX_DURATION_S:
+            raise ValueError(f"burst_seconds must be > 0 and <= {MAX_DURATION_S} (a week)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +259,8 @@ class SlowClose:
     ms: float
 
     def __post_init__(self) -> None:
-        if self.ms <= 0:
-            raise ValueError("ms must be > 0")
+        if not 0 < self.ms <= MAX_DURATION_MS:
+            raise ValueError(f"ms must be > 0 and <= {MAX_DURATION_MS} (a week)")
 
 
 class RecordTarget(enum.Enum):
@@ -285,17 +298,21 @@ class InvalidSchemaId:
 
 @dataclass(frozen=True, slots=True)
 class RewriteAddresses:
-    """Beyond the default mapping: exact ``host:port`` pairs, or a host regex and replacement."""
+    """Beyond the default mapping: exact ``host:port`` pairs, or a host regex (RE2, compiled with its
+    groups) and replacement (:func:`~kproxy.rules.patterns.parse_replacement`'s syntax)."""
 
     mapping: tuple[tuple[str, str], ...] = ()
-    pattern: re.Pattern[str] | None = None
+    pattern: UserPattern | None = None
     replacement: str | None = None
+    template: Template = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if bool(self.mapping) == (self.pattern is not None):
             raise ValueError("give either map or pattern (with replacement)")
         if (self.pattern is None) != (self.replacement is None):
             raise ValueError("pattern and replacement go together")
+        if self.pattern is not None and self.replacement is not None:
+            object.__setattr__(self, "template", parse_replacement(self.pattern, self.replacement))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ rules and match keys) and :mod:`kproxy.rules.load_actions` (the actions' paramet
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,6 +18,7 @@ import yaml
 
 from kproxy.protocol import _tables
 from kproxy.protocol.tables import api_key, api_snake_name
+from kproxy.rules.patterns import UserPattern, compile_pattern
 
 T = TypeVar("T")
 
@@ -187,7 +187,7 @@ class NodeReader:
         return value
 
     def number(self, node: yaml.Node, path: str, lo: float | None = None, exclusive: bool = False,
-               reason: str | None = None) -> float | Bad:
+               reason: str | None = None, hi: float | None = None) -> float | Bad:
         value = self.scalar(node)
         if not isinstance(value, int | float) or isinstance(value, bool):
             return self.fail(node, path, f"expected a number, got {node_kind(node, value)}")
@@ -196,15 +196,19 @@ class NodeReader:
         if lo is not None and (value <= lo if exclusive else value < lo):
             return self.fail(node, path, reason or f"must be {'>' if exclusive else '>='} {lo:g}, "
                                                    f"got {value}")
+        if hi is not None and value > hi:
+            return self.fail(node, path, f"must be <= {hi:g}, got {value}")
         return float(value)
 
-    def regex(self, node: yaml.Node, path: str) -> re.Pattern[str] | Bad:
+    def regex(self, node: yaml.Node, path: str, captures: bool = False) -> UserPattern | Bad:
+        """A user pattern, compiled with RE2 (:mod:`kproxy.rules.patterns`: linear-time matching;
+        what RE2 refuses, or a pattern too big, is a problem here, at the pattern's line)."""
         text = self.string(node, path)
         if isinstance(text, Bad):
             return BAD
         try:
-            return re.compile(text)
-        except re.error as exc:
+            return compile_pattern(text, captures=captures)
+        except ValueError as exc:
             return self.fail(node, path, f"bad regex: {exc}")
 
     def choice(self, node: yaml.Node, path: str, kind: Any) -> Any:
