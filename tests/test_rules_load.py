@@ -139,6 +139,20 @@ def test_numbers_names_and_lists_are_all_accepted() -> None:
 # Each bad file: its text, the exact problems the loader reports, and whether the JSON Schema can see
 # it too (a schema cannot check unique ids, nor which APIs an action acts on).
 BAD_FILES: list[tuple[str, str, list[str], bool]] = [
+    # Found by the rules_yaml/rules_json fuzz targets: each raised out of the loader (tests/fuzz/regressions).
+    ("a file that is a bare '='", "=\n", ["r.yaml:1: (top): expected a mapping, got an untyped value '='"], False),
+    ("a file that is one word", "hello\n", ["r.yaml:1: (top): expected a mapping, got a string 'hello'"], True),
+    ("a local tag", """\
+        seed: !pi 3
+        rules: []
+        """, ["r.yaml:1: seed: expected an integer, got an untyped value '3' (tag !pi)"], False),
+    ("a hidden partition without its partition", """\
+        rules:
+          - id: a
+            match: {api: metadata}
+            actions:
+              - mutate_metadata: {hide_partitions: [{topic: t}]}
+        """, ["r.yaml:5: rules[0].actions[0].mutate_metadata.hide_partitions[0].partition: missing"], True),
     ("unknown top key", """\
         seed: 1
         rulez: []

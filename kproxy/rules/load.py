@@ -97,7 +97,7 @@ def release_nodes(root: yaml.Node, fan_out: int = 64) -> None:
     the rules) are popped one by one, so each cascade is one item's subtree and the interpreter can
     switch threads in between.
     """
-    big: list[yaml.Node] = [root]
+    big: list[yaml.Node] = [root] if isinstance(root, yaml.CollectionNode) else []  # a scalar file: nothing to do
     while big:
         items = big.pop().value
         while items:

@@ -250,7 +250,7 @@ class ActionReader(NodeReader):
                                                   lambda n, p: self.integer(n, p, 0, INT32[1]))
         if "hide_partitions" in m:
             kw["hide_partitions"] = self.items(m["hide_partitions"], f"{path}.hide_partitions",
-                                               lambda n, p: self.partition_ref(n, p, ())[0])
+                                               self.partition_alone)
         if "move_leader" in m:
             kw["move_leader"] = self.items(m["move_leader"], f"{path}.move_leader",
                                            lambda n, p: self.partition_ref(n, p, ("to",), self.node_id))
@@ -258,6 +258,11 @@ class ActionReader(NodeReader):
             kw["shrink_isr"] = self.items(m["shrink_isr"], f"{path}.shrink_isr",
                                           lambda n, p: self.partition_ref(n, p, ("to",), self.node_ids))
         return self._made(at, path, kw, MutateMetadata)
+
+    def partition_alone(self, node: yaml.Node, path: str) -> PartitionRef | Bad:
+        """A ``{topic, partition}`` entry (BAD, not a tuple, when it does not read)."""
+        got = self.partition_ref(node, path, ())
+        return got if isinstance(got, Bad) else got[0]
 
     def node_id(self, node: yaml.Node, path: str) -> int | Bad:
         return self.integer(node, path, 0, INT32[1])

@@ -99,7 +99,13 @@ class NodeReader:
         if not isinstance(node, yaml.ScalarNode):
             return BAD
         assert self._yaml is not None
-        return self._yaml.construct_object(node, deep=True)
+        try:
+            return self._yaml.construct_object(node, deep=True)
+        except yaml.YAMLError:
+            # A tag the safe loader has no constructor for (a local '!pi', or a plain '=' read as
+            # the YAML 1.1 value key): not a value a rule can mean; the caller reports the node as
+            # being of the wrong kind, at its line.
+            return BAD
 
     def mapping(self, node: yaml.Node, path: str, keys: Sequence[str]) -> dict[str, yaml.Node] | None:
         if not isinstance(node, yaml.MappingNode):
@@ -229,6 +235,9 @@ def node_kind(node: yaml.Node, value: Any) -> str:
         return "a list"
     if value is None:
         return "nothing (null)"
+    if isinstance(value, Bad):  # a scalar whose tag has no meaning here (a local '!tag', a plain '=')
+        tag = getattr(node, "tag", "")
+        return f"an untyped value {node.value!r}" + (f" (tag {tag})" if tag.startswith("!") else "")
     name = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value))
     return f"{name} {node_text(node, value)}" if name else f"{type(value).__name__} {node.value!r}"
 

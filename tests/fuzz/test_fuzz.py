@@ -32,29 +32,6 @@ REGRESSION_RSS_BYTES = 256 * 1024 * 1024
 # Recorded failures in code another change owns: they must keep failing until fixed there
 # (strict xfail turns the fix into a reminder to drop the entry).
 KNOWN: dict[str, str] = {
-    # kproxy/rules/load_actions.py (act_mutate_metadata's hide_partitions reader indexes partition_ref's BAD)
-    "rules_json/crash-b04da7b5d89b307d17adf0fb04e4b9b4e23ff770":
-        "TypeError: 'Bad' object is not subscriptable, load_actions.py:237 (a hide_partitions entry with an "
-        "unknown or missing key)",
-    "rules_yaml/crash-c713295ec1c1fbb640b290c10cd4eff0e408902e":
-        "TypeError: 'Bad' object is not subscriptable, load_actions.py:237 (hide_partitions: [{topic: t}])",
-    # kproxy/rules/yaml_nodes.py: NodeReader.scalar constructs a scalar the SafeLoader has no constructor for
-    "rules_yaml/crash-a45a9a6b9742aed499a7ef9eafdd0c2a2a91a17f":
-        "yaml ConstructorError (tag:yaml.org,2002:value) out of load_path, yaml_nodes.py:102: a rule file "
-        "that is '=' (any plain '=' scalar read as a value)",
-    "rules_yaml/crash-90dc73a6c7a70d2a27e9dc7af7743cae74741236":
-        "yaml ConstructorError (a local tag, '!pi') out of load_path, yaml_nodes.py:102: 'seed: !pi 3'",
-    # issue 19 defect 1: rule patterns matched by a backtracking engine (kproxy/rules/model.py, engine.py)
-    "rules_yaml/slow-49e6f6b6256e17d02bf39dd246d0aa8489d36b48":
-        "slow: client_id '(a+)+$' met by a client id of 23 'a' and '!' (re backtracks, seconds per request)",
-    # issue 19 defect 10: a throttle rate the loader accepts overflows at run time (kproxy/rules/load_actions.py)
-    "rules_yaml/crash-d7fd062cab03044b616c61215412e2eea1ac4cd3":
-        "OverflowError: cannot convert float infinity to integer, rule_policy.py:436: throttle "
-        "bytes_per_second 5.0e-324 (delay inf) on the second Produce",
-    # kproxy/rules/sources.py: load_directory composes a file again for each problem across files (_line)
-    "rules_yaml/slow-4fe9ba4cfdd8db5dba408612689b3b9d5fea076d":
-        "slow: 60 rule ids repeated in a second file of a directory: each problem's line re-composes the "
-        "whole file (sources.py _line), quadratic",
 }
 
 
