@@ -57,20 +57,31 @@ _MATCH_OPTIONS = _options(captures=False)
 _SUB_OPTIONS = _options(captures=True)
 
 
+# Characters that mean themselves in RE2's syntax wherever they stand (outside a class): a pattern
+# made only of them is a literal.
+_LITERAL_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-:@/")
+
+
 class UserPattern:
     """A compiled user pattern. Equal (and hashed) by its source text, as ``re.Pattern`` is."""
 
-    __slots__ = ("_regexp", "groupindex", "groups", "pattern")
+    __slots__ = ("_literal", "_regexp", "groupindex", "groups", "pattern")
 
     def __init__(self, pattern: str, regexp: Any, captures: bool) -> None:
         """Made by :func:`compile_pattern` or :func:`compile_glob`: ``regexp`` is RE2's."""
         self.pattern = pattern
         self._regexp = regexp
+        # A pattern of plain characters matches only itself: compared as a string, ~30x cheaper than
+        # a call into RE2. It matters where patterns are many: 100,000 rules each naming one client id
+        # are checked on the loop at a client's first request (165 ms through RE2, measured).
+        self._literal = pattern if pattern and _LITERAL_CHARS.issuperset(pattern) else None
         self.groups: int = regexp.groups if captures else 0
         self.groupindex: dict[str, int] = dict(regexp.groupindex) if captures else {}
 
     def fullmatch(self, text: str) -> bool:
         """Whether the pattern matches all of ``text``; linear in ``len(text)``."""
+        if self._literal is not None:
+            return text == self._literal
         # Bytes in: the binding then skips its character-offset bookkeeping (a third of the cost).
         # surrogatepass: a str that is not valid Unicode still gets an answer, not an exception.
         return self._regexp.fullmatch(text.encode("utf-8", "surrogatepass")) is not None
