@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -68,7 +69,33 @@ def check_paths(paths: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES) -> lis
     return problems
 
 
+def load_path_data(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[RuleSet, dict[str, Any]]:
+    """Load a rule file or directory as :func:`load_path` does (an empty directory is refused: it
+    would remove every rule), and return its rules as plain data too: ``{"seed": N, "rules": [...]}``,
+    a directory's files merged in name order. The data is what the admin API's ``PUT /rules`` and
+    ``POST /rules`` take, read from the same text the rule set was loaded from; since the rule set
+    loaded, every problem was found here, at its ``file:line``, and the API has none to report.
+
+    Raises :class:`RulesError` listing every problem found.
+    """
+    if os.path.isdir(path):
+        rule_set, texts = _load_directory(path, max_bytes, allow_empty=False)
+    else:
+        text = read_rule_file(path, max_bytes)
+        rule_set, texts = load_text(text, path), [text]
+    rules: list[Any] = []
+    for text in texts:
+        rules.extend(yaml.load(text, YAML_LOADER).get("rules") or ())  # the safe loader the rules loader uses
+    return rule_set, {"seed": rule_set.seed, "rules": rules}
+
+
 def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_empty: bool = True) -> RuleSet:
+    """Every rule file of ``directory`` merged (see the module's docstring); raises :class:`RulesError`."""
+    return _load_directory(directory, max_bytes, allow_empty=allow_empty)[0]
+
+
+def _load_directory(directory: str, max_bytes: int, *, allow_empty: bool) -> tuple[RuleSet, list[str]]:
+    """The merged rule set of ``directory`` and the texts of its files, in name order."""
     try:
         files = rule_files(directory)
     except OSError as exc:
@@ -108,7 +135,7 @@ def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_
             rules.append(rule)
     if problems:
         raise RulesError(problems)
-    return RuleSet(tuple(rules), seed, directory)
+    return RuleSet(tuple(rules), seed, directory), [text for _, text, _ in loaded]
 
 
 class _Lines:
@@ -136,4 +163,4 @@ class _Lines:
         return node.start_mark.line + 1 if node is not None else 0
 
 
-__all__ = ["RULE_SUFFIXES", "load_directory", "load_path", "rule_files"]
+__all__ = ["RULE_SUFFIXES", "check_paths", "load_directory", "load_path", "load_path_data", "rule_files"]
