@@ -211,14 +211,15 @@ def test_cli_apply_list_enable_disable_delete_reset(idle_proxy: ProxyThread, tmp
     assert admin_of(idle_proxy).rules()["rules"] == []
 
 
-def test_cli_prints_the_servers_errors_and_exits_2_or_1_when_unreachable(
+def test_cli_prints_the_problems_and_exits_2_or_1_when_unreachable(
         idle_proxy: ProxyThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = admin_of(idle_proxy).url
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - id: x\n    match: {api: prodce}\n    actions: [drop_response]\n")
-    assert main(["rules", "apply", str(bad), "--admin", url]) == 2
+    assert main(["rules", "apply", str(bad), "--admin", url]) == 2  # read as rules check reads it: file:line
     assert capsys.readouterr().err.splitlines() == [
-        "rules[0].match.api: unknown api 'prodce' (did you mean 'produce'?)"]
+        f"{bad}:3: rules[0].match.api: unknown api 'prodce' (did you mean 'produce'?)",
+        f"kproxy rules apply: {bad}: nothing sent to kproxy"]
     assert main(["rules", "enable", "missing", "--admin", url]) == 2
     assert capsys.readouterr().err.strip() == "id: no rule 'missing'"
     assert main(["rules", "list", "--admin", f"http://127.0.0.1:{free_port()}"]) == 1
