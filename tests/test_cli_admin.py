@@ -11,6 +11,7 @@ a subprocess, against a real kproxy serving its admin API in this process.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -79,18 +80,16 @@ def test_admin_takes_host_port_as_admin_listen_does_and_defaults_to_kproxy_admin
 
 
 def test_without_admin_or_kproxy_admin_the_local_api_on_9901_is_used() -> None:
-    try:
-        proxy_cm = running_proxy(f"127.0.0.1:{free_port()}", admin__listen="127.0.0.1:9901")
-        proxy = proxy_cm.__enter__()
-    except Exception as exc:  # noqa: BLE001 (port 9901 taken on this machine: nothing to prove here)
-        pytest.skip(f"cannot serve the admin API on 127.0.0.1:9901: {exc}")
-    try:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", 9901))
+        except OSError as exc:  # taken on this machine: kproxy cannot serve there, nothing to prove
+            pytest.skip(f"127.0.0.1:9901 is taken: {exc}")
+    with running_proxy(f"127.0.0.1:{free_port()}", admin__listen="127.0.0.1:9901"):
         AdminClient("http://127.0.0.1:9901").add({"id": "on-9901", "match": {}, "actions": ["drop_response"]})
         done = kproxy_cli("rules", "list")
         assert done.returncode == 0, done.stderr
         assert "on-9901" in done.stdout
-    finally:
-        proxy_cm.__exit__(None, None, None)
 
 
 # -- rule files and directories ---------------------------------------------------------------------
