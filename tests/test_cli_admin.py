@@ -81,6 +81,7 @@ def test_admin_takes_host_port_as_admin_listen_does_and_defaults_to_kproxy_admin
 
 def test_without_admin_or_kproxy_admin_the_local_api_on_9901_is_used() -> None:
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as kproxy binds: TIME_WAIT is no owner
         try:
             probe.bind(("127.0.0.1", 9901))
         except OSError as exc:  # taken on this machine: kproxy cannot serve there, nothing to prove
