@@ -1,6 +1,6 @@
 """A client of kproxy's admin API (docs/ADMIN.md): the standard library only (urllib, json).
 
-``kproxy rules list|apply|enable|disable|delete|reset --admin URL`` and the pytest plugin
+``kproxy rules list|apply|add|enable|disable|delete|reset|faults`` and the pytest plugin
 (kproxy/testing/pytest_plugin.py) both use it. Every call is one HTTP request on a fresh
 connection; it raises :class:`AdminRefused` when kproxy answers with an error (the server's JSON
 errors attached) and :class:`AdminUnreachable` when no answer comes.
