@@ -88,6 +88,15 @@ def test_a_whole_rule_file_is_refused_with_paths_of_the_file(idle_proxy: ProxyTh
     assert [e["path"] for e in refused.value.errors] == ["rules[1].actions[0].delay.ms"]
 
 
+def test_a_duplicate_id_in_a_body_points_to_the_first_by_its_path_not_a_line(idle_proxy: ProxyThread) -> None:
+    """A JSON body has no lines the caller could look up (kproxy numbers its nodes in the data's
+    order): the first of a repeated id is named by its key path."""
+    with pytest.raises(AdminRefused) as refused:
+        admin_of(idle_proxy).apply({"rules": [DELAY_RULE, {**DELAY_RULE, "match": {}}]})
+    assert refused.value.errors == [{"path": "rules[1].id",
+                                     "reason": "duplicate rule id 'slow-metadata' (first at rules[0].id)"}]
+
+
 def test_bodies_that_are_not_rules(idle_proxy: ProxyThread) -> None:
     assert raw(idle_proxy, "POST", "/rules", b"{not json")[0] == 400
     status, body = raw(idle_proxy, "POST", "/rules", b"[1, 2]")
