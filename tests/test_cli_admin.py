@@ -133,6 +133,19 @@ def test_check_and_apply_report_a_duplicate_id_at_the_same_line(idle_proxy: Prox
     assert AdminClient(admin_url(idle_proxy)).rules()["generation"] == 0, "a refused file changed the rules"
 
 
+def test_what_rules_check_accepts_rules_apply_sends_as_meant(idle_proxy: ProxyThread, tmp_path: Path) -> None:
+    """An unquoted window time is read as its text by the rules loader; YAML 1.1 data would make
+    10:30 the number 630, which kproxy then refused though rules check had passed the file."""
+    windowed = tmp_path / "windowed.yaml"
+    windowed.write_text("rules:\n  - id: nightly\n    match:\n      schedule:\n"
+                        "        window: {start: 22:00, end: 02:30}\n    actions: [drop_response]\n")
+    assert kproxy_cli("rules", "check", str(windowed)).returncode == 0
+    done = kproxy_cli("rules", "apply", str(windowed), "--admin", admin_url(idle_proxy))
+    assert done.returncode == 0, done.stderr
+    spec = AdminClient(admin_url(idle_proxy)).rule("nightly")
+    assert spec["spec"]["match"]["schedule"]["window"] == {"start": "22:00", "end": "02:30"}
+
+
 # -- faults ---------------------------------------------------------------------------------------
 def test_rules_faults_prints_the_recent_faults_of_a_rule(tansu: Broker) -> None:
     with running_proxy(tansu.bootstrap, admin__listen="127.0.0.1:0") as proxy:

@@ -85,8 +85,40 @@ def load_path_data(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[RuleS
         rule_set, texts = load_text(text, path), [text]
     rules: list[Any] = []
     for text in texts:
-        rules.extend(yaml.load(text, YAML_LOADER).get("rules") or ())  # the safe loader the rules loader uses
+        rules.extend(_data(text).get("rules") or ())
     return rule_set, {"seed": rule_set.seed, "rules": rules}
+
+
+def _data(text: str) -> dict[str, Any]:
+    """A rule file's text (known to load) as plain data meaning what the rules loader reads in it.
+
+    Constructed by the loader's YAML loader, but for what the rules loader reads as raw text:
+    a schedule window's times, which YAML 1.1 would turn into base-60 numbers (``10:30`` is 630).
+    """
+    loader = YAML_LOADER(text)
+    try:
+        root = loader.get_single_node()
+        for rule in _items(_value(root, "rules")):
+            window = _value(_value(_value(rule, "match"), "schedule"), "window")
+            for key in ("start", "end"):
+                node = _value(window, key)
+                if isinstance(node, yaml.ScalarNode):
+                    node.tag = "tag:yaml.org,2002:str"
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return data if isinstance(data, dict) else {}
+
+
+def _value(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The value node of ``key`` in a mapping node (None if not a mapping, or no such key)."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+
+
+def _items(node: yaml.Node | None) -> list[yaml.Node]:
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
 
 
 def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_empty: bool = True) -> RuleSet:
