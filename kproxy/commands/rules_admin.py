@@ -20,7 +20,10 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kproxy.admin.client import AdminClient
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -156,7 +159,7 @@ def _read_rules(command: str, path: str) -> dict[str, Any] | None:
         return None
 
 
-def _add_rules(command: str, client: Any, rules: list[dict[str, Any]], *, replace: bool) -> int:
+def _add_rules(command: str, client: AdminClient, rules: list[dict[str, Any]], *, replace: bool) -> int:
     """Add (or with ``replace``, put) each rule in turn, one request each, printing each as done.
     A refusal stops there: the rules added before it stay (each was a change of its own), and the
     message says which they are."""
@@ -173,7 +176,7 @@ def _add_rules(command: str, client: Any, rules: list[dict[str, Any]], *, replac
                   f"{', '.join(done_ids) or 'none'}", file=sys.stderr)
             return EXIT_USAGE
         done_ids.append(str(rule.get("id")))
-        print(f"{rule.get('id')}: added (generation {done['generation']})")
+        print(f"{rule.get('id')}: {'put' if replace else 'added'} (generation {done['generation']})")
     return EXIT_OK
 
 
