@@ -335,7 +335,9 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("files", nargs="+", metavar="PATH",
                        help="rule files (YAML), or directories of them merged as kproxy run --rules DIR merges them")
     check.set_defaults(handler=_run_rules_check)
-    _add_rules_admin(actions)
+    from kproxy.commands.rules_admin import add_admin_commands  # argparse only: the client loads when run
+
+    add_admin_commands(actions)
 
 
 def _run_rules_check(args: argparse.Namespace) -> int:
@@ -349,125 +351,6 @@ def _run_rules_check(args: argparse.Namespace) -> int:
     for path in args.files:
         print(f"{path}: ok")
     return EXIT_OK
-
-
-_ADMIN_EPILOG = """\
-Talks to the admin API of a running kproxy (kproxy run --admin-listen; docs/ADMIN.md).
-Exit 0 when done; 2 when kproxy refuses (each problem printed as path: reason, the
-paths of the JSON rule file: rules[0].match.api); 1 when kproxy cannot be reached.
-The token may also come from KPROXY_ADMIN_TOKEN, the URL from KPROXY_ADMIN_URL.
-"""
-
-
-def _add_rules_admin(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    commands: tuple[tuple[str, str, str | None], ...] = (
-        ("list", "list the rules in force, their state and hits", None),
-        ("apply", "replace every rule with a rule file's", "FILE"),
-        ("enable", "enable one rule", "ID"),
-        ("disable", "disable one rule", "ID"),
-        ("delete", "delete one rule", "ID"),
-        ("reset", "return to the rules of kproxy's rule file (none without one)", None),
-    )
-    for name, summary, operand in commands:
-        parser = actions.add_parser(name, help=f"{summary} (running kproxy)", description=summary[0].upper()
-                                    + summary[1:] + ", through a running kproxy's admin API.",
-                                    epilog=_ADMIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-        if operand is not None:
-            parser.add_argument("operand", metavar=operand,
-                                help="rule file (YAML or JSON)" if operand == "FILE" else "rule id")
-        parser.add_argument("--admin", metavar="URL", default=os.environ.get("KPROXY_ADMIN_URL"),
-                            help="the admin API, e.g. http://127.0.0.1:9901 (default: $KPROXY_ADMIN_URL)")
-        token = parser.add_mutually_exclusive_group()
-        token.add_argument("--token", metavar="TOKEN", default=os.environ.get("KPROXY_ADMIN_TOKEN"),
-                           help="bearer token (default: $KPROXY_ADMIN_TOKEN)")
-        token.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the bearer token")
-        if name == "list":
-            parser.add_argument("--json", action="store_true", help="print the API's JSON as is")
-        parser.set_defaults(handler=_run_rules_admin, check=_admin_checker(parser))
-
-
-def _admin_checker(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], None]:
-    def check(args: argparse.Namespace) -> None:
-        if not args.admin:
-            parser.error("--admin URL is required (or KPROXY_ADMIN_URL)")
-    return check
-
-
-def _run_rules_admin(args: argparse.Namespace) -> int:
-    from kproxy.admin.client import AdminClient, AdminRefused, AdminUnreachable, format_error
-
-    command = f"kproxy rules {args.rules_command}"
-    token = args.token
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            print(f"{command}: cannot read {args.token_file}: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-    client = AdminClient(args.admin, token=token or None)
-    try:
-        if args.rules_command == "list":
-            listing = client.rules()
-            print(json.dumps(listing, indent=2) if args.json else _rules_table(listing))
-            return EXIT_OK
-        if args.rules_command == "apply":
-            data = _read_rule_document(args.operand)
-            if isinstance(data, str):
-                print(f"{command}: {data}", file=sys.stderr)
-                return EXIT_USAGE
-            done = client.apply(data)
-            print(f"{args.operand}: {len(done['rules'])} rules in force (generation {done['generation']})")
-        elif args.rules_command == "reset":
-            done = client.reset()
-            print(f"reset to {done['file'] or 'no rules'}: {len(done['rules'])} rules in force "
-                  f"(generation {done['generation']})")
-        else:
-            call = {"enable": client.enable, "disable": client.disable, "delete": client.delete}[args.rules_command]
-            done = call(args.operand)
-            print(f"{args.operand}: {args.rules_command}d (generation {done['generation']})")
-    except AdminRefused as exc:
-        for entry in exc.errors:
-            print(format_error(entry), file=sys.stderr)
-        return EXIT_USAGE
-    except AdminUnreachable as exc:
-        print(f"{command}: cannot reach kproxy: {exc}", file=sys.stderr)
-        return 1
-    return EXIT_OK
-
-
-def _read_rule_document(path: str) -> dict[str, object] | str:
-    """A rule file's parsed content, or the reason it cannot be read (a str). Its rules are validated
-    by kproxy, with the loader that reads --rules (errors come back with their key path)."""
-    import yaml
-
-    from kproxy.rules import RulesError
-    from kproxy.rules.reading import read_rule_file
-
-    try:
-        data = yaml.safe_load(read_rule_file(path))  # a regular file of at most 16 MiB: never a FIFO's wait
-    except RulesError as exc:
-        return f"cannot read {path}: {exc.problems[0].reason.removeprefix('cannot read: ')}"
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        return f"{path}{where}: invalid YAML: {getattr(exc, 'problem', None) or exc}"
-    if not isinstance(data, dict):
-        return f"{path}: expected a rule file (a mapping with 'rules:'), got {type(data).__name__}"
-    return data
-
-
-def _rules_table(listing: dict[str, object]) -> str:
-    rules = listing.get("rules")
-    lines = [f"generation {listing.get('generation')}  origin {listing.get('origin')}  "
-             f"diverged from file: {'yes' if listing.get('diverged') else 'no'}"]
-    rows = [("ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "ACTIONS")]
-    for rule in rules if isinstance(rules, list) else ():
-        rows.append((str(rule["id"]), "yes" if rule["enabled"] else "no", "yes" if rule["dry_run"] else "no",
-                     str(sum(rule["hits"].values())), str(sum(rule["dry_run_hits"].values())),
-                     ",".join(rule["actions"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- analyze

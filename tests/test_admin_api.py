@@ -88,6 +88,15 @@ def test_a_whole_rule_file_is_refused_with_paths_of_the_file(idle_proxy: ProxyTh
     assert [e["path"] for e in refused.value.errors] == ["rules[1].actions[0].delay.ms"]
 
 
+def test_a_duplicate_id_in_a_body_points_to_the_first_by_its_path_not_a_line(idle_proxy: ProxyThread) -> None:
+    """A JSON body has no lines the caller could look up (kproxy numbers its nodes in the data's
+    order): the first of a repeated id is named by its key path."""
+    with pytest.raises(AdminRefused) as refused:
+        admin_of(idle_proxy).apply({"rules": [DELAY_RULE, {**DELAY_RULE, "match": {}}]})
+    assert refused.value.errors == [{"path": "rules[1].id",
+                                     "reason": "duplicate rule id 'slow-metadata' (first at rules[0].id)"}]
+
+
 def test_bodies_that_are_not_rules(idle_proxy: ProxyThread) -> None:
     assert raw(idle_proxy, "POST", "/rules", b"{not json")[0] == 400
     status, body = raw(idle_proxy, "POST", "/rules", b"[1, 2]")
@@ -211,14 +220,15 @@ def test_cli_apply_list_enable_disable_delete_reset(idle_proxy: ProxyThread, tmp
     assert admin_of(idle_proxy).rules()["rules"] == []
 
 
-def test_cli_prints_the_servers_errors_and_exits_2_or_1_when_unreachable(
+def test_cli_prints_the_problems_and_exits_2_or_1_when_unreachable(
         idle_proxy: ProxyThread, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = admin_of(idle_proxy).url
     bad = tmp_path / "bad.yaml"
     bad.write_text("rules:\n  - id: x\n    match: {api: prodce}\n    actions: [drop_response]\n")
-    assert main(["rules", "apply", str(bad), "--admin", url]) == 2
+    assert main(["rules", "apply", str(bad), "--admin", url]) == 2  # read as rules check reads it: file:line
     assert capsys.readouterr().err.splitlines() == [
-        "rules[0].match.api: unknown api 'prodce' (did you mean 'produce'?)"]
+        f"{bad}:3: rules[0].match.api: unknown api 'prodce' (did you mean 'produce'?)",
+        f"kproxy rules apply: {bad}: nothing sent to kproxy"]
     assert main(["rules", "enable", "missing", "--admin", url]) == 2
     assert capsys.readouterr().err.strip() == "id: no rule 'missing'"
     assert main(["rules", "list", "--admin", f"http://127.0.0.1:{free_port()}"]) == 1

@@ -220,8 +220,8 @@ def test_rules_apply_of_a_fifo_is_refused_before_anything_is_sent(tmp_path: Path
     with fifo_at(path):
         done = cli("rules", "apply", str(path), "--admin", "http://127.0.0.1:9", timeout=30)
     assert done.returncode == 2, done.stderr
-    assert done.stderr == f"kproxy rules apply: cannot read {path}: not a regular file (a FIFO): only regular " \
-                          f"files are read\n"
+    assert done.stderr == (f"{path}:0: (file): not a regular file (a FIFO): only regular files are read\n"  # as check
+                           f"kproxy rules apply: {path}: nothing sent to kproxy\n")
 
 
 # -- shutdown during a long reload ----------------------------------------------------------------------

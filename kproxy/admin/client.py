@@ -1,6 +1,6 @@
 """A client of kproxy's admin API (docs/ADMIN.md): the standard library only (urllib, json).
 
-``kproxy rules list|apply|enable|disable|delete|reset --admin URL`` and the pytest plugin
+``kproxy rules list|apply|add|enable|disable|delete|reset|faults`` and the pytest plugin
 (kproxy/testing/pytest_plugin.py) both use it. Every call is one HTTP request on a fresh
 connection; it raises :class:`AdminRefused` when kproxy answers with an error (the server's JSON
 errors attached) and :class:`AdminUnreachable` when no answer comes.
@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_URL = "http://127.0.0.1:9901"  # where ``--admin-listen 127.0.0.1:9901`` (the documented one) serves
 
 
 class AdminUnreachable(Exception):
@@ -37,11 +38,19 @@ def format_error(entry: Mapping[str, str]) -> str:
     return f"{entry.get('path', '?')}: {entry.get('reason', '?')}" + (f" ({hint})" if hint else "")
 
 
+def admin_url(where: str) -> str:
+    """The URL of the admin API at ``where``: a URL (``http://host:port``), or ``host:port`` as
+    ``--admin-listen`` takes it (``http://`` is then assumed: the API has no TLS of its own)."""
+    where = where.strip()
+    return where if "://" in where else f"http://{where}"
+
+
 class AdminClient:
-    """``AdminClient("http://127.0.0.1:9901", token=None)``: one method per endpoint."""
+    """``AdminClient("http://127.0.0.1:9901", token=None)``: one method per endpoint. ``url`` may
+    also be ``host:port`` (:func:`admin_url`)."""
 
     def __init__(self, url: str, *, token: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.url = url.rstrip("/")
+        self.url = admin_url(url).rstrip("/")
         self.token = token
         self.timeout = timeout
 
@@ -114,4 +123,4 @@ def _rule_path(rule_id: str) -> str:
     return "/rules/" + quote(rule_id, safe="")
 
 
-__all__ = ["AdminClient", "AdminRefused", "AdminUnreachable", "format_error"]
+__all__ = ["DEFAULT_URL", "AdminClient", "AdminRefused", "AdminUnreachable", "admin_url", "format_error"]

@@ -71,6 +71,7 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
     except TypeError as exc:
         raise RulesError([Problem(source, 0, "(data)", f"not plain data: {exc}")]) from None
     loader = _Loader(source)
+    loader.numbered = False
     try:
         return loader.document(root)
     finally:
@@ -168,6 +169,10 @@ def data_node(value: Any) -> yaml.Node:
 
 
 class _Loader(ActionReader):
+    # Whether node lines are a file's. Data's nodes (load_data) are numbered in the data's order,
+    # lines of no document the caller has: a message then points to a key path, never to a line.
+    numbered = True
+
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
         try:
@@ -221,14 +226,14 @@ class _Loader(ActionReader):
     def rules(self, node: yaml.Node) -> list[Rule]:
         out: list[Rule] = []
         items = self.sequence(node, "rules")
-        seen: dict[str, int] = {}
+        seen: dict[str, str] = {}
         for i, item in enumerate(items):
             rule = self.rule(item, f"rules[{i}]", seen)
             if not isinstance(rule, Bad):
                 out.append(rule)
         return out
 
-    def rule(self, node: yaml.Node, path: str, seen: dict[str, int]) -> Rule | Bad:
+    def rule(self, node: yaml.Node, path: str, seen: dict[str, str]) -> Rule | Bad:
         m = self.mapping(node, path, RULE_KEYS)
         if m is None:
             return BAD
@@ -239,9 +244,9 @@ class _Loader(ActionReader):
             rule_id = self.string(m["id"], f"{path}.id")
             if isinstance(rule_id, str):
                 if rule_id in seen:
-                    self.fail(m["id"], f"{path}.id", f"duplicate rule id {rule_id!r} (first at line {seen[rule_id]})")
+                    self.fail(m["id"], f"{path}.id", f"duplicate rule id {rule_id!r} (first at {seen[rule_id]})")
                 else:
-                    seen[rule_id] = m["id"].start_mark.line + 1
+                    seen[rule_id] = f"line {m['id'].start_mark.line + 1}" if self.numbered else f"{path}.id"
         description: Any = self.string(m["description"], f"{path}.description") if "description" in m else None
         enabled: Any = self.boolean(m["enabled"], f"{path}.enabled") if "enabled" in m else True
         cont: Any = self.boolean(m["continue"], f"{path}.continue") if "continue" in m else False

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
@@ -68,7 +69,65 @@ def check_paths(paths: Sequence[str], max_bytes: int = DEFAULT_MAX_BYTES) -> lis
     return problems
 
 
+def load_path_data(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[RuleSet, dict[str, Any]]:
+    """Load a rule file or directory as :func:`load_path` does (an empty directory is refused: it
+    would remove every rule), and return its rules as plain data too: ``{"seed": N, "rules": [...]}``,
+    a directory's files merged in name order. The data is what the admin API's ``PUT /rules`` and
+    ``POST /rules`` take, read from the same text the rule set was loaded from; since the rule set
+    loaded, every problem was found here, at its ``file:line``, and the API has none to report.
+
+    Raises :class:`RulesError` listing every problem found.
+    """
+    if os.path.isdir(path):
+        rule_set, texts = _load_directory(path, max_bytes, allow_empty=False)
+    else:
+        text = read_rule_file(path, max_bytes)
+        rule_set, texts = load_text(text, path), [text]
+    rules: list[Any] = []
+    for text in texts:
+        rules.extend(_data(text).get("rules") or ())
+    return rule_set, {"seed": rule_set.seed, "rules": rules}
+
+
+def _data(text: str) -> dict[str, Any]:
+    """A rule file's text (known to load) as plain data meaning what the rules loader reads in it.
+
+    Constructed by the loader's YAML loader, but for what the rules loader reads as raw text:
+    a schedule window's times, which YAML 1.1 would turn into base-60 numbers (``10:30`` is 630).
+    """
+    loader = YAML_LOADER(text)
+    try:
+        root = loader.get_single_node()
+        for rule in _items(_value(root, "rules")):
+            window = _value(_value(_value(rule, "match"), "schedule"), "window")
+            for key in ("start", "end"):
+                node = _value(window, key)
+                if isinstance(node, yaml.ScalarNode):
+                    node.tag = "tag:yaml.org,2002:str"
+        data = loader.construct_document(root) if root is not None else None
+    finally:
+        loader.dispose()
+    return data if isinstance(data, dict) else {}
+
+
+def _value(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    """The value node of ``key`` in a mapping node (None if not a mapping, or no such key)."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+
+
+def _items(node: yaml.Node | None) -> list[yaml.Node]:
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
 def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_empty: bool = True) -> RuleSet:
+    """Every rule file of ``directory`` merged (see the module's docstring); raises :class:`RulesError`."""
+    return _load_directory(directory, max_bytes, allow_empty=allow_empty)[0]
+
+
+def _load_directory(directory: str, max_bytes: int, *, allow_empty: bool) -> tuple[RuleSet, list[str]]:
+    """The merged rule set of ``directory`` and the texts of its files, in name order."""
     try:
         files = rule_files(directory)
     except OSError as exc:
@@ -108,7 +167,7 @@ def load_directory(directory: str, max_bytes: int = DEFAULT_MAX_BYTES, *, allow_
             rules.append(rule)
     if problems:
         raise RulesError(problems)
-    return RuleSet(tuple(rules), seed, directory)
+    return RuleSet(tuple(rules), seed, directory), [text for _, text, _ in loaded]
 
 
 class _Lines:
@@ -136,4 +195,4 @@ class _Lines:
         return node.start_mark.line + 1 if node is not None else 0
 
 
-__all__ = ["RULE_SUFFIXES", "load_directory", "load_path", "rule_files"]
+__all__ = ["RULE_SUFFIXES", "check_paths", "load_directory", "load_path", "load_path_data", "rule_files"]
