@@ -205,12 +205,15 @@ def test_broker_latency_is_captured_in_milliseconds(tansu: Any, tmp_path: Path) 
     rows = [r for r in _rows_in(capture) if r["api_name"] == "ApiVersions" and r["correlation_id"] >= 100]
     assert len(rows) == requests
     latencies = [r["broker_latency_ms"] for r in rows]
+    # Wide above (a loaded 2-core machine; an answer in two chunks is held twice): the unit is what
+    # is checked, and seconds or microseconds are a factor of 1000 off.
     for ms in latencies:
-        assert DELAY_S * 1000 <= ms < DELAY_S * 1000 + 250, latencies
-    # kproxy's histogram saw the same requests (and perhaps its own discovery: also held DELAY_S).
+        assert DELAY_S * 1000 <= ms < DELAY_S * 1000 + 1000, latencies
+    # kproxy's histogram saw the same requests (and perhaps its own discovery's: also held DELAY_S).
     assert hist_count >= requests
-    assert hist_sum_s / hist_count == pytest.approx(sum(latencies) / len(latencies) / 1000, rel=0.5)
-    assert DELAY_S <= hist_sum_s / hist_count < DELAY_S + 0.25
+    hist_mean_ms = hist_sum_s / hist_count * 1000
+    assert 0.5 <= hist_mean_ms / (sum(latencies) / len(latencies)) <= 2, (hist_mean_ms, latencies)
+    assert DELAY_S <= hist_sum_s / hist_count < DELAY_S + 1.0
 
 
 def _rows_in(directory: Path) -> list[dict[str, Any]]:
