@@ -204,7 +204,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--check", action="store_true", dest="check_only",
-                        help="check the configuration (file, KPROXY_* environment, flags, TLS files) and exit: "
+                        help="check the configuration (file, KPROXY_* environment, flags; the rules, TLS and "
+                             "token files it reads, the capture directory it writes) and exit: "
                              "0 when valid, 2 listing every problem")
     parser.set_defaults(handler=_run_proxy)
 
@@ -224,6 +225,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
             upstream_context(config.upstream_tls)
         except ConfigError as exc:
             problems.extend(exc.problems)
+        from kproxy.paths import path_problems
+
+        problems.extend(path_problems(config))  # the paths kproxy writes (it reads the others above)
         if problems:
             raise ConfigError(*problems)
         if config.capture.enabled:

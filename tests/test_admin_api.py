@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -200,6 +201,51 @@ def test_with_a_token_configured_requests_without_it_get_401(tmp_path: Path) -> 
             assert refused.value.status == 401
         assert admin_of(proxy, "s3cret").rules()["rules"] == [], "the refused adds changed nothing"
         admin_of(proxy, "s3cret").add(DELAY_RULE)
+
+
+# Authorization headers against the token "s3cret", and the status each must get. The scheme is
+# matched case-insensitively: RFC 6750 builds on RFC 7235 section 2.1, where an auth-scheme is a
+# case-insensitive token, so "bearer" is the same scheme as "Bearer". The credentials are not.
+AUTH_HEADERS = [
+    ("Bearer s3cret", 200),     # the exact token
+    ("bearer s3cret", 200),     # the scheme in lower case (RFC 7235: case-insensitive)
+    ("BEARER s3cret", 200),
+    ("Bearer ", 401),           # an empty token
+    ("Bearer", 401),            # the scheme alone
+    ("Bearer s", 401),          # strict prefixes of the token
+    ("Bearer s3cre", 401),
+    ("Bearer s3cretX", 401),    # the token plus a suffix
+    ("Bearer s3cret s3cret", 401),
+    ("Bearer S3CRET", 401),     # the token is case-sensitive
+    ("Basic s3cret", 401),      # a wrong scheme
+    ("Token s3cret", 401),
+    ("Bearers3cret", 401),      # no separator
+    ("s3cret", 401),            # no scheme
+    ("", 401),                  # an empty header
+]
+
+
+def test_only_the_exact_bearer_token_is_accepted() -> None:
+    """Through a real admin listener with a token: no empty, prefix, suffixed or other-scheme token
+    gets in (a check comparing only a prefix let ``Authorization: Bearer `` through)."""
+    with running_proxy(f"127.0.0.1:{free_port()}", admin__listen="127.0.0.1:0", admin__token="s3cret") as proxy:
+        assert proxy.server is not None and proxy.server.admin_server is not None
+        url = f"http://127.0.0.1:{proxy.server.admin_server.port}/rules"
+        got = {}
+        for header, _ in AUTH_HEADERS:
+            request = urllib.request.Request(url, headers={"Authorization": header})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    got[header] = response.status
+            except urllib.error.HTTPError as refused:
+                got[header] = refused.code
+                if refused.code == 401:
+                    assert refused.headers["WWW-Authenticate"] == 'Bearer realm="kproxy-admin"'
+        no_header = urllib.request.Request(url)
+        with pytest.raises(urllib.error.HTTPError) as refused_bare:
+            urllib.request.urlopen(no_header, timeout=10)
+    assert got == dict(AUTH_HEADERS)
+    assert refused_bare.value.code == 401
 
 
 # -- the CLI ------------------------------------------------------------------------------------

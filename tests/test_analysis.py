@@ -143,6 +143,32 @@ def test_above_the_exact_limit_percentiles_are_approximate_within_the_stated_ran
     assert "percentiles approximate: Spark's percentile_approx" in out.getvalue()
 
 
+def test_the_exact_percentile_limit_is_inclusive(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                 tmp_path: Path) -> None:
+    """``exact_percentiles_max`` is the most records still given exact percentiles: at exactly that
+    many, one fewer and one more, the method used and the figures it gives (an off-by-one at the
+    limit turned exactly ``n`` records approximate and passed every other test)."""
+    from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.report import summary
+
+    n = len(generated[1])
+    for limit, exact in ((n - 1, False), (n, True), (n + 1, True)):
+        got = run_analysis([str(generated[0])], tmp_path / str(limit), spark, exact_percentiles_max=limit)
+        assert got.records == n
+        assert got.exact_percentiles is exact, f"{n} records, exact_percentiles_max={limit}"
+        # Produce in minute 0 has broker latencies 1..100 ms: the exact median interpolates to 50.5,
+        # the approximate one is a value of the group (never 50.5).
+        minute0 = next(r for r in got.tables["latency_by_minute"]
+                       if r["api_name"] == "produce" and r["minute"].minute == 14)
+        if exact:
+            assert (minute0["broker_p50_ms"], minute0["broker_p99_ms"]) == pytest.approx((50.5, 99.01))
+        else:
+            assert minute0["broker_p50_ms"] in {float(v) for v in range(1, 101)}
+        out = io.StringIO()
+        summary(got, out)
+        assert ("percentiles approximate" in out.getvalue()) is not exact, out.getvalue()
+
+
 def test_error_rates_by_api_and_code(analysed: Any) -> None:
     errors = {(r["api_name"], r["code"]): r for r in analysed.tables["errors"]}
     assert set(errors) == {("produce", NOT_LEADER), ("find_coordinator", COORDINATOR_NOT_AVAILABLE)}

@@ -22,7 +22,8 @@ logged as ``event=admin_error``; the process goes on), 503 (the rules kept chang
 
 Serving (kproxy/http_server.py): at most ``limits.max_http_connections`` connections open, the
 request head within 5 s, the whole request within 10 s. Authentication: with a token configured,
-every request needs ``Authorization: Bearer <token>``, compared in constant time
+every request needs ``Authorization: Bearer <token>`` (the scheme case-insensitive, per RFC 7235;
+the token exact: no empty, prefix or suffixed token), compared in constant time
 (:func:`hmac.compare_digest`) as soon as the head is in: without it, the answer is 401 and no byte
 of the body is read. Without a token, the listener is on loopback (kproxy.config refuses anything
 else at start).

@@ -14,6 +14,7 @@ from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee, split_
 from kproxy.capture.records import PayloadOptions, RecordBuilder, TopicNames
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
+from kproxy.paths import OptionFailed
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import SessionObserver
 
@@ -38,7 +39,12 @@ class CaptureService:
         self._connections = 0
 
     def start(self) -> None:
-        self.writer.start()
+        """Opens the capture directory; raises :class:`kproxy.paths.OptionFailed` naming ``capture.dir``
+        when it cannot (so that the start failure names the option, not a listener)."""
+        try:
+            self.writer.start()
+        except OSError as exc:
+            raise OptionFailed("capture.dir", str(self.writer.directory), exc) from exc
 
     def close(self) -> None:
         self.writer.close()

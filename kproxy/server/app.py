@@ -8,6 +8,7 @@ import signal
 import trio
 
 from kproxy.config import Config
+from kproxy.paths import OptionFailed
 from kproxy.server.logfmt import q, setup_logging
 from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ListenFailed, ProxyServer
@@ -18,8 +19,9 @@ log = logging.getLogger("kproxy.server")
 def run(config: Config) -> int:
     """Serve with ``config`` until a signal; returns the process exit status.
 
-    A bootstrap port that cannot be opened (in use, no permission) is reported
-    in one log line and exits 1; every other failure after start-up is
+    A bootstrap port that cannot be opened (in use, no permission), or a capture
+    directory that cannot be made, is reported in one log line naming it (the
+    listener, or the option) and exits 1; every other failure after start-up is
     contained in the connection it happened in.
     """
     setup_logging(config.log_level, config.log_format)
@@ -35,6 +37,10 @@ def run(config: Config) -> int:
         failed.extend(_leaves(group))
     if failed:
         first = failed[0]
+        if isinstance(first, OptionFailed):  # a path an option names (capture.dir), not a listener
+            log.error("event=start_failed option=%s path=%s error=%s", first.option, q(first.path),
+                      q(first.strerror or str(first)))
+            return 1
         listener, address = ((first.what, first.address) if isinstance(first, ListenFailed)
                              else ("bootstrap", str(config.listen)))
         log.error("event=start_failed listener=%s address=%s error=%s", listener, address,
