@@ -102,11 +102,11 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
 
     from kproxy.metrics.observer import MetricsObserver
     from kproxy.metrics.stats import FaultStats, TrafficStats
+    from kproxy.policy.live_rules import LiveRules
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.rules.load import load_text
-    from kproxy.server.live_rules import LiveRules
 
     rewriter = ResponseRewriter(AddressMap("127.0.0.1", 40000))
     stats = TrafficStats()

@@ -45,7 +45,7 @@ N = 20_000
 def measure() -> dict[str, float]:
     """Run inside the tree under test (its kproxy first on sys.path)."""
     from kproxy.rules import RuleEngine, load_text
-    from kproxy.rules.request import StaticFacts
+    from kproxy.rules.request_facts import StaticFacts
 
     rules = load_text(RULES)
 

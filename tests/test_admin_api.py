@@ -141,7 +141,7 @@ def test_edits_diverge_from_the_file_until_reset_or_reloaded(tmp_path: Path) -> 
 
         admin.delete("from-file")
         assert admin.rules()["diverged"] is True
-        # A reload of the file (kproxy/server/live_rules.py's writers) wins over the admin's edits.
+        # A reload of the file (kproxy/policy/live_rules.py's writers) wins over the admin's edits.
         assert proxy.server is not None
         server = proxy.server
         proxy.call(lambda: server.rules.replace(load_file(str(path)), origin=str(path)))

@@ -13,12 +13,12 @@ import pytest
 
 from kproxy.admin.book import RECENT_FAULTS, AdminError, RuleBook
 from kproxy.metrics.stats import FaultStats
+from kproxy.policy.live_rules import LiveRules
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
-from kproxy.server.live_rules import LiveRules
 from tests.test_rules_session import produce, produce_answer
 
 FAIL_PRODUCE = {"id": "fail", "match": {"api": "produce"},

@@ -15,7 +15,7 @@ from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.requests import RequestHeaderMemo, request_client_id
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange
-from kproxy.rules.facts import FrameFacts
+from kproxy.rules.frame_facts import FrameFacts
 
 PRODUCE, FIND_COORDINATOR = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR)
 
@@ -56,9 +56,9 @@ def test_unreadable_header_gives_no_body_facts() -> None:
 @pytest.mark.parametrize("peer", ["127.0.0.1:5000", "[::1]:5000", "[fe80::1%eth0]:9092", "10.1.2.3:1"])
 def test_policy_client_address_is_the_plain_address(peer: str) -> None:
     """The policy's client address (its hash kept) equals, hashes and matches like ipaddress's own."""
-    from kproxy.server.rule_policy import _client_ip
+    from kproxy.policy.peer import client_ip
 
-    ip = _client_ip(peer)
+    ip = client_ip(peer)
     plain = ipaddress.ip_address(peer.rpartition(":")[0].strip("[]"))
     assert ip is not None and ip == plain and hash(ip) == hash(plain) and {ip: 1}[plain] == 1
     net = ipaddress.ip_network("10.0.0.0/8" if plain.version == 4 else "::/0")
@@ -66,9 +66,9 @@ def test_policy_client_address_is_the_plain_address(peer: str) -> None:
 
 
 def test_policy_client_address_of_a_name_is_none() -> None:
-    from kproxy.server.rule_policy import _client_ip
+    from kproxy.policy.peer import client_ip
 
-    assert _client_ip("broker.example:9092") is None
+    assert client_ip("broker.example:9092") is None
 
 
 # The client id field of a request header as a hostile or a sloppy client may send it: int16 length

@@ -23,8 +23,9 @@ from kproxy.protocol.headers import decode_response_header
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records, duplicate_records
 from kproxy.protocol.records import Record, decode_all, encode_batch_v2
 from kproxy.rules import RulesError, load_text
-from kproxy.rules.apply import address_map, apply_to_request, apply_to_response, selector
-from kproxy.rules.model import Action, RewriteAddresses
+from kproxy.rules.actions.base import RuleAction
+from kproxy.rules.actions.rewrite_addresses import RewriteAddresses, address_map
+from kproxy.rules.apply import apply_to_request, apply_to_response, selector
 from kproxy.testing import Broker
 from tests.support.e2e import create_topic, unique
 from tests.test_protocol_mutations import (
@@ -41,7 +42,7 @@ PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
 CORRUPT_MESSAGE, NOT_LEADER_OR_FOLLOWER, POLICY_VIOLATION = 2, 6, 44
 
 
-def actions(yaml_actions: str, match: str = "{}") -> tuple[Action, ...]:
+def actions(yaml_actions: str, match: str = "{}") -> tuple[RuleAction, ...]:
     text = f"rules:\n  - id: r\n    match: {match}\n    actions:\n" + textwrap.indent(
         textwrap.dedent(yaml_actions).strip(), "      ") + "\n"
     (rule,) = load_text(text).rules

@@ -14,10 +14,11 @@ import pytest
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.headers import decode_request_header
 from kproxy.rules import NO_DECISION, RuleEngine, StaticFacts, load_text
+from kproxy.rules.actions.delay import Delay, Distribution
+from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.bucket import TokenBucket
 from kproxy.rules.engine import draw
-from kproxy.rules.facts import FrameFacts
-from kproxy.rules.model import Delay, Distribution, Throttle, ThrottleScope
+from kproxy.rules.frame_facts import FrameFacts
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT = 0, 1, 3, 10, 11, 12
 

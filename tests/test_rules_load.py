@@ -15,27 +15,22 @@ from kproxy.cli import main
 from kproxy.protocol import _tables
 from kproxy.protocol.tables import api_snake_name
 from kproxy.rules import RuleEngine, RulesError, RuleSet, load_file, load_text
-from kproxy.rules.load import load_data
-from kproxy.rules.model import (
-    MAX_DURATION_MS,
-    MAX_DURATION_S,
+from kproxy.rules.actions.base import MAX_DURATION_MS, MAX_DURATION_S
+from kproxy.rules.actions.delay import Delay, Distribution
+from kproxy.rules.actions.downgrade_api_versions import DowngradeApiVersions
+from kproxy.rules.actions.inject_error import InjectError, InjectMode
+from kproxy.rules.actions.mutate_metadata import MutateMetadata, PartitionRef
+from kproxy.rules.actions.rewrite import Rewrite, RewriteDirection
+from kproxy.rules.actions.throttle import (
     MAX_RATE,
     MIN_BYTES_PER_SECOND,
     MIN_REQUESTS_PER_SECOND,
-    Delay,
-    Distribution,
-    DowngradeApiVersions,
-    InjectError,
-    InjectMode,
-    MutateMetadata,
-    PartitionRef,
-    Rewrite,
-    RewriteDirection,
     Throttle,
     ThrottleScope,
 )
+from kproxy.rules.load import load_data
 from kproxy.rules.patterns import MAX_PATTERN_CHARS, MAX_PATTERN_MEMORY, SYNTAX_HINT
-from kproxy.rules.request import StaticFacts
+from kproxy.rules.request_facts import StaticFacts
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "rules" / "examples").glob("*.yaml"))

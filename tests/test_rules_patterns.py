@@ -34,7 +34,7 @@ from kproxy.rules.patterns import (
     parse_replacement,
     substitute,
 )
-from kproxy.rules.request import StaticFacts
+from kproxy.rules.request_facts import StaticFacts
 from kproxy.testing import free_port, running_proxy
 
 # -- the syntax both engines share: a small grammar of it ---------------------------------------
@@ -142,7 +142,7 @@ rules:
       - rewrite_addresses: {pattern: '(?P<name>broker-\\d+)\\.internal:9092', replacement: '\\g<name>.example:19092'}
 """)
     action = rules.rules[0].actions[0]
-    from kproxy.rules.apply import address_map
+    from kproxy.rules.actions.rewrite_addresses import address_map
     assert address_map(action)("broker-3.internal", 9092) == ("broker-3.example", 19092)  # type: ignore[arg-type]
     assert address_map(action)("other", 9092) is None  # type: ignore[arg-type]
 

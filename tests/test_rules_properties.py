@@ -16,17 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kproxy.rules import RuleEngine, RuleHit, RuleSet, StaticFacts
+from kproxy.rules.actions.blackhole import Blackhole
+from kproxy.rules.actions.delay import Delay
+from kproxy.rules.actions.drop_response import DropResponse
+from kproxy.rules.actions.inject_error import InjectError
 from kproxy.rules.engine import draw
-from kproxy.rules.model import (
-    Blackhole,
-    Delay,
-    DropResponse,
-    InjectError,
-    Match,
-    Rule,
-    Schedule,
-    TopicPattern,
-)
+from kproxy.rules.model import Match, Rule, Schedule, TopicPattern
 
 APIS = (0, 1, 3, 8, 11, 12)
 CLIENTS = ("batch-1", "batch-2", "web", None)

@@ -1,4 +1,4 @@
-"""Rules executed by a real Session through the server's adapter (kproxy/server/rule_policy.py), sans-IO.
+"""Rules executed by a real Session through the server's adapter (kproxy/policy/policy.py), sans-IO.
 
 Every test drives a real :class:`~kproxy.proxy.session.Session` with real frames and a rule file
 loaded by :func:`kproxy.rules.load_text`; only the clock is the test's.
@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kproxy.metrics.stats import FaultStats
+from kproxy.policy.injector import FaultInjector
+from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol import decode_response, encode_request, frame
 from kproxy.protocol.builders import request_body, request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
@@ -26,9 +28,7 @@ from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUp
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
-from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import parse_logfmt
-from kproxy.server.rule_policy import FaultInjector
 
 PRODUCE, METADATA, HEARTBEAT = 0, 3, 12
 NOT_LEADER_OR_FOLLOWER, REBALANCE_IN_PROGRESS = 6, 27
@@ -274,7 +274,7 @@ def test_fault_log_line_names_rule_connection_request_and_topic(caplog: pytest.L
     assert d.injector.counts.injected_errors == {("produce", "NOT_LEADER_OR_FOLLOWER"): 1}
 
 
-# -- rules replaced while the connection is open (kproxy/server/live_rules.py) -----------------------
+# -- rules replaced while the connection is open (kproxy/policy/live_rules.py) -----------------------
 def test_replaced_rules_apply_from_the_next_request_and_a_decided_request_keeps_its_rules() -> None:
     d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER, mode: replace}", "{api: produce}"))
     d.client(produce(1, -1))  # decided under generation 1: its answer is to be rewritten
@@ -392,7 +392,7 @@ def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
     assert len(sent) == len(original) and sent != original
 
 
-# -- what a verdict costs must not change what it does (kproxy/server/rule_policy.py's shortcuts) ------
+# -- what a verdict costs must not change what it does (kproxy/policy/policy.py's shortcuts) ------
 def heartbeat_from(correlation_id: int, client_id: str | None) -> bytes:
     return request_frame(HEARTBEAT, 4, correlation_id, client_id=client_id, group_id="g", generation_id=1,
                          member_id="m")

@@ -9,14 +9,14 @@ from __future__ import annotations
 import uuid
 
 from kproxy.metrics.stats import FaultStats
+from kproxy.policy.live_rules import LiveRules
+from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
-from kproxy.rules.facts import TopicIdNames
-from kproxy.server.live_rules import LiveRules
-from kproxy.server.rule_policy import RulePolicy, TopicIdLearningPolicy
+from kproxy.rules.frame_facts import TopicIdNames
 from tests.test_rules_session import Clock, Driver, body
 
 METADATA, FETCH = 3, 1

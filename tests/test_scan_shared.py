@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kproxy.proxy.session as session_module
-import kproxy.rules.facts as facts_module
+import kproxy.rules.frame_facts as facts_module
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import FaultStats, StatsOptions, TrafficStats
+from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
@@ -44,8 +45,7 @@ from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Session
 from kproxy.rules import load_text
-from kproxy.rules.facts import FrameFacts
-from kproxy.server.live_rules import LiveRules
+from kproxy.rules.frame_facts import FrameFacts
 
 PRODUCE = 0
 PRODUCE_VERSIONS = range(supported_versions(PRODUCE)[0], supported_versions(PRODUCE)[1] + 1)  # type: ignore[index]

@@ -20,9 +20,9 @@ pytest.importorskip("pyspark")
 pq = pytest.importorskip("pyarrow.parquet")
 
 from kproxy.capture.writer import CaptureWriter  # noqa: E402
+from kproxy.rules.actions.delay import Delay  # noqa: E402
 from kproxy.rules.engine import draw  # noqa: E402
-from kproxy.rules.model import Delay  # noqa: E402
-from kproxy.rules.request import StaticFacts  # noqa: E402
+from kproxy.rules.request_facts import StaticFacts  # noqa: E402
 from kproxy.rules.sources import check_paths  # noqa: E402
 from tests.support.capture import record  # noqa: E402
 from tests.support.captured import PRODUCER_ID, CapturedRun  # noqa: E402

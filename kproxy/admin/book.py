@@ -3,7 +3,7 @@
 No HTTP here (that is :mod:`kproxy.admin.server`): a :class:`RuleBook` takes decoded JSON values,
 validates them with the rule-file loader (:func:`kproxy.rules.load.load_data`, so a rule means the
 same and fails with the same reasons whether it comes from a file or from the API), and puts every
-change in force with one :meth:`LiveRules.install(..., origin="admin") <kproxy.server.live_rules.LiveRules.install>`.
+change in force with one :meth:`LiveRules.install(..., origin="admin") <kproxy.policy.live_rules.LiveRules.install>`.
 
 Every edit has two halves: a planner (``plan_add``, ``plan_apply``...: a pure function of a
 :class:`Draft`, which parses, validates and builds the new :class:`RuleSet`) and :meth:`RuleBook.commit`
@@ -18,7 +18,7 @@ says ``diverged: true``.
 
 Every edit builds a new engine: schedules (``after_requests``, ``first``, ``every``,
 ``after_seconds``...), throttle buckets and seeded draws of *every* rule restart from the edit,
-as after a file reload (kproxy/server/live_rules.py). Hit counters do not: they are Prometheus
+as after a file reload (kproxy/policy/live_rules.py). Hit counters do not: they are Prometheus
 counters, kept per rule id for the life of the process.
 
 Call from the server's trio thread only (LiveRules' contract); the planners, and
@@ -39,11 +39,12 @@ import trio
 
 from kproxy.admin.listing import ADMIN, View, describe, listing
 from kproxy.offloop import off_loop_build
+from kproxy.policy.faults import FaultRecord
+from kproxy.policy.injector import FaultInjector
+from kproxy.policy.live_rules import LiveRules
 from kproxy.rules.load import RulesError, load_data
 from kproxy.rules.model import Rule, RuleSet
-from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
-from kproxy.server.rule_policy import FaultInjector, FaultRecord
 
 log = logging.getLogger("kproxy.admin")
 
@@ -232,7 +233,8 @@ class RuleBook:
                     # Swapped at once; the series of a big set registered over several loop turns
                     # (LiveRules.put_in_force), shielded: the change is made, its answer must follow.
                     with trio.CancelScope(shield=True):
-                        generation = await self.live.put_in_force(change.injector, origin=change.origin)
+                        generation = await self.live.put_in_force(change.injector, origin=change.origin,
+                                                                  turn=trio.lowlevel.checkpoint)
                     return self._committed(change, generation)
             raise error(503, "(rules)", f"the rules in force changed {_REPLANS} times while this edit was being "
                                         "built (file reloads?): nothing was changed; try again")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol.tables import api_snake_name
-from kproxy.rules.model import Rule, RuleSet, action_name
+from kproxy.rules.model import Rule, RuleSet
 
 ADMIN = "admin"  # the LiveRules origin of every change made through the admin API
 
@@ -81,7 +81,7 @@ def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = Non
         "dry_run": rule.dry_run,
         "continue": rule.continue_,
         "api": sorted(api_snake_name(k) for k in rule.match.apis) if rule.match.apis is not None else None,
-        "actions": [action_name(a) for a in rule.actions],
+        "actions": [a.kind for a in rule.actions],
         "hits": dict(hits),
         "dry_run_hits": dict(dry),
         "source": ADMIN if rule.id in view.specs else view.baseline_origin,

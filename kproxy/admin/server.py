@@ -31,7 +31,7 @@ else at start).
 Off the loop: decoding a body, planning an edit and building its rule set
 (:meth:`RuleBook.edit`), building and encoding a listing all run in worker threads; only putting a
 change in force and taking a snapshot run on the trio thread, between two awaits, so a change is
-atomic for the connections reading the rules (kproxy/server/live_rules.py's contract). Once a request
+atomic for the connections reading the rules (kproxy/policy/live_rules.py's contract). Once a request
 is read whole, its change is carried out and the answer says what happened, however long it takes.
 """
 

@@ -1,6 +1,6 @@
 """``kproxy analyze --rules FILE``: what a rule file would have done to the captured traffic.
 
-Every captured request is turned into :class:`~kproxy.rules.request.StaticFacts`
+Every captured request is turned into :class:`~kproxy.rules.request_facts.StaticFacts`
 and evaluated by :class:`~kproxy.rules.engine.RuleEngine`, the engine the proxy
 runs, so a what-if and a live run share one matching code. Spark does the heavy
 lifting: the records are partitioned and sorted (below), each partition is
@@ -87,10 +87,11 @@ from pyspark.sql.types import (
 )
 
 from kproxy.protocol.tables import error_name
+from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_file, load_text
-from kproxy.rules.model import InjectError, RuleSet, Throttle, action_name
-from kproxy.rules.request import IpAddress, StaticFacts
+from kproxy.rules.model import RuleSet
+from kproxy.rules.request_facts import IpAddress, StaticFacts
 
 HITS = "whatif_hits"
 TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
@@ -195,12 +196,12 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
                 continue
             topics = sorted(facts.topic_partitions)
             for hit in decision.hits:
-                code = next((a.error_code for a in hit.actions if isinstance(a, InjectError)), None)
+                code = next((a.injected_error for a in hit.actions if a.injected_error is not None), None)
                 throttle_s = max((engine.throttle_delay_s(hit.rule_id, a, facts, row["request_bytes"])
                                   for a in hit.actions if isinstance(a, Throttle)), default=0.0)
                 yield (row["connection_id"], row["request_us"], row["correlation_id"], row["api_name"],
                        row["client_id"], topics, ordinal, hit.rule_id, hit.dry_run,
-                       [action_name(a) for a in hit.actions], code,
+                       [a.kind for a in hit.actions], code,
                        None if code is None else error_name(code), float(sum(hit.delays_ms)), throttle_s * 1000.0,
                        hit.draw)
 
@@ -239,7 +240,7 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
 
 def _rules_frame(spark: SparkSession, rule_set: RuleSet) -> DataFrame:
     rows = [Row(position=i, rule=r.id, enabled=r.enabled, dry_run=r.dry_run,
-                actions=", ".join(action_name(a) for a in r.actions), description=r.description)
+                actions=", ".join(a.kind for a in r.actions), description=r.description)
             for i, r in enumerate(rule_set.rules)]
     schema = ("position int, rule string, enabled boolean, dry_run boolean, actions string, "
               "description string")

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
-from kproxy.rules.model import Throttle
+if TYPE_CHECKING:
+    from kproxy.rules.actions.throttle import Throttle
 
 FETCH = 1  # ApiKey.FETCH, bound as a plain int: compared per throttled request
 

@@ -25,7 +25,7 @@ jitter) is a pure function of::
 hashed with BLAKE2b to a uniform number in [0, 1). ``seed`` is the rule's own
 ``seed`` when it has one, else the file's. ``stream ordinal`` is the request's
 ordinal among its connection's requests of the same api key (see
-:class:`~kproxy.rules.request.RequestFacts`), so the draws of one client do
+:class:`~kproxy.rules.request_facts.RequestFacts`), so the draws of one client do
 not depend on how its requests interleave with other connections' (a shared
 RNG would make them depend on scheduling). Same seed and same per-connection
 request sequences give the same draws; another seed gives other draws.
@@ -41,10 +41,13 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kproxy.rules.actions.base import RuleAction
+from kproxy.rules.actions.delay import Delay
+from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.bucket import Buckets
-from kproxy.rules.model import Action, Delay, Match, Rule, RuleSet, Throttle, ThrottleScope
+from kproxy.rules.model import Match, Rule, RuleSet
 from kproxy.rules.patterns import UserPattern
-from kproxy.rules.request import IpAddress, RequestFacts
+from kproxy.rules.request_facts import IpAddress, RequestFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +56,7 @@ class RuleHit:
     probability); ``delays_ms`` the resolved delay of each ``delay`` action, in order."""
 
     rule_id: str
-    actions: tuple[Action, ...]
+    actions: tuple[RuleAction, ...]
     dry_run: bool
     draw: float | None = None
     delays_ms: tuple[float, ...] = ()
@@ -69,7 +72,7 @@ class Decision:
     def matched(self) -> bool:
         return bool(self.hits)
 
-    def actions(self) -> tuple[Action, ...]:
+    def actions(self) -> tuple[RuleAction, ...]:
         """The actions to execute: those of hits that are not dry runs, in order."""
         return tuple(a for hit in self.hits if not hit.dry_run for a in hit.actions)
 

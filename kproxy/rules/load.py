@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from kproxy.rules.load_actions import INT32, ActionReader
+from kproxy.rules.load_actions import ActionReader
 from kproxy.rules.model import (
     IpNetwork,
     Match,
@@ -36,7 +36,7 @@ from kproxy.rules.model import (
     TopicPattern,
 )
 from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
-from kproxy.rules.yaml_nodes import BAD, Bad, Problem, RulesError, did_you_mean, node_text
+from kproxy.rules.yaml_nodes import BAD, INT32, Bad, Problem, RulesError, did_you_mean, node_text
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@
 Each reader returns the value, or :data:`BAD` after recording a :class:`Problem`
 (``file:line: key.path: reason``), so a loader collects every problem of a file in one pass and
 nothing downstream repeats a problem already reported. :mod:`kproxy.rules.load` (the document,
-rules and match keys) and :mod:`kproxy.rules.load_actions` (the actions' parameters) build on it.
+rules and match keys) and :mod:`kproxy.rules.actions` (each action kind reads its own parameters) build on it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from kproxy.rules.patterns import UserPattern, compile_pattern
 T = TypeVar("T")
 
 API_NAMES = tuple(api_snake_name(k) for k in _tables.API_NAMES)
+INT32 = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,19 @@ class NodeReader:
             return self.fail(node, key, str(exc))
 
     # -- Kafka values -------------------------------------------------------------------
+    def made(self, at: yaml.Node, path: str, kw: dict[str, Any], make: Callable[..., T]) -> T | Bad:
+        """``make(**kw)``, unless a value of ``kw`` already failed (BAD: nothing more to report)."""
+        if any(isinstance(v, Bad) for v in kw.values()):
+            return BAD
+        return self.build(at, path, lambda: make(**kw))
+
+    def required(self, m: dict[str, yaml.Node], at: yaml.Node, path: str, key: str, what: str) -> yaml.Node | None:
+        """``m[key]``, or None after reporting it missing (``what``: what it should be)."""
+        if key not in m:
+            self.fail(at, f"{path}.{key}", f"missing ({what})")
+            return None
+        return m[key]
+
     def api(self, node: yaml.Node, path: str) -> int | Bad:
         value = self.scalar(node)
         if isinstance(value, int) and not isinstance(value, bool):

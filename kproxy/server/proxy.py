@@ -44,6 +44,7 @@ from kproxy.config import Config
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOptions, TrafficStats, node_label
+from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -52,7 +53,6 @@ from kproxy.ratelimit import Throttle
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
-from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q as _q
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
@@ -146,7 +146,7 @@ class ProxyServer:
             self.addresses.port_allocator = self._bind_ephemeral
         self._prebound: dict[int, socket.socket] = {}
         # One engine for every connection: schedule counters and throttle buckets are global. The
-        # rules in force can be replaced while connections run (kproxy/server/live_rules.py).
+        # rules in force can be replaced while connections run (kproxy/policy/live_rules.py).
         self.rules = LiveRules(config.rules, counts=self.stats.faults)
         self.reloader: RulesReloader | None = None
         source = config.rules.source if config.rules is not None else None

@@ -60,12 +60,12 @@ import trio
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.offloop import freeze_if_many, hold_parts, off_loop_build, release_parts
+from kproxy.policy.injector import FaultInjector
+from kproxy.policy.live_rules import LiveRules
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
 from kproxy.rules.sources import load_path, rule_files
-from kproxy.server.live_rules import LiveRules
 from kproxy.server.logfmt import q
-from kproxy.server.rule_policy import FaultInjector
 
 log = logging.getLogger("kproxy.rules")
 
@@ -182,7 +182,7 @@ class RulesReloader:
                                                      thread_name="kproxy-rules-reload")
         self.counts.reloads["success"] = self.counts.reloads.get("success", 0) + 1
         replaced = [self.live.injector]
-        self._generation = await self.live.put_in_force(injector, origin=self.path)
+        self._generation = await self.live.put_in_force(injector, origin=self.path, turn=trio.lowlevel.checkpoint)
         if self._releases is not None and replaced[0] is not None and len(replaced[0].plans) > RELEASE_ABOVE:
             self._releases.start_soon(self._release, replaced)
         self._in_force = rules

@@ -151,7 +151,7 @@ def _save(artifacts: Path, data: bytes, why: str) -> str:
 # a module costs its import several times over, and every brief CI run pays for what it imports.
 INSTRUMENTED = ("kproxy.protocol", "kproxy.protocol.records", "kproxy.proxy.session")
 TARGET_MODULES: dict[str, tuple[str, ...]] = {
-    "rules_yaml": ("kproxy.rules.sources", "kproxy.server.live_rules", "kproxy.server.rule_policy"),
+    "rules_yaml": ("kproxy.rules.sources", "kproxy.policy.live_rules", "kproxy.policy.policy"),
     "rules_json": ("kproxy.admin.server",),
     "admin_http": ("kproxy.admin.server",),
     "capture_records": ("kproxy.capture.observer", "kproxy.capture.records"),

@@ -104,8 +104,8 @@ def fuzz_admin_http(data: bytes) -> None:
     from kproxy.admin.book import RuleBook
     from kproxy.admin.server import AdminServer
     from kproxy.metrics.stats import FaultStats
+    from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text
-    from kproxy.server.live_rules import LiveRules
 
     live = LiveRules(load_text(BASE_RULE, "rules.yaml"), counts=FaultStats(), mutable=True)
     server = AdminServer(RuleBook(live), token=TOKEN)

@@ -129,9 +129,9 @@ def _scratch() -> _Scratch:
 def fuzz_rules_yaml(data: bytes) -> None:
     """Rule files and directories: only RulesError (file:line) or a RuleSet that builds and meets traffic."""
     from kproxy.metrics.stats import FaultStats
+    from kproxy.policy.injector import FaultInjector
     from kproxy.rules import RulesError, RuleSet
     from kproxy.rules.sources import load_path
-    from kproxy.server.rule_policy import FaultInjector
 
     if not data:
         return
@@ -197,11 +197,11 @@ def meet_requests(rules: Any) -> None:
     """One connection under ``rules`` (a real Session and its rule policy) meets :func:`_traffic`:
     no exception, whatever the rules do (answer, delay, edit, close); timers fired at once."""
     from kproxy.metrics.stats import FaultStats
+    from kproxy.policy.live_rules import LiveRules
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection, ForwardUpstream, WakeAt
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
-    from kproxy.server.live_rules import LiveRules
 
     live = LiveRules(rules, counts=FaultStats())
     now = [0.0]
@@ -276,8 +276,8 @@ def fuzz_rules_json(data: bytes) -> None:
     from kproxy.admin.book import RuleBook
     from kproxy.admin.server import AdminServer
     from kproxy.metrics.stats import FaultStats
+    from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text
-    from kproxy.server.live_rules import LiveRules
 
     if not data:
         return

@@ -1,6 +1,6 @@
 """The rule set in force, replaceable while connections run (rule reloads, the admin API).
 
-One :class:`LiveRules` per server. Every connection's :class:`~kproxy.server.rule_policy.RulePolicy`
+One :class:`LiveRules` per server. Every connection's :class:`~kproxy.policy.policy.RulePolicy`
 holds it and reads :attr:`LiveRules.injector` once per request, so a :meth:`LiveRules.replace`
 takes effect at the next request of every connection, open or new, with no connection dropped.
 A request already decided keeps its decision: the verdict (and any response edit it carries) was
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-
-import trio
+from collections.abc import Awaitable, Callable, Iterator
 
 from kproxy.metrics.stats import FaultStats
+from kproxy.policy.faults import FaultRecord
+from kproxy.policy.injector import FaultInjector
+from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
 from kproxy.rules import RuleSet
-from kproxy.server.rule_policy import FaultInjector, FaultRecord, RulePolicy, TopicIdLearningPolicy
 
 # Series keys looked at per turn of the loop by put_in_force: ~1 ms of work on an idle core.
 SERIES_CHUNK = 5000
@@ -92,15 +92,17 @@ class LiveRules:
             pass
         return generation
 
-    async def put_in_force(self, injector: FaultInjector | None, *, origin: str) -> int:
+    async def put_in_force(self, injector: FaultInjector | None, *, origin: str,
+                           turn: Callable[[], Awaitable[object]]) -> int:
         """:meth:`install`, with the series work done :data:`SERIES_CHUNK` keys per turn of the loop
-        (100,000 rules' series at once held the loop for hundreds of milliseconds on a loaded machine).
+        (100,000 rules' series at once held the loop for hundreds of milliseconds on a loaded machine),
+        ``turn`` awaited between chunks (the event loop's checkpoint: ``trio.lowlevel.checkpoint``).
         The rules apply at once; a series not registered yet is created by its first count."""
         generation = self._swap(injector, origin)
         for _ in self._series_steps(injector, SERIES_CHUNK):
             if self.injector is not injector:
                 break  # replaced meanwhile: the replacement's own series work supersedes this
-            await trio.sleep(0)
+            await turn()
         return generation
 
     def _swap(self, injector: FaultInjector | None, origin: str) -> int:

@@ -1,6 +1,6 @@
 """Request facts read from a live request frame, lazily and partially.
 
-:class:`FrameFacts` implements :class:`~kproxy.rules.request.RequestFacts` over
+:class:`FrameFacts` implements :class:`~kproxy.rules.request_facts.RequestFacts` over
 the frame the session already holds and the header it already parsed: a
 :class:`ParsedRequest` (the proxy session's ``Exchange`` is one, so a rule
 check decodes no header again) or a decoded
@@ -37,7 +37,7 @@ from kproxy.protocol.messages import codec, decode_body
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
-from kproxy.rules.request import IpAddress, RequestHeaderFacts
+from kproxy.rules.request_facts import IpAddress, RequestHeaderFacts
 
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
 PRODUCE, FIND_COORDINATOR, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR), int(ApiKey.METADATA)

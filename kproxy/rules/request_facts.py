@@ -1,7 +1,7 @@
 """What the engine reads of a request: :class:`RequestFacts`, a plain value interface.
 
 Two producers build it: the proxy from a live request frame
-(:class:`kproxy.rules.facts.FrameFacts`, which decodes lazily) and the analysis
+(:class:`kproxy.rules.frame_facts.FrameFacts`, which decodes lazily) and the analysis
 job from captured records (a what-if report). Nothing here parses frames.
 
 The cheap facts are attributes; the ones that need a body decode are methods,

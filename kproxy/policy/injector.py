@@ -1,0 +1,139 @@
+"""One rule set at work: :class:`FaultInjector` (the engine, the counters, the per-rule plans).
+
+The server builds one per rule set (:class:`~kproxy.policy.live_rules.LiveRules`), shared by every
+connection: schedule counters and throttle buckets are global, as a broker's quotas are. What a
+verdict needs of each rule is worked out once per rule set (:class:`RulePlan`), from what each
+action says of itself (:class:`~kproxy.rules.actions.base.RuleAction`'s hooks and flags).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kproxy.metrics.stats import FaultStats
+from kproxy.policy.faults import DRY_RUN_DETAIL
+from kproxy.protocol.record_faults import Selector
+from kproxy.protocol.tables import api_snake_name, error_name
+from kproxy.rules import RuleEngine, RuleSet
+from kproxy.rules.actions.base import HitKey, RuleAction
+from kproxy.rules.actions.draft import Fault
+from kproxy.rules.apply import selector
+from kproxy.rules.frame_facts import TopicIdNames
+from kproxy.rules.model import Rule
+
+
+class FaultInjector:
+    """One rule set at work: the engine, the counters, the fault log."""
+
+    def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
+                 clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None,
+                 register: bool = True) -> None:
+        """Build the engine and the per-rule plans.
+
+        ``register=False`` leaves ``counts`` untouched, so the build may run in a worker thread
+        while the trio thread scrapes and counts (kproxy.policy.live_rules.LiveRules.prepare);
+        :meth:`register_series` must then be called on the trio thread before the injector is used.
+        """
+        self.rules = rules
+        self.clock = clock
+        self.engine = RuleEngine(rules, loaded_at=clock())
+        self.counts = counts if counts is not None else FaultStats()
+        self._enabled = enabled = [r for r in rules.rules if r.enabled]
+        # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
+        # rule has a topic key to match them with. A replacing rule set is given the old map.
+        self.topic_names = topic_names if topic_names is not None else TopicIdNames()
+        self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
+        self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
+        # Series born at zero: an alert's increase() sees the first fault, not only the second, and
+        # dashboards show every loaded rule. Listed here (a worker thread's work for a big set), in rule
+        # order; register_series adds those not there yet.
+        hits: dict[HitKey, int] = {}
+        conns: dict[tuple[str, str], int] = {}
+        throttles: dict[str, float] = {}
+        errors: dict[tuple[str, str], int] = {}
+        held: dict[tuple[str, str], None] = {}  # kproxy_rule_held_seconds: histograms, made by counts
+        for rule in enabled:
+            for action, key in zip(rule.actions, self.plans[rule.id].keys, strict=True):
+                name = key[1]
+                hits[key] = 0
+                if rule.dry_run:
+                    continue
+                if action.counts_connection_fault:
+                    conns[rule.id, name] = 0
+                if action.counts_throttled:
+                    throttles[rule.id] = 0.0
+                if action.counts_held:
+                    held[rule.id, name] = None
+                code = action.injected_error
+                if code is not None:
+                    errors.update(((api_snake_name(api), error_name(code)), 0) for api in sorted(rule.match.apis or ()))
+        self.series = (hits, conns, throttles, errors)
+        self.held_series = list(held)
+        if register:
+            self.register_series()
+
+    def register_series(self) -> None:
+        """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there);
+        counts already there are kept."""
+        for _ in self.series_steps():
+            pass
+
+    def series_steps(self, chunk: int = 0) -> Iterator[None]:
+        """:meth:`register_series`, ``chunk`` series per step (0: all at once), yielding between steps
+        (kproxy.policy.live_rules gives the loop a turn there). Counting never needs a series registered."""
+        counts = self.counts
+        counts.rules_loaded = len(self._enabled)
+        tables: tuple[dict[Any, Any], ...] = (counts.hits, counts.connection_faults, counts.throttle_seconds,
+                                              counts.injected_errors)
+        series: tuple[dict[Any, Any], ...] = self.series
+        for table, new in zip(tables, series, strict=True):
+            items = list(new.items())
+            step = chunk or len(items) or 1
+            for start in range(0, len(items), step):
+                table.update({k: v for k, v in items[start:start + step] if k not in table})
+                yield
+        step = chunk or len(self.held_series) or 1
+        for start in range(0, len(self.held_series), step):
+            for key in self.held_series[start:start + step]:
+                counts.held_histogram(key)
+            yield
+
+
+class RulePlan:
+    """What a verdict needs of one rule, worked out once per rule set, not per request.
+
+    ``keys``: each action's hit counter key, in order; ``deciders``: the actions with a verdict
+    part (:attr:`~kproxy.rules.actions.base.RuleAction.decides`) and their keys; ``dry_faults``:
+    what a dry run of the rule reports; ``request_actions`` and ``response_actions``: what
+    kproxy.rules.apply runs on the request and on the response (empty: nothing to call);
+    ``respond_error``/``response_errors``: the error names counted in injected_errors when the
+    request is answered locally (the first to answer) or its response edited; ``only``: the
+    partitions the rule's ``topic``/``partition`` keys select for the record actions;
+    ``from_draws``: every action's verdict part reads the hit's draws alone (a fixed hit's verdict
+    is then worked out once: kproxy.policy.policy's ``_Delays``).
+    """
+
+    __slots__ = ("deciders", "dry_faults", "from_draws", "keys", "only", "request_actions", "respond_error",
+                 "response_actions", "response_errors")
+
+    def __init__(self, rule: Rule, topic_names: TopicIdNames) -> None:
+        dry = "true" if rule.dry_run else "false"
+        self.keys: tuple[HitKey, ...] = tuple((rule.id, a.kind, dry) for a in rule.actions)
+        self.deciders: tuple[tuple[RuleAction, HitKey], ...] = tuple(
+            (a, key) for a, key in zip(rule.actions, self.keys, strict=True) if a.decides)
+        self.dry_faults: tuple[Fault, ...] = tuple((key, DRY_RUN_DETAIL, False) for key in self.keys)
+        self.from_draws = all(a.verdict_from_draws for a in rule.actions)
+        self.request_actions = tuple(a for a in rule.actions if a.edits_request)
+        self.response_actions = tuple(a for a in rule.actions if a.edits_response)
+        self.respond_error = next((error_name(a.injected_error) for a in rule.actions
+                                   if a.answers and a.injected_error is not None), None)
+        self.response_errors = tuple(error_name(a.injected_error) for a in self.response_actions
+                                     if a.injected_error is not None)
+        # topic_names is the injector's own map, filled as connections learn ids: read when the selector runs.
+        self.only: Selector | None = selector(rule.match, topic_names)
+
+
+__all__ = ["FaultInjector", "RulePlan"]

@@ -1,0 +1,379 @@
+"""The rule policy of one client connection: kproxy.rules' decisions -> the session's verdicts.
+
+The server gives each :class:`~kproxy.proxy.session.Session` a :class:`RulePolicy`, the
+:class:`~kproxy.proxy.session.RequestPolicy` the session calls once per request, over the rule set
+in force (:class:`~kproxy.policy.live_rules.LiveRules`, a :class:`~kproxy.policy.injector.FaultInjector`).
+proxy/ never imports kproxy.rules (pyproject.toml's import contracts): this module is the translation.
+Each action that hit writes its own part of the verdict
+(:meth:`~kproxy.rules.actions.base.RuleAction.decide`, into a
+:class:`~kproxy.rules.actions.draft.VerdictDraft`); the policy adds the request and response edits
+(:mod:`kproxy.rules.apply`), counts and reports the faults (:mod:`kproxy.policy.faults`), and
+turns the draft into a :class:`~kproxy.proxy.session.Verdict`.
+
+Cost: a request of an api key no rule names costs one dict lookup (the policy's gate of that api
+key, :meth:`RuleEngine.mentions` asked once per rule set and connection); see :class:`RulePolicy`
+for the others. A fault's details are formatted only when its log line or the admin API's ring
+will read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from kproxy.metrics.stats import FaultStats
+from kproxy.policy.faults import (
+    FaultRecord,
+    api_label,
+    count,
+    decided,
+    log,
+    note_action,
+    over_budget,
+)
+from kproxy.policy.injector import FaultInjector, RulePlan
+from kproxy.policy.peer import client_ip
+from kproxy.protocol.requests import RequestHeaderMemo
+from kproxy.proxy.commands import CloseConnection, CloseKind
+from kproxy.proxy.session import Exchange, RuleDecision, Verdict
+from kproxy.rules import Decision, RuleHit
+from kproxy.rules.actions.base import HitKey
+from kproxy.rules.actions.draft import VerdictDraft
+from kproxy.rules.actions.throttle import charging_response
+from kproxy.rules.apply import apply_to_request, apply_to_response
+from kproxy.rules.frame_facts import METADATA, METADATA_TOPIC_IDS, FrameFacts, TopicIdNames
+from kproxy.server.logfmt import q
+
+
+class _HasInjector(Protocol):
+    """What a policy reads per request: kproxy.policy.live_rules.LiveRules (a protocol, not an
+    import: live_rules builds policies, so it imports this module)."""
+
+    @property
+    def injector(self) -> FaultInjector | None: ...
+
+    @property
+    def counts(self) -> FaultStats: ...
+
+    @property
+    def recent(self) -> deque[FaultRecord] | None: ...
+
+
+# Per api key, what a policy does with a request (RulePolicy._gate): ignore it, decide it, or first ask
+# whether its client may meet a rule at all (RulePolicy._admits: then ignore it or decide it).
+_IGNORED, _OPEN, _SCOPED = range(3)
+
+
+class _Delays:
+    """The verdict of a fixed hit (the same for every request) whose actions' verdict parts read
+    its draws alone (``delay``: :attr:`RulePlan.from_draws`), worked out once: the hit counter keys
+    it counts, the decisions it notes on the exchange, and the verdict (None: it holds nothing,
+    zero delays or a dry run). A :class:`Verdict` is a frozen value: one serves every request."""
+
+    __slots__ = ("decisions", "keys", "verdict")
+
+    def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
+        draft = VerdictDraft()  # no engine, no facts: these actions read neither
+        if hit.dry_run:
+            faults = list(plan.dry_faults)
+        else:
+            draft.hit(hit.delays_ms)
+            for action, key in plan.deciders:  # what RulePolicy._verdict would run
+                action.decide(draft, key)
+            faults = draft.faults
+        self.keys = tuple(key for key, _, _ in faults)
+        self.decisions: tuple[RuleDecision, ...] = tuple(
+            (key[0], key[1], detail, key[2] == "true") for key, detail, _ in faults)
+        self.verdict = Verdict(hold_s=draft.hold_s, response_delay_s=draft.response_delay_s, held_by=draft.held_by) \
+            if draft.hold_s or draft.response_delay_s else None
+
+
+# (kind, the decision of every request when it is fixed, that decision worked out when it is delays alone)
+_Gate = tuple[int, Decision | None, _Delays | None]
+_GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
+_NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
+
+
+def _open(injector: FaultInjector, decision: Decision | None) -> _Gate:
+    """The gate of requests a rule may apply to, with their fixed decision if they have one (the
+    same for every request), worked out to the end (:class:`_Delays`) if it is delays alone."""
+    if decision is None:
+        return _OPEN, None, None
+    hit = decision.hits[0]
+    plan = injector.plans[hit.rule_id]
+    return _OPEN, decision, _Delays(hit, plan) if plan.from_draws else None
+
+
+class RulePolicy:
+    """The :class:`~kproxy.proxy.session.RequestPolicy` of one connection.
+
+    It reads the rule set in force from ``live`` at each request (one attribute read), so rules
+    replaced while the connection is open apply from its next request.
+
+    Cost per request of an api key some rule names (a request of no such key costs a dict lookup):
+    the connection's count of that key's requests (the engine's stream ordinal); when only rules
+    for some clients name it, whether those rules admit its client id (remembered per api key for
+    that client id); and its client id and body offset, read once for the policy, the facts and the
+    metrics (and compared in place with the last header read, not decoded again:
+    :class:`~kproxy.protocol.requests.RequestHeaderMemo`). What each api key needs is looked up once per
+    rule set and connection. A request decided like every other of its api key and client (the
+    first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,
+    :meth:`RuleEngine.client_decision`), by a rule of ``delay`` actions only, with no fault line
+    to write nor ring to fill, is answered without building its facts or calling the engine.
+    """
+
+    __slots__ = ("_admitted", "_admitted_for", "_gates", "_headers", "_injector", "_ordinals", "broker_id",
+                 "client_ip", "counts", "live", "peer")
+
+    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
+        self.live = live
+        self.counts = live.counts  # one FaultStats for every generation of rules
+        self.peer = peer
+        self.client_ip = client_ip(peer)
+        self.broker_id = broker_id
+        self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
+        self._headers = RequestHeaderMemo()
+        # For the rule set in force (_injector): the gate of each api key met, and for the client id
+        # _admitted_for, the gate of each api key met whose rules are for some clients only.
+        self._injector: FaultInjector | None = None
+        self._gates: dict[int, _Gate] = {}
+        self._admitted: dict[int, _Gate] = {}
+        self._admitted_for: object = _NO_CLIENT
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        injector = self.live.injector
+        if injector is None:
+            return None
+        if injector is not self._injector:  # another rule set: what each api key needs is looked up again
+            self._injector, self._gates, self._admitted = injector, {}, {}
+        api_key = exchange.api_key
+        gate = self._gates.get(api_key)
+        if gate is None:
+            gate = self._gate(injector, api_key)
+        kind, fixed, delays = gate
+        if kind == _IGNORED:
+            return None
+        ordinal = self._ordinals.get(api_key, 0)
+        self._ordinals[api_key] = ordinal + 1
+        frame = exchange.request
+        client_id, body_offset = self._headers.read(frame, api_key, exchange.api_version)
+        # Read once for all: the facts, the session (a Produce's acks) and the metrics read them from the exchange.
+        exchange.client_id, exchange.request_body_offset = client_id, body_offset
+        if kind == _SCOPED:
+            admitted = self._admitted.get(api_key) if client_id == self._admitted_for else None
+            kind, fixed, delays = admitted if admitted is not None else self._admits(injector, api_key, client_id)
+            if kind == _IGNORED:
+                return None  # every rule of this api is for other clients: nothing more to read
+        if body_offset is None:
+            return None  # forwarded as read: the broker is the judge of a header kproxy cannot read
+        if delays is not None and self.live.recent is None and not log.isEnabledFor(logging.INFO):
+            # What evaluate() and _verdict() would say, and nothing to report: no facts needed.
+            hits = self.counts.hits
+            for key in delays.keys:
+                hits[key] = hits.get(key, 0) + 1
+            exchange.rule_decisions = delays.decisions
+            return delays.verdict
+        engine = injector.engine
+        # The facts read the session's parse (api key, version, correlation id, client id): no
+        # header is decoded again here.
+        facts = FrameFacts(frame, exchange, client_ip=self.client_ip, broker_id=self.broker_id,
+                           stream_ordinal=ordinal, now=exchange.read_at,
+                           wall_time=time.time() if engine.reads_wall_time else 0.0,
+                           topic_names=injector.topic_names)
+        decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
+        if not decision.hits:
+            return None
+        # The injector goes along: a request keeps the rules it was decided by, even if they are
+        # replaced before its response comes back.
+        return self._verdict(injector, exchange, decision, facts, frame)
+
+    def _gate(self, injector: FaultInjector, api_key: int) -> _Gate:
+        """What requests of ``api_key`` need under ``injector``'s rules (remembered)."""
+        engine = injector.engine
+        gate: _Gate
+        if not engine.mentions(api_key):
+            gate = (_IGNORED, None, None)
+        elif not engine.admits_all(api_key):
+            gate = (_SCOPED, None, None)
+        else:
+            gate = _open(injector, engine.fixed_decision(api_key))
+        if len(self._gates) >= _GATES_CAP:
+            self._gates.clear()
+        self._gates[api_key] = gate
+        return gate
+
+    def _admits(self, injector: FaultInjector, api_key: int, client_id: str | None) -> _Gate:
+        """The gate of a request's api key for this client, when rules of it are for some clients
+        only (``_IGNORED``: none is for this one); remembered per api key for its client id (which
+        :meth:`decide` looks up first)."""
+        if client_id != self._admitted_for:  # a client may change its client id: its own answers
+            self._admitted, self._admitted_for = {}, client_id
+        gate = self._admitted.get(api_key)
+        if gate is None:
+            engine = injector.engine
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
+                gate = (_IGNORED, None, None)
+            else:
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id))
+            if len(self._admitted) >= _GATES_CAP:
+                self._admitted.clear()
+            self._admitted[api_key] = gate
+        return gate
+
+    # -- a decision -> a verdict --------------------------------------------------------
+    def _verdict(self, injector: FaultInjector, ex: Exchange, decision: Decision, facts: FrameFacts,
+                 frame: bytes) -> Verdict | None:
+        counts = self.counts
+        draft = VerdictDraft(injector.engine, facts, ex.request_size)
+        faults = draft.faults
+        answer: bytes | None = None
+        forward = True
+        request = frame
+        response_steps: list[tuple[str, RulePlan]] | None = None
+        plans = injector.plans
+        for hit in decision.hits:
+            rule_id = hit.rule_id
+            plan = plans[rule_id]
+            if hit.dry_run:
+                faults.extend(plan.dry_faults)
+                continue
+            if plan.deciders:
+                draft.hit(hit.delays_ms)
+                for action, key in plan.deciders:
+                    action.decide(draft, key)
+            if draft.closing is not None or answer is not None:
+                continue
+            if plan.request_actions:
+                outcome = apply_to_request(plan.request_actions, request, only=plan.only)
+                request = outcome.frame
+                if outcome.over_budget:
+                    over_budget(counts, self.peer)
+                for note in outcome.notes:
+                    faults.append(((rule_id, note_action(note), "false"), note, False))
+                if not outcome.forward:
+                    forward = False
+                    answer = outcome.answer
+                    if plan.respond_error is not None:
+                        count(counts.injected_errors, (api_label(ex.api_key), plan.respond_error))
+                    continue
+            if plan.response_actions:
+                response_steps = response_steps or []
+                response_steps.append((rule_id, plan))
+        self._report(draft, facts, ex)
+        if draft.closing is not None:
+            reason, abort = draft.closing
+            return Verdict(close=CloseConnection(reason, CloseKind.DELIBERATE, abort=abort))
+        throttle_ms = draft.throttle_ms
+        on_response = self._on_response(ex, facts, response_steps or [], throttle_ms) \
+            if (response_steps or throttle_ms) and forward else None
+        if draft.response_charges and forward:
+            on_response = charging_response(injector.engine, injector.clock, facts, draft.response_charges,
+                                            on_response)
+        if answer is not None and throttle_ms:
+            answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
+        hold_s, response_delay_s, drop, blackhole = draft.hold_s, draft.response_delay_s, draft.drop, draft.blackhole
+        if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
+                or blackhole):
+            return Verdict(answer=answer, forward=forward, request=None if request is frame else request,
+                           hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
+                           drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
+                           held_by=draft.held_by)
+        return None
+
+    def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
+                     ) -> Callable[[bytes], bytes]:
+        api_key, api_version = ex.api_key, ex.api_version
+        counts = self.counts
+
+        def edit(response: bytes) -> bytes:
+            for i, (rule_id, plan) in enumerate(steps):
+                last = i == len(steps) - 1
+                outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
+                                            throttle_time_ms=throttle_ms if last else None, only=plan.only)
+                response = outcome.frame
+                if outcome.over_budget:
+                    over_budget(counts, self.peer)
+                for note in outcome.notes:
+                    self._fault((rule_id, note_action(note), "false"), facts, note, ex)
+                for error in plan.response_errors:
+                    count(counts.injected_errors, (api_label(api_key), error))
+            if not steps and throttle_ms:
+                response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
+            return response
+
+        return edit
+
+    # -- accounting ---------------------------------------------------------------------
+    def _report(self, draft: VerdictDraft, facts: FrameFacts, ex: Exchange) -> None:
+        """Count and report what the actions of one request did (``draft``'s faults and throttles)."""
+        counts = self.counts
+        for rule_id, seconds in draft.throttled:
+            counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + seconds
+        for key, detail, connection in draft.faults:
+            if connection:
+                count(counts.connection_faults, (key[0], key[1]))
+            self._fault(key, facts, detail, ex)
+
+    def _fault(self, key: HitKey, facts: FrameFacts, detail: str, ex: Exchange) -> None:
+        """Count one fault (``key``: rule id, action name, dry run), note it on the exchange (its
+        capture row's ``rule_decisions``), and log it and keep it in the ring when either is on."""
+        counts = self.counts
+        counts.hits[key] = counts.hits.get(key, 0) + 1
+        decided(ex, key, detail)
+        recent = self.live.recent
+        logged = log.isEnabledFor(logging.INFO)
+        if recent is None and not logged:
+            return  # the topic scan below is for the line and the ring alone
+        rule_id, action, dry = key
+        dry_run = dry == "true"
+        topics = facts.topics()
+        partitions = sorted({p for parts in topics.values() for p in parts})
+        if recent is not None:  # a bounded deque: the oldest record falls out
+            recent.append(FaultRecord(time.time(), rule_id, action, self.peer, facts.correlation_id,
+                                      api_label(facts.api_key), tuple(sorted(topics)), tuple(partitions),
+                                      detail, dry_run))
+        if not logged:
+            return
+        log.info("event=fault rule=%s action=%s connection=%s correlation_id=%d api=%s topic=%s partition=%s "
+                 "detail=%s%s", rule_id, action, self.peer, facts.correlation_id, api_label(facts.api_key),
+                 q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
+                 " dry_run=true" if dry_run else "")
+
+
+class TopicIdLearningPolicy(RulePolicy):
+    """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
+    injector's :class:`~kproxy.rules.frame_facts.TopicIdNames` (shared by every connection), so a
+    ``topic`` key matches requests that name topics by id (Fetch v13+). Given to connections
+    only when rules with a topic key are or may be in force
+    (:meth:`kproxy.policy.live_rules.LiveRules.policy`). Its cost per request: a method call
+    and a comparison; per Metadata v10+ response: one decode (rare: clients refresh metadata
+    every few minutes, or after an error)."""
+
+    __slots__ = ()
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        verdict = RulePolicy.decide(self, exchange)
+        if exchange.api_key != METADATA or exchange.api_version < METADATA_TOPIC_IDS:
+            return verdict
+        injector = self.live.injector
+        if injector is None or not injector.learns_topic_ids:
+            return verdict
+        return _learning_topic_ids(verdict, injector.topic_names, exchange.api_version)
+
+
+def _learning_topic_ids(verdict: Verdict | None, names: TopicIdNames, api_version: int) -> Verdict:
+    """``verdict`` with the broker's Metadata answer read for topic ids first (before any rule edits it)."""
+    edit = verdict.on_response if verdict is not None else None
+
+    def learn(response: bytes) -> bytes:
+        names.learn_metadata(response, api_version)
+        return response if edit is None else edit(response)
+
+    return Verdict(on_response=learn) if verdict is None else dataclasses.replace(verdict, on_response=learn)
+
+
+__all__ = ["RulePolicy", "TopicIdLearningPolicy"]

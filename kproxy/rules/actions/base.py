@@ -1,0 +1,140 @@
+"""What every rule action kind is: :class:`RuleAction`, the base of the one class each kind module defines.
+
+An action kind is one frozen dataclass (its parameters, checked in ``__post_init__``) whose class
+says, through the hooks below, everything the rest of kproxy asks of it:
+
+* its YAML name (:attr:`RuleAction.kind`) and reader (:meth:`RuleAction.read`), found by the loader
+  through :data:`kproxy.rules.actions.registry.ACTION_KINDS`;
+* what it does to a request (:meth:`RuleAction.answer_request`, :meth:`RuleAction.request_step`)
+  and to a response (:meth:`RuleAction.response_step`), run by :mod:`kproxy.rules.apply`;
+* its part of the verdict (:meth:`RuleAction.decide`): what the session must time, drop or close,
+  written into a :class:`~kproxy.rules.actions.draft.VerdictDraft` that the rule policy turns into
+  the session's verdict;
+* what the policy counts for it (the class flags and :attr:`RuleAction.injected_error`).
+
+Every hook has a default that does nothing, so a kind defines only what it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from kproxy.protocol.frame_edit import Mutation
+from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.record_faults import Selector
+from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.tables import api_snake_name
+
+if TYPE_CHECKING:
+    import yaml
+
+    from kproxy.rules.actions.draft import VerdictDraft
+    from kproxy.rules.yaml_nodes import Bad, NodeReader
+
+# Bounds on durations, so that nothing accepted overflows at run time (a delay, its jitter, a slow
+# close, a throttle's burst): a week at most.
+MAX_DURATION_S = 7 * 86400
+MAX_DURATION_MS = MAX_DURATION_S * 1000
+
+# A step of an action on one frame: the label its note starts with (the action's YAML name first,
+# kproxy.policy reads it back) and the edit, which raises ProtocolError when it cannot apply.
+Step = tuple[str, Callable[[bytes], Mutation]]
+# The hit counter key of one action of one rule: (rule id, action name, dry run "true"/"false").
+HitKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalAnswer:
+    """A request answered by kproxy instead of the broker: ``frame`` is the answer (``None``: no
+    answer at all, the request is dropped, as for a Produce with acks=0); ``note`` says what was done."""
+
+    note: str
+    frame: bytes | None
+
+
+class RuleAction:
+    """The base of every action kind (see the module docstring). Subclasses are frozen, slotted
+    dataclasses; their instances are values shared by every connection, never changed."""
+
+    __slots__ = ()
+
+    kind: ClassVar[str]  # the YAML name: `- delay: {ms: 100}`; what logs and metrics label the action with
+    keys: ClassVar[tuple[str, ...]] = ()  # the keys its YAML mapping takes (a kind with none is a bare name)
+    apis: ClassVar[frozenset[int] | None] = None  # the api keys it can act on (None: any)
+    # What the policy counts for it: a connection fault (kproxy_rule_connection_faults_total), the time
+    # it holds requests (kproxy_rule_held_seconds), its throttle seconds (kproxy_rule_throttle_seconds_total).
+    counts_connection_fault: ClassVar[bool] = False
+    counts_held: ClassVar[bool] = False
+    counts_throttled: ClassVar[bool] = False
+    # Its verdict part reads the hit's draws alone (no frame, no clock, no bucket) and only counts its
+    # hit: a fixed hit whose actions are all such is worked out once per rule set (kproxy.policy).
+    verdict_from_draws: ClassVar[bool] = False
+    # It has a verdict part: the policy calls decide() for it on every hit.
+    decides: ClassVar[bool] = False
+
+    # -- YAML ------------------------------------------------------------------------------
+    @classmethod
+    def read(cls, reader: NodeReader, m: dict[str, yaml.Node], at: yaml.Node, path: str,
+             apis: frozenset[int] | None) -> RuleAction | Bad:
+        """The action of a YAML mapping ``m`` (its keys already checked against :attr:`keys`; ``at``
+        the node for problems, ``path`` the key path); ``apis`` the rule's ``match.api`` (None: any).
+        Problems go to ``reader`` (:class:`~kproxy.rules.yaml_nodes.NodeReader`), which returns BAD."""
+        return reader.build(at, path, cls)
+
+    @classmethod
+    def read_body(cls, reader: NodeReader, body: yaml.Node | None, node: yaml.Node, path: str,
+                  apis: frozenset[int] | None) -> RuleAction | Bad | None:
+        """A kind whose YAML body is not a mapping of :attr:`keys` reads it here (``None``: the body
+        is that mapping, read by :meth:`read`)."""
+        return None
+
+    def check(self, apis: frozenset[int] | None) -> str | None:
+        """Why this action cannot be in a rule matching ``apis`` (None: it can)."""
+        if self.apis is not None and (apis is None or not apis <= self.apis):
+            names = ", ".join(sorted(api_snake_name(k) for k in self.apis))
+            return f"{self.kind} acts on {names} only: restrict match.api to them"
+        return None
+
+    # -- frames (kproxy.rules.apply) --------------------------------------------------------
+    @property
+    def edits_request(self) -> bool:
+        """Whether :meth:`answer_request` or :meth:`request_step` may do something."""
+        return False
+
+    @property
+    def edits_response(self) -> bool:
+        """Whether :meth:`response_step` may do something."""
+        return False
+
+    @property
+    def answers(self) -> bool:
+        """Whether it answers requests itself (:meth:`answer_request`) instead of forwarding them."""
+        return False
+
+    @property
+    def injected_error(self) -> int | None:
+        """The Kafka error code it puts in answers (kproxy_rule_injected_errors_total), if any."""
+        return None
+
+    def answer_request(self, request: bytes, header: RequestHeader) -> LocalAnswer | str:
+        """The local answer to ``request`` (size prefix included), or a note saying why there is none."""
+        return f"{self.kind}: skipped (answers no request)"
+
+    def request_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
+                     ) -> Step | None:
+        """Its edit of a request of this api key and version (None: nothing to do). ``only``: the
+        partitions the rule selects for record edits; ``budget``: the frame's, shared by its record readers."""
+        return None
+
+    def response_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
+                      ) -> Step | None:
+        """Its edit of a response to a request of this api key and version, as :meth:`request_step`."""
+        return None
+
+    # -- the verdict (kproxy.policy) ---------------------------------------------------------
+    def decide(self, draft: VerdictDraft, key: HitKey) -> None:
+        """Its part of the verdict of a request it hit (not in a dry run), written into ``draft``;
+        ``key`` is its hit counter key, for the faults it reports. Called when :attr:`decides`."""
+

@@ -1,0 +1,113 @@
+"""The verdict of one request while its rules' actions write it: :class:`VerdictDraft`, sans-IO.
+
+Each action's :meth:`~kproxy.rules.actions.base.RuleAction.decide` writes its part here (a hold,
+a response delay, a dropped response, a closed connection...) and reports what it did as faults;
+the rule policy (:mod:`kproxy.policy`) adds the request and response edits, counts and logs the
+faults, and turns the draft into the session's ``Verdict``. The rules floor never imports the
+session: this is the shape of a verdict in the rules' own words.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kproxy.rules.actions.base import HitKey
+
+if TYPE_CHECKING:
+    from kproxy.rules.actions.throttle import Throttle
+    from kproxy.rules.engine import RuleEngine
+    from kproxy.rules.frame_facts import FrameFacts
+
+# A fault reported by an action: its hit counter key, its detail (the log line's), and whether it
+# is a connection fault (counted as such too).
+Fault = tuple[HitKey, str, bool]
+
+
+class VerdictDraft:
+    """What the actions that hit one request decided, in the order they decided it.
+
+    * ``hold_s``: seconds to hold the request before forwarding it; ``response_delay_s``: seconds
+      to hold its response; ``held_by``: the (rule, action) of the longest single hold;
+    * ``throttle_ms``: the ``throttle_time_ms`` to report in the answer (the largest asked);
+      ``response_charges``: (rule id, byte rate) pairs charged with the response's size;
+      ``throttled``: (rule id, seconds held) per throttle that held the request;
+    * ``drop``: swallow the response; ``blackhole``: answer nothing more on this connection;
+      ``close_after_s``: then close it after that long; ``closing``: close it now, as
+      (reason, abort: a TCP RST rather than a FIN), the first asked;
+    * ``faults``: what each action reported, in order (see :data:`Fault`).
+
+    ``engine`` and ``facts`` are the request's, for the actions that ask a bucket or read the
+    request (None where a verdict is worked out ahead of any request: only the
+    :attr:`~kproxy.rules.actions.base.RuleAction.verdict_from_draws` kinds run then).
+    """
+
+    __slots__ = (
+        "blackhole",
+        "close_after_s",
+        "closing",
+        "delays_ms",
+        "drawn",
+        "drop",
+        "engine",
+        "facts",
+        "faults",
+        "held_by",
+        "hold_s",
+        "longest_s",
+        "request_size",
+        "response_charges",
+        "response_delay_s",
+        "throttle_ms",
+        "throttled",
+    )
+
+    def __init__(self, engine: RuleEngine | None = None, facts: FrameFacts | None = None, request_size: int = 0
+                 ) -> None:
+        self.engine = engine
+        self.facts = facts
+        self.request_size = request_size
+        self.delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order
+        self.drawn = 0
+        self.hold_s = self.response_delay_s = self.longest_s = 0.0
+        self.held_by: tuple[str, str] | None = None
+        self.throttle_ms = 0
+        self.response_charges: list[tuple[str, Throttle]] = []
+        self.throttled: list[tuple[str, float]] = []
+        self.drop = self.blackhole = False
+        self.close_after_s: float | None = None
+        self.closing: tuple[str, bool] | None = None
+        self.faults: list[Fault] = []
+
+    def hit(self, delays_ms: tuple[float, ...]) -> None:
+        """Start the actions of the next hit, whose delays the engine drew (one per ``delay``)."""
+        self.delays_ms, self.drawn = delays_ms, 0
+
+    def next_delay_ms(self) -> float:
+        """The hit's next drawn delay (the engine draws one per ``delay`` action, in order)."""
+        ms = self.delays_ms[self.drawn]
+        self.drawn += 1
+        return ms
+
+    def hold(self, seconds: float, key: HitKey, *, at_response: bool = False) -> None:
+        """Hold the request (or, ``at_response``, its response) ``seconds`` more; the longest single
+        hold names the action charged with the time (``held_by``)."""
+        if at_response:
+            self.response_delay_s += seconds
+        else:
+            self.hold_s += seconds
+        if seconds > self.longest_s:
+            self.longest_s, self.held_by = seconds, (key[0], key[1])
+
+    def close(self, key: HitKey, *, abort: bool) -> None:
+        """Close the client connection instead of forwarding (the first close asked wins)."""
+        if self.closing is None:
+            self.closing = (f"rule {key[0]}: {key[1]}", abort)
+
+    def fault(self, key: HitKey, detail: str) -> None:
+        self.faults.append((key, detail, False))
+
+    def connection_fault(self, key: HitKey, detail: str) -> None:
+        self.faults.append((key, detail, True))
+
+
+__all__ = ["Fault", "VerdictDraft"]
