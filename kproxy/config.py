@@ -146,7 +146,7 @@ class Config:
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
     capture: CaptureOptions = field(default_factory=CaptureOptions)
     admin: AdminOptions = field(default_factory=AdminOptions)
-    rules: RuleSet | None = None  # fault injection (kproxy/policy/policy.py); None: none
+    rules: RuleSet | None = None  # fault injection (kproxy/server/rule_policy.py); None: none
     rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
 
     @property

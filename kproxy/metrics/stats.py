@@ -167,7 +167,7 @@ class StatsOptions:
 
 @dataclass
 class FaultStats:
-    """What fault-injection rules did (kproxy/policy/policy.py counts; one dict operation per fault).
+    """What fault-injection rules did (kproxy/server/rule_policy.py counts; one dict operation per fault).
 
     Rule ids come from the rules loaded, api and error names from Kafka's tables. The series of a
     rule no longer loaded are removed when the rules are replaced (:meth:`keep_rules`), so
@@ -180,7 +180,7 @@ class FaultStats:
     throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
     connection_faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, action): drops, closes
     rules_loaded: int = 0
-    # Rule set replacements (kproxy/policy/live_rules.py): the generation in force, and the reloads of
+    # Rule set replacements (kproxy/server/live_rules.py): the generation in force, and the reloads of
     # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
     rules_generation: int = 0
     reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
