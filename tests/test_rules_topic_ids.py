@@ -7,6 +7,7 @@ against the real broker.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 
 from kproxy.metrics.stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
@@ -99,10 +100,23 @@ def test_learnt_topic_ids_outlive_a_rule_replacement() -> None:
     assert d.answered() == [1, 2] and fetch_codes(d.to_client[1]) == [NOT_LEADER_OR_FOLLOWER]
 
 
-def test_without_a_topic_key_no_metadata_is_read() -> None:
-    live = LiveRules(load_text("rules:\n  - id: f\n    match: {api: fetch}\n    actions: [drop_response]\n"),
+def test_rules_that_cannot_meet_a_request_by_topic_id_read_no_metadata() -> None:
+    live = LiveRules(load_text("rules:\n  - id: p\n    match: {api: produce}\n    actions: [drop_response]\n"),
                      counts=FaultStats())
     assert live.injector is not None and not live.injector.learns_topic_ids
     assert type(live.policy("127.0.0.1:5555")) is RulePolicy
-    live.mutable = True  # rules with topic keys may arrive later
+    live.mutable = True  # rules that meet Fetch requests may arrive later
     assert type(live.policy("127.0.0.1:5555")) is TopicIdLearningPolicy
+
+
+def test_a_fault_on_fetch_by_id_names_the_topic_once_its_id_is_learnt() -> None:
+    """With no topic key, a rule acting on Fetch v13+ still has its fault lines and /faults records
+    name the topics its requests name by id, once a Metadata answer taught them."""
+    d = Driver("rules:\n  - id: f\n    match: {api: fetch}\n    actions: [{delay: {ms: 0}}]\n")
+    d.live.recent = deque(maxlen=10)
+    assert isinstance(d.session.policy, TopicIdLearningPolicy)
+    d.client(fetch_by_id(1))
+    d.client(metadata(2))
+    d.broker(response_frame(FETCH, 13, 1, responses=[]), metadata_answer(2))
+    d.client(fetch_by_id(3))
+    assert [(r.correlation_id, r.topics) for r in d.live.recent] == [(1, (str(ORDERS),)), (3, ("orders",))]

@@ -15,13 +15,15 @@ from typing import Any
 from kproxy.metrics.stats import FaultStats
 from kproxy.policy.faults import DRY_RUN_DETAIL
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.tables import api_snake_name, error_name
+from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
 from kproxy.rules.actions.draft import Fault
 from kproxy.rules.apply import selector
 from kproxy.rules.frame_facts import TopicIdNames
 from kproxy.rules.model import Rule
+
+FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)
 
 
 class FaultInjector:
@@ -41,10 +43,12 @@ class FaultInjector:
         self.engine = RuleEngine(rules, loaded_at=clock())
         self.counts = counts if counts is not None else FaultStats()
         self._enabled = enabled = [r for r in rules.rules if r.enabled]
-        # Topic ids -> names for requests that name topics by id (Fetch v13+); learnt only when a
-        # rule has a topic key to match them with. A replacing rule set is given the old map.
+        # Topic ids -> names for requests that name topics by id (Fetch v13+), learnt from Metadata
+        # answers when a rule can meet such a request: to match its topic key by name, and to name
+        # the topics of its fault lines and /faults records. A replacing rule set is given the old map.
         self.topic_names = topic_names if topic_names is not None else TopicIdNames()
-        self.learns_topic_ids = any(r.match.topics is not None for r in enabled)
+        self.learns_topic_ids = any(r.match.topics is not None or r.match.apis is None or FETCH in r.match.apis
+                                    for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
         self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
         # Series born at zero: an alert's increase() sees the first fault, not only the second, and

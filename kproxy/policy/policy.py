@@ -347,8 +347,9 @@ class RulePolicy:
 class TopicIdLearningPolicy(RulePolicy):
     """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
     injector's :class:`~kproxy.rules.frame_facts.TopicIdNames` (shared by every connection), so a
-    ``topic`` key matches requests that name topics by id (Fetch v13+). Given to connections
-    only when rules with a topic key are or may be in force
+    ``topic`` key matches requests that name topics by id (Fetch v13+), and their faults name
+    their topics. Given to connections only when rules that can meet such requests are or may be
+    in force
     (:meth:`kproxy.policy.live_rules.LiveRules.policy`). Its cost per request: a method call
     and a comparison; per Metadata v10+ response: one decode (rare: clients refresh metadata
     every few minutes, or after an error)."""
