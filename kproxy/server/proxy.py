@@ -20,8 +20,8 @@ the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever 
 Size (over the ~500 lines the project aims for): one class, :class:`ProxyServer`, whose
 lifecycle (start, signals, drain), listeners and per-connection set-up share its state (the
 listener table, the connection set, the draining flag, the upstream health). The jobs that stand
-alone are their own modules already: connection.py, discovery.py, health.py, live_rules.py,
-rules_reload.py, kproxy/admin/.
+alone are their own modules already: connection.py, discovery.py, health.py, rules_reload.py,
+kproxy/policy/ (the rules in force), kproxy/admin/.
 """
 
 from __future__ import annotations
