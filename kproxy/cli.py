@@ -14,6 +14,7 @@ status) and optionally ``check`` (cross-flag validation that calls
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import select
@@ -25,18 +26,41 @@ from typing import TextIO
 from kproxy import __version__
 from kproxy.commands.decode import DecodeOptions, decode_input
 from kproxy.commands.hexdump import InputError
-from kproxy.config import ConfigError, add_run_arguments, config_from_args
+from kproxy.config import ConfigError, add_run_arguments, config_from_args, deprecation_notes
 from kproxy.protocol.tables import api_key as api_key_by_name
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # argparse's status for bad flags; kproxy decode uses it for input it cannot read too
+DISTRIBUTION = "kproxy-kafka"  # kproxy's name on PyPI (pyproject.toml): what `pip install` takes
 
 _INT16_MIN, _INT16_MAX = -(2**15), 2**15 - 1
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse's parser (subcommands' parsers are of the same class), refusing a flag it does not
+    know with a did-you-mean among its own flags: ``kproxy run: error: unrecognized argument
+    --metric-listen (did you mean --metrics-listen?)``. A close match that is a deprecated alias
+    suggests the flag that replaces it (its action's ``preferred``)."""
+
+    def parse_known_args(  # type: ignore[override]
+            self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for extra in extras:
+            if extra.startswith("--") and len(extra) > 2:
+                self.error(f"unrecognized argument {extra}{self._suggestion(extra.split('=', 1)[0])}")
+        return parsed, extras
+
+    def _suggestion(self, flag: str) -> str:
+        preferred = {option: getattr(action, "preferred", option)
+                     for action in self._actions for option in action.option_strings}
+        close = difflib.get_close_matches(flag, list(preferred), n=1, cutoff=0.6)
+        return f" (did you mean {preferred[close[0]]}?)" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kproxy`` parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = SuggestingParser(
         prog="kproxy", description="A Kafka-protocol-aware proxy and its tools.")
     parser.add_argument("--version", action="version", version=f"kproxy {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -190,17 +214,20 @@ def _fail(message: str) -> int:
 # ------------------------------------------------------------------------------- run
 
 _RUN_EPILOG = """\
-Every option can also be set in the YAML file given with --config (same names,
-nested: limits.max_in_flight, tls.upstream.ca, ...); flags win over the file.
+Every option has one name: its key in the YAML file given with --config
+(nested: limits.max_in_flight), its flag (--limits-max-in-flight) and its
+environment variable (KPROXY_LIMITS_MAX_IN_FLIGHT), shown at the end of each
+option's help. Flags win over the environment, the environment over the file.
 Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
 (broker N is then served on port 19093+N). Stops on SIGTERM/SIGINT after
-letting in-flight requests finish (--shutdown-grace).
+letting in-flight requests finish (--limits-shutdown-grace).
 """
 
 
 def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
+        usage="%(prog)s [--config FILE] [--check] [OPTION ...]",
         epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--check", action="store_true", dest="check_only",
@@ -211,6 +238,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    for note in deprecation_notes(args):
+        print(f"kproxy run: warning: {note}", file=sys.stderr)
     try:
         config = config_from_args(args)
         # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
@@ -250,7 +279,7 @@ def _check_capture_installed() -> None:
         import kproxy.capture.service  # noqa: F401 (imports pyarrow)
     except ImportError as exc:
         raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
-                          f"install it with: pip install 'kproxy[capture]'") from None
+                          f"install it with: pip install '{DISTRIBUTION}[capture]'") from None
 
 
 # ------------------------------------------------------------------------------ demo
@@ -330,7 +359,9 @@ def _run_health(args: argparse.Namespace) -> int:
 def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "rules", help="check rule files; list and change the rules of a running kproxy",
-        description="Fault-injection rule files (format: rules/README.md, rules/kproxy-rules.schema.json).")
+        description="Fault-injection rule files (YAML; the format is kproxy's fault-injection rules "
+                    "reference): `kproxy rules check` validates them, the other actions change the rules of "
+                    "a running kproxy.")
     actions = parser.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     check = actions.add_parser(
         "check", help="validate rule files",
@@ -367,7 +398,7 @@ partitions, connection churn), and prints a summary. Inputs that cannot be
 read are listed with the reason; the rest is analysed. With --rules FILE, also
 what that rule file would have done to the captured requests (the proxy's own
 rule engine, same seed, same decisions), per rule, api, client and topic. Needs the 'analysis'
-extra (PySpark, Java 17+): pip install 'kproxy[analysis]'.
+extra (PySpark, Java 17+): pip install '{distribution}[analysis]'.
 """
 
 
@@ -375,7 +406,7 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser = subparsers.add_parser(
         "analyze", help="analyse capture files with Spark",
         description="Analyse kproxy capture files with Spark (local[*] by default).",
-        epilog=_ANALYZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_ANALYZE_EPILOG.format(distribution=DISTRIBUTION), formatter_class=argparse.RawDescriptionHelpFormatter)
     from kproxy.analysis.arguments import add_arguments  # argparse only: no Spark loaded
 
     add_arguments(parser)
@@ -387,7 +418,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     try:
         from kproxy.analysis.main import analyze
     except ImportError as exc:
-        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install 'kproxy[analysis]'",
+        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install '{DISTRIBUTION}[analysis]'",
               file=sys.stderr)
         return EXIT_USAGE
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,

@@ -24,8 +24,8 @@ def url_from_config(path: Path, endpoint: str = "/healthz") -> str:
     ``metrics_listen`` (then kproxy serves no health endpoint at all). A wildcard
     listen address is probed on loopback.
     """
-    raw = {key: (value, f"{path}: {key}") for key, value in read_config_file(path).items()}
-    config = build_config(raw)
+    file = read_config_file(path)
+    config = build_config(file.values, [str(p) for p in file.problems])
     if config.metrics_listen is None:
         raise ConfigError(f"{path}: metrics_listen is not set, so kproxy serves no /healthz to probe")
     host = config.metrics_listen.host
