@@ -238,10 +238,10 @@ class ProxyServer:
         if not tls.verify and tls.enabled:
             log.warning("event=upstream_tls_unverified option=tls.upstream.verify detail=%s",
                         _q("broker certificates and names are not checked: whoever answers on the "
-                           "broker's address is trusted (--upstream-no-verify)"))
+                           "broker's address is trusted (--no-tls-upstream-verify)"))
         elif not tls.verify:
             log.warning("event=option_unused option=tls.upstream.verify detail=%s",
-                        _q("--upstream-no-verify has no effect without --upstream-tls"))
+                        _q("--no-tls-upstream-verify has no effect without --tls-upstream-enabled"))
         rules = self.config.rules
         if rules is not None:
             # A warning: kproxy misbehaves on purpose from now on (kproxy_rules_loaded says so too).
