@@ -101,3 +101,20 @@ def test_a_mistyped_flag_gets_a_did_you_mean(capsys: pytest.CaptureFixture[str],
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1].endswith(f"error: {suggested}"), err
+
+
+def test_options_that_go_together_are_checked_in_the_same_round(tmp_path: Path) -> None:
+    """A certificate without its key is reported with the bad values, not after they are fixed;
+    a pair with a bad member is not reported again as a pair."""
+    pem = tmp_path / "cert.pem"
+    pem.write_text("only its existence is checked here")
+    conf = tmp_path / "kproxy.yaml"
+    conf.write_text(f"upstream: k:1\nlog_level: verbose\ntls:\n  client: {{cert: {pem}}}\n"
+                    f"  upstream: {{cert: {tmp_path / 'missing.pem'}}}\n")
+    with pytest.raises(ConfigError) as caught:
+        config_from_args(argparse.Namespace(config=conf), environ={})
+    assert list(caught.value.problems) == [
+        f"{conf}:2: log_level: must be one of debug, info, warning, error, got 'verbose'",
+        f"{conf}:5: tls.upstream.cert: file '{tmp_path / 'missing.pem'}' does not exist",
+        "tls.client: cert and key go together (--tls-client-cert with --tls-client-key)",
+    ]

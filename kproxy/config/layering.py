@@ -17,7 +17,7 @@ import argparse
 import difflib
 import ipaddress
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kproxy.config import values
@@ -88,7 +88,7 @@ def _env_hint(name: str) -> str:
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
     """Merge defaults, ``--config``, ``KPROXY_*`` variables (``environ``, default the process's)
     and flags, in that order of precedence; raises :class:`ConfigError` with every problem of
-    every layer, the file's in line order first."""
+    every layer, the config file's first, in line order."""
     raw: dict[str, tuple[Any, str]] = {}
     problems: list[str] = []
     config_path = getattr(args, "config", None)
@@ -103,64 +103,73 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         value = getattr(args, opt.dest, None)
         if value is not None:
             raw[opt.path] = (value, opt.flag)
-    return build_config(raw, problems)
+    try:
+        return build_config(raw, problems)
+    except ConfigError as exc:
+        if config_path is None:
+            raise
+        raise ConfigError(*_in_line_order(exc.problems, str(config_path))) from None
 
 
-def build_config(raw: Mapping[str, tuple[Any, str]], problems: list[str] | None = None) -> Config:
-    """Parse raw values (with where each came from) into a validated :class:`Config`; raises
-    :class:`ConfigError` with ``problems`` (found before, in the layers) and every problem of
-    the values."""
-    problems = list(problems or [])
-    value_problems: list[tuple[int, str]] = []
+def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = ()) -> Config:
+    """Parse raw values (option path -> value and where it came from) into a validated
+    :class:`Config`. Raises :class:`ConfigError` with ``problems`` (found before, reading the
+    layers), then every value's problems, then those of options that go together (checked on
+    the values that parsed, so a bad value is not reported twice)."""
+    found = list(problems)
     parsed: dict[str, Any] = {}
-    # Rules last: they are read under rules_max_bytes.
-    for order, (path, (value, where)) in enumerate(sorted(raw.items(), key=lambda item: item[0] == "rules")):
-        try:
+    bad: set[str] = set()
+    for path, (value, where) in sorted(raw.items(), key=lambda item: item[0] == "rules"):  # rules last: they
+        try:  # are read under rules_max_bytes
             parsed[path] = (BY_PATH[path].parse(value) if path != "rules" else
                             values.rules(value, parsed.get("rules_max_bytes", Config.rules_max_bytes)))
         except ValueError as exc:
-            value_problems.extend((order, f"{where}: {arg}") for arg in exc.args or (exc,))
-    problems = _in_file_order(problems, [text for _, text in value_problems])
+            bad.add(path)
+            found.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
     if "upstream" not in raw:
-        problems.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
-                        f"{env_name('upstream')})")
-    if problems:
-        raise ConfigError(*problems)
+        found.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
+                     f"{env_name('upstream')})")
 
     def section(prefix: str) -> dict[str, Any]:
         return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
 
+    def together(*paths: str) -> bool:
+        """Whether a check of these options means anything: none of them had a bad value."""
+        return not bad.intersection(paths)
+
     client_tls = ClientTls(**section("tls.client."))
-    if (client_tls.cert is None) != (client_tls.key is None):
-        problems.append("tls.client: cert and key go together (--tls-client-cert with --tls-client-key)")
-    if client_tls.require_client_cert and client_tls.client_ca is None:
-        problems.append("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-client-ca)")
+    if (client_tls.cert is None) != (client_tls.key is None) and together("tls.client.cert", "tls.client.key"):
+        found.append("tls.client: cert and key go together (--tls-client-cert with --tls-client-key)")
+    if client_tls.require_client_cert and client_tls.client_ca is None and together("tls.client.client_ca"):
+        found.append("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-client-ca)")
     upstream_tls = UpstreamTls(**section("tls.upstream."))
-    if (upstream_tls.cert is None) != (upstream_tls.key is None):
-        problems.append("tls.upstream: cert and key go together (--tls-upstream-cert with --tls-upstream-key)")
+    if (upstream_tls.cert is None) != (upstream_tls.key is None) and together("tls.upstream.cert",
+                                                                              "tls.upstream.key"):
+        found.append("tls.upstream: cert and key go together (--tls-upstream-cert with --tls-upstream-key)")
     capture = CaptureOptions(**section("capture."))
-    if capture.rotate_bytes > capture.max_bytes_total:
-        problems.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
+    if capture.rotate_bytes > capture.max_bytes_total and together("capture.rotate_bytes",
+                                                                   "capture.max_bytes_total"):
+        found.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
     admin = AdminOptions(**section("admin."))
-    problems.extend(_admin_problems(admin))
-    if problems:
-        raise ConfigError(*problems)
+    if together("admin.listen", "admin.token", "admin.token_file"):
+        found.extend(_admin_problems(admin))
+    if found:
+        raise ConfigError(*found)
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
                   client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin, **top)
 
 
-def _in_file_order(layer_problems: list[str], value_problems: list[str]) -> list[str]:
-    """Every problem, those with a ``file:line:`` in line order (a file's key and value problems
-    interleaved as they are written), then the rest as they came."""
-    def line(problem: str) -> int | None:
-        head = problem.split(": ", 1)[0]
-        file_and_line = head.rsplit(":", 1)
-        return int(file_and_line[1]) if len(file_and_line) == 2 and file_and_line[1].isdigit() else None
+def _in_line_order(problems: Sequence[str], source: str) -> list[str]:
+    """``problems`` with those of the config file ``source`` (``source:LINE: ...``) first, in
+    line order (its key and value problems interleaved as they are written), the rest after,
+    as they came."""
+    def line(problem: str) -> float:
+        head, sep, rest = problem.partition(f"{source}:")
+        number = rest.split(":", 1)[0]
+        return int(number) if not head and sep and number.isdigit() else float("inf")
 
-    everything = layer_problems + value_problems
-    located = sorted((p for p in everything if line(p) is not None), key=lambda p: line(p) or 0)
-    return located + [p for p in everything if line(p) is None]
+    return sorted(problems, key=line)
 
 
 def is_loopback(host: str) -> bool:
