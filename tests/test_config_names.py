@@ -182,7 +182,7 @@ def test_every_kproxy_variable_the_project_mentions_is_an_option_or_known() -> N
             for name in re.findall(r"\bKPROXY_[A-Z0-9_]*[A-Z0-9]\b", text):
                 names.setdefault(name, str(file.relative_to(ROOT)))
     options = {o.env for o in OPTIONS}
-    refused_in_the_docs = {"KPROXY_MAX_IN_FLIGHT"}  # the README's example of a variable kproxy refuses
+    refused_in_the_docs = {"KPROXY_MAX_IN_FLIGHT", "KPROXY_LIMITS_IDLE_TIMOUT"}  # examples of variables refused
     unknown = {n: where for n, where in names.items()
                if n not in options and n not in KNOWN_VARIABLES and n not in refused_in_the_docs}
     assert unknown == {}, "add these to kproxy.config.layering.KNOWN_VARIABLES (or make them options)"
@@ -190,3 +190,12 @@ def test_every_kproxy_variable_the_project_mentions_is_an_option_or_known() -> N
 
 def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("KPROXY_")}
+
+
+def test_the_configuration_reference_lists_every_option_as_the_table_declares_it() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_config_doc.py"), "--check"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    doc = (ROOT / "docs" / "CONFIG.md").read_text(encoding="utf-8")
+    for opt in OPTIONS:
+        assert f"| `{opt.path}` | `{opt.flag}" in doc and f"`{opt.env}`" in doc
