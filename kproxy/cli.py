@@ -238,8 +238,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
-    for note in deprecation_notes(args):
-        print(f"kproxy run: warning: {note}", file=sys.stderr)
+    deprecated = deprecation_notes(args)
     try:
         config = config_from_args(args)
         # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
@@ -262,15 +261,29 @@ def _run_proxy(args: argparse.Namespace) -> int:
         if config.capture.enabled:
             _check_capture_installed()
     except ConfigError as exc:
+        for note in deprecated:
+            print(f"kproxy run: warning: {note}", file=sys.stderr)
         for problem in exc.problems:
             print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.check_only:
+        for note in deprecated:
+            print(f"kproxy run: warning: {note}", file=sys.stderr)
         print(f"kproxy run --check: configuration ok (upstream {','.join(map(str, config.upstream))}, "
               f"listen {config.listen})")
         return EXIT_OK
     from kproxy.server.app import run
 
+    if deprecated:  # as log lines of the configured format: a JSON log stays all JSON
+        import logging
+
+        from kproxy.server.logfmt import q, setup_logging
+
+        setup_logging(config.log_level, config.log_format)
+        for note in deprecated:
+            logging.getLogger("kproxy.config").warning(
+                "event=flag_deprecated flag=%s use=%s option=%s detail=%s", note.flag, note.use,
+                note.option.path, q(str(note)))
     return run(config)
 
 

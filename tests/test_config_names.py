@@ -8,8 +8,10 @@ Earlier flags keep working for one release, each saying which flag replaces it; 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +29,7 @@ from kproxy.config import (
     env_name,
     flag_name,
 )
+from kproxy.testing import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 KPROXY = [sys.executable, "-m", "kproxy"]
@@ -117,7 +120,8 @@ def test_each_old_flag_still_works_and_names_the_flag_that_replaces_it(tmp_path:
     assert config_from_args(with_old, environ={}) == config_from_args(with_new, environ={})
     assert deprecation_notes(with_new) == []
     (note,) = deprecation_notes(with_old)
-    assert note.startswith(f"{old} is deprecated") and f"use {new} ({path} in YAML, {opt.env})" in note
+    assert (note.flag, note.use, note.option) == (old, new, opt)
+    assert str(note).startswith(f"{old} is deprecated") and f"use {new} ({path} in YAML, {opt.env})" in str(note)
 
 
 def test_run_prints_one_deprecation_line_per_old_flag_and_still_runs() -> None:
@@ -131,6 +135,30 @@ def test_run_prints_one_deprecation_line_per_old_flag_and_still_runs() -> None:
         "--limits-shutdown-grace (limits.shutdown_grace in YAML, KPROXY_LIMITS_SHUTDOWN_GRACE)",
         "kproxy run: warning: --upstream-no-verify is deprecated and goes in the next release: use "
         "--no-tls-upstream-verify (tls.upstream.verify in YAML, KPROXY_TLS_UPSTREAM_VERIFY)"]
+
+
+def test_a_serving_kproxy_logs_the_deprecation_in_its_log_format(tmp_path: Path) -> None:
+    """A JSON log stays JSON: the deprecation is one log line of the configured format."""
+    port = free_port()
+    log = tmp_path / "kproxy.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*KPROXY, "run", "--upstream", "127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
+                                 "--broker-port-base", "0", "--log-format", "json", "--shutdown-grace", "1"],
+                                stdout=out, stderr=subprocess.STDOUT, env=_clean_env())
+    try:
+        wait_for_port("127.0.0.1", port)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    deprecated = [e for e in entries if e["event"] == "flag_deprecated"]
+    assert len(deprecated) == 1, entries
+    assert deprecated[0]["level"] == "warning"
+    assert (deprecated[0]["flag"], deprecated[0]["use"], deprecated[0]["option"]) == (
+        "--shutdown-grace", "--limits-shutdown-grace", "limits.shutdown_grace")
 
 
 def test_run_help_shows_each_options_yaml_key_and_variable(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ The modules, one job each:
 * :mod:`.layering`  - file, environment and flags merged, parsed and checked.
 """
 
-from kproxy.config.flags import add_run_arguments, deprecation_notes
+from kproxy.config.flags import Deprecation, add_run_arguments, deprecation_notes
 from kproxy.config.layering import KNOWN_VARIABLES, build_config, config_from_args, is_loopback, read_environment
 from kproxy.config.model import (
     AdminOptions,
@@ -47,6 +47,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConfigFile",
+    "Deprecation",
     "Limits",
     "MetricsOptions",
     "Option",

@@ -3,14 +3,15 @@ deprecated aliases.
 
 Each option's help ends with its YAML key and its environment variable, so ``kproxy run --help``
 is the whole table. A deprecated alias works as it did (``--upstream-no-verify`` still turns
-verification off) and leaves a note in the parsed namespace; :func:`deprecation_notes` returns
-those notes, one line per alias used, each naming the flag to use instead.
+verification off) and leaves a :class:`Deprecation` in the parsed namespace;
+:func:`deprecation_notes` returns them, one per alias used, each naming the flag to use instead.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,21 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                                 default=None, help=argparse.SUPPRESS)
 
 
-def deprecation_notes(args: argparse.Namespace) -> list[str]:
-    """One line per deprecated flag given, in the order given: ``--shutdown-grace is deprecated
-    ...: use --limits-shutdown-grace``."""
+@dataclass(frozen=True)
+class Deprecation:
+    """A deprecated ``flag`` was given; ``use`` replaces it (the flag of ``option``)."""
+
+    flag: str
+    use: str
+    option: Option
+
+    def __str__(self) -> str:
+        return (f"{self.flag} is deprecated and goes in the next release: use {self.use} "
+                f"({self.option.path} in YAML, {self.option.env})")
+
+
+def deprecation_notes(args: argparse.Namespace) -> list[Deprecation]:
+    """One per deprecated flag given (once however often it is given), in the order given."""
     return list(getattr(args, _NOTES, None) or [])
 
 
@@ -74,8 +87,7 @@ class _DeprecatedFlag(argparse.Action):
         else:
             value = values
         setattr(namespace, self.dest, value)
-        note = (f"{self.alias.flag} is deprecated and goes in the next release: use "
-                f"{self.preferred} ({self.option.path} in YAML, {self.option.env})")
+        note = Deprecation(self.alias.flag, self.preferred, self.option)
         notes = deprecation_notes(namespace)
         if note not in notes:
             setattr(namespace, _NOTES, [*notes, note])
