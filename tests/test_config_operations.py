@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,6 +180,19 @@ def test_json_values_are_typed_and_names_stay_strings() -> None:
     assert (entry["correlation_id"], entry["dry_run"], entry["seed"], entry["ratio"]) == (7, True, -3, 0.25)
     assert entry["code"] == "007" and entry["detail"] == "delay 5.0ms"
     assert LogfmtFormatter().format(record).endswith(message), "logfmt lines are the message as it is"
+
+
+def test_a_log_key_has_one_json_type_in_every_line_kproxy_writes() -> None:
+    """A pipeline types a JSON field from the first value it sees and refuses lines that disagree:
+    a key logged as a number in one line (``%d``) is never a boolean (``true``) in another."""
+    kinds: dict[str, dict[str, set[str]]] = {}
+    root = Path(__file__).resolve().parent.parent / "kproxy"
+    for path in root.rglob("*.py"):
+        for match in re.finditer(r"\b([a-z_]+)=(%d|%\.\d+f|%f|%g|true|false)\b", path.read_text(encoding="utf-8")):
+            kind = "boolean" if match.group(2) in ("true", "false") else "number"
+            kinds.setdefault(match.group(1), {}).setdefault(kind, set()).add(str(path.relative_to(root)))
+    assert {key: found for key, found in kinds.items() if len(found) > 1} == {}
+    assert {"dry_run", "dry_run_rules", "bytes_in"} <= kinds.keys()
 
 
 # -- exit codes -------------------------------------------------------------------------------------
