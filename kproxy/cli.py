@@ -19,6 +19,7 @@ import json
 import os
 import select
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -56,6 +57,13 @@ class SuggestingParser(argparse.ArgumentParser):
                      for action in self._actions for option in action.option_strings}
         close = difflib.get_close_matches(flag, list(preferred), n=1, cutoff=0.6)
         return f" (did you mean {preferred[close[0]]}?)" if close else ""
+
+
+class _RunHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines wrapped at spaces only, so a flag or a variable is never cut at a hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,7 +236,7 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
         usage="%(prog)s [--config FILE] [--check] [OPTION ...]",
-        epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_RUN_EPILOG, formatter_class=_RunHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--check", action="store_true", dest="check_only",
                         help="check the configuration (file, KPROXY_* environment, flags; the rules, TLS and "
