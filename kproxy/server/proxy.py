@@ -246,8 +246,8 @@ class ProxyServer:
         if rules is not None:
             # A warning: kproxy misbehaves on purpose from now on (kproxy_rules_loaded says so too).
             enabled = [r for r in rules.rules if r.enabled]
-            log.warning("event=fault_injection_enabled file=%s rules=%d dry_run_rules=%d seed=%d", _q(rules.source or "-"),
-                        len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
+            log.warning("event=fault_injection_enabled file=%s rules=%d dry_run_rules=%d seed=%d",
+                        _q(rules.source or "-"), len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
