@@ -118,3 +118,13 @@ def test_options_that_go_together_are_checked_in_the_same_round(tmp_path: Path) 
         f"{conf}:5: tls.upstream.cert: file '{tmp_path / 'missing.pem'}' does not exist",
         "tls.client: cert and key go together (--tls-client-cert with --tls-client-key)",
     ]
+
+
+def test_health_lists_a_files_problems_in_line_order(tmp_path: Path) -> None:
+    conf = tmp_path / "kproxy.yaml"
+    conf.write_text("upstream: k:1\nlog_level: loud\nmetrics_lisen: 1\nmetrics_listen: 127.0.0.1:9308\n")
+    with pytest.raises(ConfigError) as caught:
+        url_from_config(conf)
+    assert list(caught.value.problems) == [
+        f"{conf}:2: log_level: must be one of debug, info, warning, error, got 'loud'",
+        f"{conf}:3: metrics_lisen: unknown key (did you mean 'metrics_listen'?)"]

@@ -21,7 +21,14 @@ The modules, one job each:
 """
 
 from kproxy.config.flags import Deprecation, add_run_arguments, deprecation_notes
-from kproxy.config.layering import KNOWN_VARIABLES, build_config, config_from_args, is_loopback, read_environment
+from kproxy.config.layering import (
+    KNOWN_VARIABLES,
+    build_config,
+    config_from_args,
+    config_from_file,
+    is_loopback,
+    read_environment,
+)
 from kproxy.config.model import (
     AdminOptions,
     CaptureOptions,
@@ -56,6 +63,7 @@ __all__ = [
     "build_config",
     "builtin_default",
     "config_from_args",
+    "config_from_file",
     "deprecation_notes",
     "env_name",
     "flag_name",

@@ -18,6 +18,7 @@ import difflib
 import ipaddress
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from kproxy.config import values
@@ -109,6 +110,16 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         if config_path is None:
             raise
         raise ConfigError(*_in_line_order(exc.problems, str(config_path))) from None
+
+
+def config_from_file(path: Path) -> Config:
+    """The configuration of one YAML file alone (no environment, no flags), as ``kproxy health
+    --config`` reads it; raises :class:`ConfigError` with every problem, in line order."""
+    file = read_config_file(path)
+    try:
+        return build_config(file.values, [str(p) for p in file.problems])
+    except ConfigError as exc:
+        raise ConfigError(*_in_line_order(exc.problems, str(path))) from None
 
 
 def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = ()) -> Config:
