@@ -21,7 +21,7 @@ import yaml
 
 from kproxy.config.model import ConfigError
 from kproxy.config.options import BY_PATH
-from kproxy.rules.yaml_nodes import Problem, did_you_mean, node_kind
+from kproxy.rules.yaml_nodes import BAD, Problem, did_you_mean, node_kind
 
 # Every section of options ("tls", "tls.client", "limits", ...), with the names under it.
 _CHILDREN: dict[str, list[str]] = {}
@@ -41,10 +41,6 @@ class ConfigFile:
 
     values: dict[str, tuple[Any, str]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
-
-    def raise_problems(self) -> None:
-        if self.problems:
-            raise ConfigError(*(str(p) for p in self.problems))
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -69,7 +65,7 @@ def read_config_file(path: Path) -> ConfigFile:
             return out
         if not isinstance(root, yaml.MappingNode):
             raise ConfigError(f"{source}: the top level must be a mapping of options, got "
-                              f"{node_kind(root, _value(loader, root))}")
+                              f"{node_kind(root, _value_or_bad(loader, root))}")
         _Walk(loader, source, out).section(root, "")
     finally:
         loader.dispose()
@@ -113,17 +109,18 @@ class _Walk:
             elif path in _CHILDREN and isinstance(value_node, yaml.MappingNode):
                 self.section(value_node, path)
             elif path in _CHILDREN:
-                kind = node_kind(value_node, _value_or_none(self.loader, value_node))
+                kind = node_kind(value_node, _value_or_bad(self.loader, value_node))
                 self.fail(value_node, path, f"is a section of options ({', '.join(_CHILDREN[path])}), not {kind}")
             else:
                 self.fail(key_node, path, f"unknown key{_suggestion(path, prefix)}")
 
 
-def _value_or_none(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+def _value_or_bad(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+    """The node's value, or :data:`BAD` (shown as "an untyped value") when it cannot be constructed."""
     try:
         return _value(loader, node)
     except ValueError:
-        return None
+        return BAD
 
 
 def _suggestion(path: str, prefix: str) -> str:
