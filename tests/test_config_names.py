@@ -196,7 +196,8 @@ def test_every_kproxy_variable_the_project_mentions_is_an_option_or_known() -> N
     """A variable added to a script, a test, a chart or the docs without a place here would make
     every ``kproxy run`` started with it in the environment refuse to start."""
     names: dict[str, str] = {}
-    places = ["kproxy", "scripts", "deploy", "helm", "tests", "bench", "docs", "rules", "Dockerfile", "README.md"]
+    places = ["kproxy", "scripts", "deploy", "helm", "tests", "bench", "docs", "rules", "examples", ".ci", "Dockerfile",
+              "README.md"]
     for place in places:
         root = ROOT / place
         files = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
