@@ -34,8 +34,8 @@ from kproxy.testing import free_port, wait_for_port
 ROOT = Path(__file__).resolve().parent.parent
 KPROXY = [sys.executable, "-m", "kproxy"]
 
-# The flags whose spelling was not their YAML path's (issue 23 counted 22 of them), with a value
-# each takes (None: the flag takes none) and the option it sets.
+# The 22 deprecated flags, spelt otherwise than their option's YAML path, with a value each takes
+# (None: the flag takes none) and the option it sets.
 OLD_FLAGS = {
     "--broker-port": ("1=20001", "broker_ports"),
     "--capture-max-bytes": ("4096", "capture.max_bytes_total"),
@@ -81,7 +81,7 @@ def test_every_flag_and_variable_is_spelt_after_the_yaml_path() -> None:
 
 
 def test_flag_variable_and_yaml_key_set_the_same_thing(tmp_path: Path) -> None:
-    """The issue's three examples, set each of the three ways: the same configuration."""
+    """Three options whose flags were spelt otherwise, set each of the three ways: the same configuration."""
     file = tmp_path / "kproxy.yaml"
     file.write_text("upstream: k:1\ncapture: {max_bytes_total: 4096, rotate_bytes: 4096}\n"
                     "metrics: {scan_responses: false}\ntls: {upstream: {enabled: true}}\n")
@@ -167,7 +167,7 @@ def test_run_help_shows_each_options_yaml_key_and_variable(capsys: pytest.Captur
     for opt in OPTIONS:
         assert (f"{opt.flag}, {opt.negative_flag} " if opt.boolean else f"{opt.flag} {opt.metavar} ") in text
         assert f"[YAML {opt.path}; env {opt.env}" in text, opt.path
-    assert "deprecated: --max-in-flight]" in text  # where an old flag went
+    assert "deprecated: --max-in-flight]" in text  # a deprecated flag is named in its option's help
     assert "--max-in-flight MAX" not in text  # the aliases themselves are not listed as options
 
 
