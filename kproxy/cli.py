@@ -27,7 +27,7 @@ from typing import TextIO
 from kproxy import __version__
 from kproxy.commands.decode import DecodeOptions, decode_input
 from kproxy.commands.hexdump import InputError
-from kproxy.config import ConfigError, add_run_arguments, config_from_args, deprecation_notes
+from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
 from kproxy.protocol.tables import api_key as api_key_by_name
 
 EXIT_OK = 0
@@ -249,29 +249,14 @@ def _run_proxy(args: argparse.Namespace) -> int:
     deprecated = deprecation_notes(args)
     try:
         config = config_from_args(args)
-        # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
-        from kproxy.server.tls import client_side_context, upstream_context
-
-        problems: list[str] = []
-        try:
-            client_side_context(config.client_tls)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        try:
-            upstream_context(config.upstream_tls)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        from kproxy.paths import path_problems
-
-        problems.extend(path_problems(config))  # the paths kproxy writes (it reads the others above)
-        if problems:
-            raise ConfigError(*problems)
-        if config.capture.enabled:
-            _check_capture_installed()
+        problems = _start_problems(FileSections(config.client_tls, config.upstream_tls, config.capture))
     except ConfigError as exc:
+        # The files of the sections that are valid are checked too: every problem in one round.
+        problems = [*exc.problems, *(_start_problems(exc.files) if exc.files is not None else [])]
+    if problems:
         for note in deprecated:
             print(f"kproxy run: warning: {note}", file=sys.stderr)
-        for problem in exc.problems:
+        for problem in problems:
             print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.check_only:
@@ -295,12 +280,30 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return run(config)
 
 
-def _check_capture_installed() -> None:
+def _start_problems(files: FileSections) -> list[str]:
+    """The problems of the files kproxy loads or writes before it serves: TLS material (loaded
+    here so that a bad certificate is a start-up error, not a per-connection one), the capture
+    directory (written: :mod:`kproxy.paths`) and pyarrow for a capture."""
+    from kproxy.paths import path_problems
+    from kproxy.server.tls import client_side_context, upstream_context
+
+    problems: list[str] = []
     try:
-        import kproxy.capture.service  # noqa: F401 (imports pyarrow)
-    except ImportError as exc:
-        raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
-                          f"install it with: pip install '{DISTRIBUTION}[capture]'") from None
+        client_side_context(files.client_tls)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        upstream_context(files.upstream_tls)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    problems.extend(path_problems(files))
+    if files.capture.enabled:
+        try:
+            import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+        except ImportError as exc:
+            problems.append(f"capture.dir: traffic capture needs pyarrow ({exc}); "
+                            f"install it with: pip install '{DISTRIBUTION}[capture]'")
+    return problems
 
 
 # ------------------------------------------------------------------------------ demo

@@ -128,3 +128,25 @@ def test_health_lists_a_files_problems_in_line_order(tmp_path: Path) -> None:
     assert list(caught.value.problems) == [
         f"{conf}:2: log_level: must be one of debug, info, warning, error, got 'loud'",
         f"{conf}:3: metrics_lisen: unknown key (did you mean 'metrics_listen'?)"]
+
+
+def test_the_files_kproxy_loads_and_writes_are_checked_in_the_same_round(tmp_path: Path) -> None:
+    """A certificate that does not load and a capture directory that cannot be made are reported
+    with a bad value elsewhere, not after it is fixed; a section with a bad value of its own is
+    not loaded (its problem is already said)."""
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    conf = tmp_path / "kproxy.yaml"
+    conf.write_text(f"upstream: k:1\nlog_level: verbose\ncapture: {{dir: /proc/nope}}\n"
+                    f"tls:\n  upstream: {{enabled: true, ca: {garbage}}}\n"
+                    f"  client: {{cert: {garbage}, key: {garbage}, client_ca: {tmp_path / 'missing.pem'}}}\n")
+    done = subprocess.run([*KPROXY, "run", "--check", "--config", str(conf)], capture_output=True, text=True,
+                          timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("KPROXY_")},
+                          check=False)
+    assert done.returncode == 2
+    lines = [line.removeprefix("kproxy run: invalid configuration: ") for line in done.stderr.splitlines()]
+    assert lines[:2] == [f"{conf}:2: log_level: must be one of debug, info, warning, error, got 'verbose'",
+                         f"{conf}:6: tls.client.client_ca: file '{tmp_path / 'missing.pem'}' does not exist"]
+    assert lines[2].startswith(f"tls.upstream.ca: cannot load {garbage}")
+    assert lines[3] == "capture.dir: cannot create /proc/nope: No such file or directory"
+    assert len(lines) == 4, lines

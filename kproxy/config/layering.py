@@ -28,6 +28,7 @@ from kproxy.config.model import (
     ClientTls,
     Config,
     ConfigError,
+    FileSections,
     Limits,
     MetricsOptions,
     UpstreamTls,
@@ -109,7 +110,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
     except ConfigError as exc:
         if config_path is None:
             raise
-        raise ConfigError(*_in_line_order(exc.problems, str(config_path))) from None
+        raise ConfigError(*_in_line_order(exc.problems, str(config_path)), files=exc.files) from None
 
 
 def config_from_file(path: Path) -> Config:
@@ -119,7 +120,7 @@ def config_from_file(path: Path) -> Config:
     try:
         return build_config(file.values, [str(p) for p in file.problems])
     except ConfigError as exc:
-        raise ConfigError(*_in_line_order(exc.problems, str(path))) from None
+        raise ConfigError(*_in_line_order(exc.problems, str(path)), files=exc.files) from None
 
 
 def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = ()) -> Config:
@@ -148,15 +149,19 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
         """Whether a check of these options means anything: none of them had a bad value."""
         return not bad.intersection(paths)
 
+    before = len(found)
     client_tls = ClientTls(**section("tls.client."))
     if (client_tls.cert is None) != (client_tls.key is None) and together("tls.client.cert", "tls.client.key"):
         found.append("tls.client: cert and key go together (--tls-client-cert with --tls-client-key)")
     if client_tls.require_client_cert and client_tls.client_ca is None and together("tls.client.client_ca"):
         found.append("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-client-ca)")
+    client_ok = len(found) == before and together("tls.client.cert", "tls.client.key", "tls.client.client_ca")
+    before = len(found)
     upstream_tls = UpstreamTls(**section("tls.upstream."))
     if (upstream_tls.cert is None) != (upstream_tls.key is None) and together("tls.upstream.cert",
                                                                               "tls.upstream.key"):
         found.append("tls.upstream: cert and key go together (--tls-upstream-cert with --tls-upstream-key)")
+    upstream_ok = len(found) == before and together("tls.upstream.ca", "tls.upstream.cert", "tls.upstream.key")
     capture = CaptureOptions(**section("capture."))
     if capture.rotate_bytes > capture.max_bytes_total and together("capture.rotate_bytes",
                                                                    "capture.max_bytes_total"):
@@ -165,7 +170,9 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
     if together("admin.listen", "admin.token", "admin.token_file"):
         found.extend(_admin_problems(admin))
     if found:
-        raise ConfigError(*found)
+        raise ConfigError(*found, files=FileSections(client_tls if client_ok else ClientTls(),
+                                                     upstream_tls if upstream_ok else UpstreamTls(),
+                                                     capture if together("capture.dir") else CaptureOptions()))
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
                   client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin, **top)

@@ -22,12 +22,15 @@ if TYPE_CHECKING:
 class ConfigError(Exception):
     """Configuration that kproxy refuses to start with; the message names where and why.
 
-    ``problems`` holds every problem found (one line each); the message joins them.
+    ``problems`` holds every problem found (one line each); the message joins them. ``files``,
+    when the values were parsed, holds the sections whose files kproxy reads or writes at start
+    as far as they are valid, so that those files are checked in the same round.
     """
 
-    def __init__(self, *problems: str) -> None:
+    def __init__(self, *problems: str, files: FileSections | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems: tuple[str, ...] = problems
+        self.files = files
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,17 @@ class AdminOptions:
         if self.token_file is not None:
             return self.token_file.read_text(encoding="utf-8").strip() or None
         return self.token
+
+
+@dataclass(frozen=True)
+class FileSections:
+    """The sections naming files kproxy loads (TLS) or writes (capture) before it serves; of a
+    configuration refused, each as far as its values are valid (a section with a bad value, or
+    a certificate without its key, is its default: nothing to load)."""
+
+    client_tls: ClientTls
+    upstream_tls: UpstreamTls
+    capture: CaptureOptions
 
 
 @dataclass(frozen=True)
