@@ -190,6 +190,9 @@ def test_variables_kproxy_reads_for_other_jobs_are_not_refused() -> None:
     assert cfg.upstream[0].host == "k"
     with pytest.raises(ConfigError, match="KPROXY_ADMINN: not a kproxy option"):
         config_from_args(parse(["--upstream", "k:1"]), environ={"KPROXY_ADMINN": "x"})
+    with pytest.raises(ConfigError, match=r"KPROXY_UPSTREAM_NO_VERIFY: not a kproxy option \(did you mean "
+                                          r"KPROXY_TLS_UPSTREAM_VERIFY=false\?\)"):
+        config_from_args(parse(["--upstream", "k:1"]), environ={"KPROXY_UPSTREAM_NO_VERIFY": "1"})
 
 
 def test_every_kproxy_variable_the_project_mentions_is_an_option_or_known() -> None:

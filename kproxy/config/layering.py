@@ -54,8 +54,10 @@ KNOWN_VARIABLES: Mapping[str, str] = {
     "KPROXY_IDLE_CONNECTIONS": "tests/test_resilience_clients.py: idle connections held",
 }
 
-# A variable spelt after a deprecated flag (as --max-in-flight would give) means that option.
-_BY_ALIAS_ENV = {ENV_PREFIX + a.flag[2:].replace("-", "_").upper(): o for o in OPTIONS for a in o.aliases}
+# A variable spelt after a deprecated flag (as --max-in-flight would give) means that option; one
+# after a flag that turned an option off (--upstream-no-verify) means that option set to false.
+_BY_ALIAS_ENV = {ENV_PREFIX + a.flag[2:].replace("-", "_").upper(): o.env + ("=false" if a.sets is False else "")
+                 for o in OPTIONS for a in o.aliases}
 
 
 def read_environment(environ: Mapping[str, str]) -> tuple[dict[str, tuple[Any, str]], list[str]]:
@@ -82,7 +84,7 @@ def read_environment(environ: Mapping[str, str]) -> tuple[dict[str, tuple[Any, s
 def _env_hint(name: str) -> str:
     meant = _BY_ALIAS_ENV.get(name)
     if meant is not None:
-        return f" (did you mean {meant.env}?)"
+        return f" (did you mean {meant}?)"
     close = difflib.get_close_matches(name, [*BY_ENV, *KNOWN_VARIABLES], n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
