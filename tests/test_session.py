@@ -1054,3 +1054,26 @@ def test_a_request_with_no_verdict_carries_no_ruling_and_no_memo() -> None:
     s.report()
     [ex] = done
     assert (ex.ruling, ex.memo, ex.rule_decisions, ex.held, ex.response_body_offset) == (None, None, (), None, 0)
+
+
+def test_what_a_policy_writes_lands_on_the_exchanges_parts() -> None:
+    """A policy reads and writes the exchange by the names it always had (client_id,
+    request_body_offset, rule_decisions); the rule decisions live on the exchange's Ruling, made
+    at the first write, and reach the observer at ``complete``."""
+    decision = ("r1", "delay", "0.0ms at request", True)
+
+    class Records:
+        def decide(self, exchange: Exchange) -> None:
+            assert exchange.ruling is None and exchange.rule_decisions == ()
+            exchange.client_id, exchange.request_body_offset = "known", exchange.request_body_offset
+            exchange.rule_decisions = (*exchange.rule_decisions, decision)
+
+    s, done = session(policy=Records())
+    hb, hb_answer = heartbeat(1)
+    forward(s, [hb])
+    s.on_upstream_frame(hb_answer)
+    assert ready(s) == [hb_answer]
+    s.report()
+    [ex] = done
+    assert ex.client_id == "known"
+    assert ex.ruling is not None and ex.rule_decisions == (decision,) and ex.held is None
