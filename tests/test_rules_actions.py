@@ -9,11 +9,13 @@ them, and is counted and noted like every built-in kind, with nothing else of kp
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 import struct
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
@@ -31,6 +33,7 @@ from tests.test_rules_session import HEARTBEAT, Completed, Driver, body, heartbe
 if TYPE_CHECKING:
     import yaml
 
+SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "rules" / "kproxy-rules.schema.json").read_text())
 # The modules of kproxy/rules/actions that are not a kind: the base class, the verdict draft, the
 # registry, and what the three record kinds share.
 NOT_KINDS = {"base", "draft", "registry", "records"}
@@ -83,6 +86,18 @@ def test_each_module_of_the_package_is_one_registered_kind_named_as_its_yaml_nam
     assert {name: [k.kind for k in kinds] for name, kinds in kinds_by_module.items()} == \
         {name: [name] for name in kinds_by_module}
     assert {name: kinds[0] for name, kinds in kinds_by_module.items()} == ACTION_KINDS
+
+
+def test_the_editors_schema_describes_each_registered_kind_with_the_keys_it_reads() -> None:
+    """rules/kproxy-rules.schema.json (what editors validate with) follows the registry."""
+    defs = SCHEMA["$defs"]
+    assert set(ACTION_KINDS) <= set(defs)
+
+    def keys(schema: dict[str, Any]) -> set[str]:  # a kind's mapping, or its alternatives' together
+        return set(schema.get("properties", ())).union(*(keys(s) for s in schema.get("oneOf", ())))
+
+    assert {name: keys(defs[name]) for name, kind in ACTION_KINDS.items() if kind.keys} == \
+        {name: set(kind.keys) for name, kind in ACTION_KINDS.items() if kind.keys}
 
 
 @pytest.mark.usefixtures("slow_quota")

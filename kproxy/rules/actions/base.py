@@ -115,7 +115,7 @@ class RuleAction:
 
     @property
     def injected_error(self) -> int | None:
-        """The Kafka error code it puts in answers (kproxy_rule_injected_errors_total), if any."""
+        """The Kafka error code it puts in answers (kproxy_injected_errors_total), if any."""
         return None
 
     def answer_request(self, request: bytes, header: RequestHeader) -> LocalAnswer | str:
