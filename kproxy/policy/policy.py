@@ -311,8 +311,9 @@ class RulePolicy:
     def _report(self, draft: VerdictDraft, facts: FrameFacts, ex: Exchange) -> None:
         """Count and report what the actions of one request did (``draft``'s faults and throttles)."""
         counts = self.counts
-        for rule_id, seconds in draft.throttled:
-            counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + seconds
+        if draft.throttled is not None:
+            for rule_id, seconds in draft.throttled:
+                counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + seconds
         for key, detail, connection in draft.faults:
             if connection:
                 count(counts.connection_faults, (key[0], key[1]))

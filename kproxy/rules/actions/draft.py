@@ -30,7 +30,7 @@ class VerdictDraft:
       to hold its response; ``held_by``: the (rule, action) of the longest single hold;
     * ``throttle_ms``: the ``throttle_time_ms`` to report in the answer (the largest asked);
       ``response_charges``: (rule id, byte rate) pairs charged with the response's size;
-      ``throttled``: (rule id, seconds held) per throttle that held the request;
+      ``throttled``: (rule id, seconds held) per throttle that held the request (both None: none);
     * ``drop``: swallow the response; ``blackhole``: answer nothing more on this connection;
       ``close_after_s``: then close it after that long; ``closing``: close it now, as
       (reason, abort: a TCP RST rather than a FIN), the first asked;
@@ -41,41 +41,24 @@ class VerdictDraft:
     :attr:`~kproxy.rules.actions.base.RuleAction.verdict_from_draws` kinds run then).
     """
 
-    __slots__ = (
-        "blackhole",
-        "close_after_s",
-        "closing",
-        "delays_ms",
-        "drawn",
-        "drop",
-        "engine",
-        "facts",
-        "faults",
-        "held_by",
-        "hold_s",
-        "longest_s",
-        "request_size",
-        "response_charges",
-        "response_delay_s",
-        "throttle_ms",
-        "throttled",
-    )
+    # Class-level defaults, written per instance only by the actions that decide them: a draft is
+    # made for every request a rule acts on, and most write one or two of these.
+    hold_s = response_delay_s = longest_s = 0.0
+    held_by: tuple[str, str] | None = None
+    throttle_ms = 0
+    response_charges: list[tuple[str, Throttle]] | None = None
+    throttled: list[tuple[str, float]] | None = None
+    drop = blackhole = False
+    close_after_s: float | None = None
+    closing: tuple[str, bool] | None = None
+    delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order
+    drawn = 0
 
     def __init__(self, engine: RuleEngine | None = None, facts: FrameFacts | None = None, request_size: int = 0
                  ) -> None:
         self.engine = engine
         self.facts = facts
         self.request_size = request_size
-        self.delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order
-        self.drawn = 0
-        self.hold_s = self.response_delay_s = self.longest_s = 0.0
-        self.held_by: tuple[str, str] | None = None
-        self.throttle_ms = 0
-        self.response_charges: list[tuple[str, Throttle]] = []
-        self.throttled: list[tuple[str, float]] = []
-        self.drop = self.blackhole = False
-        self.close_after_s: float | None = None
-        self.closing: tuple[str, bool] | None = None
         self.faults: list[Fault] = []
 
     def hit(self, delays_ms: tuple[float, ...]) -> None:
@@ -97,6 +80,18 @@ class VerdictDraft:
             self.hold_s += seconds
         if seconds > self.longest_s:
             self.longest_s, self.held_by = seconds, (key[0], key[1])
+
+    def charge_response(self, rule_id: str, by_bytes: Throttle) -> None:
+        """Charge the response's size to ``by_bytes`` (a byte rate of rule ``rule_id``) when it comes."""
+        if self.response_charges is None:
+            self.response_charges = []
+        self.response_charges.append((rule_id, by_bytes))
+
+    def count_throttled(self, rule_id: str, seconds: float) -> None:
+        """A throttle of rule ``rule_id`` held the request ``seconds`` (kproxy_rule_throttle_seconds_total)."""
+        if self.throttled is None:
+            self.throttled = []
+        self.throttled.append((rule_id, seconds))
 
     def close(self, key: HitKey, *, abort: bool) -> None:
         """Close the client connection instead of forwarding (the first close asked wins)."""

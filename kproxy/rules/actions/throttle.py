@@ -87,13 +87,13 @@ class Throttle(RuleAction):
         rule_id = key[0]
         if charged_on_response(facts.api_key, self):
             delay, reported, by_bytes = _throttle_on_response(engine, rule_id, self, facts)
-            draft.response_charges.append((rule_id, by_bytes))
+            draft.charge_response(rule_id, by_bytes)
         else:
             delay = reported = engine.throttle_delay_s(rule_id, self, facts, draft.request_size)
         if delay > 0:
             draft.hold(delay, key)
             draft.throttle_ms = max(draft.throttle_ms, round(reported * 1000))
-            draft.throttled.append((rule_id, delay))
+            draft.count_throttled(rule_id, delay)
             draft.fault(key, f"held {delay * 1000:.1f}ms")
 
 
