@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kproxy.host_port import HostPort, parse_host_port
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kproxy.proxy.addresses import HostPort, parse_host_port
 
 if TYPE_CHECKING:
     from kproxy.rules import RuleSet
@@ -224,10 +224,7 @@ def _address(value: Any) -> HostPort:
 
 
 def _listen_address(value: Any) -> HostPort:
-    text = _str(value)
-    if text.rsplit(":", 1)[-1] == "0":
-        return HostPort(text.rsplit(":", 1)[0].strip("[]"), 0)  # port 0: let the OS choose (tests)
-    return parse_host_port(text)
+    return parse_host_port(_str(value), allow_port_zero=True)  # port 0: let the OS choose (tests)
 
 
 def _addresses(value: Any) -> tuple[HostPort, ...]:

@@ -23,8 +23,9 @@ import trio
 import trio.testing
 
 from kproxy.config import Limits
+from kproxy.host_port import HostPort
 from kproxy.protocol import FrameSplitter, frame
-from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
+from kproxy.proxy.addresses import AddressMap, BrokerRoute
 from kproxy.proxy.commands import Command, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session

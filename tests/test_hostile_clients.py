@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import trio
 
+from kproxy.logfmt import LogfmtFormatter
 from kproxy.protocol.builders import request_frame
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.server.logfmt import LogfmtFormatter
 from kproxy.testing import Broker, ProxyThread, proxy_config, running_server
 from tests.support.fakecluster import FakeBroker, Received, fake_cluster
 from tests.support.kafkaclient import KafkaClient

@@ -18,12 +18,12 @@ import trio
 from prometheus_client import generate_latest
 
 from kproxy.config import ConfigError, build_config
+from kproxy.logfmt import parse_logfmt
 from kproxy.metrics.exposition import LiveGauges, make_registry
 from kproxy.metrics.stats import FaultStats, TrafficStats
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.sources import load_path
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import parse_logfmt
 from kproxy.server.rules_reload import RulesReloader, signature
 
 FAST = 0.05  # poll interval of these tests: the production one (0.5 s) would only make them slower

@@ -25,11 +25,11 @@ import pytest
 import trio
 
 from kproxy.config import ConfigError, build_config
+from kproxy.logfmt import parse_logfmt
 from kproxy.metrics.stats import FaultStats
 from kproxy.rules import load_text
 from kproxy.rules.sources import load_path
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, wait_for_port
 from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, vm_rss_kb, wait_for

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kproxy.logfmt import parse_logfmt
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol import decode_response, encode_request, frame
 from kproxy.protocol.builders import request_body, request_frame, response_frame
@@ -27,7 +28,6 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import parse_logfmt
 from kproxy.server.rule_policy import FaultInjector
 
 PRODUCE, METADATA, HEARTBEAT = 0, 3, 12

@@ -38,11 +38,11 @@ from typing import Any
 import trio
 
 from kproxy.admin.listing import ADMIN, View, describe, listing
+from kproxy.logfmt import q
 from kproxy.offloop import off_loop_build
 from kproxy.rules.load import RulesError, load_data
 from kproxy.rules.model import Rule, RuleSet
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import q
 from kproxy.server.rule_policy import FaultInjector, FaultRecord
 
 log = logging.getLogger("kproxy.admin")

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
+from kproxy.host_port import split_host_port
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
@@ -63,10 +64,7 @@ class ConnectionInfo:
 
 def split_peer(peer: str) -> tuple[str, int | None]:
     """``host:port`` (as the server logs it) -> (host, port)."""
-    host, sep, port = peer.rpartition(":")
-    if not sep or not port.isdigit():
-        return peer, None
-    return host.strip("[]"), int(port)
+    return split_host_port(peer)
 
 
 class CaptureObserver:

@@ -68,7 +68,7 @@ from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.wire import Malformed, read_uvarint
-from kproxy.ratelimit import Throttle
+from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
@@ -229,7 +229,7 @@ class RecordBuilder:
         # (the event loop's early reads, the writer thread's reads), so no increment races another.
         self._over_budget_early = 0
         self._over_budget_late = 0
-        self._over_budget_log = Throttle(OVER_BUDGET_LOG_SECONDS)
+        self._over_budget_log = LogRateLimit(OVER_BUDGET_LOG_SECONDS)
 
     @property
     def over_budget(self) -> int:

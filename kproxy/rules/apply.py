@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kproxy.host_port import split_host_port
 from kproxy.protocol.endpoints import EndpointMap, endpoint_fields, rewrite_endpoints
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
@@ -258,13 +259,6 @@ def metadata_edits(action: MutateMetadata) -> MetadataEdits:
     )
 
 
-def _split(text: str) -> tuple[str, int | None]:
-    host, sep, port = text.rpartition(":")
-    if sep and port.isdigit() and host:
-        return host.strip("[]"), int(port)
-    return text, None
-
-
 def address_map(action: RewriteAddresses) -> EndpointMap:
     """The endpoint mapping of a ``rewrite_addresses`` action.
 
@@ -275,7 +269,7 @@ def address_map(action: RewriteAddresses) -> EndpointMap:
     """
     if action.pattern is None:
         table: dict[tuple[str, int | None], tuple[str, int | None]] = {
-            _split(k): _split(v) for k, v in action.mapping}
+            split_host_port(k): split_host_port(v) for k, v in action.mapping}
 
         def by_table(host: str, port: int) -> tuple[str, int] | None:
             found = table.get((host, port))
@@ -291,7 +285,7 @@ def address_map(action: RewriteAddresses) -> EndpointMap:
         new = substitute(pattern, template, text)
         if new == text:
             return None
-        new_host, new_port = _split(new)
+        new_host, new_port = split_host_port(new)
         return new_host, port if new_port is None else new_port
 
     return by_pattern

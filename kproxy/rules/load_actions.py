@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kproxy.host_port import parse_host_port
 from kproxy.protocol import _tables
 from kproxy.protocol.schema import Direction, message_schema, supported_versions
 from kproxy.protocol.tables import ApiKey, api_snake_name, error_code
@@ -238,9 +239,10 @@ class ActionReader(NodeReader):
         return self._made(at, path, kw, RewriteAddresses)
 
     def host_port(self, node: yaml.Node, path: str, text: str) -> str | Bad:
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            return self.fail(node, path, f"expected host:port, got {text!r}")
+        try:
+            parse_host_port(text)
+        except ValueError as exc:
+            return self.fail(node, path, str(exc))
         return text
 
     def act_mutate_metadata(self, m: dict[str, yaml.Node], at: yaml.Node, path: str) -> Action | Bad:

@@ -36,13 +36,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kproxy.host_port import split_host_port
+from kproxy.logfmt import q
 from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
-from kproxy.ratelimit import Throttle as LogThrottle
+from kproxy.ratelimit import LogRateLimit
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
 from kproxy.rules.bucket import charged_on_response, split_throttle
@@ -62,10 +64,9 @@ from kproxy.rules.model import (
     action_name,
 )
 from kproxy.rules.model import CloseConnection as CloseRule
-from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.faults")
-_OVER_BUDGET_LOG = LogThrottle(60.0)  # the first frame over its records budget, then one line a minute
+_OVER_BUDGET_LOG = LogRateLimit(60.0)  # the first frame over its records budget, then one line a minute
 
 # Actions the session times or ends the connection for; apply.py's functions ignore them.
 _CONNECTION_ACTIONS = (DropResponse, CloseRule, ResetConnection, Blackhole, SlowClose)
@@ -238,7 +239,7 @@ class _PeerIPv6(ipaddress.IPv6Address):
 
 
 def _client_ip(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    host = peer.rpartition(":")[0].strip("[]")
+    host = split_host_port(peer)[0]
     for kind in (_PeerIPv4, _PeerIPv6):
         try:
             return kind(host)

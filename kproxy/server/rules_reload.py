@@ -58,13 +58,13 @@ import weakref
 
 import trio
 
+from kproxy.logfmt import q
 from kproxy.metrics.stats import FaultStats
 from kproxy.offloop import freeze_if_many, hold_parts, off_loop_build, release_parts
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
 from kproxy.rules.sources import load_path, rule_files
 from kproxy.server.live_rules import LiveRules
-from kproxy.server.logfmt import q
 from kproxy.server.rule_policy import FaultInjector
 
 log = logging.getLogger("kproxy.rules")
