@@ -134,6 +134,7 @@ def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tup
     reported to the capture observer."""
     from kproxy.capture import observer as obs_mod
     from kproxy.capture.writer import CaptureWriter
+    from kproxy.protocol.topic_ids import TopicIdNames
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
@@ -151,7 +152,7 @@ def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tup
     else:
         writer = CaptureWriter(tmp, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
                                queue_size=n, **options)
-        observer = obs_mod.CaptureObserver(conn, writer.offer, obs_mod.TopicNames(), obs_mod.PayloadOptions())
+        observer = obs_mod.CaptureObserver(conn, writer.offer, TopicIdNames(), obs_mod.PayloadOptions())
     session = Session(ResponseRewriter(AddressMap("kproxy.bench", 40000)), observer=observer)
     for req, resp in pairs:
         session.receive_client(req)

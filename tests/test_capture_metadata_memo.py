@@ -1,4 +1,4 @@
-"""Big Metadata answers on the capture writer: read once per body, TopicNames still right."""
+"""Big Metadata answers on the capture writer: read once per body, TopicIdNames still right."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from kproxy.capture.records import (
     BIG_READ_SWITCH_SECONDS,
     CACHE_FRAME,
     RecordBuilder,
-    TopicNames,
 )
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.topic_ids import TopicIdNames
 from tests.test_capture_observer import Harness
 
 METADATA, FETCH = 3, 1
@@ -74,7 +74,7 @@ def test_a_repeated_big_metadata_answer_is_read_once_and_each_record_is_its_own(
 
 
 def test_a_remembered_answer_teaches_its_names_again_once_names_were_forgotten() -> None:
-    names = TopicNames(cap=40)
+    names = TopicIdNames(cap=40)
     h = Harness(topics=names)
     first, second = _ids(40, seed=1), _ids(40, seed=2)
     _metadata(h, 1, _answer(1, first))

@@ -35,7 +35,6 @@ from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
-from kproxy.protocol.wire import Malformed
 from kproxy.proxy.session import Exchange, SessionObserver
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)
@@ -132,7 +131,7 @@ class CaptureObserver:
             return
         try:
             decoded = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, ex.request, body)
-        except (ProtocolError, Malformed):
+        except ProtocolError:
             return
         if ex.api_key == SASL_HANDSHAKE:
             mechanism = decoded.get("mechanism")
@@ -149,7 +148,7 @@ class CaptureObserver:
         try:
             offset = ex.response_body_offset or response_body_offset(response, ex.api_key, ex.api_version)
             code = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, response, offset).get("error_code")
-        except (ProtocolError, Malformed):
+        except ProtocolError:
             return
         if code == 0:
             self.principal = "User:" + user  # this record and every later one of the connection

@@ -42,13 +42,14 @@ from kproxy.metrics.stats import FaultStats
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
+from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, Verdict
 from kproxy.ratelimit import LogRateLimit
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
 from kproxy.rules.bucket import charged_on_response, split_throttle
-from kproxy.rules.facts import METADATA, METADATA_TOPIC_IDS, FrameFacts, TopicIdNames
+from kproxy.rules.facts import FrameFacts
 from kproxy.rules.model import (
     Action,
     Blackhole,
@@ -582,7 +583,7 @@ class RulePolicy:
 
 class TopicIdLearningPolicy(RulePolicy):
     """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
-    injector's :class:`~kproxy.rules.facts.TopicIdNames` (shared by every connection), so a
+    injector's :class:`~kproxy.protocol.topic_ids.TopicIdNames` (shared by every connection), so a
     ``topic`` key matches requests that name topics by id (Fetch v13+). Given to connections
     only when rules with a topic key are or may be in force
     (:meth:`kproxy.server.live_rules.LiveRules.policy`). Its cost per request: a method call
