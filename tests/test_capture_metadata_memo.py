@@ -11,10 +11,10 @@ import pytest
 from kproxy.capture.records import (
     BIG_MEMO_BYTES,
     BIG_READ_BYTES,
-    BIG_READ_SWITCH_SECONDS,
     CACHE_FRAME,
     RecordBuilder,
 )
+from kproxy.offloop import SHORT_SWITCH_INTERVAL
 from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.topic_ids import TopicIdNames
@@ -121,7 +121,7 @@ def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch
     assert len(answer) >= BIG_READ_BYTES
     assert _metadata(h, 1, answer)["partitions"][0]["topic"] == "t-003"
     _metadata(h, 2, _answer(2, _ids(40)))  # big, yet not huge: read as it is
-    assert seen == [BIG_READ_SWITCH_SECONDS, before] and sys.getswitchinterval() == before
+    assert seen == [SHORT_SWITCH_INTERVAL, before] and sys.getswitchinterval() == before
     fail.append(True)
     rec = _metadata(h, 3, _answer(3, ids, failing=5))  # another huge answer, which cannot be read
-    assert rec["partitions"] == [] and seen[-1] == BIG_READ_SWITCH_SECONDS and sys.getswitchinterval() == before
+    assert rec["partitions"] == [] and seen[-1] == SHORT_SWITCH_INTERVAL and sys.getswitchinterval() == before

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -58,6 +57,7 @@ from typing import Any
 
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.capture.schema import SCHEMA_VERSION
+from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
@@ -132,11 +132,10 @@ BIG_MEMO_ENTRY = 1024
 BIG_MEMO_CODE = 64
 # A first read of a Metadata answer from this size on (~2,500 partitions: ~1 ms of scan, one call
 # of a generated scanner that cannot stop midway) is done with the interpreter's switch interval
-# (sys.setswitchinterval, 5 ms by default) cut to BIG_READ_SWITCH_SECONDS: the event loop, waiting
-# for the GIL, gets it after that long instead of 5 ms, again and again for the read's ~10-200 ms.
-# Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
+# (sys.setswitchinterval, 5 ms by default) cut by kproxy.offloop.short_switch_interval: the event
+# loop, waiting for the GIL, gets it after 0.5 ms instead of 5 ms, again and again for the read's
+# ~10-200 ms. Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
 BIG_READ_BYTES = 64 * 1024
-BIG_READ_SWITCH_SECONDS = 0.0005
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
@@ -309,12 +308,8 @@ class RecordBuilder:
         if len(body) < BIG_READ_BYTES:
             scan, _ = self._response_part(kind, response, offset)
         else:
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval, BIG_READ_SWITCH_SECONDS))
-            try:
+            with short_switch_interval():
                 scan, _ = self._response_part(kind, response, offset)
-            finally:
-                sys.setswitchinterval(interval)
         cost = BIG_MEMO_ENTRY + BIG_MEMO_CODE * (len(scan[0]) if scan is not None else 0)
         if self._big_bytes + cost > BIG_MEMO_BYTES:
             self._big.clear()
