@@ -100,8 +100,9 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
     sys.path.insert(0, str(BENCH))
     import _rules
 
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.metrics.observer import MetricsObserver
-    from kproxy.metrics.stats import FaultStats, TrafficStats
+    from kproxy.metrics.stats import TrafficStats
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session

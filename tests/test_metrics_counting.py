@@ -25,8 +25,8 @@ import trio
 from prometheus_client import generate_latest
 
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.histogram import Histogram
-from kproxy.metrics.stats import BROKER_BUCKETS, OVERHEAD_BUCKETS, TrafficStats
+from kproxy.metrics.histogram import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram
+from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol import frame
 from kproxy.protocol.builders import request_frame, response_body
 from kproxy.protocol.tables import error_code

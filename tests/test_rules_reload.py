@@ -20,7 +20,8 @@ from prometheus_client import generate_latest
 from kproxy.config import ConfigError, build_config
 from kproxy.logfmt import parse_logfmt
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.stats import FaultStats, TrafficStats
+from kproxy.metrics.fault_stats import FaultStats
+from kproxy.metrics.stats import TrafficStats
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.sources import load_path
 from kproxy.server.live_rules import LiveRules

@@ -26,7 +26,7 @@ import trio
 
 from kproxy.config import ConfigError, build_config
 from kproxy.logfmt import parse_logfmt
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.rules import load_text
 from kproxy.rules.sources import load_path
 from kproxy.server.live_rules import LiveRules

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 
 import trio
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.rules import RuleSet
 from kproxy.server.rule_policy import FaultInjector, FaultRecord, RulePolicy, TopicIdLearningPolicy
 
@@ -82,7 +82,7 @@ class LiveRules:
         """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only).
 
         The series of rules no longer loaded are removed
-        (:meth:`FaultStats.keep_rules <kproxy.metrics.stats.FaultStats.keep_rules>`), so ``/metrics``
+        (:meth:`FaultStats.keep_rules <kproxy.metrics.fault_stats.FaultStats.keep_rules>`), so ``/metrics``
         stays bounded however often rules are replaced, and the new rules' series are born at zero
         (those of rules still loaded keep counting). That is a walk of the counter maps: for a big
         set, :meth:`put_in_force` spreads it over turns of the loop.

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from kproxy.host_port import split_host_port
 from kproxy.logfmt import q
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.requests import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name

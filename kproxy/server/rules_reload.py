@@ -59,7 +59,7 @@ import weakref
 import trio
 
 from kproxy.logfmt import q
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.offloop import freeze_if_many, hold_parts, off_loop_build, release_parts
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
