@@ -44,7 +44,7 @@ FETCH_RESPONSES = 4
 
 def _produce_answer(correlation_id: int) -> bytes:
     from kproxy.protocol import Direction, default_body, frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     body = default_body(0, 7, Direction.RESPONSE)
     body["responses"] = [{"name": "bench-produce", "partition_responses": [
@@ -55,7 +55,7 @@ def _produce_answer(correlation_id: int) -> bytes:
 
 def _fetch_answer(correlation_id: int, batches: bytes) -> bytes:
     from kproxy.protocol import Direction, default_body, frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     body = default_body(1, 11, Direction.RESPONSE)
     body["responses"] = [{"topic": "bench-fetch", "partitions": [{
@@ -152,7 +152,7 @@ def broker() -> None:
     import fake_broker
 
     from kproxy.protocol import frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     canned = {0: _produce_answer(0), 1: _fetch_answer(0, _fetch_batches())}
     listener = socket.create_server(("127.0.0.1", 0))

@@ -75,7 +75,7 @@ def _big_pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
     correlation id (and, "each new", controller id) patched in."""
     import struct
 
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fake_broker import metadata_body
@@ -97,7 +97,7 @@ def _big_pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
 def _pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
     if kind in _BIG:
         return _big_pairs(kind, _count(kind, n))
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
     from kproxy.protocol.records import Record, encode_batch_v2
 
     def batch(i: int) -> bytes:  # every batch differs (timestamp, offset), as a client's do

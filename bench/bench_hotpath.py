@@ -48,8 +48,8 @@ VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules
 def _frames() -> dict[str, tuple[bytes, bytes]]:
     """(request frame, response frame) per workload, correlation id 1, encoded with the codec under test."""
     from kproxy.protocol import default_body, encode_request, frame
-    from kproxy.protocol.frames import encode_response
     from kproxy.protocol.headers import RequestHeader, request_header_version
+    from kproxy.protocol.payloads import encode_response
     from kproxy.protocol.records import Record, encode_batch_v2
     from kproxy.protocol.schema import Direction
 

@@ -15,8 +15,8 @@ from kproxy.capture.records import (
     RecordBuilder,
 )
 from kproxy.offloop import SHORT_SWITCH_INTERVAL
-from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.topic_ids import TopicIdNames
 from tests.test_capture_observer import Harness
 

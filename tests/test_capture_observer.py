@@ -11,7 +11,7 @@ from kproxy.capture.observer import CaptureObserver, ConnectionInfo, split_peer
 from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, as_dict
 from kproxy.capture.schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
-from kproxy.protocol.builders import request_body, request_frame, response_frame
+from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.topic_ids import TopicIdNames

@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from kproxy.logfmt import JsonFormatter, LogfmtFormatter, clip, parse_logfmt, q
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.proxy.principal import tls_principal
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import API_VERSIONS, fake_cluster

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from kproxy.logfmt import LogfmtFormatter
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.testing import Broker, ProxyThread, proxy_config, running_server
 from tests.support.fakecluster import FakeBroker, Received, fake_cluster

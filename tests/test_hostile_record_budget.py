@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from kproxy.capture.records import PayloadOptions, RecordBuilder
-from kproxy.protocol.builders import response_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.errors import OverBudgetError, RecordsMutationError
+from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records
 from kproxy.protocol.records import (
     DEFAULT_RECORD_BUDGET,

@@ -25,8 +25,8 @@ import trio
 
 from kproxy.metrics.labels import MAX_LABEL_LENGTH, LabelCap
 from kproxy.metrics.stats import TrafficStats
-from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.records import Record, RecordBudget, count_records, encode_message_set
 from kproxy.ratelimit import LogRateLimit
 from kproxy.testing import Broker, free_port, proxy_config, running_server, wait_for_port

@@ -13,7 +13,7 @@ import pytest
 
 from kproxy.capture.records import BIG_READ_BYTES, RecordBuilder
 from kproxy.offloop import SHORT_SWITCH_INTERVAL, off_loop_build, short_switch_interval
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from tests.test_capture_observer import Harness
 
 METADATA = 3

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from kproxy.admin.client import AdminClient
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.tables import ApiKey
 from kproxy.testing import Broker, free_port, wait_for_port
 from tests.support.e2e import create_topic, unique

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kproxy.logfmt import parse_logfmt
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.protocol import decode_response, encode_request, frame
-from kproxy.protocol.builders import request_body, request_frame, response_frame
+from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader
 from kproxy.proxy.addresses import AddressMap

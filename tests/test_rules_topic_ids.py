@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 from kproxy.metrics.fault_stats import FaultStats
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter

@@ -28,7 +28,7 @@ import kproxy.rules.facts as facts_module
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
 from kproxy.protocol.scan import (

@@ -39,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka.admin import KafkaAdminClient
 
 from kproxy.protocol import decode_response
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, free_port, stop_process, wait_for_port
 from tests.support.e2e import create_topic, unique
 from tests.support.resilience import recv_frame, vm_rss_kb

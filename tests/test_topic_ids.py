@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from kproxy.capture.records import RecordBuilder
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import decode_request_header
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules.facts import FrameFacts

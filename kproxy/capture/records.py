@@ -62,7 +62,7 @@ from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches
-from kproxy.protocol.requests import request_client_id
+from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name

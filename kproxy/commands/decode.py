@@ -56,10 +56,10 @@ from typing import Any, Literal
 from kproxy.commands.framespans import FrameSpan, frame_spans
 from kproxy.commands.hexdump import InputError, InputFormat, load_input
 from kproxy.protocol.errors import CorruptRecordsError, ProtocolError, UnknownApiError
-from kproxy.protocol.frames import Request, decode_request, decode_response
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kproxy.protocol.headers import RequestHeader, decode_request_header, peek_correlation_id
 from kproxy.protocol.messages import Body, codec
+from kproxy.protocol.payloads import Request, decode_request, decode_response
 from kproxy.protocol.records import (
     BatchInfo,
     Record,

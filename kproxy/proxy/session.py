@@ -36,7 +36,7 @@ Guarantees kept here (each has bitten a peer):
 Size (over the ~500 lines the project aims for): the session is one state machine (correlation
 table, ordering, SASL modes, local answers, held responses for rules) whose parts read and write
 the same few fields on every frame; moving them apart would add a call per frame on the hot path.
-Pure helpers already live elsewhere (protocol/requests.py, protocol/headers.py, proxy/commands.py).
+Pure helpers already live elsewhere (protocol/request_fields.py, protocol/headers.py, proxy/commands.py).
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
-from kproxy.protocol.frames import encode_response
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.requests import produce_acks, request_client_id
+from kproxy.protocol.payloads import encode_response
+from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name

@@ -38,14 +38,7 @@ from kproxy.protocol.endpoints import EndpointMap, endpoint_fields, rewrite_endp
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
-from kproxy.protocol.frame_edit import Mutation, request_header
-from kproxy.protocol.mutations import (
-    MetadataEdits,
-    downgrade_api_versions,
-    mutate_metadata,
-    replace_error_codes,
-    set_throttle_time,
-)
+from kproxy.protocol.mutation import Mutation, request_header
 from kproxy.protocol.record_faults import (
     CorruptTarget,
     Selector,
@@ -54,6 +47,13 @@ from kproxy.protocol.record_faults import (
     replace_schema_ids,
 )
 from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.response_faults import (
+    MetadataEdits,
+    downgrade_api_versions,
+    mutate_metadata,
+    replace_error_codes,
+    set_throttle_time,
+)
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey, error_name
 from kproxy.rules.facts import FrameFacts

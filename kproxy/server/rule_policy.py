@@ -40,7 +40,7 @@ from kproxy.host_port import split_host_port
 from kproxy.logfmt import q
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.requests import RequestHeaderMemo
+from kproxy.protocol.request_fields import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
@@ -317,7 +317,7 @@ class RulePolicy:
     for some clients name it, whether those rules admit its client id (remembered per api key for
     that client id); and its client id and body offset, read once for the policy, the facts and the
     metrics (and compared in place with the last header read, not decoded again:
-    :class:`~kproxy.protocol.requests.RequestHeaderMemo`). What each api key needs is looked up once per
+    :class:`~kproxy.protocol.request_fields.RequestHeaderMemo`). What each api key needs is looked up once per
     rule set and connection. A request decided like every other of its api key and client (the
     first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,
     :meth:`RuleEngine.client_decision`), by a rule of ``delay`` actions only, with no fault line

@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 
 
 @dataclass

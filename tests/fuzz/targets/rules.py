@@ -169,7 +169,7 @@ def _traffic() -> list[tuple[bytes, bytes]]:
     :data:`HOSTILE_TEXT`."""
     if _TRAFFIC:
         return _TRAFFIC
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
     from tests.fuzz.targets.capture import fetch_frames, produce_frames, records_fields
 
     records = next(r for magic, r in records_fields() if magic == 2)

@@ -30,7 +30,7 @@ def session_ops(data: bytes) -> Iterator[tuple[int, bytes]]:
 
 
 def _session_seeds() -> Iterator[bytes]:
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     values = sample_values()
     broker = {"brokers": values["brokers"], "topics": [{"name": "orders", "partitions": [
