@@ -415,9 +415,9 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
             pos += 2
         if pos > n:
             return None
-        if api_version >= 13 and not code:
-            return []  # (an id is any 16 bytes: nothing to check)
-        topic = _topic(buf, start, end, api_version)  # (the scanner reads a name whatever the code)
+        if api_version >= 13:
+            return [(uuid.UUID(bytes=bytes(buf[start:end])), index, code)] if code else []
+        topic = str(buf[start:end], "utf-8")  # (the scanner reads the name whatever the code)
     except (struct.error, IndexError, UnicodeDecodeError):
         return None
     return [(topic, index, code)] if code else []
@@ -471,7 +471,8 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
             pos += 3
         if pos > len(buf):
             return None
-        topic = _topic(buf, start, end, api_version)
+        topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
+                        else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
     except (struct.error, IndexError, UnicodeDecodeError, Malformed):
         return None
     return [(topic, index, None)], [(records, records + size)] if size > 0 else []
@@ -496,9 +497,3 @@ def _one_topic(buf: bytes | bytearray | memoryview, pos: int, api_version: int) 
     if not 0 <= size < 0x7F:
         return None
     return pos + 2, pos + 2 + size
-
-
-def _topic(buf: bytes | bytearray | memoryview, start: int, end: int, api_version: int) -> Topic:
-    """The topic :func:`_one_topic` found: its id from v13, else its name (UnicodeDecodeError when it
-    is not UTF-8). ``str(..., "utf-8")`` reads any buffer: a memoryview has no decode."""
-    return uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13 else str(buf[start:end], "utf-8")
