@@ -19,9 +19,10 @@ So while a build runs (:func:`off_loop_build`, nested and concurrent builds coun
 and an admin edit at once) the collector is paused and the interval is 0.5 ms; both come back
 when the last build ends, the collector only if it was on before the first began. The interval
 has one owner, :func:`short_switch_interval`, which other long reads off the loop enter too (the
-capture's writer reading a huge Metadata answer): entries counted under a lock, whatever thread
-enters or leaves first, so the interval kproxy found is the one left when the last one leaves. What a big
-build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
+capture's writer reading a huge Metadata answer): its holders are counted under a lock, whatever
+thread enters or leaves first, so the interval found by the first is the one left by the last.
+
+What a big build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
 kproxy.server.memory.freeze_start_up does after start-up): either when the objects made exceed
 :data:`FREEZE_ABOVE` (:func:`freeze_if_many`) or, at the last build's end, when a build set
 ``keep`` (a big rule set put in force). That is sound because what a build makes holds no
@@ -48,7 +49,7 @@ SHORT_SWITCH_INTERVAL = 0.0005
 FREEZE_ABOVE = 200_000
 
 _lock = threading.Lock()
-_builds = 0  # builds under way (any thread); the collector and the interval come back when none is
+_builds = 0  # builds under way (any thread); the collector comes back when none is
 _was_enabled = False
 _freeze_at_end = False
 _interval_lock = threading.Lock()

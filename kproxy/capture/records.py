@@ -30,10 +30,11 @@ What is read, and how far:
   id (:data:`CACHE_FRAME`): a repeated request or response is read once; so is
   a big Metadata answer, kept by a hash of its content (:data:`BIG_MEMO_BYTES`).
 
-Fetch v13+ names topics by id: a :class:`~kproxy.protocol.topic_ids.TopicIdNames` learns id -> name from the
-Metadata responses of every connection, the only responses decoded in full.
-The writer reads the batches in the order the observers offered them, so a
-name learned from a Metadata response serves the Fetch records after it.
+Fetch v13+ names topics by id: a :class:`~kproxy.protocol.topic_ids.TopicIdNames`
+learns id -> name from the Metadata responses of every connection, the only
+responses decoded in full. The writer reads the batches in the order the
+observers offered them, so a name learned from a Metadata response serves the
+Fetch records after it.
 
 This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
 used by one thread, the writer's (the only one that reads Metadata answers:
