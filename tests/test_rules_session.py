@@ -469,3 +469,28 @@ def test_a_window_rule_reads_the_wall_clock(inside: bool) -> None:
                      f"{{api: heartbeat, schedule: {{window: {{start: '{hhmm[0]}', end: '{hhmm[1]}'}}}}}}"))
     d.client(heartbeat(1))
     assert len(d.upstream) == (0 if inside else 1)
+
+
+@pytest.mark.parametrize(("action", "match", "expected"), [
+    ("delay: {ms: 200}", "{api: heartbeat}", [("r1", "delay", "200.0ms at request", False)]),
+    ("inject_error: {error: REBALANCE_IN_PROGRESS}", "{api: heartbeat}",
+     [("r1", "inject_error", "inject_error REBALANCE_IN_PROGRESS respond", False)]),
+    ("drop_response: {}", "{api: heartbeat}", [("r1", "drop_response", "the response will be swallowed", False)]),
+])
+@pytest.mark.parametrize("report", ["nothing", "ring"])
+def test_each_exchange_carries_the_rule_actions_that_acted_on_it(
+        action: str, match: str, expected: list[tuple[str, str, str, bool]], report: str) -> None:
+    """Exchange.rule_decisions (the capture's rule_decisions column) names every action that acted,
+    whether faults are reported or not; a request no rule matched carries none."""
+    d = Driver(rules(action, match))
+    if report == "ring":
+        d.live.recent = deque(maxlen=10)
+    seen = d.session.observer = Completed()
+    d.client(heartbeat(1), produce(2, -1))
+    forwarded = [struct.unpack_from(">i", f, 8)[0] for f in d.upstream]
+    d.broker(*([heartbeat_answer(1)] if 1 in forwarded else []), produce_answer(2))
+    d.tick(0.3)
+    d.session.report()
+    by_id = {ex.correlation_id: ex for ex in seen.done}
+    assert list(by_id[1].rule_decisions) == expected
+    assert by_id[2].rule_decisions == ()

@@ -109,6 +109,10 @@ class Mode(enum.Enum):
     SASL_TOKENS = "sasl-tokens"
 
 
+# One action of a rule that acted on an exchange: (rule id, action name, detail, dry run).
+RuleDecision = tuple[str, str, str, bool]
+
+
 @dataclass(slots=True)
 class Exchange:
     """One request in flight and, once it arrived or was made, its response.
@@ -157,6 +161,10 @@ class Exchange:
     drop: bool = False  # the response is swallowed when it comes: the client never gets an answer
     # One field for both (set at release, only when held): each field more costs every request.
     held: tuple[float, tuple[str, str] | None] | None = None
+    # What the policy's rules did to this exchange, in order (empty on the common path): one entry per
+    # action that acted, or matched in a dry run, as ``(rule, action, detail, dry_run)``. The policy
+    # appends response-side actions when the response is edited, so observers read it at ``complete``.
+    rule_decisions: tuple[RuleDecision, ...] = ()
     _request_body_offset: int = -1  # -1: not read yet
     _client_id: str | None = _UNREAD
     _request_scan: RequestScan | None = _UNREAD

@@ -44,7 +44,7 @@ from kproxy.protocol.request_fields import RequestHeaderMemo
 from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
-from kproxy.proxy.session import Exchange, Verdict
+from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.ratelimit import LogRateLimit
 from kproxy.rules import Decision, RuleEngine, RuleHit, RuleSet
 from kproxy.rules.apply import apply_to_request, apply_to_response, selector
@@ -273,10 +273,14 @@ class _Delays:
     worked out once: the hit counter keys it counts, and the verdict (None: it holds nothing, zero
     delays or a dry run). A :class:`Verdict` is a frozen value: one serves every request."""
 
-    __slots__ = ("keys", "verdict")
+    __slots__ = ("decisions", "keys", "verdict")
 
     def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
         self.keys = tuple(key for _, _, key in plan.steps)
+        self.decisions: tuple[RuleDecision, ...] = tuple(
+            (key[0], key[1], "dry run: nothing done" if hit.dry_run else
+             f"{ms:.1f}ms at {'request' if kind == _DELAY_REQUEST else 'response'}", hit.dry_run)
+            for (kind, _, key), ms in zip(plan.steps, hit.delays_ms, strict=True))
         hold_s = response_delay_s = longest = 0.0
         held_by: tuple[str, str] | None = None
         for (kind, _, key), ms in zip(plan.steps, hit.delays_ms, strict=True):  # RulePolicy._verdict's sums
@@ -373,6 +377,7 @@ class RulePolicy:
             hits = self.counts.hits
             for key in delays.keys:
                 hits[key] = hits.get(key, 0) + 1
+            exchange.rule_decisions = delays.decisions
             return delays.verdict
         engine = injector.engine
         # The facts read the session's parse (api key, version, correlation id, client id): no
@@ -446,9 +451,10 @@ class RulePolicy:
             if hit.dry_run:
                 for _, _, key in plan.steps:
                     if report:
-                        self._fault(key, facts, "dry run: nothing done")
+                        self._fault(key, facts, "dry run: nothing done", ex)
                     else:
                         hits[key] = hits.get(key, 0) + 1
+                        _decided(ex, key, "dry run: nothing done")
                 continue
             d = 0
             for kind, action, key in plan.steps:
@@ -461,10 +467,12 @@ class RulePolicy:
                         response_delay_s += ms / 1000
                     if ms / 1000 > longest_s:
                         longest_s, held_by = ms / 1000, (rule_id, key[1])
+                    detail = f"{ms:.1f}ms at {'request' if kind == _DELAY_REQUEST else 'response'}"
                     if report:
-                        self._fault(key, facts, f"{ms:.1f}ms at {'request' if kind == _DELAY_REQUEST else 'response'}")
+                        self._fault(key, facts, detail, ex)
                     else:
                         hits[key] = hits.get(key, 0) + 1
+                        _decided(ex, key, detail)
                 elif kind == _THROTTLE:
                     assert isinstance(action, Throttle)
                     if charged_on_response(ex.api_key, action):
@@ -479,22 +487,22 @@ class RulePolicy:
                             longest_s, held_by = delay, (rule_id, key[1])
                         throttle_ms = max(throttle_ms, round(reported * 1000))
                         counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + delay
-                        self._fault(key, facts, f"held {delay * 1000:.1f}ms")
+                        self._fault(key, facts, f"held {delay * 1000:.1f}ms", ex)
                 elif kind == _DROP:
                     drop = True
-                    self._kill(key, facts, "the response will be swallowed")
+                    self._kill(key, facts, "the response will be swallowed", ex)
                 elif kind in (_CLOSE, _RESET):
                     abort = kind == _RESET
                     close = close or CloseConnection(f"rule {rule_id}: {key[1]}", CloseKind.DELIBERATE, abort=abort)
-                    self._kill(key, facts, "RST" if abort else "FIN")
+                    self._kill(key, facts, "RST" if abort else "FIN", ex)
                 elif kind == _BLACKHOLE:
                     blackhole = True
-                    self._kill(key, facts, "no more answers on this connection")
+                    self._kill(key, facts, "no more answers on this connection", ex)
                 elif kind == _SLOW_CLOSE:
                     assert isinstance(action, SlowClose)
                     blackhole = True
                     close_after = action.ms / 1000
-                    self._kill(key, facts, f"no more answers on this connection, closing in {action.ms:g}ms")
+                    self._kill(key, facts, f"no more answers on this connection, closing in {action.ms:g}ms", ex)
             if close is not None or answer is not None:
                 continue
             if plan.request_actions:  # none: apply_to_request would hand the frame back as it is
@@ -503,7 +511,7 @@ class RulePolicy:
                 if outcome.over_budget:
                     _over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    self._fault((rule_id, _note_action(note), "false"), facts, note)
+                    self._fault((rule_id, _note_action(note), "false"), facts, note, ex)
                 if not outcome.forward:
                     forward = False
                     answer = outcome.answer
@@ -542,7 +550,7 @@ class RulePolicy:
                 if outcome.over_budget:
                     _over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    self._fault((rule_id, _note_action(note), "false"), facts, note)
+                    self._fault((rule_id, _note_action(note), "false"), facts, note, ex)
                 for error in plan.response_errors:
                     _count(counts.injected_errors, (facts_api(ex), error))
             if not steps and throttle_ms:
@@ -552,15 +560,16 @@ class RulePolicy:
         return edit
 
     # -- accounting ---------------------------------------------------------------------
-    def _kill(self, key: HitKey, facts: FrameFacts, detail: str) -> None:
+    def _kill(self, key: HitKey, facts: FrameFacts, detail: str, ex: Exchange) -> None:
         _count(self.counts.connection_faults, (key[0], key[1]))
-        self._fault(key, facts, detail)
+        self._fault(key, facts, detail, ex)
 
-    def _fault(self, key: HitKey, facts: FrameFacts, detail: str) -> None:
-        """Count one fault (``key``: rule id, action name, dry run), and log it and keep it in the
-        ring when either is on."""
+    def _fault(self, key: HitKey, facts: FrameFacts, detail: str, ex: Exchange) -> None:
+        """Count one fault (``key``: rule id, action name, dry run), note it on the exchange (its
+        capture row's ``rule_decisions``), and log it and keep it in the ring when either is on."""
         counts = self.counts
         counts.hits[key] = counts.hits.get(key, 0) + 1
+        _decided(ex, key, detail)
         recent = self.live.recent
         logged = log.isEnabledFor(logging.INFO)
         if recent is None and not logged:
@@ -653,6 +662,11 @@ def _over_budget(counts: FaultStats, peer: str) -> None:
     held = _OVER_BUDGET_LOG.due()
     if held is not None:
         log.warning("event=records_over_budget reader=rules connection=%s frames=%d", peer, held)
+
+
+def _decided(ex: Exchange, key: HitKey, detail: str) -> None:
+    """Note one action done (or matched, in a dry run) on the exchange, for its observers."""
+    ex.rule_decisions = (*ex.rule_decisions, (key[0], key[1], detail, key[2] == "true"))
 
 
 def _count(table: dict[tuple[str, str], int], key: tuple[str, str]) -> None:
