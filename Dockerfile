@@ -57,7 +57,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m venv --without-pip /opt/kproxy \
     && python -m pip --python /opt/kproxy/bin/python install --no-cache-dir --no-index \
-        --find-links /wheels /wheels/kproxy-*.whl \
+        --find-links /wheels /wheels/kproxy_kafka-*.whl \
     && groupadd --system --gid 10001 kproxy \
     && useradd --system --no-log-init --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin kproxy \

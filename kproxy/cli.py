@@ -14,10 +14,12 @@ status) and optionally ``check`` (cross-flag validation that calls
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import select
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
@@ -25,18 +27,48 @@ from typing import TextIO
 from kproxy import __version__
 from kproxy.commands.decode import DecodeOptions, decode_input
 from kproxy.commands.hexdump import InputError
-from kproxy.config import ConfigError, add_run_arguments, config_from_args
+from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
 from kproxy.protocol.tables import api_key as api_key_by_name
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # argparse's status for bad flags; kproxy decode uses it for input it cannot read too
+DISTRIBUTION = "kproxy-kafka"  # kproxy's name on PyPI (pyproject.toml): what `pip install` takes
 
 _INT16_MIN, _INT16_MAX = -(2**15), 2**15 - 1
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """argparse's parser (subcommands' parsers are of the same class), refusing a flag it does not
+    know with a did-you-mean among its own flags: ``kproxy run: error: unrecognized argument
+    --metric-listen (did you mean --metrics-listen?)``. A close match that is a deprecated alias
+    suggests the flag that replaces it (its action's ``preferred``)."""
+
+    def parse_known_args(  # type: ignore[override]
+            self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for extra in extras:
+            if extra.startswith("--") and len(extra) > 2:
+                self.error(f"unrecognized argument {extra}{self._suggestion(extra.split('=', 1)[0])}")
+        return parsed, extras
+
+    def _suggestion(self, flag: str) -> str:
+        preferred = {option: getattr(action, "preferred", option)
+                     for action in self._actions for option in action.option_strings}
+        close = difflib.get_close_matches(flag, list(preferred), n=1, cutoff=0.6)
+        return f" (did you mean {preferred[close[0]]}?)" if close else ""
+
+
+class _RunHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines wrapped at spaces only, so a flag or a variable is never cut at a hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kproxy`` parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = SuggestingParser(
         prog="kproxy", description="A Kafka-protocol-aware proxy and its tools.")
     parser.add_argument("--version", action="version", version=f"kproxy {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -190,18 +222,21 @@ def _fail(message: str) -> int:
 # ------------------------------------------------------------------------------- run
 
 _RUN_EPILOG = """\
-Every option can also be set in the YAML file given with --config (same names,
-nested: limits.max_in_flight, tls.upstream.ca, ...); flags win over the file.
+Every option has one name: its key in the YAML file given with --config
+(nested: limits.max_in_flight), its flag (--limits-max-in-flight) and its
+environment variable (KPROXY_LIMITS_MAX_IN_FLIGHT), shown at the end of each
+option's help. Flags win over the environment, the environment over the file.
 Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
 (broker N is then served on port 19093+N). Stops on SIGTERM/SIGINT after
-letting in-flight requests finish (--shutdown-grace).
+letting in-flight requests finish (--limits-shutdown-grace).
 """
 
 
 def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "run", help="run the proxy", description="Run kproxy in front of a Kafka cluster.",
-        epilog=_RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        usage="%(prog)s [--config FILE] [--check] [OPTION ...]",
+        epilog=_RUN_EPILOG, formatter_class=_RunHelpFormatter)
     add_run_arguments(parser)
     parser.add_argument("--check", action="store_true", dest="check_only",
                         help="check the configuration (file, KPROXY_* environment, flags; the rules, TLS and "
@@ -211,46 +246,64 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run_proxy(args: argparse.Namespace) -> int:
+    deprecated = deprecation_notes(args)
     try:
         config = config_from_args(args)
-        # TLS material is loaded now so that a bad certificate is a start-up error, not a per-connection one.
-        from kproxy.server.tls import client_side_context, upstream_context
-
-        problems: list[str] = []
-        try:
-            client_side_context(config.client_tls)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        try:
-            upstream_context(config.upstream_tls)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-        from kproxy.paths import path_problems
-
-        problems.extend(path_problems(config))  # the paths kproxy writes (it reads the others above)
-        if problems:
-            raise ConfigError(*problems)
-        if config.capture.enabled:
-            _check_capture_installed()
+        problems = _start_problems(FileSections(config.client_tls, config.upstream_tls, config.capture))
     except ConfigError as exc:
-        for problem in exc.problems:
+        # The files of the sections that are valid are checked too: every problem in one round.
+        problems = [*exc.problems, *(_start_problems(exc.files) if exc.files is not None else [])]
+    if problems:
+        for note in deprecated:
+            print(f"kproxy run: warning: {note}", file=sys.stderr)
+        for problem in problems:
             print(f"kproxy run: invalid configuration: {problem}", file=sys.stderr)
         return EXIT_USAGE
     if args.check_only:
+        for note in deprecated:
+            print(f"kproxy run: warning: {note}", file=sys.stderr)
         print(f"kproxy run --check: configuration ok (upstream {','.join(map(str, config.upstream))}, "
               f"listen {config.listen})")
         return EXIT_OK
     from kproxy.server.app import run
 
+    if deprecated:  # as log lines of the configured format: a JSON log stays all JSON
+        import logging
+
+        from kproxy.logfmt import q, setup_logging
+
+        setup_logging(config.log_level, config.log_format)
+        for note in deprecated:
+            logging.getLogger("kproxy.config").warning(
+                "event=flag_deprecated flag=%s use=%s option=%s detail=%s", note.flag, note.use,
+                note.option.path, q(str(note)))
     return run(config)
 
 
-def _check_capture_installed() -> None:
+def _start_problems(files: FileSections) -> list[str]:
+    """The problems of the files kproxy loads or writes before it serves: TLS material (loaded
+    here so that a bad certificate is a start-up error, not a per-connection one), the capture
+    directory (written: :mod:`kproxy.paths`) and pyarrow for a capture."""
+    from kproxy.paths import path_problems
+    from kproxy.server.tls import client_side_context, upstream_context
+
+    problems: list[str] = []
     try:
-        import kproxy.capture.service  # noqa: F401 (imports pyarrow)
-    except ImportError as exc:
-        raise ConfigError(f"capture.dir: traffic capture needs pyarrow ({exc}); "
-                          f"install it with: pip install 'kproxy[capture]'") from None
+        client_side_context(files.client_tls)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    try:
+        upstream_context(files.upstream_tls)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    problems.extend(path_problems(files))
+    if files.capture.enabled:
+        try:
+            import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+        except ImportError as exc:
+            problems.append(f"capture.dir: traffic capture needs pyarrow ({exc}); "
+                            f"install it with: pip install '{DISTRIBUTION}[capture]'")
+    return problems
 
 
 # ------------------------------------------------------------------------------ demo
@@ -330,7 +383,9 @@ def _run_health(args: argparse.Namespace) -> int:
 def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "rules", help="check rule files; list and change the rules of a running kproxy",
-        description="Fault-injection rule files (format: rules/README.md, rules/kproxy-rules.schema.json).")
+        description="Fault-injection rule files (YAML; the format is kproxy's fault-injection rules "
+                    "reference): `kproxy rules check` validates them, the other actions change the rules of "
+                    "a running kproxy.")
     actions = parser.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
     check = actions.add_parser(
         "check", help="validate rule files",
@@ -367,7 +422,7 @@ partitions, connection churn), and prints a summary. Inputs that cannot be
 read are listed with the reason; the rest is analysed. With --rules FILE, also
 what that rule file would have done to the captured requests (the proxy's own
 rule engine, same seed, same decisions), per rule, api, client and topic. Needs the 'analysis'
-extra (PySpark, Java 17+): pip install 'kproxy[analysis]'.
+extra (PySpark, Java 17+): pip install '{distribution}[analysis]'.
 """
 
 
@@ -375,7 +430,7 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     parser = subparsers.add_parser(
         "analyze", help="analyse capture files with Spark",
         description="Analyse kproxy capture files with Spark (local[*] by default).",
-        epilog=_ANALYZE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=_ANALYZE_EPILOG.format(distribution=DISTRIBUTION), formatter_class=argparse.RawDescriptionHelpFormatter)
     from kproxy.analysis.arguments import add_arguments  # argparse only: no Spark loaded
 
     add_arguments(parser)
@@ -387,7 +442,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     try:
         from kproxy.analysis.main import analyze
     except ImportError as exc:
-        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install 'kproxy[analysis]'",
+        print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install '{DISTRIBUTION}[analysis]'",
               file=sys.stderr)
         return EXIT_USAGE
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,

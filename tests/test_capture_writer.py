@@ -236,7 +236,7 @@ def test_run_with_capture_but_without_pyarrow_says_how_to_install(monkeypatch: p
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: importing it raises ImportError
     assert main(["run", "--upstream", "127.0.0.1:1", "--capture-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy[capture]'" in err
+    assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy-kafka[capture]'" in err
 
 
 def test_the_queue_is_bounded_by_the_bytes_its_items_hold_too(tmp_path: Path) -> None:

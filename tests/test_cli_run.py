@@ -22,7 +22,7 @@ def test_run_with_flags_only_then_sigterm(tansu: Broker, tmp_path: Path) -> None
     log = tmp_path / "kproxy.log"
     with log.open("wb") as out:
         argv = [*KPROXY, "run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
-                "--broker-port-base", str(base - 111), "--shutdown-grace", "5"]
+                "--broker-port-base", str(base - 111), "--limits-shutdown-grace", "5"]
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_port("127.0.0.1", port)

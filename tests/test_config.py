@@ -42,7 +42,7 @@ def test_file_then_flags_override(tmp_path: Path) -> None:
     f = tmp_path / "kproxy.yaml"
     f.write_text("upstream: [k1:9092, k2:9092]\nlisten: 127.0.0.1:29092\nlimits:\n  max_in_flight: 7\n"
                  "broker_ports: {1: 30001}\nmetrics:\n  topic_label: true\n")
-    cfg = config_from_args(parse(["--config", str(f), "--max-in-flight", "9"]))
+    cfg = config_from_args(parse(["--config", str(f), "--limits-max-in-flight", "9"]))
     assert cfg.upstream == (HostPort("k1", 9092), HostPort("k2", 9092))
     assert cfg.limits.max_in_flight == 9
     assert cfg.broker_ports == {1: 30001}
@@ -51,16 +51,16 @@ def test_file_then_flags_override(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("upstream: [k:1]\nlimits:\n  max_in_flite: 3\n",
-     "limits.max_in_flite: unknown key (did you mean limits.max_in_flight?)"),
+     ":3: limits.max_in_flite: unknown key (did you mean 'limits.max_in_flight'?)"),
     ("upstream: [k:1]\nlimits:\n  max_in_flight: many\n",
-     "limits.max_in_flight: must be an integer >= 1, got 'many'"),
+     ":3: limits.max_in_flight: must be an integer >= 1, got 'many'"),
     ("upstream: [k:1\n", "invalid YAML"),
     ("- just\n- a list\n", "the top level must be a mapping"),
     ("listen: 127.0.0.1:1\n", "upstream: required"),
     ("upstream: [k:1]\ntls:\n  client:\n    cert: /nonexistent.pem\n",
-     "tls.client.cert: file '/nonexistent.pem' does not exist"),
-    ("upstream: [k:1]\nbroker_ports: {1: 70000}\n", "broker_ports: must be between 1 and 65535"),
-    ("upstream: [k:1]\nlog_level: loud\n", "log_level: must be one of"),
+     ":4: tls.client.cert: file '/nonexistent.pem' does not exist"),
+    ("upstream: [k:1]\nbroker_ports: {1: 70000}\n", ":2: broker_ports: must be between 1 and 65535"),
+    ("upstream: [k:1]\nlog_level: loud\n", ":2: log_level: must be one of"),
 ])
 def test_invalid_file_names_file_key_and_reason(tmp_path: Path, text: str, message: str) -> None:
     f = tmp_path / "bad.yaml"
@@ -73,18 +73,18 @@ def test_invalid_file_names_file_key_and_reason(tmp_path: Path, text: str, messa
 
 
 def test_invalid_flag_names_the_flag() -> None:
-    with pytest.raises(ConfigError, match=r"--idle-timeout: must be > 0 seconds"):
-        config_from_args(parse(["--upstream", "k:1", "--idle-timeout", "0"]))
+    with pytest.raises(ConfigError, match=r"--limits-idle-timeout: must be > 0 seconds"):
+        config_from_args(parse(["--upstream", "k:1", "--limits-idle-timeout", "0"]))
 
 
 def test_tls_pairs_are_checked(tmp_path: Path) -> None:
     cert = tmp_path / "c.pem"
     cert.write_text("x")
     with pytest.raises(ConfigError, match="cert and key go together"):
-        config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert)]))
+        config_from_args(parse(["--upstream", "k:1", "--tls-client-cert", str(cert)]))
     with pytest.raises(ConfigError, match=r"needs tls\.client\.client_ca"):
-        config_from_args(parse(["--upstream", "k:1", "--tls-cert", str(cert), "--tls-key", str(cert),
-                                "--tls-require-client-cert"]))
+        config_from_args(parse(["--upstream", "k:1", "--tls-client-cert", str(cert), "--tls-client-key", str(cert),
+                                "--tls-client-require-client-cert"]))
 
 
 def test_every_option_has_a_flag_and_the_flags_the_issue_names() -> None:
@@ -117,34 +117,40 @@ def test_rules_are_loaded_at_start_and_every_problem_is_listed(tmp_path: Path) -
         f"'NOT_LEADER_FOR_PARTITON' (did you mean 'NOT_LEADER_OR_FOLLOWER'?)"]
 
 
-def test_each_switch_sets_the_value_its_option_declares(tmp_path: Path) -> None:
-    """Polarity is stated on the Option, not read from the flag's spelling: every switch, given
-    alone, moves its setting away from the built-in default to exactly the declared value."""
-    switches = [o for o in OPTIONS if o.switch is not None]
-    assert {o.flag for o in switches if o.switch is False} == {"--metrics-no-error-scan", "--upstream-no-verify"}
+def test_each_boolean_option_is_a_pair_of_flags_and_each_moves_it_off_its_default(tmp_path: Path) -> None:
+    """``--X`` sets true and ``--no-X`` false; the one that differs from the built-in default
+    changes the setting to exactly that value."""
+    booleans = [o for o in OPTIONS if o.boolean]
+    assert {o.path for o in booleans if builtin_default(o.path) is True} == {"metrics.scan_responses",
+                                                                             "tls.upstream.verify"}
     base = ["--upstream", "k:1"]
     pem = tmp_path / "any.pem"
     pem.write_text("unread: only its existence is checked here")
-    extra = {"--tls-require-client-cert": ["--tls-cert", str(pem), "--tls-key", str(pem), "--tls-client-ca", str(pem)]}
-    for opt in switches:
-        assert builtin_default(opt.path) is not opt.switch, f"{opt.flag} would change nothing"
-        cfg = config_from_args(parse([*base, *extra.get(opt.flag, []), opt.flag]))
+    extra = {"tls.client.require_client_cert": ["--tls-client-cert", str(pem), "--tls-client-key", str(pem),
+                                                "--tls-client-client-ca", str(pem)]}
+    for opt in booleans:
+        assert opt.negative_flag == "--no-" + opt.flag[2:]
+        default = builtin_default(opt.path)
+        flag = opt.negative_flag if default else opt.flag
+        cfg = config_from_args(parse([*base, *extra.get(opt.path, []), flag]), environ={})
         section, _, name = opt.path.rpartition(".")
         holder = {"metrics": cfg.metrics, "tls.client": cfg.client_tls, "tls.upstream": cfg.upstream_tls,
                   "capture": cfg.capture}[section]
-        assert getattr(holder, name) is opt.switch, opt.flag
+        assert getattr(holder, name) is (not default), flag
 
 
 def test_defaults_in_help_come_from_the_defaults_themselves() -> None:
     by_flag = {o.flag: o for o in OPTIONS}
     limits = Limits()
-    assert by_flag["--max-in-flight"].full_help.endswith(f"(default {limits.max_in_flight})")
-    assert by_flag["--idle-timeout"].full_help.endswith(f"(default {limits.idle_timeout:g})")
-    assert by_flag["--max-frame-size"].full_help.endswith("(default 100 MiB)")
-    assert by_flag["--max-connections"].full_help.endswith("(default 0: no cap)")
+    assert by_flag["--limits-max-in-flight"].full_help.endswith(f"(default {limits.max_in_flight})")
+    assert by_flag["--limits-idle-timeout"].full_help.endswith(f"(default {limits.idle_timeout:g})")
+    assert by_flag["--limits-max-frame-size"].full_help.endswith("(default 100 MiB)")
+    assert by_flag["--limits-max-connections"].full_help.endswith("(default 0: no cap)")
     assert by_flag["--listen"].full_help.endswith("(default 127.0.0.1:19092)")
+    assert by_flag["--tls-upstream-verify"].full_help.endswith("(default on)")
+    assert by_flag["--capture-include-payloads"].full_help.endswith("(default off)")
     for opt in OPTIONS:
-        if opt.show_default is not None:
+        if opt.show_default is not None or opt.boolean:
             assert "default" not in opt.help, f"{opt.flag}: the default is written by hand too"
 
 
@@ -153,9 +159,9 @@ def test_capture_options_from_flags_and_file(tmp_path: Path) -> None:
     assert not cfg.capture.enabled
     conf = tmp_path / "kproxy.yaml"
     conf.write_text("upstream: k:1\ncapture:\n  dir: /tmp/cap\n  rotate_bytes: 2048\n  include_payloads: true\n")
-    cfg = config_from_args(parse(["--config", str(conf), "--capture-max-bytes", "4096"]))
+    cfg = config_from_args(parse(["--config", str(conf), "--capture-max-bytes-total", "4096"]))
     assert cfg.capture.dir == Path("/tmp/cap") and cfg.capture.enabled
     assert (cfg.capture.rotate_bytes, cfg.capture.max_bytes_total) == (2048, 4096)
     assert cfg.capture.include_payloads and cfg.capture.payload_max_bytes == 1024
     with pytest.raises(ConfigError, match=r"capture\.rotate_bytes: must not exceed"):
-        config_from_args(parse(["--config", str(conf), "--capture-max-bytes", "1024"]))
+        config_from_args(parse(["--config", str(conf), "--capture-max-bytes-total", "1024"]))

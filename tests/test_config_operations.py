@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -43,19 +44,21 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         config_from_args(parse(["--config", str(bad)]), environ={})
     problems = caught.value.problems
-    assert len(problems) == 2, problems  # unknown keys and misplaced sections first, values after
-    assert problems[0].startswith(f"{bad}: limits: is a section of options (max_frame_size, ")
-    assert "not a int (5)" in problems[0]
-    assert problems[1] == f"{bad}: metrcs: unknown key (did you mean metrics?)"
+    assert len(problems) == 3, problems  # keys and values alike, in the file's order
+    assert problems[0].startswith(f"{bad}:2: limits: is a section of options (max_frame_size, ")
+    assert problems[0].endswith("not an integer '5'")
+    assert problems[1] == f"{bad}:3: metrcs: unknown key (did you mean 'metrics'?)"
+    assert problems[2].startswith(f"{bad}:4: log_level: must be one of debug, info, warning, error, got 'loud'")
 
 
 def test_every_bad_value_is_reported_at_once() -> None:
     with pytest.raises(ConfigError) as caught:
-        config_from_args(parse(["--max-in-flight", "many", "--idle-timeout", "-1", "--log-level", "loud"]),
-                         environ={})
+        config_from_args(parse(["--limits-max-in-flight", "many", "--limits-idle-timeout", "-1", "--log-level",
+                                "loud"]), environ={})
     text = "\n".join(caught.value.problems)
     assert len(caught.value.problems) == 4, text
-    for part in ("--max-in-flight: must be an integer", "--idle-timeout: must be > 0", "--log-level: must be one of",
+    for part in ("--limits-max-in-flight: must be an integer", "--limits-idle-timeout: must be > 0",
+                 "--log-level: must be one of",
                  "upstream: required"):
         assert part in text
 
@@ -68,13 +71,14 @@ def test_run_prints_every_problem_one_per_line_and_exits_2(tmp_path: Path) -> No
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr
     assert all(line.startswith("kproxy run: invalid configuration: ") for line in lines)
-    assert "limits.max_frame_size" in lines[0] and "limits.idle_timeout" in lines[1]
+    assert f"{bad}:2: limits.max_frame_size: must be >= 1024" in lines[0]
+    assert f"{bad}:2: limits.idle_timeout: must be a number of seconds, got 'soon'" in lines[1]
 
 
 def test_check_flag_validates_without_serving(tmp_path: Path) -> None:
     good = run_kproxy("run", "--check", "--upstream", "127.0.0.1:9092", "--listen", "127.0.0.1:1")
     assert good.returncode == 0 and "configuration ok" in good.stdout
-    bad = run_kproxy("run", "--check", "--upstream", "127.0.0.1:9092", "--tls-cert", str(tmp_path / "nope.pem"))
+    bad = run_kproxy("run", "--check", "--upstream", "127.0.0.1:9092", "--tls-client-cert", str(tmp_path / "nope.pem"))
     assert bad.returncode == 2 and "nope.pem" in bad.stderr
 
 
@@ -86,8 +90,8 @@ def test_tls_load_errors_name_the_file(tmp_path: Path) -> None:
     ca.issue_cert("localhost").private_key_pem.write_to_path(str(key))  # a key of another certificate
     garbage = tmp_path / "ca.pem"
     garbage.write_text("not a certificate\n")
-    done = run_kproxy("run", "--check", "--upstream", "127.0.0.1:9092", "--tls-cert", str(cert), "--tls-key", str(key),
-                      "--upstream-tls", "--upstream-ca", str(garbage))
+    done = run_kproxy("run", "--check", "--upstream", "127.0.0.1:9092", "--tls-client-cert", str(cert),
+                      "--tls-client-key", str(key), "--tls-upstream-enabled", "--tls-upstream-ca", str(garbage))
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 2, done.stderr
@@ -107,8 +111,8 @@ def test_precedence_is_flag_then_environment_then_file(tmp_path: Path) -> None:
     file.write_text("upstream: [file:1]\nlimits: {max_in_flight: 7, idle_timeout: 70}\nlog_level: error\n")
     environ = {"KPROXY_LIMITS_MAX_IN_FLIGHT": "8", "KPROXY_LOG_LEVEL": "warn", "KPROXY_UPSTREAM": "env:1, env:2",
                "KPROXY_TLS_UPSTREAM_VERIFY": "false", "KPROXY_BROKER_PORTS": "1=20001,2=20002",
-               "KPROXY_NOT_AN_OPTION": "ignored"}
-    cfg = config_from_args(parse(["--config", str(file), "--max-in-flight", "9"]), environ=environ)
+               "KPROXY_ADMIN": "127.0.0.1:9901", "NOT_KPROXY": "x"}  # not options, and known or not kproxy's
+    cfg = config_from_args(parse(["--config", str(file), "--limits-max-in-flight", "9"]), environ=environ)
     assert cfg.limits.max_in_flight == 9          # flag over environment over file
     assert cfg.limits.idle_timeout == 70          # file only
     assert cfg.log_level == "warning"             # environment over file; "warn" is an alias
@@ -138,7 +142,7 @@ def test_run_logs_json_line_by_line(tansu: Broker, tmp_path: Path) -> None:
     log = tmp_path / "kproxy.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([*KPROXY, "run", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
-                                 "--broker-port-base", str(free_port()), "--shutdown-grace", "2"],
+                                 "--broker-port-base", str(free_port()), "--limits-shutdown-grace", "2"],
                                 stdout=out, stderr=subprocess.STDOUT,
                                 env={**os.environ, "KPROXY_LOG_FORMAT": "json"})
     try:
@@ -176,6 +180,19 @@ def test_json_values_are_typed_and_names_stay_strings() -> None:
     assert (entry["correlation_id"], entry["dry_run"], entry["seed"], entry["ratio"]) == (7, True, -3, 0.25)
     assert entry["code"] == "007" and entry["detail"] == "delay 5.0ms"
     assert LogfmtFormatter().format(record).endswith(message), "logfmt lines are the message as it is"
+
+
+def test_a_log_key_has_one_json_type_in_every_line_kproxy_writes() -> None:
+    """A pipeline types a JSON field from the first value it sees and refuses lines that disagree:
+    a key logged as a number in one line (``%d``) is never a boolean (``true``) in another."""
+    kinds: dict[str, dict[str, set[str]]] = {}
+    root = Path(__file__).resolve().parent.parent / "kproxy"
+    for path in root.rglob("*.py"):
+        for match in re.finditer(r"\b([a-z_]+)=(%d|%\.\d+f|%f|%g|true|false)\b", path.read_text(encoding="utf-8")):
+            kind = "boolean" if match.group(2) in ("true", "false") else "number"
+            kinds.setdefault(match.group(1), {}).setdefault(kind, set()).add(str(path.relative_to(root)))
+    assert {key: found for key, found in kinds.items() if len(found) > 1} == {}
+    assert {"dry_run", "dry_run_rules", "bytes_in"} <= kinds.keys()
 
 
 # -- exit codes -------------------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def test_the_paths_kproxy_reads_are_refused_by_check_naming_the_option(tmp_path:
     for argv, named in ((["--rules", str(missing)], f"--rules: {missing}:0: (file): cannot read"),
                         (["--admin-listen", "127.0.0.1:0", "--admin-token-file", str(missing)],
                          "--admin-token-file"),
-                        (["--tls-cert", str(missing), "--tls-key", str(missing)], "--tls-cert: file")):
+                        (["--tls-client-cert", str(missing), "--tls-client-key", str(missing)],
+                         "--tls-client-cert: file")):
         checked = run_kproxy("run", "--check", "--upstream", UPSTREAM, *argv)
         assert checked.returncode == 2, (argv, checked)
         assert named in checked.stderr, (argv, checked.stderr)

@@ -215,7 +215,7 @@ async def test_a_rewritten_file_is_put_in_force_and_a_broken_one_keeps_the_old_r
         assert h.ids() == [] and h.counts.rules_loaded == 0
         nursery.cancel_scope.cancel()
     done = reload_lines(caplog)[-1]
-    assert done == {"event": "rules_reloaded", "generation": "3", "file": str(path), "rules": "0", "dry_run": "0",
+    assert done == {"event": "rules_reloaded", "generation": "3", "file": str(path), "rules": "0", "dry_run_rules": "0",
                     "trigger": "change"}
 
 

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kproxy.proxy.session as session_module
+import kproxy.proxy.exchange as exchange_module
 import kproxy.rules.facts as facts_module
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.observer import MetricsObserver
@@ -86,7 +86,7 @@ def test_a_produce_is_scanned_once_for_the_rules_and_the_metrics(version: int,
     def not_again(*_: Any) -> Any:
         raise AssertionError("the request was scanned a second time")
 
-    monkeypatch.setattr(session_module, "scan_request", counting)
+    monkeypatch.setattr(exchange_module, "scan_request", counting)
     monkeypatch.setattr(facts_module, "scan_request", not_again)  # the rules' own scan (a RequestHeader's)
     monkeypatch.setattr(TrafficStats, "_count_records", not_again)  # the metrics' own scan
     stats = TrafficStats()

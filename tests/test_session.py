@@ -22,7 +22,15 @@ from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader, response_body_offset
 from kproxy.protocol.schema import supported_versions
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
-from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUpstream, RejectReason, SendToClient
+from kproxy.proxy.commands import (
+    CloseConnection,
+    CloseKind,
+    Command,
+    ForwardUpstream,
+    RejectReason,
+    SendToClient,
+    WakeAt,
+)
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Mode, Session, SessionError, Verdict
 
@@ -644,7 +652,7 @@ def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
     s, _ = session()
     count = 1024 + 10
     forward(s, [produce(9, c, 0) for c in range(100, 100 + count)])
-    assert len(s._acks0) <= 1024
+    assert len(s._ids.acks0) <= 1024
     for forgotten in (100, 109):  # pushed out of the memory, yet the broker may still answer them
         with pytest.raises(SessionError, match=f"correlation id {forgotten}"):
             s.on_client_frame(heartbeat(forgotten)[0])
@@ -654,7 +662,7 @@ def test_acks0_memory_is_bounded_and_forgotten_ids_stay_refused() -> None:
     forward(s, [hb])
     s.on_upstream_frame(hb_answer)  # a later request answered: none of them can be answered any more
     assert ready(s) == [hb_answer]
-    assert not s._acks0 and s._forgotten is None
+    assert not s._ids.acks0 and s._ids.forgotten is None
     forward(s, [heartbeat(100)[0]])
 
 
@@ -744,7 +752,7 @@ def test_pushed_out_acks0_ids_are_free_once_a_newer_acks0_is_answered() -> None:
     forward(s, [produce(9, c, 0) for c in range(1, 1024 + 3)])  # ids 1 and 2 pushed out
     s.on_upstream_frame(resp(PRODUCE, 9, 500, responses=[]))  # answers come in order: 1 and 2 never will
     forward(s, [heartbeat(1)[0]])
-    assert len(s._acks0) == 1024 + 2 - 500 and s._forgotten is None
+    assert len(s._ids.acks0) == 1024 + 2 - 500 and s._ids.forgotten is None
 
 
 # -- the command API itself ---------------------------------------------------------------------------
@@ -978,3 +986,94 @@ def test_the_header_is_read_for_the_observer_and_the_frame_let_go_after() -> Non
     assert (ex.api_key, ex.api_version, ex.correlation_id, ex.request_size) == (METADATA, 12, 7, len(request))
     assert ex.request == b"", "not held for the broker's round trip once seen"
     assert s.in_flight_count == 1
+
+
+# -- one path for a request, whatever the verdict ------------------------------------------------
+class Always:
+    """A :class:`RequestPolicy` giving every request the same verdict."""
+
+    def __init__(self, verdict: Verdict | None) -> None:
+        self.verdict = verdict
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        return self.verdict
+
+
+@pytest.mark.parametrize(("verdict", "held_s"), [(Verdict(hold_s=0.5, held_by=("r1", "delay")), 0.5),
+                                                (Verdict(response_delay_s=0.5), 0.5),
+                                                (Verdict(on_response=lambda f: f[:4]), 0.0)])
+def test_api_versions_beyond_what_kproxy_reads_gets_the_kip511_answer_whatever_the_verdict(
+        verdict: Verdict, held_s: float) -> None:
+    """A rule on every request does not send an ApiVersions kproxy cannot read to the broker (whose
+    answer it could not read either: the connection would close); it gets the KIP-511 answer, held
+    as the verdict says (an edit of the broker's answer has none to edit)."""
+    clock = Clock()
+    s, done = session(clock, policy=Always(verdict))
+    assert s.on_client_frame(future_api_versions(42)) is None, "answered locally, not forwarded"
+    if held_s:
+        assert not s.has_ready, "held as the verdict says"
+        clock.now += held_s
+        s._run(s.on_timer(clock.now))
+    [answer] = ready(s)
+    lo, hi = supported_versions(API_VERSIONS)  # type: ignore[misc]
+    assert answer == frame(struct.pack(">ihihhh", 42, 35, 1, API_VERSIONS, lo, hi))
+    s.report()
+    assert [(e.correlation_id, e.local) for e in done] == [(42, True)]
+
+
+def test_a_local_answer_keeps_the_verdicts_response_delay_and_charges_it() -> None:
+    """An injected answer with a delay at the response side leaves that long after it was made,
+    like a broker's answer, and its wait is charged to the verdict's ``held_by``; a later request
+    reusing the id with a hold charged to no one is not charged to the first one's rule."""
+    clock = Clock()
+    hb, _ = heartbeat(1)
+    injected = resp(HEARTBEAT, 4, 1, error_code=27)
+    policy = Always(Verdict(forward=False, answer=injected, response_delay_s=0.25, held_by=("r1", "delay")))
+    s, done = session(clock, policy=policy)
+    commands = s.receive_client(hb)
+    assert commands == [WakeAt(clock.now + 0.25)], "nothing sent yet: a wake-up asked for"
+    clock.now += 0.25
+    s._run(s.on_timer(clock.now))
+    assert ready(s) == [injected]
+    policy.verdict = Verdict(hold_s=0.1)
+    assert s.on_client_frame(hb) == hb
+    s.on_upstream_frame(heartbeat(1)[1])
+    clock.now += 0.1
+    s._run(s.on_timer(clock.now))
+    assert ready(s) == [heartbeat(1)[1]]
+    s.report()
+    assert [e.held for e in done] == [(0.25, ("r1", "delay")), (pytest.approx(0.1), None)]
+
+
+def test_a_request_with_no_verdict_carries_no_ruling_and_no_memo() -> None:
+    """The policy's and the observers' parts of an exchange cost a request nothing when unused."""
+    s, done = session(policy=Always(None))
+    hb, hb_answer = heartbeat(1)
+    forward(s, [hb])
+    s.on_upstream_frame(hb_answer)
+    s.report()
+    [ex] = done
+    assert (ex.ruling, ex.memo, ex.rule_decisions, ex.held, ex.response_body_offset) == (None, None, (), None, 0)
+
+
+def test_what_a_policy_writes_lands_on_the_exchanges_parts() -> None:
+    """A policy reads and writes the exchange by the names it always had (client_id,
+    request_body_offset, rule_decisions); the rule decisions live on the exchange's Ruling, made
+    at the first write, and reach the observer at ``complete``."""
+    decision = ("r1", "delay", "0.0ms at request", True)
+
+    class Records:
+        def decide(self, exchange: Exchange) -> None:
+            assert exchange.ruling is None and exchange.rule_decisions == ()
+            exchange.client_id, exchange.request_body_offset = "known", exchange.request_body_offset
+            exchange.rule_decisions = (*exchange.rule_decisions, decision)
+
+    s, done = session(policy=Records())
+    hb, hb_answer = heartbeat(1)
+    forward(s, [hb])
+    s.on_upstream_frame(hb_answer)
+    assert ready(s) == [hb_answer]
+    s.report()
+    [ex] = done
+    assert ex.client_id == "known"
+    assert ex.ruling is not None and ex.rule_decisions == (decision,) and ex.held is None

@@ -103,17 +103,19 @@ class CaptureObserver:
         pending = self._pending.pop(id(ex), None)
         request = b"" if pending is None else pending[1]
         frame = ex.response
+        memo = ex.memo
+        body_offset = 0 if memo is None else memo.response_body_offset  # Exchange.response_body_offset, inlined
         response: bytes | EarlyRead | None = frame
         if (ex.api_key == FETCH and frame is not None and len(frame) >= EARLY_READ_BYTES
                 and self.reader is not None):
-            response = self.reader.early_response(FETCH, ex.api_version, frame, ex.response_body_offset)
+            response = self.reader.early_response(FETCH, ex.api_version, frame, body_offset)
         # _held(request) + _held(response), inlined: two calls per exchange.
         held = len(request) if type(request) is bytes else 0
         if type(response) is bytes:
             held += len(response)
         self.sink((self.conn, self._clock_offset, self.principal, request, response,
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
-                   ex.received_at, ex.completed_at, ex.local, ex.response_body_offset), held)
+                   ex.received_at, ex.completed_at, ex.local, body_offset), held)
 
     def close(self) -> None:
         """The connection ended: requests still unanswered are offered without a response (a

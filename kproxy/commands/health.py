@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kproxy.config import ConfigError, build_config, read_config_file
+from kproxy.config import ConfigError, config_from_file
 
 DEFAULT_URL = "http://127.0.0.1:9308/healthz"
 
@@ -24,8 +24,7 @@ def url_from_config(path: Path, endpoint: str = "/healthz") -> str:
     ``metrics_listen`` (then kproxy serves no health endpoint at all). A wildcard
     listen address is probed on loopback.
     """
-    raw = {key: (value, f"{path}: {key}") for key, value in read_config_file(path).items()}
-    config = build_config(raw)
+    config = config_from_file(path)
     if config.metrics_listen is None:
         raise ConfigError(f"{path}: metrics_listen is not set, so kproxy serves no /healthz to probe")
     host = config.metrics_listen.host

@@ -30,7 +30,7 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 1
 
 _EPILOG = """\
-Talks to the admin API of a running kproxy (kproxy run --admin-listen; docs/ADMIN.md).
+Talks to the admin API of a running kproxy (served with kproxy run --admin-listen).
 Exit 0 when done; 2 when a rule file has problems (printed as kproxy rules check prints
 them) or kproxy refuses (each problem printed as path: reason); 1 when kproxy cannot be
 reached. --admin takes a URL or HOST:PORT (as --admin-listen does); without it,

@@ -61,13 +61,16 @@ class BrokerObserver:
         # here the response is there.
         received = exchange.received_at
         overhead = exchange.forwarded_at - exchange.read_at + exchange.completed_at - received
-        held = exchange.held
-        if held is not None:  # a rule's delay or throttle: its time, not kproxy's
+        ruling = exchange.ruling  # Exchange.held, inlined
+        if ruling is not None and ruling.held is not None:  # a rule's delay or throttle: its time, not kproxy's
+            held = ruling.held
             overhead -= held[0]
             self.stats.held(held[1], held[0])
         # The body offset is the session's when it rewrote this response (headers are kept); 0 lets
         # the stats find it from the kind's header layout, without a header decode. The rewritten body,
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
+        memo = exchange.memo
         self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
-                            exchange.response_body_offset, None if exchange.local else received - exchange.forwarded_at,
-                            overhead, exchange.response_body)
+                            0 if memo is None else memo.response_body_offset,
+                            None if exchange.local else received - exchange.forwarded_at,
+                            overhead, None if memo is None else memo.response_body)

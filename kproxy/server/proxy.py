@@ -239,16 +239,16 @@ class ProxyServer:
         if not tls.verify and tls.enabled:
             log.warning("event=upstream_tls_unverified option=tls.upstream.verify detail=%s",
                         _q("broker certificates and names are not checked: whoever answers on the "
-                           "broker's address is trusted (--upstream-no-verify)"))
+                           "broker's address is trusted (--no-tls-upstream-verify)"))
         elif not tls.verify:
             log.warning("event=option_unused option=tls.upstream.verify detail=%s",
-                        _q("--upstream-no-verify has no effect without --upstream-tls"))
+                        _q("--no-tls-upstream-verify has no effect without --tls-upstream-enabled"))
         rules = self.config.rules
         if rules is not None:
             # A warning: kproxy misbehaves on purpose from now on (kproxy_rules_loaded says so too).
             enabled = [r for r in rules.rules if r.enabled]
-            log.warning("event=fault_injection_enabled file=%s rules=%d dry_run=%d seed=%d", _q(rules.source or "-"),
-                        len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
+            log.warning("event=fault_injection_enabled file=%s rules=%d dry_run_rules=%d seed=%d",
+                        _q(rules.source or "-"), len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""

