@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Tansu broker and a kproxy in front of it."""
+"""Shared fixtures: a real Tansu broker, a kproxy in front of it, and the pytest plugin's kproxy over that broker."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
+from kproxy.testing.fixture import KproxyProcess
 from tests.support.captured import CapturedRun, make_capture
 
 
@@ -30,10 +31,22 @@ def tansu() -> Iterator[Broker]:
 
 
 @pytest.fixture
-def kproxy(tansu: Broker) -> Iterator[ProxyThread]:
-    """A fresh kproxy in front of the session's Tansu broker."""
+def proxy(tansu: Broker) -> Iterator[ProxyThread]:
+    """A fresh kproxy in front of the session's Tansu broker. (``kproxy`` is the name of the pytest
+    plugin's fixture, kproxy/testing/pytest_plugin.py, which tests here use as users do.)"""
     with running_proxy(tansu.bootstrap) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="session")
+def kproxy_process(tansu: Broker) -> Iterator[KproxyProcess]:
+    """The pytest plugin's session kproxy, in front of the session's Tansu broker rather than an
+    embedded one of its own: the plugin's ``kproxy`` fixture (one test's rules) runs over it."""
+    process = KproxyProcess(tansu.bootstrap)
+    try:
+        yield process
+    finally:
+        process.close()
 
 
 @pytest.fixture(scope="session")
