@@ -57,7 +57,7 @@ RSS_SLACK_KB = 8 * 1024  # allocator noise and the first full-size buffers of la
 
 
 @dataclass
-class KproxyProcess:
+class KproxyRun:
     """``kproxy run`` in its own process: its bootstrap and metrics ports."""
 
     proc: subprocess.Popen[bytes]
@@ -74,7 +74,7 @@ class SoakResult:
 
 
 @contextlib.contextmanager
-def kproxy_process(upstream: str, log_path: Path) -> Iterator[KproxyProcess]:
+def kproxy_process(upstream: str, log_path: Path) -> Iterator[KproxyRun]:
     """``kproxy run`` in front of ``upstream`` (with ``KPROXY_SOAK_ARGS``) until the block ends."""
     port, metrics_port = free_port(), free_port()
     with log_path.open("wb") as log:
@@ -84,12 +84,12 @@ def kproxy_process(upstream: str, log_path: Path) -> Iterator[KproxyProcess]:
                                  "--log-level", "warning", *EXTRA_ARGS], stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_for_port("127.0.0.1", port)
-            yield KproxyProcess(proc, port, metrics_port)
+            yield KproxyRun(proc, port, metrics_port)
         finally:
             stop_process(proc, grace=15)
 
 
-def run_traffic(bootstrap: str, kproxy: KproxyProcess, topic: str, group: str) -> Observed:
+def run_traffic(bootstrap: str, kproxy: KproxyRun, topic: str, group: str) -> Observed:
     """Every client of the soak for ``SECONDS``, then every acknowledged produce given (bounded)
     to the group: what they all saw."""
     observed = Observed()
