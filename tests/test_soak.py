@@ -74,7 +74,7 @@ class SoakResult:
 
 
 @contextlib.contextmanager
-def kproxy_process(upstream: str, log_path: Path) -> Iterator[KproxyRun]:
+def kproxy_run(upstream: str, log_path: Path) -> Iterator[KproxyRun]:
     """``kproxy run`` in front of ``upstream`` (with ``KPROXY_SOAK_ARGS``) until the block ends."""
     port, metrics_port = free_port(), free_port()
     with log_path.open("wb") as log:
@@ -129,7 +129,7 @@ def report(observed: Observed, requests: int) -> None:
 @pytest.fixture(scope="module")
 def soak(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> SoakResult:
     """Run the soak once; the tests below each check one of its promises."""
-    with kproxy_process(tansu.bootstrap, tmp_path_factory.mktemp("soak") / "kproxy.log") as kproxy:
+    with kproxy_run(tansu.bootstrap, tmp_path_factory.mktemp("soak") / "kproxy.log") as kproxy:
         bootstrap = tansu.bootstrap if DIRECT else f"127.0.0.1:{kproxy.port}"
         topic, group = unique("soak"), unique("soak-group")
         create_topic(bootstrap, topic, partitions=PARTITIONS)
