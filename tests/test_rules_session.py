@@ -29,17 +29,10 @@ from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.rule_policy import FaultInjector
+from tests.support.clock import Clock
 
 PRODUCE, METADATA, HEARTBEAT = 0, 3, 12
 NOT_LEADER_OR_FOLLOWER, REBALANCE_IN_PROGRESS = 6, 27
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Driver:

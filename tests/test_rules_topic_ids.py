@@ -17,7 +17,8 @@ from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from kproxy.server.live_rules import LiveRules
 from kproxy.server.rule_policy import RulePolicy, TopicIdLearningPolicy
-from tests.test_rules_session import Clock, Driver, body
+from tests.support.clock import Clock
+from tests.test_rules_session import Driver, body
 
 METADATA, FETCH = 3, 1
 NOT_LEADER_OR_FOLLOWER = 6

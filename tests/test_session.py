@@ -33,6 +33,7 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Mode, Session, SessionError, Verdict
+from tests.support.clock import Clock
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
 LIST_OFFSETS = 2
@@ -40,14 +41,6 @@ ADVERTISED = "kproxy.test"
 BASE = 40000
 BROKERS = [{"node_id": 1, "host": "b1.internal", "port": 9092, "rack": None},
            {"node_id": 2, "host": "b2.internal", "port": 9093, "rack": "r2"}]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:

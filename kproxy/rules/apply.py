@@ -1,7 +1,7 @@
 """Do what a rule's actions say to a frame: sans-IO, one call per request and per response.
 
-The session asks the engine for a :class:`~kproxy.rules.engine.Decision`; when
-it has hits, it hands their actions and the frame here:
+The proxy's rule policy asks the engine for a :class:`~kproxy.rules.engine.Decision`
+per request; when it has hits, the policy hands their actions and the frame here:
 
 * :func:`apply_to_request` before forwarding a request: ``inject_error`` in
   ``respond`` mode builds the answer (the request is not forwarded; a Produce
