@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from kproxy.cli import build_parser, main
-from kproxy.commands.decode import DecodeOptions, decode_input
-from kproxy.commands.hexdump import parse_hex
 from kproxy.protocol import RequestHeader, encode_request, frame
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
+from kproxy.subcommands.decode import DecodeOptions, decode_input
+from kproxy.subcommands.hexdump import parse_hex
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "examples" / "metadata-v0.hex")
