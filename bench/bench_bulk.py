@@ -44,7 +44,7 @@ FETCH_RESPONSES = 4
 
 def _produce_answer(correlation_id: int) -> bytes:
     from kproxy.protocol import Direction, default_body, frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     body = default_body(0, 7, Direction.RESPONSE)
     body["responses"] = [{"name": "bench-produce", "partition_responses": [
@@ -55,7 +55,7 @@ def _produce_answer(correlation_id: int) -> bytes:
 
 def _fetch_answer(correlation_id: int, batches: bytes) -> bytes:
     from kproxy.protocol import Direction, default_body, frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     body = default_body(1, 11, Direction.RESPONSE)
     body["responses"] = [{"topic": "bench-fetch", "partitions": [{
@@ -152,7 +152,7 @@ def broker() -> None:
     import fake_broker
 
     from kproxy.protocol import frame
-    from kproxy.protocol.frames import encode_response
+    from kproxy.protocol.payloads import encode_response
 
     canned = {0: _produce_answer(0), 1: _fetch_answer(0, _fetch_batches())}
     listener = socket.create_server(("127.0.0.1", 0))
@@ -193,7 +193,8 @@ def _start(cmd: list[str], env: dict[str, str] | None = None) -> tuple[subproces
 
 def run_processes(trees: dict[str, Path], rounds: int, seconds: float) -> None:
     import _wire as wire
-    import bench_proxy
+    from _load import run_load
+    from _paths import cpu_seconds
 
     procs: list[subprocess.Popen[str]] = []
     try:
@@ -219,11 +220,11 @@ def run_processes(trees: dict[str, Path], rounds: int, seconds: float) -> None:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 pid, port = paths[name]
                 for phase, request, depth in phases:
-                    cpu0 = bench_proxy.cpu_seconds(pid)
-                    res = bench_proxy.run_load(port, request, connections=2, depth=depth, duration=seconds,
-                                               warmup=0.3)
+                    cpu0 = cpu_seconds(pid)
+                    res = run_load(port, request, connections=2, depth=depth, duration=seconds,
+                                   warmup=0.3)
                     moved = res.bytes_sent + res.bytes_received
-                    cost[(name, phase)].append(((bench_proxy.cpu_seconds(pid) - cpu0) / (moved / 1e9),
+                    cost[(name, phase)].append(((cpu_seconds(pid) - cpu0) / (moved / 1e9),
                                                 moved / res.seconds / 1e6))
             print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
     finally:

@@ -75,7 +75,7 @@ def _big_pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
     correlation id (and, "each new", controller id) patched in."""
     import struct
 
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from fake_broker import metadata_body
@@ -97,7 +97,7 @@ def _big_pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
 def _pairs(kind: int, n: int) -> list[tuple[bytes, bytes]]:
     if kind in _BIG:
         return _big_pairs(kind, _count(kind, n))
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
     from kproxy.protocol.records import Record, encode_batch_v2
 
     def batch(i: int) -> bytes:  # every batch differs (timestamp, offset), as a client's do
@@ -134,6 +134,7 @@ def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tup
     reported to the capture observer."""
     from kproxy.capture import observer as obs_mod
     from kproxy.capture.writer import CaptureWriter
+    from kproxy.protocol.topic_ids import TopicIdNames
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
@@ -151,7 +152,7 @@ def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tup
     else:
         writer = CaptureWriter(tmp, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,
                                queue_size=n, **options)
-        observer = obs_mod.CaptureObserver(conn, writer.offer, obs_mod.TopicNames(), obs_mod.PayloadOptions())
+        observer = obs_mod.CaptureObserver(conn, writer.offer, TopicIdNames(), obs_mod.PayloadOptions())
     session = Session(ResponseRewriter(AddressMap("kproxy.bench", 40000)), observer=observer)
     for req, resp in pairs:
         session.receive_client(req)

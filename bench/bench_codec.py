@@ -45,10 +45,10 @@ from kproxy.protocol import (
     scan_body,
     splice_body,
 )
-from kproxy.protocol.frames import encode_response
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader, decode_request_header, encode_request_header
 from kproxy.protocol.messages import codec
+from kproxy.protocol.payloads import encode_response
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import all_api_keys
 from kproxy.proxy.addresses import AddressMap

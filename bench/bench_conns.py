@@ -3,8 +3,9 @@
     .venv/bin/python bench/bench_conns.py [--counts 1,1000] [--rounds 3] [--variants bare,metrics]
                                           [--tree LABEL=DIR] [--idle 1000] [--no-pipelined]
 
-A focused cut of bench_proxy.py (its load generator, idle-connection and /proc helpers) for
-working on the pumps (kproxy/server/connection.py, fastio.py): one Tansu broker, the bare pipe
+A focused cut of bench_proxy.py (its load generator, idle-connection and /proc helpers, from
+bench/_load.py, _paths.py and _phases.py) for working on the pumps (kproxy/server/connection.py,
+fastio.py): one Tansu broker, the bare pipe
 (bench/pipe.py) and one kproxy process per variant (and per ``--tree`` checkout, e.g. a
 ``git worktree add --detach`` of main as "before"), all in the same run. For each connection
 count N, pipelined ApiVersions v3 with 100 in flight in all (N when N > 100), as bench_proxy's
@@ -35,17 +36,10 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
+from _load import run_load  # noqa: E402
+from _paths import VARIANTS, Hop, cpu_seconds, started, variant_command  # noqa: E402
+from _phases import idle_connections_rss, rotated  # noqa: E402
 from _util import table  # noqa: E402
-from bench_proxy import (  # noqa: E402
-    VARIANTS,
-    Hop,
-    cpu_seconds,
-    idle_connections_rss,
-    rotated,
-    run_load,
-    started,
-    variant_command,
-)
 
 
 def per_request(p: Hop, n: int, per_conn_total: int) -> tuple[float, float]:

@@ -48,8 +48,8 @@ VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules
 def _frames() -> dict[str, tuple[bytes, bytes]]:
     """(request frame, response frame) per workload, correlation id 1, encoded with the codec under test."""
     from kproxy.protocol import default_body, encode_request, frame
-    from kproxy.protocol.frames import encode_response
     from kproxy.protocol.headers import RequestHeader, request_header_version
+    from kproxy.protocol.payloads import encode_response
     from kproxy.protocol.records import Record, encode_batch_v2
     from kproxy.protocol.schema import Direction
 
@@ -100,8 +100,9 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
     sys.path.insert(0, str(BENCH))
     import _rules
 
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.metrics.observer import MetricsObserver
-    from kproxy.metrics.stats import FaultStats, TrafficStats
+    from kproxy.metrics.stats import TrafficStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter

@@ -4,7 +4,7 @@ the event loop's thread apart from the others (the capture writer), and the p50.
     .venv/bin/python bench/bench_roundtrip.py [--workload "Produce v7 1x100 B"] [--procs 3]
                                               [--requests 4000] [--rounds 5] [--tree LABEL=DIR ...]
 
-One request at a time, as bench_proxy.py's phase_latency sends them (its round_trips). The broker
+One request at a time, as bench_proxy.py's latency phase sends them (bench/_load.py's round_trips). The broker
 is a thread of this process answering every frame with bench_hotpath.py's canned response of the
 workload (its correlation id patched), so only kproxy's work differs between variants: no
 observer (``--no-metrics``), metrics, metrics + capture, and everything (capture and the 100
@@ -36,7 +36,8 @@ sys.path.insert(0, str(BENCH))
 
 import _rules  # noqa: E402
 import bench_hotpath  # noqa: E402
-from bench_proxy import CLK_TCK, round_trips  # noqa: E402
+from _load import round_trips  # noqa: E402
+from _paths import CLK_TCK  # noqa: E402
 
 _SIZE = struct.Struct(">i")
 

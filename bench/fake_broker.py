@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kproxy.protocol import default_body, frame
-from kproxy.protocol.frames import decode_request, encode_response
+from kproxy.protocol.payloads import decode_request, encode_response
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 
 API_VERSIONS, METADATA = 18, 3

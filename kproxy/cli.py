@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TextIO
 
 from kproxy import __version__
-from kproxy.commands.decode import DecodeOptions, decode_input
-from kproxy.commands.hexdump import InputError
 from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
 from kproxy.protocol.tables import api_key as api_key_by_name
+from kproxy.subcommands.decode import DecodeOptions, decode_input
+from kproxy.subcommands.hexdump import InputError
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # argparse's status for bad flags; kproxy decode uses it for input it cannot read too
@@ -270,7 +270,7 @@ def _run_proxy(args: argparse.Namespace) -> int:
     if deprecated:  # as log lines of the configured format: a JSON log stays all JSON
         import logging
 
-        from kproxy.server.logfmt import q, setup_logging
+        from kproxy.logfmt import q, setup_logging
 
         setup_logging(config.log_level, config.log_format)
         for note in deprecated:
@@ -333,7 +333,7 @@ def _positive(text: str) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from kproxy.commands.demo import run_demo
+    from kproxy.subcommands.demo import run_demo
     from kproxy.testing import BrokerUnavailable
 
     try:
@@ -347,7 +347,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _add_health(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from kproxy.commands.health import DEFAULT_URL
+    from kproxy.subcommands.health import DEFAULT_URL
 
     parser = subparsers.add_parser(
         "health", help="probe a running kproxy's /healthz (for container HEALTHCHECKs)",
@@ -363,7 +363,7 @@ def _add_health(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _run_health(args: argparse.Namespace) -> int:
-    from kproxy.commands.health import DEFAULT_URL, probe, url_from_config
+    from kproxy.subcommands.health import DEFAULT_URL, probe, url_from_config
 
     try:
         url = url_from_config(args.config) if args.config is not None else (args.url or DEFAULT_URL)
@@ -394,7 +394,7 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check.add_argument("files", nargs="+", metavar="PATH",
                        help="rule files (YAML), or directories of them merged as kproxy run --rules DIR merges them")
     check.set_defaults(handler=_run_rules_check)
-    from kproxy.commands.rules_admin import add_admin_commands  # argparse only: the client loads when run
+    from kproxy.subcommands.rules_admin import add_admin_commands  # argparse only: the client loads when run
 
     add_admin_commands(actions)
 

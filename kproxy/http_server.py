@@ -34,8 +34,9 @@ from typing import Protocol
 import h11
 import trio
 
+from kproxy.logfmt import q
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS
-from kproxy.server.logfmt import Throttle, q
+from kproxy.ratelimit import LogRateLimit
 
 MAX_HEAD = 16 * 1024  # request line and headers together (h11's default incomplete-event limit)
 _LINGER_SECONDS = 1.0  # after an early answer: read (and drop) what the client still sends, so the
@@ -95,8 +96,8 @@ class HttpServer:
         self.log = log
         self.port = 0
         self.open = 0  # connections accepted and not closed yet
-        self._refusals = Throttle()
-        self._accept_failures = Throttle()
+        self._refusals = LogRateLimit()
+        self._accept_failures = LogRateLimit()
 
     async def serve(self, host: str, port: int, *, details: str = "",
                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,4 +1,5 @@
-"""Big work in a worker thread that must not hold the trio loop: building rule sets and listings.
+"""Big work in a worker thread that must not hold the trio loop: building rule sets and listings,
+reading huge answers for the capture.
 
 A worker thread running Python code shares the GIL with the loop thread, and three things let it
 hold the loop far longer than its share:
@@ -16,8 +17,12 @@ hold the loop far longer than its share:
 
 So while a build runs (:func:`off_loop_build`, nested and concurrent builds counted: the reloader
 and an admin edit at once) the collector is paused and the interval is 0.5 ms; both come back
-when the last build ends, the collector only if it was on before the first began. What a big
-build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
+when the last build ends, the collector only if it was on before the first began. The interval
+has one owner, :func:`short_switch_interval`, which other long reads off the loop enter too (the
+capture's writer reading a huge Metadata answer): its holders are counted under a lock, whatever
+thread enters or leaves first, so the interval found by the first is the one left by the last.
+
+What a big build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
 kproxy.server.memory.freeze_start_up does after start-up): either when the objects made exceed
 :data:`FREEZE_ABOVE` (:func:`freeze_if_many`) or, at the last build's end, when a build set
 ``keep`` (a big rule set put in force). That is sound because what a build makes holds no
@@ -36,16 +41,42 @@ import threading
 import types
 from collections.abc import Collection, Iterator
 
-BUILD_SWITCH_INTERVAL = 0.0005
+# The switch interval while work runs off the loop: the loop thread, back from a system call, waits
+# this long at most for the GIL instead of the interpreter's 5 ms.
+SHORT_SWITCH_INTERVAL = 0.0005
 # Objects a build may leave before they are frozen: a few thousand rules' worth. Below it a full
 # collection over them costs milliseconds; above it, each one more stalls the loop.
 FREEZE_ABOVE = 200_000
 
 _lock = threading.Lock()
-_builds = 0  # builds under way (any thread); the collector and the interval come back when none is
+_builds = 0  # builds under way (any thread); the collector comes back when none is
 _was_enabled = False
 _freeze_at_end = False
-_switch_interval = 0.005
+_interval_lock = threading.Lock()
+_interval_holders = 0  # threads inside short_switch_interval (any thread, nested counted)
+_interval_before = 0.005  # the interval the first of them found, given back when the last leaves
+
+
+@contextlib.contextmanager
+def short_switch_interval() -> Iterator[None]:
+    """The interpreter's switch interval at most :data:`SHORT_SWITCH_INTERVAL` inside the block, for
+    the thread that enters it and every other: the loop thread waits less for the GIL while this
+    one computes. Blocks may nest and overlap across threads in any order; the interval found by
+    the first to enter comes back when the last leaves (not before, not another one)."""
+    global _interval_before, _interval_holders
+    with _interval_lock:
+        if _interval_holders == 0:
+            _interval_before = sys.getswitchinterval()
+            if _interval_before > SHORT_SWITCH_INTERVAL:  # (set only to change it: it is kept in whole µs)
+                sys.setswitchinterval(SHORT_SWITCH_INTERVAL)
+        _interval_holders += 1
+    try:
+        yield
+    finally:
+        with _interval_lock:
+            _interval_holders -= 1
+            if _interval_holders == 0 and _interval_before > SHORT_SWITCH_INTERVAL:
+                sys.setswitchinterval(_interval_before)
 
 
 class Build:
@@ -57,17 +88,16 @@ class Build:
 @contextlib.contextmanager
 def off_loop_build() -> Iterator[Build]:
     """Run a big build in this worker thread with the loop served first (see the module's doc)."""
-    global _builds, _freeze_at_end, _switch_interval, _was_enabled
+    global _builds, _freeze_at_end, _was_enabled
     build = Build()
     with _lock:
         if _builds == 0:
-            _switch_interval = sys.getswitchinterval()
-            sys.setswitchinterval(BUILD_SWITCH_INTERVAL)
             _was_enabled = gc.isenabled()
             gc.disable()
         _builds += 1
     try:
-        yield build
+        with short_switch_interval():
+            yield build
     finally:
         with _lock:
             _builds -= 1
@@ -78,7 +108,6 @@ def off_loop_build() -> Iterator[Build]:
                     _freeze_at_end = False
                 if _was_enabled:
                     gc.enable()
-                sys.setswitchinterval(_switch_interval)
 
 
 def freeze_if_many() -> bool:
@@ -144,4 +173,5 @@ def release_parts(parts: list[object]) -> None:
             return
 
 
-__all__ = ["FREEZE_ABOVE", "Build", "freeze_if_many", "hold_parts", "off_loop_build", "release_parts"]
+__all__ = ["FREEZE_ABOVE", "SHORT_SWITCH_INTERVAL", "Build", "freeze_if_many", "hold_parts", "off_loop_build",
+           "release_parts", "short_switch_interval"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 
-class Throttle:
+class LogRateLimit:
     """At most one log line per ``interval`` seconds for an event that can repeat thousands of
     times a second (accept failing while descriptors are exhausted, say).
 

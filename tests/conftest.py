@@ -1,4 +1,4 @@
-"""Shared fixtures: a real Tansu broker and a kproxy in front of it."""
+"""Shared fixtures: a real Tansu broker, a kproxy in front of it, and the pytest plugin's kproxy over that broker."""
 
 from __future__ import annotations
 
@@ -11,15 +11,59 @@ from typing import Any
 import pytest
 
 from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
+from kproxy.testing.fixture import KproxyProcess
 from tests.support.captured import CapturedRun, make_capture
+
+TESTS = Path(__file__).resolve().parent
+# What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
+# seconds each, by what they start (Spark, kproxy or other programs as subprocesses, real servers,
+# Helm renders, the security scanners) or how long they run (fuzzing, big rule sets, slow
+# property tests). Paths are relative to tests/; test_suite_marks.py checks each still exists.
+SLOW_MODULES = frozenset({
+    "fuzz/test_fuzz.py",  # each target fuzzed for seconds
+    "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
+    "test_admin_hostile.py",
+    "test_capture_metadata_memo.py",
+    "test_capture_writer.py",  # disk failures, rotation, caps: real files over seconds
+    "test_chart_operations.py",  # Helm renders, Prometheus rule evaluations
+    "test_cli_admin.py",  # the kproxy command line as subprocesses
+    "test_cli_run.py",
+    "test_codec_crosscheck.py",  # every message kind through kio and kafka-python
+    "test_config_operations.py",
+    "test_config_paths.py",
+    "test_doc_examples.py",  # the docs' shell blocks and servers
+    "test_hostile_server.py",
+    "test_image_health.py",
+    "test_resilience_memo.py",
+    "test_rules_multibroker.py",
+    "test_rules_properties.py",  # property tests of the engine, hundreds of rule sets
+    "test_rules_reload_hostile.py",  # FIFOs, /dev/zero, 100,000 rules, kproxy subprocesses
+    "test_security_scan.py",  # checkov
+})
+SLOW_TESTS = frozenset({
+    "test_codec_roundtrip.py::test_roundtrip",  # generated bodies of every kind and version
+    "test_codec_malformed.py::test_fuzz_random_bytes",
+    "test_codec_malformed.py::test_fuzz_mutated_valid_bodies",
+    # Generated patterns against Python's re, which backtracks: the first takes minutes of CPU.
+    "test_rules_patterns.py::test_re2_agrees_with_re_on_the_shared_syntax",
+    "test_rules_patterns.py::test_documented_patterns_match_as_re_did",
+    "test_rules_patterns.py::test_a_topic_glob_means_what_fnmatch_says",
+})
+SLOW_FIXTURES = frozenset({"spark", "captured_run"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``broker`` every test that reaches the real Tansu broker (through :func:`tansu`, directly
-    or by a fixture built on it), so ``pytest -m "not broker"`` runs the fast suite."""
+    or by a fixture built on it), and ``slow`` the tests of SLOW_MODULES, SLOW_TESTS and those using
+    SLOW_FIXTURES: ``pytest -m "not broker and not slow"`` is the fast suite (``scripts/test --fast``)."""
     for item in items:
-        if "tansu" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "tansu" in fixtures:
             item.add_marker(pytest.mark.broker)
+        module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+        test = f"{module}::{getattr(item, 'originalname', item.name)}"
+        if module in SLOW_MODULES or test in SLOW_TESTS or fixtures & SLOW_FIXTURES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -30,10 +74,22 @@ def tansu() -> Iterator[Broker]:
 
 
 @pytest.fixture
-def kproxy(tansu: Broker) -> Iterator[ProxyThread]:
-    """A fresh kproxy in front of the session's Tansu broker."""
+def proxy(tansu: Broker) -> Iterator[ProxyThread]:
+    """A fresh kproxy in front of the session's Tansu broker. (``kproxy`` is the name of the pytest
+    plugin's fixture, kproxy/testing/pytest_plugin.py, which tests here use as users do.)"""
     with running_proxy(tansu.bootstrap) as proxy:
         yield proxy
+
+
+@pytest.fixture(scope="session")
+def kproxy_process(tansu: Broker) -> Iterator[KproxyProcess]:
+    """The pytest plugin's session kproxy, in front of the session's Tansu broker rather than an
+    embedded one of its own: the plugin's ``kproxy`` fixture (one test's rules) runs over it."""
+    process = KproxyProcess(tansu.bootstrap)
+    try:
+        yield process
+    finally:
+        process.close()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kproxy.admin.book import RECENT_FAULTS, AdminError, RuleBook
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient

@@ -1,4 +1,4 @@
-"""Big Metadata answers on the capture writer: read once per body, TopicNames still right."""
+"""Big Metadata answers on the capture writer: read once per body, TopicIdNames still right."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from kproxy.capture.records import (
     BIG_MEMO_BYTES,
     BIG_READ_BYTES,
-    BIG_READ_SWITCH_SECONDS,
     CACHE_FRAME,
     RecordBuilder,
-    TopicNames,
 )
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.offloop import SHORT_SWITCH_INTERVAL
 from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.topic_ids import TopicIdNames
 from tests.test_capture_observer import Harness
 
 METADATA, FETCH = 3, 1
@@ -74,7 +74,7 @@ def test_a_repeated_big_metadata_answer_is_read_once_and_each_record_is_its_own(
 
 
 def test_a_remembered_answer_teaches_its_names_again_once_names_were_forgotten() -> None:
-    names = TopicNames(cap=40)
+    names = TopicIdNames(cap=40)
     h = Harness(topics=names)
     first, second = _ids(40, seed=1), _ids(40, seed=2)
     _metadata(h, 1, _answer(1, first))
@@ -121,7 +121,7 @@ def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch
     assert len(answer) >= BIG_READ_BYTES
     assert _metadata(h, 1, answer)["partitions"][0]["topic"] == "t-003"
     _metadata(h, 2, _answer(2, _ids(40)))  # big, yet not huge: read as it is
-    assert seen == [BIG_READ_SWITCH_SECONDS, before] and sys.getswitchinterval() == before
+    assert seen == [SHORT_SWITCH_INTERVAL, before] and sys.getswitchinterval() == before
     fail.append(True)
     rec = _metadata(h, 3, _answer(3, ids, failing=5))  # another huge answer, which cannot be read
-    assert rec["partitions"] == [] and seen[-1] == BIG_READ_SWITCH_SECONDS and sys.getswitchinterval() == before
+    assert rec["partitions"] == [] and seen[-1] == SHORT_SWITCH_INTERVAL and sys.getswitchinterval() == before

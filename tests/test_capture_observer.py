@@ -8,12 +8,13 @@ from typing import Any
 import pytest
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, split_peer
-from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, TopicNames, as_dict
+from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, as_dict
 from kproxy.capture.schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
-from kproxy.protocol.builders import request_body, request_frame, response_frame
+from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
+from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -32,12 +33,12 @@ class Harness:
     """A session whose observer is a capture observer; each exchange it offers is read at once (as
     the writer thread reads a batch) into a record dict."""
 
-    def __init__(self, listener: str = "broker-7", topics: TopicNames | None = None,
+    def __init__(self, listener: str = "broker-7", topics: TopicIdNames | None = None,
                  payloads: PayloadOptions | None = None, early: bool = True) -> None:
         self.records: list[dict[str, Any]] = []
         conn = ConnectionInfo(connection_id="c-1", client_host="10.0.0.9", client_port=5555, listener=listener,
                               upstream="b1:9092")
-        self.builder = RecordBuilder(topics or TopicNames(), payloads or PayloadOptions())
+        self.builder = RecordBuilder(topics if topics is not None else TopicIdNames(), payloads or PayloadOptions())
         self.observer = CaptureObserver(conn, self._sink, reader=self.builder if early else None)
         self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=self.observer)
         self.held_bytes = 0
@@ -127,7 +128,7 @@ def test_group_and_transaction_ids() -> None:
 
 
 def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection() -> None:
-    names = TopicNames()
+    names = TopicIdNames()
     meta = Harness(topics=names)
     meta.exchange(request_frame(METADATA, 12, 1, topics=None),
                   response_frame(METADATA, 12, 1, brokers=[], cluster_id="c", controller_id=7,
@@ -242,7 +243,7 @@ def test_captured_exchanges_written_by_the_writer_read_back_as_built(tmp_path: A
     payloads = PayloadOptions(include=True, max_bytes=3)
     expected = Harness(payloads=payloads)  # the same exchanges, read as the writer reads them
     writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
-                           rows=RecordBuilder(TopicNames(), payloads).rows).start()
+                           rows=RecordBuilder(TopicIdNames(), payloads).rows).start()
     conn = expected.observer.conn
     observer = CaptureObserver(conn, lambda item, nbytes: writer.offer(item, nbytes) and expected._sink(item, nbytes))
     session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=observer)

@@ -258,7 +258,7 @@ OTHER_TOP_TAGS = {1: b"\x01\x02", 42: b"", 300: b"t" * 130}  # 300 and 130: two-
 
 
 def _kip951_body(api_key: int, version: int) -> dict[str, Any]:
-    from kproxy.protocol.builders import response_body
+    from kproxy.protocol.frame_builder import response_body
 
     leader = {"leader_id": 2, "leader_epoch": 9}
     if api_key == 0:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.config import OPTIONS, ConfigError, Limits, add_run_arguments, builtin_default, config_from_args
-from kproxy.proxy.addresses import HostPort
+from kproxy.host_port import HostPort
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kproxy.cli import main
-from kproxy.commands.health import url_from_config
 from kproxy.config import ConfigError, add_run_arguments, config_from_args, read_config_file
+from kproxy.subcommands.health import url_from_config
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 

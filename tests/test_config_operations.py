@@ -18,8 +18,8 @@ import trustme
 from confluent_kafka.admin import AdminClient
 
 from kproxy.config import OPTIONS, ConfigError, add_run_arguments, config_from_args, env_name
-from kproxy.proxy.addresses import HostPort
-from kproxy.server.logfmt import JsonFormatter, LogfmtFormatter, parse_logfmt, q
+from kproxy.host_port import HostPort
+from kproxy.logfmt import JsonFormatter, LogfmtFormatter, parse_logfmt, q
 from kproxy.testing import Broker, free_port, wait_for_port
 
 KPROXY = [sys.executable, "-m", "kproxy"]

@@ -1,5 +1,5 @@
 """``kproxy run --check`` checks the paths kproxy will write (kproxy/paths.py), and a start that
-fails on one names the option, not a listener (issue 23 item 4)."""
+fails on one names the option, not a listener."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def run_kproxy(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_check_refuses_a_capture_dir_it_cannot_create_naming_the_option() -> None:
-    """/proc/nope passed ``--check`` ("configuration ok") and then failed the run as
-    ``start_failed listener=bootstrap``: both now say ``capture.dir`` and exit 2."""
+    """A capture directory that cannot be made (/proc/nope) fails ``--check`` and the run alike,
+    both naming ``capture.dir`` and exiting 2 (not ``start_failed listener=bootstrap``)."""
     expected = "kproxy run: invalid configuration: capture.dir: cannot create /proc/nope: No such file or directory"
     checked = run_kproxy("run", "--check", "--upstream", UPSTREAM, "--capture-dir", "/proc/nope")
     assert checked.returncode == 2, checked

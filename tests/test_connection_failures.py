@@ -23,8 +23,9 @@ import trio
 import trio.testing
 
 from kproxy.config import Limits
+from kproxy.host_port import HostPort
 from kproxy.protocol import FrameSplitter, frame
-from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort
+from kproxy.proxy.addresses import AddressMap, BrokerRoute
 from kproxy.proxy.commands import Command, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
@@ -518,8 +519,8 @@ async def test_drain_between_read_and_forward_with_requests_in_flight_does_not_s
         autojump_clock: trio.testing.MockClock) -> None:
     """Shutdown landing between a client read and its forwarding, while an earlier request is
     in flight: the read request is forwarded whole and answered, then the connection closes.
-    (It used to be tracked but never sent, so the connection waited for an answer that could
-    not come until the grace period or the idle timeout ran out.)"""
+    A request tracked but never sent would leave the connection waiting for an answer that
+    cannot come, until the grace period or the idle timeout ran out."""
     conn, client, upstream = memory_connection(Limits(idle_timeout=600))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(conn.run)

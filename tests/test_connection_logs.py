@@ -16,9 +16,9 @@ import struct
 import pytest
 import trio
 
-from kproxy.protocol.builders import request_frame
+from kproxy.logfmt import JsonFormatter, LogfmtFormatter, clip, parse_logfmt, q
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.proxy.principal import tls_principal
-from kproxy.server.logfmt import JsonFormatter, LogfmtFormatter, clip, parse_logfmt, q
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import API_VERSIONS, fake_cluster
 from tests.support.kafkaclient import KafkaClient

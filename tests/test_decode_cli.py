@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from kproxy.cli import build_parser, main
-from kproxy.commands.decode import DecodeOptions, decode_input
-from kproxy.commands.hexdump import parse_hex
 from kproxy.protocol import RequestHeader, encode_request, frame
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
+from kproxy.subcommands.decode import DecodeOptions, decode_input
+from kproxy.subcommands.hexdump import parse_hex
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = str(ROOT / "examples" / "metadata-v0.hex")
@@ -391,7 +391,7 @@ def _with_trailing_bytes(request: bytes, extra: bytes) -> bytes:
 def test_a_request_with_bytes_after_its_body_decodes_and_shows_them(capsys: Capsys, tmp_path: Path) -> None:
     """Real librdkafka was seen sending Metadata v12 with 3 bytes after the body; brokers accept it,
     so kproxy decode reads it as they do and shows the bytes."""
-    from kproxy.protocol.builders import request_frame
+    from kproxy.protocol.frame_builder import request_frame
 
     metadata = request_frame(3, 12, 5, topics=[{"name": "orders"}], allow_auto_topic_creation=False)
     text = _with_trailing_bytes(metadata, b"\x00\x01\x02").hex()
@@ -404,7 +404,7 @@ def test_a_request_with_bytes_after_its_body_decodes_and_shows_them(capsys: Caps
 
 def test_a_response_is_still_preferred_to_a_request_with_trailing_bytes(capsys: Capsys, tmp_path: Path) -> None:
     """A strict request first, then a response its request explains, only then the lenient reading."""
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     request = request_frame(3, 12, 9, topics=[{"name": "orders"}])
     answer = response_frame(3, 12, 9, brokers=[], topics=[])
@@ -416,7 +416,7 @@ def test_a_response_is_still_preferred_to_a_request_with_trailing_bytes(capsys: 
 
 def test_api_names_are_spelled_as_the_metrics_spell_them(capsys: Capsys, tmp_path: Path) -> None:
     """One spelling everywhere: ``find_coordinator`` as in ``kproxy_requests_total{api=...}``, rules and logs."""
-    from kproxy.protocol.builders import request_frame
+    from kproxy.protocol.frame_builder import request_frame
 
     status, frames, _ = run(capsys, write(tmp_path, request_frame(10, 1, 7, key="orders-app", key_type=0)))
     assert status == 0

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from kproxy.cli import build_parser
-from kproxy.commands.demo_rules import (
+from kproxy.subcommands.demo_rules import (
     DELAY_MS,
     FETCH_DELAY_MS,
     FETCH_QUOTA_BYTES_PER_SECOND,

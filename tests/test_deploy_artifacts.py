@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from kproxy.config import Config, ConfigError, add_run_arguments, config_from_args
-from kproxy.proxy.addresses import HostPort
+from kproxy.host_port import HostPort
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "kproxy"

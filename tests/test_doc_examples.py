@@ -7,6 +7,7 @@ are marked ``skip`` with the reason, and listed as skipped here.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 
 from kproxy.rules.load import load_text
 from kproxy.testing import Broker, free_port
+from kproxy.testing.fixture import Kproxy
 from tests.support.doc_blocks import MODES, ROOT, Block, all_blocks, commands
 
 BLOCKS = all_blocks()
@@ -86,13 +88,19 @@ def test_python_blocks_run(block: Block, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("block", of_mode("pytest"))
-def test_pytest_blocks_pass_with_the_plugin(block: Block, tansu: Broker, tmp_path: Path) -> None:
-    """Run as a user runs it: a fresh directory (no kproxy conftest), the plugin from its entry point."""
-    (tmp_path / "test_example.py").write_text(block.text)
-    done = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                 "-W", "ignore::DeprecationWarning", "--kproxy-upstream", tansu.bootstrap], tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"\b[1-9]\d* passed", done.stdout), done.stdout
+def test_pytest_blocks_pass_with_the_plugin(block: Block, kproxy: Kproxy) -> None:
+    """The block's one test, run in this process with the plugin's own ``kproxy`` fixture (its
+    session kproxy over the session's broker, tests/conftest.py). Tracebacks name the doc's lines.
+    tests/plugin/ runs a user's suite as a user does: its own pytest process, the plugin loaded
+    from its entry point."""
+    namespace: dict[str, Any] = {"__name__": "doc_example"}
+    exec(compile("\n" * block.line + block.text, block.path, "exec"), namespace)
+    tests = [fn for name, fn in namespace.items() if name.startswith("test_") and callable(fn)]
+    assert len(tests) == 1, f"{block.where}: a pytest block holds one test function, not {len(tests)}"
+    [test] = tests
+    asked = list(inspect.signature(test).parameters)
+    assert asked == ["kproxy"], f"{block.where}: {test.__name__} asks for {asked}; only the kproxy fixture is given"
+    test(kproxy)
 
 
 @pytest.mark.parametrize("block", of_mode("sh"))

@@ -37,8 +37,8 @@ TOPIC_CONFIG = {"retention.ms": "3600000", "cleanup.policy": "delete", "max.mess
 
 
 @pytest.fixture
-def kp_admin(kproxy: ProxyThread) -> Iterator[KafkaAdminClient]:
-    admin = KafkaAdminClient(bootstrap_servers=kproxy.bootstrap, request_timeout_ms=15000)
+def kp_admin(proxy: ProxyThread) -> Iterator[KafkaAdminClient]:
+    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=15000)
     try:
         yield admin
     finally:
@@ -56,38 +56,38 @@ def _no_protocol_errors(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 # -- cluster ---------------------------------------------------------------------------------------
-def test_describe_cluster(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+def test_describe_cluster(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     described = admin.describe_cluster(request_timeout=15).result(timeout=20)
     direct_admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
     direct = direct_admin.describe_cluster(request_timeout=15).result(timeout=20)
     assert described.cluster_id == direct.cluster_id and described.cluster_id
     assert described.controller.id == TANSU_NODE_ID
-    assert_kproxy_endpoint(kproxy, tansu, described.controller.host, described.controller.port, "controller")
+    assert_kproxy_endpoint(proxy, tansu, described.controller.host, described.controller.port, "controller")
     assert [n.id for n in described.nodes] == [TANSU_NODE_ID]
     for node in described.nodes:
-        assert_kproxy_endpoint(kproxy, tansu, node.host, node.port, f"describe_cluster node {node.id}")
+        assert_kproxy_endpoint(proxy, tansu, node.host, node.port, f"describe_cluster node {node.id}")
 
     cluster = kp_admin.describe_cluster()
     assert cluster["cluster_id"] == direct.cluster_id
     assert cluster["controller_id"] == TANSU_NODE_ID
     for node in cluster["brokers"]:
-        assert_kproxy_endpoint(kproxy, tansu, node["host"], node["port"], "kafka-python describe_cluster")
+        assert_kproxy_endpoint(proxy, tansu, node["host"], node["port"], "kafka-python describe_cluster")
 
 
-def test_describe_topics(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+def test_describe_topics(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
     topic = unique("e2e-describe-topic")
-    create_topic(kproxy.bootstrap, topic, partitions=3)
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    create_topic(proxy.bootstrap, topic, partitions=3)
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     described = _result(admin.describe_topics(TopicCollection([topic]), request_timeout=15)[topic])
     assert described.name == topic
     partitions = described.partitions
     assert sorted(p.id for p in partitions) == [0, 1, 2]
     for p in partitions:
         assert p.leader.id == TANSU_NODE_ID
-        assert_kproxy_endpoint(kproxy, tansu, p.leader.host, p.leader.port, f"leader of partition {p.id}")
+        assert_kproxy_endpoint(proxy, tansu, p.leader.host, p.leader.port, f"leader of partition {p.id}")
         for replica in p.replicas:
-            assert_kproxy_endpoint(kproxy, tansu, replica.host, replica.port, "replica")
+            assert_kproxy_endpoint(proxy, tansu, replica.host, replica.port, "replica")
 
     [kp] = kp_admin.describe_topics([topic])
     assert kp["name"] == topic and kp["error_code"] == 0
@@ -96,10 +96,10 @@ def test_describe_topics(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdmi
 
 
 # -- configs -----------------------------------------------------------------------------------------
-def test_describe_configs(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+def test_describe_configs(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
     topic = unique("e2e-configs")
-    create_topic(kproxy.bootstrap, topic, partitions=1, config=TOPIC_CONFIG)
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    create_topic(proxy.bootstrap, topic, partitions=1, config=TOPIC_CONFIG)
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     direct_admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
 
     [future] = admin.describe_configs([ConfigResource("topic", topic)], request_timeout=15).values()
@@ -122,13 +122,13 @@ def test_describe_configs(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdm
 
 
 # -- list offsets ------------------------------------------------------------------------------------
-def test_list_offsets(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+def test_list_offsets(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
     topic = unique("e2e-offsets")
-    create_topic(kproxy.bootstrap, topic, partitions=3)
+    create_topic(proxy.bootstrap, topic, partitions=3)
     counts = {0: 7, 1: 3, 2: 0}
     # One record per batch: Tansu's "latest" is the last batch's base offset + 1, which is
     # the log end offset only when batches hold one record (directly as through kproxy).
-    producer = produce_confluent(kproxy.bootstrap, topic, [], acks="all")
+    producer = produce_confluent(proxy.bootstrap, topic, [], acks="all")
     for partition, n in counts.items():
         for i in range(n):
             producer.produce(topic, key=f"{partition}-{i}".encode(), value=b"x", partition=partition)
@@ -141,7 +141,7 @@ def test_list_offsets(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminCl
         futures = client.list_offsets({tp: spec for tp in tps}, request_timeout=15)
         return {tp.partition: _result(f).offset for tp, f in futures.items()}
 
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     direct_admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
     assert offsets(admin, OffsetSpec.earliest()) == {0: 0, 1: 0, 2: 0}
     assert offsets(admin, OffsetSpec.latest()) == counts
@@ -170,15 +170,15 @@ def _join_and_commit(bootstrap: str, topic: str, group: str, n: int) -> Consumer
     return consumer
 
 
-def test_list_and_describe_groups(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+def test_list_and_describe_groups(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
     topic, group = unique("e2e-groups"), unique("e2e-groups-g")
-    create_topic(kproxy.bootstrap, topic, partitions=2)
+    create_topic(proxy.bootstrap, topic, partitions=2)
     sent = [(f"k{i}".encode(), b"v") for i in range(20)]
-    producer = produce_confluent(kproxy.bootstrap, topic, sent, acks="all")
+    producer = produce_confluent(proxy.bootstrap, topic, sent, acks="all")
     del producer
-    member = _join_and_commit(kproxy.bootstrap, topic, group, len(sent))
+    member = _join_and_commit(proxy.bootstrap, topic, group, len(sent))
     try:
-        admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
         listed = _result(admin.list_consumer_groups(request_timeout=15))
         assert group in {g.group_id for g in listed.valid}
         assert group in {g["group_id"] for g in kp_admin.list_groups()}
@@ -186,7 +186,7 @@ def test_list_and_describe_groups(kproxy: ProxyThread, tansu: Broker, kp_admin: 
         description = _result(admin.describe_consumer_groups([group], request_timeout=15)[group])
         assert description.group_id == group
         coordinator = description.coordinator
-        assert_kproxy_endpoint(kproxy, tansu, coordinator.host, coordinator.port, "describe_groups coordinator")
+        assert_kproxy_endpoint(proxy, tansu, coordinator.host, coordinator.port, "describe_groups coordinator")
 
         offsets = _result(admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
                                                             request_timeout=15)[group])
@@ -198,10 +198,10 @@ def test_list_and_describe_groups(kproxy: ProxyThread, tansu: Broker, kp_admin: 
         member.close()
 
 
-def test_kafka_python_describe_groups(kproxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
+def test_kafka_python_describe_groups(proxy: ProxyThread, tansu: Broker, kp_admin: KafkaAdminClient) -> None:
     topic, group = unique("e2e-kp-describe"), unique("e2e-kp-describe-g")
-    create_topic(kproxy.bootstrap, topic, partitions=1)
-    consumer = KafkaConsumer(topic, bootstrap_servers=kproxy.bootstrap, group_id=group,
+    create_topic(proxy.bootstrap, topic, partitions=1)
+    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=group,
                              auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=1000,
                              max_poll_interval_ms=10000, request_timeout_ms=15000)
     try:

@@ -97,12 +97,12 @@ def produce_kafka_python(bootstrap: str, topic: str, batch: list[KeyValue], **co
 
 
 # -- topics -------------------------------------------------------------------------------------
-def test_topics_created_through_kproxy_exist_on_the_broker(kproxy: ProxyThread, tansu: Broker) -> None:
-    before = connections_total(kproxy)
+def test_topics_created_through_kproxy_exist_on_the_broker(proxy: ProxyThread, tansu: Broker) -> None:
+    before = connections_total(proxy)
     topic = unique("e2e-create")
-    create_topic(kproxy.bootstrap, topic, partitions=4)
+    create_topic(proxy.bootstrap, topic, partitions=4)
     kp_topic = unique("e2e-create-kp")
-    kp_admin = KafkaAdminClient(bootstrap_servers=kproxy.bootstrap, request_timeout_ms=15000)
+    kp_admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=15000)
     try:
         kp_admin.create_topics([KNewTopic(kp_topic, num_partitions=2, replication_factor=1)], timeout_ms=15000)
         listed_kp = set(kp_admin.list_topics())
@@ -110,76 +110,76 @@ def test_topics_created_through_kproxy_exist_on_the_broker(kproxy: ProxyThread, 
         kp_admin.close()
 
     # Seen through kproxy, by both clients ...
-    md = AdminClient({"bootstrap.servers": kproxy.bootstrap}).list_topics(timeout=15)
+    md = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=15)
     assert len(md.topics[topic].partitions) == 4
     assert len(md.topics[kp_topic].partitions) == 2
     assert {topic, kp_topic} <= listed_kp
     for partition in md.topics[topic].partitions.values():
         assert partition.leader == TANSU_NODE_ID
     for broker in md.brokers.values():
-        assert_kproxy_endpoint(kproxy, tansu, broker.host, broker.port, f"metadata broker {broker.id}")
+        assert_kproxy_endpoint(proxy, tansu, broker.host, broker.port, f"metadata broker {broker.id}")
     # ... and on the broker itself (the requests really went upstream).
     direct = AdminClient({"bootstrap.servers": tansu.bootstrap}).list_topics(timeout=15)
     assert len(direct.topics[topic].partitions) == 4
     assert len(direct.topics[kp_topic].partitions) == 2
-    assert connections_total(kproxy) > before
+    assert connections_total(proxy) > before
 
 
 # -- produce with every acks setting -------------------------------------------------------------
 @pytest.mark.parametrize("acks", ["0", "1", "all"])
-def test_confluent_produce_acks(kproxy: ProxyThread, tansu: Broker, acks: str) -> None:
+def test_confluent_produce_acks(proxy: ProxyThread, tansu: Broker, acks: str) -> None:
     topic = unique(f"e2e-rdk-acks{acks}")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages(f"acks{acks}", 300)
     # Small batches: many Produce requests pipelined on one connection. The producer stays
     # open until the records are read: with acks=0, "delivered" only means "written".
-    producer = produce_confluent(kproxy.bootstrap, topic, sent, acks=acks,
+    producer = produce_confluent(proxy.bootstrap, topic, sent, acks=acks,
                                  **{"linger.ms": 2, "batch.num.messages": 20, "enable.idempotence": False})
-    same_records(consume_kafka_python(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    same_records(consume_kafka_python(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
     del producer
 
 
 @pytest.mark.parametrize("acks", [0, 1, "all"])
-def test_kafka_python_produce_acks(kproxy: ProxyThread, tansu: Broker, acks: int | str) -> None:
+def test_kafka_python_produce_acks(proxy: ProxyThread, tansu: Broker, acks: int | str) -> None:
     topic = unique(f"e2e-kp-acks{acks}")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages(f"kp-acks{acks}", 300)
-    with kafka_python_producer(kproxy.bootstrap, topic, sent, acks=acks, linger_ms=2, batch_size=2048,
+    with kafka_python_producer(proxy.bootstrap, topic, sent, acks=acks, linger_ms=2, batch_size=2048,
                                enable_idempotence=False):
-        same_records(consume_confluent(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+        same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
 
 
 # -- idempotence ------------------------------------------------------------------------------------
-def test_confluent_idempotent_producer(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_confluent_idempotent_producer(proxy: ProxyThread, tansu: Broker) -> None:
     topic = unique("e2e-rdk-idem")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages("idem", 200)
-    produce_confluent(kproxy.bootstrap, topic, sent, acks="all", **{"enable.idempotence": True, "linger.ms": 2,
+    produce_confluent(proxy.bootstrap, topic, sent, acks="all", **{"enable.idempotence": True, "linger.ms": 2,
                                                                     "batch.num.messages": 25})
-    same_records(consume_confluent(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
-    batches = fetch_batches(kproxy.bootstrap, topic, PARTITIONS)
+    same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    batches = fetch_batches(proxy.bootstrap, topic, PARTITIONS)
     # Every batch carries the producer id InitProducerId handed out through kproxy, with sequences.
     assert batches and all(b.producer_id >= 0 and b.base_sequence >= 0 for b in batches), batches
     assert len({b.producer_id for b in batches}) == 1
 
 
-def test_kafka_python_idempotent_producer(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kafka_python_idempotent_producer(proxy: ProxyThread, tansu: Broker) -> None:
     topic = unique("e2e-kp-idem")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages("kp-idem", 200)
-    produce_kafka_python(kproxy.bootstrap, topic, sent, acks="all", enable_idempotence=True, linger_ms=2,
+    produce_kafka_python(proxy.bootstrap, topic, sent, acks="all", enable_idempotence=True, linger_ms=2,
                          batch_size=2048)
-    same_records(consume_kafka_python(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
-    batches = fetch_batches(kproxy.bootstrap, topic, PARTITIONS)
+    same_records(consume_kafka_python(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    batches = fetch_batches(proxy.bootstrap, topic, PARTITIONS)
     assert batches and all(b.producer_id >= 0 and b.base_sequence >= 0 for b in batches), batches
     assert len({b.producer_id for b in batches}) == 1
 
 
-def test_confluent_transactions(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_confluent_transactions(proxy: ProxyThread, tansu: Broker) -> None:
     """InitProducerId, the transaction coordinator, AddPartitionsToTxn and EndTxn, all through kproxy."""
     topic = unique("e2e-rdk-txn")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": kproxy.bootstrap, "transactional.id": unique("e2e-txn-id")})
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "transactional.id": unique("e2e-txn-id")})
     producer.init_transactions(20)
     committed: list[KeyValue] = []
     for round_, outcome in enumerate(["commit", "abort", "commit"]):
@@ -192,7 +192,7 @@ def test_confluent_transactions(kproxy: ProxyThread, tansu: Broker) -> None:
             committed += batch
         else:
             producer.abort_transaction(20)
-    consumer = Consumer({"bootstrap.servers": kproxy.bootstrap, "group.id": unique("e2e-txn-reader"),
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("e2e-txn-reader"),
                          "isolation.level": "read_committed", "enable.auto.commit": False})
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
@@ -205,33 +205,33 @@ def test_confluent_transactions(kproxy: ProxyThread, tansu: Broker) -> None:
     finally:
         consumer.close()
     same_records(got, committed)
-    batches = fetch_batches(kproxy.bootstrap, topic, PARTITIONS)
+    batches = fetch_batches(proxy.bootstrap, topic, PARTITIONS)
     assert batches and all(b.transactional and b.producer_id >= 0 for b in batches), batches
 
 
 # -- compression ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("codec", CODECS)
-def test_confluent_compressed_batches(kproxy: ProxyThread, tansu: Broker, codec: str) -> None:
+def test_confluent_compressed_batches(proxy: ProxyThread, tansu: Broker, codec: str) -> None:
     topic = unique(f"e2e-rdk-{codec}")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages(f"rdk-{codec}", 150, size=400)
-    produce_confluent(kproxy.bootstrap, topic, sent, acks="all", **{"compression.type": codec, "linger.ms": 10})
+    produce_confluent(proxy.bootstrap, topic, sent, acks="all", **{"compression.type": codec, "linger.ms": 10})
     # The broker holds batches in exactly that codec: kproxy passed them through untouched.
-    assert set(fetch_batch_codecs(kproxy.bootstrap, topic, PARTITIONS)) == {CODEC_IDS[codec]}
-    same_records(consume_kafka_python(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
-    same_records(consume_confluent(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    assert set(fetch_batch_codecs(proxy.bootstrap, topic, PARTITIONS)) == {CODEC_IDS[codec]}
+    same_records(consume_kafka_python(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_kafka_python_compressed_batches(kproxy: ProxyThread, tansu: Broker, codec: str) -> None:
+def test_kafka_python_compressed_batches(proxy: ProxyThread, tansu: Broker, codec: str) -> None:
     topic = unique(f"e2e-kp-{codec}")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages(f"kp-{codec}", 150, size=400)
-    produce_kafka_python(kproxy.bootstrap, topic, sent, acks="all", linger_ms=10,
+    produce_kafka_python(proxy.bootstrap, topic, sent, acks="all", linger_ms=10,
                          compression_type=None if codec == "none" else codec)
-    assert set(fetch_batch_codecs(kproxy.bootstrap, topic, PARTITIONS)) == {CODEC_IDS[codec]}
-    same_records(consume_confluent(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
-    same_records(consume_kafka_python(kproxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    assert set(fetch_batch_codecs(proxy.bootstrap, topic, PARTITIONS)) == {CODEC_IDS[codec]}
+    same_records(consume_confluent(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
+    same_records(consume_kafka_python(proxy.bootstrap, topic, PARTITIONS, len(sent)), sent)
 
 
 # -- consumer groups and committed offsets -----------------------------------------------------------
@@ -243,16 +243,16 @@ def _next_offsets(consumed: list[tuple[int, int]]) -> dict[int, int]:
     return out
 
 
-def test_confluent_consumer_group_commits_offsets(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_confluent_consumer_group_commits_offsets(proxy: ProxyThread, tansu: Broker) -> None:
     seen = BrokerConnections(tansu).start()
     topic, group = unique("e2e-rdk-group"), unique("e2e-rdk-g")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages("grp", 90)
-    produce_confluent(kproxy.bootstrap, topic, sent, acks="all")
+    produce_confluent(proxy.bootstrap, topic, sent, acks="all")
 
-    consumer = Consumer({"bootstrap.servers": kproxy.bootstrap, "group.id": group, "enable.auto.commit": False,
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group, "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", **CONFLUENT_GROUP})
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     try:
         consumer.subscribe([topic])
         got: list[KeyValue] = []
@@ -282,11 +282,11 @@ def test_confluent_consumer_group_commits_offsets(kproxy: ProxyThread, tansu: Br
         assert description.state == ConsumerGroupState.STABLE
         coordinator = description.coordinator
         assert coordinator.id == TANSU_NODE_ID
-        assert_kproxy_endpoint(kproxy, tansu, coordinator.host, coordinator.port, "group coordinator")
+        assert_kproxy_endpoint(proxy, tansu, coordinator.host, coordinator.port, "group coordinator")
         for broker in consumer.list_topics(topic, timeout=15).brokers.values():
-            assert_kproxy_endpoint(kproxy, tansu, broker.host, broker.port, "consumer's metadata")
+            assert_kproxy_endpoint(proxy, tansu, broker.host, broker.port, "consumer's metadata")
         # With the consumer, the admin client and their connections all open: none is direct.
-        assert_only_kproxy_reaches_broker(kproxy, seen)
+        assert_only_kproxy_reaches_broker(proxy, seen)
 
         # Tansu's DescribeGroups lists no members (and names the member id as the protocol),
         # directly as through kproxy: compare with the broker's own answer instead.
@@ -301,8 +301,8 @@ def test_confluent_consumer_group_commits_offsets(kproxy: ProxyThread, tansu: Br
 
     # A new member of the group resumes after the committed offsets: it sees only new records.
     more = messages("grp-more", 12)
-    produce_confluent(kproxy.bootstrap, topic, more, acks="all")
-    resumed = Consumer({"bootstrap.servers": kproxy.bootstrap, "group.id": group, "enable.auto.commit": False,
+    produce_confluent(proxy.bootstrap, topic, more, acks="all")
+    resumed = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group, "enable.auto.commit": False,
                         "auto.offset.reset": "earliest", **CONFLUENT_GROUP})
     try:
         resumed.subscribe([topic])
@@ -319,16 +319,16 @@ def test_confluent_consumer_group_commits_offsets(kproxy: ProxyThread, tansu: Br
         resumed.close()
 
 
-def test_kafka_python_consumer_group_commits_offsets(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kafka_python_consumer_group_commits_offsets(proxy: ProxyThread, tansu: Broker) -> None:
     seen = BrokerConnections(tansu).start()
     topic, group = unique("e2e-kp-group"), unique("e2e-kp-g")
-    create_topic(kproxy.bootstrap, topic, PARTITIONS)
+    create_topic(proxy.bootstrap, topic, PARTITIONS)
     sent = messages("kp-grp", 90)
-    produce_kafka_python(kproxy.bootstrap, topic, sent, acks="all")
+    produce_kafka_python(proxy.bootstrap, topic, sent, acks="all")
 
-    consumer = KafkaConsumer(topic, bootstrap_servers=kproxy.bootstrap, group_id=group, enable_auto_commit=False,
+    consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=group, enable_auto_commit=False,
                              auto_offset_reset="earliest", request_timeout_ms=15000, **KAFKA_PYTHON_GROUP)
-    admin = KafkaAdminClient(bootstrap_servers=kproxy.bootstrap, request_timeout_ms=15000)
+    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=15000)
     try:
         got: list[KeyValue] = []
         positions: list[tuple[int, int]] = []
@@ -351,20 +351,20 @@ def test_kafka_python_consumer_group_commits_offsets(kproxy: ProxyThread, tansu:
         brokers = cluster.brokers()
         assert brokers
         for broker in brokers:
-            assert_kproxy_endpoint(kproxy, tansu, broker.host, broker.port, f"kafka-python broker {broker}")
+            assert_kproxy_endpoint(proxy, tansu, broker.host, broker.port, f"kafka-python broker {broker}")
         coordinator = cluster.broker_metadata(cluster.get_coordinator(group))
         assert coordinator is not None
-        assert_kproxy_endpoint(kproxy, tansu, coordinator.host, coordinator.port, "kafka-python coordinator")
+        assert_kproxy_endpoint(proxy, tansu, coordinator.host, coordinator.port, "kafka-python coordinator")
         for node in admin.describe_cluster()["brokers"]:
-            assert_kproxy_endpoint(kproxy, tansu, node["host"], node["port"], "describe_cluster broker")
-        assert_only_kproxy_reaches_broker(kproxy, seen)
+            assert_kproxy_endpoint(proxy, tansu, node["host"], node["port"], "describe_cluster broker")
+        assert_only_kproxy_reaches_broker(proxy, seen)
     finally:
         consumer.close()
         admin.close()
 
     more = messages("kp-grp-more", 12)
-    produce_kafka_python(kproxy.bootstrap, topic, more, acks="all")
-    resumed = KafkaConsumer(topic, bootstrap_servers=kproxy.bootstrap, group_id=group, enable_auto_commit=False,
+    produce_kafka_python(proxy.bootstrap, topic, more, acks="all")
+    resumed = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap, group_id=group, enable_auto_commit=False,
                             auto_offset_reset="earliest", request_timeout_ms=15000, **KAFKA_PYTHON_GROUP)
     try:
         got = []
@@ -379,19 +379,19 @@ def test_kafka_python_consumer_group_commits_offsets(kproxy: ProxyThread, tansu:
         resumed.close()
 
 
-def test_clients_learn_only_kproxy_addresses(kproxy: ProxyThread, tansu: Broker) -> None:
+def test_clients_learn_only_kproxy_addresses(proxy: ProxyThread, tansu: Broker) -> None:
     """Metadata as each client sees it: the only broker is node 111, at a kproxy port."""
-    assert kproxy.bootstrap.rsplit(":", 1)[0] == PROXY_HOST
-    md = AdminClient({"bootstrap.servers": kproxy.bootstrap}).list_topics(timeout=15)
+    assert proxy.bootstrap.rsplit(":", 1)[0] == PROXY_HOST
+    md = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=15)
     assert set(md.brokers) == {TANSU_NODE_ID}
     for broker in md.brokers.values():
-        assert_kproxy_endpoint(kproxy, tansu, broker.host, broker.port, "librdkafka metadata")
-    admin = KafkaAdminClient(bootstrap_servers=kproxy.bootstrap, request_timeout_ms=15000)
+        assert_kproxy_endpoint(proxy, tansu, broker.host, broker.port, "librdkafka metadata")
+    admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, request_timeout_ms=15000)
     try:
         cluster = admin.describe_cluster()
     finally:
         admin.close()
     assert [b["broker_id"] for b in cluster["brokers"]] == [TANSU_NODE_ID]
     for node in cluster["brokers"]:
-        assert_kproxy_endpoint(kproxy, tansu, node["host"], node["port"], "kafka-python describe_cluster")
+        assert_kproxy_endpoint(proxy, tansu, node["host"], node["port"], "kafka-python describe_cluster")
     assert str(tansu.port) not in repr(md.brokers) + repr(cluster)

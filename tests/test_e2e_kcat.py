@@ -117,44 +117,44 @@ def kcat(tansu: Broker, stock_kcat: Kcat, stock_direct: subprocess.CompletedProc
 
 
 def test_stock_kcat_is_the_same_through_kproxy(stock_kcat: Kcat, stock_direct: subprocess.CompletedProcess[str],
-                                               kproxy: ProxyThread, tansu: Broker) -> None:
+                                               proxy: ProxyThread, tansu: Broker) -> None:
     """Debian's kcat as it is: kproxy neither causes nor hides what it does against Tansu."""
     direct = stock_direct
-    proxied = _lists(stock_kcat, kproxy.bootstrap)
+    proxied = _lists(stock_kcat, proxy.bootstrap)
     assert proxied.returncode == direct.returncode, (direct.stderr[-500:], proxied.stderr[-500:])
     if direct.returncode != 0:
         assert "ApiVersion" in direct.stderr and "ApiVersion" in proxied.stderr, proxied.stderr[-500:]
     else:
         assert f"broker {TANSU_NODE_ID} at 127.0.0.1:" in proxied.stdout
         assert f":{tansu.port}" not in proxied.stdout
-    assert connections_total(kproxy) >= 1
+    assert connections_total(proxy) >= 1
 
 
-def test_kcat_lists_metadata_with_kproxy_addresses(kcat: Kcat, kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kcat_lists_metadata_with_kproxy_addresses(kcat: Kcat, proxy: ProxyThread, tansu: Broker) -> None:
     topic = unique("e2e-kcat-l")
-    create_topic(kproxy.bootstrap, topic, partitions=3)
-    before = connections_total(kproxy)
-    out = kcat.ok("-b", kproxy.bootstrap, "-L", "-t", topic, "-m", "15")
+    create_topic(proxy.bootstrap, topic, partitions=3)
+    before = connections_total(proxy)
+    out = kcat.ok("-b", proxy.bootstrap, "-L", "-t", topic, "-m", "15")
     assert f'topic "{topic}" with 3 partitions' in out, out
     broker_lines = [line.split() for line in out.splitlines() if line.strip().startswith("broker ")]
     assert broker_lines, out
     for words in broker_lines:  # "broker 111 at 127.0.0.1:40123 (controller)"
         assert words[1] == str(TANSU_NODE_ID)
         host, port = words[3].rsplit(":", 1)
-        assert_kproxy_endpoint(kproxy, tansu, host, int(port), "kcat -L broker")
+        assert_kproxy_endpoint(proxy, tansu, host, int(port), "kcat -L broker")
     assert f":{tansu.port}" not in out
-    assert connections_total(kproxy) > before, "kcat did not connect through kproxy"
+    assert connections_total(proxy) > before, "kcat did not connect through kproxy"
 
 
-def test_kcat_json_metadata_names_only_kproxy(kcat: Kcat, kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kcat_json_metadata_names_only_kproxy(kcat: Kcat, proxy: ProxyThread, tansu: Broker) -> None:
     topic = unique("e2e-kcat-j")
-    create_topic(kproxy.bootstrap, topic, partitions=2)
-    doc = json.loads(kcat.ok("-b", kproxy.bootstrap, "-L", "-J", "-m", "15"))
+    create_topic(proxy.bootstrap, topic, partitions=2)
+    doc = json.loads(kcat.ok("-b", proxy.bootstrap, "-L", "-J", "-m", "15"))
     names = [b["name"] for b in doc["brokers"]] + [doc["originating_broker"]["name"].rsplit("/", 1)[0]]
     assert [b["id"] for b in doc["brokers"]] == [TANSU_NODE_ID]
     for name in names:
         host, port = name.rsplit(":", 1)
-        assert_kproxy_endpoint(kproxy, tansu, host, int(port), f"kcat -L -J broker {name!r}")
+        assert_kproxy_endpoint(proxy, tansu, host, int(port), f"kcat -L -J broker {name!r}")
     assert doc["controllerid"] == TANSU_NODE_ID
     [described] = [t for t in doc["topics"] if t["topic"] == topic]
     assert sorted(p["partition"] for p in described["partitions"]) == [0, 1]
@@ -163,47 +163,47 @@ def test_kcat_json_metadata_names_only_kproxy(kcat: Kcat, kproxy: ProxyThread, t
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
-def test_kcat_produces_and_consumes(kcat: Kcat, kproxy: ProxyThread, tansu: Broker, codec: str) -> None:
+def test_kcat_produces_and_consumes(kcat: Kcat, proxy: ProxyThread, tansu: Broker, codec: str) -> None:
     topic = unique(f"e2e-kcat-{codec}")
-    create_topic(kproxy.bootstrap, topic, partitions=3)
+    create_topic(proxy.bootstrap, topic, partitions=3)
     sent = {f"key-{i:04d}": f"value {i} " + "x" * (i % 50) for i in range(120)}
     lines = "".join(f"{k}\t{v}\n" for k, v in sent.items())
-    kcat.ok("-b", kproxy.bootstrap, "-P", "-t", topic, "-K", "\t", "-z", codec, "-X", "acks=all",
+    kcat.ok("-b", proxy.bootstrap, "-P", "-t", topic, "-K", "\t", "-z", codec, "-X", "acks=all",
             "-X", "linger.ms=20", stdin=lines)
-    assert set(fetch_batch_codecs(kproxy.bootstrap, topic, 3)) == {CODEC_IDS[codec]}
+    assert set(fetch_batch_codecs(proxy.bootstrap, topic, 3)) == {CODEC_IDS[codec]}
 
     # kcat reads it all back, as JSON, then exits at the end of every partition.
-    out = kcat.ok("-b", kproxy.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q")
+    out = kcat.ok("-b", proxy.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-J", "-q")
     records = [json.loads(line) for line in out.splitlines() if line.strip()]
     assert sorted((r["key"], r["payload"]) for r in records) == sorted(sent.items())
     assert {r["partition"] for r in records} <= {0, 1, 2}
     assert all(r["broker"] == TANSU_NODE_ID for r in records)
     # ... and so does a librdkafka consumer of another kind.
-    got = consume_confluent(kproxy.bootstrap, topic, 3, len(sent))
+    got = consume_confluent(proxy.bootstrap, topic, 3, len(sent))
     assert sorted((k.decode(), v.decode()) for k, v in got if k and v) == sorted(sent.items())
     assert len(got) == len(sent)
 
 
-def test_kcat_consumes_what_python_clients_produced(kcat: Kcat, kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kcat_consumes_what_python_clients_produced(kcat: Kcat, proxy: ProxyThread, tansu: Broker) -> None:
     topic = unique("e2e-kcat-c")
-    create_topic(kproxy.bootstrap, topic, partitions=2)
+    create_topic(proxy.bootstrap, topic, partitions=2)
     sent = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(50)]
-    produce_confluent(kproxy.bootstrap, topic, sent, acks="all", **{"compression.type": "zstd"})
-    out = kcat.ok("-b", kproxy.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k=%s\\n")
+    produce_confluent(proxy.bootstrap, topic, sent, acks="all", **{"compression.type": "zstd"})
+    out = kcat.ok("-b", proxy.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e", "-q", "-f", "%k=%s\\n")
     assert sorted(out.splitlines()) == sorted(f"{k.decode()}={v.decode()}" for k, v in sent)
 
 
-def test_kcat_group_consumer_commits(kcat: Kcat, kproxy: ProxyThread, tansu: Broker) -> None:
+def test_kcat_group_consumer_commits(kcat: Kcat, proxy: ProxyThread, tansu: Broker) -> None:
     topic, group = unique("e2e-kcat-g"), unique("e2e-kcat-grp")
-    create_topic(kproxy.bootstrap, topic, partitions=2)
+    create_topic(proxy.bootstrap, topic, partitions=2)
     sent = [(f"g{i}".encode(), f"w{i}".encode()) for i in range(40)]
-    produce_confluent(kproxy.bootstrap, topic, sent, acks="all")
-    out = kcat.ok("-b", kproxy.bootstrap, "-G", group, topic, "-e", "-q", "-f", "%k=%s\\n",
+    produce_confluent(proxy.bootstrap, topic, sent, acks="all")
+    out = kcat.ok("-b", proxy.bootstrap, "-G", group, topic, "-e", "-q", "-f", "%k=%s\\n",
                   "-X", "auto.offset.reset=earliest", "-X", "session.timeout.ms=6000",
                   "-X", "heartbeat.interval.ms=1000")
     assert sorted(out.splitlines()) == sorted(f"{k.decode()}={v.decode()}" for k, v in sent)
     # kcat commits on its way out; the group's offsets cover every record, seen through kproxy.
-    admin = AdminClient({"bootstrap.servers": kproxy.bootstrap})
+    admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
                                                request_timeout=15)[group].result(timeout=20)
     committed = {tp.partition: tp.offset for tp in result.topic_partitions if tp.topic == topic}

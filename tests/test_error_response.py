@@ -10,8 +10,8 @@ import pytest
 import trio
 
 from kproxy.protocol import Direction, decode_body, default_body, response_header_version
-from kproxy.protocol.builders import request_frame
 from kproxy.protocol.error_response import error_response, set_error_codes
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.headers import decode_response_header
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.scan import scan_body

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import trio
 
-from kproxy.protocol.builders import request_frame
+from kproxy.logfmt import LogfmtFormatter
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.server.logfmt import LogfmtFormatter
 from kproxy.testing import Broker, ProxyThread, proxy_config, running_server
 from tests.support.fakecluster import FakeBroker, Received, fake_cluster
 from tests.support.kafkaclient import KafkaClient
@@ -119,15 +119,15 @@ def listener_names(proxy: ProxyThread) -> set[str]:
 
 
 def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets(
-        tansu: Broker, kproxy: ProxyThread, caplog: pytest.LogCaptureFixture) -> None:
+        tansu: Broker, proxy: ProxyThread, caplog: pytest.LogCaptureFixture) -> None:
     """Tansu answers acks=0 Produce, echoing the topic name. Sent under the id of a Metadata
     request, that answer would be read as the Metadata answer: the topic name below is laid out
     so that it reads as a broker list (Tansu's node re-pointed, a new node 7 with a listener)."""
     deadline = time.monotonic() + 10
-    while not routes_of(kproxy) and time.monotonic() < deadline:  # start-up discovery learned Tansu
+    while not routes_of(proxy) and time.monotonic() < deadline:  # start-up discovery learned Tansu
         time.sleep(0.02)
-    [(tansu_node, tansu_addr)] = routes_of(kproxy).items()
-    listeners = listener_names(kproxy)
+    [(tansu_node, tansu_addr)] = routes_of(proxy).items()
+    listeners = listener_names(proxy)
     # Read as a Metadata v12 body, Tansu's Produce v9 answer starts: responses count (1), the topic
     # name's compact length, then the name. Two name bytes end throttle_time_ms; then the brokers.
     name = b"xx\x03" + fake_broker_entry(tansu_node, "evil.test", 6666) + fake_broker_entry(7, "evil.test", 6666)
@@ -135,7 +135,7 @@ def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets
                             topic_data=[{"name": name.decode(), "partition_data": [{"index": 0, "records": b""}]}])
     metadata = request_frame(METADATA, 12, 5, topics=None)
     caplog.set_level(logging.INFO, logger="kproxy")
-    with socket.create_connection(("127.0.0.1", kproxy.port), timeout=5) as sock:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as sock:
         sock.sendall(produce + metadata)
         got = b""
         while True:
@@ -146,8 +146,8 @@ def test_acks0_produce_and_metadata_sharing_an_id_cannot_choose_upstream_targets
             if not data:
                 break
             got += data
-    assert routes_of(kproxy) == {tansu_node: tansu_addr}, "client bytes chose an upstream target"
-    assert listener_names(kproxy) == listeners
+    assert routes_of(proxy) == {tansu_node: tansu_addr}, "client bytes chose an upstream target"
+    assert listener_names(proxy) == listeners
     assert got == b"", "the request reusing the id is refused: the connection closes unanswered"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not any("event=connection_closed" in r.getMessage()

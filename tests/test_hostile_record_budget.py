@@ -1,12 +1,13 @@
 """A legacy gzip bomb through every reader of records: capture, captured payloads, record rules.
 
 The 651 KB Produce of tests/test_hostile_server.py (four magic-0 gzip wrappers of 2.58 million
-empty messages each, 64 MiB inflated apiece) was fixed for the metrics' record count; capture's
-request reading and the rules' record editor decoded it without a budget (2.7 s, 19 s and
-9.5 s of stalled loop, peaks of 2 GB and 792 MB). Each scenario here: a real kproxy in front of
-Tansu, a real client producing throughout, the bomb sent on a raw socket; the loop is never
-held over 100 ms, memory stays bounded, the broker's answer comes back (the frame went on as
-it came) and the reader that gave up is counted in ``kproxy_records_over_budget_total``.
+empty messages each, 64 MiB inflated apiece) against the readers besides the metrics' record
+count: capture's request reading and the rules' record editor. Decoded without a budget, it
+holds the loop for seconds (2.7 s, 19 s and 9.5 s measured, peaks of 2 GB and 792 MB). Each
+scenario here: a real kproxy in front of Tansu, a real client producing throughout, the bomb
+sent on a raw socket; the loop is never held over 100 ms, memory stays bounded, the broker's
+answer comes back (the frame went on as it came) and the reader that gave up is counted in
+``kproxy_records_over_budget_total``.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from typing import Any
 import pytest
 
 from kproxy.capture.records import PayloadOptions, RecordBuilder
-from kproxy.protocol.builders import response_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.errors import OverBudgetError, RecordsMutationError
+from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records
 from kproxy.protocol.records import (
     DEFAULT_RECORD_BUDGET,

@@ -25,10 +25,10 @@ import trio
 
 from kproxy.metrics.labels import MAX_LABEL_LENGTH, LabelCap
 from kproxy.metrics.stats import TrafficStats
-from kproxy.protocol.builders import request_frame
 from kproxy.protocol.compression import Codec
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.records import Record, RecordBudget, count_records, encode_message_set
-from kproxy.ratelimit import Throttle
+from kproxy.ratelimit import LogRateLimit
 from kproxy.testing import Broker, free_port, proxy_config, running_server, wait_for_port
 from tests.support.fakecluster import fake_cluster
 from tests.support.kafkaclient import KafkaClient
@@ -344,8 +344,8 @@ async def test_connections_over_the_cap_are_closed_at_once_and_counted() -> None
         assert server.connections_total == 3
 
 
-def test_throttle_logs_the_first_then_one_line_per_interval_with_the_count() -> None:
-    throttle = Throttle(interval=0.2)
+def test_log_rate_limit_logs_the_first_then_one_line_per_interval_with_the_count() -> None:
+    throttle = LogRateLimit(interval=0.2)
     assert throttle.due() == 1
     assert [throttle.due() for _ in range(1000)] == [None] * 1000
     time.sleep(0.25)

@@ -9,8 +9,7 @@ import urllib.request
 import pytest
 import trio
 
-from kproxy.metrics.histogram import Histogram
-from kproxy.metrics.stats import LOOP_LAG_BUCKETS
+from kproxy.metrics.histogram import LOOP_LAG_BUCKETS, Histogram
 from kproxy.server import loopwatch
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.testing import Broker, free_port, running_proxy

@@ -25,10 +25,10 @@ import trio
 from prometheus_client import generate_latest
 
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.histogram import Histogram
-from kproxy.metrics.stats import BROKER_BUCKETS, OVERHEAD_BUCKETS, TrafficStats
+from kproxy.metrics.histogram import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram
+from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol import frame
-from kproxy.protocol.builders import request_frame, response_body
+from kproxy.protocol.frame_builder import request_frame, response_body
 from kproxy.protocol.tables import error_code
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import METADATA, PRODUCE, FakeBroker, Received, fake_cluster

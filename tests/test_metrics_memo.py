@@ -8,7 +8,7 @@ import pytest
 
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import SCAN_MEMO_BODY_MAX, SCAN_MEMO_BYTES, TrafficStats
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.tables import ApiKey, error_class, error_code
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter

@@ -1,4 +1,4 @@
-"""Frame transformations for fault injection (kproxy/protocol/mutations.py, field_rewrite.py,
+"""Frame transformations for fault injection (kproxy/protocol/response_faults.py, field_rewrite.py,
 endpoints.py, record_faults.py): each on frames built with the codec for every version that has the
 field; the result decodes, exactly the asked change is made and everything else is equal."""
 
@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from kafka.record import MemoryRecords
 
 from kproxy.protocol import Direction, decode_request, decode_response
-from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.endpoints import rewrite_endpoints
 from kproxy.protocol.error_response import error_response
@@ -32,16 +31,9 @@ from kproxy.protocol.errors import (
     ThrottleTimeError,
 )
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import default_body
-from kproxy.protocol.mutations import (
-    HiddenLeader,
-    MetadataEdits,
-    downgrade_api_versions,
-    mutate_metadata,
-    replace_error_codes,
-    set_throttle_time,
-)
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records, duplicate_records, replace_schema_ids
 from kproxy.protocol.records import (
     Record,
@@ -51,6 +43,14 @@ from kproxy.protocol.records import (
     encode_message_set,
     iter_batches,
     verify_crc,
+)
+from kproxy.protocol.response_faults import (
+    HiddenLeader,
+    MetadataEdits,
+    downgrade_api_versions,
+    mutate_metadata,
+    replace_error_codes,
+    set_throttle_time,
 )
 from kproxy.protocol.scan import scan_body
 from kproxy.protocol.schema import ERROR_CODE_FIELDS, all_message_kinds, message_schema, supported_versions

@@ -25,7 +25,7 @@ import pytest
 import trustme
 
 from kproxy.protocol import decode_response
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_proxy, stop_process, wait_for_port
 from tests.support.e2e import create_topic, unique

@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 import kproxy.proxy.rewrite as rewrite
-from kproxy.protocol.builders import response_frame
+from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.headers import response_body_offset
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from kproxy.protocol import decode_response
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_proxy
 from tests.support.e2e import create_topic, unique
 from tests.support.resilience import (

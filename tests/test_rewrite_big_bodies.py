@@ -8,10 +8,11 @@ import struct
 import pytest
 
 import kproxy.proxy.rewrite as rewrite
+from kproxy.host_port import HostPort
 from kproxy.protocol import decode_response, default_body, encode_response
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.schema import Direction, message_schema
-from kproxy.proxy.addresses import AddressMap, HostPort
+from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import MEMO_MAX_BODY, ResponseRewriter
 
 METADATA = 3

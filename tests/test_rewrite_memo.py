@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import struct
 
+from kproxy.host_port import HostPort
 from kproxy.protocol import decode_response, default_body, encode_response
 from kproxy.protocol.schema import Direction
-from kproxy.proxy.addresses import AddressMap, HostPort
+from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 
 METADATA = 3

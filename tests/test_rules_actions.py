@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pytest
 
 import kproxy.rules.actions as actions_package
-from kproxy.protocol.mutations import set_throttle_time
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.response_faults import set_throttle_time
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.actions.base import HitKey, RuleAction, Step
 from kproxy.rules.actions.draft import VerdictDraft

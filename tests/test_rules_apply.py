@@ -17,8 +17,8 @@ from kafka.consumer.fetcher import Fetcher
 from kafka.record import MemoryRecords
 
 from kproxy.protocol import decode_request, decode_response
-from kproxy.protocol.builders import request_frame, response_frame
 from kproxy.protocol.errors import CorruptRecordsError
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import decode_response_header
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records, duplicate_records
 from kproxy.protocol.records import Record, decode_all, encode_batch_v2

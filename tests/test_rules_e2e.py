@@ -16,9 +16,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 from kafka.errors import TopicAuthorizationFailedError
 
+from kproxy.logfmt import parse_logfmt
 from kproxy.protocol import decode_response
-from kproxy.protocol.builders import request_frame
-from kproxy.server.logfmt import parse_logfmt
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import _recv_exactly, consume_confluent, create_topic, produce_confluent, unique
 from tests.test_e2e_clients import messages, same_records

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.headers import decode_request_header
 from kproxy.rules import NO_DECISION, RuleEngine, StaticFacts, load_text
 from kproxy.rules.actions.delay import Delay, Distribution

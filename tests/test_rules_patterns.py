@@ -1,7 +1,7 @@
 """Rule patterns on RE2 (kproxy/rules/patterns.py): they mean what rules/README.md says.
 
-RE2 replaced Python's ``re`` for every user pattern (issue 19: ``(a+)+$`` froze the proxy). These
-tests hold the replacement to the documented meaning: on the syntax both engines share, RE2's
+Every user pattern runs on RE2, not Python's ``re`` (on which ``(a+)+$`` freezes the proxy). These
+tests hold RE2 to the documented meaning: on the syntax both engines share, RE2's
 whole-text match agrees with ``re.fullmatch``; a topic glob agrees with ``fnmatch.fnmatchcase``;
 a ``rewrite_addresses`` replacement agrees with ``re.sub``; what RE2 refuses is refused at load
 (from a file and from the admin API) with the place and the reason; the engine's memo of

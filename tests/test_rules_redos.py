@@ -1,8 +1,8 @@
 """A rule's regex met by a hostile text must not freeze kproxy (issue 19, defect 1).
 
-``(a+)+$`` against ``'a' * 50 + '!'`` backtracks for hours in Python's ``re``, on the event loop:
-every connection stopped, ``/healthz`` timed out and SIGTERM was ignored. Rule patterns are RE2
-now (kproxy/rules/patterns.py), linear in the text. Each scenario runs kproxy as a subprocess (a
+``(a+)+$`` against ``'a' * 50 + '!'`` backtracks for hours in Python's ``re``: on the event loop,
+every connection would stop, ``/healthz`` time out and SIGTERM go unheeded. Rule patterns run on
+RE2 (kproxy/rules/patterns.py), linear in the text. Each scenario runs kproxy as a subprocess (a
 frozen kproxy must not freeze the test with it: ``re`` holds the GIL) in front of the real Tansu
 broker, with the rule loaded from a file or added through the admin API, and checks that
 
@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,12 +31,19 @@ from typing import Any
 import pytest
 
 from kproxy.admin.client import AdminClient
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.tables import ApiKey
 from kproxy.testing import Broker, free_port, wait_for_port
 from tests.support.e2e import create_topic, unique
 from tests.support.loopwatch import BLOCKED, stalls_over
-from tests.support.resilience import assert_unaffected, recv_frame, steady_producer, vm_rss_kb, wait_for
+from tests.support.resilience import (
+    assert_unaffected,
+    recv_frame,
+    steady_producer,
+    steady_round_trips,
+    vm_rss_kb,
+    wait_for,
+)
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 EVIL = "(a+)+$"  # exponential in a backtracking engine on a run of a's that does not end the text
@@ -92,40 +98,6 @@ def kproxy_process(tansu: Broker, tmp_path: Path, *extra: str) -> Iterator[Kprox
         proxy.kill()  # a frozen kproxy ignores SIGTERM: the test ends it whatever happened
 
 
-@contextlib.contextmanager
-def probe(port: int) -> Iterator[list[float]]:
-    """ApiVersions round trips every ~10 ms on one connection while the block runs; yields the list
-    that ends up holding the worst wait between two answers, in seconds (or the time it waited
-    for one that never came)."""
-    worst = [0.0]
-    stop = threading.Event()
-
-    def run() -> None:
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-            last, n = time.monotonic(), 0
-            while not stop.is_set():
-                n += 1
-                sock.sendall(request_frame(ApiKey.API_VERSIONS, 3, n, client_id="probe",
-                                           client_software_name="probe", client_software_version="1"))
-                try:
-                    recv_frame(sock)
-                except OSError:
-                    worst[0] = max(worst[0], time.monotonic() - last)
-                    return
-                now = time.monotonic()
-                worst[0] = max(worst[0], now - last)
-                last = now
-                stop.wait(0.01)
-
-    thread = threading.Thread(target=run, name="probe", daemon=True)
-    thread.start()
-    try:
-        yield worst
-    finally:
-        stop.set()
-        thread.join(35)
-
-
 def requests_carrying(text: str, correlation_id: int) -> list[tuple[str, bytes]]:
     """One request per pattern rule, each carrying ``text`` where that rule looks."""
     return [
@@ -163,7 +135,7 @@ def test_a_catastrophic_regex_does_not_stop_the_proxy(tansu: Broker, tmp_path: P
             rss_before = vm_rss_kb(proxy.proc.pid)
             stalls_before = stalls_over(proxy.metrics(), BLOCKED)
             slowest = 0.0
-            with probe(proxy.port) as probe_worst:
+            with steady_round_trips(proxy.port) as probe:
                 # Lengths 20..219: each text is new to every cache, so each is matched for real.
                 for n in range(20, 220):
                     for key, frame in requests_carrying("a" * n + "!", n):
@@ -172,7 +144,7 @@ def test_a_catastrophic_regex_does_not_stop_the_proxy(tansu: Broker, tmp_path: P
                             ask(proxy.port, frame, within=5)
                         except OSError as exc:
                             pytest.fail(f"a request with a {n + 1}-character {key} got no answer within 5 s: "
-                                        f"{exc!r} (probe's worst wait {probe_worst[0]:.1f} s)")
+                                        f"{exc!r} (probe's worst wait {probe.worst_wait:.1f} s)")
                         slowest = max(slowest, time.monotonic() - asked)
                 # The rules are in force: a text the pattern matches gets the rule.
                 for _, frame in requests_carrying("a" * 30, 1):
@@ -180,10 +152,10 @@ def test_a_catastrophic_regex_does_not_stop_the_proxy(tansu: Broker, tmp_path: P
             stalls = stalls_over(proxy.metrics(), BLOCKED) - stalls_before
             rss_growth_mb = (vm_rss_kb(proxy.proc.pid) - rss_before) / 1024
         print(f"\n[{source}] slowest hostile answer {slowest * 1000:.0f} ms, probe's worst wait "
-              f"{probe_worst[0] * 1000:.0f} ms, loop stalls over {BLOCKED * 1000:.0f} ms: {stalls}, "
+              f"{probe.worst_wait * 1000:.0f} ms, loop stalls over {BLOCKED * 1000:.0f} ms: {stalls}, "
               f"RSS growth {rss_growth_mb:.1f} MiB")
         assert slowest < 1.0, f"a hostile request took {slowest:.2f} s to be answered"
-        assert probe_worst[0] < 1.0, f"the probe waited {probe_worst[0]:.2f} s for an answer"
+        assert probe.worst_wait < 1.0, f"the probe waited {probe.worst_wait:.2f} s for an answer"
         assert stalls == 0, f"the event loop was blocked over {BLOCKED * 1000:.0f} ms {stalls} times"
         assert rss_growth_mb < 64, f"kproxy's RSS grew {rss_growth_mb:.0f} MiB"
         assert_unaffected(steady, worst_latency=2.0)

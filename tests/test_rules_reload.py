@@ -1,16 +1,12 @@
 """Rules read from a file or a directory, and reloaded while kproxy runs (no broker needed here).
 
-Real files on disk, a real :class:`LiveRules` and the real reloader task on a trio loop; the
-Kubernetes ConfigMap update is simulated the way kubelet does it (kubernetes' atomic_writer.go):
-a new timestamped directory, and ``..data`` flipped to it with one rename of a symlink.
+Real files on disk, a real :class:`LiveRules` and the real reloader task on a trio loop, and a
+Kubernetes ConfigMap volume updated as kubelet does it (tests/support/rules_reload.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,24 +15,12 @@ from prometheus_client import generate_latest
 
 from kproxy.config import ConfigError, build_config
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.stats import FaultStats, TrafficStats
+from kproxy.metrics.stats import TrafficStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.sources import load_path
-from kproxy.server.logfmt import parse_logfmt
-from kproxy.server.rules_reload import RulesReloader, signature
-
-FAST = 0.05  # poll interval of these tests: the production one (0.5 s) would only make them slower
-
-
-def rule(rule_id: str, error: str = "NOT_LEADER_OR_FOLLOWER", topic: str = "t") -> str:
-    return (f"  - id: {rule_id}\n    match: {{api: produce, topic: {topic}}}\n"
-            f"    actions:\n      - inject_error: {{error: {error}}}\n")
-
-
-def rules_text(*ids: str, seed: int | None = None) -> str:
-    head = f"seed: {seed}\n" if seed is not None else ""
-    return head + ("rules:\n" + "".join(rule(i) for i in ids) if ids else "rules: []\n")
+from kproxy.server.rules_reload import signature
+from tests.support.rules_reload import FAST, ConfigMapVolume, Harness, reload_lines, rules_text, watched_file
 
 
 # -- a directory of rule files ---------------------------------------------------------------------
@@ -101,37 +85,6 @@ def test_the_rules_option_takes_a_directory(tmp_path: Path) -> None:
                                   f"(first in {tmp_path}/a.yaml)",)
 
 
-# -- a ConfigMap mounted as a directory --------------------------------------------------------------
-class ConfigMapVolume:
-    """What kubelet makes of a ConfigMap volume: ``KEY -> ..data/KEY``, ``..data -> ..<timestamp>``."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.version = 0
-
-    def publish(self, files: dict[str, str]) -> None:
-        """A new version: written to a fresh directory, then ``..data`` flipped to it atomically."""
-        self.version += 1
-        stamp = f"..2026_11_23_21_00_{self.version:02d}.{os.getpid()}"
-        (self.root / stamp).mkdir()
-        for name, text in files.items():
-            (self.root / stamp / name).write_text(text)
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(stamp)
-        old = os.readlink(self.root / "..data") if (self.root / "..data").is_symlink() else None
-        os.replace(tmp, self.root / "..data")  # rename(2) over the old symlink: the one atomic step
-        for name in files:
-            if not (self.root / name).is_symlink():
-                (self.root / name).symlink_to(f"..data/{name}")
-        for entry in self.root.iterdir():  # keys no longer in the ConfigMap
-            if entry.is_symlink() and not entry.name.startswith(".") and entry.name not in files:
-                entry.unlink()
-        if old is not None:  # kubelet removes the previous version after the flip
-            for f in (self.root / old).iterdir():
-                f.unlink()
-            (self.root / old).rmdir()
-
-
 def test_a_configmap_flip_changes_the_signature_without_any_file_written(tmp_path: Path) -> None:
     volume = ConfigMapVolume(tmp_path)
     volume.publish({"rules.yaml": rules_text("a")})
@@ -158,39 +111,10 @@ def test_a_missing_file_is_a_signature_not_an_error(tmp_path: Path) -> None:
     assert signature(str(tmp_path / "gone.yaml")) != missing
 
 
-# -- the reloader -------------------------------------------------------------------------------------
-class Harness:
-    """A LiveRules loaded from ``path`` and its reloader polling every FAST seconds."""
-
-    def __init__(self, path: Path) -> None:
-        self.counts = FaultStats()
-        self.live = LiveRules(load_path(str(path)), counts=self.counts, mutable=True)
-        self.reloader = RulesReloader(self.live, str(path), counts=self.counts, interval=FAST)
-
-    def ids(self) -> list[str]:
-        rules = self.live.rules
-        return [r.id for r in rules.rules] if rules is not None else []
-
-    async def until(self, condition: Callable[[], bool], within: float = 2.0) -> float:
-        """Seconds until ``condition`` held (polled every 10 ms); fails after ``within``."""
-        started = time.monotonic()
-        with trio.move_on_after(within):
-            while not condition():
-                await trio.sleep(0.01)
-            return time.monotonic() - started
-        raise AssertionError(f"not within {within} s")
-
-
-def reload_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
-    return [parse_logfmt(r.getMessage()) for r in caplog.records if r.name == "kproxy.rules"]
-
-
 async def test_a_rewritten_file_is_put_in_force_and_a_broken_one_keeps_the_old_rules(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     async with trio.open_nursery() as nursery:
         await nursery.start(h.reloader.run)
         path.write_text(rules_text("a", "b"))
@@ -220,10 +144,8 @@ async def test_a_rewritten_file_is_put_in_force_and_a_broken_one_keeps_the_old_r
 
 async def test_the_same_rules_again_are_no_new_generation_unless_forced_or_replaced_meanwhile(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     async with trio.open_nursery() as nursery:
         await nursery.start(h.reloader.run)
         injector = h.live.injector
@@ -246,10 +168,8 @@ async def test_the_same_rules_again_are_no_new_generation_unless_forced_or_repla
 
 async def test_a_change_between_the_config_load_and_the_watch_is_not_missed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)  # what kproxy run does first: the config loads the file
+    h = watched_file(tmp_path, caplog)  # what kproxy run does first: the config loads the file
+    path = h.path
     path.write_text(rules_text("a", "b"))  # ... and it changes before the server watches it
     async with trio.open_nursery() as nursery:
         await nursery.start(h.reloader.run)

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.rules_reload import ConfigMapVolume
 from tests.test_deploy_artifacts import (
     CHART,
     ROOT,
@@ -27,7 +28,6 @@ from tests.test_deploy_artifacts import (
     parent_chart,  # noqa: F401  (a fixture: an app chart that includes the sidecar templates)
     render,
 )
-from tests.test_rules_reload import ConfigMapVolume
 
 RULES_DIR = "/etc/kproxy-rules"
 SLOW = """rules:

@@ -24,8 +24,8 @@ from confluent_kafka.admin import AdminClient
 
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, wait_for_port
 from tests.support.e2e import consume_confluent, create_topic, unique
+from tests.support.rules_reload import ConfigMapVolume
 from tests.test_e2e_clients import messages, same_records
-from tests.test_rules_reload import ConfigMapVolume
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 PARTITIONS = 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import os
 import resource
 import signal
@@ -25,15 +24,15 @@ import pytest
 import trio
 
 from kproxy.config import ConfigError, build_config
-from kproxy.metrics.stats import FaultStats
+from kproxy.logfmt import parse_logfmt
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules import load_text
 from kproxy.rules.sources import load_path
-from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, wait_for_port
 from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, vm_rss_kb, wait_for
-from tests.test_rules_reload import Harness, reload_lines, rules_text
+from tests.support.rules_reload import Harness, reload_lines, rules_text, watched_file
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 ADDRESS_SPACE = 2 * 1024**3  # for kproxy subprocesses: a reader of /dev/zero dies of MemoryError within it
@@ -111,20 +110,16 @@ async def refused_then_recovered(h: Harness, path: Path, reason: str, caplog: py
 
 async def test_a_fifo_in_place_of_the_rules_file_is_refused_at_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     with fifo_at(path):
         await refused_then_recovered(h, path, "not a regular file (a FIFO): only regular files are read", caplog)
 
 
 async def test_dev_zero_through_a_symlink_is_refused_without_reading_it(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     rss = vm_rss_kb(os.getpid())
     path.unlink()
     path.symlink_to("/dev/zero")
@@ -133,10 +128,8 @@ async def test_dev_zero_through_a_symlink_is_refused_without_reading_it(
 
 
 async def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     h.reloader.max_bytes = 10_000
     text = many_rules(200)
     assert len(text) > 10_000
@@ -146,10 +139,8 @@ async def test_a_file_over_the_size_limit_is_refused(tmp_path: Path, caplog: pyt
 
 async def test_an_empty_directory_in_place_of_the_file_is_refused_not_taken_as_no_rules(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, "kproxy.rules")
-    path = tmp_path / "rules.yaml"
-    path.write_text(rules_text("a"))
-    h = Harness(path)
+    h = watched_file(tmp_path, caplog)
+    path = h.path
     path.unlink()
     path.mkdir()
     await refused_then_recovered(h, path, "a directory with no rule file", caplog)

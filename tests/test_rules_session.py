@@ -16,11 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.logfmt import parse_logfmt
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol import decode_response, encode_request, frame
-from kproxy.protocol.builders import request_body, request_frame, response_frame
+from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader
 from kproxy.proxy.addresses import AddressMap
@@ -28,18 +29,10 @@ from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUp
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
-from kproxy.server.logfmt import parse_logfmt
+from tests.support.clock import Clock
 
 PRODUCE, METADATA, HEARTBEAT = 0, 3, 12
 NOT_LEADER_OR_FOLLOWER, REBALANCE_IN_PROGRESS = 6, 27
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Driver:

@@ -3,7 +3,7 @@ for the bytes it is sent, after the answer is seen; the next Fetch waits for the
 
 from __future__ import annotations
 
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.bucket import charged_on_response, split_throttle
 from tests.test_rules_session import Driver, body, produce, rules

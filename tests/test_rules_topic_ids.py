@@ -9,16 +9,17 @@ from __future__ import annotations
 import uuid
 from collections import deque
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
-from kproxy.rules.frame_facts import TopicIdNames
-from tests.test_rules_session import Clock, Driver, body
+from tests.support.clock import Clock
+from tests.test_rules_session import Driver, body
 
 METADATA, FETCH = 3, 1
 NOT_LEADER_OR_FOLLOWER = 6
@@ -54,7 +55,7 @@ def fetch_codes(response: bytes) -> list[int]:
 def test_topic_id_names_learn_from_metadata_v10_and_later_only() -> None:
     names = TopicIdNames()
     assert names.learn_metadata(metadata_answer(1, version=9), 9) == 0  # no topic ids before v10
-    assert names.learn_metadata(metadata_answer(1, version=12)[:-5], 12) == 0  # cut short: nothing learnt
+    assert names.learn_metadata(metadata_answer(1, version=12)[:-5], 12) is None  # cut short: nothing learnt
     assert names.learn_metadata(metadata_answer(1, topic_id=uuid.UUID(int=0)), 12) == 1
     assert dict(names) == {}  # the zero id means "no id"
     assert names.learn_metadata(metadata_answer(1), 12) == 1

@@ -25,10 +25,11 @@ from hypothesis import strategies as st
 
 import kproxy.proxy.exchange as exchange_module
 import kproxy.rules.frame_facts as facts_module
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.observer import MetricsObserver
-from kproxy.metrics.stats import FaultStats, StatsOptions, TrafficStats
+from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.policy.live_rules import LiveRules
-from kproxy.protocol.builders import request_frame, response_frame
+from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
 from kproxy.protocol.scan import (
@@ -107,9 +108,9 @@ def test_a_produce_is_scanned_once_for_the_rules_and_the_metrics(version: int,
     st.none(), st.tuples(st.just("cut"), st.integers(0, 200)),
     st.tuples(st.just("flip"), st.integers(0, 200), st.integers(0, 255))))
 def test_the_shared_scan_finds_the_records_ranges_the_metrics_scan_found(version: int, n: int, how: Any) -> None:
-    # The metrics counted Produce records from the errors-only scan; they now take the ranges of the
-    # shared full scan (nothing when it cannot read the body). The two must agree on every body,
-    # readable or not: same ranges, and failing on the same bytes.
+    # The metrics count Produce records from the ranges of the shared full scan (nothing when it
+    # cannot read the body); the errors-only scan is the reference. The two must agree on every
+    # body, readable or not: same ranges, and failing on the same bytes.
     frame = mutate(produce(version, 1, records=batch(n) if n else None), how)
     offset = request_body_offset(frame, PRODUCE, version)
     if offset is None:
@@ -315,7 +316,7 @@ def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
 
 def test_the_topics_of_a_big_produce_are_read_without_copying_the_frame() -> None:
     # Frames of LARGE_FRAME bytes and more leave the framing as bytearrays (kproxy/protocol/framing.py);
-    # a rule on topics used to copy such a frame to bytes before scanning it.
+    # a rule on topics scans such a frame where it lies, never through a copy to bytes.
     big = bytearray(produce(7, 1, records=encode_batch_v2([
         Record(offset=0, timestamp=0, key=None, value=b"v" * (2 << 20), headers=[])])))
     exchange = Exchange(1, PRODUCE, 7, len(big), 0.0, 0.0, big)  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from kproxy.protocol import decode_response, encode_request, encode_response, frame
-from kproxy.protocol.builders import request_body, request_frame, response_body, response_frame
 from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.frame_builder import request_body, request_frame, response_body, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader, response_body_offset
 from kproxy.protocol.schema import supported_versions
@@ -33,6 +33,7 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Mode, Session, SessionError, Verdict
+from tests.support.clock import Clock
 
 PRODUCE, METADATA, HEARTBEAT, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 0, 3, 12, 17, 18, 36
 LIST_OFFSETS = 2
@@ -40,14 +41,6 @@ ADVERTISED = "kproxy.test"
 BASE = 40000
 BROKERS = [{"node_id": 1, "host": "b1.internal", "port": 9092, "rack": None},
            {"node_id": 2, "host": "b2.internal", "port": 9093, "rack": "r2"}]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Recorder:
@@ -527,7 +520,7 @@ def test_produce_acks_value_is_the_one_sent(version: int, transactional_id: str 
     """The reader behind the acks=0 decision returns the exact int16 on the wire: 0x0102
     read a byte off would be 0x01xx or 0xxx01."""
     from kproxy.protocol.headers import request_body_offset
-    from kproxy.protocol.requests import produce_acks
+    from kproxy.protocol.request_fields import produce_acks
 
     request = produce_with_timeout(version, 1, 0x0102, transactional_id, 0x7F01_0203)
     offset = request_body_offset(request, PRODUCE, version)

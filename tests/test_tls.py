@@ -19,9 +19,9 @@ import pytest
 import trustme
 from confluent_kafka.admin import AdminClient
 
+from kproxy.logfmt import parse_logfmt
 from kproxy.protocol import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
-from kproxy.server.logfmt import parse_logfmt
 from kproxy.testing import Broker, running_proxy
 
 # The client certificate's subject as Kafka's SSL principal builder names it: RFC 2253, the last RDN first.

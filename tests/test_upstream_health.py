@@ -10,7 +10,7 @@ import urllib.request
 
 import trio
 
-from kproxy.proxy.addresses import HostPort
+from kproxy.host_port import HostPort
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.testing import Broker, free_port, running_proxy
 

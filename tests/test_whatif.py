@@ -383,7 +383,7 @@ def test_what_if_of_a_live_run_matches_what_the_proxy_did(spark: Any, tansu: Any
 
     from kproxy.analysis.job import run_analysis
     from kproxy.analysis.whatif import WhatIfRules
-    from kproxy.server.logfmt import parse_logfmt
+    from kproxy.logfmt import parse_logfmt
     from kproxy.testing import running_proxy
     from tests.support.e2e import create_topic, unique
 

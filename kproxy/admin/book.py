@@ -38,13 +38,13 @@ from typing import Any
 import trio
 
 from kproxy.admin.listing import ADMIN, View, describe, listing
+from kproxy.logfmt import q
 from kproxy.offloop import off_loop_build
 from kproxy.policy.faults import FaultRecord
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules.load import RulesError, load_data
 from kproxy.rules.model import Rule, RuleSet
-from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.admin")
 

@@ -61,8 +61,8 @@ from kproxy.admin.book import (
 )
 from kproxy.admin.listing import View, describe, listing
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
+from kproxy.logfmt import q
 from kproxy.offloop import off_loop_build
-from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.admin")
 

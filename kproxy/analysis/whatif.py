@@ -55,10 +55,11 @@ a live run of the same file over the same traffic, by design (the what-if
 matches exactly otherwise: tests/test_whatif.py checks it against a live run):
 ``after_seconds`` / ``for_seconds`` count here from the capture's first
 request, live from the rule file's load (the capture does not know when that
-was); and Fetch v13+ requests name topics by id, which the live rules see as
-the id's text while the capture names them (ids learned from Metadata
-responses), so a ``topic`` condition on those Fetches matches here what it
-could not live.
+was); and Fetch v13+ requests name topics by id, which both sides name from
+the Metadata v10+ answers they read: live, only while a rule with a ``topic``
+key is loaded (an id whose Metadata answer came before reads as the id's
+text), in the capture from every answer it recorded, so a ``topic`` condition
+on such a Fetch can match here where it did not live.
 """
 
 from __future__ import annotations

@@ -29,12 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
+from kproxy.host_port import split_host_port
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
-from kproxy.protocol.wire import Malformed
 from kproxy.proxy.session import Exchange, SessionObserver
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)
@@ -63,10 +63,7 @@ class ConnectionInfo:
 
 def split_peer(peer: str) -> tuple[str, int | None]:
     """``host:port`` (as the server logs it) -> (host, port)."""
-    host, sep, port = peer.rpartition(":")
-    if not sep or not port.isdigit():
-        return peer, None
-    return host.strip("[]"), int(port)
+    return split_host_port(peer)
 
 
 class CaptureObserver:
@@ -136,7 +133,7 @@ class CaptureObserver:
             return
         try:
             decoded = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, ex.request, body)
-        except (ProtocolError, Malformed):
+        except ProtocolError:
             return
         if ex.api_key == SASL_HANDSHAKE:
             mechanism = decoded.get("mechanism")
@@ -153,7 +150,7 @@ class CaptureObserver:
         try:
             offset = ex.response_body_offset or response_body_offset(response, ex.api_key, ex.api_version)
             code = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, response, offset).get("error_code")
-        except (ProtocolError, Malformed):
+        except ProtocolError:
             return
         if code == 0:
             self.principal = "User:" + user  # this record and every later one of the connection

@@ -30,10 +30,11 @@ What is read, and how far:
   id (:data:`CACHE_FRAME`): a repeated request or response is read once; so is
   a big Metadata answer, kept by a hash of its content (:data:`BIG_MEMO_BYTES`).
 
-Fetch v13+ names topics by id: :class:`TopicNames` learns id -> name from the
-Metadata responses of every connection, the only responses decoded in full.
-The writer reads the batches in the order the observers offered them, so a
-name learned from a Metadata response serves the Fetch records after it.
+Fetch v13+ names topics by id: a :class:`~kproxy.protocol.topic_ids.TopicIdNames`
+learns id -> name from the Metadata responses of every connection, the only
+responses decoded in full. The writer reads the batches in the order the
+observers offered them, so a name learned from a Metadata response serves the
+Fetch records after it.
 
 This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
 used by one thread, the writer's (the only one that reads Metadata answers:
@@ -50,25 +51,25 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.capture.schema import SCHEMA_VERSION
+from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches
-from kproxy.protocol.requests import request_client_id
+from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
-from kproxy.protocol.wire import Malformed, read_uvarint
-from kproxy.ratelimit import Throttle
+from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.protocol.wire import read_uvarint
+from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
@@ -83,10 +84,9 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP, ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN,
     ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
-TOPIC_NAMES_CAP = 100_000
 # A frame over its records budget is logged at once, then at most once a minute with the count.
 OVER_BUDGET_LOG_SECONDS = 60.0
-_READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
+_READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 
 # One captured exchange, as the observer offers it (a plain tuple: built on the event loop per
 # exchange, where a NamedTuple's constructor costs several times more). Field order:
@@ -101,32 +101,6 @@ _READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
 #   13 local        kproxy answered itself
 #   14 response_body_offset  where the response body starts (0: not computed)
 Captured = tuple[Any, ...]
-
-
-class TopicNames:
-    """Topic id -> name, learned from Metadata responses; bounded (the oldest forgotten first)."""
-
-    def __init__(self, cap: int = TOPIC_NAMES_CAP) -> None:
-        self.cap = cap
-        self._names: dict[uuid.UUID, str] = {}
-        # Names forgotten so far: a remembered Metadata answer (RecordBuilder's big-answer memo) taught
-        # everything it names only while this has not moved since.
-        self.forgotten = 0
-
-    def learn(self, topic_id: uuid.UUID, name: str) -> None:
-        if topic_id.int == 0 or self._names.get(topic_id) == name:
-            return
-        if len(self._names) >= self.cap:
-            del self._names[next(iter(self._names))]
-            self.forgotten += 1
-        self._names[topic_id] = name
-
-    def name(self, topic: object) -> str | None:
-        if topic is None:
-            return None
-        if isinstance(topic, uuid.UUID):
-            return self._names.get(topic, str(topic))
-        return str(topic)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,7 +125,7 @@ CACHE_ENTRIES = 2048
 # (SipHash, ~0.5 ms per MB; as kproxy/metrics/stats.py ScanMemo): clients refresh Metadata again and
 # again and brokers answer the same bytes, and reading an answer of 100,000 partitions (its topic ids
 # decoded, its error codes scanned) costs the writer ~100x that hash. Nothing big is kept: an entry
-# is its key, the scan (non-zero codes only) and the TopicNames stamp it was read at; it counts
+# is its key, the scan (non-zero codes only) and the TopicIdNames stamp it was read at; it counts
 # BIG_MEMO_ENTRY bytes plus BIG_MEMO_CODE per error entry, and the memo starts afresh past
 # BIG_MEMO_BYTES.
 BIG_MEMO_BYTES = 256 * 1024
@@ -159,11 +133,10 @@ BIG_MEMO_ENTRY = 1024
 BIG_MEMO_CODE = 64
 # A first read of a Metadata answer from this size on (~2,500 partitions: ~1 ms of scan, one call
 # of a generated scanner that cannot stop midway) is done with the interpreter's switch interval
-# (sys.setswitchinterval, 5 ms by default) cut to BIG_READ_SWITCH_SECONDS: the event loop, waiting
-# for the GIL, gets it after that long instead of 5 ms, again and again for the read's ~10-200 ms.
-# Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
+# (sys.setswitchinterval, 5 ms by default) cut by kproxy.offloop.short_switch_interval: the event
+# loop, waiting for the GIL, gets it after 0.5 ms instead of 5 ms, again and again for the read's
+# ~10-200 ms. Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
 BIG_READ_BYTES = 64 * 1024
-BIG_READ_SWITCH_SECONDS = 0.0005
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
@@ -216,20 +189,20 @@ class _Kind:
 class RecordBuilder:
     """Rows of capture records from :data:`Captured` exchanges; see the module docstring."""
 
-    def __init__(self, topics: TopicNames | None = None, payloads: PayloadOptions = PayloadOptions()) -> None:
-        self.topics = topics if topics is not None else TopicNames()
+    def __init__(self, topics: TopicIdNames | None = None, payloads: PayloadOptions = PayloadOptions()) -> None:
+        self.topics = topics if topics is not None else TopicIdNames()
         self.payloads = payloads
         self._kinds: dict[int, _Kind] = {}
         self._requests: dict[tuple[int, bytes], tuple[tuple[_Entry, ...], dict[str, Any]]] = {}
         self._responses: dict[tuple[int, bytes], _Scan] = {}
-        # (kind id, body length, hash of the body) -> (scan or None: unreadable, TopicNames.forgotten then)
+        # (kind id, body length, hash of the body) -> (scan or None: unreadable, TopicIdNames.forgotten then)
         self._big: dict[tuple[int, int, int], tuple[_Scan | None, int]] = {}
         self._big_bytes = 0
         # Frames whose records needed more than their RecordBudget. Two counts, each with one writer
         # (the event loop's early reads, the writer thread's reads), so no increment races another.
         self._over_budget_early = 0
         self._over_budget_late = 0
-        self._over_budget_log = Throttle(OVER_BUDGET_LOG_SECONDS)
+        self._over_budget_log = LogRateLimit(OVER_BUDGET_LOG_SECONDS)
 
     @property
     def over_budget(self) -> int:
@@ -325,7 +298,7 @@ class RecordBuilder:
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
         """The scan of a Metadata answer above :data:`CACHE_FRAME`, read once per body (see
-        :data:`BIG_MEMO_BYTES`). A repeated answer teaches :class:`TopicNames` nothing new, unless
+        :data:`BIG_MEMO_BYTES`). A repeated answer teaches :class:`TopicIdNames` nothing new, unless
         names were forgotten since it was read: then it is read again."""
         body = memoryview(response)[8:]  # less the size and the correlation id; a view: no copy
         key = (kind.id, len(body), hash(body if type(response) is bytes else body.tobytes()))
@@ -336,12 +309,8 @@ class RecordBuilder:
         if len(body) < BIG_READ_BYTES:
             scan, _ = self._response_part(kind, response, offset)
         else:
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval, BIG_READ_SWITCH_SECONDS))
-            try:
+            with short_switch_interval():
                 scan, _ = self._response_part(kind, response, offset)
-            finally:
-                sys.setswitchinterval(interval)
         cost = BIG_MEMO_ENTRY + BIG_MEMO_CODE * (len(scan[0]) if scan is not None else 0)
         if self._big_bytes + cost > BIG_MEMO_BYTES:
             self._big.clear()
@@ -405,7 +374,7 @@ class RecordBuilder:
 
     def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:
         """As :meth:`early_request`, of a big response frame (not Metadata: that one teaches
-        :class:`TopicNames`, which only the writer thread touches)."""
+        :class:`TopicIdNames`, which only the writer thread touches)."""
         assert api_key != METADATA
         scan, fetched = self._response_part(self._kind(api_key, api_version), frame, offset, early=True)
         return EarlyRead((), scan, fetched, len(frame))
@@ -468,7 +437,8 @@ class RecordBuilder:
         """What the response adds to the record, and Fetch's payloads when they are kept."""
         api_key, api_version = kind.api_key, kind.api_version
         if api_key == METADATA:
-            self._learn_topic_ids(api_version, response, offset)
+            if self.topics.learn_metadata(response, api_version, offset) is None:
+                raise DecodeError("unreadable Metadata response", offset=offset)
             if len(response) > CACHE_FRAME:
                 time.sleep(0)  # the writer thread (Metadata is never read early): let the event loop in
         fn = kind.response_scan
@@ -505,16 +475,6 @@ class RecordBuilder:
                             -1 if rec.key is None else len(rec.key),
                             -1 if rec.value is None else len(rec.value)))
         return out
-
-    def _learn_topic_ids(self, api_version: int, response: bytes, offset: int) -> None:
-        if api_version < 10:  # topic ids appear in Metadata v10 (KIP-516)
-            return
-        offset = offset or response_body_offset(response, METADATA, api_version)
-        body = decode_body(METADATA, api_version, Direction.RESPONSE, response, offset)
-        for topic in body.get("topics") or ():
-            topic_id, name = topic.get("topic_id"), topic.get("name")
-            if isinstance(topic_id, uuid.UUID) and isinstance(name, str):
-                self.topics.learn(topic_id, name)
 
 
 def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudget, *, keep_all: bool
@@ -596,5 +556,5 @@ def _produce_head(frame: bytes, body: int, api_version: int) -> tuple[str | None
                 pos += n
         acks = int.from_bytes(frame[pos:pos + 2], "big", signed=True)
         return txn, acks
-    except (Malformed, IndexError):
+    except (ProtocolError, IndexError):
         return None, None

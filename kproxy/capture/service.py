@@ -11,10 +11,11 @@ import time
 from typing import Any
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee, split_peer
-from kproxy.capture.records import PayloadOptions, RecordBuilder, TopicNames
+from kproxy.capture.records import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.paths import OptionFailed
+from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import SessionObserver
 
@@ -24,7 +25,7 @@ class CaptureService:
 
     def __init__(self, options: CaptureOptions) -> None:
         assert options.dir is not None
-        self.topics = TopicNames()
+        self.topics = TopicIdNames()
         self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
         # Observers offer captured exchanges; the writer thread reads them (RecordBuilder), off the loop.
         self.builder = RecordBuilder(self.topics, self.payloads)

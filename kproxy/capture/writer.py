@@ -71,7 +71,8 @@ import pyarrow.parquet as pq
 
 from kproxy.capture.rows import dict_rows
 from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
-from kproxy.ratelimit import Throttle
+from kproxy.logfmt import q as _q
+from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
@@ -273,7 +274,7 @@ class CaptureWriter:
         self.write_errors = 0
         self._retry_at = 0.0  # no file is opened before this (time.monotonic()): a failing disk's backoff
         self._retry_delay = RETRY_FIRST_SECONDS
-        self._failures_log = Throttle(FAILURE_LOG_SECONDS)
+        self._failures_log = LogRateLimit(FAILURE_LOG_SECONDS)
         self._failing = 0  # failures since the last success
 
     # -- the event loop's side ---------------------------------------------------------
@@ -593,8 +594,3 @@ def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None
     children = pa.StructArray.from_arrays(arrays, fields=fields)
     mask = pa.array([v is None for v in values], type=pa.bool_()) if nulls else None
     return pa.ListArray.from_arrays(offsets, children, type=type_, mask=mask)
-
-
-def _q(text: str) -> str:
-    # logfmt quoting, as kproxy.server.logfmt.q does (capture does not import the server)
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'

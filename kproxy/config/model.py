@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kproxy.host_port import HostPort
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kproxy.proxy.addresses import HostPort
 
 if TYPE_CHECKING:
     from kproxy.rules import RuleSet

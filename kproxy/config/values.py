@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kproxy.config.model import Config
-from kproxy.proxy.addresses import HostPort, parse_host_port
+from kproxy.host_port import HostPort, parse_host_port
 
 if TYPE_CHECKING:
     from kproxy.rules import RuleSet
@@ -78,10 +78,7 @@ def address(value: Any) -> HostPort:
 
 
 def listen_address(value: Any) -> HostPort:
-    text = string(value)
-    if text.rsplit(":", 1)[-1] == "0":
-        return HostPort(text.rsplit(":", 1)[0].strip("[]"), 0)  # port 0: let the OS choose (tests)
-    return parse_host_port(text)
+    return parse_host_port(string(value), allow_port_zero=True)  # port 0: let the OS choose (tests)
 
 
 def addresses(value: Any) -> tuple[HostPort, ...]:

@@ -1,12 +1,22 @@
 """A fixed-bucket histogram counted in plain Python (no lock, no label lookup per observation).
 
 Buckets are counted per slot and made cumulative only when exported, the form Prometheus
-expects (``le`` labels, ``+Inf`` last).
+expects (``le`` labels, ``+Inf`` last). The bucket bounds of kproxy's histograms are here too.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
+
+# Broker latency: from sub-millisecond produce acks to 30 s long-poll fetches.
+BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                  1.0, 2.5, 5.0, 10.0, 30.0)
+# kproxy's own time per request: microseconds normally, milliseconds for big rewrites.
+OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                    0.025, 0.05, 0.1)
+# How late the trio loop runs a due task (kproxy.server.loopwatch): 1 ms to 10 s; 0.1 s is the bound
+# nothing may exceed (a stall every client feels).
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Histogram:

@@ -27,22 +27,21 @@ counts, its histograms and its response header layout, so nothing else is looked
 per frame. The label-keyed dicts /metrics reads (``requests``, ``responses``, ``byte_counts``)
 are built from the kinds when asked, at scrape time.
 
-Size (over the ~500 lines the project aims for): the histogram and the label cap live in
-:mod:`kproxy.metrics.histogram` and :mod:`kproxy.metrics.labels`; what stays is one structure,
-:class:`TrafficStats` with its per-broker and per-kind series, whose counting methods and the
-scans they call share those series on every frame. Split further, a frame's counting would
-reach across modules for state it updates in one place.
+What the rules did is counted apart, in :mod:`kproxy.metrics.fault_stats`; the histogram and the
+label cap live in :mod:`kproxy.metrics.histogram` and :mod:`kproxy.metrics.labels`. What stays is
+one structure, :class:`TrafficStats` with its per-broker and per-kind series, whose counting
+methods and the scans they call share those series on every frame.
 """
 
 from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.fault_stats import FaultStats
+from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
@@ -52,15 +51,6 @@ from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
 
-# Broker latency: from sub-millisecond produce acks to 30 s long-poll fetches.
-BROKER_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                  1.0, 2.5, 5.0, 10.0, 30.0)
-# kproxy's own time per request: microseconds normally, milliseconds for big rewrites.
-OVERHEAD_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                    0.025, 0.05, 0.1)
-# How late the trio loop runs a due task (kproxy.server.loopwatch): 1 ms to 10 s; 0.1 s is the bound
-# nothing may exceed (a stall every client feels).
-LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 UNKNOWN_API = "unknown"
 _MISSING = object()
 # The node_id label of series for connections through the bootstrap listener (and of configured bootstrap
@@ -163,58 +153,6 @@ class StatsOptions:
     topic_label: bool = False
     label_cap: int = 100
     scan_responses: bool = True
-
-
-@dataclass
-class FaultStats:
-    """What fault-injection rules did (kproxy/server/rule_policy.py counts; one dict operation per fault).
-
-    Rule ids come from the rules loaded, api and error names from Kafka's tables. The series of a
-    rule no longer loaded are removed when the rules are replaced (:meth:`keep_rules`), so
-    ``/metrics`` stays as big as the rules in force however often they are edited; a rule that
-    comes back starts again from 0, which Prometheus' ``rate()`` and ``increase()`` read as a reset.
-    """
-
-    hits: dict[tuple[str, str, str], int] = field(default_factory=dict)  # (rule, action, dry_run "true"/"false")
-    injected_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (api, error name)
-    throttle_seconds: dict[str, float] = field(default_factory=dict)  # rule -> seconds of throttle applied
-    connection_faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (rule, action): drops, closes
-    rules_loaded: int = 0
-    # Rule set replacements (kproxy/server/live_rules.py): the generation in force, and the reloads of
-    # the rules file by result, born at zero so that the first failed reload is an increase an alert sees.
-    rules_generation: int = 0
-    reloads: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
-    # Frames whose record actions were skipped: editing them needed more than their RecordBudget.
-    records_over_budget: int = 0
-    # (rule, action) -> how long responses were held back by a delay or throttle (kproxy_rule_held_seconds):
-    # the rules' time, kept out of kproxy_overhead_seconds.
-    held: dict[tuple[str, str], Histogram] = field(default_factory=dict)
-
-    def held_histogram(self, key: tuple[str, str]) -> Histogram:
-        """The ``kproxy_rule_held_seconds`` histogram of ``(rule, action)``, made on first use (a rule
-        set's delays and throttles are made at load, at zero, so dashboards see every one)."""
-        hist = self.held.get(key)
-        if hist is None:
-            hist = self.held[key] = Histogram(BROKER_BUCKETS)
-        return hist
-
-    def keep_rules(self, rule_ids: Container[str], chunk: int = 0) -> Iterator[int]:
-        """Remove the series of every rule not in ``rule_ids`` (the rules now loaded), ``chunk`` keys
-        looked at per step (0: all at once); yields after each step how many went in it, so that a
-        caller on the event loop can give the loop a turn between steps (100,000 series take a walk
-        of each map keyed by rule id)."""
-        # keys (rule, ...); the held histogram of responses no rule holds is ("", ""): no rule id is "".
-        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults, self.held)
-        for table in (*by_rule, self.throttle_seconds):
-            keys = list(table)  # a copy: counting goes on between steps
-            step = chunk or len(keys) or 1
-            for start in range(0, len(keys), step):
-                part = keys[start:start + step]
-                stale = [k for k in part if k and k not in rule_ids] if table is self.throttle_seconds else [
-                    k for k in part if k[0] and k[0] not in rule_ids]
-                for key in stale:
-                    table.pop(key, None)
-                yield len(stale)
 
 
 @dataclass

@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.protocol.tables import api_snake_name
 from kproxy.proxy.session import Exchange
-from kproxy.ratelimit import Throttle as LogThrottle
+from kproxy.ratelimit import LogRateLimit
 from kproxy.rules.actions.base import HitKey
 
 log = logging.getLogger("kproxy.faults")
-_OVER_BUDGET_LOG = LogThrottle(60.0)  # the first frame over its records budget, then one line a minute
+_OVER_BUDGET_LOG = LogRateLimit(60.0)  # the first frame over its records budget, then one line a minute
 DRY_RUN_DETAIL = "dry run: nothing done"
 
 

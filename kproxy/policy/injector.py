@@ -12,15 +12,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import DRY_RUN_DETAIL
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
+from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
 from kproxy.rules.actions.draft import Fault
 from kproxy.rules.apply import selector
-from kproxy.rules.frame_facts import TopicIdNames
 from kproxy.rules.model import Rule
 
 FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import FaultRecord
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
+from kproxy.host_port import split_host_port
+
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
@@ -31,7 +33,7 @@ class _PeerIPv6(_HashedOnce, ipaddress.IPv6Address):
 
 def client_ip(peer: str) -> IpAddress | None:
     """The address of a ``host:port`` peer (``[v6]:port`` too), its hash kept; None for a name."""
-    host = peer.rpartition(":")[0].strip("[]")
+    host = split_host_port(peer)[0]
     ip: _PeerIPv4 | _PeerIPv6
     try:
         ip = _PeerIPv4(host)

@@ -25,7 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.logfmt import q
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import (
     FaultRecord,
     api_label,
@@ -37,7 +38,8 @@ from kproxy.policy.faults import (
 )
 from kproxy.policy.injector import FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
-from kproxy.protocol.requests import RequestHeaderMemo
+from kproxy.protocol.request_fields import RequestHeaderMemo
+from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.rules import Decision, RuleHit
@@ -45,8 +47,7 @@ from kproxy.rules.actions.base import HitKey
 from kproxy.rules.actions.draft import VerdictDraft
 from kproxy.rules.actions.throttle import charging_response
 from kproxy.rules.apply import apply_to_request, apply_to_response
-from kproxy.rules.frame_facts import METADATA, METADATA_TOPIC_IDS, FrameFacts, TopicIdNames
-from kproxy.server.logfmt import q
+from kproxy.rules.frame_facts import FrameFacts
 
 
 class _HasInjector(Protocol):
@@ -347,7 +348,7 @@ class RulePolicy:
 
 class TopicIdLearningPolicy(RulePolicy):
     """A :class:`RulePolicy` that also learns topic ids from Metadata v10+ responses into the
-    injector's :class:`~kproxy.rules.frame_facts.TopicIdNames` (shared by every connection), so a
+    injector's :class:`~kproxy.protocol.topic_ids.TopicIdNames` (shared by every connection), so a
     ``topic`` key matches requests that name topics by id (Fetch v13+), and their faults name
     their topics. Given to connections only when rules that can meet such requests are or may be
     in force

@@ -5,14 +5,21 @@ Layers, bottom up (none does I/O; this package imports nothing else of kproxy):
 * :mod:`.wire`     - varints, tagged-field sections, the ``Malformed`` signal.
 * :mod:`.framing`  - 4-byte size-prefixed frames out of arbitrary chunks.
 * :mod:`.headers`  - request/response headers and their derived versions.
+* :mod:`.request_fields` - a request's client id, acks, body offset, read in place from its frame.
 * :mod:`.schema`   - per-(api key, version) layouts from the generated tables.
-* :mod:`.codegen`  - the compiler behind messages and scan: schemas to Python functions.
+* :mod:`.codegen`  - the compiler behind messages and scan: schemas to Python functions
+  (:mod:`.codegen_runtime`: what the functions it writes run with).
 * :mod:`.messages` - full decode/encode of bodies (byte-exact round trips).
+* :mod:`.payloads` - a request's or response's header and body, decoded or encoded together.
 * :mod:`.scan`     - partial decode for the hot path (topics, partitions, error codes).
 * :mod:`.splice`   - rewrite a few top-level fields, copy the rest untouched.
 * :mod:`.records`  - RecordBatch v2 and legacy MessageSets, decoded lazily (a package split by job).
-* :mod:`.builders` - request/response frames of any version from version-independent values;
+* :mod:`.frame_builder` - request/response frames of any version from version-independent values;
   :mod:`.error_response` answers a request with an error code.
+* :mod:`.mutation` - what every frame transformation returns, and re-framing an edited body; the
+  transformations: :mod:`.response_faults`, :mod:`.record_faults`, :mod:`.field_rewrite`,
+  :mod:`.endpoints`.
+* :mod:`.topic_ids` - topic ids (KIP-516) learnt from Metadata answers, for requests naming topics by id.
 * :mod:`.kinds`    - which (api key, version) kinds carry broker endpoints, which to warm up.
 * :mod:`.tables`   - ``ApiKey``, ``ErrorCode``; API names, error codes: printable lookups that never raise.
 """
@@ -25,7 +32,6 @@ from kproxy.protocol.errors import (
     ProtocolError,
     UnknownApiError,
 )
-from kproxy.protocol.frames import Request, Response, decode_request, decode_response, encode_request, encode_response
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, frame
 from kproxy.protocol.headers import (
     RequestHeader,
@@ -36,6 +42,7 @@ from kproxy.protocol.headers import (
     response_header_version,
 )
 from kproxy.protocol.messages import codec, decode_body, default_body, encode_body
+from kproxy.protocol.payloads import Request, Response, decode_request, decode_response, encode_request, encode_response
 from kproxy.protocol.scan import BodyScan, scan_body
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.splice import splice_body

@@ -7,12 +7,13 @@ single ``struct`` call, arrays of ints one ``unpack_from``), ``exec``s it, and
 caches the functions per (api key, version, direction).
 
 The generated code reads and writes through the primitives of
-:mod:`kproxy.protocol.wire` (varints, :class:`~kproxy.protocol.wire.Malformed`);
-:meth:`SchemaCompiler.build` returns a :class:`CompiledSchema`.
+:mod:`kproxy.protocol.wire` (varints, :class:`~kproxy.protocol.wire.Malformed`), named in its
+namespace by :mod:`kproxy.protocol.codegen_runtime`; :meth:`SchemaCompiler.build` returns a
+:class:`CompiledSchema`.
 
-Why one module of ~650 lines: it is one compiler, whose emit methods for decode,
-encode and skip recurse into each other per field type (and
-:mod:`kproxy.protocol.scan` subclasses it); split, each half would need the other.
+One compiler, whose emit methods for decode, encode and skip recurse into each other per
+field type (:mod:`kproxy.protocol.scan` subclasses it); what the generated code runs with (its
+checks, the varint functions, the array readers) is :mod:`kproxy.protocol.codegen_runtime`.
 
 Each schema gets two builds:
 
@@ -47,85 +48,13 @@ neither side.
 from __future__ import annotations
 
 import struct
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from kproxy.protocol.codegen_runtime import ARRAY_CACHE, BASE_NAMESPACE, DECODE_FORMAT, min_wire_size
 from kproxy.protocol.schema import FIXED_WIDTH, STRUCT_FORMAT, Field, MessageSchema
-from kproxy.protocol.wire import Malformed, read_uvarint, uvarint_bytes, write_uvarint
-
-UNKNOWN_TAGS = "_unknown_tags"
-
-
-def _check_len(buf: bytes, end: int) -> None:
-    if end > len(buf):
-        raise Malformed(f"length runs {end - len(buf)} bytes past the end of the data")
-
-
-def _count(n: int, pos: int, buf: bytes, min_size: int) -> None:
-    """Refuse a count that cannot fit the bytes left (2**31 claimed with 4 bytes of data)."""
-    if n * min_size > len(buf) - pos:
-        raise Malformed(f"array of {n} elements cannot fit in the {len(buf) - pos} bytes left")
-
-
-def _bool(byte: int) -> bool:
-    """A bool byte; only 0 and 1 re-encode to themselves."""
-    if byte > 1:
-        raise Malformed(f"bool byte {byte} is neither 0 nor 1")
-    return byte == 1
-
-
-# Decoding reads bools as unsigned bytes, so that a byte of 2 is caught rather than folded into True.
-DECODE_FORMAT = {**STRUCT_FORMAT, "bool": "B"}
-
-
-def _uuid_from(raw: bytes) -> uuid.UUID:
-    return uuid.UUID(bytes=raw)
-
-
-# Arrays of ints are read and written with one struct call; formats of small counts are
-# compiled once here rather than looked up by format string on every array.
-_ARRAY_CACHE = 256
-_ARRAY_UNPACK = {c: [struct.Struct(f">{n}{c}").unpack_from for n in range(_ARRAY_CACHE)]
-                 for c in set(STRUCT_FORMAT.values())}
-_ARRAY_PACK = {c: [struct.Struct(f">{n}{c}").pack for n in range(_ARRAY_CACHE)]
-               for c in set(STRUCT_FORMAT.values())}
-
-_BASE_NAMESPACE: dict[str, Any] = {
-    "Malformed": Malformed,
-    "read_uvarint": read_uvarint,
-    "write_uvarint": write_uvarint,
-    "uvarint_bytes": uvarint_bytes,
-    "_check_len": _check_len,
-    "_count": _count,
-    "_uuid_from": _uuid_from,
-    "_bool": _bool,
-    "UUID": uuid.UUID,
-    "unpack_from": struct.unpack_from,
-    "pack": struct.pack,
-    "UNKNOWN_TAGS": UNKNOWN_TAGS,
-    **{f"AU_{ord(c)}": v for c, v in _ARRAY_UNPACK.items()},
-    **{f"AP_{ord(c)}": v for c, v in _ARRAY_PACK.items()},
-}
-
-
-def min_wire_size(field: Field, flexible: bool) -> int:
-    """The fewest bytes a value of this field can take (for array-count sanity checks)."""
-    if field.array:
-        return 1 if flexible else 4
-    if field.type in FIXED_WIDTH:
-        return FIXED_WIDTH[field.type]
-    if field.type == "uuid":
-        return 16
-    if field.type == "struct":
-        assert field.fields is not None
-        own = sum(min_wire_size(f, flexible) for f in field.fields if f.tag is None)
-        return (1 if field.nullable else 0) + own + (1 if flexible else 0)
-    if field.type == "string":
-        return 1 if flexible else 2
-    return 1 if flexible else 4  # bytes, records
 
 
 class FieldFunctions(NamedTuple):
@@ -178,7 +107,7 @@ class SchemaCompiler:
         self.flexible = schema.flexible
         self.traced = traced
         self.w = _Writer()
-        self.ns: dict[str, Any] = dict(_BASE_NAMESPACE)
+        self.ns: dict[str, Any] = dict(BASE_NAMESPACE)
         self.counter = 0
         self.struct_names: dict[int, tuple[str, str, str]] = {}
 
@@ -328,7 +257,7 @@ class SchemaCompiler:
             if elem.type in STRUCT_FORMAT and elem.type != "bool" and not self.traced:
                 # unpack_from checks the buffer's length before it allocates: no count check needed.
                 c = STRUCT_FORMAT[elem.type]
-                w(f"if {n} < {_ARRAY_CACHE}: {target} = list(AU_{ord(c)}[{n}](buf, pos))")
+                w(f"if {n} < {ARRAY_CACHE}: {target} = list(AU_{ord(c)}[{n}](buf, pos))")
                 w(f"else: {target} = list(unpack_from('>%d{c}' % {n}, buf, pos))")
                 w(f"pos += {FIXED_WIDTH[elem.type]} * {n}")
             else:
@@ -492,7 +421,7 @@ class SchemaCompiler:
             elem = self.element(field)
             if elem.type in STRUCT_FORMAT and not self.traced:
                 c = STRUCT_FORMAT[elem.type]
-                w(f"if {n} < {_ARRAY_CACHE}: out += AP_{ord(c)}[{n}](*{var})")
+                w(f"if {n} < {ARRAY_CACHE}: out += AP_{ord(c)}[{n}](*{var})")
                 w(f"else: out += pack('>%d{c}' % {n}, *{var})")
             else:
                 item = self.fresh("item")

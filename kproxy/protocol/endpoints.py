@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kproxy.protocol.errors import EndpointRewriteError
-from kproxy.protocol.frame_edit import Mutation, reframe
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import require_codec
+from kproxy.protocol.mutation import Mutation, reframe
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol.errors import FieldRewriteError
-from kproxy.protocol.frame_edit import Mutation, reframe, request_header
 from kproxy.protocol.headers import encode_request_header, response_body_offset
+from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import Edit, splice_body
 

@@ -239,7 +239,7 @@ def response_body_offset(frame: bytes | memoryview, api_key: int, api_version: i
 
     ``whole=True`` first checks that the size prefix counts the frame's bytes exactly
     (:func:`check_frame_size`). The transformations that rebuild a frame around an edited body
-    (kproxy.protocol.frame_edit.reframe: mutations, record faults, endpoint and field rewrites)
+    (kproxy.protocol.mutation.reframe: mutations, record faults, endpoint and field rewrites)
     ask for it: they take frames from their callers, and one whose prefix disagreed would have
     bytes that are not its body (the next frame's, or a frame cut short) edited and re-framed as
     if they were. The per-frame callers (the session's address rewrite, the metrics observer) get

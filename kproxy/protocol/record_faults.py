@@ -32,7 +32,7 @@ edited are charged to it, and a frame that needs more raises
 caller forwards the frame as it came). Legacy wrappers nested in wrappers are
 refused, as Kafka refuses them.
 
-Every function returns a :class:`~kproxy.protocol.frame_edit.Mutation` whose
+Every function returns a :class:`~kproxy.protocol.mutation.Mutation` whose
 ``changed`` counts the entries (CRC, duplicate) or records (field targets,
 schema ids) changed; the same frame object when nothing was. Bad input:
 :class:`~kproxy.protocol.errors.RecordsMutationError` for an API without
@@ -53,8 +53,8 @@ from crc32c import crc32c
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
 from kproxy.protocol.errors import CorruptRecordsError, RecordsMutationError
-from kproxy.protocol.frame_edit import Mutation, reframe, request_header
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.records import RECORD_COST, V2_HEADER_SIZE, BatchInfo, RecordBudget, iter_batches
 from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body

@@ -255,9 +255,10 @@ class BodyScan:
 
 _scanners: dict[tuple[int, int, Direction, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
-# What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these).
-SCAN_FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
-_FAILURES = SCAN_FAILURES
+# What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these): the
+# codec's DecodeError (a wire rule broken) and what Python's own readers raise, which the scanner lets
+# through for speed.
+SCAN_FAILURES = (DecodeError, struct.error, IndexError, ValueError, OverflowError)
 
 
 def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False
@@ -294,7 +295,7 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
     recs: list[tuple[int, int]] = []
     try:
         end = fn(data, offset, acc, recs, None)
-    except _FAILURES as exc:
+    except SCAN_FAILURES as exc:
         # The full decoder knows how to say where; ask it (only on this error path).
         from kproxy.protocol.messages import require_codec
 
@@ -369,7 +370,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     """What the errors-only scanner of a Produce response finds in the body at ``buf[pos:]``, read
     by hand for the answer a producer usually gets: one topic, one partition, no record errors, no
     tagged fields (``[]`` when its error code is 0, else its one entry). None for any other shape,
-    or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_produce.py
+    or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_shared.py
     checks the two agree on every version, shape and corruption).
 
     Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
@@ -377,14 +378,15 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     layout (v0 base_offset; v2 log_append_time_ms; v5 log_start_offset; v8 record_errors and
     error_message; v9 flexible; v13 topic_id).
     """
+    if not 0 <= api_version <= 13:
+        return None  # a layout this reader does not know
     n = len(buf)
     try:
-        if 0 <= api_version < 9:
-            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
-            if topics != 1 or size < 0:
-                return None
-            start = pos + 6
-            end = start + size
+        found = _one_topic(buf, pos, api_version)
+        if found is None:
+            return None
+        start, end = found
+        if api_version < 9:
             partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
             if partitions != 1:
                 return None
@@ -397,20 +399,8 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
                 if size < -1:
                     return None
                 pos += 6 + max(size, 0)
-        elif 9 <= api_version <= 13:
-            # Compact arrays and strings carry length + 1 as a varint: only one-byte ones here.
-            if buf[pos] != 2:
-                return None
-            if api_version >= 13:  # topic_id (KIP-516) instead of the name
-                start = pos + 1
-                end = start + 16
-            else:
-                size = buf[pos + 1] - 1
-                if not 0 <= size < 0x7F:
-                    return None
-                start = pos + 2
-                end = start + size
-            if buf[end] != 2:
+        else:
+            if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
             index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
             pos = end + 7 + 24
@@ -423,13 +413,11 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
             if buf[pos] or buf[pos + 1]:  # the partition's, then the topic's tagged fields: none
                 return None
             pos += 2
-        else:
-            return None  # a layout this reader does not know
         if pos > n:
             return None
         if api_version >= 13:
             return [(uuid.UUID(bytes=bytes(buf[start:end])), index, code)] if code else []
-        topic = buf[start:end].decode("utf-8")  # (the scanner reads the name whatever the code)
+        topic = str(buf[start:end], "utf-8")  # (the scanner reads the name whatever the code)
     except (struct.error, IndexError, UnicodeDecodeError):
         return None
     return [(topic, index, code)] if code else []
@@ -441,41 +429,32 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
     is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
     agree on every version, cut and changed byte). ProduceRequest.json gives the layout (v3
     transactional_id; v9 flexible; v13 topic_id)."""
+    if not 0 <= api_version <= 13:
+        return None  # a layout this reader does not know
     try:
-        if 0 <= api_version < 9:
+        if api_version < 9:
             if api_version >= 3:
                 (size,) = _PRODUCE_NAME.unpack_from(buf, pos)  # transactional_id
                 if size < -1:
                     return None
                 pos += 2 + max(size, 0)
-            pos += 6  # acks, timeout_ms
-            topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
-            if topics != 1 or size < 0:
+        else:
+            size = buf[pos]  # transactional_id: 0 (null), else length + 1
+            if size >= 0x80:
                 return None
-            start = pos + 6
-            end = start + size
+            pos += 1 + max(size - 1, 0)
+        found = _one_topic(buf, pos + 6, api_version)  # after acks, timeout_ms
+        if found is None:
+            return None
+        start, end = found
+        if api_version < 9:
             partitions, index, size = _PRODUCE_PARTITION_RECORDS.unpack_from(buf, end)
             if partitions != 1 or size < -1:
                 return None
             records = end + 12
             pos = records + max(size, 0)
-        elif 9 <= api_version <= 13:
-            size = buf[pos]  # transactional_id: 0 (null), else length + 1
-            if size >= 0x80:
-                return None
-            pos += 1 + max(size - 1, 0) + 6  # and acks, timeout_ms
-            if buf[pos] != 2:  # one topic (compact array: count + 1)
-                return None
-            if api_version >= 13:  # topic_id (KIP-516) instead of the name
-                start = pos + 1
-                end = start + 16
-            else:
-                size = buf[pos + 1] - 1
-                if not 0 <= size < 0x7F:
-                    return None
-                start = pos + 2
-                end = start + size
-            if buf[end] != 2:  # one partition
+        else:
+            if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
             (index,) = _PRODUCE_COUNT.unpack_from(buf, end + 1)
             pos = end + 5
@@ -490,8 +469,6 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
             if buf[pos] or buf[pos + 1] or buf[pos + 2]:  # the partition's, topic's and body's tagged fields
                 return None
             pos += 3
-        else:
-            return None  # a layout this reader does not know
         if pos > len(buf):
             return None
         topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
@@ -499,3 +476,24 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
     except (struct.error, IndexError, UnicodeDecodeError, Malformed):
         return None
     return [(topic, index, None)], [(records, records + size)] if size > 0 else []
+
+
+def _one_topic(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> tuple[int, int] | None:
+    """Where the name (from v13 the id, KIP-516) of the only topic of the topics array at ``buf[pos]``
+    lies, ``(start, end)``, in a Produce request or response of ``api_version`` (0-13): both open
+    their topics alike. None when the array does not hold exactly one topic, or (v9+) when the name's
+    compact length takes more than one byte: the generated scanner reads those."""
+    if api_version < 9:
+        topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+        if topics != 1 or size < 0:
+            return None
+        return pos + 6, pos + 6 + size
+    # Compact arrays and strings carry length + 1 as a varint: only one-byte ones here.
+    if buf[pos] != 2:
+        return None
+    if api_version >= 13:
+        return pos + 1, pos + 17
+    size = buf[pos + 1] - 1
+    if not 0 <= size < 0x7F:
+        return None
+    return pos + 2, pos + 2 + size

@@ -17,39 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, slots=True)
-class HostPort:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def parse_host_port(text: str, *, default_port: int | None = None) -> HostPort:
-    """Parse ``host:port`` / ``[v6]:port``; raises ValueError with the offending text."""
-    text = text.strip()
-    if not text:
-        raise ValueError("empty address")
-    if text.startswith("["):
-        host, sep, rest = text[1:].partition("]")
-        if not sep:
-            raise ValueError(f"unclosed '[' in address {text!r}")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            host, port_text = text, ""
-    if not port_text:
-        if default_port is None:
-            raise ValueError(f"address {text!r} has no port")
-        return HostPort(host, default_port)
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"bad port {port_text!r} in address {text!r}")
-    if not host:
-        raise ValueError(f"address {text!r} has no host")
-    return HostPort(host, int(port_text))
+from kproxy.host_port import HostPort
 
 
 class PortsExhausted(RuntimeError):

@@ -24,7 +24,7 @@ from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.requests import request_client_id
+from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import api_name

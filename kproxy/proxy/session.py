@@ -47,11 +47,11 @@ from collections import deque
 from collections.abc import Callable
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
-from kproxy.protocol.frames import encode_response
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.headers import response_body_offset as find_response_body
-from kproxy.protocol.requests import produce_acks, request_client_id
+from kproxy.protocol.payloads import encode_response
+from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import PortsExhausted

@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.frame_edit import Mutation, request_header
-from kproxy.protocol.mutations import set_throttle_time
+from kproxy.protocol.mutation import Mutation, request_header
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.response_faults import set_throttle_time
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.model import Match
 

@@ -20,7 +20,7 @@ body that cannot be read yields "no value" (the rule then does not match),
 never an exception, since the proxy forwards what it cannot read.
 
 Requests that name topics by id (Fetch v13+, KIP-516) are read through a
-:class:`TopicIdNames` map, learnt from Metadata responses, so a ``topic`` key
+:class:`~kproxy.protocol.topic_ids.TopicIdNames` map, learnt from Metadata responses, so a ``topic`` key
 matches them by name; an id not (yet) learnt reads as the id's text.
 """
 
@@ -31,59 +31,21 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import RequestHeader, response_body_offset
-from kproxy.protocol.messages import codec, decode_body
+from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.messages import codec
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
 from kproxy.rules.request_facts import IpAddress, RequestHeaderFacts
 
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
-PRODUCE, FIND_COORDINATOR, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR), int(ApiKey.METADATA)
-METADATA_TOPIC_IDS = 10  # the first Metadata version whose response carries topic_id (KIP-516)
-TOPIC_ID_NAMES_CAP = 100_000
+PRODUCE, FIND_COORDINATOR = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR)
 _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 # Scan of a request's topics (topic, partition, None per partition read) -> its topics() mapping;
 # bounded: starts afresh when full (a request naming a new set of partitions costs one build).
 TOPICS_SEEN_CAP = 4096
 _TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
-
-
-class TopicIdNames(dict[uuid.UUID, str]):
-    """Topic id -> name, learnt from Metadata responses (v10+), shared by every connection of a
-    rule set: the Metadata answer that names a topic often comes on another connection than
-    the Fetch that uses its id. Bounded: past ``cap`` ids the oldest learnt is forgotten."""
-
-    def __init__(self, cap: int = TOPIC_ID_NAMES_CAP) -> None:
-        super().__init__()
-        self.cap = cap
-
-    def learn(self, topic_id: uuid.UUID, name: str) -> None:
-        if topic_id.int == 0 or self.get(topic_id) == name:  # the zero id: "no id" (a pre-v10 topic)
-            return
-        if topic_id not in self and len(self) >= self.cap:
-            del self[next(iter(self))]
-        self[topic_id] = name
-
-    def learn_metadata(self, response: bytes, api_version: int) -> int:
-        """Learn the (topic id, name) pairs of a Metadata response frame (size prefix
-        included); how many it names. A response that cannot be read teaches nothing."""
-        if api_version < METADATA_TOPIC_IDS:
-            return 0
-        try:
-            body = decode_body(METADATA, api_version, Direction.RESPONSE, response,
-                               response_body_offset(response, METADATA, api_version))
-        except ProtocolError:
-            return 0
-        n = 0
-        for topic in body.get("topics") or ():
-            topic_id, name = topic.get("topic_id"), topic.get("name")
-            if isinstance(topic_id, uuid.UUID) and isinstance(name, str):
-                self.learn(topic_id, name)
-                n += 1
-        return n
 
 
 class ParsedRequest(RequestHeaderFacts, Protocol):

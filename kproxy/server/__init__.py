@@ -1,6 +1,6 @@
 """The I/O layer: trio listeners, client connections, upstream connections.
 
-The only kproxy code that awaits. Protocol decisions live in
-:mod:`kproxy.proxy`; this package moves bytes and turns session events into
-logs (and, later, metrics and capture records).
+Protocol decisions live in :mod:`kproxy.proxy` (sans-IO); this package moves
+bytes, runs the sessions' commands, and hands session events to the logs, the
+metrics observer and the capture.
 """

@@ -8,8 +8,8 @@ import signal
 import trio
 
 from kproxy.config import Config
+from kproxy.logfmt import q, setup_logging
 from kproxy.paths import OptionFailed
-from kproxy.server.logfmt import q, setup_logging
 from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ListenFailed, ProxyServer
 

@@ -14,7 +14,7 @@ stops reading the broker. The client pump stops reading once
 ``max_in_flight`` requests await answers.
 
 Log lines name the client by peer address and, once known, by identity: ``client_id`` (the
-first request's header; cut to 256 characters and escaped by :func:`~kproxy.server.logfmt.q`,
+first request's header; cut to 256 characters and escaped by :func:`~kproxy.logfmt.q`,
 a client chooses it) and ``principal`` (``User:`` and the subject of a verified TLS client
 certificate, as Kafka names it: :mod:`kproxy.proxy.principal`); each is left out while unknown.
 
@@ -40,13 +40,14 @@ from typing import Any
 import trio
 
 from kproxy.config import Limits
-from kproxy.proxy.addresses import BrokerRoute, HostPort
+from kproxy.host_port import HostPort
+from kproxy.logfmt import clip
+from kproxy.logfmt import q as _q
+from kproxy.proxy.addresses import BrokerRoute
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient, WakeAt
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, vector_writer, writer
-from kproxy.server.logfmt import clip
-from kproxy.server.logfmt import q as _q
 
 log = logging.getLogger("kproxy.connection")
 

@@ -18,8 +18,8 @@ import struct
 
 import trio
 
-from kproxy.protocol.frames import decode_response, encode_request
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.payloads import decode_response, encode_request
 from kproxy.protocol.tables import ApiKey
 
 METADATA = ApiKey.METADATA

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import trio
 
+from kproxy.host_port import HostPort
+from kproxy.logfmt import q
 from kproxy.metrics.stats import BOOTSTRAP_NODE
-from kproxy.proxy.addresses import HostPort
-from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.health")
 

@@ -36,8 +36,9 @@ from types import FrameType
 
 import trio
 
+from kproxy.logfmt import q
 from kproxy.metrics.histogram import Histogram
-from kproxy.server.logfmt import Throttle, q
+from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.server")
 
@@ -65,7 +66,7 @@ class LoopWatch:
         self._beat = clock()  # when the loop last ran the heartbeat (read by the sentinel thread)
         self._where: str | None = None  # the loop thread's stack, sampled during the current stall
         self._stuck_logged = False
-        self._throttle = Throttle(LOG_INTERVAL)
+        self._throttle = LogRateLimit(LOG_INTERVAL)
 
     def reset_max(self) -> None:
         """Forget the worst lag seen so far (tests measure one scenario at a time)."""

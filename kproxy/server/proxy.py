@@ -41,19 +41,20 @@ from typing import TYPE_CHECKING
 import trio
 
 from kproxy.config import Config
+from kproxy.host_port import HostPort
+from kproxy.logfmt import q as _q
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOptions, TrafficStats, node_label
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
-from kproxy.proxy.addresses import AddressMap, BrokerRoute, HostPort, PortsExhausted
+from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
-from kproxy.ratelimit import Throttle
+from kproxy.ratelimit import LogRateLimit
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
-from kproxy.server.logfmt import q as _q
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
@@ -132,11 +133,11 @@ class ProxyServer:
         self.warmed = trio.Event()  # brokers discovered and the likely codecs compiled
         self.connections_total = 0
         self.open_clients = 0  # accepted and not closed yet, handshaking ones included (limits.max_connections)
-        self._accept_failures = Throttle()
-        self._cap_refusals = Throttle()
+        self._accept_failures = LogRateLimit()
+        self._cap_refusals = LogRateLimit()
         # One throttle per (listener, reason): a client retrying against a dead broker in a tight loop
         # makes one line per 10 s with a count, not one per attempt; a new reason is logged at once.
-        self._upstream_refusals: dict[tuple[str, str], Throttle] = {}
+        self._upstream_refusals: dict[tuple[str, str], LogRateLimit] = {}
         for addr in config.upstream:
             # Born at zero, so that the first failure is an increase alerts can see.
             self.stats.upstream_connect_failures.setdefault((str(addr), BOOTSTRAP_NODE), 0)
@@ -474,7 +475,7 @@ class ProxyServer:
             reason = str(exc) or type(exc).__name__
             if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
                 self._upstream_refusals.clear()
-            throttle = self._upstream_refusals.setdefault((listener.name, reason), Throttle())
+            throttle = self._upstream_refusals.setdefault((listener.name, reason), LogRateLimit())
             count = throttle.due()
             if count is not None:
                 log.warning("event=connection_refused peer=%s listener=%s reason=%s occurrences=%d", peer,

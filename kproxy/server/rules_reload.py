@@ -58,14 +58,14 @@ import weakref
 
 import trio
 
-from kproxy.metrics.stats import FaultStats
+from kproxy.logfmt import q
+from kproxy.metrics.fault_stats import FaultStats
 from kproxy.offloop import freeze_if_many, hold_parts, off_loop_build, release_parts
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules import RulesError, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES
 from kproxy.rules.sources import load_path, rule_files
-from kproxy.server.logfmt import q
 
 log = logging.getLogger("kproxy.rules")
 

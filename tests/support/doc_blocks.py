@@ -11,8 +11,9 @@ that rendered Markdown does not show::
 The marker is the line right before the fence (blank lines between are allowed). Modes
 (``tests/test_doc_examples.py`` runs them):
 
-* ``pytest``: a Python test module using the ``kproxy`` fixture: run by pytest in a process of
-  its own, the plugin loaded from its entry point, against the test session's real broker;
+* ``pytest``: a Python test module of one test function taking the ``kproxy`` fixture: run in
+  the test process with the pytest plugin's own fixture, against the test session's real broker
+  (tests/plugin/ runs a user's suite in a pytest process of its own, as a user does);
 * ``python``: a Python script, run as it is;
 * ``sh``: shell commands, run one after the other by ``bash -e`` in a scratch directory that
   mirrors the repository (so ``rules/examples/*.yaml`` resolves), with kproxy's ``bin`` first on

@@ -26,7 +26,7 @@ raw payload). ``cluster.handlers[api_key]`` overrides an answer: an async
 function of ``(broker, received)`` returning a body dict, a raw response
 payload (``bytes``), or ``None`` for no answer; raise :class:`CloseConnection`
 to hang up instead. :class:`tests.support.kafkaclient.KafkaClient` is the matching test client;
-frames are built with :mod:`kproxy.protocol.builders`.
+frames are built with :mod:`kproxy.protocol.frame_builder`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from kproxy.protocol import (
     frame,
     peek_request,
 )
-from kproxy.protocol.builders import response_body
+from kproxy.protocol.frame_builder import response_body
 from kproxy.protocol.messages import Body
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, all_api_keys

@@ -8,7 +8,7 @@ from typing import Any
 import trio
 
 from kproxy.protocol import FrameSplitter, Response, decode_response, peek_correlation_id
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.messages import Body
 from kproxy.protocol.tables import ApiKey, ErrorCode
 

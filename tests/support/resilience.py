@@ -1,4 +1,4 @@
-"""Helpers of the resilience tests: a real client that keeps producing, fd and memory readings.
+"""Helpers of the resilience tests: steady clients (a producer, a round-trip probe), fd and memory readings.
 
 Everything is bounded: the producer thread stops when its block ends, every wait has a deadline.
 """
@@ -12,14 +12,14 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
 
-from kproxy.protocol.builders import request_frame
+from kproxy.protocol.frame_builder import request_frame
 
 
 @dataclass
@@ -31,13 +31,26 @@ class ProducerRecord:
 
 
 @contextlib.contextmanager
+def in_background(name: str, loop: Callable[[threading.Event], None], join: float = 30.0) -> Iterator[None]:
+    """``loop(stop)`` in a daemon thread while the block runs; ``stop`` is set when the block ends,
+    then the thread is given ``join`` seconds to return."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loop, args=(stop,), name=name, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(join)
+
+
+@contextlib.contextmanager
 def steady_producer(bootstrap: str, topic: str, interval: float = 0.02, **config: Any) -> Iterator[ProducerRecord]:
     """A confluent-kafka producer (acks=all) sending one record per ``interval`` while the block runs.
 
     The record says what it got through: deliveries, errors, the worst produce-to-ack latency.
     """
     record = ProducerRecord()
-    stop = threading.Event()
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0,
                          "message.timeout.ms": 20000, **config})
 
@@ -49,7 +62,7 @@ def steady_producer(bootstrap: str, topic: str, interval: float = 0.02, **config
         record.offsets.setdefault(msg.partition(), []).append(msg.offset())
         record.worst_latency = max(record.worst_latency, time.monotonic() - sent)
 
-    def run() -> None:
+    def run(stop: threading.Event) -> None:
         n = 0
         while not stop.is_set():
             sent = time.monotonic()
@@ -59,13 +72,40 @@ def steady_producer(bootstrap: str, topic: str, interval: float = 0.02, **config
             n += 1
         producer.flush(20)
 
-    thread = threading.Thread(target=run, name="steady-producer", daemon=True)
-    thread.start()
-    try:
+    with in_background("steady-producer", run):
         yield record
-    finally:
-        stop.set()
-        thread.join(30)
+
+
+@dataclass
+class ProbeRecord:
+    worst_wait: float = 0.0  # seconds: the longest gap between two answers, or the wait for one that never came
+
+
+@contextlib.contextmanager
+def steady_round_trips(port: int, interval: float = 0.01) -> Iterator[ProbeRecord]:
+    """ApiVersions round trips on one connection to ``port``, one per ``interval``, while the block
+    runs; the record keeps the worst wait between two answers."""
+    record = ProbeRecord()
+
+    def run(stop: threading.Event) -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            last, n = time.monotonic(), 0
+            while not stop.is_set():
+                n += 1
+                sock.sendall(request_frame(18, 3, n, client_id="probe", client_software_name="probe",
+                                           client_software_version="1"))
+                try:
+                    recv_frame(sock)
+                except OSError:
+                    record.worst_wait = max(record.worst_wait, time.monotonic() - last)
+                    return
+                now = time.monotonic()
+                record.worst_wait = max(record.worst_wait, now - last)
+                last = now
+                stop.wait(interval)
+
+    with in_background("probe", run, join=35.0):
+        yield record
 
 
 def assert_unaffected(record: ProducerRecord, at_least: int = 5, worst_latency: float = 5.0) -> None:

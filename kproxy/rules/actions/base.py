@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kproxy.protocol.frame_edit import Mutation
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.tables import api_snake_name

@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import yaml
 
-from kproxy.protocol.mutations import downgrade_api_versions
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.response_faults import downgrade_api_versions
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, api_snake_name
 from kproxy.rules.actions.base import RuleAction, Step

@@ -16,9 +16,9 @@ from kproxy.protocol import _tables
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
-from kproxy.protocol.mutations import replace_error_codes
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
+from kproxy.protocol.response_faults import replace_error_codes
 from kproxy.protocol.tables import ApiKey, error_code, error_name
 from kproxy.rules.actions.base import LocalAnswer, RuleAction, Step
 from kproxy.rules.frame_facts import FrameFacts

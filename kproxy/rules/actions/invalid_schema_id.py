@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kproxy.protocol.frame_edit import Mutation
+from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector, replace_schema_ids
 from kproxy.protocol.records import RecordBudget
 from kproxy.rules.actions.base import RuleAction

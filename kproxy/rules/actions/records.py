@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from kproxy.protocol.frame_edit import Mutation
+from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.tables import ApiKey

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import yaml
 
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
-from kproxy.protocol.frame_edit import Mutation
+from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.schema import Direction, message_schema, supported_versions

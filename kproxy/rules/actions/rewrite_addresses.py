@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kproxy.host_port import parse_host_port, split_host_port
 from kproxy.protocol.endpoints import EndpointMap, endpoint_fields, rewrite_endpoints
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
@@ -75,17 +76,11 @@ class RewriteAddresses(RuleAction):
 
 
 def _host_port(reader: NodeReader, node: yaml.Node, path: str, text: str) -> str | Bad:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        return reader.fail(node, path, f"expected host:port, got {text!r}")
+    try:
+        parse_host_port(text)
+    except ValueError as exc:
+        return reader.fail(node, path, str(exc))
     return text
-
-
-def _split(text: str) -> tuple[str, int | None]:
-    host, sep, port = text.rpartition(":")
-    if sep and port.isdigit() and host:
-        return host.strip("[]"), int(port)
-    return text, None
 
 
 def address_map(action: RewriteAddresses) -> EndpointMap:
@@ -98,7 +93,7 @@ def address_map(action: RewriteAddresses) -> EndpointMap:
     """
     if action.pattern is None:
         table: dict[tuple[str, int | None], tuple[str, int | None]] = {
-            _split(k): _split(v) for k, v in action.mapping}
+            split_host_port(k): split_host_port(v) for k, v in action.mapping}
 
         def by_table(host: str, port: int) -> tuple[str, int] | None:
             found = table.get((host, port))
@@ -114,7 +109,7 @@ def address_map(action: RewriteAddresses) -> EndpointMap:
         new = substitute(pattern, template, text)
         if new == text:
             return None
-        new_host, new_port = _split(new)
+        new_host, new_port = split_host_port(new)
         return new_host, port if new_port is None else new_port
 
     return by_pattern

@@ -103,7 +103,7 @@ def fuzz_admin_http(data: bytes) -> None:
 
     from kproxy.admin.book import RuleBook
     from kproxy.admin.server import AdminServer
-    from kproxy.metrics.stats import FaultStats
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text
 

@@ -51,7 +51,7 @@ TOPIC_ID = "5f2d1c0e-9a3b-4c7d-8e6f-1a2b3c4d5e6f"
 
 def produce_frames(version: int, correlation_id: int, records: bytes, acks: int = -1) -> tuple[bytes, bytes]:
     """A Produce request carrying ``records`` (two partitions) and its answer, whole frames."""
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     partitions = [{"index": 0, "partition_index": 0, "records": records},
                   {"index": 1, "partition_index": 1, "records": records}]
@@ -68,7 +68,7 @@ def fetch_frames(version: int, correlation_id: int, records: bytes) -> tuple[byt
     """A Fetch request and its answer carrying ``records`` (two partitions), whole frames."""
     import uuid
 
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     topic: dict[str, Any] = {"topic": "orders", "topic_id": uuid.UUID(TOPIC_ID)}
     request = request_frame(1, version, correlation_id, max_wait_ms=100, min_bytes=1,
@@ -82,7 +82,7 @@ def fetch_frames(version: int, correlation_id: int, records: bytes) -> tuple[byt
 def _metadata_with_topic_id(correlation_id: int) -> tuple[bytes, bytes]:
     import uuid
 
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     topic = {"name": "orders", "topic_id": uuid.UUID(TOPIC_ID),
              "partitions": [{"partition_index": 0, "leader_id": 1, "replica_nodes": [1], "isr_nodes": [1]}]}
@@ -114,7 +114,7 @@ def _capture_seeds() -> Iterator[bytes]:
     # A Metadata answer over CACHE_FRAME (its own memo, topic ids learnt), then a Fetch v13 of one of them.
     import uuid
 
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     topics = [{"name": f"t{i}", "topic_id": uuid.UUID(int=i + 1), "partitions": [
         {"partition_index": p, "leader_id": 1, "replica_nodes": [1], "isr_nodes": [1]} for p in range(3)]}

@@ -58,7 +58,7 @@ def sample_values() -> dict[str, Any]:
 
 def message_seeds(kinds: list[tuple[int, int, Any]] | None = None) -> Iterator[tuple[tuple[int, int, Any], bytes]]:
     """A populated and a default body of each kind (populated where the shape allows it)."""
-    from kproxy.protocol.builders import body_of
+    from kproxy.protocol.frame_builder import body_of
     from kproxy.protocol.messages import default_body, encode_body
 
     values = sample_values()

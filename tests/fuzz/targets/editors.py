@@ -4,7 +4,7 @@ An input is three bytes, then a whole frame less its size prefix: the api (bit 0
 Produce request, 1 Fetch response), its version (byte 1, taken modulo the versions the tables
 know), the editor (byte 2: :data:`EDITORS`; bit 7 edits partition 0 only).
 
-The contract: an editor returns a :class:`~kproxy.protocol.frame_edit.Mutation` or raises a
+The contract: an editor returns a :class:`~kproxy.protocol.mutation.Mutation` or raises a
 :class:`~kproxy.protocol.errors.ProtocolError` (it declines); nothing else. What it returns:
 
 * ``changed == 0`` gives back the very frame it was given;

@@ -128,7 +128,7 @@ def _scratch() -> _Scratch:
 @target(_rules_yaml_seeds, warm=True)
 def fuzz_rules_yaml(data: bytes) -> None:
     """Rule files and directories: only RulesError (file:line) or a RuleSet that builds and meets traffic."""
-    from kproxy.metrics.stats import FaultStats
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.injector import FaultInjector
     from kproxy.rules import RulesError, RuleSet
     from kproxy.rules.sources import load_path
@@ -169,7 +169,7 @@ def _traffic() -> list[tuple[bytes, bytes]]:
     :data:`HOSTILE_TEXT`."""
     if _TRAFFIC:
         return _TRAFFIC
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
     from tests.fuzz.targets.capture import fetch_frames, produce_frames, records_fields
 
     records = next(r for magic, r in records_fields() if magic == 2)
@@ -196,7 +196,7 @@ def _traffic() -> list[tuple[bytes, bytes]]:
 def meet_requests(rules: Any) -> None:
     """One connection under ``rules`` (a real Session and its rule policy) meets :func:`_traffic`:
     no exception, whatever the rules do (answer, delay, edit, close); timers fired at once."""
-    from kproxy.metrics.stats import FaultStats
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection, ForwardUpstream, WakeAt
@@ -275,7 +275,7 @@ def fuzz_rules_json(data: bytes) -> None:
     """Admin API JSON bodies (PUT/POST /rules, PUT/PATCH /rules/{id}): a 2xx or a 4xx refusal, never an error."""
     from kproxy.admin.book import RuleBook
     from kproxy.admin.server import AdminServer
-    from kproxy.metrics.stats import FaultStats
+    from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text
 

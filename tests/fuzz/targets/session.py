@@ -30,7 +30,7 @@ def session_ops(data: bytes) -> Iterator[tuple[int, bytes]]:
 
 
 def _session_seeds() -> Iterator[bytes]:
-    from kproxy.protocol.builders import request_frame, response_frame
+    from kproxy.protocol.frame_builder import request_frame, response_frame
 
     values = sample_values()
     broker = {"brokers": values["brokers"], "topics": [{"name": "orders", "partitions": [
@@ -46,7 +46,7 @@ def _session_seeds() -> Iterator[bytes]:
     yield session_input(ops)
     # Pipelined: every request first, then every response.
     yield session_input([op for op in ops if op[0] == 0] + [op for op in ops if op[0] == 1])
-    # acks=0 produce, then a Metadata reusing its correlation id (issue 7's defect 1 shape).
+    # acks=0 produce (no answer), then a Metadata reusing its correlation id: the id is free again.
     yield session_input([(0, request_frame(0, 9, 5, **{**values, "acks": 0})[4:]),
                          (0, request_frame(3, 12, 5)[4:]),
                          (1, response_frame(0, 9, 5, responses=values["responses"])[4:]),

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from kproxy.protocol.errors import UnknownApiError
-from kproxy.protocol.frames import encode_request, encode_response
 from kproxy.protocol.framing import frame
 from kproxy.protocol.headers import RequestHeader, request_header_version
 from kproxy.protocol.messages import Body, default_struct
+from kproxy.protocol.payloads import encode_request, encode_response
 from kproxy.protocol.schema import Direction, Field, message_schema
 
 __all__ = ["body_of", "request_body", "request_frame", "response_body", "response_frame", "shape"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kproxy.commands.hexdump import InputError
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import SIZE_PREFIX, check_frame_size
+from kproxy.subcommands.hexdump import InputError
 
 __all__ = ["FrameSpan", "frame_spans"]
 

@@ -1,8 +1,8 @@
 """Response transformations for fault injection: throttle time, metadata, ApiVersions, error codes.
 
 Each function takes a whole response frame (size prefix included, see
-:mod:`kproxy.protocol.frame_edit`) and the api key and version of the request
-it answers, and returns a :class:`~kproxy.protocol.frame_edit.Mutation`. Only
+:mod:`kproxy.protocol.mutation`) and the api key and version of the request
+it answers, and returns a :class:`~kproxy.protocol.mutation.Mutation`. Only
 the top-level fields that change are decoded and re-encoded
 (:func:`~kproxy.protocol.splice.splice_body`); every other byte is copied. With
 nothing to change, the same frame object comes back.
@@ -28,9 +28,9 @@ from kproxy.protocol.errors import (
     MetadataMutationError,
     ThrottleTimeError,
 )
-from kproxy.protocol.frame_edit import Mutation, reframe
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import require_codec
+from kproxy.protocol.mutation import Mutation, reframe
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, message_schema
 from kproxy.protocol.splice import Edit, splice_body
 from kproxy.protocol.tables import error_name

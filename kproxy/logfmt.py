@@ -14,8 +14,6 @@ import re
 import sys
 import time
 
-from kproxy.ratelimit import Throttle as Throttle  # re-exported: its home before kproxy/ratelimit.py
-
 
 def q(text: str) -> str:
     """A logfmt value: as it is, or quoted when it is empty or holds spaces, quotes, '=' or any

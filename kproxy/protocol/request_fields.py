@@ -1,10 +1,10 @@
-"""Facts read in place from a request frame (size prefix included), building nothing else.
+"""Fields read in place from a request frame (size prefix included), building nothing else.
 
 The proxy reads a request's fixed header on every frame and, now and then, one
-more fact: its client id (a metrics label), the acks of a Produce (acks=0 has no
+more field: its client id (a metrics label), the acks of a Produce (acks=0 has no
 response), its body offset. Each is read here, at the offsets
 RequestHeader.json and ProduceRequest.json give, so no other module carries its
-own copy of the header layout. None of these raise: an unreadable fact is
+own copy of the header layout. None of these raise: an unreadable field is
 ``None`` and the caller decides (a malformed request is the broker's to refuse).
 """
 

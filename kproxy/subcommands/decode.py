@@ -2,17 +2,17 @@
 
 The pipeline, one module per stage, none of which does I/O:
 
-1. :func:`kproxy.commands.hexdump.load_input` turns the bytes as read into an
-   :class:`~kproxy.commands.hexdump.Input`: the Kafka bytes, and for hex input a
+1. :func:`kproxy.subcommands.hexdump.load_input` turns the bytes as read into an
+   :class:`~kproxy.subcommands.hexdump.Input`: the Kafka bytes, and for hex input a
    map from those bytes back to the hex text (the hex dump formats read are listed there).
-2. :func:`kproxy.commands.framespans.frame_spans` cuts the Kafka bytes into frames
-   (:class:`~kproxy.commands.framespans.FrameSpan`), with or without 4-byte size prefixes.
+2. :func:`kproxy.subcommands.framespans.frame_spans` cuts the Kafka bytes into frames
+   (:class:`~kproxy.subcommands.framespans.FrameSpan`), with or without 4-byte size prefixes.
 3. :class:`FrameDecoder` (here) turns each frame into a JSON-ready dict, remembering the
    requests it has seen so that a later response with the same correlation id
    decodes as that request's response.
 
 :func:`decode_input` chains the three. Everything wrong with the input raises
-:class:`~kproxy.commands.hexdump.InputError` (one line of text, naming a byte
+:class:`~kproxy.subcommands.hexdump.InputError` (one line of text, naming a byte
 offset); nothing else is raised for bad input.
 
 Output (one dict per frame)
@@ -53,13 +53,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kproxy.commands.framespans import FrameSpan, frame_spans
-from kproxy.commands.hexdump import InputError, InputFormat, load_input
 from kproxy.protocol.errors import CorruptRecordsError, ProtocolError, UnknownApiError
-from kproxy.protocol.frames import Request, decode_request, decode_response
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kproxy.protocol.headers import RequestHeader, decode_request_header, peek_correlation_id
 from kproxy.protocol.messages import Body, codec
+from kproxy.protocol.payloads import Request, decode_request, decode_response
 from kproxy.protocol.records import (
     BatchInfo,
     Record,
@@ -70,6 +68,8 @@ from kproxy.protocol.records import (
 )
 from kproxy.protocol.schema import Direction, Field
 from kproxy.protocol.tables import api_snake_name
+from kproxy.subcommands.framespans import FrameSpan, frame_spans
+from kproxy.subcommands.hexdump import InputError, InputFormat, load_input
 
 __all__ = ["DecodeOptions", "FrameDecoder", "decode_input"]
 

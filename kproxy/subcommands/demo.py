@@ -5,7 +5,7 @@ of it, drives real librdkafka producers and consumers through kproxy, and
 prints what kproxy saw: the addresses the clients were given, and per-API
 traffic, latency and error counts from kproxy's own metrics. Then, unless told not to,
 fault-injection rules at work and what the clients saw of them
-(:mod:`kproxy.commands.demo_rules`).
+(:mod:`kproxy.subcommands.demo_rules`).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def run_demo(upstream: str | None, out: TextIO, messages: int = MESSAGES, *, rul
             report(proxy.server.stats, result, proxy.port, out)
         ok = consumed == produced
         if rules:
-            from kproxy.commands.demo_rules import run_rules_demo
+            from kproxy.subcommands.demo_rules import run_rules_demo
 
             ok = run_rules_demo(bootstrap, out, messages, wait_warm=_wait_warm, **proxy_options).ok and ok
     return 0 if ok else 1

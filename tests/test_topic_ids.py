@@ -1,0 +1,55 @@
+"""Topic ids learnt once (kproxy.protocol.topic_ids) for the rules and the capture alike."""
+
+from __future__ import annotations
+
+import uuid
+
+from kproxy.capture.records import RecordBuilder
+from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.headers import decode_request_header
+from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.rules.frame_facts import FrameFacts
+
+METADATA, FETCH = 3, 1
+ORDERS = uuid.UUID("6b1d2c3e-0000-4000-8000-000000000001")
+
+
+def _answer(version: int = 12, topic_id: uuid.UUID = ORDERS, name: str = "orders") -> bytes:
+    return response_frame(METADATA, version, 1, brokers=[], topics=[
+        {"error_code": 0, "name": name, "topic_id": topic_id, "partitions": []}])
+
+
+def test_learn_metadata_counts_names_and_says_when_it_cannot_read() -> None:
+    names = TopicIdNames()
+    assert names.learn_metadata(_answer(version=9), 9) == 0  # no ids before v10: nothing to read
+    assert names.learn_metadata(_answer()[:-5], 12) is None  # cut short: unreadable, nothing learnt
+    assert names == {}
+    assert names.learn_metadata(_answer(), 12) == 1
+    assert names.learn_metadata(_answer(name="orders-2"), 12, body_offset=9) == 1  # where the body starts, given
+    assert names == {ORDERS: "orders-2"}
+    assert names.learn_metadata(_answer(), 12) == 1
+    assert names == {ORDERS: "orders"}
+    assert names.name(ORDERS) == "orders" and names.name("t") == "t" and names.name(None) is None
+    other = uuid.UUID(int=7)
+    assert names.name(other) == str(other), "an id not learnt reads as its text"
+
+
+def test_forgetting_the_oldest_is_counted() -> None:
+    names = TopicIdNames(cap=2)
+    ids = [uuid.UUID(int=i) for i in (1, 2, 3)]
+    for i, topic_id in enumerate(ids):
+        names.learn(topic_id, f"t{i}")
+    names.learn(ids[2], "t2")  # known already: nothing forgotten
+    assert dict(names) == {ids[1]: "t1", ids[2]: "t2"}
+    assert names.forgotten == 1
+
+
+def test_one_map_serves_the_rules_facts_and_the_capture() -> None:
+    names = TopicIdNames()
+    assert names.learn_metadata(_answer(), 12) == 1
+    fetch = request_frame(FETCH, 13, 2, topics=[{"topic_id": ORDERS, "partitions": [{"partition": 0}]}])
+    header = decode_request_header(memoryview(fetch)[4:])
+    assert dict(FrameFacts(fetch, header, topic_names=names).topics()) == {"orders": frozenset({0})}
+    builder = RecordBuilder(names)
+    assert builder.topics is names
+    assert builder.topics.name(ORDERS) == "orders"
