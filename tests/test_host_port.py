@@ -13,8 +13,7 @@ from kproxy.capture.observer import split_peer
 from kproxy.config import Config, ConfigError, add_run_arguments, config_from_args
 from kproxy.host_port import HostPort, parse_host_port, split_host_port
 from kproxy.rules import RulesError, load_text
-from kproxy.rules.apply import address_map
-from kproxy.rules.model import RewriteAddresses
+from kproxy.rules.actions.rewrite_addresses import RewriteAddresses, address_map
 
 
 @pytest.mark.parametrize(("text", "expected"), [
