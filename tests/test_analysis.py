@@ -52,7 +52,10 @@ def _generated() -> list[dict[str, Any]]:
         add(M0 + 2_000_000 + i, connection_id="f1", client_id="consumer", api_key=1, api_name="Fetch",
             broker_latency_ms=200.0 + i, kproxy_latency_ms=0.05, record_count=3, record_bytes=300,
             partitions=[{"topic": "b", "partition": 1, "error_code": 0, "record_count": 3, "record_bytes": 300}])
-    fault = [{"rule": "flaky-produce", "action": "error", "detail": "NOT_LEADER_OR_FOLLOWER"}]
+    fault = [{"rule": "flaky-produce", "action": "inject_error", "detail": "NOT_LEADER_OR_FOLLOWER",
+              "dry_run": False},
+             {"rule": "watch-produce", "action": "close_connection", "detail": "dry run: nothing done",
+              "dry_run": True}]
     r1 = M0 + MINUTE_US + 4_000_000
     for i in range(3):  # minute 1, connection r1: faulted Produce retried 5 ms later; the last one ends r1
         add(r1 + i * 10_000, connection_id="r1", client_id="retrier", rule_decisions=fault,
@@ -60,7 +63,8 @@ def _generated() -> list[dict[str, Any]]:
         if i < 2:
             add(r1 + i * 10_000 + 5_000, connection_id="r1", client_id="retrier", broker_latency_ms=10.0)
     add(r1 + 100_000, connection_id="r2", client_id="retrier", api_key=3, api_name="Metadata",
-        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100ms"}])
+        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100.0ms at request",
+                         "dry_run": False}])
     add(r1 + 100_500, connection_id="r2", client_id="retrier", api_key=1, api_name="Fetch")
     for i in range(20):
         add(M0 + 3_000_000 + i, connection_id="x1", client_id="consumer", api_key=10, api_name="FindCoordinator",
@@ -212,11 +216,13 @@ def test_connection_churn(analysed: Any) -> None:
 
 
 def test_faults_by_rule_and_what_the_client_did_next(analysed: Any) -> None:
-    got = {(r["rule"], r["action"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
+    got = {(r["rule"], r["action"], r["dry_run"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
            for r in analysed.tables["faults"]}
-    assert got == {("flaky-produce", "error", "produce", "retried"): (2, 5.0),
-                   ("flaky-produce", "error", "produce", "connection_ended"): (1, None),
-                   ("slow-metadata", "delay", "metadata", "other"): (1, 0.5)}
+    assert got == {("flaky-produce", "inject_error", False, "produce", "retried"): (2, 5.0),
+                   ("flaky-produce", "inject_error", False, "produce", "connection_ended"): (1, None),
+                   ("watch-produce", "close_connection", True, "produce", "retried"): (2, 5.0),
+                   ("watch-produce", "close_connection", True, "produce", "connection_ended"): (1, None),
+                   ("slow-metadata", "delay", False, "metadata", "other"): (1, 0.5)}
 
 
 def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
@@ -245,7 +251,7 @@ def test_bad_inputs_are_named_and_the_rest_is_analysed(spark: Any, generated: tu
     reasons = {p.path: p.reason for p in result.problems}
     assert reasons[str(tmp_path / "missing")] == "no such file or directory"
     assert "not a complete Parquet file" in reasons[str(cut)]
-    assert reasons[str(other)] == "capture schema version 99, this kproxy reads version 1"
+    assert reasons[str(other)] == "capture schema version 99, this kproxy reads versions 1 to 2"
     assert "no capture files" in reasons[str(empty_dir)]
     assert result.records == len(generated[1])
 
@@ -348,3 +354,25 @@ def test_cli_stderr_holds_only_its_own_lines_unless_verbose(spark: Any, generate
     spark_lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", ln)]
     assert spark_lines == [], done.stderr
     assert "kproxy analyze: aggregating latency_by_api" in done.stderr
+
+
+def test_a_version_1_capture_is_read_beside_version_2(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                      tmp_path: Path) -> None:
+    """Version 1 files (rule decisions without ``dry_run``, always empty) are read with today's
+    schema beside version 2 ones: their records count, the faults table is the version 2 files'."""
+    from kproxy.analysis.job import run_analysis
+
+    v2 = arrow_schema()
+    decision = v2.field("rule_decisions").type.value_type
+    v1_decision = pa.struct([decision.field(i) for i in range(decision.num_fields)
+                             if decision.field(i).name != "dry_run"])
+    v1 = pa.schema([pa.field(f.name, pa.list_(v1_decision), nullable=f.nullable) if f.name == "rule_decisions"
+                    else f for f in v2], metadata={b"kproxy.capture.schema_version": b"1"})
+    old = tmp_path / "old" / "capture-v1.parquet"
+    old.parent.mkdir()
+    rows = [dict(record(i, at_us=M0 + i * 1000, connection_id="v1"), schema_version=1) for i in range(7)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=v1), old)
+    result = run_analysis([str(old), str(generated[0])], tmp_path / "out", spark)
+    assert result.problems == []
+    assert result.records == len(generated[1]) + 7
+    assert sum(r["requests"] for r in result.tables["faults"]) == 7  # 3 + 3 produce, 1 metadata: version 2's

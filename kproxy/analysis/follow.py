@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kproxy.analysis.schema import snake_api_name, spark_schema
-from kproxy.capture.schema import SCHEMA_VERSION
+from kproxy.capture.schema import READABLE_VERSIONS
 
 LIVE_TABLE = "live_by_minute"
 
@@ -28,7 +28,7 @@ LIVE_TABLE = "live_by_minute"
 def live_aggregate(df: DataFrame) -> DataFrame:
     has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
         F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
-    return (df.where(F.col("schema_version") == SCHEMA_VERSION)
+    return (df.where(F.col("schema_version").isin(*READABLE_VERSIONS))
             .groupBy(F.date_trunc("minute", F.col("request_time")).alias("minute"),
                      snake_api_name().alias("api_name"))
             .agg(F.count(F.lit(1)).alias("requests"), F.sum(has_error.cast("long")).alias("errors"),

@@ -25,11 +25,12 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
 * ``throughput``: Produce and Fetch records and bytes per topic per minute.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per minute, connections first and last seen.
-* ``faults``: per rule and action that acted (``rule_decisions``), what the
-  client did next on that connection: ``retried`` (its next request was the
-  same api), ``other`` (another api), ``connection_ended`` (it sent nothing
-  more there: closed, or reconnected elsewhere); with the median time to that
-  next request.
+* ``faults``: per rule, action and dry run (``rule_decisions``: what the
+  proxy's rules did, each action counted as ``kproxy_rule_hits_total`` counts
+  it), the requests it acted on per api, and what the client did next on that
+  connection: ``retried`` (its next request was the same api), ``other``
+  (another api), ``connection_ended`` (it sent nothing more there: closed, or
+  reconnected elsewhere); with the median time to that next request.
 * ``whatif_*`` (with ``rules``): what a rule file would have done to these
   records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
@@ -55,7 +56,7 @@ from kproxy.analysis import whatif
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
 from kproxy.analysis.schema import snake_api_name, spark_schema
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
-from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
+from kproxy.capture.schema import READABLE_VERSIONS, SchemaVersionError, check_version, version_support
 
 PERCENTILES = (0.5, 0.95, 0.99)
 APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/10,000 of a group
@@ -162,12 +163,13 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
     if inputs.uris:
         remote = (spark.read.schema(schema).option("recursiveFileLookup", "true")
                   .option("pathGlobFilter", "capture-*.parquet").parquet(*inputs.uris))
-        wrong = (remote.where(F.col("schema_version") != SCHEMA_VERSION)
+        readable = F.col("schema_version").isin(*READABLE_VERSIONS)
+        wrong = (remote.where(~readable)
                  .select(F.input_file_name().alias("file"), "schema_version").distinct().collect())
         for row in wrong:
             inputs.problems.append(InputProblem(row["file"], f"capture schema version {row['schema_version']}, "
-                                                             f"this kproxy reads version {SCHEMA_VERSION}"))
-        frames.append(remote.where(F.col("schema_version") == SCHEMA_VERSION))
+                                                             f"{version_support()}"))
+        frames.append(remote.where(readable))
     if not frames:
         return None
     df = frames[0]
@@ -266,9 +268,10 @@ def _faults(df: DataFrame, exact: bool) -> DataFrame:
     delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
     return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
                        delay_ms.alias("delay_ms"))
-            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"), "api_name", "then")
+            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"),
+                     F.coalesce(F.col("d.dry_run"), F.lit(False)).alias("dry_run"), "api_name", "then")
             .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
-            .orderBy("rule", "action", "api_name", "then"))
+            .orderBy("rule", "action", "dry_run", "api_name", "then"))
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,

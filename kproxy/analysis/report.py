@@ -23,7 +23,8 @@ _TABLES = (
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
     ("connection_churn", "Connection churn per minute"),
-    ("faults", "Faults injected by rule, and what the client did next on that connection"),
+    ("faults", "Faults injected by rule (dry runs: matched, nothing done), and what the client did next on "
+               "that connection"),
 )
 _WHATIF_TABLES = (
     ("whatif_rules", "Per rule: requests it would have matched, what it would have done, first and last time"),
@@ -62,8 +63,7 @@ def summary(analysis: Analysis, out: TextIO) -> None:
                                    for r in errors[:10]) + "\n")
     faults = analysis.tables["faults"]
     if faults:
-        w("\nfaults: " + ", ".join(f"{r['rule']} ({r['action']}) on {r['api_name']}, then {r['then']}: "
-                                   f"{r['requests']}" for r in faults[:10]) + "\n")
+        _faults_summary(faults, w)
     topics = analysis.tables["top_topics"]
     if topics:
         w("\ntopic                                requests     records        bytes  errors\n")
@@ -71,6 +71,23 @@ def summary(analysis: Analysis, out: TextIO) -> None:
             w(f"{r['topic']:<36} {r['requests']:>8} {r['records']:>11} {r['bytes']:>12} {r['errors']:>7}\n")
     if analysis.whatif is not None:
         _whatif_summary(analysis, w)
+
+
+def _faults_summary(faults: Sequence[dict[str, Any]], w: Any) -> None:
+    """One line per rule action (dry runs flagged): requests acted on per api, and what the
+    clients did next."""
+    per_action: dict[tuple[str, str, bool], dict[str, Any]] = {}
+    for r in faults:
+        entry = per_action.setdefault((r["rule"], r["action"], r["dry_run"]),
+                                      {"requests": 0, "apis": defaultdict(int), "then": defaultdict(int)})
+        entry["requests"] += r["requests"]
+        entry["apis"][r["api_name"]] += r["requests"]
+        entry["then"][r["then"]] += r["requests"]
+    w("\nfaults injected by rule (what the client did next on that connection)\n")
+    for (rule, action, dry_run), entry in per_action.items():
+        apis = ", ".join(f"{n} {api}" for api, n in sorted(entry["apis"].items(), key=lambda kv: -kv[1]))
+        then = ", ".join(f"{outcome} {n}" for outcome, n in sorted(entry["then"].items(), key=lambda kv: -kv[1]))
+        w(f"{rule} ({action}{', dry run' if dry_run else ''}) on {apis}: then {then}\n")
 
 
 def _whatif_summary(analysis: Analysis, w: Any) -> None:

@@ -100,6 +100,8 @@ _READ_FAILURES = (ProtocolError, Malformed, *SCAN_FAILURES)
 #   9 read_at  10 forwarded_at  11 received_at  12 completed_at   (the session's clock)
 #   13 local        kproxy answered itself
 #   14 response_body_offset  where the response body starts (0: not computed)
+#   15 held         Exchange.held: (seconds a rule held the response, its owner), or None
+#   16 rule_decisions  Exchange.rule_decisions: ((rule, action, detail, dry_run), ...), read at completion
 Captured = tuple[Any, ...]
 
 
@@ -252,7 +254,7 @@ class RecordBuilder:
 
     def row(self, item: Captured) -> tuple[Any, ...]:
         (conn, wall, principal, request, response, api_key, api_version, correlation_id, request_size,
-         read_at, forwarded_at, received_at, completed_at, local, response_offset) = item
+         read_at, forwarded_at, received_at, completed_at, local, response_offset, held, decisions) = item
         kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
         if kind is None:
             kind = self._kind(api_key, api_version)
@@ -299,11 +301,14 @@ class RecordBuilder:
         partitions: tuple[tuple[Any, ...], ...] = ()
         if entries or response_entries:
             partitions, record_count, record_bytes = self._partitions(entries, response_entries)
-        # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them.
+        # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them: the time a
+        # rule held the response is the rule's, not kproxy's.
         overhead = forwarded_at - read_at
         broker = None
         if response is not None:
             overhead += completed_at - received_at
+            if held is not None:
+                overhead -= held[0]
             if not local:
                 broker = (received_at - forwarded_at) * 1000.0
         return (
@@ -319,7 +324,7 @@ class RecordBuilder:
             req.get("acks"), req.get("group_id"), req.get("transactional_id"),
             record_count, record_bytes,
             partitions,
-            (),  # rule decisions: filled once the rules engine reports its decisions
+            decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
         )
 
