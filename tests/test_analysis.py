@@ -376,3 +376,31 @@ def test_a_version_1_capture_is_read_beside_version_2(spark: Any, generated: tup
     assert result.problems == []
     assert result.records == len(generated[1]) + 7
     assert sum(r["requests"] for r in result.tables["faults"]) == 7  # 3 + 3 produce, 1 metadata: version 2's
+
+
+def _corrupt_copy(good: Path, target: Path, column: str) -> Path:
+    """``good`` copied to ``target`` with bytes flipped inside a data page of ``column``: the footer
+    is intact (every check of it passes), the page is not."""
+    data = bytearray(good.read_bytes())
+    meta = pq.read_metadata(good).row_group(0)
+    chunk = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column)
+    for i in range(chunk.data_page_offset + 25, chunk.data_page_offset + 60):
+        data[i] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_a_file_with_a_corrupt_page_behind_a_valid_footer_is_named_and_left_out(
+        spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    from kproxy.analysis.job import check_file, run_analysis
+
+    good = sorted(generated[0].glob("hour=*/capture-*.parquet"))[0]
+    bad = _corrupt_copy(good, tmp_path / "capture-corrupt.parquet", "broker_latency_ms")
+    assert check_file(bad) is None  # the footer is sound
+    with pytest.raises(OSError):
+        pq.read_table(bad)  # the data is not
+    result = run_analysis([str(bad), str(generated[0])], tmp_path / "out", spark)
+    [problem] = result.problems
+    assert problem.path == str(bad) and problem.reason.startswith("corrupt data: 0 of the "), problem
+    assert result.records == len(generated[1])
+    assert sum(r["requests"] for r in result.tables["latency_by_api"]) == len(generated[1])

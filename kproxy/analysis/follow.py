@@ -39,16 +39,19 @@ def live_aggregate(df: DataFrame) -> DataFrame:
 
 
 def follow(spark: SparkSession, directory: str, out: str, *, trigger_seconds: float = 10.0,
-           on_batch: Callable[[int, int], None] = lambda _batch, _rows: None) -> StreamingQuery:
-    """Start the streaming query; it runs until stopped. ``on_batch(batch_id, rows)`` after each update."""
+           on_batch: Callable[[int, list[dict[str, Any]]], None] = lambda _batch, _rows: None) -> StreamingQuery:
+    """Start the streaming query; it runs until stopped. ``on_batch(batch_id, rows)`` after each
+    update, ``rows`` the whole table as written (one dict per minute and api, in that order)."""
     stream = (spark.readStream.schema(spark_schema())
               .option("recursiveFileLookup", "true").option("pathGlobFilter", "capture-*.parquet")
               .parquet(directory))
     target = os.path.join(out, LIVE_TABLE)
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        rows = batch.count()
-        batch.orderBy("minute", "api_name").write.mode("overwrite").parquet(target)
+        table = batch.orderBy("minute", "api_name").cache()
+        table.write.mode("overwrite").parquet(target)
+        rows = [r.asDict() for r in table.collect()]
+        table.unpersist()
         on_batch(batch_id, rows)
 
     writer: Any = (live_aggregate(stream).writeStream.outputMode("complete").foreachBatch(write)

@@ -73,6 +73,21 @@ def summary(analysis: Analysis, out: TextIO) -> None:
         _whatif_summary(analysis, w)
 
 
+def live_summary(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
+    """``--follow``'s last table (per minute and api), summed per api: what was seen until it stopped."""
+    per_api: dict[str, list[int]] = {}
+    for r in rows:
+        totals = per_api.setdefault(r["api_name"], [0, 0, 0, 0])
+        for i, key in enumerate(("requests", "errors", "bytes", "records")):
+            totals[i] += r[key] or 0
+    minutes = sorted({r["minute"] for r in rows})
+    span = f"{minutes[0]} .. {minutes[-1]} UTC" if minutes else "no records"
+    out.write(f"\nlast update: {len(minutes)} minute(s), {span}\n")
+    out.write("api                        requests    errors         bytes     records\n")
+    for api, (requests, errors, size, records) in sorted(per_api.items(), key=lambda kv: -kv[1][0]):
+        out.write(f"{api:<26} {requests:>9} {errors:>9} {size:>13} {records:>11}\n")
+
+
 def _faults_summary(faults: Sequence[dict[str, Any]], w: Any) -> None:
     """One line per rule action (dry runs flagged): requests acted on per api, and what the
     clients did next."""
