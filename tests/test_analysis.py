@@ -190,8 +190,11 @@ def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[P
     assert clients["consumer"]["requests"] == 60 and clients["consumer"]["errors"] == 5
     assert clients["fire-and-forget"]["records"] == 10
     topics = {r["topic"]: r for r in analysed.tables["top_topics"]}
-    assert topics["a"] == {"topic": "a", "requests": 160, "records": 760, "bytes": 76_000, "errors": 10}
-    assert topics["b"] == {"topic": "b", "requests": 40, "records": 120, "bytes": 12_000, "errors": 0}
+    # Produced and fetched apart: a record produced then fetched is not two records.
+    assert topics["a"] == {"topic": "a", "requests": 160, "produced_records": 760, "produced_bytes": 76_000,
+                           "fetched_records": 0, "fetched_bytes": 0, "errors": 10}
+    assert topics["b"] == {"topic": "b", "requests": 40, "produced_records": 0, "produced_bytes": 0,
+                           "fetched_records": 120, "fetched_bytes": 12_000, "errors": 0}
     hot = analysed.tables["hot_partitions"]
     expected: Counter[tuple[str, int]] = Counter()
     for r in rows:
@@ -265,7 +268,9 @@ def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[
     out = capsys.readouterr().out
     assert f"{len(generated[1])} records" in out and "\nproduce " in out and "Produce" not in out
     report = (tmp_path / "out" / "report.html").read_text()
-    assert report.count("<svg") == 2 and "find_coordinator" in report and "FindCoordinator" not in report
+    assert report.count("<img alt=") == 4 and "find_coordinator" in report and "FindCoordinator" not in report
+    assert sorted(p.name for p in (tmp_path / "out" / "plots").iterdir()) == [
+        "bytes_by_api.png", "error_rate.png", "latency.png", "throughput.png"]
     assert main(["analyze", str(tmp_path / "nothing-here")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nothing-here'}: no such file or directory" in err
@@ -286,7 +291,8 @@ def test_a_real_capture_matches_what_was_sent(spark: Any, captured_run: Captured
         moved[(r["api_name"], r["topic"])] += r["records"]
     assert moved == {("produce", run.topic): run.records, ("fetch", run.topic): run.records}
     topic = next(t for t in result.tables["top_topics"] if t["topic"] == run.topic)
-    assert topic["records"] == 2 * run.records and topic["errors"] == 0
+    assert (topic["produced_records"], topic["fetched_records"], topic["errors"]) == (run.records, run.records, 0)
+    assert topic["produced_bytes"] == topic["fetched_bytes"]  # the broker keeps the batches as produced
     assert {h["partition"] for h in result.tables["hot_partitions"] if h["topic"] == run.topic} == set(
         range(run.partitions))
     assert result.tables["errors"] == []
@@ -404,3 +410,23 @@ def test_a_file_with_a_corrupt_page_behind_a_valid_footer_is_named_and_left_out(
     assert problem.path == str(bad) and problem.reason.startswith("corrupt data: 0 of the "), problem
     assert result.records == len(generated[1])
     assert sum(r["requests"] for r in result.tables["latency_by_api"]) == len(generated[1])
+
+
+def test_plots_of_a_one_minute_capture_are_pngs() -> None:
+    """Every plot renders from tables of one minute (the case whose time axis ran over years)."""
+    from datetime import datetime
+
+    from kproxy.analysis.plots import plots
+    from kproxy.protocol.tables import error_class
+
+    minute = datetime(2026, 9, 21, 14, 14)
+    latency = {"minute": minute, "requests": 10, "broker_p50_ms": 1.0, "broker_p99_ms": 2.0,
+               "kproxy_p50_ms": 0.1, "kproxy_p99_ms": 0.2}
+    tables = {"latency_by_minute": [dict(latency, api_name="produce"), dict(latency, api_name="join_group")],
+              "errors_by_minute": [{"minute": minute, "api_name": "join_group", "code": 79, "requests": 5}],
+              "throughput": [{"minute": minute, "api_name": api, "topic": "t", "records": 5, "bytes": 50}
+                             for api in ("produce", "fetch")],
+              "latency_by_api": [{"api_name": "produce", "request_bytes": 100, "response_bytes": 50}]}
+    got = plots(tables, error_class)
+    assert list(got) == ["latency", "error_rate", "throughput", "bytes_by_api"]
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in got.values())

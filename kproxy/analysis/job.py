@@ -221,7 +221,7 @@ def _error_codes(df: DataFrame) -> DataFrame:
     partition_codes = F.transform(F.col("partitions"), lambda p: p["error_code"])
     codes = F.array_distinct(F.filter(F.concat(F.array(F.col("error_code")), partition_codes),
                                       lambda c: c.isNotNull() & (c != 0)))
-    return df.select("api_name", "client_id", "partitions", F.explode(codes).alias("code"))
+    return df.select("api_name", "request_time", F.explode(codes).alias("code"))
 
 
 def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
@@ -232,14 +232,21 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
     df = df.withColumn("has_error", has_error).withColumn(
         "bytes", F.col("request_bytes") + F.coalesce(F.col("response_bytes"), F.lit(0)))
     out: dict[str, DataFrame] = {}
-    out["latency_by_api"] = df.groupBy("api_name").agg(*_latency(exact)).orderBy(F.desc("requests"))
+    out["latency_by_api"] = (df.groupBy("api_name")
+                             .agg(*_latency(exact), F.sum("request_bytes").alias("request_bytes"),
+                                  F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("response_bytes"))
+                             .orderBy(F.desc("requests")))
     out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency(exact)).orderBy("minute", "api_name")
 
     per_api = df.groupBy("api_name").agg(F.count(F.lit(1)).alias("api_requests"))
-    errors = _error_codes(df).groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
+    codes = _error_codes(df)
+    errors = codes.groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
     out["errors"] = (errors.join(per_api, "api_name")
                      .withColumn("rate", F.col("requests") / F.col("api_requests"))
                      .orderBy(F.desc("requests"), "api_name", "code"))
+    out["errors_by_minute"] = (codes.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name",
+                                             "code")
+                               .agg(F.count(F.lit(1)).alias("requests")).orderBy("minute", "api_name", "code"))
 
     out["top_clients"] = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"))
                           .agg(F.count(F.lit(1)).alias("requests"), F.sum("bytes").alias("bytes"),
@@ -254,10 +261,20 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
                          F.col("p.partition").alias("partition"), F.col("p.error_code").alias("error_code"),
                          F.col("p.record_count").alias("records"), F.col("p.record_bytes").alias("record_bytes"))
     parts = parts.where(F.col("topic").isNotNull())
-    out["top_topics"] = (parts.groupBy("topic")
-                         .agg(F.countDistinct("connection_id", "correlation_id", "api_name").alias("requests"),
-                              F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"),
-                              F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
+    # Requests naming each topic: one row per (request, distinct topic), counted (no distinct
+    # aggregation over every partition entry); records and bytes produced and fetched apart (a record
+    # produced then fetched is not two records).
+    topics = df.select(F.explode(F.array_distinct(F.transform(F.col("partitions"), lambda p: p["topic"])))
+                       .alias("topic")).where(F.col("topic").isNotNull())
+    per_topic = topics.groupBy("topic").agg(F.count(F.lit(1)).alias("requests"))
+    produced, fetched = F.col("api_name") == "produce", F.col("api_name") == "fetch"
+    moved_per_topic = parts.groupBy("topic").agg(
+        F.sum(F.when(produced, F.col("records")).otherwise(0)).alias("produced_records"),
+        F.sum(F.when(produced, F.col("record_bytes")).otherwise(0)).alias("produced_bytes"),
+        F.sum(F.when(fetched, F.col("records")).otherwise(0)).alias("fetched_records"),
+        F.sum(F.when(fetched, F.col("record_bytes")).otherwise(0)).alias("fetched_bytes"),
+        F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
+    out["top_topics"] = (per_topic.join(moved_per_topic, "topic")
                          .orderBy(F.desc("requests"), "topic").limit(TOP_N))
     moved = parts.where(F.col("api_name").isin("produce", "fetch"))
     out["throughput"] = (moved.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name", "topic")
