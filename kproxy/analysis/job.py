@@ -73,6 +73,10 @@ APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/1
 TOP_N = 20
 PARQUET_MAGIC = b"PAR1"
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
+# The columns aggregates() reads (the what-if adds its own): the rest of a record is not cached.
+_ANALYSED = ("api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
+             "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
+             "record_count", "partitions", "rule_decisions", FILE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -299,7 +303,10 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
 
 def _faults(df: DataFrame, exact: bool) -> DataFrame:
     by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
-    nxt = (df.select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
+    # Only connections a rule acted on are ordered (none, in a capture without rules: nothing is sorted).
+    faulted = df.where(F.size("rule_decisions") > 0).select("connection_id").distinct()
+    nxt = (df.join(faulted, "connection_id", "left_semi")
+           .select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
            .withColumn("next_api", F.lead("api_name").over(by_connection))
            .withColumn("next_time", F.lead("request_time").over(by_connection))
            .where(F.size("rule_decisions") > 0))
@@ -331,7 +338,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     df = read_captures(spark, inputs)
     if df is None:
         raise NoInput(inputs.problems)
-    df = df.cache()
+    # Read once, into the cache, the columns the tables read (every table then sees the same records).
+    df = df.select(*dict.fromkeys(_ANALYSED if rules is None else _ANALYSED + whatif.INPUT_COLUMNS)).cache()
     progress("reading captures")
     per_file = {r[FILE_COLUMN]: r for r in df.groupBy(FILE_COLUMN).agg(
         F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"), F.max("request_time").alias("last"),

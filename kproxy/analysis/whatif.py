@@ -116,8 +116,8 @@ HIT_SCHEMA = StructType([
     StructField("draw", DoubleType(), True),  # the probability draw; null: the rule has no probability
 ])
 
-_INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
-                  "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
+INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
+                 "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def _ip(host: str | None) -> IpAddress | None:
 
 
 def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
-    """The engine's view of one record (``row``: the columns of ``_INPUT_COLUMNS``, ``request_us``
+    """The engine's view of one record (``row``: the columns of ``INPUT_COLUMNS``, ``request_us``
     and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time."""
     topics: dict[str, set[int]] = {}
     for entry in row["topics"] or ():
@@ -225,7 +225,7 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     topics = F.filter(F.transform(F.col("partitions"), lambda p: F.struct(p["topic"].alias("topic"),
                                                                           p["partition"].alias("partition"))),
                       lambda p: p["topic"].isNotNull())
-    prepared = df.select(*_INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
+    prepared = df.select(*INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
     if shared:
         prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
     else:
