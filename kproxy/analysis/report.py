@@ -30,7 +30,8 @@ _TABLES = (
                "that connection"),
 )
 _WHATIF_TABLES = (
-    ("whatif_rules", "Per rule: requests it would have matched, what it would have done, first and last time"),
+    ("whatif_rules", "Per rule: requests it would have matched (of the captured requests of its apis), what it "
+                     "would have done, first and last time"),
     ("whatif_by_api", "By api"),
     ("whatif_by_client", "By client id"),
     ("whatif_by_topic", "By topic (a request naming several topics counts for each)"),
@@ -114,14 +115,14 @@ def _whatif_summary(analysis: Analysis, w: Any) -> None:
     info = analysis.whatif
     assert info is not None
     w(f"\nwhat-if {info.source} (seed {info.seed}, {info.ordering} order): what each rule would have done\n")
-    w("rule                          requests  conns  errors   delay ms  throttle ms  first .. last\n")
+    w("rule                          requests  of api's  conns  errors   delay ms  throttle ms  first .. last\n")
     errors: dict[str, list[str]] = defaultdict(list)
     for r in analysis.tables["whatif_errors"]:
         errors[r["rule"]].append(f"{error_label(r['error_code'])} x{r['requests']} on {r['api_name']}")
     for r in analysis.tables["whatif_rules"]:
         flag = " [dry run]" if r["dry_run"] else "" if r["enabled"] else " [disabled]"
         span = "-" if r["first"] is None else f"{r['first']} .. {r['last']}"
-        w(f"{r['rule'] + flag:<29} {r['requests']:>8} {r['connections']:>6} {r['errors']:>7} "
+        w(f"{r['rule'] + flag:<29} {r['requests']:>8} {r['of_requests']:>9} {r['connections']:>6} {r['errors']:>7} "
           f"{r['delay_ms']:>10.1f} {r['throttle_ms']:>12.1f}  {span}\n")
         if errors[r["rule"]]:
             w(f"    injects {', '.join(errors[r['rule']])}\n")
