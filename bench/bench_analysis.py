@@ -1,6 +1,6 @@
 """Analysis benchmark: the Spark job on local[2] beside the same aggregation in plain pyarrow on one core.
 
-    .venv/bin/python bench/bench_analysis.py [--records 1000000 10000000] [--repeats 3] [--dir DIR]
+    .venv/bin/python bench/bench_analysis.py [--records 1000000 10000000] [--repeats 3] [--dir DIR] [--job]
 
 Generates capture files of N records (Produce, Fetch, Metadata, Heartbeat with
 log-normal broker latencies, 50 topics of 12 partitions, 1 % of Produce
@@ -13,6 +13,11 @@ partitions failing), then times, side by side, on the same files:
   :func:`kproxy.analysis.job.aggregates`;
 * pyarrow on one core (``pa.set_cpu_count(1)``): the same three aggregates,
   numpy's exact percentiles.
+
+With ``--job``: ``kproxy analyze``'s whole job (every table, as ``run_analysis`` computes,
+writes and collects them) beside plain Spark doing the four aggregations the report is
+about (per-api latency percentiles, bytes and count; errors by api and code; top topics by
+bytes; bytes per topic per minute), in the same session, order alternating.
 
 Before timing, both results are checked to agree (approximate percentiles:
 within the job's stated rank error of numpy's exact ones). Prints a Markdown table
@@ -40,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _util import fmt_rate, machine_line, table
 
-from kproxy.capture.schema import COLUMNS
+from kproxy.capture.schema import COLUMNS, SCHEMA_VERSION
 from kproxy.capture.writer import arrow_schema
 
 APIS = [("Produce", 0, 0.45), ("Fetch", 1, 0.45), ("Metadata", 3, 0.05), ("Heartbeat", 12, 0.05)]
@@ -76,7 +81,7 @@ def generate(directory: Path, records: int, seed: int = 7) -> list[str]:
         moved_count = np.zeros(n, dtype=np.int64)
         moved_count[moves] = count
         columns: dict[str, Any] = {
-            "schema_version": pa.array(np.ones(n, dtype=np.int16)),
+            "schema_version": pa.array(np.full(n, SCHEMA_VERSION, dtype=np.int16)),
             "request_time": pa.array(T0_US + start * 1000 + np.arange(n, dtype=np.int64) * 1000,
                                      type=pa.timestamp("us", tz="UTC")),
             "connection_id": pa.array(np.char.add("c", (rng.integers(0, 200, size=n)).astype(str)).astype(object)),
@@ -152,6 +157,58 @@ def spark_aggregate(spark: Any, files: list[str], exact: bool) -> dict[str, Any]
             "errors": errors}
 
 
+# -- the whole job beside plain Spark doing the same four aggregations (--job) ----------------------
+def plain_spark(spark: Any, files: list[str], exact: bool) -> dict[str, int]:
+    """What a person writes in plain Spark for the report's core: per-api latency percentiles, bytes
+    and count; errors by api and code; top topics by bytes; bytes per topic per minute. Collected."""
+    from pyspark.sql import functions as F
+
+    from kproxy.analysis.job import percentile
+
+    df = spark.read.parquet(*files)
+    latency = df.groupBy("api_name").agg(
+        F.count(F.lit(1)).alias("requests"), F.sum(F.col("request_bytes") + F.col("response_bytes")).alias("bytes"),
+        *(percentile(c, p, exact) for c in ("broker_latency_ms", "kproxy_latency_ms") for p in PERCENTILES))
+    parts = df.select("api_name", "request_time", F.explode("partitions").alias("p"))
+    errors = parts.where(F.col("p.error_code") != 0).groupBy("api_name", F.col("p.error_code")).count()
+    topics = parts.groupBy(F.col("p.topic")).agg(F.sum("p.record_bytes").alias("bytes")).orderBy(
+        F.desc("bytes")).limit(20)
+    minute = parts.groupBy(F.date_trunc("minute", "request_time"), F.col("p.topic")).agg(F.sum("p.record_bytes"))
+    return {name: len(frame.collect()) for name, frame in
+            (("latency", latency), ("errors", errors), ("topics", topics), ("minute", minute))}
+
+
+def kproxy_job(spark: Any, files: list[str], out: Path, exact_max: int) -> int:
+    """``kproxy analyze``'s whole job (every table, written as Parquet and collected, no report)."""
+    from kproxy.analysis.job import run_analysis
+
+    return run_analysis(files, out, spark, exact_percentiles_max=exact_max).records
+
+
+def job_side_by_side(spark: Any, base: Path, records: list[int], repeats: int) -> list[list[str]]:
+    from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
+
+    rows = []
+    for n in records:
+        directory = base / f"n{n}"
+        directory.mkdir(parents=True, exist_ok=True)
+        files = generate(directory, n)
+        exact = n <= EXACT_PERCENTILES_MAX
+        job_times, plain_times = [], []
+        for r in range(repeats):  # side by side, order alternating
+            for label in (("job", "plain") if r % 2 == 0 else ("plain", "job")):
+                t = time.perf_counter()
+                if label == "job":
+                    assert kproxy_job(spark, files, base / "out", EXACT_PERCENTILES_MAX) == n
+                else:
+                    plain_spark(spark, files, exact)
+                (job_times if label == "job" else plain_times).append(time.perf_counter() - t)
+        j, p = statistics.median(job_times), statistics.median(plain_times)
+        rows.append([f"{n:,}", "exact" if exact else "approx", f"{j:.1f}", f"{p:.1f}", f"{j / p:.2f}x"])
+        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None:
     """``a`` (Spark) agrees with ``b`` (pyarrow); ``files`` given: ``a``'s percentiles are approximate,
     each checked to rank within 1/APPROX_ACCURACY of its exact rank (numpy over ``files``)."""
@@ -188,6 +245,8 @@ def main() -> None:
     parser.add_argument("--driver-memory",
                         help="Spark driver memory (local mode: the executors' too; default: kproxy analyze's, "
                              "a quarter of the machine's memory within 1-8 GiB)")
+    parser.add_argument("--job", action="store_true",
+                        help="time kproxy analyze's whole job beside plain Spark's same four aggregations instead")
     args = parser.parse_args()
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
@@ -199,6 +258,17 @@ def main() -> None:
     startup = time.perf_counter() - t
     base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))
     rows = []
+    if args.job:
+        try:
+            rows = job_side_by_side(spark, base, args.records, args.repeats)
+        finally:
+            spark.stop()
+            if args.dir is None:
+                shutil.rmtree(base, ignore_errors=True)
+        print(machine_line())
+        print(f"Spark JVM and session start-up (once, not in the figures): {startup:.1f} s\n")
+        print(table(["records", "percentiles", "kproxy analyze job s", "plain Spark s", "job / plain"], rows))
+        return
     try:
         for n in args.records:
             directory = base / f"n{n}"

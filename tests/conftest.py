@@ -23,6 +23,8 @@ SLOW_MODULES = frozenset({
     "fuzz/test_fuzz.py",  # each target fuzzed for seconds
     "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
     "test_admin_hostile.py",
+    "test_analysis_cluster.py",  # a standalone Spark master and two workers
+    "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
     "test_capture_metadata_memo.py",
     "test_capture_writer.py",  # disk failures, rotation, caps: real files over seconds
     "test_chart_operations.py",  # Helm renders, Prometheus rule evaluations

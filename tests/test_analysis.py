@@ -52,7 +52,10 @@ def _generated() -> list[dict[str, Any]]:
         add(M0 + 2_000_000 + i, connection_id="f1", client_id="consumer", api_key=1, api_name="Fetch",
             broker_latency_ms=200.0 + i, kproxy_latency_ms=0.05, record_count=3, record_bytes=300,
             partitions=[{"topic": "b", "partition": 1, "error_code": 0, "record_count": 3, "record_bytes": 300}])
-    fault = [{"rule": "flaky-produce", "action": "error", "detail": "NOT_LEADER_OR_FOLLOWER"}]
+    fault = [{"rule": "flaky-produce", "action": "inject_error", "detail": "NOT_LEADER_OR_FOLLOWER",
+              "dry_run": False},
+             {"rule": "watch-produce", "action": "close_connection", "detail": "dry run: nothing done",
+              "dry_run": True}]
     r1 = M0 + MINUTE_US + 4_000_000
     for i in range(3):  # minute 1, connection r1: faulted Produce retried 5 ms later; the last one ends r1
         add(r1 + i * 10_000, connection_id="r1", client_id="retrier", rule_decisions=fault,
@@ -60,7 +63,8 @@ def _generated() -> list[dict[str, Any]]:
         if i < 2:
             add(r1 + i * 10_000 + 5_000, connection_id="r1", client_id="retrier", broker_latency_ms=10.0)
     add(r1 + 100_000, connection_id="r2", client_id="retrier", api_key=3, api_name="Metadata",
-        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100ms"}])
+        rule_decisions=[{"rule": "slow-metadata", "action": "delay", "detail": "100.0ms at request",
+                         "dry_run": False}])
     add(r1 + 100_500, connection_id="r2", client_id="retrier", api_key=1, api_name="Fetch")
     for i in range(20):
         add(M0 + 3_000_000 + i, connection_id="x1", client_id="consumer", api_key=10, api_name="FindCoordinator",
@@ -186,8 +190,11 @@ def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[P
     assert clients["consumer"]["requests"] == 60 and clients["consumer"]["errors"] == 5
     assert clients["fire-and-forget"]["records"] == 10
     topics = {r["topic"]: r for r in analysed.tables["top_topics"]}
-    assert topics["a"] == {"topic": "a", "requests": 160, "records": 760, "bytes": 76_000, "errors": 10}
-    assert topics["b"] == {"topic": "b", "requests": 40, "records": 120, "bytes": 12_000, "errors": 0}
+    # Produced and fetched apart: a record produced then fetched is not two records.
+    assert topics["a"] == {"topic": "a", "requests": 160, "produced_records": 760, "produced_bytes": 76_000,
+                           "fetched_records": 0, "fetched_bytes": 0, "errors": 10}
+    assert topics["b"] == {"topic": "b", "requests": 40, "produced_records": 0, "produced_bytes": 0,
+                           "fetched_records": 120, "fetched_bytes": 12_000, "errors": 0}
     hot = analysed.tables["hot_partitions"]
     expected: Counter[tuple[str, int]] = Counter()
     for r in rows:
@@ -212,11 +219,13 @@ def test_connection_churn(analysed: Any) -> None:
 
 
 def test_faults_by_rule_and_what_the_client_did_next(analysed: Any) -> None:
-    got = {(r["rule"], r["action"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
+    got = {(r["rule"], r["action"], r["dry_run"], r["api_name"], r["then"]): (r["requests"], r["median_delay_ms"])
            for r in analysed.tables["faults"]}
-    assert got == {("flaky-produce", "error", "produce", "retried"): (2, 5.0),
-                   ("flaky-produce", "error", "produce", "connection_ended"): (1, None),
-                   ("slow-metadata", "delay", "metadata", "other"): (1, 0.5)}
+    assert got == {("flaky-produce", "inject_error", False, "produce", "retried"): (2, 5.0),
+                   ("flaky-produce", "inject_error", False, "produce", "connection_ended"): (1, None),
+                   ("watch-produce", "close_connection", True, "produce", "retried"): (2, 5.0),
+                   ("watch-produce", "close_connection", True, "produce", "connection_ended"): (1, None),
+                   ("slow-metadata", "delay", False, "metadata", "other"): (1, 0.5)}
 
 
 def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
@@ -245,7 +254,7 @@ def test_bad_inputs_are_named_and_the_rest_is_analysed(spark: Any, generated: tu
     reasons = {p.path: p.reason for p in result.problems}
     assert reasons[str(tmp_path / "missing")] == "no such file or directory"
     assert "not a complete Parquet file" in reasons[str(cut)]
-    assert reasons[str(other)] == "capture schema version 99, this kproxy reads version 1"
+    assert reasons[str(other)] == "capture schema version 99, this kproxy reads versions 1 to 2"
     assert "no capture files" in reasons[str(empty_dir)]
     assert result.records == len(generated[1])
 
@@ -259,7 +268,9 @@ def test_cli_analyze_writes_the_report_and_summary(spark: Any, generated: tuple[
     out = capsys.readouterr().out
     assert f"{len(generated[1])} records" in out and "\nproduce " in out and "Produce" not in out
     report = (tmp_path / "out" / "report.html").read_text()
-    assert report.count("<svg") == 2 and "find_coordinator" in report and "FindCoordinator" not in report
+    assert report.count("<img alt=") == 4 and "find_coordinator" in report and "FindCoordinator" not in report
+    assert sorted(p.name for p in (tmp_path / "out" / "plots").iterdir()) == [
+        "bytes_by_api.png", "error_rate.png", "latency.png", "throughput.png"]
     assert main(["analyze", str(tmp_path / "nothing-here")]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'nothing-here'}: no such file or directory" in err
@@ -280,7 +291,8 @@ def test_a_real_capture_matches_what_was_sent(spark: Any, captured_run: Captured
         moved[(r["api_name"], r["topic"])] += r["records"]
     assert moved == {("produce", run.topic): run.records, ("fetch", run.topic): run.records}
     topic = next(t for t in result.tables["top_topics"] if t["topic"] == run.topic)
-    assert topic["records"] == 2 * run.records and topic["errors"] == 0
+    assert (topic["produced_records"], topic["fetched_records"], topic["errors"]) == (run.records, run.records, 0)
+    assert topic["produced_bytes"] == topic["fetched_bytes"]  # the broker keeps the batches as produced
     assert {h["partition"] for h in result.tables["hot_partitions"] if h["topic"] == run.topic} == set(
         range(run.partitions))
     assert result.tables["errors"] == []
@@ -348,3 +360,73 @@ def test_cli_stderr_holds_only_its_own_lines_unless_verbose(spark: Any, generate
     spark_lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", ln)]
     assert spark_lines == [], done.stderr
     assert "kproxy analyze: aggregating latency_by_api" in done.stderr
+
+
+def test_a_version_1_capture_is_read_beside_version_2(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                      tmp_path: Path) -> None:
+    """Version 1 files (rule decisions without ``dry_run``, always empty) are read with today's
+    schema beside version 2 ones: their records count, the faults table is the version 2 files'."""
+    from kproxy.analysis.job import run_analysis
+
+    v2 = arrow_schema()
+    decision = v2.field("rule_decisions").type.value_type
+    v1_decision = pa.struct([decision.field(i) for i in range(decision.num_fields)
+                             if decision.field(i).name != "dry_run"])
+    v1 = pa.schema([pa.field(f.name, pa.list_(v1_decision), nullable=f.nullable) if f.name == "rule_decisions"
+                    else f for f in v2], metadata={b"kproxy.capture.schema_version": b"1"})
+    old = tmp_path / "old" / "capture-v1.parquet"
+    old.parent.mkdir()
+    rows = [dict(record(i, at_us=M0 + i * 1000, connection_id="v1"), schema_version=1) for i in range(7)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=v1), old)
+    result = run_analysis([str(old), str(generated[0])], tmp_path / "out", spark)
+    assert result.problems == []
+    assert result.records == len(generated[1]) + 7
+    assert sum(r["requests"] for r in result.tables["faults"]) == 7  # 3 + 3 produce, 1 metadata: version 2's
+
+
+def _corrupt_copy(good: Path, target: Path, column: str) -> Path:
+    """``good`` copied to ``target`` with bytes flipped inside a data page of ``column``: the footer
+    is intact (every check of it passes), the page is not."""
+    data = bytearray(good.read_bytes())
+    meta = pq.read_metadata(good).row_group(0)
+    chunk = next(meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema == column)
+    for i in range(chunk.data_page_offset + 25, chunk.data_page_offset + 60):
+        data[i] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_a_file_with_a_corrupt_page_behind_a_valid_footer_is_named_and_left_out(
+        spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
+    from kproxy.analysis.job import check_file, run_analysis
+
+    good = sorted(generated[0].glob("hour=*/capture-*.parquet"))[0]
+    bad = _corrupt_copy(good, tmp_path / "capture-corrupt.parquet", "broker_latency_ms")
+    assert check_file(bad) is None  # the footer is sound
+    with pytest.raises(OSError):
+        pq.read_table(bad)  # the data is not
+    result = run_analysis([str(bad), str(generated[0])], tmp_path / "out", spark)
+    [problem] = result.problems
+    assert problem.path == str(bad) and problem.reason.startswith("corrupt data: 0 of the "), problem
+    assert result.records == len(generated[1])
+    assert sum(r["requests"] for r in result.tables["latency_by_api"]) == len(generated[1])
+
+
+def test_plots_of_a_one_minute_capture_are_pngs() -> None:
+    """Every plot renders from tables of one minute (the case whose time axis ran over years)."""
+    from datetime import datetime
+
+    from kproxy.analysis.plots import plots
+    from kproxy.protocol.tables import error_class
+
+    minute = datetime(2026, 9, 21, 14, 14)
+    latency = {"minute": minute, "requests": 10, "broker_p50_ms": 1.0, "broker_p99_ms": 2.0,
+               "kproxy_p50_ms": 0.1, "kproxy_p99_ms": 0.2}
+    tables = {"latency_by_minute": [dict(latency, api_name="produce"), dict(latency, api_name="join_group")],
+              "errors_by_minute": [{"minute": minute, "api_name": "join_group", "code": 79, "requests": 5}],
+              "throughput": [{"minute": minute, "api_name": api, "topic": "t", "records": 5, "bytes": 50}
+                             for api in ("produce", "fetch")],
+              "latency_by_api": [{"api_name": "produce", "request_bytes": 100, "response_bytes": 50}]}
+    got = plots(tables, error_class)
+    assert list(got) == ["latency", "error_rate", "throughput", "bytes_by_api"]
+    assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in got.values())

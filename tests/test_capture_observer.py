@@ -292,3 +292,40 @@ def test_big_produce_requests_and_fetch_responses_are_read_at_once_and_let_go() 
                                       "record_bytes": len(big[0])}]
     assert produce["request_bytes"] == len(request) and fetch["response_bytes"] == len(fetch_response)
     assert fetch["record_count"] == 40 and len(fetch["payloads"]) == 40 and fetch["payloads"][0]["value"] == b"xxxx"
+
+
+class _SlowRule:
+    """A policy holding every response until 50 ms after its request was read, as a delay rule does,
+    and noting it on the exchange as the rules policy does (Exchange.rule_decisions)."""
+
+    def decide(self, exchange: Any) -> Any:
+        from kproxy.proxy.session import Verdict
+
+        exchange.rule_decisions = (("slow", "delay", "50.0ms at request", False),
+                                   ("watch", "close_connection", "dry run: nothing done", True))
+        return Verdict(hold_s=0.05, held_by=("slow", "delay"))
+
+
+def test_rule_decisions_go_into_the_record_and_held_time_is_not_kproxy_latency() -> None:
+    """The record names what the rules did (dry runs flagged), and its kproxy_latency_ms leaves out
+    the time a rule held the response, as Exchange.overhead_seconds does."""
+    h = Harness()
+    now = [10.0]
+    h.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=h.observer,
+                        policy=_SlowRule(), clock=lambda: now[0])
+    request = request_frame(FIND_COORDINATOR, 3, 5, key="g", key_type=0)
+    assert ForwardUpstream(request) in h.session.receive_client(request)
+    now[0] = 10.002  # the broker answers in 2 ms
+    h.session.receive_upstream(response_frame(FIND_COORDINATOR, 3, 5, error_code=0, node_id=1, host="b1",
+                                              port=9092))
+    h.session.report()
+    assert h.records == []  # held
+    now[0] = 10.0501  # released 0.1 ms after the hold's end
+    assert any(isinstance(c, SendToClient) for c in h.session.on_timer(now[0]))
+    h.session.report()
+    [rec] = h.records
+    assert rec["rule_decisions"] == [
+        {"rule": "slow", "action": "delay", "detail": "50.0ms at request", "dry_run": False},
+        {"rule": "watch", "action": "close_connection", "detail": "dry run: nothing done", "dry_run": True}]
+    assert rec["broker_latency_ms"] == pytest.approx(2.0)
+    assert rec["kproxy_latency_ms"] == pytest.approx(0.1, abs=1e-6)

@@ -167,6 +167,8 @@ def test_per_connection_rules_match_exactly(per_connection: Any) -> None:
     r = rules["orders-not-leader"]
     assert (r["requests"], r["errors"], r["connections"], r["clients"]) == (100, 100, 1, 1)
     assert (r["first"], r["last"]) == (_utc(M0), _utc(M0 + 99_000))
+    assert r["of_requests"] == 150  # the rule's api, produce: what it could have hit
+    assert rules["batch-slow"]["of_requests"] == 150 + 2 * FETCHES + 16  # no api: every request
 
     r = rules["batch-slow"]
     assert (r["requests"], r["errors"], r["delay_ms"]) == (50, 0, 50 * 20.0)
@@ -321,7 +323,7 @@ def test_cli_what_if_prints_per_rule_lines(spark: Any, capture: Path, tmp_path: 
                  "--conf", "spark.sql.shuffle.partitions=2"]) == 0
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if x.startswith("orders-not-leader"))
-    assert line.split()[1:4] == ["100", "1", "100"]  # requests, connections, errors
+    assert line.split()[1:5] == ["100", "150", "1", "100"]  # requests, of its api's requests, connections, errors
     assert "What-if:" in (tmp_path / "out" / "report.html").read_text()
 
 

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from kproxy.analysis.schema import snake_api_name, spark_schema
-from kproxy.capture.schema import SCHEMA_VERSION
+from kproxy.capture.schema import READABLE_VERSIONS
 
 LIVE_TABLE = "live_by_minute"
 
@@ -28,7 +28,7 @@ LIVE_TABLE = "live_by_minute"
 def live_aggregate(df: DataFrame) -> DataFrame:
     has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
         F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
-    return (df.where(F.col("schema_version") == SCHEMA_VERSION)
+    return (df.where(F.col("schema_version").isin(*READABLE_VERSIONS))
             .groupBy(F.date_trunc("minute", F.col("request_time")).alias("minute"),
                      snake_api_name().alias("api_name"))
             .agg(F.count(F.lit(1)).alias("requests"), F.sum(has_error.cast("long")).alias("errors"),
@@ -39,16 +39,19 @@ def live_aggregate(df: DataFrame) -> DataFrame:
 
 
 def follow(spark: SparkSession, directory: str, out: str, *, trigger_seconds: float = 10.0,
-           on_batch: Callable[[int, int], None] = lambda _batch, _rows: None) -> StreamingQuery:
-    """Start the streaming query; it runs until stopped. ``on_batch(batch_id, rows)`` after each update."""
+           on_batch: Callable[[int, list[dict[str, Any]]], None] = lambda _batch, _rows: None) -> StreamingQuery:
+    """Start the streaming query; it runs until stopped. ``on_batch(batch_id, rows)`` after each
+    update, ``rows`` the whole table as written (one dict per minute and api, in that order)."""
     stream = (spark.readStream.schema(spark_schema())
               .option("recursiveFileLookup", "true").option("pathGlobFilter", "capture-*.parquet")
               .parquet(directory))
     target = os.path.join(out, LIVE_TABLE)
 
     def write(batch: DataFrame, batch_id: int) -> None:
-        rows = batch.count()
-        batch.orderBy("minute", "api_name").write.mode("overwrite").parquet(target)
+        table = batch.orderBy("minute", "api_name").cache()
+        table.write.mode("overwrite").parquet(target)
+        rows = [r.asDict() for r in table.collect()]
+        table.unpersist()
         on_batch(batch_id, rows)
 
     writer: Any = (live_aggregate(stream).writeStream.outputMode("complete").foreachBatch(write)

@@ -25,24 +25,32 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
 * ``throughput``: Produce and Fetch records and bytes per topic per minute.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per minute, connections first and last seen.
-* ``faults``: per rule and action that acted (``rule_decisions``), what the
-  client did next on that connection: ``retried`` (its next request was the
-  same api), ``other`` (another api), ``connection_ended`` (it sent nothing
-  more there: closed, or reconnected elsewhere); with the median time to that
-  next request.
+* ``faults``: per rule, action and dry run (``rule_decisions``: what the
+  proxy's rules did, each action counted as ``kproxy_rule_hits_total`` counts
+  it), the requests it acted on per api, and what the client did next on that
+  connection: ``retried`` (its next request was the same api), ``other``
+  (another api), ``connection_ended`` (it sent nothing more there: closed, or
+  reconnected elsewhere); with the median time to that next request.
 * ``whatif_*`` (with ``rules``): what a rule file would have done to these
   records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
 Bad input never stops the rest: a missing path, a file that is not Parquet (or
 is cut short), a file of another schema version are each reported with the file
 and the reason (:class:`InputProblem`), and the readable files are analysed.
+Those checks read each local file's footer, before Spark starts. A file whose
+footer is sound but whose data is not (a corrupt page) is found as Spark reads
+it: Spark skips what it cannot read (``spark.sql.files.ignoreCorruptFiles``),
+the records read per file are compared with the file's footer, and a file that
+came up short is left out whole and named. The input is read once, into Spark's
+cache, so every table sees the same records. (Remote inputs have no footer
+checked here: Spark skips what it cannot read of them, unnamed.)
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import tempfile
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,13 +62,21 @@ from pyspark.sql import functions as F
 from kproxy.analysis import whatif
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
 from kproxy.analysis.schema import snake_api_name, spark_schema
+from kproxy.analysis.session import local_driver_memory as local_driver_memory  # re-exported: where callers found it
+from kproxy.analysis.session import ship_kproxy
+from kproxy.analysis.session import spark_session as spark_session  # re-exported: where callers found it
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
-from kproxy.capture.schema import SCHEMA_VERSION, SchemaVersionError, check_version
+from kproxy.capture.schema import READABLE_VERSIONS, SchemaVersionError, check_version, version_support
 
 PERCENTILES = (0.5, 0.95, 0.99)
 APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/10,000 of a group
 TOP_N = 20
 PARQUET_MAGIC = b"PAR1"
+FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
+# The columns aggregates() reads (the what-if adds its own): the rest of a record is not cached.
+_ANALYSED = ("api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
+             "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
+             "record_count", "partitions", "rule_decisions", FILE_COLUMN)
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ class InputProblem:
 @dataclass
 class Inputs:
     files: list[str] = field(default_factory=list)  # local capture files that passed the checks
+    rows: dict[str, int] = field(default_factory=dict)  # local file -> records its footer counts
     uris: list[str] = field(default_factory=list)  # directories/files Spark reads itself (remote)
     problems: list[InputProblem] = field(default_factory=list)
 
@@ -117,16 +134,25 @@ def find_inputs(paths: Sequence[str]) -> Inputs:
         else:
             files = [path]
         for file in files:
-            problem = check_file(file)
-            if problem is None:
-                found.files.append(str(file))
+            footer = read_footer(file)
+            if isinstance(footer, InputProblem):
+                found.problems.append(footer)
             else:
-                found.problems.append(problem)
+                found.files.append(str(file))
+                found.rows[str(file)] = footer
     return found
 
 
 def check_file(path: Path) -> InputProblem | None:
-    """None if ``path`` is a complete Parquet file of this capture schema version; else why not."""
+    """None if ``path`` is a complete Parquet file of a capture schema version this kproxy reads;
+    else why not."""
+    footer = read_footer(path)
+    return footer if isinstance(footer, InputProblem) else None
+
+
+def read_footer(path: Path) -> InputProblem | int:
+    """The records of ``path`` as its footer counts them, if it is a complete Parquet file of a
+    capture schema version this kproxy reads; else why not."""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -142,32 +168,35 @@ def check_file(path: Path) -> InputProblem | None:
     import pyarrow.parquet as pq  # the analysis extra carries pyarrow: the footer check before Spark reads
 
     try:
-        metadata = pq.read_metadata(path).metadata
+        footer = pq.read_metadata(path)
     except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError, ArrowIOError an OSError
         return InputProblem(str(path), f"unreadable Parquet footer: {exc}")
     try:
-        check_version(metadata, str(path))
+        check_version(footer.metadata, str(path))
     except SchemaVersionError as exc:
         return InputProblem(str(path), str(exc).removeprefix(f"{path}: "))
-    return None
+    return int(footer.num_rows)
 
 
 def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
-    """All readable records as one DataFrame (None if there are none); remote inputs whose
-    ``schema_version`` column is not this one are reported in ``inputs.problems`` and left out."""
+    """All readable records as one DataFrame (None if there are none), each with the file it
+    came from (:data:`FILE_COLUMN`); remote inputs whose ``schema_version`` column is not one
+    this kproxy reads are reported in ``inputs.problems`` and left out."""
     schema = spark_schema()
     frames: list[DataFrame] = []
     if inputs.files:
-        frames.append(spark.read.schema(schema).parquet(*inputs.files))
+        frames.append(spark.read.schema(schema).parquet(*inputs.files).withColumn(FILE_COLUMN, F.input_file_name()))
     if inputs.uris:
         remote = (spark.read.schema(schema).option("recursiveFileLookup", "true")
-                  .option("pathGlobFilter", "capture-*.parquet").parquet(*inputs.uris))
-        wrong = (remote.where(F.col("schema_version") != SCHEMA_VERSION)
+                  .option("pathGlobFilter", "capture-*.parquet").parquet(*inputs.uris)
+                  .withColumn(FILE_COLUMN, F.input_file_name()))
+        readable = F.col("schema_version").isin(*READABLE_VERSIONS)
+        wrong = (remote.where(~readable)
                  .select(F.input_file_name().alias("file"), "schema_version").distinct().collect())
         for row in wrong:
             inputs.problems.append(InputProblem(row["file"], f"capture schema version {row['schema_version']}, "
-                                                             f"this kproxy reads version {SCHEMA_VERSION}"))
-        frames.append(remote.where(F.col("schema_version") == SCHEMA_VERSION))
+                                                             f"{version_support()}"))
+        frames.append(remote.where(readable))
     if not frames:
         return None
     df = frames[0]
@@ -196,7 +225,7 @@ def _error_codes(df: DataFrame) -> DataFrame:
     partition_codes = F.transform(F.col("partitions"), lambda p: p["error_code"])
     codes = F.array_distinct(F.filter(F.concat(F.array(F.col("error_code")), partition_codes),
                                       lambda c: c.isNotNull() & (c != 0)))
-    return df.select("api_name", "client_id", "partitions", F.explode(codes).alias("code"))
+    return df.select("api_name", "request_time", F.explode(codes).alias("code"))
 
 
 def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
@@ -207,14 +236,21 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
     df = df.withColumn("has_error", has_error).withColumn(
         "bytes", F.col("request_bytes") + F.coalesce(F.col("response_bytes"), F.lit(0)))
     out: dict[str, DataFrame] = {}
-    out["latency_by_api"] = df.groupBy("api_name").agg(*_latency(exact)).orderBy(F.desc("requests"))
+    out["latency_by_api"] = (df.groupBy("api_name")
+                             .agg(*_latency(exact), F.sum("request_bytes").alias("request_bytes"),
+                                  F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("response_bytes"))
+                             .orderBy(F.desc("requests")))
     out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency(exact)).orderBy("minute", "api_name")
 
     per_api = df.groupBy("api_name").agg(F.count(F.lit(1)).alias("api_requests"))
-    errors = _error_codes(df).groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
+    codes = _error_codes(df)
+    errors = codes.groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
     out["errors"] = (errors.join(per_api, "api_name")
                      .withColumn("rate", F.col("requests") / F.col("api_requests"))
                      .orderBy(F.desc("requests"), "api_name", "code"))
+    out["errors_by_minute"] = (codes.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name",
+                                             "code")
+                               .agg(F.count(F.lit(1)).alias("requests")).orderBy("minute", "api_name", "code"))
 
     out["top_clients"] = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"))
                           .agg(F.count(F.lit(1)).alias("requests"), F.sum("bytes").alias("bytes"),
@@ -229,10 +265,20 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
                          F.col("p.partition").alias("partition"), F.col("p.error_code").alias("error_code"),
                          F.col("p.record_count").alias("records"), F.col("p.record_bytes").alias("record_bytes"))
     parts = parts.where(F.col("topic").isNotNull())
-    out["top_topics"] = (parts.groupBy("topic")
-                         .agg(F.countDistinct("connection_id", "correlation_id", "api_name").alias("requests"),
-                              F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"),
-                              F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
+    # Requests naming each topic: one row per (request, distinct topic), counted (no distinct
+    # aggregation over every partition entry); records and bytes produced and fetched apart (a record
+    # produced then fetched is not two records).
+    topics = df.select(F.explode(F.array_distinct(F.transform(F.col("partitions"), lambda p: p["topic"])))
+                       .alias("topic")).where(F.col("topic").isNotNull())
+    per_topic = topics.groupBy("topic").agg(F.count(F.lit(1)).alias("requests"))
+    produced, fetched = F.col("api_name") == "produce", F.col("api_name") == "fetch"
+    moved_per_topic = parts.groupBy("topic").agg(
+        F.sum(F.when(produced, F.col("records")).otherwise(0)).alias("produced_records"),
+        F.sum(F.when(produced, F.col("record_bytes")).otherwise(0)).alias("produced_bytes"),
+        F.sum(F.when(fetched, F.col("records")).otherwise(0)).alias("fetched_records"),
+        F.sum(F.when(fetched, F.col("record_bytes")).otherwise(0)).alias("fetched_bytes"),
+        F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
+    out["top_topics"] = (per_topic.join(moved_per_topic, "topic")
                          .orderBy(F.desc("requests"), "topic").limit(TOP_N))
     moved = parts.where(F.col("api_name").isin("produce", "fetch"))
     out["throughput"] = (moved.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name", "topic")
@@ -257,7 +303,10 @@ def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
 
 def _faults(df: DataFrame, exact: bool) -> DataFrame:
     by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
-    nxt = (df.select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
+    # Only connections a rule acted on are ordered (none, in a capture without rules: nothing is sorted).
+    faulted = df.where(F.size("rule_decisions") > 0).select("connection_id").distinct()
+    nxt = (df.join(faulted, "connection_id", "left_semi")
+           .select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
            .withColumn("next_api", F.lead("api_name").over(by_connection))
            .withColumn("next_time", F.lead("request_time").over(by_connection))
            .where(F.size("rule_decisions") > 0))
@@ -266,33 +315,46 @@ def _faults(df: DataFrame, exact: bool) -> DataFrame:
     delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
     return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
                        delay_ms.alias("delay_ms"))
-            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"), "api_name", "then")
+            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"),
+                     F.coalesce(F.col("d.dry_run"), F.lit(False)).alias("dry_run"), "api_name", "then")
             .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
-            .orderBy("rule", "action", "api_name", "then"))
+            .orderBy("rule", "action", "dry_run", "api_name", "then"))
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None,
-                 exact_percentiles_max: int = EXACT_PERCENTILES_MAX) -> Analysis:
+                 exact_percentiles_max: int = EXACT_PERCENTILES_MAX, inputs: Inputs | None = None) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
 
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
     ``exact_percentiles_max``: more records than this, and percentiles are approximate.
+    ``inputs``: ``find_inputs(paths)`` when the caller checked them already (before Spark started).
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
-    progress("checking inputs")
-    inputs = find_inputs(paths)
+    if inputs is None:
+        progress("checking inputs")
+        inputs = find_inputs(paths)
     df = read_captures(spark, inputs)
     if df is None:
         raise NoInput(inputs.problems)
-    df = df.cache()
+    # Read once, into the cache, the columns the tables read (every table then sees the same records).
+    df = df.select(*dict.fromkeys(_ANALYSED if rules is None else _ANALYSED + whatif.INPUT_COLUMNS)).cache()
     progress("reading captures")
-    span = df.agg(F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"),
-                  F.max("request_time").alias("last"), F.min(F.unix_micros("request_time")).alias("first_us")
-                  ).collect()[0]
-    if span["n"] == 0:
+    per_file = {r[FILE_COLUMN]: r for r in df.groupBy(FILE_COLUMN).agg(
+        F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"), F.max("request_time").alias("last"),
+        F.min(F.unix_micros("request_time")).alias("first_us")).collect()}
+    short = _short_files(inputs, per_file)
+    if short:
+        df = df.where(~F.col(FILE_COLUMN).isin(*short))
+        for uri in short:
+            del per_file[uri]
+    if not per_file or sum(r["n"] for r in per_file.values()) == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records")])
+    span = {"n": sum(r["n"] for r in per_file.values()),
+            "first": min(r["first"] for r in per_file.values() if r["first"] is not None),
+            "last": max(r["last"] for r in per_file.values() if r["last"] is not None),
+            "first_us": min(r["first_us"] for r in per_file.values() if r["first_us"] is not None)}
     tables: dict[str, list[dict[str, Any]]] = {}
     out_dir = str(out)
     exact = span["n"] <= exact_percentiles_max
@@ -306,6 +368,7 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
         frame.unpersist()
     info = None
     if rules is not None:
+        ship_kproxy(spark)  # the what-if runs kproxy's rule engine on the executors
         found, info = whatif.run(spark, df, rules, span["first_us"], out_dir, progress)
         tables.update(found)
     df.unpersist()
@@ -314,68 +377,27 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                     exact_percentiles=exact)
 
 
+def _short_files(inputs: Inputs, per_file: dict[str, Any]) -> list[str]:
+    """URIs (as ``per_file`` keys them) of the local files Spark read fewer records of than their
+    footers count (a corrupt page: Spark skipped the rest), each reported in ``inputs.problems``."""
+    by_path = {urllib.parse.unquote(urllib.parse.urlparse(uri).path): uri for uri in per_file}
+    short = []
+    for file in inputs.files:
+        path = str(Path(file).resolve())
+        uri = by_path.get(path)
+        read = per_file[uri]["n"] if uri is not None else 0
+        expected = inputs.rows.get(file, 0)
+        if read < expected:
+            inputs.problems.append(InputProblem(file, f"corrupt data: {read} of the {expected} records its footer "
+                                                      f"counts could be read; the file is left out"))
+            if uri is not None:
+                short.append(uri)
+    return short
+
+
 class NoInput(Exception):
     """Nothing readable among the inputs."""
 
     def __init__(self, problems: list[InputProblem]) -> None:
         self.problems = problems
         super().__init__("no readable capture input: " + "; ".join(map(str, problems)))
-
-
-def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = (), *,
-                  verbose: bool = False) -> SparkSession:
-    """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small);
-    ``conf`` goes last and wins.
-
-    Unless ``verbose``, Spark keeps quiet: no console progress bars (they filled stderr, between
-    the command's own lines) and its log at ERROR (a WARN of Spark's is rarely the user's to act on).
-
-    In local mode the driver is the executor too, and Spark's default driver memory (1 GiB) is
-    short for millions of records: it gets :func:`local_driver_memory` unless ``conf`` names one.
-    """
-    builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "8")
-               .config("spark.ui.showConsoleProgress", "true" if verbose else "false"))
-    if not verbose:
-        # Spark's own start-up lines come before setLogLevel can act: the driver JVM (started with
-        # these settings in local mode) reads a log4j2 configuration at ERROR instead of Spark's default.
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2()}")
-    if master.startswith("local") and not any(key == "spark.driver.memory" for key, _ in conf):
-        builder = builder.config("spark.driver.memory", local_driver_memory())
-    for key, value in conf:
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    if not verbose:
-        spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-_QUIET_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-"""
-
-
-def _quiet_log4j2() -> str:
-    """A log4j2 configuration logging errors only, as a file URI (written once per temp directory)."""
-    path = Path(tempfile.gettempdir()) / f"kproxy-analyze-log4j2-{os.getuid()}.properties"
-    if not path.exists() or path.read_text() != _QUIET_LOG4J2:
-        path.write_text(_QUIET_LOG4J2)
-    return path.as_uri()
-
-
-def local_driver_memory(physical: int | None = None) -> str:
-    """A quarter of this machine's memory, between 1 and 8 GiB (``spark.driver.memory`` syntax)."""
-    if physical is None:
-        try:
-            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            physical = 4 << 30
-    return f"{min(8, max(1, physical // 4 >> 30))}g"

@@ -4,24 +4,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments
-from kproxy.analysis.job import NoInput, run_analysis, spark_session
-from kproxy.analysis.report import summary, write_html
+from kproxy.analysis.job import NoInput, find_inputs, run_analysis
+from kproxy.analysis.report import live_summary, summary, write_html
+from kproxy.analysis.session import java_problem, spark_session
 from kproxy.analysis.whatif import WhatIfRules
 from kproxy.rules.load import RulesError
 
 EXIT_OK, EXIT_USAGE = 0, 2
+FOLLOW_POLL_SECONDS = 1  # --follow: how soon after Ctrl-C the query is stopped (whole seconds: py4j)
 
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
             seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False) -> int:
-    """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be.
+    """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be
+    or Java is missing. Every input is checked, and Java found, before Spark starts.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
@@ -55,16 +60,29 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         return EXIT_USAGE
     if follow:
         return _follow(paths, master=master, out=out, stdout=stdout, stderr=stderr, conf=settings, verbose=verbose)
+
     def progress(stage: str) -> None:
         stderr.write(f"kproxy analyze: {stage}\n")
         stderr.flush()
 
+    progress("checking inputs")
+    inputs = find_inputs(paths)
+    if not inputs.files and not inputs.uris:
+        for problem in inputs.problems:
+            stderr.write(f"kproxy analyze: {problem}\n")
+        stderr.write("kproxy analyze: no readable capture input\n")
+        return EXIT_USAGE
+    java = java_problem()
+    if java is not None:
+        stderr.write(f"kproxy analyze: {java}\n")
+        return EXIT_USAGE
     local = "://" not in out
     if local:
         Path(out).mkdir(parents=True, exist_ok=True)
     spark = spark_session(master, settings, verbose=verbose)
     try:
-        analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles)
+        analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles,
+                                inputs=inputs)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -91,15 +109,32 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stderr.write(f"kproxy analyze: {paths[0]}: not a directory\n")
         return EXIT_USAGE
 
-    def on_batch(batch_id: int, rows: int) -> None:
-        stdout.write(f"batch {batch_id}: {rows} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
+    java = java_problem()
+    if java is not None:
+        stderr.write(f"kproxy analyze: {java}\n")
+        return EXIT_USAGE
+    last: list[list[dict[str, Any]]] = []
+
+    def on_batch(batch_id: int, rows: list[dict[str, Any]]) -> None:
+        last[:] = [rows]
+        stdout.write(f"batch {batch_id}: {len(rows)} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
         stdout.flush()
 
-    query = follow(spark_session(master, conf, verbose=verbose), paths[0], out, on_batch=on_batch)
+    spark = spark_session(master, conf, verbose=verbose)
+    # PySpark's own SIGINT handler cancels every job and raises inside the py4j call in progress
+    # (tracebacks, exit 1): Ctrl-C only asks the loop below to stop the query.
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
+        query = follow(spark, paths[0], out, on_batch=on_batch)
+        while not interrupted.is_set() and not query.awaitTermination(FOLLOW_POLL_SECONDS):
+            pass
         query.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if last:
+        live_summary(last[0], stdout)
+    spark.stop()
     return EXIT_OK
 
 

@@ -1,20 +1,23 @@
 """What people read of an analysis: a console summary and one self-contained HTML file.
 
-The HTML embeds its plots as inline SVG (matplotlib, Agg backend: no display
-needed) and its tables as plain HTML, so it can be mailed or attached to a
-ticket as one file.
+The HTML embeds its plots as PNG (:mod:`kproxy.analysis.plots`; each is also
+written beside it, under ``plots/``) and its tables as plain HTML, so it can be
+mailed or attached to a ticket as one file. Error codes carry their class
+(routine, retriable, error).
 """
 
 from __future__ import annotations
 
+import base64
 import html
-import io
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kproxy.analysis.job import APPROX_ACCURACY, Analysis
-from kproxy.protocol.tables import error_name
+from kproxy.analysis.plots import PLOT_TITLES, plots
+from kproxy.protocol.tables import error_class, error_name
 
 _TABLES = (
     ("latency_by_api", "Latency per API (ms)"),
@@ -23,10 +26,12 @@ _TABLES = (
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
     ("connection_churn", "Connection churn per minute"),
-    ("faults", "Faults injected by rule, and what the client did next on that connection"),
+    ("faults", "Faults injected by rule (dry runs: matched, nothing done), and what the client did next on "
+               "that connection"),
 )
 _WHATIF_TABLES = (
-    ("whatif_rules", "Per rule: requests it would have matched, what it would have done, first and last time"),
+    ("whatif_rules", "Per rule: requests it would have matched (of the captured requests of its apis), what it "
+                     "would have done, first and last time"),
     ("whatif_by_api", "By api"),
     ("whatif_by_client", "By client id"),
     ("whatif_by_topic", "By topic (a request naming several topics counts for each)"),
@@ -58,33 +63,66 @@ def summary(analysis: Analysis, out: TextIO) -> None:
         w(f"{r['api_name']:<26} {r['requests']:>9}  {broker:<26} {r['kproxy_p99_ms']:.3f}\n")
     errors = analysis.tables["errors"]
     if errors:
-        w("\nerrors: " + ", ".join(f"{r['api_name']} {error_label(r['code'])}: {r['requests']} ({r['rate']:.1%})"
-                                   for r in errors[:10]) + "\n")
+        w("\nerrors: " + ", ".join(f"{r['api_name']} {error_label(r['code'])} [{error_class(r['code'])}]: "
+                                   f"{r['requests']} ({r['rate']:.1%})" for r in errors[:10]) + "\n")
     faults = analysis.tables["faults"]
     if faults:
-        w("\nfaults: " + ", ".join(f"{r['rule']} ({r['action']}) on {r['api_name']}, then {r['then']}: "
-                                   f"{r['requests']}" for r in faults[:10]) + "\n")
+        _faults_summary(faults, w)
     topics = analysis.tables["top_topics"]
     if topics:
-        w("\ntopic                                requests     records        bytes  errors\n")
+        w("\ntopic                                requests    produced records / bytes     fetched records / bytes"
+          "  errors\n")
         for r in topics[:10]:
-            w(f"{r['topic']:<36} {r['requests']:>8} {r['records']:>11} {r['bytes']:>12} {r['errors']:>7}\n")
+            w(f"{r['topic']:<36} {r['requests']:>8} {r['produced_records']:>12} / {r['produced_bytes']:<12} "
+              f"{r['fetched_records']:>11} / {r['fetched_bytes']:<12} {r['errors']:>6}\n")
     if analysis.whatif is not None:
         _whatif_summary(analysis, w)
+
+
+def live_summary(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
+    """``--follow``'s last table (per minute and api), summed per api: what was seen until it stopped."""
+    per_api: dict[str, list[int]] = {}
+    for r in rows:
+        totals = per_api.setdefault(r["api_name"], [0, 0, 0, 0])
+        for i, key in enumerate(("requests", "errors", "bytes", "records")):
+            totals[i] += r[key] or 0
+    minutes = sorted({r["minute"] for r in rows})
+    span = f"{minutes[0]} .. {minutes[-1]} UTC" if minutes else "no records"
+    out.write(f"\nlast update: {len(minutes)} minute(s), {span}\n")
+    out.write("api                        requests    errors         bytes     records\n")
+    for api, (requests, errors, size, records) in sorted(per_api.items(), key=lambda kv: -kv[1][0]):
+        out.write(f"{api:<26} {requests:>9} {errors:>9} {size:>13} {records:>11}\n")
+
+
+def _faults_summary(faults: Sequence[dict[str, Any]], w: Any) -> None:
+    """One line per rule action (dry runs flagged): requests acted on per api, and what the
+    clients did next."""
+    per_action: dict[tuple[str, str, bool], dict[str, Any]] = {}
+    for r in faults:
+        entry = per_action.setdefault((r["rule"], r["action"], r["dry_run"]),
+                                      {"requests": 0, "apis": defaultdict(int), "then": defaultdict(int)})
+        entry["requests"] += r["requests"]
+        entry["apis"][r["api_name"]] += r["requests"]
+        entry["then"][r["then"]] += r["requests"]
+    w("\nfaults injected by rule (what the client did next on that connection)\n")
+    for (rule, action, dry_run), entry in per_action.items():
+        apis = ", ".join(f"{n} {api}" for api, n in sorted(entry["apis"].items(), key=lambda kv: -kv[1]))
+        then = ", ".join(f"{outcome} {n}" for outcome, n in sorted(entry["then"].items(), key=lambda kv: -kv[1]))
+        w(f"{rule} ({action}{', dry run' if dry_run else ''}) on {apis}: then {then}\n")
 
 
 def _whatif_summary(analysis: Analysis, w: Any) -> None:
     info = analysis.whatif
     assert info is not None
     w(f"\nwhat-if {info.source} (seed {info.seed}, {info.ordering} order): what each rule would have done\n")
-    w("rule                          requests  conns  errors   delay ms  throttle ms  first .. last\n")
+    w("rule                          requests  of api's  conns  errors   delay ms  throttle ms  first .. last\n")
     errors: dict[str, list[str]] = defaultdict(list)
     for r in analysis.tables["whatif_errors"]:
         errors[r["rule"]].append(f"{error_label(r['error_code'])} x{r['requests']} on {r['api_name']}")
     for r in analysis.tables["whatif_rules"]:
         flag = " [dry run]" if r["dry_run"] else "" if r["enabled"] else " [disabled]"
         span = "-" if r["first"] is None else f"{r['first']} .. {r['last']}"
-        w(f"{r['rule'] + flag:<29} {r['requests']:>8} {r['connections']:>6} {r['errors']:>7} "
+        w(f"{r['rule'] + flag:<29} {r['requests']:>8} {r['of_requests']:>9} {r['connections']:>6} {r['errors']:>7} "
           f"{r['delay_ms']:>10.1f} {r['throttle_ms']:>12.1f}  {span}\n")
         if errors[r["rule"]]:
             w(f"    injects {', '.join(errors[r['rule']])}\n")
@@ -103,8 +141,14 @@ def write_html(analysis: Analysis, path: str) -> None:
     if analysis.problems:
         parts.append("<h2>Inputs left out</h2><ul>" + "".join(
             f"<li>{html.escape(str(p))}</li>" for p in analysis.problems) + "</ul>")
-    parts.append("<h2>Latency over time (p99, ms)</h2>" + _latency_plot(analysis.tables["latency_by_minute"]))
-    parts.append("<h2>Throughput per topic (records per minute)</h2>" + _throughput_plot(analysis.tables["throughput"]))
+    pictures = plots(analysis.tables, error_class)
+    plot_dir = os.path.join(os.path.dirname(path), "plots")
+    os.makedirs(plot_dir, exist_ok=True)
+    for name, png in pictures.items():
+        with open(os.path.join(plot_dir, f"{name}.png"), "wb") as f:
+            f.write(png)
+        parts.append(f"<h2>{html.escape(PLOT_TITLES[name])}</h2><img alt='{name}' src='data:image/png;base64,"
+                     f"{base64.b64encode(png).decode()}'>")
     for name, title in _TABLES:
         parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(analysis.tables[name])))
     if analysis.whatif is not None:
@@ -137,6 +181,8 @@ def _labelled(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         r = dict(r)
         for key in ("code", "error_code"):
             if isinstance(r.get(key), int):
+                if key == "code":
+                    r["class"] = error_class(r[key])
                 r[key] = error_label(r[key])
         if "error_code" in r:
             r.pop("error", None)  # the name is in the label now
@@ -150,57 +196,3 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
-
-
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # inline: drop the XML prolog
-
-
-def _latency_plot(rows: Sequence[dict[str, Any]]) -> str:
-    if not rows:
-        return "<p>no data</p>"
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[tuple[str, str], list[tuple[Any, float]]] = defaultdict(list)
-    for r in rows:
-        if r["broker_p99_ms"] is not None:
-            series[(r["api_name"], "broker")].append((r["minute"], r["broker_p99_ms"]))
-        series[(r["api_name"], "kproxy")].append((r["minute"], r["kproxy_p99_ms"]))
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for (api, who), points in sorted(series.items()):
-        xs, ys = zip(*points, strict=True)
-        ax.plot(xs, ys, marker="o", linestyle="-" if who == "broker" else "--", label=f"{api} {who}")
-    ax.set_yscale("log")
-    ax.set_ylabel("p99 ms")
-    ax.legend(fontsize="small", ncol=2)
-    return _svg(fig)
-
-
-def _throughput_plot(rows: Sequence[dict[str, Any]]) -> str:
-    if not rows:
-        return "<p>no Produce or Fetch traffic</p>"
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series: dict[tuple[str, str], list[tuple[Any, int]]] = defaultdict(list)
-    for r in rows:
-        series[(r["api_name"], r["topic"])].append((r["minute"], r["records"]))
-    top = sorted(series, key=lambda k: -sum(n for _, n in series[k]))[:10]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for key in top:
-        xs, ys = zip(*series[key], strict=True)
-        ax.plot(xs, ys, marker="o", label=f"{key[0]} {key[1]}")
-    ax.set_ylabel("records / minute")
-    ax.legend(fontsize="small")
-    return _svg(fig)

@@ -118,8 +118,8 @@ HIT_SCHEMA = StructType([
     StructField("draw", DoubleType(), True),  # the probability draw; null: the rule has no probability
 ])
 
-_INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
-                  "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
+INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
+                 "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def _ip(host: str | None) -> IpAddress | None:
 
 
 def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
-    """The engine's view of one record (``row``: the columns of ``_INPUT_COLUMNS``, ``request_us``
+    """The engine's view of one record (``row``: the columns of ``INPUT_COLUMNS``, ``request_us``
     and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time."""
     topics: dict[str, set[int]] = {}
     for entry in row["topics"] or ():
@@ -227,7 +227,7 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     topics = F.filter(F.transform(F.col("partitions"), lambda p: F.struct(p["topic"].alias("topic"),
                                                                           p["partition"].alias("partition"))),
                       lambda p: p["topic"].isNotNull())
-    prepared = df.select(*_INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
+    prepared = df.select(*INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
     if shared:
         prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
     else:
@@ -239,12 +239,16 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     return hits, info
 
 
-def _rules_frame(spark: SparkSession, rule_set: RuleSet) -> DataFrame:
+def _rules_frame(spark: SparkSession, rule_set: RuleSet, api_requests: dict[int, int]) -> DataFrame:
+    """One row per rule, in file order; ``api_requests``: captured requests per api key, so that
+    each rule says how many requests of its apis it could have hit (``of_requests``)."""
+    every = sum(api_requests.values())
     rows = [Row(position=i, rule=r.id, enabled=r.enabled, dry_run=r.dry_run,
-                actions=", ".join(a.kind for a in r.actions), description=r.description)
+                actions=", ".join(a.kind for a in r.actions), description=r.description,
+                of_requests=every if r.match.apis is None else sum(api_requests.get(k, 0) for k in r.match.apis))
             for i, r in enumerate(rule_set.rules)]
     schema = ("position int, rule string, enabled boolean, dry_run boolean, actions string, "
-              "description string")
+              "description string, of_requests long")
     return spark.createDataFrame(rows, schema)
 
 
@@ -253,8 +257,10 @@ def _did() -> list[Any]:
             F.sum("delay_ms").alias("delay_ms"), F.sum("throttle_ms").alias("throttle_ms")]
 
 
-def aggregates(spark: SparkSession, hits: DataFrame, rule_set: RuleSet) -> dict[str, DataFrame]:
-    """Per rule (every rule of the file, matched or not, in file order): requests matched,
+def aggregates(spark: SparkSession, hits: DataFrame, rule_set: RuleSet, api_requests: dict[int, int] | None = None
+               ) -> dict[str, DataFrame]:
+    """Per rule (every rule of the file, matched or not, in file order): requests matched (and of
+    how many requests of its apis, from ``api_requests``: captured requests per api key),
     connections and clients, first and last time it would have fired, injected errors, delays and
     throttle summed; the same by api, by client id and by topic; injected errors by name."""
     when = F.col("request_us")
@@ -263,10 +269,11 @@ def aggregates(spark: SparkSession, hits: DataFrame, rule_set: RuleSet) -> dict[
         F.countDistinct(F.coalesce("client_id", F.lit(""))).alias("clients"),
         F.timestamp_micros(F.min(when)).alias("first"), F.timestamp_micros(F.max(when)).alias("last"))
     out: dict[str, DataFrame] = {}
-    out["whatif_rules"] = (_rules_frame(spark, rule_set).join(per_rule, "rule", "left")
+    out["whatif_rules"] = (_rules_frame(spark, rule_set, api_requests or {}).join(per_rule, "rule", "left")
                            .na.fill(0, ["requests", "errors", "connections", "clients"])
                            .na.fill(0.0, ["delay_ms", "throttle_ms"])
-                           .select("rule", "enabled", "dry_run", "actions", "requests", "connections", "clients",
+                           .select("rule", "enabled", "dry_run", "actions", "requests", "of_requests",
+                                   "connections", "clients",
                                    "errors", "delay_ms", "throttle_ms", "first", "last", "position")
                            .orderBy("position").drop("position"))
     out["whatif_by_api"] = hits.groupBy("rule", "api_name").agg(*_did()).orderBy("rule", F.desc("requests"),
@@ -296,7 +303,8 @@ def run(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: int, o
     hits.write.mode("overwrite").parquet(path)
     written = spark.read.schema(HIT_SCHEMA).parquet(path)
     tables: dict[str, list[dict[str, Any]]] = {}
-    for name, frame in aggregates(spark, written, rules.load()).items():
+    api_requests = {r["api_key"]: r["n"] for r in df.groupBy("api_key").agg(F.count(F.lit(1)).alias("n")).collect()}
+    for name, frame in aggregates(spark, written, rules.load(), api_requests).items():
         progress(f"what-if: aggregating {name}")
         frame = frame.cache()
         frame.write.mode("overwrite").parquet(os.path.join(out, name))

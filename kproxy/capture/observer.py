@@ -115,7 +115,7 @@ class CaptureObserver:
             held += len(response)
         self.sink((self.conn, self._clock_offset, self.principal, request, response,
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
-                   ex.received_at, ex.completed_at, ex.local, body_offset), held)
+                   ex.received_at, ex.completed_at, ex.local, body_offset, ex.held, ex.rule_decisions), held)
 
     def close(self) -> None:
         """The connection ended: requests still unanswered are offered without a response (a
@@ -123,7 +123,8 @@ class CaptureObserver:
         pending, self._pending = self._pending, {}
         for ex, request in pending.values():
             self.sink((self.conn, self._clock_offset, self.principal, request, None, ex.api_key, ex.api_version,
-                       ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0),
+                       ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0,
+                       None, ex.rule_decisions),
                       _held(request))
 
     # -- SASL: the principal -----------------------------------------------------------

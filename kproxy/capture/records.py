@@ -41,10 +41,9 @@ used by one thread, the writer's (the only one that reads Metadata answers:
 reading a big one, it cuts the interpreter's switch interval and gives the GIL
 back between its two passes, see :data:`BIG_READ_BYTES`).
 
-Size (over the ~500 lines the project aims for): one job, reading exchanges into rows, and most of
-it is :class:`RecordBuilder`, whose readers share its per-kind tables and memos; split, each half
-would import the other. The row helpers (:func:`as_dict`, :func:`dict_rows`) are in
-:mod:`kproxy.capture.rows`.
+Size (over the ~500 lines the project aims for): one job, mostly :class:`RecordBuilder`, whose
+readers share its tables and memos (split, each half would import the other); the row helpers
+are in :mod:`kproxy.capture.rows`.
 """
 
 from __future__ import annotations
@@ -100,6 +99,7 @@ _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 #   9 read_at  10 forwarded_at  11 received_at  12 completed_at   (the session's clock)
 #   13 local        kproxy answered itself
 #   14 response_body_offset  where the response body starts (0: not computed)
+#   15 held  16 rule_decisions  Exchange.held (seconds rules held the response, owner) or None; its decisions
 Captured = tuple[Any, ...]
 
 
@@ -225,7 +225,7 @@ class RecordBuilder:
 
     def row(self, item: Captured) -> tuple[Any, ...]:
         (conn, wall, principal, request, response, api_key, api_version, correlation_id, request_size,
-         read_at, forwarded_at, received_at, completed_at, local, response_offset) = item
+         read_at, forwarded_at, received_at, completed_at, local, response_offset, held, decisions) = item
         kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
         if kind is None:
             kind = self._kind(api_key, api_version)
@@ -272,11 +272,11 @@ class RecordBuilder:
         partitions: tuple[tuple[Any, ...], ...] = ()
         if entries or response_entries:
             partitions, record_count, record_bytes = self._partitions(entries, response_entries)
-        # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them.
+        # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
         if response is not None:
-            overhead += completed_at - received_at
+            overhead += completed_at - received_at - (held[0] if held is not None else 0.0)
             if not local:
                 broker = (received_at - forwarded_at) * 1000.0
         return (
@@ -292,7 +292,7 @@ class RecordBuilder:
             req.get("acks"), req.get("group_id"), req.get("transactional_id"),
             record_count, record_bytes,
             partitions,
-            (),  # rule decisions: filled once the rules engine reports its decisions
+            decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
         )
 

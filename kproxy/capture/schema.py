@@ -11,7 +11,15 @@ Every capture file carries :data:`SCHEMA_VERSION` twice: in its file metadata
 under :data:`VERSION_METADATA_KEY` (checked before a file is read) and in the
 ``schema_version`` column (so a mixed directory is visible in a query).
 Bump the version when a column changes meaning or type; adding a nullable
-column at the end is compatible and keeps it.
+column at the end is compatible and keeps it. :data:`READABLE_VERSIONS` are the
+versions this kproxy reads with today's columns.
+
+Version 2 added ``dry_run`` to the items of ``rule_decisions`` and began filling
+that column (version 1 writers wrote it empty in every record): a reader of
+version 1 would count dry-run matches as injected faults, so the version
+changed, and it refuses version 2 files with a line instead. A version 1 file
+reads as version 2: its ``rule_decisions`` lists are all empty, so the missing
+field is missing from no item.
 
 The columns a fault-injection rule can match on (api, version, client id,
 client address, node id, topics and partitions, group id, transactional id,
@@ -24,7 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions whose files read correctly under COLUMNS (see the module docstring): the writer's and older.
+READABLE_VERSIONS: tuple[int, ...] = (1, 2)
 VERSION_METADATA_KEY = "kproxy.capture.schema_version"
 
 # Scalar types, named as Arrow and Spark both understand them (each side maps them once).
@@ -63,9 +73,11 @@ PARTITION_ITEMS: tuple[Column, ...] = (
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (
-    _c("rule", "string", "the rule's name (or its file:line)", nullable=False),
-    _c("action", "string", "what it did: error, delay, throttle, close, ...", nullable=False),
-    _c("detail", "string", "the action's parameters, e.g. the error name or the delay"),
+    _c("rule", "string", "the rule's id", nullable=False),
+    _c("action", "string", "the action, as the rule file names it: inject_error, delay, throttle, "
+                           "close_connection, ...", nullable=False),
+    _c("detail", "string", "what it did, e.g. the error's name and code or the delay in ms"),
+    _c("dry_run", "bool", "the rule is a dry run: it matched and did nothing (null: a version 1 file)"),
 )
 
 PAYLOAD_ITEMS: tuple[Column, ...] = (
@@ -108,7 +120,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("record_bytes", "int64", "bytes of those record batches", nullable=False),
     _c("partitions", "list", "per topic-partition entries of the request and response", nullable=False,
        items=PARTITION_ITEMS),
-    _c("rule_decisions", "list", "fault-injection rules that acted on this request", nullable=False,
+    _c("rule_decisions", "list", "each action of a fault-injection rule that acted on this request (or, "
+                                 "for a dry-run rule, matched it), in the order they acted", nullable=False,
        items=RULE_DECISION_ITEMS),
     _c("payloads", "list", "record keys and values; null unless capture.include_payloads",
        items=PAYLOAD_ITEMS),
@@ -143,7 +156,7 @@ def new_record(**values: Any) -> dict[str, Any]:
 
 def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
     """Raise :class:`SchemaVersionError` unless ``metadata`` (a file's key/value metadata)
-    names this module's schema version; ``where`` (a file name) goes in the message."""
+    names one of :data:`READABLE_VERSIONS`; ``where`` (a file name) goes in the message."""
     raw = (metadata or {}).get(VERSION_METADATA_KEY.encode())
     if raw is None:
         raise SchemaVersionError(f"{where}: not a kproxy capture file (no {VERSION_METADATA_KEY} metadata)")
@@ -151,9 +164,14 @@ def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
         version = int(raw)
     except ValueError:
         raise SchemaVersionError(f"{where}: unreadable capture schema version {raw!r}") from None
-    if version != SCHEMA_VERSION:
-        raise SchemaVersionError(f"{where}: capture schema version {version}, this kproxy reads version "
-                                 f"{SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise SchemaVersionError(f"{where}: capture schema version {version}, {version_support()}")
+
+
+def version_support() -> str:
+    """``this kproxy reads versions 1 to 2``: what a refusal of another version says."""
+    low, high = min(READABLE_VERSIONS), max(READABLE_VERSIONS)
+    return f"this kproxy reads version {high}" if low == high else f"this kproxy reads versions {low} to {high}"
 
 
 class SchemaVersionError(Exception):

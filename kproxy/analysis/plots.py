@@ -1,0 +1,195 @@
+"""The report's plots, as PNG (matplotlib, Agg backend: no display needed).
+
+Each plot is drawn so that it cannot be misread: time axes span the data (a capture of one
+minute gets a few minutes of axis, labelled HH:MM UTC, not years), each panel shows one
+quantity, few enough series that each has its own colour (the busiest; the rest are said to
+be left out), and error rates leave out the routine codes of normal protocol flow.
+
+:func:`plots` returns ``{name: PNG bytes}`` for the plots a given analysis has data for. It
+classifies error codes with the function it is given (``kproxy.protocol.tables.error_class``,
+which the report passes: this module reads nothing of kproxy).
+"""
+
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+MAX_SERIES = 6  # series per panel: each gets its own colour of the default cycle (10)
+PLOT_TITLES = {
+    "latency": "Latency per API over time (ms; p99 solid, p50 dashed)",
+    "error_rate": "Error rate per API over time (routine codes of normal protocol flow left out)",
+    "throughput": "Records per minute per topic, produced and fetched",
+    "bytes_by_api": "Bytes per API (requests in, responses out)",
+}
+
+
+def plots(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str]) -> dict[str, bytes]:
+    """Every plot the tables have data for, as PNG bytes, in the report's order; ``error_class``
+    names a code's class: ``routine``, ``retriable`` or ``error``."""
+    out: dict[str, bytes] = {}
+    minutes = tables.get("latency_by_minute", [])
+    if minutes:
+        out["latency"] = _latency(minutes)
+        out["error_rate"] = _error_rate(minutes, tables.get("errors_by_minute", []), error_class)
+    if tables.get("throughput"):
+        out["throughput"] = _throughput(tables["throughput"])
+    if tables.get("latency_by_api"):
+        out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
+    return out
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _png(fig: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    _pyplot().close(fig)
+    return buf.getvalue()
+
+
+def _time_axis(ax: Any, minutes: Sequence[Any]) -> None:
+    """HH:MM UTC ticks over the data's span, at least five minutes wide (one point is not a year)."""
+    import matplotlib.dates
+
+    mdates: Any = matplotlib.dates  # untyped
+    first, last = min(minutes), max(minutes)
+    pad = max(timedelta(minutes=2), (last - first) * 0.05)
+    ax.set_xlim(first - pad, last + pad)
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+    ax.set_xlabel(f"UTC, {first:%Y-%m-%d}" + ("" if first.date() == last.date() else f" .. {last:%Y-%m-%d}"))
+    ax.grid(True, alpha=0.3)
+
+
+def _busiest(totals: dict[str, float], n: int = MAX_SERIES) -> tuple[list[str], int]:
+    """The ``n`` keys with the largest totals, and how many were left out."""
+    ranked = sorted(totals, key=lambda k: (-totals[k], k))
+    return ranked[:n], max(0, len(ranked) - n)
+
+
+def _note_left_out(ax: Any, left: int, what: str) -> None:
+    if left:
+        ax.text(1.0, -0.28, f"{left} more {what} not shown", transform=ax.transAxes, ha="right",
+                fontsize="small", color="dimgray")
+
+
+def _latency(rows: Sequence[dict[str, Any]]) -> bytes:
+    plt = _pyplot()
+    requests: dict[str, float] = defaultdict(float)
+    for r in rows:
+        requests[r["api_name"]] += r["requests"]
+    apis, left = _busiest(requests)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharex=True)
+    for ax, who in zip(axes, ("broker", "kproxy"), strict=True):
+        for i, api in enumerate(apis):
+            colour = f"C{i}"
+            mine = sorted((r for r in rows if r["api_name"] == api and r[f"{who}_p99_ms"] is not None),
+                          key=lambda r: r["minute"])
+            if not mine:
+                continue
+            xs = [r["minute"] for r in mine]
+            ax.plot(xs, [r[f"{who}_p99_ms"] for r in mine], marker="o", ms=3, color=colour, label=api)
+            ax.plot(xs, [r[f"{who}_p50_ms"] for r in mine], linestyle="--", color=colour, alpha=0.7)
+        ax.set_title("broker (forwarded -> answered)" if who == "broker" else "kproxy's own time")
+        ax.set_ylabel("ms")
+        ax.set_yscale("log")
+        _time_axis(ax, [r["minute"] for r in rows])
+    axes[0].legend(fontsize="small", title="api (p99)", loc="best")
+    _note_left_out(axes[1], left, "apis")
+    return _png(fig)
+
+
+def _error_rate(minutes: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]],
+                error_class: Callable[[int], str]) -> bytes:
+    plt = _pyplot()
+    requests = {(r["minute"], r["api_name"]): r["requests"] for r in minutes}
+    failed: dict[tuple[Any, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in errors:
+        failed[(r["minute"], r["api_name"])][error_class(r["code"])] += r["requests"]
+    totals: dict[str, float] = defaultdict(float)
+    for (_, api), by_class in failed.items():
+        totals[api] += by_class.get("retriable", 0) + by_class.get("error", 0)
+    apis, left = _busiest({api: n for api, n in totals.items() if n})
+    fig, ax = plt.subplots(figsize=(13, 4))
+    for i, api in enumerate(apis):
+        points = sorted((minute, n) for (minute, name), n in requests.items() if name == api)
+        xs = [m for m, _ in points]
+        for cls, style in (("error", "-"), ("retriable", ":")):
+            ys = [100.0 * failed.get((m, api), {}).get(cls, 0) / n for m, n in points]
+            if any(ys):
+                ax.plot(xs, ys, marker="o", ms=3, linestyle=style, color=f"C{i}", label=f"{api} ({cls})")
+    if not apis:
+        ax.text(0.5, 0.5, "no errors but routine ones", transform=ax.transAxes, ha="center", va="center")
+    ax.set_ylabel("% of the api's requests")
+    ax.set_ylim(bottom=0)
+    _time_axis(ax, [r["minute"] for r in minutes])
+    if apis:
+        ax.legend(fontsize="small", loc="best")
+    _note_left_out(ax, left, "apis with errors")
+    return _png(fig)
+
+
+def _throughput(rows: Sequence[dict[str, Any]]) -> bytes:
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharex=True)
+    for ax, api in zip(axes, ("produce", "fetch"), strict=True):
+        mine = [r for r in rows if r["api_name"] == api]
+        totals: dict[str, float] = defaultdict(float)
+        for r in mine:
+            totals[r["topic"]] += r["records"] or 0
+        topics, left = _busiest(totals)
+        for i, topic in enumerate(topics):
+            points = sorted((r["minute"], r["records"] or 0) for r in mine if r["topic"] == topic)
+            ax.plot([m for m, _ in points], [n for _, n in points], marker="o", ms=3, color=f"C{i}", label=topic)
+        ax.set_title("produced" if api == "produce" else "fetched")
+        ax.set_ylabel("records / minute")
+        ax.set_ylim(bottom=0)
+        _time_axis(ax, [r["minute"] for r in rows])
+        if topics:
+            ax.legend(fontsize="small", title="topic", loc="best")
+        else:
+            ax.text(0.5, 0.5, f"no {api} records", transform=ax.transAxes, ha="center", va="center")
+        _note_left_out(ax, left, "topics")
+    return _png(fig)
+
+
+def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> bytes:
+    plt = _pyplot()
+    ranked = sorted(rows, key=lambda r: -(r["request_bytes"] + r["response_bytes"]))[:12]
+    ranked.reverse()  # largest at the top of a horizontal bar chart
+    fig, ax = plt.subplots(figsize=(13, 0.45 * len(ranked) + 1.2))
+    ys = range(len(ranked))
+    requests = [r["request_bytes"] for r in ranked]
+    ax.barh(ys, requests, color="C0", label="requests (client -> broker)")
+    ax.barh(ys, [r["response_bytes"] for r in ranked], left=requests, color="C1",
+            label="responses (broker -> client)")
+    ax.set_yticks(list(ys), [r["api_name"] for r in ranked])
+    ax.set_xlabel("bytes (frames, size prefix included)")
+    ax.xaxis.set_major_formatter(_bytes_formatter())
+    ax.legend(fontsize="small", loc="lower right")
+    ax.grid(True, axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def _bytes_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(value: float, _pos: int) -> str:
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if abs(value) >= size:
+                return f"{value / size:g} {unit}"
+        return f"{value:g} B"
+
+    return FuncFormatter(fmt)

@@ -1,0 +1,157 @@
+"""The Spark session of ``kproxy analyze``: what it needs of the machine, and how it is set up.
+
+* :func:`java_problem`: Spark's JVM is found the way PySpark's launcher finds it
+  (``JAVA_HOME/bin/java``, else ``java`` on ``PATH``) and must be Java 17 or later; checked
+  before Spark starts, so a missing Java is one line and not the launcher's trace.
+* :func:`use_own_python`: Spark starts its Python workers with ``PYSPARK_PYTHON``, else with
+  whatever ``python3`` comes first on ``PATH``, which is not this interpreter when the command
+  runs by its full path (cron, systemd, a container entrypoint) and has no kproxy. Unless the
+  user named one (the variable, or ``spark.pyspark.python``), the workers run this interpreter.
+* :func:`ship_kproxy`: the what-if runs kproxy's rule engine on the executors; kproxy's own
+  code (pure Python) goes to each of them as a zip on their Python path, so executors that do
+  not have kproxy installed run it. Its dependencies the engine imports there (``pyyaml``,
+  ``google-re2``, a compiled module that cannot travel in a zip) must be installed beside
+  PySpark on the executors.
+* :func:`spark_session`: the session itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Mapping, MutableMapping, Sequence
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+import kproxy
+
+JAVA_MIN = 17
+JAVA_MISSING = f"Java {JAVA_MIN}+ not found (JAVA_HOME, PATH)"
+_JAVA_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
+
+
+def java_problem(environ: Mapping[str, str] | None = None) -> str | None:
+    """None when Spark's launcher will find Java 17+; else the one line saying what is wrong."""
+    env = os.environ if environ is None else environ
+    home = env.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java", path=env.get("PATH", os.defpath))
+    if not java or not os.access(java, os.X_OK):
+        return JAVA_MISSING
+    try:
+        answer = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{java} does not run ({exc}): Java {JAVA_MIN}+ needed (JAVA_HOME, PATH)"
+    found = _JAVA_VERSION.search(answer.stderr + answer.stdout)
+    if found is not None:
+        major = int(found.group(1))
+        if major == 1 and found.group(2):  # 1.8: Java 8
+            major = int(found.group(2))
+        if major < JAVA_MIN:
+            return f"{java} is Java {major}: Java {JAVA_MIN}+ needed (JAVA_HOME, PATH)"
+    return None
+
+
+def use_own_python(conf: Sequence[tuple[str, str]], environ: MutableMapping[str, str] | None = None) -> None:
+    """Spark's Python workers (and the driver's, with ``spark-submit``) run this interpreter,
+    unless ``PYSPARK_PYTHON`` / ``PYSPARK_DRIVER_PYTHON`` or their ``spark.pyspark.*`` settings
+    in ``conf`` name one. Call before the session starts: PySpark reads them then."""
+    env = os.environ if environ is None else environ
+    named = {key for key, _ in conf}
+    if "PYSPARK_PYTHON" not in env and "spark.pyspark.python" not in named:
+        env["PYSPARK_PYTHON"] = sys.executable
+    if "PYSPARK_DRIVER_PYTHON" not in env and "spark.pyspark.driver.python" not in named:
+        env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+_SHIPPED: dict[str, str] = {}  # Spark application id -> the zip shipped to its executors
+
+
+def ship_kproxy(spark: SparkSession) -> str:
+    """kproxy's Python files, zipped once per session into a temporary directory (removed at
+    exit) and added to every executor's Python path (``SparkContext.addPyFile``); the zip's path."""
+    context = spark.sparkContext
+    app = context.applicationId
+    if app in _SHIPPED:
+        return _SHIPPED[app]
+    package = Path(kproxy.__file__).resolve().parent
+    directory = tempfile.mkdtemp(prefix="kproxy-analyze-")
+    atexit.register(shutil.rmtree, directory, True)
+    target = os.path.join(directory, "kproxy.zip")
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix in (".py", ".typed"):
+                archive.write(path, path.relative_to(package.parent).as_posix())
+    context.addPyFile(target)
+    _SHIPPED[app] = target
+    return target
+
+
+def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = (), *,
+                  verbose: bool = False) -> SparkSession:
+    """A Spark session for the job: UTC, no UI, few shuffle partitions (aggregates are small),
+    unreadable file content skipped rather than fatal; ``conf`` goes last and wins.
+
+    Unless ``verbose``, Spark keeps quiet: no console progress bars (they filled stderr, between
+    the command's own lines) and its log at ERROR (a WARN of Spark's is rarely the user's to act on).
+
+    In local mode the driver is the executor too, and Spark's default driver memory (1 GiB) is
+    short for millions of records: it gets :func:`local_driver_memory` unless ``conf`` names one.
+
+    Python workers run this interpreter unless told otherwise (:func:`use_own_python`).
+    """
+    use_own_python(conf)
+    builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "8")
+               .config("spark.ui.showConsoleProgress", "true" if verbose else "false")
+               # A corrupt page is skipped, not fatal: the job names the file (kproxy.analysis.job).
+               .config("spark.sql.files.ignoreCorruptFiles", "true"))
+    if not verbose:
+        # Spark's own start-up lines come before setLogLevel can act: the driver JVM (started with
+        # these settings in local mode) reads a log4j2 configuration at ERROR instead of Spark's default.
+        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2()}")
+    if master.startswith("local") and not any(key == "spark.driver.memory" for key, _ in conf):
+        builder = builder.config("spark.driver.memory", local_driver_memory())
+    for key, value in conf:
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if not verbose:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+_QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+def _quiet_log4j2() -> str:
+    """A log4j2 configuration logging errors only, as a file URI (written once per temp directory)."""
+    path = Path(tempfile.gettempdir()) / f"kproxy-analyze-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _QUIET_LOG4J2:
+        path.write_text(_QUIET_LOG4J2)
+    return path.as_uri()
+
+
+def local_driver_memory(physical: int | None = None) -> str:
+    """A quarter of this machine's memory, between 1 and 8 GiB (``spark.driver.memory`` syntax)."""
+    if physical is None:
+        try:
+            physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            physical = 4 << 30
+    return f"{min(8, max(1, physical // 4 >> 30))}g"
