@@ -106,7 +106,7 @@ def _latency(rows: Sequence[dict[str, Any]]) -> bytes:
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         _time_axis(ax, [r["minute"] for r in rows])
-    axes[0].legend(fontsize="small", title="api (p99)", loc="best")
+    axes[0].legend(fontsize="small", title="api: p99 (dashed: p50)", loc="best")
     _note_left_out(axes[1], left, "apis")
     return _png(fig)
 
