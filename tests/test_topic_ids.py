@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from kproxy.capture.records import RecordBuilder
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import decode_request_header
@@ -53,3 +55,29 @@ def test_one_map_serves_the_rules_facts_and_the_capture() -> None:
     builder = RecordBuilder(names)
     assert builder.topics is names
     assert builder.topics.name(ORDERS) == "orders"
+
+
+def test_the_same_metadata_answer_again_is_not_decoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients refresh metadata with the same answer: a big one is decoded once (a full decode of
+    100,000 partitions holds the event loop ~0.7 s), unless it differs or ids were forgotten since."""
+    import kproxy.protocol.topic_ids as topic_ids
+
+    decoded: list[int] = []
+    real = topic_ids.decode_body
+
+    def counting(*args: object, **kwargs: object) -> object:
+        decoded.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(topic_ids, "decode_body", counting)
+    names = TopicIdNames(cap=1)
+    answer = _answer()
+    again = answer[:8].replace(answer[4:8], b"\x00\x00\x00\x63") + answer[8:]  # another correlation id
+    assert names.learn_metadata(answer, 12) == 1
+    assert names.learn_metadata(again, 12) == 1
+    assert len(decoded) == 1, "the same answer was decoded twice"
+    other = _answer(topic_id=uuid.UUID(int=9), name="payments")
+    assert names.learn_metadata(other, 12) == 1  # a different answer: read, and ORDERS forgotten (cap 1)
+    assert names == {uuid.UUID(int=9): "payments"}
+    assert names.learn_metadata(answer, 12) == 1  # read again: what it taught was forgotten
+    assert names == {ORDERS: "orders"} and len(decoded) == 3
