@@ -41,9 +41,11 @@ Those checks read each local file's footer, before Spark starts. A file whose
 footer is sound but whose data is not (a corrupt page) is found as Spark reads
 it: Spark skips what it cannot read (``spark.sql.files.ignoreCorruptFiles``),
 the records read per file are compared with the file's footer, and a file that
-came up short is left out whole and named. The input is read once, into Spark's
-cache, so every table sees the same records. (Remote inputs have no footer
-checked here: Spark skips what it cannot read of them, unnamed.)
+came up short is left out whole and named. The tables come from a few passes over
+the files (:mod:`kproxy.analysis.tables`), each reading only the columns it needs; the
+local files are listed once, before the first, so every pass reads the same records.
+(Remote inputs have no footer checked here: Spark skips what it cannot read of them,
+unnamed.)
 """
 
 from __future__ import annotations
@@ -56,21 +58,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
-from kproxy.analysis.schema import snake_api_name, spark_schema
+from kproxy.analysis.schema import spark_schema
 from kproxy.analysis.session import local_driver_memory as local_driver_memory  # re-exported: where callers found it
 from kproxy.analysis.session import ship_kproxy
 from kproxy.analysis.session import spark_session as spark_session  # re-exported: where callers found it
+from kproxy.analysis.tables import APPROX_ACCURACY as APPROX_ACCURACY  # re-exported: where callers found it
+from kproxy.analysis.tables import PERCENTILES as PERCENTILES
+from kproxy.analysis.tables import TOP_N as TOP_N
+from kproxy.analysis.tables import passes, tables
+from kproxy.analysis.tables import percentile as percentile
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
 from kproxy.capture.schema import READABLE_VERSIONS, SchemaVersionError, check_version, version_support
 
-PERCENTILES = (0.5, 0.95, 0.99)
-APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/10,000 of a group
-TOP_N = 20
 PARQUET_MAGIC = b"PAR1"
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): the rest of a record is not cached.
@@ -202,123 +206,18 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
     df = frames[0]
     for more in frames[1:]:
         df = df.unionByName(more)
-    return df.withColumn("api_name", snake_api_name())  # the metrics' spelling, in every table
+    # Kafka's api names as captured (``GetTelemetrySubscriptions``): the tables spell them as the
+    # metrics do once aggregated (:func:`kproxy.analysis.schema.snake_api_name`, a regular expression
+    # too costly to run on every record read).
+    return df
 
 
 # -- aggregates ------------------------------------------------------------------------------
-def percentile(column: str, p: float, exact: bool) -> Any:
-    """The ``p`` percentile of ``column``: exact, or ``percentile_approx`` (see the module docstring)."""
-    return F.percentile(column, p) if exact else F.percentile_approx(column, p, APPROX_ACCURACY)
-
-
-def _latency(exact: bool) -> list[Any]:
-    cols: list[Any] = [F.count(F.lit(1)).alias("requests")]
-    for name, column in (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms")):
-        for p in PERCENTILES:
-            cols.append(percentile(column, p, exact).alias(f"{name}_p{round(p * 100)}_ms"))
-        cols.append(F.max(column).alias(f"{name}_max_ms"))
-    return cols
-
-
-def _error_codes(df: DataFrame) -> DataFrame:
-    """One row per (request, distinct non-zero error code of its response)."""
-    partition_codes = F.transform(F.col("partitions"), lambda p: p["error_code"])
-    codes = F.array_distinct(F.filter(F.concat(F.array(F.col("error_code")), partition_codes),
-                                      lambda c: c.isNotNull() & (c != 0)))
-    return df.select("api_name", "request_time", F.explode(codes).alias("code"))
-
-
 def aggregates(df: DataFrame, *, exact: bool = True) -> dict[str, DataFrame]:
-    """Every aggregate of the report, as (lazy) DataFrames; ``exact``: exact percentiles, else approximate."""
-    minute = F.date_trunc("minute", F.col("request_time")).alias("minute")
-    has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
-        F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
-    df = df.withColumn("has_error", has_error).withColumn(
-        "bytes", F.col("request_bytes") + F.coalesce(F.col("response_bytes"), F.lit(0)))
-    out: dict[str, DataFrame] = {}
-    out["latency_by_api"] = (df.groupBy("api_name")
-                             .agg(*_latency(exact), F.sum("request_bytes").alias("request_bytes"),
-                                  F.sum(F.coalesce(F.col("response_bytes"), F.lit(0))).alias("response_bytes"))
-                             .orderBy(F.desc("requests")))
-    out["latency_by_minute"] = df.groupBy(minute, "api_name").agg(*_latency(exact)).orderBy("minute", "api_name")
-
-    per_api = df.groupBy("api_name").agg(F.count(F.lit(1)).alias("api_requests"))
-    codes = _error_codes(df)
-    errors = codes.groupBy("api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
-    out["errors"] = (errors.join(per_api, "api_name")
-                     .withColumn("rate", F.col("requests") / F.col("api_requests"))
-                     .orderBy(F.desc("requests"), "api_name", "code"))
-    out["errors_by_minute"] = (codes.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name",
-                                             "code")
-                               .agg(F.count(F.lit(1)).alias("requests")).orderBy("minute", "api_name", "code"))
-
-    out["top_clients"] = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"))
-                          .agg(F.count(F.lit(1)).alias("requests"), F.sum("bytes").alias("bytes"),
-                               F.sum("record_count").alias("records"),
-                               F.sum(F.col("has_error").cast("long")).alias("errors"),
-                               F.countDistinct("connection_id").alias("connections"))
-                          .orderBy(F.desc("requests"), "client_id").limit(TOP_N))
-
-    parts = df.select("api_name", "request_time", "connection_id", "correlation_id",
-                      F.explode("partitions").alias("p"))
-    parts = parts.select("api_name", "request_time", "connection_id", "correlation_id", F.col("p.topic").alias("topic"),
-                         F.col("p.partition").alias("partition"), F.col("p.error_code").alias("error_code"),
-                         F.col("p.record_count").alias("records"), F.col("p.record_bytes").alias("record_bytes"))
-    parts = parts.where(F.col("topic").isNotNull())
-    # Requests naming each topic: one row per (request, distinct topic), counted (no distinct
-    # aggregation over every partition entry); records and bytes produced and fetched apart (a record
-    # produced then fetched is not two records).
-    topics = df.select(F.explode(F.array_distinct(F.transform(F.col("partitions"), lambda p: p["topic"])))
-                       .alias("topic")).where(F.col("topic").isNotNull())
-    per_topic = topics.groupBy("topic").agg(F.count(F.lit(1)).alias("requests"))
-    produced, fetched = F.col("api_name") == "produce", F.col("api_name") == "fetch"
-    moved_per_topic = parts.groupBy("topic").agg(
-        F.sum(F.when(produced, F.col("records")).otherwise(0)).alias("produced_records"),
-        F.sum(F.when(produced, F.col("record_bytes")).otherwise(0)).alias("produced_bytes"),
-        F.sum(F.when(fetched, F.col("records")).otherwise(0)).alias("fetched_records"),
-        F.sum(F.when(fetched, F.col("record_bytes")).otherwise(0)).alias("fetched_bytes"),
-        F.sum((F.coalesce(F.col("error_code"), F.lit(0)) != 0).cast("long")).alias("errors"))
-    out["top_topics"] = (per_topic.join(moved_per_topic, "topic")
-                         .orderBy(F.desc("requests"), "topic").limit(TOP_N))
-    moved = parts.where(F.col("api_name").isin("produce", "fetch"))
-    out["throughput"] = (moved.groupBy(F.date_trunc("minute", "request_time").alias("minute"), "api_name", "topic")
-                         .agg(F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
-                         .orderBy("minute", "api_name", "topic"))
-    out["hot_partitions"] = (moved.where(F.col("partition").isNotNull())
-                             .groupBy("topic", "partition")
-                             .agg(F.sum(F.when(F.col("api_name") == "produce", F.col("records"))).alias("produced"),
-                                  F.sum(F.when(F.col("api_name") == "fetch", F.col("records"))).alias("fetched"),
-                                  F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
-                             .na.fill(0, ["produced", "fetched"])
-                             .orderBy(F.desc("bytes"), "topic", "partition").limit(TOP_N))
-    spans = df.groupBy("connection_id").agg(F.min("request_time").alias("first"),
-                                            F.max(F.coalesce("response_time", "request_time")).alias("last"))
-    opened = spans.groupBy(F.date_trunc("minute", "first").alias("minute")).agg(F.count(F.lit(1)).alias("opened"))
-    closed = spans.groupBy(F.date_trunc("minute", "last").alias("minute")).agg(F.count(F.lit(1)).alias("closed"))
-    out["connection_churn"] = (opened.join(closed, "minute", "full_outer").na.fill(0, ["opened", "closed"])
-                               .orderBy("minute"))
-    out["faults"] = _faults(df, exact)
-    return out
-
-
-def _faults(df: DataFrame, exact: bool) -> DataFrame:
-    by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
-    # Only connections a rule acted on are ordered (none, in a capture without rules: nothing is sorted).
-    faulted = df.where(F.size("rule_decisions") > 0).select("connection_id").distinct()
-    nxt = (df.join(faulted, "connection_id", "left_semi")
-           .select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
-           .withColumn("next_api", F.lead("api_name").over(by_connection))
-           .withColumn("next_time", F.lead("request_time").over(by_connection))
-           .where(F.size("rule_decisions") > 0))
-    outcome = (F.when(F.col("next_api").isNull(), "connection_ended")
-               .when(F.col("next_api") == F.col("api_name"), "retried").otherwise("other"))
-    delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
-    return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
-                       delay_ms.alias("delay_ms"))
-            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"),
-                     F.coalesce(F.col("d.dry_run"), F.lit(False)).alias("dry_run"), "api_name", "then")
-            .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
-            .orderBy("rule", "action", "dry_run", "api_name", "then"))
+    """Every aggregate of the report, as (lazy) DataFrames; ``exact``: exact percentiles, else
+    approximate. Each table re-reads the records it rolls up: :func:`run_analysis` keeps the
+    fine aggregates (:func:`kproxy.analysis.tables.passes`) instead, so the records are read once per pass."""
+    return tables(passes(df, exact=exact), df, exact=exact)
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
@@ -338,12 +237,16 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     df = read_captures(spark, inputs)
     if df is None:
         raise NoInput(inputs.problems)
-    # Read once, into the cache, the columns the tables read (every table then sees the same records).
-    df = df.select(*dict.fromkeys(_ANALYSED if rules is None else _ANALYSED + whatif.INPUT_COLUMNS)).cache()
+    # The columns the tables read; each pass reads them from the files (a pass over Parquet columns
+    # costs less than building Spark's cache of every record, which was the job's largest cost).
+    df = df.select(*dict.fromkeys(_ANALYSED if rules is None else _ANALYSED + whatif.INPUT_COLUMNS))
     progress("reading captures")
+    # Every column the passes read is read here too (counted, though only the rows are used): a
+    # corrupt page in any of them cuts this count short, and the file is left out of every pass.
+    read_all = [F.count(c) for c in df.columns if c != FILE_COLUMN]
     per_file = {r[FILE_COLUMN]: r for r in df.groupBy(FILE_COLUMN).agg(
         F.count(F.lit(1)).alias("n"), F.min("request_time").alias("first"), F.max("request_time").alias("last"),
-        F.min(F.unix_micros("request_time")).alias("first_us")).collect()}
+        F.min(F.unix_micros("request_time")).alias("first_us"), *read_all).collect()}
     short = _short_files(inputs, per_file)
     if short:
         df = df.where(~F.col(FILE_COLUMN).isin(*short))
@@ -355,25 +258,28 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
             "first": min(r["first"] for r in per_file.values() if r["first"] is not None),
             "last": max(r["last"] for r in per_file.values() if r["last"] is not None),
             "first_us": min(r["first_us"] for r in per_file.values() if r["first_us"] is not None)}
-    tables: dict[str, list[dict[str, Any]]] = {}
+    found: dict[str, list[dict[str, Any]]] = {}
     out_dir = str(out)
     exact = span["n"] <= exact_percentiles_max
     if not exact:
         progress(f"{span['n']} records: approximate percentiles (percentile_approx, accuracy {APPROX_ACCURACY})")
-    for name, frame in aggregates(df, exact=exact).items():
+    fine = passes(df, exact=exact)
+    kept = [frame.cache() for frame in fine.frames()]  # small: per api, minute, client, topic...
+    for name, frame in tables(fine, df, exact=exact).items():
         progress(f"aggregating {name}")
         frame = frame.cache()
         frame.write.mode("overwrite").parquet(os.path.join(out_dir, name))
-        tables[name] = [row.asDict() for row in frame.collect()]
+        found[name] = [row.asDict() for row in frame.collect()]
+        frame.unpersist()
+    for frame in kept:
         frame.unpersist()
     info = None
     if rules is not None:
         ship_kproxy(spark)  # the what-if runs kproxy's rule engine on the executors
-        found, info = whatif.run(spark, df, rules, span["first_us"], out_dir, progress)
-        tables.update(found)
-    df.unpersist()
+        replayed, info = whatif.run(spark, df, rules, span["first_us"], out_dir, progress)
+        found.update(replayed)
     return Analysis(records=span["n"], files=len(inputs.files) + len(inputs.uris), first=span["first"],
-                    last=span["last"], problems=inputs.problems, tables=tables, out=out_dir, whatif=info,
+                    last=span["last"], problems=inputs.problems, tables=found, out=out_dir, whatif=info,
                     exact_percentiles=exact)
 
 

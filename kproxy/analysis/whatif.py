@@ -87,6 +87,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from kproxy.analysis.schema import snake_api_name
 from kproxy.protocol.tables import error_name
 from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.engine import RuleEngine
@@ -233,7 +234,8 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     else:
         prepared = prepared.repartition("connection_id").sortWithinPartitions(
             "connection_id", "request_us", "correlation_id")
-    hits = spark.createDataFrame(prepared.rdd.mapPartitions(evaluator(rules, start_us)), HIT_SCHEMA)
+    hits = (spark.createDataFrame(prepared.rdd.mapPartitions(evaluator(rules, start_us)), HIT_SCHEMA)
+            .withColumn("api_name", snake_api_name()))  # on the hits only, not on every record read
     start = _EPOCH + timedelta(microseconds=start_us)  # naive UTC, as Spark returns timestamps here
     info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CONNECTION, shared, start)
     return hits, info
