@@ -1,0 +1,262 @@
+"""Leader epoch floors: a leader epoch a client has seen through kproxy never goes backwards.
+
+A client ignores partition metadata whose leader epoch is older than one it knows (KIP-320). When
+a fault raises a partition's epoch above the broker's own (``mutate_metadata``'s ``move_leader``),
+the broker's real answers would read as outdated once the fault ends, and the client would keep
+the leader the fault invented. :class:`LeaderEpochFloors` remembers, per (topic or topic id,
+partition), the highest epoch kproxy advertised above the broker's; :func:`floor_leader_epochs`
+keeps every current-leader epoch of an answer at least that high until the broker's own epoch
+reaches it, and then forgets it. :func:`unfloor_request_epochs` is the other direction: a request
+carrying an epoch only kproxy advertised (a Fetch's ``current_leader_epoch``...) reaches the broker
+with the broker's epoch, or -1 ("no check") while the broker's is not known, since a broker
+answers UNKNOWN_LEADER_EPOCH to an epoch above its own.
+
+Which answers carry a current leader's epoch: Metadata v7+ and DescribeTopicPartitions
+(``leader_epoch``), Produce v10+ and Fetch v12+ (the ``current_leader`` tagged field, KIP-951),
+ShareFetch and ShareAcknowledge (``current_leader``). Epochs that describe the log rather than its
+leader are left as the broker wrote them: ListOffsets' ``leader_epoch`` (the epoch of the returned
+offset), OffsetForLeaderEpoch's ``leader_epoch`` (the epoch whose end offset it answers), Fetch's
+``diverging_epoch``, OffsetFetch's committed epoch and record batches: a client checks them
+against the broker's log (OffsetForLeaderEpoch, KIP-320), where an epoch the log never had reads
+as truncation. Requests carrying the client's current leader epoch: Fetch v9+, ListOffsets v4+,
+OffsetForLeaderEpoch v2+ (``current_leader_epoch``).
+
+Sans-IO; one table per upstream cluster, read and written by one thread.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+from typing import Any
+
+from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.mutation import Mutation, reframe
+from kproxy.protocol.schema import Direction
+from kproxy.protocol.splice import splice_body
+from kproxy.protocol.tables import ApiKey
+
+FLOORS_CAP = 100_000  # partitions remembered; past it the oldest raise is forgotten
+
+# api key -> (first version carrying a current leader epoch, top-level field holding the topics)
+RESPONSES: dict[int, tuple[int, str]] = {
+    int(ApiKey.METADATA): (7, "topics"),
+    int(ApiKey.DESCRIBE_TOPIC_PARTITIONS): (0, "topics"),
+    int(ApiKey.PRODUCE): (10, "responses"),
+    int(ApiKey.FETCH): (12, "responses"),
+    int(ApiKey.SHARE_FETCH): (0, "responses"),
+    int(ApiKey.SHARE_ACKNOWLEDGE): (0, "responses"),
+}
+# api key -> first version whose partitions carry ``current_leader_epoch``; the topics are in ``topics``
+REQUESTS: dict[int, int] = {
+    int(ApiKey.FETCH): 9,
+    int(ApiKey.LIST_OFFSETS): 4,
+    int(ApiKey.OFFSET_FOR_LEADER_EPOCH): 2,
+}
+
+# A partition as answers and requests name it: by topic name or by topic id (KIP-516).
+PartitionKey = tuple[str | uuid.UUID, int]
+
+
+class EpochFloor:
+    """One partition's floor: the highest epoch kproxy advertised above the broker's own, and the
+    broker's own as last seen in an answer kproxy did not raise (None: not seen since the raise)."""
+
+    __slots__ = ("broker", "epoch", "keys")
+
+    def __init__(self, epoch: int, keys: tuple[PartitionKey, ...]) -> None:
+        self.epoch = epoch
+        self.broker: int | None = None
+        self.keys = keys  # its name key, and its topic id key when known
+
+
+class LeaderEpochFloors:
+    """Per (topic name or topic id, partition): the :class:`EpochFloor` of partitions whose leader
+    epoch kproxy raised above the broker's. Empty unless a fault raised an epoch, so a reader's
+    first test is its truth value. Bounded by ``cap`` partitions (the oldest raise is forgotten)."""
+
+    __slots__ = ("_floors", "cap", "forgotten")
+
+    def __init__(self, cap: int = FLOORS_CAP) -> None:
+        self._floors: dict[PartitionKey, EpochFloor] = {}
+        self.cap = cap
+        self.forgotten = 0  # floors dropped for the cap (never those the broker's epoch reached)
+
+    def __len__(self) -> int:
+        return len(self._floors)
+
+    def get(self, topic: str | uuid.UUID, partition: int) -> EpochFloor | None:
+        return self._floors.get((topic, partition))
+
+    def raised(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int) -> int:
+        """kproxy advertised ``epoch`` for this partition: remember it as its floor (a lower one is
+        not remembered over a higher one). Returns the epoch to advertise: the floor."""
+        found = self._find(name, topic_id, partition)
+        if found is not None:
+            if epoch > found.epoch:
+                found.epoch = epoch
+            self._add_id(found, name, topic_id, partition)
+            return found.epoch
+        keys = _keys(name, topic_id, partition)
+        if not keys:
+            return epoch
+        while len(self._floors) + len(keys) > self.cap and self._floors:
+            self._forget(next(iter(self._floors.values())))
+            self.forgotten += 1
+        floor = EpochFloor(epoch, keys)
+        for key in keys:
+            self._floors[key] = floor
+        return epoch
+
+    def seen(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int) -> int:
+        """The broker's own ``epoch`` for this partition, as an answer carries it: the epoch to
+        advertise instead (the floor while the broker's is below it; the floor is forgotten once
+        the broker's reaches it)."""
+        found = self._find(name, topic_id, partition)
+        if found is None or epoch < 0:
+            return epoch
+        if epoch >= found.epoch:
+            self._forget(found)
+            return epoch
+        found.broker = epoch
+        self._add_id(found, name, topic_id, partition)
+        return found.epoch
+
+    def broker_epoch(self, topic: str | uuid.UUID | None, partition: int, epoch: int) -> int | None:
+        """What a request's ``current_leader_epoch`` of ``epoch`` must become for the broker: its
+        own epoch (-1, "no check", while not known) when ``epoch`` is one only kproxy advertised;
+        None to keep it (no floor, an epoch the broker had, or one above the floor)."""
+        found = self._floors.get((topic, partition)) if topic is not None else None
+        if found is None or epoch > found.epoch:
+            return None
+        broker = found.broker
+        if broker is not None and epoch <= broker:
+            return None
+        return -1 if broker is None else broker
+
+    def _find(self, name: str | None, topic_id: uuid.UUID | None, partition: int) -> EpochFloor | None:
+        floors = self._floors
+        found = floors.get((name, partition)) if name is not None else None
+        if found is None and topic_id is not None:
+            found = floors.get((topic_id, partition))
+        return found
+
+    def _add_id(self, floor: EpochFloor, name: str | None, topic_id: uuid.UUID | None, partition: int) -> None:
+        """Key ``floor`` by every name this answer gives its partition (a raise seen by name is
+        then found by the id a Fetch v13+ names it with)."""
+        for key in _keys(name, topic_id, partition):
+            if key not in floor.keys:
+                floor.keys = (*floor.keys, key)
+                self._floors[key] = floor
+
+    def _forget(self, floor: EpochFloor) -> None:
+        for key in floor.keys:
+            if self._floors.get(key) is floor:
+                del self._floors[key]
+
+
+def _keys(name: str | None, topic_id: uuid.UUID | None, partition: int) -> tuple[PartitionKey, ...]:
+    """The keys a partition is found by: its topic's name and its topic's id, those known."""
+    keys: list[PartitionKey] = []
+    if name is not None:
+        keys.append((name, partition))
+    if topic_id is not None and topic_id.int:
+        keys.append((topic_id, partition))
+    return tuple(keys)
+
+
+def _topic_names(topic: dict[str, Any]) -> tuple[str | None, uuid.UUID | None]:
+    name = topic.get("name", topic.get("topic"))
+    topic_id = topic.get("topic_id")
+    return (name if isinstance(name, str) else None,
+            topic_id if isinstance(topic_id, uuid.UUID) and topic_id.int else None)
+
+
+def _partition_index(p: dict[str, Any]) -> int | None:
+    for key in ("partition_index", "index", "partition"):
+        found = p.get(key)
+        if found is not None:
+            return int(found)
+    return None
+
+
+def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: LeaderEpochFloors, *,
+                        raised: Collection[tuple[str, int]] = ()) -> Mutation:
+    """Keep the current-leader epochs of an answer (see the module's list) at least at their floor.
+
+    ``raised`` names the partitions (topic name, partition) whose epoch in this answer a fault set,
+    not the broker: their epoch becomes (or raises) their floor. Every other epoch is the broker's
+    own: it is advertised as the floor while below it, and forgets the floor once it reaches it.
+    ``changed`` counts the epochs raised; an answer of another api key or version, or with nothing
+    to change, comes back as the same object. Raises
+    :class:`~kproxy.protocol.errors.DecodeError` for an answer that does not parse.
+    """
+    spec = RESPONSES.get(api_key)
+    if spec is None or api_version < spec[0] or not (floors or raised):
+        return Mutation(frame, 0)
+    field = spec[1]
+    count = [0]
+
+    def topics(value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for topic in value or ():
+            name, topic_id = _topic_names(topic)
+            for p in topic.get("partitions", topic.get("partition_responses")) or ():
+                index = _partition_index(p)
+                if index is None:
+                    continue
+                holder = p.get("current_leader", p) if field == "responses" else p
+                if not isinstance(holder, dict):
+                    continue
+                old = holder.get("leader_epoch")
+                if not isinstance(old, int) or old < 0:
+                    continue
+                if name is not None and (name, index) in raised:
+                    new = floors.raised(name, topic_id, index, old)
+                else:
+                    new = floors.seen(name, topic_id, index, old)
+                if new != old:
+                    holder["leader_epoch"] = new
+                    count[0] += 1
+        return value
+
+    offset = response_body_offset(frame, api_key, api_version, whole=True)
+    new_body, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, {field: topics}, offset)
+    if new_body is None or not count[0]:
+        return Mutation(frame, 0)
+    return Mutation(reframe(frame, offset, new_body), count[0])
+
+
+def unfloor_request_epochs(frame: bytes, api_key: int, api_version: int, body_offset: int,
+                           floors: LeaderEpochFloors) -> Mutation:
+    """A request with every ``current_leader_epoch`` that only kproxy advertised replaced by the
+    broker's own (:meth:`LeaderEpochFloors.broker_epoch`); ``changed`` counts them. A request of
+    another api key or version, or with nothing to change, comes back as the same object. Raises
+    :class:`~kproxy.protocol.errors.DecodeError` for a request that does not parse."""
+    first = REQUESTS.get(api_key)
+    if first is None or api_version < first or not floors:
+        return Mutation(frame, 0)
+    count = [0]
+
+    def topics(value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for topic in value or ():
+            name, topic_id = _topic_names(topic)
+            key = name if name is not None else topic_id
+            for p in topic.get("partitions") or ():
+                index = _partition_index(p)
+                epoch = p.get("current_leader_epoch")
+                if index is None or not isinstance(epoch, int) or epoch < 0:
+                    continue
+                broker = floors.broker_epoch(key, index, epoch)
+                if broker is not None:
+                    p["current_leader_epoch"] = broker
+                    count[0] += 1
+        return value
+
+    new_body, _ = splice_body(api_key, api_version, Direction.REQUEST, frame, {"topics": topics}, body_offset)
+    if new_body is None or not count[0]:
+        return Mutation(frame, 0)
+    return Mutation(reframe(frame, body_offset, new_body), count[0])
+
+
+__all__ = ["FLOORS_CAP", "REQUESTS", "RESPONSES", "EpochFloor", "LeaderEpochFloors", "PartitionKey",
+           "floor_leader_epochs", "unfloor_request_epochs"]
