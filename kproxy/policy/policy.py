@@ -44,6 +44,7 @@ from kproxy.protocol.leader_epochs import (
     REQUESTS,
     RESPONSES,
     LeaderEpochFloors,
+    broker_epochs,
     floor_leader_epochs,
     unfloor_request_epochs,
 )
@@ -338,7 +339,7 @@ class RulePolicy:
             def edit(response: bytes) -> bytes:
                 if first is not None:
                     response = first(response)
-                return _floored_response(response, api_key, api_version, floors, frozenset())
+                return _floored_response(response, api_key, api_version, floors, None)
 
         if request is None and edit is None:
             return verdict
@@ -360,6 +361,12 @@ class RulePolicy:
         floors = self.live.epoch_floors if moved and api_key in RESPONSES else None
 
         def edit(response: bytes) -> bytes:
+            broker: dict[tuple[str, int], int] | None = None
+            if floors is not None:
+                try:  # the epochs of the partitions the rules move, before they raise them
+                    broker = broker_epochs(response, api_key, api_version, moved)
+                except ProtocolError:
+                    broker = None
             for i, (rule_id, plan) in enumerate(steps):
                 last = i == len(steps) - 1
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
@@ -374,7 +381,7 @@ class RulePolicy:
             if not steps and throttle_ms:
                 response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
             if floors is not None:
-                response = _floored_response(response, api_key, api_version, floors, moved)
+                response = _floored_response(response, api_key, api_version, floors, broker)
             return response
 
         return edit
@@ -440,11 +447,12 @@ class TopicIdLearningPolicy(RulePolicy):
 
 
 def _floored_response(response: bytes, api_key: int, api_version: int, floors: LeaderEpochFloors,
-                      moved: frozenset[tuple[str, int]]) -> bytes:
-    """``response`` with its current-leader epochs kept at their floors (``moved``: the partitions
-    whose epoch a rule raised in it); an answer kproxy cannot read goes on as it is."""
+                      broker: dict[tuple[str, int], int] | None) -> bytes:
+    """``response`` with its current-leader epochs kept at their floors (``broker``: the broker's own
+    epochs of the partitions a rule may have raised in it); an answer kproxy cannot read goes on as
+    it is."""
     try:
-        return floor_leader_epochs(response, api_key, api_version, floors, raised=moved).frame
+        return floor_leader_epochs(response, api_key, api_version, floors, raised=broker).frame
     except ProtocolError:
         return response
 

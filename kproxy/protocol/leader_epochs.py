@@ -27,16 +27,17 @@ Sans-IO; one table per upstream cluster, read and written by one thread.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.messages import decode_body
 from kproxy.protocol.mutation import Mutation, reframe
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.splice import splice_body
 from kproxy.protocol.tables import ApiKey
 
-FLOORS_CAP = 100_000  # partitions remembered; past it the oldest raise is forgotten
+FLOORS_CAP = 100_000  # keys remembered (name or topic id, partition); past it the oldest raise is forgotten
 
 # api key -> (first version carrying a current leader epoch, top-level field holding the topics)
 RESPONSES: dict[int, tuple[int, str]] = {
@@ -73,7 +74,8 @@ class EpochFloor:
 class LeaderEpochFloors:
     """Per (topic name or topic id, partition): the :class:`EpochFloor` of partitions whose leader
     epoch kproxy raised above the broker's. Empty unless a fault raised an epoch, so a reader's
-    first test is its truth value. Bounded by ``cap`` partitions (the oldest raise is forgotten)."""
+    first test is its truth value. Bounded by ``cap`` keys (a partition known by name and by topic id
+    takes two; past the cap the oldest raise is forgotten). ``len()`` counts keys."""
 
     __slots__ = ("_floors", "cap", "forgotten")
 
@@ -88,25 +90,28 @@ class LeaderEpochFloors:
     def get(self, topic: str | uuid.UUID, partition: int) -> EpochFloor | None:
         return self._floors.get((topic, partition))
 
-    def raised(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int) -> int:
-        """kproxy advertised ``epoch`` for this partition: remember it as its floor (a lower one is
-        not remembered over a higher one). Returns the epoch to advertise: the floor."""
+    def raised(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int,
+               broker: int | None = None) -> int:
+        """kproxy advertised ``epoch`` for this partition, above the broker's own (``broker``, when
+        known): remember it as its floor (a lower one is not remembered over a higher one).
+        Returns the epoch to advertise: the floor."""
         found = self._find(name, topic_id, partition)
-        if found is not None:
-            if epoch > found.epoch:
-                found.epoch = epoch
-            self._add_id(found, name, topic_id, partition)
-            return found.epoch
-        keys = _keys(name, topic_id, partition)
-        if not keys:
-            return epoch
-        while len(self._floors) + len(keys) > self.cap and self._floors:
-            self._forget(next(iter(self._floors.values())))
-            self.forgotten += 1
-        floor = EpochFloor(epoch, keys)
-        for key in keys:
-            self._floors[key] = floor
-        return epoch
+        if found is None:
+            keys = _keys(name, topic_id, partition)
+            if not keys:
+                return epoch
+            while len(self._floors) + len(keys) > self.cap and self._floors:
+                self._forget(next(iter(self._floors.values())))
+                self.forgotten += 1
+            found = EpochFloor(epoch, keys)
+            for key in keys:
+                self._floors[key] = found
+        elif epoch > found.epoch:
+            found.epoch = epoch
+        if broker is not None:
+            found.broker = broker
+        self._add_id(found, name, topic_id, partition)
+        return found.epoch
 
     def seen(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int) -> int:
         """The broker's own ``epoch`` for this partition, as an answer carries it: the epoch to
@@ -180,12 +185,34 @@ def _partition_index(p: dict[str, Any]) -> int | None:
     return None
 
 
+def broker_epochs(frame: bytes, api_key: int, api_version: int, partitions: Collection[tuple[str, int]]
+                  ) -> dict[tuple[str, int], int]:
+    """The leader epochs of some partitions (topic name, partition) in a Metadata or
+    DescribeTopicPartitions answer, as the broker wrote them (read before a fault edits them, for
+    :func:`floor_leader_epochs`); partitions absent or without an epoch are left out. Raises
+    :class:`~kproxy.protocol.errors.DecodeError` for an answer that does not parse."""
+    spec = RESPONSES.get(api_key)
+    if spec is None or spec[1] != "topics" or api_version < spec[0] or not partitions:
+        return {}
+    offset = response_body_offset(frame, api_key, api_version, whole=True)
+    found: dict[tuple[str, int], int] = {}
+    for topic in decode_body(api_key, api_version, Direction.RESPONSE, frame, offset).get("topics") or ():
+        name = topic.get("name")
+        for p in topic.get("partitions") or ():
+            key = (name, p.get("partition_index"))
+            epoch = p.get("leader_epoch")
+            if key in partitions and isinstance(epoch, int) and epoch >= 0:
+                found[key] = epoch
+    return found
+
+
 def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: LeaderEpochFloors, *,
-                        raised: Collection[tuple[str, int]] = ()) -> Mutation:
+                        raised: Mapping[tuple[str, int], int] | None = None) -> Mutation:
     """Keep the current-leader epochs of an answer (see the module's list) at least at their floor.
 
-    ``raised`` names the partitions (topic name, partition) whose epoch in this answer a fault set,
-    not the broker: their epoch becomes (or raises) their floor. Every other epoch is the broker's
+    ``raised`` maps the partitions (topic name, partition) whose epoch in this answer a fault may
+    have set to the broker's own epoch (:func:`broker_epochs` of the answer before the fault): an
+    epoch above it becomes (or raises) the partition's floor. Every other epoch is the broker's
     own: it is advertised as the floor while below it, and forgets the floor once it reaches it.
     ``changed`` counts the epochs raised; an answer of another api key or version, or with nothing
     to change, comes back as the same object. Raises
@@ -210,8 +237,9 @@ def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: Le
                 old = holder.get("leader_epoch")
                 if not isinstance(old, int) or old < 0:
                     continue
-                if name is not None and (name, index) in raised:
-                    new = floors.raised(name, topic_id, index, old)
+                broker = raised.get((name, index)) if raised and name is not None else None
+                if broker is not None and old > broker:
+                    new = floors.raised(name, topic_id, index, old, broker)
                 else:
                     new = floors.seen(name, topic_id, index, old)
                 if new != old:
@@ -259,4 +287,5 @@ def unfloor_request_epochs(frame: bytes, api_key: int, api_version: int, body_of
 
 
 __all__ = ["FLOORS_CAP", "REQUESTS", "RESPONSES", "EpochFloor", "LeaderEpochFloors", "PartitionKey",
-           "floor_leader_epochs", "unfloor_request_epochs"]
+           "broker_epochs", "floor_leader_epochs",
+           "unfloor_request_epochs"]
