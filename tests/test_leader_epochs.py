@@ -13,6 +13,7 @@ from kproxy.protocol import decode_request, decode_response
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.leader_epochs import (
+    NEEDLES_CAP,
     LeaderEpochFloors,
     broker_epochs,
     floor_leader_epochs,
@@ -124,6 +125,20 @@ def test_broker_epochs_reads_the_named_partitions_only() -> None:
     assert broker_epochs(metadata(6, 4), METADATA, 6, {("orders", 1)}) == {}
 
 
+def test_a_frame_not_naming_a_floored_topic_is_not_decoded() -> None:
+    floors = LeaderEpochFloors()
+    floors.raised("payments", uuid.uuid4(), 0, 5)
+    assert not floors.named_in(metadata(12)) and floors.named_in(b"..payments..")
+    junk = b"\x00\x00\x00\x04junk"  # would not decode
+    assert floor_leader_epochs(junk, METADATA, 12, floors).frame is junk
+    floors.raised(None, TOPIC_ID, 0, 5)
+    assert floors.named_in(fetch_request(16, 5)), "a topic id is searched for as its 16 bytes"
+    many = LeaderEpochFloors()
+    for t in range(NEEDLES_CAP + 1):
+        many.raised(f"t{t}", None, 0, 1)
+    assert many.named_in(b""), "past the cap it cannot tell"
+
+
 def test_nothing_remembered_means_the_same_object_without_decoding() -> None:
     frame = b"\x00\x00\x00\x04junk"  # would not decode
     assert floor_leader_epochs(frame, METADATA, 12, LeaderEpochFloors()).frame is frame
@@ -162,6 +177,14 @@ def test_fetch_current_leader_is_floored_by_name_or_by_topic_id(version: int) ->
     result = floor_leader_epochs(frame, FETCH, version, raised_floors(5))
     [answer] = body(FETCH, version, result.frame)["responses"]
     assert answer["partitions"][0]["current_leader"]["leader_epoch"] == 5
+
+
+def test_a_fetch_answer_without_an_error_on_a_floored_partition_is_not_decoded() -> None:
+    records = b"\x00" * 64
+    frame = response_frame(FETCH, 16, 3, responses=[{"topic_id": TOPIC_ID, "partitions": [
+        {"partition_index": 0, "records": records},
+        {"partition_index": 1, **current_leader(2)}]}])  # an error, with a current leader, elsewhere
+    assert floor_leader_epochs(frame, FETCH, 16, raised_floors(5)).frame is frame
 
 
 @pytest.mark.parametrize("api_key", [SHARE_FETCH, SHARE_ACKNOWLEDGE])

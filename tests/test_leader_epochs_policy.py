@@ -158,11 +158,14 @@ def _exchange_cost(live: LiveRules, answer: bytes, rounds: int) -> float:
 def test_cost_of_a_1000_partition_metadata_answer_with_and_without_floors(capsys: Any) -> None:
     answer = metadata_answer(0, 0, partitions=1000)
     empty = LiveRules(load_text(DELAY_PRODUCE), counts=FaultStats(), clock=Clock())
+    elsewhere = LiveRules(load_text(DELAY_PRODUCE), counts=FaultStats(), clock=Clock())
+    elsewhere.epoch_floors.raised("payments", uuid.uuid4(), 0, 5)  # a floor on a topic this answer does not name
     populated = LiveRules(load_text(DELAY_PRODUCE), counts=FaultStats(), clock=Clock())
     populated.epoch_floors.raised("orders", TOPIC_ID, 0, 5)
-    without = min(_exchange_cost(empty, answer, 20) for _ in range(3))
-    with_floors = min(_exchange_cost(populated, answer, 20) for _ in range(3))
+    without, other, with_floor = (min(_exchange_cost(live, answer, 20) for _ in range(3))
+                                  for live in (empty, elsewhere, populated))
     with capsys.disabled():
         print(f"\n1,000-partition Metadata exchange: {without * 1e3:.2f} ms with no floor, "
-              f"{with_floors * 1e3:.2f} ms with one")
+              f"{other * 1e3:.2f} ms with a floor on another topic, {with_floor * 1e3:.2f} ms with one on its topic")
     assert len(populated.epoch_floors) == 2, "still below the floor: kept"
+    assert other < 3 * without + 0.001, "a floor on another topic costs a byte search, not a decode"
