@@ -42,9 +42,10 @@ def request_body(api_key: int, version: int, frame: bytes) -> dict[str, Any]:
     return decode_request(frame[4:]).body
 
 
-def raised_floors(epoch: int = 5, topic: str = "orders", partition: int = 0) -> LeaderEpochFloors:
+def raised_floors(epoch: int = 5, topic: str = "orders", partition: int = 0, leader: int = 2) -> LeaderEpochFloors:
+    """Floors as a move_leader of ``topic``/``partition`` to ``leader`` at ``epoch`` leaves them."""
     floors = LeaderEpochFloors()
-    floors.raised(topic, TOPIC_ID, partition, epoch)
+    floors.raised(topic, TOPIC_ID, partition, epoch, leader=leader)
     return floors
 
 
@@ -187,6 +188,20 @@ def test_a_fetch_answer_without_an_error_on_a_floored_partition_is_not_decoded()
     assert floor_leader_epochs(frame, FETCH, 16, raised_floors(5)).frame is frame
 
 
+def test_a_hint_naming_another_leader_than_advertised_keeps_the_brokers_epoch() -> None:
+    # While move_leader sends clients to node 2, node 2's NOT_LEADER_OR_FOLLOWER names the broker's
+    # leader (1) at its own epoch: raised, it would win over the rule; as is, the client ignores it.
+    floors = raised_floors(5, leader=2)
+    frame = response_frame(PRODUCE, 10, 3, responses=[{"name": "orders", "partition_responses": [
+        {"index": 0, "error_code": NOT_LEADER_OR_FOLLOWER, "current_leader": {"leader_id": 1, "leader_epoch": 2}}]}])
+    assert floor_leader_epochs(frame, PRODUCE, 10, floors).frame is frame
+    # Once the rule ends, metadata advertises the broker's leader at the floor: its hints follow.
+    floor_leader_epochs(metadata(12, 2), METADATA, 12, floors)
+    result = floor_leader_epochs(frame, PRODUCE, 10, floors)
+    [topic] = body(PRODUCE, 10, result.frame)["responses"]
+    assert topic["partition_responses"][0]["current_leader"] == {"leader_id": 1, "leader_epoch": 5}
+
+
 @pytest.mark.parametrize("api_key", [SHARE_FETCH, SHARE_ACKNOWLEDGE])
 def test_share_answers_current_leader_is_floored(api_key: int) -> None:
     frame = response_frame(api_key, 0, 3, responses=[
@@ -257,7 +272,7 @@ def test_an_epoch_only_kproxy_advertised_reaches_the_broker_as_the_brokers_own(a
     # The broker's own epoch not seen since the raise: -1, which every one of these requests reads
     # as "no check".
     assert current_epochs(unfloor(make(version, 5), api_key, version, floors))[0] == -1
-    floors.seen("orders", TOPIC_ID, 0, 2)  # an answer kproxy did not raise: the broker is at 2
+    floors.seen("orders", TOPIC_ID, 0, 2, 1)  # an answer kproxy did not raise: the broker is at 2
     assert current_epochs(unfloor(make(version, 5), api_key, version, floors))[0] == 2
     assert current_epochs(unfloor(make(version, 3), api_key, version, floors))[0] == 2
     for kept in (2, 1, 6):  # the broker's own or older (it fences those itself), or past the floor

@@ -63,14 +63,17 @@ PartitionKey = tuple[str | uuid.UUID, int]
 
 
 class EpochFloor:
-    """One partition's floor: the highest epoch kproxy advertised above the broker's own, and the
-    broker's own as last seen in an answer kproxy did not raise (None: not seen since the raise)."""
+    """One partition's floor: the highest epoch kproxy advertised above the broker's own; the
+    broker's own as last seen in an answer kproxy did not raise (None: not seen since the raise);
+    and the leader kproxy last advertised at the floor (in partition metadata), the only leader
+    a current-leader hint is raised to the floor for."""
 
-    __slots__ = ("broker", "epoch", "keys")
+    __slots__ = ("broker", "epoch", "keys", "leader")
 
-    def __init__(self, epoch: int, keys: tuple[PartitionKey, ...]) -> None:
+    def __init__(self, epoch: int, keys: tuple[PartitionKey, ...], leader: int | None) -> None:
         self.epoch = epoch
         self.broker: int | None = None
+        self.leader = leader
         self.keys = keys  # its name key, and its topic id key when known
 
 
@@ -109,10 +112,10 @@ class LeaderEpochFloors:
         return any(needle in frame for needle in needles)
 
     def raised(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int,
-               broker: int | None = None) -> int:
-        """kproxy advertised ``epoch`` for this partition, above the broker's own (``broker``, when
-        known): remember it as its floor (a lower one is not remembered over a higher one).
-        Returns the epoch to advertise: the floor."""
+               broker: int | None = None, leader: int | None = None) -> int:
+        """kproxy advertised ``epoch`` (and ``leader``) for this partition, above the broker's own
+        epoch (``broker``, when known): remember it as its floor (a lower one is not remembered
+        over a higher one). Returns the epoch to advertise: the floor."""
         found = self._find(name, topic_id, partition)
         if found is None:
             keys = _keys(name, topic_id, partition)
@@ -121,7 +124,7 @@ class LeaderEpochFloors:
             while len(self._floors) + len(keys) > self.cap and self._floors:
                 self._forget(next(iter(self._floors.values())))
                 self.forgotten += 1
-            found = EpochFloor(epoch, keys)
+            found = EpochFloor(epoch, keys, leader)
             for key in keys:
                 self._floors[key] = found
             self._needles = None
@@ -129,13 +132,18 @@ class LeaderEpochFloors:
             found.epoch = epoch
         if broker is not None:
             found.broker = broker
+        found.leader = leader
         self._add_id(found, name, topic_id, partition)
         return found.epoch
 
-    def seen(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int) -> int:
-        """The broker's own ``epoch`` for this partition, as an answer carries it: the epoch to
-        advertise instead (the floor while the broker's is below it; the floor is forgotten once
-        the broker's reaches it)."""
+    def seen(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int,
+             leader: int | None, *, hint: bool = False) -> int:
+        """The broker's own ``epoch`` for this partition, and its ``leader``, as an answer carries
+        them: the epoch to advertise instead. The floor while the broker's epoch is below it (and
+        forgotten once the broker's reaches it), but for a current-leader hint (``hint``: Produce,
+        Fetch, share answers) naming another leader than partition metadata last advertised at
+        the floor: such a hint keeps the broker's epoch, which a client ignores as outdated and
+        then reads metadata again. (Raised, it would override a ``move_leader`` still in force.)"""
         found = self._find(name, topic_id, partition)
         if found is None or epoch < 0:
             return epoch
@@ -144,6 +152,9 @@ class LeaderEpochFloors:
             return epoch
         found.broker = epoch
         self._add_id(found, name, topic_id, partition)
+        if hint:
+            return found.epoch if leader == found.leader else epoch
+        found.leader = leader
         return found.epoch
 
     def broker_epoch(self, topic: str | uuid.UUID | None, partition: int, epoch: int) -> int | None:
@@ -259,10 +270,11 @@ def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: Le
                 if not isinstance(old, int) or old < 0:
                     continue
                 broker = raised.get((name, index)) if raised and name is not None else None
+                leader = holder.get("leader_id")
                 if broker is not None and old > broker:
-                    new = floors.raised(name, topic_id, index, old, broker)
+                    new = floors.raised(name, topic_id, index, old, broker, leader)
                 else:
-                    new = floors.seen(name, topic_id, index, old)
+                    new = floors.seen(name, topic_id, index, old, leader, hint=holder is not p)
                 if new != old:
                     holder["leader_epoch"] = new
                     count[0] += 1
