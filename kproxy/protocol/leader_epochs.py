@@ -226,6 +226,8 @@ def broker_epochs(frame: bytes, api_key: int, api_version: int, partitions: Coll
     spec = RESPONSES.get(api_key)
     if spec is None or spec[1] != "topics" or api_version < spec[0] or not partitions:
         return {}
+    if isinstance(frame, (bytes, bytearray)) and not any(name.encode() in frame for name in {t for t, _ in partitions}):
+        return {}  # none of their topics named: a byte search instead of a decode
     offset = response_body_offset(frame, api_key, api_version, whole=True)
     found: dict[tuple[str, int], int] = {}
     for topic in decode_body(api_key, api_version, Direction.RESPONSE, frame, offset).get("topics") or ():
