@@ -97,6 +97,16 @@ def test_the_floor_is_forgotten_once_the_broker_reaches_it_or_passes_it() -> Non
         assert floor_leader_epochs(metadata(12, 0), METADATA, 12, floors).changed == 0
 
 
+def test_a_topic_created_again_under_its_name_does_not_inherit_the_floor() -> None:
+    floors = raised_floors(5)
+    again = metadata(12, 0).replace(TOPIC_ID.bytes, uuid.uuid4().bytes)
+    assert floor_leader_epochs(again, METADATA, 12, floors).frame is again
+    assert not floors
+    floors = raised_floors(5)
+    floors.raised("orders", uuid.uuid4(), 0, 1)  # a rule raising the new topic's epoch: its own floor
+    assert floors.get("orders", 0).epoch == 1 and floors.get(TOPIC_ID, 0) is None  # type: ignore[union-attr]
+
+
 def test_a_raise_is_remembered_and_never_lowered_by_a_lower_raise() -> None:
     floors = LeaderEpochFloors()
     frame = metadata(12, 3)

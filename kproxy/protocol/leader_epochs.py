@@ -117,6 +117,9 @@ class LeaderEpochFloors:
         epoch (``broker``, when known): remember it as its floor (a lower one is not remembered
         over a higher one). Returns the epoch to advertise: the floor."""
         found = self._find(name, topic_id, partition)
+        if found is not None and _recreated(found, topic_id):
+            self._forget(found)
+            found = None
         if found is None:
             keys = _keys(name, topic_id, partition)
             if not keys:
@@ -147,7 +150,7 @@ class LeaderEpochFloors:
         found = self._find(name, topic_id, partition)
         if found is None or epoch < 0:
             return epoch
-        if epoch >= found.epoch:
+        if epoch >= found.epoch or _recreated(found, topic_id):
             self._forget(found)
             return epoch
         found.broker = epoch
@@ -190,6 +193,13 @@ class LeaderEpochFloors:
             if self._floors.get(key) is floor:
                 del self._floors[key]
         self._needles = None
+
+
+def _recreated(floor: EpochFloor, topic_id: uuid.UUID | None) -> bool:
+    """Whether ``topic_id`` is another topic than the one ``floor`` was raised for (deleted and
+    created again under its name: its epochs start again, and clients forget the old ones)."""
+    return topic_id is not None and topic_id.int != 0 and any(
+        isinstance(key[0], uuid.UUID) and key[0] != topic_id for key in floor.keys)
 
 
 def _keys(name: str | None, topic_id: uuid.UUID | None, partition: int) -> tuple[PartitionKey, ...]:
