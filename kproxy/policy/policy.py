@@ -11,9 +11,10 @@ Each action that hit writes its own part of the verdict
 turns the draft into a :class:`~kproxy.proxy.session.Verdict`.
 
 Cost: a request of an api key no rule names costs one dict lookup (the policy's gate of that api
-key, :meth:`RuleEngine.mentions` asked once per rule set and connection); see :class:`RulePolicy`
-for the others. A fault's details are formatted only when its log line or the admin API's ring
-will read them.
+key, :meth:`RuleEngine.mentions` asked once per rule set and connection) and one emptiness test of
+the leader epoch floors (:mod:`kproxy.protocol.leader_epochs`: empty unless a ``move_leader`` raised
+an epoch the broker has not reached); see :class:`RulePolicy` for the others. A fault's details
+are formatted only when its log line or the admin API's ring will read them.
 """
 
 from __future__ import annotations
@@ -345,12 +346,8 @@ class RulePolicy:
             return verdict
         if verdict is None:
             return Verdict(request=request, on_response=edit)
-        changes: dict[str, object] = {}
-        if request is not None:
-            changes["request"] = request
-        if edit is not None:
-            changes["on_response"] = edit
-        return dataclasses.replace(verdict, **changes)  # type: ignore[arg-type]
+        return dataclasses.replace(verdict, request=request if request is not None else verdict.request,
+                                   on_response=edit if edit is not None else verdict.on_response)
 
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
                      ) -> Callable[[bytes], bytes]:
