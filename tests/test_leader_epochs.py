@@ -104,7 +104,7 @@ def test_a_topic_created_again_under_its_name_does_not_inherit_the_floor() -> No
     assert not floors
     floors = raised_floors(5)
     floors.raised("orders", uuid.uuid4(), 0, 1)  # a rule raising the new topic's epoch: its own floor
-    assert floors.get("orders", 0).epoch == 1 and floors.get(TOPIC_ID, 0) is None  # type: ignore[union-attr]
+    assert floors.floor("orders", 0).epoch == 1 and floors.floor(TOPIC_ID, 0) is None  # type: ignore[union-attr]
 
 
 def test_a_raise_is_remembered_and_never_lowered_by_a_lower_raise() -> None:
@@ -113,13 +113,13 @@ def test_a_raise_is_remembered_and_never_lowered_by_a_lower_raise() -> None:
     # What a rule's move_leader hands the policy: the broker's own epochs of the partitions it moves
     # (read before the rule raised them); an epoch above it in this answer is kproxy's.
     assert floor_leader_epochs(frame, METADATA, 12, floors, raised={("orders", 1): 2, ("orders", 0): 3}).frame is frame
-    assert floors.get("orders", 0) is None, "its epoch is the broker's own: nothing raised, nothing kept"
-    floor = floors.get("orders", 1)
+    assert floors.floor("orders", 0) is None, "its epoch is the broker's own: nothing raised, nothing kept"
+    floor = floors.floor("orders", 1)
     assert floor is not None and (floor.epoch, floor.broker) == (3, 2)
-    assert floors.get(TOPIC_ID, 1) is floors.get("orders", 1), "found by topic id too"
+    assert floors.floor(TOPIC_ID, 1) is floors.floor("orders", 1), "found by topic id too"
     floors.raised("orders", None, 1, 9)
     floors.raised("orders", None, 1, 4)
-    assert floors.get("orders", 1).epoch == 9  # type: ignore[union-attr]
+    assert floors.floor("orders", 1).epoch == 9  # type: ignore[union-attr]
     assert epochs_of(body(METADATA, 12, floor_leader_epochs(frame, METADATA, 12, floors).frame))[("orders", 1)] == 9
 
 
@@ -237,7 +237,7 @@ def test_the_table_is_bounded_and_forgets_the_oldest_raise() -> None:
     for p in range(3):
         floors.raised(f"t{p}", None, 0, 1)
     floors.raised("t3", uuid.uuid4(), 0, 1)  # known by name and by id: two keys, room for them made
-    assert floors.get("t0", 0) is None and floors.get("t1", 0) is not None and floors.get("t3", 0) is not None
+    assert floors.floor("t0", 0) is None and floors.floor("t1", 0) is not None and floors.floor("t3", 0) is not None
     assert floors.forgotten == 1 and len(floors) == 4
 
 

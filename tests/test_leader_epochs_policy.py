@@ -88,7 +88,7 @@ def test_the_raised_epoch_outlives_the_rule_until_the_brokers_own_reaches_it() -
     assert c.metadata(0) == {0: (2, 1), 1: (1, 0)}, "the rule's raise is stable, not one more per answer"
     # While the rule is on: a Fetch with the epoch kproxy advertised reaches the broker with its own.
     assert c.fetch(1) == 0
-    assert d.live.epoch_floors.get("orders", 0) is d.live.epoch_floors.get(TOPIC_ID, 0)
+    assert d.live.epoch_floors.floor("orders", 0) is d.live.epoch_floors.floor(TOPIC_ID, 0)
     d.live.replace(None, origin="test")  # the rule ends: no rule set at all
     assert c.metadata(0) == {0: (1, 1), 1: (1, 0)}, "the broker's leader, at the epoch the client knows"
     assert c.fetch(1) == 0, "the broker's own epoch, as the last answer gave it"

@@ -77,25 +77,24 @@ class EpochFloor:
         self.keys = keys  # its name key, and its topic id key when known
 
 
-class LeaderEpochFloors:
+class LeaderEpochFloors(dict[PartitionKey, EpochFloor]):
     """Per (topic name or topic id, partition): the :class:`EpochFloor` of partitions whose leader
-    epoch kproxy raised above the broker's. Empty unless a fault raised an epoch, so a reader's
-    first test is its truth value. Bounded by ``cap`` keys (a partition known by name and by topic id
+    epoch kproxy raised above the broker's; a dict of them (read it as one, write it through the
+    methods), so a reader's first test, its truth value, is the C one: empty unless a fault raised
+    an epoch. Bounded by ``cap`` keys (a partition known by name and by topic id
     takes two; past the cap the oldest raise is forgotten). ``len()`` counts keys."""
 
-    __slots__ = ("_floors", "_needles", "cap", "forgotten")
+    __slots__ = ("_needles", "cap", "forgotten")
 
     def __init__(self, cap: int = FLOORS_CAP) -> None:
-        self._floors: dict[PartitionKey, EpochFloor] = {}
+        super().__init__()
         self._needles: tuple[bytes, ...] | None = None  # see named_in; None: to be worked out again
         self.cap = cap
         self.forgotten = 0  # floors dropped for the cap (never those the broker's epoch reached)
 
-    def __len__(self) -> int:
-        return len(self._floors)
-
-    def get(self, topic: str | uuid.UUID, partition: int) -> EpochFloor | None:
-        return self._floors.get((topic, partition))
+    def floor(self, topic: str | uuid.UUID, partition: int) -> EpochFloor | None:
+        """The floor of a partition named by its topic's name or id (None: it has none)."""
+        return self.get((topic, partition))
 
     def named_in(self, frame: bytes) -> bool:
         """Whether ``frame`` may name a partition with a floor: False when none of their topics'
@@ -104,11 +103,11 @@ class LeaderEpochFloors:
         to decode and encode). True when it cannot tell (more than NEEDLES_CAP topics)."""
         needles = self._needles
         if needles is None:
-            topics = {key[0] for key in self._floors}
+            topics = {key[0] for key in self}
             needles = self._needles = () if len(topics) > NEEDLES_CAP else tuple(
                 t.bytes if isinstance(t, uuid.UUID) else t.encode() for t in topics)
         if not needles or not isinstance(frame, (bytes, bytearray)):
-            return bool(self._floors)
+            return bool(self)
         return any(needle in frame for needle in needles)
 
     def raised(self, name: str | None, topic_id: uuid.UUID | None, partition: int, epoch: int,
@@ -124,12 +123,12 @@ class LeaderEpochFloors:
             keys = _keys(name, topic_id, partition)
             if not keys:
                 return epoch
-            while len(self._floors) + len(keys) > self.cap and self._floors:
-                self._forget(next(iter(self._floors.values())))
+            while len(self) + len(keys) > self.cap and self:
+                self._forget(next(iter(self.values())))
                 self.forgotten += 1
             found = EpochFloor(epoch, keys, leader)
             for key in keys:
-                self._floors[key] = found
+                self[key] = found
             self._needles = None
         elif epoch > found.epoch:
             found.epoch = epoch
@@ -164,7 +163,7 @@ class LeaderEpochFloors:
         """What a request's ``current_leader_epoch`` of ``epoch`` must become for the broker: its
         own epoch (-1, "no check", while not known) when ``epoch`` is one only kproxy advertised;
         None to keep it (no floor, an epoch the broker had, or one above the floor)."""
-        found = self._floors.get((topic, partition)) if topic is not None else None
+        found = self.get((topic, partition)) if topic is not None else None
         if found is None or epoch > found.epoch:
             return None
         broker = found.broker
@@ -173,10 +172,9 @@ class LeaderEpochFloors:
         return -1 if broker is None else broker
 
     def _find(self, name: str | None, topic_id: uuid.UUID | None, partition: int) -> EpochFloor | None:
-        floors = self._floors
-        found = floors.get((name, partition)) if name is not None else None
+        found = self.get((name, partition)) if name is not None else None
         if found is None and topic_id is not None:
-            found = floors.get((topic_id, partition))
+            found = self.get((topic_id, partition))
         return found
 
     def _add_id(self, floor: EpochFloor, name: str | None, topic_id: uuid.UUID | None, partition: int) -> None:
@@ -185,13 +183,13 @@ class LeaderEpochFloors:
         for key in _keys(name, topic_id, partition):
             if key not in floor.keys:
                 floor.keys = (*floor.keys, key)
-                self._floors[key] = floor
+                self[key] = floor
                 self._needles = None
 
     def _forget(self, floor: EpochFloor) -> None:
         for key in floor.keys:
-            if self._floors.get(key) is floor:
-                del self._floors[key]
+            if self.get(key) is floor:
+                del self[key]
         self._needles = None
 
 
@@ -314,7 +312,7 @@ def _floored_error(frame: bytes, api_key: int, api_version: int, offset: int, fl
         errors = scan_body(api_key, api_version, Direction.RESPONSE, frame, offset, errors_only=True).entries
     except ProtocolError:
         return True  # the decode says what is wrong
-    return any(topic is not None and partition is not None and floors.get(topic, partition) is not None
+    return any(topic is not None and partition is not None and floors.floor(topic, partition) is not None
                for topic, partition, _ in errors)
 
 
