@@ -1,17 +1,18 @@
 """Leader epoch floors: a leader epoch a client has seen through kproxy never goes backwards.
 
-A client ignores partition metadata whose leader epoch is older than one it knows (KIP-320). When
-a fault raises a partition's epoch above the broker's own (``mutate_metadata``'s ``move_leader``),
-the broker's real answers would read as outdated once the fault ends, and the client would keep
-the leader the fault invented. :class:`LeaderEpochFloors` remembers, per (topic or topic id,
+A client ignores partition metadata whose leader epoch is older than one it knows (KIP-320). When a
+fault raises a partition's epoch above the broker's own (``mutate_metadata``'s ``move_leader``),
+the broker's real answers would read as outdated once the fault ends, and the client would keep the
+leader the fault invented. :class:`LeaderEpochFloors` remembers, per (topic or topic id,
 partition), the highest epoch kproxy advertised above the broker's; :func:`floor_leader_epochs`
 keeps every current-leader epoch of an answer at least that high until the broker's own epoch
 reaches it, and then forgets it (a current-leader hint is raised only when it names the leader
 metadata advertised at the floor: one naming the broker's leader while a ``move_leader`` is in
-force keeps the broker's epoch, which clients ignore, so the rule still moves them). :func:`unfloor_request_epochs` is the other direction: a request
-carrying an epoch only kproxy advertised (a Fetch's ``current_leader_epoch``...) reaches the broker
-with the broker's epoch, or -1 ("no check") while the broker's is not known, since a broker
-answers UNKNOWN_LEADER_EPOCH to an epoch above its own.
+force keeps the broker's epoch, which clients ignore, so the rule still moves them).
+:func:`unfloor_request_epochs` is the other direction: a request carrying an epoch only kproxy
+advertised (a Fetch's ``current_leader_epoch``...) reaches the broker with the broker's epoch, or
+-1 ("no check") while the broker's is not known, since a broker answers UNKNOWN_LEADER_EPOCH to an
+epoch above its own.
 
 Which answers carry a current leader's epoch: Metadata v7+ and DescribeTopicPartitions
 (``leader_epoch``), Produce v10+ and Fetch v12+ (the ``current_leader`` tagged field, KIP-951),
