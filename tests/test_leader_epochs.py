@@ -123,6 +123,20 @@ def test_a_raise_is_remembered_and_never_lowered_by_a_lower_raise() -> None:
     assert epochs_of(body(METADATA, 12, floor_leader_epochs(frame, METADATA, 12, floors).frame))[("orders", 1)] == 9
 
 
+def test_the_same_answer_again_gets_the_same_epochs_without_a_decode_until_a_floor_changes() -> None:
+    floors = raised_floors(5)
+    answer = metadata(12)
+    first = floor_leader_epochs(answer, METADATA, 12, floors)
+    again = answer[:4] + (99).to_bytes(4, "big") + answer[8:]  # another correlation id
+    second = floor_leader_epochs(again, METADATA, 12, floors)
+    assert second.changed == first.changed == 1
+    assert second.frame[8:] == first.frame[8:] and second.frame[4:8] == (99).to_bytes(4, "big")
+    floors.raised("orders", TOPIC_ID, 1, 3, leader=1)  # a floor changed: worked out again
+    assert epochs_of(body(METADATA, 12, floor_leader_epochs(again, METADATA, 12, floors).frame))[("orders", 1)] == 3
+    unchanged = metadata(12, 9)  # the broker passed every floor: forgotten, and the answer goes as it is
+    assert floor_leader_epochs(unchanged, METADATA, 12, floors).frame is unchanged and not floors
+
+
 def test_an_unknown_epoch_is_never_raised() -> None:
     floors = raised_floors(5)
     frame = metadata(12, -1)
