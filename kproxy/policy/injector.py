@@ -20,6 +20,7 @@ from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
 from kproxy.rules.actions.draft import Fault
+from kproxy.rules.actions.mutate_metadata import MutateMetadata
 from kproxy.rules.apply import selector
 from kproxy.rules.model import Rule
 
@@ -117,11 +118,13 @@ class RulePlan:
     request is answered locally (the first to answer) or its response edited; ``only``: the
     partitions the rule's ``topic``/``partition`` keys select for the record actions;
     ``from_draws``: every action's verdict part reads the hit's draws alone (a fixed hit's verdict
-    is then worked out once: kproxy.policy.policy's ``_Delays``).
+    is then worked out once: kproxy.policy.policy's ``_Delays``); ``leader_moves``: the (topic,
+    partition) pairs whose leader epoch the rule's response edits raise (``move_leader``), whose
+    epochs the policy then remembers as floors (kproxy.protocol.leader_epochs).
     """
 
-    __slots__ = ("deciders", "dry_faults", "from_draws", "keys", "only", "request_actions", "respond_error",
-                 "response_actions", "response_errors")
+    __slots__ = ("deciders", "dry_faults", "from_draws", "keys", "leader_moves", "only", "request_actions",
+                 "respond_error", "response_actions", "response_errors")
 
     def __init__(self, rule: Rule, topic_names: TopicIdNames) -> None:
         dry = "true" if rule.dry_run else "false"
@@ -132,6 +135,8 @@ class RulePlan:
         self.from_draws = all(a.verdict_from_draws for a in rule.actions)
         self.request_actions = tuple(a for a in rule.actions if a.edits_request)
         self.response_actions = tuple(a for a in rule.actions if a.edits_response)
+        self.leader_moves: frozenset[tuple[str, int]] = frozenset().union(
+            *(a.leader_moves for a in self.response_actions if isinstance(a, MutateMetadata)))
         self.respond_error = next((error_name(a.injected_error) for a in rule.actions
                                    if a.answers and a.injected_error is not None), None)
         self.response_errors = tuple(error_name(a.injected_error) for a in self.response_actions

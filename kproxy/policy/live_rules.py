@@ -26,6 +26,7 @@ from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import FaultRecord
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
+from kproxy.protocol.leader_epochs import LeaderEpochFloors
 from kproxy.rules import RuleSet
 
 # Series keys looked at per turn of the loop by put_in_force: ~1 ms of work on an idle core.
@@ -35,7 +36,7 @@ SERIES_CHUNK = 5000
 class LiveRules:
     """The current :class:`FaultInjector` (or none), its generation, and where it came from."""
 
-    __slots__ = ("clock", "counts", "generation", "injector", "mutable", "origin", "recent")
+    __slots__ = ("clock", "counts", "epoch_floors", "generation", "injector", "mutable", "origin", "recent")
 
     def __init__(self, rules: RuleSet | None, *, counts: FaultStats, mutable: bool = False,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -51,6 +52,10 @@ class LiveRules:
         # The last faults done, newest last (the admin API's /faults); None: not kept. Bounded by
         # its maxlen: one record per fault, never per request.
         self.recent: deque[FaultRecord] | None = None
+        # The leader epochs rules raised above the upstream cluster's own, per partition: every
+        # connection keeps advertising at least those until the broker's epochs reach them, whatever
+        # rule set is in force (kproxy.protocol.leader_epochs). Empty unless a rule moved a leader.
+        self.epoch_floors = LeaderEpochFloors()
         if rules is not None:
             self.replace(rules, origin=rules.source or "config")
 

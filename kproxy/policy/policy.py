@@ -11,9 +11,10 @@ Each action that hit writes its own part of the verdict
 turns the draft into a :class:`~kproxy.proxy.session.Verdict`.
 
 Cost: a request of an api key no rule names costs one dict lookup (the policy's gate of that api
-key, :meth:`RuleEngine.mentions` asked once per rule set and connection); see :class:`RulePolicy`
-for the others. A fault's details are formatted only when its log line or the admin API's ring
-will read them.
+key, :meth:`RuleEngine.mentions` asked once per rule set and connection) and one emptiness test of
+the leader epoch floors (:mod:`kproxy.protocol.leader_epochs`: empty unless a ``move_leader`` raised
+an epoch the broker has not reached); see :class:`RulePolicy` for the others. A fault's details
+are formatted only when its log line or the admin API's ring will read them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,16 @@ from kproxy.policy.faults import (
 )
 from kproxy.policy.injector import FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
+from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.leader_epochs import (
+    REQUESTS,
+    RESPONSES,
+    LeaderEpochFloors,
+    broker_epochs,
+    floor_leader_epochs,
+    unfloor_request_epochs,
+)
 from kproxy.protocol.request_fields import RequestHeaderMemo
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
@@ -62,6 +73,9 @@ class _HasInjector(Protocol):
 
     @property
     def recent(self) -> deque[FaultRecord] | None: ...
+
+    @property
+    def epoch_floors(self) -> LeaderEpochFloors: ...
 
 
 # Per api key, what a policy does with a request (RulePolicy._gate): ignore it, decide it, or first ask
@@ -127,8 +141,8 @@ class RulePolicy:
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_gates", "_headers", "_injector", "_ordinals", "broker_id",
-                 "client_ip", "counts", "live", "peer")
+    __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector", "_ordinals",
+                 "broker_id", "client_ip", "counts", "live", "peer")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
         self.live = live
@@ -144,8 +158,16 @@ class RulePolicy:
         self._gates: dict[int, _Gate] = {}
         self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
+        self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
 
     def decide(self, exchange: Exchange) -> Verdict | None:
+        verdict = self._decide(exchange)
+        floors = self.live.epoch_floors
+        if floors:  # empty unless a rule raised a leader epoch: the one test most requests pay
+            return self._keep_epochs(exchange, verdict, floors)
+        return verdict
+
+    def _decide(self, exchange: Exchange) -> Verdict | None:
         injector = self.live.injector
         if injector is None:
             return None
@@ -279,18 +301,69 @@ class RulePolicy:
         hold_s, response_delay_s, drop, blackhole = draft.hold_s, draft.response_delay_s, draft.drop, draft.blackhole
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
                 or blackhole):
-            return Verdict(answer=answer, forward=forward, request=None if request is frame else request,
-                           hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
-                           drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
-                           held_by=draft.held_by)
+            verdict = Verdict(answer=answer, forward=forward, request=None if request is frame else request,
+                              hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
+                              drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
+                              held_by=draft.held_by)
+            if on_response is not None and ex.api_key in RESPONSES and any(
+                    plans[hit.rule_id].leader_moves for hit in decision.hits if not hit.dry_run):
+                self._floored = verdict  # its response edit keeps the floors itself (_on_response)
+            return verdict
         return None
+
+    # -- leader epochs that never go backwards ------------------------------------------
+    def _keep_epochs(self, ex: Exchange, verdict: Verdict | None, floors: LeaderEpochFloors) -> Verdict | None:
+        """``verdict`` with what the leader epoch floors ask of this exchange (there are some): a
+        request's ``current_leader_epoch`` that only kproxy advertised goes to the broker as the
+        broker's epoch, and an answer's current-leader epochs are kept at their floors, after the
+        rules' own edits (kproxy.protocol.leader_epochs)."""
+        api_key, api_version = ex.api_key, ex.api_version
+        floored = verdict is not None and verdict is self._floored
+        self._floored = None
+        if verdict is not None and (verdict.answer is not None or not verdict.forward or verdict.close is not None):
+            return verdict  # answered here, never forwarded: the rules wrote the answer
+        request = None
+        if api_key in REQUESTS:
+            sent = verdict.request if verdict is not None and verdict.request is not None else ex.request
+            offset = ex.request_body_offset if sent is ex.request else request_body_offset(sent, api_key, api_version)
+            if offset is not None:
+                try:
+                    lowered = unfloor_request_epochs(sent, api_key, api_version, offset, floors).frame
+                except ProtocolError:
+                    lowered = sent  # forwarded as read: the broker is the judge of a body kproxy cannot read
+                if lowered is not sent:
+                    request = lowered
+        edit = None
+        if api_key in RESPONSES and not floored and api_version >= RESPONSES[api_key][0]:
+            first = verdict.on_response if verdict is not None else None
+
+            def edit(response: bytes) -> bytes:
+                if first is not None:
+                    response = first(response)
+                return _floored_response(response, api_key, api_version, floors, None)
+
+        if request is None and edit is None:
+            return verdict
+        if verdict is None:
+            return Verdict(request=request, on_response=edit)
+        return dataclasses.replace(verdict, request=request if request is not None else verdict.request,
+                                   on_response=edit if edit is not None else verdict.on_response)
 
     def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
                      ) -> Callable[[bytes], bytes]:
         api_key, api_version = ex.api_key, ex.api_version
         counts = self.counts
+        # The partitions whose leader epoch these rules raise: remembered as floors once edited.
+        moved = frozenset().union(*(plan.leader_moves for _, plan in steps))
+        floors = self.live.epoch_floors if moved and api_key in RESPONSES else None
 
         def edit(response: bytes) -> bytes:
+            broker: dict[tuple[str, int], int] | None = None
+            if floors is not None:
+                try:  # the epochs of the partitions the rules move, before they raise them
+                    broker = broker_epochs(response, api_key, api_version, moved)
+                except ProtocolError:
+                    broker = None
             for i, (rule_id, plan) in enumerate(steps):
                 last = i == len(steps) - 1
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
@@ -304,6 +377,8 @@ class RulePolicy:
                     count(counts.injected_errors, (api_label(api_key), error))
             if not steps and throttle_ms:
                 response = apply_to_response((), response, api_key, api_version, throttle_time_ms=throttle_ms).frame
+            if floors is not None:
+                response = _floored_response(response, api_key, api_version, floors, broker)
             return response
 
         return edit
@@ -366,6 +441,17 @@ class TopicIdLearningPolicy(RulePolicy):
         if injector is None or not injector.learns_topic_ids:
             return verdict
         return _learning_topic_ids(verdict, injector.topic_names, exchange.api_version)
+
+
+def _floored_response(response: bytes, api_key: int, api_version: int, floors: LeaderEpochFloors,
+                      broker: dict[tuple[str, int], int] | None) -> bytes:
+    """``response`` with its current-leader epochs kept at their floors (``broker``: the broker's own
+    epochs of the partitions a rule may have raised in it); an answer kproxy cannot read goes on as
+    it is."""
+    try:
+        return floor_leader_epochs(response, api_key, api_version, floors, raised=broker).frame
+    except ProtocolError:
+        return response
 
 
 def _learning_topic_ids(verdict: Verdict | None, names: TopicIdNames, api_version: int) -> Verdict:

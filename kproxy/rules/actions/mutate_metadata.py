@@ -70,6 +70,13 @@ class MutateMetadata(RuleAction):
     def edits_response(self) -> bool:
         return True
 
+    @property
+    def leader_moves(self) -> frozenset[tuple[str, int]]:
+        """The (topic, partition) pairs whose leader epoch this action raises (``move_leader``):
+        the policy keeps advertising at least that epoch after the rule ends
+        (kproxy.protocol.leader_epochs)."""
+        return frozenset((ref.topic, ref.partition) for ref, _ in self.move_leader)
+
     def response_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                       ) -> Step | None:
         if api_key not in METADATA_APIS:
