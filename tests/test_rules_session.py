@@ -260,6 +260,29 @@ def test_a_black_hole_begins_at_the_request_hit_and_earlier_answers_still_flow(a
     assert d.injector.counts.connection_faults == {("r1", action.split(":")[0]): 2}
 
 
+def test_the_observer_sees_each_swallowed_request_complete_with_no_response() -> None:
+    from kproxy.proxy.exchange import Exchange
+
+    class Seen:
+        def __init__(self) -> None:
+            self.requests: list[int] = []
+            self.completed: list[tuple[int, bytes | None, tuple[str, ...]]] = []
+
+        def request(self, ex: Exchange) -> None:
+            self.requests.append(ex.correlation_id)
+
+        def complete(self, ex: Exchange) -> None:
+            self.completed.append((ex.correlation_id, ex.response, tuple(d[1] for d in ex.rule_decisions)))
+
+    d = Driver(rules("blackhole"))
+    seen = Seen()
+    d.session.observer = seen
+    d.client(heartbeat(1), produce(2, -1))
+    d.session.report()
+    assert seen.requests == [1, 2]
+    assert seen.completed == [(1, None, ("blackhole",)), (2, None, ())]
+
+
 @pytest.mark.parametrize("action", ["blackhole: {forward: true}", "slow_close: {ms: 500, forward: true}"])
 def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) -> None:
     d = Driver(rules(action))
