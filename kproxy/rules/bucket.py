@@ -22,7 +22,7 @@ a client sends, fetch quotas on the bytes it is sent):
 * every request but Fetch: its own size, when it is read (:func:`charged_on_response`
   is False); the response is held for the debt and reports it;
 * Fetch: the size of its response, when the broker's answer is seen. The
-  response itself leaves as it came, reporting the debt in ``throttle_time_ms``
+  response itself leaves as it came, reporting its throttle time in ``throttle_time_ms``
   (KIP-219: a broker answers at once and then stops reading the client's
   connection for that long); the *next* Fetch charged to the bucket is held for
   whatever debt is left when it is read, so the long-run rate is the bucket's
