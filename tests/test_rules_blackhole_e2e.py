@@ -9,6 +9,7 @@ behind its back, which is what proves the switch does something.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka import KafkaProducer
 
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import consume_confluent, create_topic, unique
 
@@ -119,3 +121,28 @@ def test_kafka_python_recovers_after_request_timeout_ms_and_duplicates_only_when
     assert (sum(written.values()) > MESSAGES) is duplicated
     # kafka-python closes a connection whose request timed out: request_timeout_ms bounds its wait.
     assert 3.0 <= seconds < 15, f"recovery took {seconds:.1f} s"
+
+
+METADATA = 3
+
+
+def _silent_until_closed(sock: socket.socket, limit: float) -> float:
+    """Seconds until kproxy closes ``sock``, asserting it sent nothing before (at most ``limit``)."""
+    started = time.monotonic()
+    sock.settimeout(limit)
+    assert sock.recv(1) == b"", "a black hole answered"
+    return time.monotonic() - started
+
+
+def test_the_idle_and_frame_timeouts_still_end_a_black_holed_connection(tansu: Broker, tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - id: hole\n    match: {api: metadata}\n    actions: [blackhole]\n")
+    request = request_frame(METADATA, 9, 1, client_id="hole", topics=[], allow_auto_topic_creation=False)
+    with running_proxy(tansu.bootstrap, rules=str(path), limits__idle_timeout=1.0, limits__frame_timeout=0.3) as proxy:
+        host, port = proxy.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request)
+            assert 0.9 <= _silent_until_closed(sock, 10) < 5, "idle_timeout should end the silent connection"
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request + request[:10])  # then a frame that never completes
+            assert _silent_until_closed(sock, 10) < 0.9, "frame_timeout should end it before idle_timeout"
