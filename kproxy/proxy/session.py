@@ -29,6 +29,10 @@ Guarantees kept here (each has bitten a peer):
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (kproxy/proxy/sasl.py).
+* A black hole (a verdict's ``blackhole``) lets nothing more through: each later request is
+  read, tracked in order and released at once as no answer, never forwarded (unless the
+  verdict forwards), so nothing waits for an answer that will never come and nothing piles
+  up; answers to requests forwarded before it still leave, in order.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.

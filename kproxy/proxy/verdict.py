@@ -24,7 +24,8 @@ class Verdict:
     * ``close``: end the connection instead; the request is not forwarded.
     * ``answer``: a response frame kproxy sends in the request's place (not forwarded);
       it waits its turn like any response. ``forward=False`` without an answer swallows
-      the request (only meaningful for acks=0 Produce, which has no answer anyway).
+      the request (an acks=0 Produce, which has no answer anyway, or any request of a
+      black hole: see ``blackhole``).
     * ``request``: the frame to forward instead of the one read (same correlation id).
     * ``hold_s``: the response leaves no earlier than this long after the request was
       read (a delay before forwarding, or a throttle: the client sees the same wait);
