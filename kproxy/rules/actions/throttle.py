@@ -96,7 +96,7 @@ class Throttle(RuleAction):
             draft.hold(delay, key)
             draft.throttle_ms = max(draft.throttle_ms, round(reported * 1000))
             draft.count_throttled(rule_id, delay)
-            draft.fault(key, f"held {delay * 1000:.1f}ms")
+            draft.fault(key, f"held {delay * 1000:.1f}ms, throttle_time_ms {round(reported * 1000)}")
 
 
 def _throttle_on_response(engine: RuleEngine, rule_id: str, throttle: Throttle, facts: FrameFacts
