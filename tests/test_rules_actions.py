@@ -136,3 +136,16 @@ def test_a_registered_kind_reads_its_own_parameters_with_the_loader_s_messages()
 def test_an_unknown_kind_is_refused_with_the_closest_registered_name() -> None:
     with pytest.raises(RulesError, match=r"actions\[0\]\.slow_quota: unknown action \(did you mean 'slow_close'\?\)"):
         load_text(rules("slow_quota: {ms: 5}"))
+
+
+def test_blackhole_and_slow_close_read_forward_and_default_to_forwarding_nothing() -> None:
+    from kproxy.rules.actions.blackhole import Blackhole
+    from kproxy.rules.actions.slow_close import SlowClose
+
+    assert load_text(rules("blackhole")).rules[0].actions == (Blackhole(forward=False),)
+    assert load_text(rules("blackhole: {forward: true}")).rules[0].actions == (Blackhole(forward=True),)
+    assert load_text(rules("slow_close: {ms: 5, forward: true}")).rules[0].actions == (SlowClose(5.0, True),)
+    with pytest.raises(RulesError) as bad:
+        load_text(rules("blackhole: {forward: 1}"), "r.yaml")
+    assert [str(p) for p in bad.value.problems] == [
+        "r.yaml:7: rules[0].actions[0].blackhole.forward: expected true or false, got an integer '1'"]

@@ -234,14 +234,76 @@ def test_close_and_reset_end_the_connection_deliberately(action: str, abort: boo
     assert len(d.upstream) == 1  # produce 1 went before the rule; nothing after it
 
 
-def test_blackhole_answers_nothing_more_and_slow_close_ends_later() -> None:
+def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> None:
     d = Driver(rules("slow_close: {ms: 500}"))
     d.client(heartbeat(1))
-    d.client(produce(2, -1))
-    d.broker(heartbeat_answer(1), produce_answer(2))
+    d.client(produce(2, -1), produce(3, 0))
+    assert d.upstream == [], "a black hole lets no request through to the broker"
     assert d.to_client == [] and d.closed is None
+    assert d.session.in_flight_count == 0, "nothing waits for an answer that will never come"
     d.tick(0.6)
     assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE
+
+
+@pytest.mark.parametrize("action", ["blackhole", "slow_close: {ms: 60000}"])
+def test_a_black_hole_begins_at_the_request_hit_and_earlier_answers_still_flow(action: str) -> None:
+    d = Driver(rules(action, "{api: produce, schedule: {after_requests: 1}}"))
+    d.client(produce(1, -1), heartbeat(2), produce(3, -1), heartbeat(4), produce(5, 0))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 2]
+    d.broker(produce_answer(1), heartbeat_answer(2))
+    assert d.answered() == [1, 2]
+    for i in range(6, 2006):  # read and discarded: nothing piles up, ids are free again
+        d.client(heartbeat(i % 7 + 6))
+    assert len(d.upstream) == 2 and d.answered() == [1, 2] and d.closed is None
+    assert d.session.in_flight_count == 0
+    # Produce 3 and 5 met the rule (the policy is still asked, so its counts say what it met).
+    assert d.injector.counts.connection_faults == {("r1", action.split(":")[0]): 2}
+
+
+def test_the_observer_sees_each_swallowed_request_complete_with_no_response() -> None:
+    from kproxy.proxy.exchange import Exchange
+
+    class Seen:
+        def __init__(self) -> None:
+            self.requests: list[int] = []
+            self.completed: list[tuple[int, bytes | None, tuple[str, ...]]] = []
+
+        def request(self, ex: Exchange) -> None:
+            self.requests.append(ex.correlation_id)
+
+        def complete(self, ex: Exchange) -> None:
+            self.completed.append((ex.correlation_id, ex.response, tuple(d[1] for d in ex.rule_decisions)))
+
+    d = Driver(rules("blackhole"))
+    seen = Seen()
+    d.session.observer = seen
+    d.client(heartbeat(1), produce(2, -1))
+    d.session.report()
+    assert seen.requests == [1, 2]
+    assert seen.completed == [(1, None, ("blackhole",)), (2, None, ())]
+
+
+@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "slow_close: {ms: 500, forward: true}"])
+def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) -> None:
+    d = Driver(rules(action))
+    d.client(heartbeat(1))
+    d.client(produce(2, -1), heartbeat(3))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 2, 3]
+    assert d.session.in_flight_count == 3, "the broker's answers are awaited, then swallowed"
+    d.broker(heartbeat_answer(1), produce_answer(2), heartbeat_answer(3))
+    assert d.to_client == [] and d.closed is None and d.session.in_flight_count == 0
+
+
+def test_a_later_rule_does_not_answer_out_of_a_black_hole() -> None:
+    text = rules("blackhole", "{api: produce}") + """  - id: r2
+    match: {api: heartbeat}
+    actions:
+      - delay: {ms: 10}
+"""
+    d = Driver(text)
+    d.client(produce(1, -1), heartbeat(2))
+    d.tick(0.05)
+    assert d.upstream == [] and d.to_client == [] and d.session.in_flight_count == 0
 
 
 def test_dry_run_changes_nothing_and_logs_the_fault(caplog: pytest.LogCaptureFixture) -> None:

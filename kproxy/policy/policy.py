@@ -299,6 +299,8 @@ class RulePolicy:
         if answer is not None and throttle_ms:
             answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
         hold_s, response_delay_s, drop, blackhole = draft.hold_s, draft.response_delay_s, draft.drop, draft.blackhole
+        if blackhole and not draft.blackhole_forwards:
+            forward, answer = False, None  # a black hole: the request is read and goes nowhere
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
                 or blackhole):
             verdict = Verdict(answer=answer, forward=forward, request=None if request is frame else request,

@@ -63,7 +63,8 @@ class InOrderRelease:
         A held exchange (its ruling's ``release_at`` in the future) stops the release there and
         asks for a wake-up: the ones behind it wait, as they would behind a slow broker. A dropped
         one releases nothing once its answer came, and the ones behind it go on: the broker
-        answers in order, so its answer is read before any later one.
+        answers in order, so its answer is read before any later one. One swallowed before it
+        was ever answered (a local exchange dropped: a black hole's) completes with no response.
 
         For the observer, each exchange's ``Ruling.held`` is the part of its wait (from its answer
         to its release) that a hold caused: up to the latest ``release_at`` met so far in this
@@ -85,7 +86,10 @@ class InOrderRelease:
                         held_until, held_by = release_at, ruling.held_by
             in_flight.popleft()
             self.taken.discard(ex.correlation_id)
-            if ruling is None or not ruling.drop:
+            if ruling is not None and ruling.drop:
+                if ex.local:
+                    ex.response = None  # swallowed before any answer existed: observers see none
+            else:
                 if ex.response_parts is None:
                     assert ex.response is not None
                     self.ready.append(ex.response)

@@ -29,6 +29,10 @@ Guarantees kept here (each has bitten a peer):
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (kproxy/proxy/sasl.py).
+* A black hole (a verdict's ``blackhole``) lets nothing more through: each later request is
+  read, tracked in order and released at once as no answer, never forwarded (unless the
+  verdict forwards), so nothing waits for an answer that will never come and nothing piles
+  up; answers to requests forwarded before it still leave, in order.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -68,7 +72,7 @@ from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, 
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslTokens, handshake_mechanism, handshake_succeeded
-from kproxy.proxy.verdict import BLACKHOLED, RequestPolicy, Verdict
+from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
            "RequestPolicy", "RuleDecision", "Ruling", "Session", "SessionError", "SessionObserver", "Verdict"]
@@ -137,7 +141,7 @@ class Session:
         # once per connection: clients keep one id per connection, and it names the client in log lines.
         self.client_id: str | None = None
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
-        self._blackholed = False
+        self._blackholed: Verdict | None = None  # after a blackhole: the verdict of every later request
         self._close_at: float | None = None  # a slow close's time
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
 
@@ -247,15 +251,15 @@ class Session:
         if self.policy is not None:
             if self._closing is not None:
                 return None  # a rule closed the connection earlier in this chunk: nothing more goes on
-            verdict = self.policy.decide(ex)
-            if verdict is None and self._blackholed:
-                verdict = BLACKHOLED
+            verdict = self.policy.decide(ex)  # asked even in a black hole: its rules count what they meet
+            if self._blackholed is not None and (verdict is None or verdict.close is None):
+                verdict = self._blackholed  # nothing but a close changes what a black hole does
             if verdict is not None:
                 if verdict.close is not None:
                     self._closing = verdict.close
                     return None
-                if verdict.blackhole and not self._blackholed:
-                    self._blackhole(verdict.close_after_s, now)
+                if verdict.blackhole and self._blackholed is None:
+                    self._blackhole(verdict, now)
                 if verdict.request is not None:
                     out = verdict.request
                     self._edited = True
@@ -287,12 +291,15 @@ class Session:
         self._awaiting.append(ex)
         return out
 
-    def _blackhole(self, close_after_s: float | None, now: float) -> None:
-        """A verdict's blackhole: no answer for this request or any later one; with ``close_after_s``,
-        the connection ends that long after (a slow close, from :meth:`on_timer`)."""
-        self._blackholed = True
-        if close_after_s is not None:
-            self._close_at = now + close_after_s
+    def _blackhole(self, verdict: Verdict, now: float) -> None:
+        """A verdict's blackhole: no answer for this request or any later one, and unless it
+        forwards, none of them reaches the broker (each is read, tracked in order and released
+        as no answer at once: nothing waits for an answer that will never come, and nothing
+        piles up); with ``close_after_s``, the connection ends that long after (a slow close,
+        from :meth:`on_timer`)."""
+        self._blackholed = BLACKHOLED_FORWARDED if verdict.forward else BLACKHOLED
+        if verdict.close_after_s is not None:
+            self._close_at = now + verdict.close_after_s
             self._release.want_wake(self._close_at)
 
     def _answer_locally(self, ex: Exchange, answer: bytes | None, now: float) -> None:

@@ -24,7 +24,8 @@ class Verdict:
     * ``close``: end the connection instead; the request is not forwarded.
     * ``answer``: a response frame kproxy sends in the request's place (not forwarded);
       it waits its turn like any response. ``forward=False`` without an answer swallows
-      the request (only meaningful for acks=0 Produce, which has no answer anyway).
+      the request (an acks=0 Produce, which has no answer anyway, or any request of a
+      black hole: see ``blackhole``).
     * ``request``: the frame to forward instead of the one read (same correlation id).
     * ``hold_s``: the response leaves no earlier than this long after the request was
       read (a delay before forwarding, or a throttle: the client sees the same wait);
@@ -34,8 +35,11 @@ class Verdict:
       observer as it is (``Ruling.held``; the server's policy names a rule and action).
     * ``on_response``: edits the broker's answer, after the default address rewrite.
     * ``drop_response``: the broker's answer is swallowed: the client times out.
-    * ``blackhole``: this request and every later one on the connection get no answer;
-      with ``close_after_s`` the connection then ends that long after (a slow close).
+    * ``blackhole``: from this request on, nothing more passes on the connection: this request
+      and every later one get no answer, and with ``forward=False`` none reaches the broker either
+      (read and discarded, as a partitioned network loses them); with ``forward=True`` they are
+      forwarded and only their answers are lost. With ``close_after_s`` the connection then ends
+      that long after (a slow close). Answers to requests forwarded before it still flow.
 
     Every guarantee of the session holds whatever the verdict: responses that do leave
     keep request order and correlation ids, and an acks=0 Produce never gets an answer.
@@ -54,7 +58,10 @@ class Verdict:
     held_by: tuple[str, str] | None = None
 
 
-BLACKHOLED = Verdict(drop_response=True)  # what every request after a blackhole gets
+# What every request after a blackhole gets: read and discarded, never forwarded nor answered; after
+# a blackhole with ``forward=True``: forwarded, its answer swallowed.
+BLACKHOLED = Verdict(forward=False, drop_response=True)
+BLACKHOLED_FORWARDED = Verdict(drop_response=True)
 
 
 class RequestPolicy(Protocol):

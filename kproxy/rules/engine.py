@@ -357,12 +357,13 @@ class RuleEngine:
                 return True
         return False
 
-    def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
-        """Record one request of ``nbytes`` against a throttle's buckets; the delay it earns.
+    def throttle_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> tuple[float, float]:
+        """Record one request of ``nbytes`` against a throttle's buckets, at its turn
+        (:mod:`kproxy.rules.bucket`); (the seconds to hold it, its throttle time in seconds: the
+        response's ``throttle_time_ms`` as a broker with that quota reports it).
 
-        The longest of the byte and request buckets; with a topic scope, the
-        longest over the request's topics. This is also the response's
-        ``throttle_time_ms`` (in seconds), as brokers report it.
+        Each the longest of the byte and request buckets; with a topic scope, the longest over
+        the request's topics.
         """
         if throttle.scope is ThrottleScope.GLOBAL:
             scopes: list[object] = [None]
@@ -370,15 +371,21 @@ class RuleEngine:
             scopes = [facts.client_id]
         else:
             scopes = list(facts.topics()) or [None]
-        worst = 0.0
+        hold = reported = 0.0
         for scope in scopes:
             if throttle.bytes_per_second is not None:
-                worst = max(worst, self.buckets.take((rule_id, scope, "bytes"), throttle.bytes_per_second,
-                                                     throttle.burst_s, nbytes, facts.now))
+                h, t = self.buckets.charge((rule_id, scope, "bytes"), throttle.bytes_per_second, throttle.burst_s,
+                                           nbytes, facts.now)
+                hold, reported = max(hold, h), max(reported, t)
             if throttle.requests_per_second is not None:
-                worst = max(worst, self.buckets.take((rule_id, scope, "requests"), throttle.requests_per_second,
-                                                     throttle.burst_s, 1, facts.now))
-        return worst
+                h, t = self.buckets.charge((rule_id, scope, "requests"), throttle.requests_per_second,
+                                           throttle.burst_s, 1, facts.now)
+                hold, reported = max(hold, h), max(reported, t)
+        return hold, reported
+
+    def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
+        """:meth:`throttle_s`'s hold alone: what the what-if (kproxy/analysis/whatif.py) charges."""
+        return self.throttle_s(rule_id, throttle, facts, nbytes)[0]
 
 
 def _fixed_decision(candidates: tuple[_Compiled, ...]) -> Decision | None:

@@ -31,7 +31,8 @@ class VerdictDraft:
     * ``throttle_ms``: the ``throttle_time_ms`` to report in the answer (the largest asked);
       ``response_charges``: (rule id, byte rate) pairs charged with the response's size;
       ``throttled``: (rule id, seconds held) per throttle that held the request (both None: none);
-    * ``drop``: swallow the response; ``blackhole``: answer nothing more on this connection;
+    * ``drop``: swallow the response; ``blackhole``: let nothing more through this connection
+      (``blackhole_forwards``: requests still reach the broker, only answers are lost);
       ``close_after_s``: then close it after that long; ``closing``: close it now, as
       (reason, abort: a TCP RST rather than a FIN), the first asked;
     * ``faults``: what each action reported, in order (see :data:`Fault`).
@@ -48,7 +49,7 @@ class VerdictDraft:
     throttle_ms = 0
     response_charges: list[tuple[str, Throttle]] | None = None
     throttled: list[tuple[str, float]] | None = None
-    drop = blackhole = False
+    drop = blackhole = blackhole_forwards = False
     close_after_s: float | None = None
     closing: tuple[str, bool] | None = None
     delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order

@@ -1,6 +1,9 @@
-"""The ``slow_close`` action: stop answering, wait, then close: a broker that hangs before it dies.
+"""The ``slow_close`` action: let nothing through, wait, then close: a broker that hangs before it dies.
 
-YAML: ``- slow_close: {ms: 5000}``.
+YAML: ``- slow_close: {ms: 5000}``, or ``{ms: 5000, forward: true}``. From the request hit on,
+the connection is a black hole (:mod:`kproxy.rules.actions.blackhole`: by default nothing more
+reaches the broker; ``forward: true`` forwards requests and loses only their answers), and it
+ends ``ms`` after the hit.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from kproxy.rules.actions.base import MAX_DURATION_MS, HitKey, RuleAction
+from kproxy.rules.actions.blackhole import blackhole_detail, read_forward
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
 
 if TYPE_CHECKING:
@@ -19,12 +23,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class SlowClose(RuleAction):
-    """Stop answering, wait ``ms``, then close."""
+    """Let nothing more through, wait ``ms``, then close (``forward``: requests still reach the broker)."""
 
     ms: float
+    forward: bool = False
 
     kind: ClassVar[str] = "slow_close"
-    keys: ClassVar[tuple[str, ...]] = ("ms",)
+    keys: ClassVar[tuple[str, ...]] = ("ms", "forward")
     counts_connection_fault: ClassVar[bool] = True
     decides: ClassVar[bool] = True
 
@@ -37,9 +42,10 @@ class SlowClose(RuleAction):
              apis: frozenset[int] | None) -> RuleAction | Bad:
         ms = reader.required(m, at, path, "ms", "milliseconds to hold the connection before closing it")
         return reader.made(at, path, {"ms": BAD if ms is None else reader.number(
-            ms, f"{path}.ms", 0.0, exclusive=True, hi=MAX_DURATION_MS)}, cls)
+            ms, f"{path}.ms", 0.0, exclusive=True, hi=MAX_DURATION_MS), "forward": read_forward(reader, m, path)}, cls)
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
         draft.blackhole = True
+        draft.blackhole_forwards = self.forward
         draft.close_after_s = self.ms / 1000
-        draft.connection_fault(key, f"no more answers on this connection, closing in {self.ms:g}ms")
+        draft.connection_fault(key, f"{blackhole_detail(self.forward)}, closing in {self.ms:g}ms")

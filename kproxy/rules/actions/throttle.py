@@ -2,8 +2,10 @@
 
 YAML: ``- throttle: {bytes_per_second: 1e6, requests_per_second: 50, scope: client_id|topic|global,
 burst_seconds: 1}``. A request over its rate is held for the debt (:class:`kproxy.rules.bucket.TokenBucket`,
-through :meth:`kproxy.rules.engine.RuleEngine.throttle_delay_s`), which its answer reports in
-``throttle_time_ms``; a Fetch under a byte rate is charged with its response's size instead
+through :meth:`kproxy.rules.engine.RuleEngine.throttle_s`), and its answer reports in
+``throttle_time_ms`` the throttle time a broker with that quota would give it: its own bytes'
+share, not the wait behind requests pipelined ahead of it (kproxy/rules/bucket.py); a Fetch
+under a byte rate is charged with its response's size instead
 (:func:`kproxy.rules.bucket.charged_on_response`, :func:`charging_response`).
 """
 
@@ -89,42 +91,43 @@ class Throttle(RuleAction):
             delay, reported, by_bytes = _throttle_on_response(engine, rule_id, self, facts)
             draft.charge_response(rule_id, by_bytes)
         else:
-            delay = reported = engine.throttle_delay_s(rule_id, self, facts, draft.request_size)
+            delay, reported = engine.throttle_s(rule_id, self, facts, draft.request_size)
         if delay > 0:
             draft.hold(delay, key)
             draft.throttle_ms = max(draft.throttle_ms, round(reported * 1000))
             draft.count_throttled(rule_id, delay)
-            draft.fault(key, f"held {delay * 1000:.1f}ms")
+            draft.fault(key, f"held {delay * 1000:.1f}ms, throttle_time_ms {round(reported * 1000)}")
 
 
 def _throttle_on_response(engine: RuleEngine, rule_id: str, throttle: Throttle, facts: FrameFacts
                           ) -> tuple[float, float, Throttle]:
     """A Fetch under a byte rate: the seconds to hold it (the byte debt left by earlier responses,
-    or its request rate's delay), the part of that to report as throttle_time_ms (the request
-    rate's only: the byte debt was reported by the response that made it), and the byte rate alone."""
+    or its request rate's hold), the throttle time to report (the request rate's only: the byte
+    debt was reported by the response that made it), and the byte rate alone."""
     by_bytes, by_requests = split_throttle(throttle)
     assert by_bytes is not None
-    reported = engine.throttle_delay_s(rule_id, by_requests, facts, 1) if by_requests is not None else 0.0
+    held, reported = engine.throttle_s(rule_id, by_requests, facts, 1) if by_requests is not None else (0.0, 0.0)
     debt = engine.throttle_delay_s(rule_id, by_bytes, facts, 0)  # nothing charged: what is owed now
-    return max(debt, reported), reported, by_bytes
+    return max(debt, held), reported, by_bytes
 
 
 def charging_response(engine: RuleEngine, clock: Callable[[], float], facts: FrameFacts,
                       charges: list[tuple[str, Throttle]], edit: Callable[[bytes], bytes] | None
                       ) -> Callable[[bytes], bytes]:
     """The response edit of a Fetch under byte rates (``charges``: a draft's ``response_charges``):
-    ``edit`` (if any), then the response's size charged to each byte rate, the resulting debt
-    reported in its throttle_time_ms (never lowering a larger one already there)."""
+    ``edit`` (if any), then the response's size charged to each byte rate, the throttle time that
+    earns reported in its throttle_time_ms (never lowering a larger one already there)."""
     api_key, api_version = facts.api_key, facts.api_version
 
     def charge(response: bytes) -> bytes:
         if edit is not None:
             response = edit(response)
         facts.now = clock()  # when the broker's answer is seen: the usage happens now
-        debt = max(engine.throttle_delay_s(rule_id, by_bytes, facts, len(response)) for rule_id, by_bytes in charges)
-        if debt > 0:
+        # The answer leaves as it came (KIP-219): only the throttle time is reported; the next Fetch waits for it.
+        throttled = max(engine.throttle_s(rule_id, by_bytes, facts, len(response))[1] for rule_id, by_bytes in charges)
+        if throttled > 0:
             response = apply_to_response((), response, api_key, api_version,
-                                         throttle_time_ms=round(debt * 1000)).frame
+                                         throttle_time_ms=round(throttled * 1000)).frame
         return response
 
     return charge
