@@ -329,19 +329,5 @@ def replace_selected_codes(frame: bytes, api_key: int, api_version: int, error_c
     return _edit_selected(frame, api_key, api_version, chosen, visit)
 
 
-def fetch_at_once(frame: bytes) -> bytes:
-    """A Fetch request frame with ``max_wait_ms`` 0 (any other request as it is): a broker answers
-    a Fetch at once when one of its partitions has an error, rather than waiting for data."""
-    header = request_header(frame)
-    if header.api_key != FETCH:
-        return frame
-    offset = request_body_offset(frame, FETCH, header.api_version)
-    if offset is None:
-        return frame
-    new_body, _ = splice_body(FETCH, header.api_version, Direction.REQUEST, frame,
-                              {"max_wait_ms": lambda _: 0}, offset)
-    return frame if new_body is None else reframe(frame, offset, new_body)
-
-
-__all__ = ["READ_ONLY_APIS", "Layout", "Split", "fetch_at_once", "layout", "replace_entries",
+__all__ = ["READ_ONLY_APIS", "Layout", "Split", "layout", "replace_entries",
            "replace_selected_codes", "split_request"]

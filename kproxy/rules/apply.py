@@ -115,7 +115,7 @@ def apply_to_response(actions: Sequence[RuleAction], frame: bytes, api_key: int,
     request of ``api_key``/``api_version``; ``merge`` (the request outcome's) runs first;
     ``throttle_time_ms`` (a throttle's delay) is set last when given, never lowering the broker's own."""
     notes: list[str] = []
-    current = frame if merge is None else _run(merge[0], merge[1], frame, notes)
+    current = frame if merge is None else _run(merge[0], merge[1], frame, notes, quiet=True)
     budget = RecordBudget()
     for action in actions:
         step = action.response_step(api_key, api_version, only, budget)
@@ -131,13 +131,14 @@ def apply_to_response(actions: Sequence[RuleAction], frame: bytes, api_key: int,
 # ----------------------------------------------------------------------------- steps
 
 
-def _run(name: str, run: Callable[[bytes], Mutation], frame: bytes, notes: list[str]) -> bytes:
+def _run(name: str, run: Callable[[bytes], Mutation], frame: bytes, notes: list[str], quiet: bool = False) -> bytes:
+    """``run``'s edit of ``frame``, noted in ``notes`` (when ``quiet``, only if it could not apply)."""
     try:
         result = run(frame)
     except ProtocolError as exc:
         notes.append(f"{name}: skipped ({exc.reason})")
         return frame
-    if result.changed:
+    if result.changed and not quiet:
         notes.append(f"{name}: {result.changed} changed")
     return result.frame
 

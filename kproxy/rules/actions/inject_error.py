@@ -26,7 +26,6 @@ from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.partition_split import (
     READ_ONLY_APIS,
     Split,
-    fetch_at_once,
     replace_entries,
     replace_selected_codes,
     split_request,
@@ -148,7 +147,7 @@ class InjectError(RuleAction):
         note = f"{label}: {len(split.selected)} of {total} partitions"
         if api_key in READ_ONLY_APIS:
             chosen = frozenset(split.selected)
-            return PartAnswer(f"{note}, request forwarded whole", fetch_at_once(request),
+            return PartAnswer(f"{note}, request forwarded whole", request,
                               (label, lambda f: replace_entries(f, api_key, api_version, code,
                                                                 lambda t, p: (t, p) in chosen, message=message)))
         assert split.request is not None
