@@ -322,3 +322,73 @@ def test_read_only_apis_are_the_ones_without_side_effects() -> None:
         "FETCH", "LIST_OFFSETS", "OFFSET_FETCH", "OFFSET_FOR_LEADER_EPOCH"}
     assert not READ_ONLY_APIS & {ApiKey.PRODUCE, ApiKey.OFFSET_COMMIT, ApiKey.TXN_OFFSET_COMMIT,
                                  ApiKey.DELETE_RECORDS, ApiKey.ADD_PARTITIONS_TO_TXN}
+
+
+# ------------------------------------------------------------------ through a session (the policy)
+
+SESSION_RULES = """
+rules:
+  - id: orders-respond
+    match: {api: produce, topic: "orders*"}
+    actions:
+      - inject_error: {error: NOT_LEADER_OR_FOLLOWER}
+      - delay: {ms: 50}
+  - id: orders-replace
+    match: {api: list_offsets, topic: "orders*"}
+    actions:
+      - inject_error: {error: NOT_LEADER_OR_FOLLOWER, mode: replace}
+"""
+
+
+def _two_topic_produce(correlation_id: int, acks: int = -1) -> bytes:
+    return request_frame(ApiKey.PRODUCE, 9, correlation_id, transactional_id=None, acks=acks, timeout_ms=1500,
+                         topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": None}]},
+                                     {"name": "payments", "partition_data": [{"index": 0, "records": None}]}])
+
+
+def test_a_session_forwards_the_rest_merges_the_answer_and_reports_the_selected_topic_only() -> None:
+    from collections import deque
+
+    from kproxy.protocol.frame_builder import response_frame
+    from tests.test_rules_session import Driver, body
+
+    d = Driver(SESSION_RULES)
+    d.live.recent = deque(maxlen=10)
+    d.client(_two_topic_produce(1))
+    assert len(d.upstream) == 1 and d.to_client == []
+    sent = _request_body(d.upstream[0])
+    assert [t["name"] for t in sent["topic_data"]] == ["payments"]
+    d.broker(response_frame(ApiKey.PRODUCE, 9, 1, responses=[
+        {"name": "payments", "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 7}]}]))
+    d.tick(0.05)  # the rule's delay holds the answer: delays stay per request
+    (answer,) = d.to_client
+    got = [(t["name"], p["error_code"], p["base_offset"])
+           for t in body(ApiKey.PRODUCE, 9, answer)["responses"] for p in t["partition_responses"]]
+    assert got == [("orders", NOT_LEADER, -1), ("payments", 0, 7)]
+    assert d.live.counts.injected_errors[("produce", "NOT_LEADER_OR_FOLLOWER")] == 1
+    assert d.live.counts.hits[("orders-respond", "inject_error", "false")] == 1
+    records = [r for r in d.live.recent or () if r.action == "inject_error"]
+    assert [(r.topics, r.partitions) for r in records] == [(("orders",), (0,))]
+
+    d.client(_two_topic_produce(2, acks=0))  # acks=0: the rest forwarded, nothing answered
+    assert [t["name"] for t in _request_body(d.upstream[1])["topic_data"]] == ["payments"]
+    d.tick(1)
+    assert len(d.to_client) == 1
+
+
+def test_a_session_replaces_the_selected_codes_only() -> None:
+    from kproxy.protocol.frame_builder import response_frame
+    from tests.test_rules_session import Driver, body
+
+    d = Driver(SESSION_RULES)
+    d.client(request_frame(ApiKey.LIST_OFFSETS, 7, 1, replica_id=-1, topics=[
+        {"name": "orders", "partitions": [{"partition_index": 0}]},
+        {"name": "payments", "partitions": [{"partition_index": 0}]}]))
+    assert len(d.upstream) == 1
+    d.broker(response_frame(ApiKey.LIST_OFFSETS, 7, 1, topics=[
+        {"name": n, "partitions": [{"partition_index": 0, "error_code": 0, "offset": 42}]}
+        for n in ("orders", "payments")]))
+    (answer,) = d.to_client
+    got = [(t["name"], p["error_code"], p["offset"])
+           for t in body(ApiKey.LIST_OFFSETS, 7, answer)["topics"] for p in t["partitions"]]
+    assert got == [("orders", NOT_LEADER, 42), ("payments", 0, 42)]
