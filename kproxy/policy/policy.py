@@ -257,9 +257,10 @@ class RulePolicy:
                 if outcome.over_budget:
                     over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    if plan.only is not None:
+                    kind = note_action(note)
+                    if plan.only is not None and kind in plan.scoped:
                         scoped[len(faults)] = plan.only
-                    faults.append(((rule_id, note_action(note), "false"), note, False))
+                    faults.append(((rule_id, kind, "false"), note, False))
                 if outcome.answered and plan.respond_error is not None:
                     count(counts.injected_errors, (api_label(ex.api_key), plan.respond_error))
                 if not outcome.forward:
@@ -306,7 +307,8 @@ class RulePolicy:
                 if outcome.over_budget:
                     over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    self._fault((rule_id, note_action(note), "false"), facts, note, ex, plan.only)
+                    kind = note_action(note)
+                    self._fault((rule_id, kind, "false"), facts, note, ex, plan.only if kind in plan.scoped else None)
                 for error in plan.response_errors:
                     count(counts.injected_errors, (api_label(api_key), error))
             if not steps and throttle_ms:

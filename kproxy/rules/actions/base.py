@@ -85,6 +85,9 @@ class RuleAction:
     verdict_from_draws: ClassVar[bool] = False
     # It has a verdict part: the policy calls decide() for it on every hit.
     decides: ClassVar[bool] = False
+    # Its frame edits act on the partitions its rule's topic/partition keys select only (the ``only``
+    # of its hooks), so its fault lines name those only.
+    partition_scoped: ClassVar[bool] = False
 
     # -- YAML ------------------------------------------------------------------------------
     @classmethod

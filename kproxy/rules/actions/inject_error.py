@@ -60,6 +60,7 @@ class InjectError(RuleAction):
     mode: InjectMode = InjectMode.RESPOND
 
     kind: ClassVar[str] = "inject_error"
+    partition_scoped: ClassVar[bool] = True
     keys: ClassVar[tuple[str, ...]] = ("error", "partitions", "message", "mode")
 
     def __post_init__(self) -> None:
