@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTopicPartition
 
 from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique
 from tests.test_e2e_clients import messages, same_records
@@ -174,3 +175,41 @@ def test_the_one_topic_example_leaves_other_topics_untouched(with_rules: Any,
     assert len(lines) == 3 and _topics_named(lines) == {audit}
     assert any("the others forwarded" in line["detail"] for line in lines)
     same_records(consume_confluent(proxy.bootstrap, other, 1, len(sent)), sent)
+
+
+def test_kafka_python_reads_the_other_topic_while_one_topic_fetch_fails(with_rules: Any,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    a, b = unique("split-a"), unique("split-b")
+    proxy = with_rules(f"""
+rules:
+  - id: a-not-leader
+    match: {{api: fetch, topic: "{a}"}}
+    actions:
+      - inject_error: {{error: NOT_LEADER_OR_FOLLOWER}}
+""")
+    create_topic(proxy.bootstrap, a, 1)
+    create_topic(proxy.bootstrap, b, 1)
+    sent_b = messages("b", 200)
+    produce_confluent(proxy.bootstrap, a, messages("a", 20))
+    produce_confluent(proxy.bootstrap, b, sent_b)
+    consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, group_id=None, enable_auto_commit=False,
+                             auto_offset_reset="earliest", request_timeout_ms=15000, max_partition_fetch_bytes=4000)
+    got: dict[str, list[Any]] = {a: [], b: []}
+    with caplog.at_level(logging.INFO, "kproxy.faults"):
+        try:
+            tps = [KTopicPartition(a, 0), KTopicPartition(b, 0)]
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            deadline = time.monotonic() + 30
+            while len(got[b]) < len(sent_b) and time.monotonic() < deadline:
+                for tp, records in consumer.poll(timeout_ms=500).items():
+                    got[tp.topic].extend((r.key, r.value) for r in records)
+            for tp, records in consumer.poll(timeout_ms=300).items():
+                got[tp.topic].extend((r.key, r.value) for r in records)
+        finally:
+            consumer.close()
+    same_records(got[b], sent_b)
+    assert got[a] == [], "A's Fetch entries carry the error, never records"
+    lines = faults(caplog, "a-not-leader")
+    assert lines and _topics_named(lines) == {a}
+    assert any("request forwarded whole" in line["detail"] for line in lines)
