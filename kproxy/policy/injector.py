@@ -116,7 +116,8 @@ class RulePlan:
     kproxy.rules.apply runs on the request and on the response (empty: nothing to call);
     ``respond_error``/``response_errors``: the error names counted in injected_errors when the
     request is answered locally (the first to answer) or its response edited; ``only``: the
-    partitions the rule's ``topic``/``partition`` keys select for the record actions;
+    partitions the rule's ``topic``/``partition`` keys select for the record actions and inject_error;
+    ``scoped``: the kinds of its actions that act on those only (their faults name them);
     ``from_draws``: every action's verdict part reads the hit's draws alone (a fixed hit's verdict
     is then worked out once: kproxy.policy.policy's ``_Delays``); ``leader_moves``: the (topic,
     partition) pairs whose leader epoch the rule's response edits raise (``move_leader``), whose
@@ -124,7 +125,7 @@ class RulePlan:
     """
 
     __slots__ = ("deciders", "dry_faults", "from_draws", "keys", "leader_moves", "only", "request_actions",
-                 "respond_error", "response_actions", "response_errors")
+                 "respond_error", "response_actions", "response_errors", "scoped")
 
     def __init__(self, rule: Rule, topic_names: TopicIdNames) -> None:
         dry = "true" if rule.dry_run else "false"
@@ -143,6 +144,7 @@ class RulePlan:
                                      if a.injected_error is not None)
         # topic_names is the injector's own map, filled as connections learn ids: read when the selector runs.
         self.only: Selector | None = selector(rule.match, topic_names)
+        self.scoped = frozenset(a.kind for a in rule.actions if a.partition_scoped) if self.only else frozenset()
 
 
 __all__ = ["FaultInjector", "RulePlan"]

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from kproxy.logfmt import q
@@ -49,12 +49,13 @@ from kproxy.protocol.leader_epochs import (
     floor_leader_epochs,
     unfloor_request_epochs,
 )
+from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.request_fields import RequestHeaderMemo
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.rules import Decision, RuleHit
-from kproxy.rules.actions.base import HitKey
+from kproxy.rules.actions.base import HitKey, Step
 from kproxy.rules.actions.draft import VerdictDraft
 from kproxy.rules.actions.throttle import charging_response
 from kproxy.rules.apply import apply_to_request, apply_to_response
@@ -256,7 +257,8 @@ class RulePolicy:
         answer: bytes | None = None
         forward = True
         request = frame
-        response_steps: list[tuple[str, RulePlan]] | None = None
+        response_steps: list[tuple[str, RulePlan, Step | None]] | None = None
+        scoped: dict[int, Selector] = {}  # faults (by index) of frame edits limited to the rule's partitions
         plans = injector.plans
         for hit in decision.hits:
             rule_id = hit.rule_id
@@ -270,23 +272,28 @@ class RulePolicy:
                     action.decide(draft, key)
             if draft.closing is not None or answer is not None:
                 continue
+            merge: Step | None = None
             if plan.request_actions:
                 outcome = apply_to_request(plan.request_actions, request, only=plan.only)
                 request = outcome.frame
                 if outcome.over_budget:
                     over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    faults.append(((rule_id, note_action(note), "false"), note, False))
+                    kind = note_action(note)
+                    if plan.only is not None and kind in plan.scoped:
+                        scoped[len(faults)] = plan.only
+                    faults.append(((rule_id, kind, "false"), note, False))
+                if outcome.answered and plan.respond_error is not None:
+                    count(counts.injected_errors, (api_label(ex.api_key), plan.respond_error))
                 if not outcome.forward:
                     forward = False
                     answer = outcome.answer
-                    if plan.respond_error is not None:
-                        count(counts.injected_errors, (api_label(ex.api_key), plan.respond_error))
                     continue
-            if plan.response_actions:
+                merge = outcome.merge
+            if plan.response_actions or merge is not None:
                 response_steps = response_steps or []
-                response_steps.append((rule_id, plan))
-        self._report(draft, facts, ex)
+                response_steps.append((rule_id, plan, merge))
+        self._report(draft, facts, ex, scoped)
         if draft.closing is not None:
             reason, abort = draft.closing
             return Verdict(close=CloseConnection(reason, CloseKind.DELIBERATE, abort=abort))
@@ -351,12 +358,12 @@ class RulePolicy:
         return dataclasses.replace(verdict, request=request if request is not None else verdict.request,
                                    on_response=edit if edit is not None else verdict.on_response)
 
-    def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan]], throttle_ms: int
-                     ) -> Callable[[bytes], bytes]:
+    def _on_response(self, ex: Exchange, facts: FrameFacts, steps: list[tuple[str, RulePlan, Step | None]],
+                     throttle_ms: int) -> Callable[[bytes], bytes]:
         api_key, api_version = ex.api_key, ex.api_version
         counts = self.counts
         # The partitions whose leader epoch these rules raise: remembered as floors once edited.
-        moved = frozenset().union(*(plan.leader_moves for _, plan in steps))
+        moved = frozenset().union(*(plan.leader_moves for _, plan, _ in steps))
         floors = self.live.epoch_floors if moved and api_key in RESPONSES else None
 
         def edit(response: bytes) -> bytes:
@@ -366,15 +373,17 @@ class RulePolicy:
                     broker = broker_epochs(response, api_key, api_version, moved)
                 except ProtocolError:
                     broker = None
-            for i, (rule_id, plan) in enumerate(steps):
+            for i, (rule_id, plan, merge) in enumerate(steps):
                 last = i == len(steps) - 1
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
-                                            throttle_time_ms=throttle_ms if last else None, only=plan.only)
+                                            throttle_time_ms=throttle_ms if last else None, only=plan.only,
+                                            merge=merge)
                 response = outcome.frame
                 if outcome.over_budget:
                     over_budget(counts, self.peer)
                 for note in outcome.notes:
-                    self._fault((rule_id, note_action(note), "false"), facts, note, ex)
+                    kind = note_action(note)
+                    self._fault((rule_id, kind, "false"), facts, note, ex, plan.only if kind in plan.scoped else None)
                 for error in plan.response_errors:
                     count(counts.injected_errors, (api_label(api_key), error))
             if not steps and throttle_ms:
@@ -386,20 +395,23 @@ class RulePolicy:
         return edit
 
     # -- accounting ---------------------------------------------------------------------
-    def _report(self, draft: VerdictDraft, facts: FrameFacts, ex: Exchange) -> None:
-        """Count and report what the actions of one request did (``draft``'s faults and throttles)."""
+    def _report(self, draft: VerdictDraft, facts: FrameFacts, ex: Exchange, scoped: dict[int, Selector]) -> None:
+        """Count and report what the actions of one request did (``draft``'s faults and throttles);
+        ``scoped``: the faults (by index) that acted on the partitions a selector chose only."""
         counts = self.counts
         if draft.throttled is not None:
             for rule_id, seconds in draft.throttled:
                 counts.throttle_seconds[rule_id] = counts.throttle_seconds.get(rule_id, 0.0) + seconds
-        for key, detail, connection in draft.faults:
+        for i, (key, detail, connection) in enumerate(draft.faults):
             if connection:
                 count(counts.connection_faults, (key[0], key[1]))
-            self._fault(key, facts, detail, ex)
+            self._fault(key, facts, detail, ex, scoped.get(i))
 
-    def _fault(self, key: HitKey, facts: FrameFacts, detail: str, ex: Exchange) -> None:
+    def _fault(self, key: HitKey, facts: FrameFacts, detail: str, ex: Exchange, only: Selector | None = None
+               ) -> None:
         """Count one fault (``key``: rule id, action name, dry run), note it on the exchange (its
-        capture row's ``rule_decisions``), and log it and keep it in the ring when either is on."""
+        capture row's ``rule_decisions``), and log it and keep it in the ring when either is on; they
+        name the request's topics, or those of them ``only`` selects (an action on those alone)."""
         counts = self.counts
         counts.hits[key] = counts.hits.get(key, 0) + 1
         decided(ex, key, detail)
@@ -409,7 +421,7 @@ class RulePolicy:
             return  # the topic scan below is for the line and the ring alone
         rule_id, action, dry = key
         dry_run = dry == "true"
-        topics = facts.topics()
+        topics = facts.topics() if only is None else _selected(facts.topics(), only)
         partitions = sorted({p for parts in topics.values() for p in parts})
         if recent is not None:  # a bounded deque: the oldest record falls out
             recent.append(FaultRecord(time.time(), rule_id, action, self.peer, facts.correlation_id,
@@ -421,6 +433,17 @@ class RulePolicy:
                  "detail=%s%s", rule_id, action, self.peer, facts.correlation_id, api_label(facts.api_key),
                  q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
                  " dry_run=true" if dry_run else "")
+
+
+def _selected(topics: Mapping[str, frozenset[int]], only: Selector) -> Mapping[str, frozenset[int]]:
+    """The topics and partitions of a request that ``only`` selects (a topic read without
+    partitions is kept: the selector needs one to judge)."""
+    out: dict[str, frozenset[int]] = {}
+    for topic, partitions in topics.items():
+        chosen = frozenset(p for p in partitions if only(topic, p)) if partitions else partitions
+        if chosen or not partitions:
+            out[topic] = chosen
+    return out
 
 
 class TopicIdLearningPolicy(RulePolicy):

@@ -77,6 +77,12 @@ _ERROR_VALUES: dict[int, dict[str, Any]] = {
 }
 
 
+def error_values(api_key: int) -> dict[str, Any]:
+    """The values Kafka's brokers write in a failed entry of ``api_key``'s responses where the
+    spec's default would read as data (field name -> value; empty when the defaults hold)."""
+    return _ERROR_VALUES.get(api_key, {})
+
+
 def error_response(request_frame: bytes, error_code: int, *, partitions: Collection[int] | None = None,
                    message: str | None = None) -> bytes:
     """The response frame (size prefix included) answering ``request_frame`` with ``error_code``.
@@ -256,4 +262,4 @@ def _apply_fixes(fields: tuple[Field, ...], body: Body, fixes: dict[str, Any]) -
                 _apply_fixes(f.fields, item, fixes)
 
 
-__all__ = ["DecodeError", "build_error_body", "error_response", "set_error_codes"]
+__all__ = ["DecodeError", "build_error_body", "error_response", "error_values", "set_error_codes"]

@@ -5,9 +5,10 @@ when it has hits, it hands their actions and the frame here, and each action doe
 (:class:`~kproxy.rules.actions.base.RuleAction`'s frame hooks):
 
 * :func:`apply_to_request` before forwarding a request: an action that answers requests itself
-  (``inject_error`` in ``respond`` mode) answers it, and the request is not forwarded; the others
-  edit it in turn (the record actions on a Produce's records, ``rewrite`` with
-  ``direction: request``).
+  (``inject_error`` in ``respond`` mode) answers it, and the request is not forwarded (or, when
+  the rule selects some of its partitions, answers those: the rest is forwarded and the
+  outcome's ``merge`` completes the broker's answer); the others edit it in turn (the record
+  actions on a Produce's records, ``rewrite`` with ``direction: request``).
 * :func:`apply_to_response` before releasing a response: each action edits it in turn
   (``inject_error`` in ``replace`` mode, the record actions on a Fetch's records,
   ``mutate_metadata``, ``downgrade_api_versions``, ``rewrite_addresses``, ``rewrite`` with
@@ -37,7 +38,7 @@ from kproxy.protocol.mutation import Mutation, request_header
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.response_faults import set_throttle_time
-from kproxy.rules.actions.base import RuleAction
+from kproxy.rules.actions.base import LocalAnswer, RuleAction, Step
 from kproxy.rules.model import Match
 
 
@@ -49,6 +50,8 @@ class RequestOutcome:
     ``answer`` is a response frame to send the client instead (``respond``
     mode); ``forward`` is False when the request must not reach the broker
     (answered locally, or a Produce acks=0 that an injected error swallows).
+    ``merge`` is the first edit of the broker's answer when an action answered part of the
+    request (its selected partitions); ``answered``: an action answered it, whole or in part.
     """
 
     frame: bytes
@@ -56,6 +59,8 @@ class RequestOutcome:
     answer: bytes | None = None
     notes: tuple[str, ...] = ()
     over_budget: bool = False  # a record action gave up: the frame's records needed more than its budget
+    merge: Step | None = None
+    answered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +75,7 @@ class ResponseOutcome:
 def apply_to_request(actions: Sequence[RuleAction], frame: bytes, *, only: Selector | None = None) -> RequestOutcome:
     """Apply the request-side actions to a request frame (size prefix included).
 
-    ``only`` limits the record actions to some partitions (see
+    ``only`` limits the record actions and the answering ones to some partitions (see
     :func:`selector`); by default they touch every partition of the request.
     """
     if not actions:
@@ -82,27 +87,35 @@ def apply_to_request(actions: Sequence[RuleAction], frame: bytes, *, only: Selec
     notes: list[str] = []
     current = frame
     budget = RecordBudget()  # one for the frame, whichever record actions read it
+    merge: Step | None = None
+    answered = False
     for action in actions:
         if action.answers:
-            answer = action.answer_request(frame, header)
+            if answered:
+                continue  # the first to answer answers
+            answer = action.answer_request(current, header, only)
             if isinstance(answer, str):  # it could not answer: the others go on
                 notes.append(answer)
                 continue
             notes.append(answer.note)
-            return RequestOutcome(frame, False, answer.frame, tuple(notes))
+            if isinstance(answer, LocalAnswer):
+                return RequestOutcome(current, False, answer.frame, tuple(notes), answered=True)
+            current, merge, answered = answer.request, answer.merge, True  # the rest goes on, edited by the others
+            continue
         step = action.request_step(header.api_key, header.api_version, only, budget)
         if step is not None:
             current = _run(step[0], step[1], current, notes)
-    return RequestOutcome(current, True, None, tuple(notes), budget.exhausted)
+    return RequestOutcome(current, True, None, tuple(notes), budget.exhausted, merge, answered)
 
 
 def apply_to_response(actions: Sequence[RuleAction], frame: bytes, api_key: int, api_version: int, *,
-                      throttle_time_ms: int | None = None, only: Selector | None = None) -> ResponseOutcome:
+                      throttle_time_ms: int | None = None, only: Selector | None = None,
+                      merge: Step | None = None) -> ResponseOutcome:
     """Apply the response-side actions to a response frame (size prefix included) answering a
-    request of ``api_key``/``api_version``; ``throttle_time_ms`` (a throttle's delay) is set
-    last when given, never lowering the broker's own."""
+    request of ``api_key``/``api_version``; ``merge`` (the request outcome's) runs first;
+    ``throttle_time_ms`` (a throttle's delay) is set last when given, never lowering the broker's own."""
     notes: list[str] = []
-    current = frame
+    current = frame if merge is None else _run(merge[0], merge[1], frame, notes, quiet=True)
     budget = RecordBudget()
     for action in actions:
         step = action.response_step(api_key, api_version, only, budget)
@@ -118,13 +131,14 @@ def apply_to_response(actions: Sequence[RuleAction], frame: bytes, api_key: int,
 # ----------------------------------------------------------------------------- steps
 
 
-def _run(name: str, run: Callable[[bytes], Mutation], frame: bytes, notes: list[str]) -> bytes:
+def _run(name: str, run: Callable[[bytes], Mutation], frame: bytes, notes: list[str], quiet: bool = False) -> bytes:
+    """``run``'s edit of ``frame``, noted in ``notes`` (when ``quiet``, only if it could not apply)."""
     try:
         result = run(frame)
     except ProtocolError as exc:
         notes.append(f"{name}: skipped ({exc.reason})")
         return frame
-    if result.changed:
+    if result.changed and not quiet:
         notes.append(f"{name}: {result.changed} changed")
     return result.frame
 

@@ -54,6 +54,18 @@ class LocalAnswer:
     frame: bytes | None
 
 
+@dataclass(frozen=True, slots=True)
+class PartAnswer:
+    """A request kproxy answers in part (the topic-partitions a rule selects): ``request`` goes to
+    the broker in its place (the other partitions; the same frame when it is forwarded whole), and
+    ``merge`` (None: no answer is expected, acks=0) completes the broker's answer with kproxy's part.
+    ``note`` says what was done."""
+
+    note: str
+    request: bytes
+    merge: Step | None
+
+
 class RuleAction:
     """The base of every action kind (see the module docstring). Subclasses are frozen, slotted
     dataclasses; their instances are values shared by every connection, never changed."""
@@ -73,6 +85,9 @@ class RuleAction:
     verdict_from_draws: ClassVar[bool] = False
     # It has a verdict part: the policy calls decide() for it on every hit.
     decides: ClassVar[bool] = False
+    # Its frame edits act on the partitions its rule's topic/partition keys select only (the ``only``
+    # of its hooks), so its fault lines name those only.
+    partition_scoped: ClassVar[bool] = False
 
     # -- YAML ------------------------------------------------------------------------------
     @classmethod
@@ -118,8 +133,10 @@ class RuleAction:
         """The Kafka error code it puts in answers (kproxy_injected_errors_total), if any."""
         return None
 
-    def answer_request(self, request: bytes, header: RequestHeader) -> LocalAnswer | str:
-        """The local answer to ``request`` (size prefix included), or a note saying why there is none."""
+    def answer_request(self, request: bytes, header: RequestHeader, only: Selector | None = None
+                       ) -> LocalAnswer | PartAnswer | str:
+        """The local answer to ``request`` (size prefix included), or a note saying why there is none;
+        ``only``: the partitions the rule selects (None: all), which may make it a :class:`PartAnswer`."""
         return f"{self.kind}: skipped (answers no request)"
 
     def request_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget

@@ -22,6 +22,7 @@ class RecordAction(RuleAction):
     __slots__ = ()
 
     apis: ClassVar[frozenset[int] | None] = RECORD_APIS
+    partition_scoped: ClassVar[bool] = True
 
     def label(self) -> str:
         """The start of its notes: its YAML name and parameters."""
