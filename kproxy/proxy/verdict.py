@@ -14,6 +14,7 @@ from typing import Protocol
 
 from kproxy.proxy.commands import CloseConnection
 from kproxy.proxy.exchange import Exchange
+from kproxy.wire_toxics import WireOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,8 @@ class Verdict:
     * ``drop_response``: the broker's answer is swallowed: the client times out.
     * ``blackhole``: this request and every later one on the connection get no answer;
       with ``close_after_s`` the connection then ends that long after (a slow close).
+    * ``wire``: byte-level toxics for the connection to install from this request on
+      (:mod:`kproxy.wire_toxics`; the session hands them to the server: ``Session.wire_orders``).
 
     Every guarantee of the session holds whatever the verdict: responses that do leave
     keep request order and correlation ids, and an acks=0 Produce never gets an answer.
@@ -52,6 +55,7 @@ class Verdict:
     blackhole: bool = False
     close_after_s: float | None = None
     held_by: tuple[str, str] | None = None
+    wire: tuple[WireOrder, ...] = ()
 
 
 BLACKHOLED = Verdict(drop_response=True)  # what every request after a blackhole gets
