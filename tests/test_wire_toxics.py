@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass, field
 
@@ -65,7 +66,7 @@ def test_slices_are_the_sizes_asked_and_spaced_by_the_delay() -> None:
     assert b"".join(p for _, p in out) == bytes(range(200))
     assert {len(p) for _, p in out} <= set(range(1, 8))
     assert len({len(p) for _, p in out}) > 3, "sizes vary"
-    gaps = [b[0] - a[0] for a, b in zip(out, out[1:], strict=False)]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(out)]
     assert min(gaps) == pytest.approx(0.002)
 
 
