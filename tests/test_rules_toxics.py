@@ -352,6 +352,25 @@ def test_a_toxic_starts_at_the_first_matching_request_and_ends_with_its_rule(wit
         assert time.monotonic() - started < 0.25, "the rule is gone: so is its toxic"
 
 
+def test_a_toxic_ends_with_its_rule_s_time_window(with_rules: Any) -> None:
+    proxy = with_rules("""
+rules:
+  - id: lag-for-a-while
+    match: {schedule: {for_seconds: 1.5}}
+    actions:
+      - delay: {ms: 300, at: wire}
+""")
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        started = time.monotonic()
+        api_versions(sock, 1)
+        assert time.monotonic() - started >= 0.29
+        time.sleep(max(0.0, 1.6 - (time.monotonic() - started)))
+        api_versions(sock, 2)  # the window is over: this chunk finds the toxic no longer in force
+        started = time.monotonic()
+        api_versions(sock, 3)
+        assert time.monotonic() - started < 0.25
+
+
 def test_a_dry_run_toxic_counts_its_hits_and_installs_nothing(with_rules: Any,
                                                              caplog: pytest.LogCaptureFixture) -> None:
     proxy = with_rules(WIRE_DELAY.replace("DRY", "dry_run: true"))

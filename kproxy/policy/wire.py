@@ -97,8 +97,9 @@ class WireOrders:
                 if len(self._made) >= _MADE_CAP:
                     self._made.clear()
                 owner = RuleToxic(self.live, key[0], action, self.counts)
-                order = self._made[name] = WireOrder(name, owner, direction, toxic,
-                                                     f"{injector.rules.seed}\x1f{key[0]}")
+                rule = next((r for r in injector.rules.rules if r.id == key[0]), None)
+                seed = rule.seed if rule is not None and rule.seed is not None else injector.rules.seed
+                order = self._made[name] = WireOrder(name, owner, direction, toxic, f"{seed}\x1f{key[0]}")
             out.append(order)
         return tuple(out)
 
