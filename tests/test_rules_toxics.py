@@ -30,6 +30,7 @@ from kproxy.rules import load_text
 from kproxy.server.fastio import Writer
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import _recv_exactly, consume_confluent, consume_kafka_python, create_topic, unique
+from tests.test_cli_admin import kproxy_cli
 from tests.test_e2e_clients import same_records
 
 API_VERSIONS = int(ApiKey.API_VERSIONS)
@@ -382,6 +383,27 @@ def test_a_dry_run_toxic_counts_its_hits_and_installs_nothing(with_rules: Any,
         api_versions(sock, 2)
         assert time.monotonic() - started < 0.25
     assert hits(proxy, "lag") == {("lag", "delay", "true"): 1}
+
+
+def test_kproxy_rules_check_accepts_the_toxics_and_names_a_bad_key(tmp_path: Path) -> None:
+    good = tmp_path / "toxics.yaml"
+    good.write_text("""rules:
+  - id: all-of-them
+    match: {api: fetch}
+    actions:
+      - bandwidth: {bytes_per_second: 262144, direction: both}
+      - slicer: {average_bytes: 4, size_variation: 3, delay_us: 100}
+      - limit_data: {bytes: 1048576, direction: upstream}
+      - delay: {ms: 20, jitter_ms: 5, at: wire, direction: downstream}
+""")
+    checked = kproxy_cli("rules", "check", str(good))
+    assert checked.returncode == 0, checked.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("bytes_per_second", "bytes_per_sec"))
+    checked = kproxy_cli("rules", "check", str(bad))
+    assert checked.returncode != 0
+    assert f"{bad}:5: rules[0].actions[0].bandwidth.bytes_per_sec: unknown key (did you mean 'bytes_per_second'?)" \
+        in checked.stderr + checked.stdout
 
 
 def test_the_toxics_keys_are_checked_with_one_clear_line_each() -> None:
