@@ -115,3 +115,47 @@ def test_bad_values_are_refused() -> None:
         Limit(-1)
     with pytest.raises(ValueError, match="bytes_per_second"):
         Pace(0)
+
+
+# -- from a rule to the session: the orders a connection installs ---------------------------------
+@pytest.mark.parametrize("logged", [False, True], ids=["fixed-verdict", "per-request-verdict"])
+def test_every_hit_brings_the_same_order_and_the_session_hands_them_over(logged: bool) -> None:
+    import logging
+
+    from tests.test_rules_session import Driver, heartbeat, rules
+
+    d = Driver(rules("delay: {ms: 30, at: wire, direction: both}"))
+    level = logging.INFO if logged else logging.WARNING
+    faults = logging.getLogger("kproxy.faults")
+    old = faults.level
+    faults.setLevel(level)
+    try:
+        d.client(heartbeat(1))
+        d.client(heartbeat(2))
+    finally:
+        faults.setLevel(old)
+    orders = d.session.wire_orders
+    assert len(orders) == 2 and orders[0] is orders[1], "one order per (rule, action): the connection installs it once"
+    order = orders[0]
+    assert order.direction is Direction.BOTH
+    assert isinstance(order.toxic, Latency) and order.toxic.delay_s(0.5) == pytest.approx(0.03)
+    assert order.owner.in_force()
+    assert d.upstream and d.to_client == [], "the frames themselves are not held: the wire is"
+    assert d.injector.counts.hits[("r1", "delay", "false")] == 2
+    d.live.replace(None, origin="test")
+    assert not order.owner.in_force()
+
+
+def test_a_dry_run_rule_orders_nothing() -> None:
+    from tests.test_rules_session import Driver, heartbeat
+
+    d = Driver("""rules:
+  - id: r1
+    dry_run: true
+    match: {api: heartbeat}
+    actions:
+      - bandwidth: {bytes_per_second: 1000}
+""")
+    d.client(heartbeat(1))
+    assert d.session.wire_orders == []
+    assert d.injector.counts.hits[("r1", "bandwidth", "true")] == 1
