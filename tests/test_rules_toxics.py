@@ -322,6 +322,33 @@ rules:
     assert arrivals[-1] < 0.30 + 4 * 0.03 + 0.25, f"chunks were held one behind the other: {arrivals}"
 
 
+def test_a_client_gone_while_a_toxic_writes_to_it_ends_its_connection_only(
+        with_rules: Any, caplog: pytest.LogCaptureFixture) -> None:
+    proxy = with_rules("""
+rules:
+  - id: trickle
+    match: {api: api_versions}
+    actions:
+      - bandwidth: {bytes_per_second: 50}
+""")
+    with caplog.at_level(logging.INFO, "kproxy.connection"):
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        sock.sendall(request_frame(API_VERSIONS, 3, 1, client_software_name="raw", client_software_version="1"))
+        sock.recv(1)  # the first byte of a slow answer
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset: kproxy's next paced write fails
+        deadline = time.monotonic() + 10
+        while not any("event=connection_closed" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the connection was not closed"
+            time.sleep(0.05)
+    closed = next(r.getMessage() for r in caplog.records if "event=connection_closed" in r.getMessage())
+    assert "stream error" in closed
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as other:
+        other.sendall(request_frame(METADATA, 9, 1, topics=None, allow_auto_topic_creation=False))
+        (size,) = struct.unpack(">i", _recv_exactly(other, 4))
+        assert size > 0
+
+
 # -- lifetime ----------------------------------------------------------------------------------------
 WIRE_DELAY = """
 rules:

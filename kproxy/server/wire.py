@@ -72,6 +72,13 @@ class ToxicWriter:
         await self.write(b"".join(buffers))
 
     async def _run(self) -> None:
+        try:
+            await self._write_queue()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self.running = False
+            self._end(f"stream error: {exc!r}")  # as the pumps end on a failed write
+
+    async def _write_queue(self) -> None:
         shaper, queue, raw = self.shaper, self._queue, self._raw
         writes = 0
         while True:
