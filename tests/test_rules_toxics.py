@@ -143,6 +143,7 @@ rules:
     elapsed = time.monotonic() - started
     big = [(t, n) for t, n in wire.to(upstream=False) if t >= started]
     measured, span = paced_rate([w for w in big if w[1] > 1000])
+    print(f"bandwidth downstream: {measured:.0f} B/s on the wire over {span:.2f} s (target {rate})")
     assert span >= 4.5, f"1.8 MB at {rate} B/s takes about 5 s, took {span:.2f} s on the wire"
     assert measured == pytest.approx(rate, rel=0.10), f"{measured:.0f} B/s on the wire over {span:.1f} s"
     assert elapsed >= span
@@ -170,6 +171,7 @@ rules:
     assert producer.flush(60) == 0
     writes = [(t, n) for t, n in wire.to(upstream=True) if t >= started and n > 1000]
     measured, span = paced_rate(writes)
+    print(f"bandwidth upstream: {measured:.0f} B/s on the wire over {span:.2f} s (target {rate})")
     assert span >= 4.5
     assert measured == pytest.approx(rate, rel=0.10), f"{measured:.0f} B/s on the wire over {span:.1f} s"
     same_records(consume_confluent(tansu.bootstrap, topic, 1, len(sent)), sent)
@@ -318,6 +320,8 @@ rules:
             (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
             assert struct.unpack_from(">i", _recv_exactly(sock, size))[0] == cid
             arrivals.append(time.monotonic() - started)
+    print(f"delay at wire: round trips {[round(t * 1000) for t in trips]} ms; pipelined arrivals "
+          f"{[round(t * 1000) for t in arrivals]} ms")
     assert arrivals[0] >= 0.29
     assert arrivals[-1] < 0.30 + 4 * 0.03 + 0.25, f"chunks were held one behind the other: {arrivals}"
 
