@@ -159,3 +159,17 @@ def test_a_dry_run_rule_orders_nothing() -> None:
     d.client(heartbeat(1))
     assert d.session.wire_orders == []
     assert d.injector.counts.hits[("r1", "bandwidth", "true")] == 1
+
+
+def test_the_bytes_through_each_toxic_are_exported_by_rule_action_and_direction() -> None:
+    from prometheus_client import generate_latest
+
+    from kproxy.metrics.exposition import LiveGauges, make_registry
+    from kproxy.metrics.stats import TrafficStats
+
+    stats = TrafficStats()
+    stats.faults.wire_bytes[("slow-link", "bandwidth", "downstream")] = 1234
+    text = generate_latest(make_registry(stats, LiveGauges)).decode()
+    assert 'kproxy_rule_wire_bytes_total{action="bandwidth",direction="downstream",rule="slow-link"} 1234.0' in text
+    list(stats.faults.keep_rules({"another-rule"}))  # the rule is no longer loaded: its series go
+    assert stats.faults.wire_bytes == {}
