@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import trio
+import trustme
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
@@ -219,6 +220,41 @@ def test_kafka_python_works_through_1_to_7_byte_slices(with_rules: Any, wire: Wi
     same_records(consume_kafka_python(proxy.bootstrap, topic, 1, len(sent), timeout=60), sent)
     sizes = [n for t, n, _ in wire.writes if t >= started]
     assert len(sizes) > 2000 and set(sizes) == set(range(1, 8))
+
+
+def test_librdkafka_over_tls_works_through_slices(tansu: Broker, tmp_path: Path) -> None:
+    """Over TLS each slice is a TLS record of its own: the client reassembles records, then frames."""
+    ca = trustme.CA()
+    server = ca.issue_cert("localhost", "127.0.0.1")
+    pki = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "server.pem", "key": tmp_path / "server.key"}
+    ca.cert_pem.write_to_path(pki["ca"])
+    server.cert_chain_pems[0].write_to_path(pki["cert"])
+    server.private_key_pem.write_to_path(pki["key"])
+    path = tmp_path / "rules.yaml"
+    path.write_text(SLICER)
+    tls = {"security.protocol": "SSL", "ssl.ca.location": str(pki["ca"]),
+           "ssl.endpoint.identification.algorithm": "none"}
+    with running_proxy(tansu.bootstrap, rules=str(path), tls__client__cert=str(pki["cert"]),
+                       tls__client__key=str(pki["key"])) as proxy:
+        topic = unique("toxic-slices-tls")
+        create_topic(tansu.bootstrap, topic, 1)
+        sent = payloads(20, 100)
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", **tls})
+        for key, value in sent:
+            producer.produce(topic, key=key, value=value)
+        assert producer.flush(60) == 0
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("tls"), **tls})
+        got: list[tuple[bytes, bytes]] = []
+        try:
+            consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+            deadline = time.monotonic() + 60
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                got += [(m.key(), m.value()) for m in consumer.consume(num_messages=100, timeout=0.5)
+                        if m.error() is None]
+        finally:
+            consumer.close()
+        same_records(got, sent)
+        assert proxy.call(lambda: proxy.server.stats.faults.wire_bytes[("crumbs", "slicer", "downstream")]) > 0
 
 
 # -- limit_data --------------------------------------------------------------------------------------
