@@ -162,7 +162,7 @@ def _producer(bootstrap: str, stats: _Stats, **config: Any) -> Any:
     from confluent_kafka import Producer
 
     return Producer({"bootstrap.servers": bootstrap, "acks": "all", "statistics.interval.ms": 250,
-                     "stats_cb": stats})
+                     "stats_cb": stats, **config})
 
 
 def _produce_all(producer: Any, topic: str, records: list[KeyValue], timeout: float = 60,
