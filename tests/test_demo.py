@@ -9,6 +9,7 @@ import pytest
 
 from kproxy.cli import build_parser
 from kproxy.subcommands.demo_rules import (
+    CUT_READER,
     DELAY_MS,
     FETCH_DELAY_MS,
     FETCH_QUOTA_BYTES_PER_SECOND,
@@ -102,6 +103,16 @@ def test_fetch_delay_and_fetch_quota_show_in_what_the_consumers_measured(scenari
     assert quota.max_throttle_ms > 0 and base.max_throttle_ms == 0
     assert base.overall_rate > 3 * FETCH_QUOTA_BYTES_PER_SECOND, "the control is not held to the quota"
     assert quota.overall_rate <= 1.10 * FETCH_QUOTA_BYTES_PER_SECOND
+
+
+def test_the_limit_data_toxic_cuts_a_consumer_s_connections_and_it_reads_every_record(
+        scenario: tuple[RulesResult, str]) -> None:
+    result, text = scenario
+    base, cut = result.read("kproxy-demo-reader"), result.read(CUT_READER)
+    assert base is not None and cut is not None
+    assert cut.records == base.records > 0
+    found = re.search(r"its connections were cut (\d+) times", text)
+    assert found is not None and int(found.group(1)) >= 2, "3 MiB read through 1 MiB connections"
 
 
 def test_the_rules_part_runs_by_default_and_can_be_skipped() -> None:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "rules" / "kproxy-rules.schema.json").read_text())
 # The modules of kproxy/rules/actions that are not a kind: the base class, the verdict draft, the
 # registry, and what the three record kinds share.
-NOT_KINDS = {"base", "draft", "registry", "records"}
+NOT_KINDS = {"base", "direction", "draft", "registry", "records"}
 
 
 @dataclass(frozen=True, slots=True)

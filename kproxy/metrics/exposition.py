@@ -138,7 +138,11 @@ class TrafficCollector(Collector):
             family.add_metric([rule, action], hist.cumulative(), hist.sum)
         yield family
         yield _counter("kproxy_rule_connection_faults", "Responses dropped and connections closed, reset or "
-                       "blackholed by rules.", ["rule", "action"], f.connection_faults)
+                       "blackholed by rules (limit_data: connections cut).", ["rule", "action"], f.connection_faults)
+        yield _counter("kproxy_rule_wire_bytes", "Bytes written through byte-level toxics (bandwidth, slicer, "
+                       "limit_data, delay at: wire), by the rule and action that installed them and direction "
+                       "(upstream: to the broker, downstream: to the client).", ["rule", "action", "direction"],
+                       f.wire_bytes)
         live = self.gauges()
         yield GaugeMetricFamily("kproxy_in_flight_requests", "Requests awaiting a response.", value=live.in_flight)
         yield GaugeMetricFamily("kproxy_listeners", "Listening ports (bootstrap and brokers).", value=live.listeners)

@@ -38,6 +38,9 @@ class FaultStats:
     # (rule, action) -> how long responses were held back by a delay or throttle (kproxy_rule_held_seconds):
     # the rules' time, kept out of kproxy_overhead_seconds.
     held: dict[tuple[str, str], Histogram] = field(default_factory=dict)
+    # (rule, action, direction) -> bytes written through a byte-level toxic (bandwidth, slicer, limit_data,
+    # delay at: wire) that rule installed: kproxy_rule_wire_bytes_total.
+    wire_bytes: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def held_histogram(self, key: tuple[str, str]) -> Histogram:
         """The ``kproxy_rule_held_seconds`` histogram of ``(rule, action)``, made on first use (a rule
@@ -53,7 +56,7 @@ class FaultStats:
         caller on the event loop can give the loop a turn between steps (100,000 series take a walk
         of each map keyed by rule id)."""
         # keys (rule, ...); the held histogram of responses no rule holds is ("", ""): no rule id is "".
-        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults, self.held)
+        by_rule: tuple[dict[Any, Any], ...] = (self.hits, self.connection_faults, self.held, self.wire_bytes)
         for table in (*by_rule, self.throttle_seconds):
             keys = list(table)  # a copy: counting goes on between steps
             step = chunk or len(keys) or 1

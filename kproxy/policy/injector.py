@@ -121,11 +121,13 @@ class RulePlan:
     ``from_draws``: every action's verdict part reads the hit's draws alone (a fixed hit's verdict
     is then worked out once: kproxy.policy.policy's ``_Delays``); ``leader_moves``: the (topic,
     partition) pairs whose leader epoch the rule's response edits raise (``move_leader``), whose
-    epochs the policy then remembers as floors (kproxy.protocol.leader_epochs).
+    epochs the policy then remembers as floors (kproxy.protocol.leader_epochs); ``acting``: the
+    actions it takes (none in a dry run) and ``schedule`` its schedule, which say whether a
+    byte-level toxic it installed is still in force (kproxy.policy.wire).
     """
 
-    __slots__ = ("deciders", "dry_faults", "from_draws", "keys", "leader_moves", "only", "request_actions",
-                 "respond_error", "response_actions", "response_errors", "scoped")
+    __slots__ = ("acting", "deciders", "dry_faults", "from_draws", "keys", "leader_moves", "only",
+                 "request_actions", "respond_error", "response_actions", "response_errors", "schedule", "scoped")
 
     def __init__(self, rule: Rule, topic_names: TopicIdNames) -> None:
         dry = "true" if rule.dry_run else "false"
@@ -134,6 +136,8 @@ class RulePlan:
             (a, key) for a, key in zip(rule.actions, self.keys, strict=True) if a.decides)
         self.dry_faults: tuple[Fault, ...] = tuple((key, DRY_RUN_DETAIL, False) for key in self.keys)
         self.from_draws = all(a.verdict_from_draws for a in rule.actions)
+        self.acting: tuple[RuleAction, ...] = () if rule.dry_run else rule.actions
+        self.schedule = rule.match.schedule
         self.request_actions = tuple(a for a in rule.actions if a.edits_request)
         self.response_actions = tuple(a for a in rule.actions if a.edits_response)
         self.leader_moves: frozenset[tuple[str, int]] = frozenset().union(

@@ -39,6 +39,7 @@ from kproxy.policy.faults import (
 )
 from kproxy.policy.injector import FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
+from kproxy.policy.wire import WireOrders
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.leader_epochs import (
@@ -92,7 +93,7 @@ class _Delays:
 
     __slots__ = ("decisions", "keys", "verdict")
 
-    def __init__(self, hit: RuleHit, plan: RulePlan) -> None:
+    def __init__(self, hit: RuleHit, plan: RulePlan, injector: FaultInjector, wire: WireOrders) -> None:
         draft = VerdictDraft()  # no engine, no facts: these actions read neither
         if hit.dry_run:
             faults = list(plan.dry_faults)
@@ -104,8 +105,9 @@ class _Delays:
         self.keys = tuple(key for key, _, _ in faults)
         self.decisions: tuple[RuleDecision, ...] = tuple(
             (key[0], key[1], detail, key[2] == "true") for key, detail, _ in faults)
-        self.verdict = Verdict(hold_s=draft.hold_s, response_delay_s=draft.response_delay_s, held_by=draft.held_by) \
-            if draft.hold_s or draft.response_delay_s else None
+        orders = wire.orders(injector, draft.wire) if draft.wire else ()
+        self.verdict = Verdict(hold_s=draft.hold_s, response_delay_s=draft.response_delay_s, held_by=draft.held_by,
+                               wire=orders) if draft.hold_s or draft.response_delay_s or orders else None
 
 
 # (kind, the decision of every request when it is fixed, that decision worked out when it is delays alone)
@@ -114,14 +116,14 @@ _GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-u
 _NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
 
 
-def _open(injector: FaultInjector, decision: Decision | None) -> _Gate:
+def _open(injector: FaultInjector, decision: Decision | None, wire: WireOrders) -> _Gate:
     """The gate of requests a rule may apply to, with their fixed decision if they have one (the
     same for every request), worked out to the end (:class:`_Delays`) if it is delays alone."""
     if decision is None:
         return _OPEN, None, None
     hit = decision.hits[0]
     plan = injector.plans[hit.rule_id]
-    return _OPEN, decision, _Delays(hit, plan) if plan.from_draws else None
+    return _OPEN, decision, _Delays(hit, plan, injector, wire) if plan.from_draws else None
 
 
 class RulePolicy:
@@ -143,7 +145,7 @@ class RulePolicy:
     """
 
     __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector", "_ordinals",
-                 "broker_id", "client_ip", "counts", "live", "peer")
+                 "broker_id", "client_ip", "counts", "live", "peer", "wire")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
         self.live = live
@@ -160,6 +162,7 @@ class RulePolicy:
         self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
+        self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
 
     def decide(self, exchange: Exchange) -> Verdict | None:
         verdict = self._decide(exchange)
@@ -224,7 +227,7 @@ class RulePolicy:
         elif not engine.admits_all(api_key):
             gate = (_SCOPED, None, None)
         else:
-            gate = _open(injector, engine.fixed_decision(api_key))
+            gate = _open(injector, engine.fixed_decision(api_key), self.wire)
         if len(self._gates) >= _GATES_CAP:
             self._gates.clear()
         self._gates[api_key] = gate
@@ -242,7 +245,8 @@ class RulePolicy:
             if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
                 gate = (_IGNORED, None, None)
             else:
-                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id))
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id),
+                             self.wire)
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate
@@ -308,12 +312,13 @@ class RulePolicy:
         hold_s, response_delay_s, drop, blackhole = draft.hold_s, draft.response_delay_s, draft.drop, draft.blackhole
         if blackhole and not draft.blackhole_forwards:
             forward, answer = False, None  # a black hole: the request is read and goes nowhere
+        wire = self.wire.orders(injector, draft.wire) if draft.wire else ()
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
-                or blackhole):
+                or blackhole or wire):
             verdict = Verdict(answer=answer, forward=forward, request=None if request is frame else request,
                               hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
                               drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
-                              held_by=draft.held_by)
+                              held_by=draft.held_by, wire=wire)
             if on_response is not None and ex.api_key in RESPONSES and any(
                     plans[hit.rule_id].leader_moves for hit in decision.hits if not hit.dry_run):
                 self._floored = verdict  # its response edit keeps the floors itself (_on_response)

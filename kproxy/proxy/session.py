@@ -73,6 +73,7 @@ from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrde
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslTokens, handshake_mechanism, handshake_succeeded
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict
+from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
            "RequestPolicy", "RuleDecision", "Ruling", "Session", "SessionError", "SessionObserver", "Verdict"]
@@ -109,7 +110,9 @@ class Session:
     :class:`~kproxy.proxy.commands.WakeAt`. Between them the server may ask
     :attr:`can_accept` (whether to read the client), :attr:`in_flight_count`,
     :attr:`partial_request_at`, the counters ``requests`` / ``responses`` and
-    :attr:`client_id` (for its log lines); it reads nothing else of the session.
+    :attr:`client_id` (for its log lines), and takes :attr:`wire_orders` (the byte-level
+    toxics verdicts asked for, to install before it executes the chunk's commands); it reads
+    nothing else of the session.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -142,6 +145,8 @@ class Session:
         self.client_id: str | None = None
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed: Verdict | None = None  # after a blackhole: the verdict of every later request
+        # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
+        self.wire_orders: list[WireOrder] = []
         self._close_at: float | None = None  # a slow close's time
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
 
@@ -258,6 +263,8 @@ class Session:
                 if verdict.close is not None:
                     self._closing = verdict.close
                     return None
+                if verdict.wire:
+                    self.wire_orders.extend(verdict.wire)
                 if verdict.blackhole and self._blackholed is None:
                     self._blackhole(verdict, now)
                 if verdict.request is not None:

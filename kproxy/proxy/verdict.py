@@ -14,6 +14,7 @@ from typing import Protocol
 
 from kproxy.proxy.commands import CloseConnection
 from kproxy.proxy.exchange import Exchange
+from kproxy.wire_toxics import WireOrder
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ class Verdict:
       (read and discarded, as a partitioned network loses them); with ``forward=True`` they are
       forwarded and only their answers are lost. With ``close_after_s`` the connection then ends
       that long after (a slow close). Answers to requests forwarded before it still flow.
+    * ``wire``: byte-level toxics for the connection to install from this request on
+      (:mod:`kproxy.wire_toxics`; the session hands them to the server: ``Session.wire_orders``).
 
     Every guarantee of the session holds whatever the verdict: responses that do leave
     keep request order and correlation ids, and an acks=0 Produce never gets an answer.
@@ -56,6 +59,7 @@ class Verdict:
     blackhole: bool = False
     close_after_s: float | None = None
     held_by: tuple[str, str] | None = None
+    wire: tuple[WireOrder, ...] = ()
 
 
 # What every request after a blackhole gets: read and discarded, never forwarded nor answered; after

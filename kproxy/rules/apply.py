@@ -15,7 +15,8 @@ when it has hits, it hands their actions and the frame here, and each action doe
   ``direction: response``); a throttle's delay becomes ``throttle_time_ms``, set last.
 
 Timing and connection actions (``delay``, ``throttle``'s waiting, ``drop_response``,
-``close_connection``, ``reset_connection``, ``blackhole``, ``slow_close``) have no frame hooks:
+``close_connection``, ``reset_connection``, ``blackhole``, ``slow_close``) and the byte-level
+toxics (``bandwidth``, ``slicer``, ``limit_data``, ``delay`` at ``wire``) have no frame hooks:
 their part is the verdict's (:meth:`~kproxy.rules.actions.base.RuleAction.decide`).
 
 Faults never break the protocol: an action that cannot apply to this frame

@@ -24,12 +24,18 @@ ago is still incomplete while kproxy waits for its bytes (a client trickling a
 byte at a time, slowloris, would otherwise never be idle). The pumps only
 record times; the watchdog sleeps until the nearest deadline, and also calls the
 session back at the times it asks for (:class:`~kproxy.proxy.commands.WakeAt`).
+
+Byte-level toxics (:mod:`kproxy.wire_toxics`: a rule's bandwidth, slicer, limit_data, delay at
+wire) are taken from the session after each client chunk, before its commands run, and installed
+on their direction: that direction's writers become a :class:`~kproxy.server.wire.ToxicWriter`'s
+until no toxic of it is in force. A connection with none pays one attribute check per client chunk.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import socket
 import struct
 import time
@@ -48,6 +54,8 @@ from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, Rej
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, vector_writer, writer
+from kproxy.server.wire import ToxicWriter
+from kproxy.wire_toxics import Direction, Installed, WireOrder, WireShaper
 
 log = logging.getLogger("kproxy.connection")
 
@@ -96,6 +104,9 @@ class Connection:
         self._watch = trio.CancelScope()  # the watchdog's current sleep
         self.draining = False
         self.close_reason = "client closed"
+        self._nursery: trio.Nursery | None = None
+        self._toxic_writers: dict[Direction, ToxicWriter] = {}  # made on a direction's first toxic
+        self._toxics: dict[tuple[object, Direction], Installed] = {}  # by order key and direction
 
     def drain(self) -> None:
         """Stop reading new requests; the connection closes once in-flight ones are answered."""
@@ -114,6 +125,7 @@ class Connection:
             with self._idle:
                 self._touch()
                 async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
                     nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
                     nursery.start_soon(self._watchdog)
@@ -230,6 +242,8 @@ class Connection:
         self._touch()
         self.stats.bytes_from_client += len(data)
         commands = session.receive_client(data, read_at)
+        if session.wire_orders:
+            self._install(session.wire_orders)
         begun = session.partial_request_at
         if begun is None:
             if self._frame_due != _NO_FRAME:
@@ -307,6 +321,50 @@ class Connection:
             self.stats.bytes_to_client += len(command.data)
         finally:
             self._client_lock.release()
+
+    def _install(self, orders: list[WireOrder]) -> None:
+        """Install the byte-level toxics the session's verdicts asked for (each once: an order
+        already installed and in force is skipped), then empty ``orders``."""
+        assert self._nursery is not None
+        for order in orders:
+            for direction in (Direction.UPSTREAM, Direction.DOWNSTREAM):
+                if not (order.direction.upstream if direction is Direction.UPSTREAM else order.direction.downstream):
+                    continue
+                name = (order.key, direction)
+                installed = self._toxics.get(name)
+                if installed is not None and not installed.ended:
+                    continue
+                if not order.owner.in_force():  # asked by a request decided under rules since replaced
+                    continue
+                toxic_writer = self._toxic_writers.get(direction)
+                if toxic_writer is None:
+                    toxic_writer = self._toxic_writers[direction] = self._toxic_writer(direction)
+                rng = random.Random(f"{order.seed}\x1f{self.session.client_id}\x1f{direction.value}")
+                self._toxics[name] = toxic_writer.install(order.owner, order.toxic, rng, self._nursery)
+                if direction is Direction.UPSTREAM:
+                    self._upstream_writer = toxic_writer.write
+                    self._upstream_writev = toxic_writer.writev
+                else:
+                    self._client_writer = toxic_writer.write
+                    self._client_writev = toxic_writer.writev
+        orders.clear()
+
+    def _toxic_writer(self, direction: Direction) -> ToxicWriter:
+        """The writer of ``direction`` through its toxics, which gives it back its plain writers once
+        none is in force, and ends the connection when a limit is reached."""
+        stream = self.upstream if direction is Direction.UPSTREAM else self.client
+
+        def restore() -> None:
+            if direction is Direction.UPSTREAM:
+                self._upstream_writer, self._upstream_writev = writer(stream), vector_writer(stream)
+            else:
+                self._client_writer, self._client_writev = writer(stream), vector_writer(stream)
+
+        def end(reason: str) -> None:
+            assert self._nursery is not None
+            self._end(self._nursery.cancel_scope, reason)
+
+        return ToxicWriter(WireShaper(direction), writer(stream), restore, end, self._touch)
 
     def _wake_at(self, when: float) -> None:
         """Arrange the session's ``on_timer`` near ``when`` (session clock: ``time.perf_counter``)."""

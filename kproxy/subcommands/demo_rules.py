@@ -17,6 +17,12 @@ no rule matches (another topic or client id, through the same kproxy):
 * ``demo-slow-fetch`` and ``demo-fetch-quota``: 100 ms on every Fetch of one consumer's
   client id, 1 MiB/s of Fetch *responses* for another's: one topic read three times (a
   control, then each rule), the added time per Fetch and the read rate measured by the client.
+* ``demo-cut-reads``: a byte-level toxic (rules/README.md, "Byte-level toxics"): a
+  ``limit_data`` of 1.25 MiB on the connections of a fourth consumer, which kproxy closes once that
+  many bytes went to it; the consumer reconnects and reads every record (the cuts are kproxy's
+  count). Toxiproxy's other toxics (``bandwidth``, ``slicer``, ``delay`` at ``wire``) are rules
+  of the same kind. Two cuts cost the consumer about 1.5 s of reconnecting (measured: 2.1 s
+  for the read the control does in 0.6 s).
 
 Every figure comes from the clients (delivery reports, consumed records, librdkafka
 statistics, wall clock) except the count of injected errors, which is kproxy's own.
@@ -49,6 +55,8 @@ SEED = 9
 # Topic and client-id patterns the rules name; the scenario's own names are built from them.
 RETRY_TOPIC, QUOTA_TOPIC, SLOW_CLIENT = "kproxy-demo-retry-", "kproxy-demo-quota-", "kproxy-demo-slow-writer"
 SLOW_READER, QUOTA_READER = "kproxy-demo-slow-reader", "kproxy-demo-quota-reader"
+CUT_READER = "kproxy-demo-cut-reader"
+CUT_BYTES = 1280 * 1024  # limit_data per connection: two cuts over the READ_BYTES read
 
 DEMO_RULES = f"""\
 seed: {SEED}
@@ -75,6 +83,11 @@ rules:
     match: {{api: fetch, client_id: "{QUOTA_READER}"}}
     actions:
       - throttle: {{bytes_per_second: {FETCH_QUOTA_BYTES_PER_SECOND}, burst_seconds: 0.05}}
+  - id: demo-cut-reads
+    description: a byte-level toxic, as Toxiproxy's limit_data; bandwidth, slicer and delay at wire are its kin
+    match: {{api: fetch, client_id: "{CUT_READER}"}}
+    actions:
+      - limit_data: {{bytes: {CUT_BYTES}}}
 """
 
 KeyValue = tuple[bytes | None, bytes | None]
@@ -298,7 +311,7 @@ class RulesResult:
         comparison."""
         idem = [r for r in self.retries if r.idempotent]
         return (bool(idem) and all(r.delivery.exactly_once and r.app_errors == 0 and r.injected > 0 for r in idem)
-                and bool(self.latencies) and bool(self.quotas) and len(self.reads) == 3)
+                and bool(self.latencies) and bool(self.quotas) and len(self.reads) == 4)
 
 
 def _injected(counts: FaultStats) -> int:
@@ -406,7 +419,7 @@ def drive_rules(proxy: ProxyThread, messages: int = 1000) -> RulesResult:
     # Small batches: a Fetch returns whole batches, up to the consumer's byte limit.
     _produce_all(_producer(proxy.bootstrap, _Stats(), **{"linger.ms": 5, "batch.size": 40_000}), topic,
                  [(None, b"r" * 10_000)] * records)
-    for client_id in ("kproxy-demo-reader", SLOW_READER, QUOTA_READER):
+    for client_id in ("kproxy-demo-reader", SLOW_READER, QUOTA_READER, CUT_READER):
         result.reads.append(run_read(proxy, topic, records, client_id))
     return result
 
@@ -463,6 +476,12 @@ def report_rules(result: RulesResult, counts: FaultStats, out: TextIO) -> None:
     quota = result.read(QUOTA_READER)
     if quota is not None:
         w(f"   {QUOTA_READER} read at {quota.rate / FETCH_QUOTA_BYTES_PER_SECOND:.0%} of the configured rate\n")
+    cut = result.read(CUT_READER)
+    if cut is not None:
+        cuts = counts.connection_faults.get(("demo-cut-reads", "limit_data"), 0)
+        w(f"\n5. demo-cut-reads: limit_data {CUT_BYTES // 1024} KiB per connection of {CUT_READER} (a byte-level "
+          f"toxic)\n   its connections were cut {cuts} times (kproxy's count); it reconnected and read {cut.records} "
+          f"records in {cut.seconds:.2f} s\n")
     hits = ", ".join(f"{rule} {action} x{n}" for (rule, action, dry), n in sorted(counts.hits.items())
                      if dry == "false" and n)
     w(f"\nkproxy's fault counters: {hits or 'none'}\n")

@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kproxy.rules.actions.base import HitKey
+from kproxy.wire_toxics import Direction, Toxic
 
 if TYPE_CHECKING:
+    from kproxy.rules.actions.base import RuleAction
     from kproxy.rules.actions.throttle import Throttle
     from kproxy.rules.engine import RuleEngine
     from kproxy.rules.frame_facts import FrameFacts
@@ -35,6 +37,8 @@ class VerdictDraft:
       (``blackhole_forwards``: requests still reach the broker, only answers are lost);
       ``close_after_s``: then close it after that long; ``closing``: close it now, as
       (reason, abort: a TCP RST rather than a FIN), the first asked;
+    * ``wire``: byte-level toxics to install on the connection, as (key, action, direction, toxic)
+      (None: none; the policy installs each once per connection: kproxy.policy.wire);
     * ``faults``: what each action reported, in order (see :data:`Fault`).
 
     ``engine`` and ``facts`` are the request's, for the actions that ask a bucket or read the
@@ -52,6 +56,7 @@ class VerdictDraft:
     drop = blackhole = blackhole_forwards = False
     close_after_s: float | None = None
     closing: tuple[str, bool] | None = None
+    wire: list[tuple[HitKey, RuleAction, Direction, Toxic]] | None = None
     delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order
     drawn = 0
 
@@ -93,6 +98,13 @@ class VerdictDraft:
         if self.throttled is None:
             self.throttled = []
         self.throttled.append((rule_id, seconds))
+
+    def wire_toxic(self, key: HitKey, action: RuleAction, direction: Direction, toxic: Toxic) -> None:
+        """Install ``toxic`` on the connection's ``direction`` (from this request on, while ``action``'s
+        rule is in force; once per connection however many requests hit it)."""
+        if self.wire is None:
+            self.wire = []
+        self.wire.append((key, action, direction, toxic))
 
     def close(self, key: HitKey, *, abort: bool) -> None:
         """Close the client connection instead of forwarding (the first close asked wins)."""

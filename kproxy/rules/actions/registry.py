@@ -6,6 +6,7 @@ the action itself (its class's hooks, :class:`~kproxy.rules.actions.base.RuleAct
 
 from __future__ import annotations
 
+from kproxy.rules.actions.bandwidth import Bandwidth
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.actions.blackhole import Blackhole
 from kproxy.rules.actions.close_connection import CloseClientConnection
@@ -16,10 +17,12 @@ from kproxy.rules.actions.drop_response import DropResponse
 from kproxy.rules.actions.duplicate_records import DuplicateRecords
 from kproxy.rules.actions.inject_error import InjectError
 from kproxy.rules.actions.invalid_schema_id import InvalidSchemaId
+from kproxy.rules.actions.limit_data import LimitData
 from kproxy.rules.actions.mutate_metadata import MutateMetadata
 from kproxy.rules.actions.reset_connection import ResetConnection
 from kproxy.rules.actions.rewrite import Rewrite
 from kproxy.rules.actions.rewrite_addresses import RewriteAddresses
+from kproxy.rules.actions.slicer import Slicer
 from kproxy.rules.actions.slow_close import SlowClose
 from kproxy.rules.actions.throttle import Throttle
 
@@ -33,6 +36,9 @@ ACTION_KINDS: dict[str, type[RuleAction]] = {kind.kind: kind for kind in (
     ResetConnection,
     Blackhole,
     SlowClose,
+    Bandwidth,
+    Slicer,
+    LimitData,
     CorruptRecords,
     DuplicateRecords,
     InvalidSchemaId,
