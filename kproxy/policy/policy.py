@@ -127,8 +127,8 @@ class RulePolicy:
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_gates", "_headers", "_injector", "_ordinals", "broker_id",
-                 "client_ip", "counts", "live", "peer")
+    __slots__ = ("_admitted", "_admitted_for", "_gates", "_headers", "_injector", "_ordinals", "_principal",
+                 "broker_id", "client_ip", "counts", "live", "peer")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
         self.live = live
@@ -144,6 +144,17 @@ class RulePolicy:
         self._gates: dict[int, _Gate] = {}
         self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
+        self._principal: str | None = None
+
+    @property
+    def principal(self) -> str | None:
+        """The connection's principal, as the session last wrote it (None while unknown)."""
+        return self._principal
+
+    @principal.setter
+    def principal(self, principal: str | None) -> None:
+        # The gates admitted for the client were worked out for the principal before: afresh.
+        self._principal, self._admitted, self._admitted_for = principal, {}, _NO_CLIENT
 
     def decide(self, exchange: Exchange) -> Verdict | None:
         injector = self.live.injector
@@ -184,7 +195,7 @@ class RulePolicy:
         facts = FrameFacts(frame, exchange, client_ip=self.client_ip, broker_id=self.broker_id,
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
-                           topic_names=injector.topic_names)
+                           topic_names=injector.topic_names, principal=self._principal)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
@@ -216,10 +227,12 @@ class RulePolicy:
         gate = self._admitted.get(api_key)
         if gate is None:
             engine = injector.engine
-            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
+            principal = self._principal
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal):
                 gate = (_IGNORED, None, None)
             else:
-                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id))
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id,
+                                                              principal))
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate
