@@ -16,9 +16,14 @@ principal only once the broker's answer says the login succeeded.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Any
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.messages import decode_body
+from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.exchange import Exchange
 
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
@@ -86,6 +91,68 @@ def handshake_succeeded(frame: bytes) -> bool:
         raise ProtocolError(f"SaslHandshake v0 response of {len(frame)} bytes has no error code", offset=8)
     (error_code,) = _INT16.unpack_from(frame, 8)
     return int(error_code) == 0
+
+SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
+
+
+class SaslRelay:
+    """The SASL requests of one connection that the session forwards, until their answers:
+    whether a SaslHandshake v0 begins the token mode, and the :class:`SaslLogin` that
+    SaslAuthenticate requests (and the raw tokens) feed. Made at a connection's first SASL
+    request: other connections never pay for it."""
+
+    __slots__ = ("awaiting", "login")
+
+    def __init__(self) -> None:
+        # Correlation id -> the mechanism a SaslHandshake names (None: a SaslAuthenticate, or a
+        # mechanism that cannot be read).
+        self.awaiting: dict[int, str | None] = {}
+        self.login = SaslLogin()
+
+    def request(self, ex: Exchange) -> None:
+        """A SaslHandshake or SaslAuthenticate request goes to the broker."""
+        if ex.api_key == SASL_HANDSHAKE:
+            self.awaiting[ex.correlation_id] = handshake_mechanism(ex)
+            return
+        self.awaiting[ex.correlation_id] = None
+        self.login.client_token(_auth_bytes(ex.request_body))
+
+    def answer(self, ex: Exchange, frame: bytes) -> tuple[SaslTokens | None, str | None]:
+        """The broker's answer (whole frame) to a request of :attr:`awaiting`: the token mode it
+        begins (an accepted SaslHandshake v0), and the principal of a login it ends accepted.
+
+        Raises :class:`~kproxy.protocol.errors.ProtocolError` when a SaslHandshake v0 answer is
+        too short for an error code (the stream cannot be read on: raw tokens may follow or not).
+        """
+        mechanism = self.awaiting.pop(ex.correlation_id)
+        if ex.api_key == SASL_HANDSHAKE:
+            if mechanism is None:
+                return None, None  # an unreadable mechanism: the broker refuses it, no login follows
+            try:
+                accepted = handshake_succeeded(frame)
+            except ProtocolError:
+                if ex.api_version == 0:
+                    raise
+                return None, None
+            if not accepted:
+                return None, None
+            self.login.handshake(mechanism)
+            return (SaslTokens(mechanism) if ex.api_version == 0 else None), None
+        try:
+            body = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, frame,
+                               response_body_offset(frame, ex.api_key, ex.api_version))
+        except ProtocolError:
+            return None, self.login.broker_token(None, False)  # not an answer that says it succeeded
+        return None, self.login.broker_token(_auth_bytes(lambda: body), body.get("error_code") == 0)
+
+
+def _auth_bytes(read: Callable[[], dict[str, Any]]) -> bytes | None:
+    """The ``auth_bytes`` of a SaslAuthenticate body ``read`` decodes; None when it cannot."""
+    try:
+        found = read().get("auth_bytes")
+    except ProtocolError:
+        return None
+    return bytes(found) if isinstance(found, bytes | bytearray | memoryview) else None
 
 
 class SaslLogin:

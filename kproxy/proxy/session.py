@@ -31,7 +31,7 @@ Guarantees kept here (each has bitten a peer):
   mechanism's exchange is over (kproxy/proxy/sasl.py).
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslLogin`); the policy is told when it changes.
+  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`); the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -48,16 +48,14 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.headers import response_body_offset as find_response_body
-from kproxy.protocol.messages import decode_body
 from kproxy.protocol.payloads import encode_response
 from kproxy.protocol.request_fields import produce_acks, request_client_id
-from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import PortsExhausted
 from kproxy.proxy.commands import (
@@ -72,7 +70,7 @@ from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.sasl import SASL_ROUNDS, SaslLogin, SaslTokens, handshake_mechanism, handshake_succeeded
+from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
 from kproxy.proxy.verdict import BLACKHOLED, RequestPolicy, Verdict
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
@@ -138,10 +136,7 @@ class Session:
         self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
         self._seen: list[Exchange] = []  # requests read since the last report (kept only with an observer)
         self._sasl: SaslTokens | None = None  # the token exchange in progress (None: Kafka mode)
-        # SASL requests in flight: correlation id -> the mechanism a SaslHandshake names (None: a
-        # SaslAuthenticate, or a mechanism that cannot be read).
-        self._sasl_requests: dict[int, str | None] = {}
-        self._login: SaslLogin | None = None  # made at the connection's first SaslHandshake
+        self._relay: SaslRelay | None = None  # made at the connection's first SASL request
         self._principal: str | None = None
         self.requests = 0
         self.responses = 0
@@ -243,8 +238,8 @@ class Session:
         """
         if self._sasl is not None:
             if not self._sasl.ends_with(frame):
-                if self._login is not None:
-                    self._login.client_token(frame[4:])
+                if self._relay is not None:
+                    self._relay.login.client_token(frame[4:])
                 return frame
             self._sasl = None  # a Kafka request again: it gets every check below
         try:
@@ -308,49 +303,11 @@ class Session:
             self._answer_locally(ex, self._kip511_answer(correlation_id), now)
             return None
         if api_key in _SASL_APIS:
-            self._sasl_request(ex)
+            if self._relay is None:
+                self._relay = SaslRelay()
+            self._relay.request(ex)
         self._awaiting.append(ex)
         return out
-
-    def _sasl_request(self, ex: Exchange) -> None:
-        """Note a SaslHandshake's mechanism, or hand a SaslAuthenticate's token to the login, until
-        the broker's answer (:meth:`_sasl_answer`)."""
-        if ex.api_key == SASL_HANDSHAKE:
-            self._sasl_requests[ex.correlation_id] = handshake_mechanism(ex)
-            return
-        self._sasl_requests[ex.correlation_id] = None
-        if self._login is not None:
-            self._login.client_token(_auth_bytes(ex.request_body))
-
-    def _sasl_answer(self, ex: Exchange, frame: bytes) -> None:
-        """The broker answered a SaslHandshake (v0: the token mode begins when it accepted) or a
-        SaslAuthenticate (the login may be over)."""
-        mechanism = self._sasl_requests.pop(ex.correlation_id)
-        if ex.api_key == SASL_HANDSHAKE:
-            if mechanism is None:
-                return  # an unreadable mechanism: the broker refuses it, no login follows
-            try:
-                accepted = handshake_succeeded(frame)
-            except ProtocolError as exc:
-                if ex.api_version == 0:  # the token mode depends on it: the stream cannot be read on
-                    raise SessionError(exc.reason, offset=exc.offset) from None
-                return
-            if accepted:
-                if self._login is None:
-                    self._login = SaslLogin()
-                self._login.handshake(mechanism)
-                if ex.api_version == 0:
-                    self._sasl = SaslTokens(mechanism)
-            return
-        if self._login is None:
-            return
-        try:
-            body = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, frame,
-                               find_response_body(frame, ex.api_key, ex.api_version))
-        except ProtocolError:
-            body = {"error_code": -1}  # unreadable: not an answer that says the login succeeded
-        token = _auth_bytes(lambda: body)
-        self._sasl_login(self._login.broker_token(token, body.get("error_code") == 0))
 
     def _sasl_login(self, principal: str | None) -> None:
         """A login ended; ``principal`` is who it established (None: it established no one)."""
@@ -458,8 +415,8 @@ class Session:
         if self._sasl is not None:
             token = frame if parts is None else b"".join(parts)
             self._release.ready.append(token)
-            if self._login is not None:
-                self._sasl_login(self._login.broker_token(token[4:], True))
+            if self._relay is not None:
+                self._sasl_login(self._relay.login.broker_token(token[4:], True))
             if self._sasl.broker_token():
                 self._sasl = None
             return
@@ -502,8 +459,15 @@ class Session:
             ex.response = response
         if ruling is not None and ruling.response_delay:
             ruling.release_at = max(ruling.release_at, ex.received_at + ruling.response_delay)
-        if self._sasl_requests and correlation_id in self._sasl_requests:
-            self._sasl_answer(ex, frame if parts is None else b"".join(parts))
+        relay = self._relay
+        if relay is not None and correlation_id in relay.awaiting:
+            try:
+                tokens, principal = relay.answer(ex, frame if parts is None else b"".join(parts))
+            except ProtocolError as exc:
+                raise SessionError(exc.reason, offset=exc.offset) from None
+            if tokens is not None:
+                self._sasl = tokens
+            self._sasl_login(principal)
         self._release.flush()
 
     def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
@@ -570,15 +534,6 @@ def _head(parts: Spanned, n: int = 16) -> bytes:
         if len(head) >= n:
             break
     return head
-
-
-def _auth_bytes(read: Callable[[], dict[str, Any]]) -> bytes | None:
-    """The ``auth_bytes`` of a SaslAuthenticate body ``read`` decodes; None when it cannot."""
-    try:
-        found = read().get("auth_bytes")
-    except ProtocolError:
-        return None
-    return bytes(found) if isinstance(found, bytes | bytearray | memoryview) else None
 
 
 def _acks_zero(ex: Exchange, frame: bytes) -> bool:
