@@ -123,3 +123,27 @@ async def test_a_refused_login_leaves_no_principal(tmp_path: Path, caplog: pytes
             server.shutdown()
     closed = [parse_logfmt(r.getMessage()) for r in caplog.records if "event=connection_closed" in r.getMessage()]
     assert closed and all("principal" not in line for line in closed), closed
+
+
+async def test_the_capture_records_the_principal_the_rules_saw(tmp_path: Path) -> None:
+    """Each record carries the session's principal, so a what-if (``kproxy analyze --rules``) matches
+    ``principal`` as the proxy did: alice's Produce records carry User:alice and the fault the rule
+    injected, bob's User:bob and none."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    rules = tmp_path / "alice.yaml"
+    rules.write_text(RULES)
+    capture = tmp_path / "capture"
+    async with fake_cluster((0,)) as cluster:
+        cluster.add_topic("orders", [0])
+        _teach_sasl_plain(cluster)
+        async with running_server(proxy_config(cluster.bootstrap, rules=str(rules), capture__dir=str(capture))) \
+                as server:
+            bootstrap = f"127.0.0.1:{server.bootstrap_port}"
+            await trio.to_thread.run_sync(_produce, bootstrap, "alice", PASSWORDS["alice"])
+            await trio.to_thread.run_sync(_produce, bootstrap, "bob", PASSWORDS["bob"])
+    rows = [r for f in sorted(capture.rglob("capture-*.parquet")) for r in pq.ParquetFile(f).read().to_pylist()]
+    produce = [r for r in rows if r["api_name"] == "Produce"]
+    by_principal = {r["principal"]: bool(r["rule_decisions"]) for r in produce}
+    assert by_principal == {"User:alice": True, "User:bob": False}, produce
+    # Before a login is accepted, no principal: ApiVersions, SaslHandshake, SaslAuthenticate's request side.
+    assert any(r["principal"] is None and r["api_name"] == "SaslHandshake" for r in rows)
