@@ -117,9 +117,10 @@ class RulePolicy:
 
     Cost per request of an api key some rule names (a request of no such key costs a dict lookup):
     the connection's count of that key's requests (the engine's stream ordinal); when only rules
-    for some clients name it, whether those rules admit its client id (remembered per api key for
-    that client id); and its client id and body offset, read once for the policy, the facts and the
-    metrics (and compared in place with the last header read, not decoded again:
+    for some clients name it, whether those rules admit its client id and principal (remembered per
+    api key for that client id, until the session writes another :attr:`principal`); and its
+    client id and body offset, read once for the policy, the facts and the metrics (and compared
+    in place with the last header read, not decoded again:
     :class:`~kproxy.protocol.requests.RequestHeaderMemo`). What each api key needs is looked up once per
     rule set and connection. A request decided like every other of its api key and client (the
     first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,

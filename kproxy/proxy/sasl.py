@@ -7,10 +7,12 @@ otherwise), and says when it ends: after the rounds the mechanism fixes (PLAIN a
 OAUTHBEARER: one, SCRAM: two), or, for another mechanism, when the client sends something
 that reads as a Kafka request, which then gets every check a request gets.
 
-:class:`SaslLogin` reads who logs in, from the same exchange in either form (raw tokens after
-SaslHandshake v0, or SaslAuthenticate requests after v1, KIP-152): the user name the client's
-first message names (:func:`plain_user`, :func:`scram_user`), kept as the connection's
-principal only once the broker's answer says the login succeeded.
+:class:`SaslRelay` follows the SASL requests a session forwards until their answers: the
+token mode an accepted SaslHandshake v0 begins, and the login. :class:`SaslLogin` reads who logs
+in, from the exchange in either form (raw tokens after SaslHandshake v0, or SaslAuthenticate
+requests after v1, KIP-152): the user name the client's first message names
+(:func:`plain_user`, :func:`scram_user`), kept as the connection's principal only once the
+broker's answer says the login succeeded.
 """
 
 from __future__ import annotations
