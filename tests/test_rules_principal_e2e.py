@@ -125,11 +125,9 @@ async def test_a_refused_login_leaves_no_principal(tmp_path: Path, caplog: pytes
     assert closed and all("principal" not in line for line in closed), closed
 
 
-async def test_the_capture_records_the_principal_the_rules_saw(tmp_path: Path) -> None:
-    """Each record carries the session's principal, so a what-if (``kproxy analyze --rules``) matches
-    ``principal`` as the proxy did: alice's Produce records carry User:alice and the fault the rule
-    injected, bob's User:bob and none."""
-    pq = pytest.importorskip("pyarrow.parquet")
+async def _captured_sasl_run(tmp_path: Path) -> tuple[Path, Path, dict[str, int]]:
+    """alice and bob produce through kproxy with :data:`RULES` and capture on: the rule file, the
+    capture directory, and the proxy's hits per rule."""
     rules = tmp_path / "alice.yaml"
     rules.write_text(RULES)
     capture = tmp_path / "capture"
@@ -141,9 +139,38 @@ async def test_the_capture_records_the_principal_the_rules_saw(tmp_path: Path) -
             bootstrap = f"127.0.0.1:{server.bootstrap_port}"
             await trio.to_thread.run_sync(_produce, bootstrap, "alice", PASSWORDS["alice"])
             await trio.to_thread.run_sync(_produce, bootstrap, "bob", PASSWORDS["bob"])
+            live: dict[str, int] = {}
+            for (rule, _action, _dry_run), n in server.stats.faults.hits.items():
+                live[rule] = live.get(rule, 0) + n
+    return rules, capture, live
+
+
+async def test_the_capture_records_the_principal_the_rules_saw(tmp_path: Path) -> None:
+    """Each record carries the session's principal, so a what-if (``kproxy analyze --rules``) matches
+    ``principal`` as the proxy did: alice's Produce records carry User:alice and the fault the rule
+    injected, bob's User:bob and none."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    _, capture, _ = await _captured_sasl_run(tmp_path)
     rows = [r for f in sorted(capture.rglob("capture-*.parquet")) for r in pq.ParquetFile(f).read().to_pylist()]
     produce = [r for r in rows if r["api_name"] == "Produce"]
     by_principal = {r["principal"]: bool(r["rule_decisions"]) for r in produce}
     assert by_principal == {"User:alice": True, "User:bob": False}, produce
     # Before a login is accepted, no principal: ApiVersions, SaslHandshake, SaslAuthenticate's request side.
     assert any(r["principal"] is None and r["api_name"] == "SaslHandshake" for r in rows)
+
+
+async def test_what_if_of_a_sasl_capture_matches_what_the_proxy_did(spark: Any, tmp_path: Path) -> None:
+    """``kproxy analyze --rules`` over that capture: the principal rule hits alice's Produce requests,
+    as many as the proxy answered, and none of bob's."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.whatif import HITS, WhatIfRules
+
+    rules, capture, live = await _captured_sasl_run(tmp_path)
+    result = run_analysis([str(capture)], tmp_path / "out", spark, rules=WhatIfRules.from_file(str(rules)))
+    assert {r["rule"]: r["requests"] for r in result.tables["whatif_rules"]} == live
+    assert live["alice-refused"] >= 1
+    rows = [r for f in sorted(capture.rglob("capture-*.parquet")) for r in pq.ParquetFile(f).read().to_pylist()]
+    alices = {r["connection_id"] for r in rows if r["principal"] == "User:alice"}
+    hits = pq.read_table(Path(result.out) / HITS).to_pylist()
+    assert hits and all(h["api_name"] == "produce" and h["connection_id"] in alices for h in hits), hits
