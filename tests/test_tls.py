@@ -223,3 +223,25 @@ def test_connection_lines_name_the_client_certificate_as_principal(
 
 def closes(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=connection_closed")]
+
+
+def test_a_rule_for_the_certificates_principal_hits_that_client_only(tansu: Broker, pki: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """``match.principal`` against a verified client certificate's subject, in Kafka's RFC 2253 form
+    (here the whole principal, as an ACL writes it; tests/test_rules_principal.py has the other forms)."""
+    rules = tmp_path / "cert.yaml"
+    rules.write_text('rules:\n  - id: acme-payments\n'
+                     '    match: {api: api_versions, principal: "User:CN=kproxy-test-client,OU=Payments,.*"}\n'
+                     "    actions:\n      - inject_error: {error: CLUSTER_AUTHORIZATION_FAILED}\n")
+    with running_proxy(tansu.bootstrap, tls__client__cert=str(pki["cert"]), tls__client__key=str(pki["key"]),
+                       tls__client__client_ca=str(pki["ca"]), rules=str(rules)) as front:
+        host, port = front.bootstrap.rsplit(":", 1)
+        codes = {}
+        for cert in (True, False):
+            context = ssl.create_default_context(cafile=str(pki["ca"]))
+            if cert:
+                context.load_cert_chain(str(pki["client_cert"]), str(pki["client_key"]))
+            with socket.create_connection((host, int(port)), timeout=10) as s, \
+                    context.wrap_socket(s, server_hostname="localhost") as tls:
+                codes[cert] = _api_versions_over(tls)["error_code"]
+    assert codes == {True: 31, False: 0}  # CLUSTER_AUTHORIZATION_FAILED for the certificate's principal only

@@ -10,7 +10,10 @@ becomes a row of ``whatif_hits`` (written as Parquet), and the per-rule
 aggregates are Spark group-bys over those rows.
 
 Facts from a record (:func:`facts_of`): api key and version, correlation id,
-client id, client address (``client_host``), broker id (``node_id``; null for
+client id, principal (the connection's when the exchange completed, as the session
+knew it: the one the proxy's rules saw, except on the SaslAuthenticate exchange
+that established it, which the rules met before the login), client address
+(``client_host``), broker id (``node_id``; null for
 the bootstrap listener, as the proxy passes it), acks, group id,
 transactional id, and topics with their partitions (the ``partitions`` column:
 the request's entries, plus response entries that carried an error or
@@ -120,7 +123,7 @@ HIT_SCHEMA = StructType([
 ])
 
 INPUT_COLUMNS = ("connection_id", "correlation_id", "api_key", "api_name", "api_version", "client_id",
-                 "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
+                 "principal", "client_host", "node_id", "acks", "group_id", "transactional_id", "request_bytes")
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,8 @@ def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
     return StaticFacts(
         api_key=row["api_key"], api_version=row["api_version"], correlation_id=row["correlation_id"],
         client_id=row["client_id"], client_ip=_ip(row["client_host"]), broker_id=row["node_id"],
-        stream_ordinal=stream_ordinal, now=(request_us - start_us) / 1e6, wall_time=request_us / 1e6,
+        principal=row["principal"], stream_ordinal=stream_ordinal, now=(request_us - start_us) / 1e6,
+        wall_time=request_us / 1e6,
         topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
         group=row["group_id"], transactional=row["transactional_id"])
 

@@ -14,12 +14,12 @@ big Produce requests and Fetch responses (``EARLY_READ_BYTES`` and more): those
 are read here, a few µs each, and let go (:class:`~kproxy.capture.records.EarlyRead`),
 rather than held for the writer's next turn.
 
-One exception, because it is state of the connection that later records carry
-and too rare to matter: SASL. The principal is the TLS client certificate's
-subject, or the SASL user once a SaslAuthenticate succeeds on the connection
-(PLAIN's authcid, RFC 4616; SCRAM's ``n=`` attribute, RFC 5802); the password
-is never read past, nor kept. Reading it here keeps it right when the writer
-drops records under pressure.
+Each record carries the connection's principal when the exchange completed, as the
+session knows it (``identity``: :attr:`kproxy.proxy.session.Session.principal`, the TLS
+client certificate's subject or the user of a PLAIN or SCRAM login the broker accepted,
+read by :class:`kproxy.proxy.sasl.SaslLogin`): the principal the rules saw, so a what-if
+matches ``principal`` keys as the proxy did. Without an ``identity``, the connection's own
+(:attr:`ConnectionInfo.principal`).
 """
 
 from __future__ import annotations
@@ -27,19 +27,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
 from kproxy.host_port import split_host_port
-from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.headers import response_body_offset
-from kproxy.protocol.messages import decode_body
-from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange, SessionObserver
 
-SASL_HANDSHAKE, SASL_AUTHENTICATE = int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)
 PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 Sink = Callable[[Captured, int], bool]  # (exchange, bytes of frames it holds) -> queued
+
+
+class Identity(Protocol):
+    """Who a connection's client is, as its session knows it (:class:`kproxy.proxy.session.Session`)."""
+
+    @property
+    def principal(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,10 +72,10 @@ def split_peer(peer: str) -> tuple[str, int | None]:
 class CaptureObserver:
     """The capture's view of one connection; see the module docstring for what it keeps."""
 
-    __slots__ = ("_clock_offset", "_mechanism", "_pending", "_sasl_user", "conn", "principal", "reader", "sink")
+    __slots__ = ("_clock_offset", "_pending", "conn", "identity", "reader", "sink")
 
     def __init__(self, conn: ConnectionInfo, sink: Sink, clock_offset: float | None = None,
-                 reader: RecordBuilder | None = None) -> None:
+                 reader: RecordBuilder | None = None, identity: Identity | None = None) -> None:
         self.conn = conn
         self.sink = sink
         self.reader = reader  # reads big Produce requests and Fetch responses at once (EARLY_READ_BYTES)
@@ -81,9 +84,7 @@ class CaptureObserver:
         # requests across connections in the capture that of the proxy's clock.
         self._clock_offset = time.time() - time.perf_counter() if clock_offset is None else clock_offset
         self._pending: dict[int, tuple[Exchange, bytes | EarlyRead]] = {}  # id -> (exchange, its request)
-        self._mechanism: str | None = None
-        self._sasl_user: str | None = None
-        self.principal = conn.principal
+        self.identity = identity  # may be given after, once the session exists
 
     # -- SessionObserver --------------------------------------------------------------
     def request(self, exchange: Exchange) -> None:
@@ -93,12 +94,14 @@ class CaptureObserver:
             self._pending[id(exchange)] = (exchange, self.reader.early_request(PRODUCE, exchange.api_version, frame))
         else:
             self._pending[id(exchange)] = (exchange, frame)
-        if exchange.api_key == SASL_HANDSHAKE or exchange.api_key == SASL_AUTHENTICATE:
-            self._sasl_request(exchange)
+
+    @property
+    def principal(self) -> str | None:
+        """The connection's principal now: what a record completed now carries."""
+        identity = self.identity
+        return self.conn.principal if identity is None else identity.principal
 
     def complete(self, exchange: Exchange) -> None:
-        if exchange.api_key == SASL_AUTHENTICATE and exchange.response is not None:
-            self._sasl_response(exchange, exchange.response)
         ex = exchange
         pending = self._pending.pop(id(ex), None)
         request = b"" if pending is None else pending[1]
@@ -113,7 +116,9 @@ class CaptureObserver:
         held = len(request) if type(request) is bytes else 0
         if type(response) is bytes:
             held += len(response)
-        self.sink((self.conn, self._clock_offset, self.principal, request, response,
+        identity = self.identity  # self.principal, inlined: once per exchange
+        principal = self.conn.principal if identity is None else identity.principal
+        self.sink((self.conn, self._clock_offset, principal, request, response,
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
                    ex.received_at, ex.completed_at, ex.local, body_offset, ex.held, ex.rule_decisions), held)
 
@@ -126,50 +131,6 @@ class CaptureObserver:
                        ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0,
                        None, ex.rule_decisions),
                       _held(request))
-
-    # -- SASL: the principal -----------------------------------------------------------
-    def _sasl_request(self, ex: Exchange) -> None:
-        body = ex.request_body_offset
-        if body is None:
-            return
-        try:
-            decoded = decode_body(ex.api_key, ex.api_version, Direction.REQUEST, ex.request, body)
-        except ProtocolError:
-            return
-        if ex.api_key == SASL_HANDSHAKE:
-            mechanism = decoded.get("mechanism")
-            self._mechanism = mechanism.upper() if isinstance(mechanism, str) else None
-        else:
-            auth = decoded.get("auth_bytes")
-            if isinstance(auth, bytes | bytearray | memoryview):
-                self._sasl_user = sasl_user(self._mechanism, bytes(auth))
-
-    def _sasl_response(self, ex: Exchange, response: bytes) -> None:
-        user, self._sasl_user = self._sasl_user, None
-        if user is None:
-            return
-        try:
-            offset = ex.response_body_offset or response_body_offset(response, ex.api_key, ex.api_version)
-            code = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, response, offset).get("error_code")
-        except ProtocolError:
-            return
-        if code == 0:
-            self.principal = "User:" + user  # this record and every later one of the connection
-
-
-def sasl_user(mechanism: str | None, auth: bytes) -> str | None:
-    """The user name in a client's first SASL message, for PLAIN and SCRAM; None for others."""
-    try:
-        if mechanism == "PLAIN":  # [authzid] NUL authcid NUL passwd (RFC 4616): the password is not read
-            parts = auth.split(b"\x00", 2)
-            return parts[1].decode("utf-8") if len(parts) == 3 and parts[1] else None
-        if mechanism is not None and mechanism.startswith("SCRAM-"):  # "n,,n=user,r=nonce" (RFC 5802)
-            for attr in auth.decode("utf-8").split(",")[2:]:
-                if attr.startswith("n="):
-                    return attr[2:].replace("=2C", ",").replace("=3D", "=") or None
-    except UnicodeDecodeError:
-        return None
-    return None
 
 
 def _held(frame: bytes | EarlyRead | None) -> int:

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee, split_peer
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Identity, Tee, split_peer
 from kproxy.capture.records import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
@@ -51,17 +51,18 @@ class CaptureService:
         self.writer.close()
 
     def observer(self, metrics: SessionObserver | None, *, peer: str, listener: str, upstream: str,
-                 client: Any = None) -> SessionObserver:
+                 client: Any = None, identity: Identity | None = None) -> SessionObserver:
         """The observer of one new connection: capture, behind ``metrics`` when there is one.
 
-        ``client`` is the client stream; a TLS client certificate's subject becomes the principal.
+        ``identity`` is the connection's session: records carry its principal. Without one,
+        ``client``, the client stream: a TLS client certificate's subject is the principal.
         """
         self._connections += 1
         host, port = split_peer(peer)
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
                               principal=_tls_subject(client))
-        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset, reader=self.builder)
+        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset, reader=self.builder, identity=identity)
         return capture if metrics is None else Tee(metrics, capture)
 
     def connection_closed(self, observer: SessionObserver | None) -> None:

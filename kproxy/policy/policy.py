@@ -134,9 +134,10 @@ class RulePolicy:
 
     Cost per request of an api key some rule names (a request of no such key costs a dict lookup):
     the connection's count of that key's requests (the engine's stream ordinal); when only rules
-    for some clients name it, whether those rules admit its client id (remembered per api key for
-    that client id); and its client id and body offset, read once for the policy, the facts and the
-    metrics (and compared in place with the last header read, not decoded again:
+    for some clients name it, whether those rules admit its client id and principal (remembered per
+    api key for that client id, until the session writes another :attr:`principal`); and its
+    client id and body offset, read once for the policy, the facts and the metrics (and compared
+    in place with the last header read, not decoded again:
     :class:`~kproxy.protocol.requests.RequestHeaderMemo`). What each api key needs is looked up once per
     rule set and connection. A request decided like every other of its api key and client (the
     first rule it meets names no request key and draws nothing: :meth:`RuleEngine.fixed_decision`,
@@ -145,7 +146,7 @@ class RulePolicy:
     """
 
     __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector", "_ordinals",
-                 "broker_id", "client_ip", "counts", "live", "peer", "wire")
+                 "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
         self.live = live
@@ -163,6 +164,17 @@ class RulePolicy:
         self._admitted_for: object = _NO_CLIENT
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
         self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
+        self._principal: str | None = None
+
+    @property
+    def principal(self) -> str | None:
+        """The connection's principal, as the session last wrote it (None while unknown)."""
+        return self._principal
+
+    @principal.setter
+    def principal(self, principal: str | None) -> None:
+        # The gates admitted for the client were worked out for the principal before: afresh.
+        self._principal, self._admitted, self._admitted_for = principal, {}, _NO_CLIENT
 
     def decide(self, exchange: Exchange) -> Verdict | None:
         verdict = self._decide(exchange)
@@ -210,7 +222,7 @@ class RulePolicy:
         facts = FrameFacts(frame, exchange, client_ip=self.client_ip, broker_id=self.broker_id,
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
-                           topic_names=injector.topic_names)
+                           topic_names=injector.topic_names, principal=self._principal)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
@@ -242,11 +254,12 @@ class RulePolicy:
         gate = self._admitted.get(api_key)
         if gate is None:
             engine = injector.engine
-            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id):
+            principal = self._principal
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal):
                 gate = (_IGNORED, None, None)
             else:
-                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id),
-                             self.wire)
+                gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id,
+                                                              principal), self.wire)
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate

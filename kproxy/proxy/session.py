@@ -33,6 +33,9 @@ Guarantees kept here (each has bitten a peer):
   read, tracked in order and released at once as no answer, never forwarded (unless the
   verdict forwards), so nothing waits for an answer that will never come and nothing piles
   up; answers to requests forwarded before it still leave, in order.
+* The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
+  the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
+  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`); the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -71,7 +74,7 @@ from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.sasl import SASL_ROUNDS, SaslTokens, handshake_mechanism, handshake_succeeded
+from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict
 from kproxy.wire_toxics import WireOrder
 
@@ -82,6 +85,8 @@ __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_M
 # plain one, kproxy/protocol/tables.py).
 PRODUCE = int(ApiKey.PRODUCE)
 SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
+SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
+_SASL_APIS = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
 API_VERSIONS = int(ApiKey.API_VERSIONS)
 UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
@@ -109,10 +114,11 @@ class Session:
     order (:mod:`kproxy.proxy.commands`); ``on_timer(now)`` answers a
     :class:`~kproxy.proxy.commands.WakeAt`. Between them the server may ask
     :attr:`can_accept` (whether to read the client), :attr:`in_flight_count`,
-    :attr:`partial_request_at`, the counters ``requests`` / ``responses`` and
-    :attr:`client_id` (for its log lines), and takes :attr:`wire_orders` (the byte-level
-    toxics verdicts asked for, to install before it executes the chunk's commands); it reads
-    nothing else of the session.
+    :attr:`partial_request_at`, the counters ``requests`` / ``responses``,
+    :attr:`client_id` and :attr:`principal` (for its log lines), and takes :attr:`wire_orders`
+    (the byte-level toxics verdicts asked for, to install before it executes the chunk's
+    commands); it reads nothing else of the session, and sets :attr:`principal` when the
+    client's TLS certificate names one.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -137,7 +143,8 @@ class Session:
         self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
         self._seen: list[Exchange] = []  # requests read since the last report (kept only with an observer)
         self._sasl: SaslTokens | None = None  # the token exchange in progress (None: Kafka mode)
-        self._handshakes: dict[int, str] = {}  # SaslHandshake v0 in flight: correlation id -> mechanism
+        self._relay: SaslRelay | None = None  # made at the connection's first SASL request
+        self._principal: str | None = None
         self.requests = 0
         self.responses = 0
         # The first request's header client id (None: no request yet, or a null or unreadable one). Read
@@ -177,6 +184,19 @@ class Session:
     def observer(self, observer: SessionObserver | None) -> None:
         self._observer = observer
         self._release.observed = observer is not None
+
+    @property
+    def principal(self) -> str | None:
+        """The connection's principal as Kafka names it (``User:...``), None while unknown: a
+        verified TLS client certificate's (set by the server), or the user of the last PLAIN or
+        SCRAM login the broker accepted (which a Kafka broker takes over the certificate's)."""
+        return self._principal
+
+    @principal.setter
+    def principal(self, principal: str | None) -> None:
+        self._principal = principal
+        if self.policy is not None:
+            self.policy.principal = principal
 
     @property
     def mode(self) -> Mode:
@@ -227,6 +247,8 @@ class Session:
         """
         if self._sasl is not None:
             if not self._sasl.ends_with(frame):
+                if self._relay is not None:
+                    self._relay.login.client_token(frame[4:])
                 return frame
             self._sasl = None  # a Kafka request again: it gets every check below
         try:
@@ -291,12 +313,17 @@ class Session:
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
             self._answer_locally(ex, self._kip511_answer(correlation_id), now)
             return None
-        if api_key == SASL_HANDSHAKE and api_version == 0:
-            mechanism = handshake_mechanism(ex)
-            if mechanism is not None:  # an unreadable one: the broker refuses it, no token mode follows
-                self._handshakes[correlation_id] = mechanism
+        if api_key in _SASL_APIS:
+            if self._relay is None:
+                self._relay = SaslRelay()
+            self._relay.request(ex)
         self._awaiting.append(ex)
         return out
+
+    def _sasl_login(self, principal: str | None) -> None:
+        """A login ended; ``principal`` is who it established (None: it established no one)."""
+        if principal is not None and principal != self._principal:
+            self.principal = principal
 
     def _blackhole(self, verdict: Verdict, now: float) -> None:
         """A verdict's blackhole: no answer for this request or any later one, and unless it
@@ -400,7 +427,10 @@ class Session:
             parts = frame
             frame = _head(parts)
         if self._sasl is not None:
-            self._release.ready.append(frame if parts is None else b"".join(parts))
+            token = frame if parts is None else b"".join(parts)
+            self._release.ready.append(token)
+            if self._relay is not None:
+                self._sasl_login(self._relay.login.broker_token(token[4:], True))
             if self._sasl.broker_token():
                 self._sasl = None
             return
@@ -443,13 +473,15 @@ class Session:
             ex.response = response
         if ruling is not None and ruling.response_delay:
             ruling.release_at = max(ruling.release_at, ex.received_at + ruling.response_delay)
-        if self._handshakes and correlation_id in self._handshakes:
-            mechanism = self._handshakes.pop(correlation_id)
+        relay = self._relay
+        if relay is not None and correlation_id in relay.awaiting:
             try:
-                if handshake_succeeded(frame):
-                    self._sasl = SaslTokens(mechanism)
+                tokens, principal = relay.answer(ex, frame if parts is None else b"".join(parts))
             except ProtocolError as exc:
                 raise SessionError(exc.reason, offset=exc.offset) from None
+            if tokens is not None:
+                self._sasl = tokens
+            self._sasl_login(principal)
         self._release.flush()
 
     def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:

@@ -76,6 +76,12 @@ class RequestPolicy(Protocol):
     checked, before anything else happens to it (the acks=0 and KIP-511 branches included), with
     ``exchange.request`` holding the whole frame. Returns None to let the request go
     on as usual (the common case: it must cost next to nothing), or a :class:`Verdict`.
+
+    ``principal`` is the connection's principal (``User:...``; None while unknown), written by
+    the session when it becomes known or changes (kproxy/proxy/session.py: ``Session.principal``),
+    before the next request is decided.
     """
+
+    principal: str | None
 
     def decide(self, exchange: Exchange) -> Verdict | None: ...

@@ -9,7 +9,7 @@ rule names (and no rule is api-agnostic) costs one dict lookup. A request's
 topics, partitions, acks, group id and transactional id are asked of the facts
 only when a candidate rule matches on them, and after its cheap keys passed.
 
-Order of the keys of one rule: api; client id, client address and broker id
+Order of the keys of one rule: api; client id, principal, client address and broker id
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
 (cached per topic list); version, acks, partitions, group id, transactional id; then the
 schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
@@ -96,6 +96,7 @@ class _Peer:
     client_id: str | None
     client_ip: IpAddress | None
     broker_id: int | None
+    principal: str | None = None
 
 
 class _Compiled:
@@ -109,8 +110,9 @@ class _Compiled:
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
         self.count = 0
-        # Keys fixed for a client connection, checked once per (api, client id, address, broker).
-        self.peer_keys = any(v is not None for v in (m.client_id, m.client_address, m.broker_ids))
+        # Keys fixed for a client connection, checked once per (api, client id, address, broker,
+        # principal).
+        self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
@@ -127,6 +129,8 @@ class _Compiled:
             cid = facts.client_id
             if cid is None or not m.client_id.fullmatch(cid):
                 return False
+        if m.principal is not None and not m.principal.matches(facts.principal):
+            return False
         if m.client_address is not None:
             ip = facts.client_ip
             if ip is None or not any(ip in net for net in m.client_address):
@@ -144,8 +148,8 @@ class RuleEngine:
     ``loaded_at`` is the monotonic reading (same clock as ``RequestFacts.now``)
     that ``after_seconds`` and ``for_seconds`` count from.
 
-    The keys that are fixed for a client (client id, address, broker id) are
-    checked once per (api key, client id, address, broker id) and the rules
+    The keys that are fixed for a client (client id, address, broker id, and the principal when a
+    rule names one) are checked once per (api key, client id, address, broker id[, principal]) and the rules
     that pass are remembered; topic patterns likewise once per such key and
     list of request topics (each cache holds at most 4096 entries and starts
     afresh when full). So a hundred rules for other clients or other topics
@@ -172,6 +176,9 @@ class RuleEngine:
         # Whether a rule reads the wall clock (a daily window): else RequestFacts.wall_time is never read.
         self.reads_wall_time = any(c.match.schedule is not None and c.match.schedule.window is not None
                                    for c in compiled)
+        # Whether a rule names a principal: else the principal is no part of a client's cache key
+        # and RequestFacts.principal is never read.
+        self.reads_principal = any(c.match.principal is not None for c in compiled)
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
         self._by_text: dict[tuple[int, str], bool] = {}
@@ -180,24 +187,30 @@ class RuleEngine:
         """Whether any enabled rule could match a request of this api key."""
         return bool(self._by_api.get(api_key, self._any))
 
-    def admits(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None
-               ) -> bool:
+    def admits(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
+               principal: str | None = None) -> bool:
         """Whether a rule of this api key passes a client's fixed keys (client id, address, broker
-        id): False means :meth:`evaluate` would decide nothing for any request of theirs with this
+        id, principal): False means :meth:`evaluate` would decide nothing for any request of theirs with this
         api key, and touch no counter. One dict lookup once the client was met (the same cache as
         :meth:`evaluate`'s), so a caller can skip building a request's facts."""
         if self._all_unscoped or api_key in self._unscoped:
             return True
-        peer = (api_key, client_id, client_ip, broker_id)
+        return bool(self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0])
+
+    def _peer_rules(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
+                    principal: str | None) -> tuple[tuple[_Compiled, ...], bool]:
+        """The cache entry of :meth:`_peer_entry` for a client's fixed keys."""
+        peer: tuple[object, ...] = ((api_key, client_id, client_ip, broker_id) if not self.reads_principal
+                                    else (api_key, client_id, client_ip, broker_id, principal))
         cached = self._by_peer.get(peer)
         if cached is None:
             candidates = self._by_api.get(api_key, self._any)
-            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
-        return bool(cached[0])
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id, principal))
+        return cached
 
     def admits_all(self, api_key: int) -> bool:
         """Whether :meth:`admits` is True for every client: a rule of this api key (or an
-        api-agnostic one) has no client id, address or broker key."""
+        api-agnostic one) has no client id, principal, address or broker key."""
         return self._all_unscoped or api_key in self._unscoped
 
     def fixed_decision(self, api_key: int) -> Decision | None:
@@ -211,19 +224,14 @@ class RuleEngine:
         return self._fixed.get(api_key, self._any_fixed)
 
     def client_decision(self, api_key: int, client_id: str | None, client_ip: IpAddress | None,
-                        broker_id: int | None) -> Decision | None:
+                        broker_id: int | None, principal: str | None = None) -> Decision | None:
         """:meth:`fixed_decision` for one client: the decision :meth:`evaluate` returns for every
-        request of this api key from a client with these fixed keys (client id, address, broker id),
-        when it depends on nothing else; None when it may depend on the request.
+        request of this api key from a client with these fixed keys (client id, address, broker id,
+        principal), when it depends on nothing else; None when it may depend on the request.
 
         That is when the first rule of the api key that passes the client's fixed keys names no
         request key (topic, version, schedule...), draws nothing and does not ``continue``."""
-        peer = (api_key, client_id, client_ip, broker_id)
-        cached = self._by_peer.get(peer)
-        if cached is None:
-            candidates = self._by_api.get(api_key, self._any)
-            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id))
-        live = cached[0]
+        live = self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0]
         if not live or live[0].request_keys or live[0].rule.continue_:
             return None
         return live[0].decision
@@ -244,7 +252,9 @@ class RuleEngine:
         candidates = self._by_api.get(api_key, self._any)
         if not candidates:
             return NO_DECISION
-        peer = (api_key, facts.client_id, facts.client_ip, facts.broker_id)
+        peer: tuple[object, ...] = (
+            (api_key, facts.client_id, facts.client_ip, facts.broker_id) if not self.reads_principal
+            else (api_key, facts.client_id, facts.client_ip, facts.broker_id, facts.principal))
         cached = self._by_peer.get(peer)
         if cached is None:
             cached = self._peer_entry(peer, candidates, facts)

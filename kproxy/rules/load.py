@@ -29,6 +29,7 @@ from kproxy.rules.load_actions import ActionReader
 from kproxy.rules.model import (
     IpNetwork,
     Match,
+    PrincipalPattern,
     Rule,
     RuleSet,
     Schedule,
@@ -42,8 +43,8 @@ T = TypeVar("T")
 
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
-MATCH_KEYS = ("api", "api_version", "client_id", "client_address", "broker_id", "topic", "partition", "group_id",
-              "transactional_id", "acks", "probability", "schedule")
+MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
+              "group_id", "transactional_id", "acks", "probability", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 # libyaml's parser when PyYAML was built with it (the wheels are): composing is ~10x faster than the
@@ -285,6 +286,8 @@ class _Loader(ActionReader):
             kw["min_version"], kw["max_version"] = self.version_range(m["api_version"], f"{path}.api_version")
         if "client_id" in m:
             kw["client_id"] = self.regex(m["client_id"], f"{path}.client_id")
+        if "principal" in m:
+            kw["principal"] = self.principal(m["principal"], f"{path}.principal")
         if "client_address" in m:
             kw["client_address"] = self.one_or_many(m["client_address"], f"{path}.client_address", self.cidr,
                                                     container=tuple)
@@ -311,6 +314,12 @@ class _Loader(ActionReader):
         where = next((k for k in ("probability", "acks", "api_version") if k in m), None)
         at = m[where] if where else node
         return self.build(at, f"{path}.{where}" if where else path, lambda: Match(**kw))
+
+    def principal(self, node: yaml.Node, path: str) -> PrincipalPattern | Bad:
+        compiled = self.regex(node, path)
+        if isinstance(compiled, Bad):
+            return BAD
+        return PrincipalPattern(compiled.pattern, compiled)
 
     def version_range(self, node: yaml.Node, path: str) -> tuple[Any, Any]:
         if isinstance(node, yaml.MappingNode):

@@ -46,6 +46,36 @@ class TopicPattern:
         return self.compiled.fullmatch(topic)
 
 
+PRINCIPAL_TYPE = "User:"  # the type Kafka's default principal builders give TLS and SASL clients
+
+
+@dataclass(frozen=True, slots=True)
+class PrincipalPattern:
+    """A ``principal`` key: an RE2 pattern matched whole against the connection's principal as
+    Kafka writes it in ACLs and kproxy in its log lines (``User:alice``, ``User:CN=app,O=acme``).
+    A pattern that does not start with ``User:`` is matched against the name after it: ``alice``
+    is ``User:alice``, and ``.*`` matches every known principal. An unknown principal matches
+    no pattern."""
+
+    pattern: str
+    compiled: UserPattern = field(repr=False, compare=False)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the pattern is matched against the whole principal (it starts with ``User:``)."""
+        return self.pattern.startswith(PRINCIPAL_TYPE)
+
+    def subject(self, principal: str) -> str | None:
+        """The text of ``principal`` this pattern is matched against (None: none can match)."""
+        if self.whole:
+            return principal
+        return principal[len(PRINCIPAL_TYPE):] if principal.startswith(PRINCIPAL_TYPE) else None
+
+    def matches(self, principal: str | None) -> bool:
+        subject = None if principal is None else self.subject(principal)
+        return subject is not None and self.compiled.fullmatch(subject)
+
+
 @dataclass(frozen=True, slots=True)
 class TimeWindow:
     """A daily UTC window, in seconds after midnight; ``end < start`` wraps past midnight."""
@@ -113,6 +143,7 @@ class Match:
     min_version: int | None = None
     max_version: int | None = None
     client_id: UserPattern | None = None
+    principal: PrincipalPattern | None = None
     client_address: tuple[IpNetwork, ...] | None = None
     broker_ids: frozenset[int] | None = None
     topics: tuple[TopicPattern, ...] | None = None

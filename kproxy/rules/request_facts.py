@@ -43,6 +43,9 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     * ``now``: a monotonic clock reading in seconds (the same clock the engine
       was given when the rule set was loaded); ``wall_time``: Unix seconds, for
       daily windows.
+    * ``principal``: the connection's principal as Kafka writes it (``User:alice``), from a
+      verified TLS client certificate or a SASL login the broker accepted; None while unknown.
+      Read only when a loaded rule names one.
     * ``topics()``: topic name -> partitions named in the request (empty for
       topic-only requests such as Metadata). Topic ids (Fetch v13+) appear as
       names when the producer could resolve them, else as the id's text.
@@ -52,6 +55,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     def client_ip(self) -> IpAddress | None: ...
     @property
     def broker_id(self) -> int | None: ...
+    @property
+    def principal(self) -> str | None: ...
     @property
     def stream_ordinal(self) -> int: ...
     @property
@@ -75,6 +80,7 @@ class StaticFacts:
     client_id: str | None = None
     client_ip: IpAddress | None = None
     broker_id: int | None = None
+    principal: str | None = None
     stream_ordinal: int = 0
     now: float = 0.0
     wall_time: float = 0.0

@@ -16,7 +16,9 @@ stops reading the broker. The client pump stops reading once
 Log lines name the client by peer address and, once known, by identity: ``client_id`` (the
 first request's header; cut to 256 characters and escaped by :func:`~kproxy.logfmt.q`,
 a client chooses it) and ``principal`` (``User:`` and the subject of a verified TLS client
-certificate, as Kafka names it: :mod:`kproxy.proxy.principal`); each is left out while unknown.
+certificate, as Kafka names it: :mod:`kproxy.proxy.principal`, or ``User:`` and the user of a
+PLAIN or SCRAM login the broker accepted: :mod:`kproxy.proxy.sasl`); each is left out while
+unknown. The session keeps the principal (``Session.principal``), which its rule policy reads.
 
 Deadlines: one watchdog task per connection ends it after ``idle_timeout``
 without traffic either way, or when a request frame begun ``frame_timeout``
@@ -84,7 +86,9 @@ class Connection:
         self.listener = listener
         self.upstream_addr = upstream_addr
         self.on_reject = on_reject
-        self.principal = tls_principal(_peer_certificate(client))  # the handshake is done: known now or never
+        principal = tls_principal(_peer_certificate(client))  # the handshake is done: known now or never
+        if principal is not None:
+            session.principal = principal
         self._client_writer = writer(client)
         self._upstream_writer = writer(upstream)
         self._client_writev = vector_writer(client)  # commands with ``more``: several big frames
@@ -141,6 +145,11 @@ class Connection:
                 self.stats.bytes_to_client, self.session.requests, self.session.responses,
                 self.session.in_flight_count, time.monotonic() - started, _q(self.close_reason))
 
+    @property
+    def principal(self) -> str | None:
+        """The connection's principal (``User:...``; None while unknown): the session's."""
+        return self.session.principal
+
     def identity(self) -> str:
         """`` client_id=... principal=...`` for a log line about this connection: each pair only
         once known (the client id after the first request), "" while neither is."""
@@ -148,8 +157,9 @@ class Connection:
         client_id = self.session.client_id
         if client_id is not None:
             out = " client_id=" + _q(clip(client_id))
-        if self.principal is not None:
-            out += " principal=" + _q(clip(self.principal))
+        principal = self.session.principal
+        if principal is not None:
+            out += " principal=" + _q(clip(principal))
         return out
 
     def _touch(self) -> None:

@@ -482,16 +482,18 @@ class ProxyServer:
                             listener.name, _q(reason), count)
             await trio.aclose_forcefully(stream)
             return
+        limits = self.config.limits
+        policy = self.rules.policy(peer, listener.node_id)
+        session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
+                          policy=policy)
         observer: SessionObserver | None = None
         if self.observer is not None:
             observer = self.observer.for_broker(listener.node_id)
         if self.capture is not None:
+            # Records carry the session's principal (TLS or SASL), the one the rules see.
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
-                                             client=client)
-        limits = self.config.limits
-        policy = self.rules.policy(peer, listener.node_id)
-        session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          observer=observer, policy=policy)
+                                             client=client, identity=session)
+        session.observer = observer
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected)
