@@ -1,0 +1,109 @@
+"""The facts rules/README.md states under "What a client sees", measured with real clients
+(librdkafka via confluent-kafka, kafka-python) through kproxy in front of the embedded broker.
+The facts the example files state are checked in tests/test_rules_examples_clients.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from kafka import KafkaProducer
+
+from kproxy.testing import Broker, ProxyThread, running_proxy
+from tests.support.e2e import create_topic, unique
+
+
+@pytest.fixture
+def with_rules(tansu: Broker, tmp_path: Path) -> Iterator[Any]:
+    """``with_rules(text)``: a fresh kproxy in front of Tansu running that rule file."""
+    stack: list[Any] = []
+
+    def start(text: str) -> ProxyThread:
+        path = tmp_path / f"rules-{len(stack)}.yaml"
+        path.write_text(text)
+        cm = running_proxy(tansu.bootstrap, rules=str(path))
+        stack.append(cm)
+        return cm.__enter__()
+
+    yield start
+    for cm in reversed(stack):
+        cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("action", ["close_connection", "reset_connection"])
+def test_a_closed_or_reset_connection_is_recovered_from_within_a_second(with_rules: Any, action: str) -> None:
+    """The first Produce is answered by a FIN (close) or an RST (reset): librdkafka reconnects after
+    reconnect.backoff.ms and sends it again; kafka-python likewise (reconnect_backoff_ms)."""
+    took: dict[str, float] = {}
+    for client in ("librdkafka", "kafka-python"):
+        topic = unique(action.replace("_", "-"))
+        proxy = with_rules(f"""
+rules:
+  - id: hang-up
+    match: {{api: produce, topic: "{topic}", schedule: {{first: 1}}}}
+    actions:
+      - {action}
+""")
+        create_topic(proxy.bootstrap, topic, 1)
+        if client == "librdkafka":
+            producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "enable.idempotence": True,
+                                 "reconnect.backoff.ms": 100})
+            producer.list_topics(topic, timeout=10)
+            reports: list[Any] = []
+            started = time.monotonic()
+            producer.produce(topic, value=b"librdkafka", on_delivery=lambda err, _m, r=reports: r.append(err))
+            assert producer.flush(15) == 0
+            took[client] = time.monotonic() - started
+            assert reports == [None]
+        else:
+            kp = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all", reconnect_backoff_ms=50,
+                               retry_backoff_ms=50)
+            try:
+                kp.partitions_for(topic)
+                started = time.monotonic()
+                kp.send(topic, value=b"kafka-python").get(timeout=15)
+                took[client] = time.monotonic() - started
+            finally:
+                kp.close(timeout=5)
+    print(f"{action}: delivered after " + ", ".join(f"{s:.3f} s ({c})" for c, s in took.items()))
+    assert all(s < 1.0 for s in took.values()), took
+
+
+def test_corrupted_values_keep_a_valid_crc_and_reach_a_crc_checking_consumer_silently(with_rules: Any) -> None:
+    """``target: value`` re-computes the batch CRC: ``check.crcs=true`` does not catch it."""
+    topic = unique("bitflip")
+    proxy = with_rules(f"""
+rules:
+  - id: flip
+    match: {{api: fetch, topic: "{topic}"}}
+    actions:
+      - corrupt_records: {{target: value}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap})
+    sent = [b"value %02d" % i for i in range(10)]
+    for value in sent:
+        producer.produce(topic, value=value)
+    assert producer.flush(15) == 0
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("flip"), "check.crcs": True,
+                         "enable.auto.commit": False})
+    got: list[bytes] = []
+    errors: list[Any] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 15
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=100, timeout=0.3):
+                if msg.error() is None:
+                    got.append(msg.value())
+                else:
+                    errors.append(msg.error())
+    finally:
+        consumer.close()
+    assert not errors, errors
+    assert len(got) == len(sent) and all(g != s for g, s in zip(got, sent, strict=True)), (got, sent)
+
