@@ -107,3 +107,44 @@ rules:
     assert not errors, errors
     assert len(got) == len(sent) and all(g != s for g, s in zip(got, sent, strict=True)), (got, sent)
 
+
+
+@pytest.mark.parametrize("timeout_setting", ["request.timeout.ms", "socket.timeout.ms"])
+def test_what_bounds_librdkafka_waiting_for_a_produce_answer(with_rules: Any, timeout_setting: str) -> None:
+    """``delay`` forwards the request at once and holds the answer 2.5 s. librdkafka's
+    ``request.timeout.ms`` is the broker's acknowledgement timeout, sent in the request: set to 1 s it
+    does not stop the client waiting, which ``socket.timeout.ms`` bounds: set to 1 s, librdkafka gives
+    the request up and sends the records again, and without idempotence the broker stores them twice."""
+    topic = unique("late")
+    proxy = with_rules(f"""
+rules:
+  - id: late
+    match: {{api: produce, topic: "{topic}", schedule: {{first: 1}}}}
+    actions:
+      - delay: {{ms: 2500}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "enable.idempotence": False,
+                         timeout_setting: 1000, "message.timeout.ms": 20000, "retry.backoff.ms": 50})
+    producer.list_topics(topic, timeout=10)
+    reports: list[Any] = []
+    started = time.monotonic()
+    producer.produce(topic, value=b"late", on_delivery=lambda err, _m: reports.append(err))
+    assert producer.flush(25) == 0
+    elapsed = time.monotonic() - started
+    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": unique("late"), "enable.auto.commit": False})
+    stored = 0
+    try:
+        consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            stored += sum(1 for m in consumer.consume(num_messages=10, timeout=0.3) if m.error() is None)
+    finally:
+        consumer.close()
+    print(f"delay 2500 ms, {timeout_setting}=1000: delivered {reports} after {elapsed:.2f} s, {stored} stored")
+    assert reports == [None]
+    if timeout_setting == "request.timeout.ms":
+        assert elapsed >= 2.4 and stored == 1, "librdkafka waited for the held answer"
+    else:
+        assert elapsed < 2.4, "socket.timeout.ms gave the request up before the answer came"
+        assert stored == 2, "the retry wrote the records a second time"
