@@ -4,6 +4,8 @@ The facts the example files state are checked in tests/test_rules_examples_clien
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,3 +150,53 @@ rules:
     else:
         assert elapsed < 2.4, "socket.timeout.ms gave the request up before the answer came"
         assert stored == 2, "the retry wrote the records a second time"
+
+
+# kafka-python in a process of its own: what it does on a bad CRC is not bounded by its poll timeout.
+KAFKA_PYTHON_READER = """
+import sys
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import CorruptRecordError
+consumer = KafkaConsumer(bootstrap_servers=sys.argv[1], group_id=None, auto_offset_reset="earliest")
+consumer.assign([TopicPartition(sys.argv[2], 0)])
+read = 0
+while read < 10:
+    print("poll", flush=True)
+    try:
+        read += sum(len(records) for records in consumer.poll(timeout_ms=300).values())
+    except CorruptRecordError as err:
+        print("raised", type(err).__name__, flush=True)
+print("read", read, flush=True)
+"""
+
+
+def test_a_bad_crc_stops_kafka_python_inside_poll(with_rules: Any) -> None:
+    """kafka-python 3.0 checks CRCs by default (check_crcs): one Fetch answer with a bad CRC (the
+    next ones intact) raises CorruptRecordError from ``poll``, and the next ``poll(timeout_ms=300)``
+    did not return within 15 s."""
+    topic = unique("kp-crc")
+    proxy = with_rules(f"""
+rules:
+  - id: bitrot-once
+    match: {{api: fetch, topic: "{topic}", schedule: {{first: 1}}}}
+    actions:
+      - corrupt_records: {{target: crc}}
+""")
+    create_topic(proxy.bootstrap, topic, 1)
+    producer = Producer({"bootstrap.servers": proxy.bootstrap})
+    for i in range(10):
+        producer.produce(topic, value=b"record %02d" % i)
+    assert producer.flush(15) == 0
+    reader = subprocess.Popen([sys.executable, "-c", KAFKA_PYTHON_READER, proxy.bootstrap, topic],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        out, _ = reader.communicate(timeout=15)
+        finished = True
+    except subprocess.TimeoutExpired:
+        reader.kill()
+        out, _ = reader.communicate()
+        finished = False
+    lines = out.splitlines()
+    print(f"kafka-python on a bad CRC: finished={finished}, output {lines[-3:]}")
+    assert "raised CorruptRecordError" in lines
+    assert not finished and lines[-1] == "poll", "kafka-python returned from poll: update rules/README.md"
