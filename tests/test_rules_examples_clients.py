@@ -208,7 +208,6 @@ def test_produce_errors_record_list_too_large_reaches_the_kafka_python_applicati
         producer.close(timeout=5)
 
 
-@pytest.mark.xfail(reason="needs split21", strict=False)
 def test_produce_errors_other_topics_of_the_same_request_are_untouched(example: Any) -> None:
     """kafka-python puts both topics' batches in one Produce request (linger_ms; librdkafka 2.16
     sent one request per partition here): the audit topic's RECORD_LIST_TOO_LARGE must reach its
