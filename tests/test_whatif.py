@@ -159,7 +159,7 @@ def _utc(us: int) -> datetime:
 
 
 def test_per_connection_rules_match_exactly(per_connection: Any) -> None:
-    assert per_connection.whatif.ordering == "per-connection"
+    assert per_connection.whatif.ordering == "per-client"
     assert per_connection.whatif.seed == 42
     rules = _by_rule(per_connection)
     assert list(rules) == ["orders-not-leader", "batch-slow", "flaky-fetch", "early-metadata", "dry-close", "never"]
@@ -230,7 +230,7 @@ def test_what_if_is_written_as_parquet_and_reported(per_connection: Any) -> None
     text = io.StringIO()
     summary(per_connection, text)
     printed = text.getvalue()
-    assert "what-if" in printed and "per-connection order" in printed
+    assert "what-if" in printed and "per-client order" in printed
     assert "dry-close [dry run]" in printed
     assert "injects NOT_LEADER_OR_FOLLOWER (6) x100 on produce" in printed
     report = out / "r.html"

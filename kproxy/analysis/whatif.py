@@ -36,9 +36,10 @@ load, taken here as the first request of the capture; ``window`` reads
 
 Two evaluation orders:
 
-* ``per-connection`` (the default): records partitioned by connection id and
-  sorted per connection. Exact whenever no rule keeps state shared by
-  connections: a decision then depends only on the request and its ordinal.
+* ``per-client`` (the default): records partitioned by client id and sorted
+  per client in time order (a client's stream ordinals run over its
+  connections). Exact whenever no rule keeps state shared by clients: a
+  decision then depends only on the request and its ordinal.
 * ``global``: when an enabled rule counts (``after_requests``, ``first``,
   ``every``) or throttles, its counter or token bucket is one for the whole
   proxy, so the live decision depends on the order of requests across
@@ -53,7 +54,7 @@ What a what-if cannot know: the capture shows traffic as it was, so a fault
 the rules would have injected does not change the requests that follow (no
 retries appear); a ``throttle`` charges each request's ``request_bytes`` at
 its captured time; and records the capture dropped (its ``dropped`` metric)
-shift the ordinals of later requests of their connection. Two differences from
+shift the ordinals of later requests of their client. Two differences from
 a live run of the same file over the same traffic, by design (the what-if
 matches exactly otherwise: tests/test_whatif.py checks it against a live run):
 ``after_seconds`` / ``for_seconds`` count here from the capture's first
@@ -100,7 +101,7 @@ from kproxy.rules.request_facts import IpAddress, StaticFacts
 
 HITS = "whatif_hits"
 TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
-PER_CONNECTION, GLOBAL = "per-connection", "global"
+PER_CLIENT, GLOBAL = "per-client", "global"
 _EPOCH = datetime(1970, 1, 1)
 
 HIT_SCHEMA = StructType([
@@ -189,9 +190,9 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         rule_set = rules.load()
         engine = RuleEngine(rule_set, loaded_at=0.0)
-        ordinals: dict[tuple[str, int], int] = {}
+        ordinals: dict[tuple[str | None, int | None, int], int] = {}
         for row in rows:
-            key = (row["connection_id"], row["api_key"])
+            key = (row["client_id"], row["node_id"], row["api_key"])
             ordinal = ordinals.get(key, 0)
             ordinals[key] = ordinal + 1  # every request counts, matched or not, as in the session
             if not engine.mentions(row["api_key"]):
@@ -220,7 +221,7 @@ class WhatIf:
 
     source: str
     seed: int
-    ordering: str  # PER_CONNECTION or GLOBAL
+    ordering: str  # PER_CLIENT or GLOBAL
     shared: tuple[str, ...]  # the rules that made it GLOBAL
     start: datetime  # the rule set's assumed load time: the capture's first request (UTC)
 
@@ -236,12 +237,14 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     if shared:
         prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
     else:
-        prepared = prepared.repartition("connection_id").sortWithinPartitions(
-            "connection_id", "request_us", "correlation_id")
+        # A client's stream ordinals run over its connections (kproxy.rules.engine): all of one
+        # client id's records in one partition, in time order.
+        prepared = prepared.repartition("client_id").sortWithinPartitions(
+            "client_id", "request_us", "connection_id", "correlation_id")
     hits = (spark.createDataFrame(prepared.rdd.mapPartitions(evaluator(rules, start_us)), HIT_SCHEMA)
             .withColumn("api_name", snake_api_name()))  # on the hits only, not on every record read
     start = _EPOCH + timedelta(microseconds=start_us)  # naive UTC, as Spark returns timestamps here
-    info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CONNECTION, shared, start)
+    info = WhatIf(rules.source, rule_set.seed, GLOBAL if shared else PER_CLIENT, shared, start)
     return hits, info
 
 

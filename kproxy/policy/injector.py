@@ -25,6 +25,7 @@ from kproxy.rules.apply import selector
 from kproxy.rules.model import Rule
 
 FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)
+STREAMS_CAP = 100_000  # FaultInjector.stream_ordinals' keys at most
 
 
 class FaultInjector:
@@ -52,6 +53,12 @@ class FaultInjector:
                                     for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
         self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
+        # The engine's stream ordinals: per (client id, broker id, api key), the requests seen over
+        # every connection since this rule set was put in force. A reconnecting client carries on
+        # counting, so a draw that hit a connection's first request is not drawn again for the
+        # next connection's first (a reset drawn so would reset every reconnect for ever).
+        # Bounded: past STREAMS_CAP keys (a client inventing ids) it starts again.
+        self.stream_ordinals: dict[tuple[str | None, int | None, int], int] = {}
         # Series born at zero: an alert's increase() sees the first fault, not only the second, and
         # dashboards show every loaded rule. Listed here (a worker thread's work for a big set), in rule
         # order; register_series adds those not there yet.

@@ -37,7 +37,7 @@ from kproxy.policy.faults import (
     note_action,
     over_budget,
 )
-from kproxy.policy.injector import FaultInjector, RulePlan
+from kproxy.policy.injector import STREAMS_CAP, FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
 from kproxy.policy.wire import WireOrders
 from kproxy.protocol.errors import ProtocolError
@@ -145,7 +145,7 @@ class RulePolicy:
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector", "_ordinals",
+    __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector",
                  "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
@@ -154,7 +154,6 @@ class RulePolicy:
         self.peer = peer
         self.client_ip = client_ip(peer)
         self.broker_id = broker_id
-        self._ordinals: dict[int, int] = {}  # api key -> requests seen (the engine's stream ordinal)
         self._headers = RequestHeaderMemo()
         # For the rule set in force (_injector): the gate of each api key met, and for the client id
         # _admitted_for, the gate of each api key met whose rules are for some clients only.
@@ -196,12 +195,16 @@ class RulePolicy:
         kind, fixed, delays = gate
         if kind == _IGNORED:
             return None
-        ordinal = self._ordinals.get(api_key, 0)
-        self._ordinals[api_key] = ordinal + 1
         frame = exchange.request
         client_id, body_offset = self._headers.read(frame, api_key, exchange.api_version)
         # Read once for all: the facts, the session (a Produce's acks) and the metrics read them from the exchange.
         exchange.client_id, exchange.request_body_offset = client_id, body_offset
+        streams = injector.stream_ordinals
+        stream = (client_id, self.broker_id, api_key)
+        ordinal = streams.get(stream, 0)
+        if not ordinal and len(streams) >= STREAMS_CAP:
+            streams.clear()
+        streams[stream] = ordinal + 1
         if kind == _SCOPED:
             admitted = self._admitted.get(api_key) if client_id == self._admitted_for else None
             kind, fixed, delays = admitted if admitted is not None else self._admits(injector, api_key, client_id)

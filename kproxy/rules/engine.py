@@ -24,11 +24,14 @@ jitter) is a pure function of::
 
 hashed with BLAKE2b to a uniform number in [0, 1). ``seed`` is the rule's own
 ``seed`` when it has one, else the file's. ``stream ordinal`` is the request's
-ordinal among its connection's requests of the same api key (see
-:class:`~kproxy.rules.request_facts.RequestFacts`), so the draws of one client do
-not depend on how its requests interleave with other connections' (a shared
-RNG would make them depend on scheduling). Same seed and same per-connection
-request sequences give the same draws; another seed gives other draws.
+ordinal among the requests of the same client id, broker and api key, over every
+connection (see :class:`~kproxy.rules.request_facts.RequestFacts`), so the draws
+of one client do not depend on how its requests interleave with other clients'
+(a shared RNG would make them depend on scheduling), and a client that
+reconnects draws afresh (an ordinal per connection drew the same for every new
+connection's first request: a reset drawn there reset every reconnect). Same
+seed and same per-client request sequences give the same draws; another seed
+gives other draws.
 Counters are shared by all connections, so schedules that count are
 reproducible when the global order of matching requests is (one client, or
 rules scoped by ``client_id``).

@@ -37,8 +37,9 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     """One request as the rules see it.
 
     * ``stream_ordinal``: the request's 0-based ordinal among the requests of
-      the same api key on the same client connection; with ``client_id``,
-      ``broker_id`` and ``api_key`` it keys the engine's random draws (see
+      the same client id, broker and api key, over every connection since the
+      rule set was put in force; with ``client_id``, ``broker_id`` and
+      ``api_key`` it keys the engine's random draws (see
       :class:`kproxy.rules.engine.RuleEngine`).
     * ``now``: a monotonic clock reading in seconds (the same clock the engine
       was given when the rule set was loaded); ``wall_time``: Unix seconds, for
