@@ -430,3 +430,39 @@ def test_plots_of_a_one_minute_capture_are_pngs() -> None:
     got = plots(tables, error_class)
     assert list(got) == ["latency", "error_rate", "throughput", "bytes_by_api"]
     assert all(png.startswith(b"\x89PNG\r\n\x1a\n") for png in got.values())
+
+
+def test_partial_minutes_are_shaded_and_legends_sit_below_the_lines() -> None:
+    """A capture that began at 14:14:40 and ended at 14:16:05: its first and last minutes hold part
+    of a minute's traffic each, and are shaded so their dips do not read as drops; legends are
+    under the axes, where no line runs."""
+    from datetime import datetime, timedelta
+
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.tables import error_class
+
+    first, last = datetime(2026, 9, 21, 14, 14, 40), datetime(2026, 9, 21, 14, 16, 5)
+    minutes = [first.replace(second=0) + timedelta(minutes=i) for i in range(3)]
+    tables = {"throughput": [{"minute": m, "api_name": api, "topic": t, "records": n, "bytes": n * 10}
+                             for m, n in zip(minutes, (20, 60, 5), strict=True)
+                             for api in ("produce", "fetch") for t in ("a", "b")]}
+    fig = figures(tables, error_class, (first, last))["throughput"]
+    try:
+        fig.canvas.draw()
+        for ax in fig.axes:
+            shaded = sorted((round(p.get_x(), 6), round(p.get_x() + p.get_width(), 6)) for p in ax.patches)
+            assert shaded == [(round(mdates.date2num(a), 6), round(mdates.date2num(b), 6)) for a, b in
+                              ((minutes[0], minutes[1]), (minutes[2], minutes[2] + timedelta(minutes=1)))]
+            legend = ax.get_legend()
+            assert legend is not None
+            assert legend.get_window_extent().y1 < ax.get_window_extent().y0, "the legend is below the axes"
+    finally:
+        plt.close(fig)
+    whole = figures(tables, error_class, (minutes[0], minutes[2] + timedelta(seconds=59)))["throughput"]
+    try:
+        assert len(whole.axes[0].patches) == 1, "a capture that began on the minute: only its last is partial"
+    finally:
+        plt.close(whole)

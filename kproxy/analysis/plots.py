@@ -3,7 +3,10 @@
 Each plot is drawn so that it cannot be misread: time axes span the data (a capture of one
 minute gets a few minutes of axis, labelled HH:MM UTC, not years), each panel shows one
 quantity, few enough series that each has its own colour (the busiest; the rest are said to
-be left out), and error rates leave out the routine codes of normal protocol flow.
+be left out), legends sit below the axes (never over a line), the first and last minutes are
+shaded when the capture began or ended within them (their counts cover part of a minute: a
+dip there is not a drop in traffic), and error rates leave out the routine codes of normal
+protocol flow.
 
 :func:`plots` returns ``{name: PNG bytes}`` for the plots a given analysis has data for. It
 classifies error codes with the function it is given (``kproxy.protocol.tables.error_class``,
@@ -15,7 +18,7 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 MAX_SERIES = 6  # series per panel: each gets its own colour of the default cycle (10)
@@ -27,16 +30,24 @@ PLOT_TITLES = {
 }
 
 
-def plots(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str]) -> dict[str, bytes]:
+def plots(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str],
+          span: tuple[datetime, datetime] | None = None) -> dict[str, bytes]:
     """Every plot the tables have data for, as PNG bytes, in the report's order; ``error_class``
-    names a code's class: ``routine``, ``retriable`` or ``error``."""
-    out: dict[str, bytes] = {}
+    names a code's class: ``routine``, ``retriable`` or ``error``; ``span``: the capture's first
+    and last request times (naive UTC, as the tables' minutes), to shade partial minutes."""
+    return {name: _png(fig) for name, fig in figures(tables, error_class, span).items()}
+
+
+def figures(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str],
+            span: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
+    """:func:`plots`' matplotlib figures, before they are rendered (the caller closes them)."""
+    out: dict[str, Any] = {}
     minutes = tables.get("latency_by_minute", [])
     if minutes:
-        out["latency"] = _latency(minutes)
-        out["error_rate"] = _error_rate(minutes, tables.get("errors_by_minute", []), error_class)
+        out["latency"] = _latency(minutes, span)
+        out["error_rate"] = _error_rate(minutes, tables.get("errors_by_minute", []), error_class, span)
     if tables.get("throughput"):
-        out["throughput"] = _throughput(tables["throughput"])
+        out["throughput"] = _throughput(tables["throughput"], span)
     if tables.get("latency_by_api"):
         out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
     return out
@@ -73,19 +84,38 @@ def _time_axis(ax: Any, minutes: Sequence[Any]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def _partial_minutes(ax: Any, span: tuple[datetime, datetime] | None) -> None:
+    """Shade the first and last minutes when the capture began or ended within them."""
+    if span is None:
+        return
+    first, last = span
+    shown = False
+    for start, partial in ((first.replace(second=0, microsecond=0), first.second or first.microsecond),
+                           (last.replace(second=0, microsecond=0), True)):
+        if partial:
+            ax.axvspan(start, start + timedelta(minutes=1), color="0.85", zorder=0,
+                       label=None if shown else "partial minute (capture began or ended in it)")
+            shown = True
+
+
+def _legend_below(ax: Any, title: str | None = None, left: int = 0, what: str = "") -> None:
+    """The axes' legend under it, off the lines; ``left`` series left out are said in its title."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if left:
+        title = f"{title + ': ' if title else ''}{left} more {what} not shown"
+    ax.legend(handles, labels, fontsize="small", title=title, title_fontsize="small", loc="upper center",
+              bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
+
+
 def _busiest(totals: dict[str, float], n: int = MAX_SERIES) -> tuple[list[str], int]:
     """The ``n`` keys with the largest totals, and how many were left out."""
     ranked = sorted(totals, key=lambda k: (-totals[k], k))
     return ranked[:n], max(0, len(ranked) - n)
 
 
-def _note_left_out(ax: Any, left: int, what: str) -> None:
-    if left:
-        ax.text(1.0, -0.28, f"{left} more {what} not shown", transform=ax.transAxes, ha="right",
-                fontsize="small", color="dimgray")
-
-
-def _latency(rows: Sequence[dict[str, Any]]) -> bytes:
+def _latency(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
     plt = _pyplot()
     requests: dict[str, float] = defaultdict(float)
     for r in rows:
@@ -106,13 +136,13 @@ def _latency(rows: Sequence[dict[str, Any]]) -> bytes:
         ax.set_ylabel("ms")
         ax.set_yscale("log")
         _time_axis(ax, [r["minute"] for r in rows])
-    axes[0].legend(fontsize="small", title="api: p99 (dashed: p50)", loc="best")
-    _note_left_out(axes[1], left, "apis")
-    return _png(fig)
+        _partial_minutes(ax, span)
+    _legend_below(axes[0], "api: p99 (dashed: p50)", left, "apis")  # the same apis and colours in both
+    return fig
 
 
 def _error_rate(minutes: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]],
-                error_class: Callable[[int], str]) -> bytes:
+                error_class: Callable[[int], str], span: tuple[datetime, datetime] | None) -> Any:
     plt = _pyplot()
     requests = {(r["minute"], r["api_name"]): r["requests"] for r in minutes}
     failed: dict[tuple[Any, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -135,13 +165,12 @@ def _error_rate(minutes: Sequence[dict[str, Any]], errors: Sequence[dict[str, An
     ax.set_ylabel("% of the api's requests")
     ax.set_ylim(bottom=0)
     _time_axis(ax, [r["minute"] for r in minutes])
-    if apis:
-        ax.legend(fontsize="small", loc="best")
-    _note_left_out(ax, left, "apis with errors")
-    return _png(fig)
+    _partial_minutes(ax, span)
+    _legend_below(ax, None, left, "apis with errors")
+    return fig
 
 
-def _throughput(rows: Sequence[dict[str, Any]]) -> bytes:
+def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharex=True)
     for ax, api in zip(axes, ("produce", "fetch"), strict=True):
@@ -157,15 +186,14 @@ def _throughput(rows: Sequence[dict[str, Any]]) -> bytes:
         ax.set_ylabel("records / minute")
         ax.set_ylim(bottom=0)
         _time_axis(ax, [r["minute"] for r in rows])
-        if topics:
-            ax.legend(fontsize="small", title="topic", loc="best")
-        else:
+        _partial_minutes(ax, span)
+        if not topics:
             ax.text(0.5, 0.5, f"no {api} records", transform=ax.transAxes, ha="center", va="center")
-        _note_left_out(ax, left, "topics")
-    return _png(fig)
+        _legend_below(ax, "topic", left, "topics")
+    return fig
 
 
-def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> bytes:
+def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
     plt = _pyplot()
     ranked = sorted(rows, key=lambda r: -(r["request_bytes"] + r["response_bytes"]))[:12]
     ranked.reverse()  # largest at the top of a horizontal bar chart
@@ -178,9 +206,9 @@ def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> bytes:
     ax.set_yticks(list(ys), [r["api_name"] for r in ranked])
     ax.set_xlabel("bytes (frames, size prefix included)")
     ax.xaxis.set_major_formatter(_bytes_formatter())
-    ax.legend(fontsize="small", loc="lower right")
+    _legend_below(ax)
     ax.grid(True, axis="x", alpha=0.3)
-    return _png(fig)
+    return fig
 
 
 def _bytes_formatter() -> Any:

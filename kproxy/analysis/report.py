@@ -13,6 +13,7 @@ import html
 import os
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TextIO
 
 from kproxy.analysis.job import APPROX_ACCURACY, Analysis
@@ -141,7 +142,9 @@ def write_html(analysis: Analysis, path: str) -> None:
     if analysis.problems:
         parts.append("<h2>Inputs left out</h2><ul>" + "".join(
             f"<li>{html.escape(str(p))}</li>" for p in analysis.problems) + "</ul>")
-    pictures = plots(analysis.tables, error_class)
+    span = (analysis.first, analysis.last) if isinstance(analysis.first, datetime) and isinstance(
+        analysis.last, datetime) else None
+    pictures = plots(analysis.tables, error_class, span)
     plot_dir = os.path.join(os.path.dirname(path), "plots")
     os.makedirs(plot_dir, exist_ok=True)
     for name, png in pictures.items():
