@@ -148,10 +148,16 @@ def _by_rule(analysis: Any) -> dict[str, dict[str, Any]]:
 
 
 def _fetch_draws(seed: int) -> list[int]:
-    """Ordinals of the Fetch requests flaky-fetch takes: the engine's draw for client analytics, broker 2."""
-    return [i for i in range(FETCHES)
+    """Ordinals of the Fetch requests flaky-fetch takes: the engine's draw for client analytics, broker 2,
+    whose ordinals run over both its connections (f1 and f2 take turns: f1 the even ones)."""
+    return [i for i in range(2 * FETCHES)
             if draw(seed, "flaky-fetch", StaticFacts(api_key=FETCH, client_id="analytics", broker_id=2,
                                                      stream_ordinal=i), 0) < 0.3]
+
+
+def _fetch_hits(seed: int) -> set[tuple[str, int]]:
+    """(connection, stream ordinal) of the Fetch requests flaky-fetch takes."""
+    return {("f1" if i % 2 == 0 else "f2", i) for i in _fetch_draws(seed)}
 
 
 def _utc(us: int) -> datetime:
@@ -174,12 +180,13 @@ def test_per_connection_rules_match_exactly(per_connection: Any) -> None:
     assert (r["requests"], r["errors"], r["delay_ms"]) == (50, 0, 50 * 20.0)
 
     taken = _fetch_draws(42)
-    assert 0 < len(taken) < FETCHES  # a probability that neither always nor never fires
+    assert 0 < len(taken) < 2 * FETCHES  # a probability that neither always nor never fires
     hits = _hits(per_connection)
     flaky = {(h["connection_id"], h["stream_ordinal"]) for h in hits if h["rule"] == "flaky-fetch"}
-    # Per-connection ordinals: f1 and f2 (same client, same broker) draw alike at the same ordinal.
-    assert flaky == {(c, i) for c in ("f1", "f2") for i in taken}
-    assert rules["flaky-fetch"]["requests"] == 2 * len(taken)
+    # Per-client ordinals: f1 and f2 (same client, same broker) count on from each other, in time order.
+    assert flaky == _fetch_hits(42)
+    assert {c for c, _ in flaky} == {"f1", "f2"}
+    assert rules["flaky-fetch"]["requests"] == len(taken)
 
     # for_seconds 0.5 from the first captured request: m1 and m2's first five Metadata requests,
     # each delayed by 100 +- 50 ms as the engine's draw resolves it.
@@ -205,7 +212,7 @@ def test_per_connection_breakdowns(per_connection: Any) -> None:
     n = len(_fetch_draws(42))
     by_api = {(r["rule"], r["api_name"]): r["requests"] for r in per_connection.tables["whatif_by_api"]}
     assert by_api == {("orders-not-leader", "produce"): 100, ("batch-slow", "produce"): 50,
-                      ("flaky-fetch", "fetch"): 2 * n, ("early-metadata", "metadata"): 10,
+                      ("flaky-fetch", "fetch"): n, ("early-metadata", "metadata"): 10,
                       ("dry-close", "metadata"): 1}
     by_client = {(r["rule"], r["client_id"]): r["requests"] for r in per_connection.tables["whatif_by_client"]}
     assert by_client[("early-metadata", "orders-svc")] == 5
@@ -213,10 +220,10 @@ def test_per_connection_breakdowns(per_connection: Any) -> None:
     assert by_client[("batch-slow", "batch-7")] == 50
     by_topic = {(r["rule"], r["topic"]): r["requests"] for r in per_connection.tables["whatif_by_topic"]}
     assert by_topic == {("orders-not-leader", "orders-eu"): 100, ("batch-slow", "logs"): 50,
-                        ("flaky-fetch", "orders-eu"): 2 * n, ("flaky-fetch", "logs"): 2 * n}
+                        ("flaky-fetch", "orders-eu"): n, ("flaky-fetch", "logs"): n}
     errors = {(r["rule"], r["error"], r["error_code"]): r["requests"] for r in per_connection.tables["whatif_errors"]}
     assert errors == {("orders-not-leader", "NOT_LEADER_OR_FOLLOWER", 6): 100,
-                      ("flaky-fetch", "UNKNOWN_TOPIC_OR_PARTITION", 3): 2 * n}
+                      ("flaky-fetch", "UNKNOWN_TOPIC_OR_PARTITION", 3): n}
 
 
 def test_what_if_is_written_as_parquet_and_reported(per_connection: Any) -> None:
@@ -291,7 +298,7 @@ def test_same_seed_same_what_if_another_seed_differs(spark: Any, capture: Path, 
     other = hits(43)
     assert other != first
     flaky = {(c, i) for r, c, i, _ in other if r == "flaky-fetch"}
-    assert flaky == {(c, i) for c in ("f1", "f2") for i in _fetch_draws(43)}
+    assert flaky == _fetch_hits(43)
 
 
 def test_a_rule_file_with_errors_is_refused_with_its_problems(capture: Path, tmp_path: Path,
