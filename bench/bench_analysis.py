@@ -19,6 +19,10 @@ writes and collects them) beside plain Spark doing the four aggregations the rep
 about (per-api latency percentiles, bytes and count; errors by api and code; top topics by
 bytes; bytes per topic per minute), in the same session, order alternating.
 
+With ``--memory``: the same two, each in its own process (its own Spark JVM, the job's
+default driver memory), run one after the other; the peak resident memory of each process
+tree (Python and its JVM, sampled every 0.2 s from /proc) is printed beside its time.
+
 Before timing, both results are checked to agree (approximate percentiles:
 within the job's stated rank error of numpy's exact ones). Prints a Markdown table
 (wall seconds, records/s, records/s per core) for docs/PERFORMANCE.md. Spark's
@@ -209,6 +213,69 @@ def job_side_by_side(spark: Any, base: Path, records: list[int], repeats: int) -
     return rows
 
 
+def _tree_rss(root: int) -> int:
+    """Resident bytes of ``root`` and every process under it (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        rss[int(entry)] = int(fields[21]) * page
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def one_run(kind: str, directory: Path, out: Path) -> None:
+    """In a process of its own (--one): the job or plain Spark over ``directory``'s files, timed."""
+    from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
+    from kproxy.analysis.job import spark_session
+
+    files = sorted(str(p) for p in directory.glob("capture-*.parquet"))
+    spark = spark_session("local[2]")
+    try:
+        t = time.perf_counter()
+        if kind == "job":
+            kproxy_job(spark, files, out, EXACT_PERCENTILES_MAX)
+        else:
+            plain_spark(spark, files, len(files) * ROWS_PER_FILE <= EXACT_PERCENTILES_MAX)
+        print(f"{time.perf_counter() - t:.1f}", flush=True)
+    finally:
+        spark.stop()
+
+
+def memory_side_by_side(base: Path, records: list[int]) -> list[list[str]]:
+    import subprocess
+
+    rows = []
+    for n in records:
+        directory = base / f"n{n}"
+        directory.mkdir(parents=True, exist_ok=True)
+        generate(directory, n)
+        for kind in ("job", "plain"):
+            child = subprocess.Popen([sys.executable, __file__, "--one", kind, "--dir", str(directory)],
+                                     stdout=subprocess.PIPE, text=True)
+            peak = 0
+            while child.poll() is None:
+                peak = max(peak, _tree_rss(child.pid))
+                time.sleep(0.2)
+            seconds = child.stdout.read().strip().splitlines()[-1] if child.stdout else "?"
+            rows.append([f"{n:,}", "kproxy analyze job" if kind == "job" else "plain Spark", seconds,
+                         f"{peak / 2**30:.2f}"])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None:
     """``a`` (Spark) agrees with ``b`` (pyarrow); ``files`` given: ``a``'s percentiles are approximate,
     each checked to rank within 1/APPROX_ACCURACY of its exact rank (numpy over ``files``)."""
@@ -247,7 +314,23 @@ def main() -> None:
                              "a quarter of the machine's memory within 1-8 GiB)")
     parser.add_argument("--job", action="store_true",
                         help="time kproxy analyze's whole job beside plain Spark's same four aggregations instead")
+    parser.add_argument("--memory", action="store_true",
+                        help="the job and plain Spark each in its own process: time and peak resident memory")
+    parser.add_argument("--one", choices=("job", "plain"), help=argparse.SUPPRESS)  # a --memory child
     args = parser.parse_args()
+    if args.one:
+        one_run(args.one, args.dir, args.dir / "out")
+        return
+    if args.memory:
+        base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))
+        try:
+            rows = memory_side_by_side(base, args.records)
+        finally:
+            if args.dir is None:
+                shutil.rmtree(base, ignore_errors=True)
+        print(machine_line())
+        print(table(["records", "run", "seconds (Spark start-up excluded)", "peak RSS GiB (process tree)"], rows))
+        return
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     from kproxy.analysis.job import EXACT_PERCENTILES_MAX, spark_session
