@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import socket
 import struct
@@ -372,6 +373,7 @@ class Connection:
 
         def end(reason: str) -> None:
             assert self._nursery is not None
+            _half_close(stream)
             self._end(self._nursery.cancel_scope, reason)
 
         return ToxicWriter(WireShaper(direction), writer(stream), restore, end, self._touch)
@@ -394,6 +396,24 @@ def _peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:
     except (ValueError, AttributeError):  # no handshake done
         return None
     return cert
+
+
+def _half_close(stream: trio.abc.Stream) -> None:
+    """A limit's cut: a FIN after the last byte let through, and what the peer sent and kproxy will
+    not read taken off the socket, so that the close that follows does not turn into a RST (the
+    kernel resets a connection closed with unread bytes, and a reset can cost the peer the bytes it
+    had not read yet). TLS streams are left to the close."""
+    if type(stream) is not trio.SocketStream:
+        return
+    try:
+        stream.socket.shutdown(socket.SHUT_WR)
+        # trio's socket reads are awaited: a duplicate of the descriptor reads without blocking.
+        with socket.socket(fileno=os.dup(stream.socket.fileno())) as raw:
+            for _ in range(64):  # bounded: at most 4 MiB discarded
+                if not raw.recv(65536, socket.MSG_DONTWAIT):
+                    break
+    except OSError:  # BlockingIOError: nothing (more) unread
+        pass
 
 
 def _linger_zero(stream: trio.abc.Stream) -> None:
