@@ -17,7 +17,16 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from kproxy.config import values as v
-from kproxy.config.model import AdminOptions, CaptureOptions, ClientTls, Config, Limits, MetricsOptions, UpstreamTls
+from kproxy.config.model import (
+    AdminOptions,
+    CaptureOptions,
+    ClientTls,
+    Config,
+    Limits,
+    MetricsOptions,
+    SaslClient,
+    UpstreamTls,
+)
 
 ENV_PREFIX = "KPROXY_"
 
@@ -92,7 +101,8 @@ class Option:
 
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
-                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions()}
+                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions(),
+                             "sasl.client": SaslClient()}
 
 
 def builtin_default(path: str) -> Any:
@@ -203,6 +213,18 @@ OPTIONS: tuple[Option, ...] = (
            aliases=(Alias("--upstream-server-name"),)),
     Option("tls.upstream.verify", v.boolean, "verify broker certificates (off: for staging only)", boolean=True,
            aliases=(Alias("--upstream-no-verify", sets=False),)),
+    Option("sasl.client.mode", v.sasl_client_mode,
+           "relay: clients' own SASL goes to the brokers; terminate: kproxy authenticates clients itself "
+           "against --sasl-client-credentials-file", "MODE", show_default=v.as_is),
+    Option("sasl.client.mechanisms", v.sasl_client_mechanisms,
+           "mechanisms terminate mode offers; repeatable or comma-separated", "MECHANISM", repeatable=True,
+           show_default=lambda names: ",".join(names)),
+    Option("sasl.client.credentials_file", v.existing_file,
+           "users terminate mode checks (`kproxy credentials add USER --file FILE` writes it); re-read when it "
+           "changes", "FILE"),
+    Option("sasl.client.session_lifetime", v.seconds_or_zero,
+           "seconds after which a client authenticated by kproxy must re-authenticate (KIP-368); 0: never",
+           "SECONDS", show_default=v.as_is),
 )
 BY_PATH = {o.path: o for o in OPTIONS}
 BY_ENV = {o.env: o for o in OPTIONS}

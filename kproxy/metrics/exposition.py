@@ -116,6 +116,9 @@ class TrafficCollector(Collector):
                      s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
+        yield _counter("kproxy_sasl_authentications", "SASL logins that ended, by side (client: kproxy checked "
+                       "a client's credentials), mechanism and result (success, failure).",
+                       ["side", "mechanism", "result"], s.sasl_authentications)
         f = s.faults
         yield GaugeMetricFamily("kproxy_rules_loaded", "Enabled fault-injection rules loaded (--rules).",
                                 value=f.rules_loaded)

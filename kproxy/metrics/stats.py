@@ -219,6 +219,8 @@ class TrafficStats:
     upstream_connections: dict[tuple[str, str], int] = field(default_factory=dict)
     upstream_connect_failures: dict[tuple[str, str], int] = field(default_factory=dict)
     frames_rejected: dict[str, int] = field(default_factory=dict)
+    # SASL logins that ended, by (side, mechanism, result): side "client" (terminate mode).
+    sasl_authentications: dict[tuple[str, str, str], int] = field(default_factory=dict)
     accept_errors: dict[str, int] = field(default_factory=dict)
     client_connections_refused: dict[tuple[str, str], int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,11 +95,17 @@ class ResponseRewriter:
     ``pinned_api_keys`` are API keys kproxy must be able to *read* even without
     endpoints (Produce for acks, SaslHandshake for the mechanism, ApiVersions
     itself); they are capped in ApiVersions like the rewritten ones.
+
+    ``answered`` are API keys kproxy answers itself, whatever the broker speaks (SaslHandshake and
+    SaslAuthenticate in terminate mode: kproxy/proxy/client_auth.py), with the versions it
+    answers: ApiVersions answers list those versions, added when the broker has none.
     """
 
-    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18})) -> None:
+    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18}),
+                 answered: Mapping[int, tuple[int, int]] | None = None) -> None:
         self.addresses = addresses
         self.capped = rewritten_api_keys() | pinned_api_keys
+        self.answered = dict(answered or {})
         # Brokers repeat themselves: every ApiVersions answer, and Metadata / FindCoordinator
         # answers between cluster changes, are byte-identical. Each distinct small body is
         # rewritten once; the address map never changes a node's port, so the result stays
@@ -250,12 +256,16 @@ class ResponseRewriter:
         if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
             return None
 
+        answered = self.answered if error_code == 0 else {}  # an error answer lists only ApiVersions (KIP-511)
+
         def cap(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             if entries is None:
                 return None
             out = []
             for entry in entries:
                 key = entry["api_key"]
+                if key in answered:
+                    continue  # listed below, with the versions kproxy answers
                 if key in self.capped:
                     ours = supported_versions(key)
                     assert ours is not None
@@ -265,6 +275,9 @@ class ResponseRewriter:
                         continue  # nothing both sides speak: hide the API
                     entry["min_version"], entry["max_version"] = lo, hi
                 out.append(entry)
+            if answered:
+                out.extend({"api_key": key, "min_version": lo, "max_version": hi} for key, (lo, hi) in answered.items())
+                out.sort(key=lambda entry: int(entry["api_key"]))
             return out
 
         new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},

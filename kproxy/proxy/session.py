@@ -35,7 +35,13 @@ Guarantees kept here (each has bitten a peer):
   up; answers to requests forwarded before it still leave, in order.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`); the policy is told when it changes.
+  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`), or in terminate mode (``auth``) the
+  user kproxy itself accepted; the policy is told when it changes.
+* Terminate mode (``auth``, kproxy/proxy/client_auth.py): kproxy answers the client's SASL
+  requests (and raw tokens) itself, in order with the other answers, and nothing but ApiVersions
+  reaches the broker before the client logged in. Until then client frames are bounded by
+  ``MAX_RECEIVE_SIZE``; a PLAIN password's slow hash is a :class:`VerifyCredentials` command,
+  whose result comes back through :meth:`Session.verified`.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -53,29 +59,30 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from kproxy.protocol.error_response import kip511_answer
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
-from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
-from kproxy.protocol.headers import request_body_offset as find_request_body
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
 from kproxy.protocol.headers import response_body_offset as find_response_body
-from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.request_fields import produce_acks, request_client_id
+from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
+from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.proxy.addresses import PortsExhausted
+from kproxy.proxy.client_auth import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
     Command,
     ForwardUpstream,
     RejectReason,
+    VerifyCredentials,
     WakeAt,
 )
-from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
+from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds, acks_zero
 from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict
+from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
@@ -88,7 +95,6 @@ SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
 SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
 _SASL_APIS = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
 API_VERSIONS = int(ApiKey.API_VERSIONS)
-UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
@@ -129,13 +135,22 @@ class Session:
 
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, clock: Callable[[], float] = time.perf_counter,
-                 observer: SessionObserver | None = None, policy: RequestPolicy | None = None) -> None:
+                 observer: SessionObserver | None = None, policy: RequestPolicy | None = None,
+                 auth: ClientAuth | None = None) -> None:
         self.rewriter = rewriter
         self.max_in_flight = max_in_flight
         self.clock = clock
         self._observer = observer
         self.policy = policy
         self._client_frames = FrameSplitter(max_frame_size)
+        self._max_frame_size = max_frame_size
+        self._auth = auth  # terminate mode: kproxy's own SASL server for this client (None: relay mode)
+        self._auth_gate: ClientAuth | None = None  # the same, while every request must be shown to it
+        if auth is not None and auth.gating:
+            self._auth_gate = auth
+            self._client_frames.max_frame_size = min(max_frame_size, MAX_RECEIVE_SIZE)  # until logged in
+        self._offload: VerifyCredentials | None = None  # a verification to hand the server after this chunk
+        self._verifying: Exchange | None = None  # the SaslAuthenticate it answers (None: a raw token)
         self._upstream_frames = FrameSplitter(max_frame_size)
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
@@ -233,6 +248,25 @@ class Session:
             self._ask_wake(commands)
         if self._closing is not None:
             commands.append(self._closing)
+        elif self._offload is not None:
+            commands.append(self._offload)
+            self._offload = None
+        return commands
+
+    def verified(self, ok: bool) -> list[Command]:
+        """The result of a :class:`VerifyCredentials` this session asked for: the commands that
+        follow from it (the login's answer, in its turn; a close when it was refused)."""
+        auth = self._auth
+        assert auth is not None
+        now = self.clock()
+        ex, self._verifying = self._verifying, None
+        self._auth_answer(auth.verified(ok, now), ex, now)
+        release = self._release
+        commands: list[Command] = [release.take([], b"", False)] if release.ready else []
+        if release.wake is not None:
+            self._ask_wake(commands)
+        if self._closing is not None:
+            commands.append(self._closing)
         return commands
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:
@@ -251,6 +285,10 @@ class Session:
                     self._relay.login.client_token(frame[4:])
                 return frame
             self._sasl = None  # a Kafka request again: it gets every check below
+        gate = self._auth_gate
+        if gate is not None and gate.raw:
+            self._auth_token(gate, frame)
+            return None
         try:
             _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
         except struct.error:
@@ -273,6 +311,8 @@ class Session:
             ex.seq = self.requests
         if self._observer is not None:
             self._seen.append(ex)
+        if gate is not None and self._auth_gated(gate, ex, now):
+            return None
         verdict: Verdict | None = None
         out = frame
         if self.policy is not None:
@@ -293,7 +333,7 @@ class Session:
                     out = verdict.request
                     self._edited = True
         release = self._release
-        if api_key == PRODUCE and _acks_zero(ex, frame):
+        if api_key == PRODUCE and acks_zero(ex, frame):
             # No answer, injected or not (the client expects none): only forwarding is a choice. A broker
             # that answers anyway (Tansu) has that answer dropped.
             if release.observed:
@@ -304,21 +344,75 @@ class Session:
             ids.remember_acks0(self.requests, correlation_id)
             return out
         if verdict is not None:
-            _rule(ex, verdict)
+            keep_ruling(ex, verdict)
         release.in_flight.append(ex)
         ids.taken.add(correlation_id)
         if verdict is not None and not verdict.forward:
             self._answer_locally(ex, verdict.answer, now)
             return None
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
-            self._answer_locally(ex, self._kip511_answer(correlation_id), now)
+            self._answer_locally(ex, kip511_answer(correlation_id), now)
             return None
         if api_key in _SASL_APIS:
+            if self._auth is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
+                self._auth_answer(self._auth.request(ex, now), ex, now)
+                return None
             if self._relay is None:
                 self._relay = SaslRelay()
             self._relay.request(ex)
         self._awaiting.append(ex)
         return out
+
+    def _auth_gated(self, auth: ClientAuth, ex: Exchange, now: float) -> bool:
+        """Terminate mode, while every request is shown to ``auth``: True when ``ex`` was taken
+        care of here (a SASL request answered by kproxy, or a request refused before the login),
+        False when it goes on as any request does."""
+        api_key = ex.api_key
+        if api_key in _SASL_APIS:
+            answer = auth.request(ex, now)
+        else:
+            refused = auth.admits(ex, now)
+            if refused is None:
+                return False
+            answer = refused
+            if answer.frame is None:  # closed without an answer, as a broker does: nothing to track
+                self._auth_answer(answer, None, now)
+                return True
+        self._release.in_flight.append(ex)
+        self._ids.taken.add(ex.correlation_id)
+        self._auth_answer(answer, ex, now)
+        return True
+
+    def _auth_token(self, auth: ClientAuth, frame: bytes) -> None:
+        """A raw SASL token after SaslHandshake v0, answered by kproxy (terminate mode)."""
+        if self._release.in_flight:
+            # A raw answer has no correlation id to wait its turn with: a client sends its token once
+            # the SaslHandshake is answered (every client does; a broker reads one message at a time).
+            raise SessionError("SASL token sent before the answers to earlier requests", offset=0)
+        self._auth_answer(auth.token(frame[4:], self.clock()), None, self.clock())
+
+    def _auth_answer(self, answer: AuthAnswer, ex: Exchange | None, now: float) -> None:
+        """Do what kproxy's SASL server said: the answer (to ``ex``, tracked; or a raw token when
+        ``ex`` is None) in its turn, the verification to ask for, the close, the new principal."""
+        auth = self._auth
+        assert auth is not None
+        if answer.verify is not None:
+            self._offload = VerifyCredentials(answer.verify)
+            self._verifying = ex
+            return
+        if ex is not None:
+            self._answer_locally(ex, answer.frame, now)  # None: swallowed (the connection closes)
+        elif answer.frame is not None:
+            self._release.ready.append(answer.frame)
+        if answer.close is not None and self._closing is None:
+            self._closing = (CloseConnection.rejected(RejectReason.REQUEST_SESSION, answer.close) if answer.reject
+                             else CloseConnection(answer.close, CloseKind.END))
+        if auth.principal is not None and auth.principal != self._principal:
+            self.principal = auth.principal
+        if self._auth_gate is not None and not auth.gating:
+            self._auth_gate = None
+        if self._client_frames.max_frame_size != self._max_frame_size and auth.principal is not None:
+            self._client_frames.max_frame_size = self._max_frame_size
 
     def _sasl_login(self, principal: str | None) -> None:
         """A login ended; ``principal`` is who it established (None: it established no one)."""
@@ -366,14 +460,6 @@ class Session:
             why = "an acks=0 Produce the broker may still answer"
         return (f"{api_name(api_key)} v{api_version} request reuses correlation id {correlation_id} of {why}: "
                 f"its answer could not be told apart")
-
-    def _kip511_answer(self, correlation_id: int) -> bytes:
-        span = supported_versions(API_VERSIONS)
-        assert span is not None
-        body = {"error_code": UNSUPPORTED_VERSION,
-                "api_keys": [{"api_key": API_VERSIONS, "min_version": span[0], "max_version": span[1]}]}
-        payload = encode_response(correlation_id, API_VERSIONS, 0, body)
-        return struct.pack(">i", len(payload)) + payload
 
     # -- upstream -> client ----------------------------------------------------------
     def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
@@ -425,7 +511,7 @@ class Session:
         parts: Spanned | None = None
         if isinstance(frame, list):
             parts = frame
-            frame = _head(parts)
+            frame = frame_head(parts)
         if self._sasl is not None:
             token = frame if parts is None else b"".join(parts)
             self._release.ready.append(token)
@@ -521,44 +607,6 @@ class Session:
                 observer.complete(ex)
 
 
-def _rule(ex: Exchange, verdict: Verdict) -> None:
-    """Keep what a verdict says of the exchange's response on its :class:`Ruling` (made now unless
-    the policy made it, recording its rule decisions)."""
-    ruling = ex.ruling
-    if ruling is None:
-        ruling = ex.ruling = Ruling()
-    if verdict.hold_s:
-        ruling.release_at = ex.read_at + verdict.hold_s
-    ruling.response_delay = verdict.response_delay_s
-    ruling.on_response = verdict.on_response
-    ruling.drop = verdict.drop_response or verdict.blackhole
-    ruling.held_by = verdict.held_by
-
-
 def _reject(exc: ProtocolError, oversize: RejectReason, otherwise: RejectReason, side: str) -> CloseConnection:
     """The close for a protocol error met on one side (the log line keeps its text as it was)."""
     return CloseConnection.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")
-
-
-def _head(parts: Spanned, n: int = 16) -> bytes:
-    """The first ``n`` bytes of a :data:`Spanned` frame (all of it when shorter): its header."""
-    head = b""
-    for part in parts:
-        head += bytes(part[: n - len(head)])
-        if len(head) >= n:
-            break
-    return head
-
-
-def _acks_zero(ex: Exchange, frame: bytes) -> bool:
-    """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
-    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
-    offset: int | None = ex._request_body_offset
-    if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
-        offset = find_request_body(frame, PRODUCE, ex.api_version)
-        ex._request_body_offset = -2 if offset is None else offset
-    elif offset == -2:
-        offset = None
-    if offset is None:
-        return False
-    return produce_acks(frame, ex.api_version, offset) == 0
