@@ -186,9 +186,18 @@ class Session:
     @property
     def partial_request_at(self) -> int | None:
         """Where in the client's byte stream the request frame still missing bytes begins; None
-        when no partial frame is buffered (the server's frame deadline: limits.frame_timeout)."""
+        when no partial frame is buffered (the server's frame deadline: limits.frame_timeout).
+        In terminate mode, 0 until the client logged in: the whole login is held to the deadline
+        of one frame, from the connection's first byte (:attr:`logging_in`)."""
+        if self._auth_gate is not None and self._auth_gate.principal is None:
+            return 0
         frames = self._client_frames
         return frames.consumed if frames.buffered else None
+
+    @property
+    def logging_in(self) -> bool:
+        """Terminate mode, before the client's first login succeeded."""
+        return self._auth_gate is not None and self._auth_gate.principal is None
 
     @property
     def observer(self) -> SessionObserver | None:

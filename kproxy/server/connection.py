@@ -197,7 +197,8 @@ class Connection:
             frame_due = self._frame_due
             if now >= frame_due:
                 if self._waiting_for_client and self.session.can_accept and not self.draining:
-                    self.close_reason = f"request frame not complete within frame_timeout {limits.frame_timeout:g} s"
+                    what = "SASL login" if self.session.logging_in else "request frame"
+                    self.close_reason = f"{what} not complete within frame_timeout {limits.frame_timeout:g} s"
                     if self.on_reject is not None:
                         self.on_reject(RejectReason.REQUEST_TIMEOUT.value)
                     self._idle.cancel()
