@@ -18,7 +18,8 @@ state:
   they must be SaslAuthenticate requests (v0-v2): any other request is answered ILLEGAL_SASL_STATE
   and the connection closes;
 * a refused login is answered SASL_AUTHENTICATION_FAILED with the broker's message (after v0:
-  no answer, a broker has none to give) and the connection closes;
+  no answer, a broker has none to give) and the connection closes; a close that follows an
+  answer comes :data:`FAILED_AUTHENTICATION_DELAY` later, as a broker's does (KIP-306);
 * once logged in, the principal is ``User:<name>`` (Kafka's default principal builder), and the
   client's requests go to the broker. With a session lifetime (``sasl.client.session_lifetime``,
   KIP-368: ``connections.max.reauth.ms``), SaslAuthenticate v1+ answers carry
@@ -58,6 +59,10 @@ SASL_AUTHENTICATION_FAILED = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
 # ApiVersions answers clients get say instead of the broker's (kproxy/proxy/rewrite.py).
 ANSWERED_VERSIONS = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
 MAX_RECEIVE_SIZE = 512 * 1024  # Kafka's sasl.server.max.receive.size default
+# A refusal's answer is followed by the close this much later (Kafka's connection.failed.authentication.delay.ms
+# default, KIP-306): a client reading the answer and the end of the stream together may take the end
+# first and lose the answer (kafka-python does, one login in two), and a guesser is slowed down.
+FAILED_AUTHENTICATION_DELAY = 0.1
 MECHANISM_MAX = 64  # characters of a client's mechanism name kept for a log line
 UNSUPPORTED = "unsupported"  # the mechanism label of a login asking for a mechanism not offered
 _SIZE = struct.Struct(">i")
@@ -135,6 +140,9 @@ class ClientAuth:
         """A request other than SaslHandshake / SaslAuthenticate: None when it goes on as usual,
         else what to do (close, after an answer or not)."""
         state = self.state
+        if self._verifying:  # pipelined behind a login being verified: no client does that
+            self.state = AuthState.FAILED
+            return AuthAnswer(close=f"{_name(ex)} request while a SASL login is being verified", reject=True)
         if state is AuthState.COMPLETE:
             if self.expires_at is not None and now >= self.expires_at:
                 return AuthAnswer(close="SASL session expired: the client did not re-authenticate within "
@@ -158,6 +166,7 @@ class ClientAuth:
         if self.state is AuthState.FAILED:
             return AuthAnswer(close="SASL authentication failed")
         if self._verifying:
+            self.state = AuthState.FAILED
             return AuthAnswer(close=f"{_name(ex)} request while a SASL login is being verified", reject=True)
         if ex.api_key == SASL_HANDSHAKE:
             return self._handshake(ex)
@@ -165,8 +174,12 @@ class ClientAuth:
 
     def token(self, token: bytes, now: float) -> AuthAnswer:
         """A raw token (after SaslHandshake v0; the frame without its size prefix)."""
-        if self._server is None or self._verifying:
+        if self.state is AuthState.FAILED:
+            return AuthAnswer(close="SASL authentication failed")
+        if self._verifying:
+            self.state = AuthState.FAILED
             return AuthAnswer(close="SASL token while a SASL login is being verified", reject=True)
+        assert self._server is not None
         return self._step(self._server.respond(token), None, now)
 
     def verified(self, ok: bool, now: float) -> AuthAnswer:
@@ -174,6 +187,8 @@ class ClientAuth:
         assert self._server is not None
         ex, self._pending = self._pending, None
         self._verifying = False
+        if self.state is AuthState.FAILED:  # the connection is closing (a request came meanwhile)
+            return AuthAnswer()
         return self._step(self._server.verified(ok), ex, now)
 
     def _handshake(self, ex: Exchange) -> AuthAnswer:

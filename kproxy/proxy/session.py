@@ -67,7 +67,7 @@ from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.proxy.addresses import PortsExhausted
-from kproxy.proxy.client_auth import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
+from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
@@ -98,6 +98,7 @@ API_VERSIONS = int(ApiKey.API_VERSIONS)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
 _API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
+_SLOW_CLOSE = CloseConnection("rule: slow_close", CloseKind.DELIBERATE)
 
 
 class SessionError(ProtocolError):
@@ -169,7 +170,8 @@ class Session:
         self._blackholed: Verdict | None = None  # after a blackhole: the verdict of every later request
         # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
         self.wire_orders: list[WireOrder] = []
-        self._close_at: float | None = None  # a slow close's time
+        self._close_at: float | None = None  # a slow close's time...
+        self._slow_close = _SLOW_CLOSE  # ...and what it says
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
 
     # -- what the server may ask between chunks ----------------------------------------
@@ -193,6 +195,12 @@ class Session:
             return 0
         frames = self._client_frames
         return frames.consumed if frames.buffered else None
+
+    @property
+    def refused(self) -> str | None:
+        """Why the connection is to close, when a refused login's answer was sent and the close waits
+        (terminate mode): the reason of the connection's end even if the client closes first."""
+        return self._slow_close.reason if self._close_at is not None and self._slow_close is not _SLOW_CLOSE else None
 
     @property
     def logging_in(self) -> bool:
@@ -413,15 +421,24 @@ class Session:
             self._answer_locally(ex, answer.frame, now)  # None: swallowed (the connection closes)
         elif answer.frame is not None:
             self._release.ready.append(answer.frame)
-        if answer.close is not None and self._closing is None:
-            self._closing = (CloseConnection.rejected(RejectReason.REQUEST_SESSION, answer.close) if answer.reject
-                             else CloseConnection(answer.close, CloseKind.END))
+        if answer.close is not None and self._closing is None and self._close_at is None:
+            close = (CloseConnection.rejected(RejectReason.REQUEST_SESSION, answer.close) if answer.reject
+                     else CloseConnection(answer.close, CloseKind.END))
+            if answer.frame is None:
+                self._closing = close
+            else:  # a refusal a client must read before the connection ends: Kafka waits too
+                self._close_later(now + FAILED_AUTHENTICATION_DELAY, close)
         if auth.principal is not None and auth.principal != self._principal:
             self.principal = auth.principal
         if self._auth_gate is not None and not auth.gating:
             self._auth_gate = None
         if self._client_frames.max_frame_size != self._max_frame_size and auth.principal is not None:
             self._client_frames.max_frame_size = self._max_frame_size
+
+    def _close_later(self, when: float, close: CloseConnection) -> None:
+        self._close_at = when
+        self._slow_close = close
+        self._release.want_wake(when)
 
     def _sasl_login(self, principal: str | None) -> None:
         """A login ended; ``principal`` is who it established (None: it established no one)."""
@@ -436,8 +453,7 @@ class Session:
         from :meth:`on_timer`)."""
         self._blackholed = BLACKHOLED_FORWARDED if verdict.forward else BLACKHOLED
         if verdict.close_after_s is not None:
-            self._close_at = now + verdict.close_after_s
-            self._release.want_wake(self._close_at)
+            self._close_later(now + verdict.close_after_s, _SLOW_CLOSE)
 
     def _answer_locally(self, ex: Exchange, answer: bytes | None, now: float) -> None:
         """Answer a tracked request in the broker's place (``answer`` None: it is swallowed, no answer
@@ -503,7 +519,7 @@ class Session:
         has come are released from here, in request order, and a slow close ends here.
         """
         if self._close_at is not None and now >= self._close_at:
-            return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
+            return [self._slow_close]
         release = self._release
         release.flush()
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []

@@ -224,6 +224,8 @@ class Connection:
             self._watch.deadline = due
 
     def _end(self, scope: trio.CancelScope, reason: str) -> None:
+        if reason == "client closed":
+            reason = self.session.refused or reason  # a client reading a refusal closes before kproxy does
         if self.close_reason == "client closed" or reason != "client closed":
             self.close_reason = reason
         scope.cancel()

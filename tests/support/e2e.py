@@ -165,10 +165,11 @@ def produce_confluent(bootstrap: str, topic: str, messages: Iterable[KeyValue], 
 
 
 def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int,
-                      timeout: float = 30.0) -> list[KeyValue]:
-    """Read ``count`` messages from the start of every partition (assigned, no group)."""
+                      timeout: float = 30.0, **config: Any) -> list[KeyValue]:
+    """Read ``count`` messages from the start of every partition (assigned, no group); ``config``
+    adds to the consumer's (SASL settings, say)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", **config})
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         got: list[KeyValue] = []
@@ -188,10 +189,11 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int,
 
 # -- kafka-python ---------------------------------------------------------------------------------
 def consume_kafka_python(bootstrap: str, topic: str, partitions: int, count: int,
-                         timeout: float = 30.0) -> list[KeyValue]:
-    """Read ``count`` messages from the start of every partition with kafka-python (no group)."""
+                         timeout: float = 30.0, **config: Any) -> list[KeyValue]:
+    """Read ``count`` messages from the start of every partition with kafka-python (no group);
+    ``config`` adds to the consumer's."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest", request_timeout_ms=15000)
+                             auto_offset_reset="earliest", request_timeout_ms=15000, **config)
     try:
         tps = [KTopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
