@@ -151,7 +151,7 @@ class Events:
 
 
 # -- the mechanisms' server sides (one object per login) ----------------------------------------
-class _Plain:
+class PlainServer:
     """RFC 4616 ``[authzid] NUL authcid NUL passwd``, as Kafka's PlainSaslServer checks it."""
 
     def __init__(self, credentials: Credentials) -> None:
@@ -174,7 +174,7 @@ class _Plain:
         return b"", "User:" + user
 
 
-class _Scram:
+class ScramServer:
     """scramp's server: client-first -> server-first, client-final -> server-final (and done)."""
 
     def __init__(self, credentials: Credentials, mechanism: str) -> None:
@@ -208,7 +208,7 @@ class _Scram:
         raise Refused(refusal)
 
 
-class _OAuthBearer:
+class OAuthBearerServer:
     """RFC 7628's client message (``gs2-header %x01 auth=Bearer TOKEN %x01 [k=v %x01]... %x01``) with
     an unsecured JWS checked as Kafka's OAuthBearerUnsecuredValidatorCallbackHandler does (alg none,
     ``sub``, ``exp`` in the future), or against an exact token. A bad token is answered with the error
@@ -258,6 +258,15 @@ class _OAuthBearer:
         return "User:" + str(claims["sub"])
 
 
+def mechanism_server(mechanism: str, credentials: Credentials) -> PlainServer | ScramServer | OAuthBearerServer:
+    """The server side of one login with ``mechanism`` (one of :data:`MECHANISMS`)."""
+    if mechanism == "PLAIN":
+        return PlainServer(credentials)
+    if mechanism == "OAUTHBEARER":
+        return OAuthBearerServer(credentials)
+    return ScramServer(credentials, mechanism)
+
+
 def _unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
@@ -287,7 +296,7 @@ class _Connection:
         self.state = "versions"  # versions -> handshake -> authenticate -> done (reauth: handshake again)
         self.raw_tokens = False  # after SaslHandshake v0
         self.mechanism: str | None = None
-        self.login: _Plain | _Scram | _OAuthBearer | None = None
+        self.login: PlainServer | ScramServer | OAuthBearerServer | None = None
         self.principal: str | None = None
         self.reauthenticating = False
         self.expires_at: float | None = None  # monotonic time the session ends (KIP-368)
@@ -345,9 +354,7 @@ class _Connection:
             await self._answer(frame, {"error_code": ILLEGAL_SASL_STATE, "mechanisms": enabled})
             raise _Closed("mechanism changed during re-authentication")
         self.mechanism = mechanism
-        credentials = self.front.credentials
-        self.login = (_Plain(credentials) if mechanism == "PLAIN" else
-                      _OAuthBearer(credentials) if mechanism == "OAUTHBEARER" else _Scram(credentials, mechanism))
+        self.login = mechanism_server(mechanism, self.front.credentials)
         await self._answer(frame, {"error_code": 0, "mechanisms": enabled})
         self.state = "authenticate"
         self.raw_tokens = version == 0
@@ -396,7 +403,7 @@ class _Connection:
         self.reauthenticating = False
         now_ms = time.time() * 1000
         lifetime = self.front.session_lifetime_ms or None
-        if isinstance(self.login, _OAuthBearer) and self.login.expires_ms is not None:
+        if isinstance(self.login, OAuthBearerServer) and self.login.expires_ms is not None:
             left = max(0, int(self.login.expires_ms - now_ms))
             lifetime = left if lifetime is None else min(lifetime, left)
         self.expires_at = None if lifetime is None else time.monotonic() + lifetime / 1000
