@@ -39,6 +39,7 @@ from kproxy.config.model import (
     Limits,
     MetricsOptions,
     SaslClient,
+    SaslUpstream,
     UpstreamTls,
 )
 from kproxy.config.options import OPTIONS, Alias, Option, builtin_default, env_name, flag_name
@@ -62,6 +63,7 @@ __all__ = [
     "MetricsOptions",
     "Option",
     "SaslClient",
+    "SaslUpstream",
     "UpstreamTls",
     "add_run_arguments",
     "build_config",

@@ -25,6 +25,7 @@ from kproxy.config.model import (
     Limits,
     MetricsOptions,
     SaslClient,
+    SaslUpstream,
     UpstreamTls,
 )
 
@@ -102,7 +103,7 @@ class Option:
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
                              "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions(),
-                             "sasl.client": SaslClient()}
+                             "sasl.upstream": SaslUpstream(), "sasl.client": SaslClient()}
 
 
 def builtin_default(path: str) -> Any:
@@ -213,6 +214,15 @@ OPTIONS: tuple[Option, ...] = (
            aliases=(Alias("--upstream-server-name"),)),
     Option("tls.upstream.verify", v.boolean, "verify broker certificates (off: for staging only)", boolean=True,
            aliases=(Alias("--upstream-no-verify", sets=False),)),
+    Option("sasl.upstream.mechanism", v.sasl_mechanism,
+           "log in to the brokers for clients that do not do SASL themselves: PLAIN, SCRAM-SHA-256, "
+           "SCRAM-SHA-512 or OAUTHBEARER (docs/SASL.md); off by default", "MECHANISM"),
+    Option("sasl.upstream.username", v.string, "the user kproxy logs in as (PLAIN, SCRAM)", "USER"),
+    Option("sasl.upstream.password_file", v.existing_file,
+           "file holding the password (PLAIN, SCRAM); re-read when it changes (a rotated Kubernetes Secret)",
+           "FILE"),
+    Option("sasl.upstream.token_file", v.existing_file,
+           "file holding the OAUTHBEARER token (a JWT); re-read when it changes", "FILE"),
     Option("sasl.client.mode", v.sasl_client_mode,
            "relay: clients' own SASL goes to the brokers; terminate: kproxy authenticates clients itself "
            "against --sasl-client-credentials-file", "MODE", show_default=v.as_is),

@@ -42,9 +42,8 @@ from typing import Any
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.headers import ResponseHeader, encode_response_header, response_header_version
 from kproxy.protocol.messages import Body, default_struct, require_codec
-from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, supported_versions
-from kproxy.protocol.tables import ApiKey, ErrorCode, error_name
+from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field
+from kproxy.protocol.tables import ApiKey, error_name
 
 _SIZE = struct.Struct(">i")
 _TOPIC_KEYS = frozenset({"name", "topic", "topic_name", "topic_id"})
@@ -76,18 +75,6 @@ _ERROR_VALUES: dict[int, dict[str, Any]] = {
     # ShareFetch partitions: an empty record set, as for Fetch.
     ApiKey.SHARE_FETCH: {"records": b""},
 }
-
-
-def kip511_answer(correlation_id: int) -> bytes:
-    """The answer (size prefix included) to an ApiVersions request at a version kproxy cannot read
-    (KIP-511): a v0 body, UNSUPPORTED_VERSION and the range of ApiVersions kproxy reads, from
-    which the client picks a version and asks again."""
-    span = supported_versions(ApiKey.API_VERSIONS)
-    assert span is not None
-    body = {"error_code": ErrorCode.UNSUPPORTED_VERSION,
-            "api_keys": [{"api_key": ApiKey.API_VERSIONS, "min_version": span[0], "max_version": span[1]}]}
-    payload = encode_response(correlation_id, ApiKey.API_VERSIONS, 0, body)
-    return _SIZE.pack(len(payload)) + payload
 
 
 def error_values(api_key: int) -> dict[str, Any]:
@@ -276,3 +263,16 @@ def _apply_fixes(fields: tuple[Field, ...], body: Body, fixes: dict[str, Any]) -
 
 
 __all__ = ["DecodeError", "build_error_body", "error_response", "error_values", "set_error_codes"]
+
+
+def api_versions_answer(correlation_id: int, error_code: int, api_keys: Collection[tuple[int, int, int]] = ()) -> bytes:
+    """An ApiVersions response frame with a v0 body (``api_keys`` as (api key, min, max)), whatever
+    the request's version: what a broker answers at an error, KIP-511's UNSUPPORTED_VERSION among
+    them (clients read an ApiVersions answer carrying an error as v0; its header is v0 at every
+    version)."""
+    from kproxy.protocol.payloads import encode_response
+
+    body = {"error_code": error_code,
+            "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in api_keys]}
+    payload = encode_response(correlation_id, ApiKey.API_VERSIONS, 0, body)
+    return _SIZE.pack(len(payload)) + payload

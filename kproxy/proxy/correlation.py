@@ -17,11 +17,6 @@ from __future__ import annotations
 
 from collections import deque
 
-from kproxy.protocol.headers import request_body_offset as find_request_body
-from kproxy.protocol.request_fields import produce_acks
-from kproxy.protocol.tables import ApiKey
-from kproxy.proxy.exchange import Exchange
-
 # acks=0 Produce correlation ids remembered, in case a broker answers them anyway.
 ACKS0_REMEMBERED = 1024
 
@@ -49,6 +44,13 @@ class CorrelationIds:
             return True
         span = self.forgotten
         return span is not None and span[0] <= correlation_id <= span[1]
+
+    @staticmethod
+    def why_taken(api: str, api_version: int, correlation_id: int, in_flight: bool) -> str:
+        """Why a request may not reuse ``correlation_id`` (``in_flight``: a request in flight has it)."""
+        why = "a request in flight" if in_flight else "an acks=0 Produce the broker may still answer"
+        return f"{api} v{api_version} request reuses correlation id {correlation_id} of {why}: its answer could not " \
+               f"be told apart"
 
     def remember_acks0(self, seq: int, correlation_id: int) -> None:
         """An acks=0 Produce went upstream: its id is taken until the broker can no longer answer it."""
@@ -85,20 +87,3 @@ class CorrelationIds:
                 return True
         span = self.forgotten
         return span is not None and span[0] <= correlation_id <= span[1]
-
-
-PRODUCE = int(ApiKey.PRODUCE)
-
-
-def acks_zero(ex: Exchange, frame: bytes) -> bool:
-    """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
-    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
-    offset: int | None = ex._request_body_offset
-    if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
-        offset = find_request_body(frame, PRODUCE, ex.api_version)
-        ex._request_body_offset = -2 if offset is None else offset
-    elif offset == -2:
-        offset = None
-    if offset is None:
-        return False
-    return produce_acks(frame, ex.api_version, offset) == 0

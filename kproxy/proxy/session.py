@@ -33,15 +33,19 @@ Guarantees kept here (each has bitten a peer):
   read, tracked in order and released at once as no answer, never forwarded (unless the
   verdict forwards), so nothing waits for an answer that will never come and nothing piles
   up; answers to requests forwarded before it still leave, in order.
+* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py),
+  no client request goes up while one is in progress (the first, begun by the client's first
+  chunk; each re-authentication, KIP-368): the client is read no further than one chunk, held
+  until the login succeeded. A refused first login answers the client's first request with the
+  broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
+  answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
+* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
+  its SASL requests are answered by kproxy, in order with the other answers, and nothing but
+  ApiVersions reaches the broker before the client logged in.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`), or in terminate mode (``auth``) the
-  user kproxy itself accepted; the policy is told when it changes.
-* Terminate mode (``auth``, kproxy/proxy/client_auth.py): kproxy answers the client's SASL
-  requests (and raw tokens) itself, in order with the other answers, and nothing but ApiVersions
-  reaches the broker before the client logged in. Until then client frames are bounded by
-  ``MAX_RECEIVE_SIZE``; a PLAIN password's slow hash is a :class:`VerifyCredentials` command,
-  whose result comes back through :meth:`Session.verified`.
+  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
+  the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -59,29 +63,30 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from kproxy.protocol.error_response import kip511_answer
-from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
+from kproxy.protocol.error_response import api_versions_answer
+from kproxy.protocol.errors import DecodeError, ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
 from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, api_name
+from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import PortsExhausted
-from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
+from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
     Command,
     ForwardUpstream,
     RejectReason,
-    VerifyCredentials,
     WakeAt,
 )
-from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds, acks_zero
-from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver
+from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
+from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver, produce_acks_zero
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
+from kproxy.proxy.terminate import TerminateError, TerminateMode
+from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
 
@@ -95,10 +100,14 @@ SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
 SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
 _SASL_APIS = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
 API_VERSIONS = int(ApiKey.API_VERSIONS)
+UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
-_API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
-_SLOW_CLOSE = CloseConnection("rule: slow_close", CloseKind.DELIBERATE)
+_KIP511_RANGE = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)  # what ApiVersions kproxy reads
+_API_VERSIONS_MAX = _KIP511_RANGE[0][2]  # above it: the KIP-511 answer
+# A refused upstream login closes this long after its answer, as a broker does (Kafka's
+# connection.failed.authentication.delay.ms, 100 ms by default).
+REFUSAL_LINGER_S = FAILED_AUTHENTICATION_DELAY
 
 
 class SessionError(ProtocolError):
@@ -113,7 +122,7 @@ class Mode(enum.Enum):
     SASL_TOKENS = "sasl-tokens"
 
 
-class Session:
+class Session(TerminateMode):
     """Sans-IO state of one client connection.
 
     ``receive_client(chunk)`` and ``receive_upstream(chunk)`` take the bytes the
@@ -137,21 +146,14 @@ class Session:
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, clock: Callable[[], float] = time.perf_counter,
                  observer: SessionObserver | None = None, policy: RequestPolicy | None = None,
-                 auth: ClientAuth | None = None) -> None:
+                 login: UpstreamLogin | None = None, auth: ClientAuth | None = None) -> None:
         self.rewriter = rewriter
         self.max_in_flight = max_in_flight
         self.clock = clock
         self._observer = observer
         self.policy = policy
         self._client_frames = FrameSplitter(max_frame_size)
-        self._max_frame_size = max_frame_size
-        self._auth = auth  # terminate mode: kproxy's own SASL server for this client (None: relay mode)
-        self._auth_gate: ClientAuth | None = None  # the same, while every request must be shown to it
-        if auth is not None and auth.gating:
-            self._auth_gate = auth
-            self._client_frames.max_frame_size = min(max_frame_size, MAX_RECEIVE_SIZE)  # until logged in
-        self._offload: VerifyCredentials | None = None  # a verification to hand the server after this chunk
-        self._verifying: Exchange | None = None  # the SaslAuthenticate it answers (None: a raw token)
+        self._terminate(auth, max_frame_size)  # terminate mode's state (kproxy/proxy/terminate.py)
         self._upstream_frames = FrameSplitter(max_frame_size)
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
@@ -170,15 +172,20 @@ class Session:
         self._blackholed: Verdict | None = None  # after a blackhole: the verdict of every later request
         # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
         self.wire_orders: list[WireOrder] = []
-        self._close_at: float | None = None  # a slow close's time...
-        self._slow_close = _SLOW_CLOSE  # ...and what it says
+        self._close_at: float | None = None  # a slow close's time
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
+        self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
+        # Client chunks held during a login (the first begins at the client's first chunk: module docstring).
+        self._hold: list[tuple[bytes | bytearray, float | None]] | None = None if login is None else []
+        self._upstream_out: list[bytes] = []  # frames for the broker from receive_upstream / on_timer (a login's)
+        self._login_wake_asked: float | None = None
 
     # -- what the server may ask between chunks ----------------------------------------
     @property
     def can_accept(self) -> bool:
-        """False while ``max_in_flight`` requests await responses: stop reading the client."""
-        return len(self.in_flight) < self.max_in_flight
+        """False while ``max_in_flight`` requests await responses, or a chunk read during an upstream
+        login waits for it to end: stop reading the client."""
+        return len(self.in_flight) < self.max_in_flight and not self._hold
 
     @property
     def in_flight_count(self) -> int:
@@ -190,22 +197,11 @@ class Session:
         """Where in the client's byte stream the request frame still missing bytes begins; None
         when no partial frame is buffered (the server's frame deadline: limits.frame_timeout).
         In terminate mode, 0 until the client logged in: the whole login is held to the deadline
-        of one frame, from the connection's first byte (:attr:`logging_in`)."""
+        of one frame, from the connection's first byte."""
         if self._auth_gate is not None and self._auth_gate.principal is None:
             return 0
         frames = self._client_frames
         return frames.consumed if frames.buffered else None
-
-    @property
-    def refused(self) -> str | None:
-        """Why the connection is to close, when a refused login's answer was sent and the close waits
-        (terminate mode): the reason of the connection's end even if the client closes first."""
-        return self._slow_close.reason if self._close_at is not None and self._slow_close is not _SLOW_CLOSE else None
-
-    @property
-    def logging_in(self) -> bool:
-        """Terminate mode, before the client's first login succeeded."""
-        return self._auth_gate is not None and self._auth_gate.principal is None
 
     @property
     def observer(self) -> SessionObserver | None:
@@ -242,16 +238,25 @@ class Session:
         Returns, in order: a :class:`SendToClient` when local answers became due, then a
         :class:`ForwardUpstream` with the requests to forward (the chunk itself when it
         held exactly those frames) - or a lone :class:`CloseConnection` when a request is
-        refused: nothing of that chunk is forwarded then.
+        refused: nothing of that chunk is forwarded then. During an upstream login the chunk is held
+        and taken when the login succeeded; the first chunk begins the first login (its requests).
         """
+        if self._hold is not None:
+            self._hold.append((chunk, read_at))
+            login = self.login
+            if login is None or login.logins:
+                return []
+            out = login.begin(self._ids.refuses)
+            assert login.deadline is not None
+            return [ForwardUpstream(out), WakeAt(login.deadline)]
         try:
             frames, data, exact = self._client_frames.split(chunk)
             if not frames:
                 return []
             forward = [f for raw in frames if (f := self._client_frame(raw, read_at)) is not None]
         except ProtocolError as exc:
-            return [_reject(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
-                            "bad request from client")]
+            return [CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                              "bad request from client")]
         release = self._release
         commands: list[Command] = [release.take(frames, data, False)] if release.ready else []
         if forward:
@@ -270,20 +275,12 @@ class Session:
             self._offload = None
         return commands
 
-    def verified(self, ok: bool) -> list[Command]:
-        """The result of a :class:`VerifyCredentials` this session asked for: the commands that
-        follow from it (the login's answer, in its turn; a close when it was refused)."""
-        auth = self._auth
-        assert auth is not None
-        now = self.clock()
-        ex, self._verifying = self._verifying, None
-        self._auth_answer(auth.verified(ok, now), ex, now)
+    def _due(self) -> list[Command]:
+        """The answers due now, and the wake-up a held one asks for."""
         release = self._release
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None:
-            commands.append(self._closing)
         return commands
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:
@@ -304,7 +301,10 @@ class Session:
             self._sasl = None  # a Kafka request again: it gets every check below
         gate = self._auth_gate
         if gate is not None and gate.raw:
-            self._auth_token(gate, frame)
+            try:
+                self._auth_token(gate, frame)
+            except TerminateError as exc:
+                raise SessionError(str(exc), offset=0) from None
             return None
         try:
             _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
@@ -317,7 +317,9 @@ class Session:
                                f"only versions it reads)", offset=0)
         ids = self._ids
         if correlation_id in ids.taken or (ids.forgotten is not None and ids.refuses(correlation_id)):
-            raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
+            raise SessionError(ids.why_taken(api_name(api_key), api_version, correlation_id,
+                                              any(e.correlation_id == correlation_id for e in self.in_flight)),
+                               offset=8)
         self.requests += 1
         if self.requests == 1:
             self.client_id = request_client_id(frame, api_key, api_version)
@@ -350,7 +352,7 @@ class Session:
                     out = verdict.request
                     self._edited = True
         release = self._release
-        if api_key == PRODUCE and acks_zero(ex, frame):
+        if api_key == PRODUCE and produce_acks_zero(ex, frame):
             # No answer, injected or not (the client expects none): only forwarding is a choice. A broker
             # that answers anyway (Tansu) has that answer dropped.
             if release.observed:
@@ -368,77 +370,20 @@ class Session:
             self._answer_locally(ex, verdict.answer, now)
             return None
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
-            self._answer_locally(ex, kip511_answer(correlation_id), now)
+            self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE), now)
             return None
         if api_key in _SASL_APIS:
             if self._auth is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
                 self._auth_answer(self._auth.request(ex, now), ex, now)
+                return None
+            if self.login is not None:  # kproxy logged in itself: nothing to relay (module docstring)
+                self._answer_locally(ex, self.login.refuse_client_sasl(frame), now)
                 return None
             if self._relay is None:
                 self._relay = SaslRelay()
             self._relay.request(ex)
         self._awaiting.append(ex)
         return out
-
-    def _auth_gated(self, auth: ClientAuth, ex: Exchange, now: float) -> bool:
-        """Terminate mode, while every request is shown to ``auth``: True when ``ex`` was taken
-        care of here (a SASL request answered by kproxy, or a request refused before the login),
-        False when it goes on as any request does."""
-        api_key = ex.api_key
-        if api_key in _SASL_APIS:
-            answer = auth.request(ex, now)
-        else:
-            refused = auth.admits(ex, now)
-            if refused is None:
-                return False
-            answer = refused
-            if answer.frame is None:  # closed without an answer, as a broker does: nothing to track
-                self._auth_answer(answer, None, now)
-                return True
-        self._release.in_flight.append(ex)
-        self._ids.taken.add(ex.correlation_id)
-        self._auth_answer(answer, ex, now)
-        return True
-
-    def _auth_token(self, auth: ClientAuth, frame: bytes) -> None:
-        """A raw SASL token after SaslHandshake v0, answered by kproxy (terminate mode)."""
-        if self._release.in_flight:
-            # A raw answer has no correlation id to wait its turn with: a client sends its token once
-            # the SaslHandshake is answered (every client does; a broker reads one message at a time).
-            raise SessionError("SASL token sent before the answers to earlier requests", offset=0)
-        self._auth_answer(auth.token(frame[4:], self.clock()), None, self.clock())
-
-    def _auth_answer(self, answer: AuthAnswer, ex: Exchange | None, now: float) -> None:
-        """Do what kproxy's SASL server said: the answer (to ``ex``, tracked; or a raw token when
-        ``ex`` is None) in its turn, the verification to ask for, the close, the new principal."""
-        auth = self._auth
-        assert auth is not None
-        if answer.verify is not None:
-            self._offload = VerifyCredentials(answer.verify)
-            self._verifying = ex
-            return
-        if ex is not None:
-            self._answer_locally(ex, answer.frame, now)  # None: swallowed (the connection closes)
-        elif answer.frame is not None:
-            self._release.ready.append(answer.frame)
-        if answer.close is not None and self._closing is None and self._close_at is None:
-            close = (CloseConnection.rejected(RejectReason.REQUEST_SESSION, answer.close) if answer.reject
-                     else CloseConnection(answer.close, CloseKind.END))
-            if answer.frame is None:
-                self._closing = close
-            else:  # a refusal a client must read before the connection ends: Kafka waits too
-                self._close_later(now + FAILED_AUTHENTICATION_DELAY, close)
-        if auth.principal is not None and auth.principal != self._principal:
-            self.principal = auth.principal
-        if self._auth_gate is not None and not auth.gating:
-            self._auth_gate = None
-        if self._client_frames.max_frame_size != self._max_frame_size and auth.principal is not None:
-            self._client_frames.max_frame_size = self._max_frame_size
-
-    def _close_later(self, when: float, close: CloseConnection) -> None:
-        self._close_at = when
-        self._slow_close = close
-        self._release.want_wake(when)
 
     def _sasl_login(self, principal: str | None) -> None:
         """A login ended; ``principal`` is who it established (None: it established no one)."""
@@ -453,7 +398,8 @@ class Session:
         from :meth:`on_timer`)."""
         self._blackholed = BLACKHOLED_FORWARDED if verdict.forward else BLACKHOLED
         if verdict.close_after_s is not None:
-            self._close_later(now + verdict.close_after_s, _SLOW_CLOSE)
+            self._close_at = now + verdict.close_after_s
+            self._release.want_wake(self._close_at)
 
     def _answer_locally(self, ex: Exchange, answer: bytes | None, now: float) -> None:
         """Answer a tracked request in the broker's place (``answer`` None: it is swallowed, no answer
@@ -478,14 +424,6 @@ class Session:
         commands.append(WakeAt(release.wake))
         release.wake = None
 
-    def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
-        if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
-            why = "a request in flight"
-        else:
-            why = "an acks=0 Produce the broker may still answer"
-        return (f"{api_name(api_key)} v{api_version} request reuses correlation id {correlation_id} of {why}: "
-                f"its answer could not be told apart")
-
     # -- upstream -> client ----------------------------------------------------------
     def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
         """Take a chunk read from the broker.
@@ -501,28 +439,46 @@ class Session:
             for raw in frames:
                 self._upstream_frame(raw)
         except ProtocolError as exc:
-            return [_reject(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
-                            "bad response from upstream")]
+            return [CloseConnection.for_error(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
+                                              "bad response from upstream")]
         release = self._release
         commands: list[Command] = [release.take(frames, data, exact)] if release.ready else []
+        if self.login is not None:
+            self._login_commands(commands)
         if release.wake is not None:
             self._ask_wake(commands)
+        if self.login is not None:  # the client chunks a login held were read here
+            if self._closing is not None:
+                commands.append(self._closing)
+            elif self._offload is not None:
+                commands.append(self._offload)
+                self._offload = None
         return commands
 
     def on_timer(self, now: float) -> list[Command]:
         """The time asked by a :class:`~kproxy.proxy.commands.WakeAt` has come (or is near).
 
-        Returns only :class:`SendToClient`, :class:`CloseConnection` or :class:`WakeAt`:
-        requests go upstream from ``receive_client`` alone, so that they reach the broker
-        in the order the session expects their answers (the server's client pump is the
-        only writer upstream). Held responses (a policy's delay or throttle) whose time
-        has come are released from here, in request order, and a slow close ends here.
+        Held responses (a policy's delay or throttle) whose time has come are released from here,
+        in request order; a slow close and an upstream login that took too long end here, and an
+        upstream re-authentication begins here (its :class:`ForwardUpstream`: client requests go
+        up from ``receive_client``, or ``receive_upstream`` after a login held them).
         """
         if self._close_at is not None and now >= self._close_at:
-            return [self._slow_close]
+            return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
         release = self._release
         release.flush()
+        login = self.login
+        if login is not None:
+            if login.deadline is not None and now >= login.deadline:
+                self._login_ended(login.timed_out())
+                assert self._closing is not None
+                return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
+            if self._hold is None and login.due(now):
+                self._hold = []  # a re-authentication: the client's requests wait until it ends
+                self._upstream_out.append(login.begin(self._ids.refuses))
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []
+        if login is not None:
+            self._login_commands(commands, True)
         if self._close_at is not None:
             release.want_wake(self._close_at)
         if release.wake is not None:
@@ -555,6 +511,9 @@ class Session:
             # Not the oldest request's answer (ids are never shared between it and an acks=0 Produce):
             # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
             if (ids.acks0 or ids.forgotten is not None) and ids.answers_acks0(correlation_id):
+                return
+            if ex is None and self.login is not None and self.login.awaits(correlation_id):
+                self._login_answer(correlation_id, frame if parts is None else b"".join(parts))
                 return
             if ex is None:
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
@@ -595,6 +554,53 @@ class Session:
             self._sasl_login(principal)
         self._release.flush()
 
+    # -- kproxy's own login (kproxy/proxy/upstream_login.py) ----------------------------------
+    def _login_answer(self, correlation_id: int, frame: bytes) -> None:
+        """The broker answered one of the login's requests: its next request goes up, or it ended."""
+        assert self.login is not None
+        out, result = self.login.answer(correlation_id, frame, self._ids.refuses)
+        if out:
+            self._upstream_out.append(out)
+        if result is not None:
+            self._login_ended(result)
+
+    def _login_ended(self, result: LoginResult) -> None:
+        """Success: the held client chunks are taken (their requests go up). Refusal: the client is
+        read no more (a hold that stays), a first login's answers the client's first request where
+        its response can say so (:func:`refusal_answer`), and the connection closes."""
+        login = self.login
+        assert login is not None
+        held, self._hold = self._hold or [], None
+        try:
+            if result.result != SUCCESS:
+                self._hold = held or [(b"", None)]
+                first = self._client_frames.split(held[0][0])[0] if held and login.logins == 1 else []
+                answer = refusal_answer(first[0], result.error_code, result.message) if first else None
+                if answer is not None:
+                    self._release.ready.append(answer)
+                self._closing = CloseConnection(result.reason, CloseKind.END, linger=REFUSAL_LINGER_S)
+                return
+            for chunk, read_at in held:
+                frames, _, _ = self._client_frames.split(chunk)
+                self._upstream_out.extend(f for raw in frames if (f := self._client_frame(raw, read_at)) is not None)
+        except ProtocolError as exc:
+            self._closing = CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                                     "bad request from client")
+        self._edited = False
+
+    def _login_commands(self, commands: list[Command], again: bool = False) -> None:
+        """The frames the login (and the requests it held) send next; a wake-up at its deadline or next
+        re-authentication when that changed, or ``again`` (on_timer: the server forgot the last)."""
+        if self._upstream_out:
+            out, self._upstream_out = self._upstream_out, []
+            commands.append(ForwardUpstream(out[0]) if len(out) == 1 else forward_frames(out))
+        login = self.login
+        assert login is not None
+        when = login.deadline if login.deadline is not None else login.reauth_at
+        if when is not None and (again or when != self._login_wake_asked):
+            self._release.want_wake(when)
+        self._login_wake_asked = when
+
     def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
         if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
             return frame
@@ -630,8 +636,3 @@ class Session:
             completed, release.completed = release.completed, []
             for ex in completed:
                 observer.complete(ex)
-
-
-def _reject(exc: ProtocolError, oversize: RejectReason, otherwise: RejectReason, side: str) -> CloseConnection:
-    """The close for a protocol error met on one side (the log line keeps its text as it was)."""
-    return CloseConnection.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")

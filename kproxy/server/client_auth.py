@@ -68,19 +68,16 @@ class ClientAuthService:
         self.checker = CredentialChecker(options.credentials or CredentialStore(), options.mechanisms)
         self._refusals = LogRateLimit()
         self._failed: str | None = None  # the last reload failure logged (each distinct one once)
-        for mechanism in options.mechanisms:  # born at zero: the first failure is an increase alerts see
-            for result in ("success", "failure"):
-                stats.sasl_authentications.setdefault(("client", mechanism, result), 0)
+        for mechanism in options.mechanisms:
+            stats.sasl_mechanism_used("client", mechanism)
 
     def for_connection(self, peer: str) -> ClientAuth:
         return ClientAuth(self.checker, session_lifetime=self.options.session_lifetime,
                           on_outcome=functools.partial(self._outcome, peer))
 
     def _outcome(self, peer: str, outcome: Outcome) -> None:
-        result = "success" if outcome.success else "failure"
-        key = ("client", outcome.mechanism, result)
-        counts = self.stats.sasl_authentications
-        counts[key] = counts.get(key, 0) + 1
+        self.stats.sasl_authenticated("client", outcome.mechanism, "success" if outcome.success else "failure",
+                                      outcome.reauthentication)
         user = q(clip(outcome.user)) if outcome.user is not None else "-"
         if outcome.success:
             log.debug("event=sasl_authenticated side=client peer=%s mechanism=%s principal=%s reauthentication=%s",
