@@ -26,14 +26,16 @@ from typing import Any
 
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
-from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.errors import DecodeError, ProtocolError
 from kproxy.protocol.framing import SIZE_PREFIX
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.kinds import rewritten_api_keys
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
 from kproxy.protocol.tables import ApiKey, ErrorCode
-from kproxy.proxy.addresses import AddressMap, BrokerRoute
+from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
+from kproxy.proxy.exchange import Exchange, ObserverMemo
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
 API_VERSIONS = int(ApiKey.API_VERSIONS)
@@ -73,6 +75,11 @@ def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int)
     if end != len(frame):
         raise DecodeError(f"{len(frame) - end} bytes left over after the {c.schema.name} v{api_version} body",
                           offset=end)
+
+
+class RewriteFailed(ProtocolError):
+    """A response that must be rewritten and cannot be: forwarding it could leak a broker address, so
+    the connection ends (the session refuses it as it refuses any response it cannot take)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,28 @@ class ResponseRewriter:
             if len(self._unreadable) < 65536:  # versions are int16: bounded, but say so
                 self._unreadable[(api_key, api_version)] = found
         return found
+
+    def rewrite_exchange(self, ex: Exchange, frame: bytes) -> bytes:
+        """The response frame ``frame`` to ``ex`` as the client gets it (the same object when nothing
+        changed); what it found is kept on the exchange for its readers (its routes, the body offset and
+        rewritten body on its memo). Raises :class:`RewriteFailed` when it cannot be rewritten."""
+        if not self.needs_rewrite(ex.api_key, ex.api_version):
+            return frame
+        try:
+            body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
+            done = self.rewrite(ex.api_key, ex.api_version, frame, body_offset)
+        except (DecodeError, PortsExhausted) as exc:
+            raise RewriteFailed(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
+        memo = ex.memo
+        if memo is None:
+            memo = ex.memo = ObserverMemo(body_offset)
+        else:
+            memo.response_body_offset = body_offset
+        if done is None:
+            return frame
+        ex.routes = done.routes
+        memo.response_body = done.body
+        return done.frame
 
     def rewrite(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
         """Rewrite a response frame; ``None`` when nothing changed.

@@ -64,13 +64,11 @@ from collections import deque
 from collections.abc import Callable
 
 from kproxy.protocol.error_response import api_versions_answer
-from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
-from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.addresses import PortsExhausted
 from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
@@ -81,11 +79,11 @@ from kproxy.proxy.commands import (
     WakeAt,
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
-from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver, produce_acks_zero
+from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.terminate import TerminateError, TerminateMode
+from kproxy.proxy.terminate import TerminateMode
 from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
@@ -268,19 +266,7 @@ class Session(TerminateMode):
         self._edited = False
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None:
-            commands.append(self._closing)
-        elif self._offload is not None:
-            commands.append(self._offload)
-            self._offload = None
-        return commands
-
-    def _due(self) -> list[Command]:
-        """The answers due now, and the wake-up a held one asks for."""
-        release = self._release
-        commands: list[Command] = [release.take([], b"", False)] if release.ready else []
-        if release.wake is not None:
-            self._ask_wake(commands)
+        self._last(commands)
         return commands
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:
@@ -301,10 +287,7 @@ class Session(TerminateMode):
             self._sasl = None  # a Kafka request again: it gets every check below
         gate = self._auth_gate
         if gate is not None and gate.raw:
-            try:
-                self._auth_token(gate, frame)
-            except TerminateError as exc:
-                raise SessionError(str(exc), offset=0) from None
+            self._auth_token(gate, frame)
             return None
         try:
             _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
@@ -448,11 +431,7 @@ class Session(TerminateMode):
         if release.wake is not None:
             self._ask_wake(commands)
         if self.login is not None:  # the client chunks a login held were read here
-            if self._closing is not None:
-                commands.append(self._closing)
-            elif self._offload is not None:
-                commands.append(self._offload)
-                self._offload = None
+            self._last(commands)
         return commands
 
     def on_timer(self, now: float) -> list[Command]:
@@ -534,7 +513,7 @@ class Session(TerminateMode):
                 frame = b"".join(parts)
                 parts = None
         if parts is None:
-            response = self._rewrite(ex, frame)
+            response = self.rewriter.rewrite_exchange(ex, frame)
             if ruling is not None and ruling.on_response is not None:
                 # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
                 response = ruling.on_response(response)
@@ -600,26 +579,6 @@ class Session(TerminateMode):
         if when is not None and (again or when != self._login_wake_asked):
             self._release.want_wake(when)
         self._login_wake_asked = when
-
-    def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
-        if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
-            return frame
-        try:
-            body_offset = find_response_body(frame, ex.api_key, ex.api_version)
-            done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
-        except (DecodeError, PortsExhausted) as exc:
-            # Forwarding it unrewritten could leak a broker address: the connection ends.
-            raise SessionError(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
-        memo = ex.memo
-        if memo is None:
-            memo = ex.memo = ObserverMemo(body_offset)
-        else:
-            memo.response_body_offset = body_offset
-        if done is None:
-            return frame
-        ex.routes = done.routes
-        memo.response_body = done.body
-        return done.frame
 
     def report(self) -> None:
         """Hand the observer the requests read and exchanges completed since the last call."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
@@ -29,8 +30,8 @@ from kproxy.proxy.release import InOrderRelease
 _SASL_APIS = frozenset((int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)))
 
 
-class TerminateError(Exception):
-    """A raw token the session cannot take (the session closes the connection with this reason)."""
+class TerminateError(ProtocolError):
+    """A raw token the session cannot take: the connection closes (a request the session refuses)."""
 
 
 class TerminateMode:
@@ -67,8 +68,24 @@ class TerminateMode:
     def _answer_locally(self, ex: Exchange, answer: bytes | None, now: float) -> None:
         raise NotImplementedError  # the session's
 
-    def _due(self) -> list[Command]:
+    def _ask_wake(self, commands: list[Command]) -> None:
         raise NotImplementedError  # the session's
+
+    def _due(self) -> list[Command]:
+        """The answers due now, and the wake-up a held one asks for."""
+        release = self._release
+        commands: list[Command] = [release.take([], b"", False)] if release.ready else []
+        if release.wake is not None:
+            self._ask_wake(commands)
+        return commands
+
+    def _last(self, commands: list[Command]) -> None:
+        """What ends a command list: the close asked for, else the verification to run."""
+        if self._closing is not None:
+            commands.append(self._closing)
+        elif self._offload is not None:
+            commands.append(self._offload)
+            self._offload = None
 
     def verified(self, ok: bool) -> list[Command]:
         """The result of a :class:`VerifyCredentials` this session asked for: the commands that
@@ -107,7 +124,7 @@ class TerminateMode:
         if self._release.in_flight:
             # A raw answer has no correlation id to wait its turn with: a client sends its token once
             # the SaslHandshake is answered (every client does; a broker reads one message at a time).
-            raise TerminateError("SASL token sent before the answers to earlier requests")
+            raise TerminateError("SASL token sent before the answers to earlier requests", offset=0)
         now = self.clock()
         self._auth_answer(auth.token(frame[4:], now), None, now)
 
