@@ -35,8 +35,8 @@ from tests.support.e2e import (
     produce_confluent,
     unique,
 )
+from tests.support.k8s_secret import kubernetes_secret, swap
 from tests.support.kafkaclient import KafkaClient
-from tests.test_sasl_secrets import kubernetes_secret, swap
 
 MESSAGES = [(None, f"m{i}".encode()) for i in range(20)]
 
