@@ -46,6 +46,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import ssl
 import struct
 import threading
 import time
@@ -287,7 +288,7 @@ class _Closed(Exception):
 
 
 class _Connection:
-    def __init__(self, front: SaslFront, client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+    def __init__(self, front: SaslFront, client: trio.abc.Stream, upstream: trio.SocketStream) -> None:
         self.front = front
         self.client = client
         self.upstream = upstream
@@ -434,7 +435,7 @@ class _Connection:
         await self.client.send_all(_SIZE.pack(len(answer)) + answer)
 
     @staticmethod
-    async def _read(stream: trio.SocketStream, buffer: bytearray, limit: int) -> bytes | None:
+    async def _read(stream: trio.abc.Stream, buffer: bytearray, limit: int) -> bytes | None:
         """The next frame's payload (no size prefix); None at a clean end of stream."""
         while True:
             if len(buffer) >= 4:
@@ -459,10 +460,13 @@ class SaslFront:
 
     ``mechanisms``: the ones the handshake accepts (Kafka's ``sasl.enabled.mechanisms``);
     ``session_lifetime_ms``: KIP-368's ``connections.max.reauth.ms`` (0: sessions never expire).
-    Both may change while it runs (they apply to new logins).
+    Both may change while it runs (they apply to new logins). ``ssl_context``: serve TLS first, then
+    SASL (a SASL_SSL listener).
     """
 
-    def __init__(self, *, mechanisms: tuple[str, ...] = MECHANISMS, session_lifetime_ms: int = 0) -> None:
+    def __init__(self, *, mechanisms: tuple[str, ...] = MECHANISMS, session_lifetime_ms: int = 0,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self.mechanisms = mechanisms
         self.session_lifetime_ms = session_lifetime_ms
         self.credentials = Credentials()
@@ -518,13 +522,18 @@ class SaslFront:
             self._error = exc
             self._started.set()
 
-    async def _handle(self, client: trio.SocketStream) -> None:
+    async def _handle(self, tcp: trio.SocketStream) -> None:
         assert self.broker is not None
+        client: trio.abc.Stream = tcp
         try:
+            if self.ssl_context is not None:
+                client = trio.SSLStream(tcp, self.ssl_context, server_side=True)
+                with trio.fail_after(10):
+                    await client.do_handshake()
             upstream = await trio.open_tcp_stream(self.broker.host, self.broker.port)
-        except OSError:
-            self.events.close("broker unreachable")
-            await client.aclose()
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError):
+            self.events.close("handshake failed or broker unreachable")
+            await trio.aclose_forcefully(tcp)
             return
         reason = "client closed"
         try:

@@ -385,3 +385,43 @@ def test_a_clients_own_sasl_is_answered_illegal_sasl_state_and_never_relayed() -
     assert (handshake["error_code"], handshake["mechanisms"]) == (34, [])
     assert authenticate["error_code"] == 34 and "sasl.upstream" in authenticate["error_message"]
     assert notices == ["refused"] and s.closed is None
+
+
+# -- bounded -----------------------------------------------------------------------------------------
+def test_a_brokers_error_message_is_kept_short_whatever_its_size() -> None:
+    login = UpstreamLogin(lambda: credentials("PLAIN"))
+    broker = ScriptedBroker()
+    frames = FrameSplitter().split(login.begin(lambda _: False))[0]
+    for frame in frames:
+        out, _ = login.answer(int.from_bytes(frame[8:12], "big", signed=True), broker.answer(frame), lambda _: False)
+    authenticate = FrameSplitter().split(out)[0][0]
+    correlation_id = int.from_bytes(authenticate[8:12], "big", signed=True)
+    huge = response_frame(SASL_AUTHENTICATE, 2, correlation_id, error_code=58, error_message="x" * 1_000_000)
+    _, result = login.answer(correlation_id, huge, lambda _: False)
+    assert result is not None and len(result.message) == 300
+
+
+def test_an_oauthbearer_error_status_is_kept_short() -> None:
+    from kproxy.sasl.client import OAuthBearerClient
+
+    client = OAuthBearerClient(credentials("OAUTHBEARER"))
+    assert client.respond(b"{" + b"x" * 100_000 + b"}") == b"\x01"
+    assert client.error is not None and len(client.error) == 1024
+
+
+def test_a_broker_frame_over_the_limit_during_a_login_closes_as_a_reject() -> None:
+    s = LoggedSession(ScriptedBroker())
+    s.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=s.clock, login=s.login,
+                        max_frame_size=4096)
+    s.from_client(heartbeat(1)[0])
+    s.run(s.session.receive_upstream((1 << 20).to_bytes(4, "big") + b"\x00" * 16))
+    assert s.closed is not None and s.closed.reject is not None and s.closed.reject.value == "response_oversize"
+
+
+def test_a_client_is_read_no_further_than_one_chunk_during_a_login() -> None:
+    s = LoggedSession(ScriptedBroker())
+    assert s.session.can_accept
+    s.from_client(heartbeat(1)[0][:7])  # even part of a frame
+    assert not s.session.can_accept
+    s.broker_answers()
+    assert s.session.can_accept and s.session.partial_request_at == 0

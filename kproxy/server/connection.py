@@ -144,7 +144,8 @@ class Connection:
             # the pump is forwarding a chunk it read, finishes it, and sees `draining` after.
             self._reading_client.cancel()
         if not self.session.in_flight_count:
-            self.close_reason = "shutdown"
+            if self.close_reason == "client closed":  # (not one the session gave, a refused login's)
+                self.close_reason = "shutdown"
             self._idle.cancel()
 
     async def run(self) -> None:
@@ -318,6 +319,11 @@ class Connection:
     async def _execute(self, commands: list[Command], scope: trio.CancelScope) -> bool:
         """Do what the session asked, in order; False when it asked to close (``scope`` is cancelled)."""
         turn = self._take_turn(commands) if self._ordered else -1  # before any await: the session's order
+        last = commands[-1] if commands else None
+        if isinstance(last, CloseConnection) and last.linger:
+            # Its reason is the connection's from now on: the client may close while what comes first is
+            # written (a refused login's answer), and that close must not hide why.
+            self.close_reason = last.reason
         try:
             for command in commands:
                 kind = type(command)
