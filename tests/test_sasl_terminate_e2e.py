@@ -28,6 +28,7 @@ from kproxy.logfmt import parse_logfmt
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user, without_user
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from kproxy.testing.tansu import free_port
+from tests.sasl_front import SaslFront
 from tests.support.e2e import consume_confluent, consume_kafka_python, create_topic, produce_confluent, unique
 from tests.support.sasl import SASL_HANDSHAKE, SaslSocket
 
@@ -332,3 +333,35 @@ def test_librdkafka_reauthenticates_within_the_session_lifetime(tansu: Broker, c
     assert len(again) >= 2, again
     assert opened <= 3  # the bootstrap connection and the broker's, kept: no reconnect to log in
     assert len(consume_confluent(tansu.bootstrap, topic, 1, 10)) == 10
+
+
+def test_the_gateway_clients_log_in_to_kproxy_and_kproxy_to_the_cluster(
+        sasl_front: SaslFront, credentials: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Both sides at once, the sidecar of deploy/kubernetes/sidecar-example.yaml: the application logs
+    in to kproxy as alice (checked against kproxy's credentials file), and kproxy logs in to the
+    authenticating cluster as its own service user (sasl.upstream), which is all the cluster sees.
+    A rule scoped to alice sees alice, not the service user."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    sasl_front.credentials.set_password("kproxy-svc", "svc-Secret-0b7e")
+    password = tmp_path / "svc-password"
+    password.write_text("svc-Secret-0b7e\n")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - id: alice-slowed\n    match: {api: produce, principal: alice}\n"
+                     "    actions:\n      - delay: {ms: 1}\n")
+    topic = unique("gateway")
+    with running_proxy(sasl_front.bootstrap, rules=str(rules), sasl__client__mode="terminate",
+                       sasl__client__credentials_file=str(credentials), sasl__upstream__mechanism="SCRAM-SHA-512",
+                       sasl__upstream__username="kproxy-svc", sasl__upstream__password_file=str(password)) as proxy:
+        create_topic(proxy.bootstrap, topic, 1, **_librdkafka("alice", "SCRAM-SHA-256"))
+        sent = [(b"k%d" % i, b"v%d" % i) for i in range(10)]
+        produce_confluent(proxy.bootstrap, topic, sent, **_librdkafka("alice", "SCRAM-SHA-256")).flush(5)
+        got = consume_kafka_python(proxy.bootstrap, topic, 1, len(sent), **_kafka_python("bob", "PLAIN"))
+        hits = sum(n for (rule, _, _), n in proxy.server.stats.faults.hits.items() if rule == "alice-slowed")
+        counts = dict(proxy.server.stats.sasl_authentications)
+    assert sorted(got) == sorted(sent)
+    assert set(sasl_front.events.principals) == {"User:kproxy-svc"}  # the cluster sees kproxy's user only
+    assert hits >= 1
+    assert counts[("upstream", "SCRAM-SHA-512", "success")] >= 3
+    assert counts[("client", "SCRAM-SHA-256", "success")] >= 2 and counts[("client", "PLAIN", "success")] >= 1
+    principals = {line.get("principal") for line in _closed_lines(caplog)}
+    assert {"User:alice", "User:bob"} <= principals and "User:kproxy-svc" not in principals
