@@ -81,6 +81,7 @@ def test_an_unknown_user_gets_the_same_salt_every_time(checker: CredentialChecke
     (b"p=tls-unique,,n=alice,r=abc", "client-first"),
     (b"n,,n=alice", "expected n=user,r=nonce"),
     (b"n,,n=alice,r=abc,tokenauth=true", "extensions are not supported"),
+    ("n,,n=alice,r=ab\u00e9c".encode(), "not printable ASCII"),  # found by fuzzing: UnicodeEncodeError
     (b"n,,n=al=3Xice,r=abc", "bad escape"),
     (b"\xff\xfe", "not UTF-8"),
     (b"n,,n=" + b"a" * 5000 + b",r=abc", "message of"),

@@ -266,7 +266,8 @@ class Session(TerminateMode):
         self._edited = False
         if release.wake is not None:
             self._ask_wake(commands)
-        self._last(commands)
+        if self._closing is not None or self._offload is not None:
+            self._last(commands)
         return commands
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:

@@ -233,6 +233,8 @@ class ScramServer:
         parts = bare.split(",")
         if len(parts) < 2 or not parts[0].startswith("n=") or not parts[1].startswith("r=") or len(parts[1]) < 3:
             raise scram.ScramError("client-first: expected n=user,r=nonce")
+        if not all("!" <= c <= "~" for c in parts[1][2:]):  # RFC 5802: printable ASCII, no ","
+            raise scram.ScramError("client-first: the nonce is not printable ASCII")
         # Extensions (Kafka's tokenauth=true of delegation tokens, RFC 5802's m=): kproxy knows none.
         if len(parts) > 2:
             raise scram.ScramError(f"client-first: extensions are not supported ({parts[2][:40]!r})")
