@@ -458,3 +458,17 @@ def test_mutated_broker_answers_end_the_login_without_an_exception(mechanism: st
                 assert result.result in (SUCCESS, FAILURE, ERROR)
                 break
             pending += FrameSplitter().split(out)[0] if out else []
+
+
+def test_a_broker_without_sasl_authenticate_is_an_error_and_the_handshakes_answer_is_dropped() -> None:
+    login = UpstreamLogin(lambda: credentials("PLAIN"))
+    api_versions, handshake = FrameSplitter().split(login.begin(lambda _: False))[0]
+    old = response_frame(API_VERSIONS, 0, int.from_bytes(api_versions[8:12], "big", signed=True), error_code=0,
+                         api_keys=[{"api_key": SASL_HANDSHAKE, "min_version": 0, "max_version": 0}])
+    _, result = login.answer(int.from_bytes(api_versions[8:12], "big", signed=True), old, lambda _: False)
+    assert result is not None and result.result == ERROR and "no SaslHandshake v1" in result.message
+    handshake_id = int.from_bytes(handshake[8:12], "big", signed=True)
+    assert login.awaits(handshake_id)  # its answer still comes: taken and dropped, not a desync
+    answer = response_frame(SASL_HANDSHAKE, 1, handshake_id, error_code=0, mechanisms=["PLAIN"])
+    assert login.answer(handshake_id, answer, lambda _: False) == (b"", None)
+    assert not login.awaits(handshake_id)
