@@ -37,6 +37,7 @@ from tests.support.e2e import (
 )
 from tests.support.k8s_secret import kubernetes_secret, swap
 from tests.support.kafkaclient import KafkaClient
+from tests.support.pki import server_pki
 
 MESSAGES = [(None, f"m{i}".encode()) for i in range(20)]
 
@@ -116,16 +117,7 @@ def test_broker_discovery_logs_in_before_any_client(sasl_front: SaslFront, tmp_p
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import trustme
-
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("localhost", "127.0.0.1")
-    files = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key"}
-    ca.cert_pem.write_to_path(files["ca"])
-    server.private_key_pem.write_to_path(files["key"])
-    server.cert_chain_pems[0].write_to_path(files["cert"])
-    return files
+    return server_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_upstream_tls_then_sasl(tmp_path: Path, pki: dict[str, Path]) -> None:

@@ -425,3 +425,50 @@ def test_a_client_is_read_no_further_than_one_chunk_during_a_login() -> None:
     assert not s.session.can_accept
     s.broker_answers()
     assert s.session.can_accept and s.session.partial_request_at == 0
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_mutated_broker_answers_end_the_login_without_an_exception(mechanism: str) -> None:
+    """Each answer of a real exchange, with bytes flipped, cut or appended (800 seeded cases per
+    mechanism): the login takes it or ends as an error; nothing else escapes."""
+    rng = random.Random(25)
+    broker = ScriptedBroker()
+    for case in range(800):
+        login = UpstreamLogin(lambda: credentials(mechanism), keys=ScramKeys())
+        pending = FrameSplitter().split(login.begin(lambda _: False))[0]
+        target = case % 4
+        step = 0
+        while pending:
+            frame = pending.pop(0)
+            correlation_id = int.from_bytes(frame[8:12], "big", signed=True)
+            answer = bytearray(broker.answer(frame))
+            if step == target:
+                how = rng.randrange(3)
+                if how == 0 and len(answer) > 8:
+                    for _ in range(rng.randint(1, 4)):
+                        answer[rng.randrange(8, len(answer))] = rng.randrange(256)
+                elif how == 1:
+                    answer = answer[:rng.randrange(8, len(answer) + 1)]
+                else:
+                    answer += bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+                answer[:4] = (len(answer) - 4).to_bytes(4, "big")
+            step += 1
+            out, result = login.answer(correlation_id, bytes(answer), lambda _: False)
+            if result is not None:
+                assert result.result in (SUCCESS, FAILURE, ERROR)
+                break
+            pending += FrameSplitter().split(out)[0] if out else []
+
+
+def test_a_broker_without_sasl_authenticate_is_an_error_and_the_handshakes_answer_is_dropped() -> None:
+    login = UpstreamLogin(lambda: credentials("PLAIN"))
+    api_versions, handshake = FrameSplitter().split(login.begin(lambda _: False))[0]
+    old = response_frame(API_VERSIONS, 0, int.from_bytes(api_versions[8:12], "big", signed=True), error_code=0,
+                         api_keys=[{"api_key": SASL_HANDSHAKE, "min_version": 0, "max_version": 0}])
+    _, result = login.answer(int.from_bytes(api_versions[8:12], "big", signed=True), old, lambda _: False)
+    assert result is not None and result.result == ERROR and "no SaslHandshake v1" in result.message
+    handshake_id = int.from_bytes(handshake[8:12], "big", signed=True)
+    assert login.awaits(handshake_id)  # its answer still comes: taken and dropped, not a desync
+    answer = response_frame(SASL_HANDSHAKE, 1, handshake_id, error_code=0, mechanisms=["PLAIN"])
+    assert login.answer(handshake_id, answer, lambda _: False) == (b"", None)
+    assert not login.awaits(handshake_id)

@@ -216,7 +216,7 @@ OPTIONS: tuple[Option, ...] = (
            aliases=(Alias("--upstream-no-verify", sets=False),)),
     Option("sasl.upstream.mechanism", v.sasl_mechanism,
            "log in to the brokers for clients that do not do SASL themselves: PLAIN, SCRAM-SHA-256, "
-           "SCRAM-SHA-512 or OAUTHBEARER (docs/SASL.md); off by default", "MECHANISM"),
+           "SCRAM-SHA-512 or OAUTHBEARER; off by default", "MECHANISM"),
     Option("sasl.upstream.username", v.string, "the user kproxy logs in as (PLAIN, SCRAM)", "USER"),
     Option("sasl.upstream.password_file", v.existing_file,
            "file holding the password (PLAIN, SCRAM); re-read when it changes (a rotated Kubernetes Secret)",

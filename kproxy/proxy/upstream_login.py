@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from kproxy.protocol.error_response import api_versions_answer, error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.protocol.messages import require_codec
+from kproxy.protocol.messages import Body, require_codec
 from kproxy.protocol.payloads import decode_response
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey, ErrorCode, error_name
@@ -109,6 +109,7 @@ class UpstreamLogin:
         self.deadline: float | None = None
         self.logins = 0  # logins begun on this connection
         self._pending: dict[int, int] = {}  # correlation id -> api key, of requests not answered yet
+        self._abandoned: set[int] = set()  # requests of a login that ended before their answers came
         self._client: MechanismClient | None = None
         self._auth_version = 1
         self._started = 0.0
@@ -123,7 +124,7 @@ class UpstreamLogin:
         return self.deadline is None and self.reauth_at is not None and now >= self.reauth_at
 
     def awaits(self, correlation_id: int) -> bool:
-        return correlation_id in self._pending
+        return correlation_id in self._pending or correlation_id in self._abandoned
 
     def begin(self, refuses: Callable[[int], bool]) -> bytes:
         """The frames that begin a login (ApiVersions and SaslHandshake for the first, SaslHandshake
@@ -143,7 +144,11 @@ class UpstreamLogin:
     def answer(self, correlation_id: int, frame: bytes, refuses: Callable[[int], bool]
                ) -> tuple[bytes, LoginResult | None]:
         """Take the broker's answer (whole frame) to one of this login's requests: the frames to send
-        next (b"" for none) and the result once the login ended."""
+        next (b"" for none) and the result once the login ended. The answer to a request of a login
+        that ended already (refused at ApiVersions, the SaslHandshake sent with it) is dropped."""
+        if correlation_id in self._abandoned:
+            self._abandoned.discard(correlation_id)
+            return b"", None
         api_key = self._pending.pop(correlation_id)
         version = {API_VERSIONS: 0, SASL_HANDSHAKE: 1}.get(api_key, self._auth_version)
         try:
@@ -181,21 +186,21 @@ class UpstreamLogin:
         """The login in progress did not end within ``timeout``."""
         return self._end(ERROR, SASL_AUTHENTICATION_FAILED, f"no answer within {self.timeout:g} s")
 
-    def _versions(self, body: dict[str, object]) -> LoginResult | None:
-        code = int(body.get("error_code") or 0)  # type: ignore[call-overload]
+    def _versions(self, body: Body) -> LoginResult | None:
+        code = int(body.get("error_code") or 0)
         if code:
             return self._end(ERROR, code, f"ApiVersions answered {error_name(code)}")
-        versions = {k["api_key"]: k["max_version"] for k in body.get("api_keys") or []}  # type: ignore[attr-defined]
+        versions = {k["api_key"]: k["max_version"] for k in body.get("api_keys") or []}
         if SASL_AUTHENTICATE not in versions or versions.get(SASL_HANDSHAKE, 0) < 1:
             return self._end(ERROR, ILLEGAL_SASL_STATE, "the broker has no SaslHandshake v1 and SaslAuthenticate "
                                                         "(Kafka before 1.0, or not a Kafka broker)")
         self._auth_version = min(int(versions[SASL_AUTHENTICATE]), SASL_AUTHENTICATE_MAX)
         return None
 
-    def _handshake(self, body: dict[str, object], refuses: Callable[[int], bool]) -> tuple[bytes, LoginResult | None]:
-        code = int(body.get("error_code") or 0)  # type: ignore[call-overload]
+    def _handshake(self, body: Body, refuses: Callable[[int], bool]) -> tuple[bytes, LoginResult | None]:
+        code = int(body.get("error_code") or 0)
         if code == UNSUPPORTED_SASL_MECHANISM:
-            offered = ", ".join(str(m) for m in body.get("mechanisms") or []) or "none"  # type: ignore[attr-defined]
+            offered = ", ".join(str(m) for m in body.get("mechanisms") or []) or "none"
             return b"", self._end(FAILURE, code, f"the broker does not offer {self.mechanism} (it offers: {offered})")
         if code == ILLEGAL_SASL_STATE:
             return b"", self._end(FAILURE, code, "the broker refused the handshake (ILLEGAL_SASL_STATE: is its "
@@ -205,10 +210,10 @@ class UpstreamLogin:
         assert self._client is not None
         return self._authenticate(self._client.first(), refuses), None
 
-    def _authenticated(self, body: dict[str, object], refuses: Callable[[int], bool]
+    def _authenticated(self, body: Body, refuses: Callable[[int], bool]
                        ) -> tuple[bytes, LoginResult | None]:
         assert self._client is not None
-        code = int(body.get("error_code") or 0)  # type: ignore[call-overload]
+        code = int(body.get("error_code") or 0)
         if code:
             message = body.get("error_message") or self._client.error or error_name(code)
             return b"", self._end(FAILURE, code, str(message)[:MESSAGE_MAX])
@@ -216,7 +221,7 @@ class UpstreamLogin:
         following = self._client.respond(bytes(auth_bytes) if isinstance(auth_bytes, bytes | bytearray) else b"")
         if following is not None:
             return self._authenticate(following, refuses), None
-        lifetime_ms = max(0, int(body.get("session_lifetime_ms") or 0))  # type: ignore[call-overload]
+        lifetime_ms = max(0, int(body.get("session_lifetime_ms") or 0))
         return b"", self._end(SUCCESS, 0, "", lifetime_ms)
 
     def _authenticate(self, message: bytes, refuses: Callable[[int], bool]) -> bytes:
@@ -234,6 +239,7 @@ class UpstreamLogin:
         now = self.clock()
         done = LoginResult(self.mechanism, self.logins > 1, result, code, message, lifetime_ms)
         self.deadline = None
+        self._abandoned.update(self._pending)
         self._pending.clear()
         self._client = None
         if result == SUCCESS and lifetime_ms > 0:
