@@ -13,9 +13,11 @@ user name, a file that does not load, no such user); 1 when the file cannot be w
 from __future__ import annotations
 
 import argparse
+import functools
 import getpass
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from kproxy.config.model import CLIENT_MECHANISMS
@@ -84,11 +86,30 @@ def _file_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--file", type=Path, metavar="FILE", help=f"the credentials file (default ${FILE_VARIABLE})")
 
 
-def _file(args: argparse.Namespace) -> Path | None:
+class _Refused(Exception):
+    """Input the command refuses; the message says what (exit 2)."""
+
+
+def _handled(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` with what it refuses printed as one line on stderr, exit 2."""
+    @functools.wraps(run)
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except _Refused as exc:
+            return _fail(str(exc))
+        except CredentialsError as exc:
+            return _fail("; ".join(exc.problems))
+    return handler
+
+
+def _file(args: argparse.Namespace) -> Path:
     if args.file is not None:
         return Path(args.file)
     named = os.environ.get(FILE_VARIABLE)
-    return Path(named) if named else None
+    if not named:
+        raise _Refused(f"no credentials file: --file FILE or ${FILE_VARIABLE}")
+    return Path(named)
 
 
 def _load(path: Path, *, missing_ok: bool) -> CredentialStore:
@@ -104,45 +125,29 @@ def _fail(message: str, status: int = EXIT_USAGE) -> int:
     return status
 
 
+@_handled
 def _run_add(args: argparse.Namespace) -> int:
     path = _file(args)
-    if path is None:
-        return _fail(f"no credentials file: --file FILE or ${FILE_VARIABLE}")
+    store = _load(path, missing_ok=True)
     mechanisms = [m.strip().upper() for m in args.mechanisms.split(",") if m.strip()]
-    try:
-        store = _load(path, missing_ok=True)
-        password = _password(args)
-        entry = user_credentials(password, mechanisms, plain_iterations=args.plain_iterations,
-                                 scram_iterations=args.scram_iterations)
-        store = with_user(store, args.user, entry)
-    except CredentialsError as exc:
-        return _fail("; ".join(exc.problems))
-    except _NoPassword as exc:
-        return _fail(str(exc))
-    return _save(path, store, f"{args.user}: {', '.join(entry.mechanisms)}")
+    entry = user_credentials(_password(args), mechanisms, plain_iterations=args.plain_iterations,
+                             scram_iterations=args.scram_iterations)
+    return _save(path, with_user(store, args.user, entry), f"{args.user}: {', '.join(entry.mechanisms)}")
 
 
+@_handled
 def _run_remove(args: argparse.Namespace) -> int:
     path = _file(args)
-    if path is None:
-        return _fail(f"no credentials file: --file FILE or ${FILE_VARIABLE}")
     try:
         store = without_user(_load(path, missing_ok=False), args.user)
-    except CredentialsError as exc:
-        return _fail("; ".join(exc.problems))
     except KeyError:
-        return _fail(f"{path}: no user {args.user!r}")
+        raise _Refused(f"{path}: no user {args.user!r}") from None
     return _save(path, store, f"{args.user}: removed")
 
 
+@_handled
 def _run_list(args: argparse.Namespace) -> int:
-    path = _file(args)
-    if path is None:
-        return _fail(f"no credentials file: --file FILE or ${FILE_VARIABLE}")
-    try:
-        store = _load(path, missing_ok=False)
-    except CredentialsError as exc:
-        return _fail("; ".join(exc.problems))
+    store = _load(_file(args), missing_ok=False)
     for name in sorted(store.users):
         print(f"{name}\t{','.join(store.users[name].mechanisms)}")
     return EXIT_OK
@@ -159,10 +164,6 @@ def _save(path: Path, store: CredentialStore, said: str) -> int:
     return EXIT_OK
 
 
-class _NoPassword(Exception):
-    pass
-
-
 def _password(args: argparse.Namespace) -> str:
     """The password: a file's or standard input's first line (its line ending dropped), else asked
     twice on the terminal without echo."""
@@ -171,19 +172,19 @@ def _password(args: argparse.Namespace) -> str:
             with open(args.password_file, encoding="utf-8") as f:
                 return _first_line(f.readline(), str(args.password_file))
         except (OSError, UnicodeDecodeError) as exc:
-            raise _NoPassword(f"cannot read {args.password_file}: {getattr(exc, 'strerror', None) or exc}") from None
+            raise _Refused(f"cannot read {args.password_file}: {getattr(exc, 'strerror', None) or exc}") from None
     if args.password_stdin:
         return _first_line(sys.stdin.readline(), "standard input")
     if not sys.stdin.isatty():
-        raise _NoPassword("no terminal to ask the password on: give --password-file PATH or --password-stdin")
+        raise _Refused("no terminal to ask the password on: give --password-file PATH or --password-stdin")
     first = getpass.getpass(f"Password for {args.user}: ")
     if getpass.getpass("Again: ") != first:
-        raise _NoPassword("the passwords differ")
+        raise _Refused("the passwords differ")
     return first
 
 
 def _first_line(line: str, where: str) -> str:
     password = line.removesuffix("\n").removesuffix("\r")
     if not password:
-        raise _NoPassword(f"no password in {where} (an empty first line)")
+        raise _Refused(f"no password in {where} (an empty first line)")
     return password
