@@ -28,6 +28,7 @@ import functools
 import hashlib
 import hmac
 import secrets
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -127,12 +128,23 @@ class CredentialChecker:
     """
 
     def __init__(self, store: CredentialStore, mechanisms: Iterable[str]) -> None:
-        self.store = store
         self.mechanisms = tuple(mechanisms)
         self.verified = VerifiedPasswords()
         self._fake_key = secrets.token_bytes(32)
-        # Unknown PLAIN users are hashed against this entry, whose hash no password gives.
-        self._decoy = PlainHash(secrets.token_bytes(24), PLAIN_ITERATIONS, secrets.token_bytes(64))
+        self.store = store
+
+    @property
+    def store(self) -> CredentialStore:
+        return self._store
+
+    @store.setter
+    def store(self, store: CredentialStore) -> None:
+        self._store = store
+        # Unknown PLAIN users are hashed against this entry, whose hash no password gives, at the
+        # iterations most of the users have: a refusal takes as long whether the user exists or not.
+        counts = Counter(entry.plain.iterations for entry in store.users.values() if entry.plain is not None)
+        iterations = counts.most_common(1)[0][0] if counts else PLAIN_ITERATIONS
+        self._decoy = PlainHash(secrets.token_bytes(24), iterations, secrets.token_bytes(64))
 
     def server(self, mechanism: str) -> MechanismServer:
         """A server for one login with ``mechanism`` (one of :attr:`mechanisms`)."""
