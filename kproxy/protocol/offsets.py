@@ -138,14 +138,11 @@ def offset_fetches(request: RequestScan | None, response: RequestScan | None, ap
 
 
 def fetch_watermarks(response: RequestScan | None) -> list[Watermark]:
-    """The high watermark of each partition of a Fetch answer whose error code is 0."""
-    out: list[Watermark] = []
-    for item in _values(response):
-        if len(item) == 4:
-            topic, partition, code, value = item
-            if not code and type(value) is int and value >= 0 and type(partition) is int and topic is not None:
-                out.append((topic, partition, value))  # type: ignore[arg-type]
-    return out
+    """The high watermark of each partition of a Fetch answer whose error code is 0. (A Fetch answer's
+    only values-mode field is its partitions' ``high_watermark``, an int64: every item is a partition
+    entry with an int, so one comprehension reads them; a topic whose name was null is left out.)"""
+    return [(topic, partition, value) for topic, partition, code, value in _values(response)  # type: ignore[misc]
+            if not code and value >= 0 and topic is not None]  # type: ignore[operator]
 
 
 def latest_offsets(request: RequestScan | None, response: RequestScan | None) -> list[Watermark]:
