@@ -304,3 +304,25 @@ def test_without_the_option_nothing_is_tracked_and_answers_are_scanned_as_before
     with_lag.fetch(11, "orders", {0: 9})
     fetch = with_lag.stats.brokers["bootstrap"].kinds[FETCH << 16 | 11]
     assert fetch.values and fetch.scanner is scanner(FETCH, 11, Direction.RESPONSE, errors_only=True, values=True)
+
+
+@pytest.mark.parametrize(("options", "tracked", "per_partition"), [
+    ({}, True, False),
+    ({"metrics__consumer_lag_partitions": True}, True, True),
+    ({"metrics__consumer_lag": False}, False, False),
+    ({"metrics__scan_responses": False}, False, False),  # the lag reads the answers' scans
+])
+def test_kproxy_run_tracks_lag_by_default_and_as_its_options_say(options: dict[str, Any], tracked: bool,
+                                                                  per_partition: bool) -> None:
+    from kproxy.server.proxy import ProxyServer
+    from kproxy.testing.proxy import proxy_config
+
+    server = ProxyServer(proxy_config("127.0.0.1:9", metrics__consumer_lag_stale_after=42, **options))
+    assert (server.lag is not None) == tracked and server.stats.options.consumer_lag == tracked
+    collector = server._lag_collector()
+    assert (collector is not None) == tracked
+    if collector is not None:
+        assert server.lag is not None and server.lag.stale_after == 42
+        names = {family.name for family in collector.collect()}
+        assert ("kproxy_consumergroup_lag" in names) == per_partition
+        assert "kproxy_consumergroup_lag_sum" in names

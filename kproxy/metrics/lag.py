@@ -46,7 +46,7 @@ from kproxy.protocol.scan import RequestScan, Topic
 from kproxy.protocol.topic_ids import TopicIdNames
 
 K = TypeVar("K")
-
+TopicKey = str | int | None  # a name; a topic id not named yet (its int); None: a null name
 DEFAULT_STALE_AFTER = 300.0  # seconds: a value not seen again for this long is no longer exported
 MAX_KEYS = 50_000  # committed offsets kept, and as many watermarks (~10 MB each at most)
 # A value seen again unchanged within this long keeps its place and time: most Fetch answers repeat
@@ -79,8 +79,8 @@ class ConsumerLag:
         self.stale_after = stale_after
         self.max_keys = max_keys
         # key -> (offset, seen at); in the order of their last update (oldest first).
-        self.committed: OrderedDict[tuple[str, Topic, int], tuple[int, float]] = OrderedDict()
-        self.watermarks: OrderedDict[tuple[Topic, int], tuple[int, float]] = OrderedDict()
+        self.committed: OrderedDict[tuple[str, TopicKey, int], tuple[int, float]] = OrderedDict()
+        self.watermarks: OrderedDict[tuple[TopicKey, int], tuple[int, float]] = OrderedDict()
         self._expired_at = 0.0  # when the tables were last cut of their stale front
         self.names = TopicIdNames()  # topic ids (Fetch v13+, OffsetCommit/OffsetFetch v10) -> names
         self.evicted = {"committed_offset": 0, "high_watermark": 0}
@@ -115,9 +115,8 @@ class ConsumerLag:
     def watermark(self, marks: list[Watermark], now: float) -> None:
         """High watermarks seen at ``now``: :meth:`_put`, inlined (every Fetch answer comes here)."""
         table = self.watermarks
-        names = self.names
         for topic, partition, offset in marks:
-            key = (topic if type(topic) is str else names.get(topic, topic), partition)  # type: ignore[arg-type]
+            key = (topic if type(topic) is str else self._topic(topic), partition)
             old = table.get(key)
             if old is None:
                 if len(table) >= self.max_keys:
@@ -130,9 +129,14 @@ class ConsumerLag:
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
-    def _topic(self, topic: Topic) -> Topic:
-        """A topic id as its name when known (else the id: :meth:`view` names it if learnt later)."""
-        return self.names.get(topic, topic) if isinstance(topic, uuid.UUID) else topic
+    def _topic(self, topic: Topic) -> TopicKey:
+        """A topic as the tables key it: its name, or for an id not named yet the id's int (:meth:`view`
+        names it if learnt later). Not the UUID itself: its hash is a Python call, and a key is hashed
+        at every look-up of a table."""
+        if isinstance(topic, uuid.UUID):
+            name = self.names.get(topic)
+            return topic.int if name is None else name
+        return topic
 
     def _put(self, table: OrderedDict[K, tuple[int, float]], key: K, offset: int, now: float, kind: str) -> None:
         old = table.get(key)
@@ -159,7 +163,7 @@ class ConsumerLag:
         """What is fresh at ``now`` (seen within ``stale_after``), topic ids named where known (a
         partition kept under both its id and its name counts once: the fresher)."""
         horizon = now - self.stale_after
-        names = dict(self.names)
+        names = {topic_id.int: name for topic_id, name in list(self.names.items())}
         out = LagView()
         marks: dict[tuple[str, int], tuple[int, float]] = {}
         for (topic, partition), (offset, seen) in list(self.watermarks.items()):
@@ -179,9 +183,10 @@ class ConsumerLag:
         return out
 
 
-def _name(topic: Topic, names: dict[uuid.UUID, str]) -> str:
-    if isinstance(topic, uuid.UUID):
-        return names.get(topic, str(topic))
+def _name(topic: TopicKey, names: dict[int, str]) -> str:
+    """A table's topic key as a label: an id not named is its UUID text."""
+    if type(topic) is int:
+        return names.get(topic) or str(uuid.UUID(int=topic))
     return str(topic)
 
 
