@@ -332,7 +332,8 @@ class BodyScan:
         return sum(count_records(view[start:end], budget=budget) for start, end in self.records)
 
 
-_scanners: dict[tuple[int, int, Direction, bool, bool], Callable[..., int]] = {}
+# (api key, version, direction, errors only), and True after them for a values-mode scanner.
+_scanners: dict[tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
 # What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these): the
 # codec's DecodeError (a wire rule broken) and what Python's own readers raise, which the scanner lets
@@ -346,7 +347,9 @@ def scanner(api_key: int, api_version: int, direction: Direction, errors_only: b
     whose scanner must be given a :class:`ScanEntries` (:func:`run_values_scanner`); for a kind
     with no :data:`OFFSET_FIELDS` it is the plain scanner."""
     fields = OFFSET_FIELDS.get((api_key, direction), frozenset()) if values else frozenset()
-    key = (api_key, api_version, direction, errors_only, bool(fields))
+    key: tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool] = (
+        (api_key, api_version, direction, errors_only, True) if fields else (api_key, api_version, direction,
+                                                                           errors_only))
     fn = _scanners.get(key)
     if fn is None:
         schema: MessageSchema | None = message_schema(api_key, api_version, direction)
