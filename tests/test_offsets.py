@@ -29,6 +29,7 @@ from kproxy.protocol.offsets import (
     metadata_topic_ids,
     offset_commits,
     offset_fetches,
+    values_of,
 )
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, run_scanner, run_values_scanner, scan_body, scanner
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema, supported_versions
@@ -160,6 +161,20 @@ def scans(api_key: int, api_version: int, request: dict[str, Any] | None, respon
     return req, run_values_scanner(fn, encode_body(api_key, api_version, Direction.RESPONSE, response), 0)
 
 
+def commits(request: RequestScan | None, response: RequestScan | None) -> Any:
+    """offset_commits of the two scans, as kproxy.metrics.lag.ConsumerLag.answer reads them."""
+    return offset_commits(values_of(request), None if response is None else response[0])
+
+
+def fetches(request: RequestScan | None, response: RequestScan | None, api_version: int) -> Any:
+    return offset_fetches(values_of(request), values_of(response), [] if response is None else response[0],
+                          api_version)
+
+
+def latest(request: RequestScan | None, response: RequestScan | None) -> Any:
+    return latest_offsets(values_of(request), values_of(response))
+
+
 def named(api_version: int, first_id: int) -> Any:
     return (lambda name, tid: tid) if api_version >= first_id else (lambda name, tid: name)
 
@@ -169,15 +184,15 @@ def test_an_offset_commit_counts_the_partitions_its_answer_accepted(api_version:
     topic = named(api_version, 10)
     request = body(OFFSET_COMMIT, api_version, Direction.REQUEST)
     accepted = response_body(OFFSET_COMMIT, api_version, topics=topics(error_code=0))
-    assert offset_commits(*scans(OFFSET_COMMIT, api_version, request, accepted)) == [
+    assert commits(*scans(OFFSET_COMMIT, api_version, request, accepted)) == [
         ("billing", topic("orders", T1), 0, 100), ("billing", topic("orders", T1), 1, 101),
         ("billing", topic("payments", T2), 0, 100), ("billing", topic("payments", T2), 1, 101)]
     # Partition 1 of each topic refused (ILLEGAL_GENERATION): its offset was not committed.
     partly = body(OFFSET_COMMIT, api_version, Direction.RESPONSE)
-    assert offset_commits(*scans(OFFSET_COMMIT, api_version, request, partly)) == [
+    assert commits(*scans(OFFSET_COMMIT, api_version, request, partly)) == [
         ("billing", topic("orders", T1), 0, 100), ("billing", topic("payments", T2), 0, 100)]
     req, resp = scans(OFFSET_COMMIT, api_version, request, accepted)
-    assert offset_commits(req, None) == [] and offset_commits(None, resp) == []  # a scan failed: nothing
+    assert commits(req, None) == [] and commits(None, resp) == []  # a scan failed: nothing
 
 
 @pytest.mark.parametrize("api_version", versions(OFFSET_FETCH))
@@ -188,18 +203,18 @@ def test_an_offset_fetch_answer_gives_the_committed_offsets_of_groups_without_er
     expected = [("billing", topic(name, tid), p, 40 + p) for name, tid in (("orders", T1), ("payments", T2))
                 for p in (0, 1)]
     # v8+: the second group's error (COORDINATOR_NOT_AVAILABLE) leaves it out; v0-7: the request's group.
-    assert offset_fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == expected
+    assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == expected
     # No offset committed (-1), a partition's error: left out.
     gaps = topics(committed_offset=lambda p: -1 if p else 40, error_code=0)
     gaps[1]["partitions"][0]["error_code"] = 614  # UNSTABLE_OFFSET_COMMIT
     answer = response_body(OFFSET_FETCH, api_version, topics=gaps, groups=[{"group_id": "billing", "topics": gaps}])
-    assert offset_fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == [
+    assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == [
         ("billing", topic("orders", T1), 0, 40)]
     if 2 <= api_version < 8:  # the answer's top-level error: nothing of it
         answer = response_body(OFFSET_FETCH, api_version, topics=gaps, error_code=15)
-        assert offset_fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == []
+        assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == []
     if api_version < 8:  # the group is the request's: without its scan, nothing
-        assert offset_fetches(None, scans(OFFSET_FETCH, api_version, request, answer)[1], api_version) == []
+        assert fetches(None, scans(OFFSET_FETCH, api_version, request, answer)[1], api_version) == []
 
 
 @pytest.mark.parametrize("api_version", versions(FETCH))
@@ -207,7 +222,7 @@ def test_a_fetch_answer_gives_the_high_watermarks_of_partitions_without_errors(a
     topic = named(api_version, 13)
     _, answer = scans(FETCH, api_version, None, body(FETCH, api_version, Direction.RESPONSE))
     # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its watermark is not one.
-    assert fetch_watermarks(answer) == [(topic("orders", T1), 0, 900), (topic("payments", T2), 0, 900)]
+    assert fetch_watermarks(values_of(answer)) == [(topic("orders", T1), 0, 900), (topic("payments", T2), 0, 900)]
     assert fetch_watermarks(None) == []
 
 
@@ -215,36 +230,37 @@ def test_a_fetch_answer_gives_the_high_watermarks_of_partitions_without_errors(a
 def test_only_a_list_offsets_for_the_latest_offset_at_read_uncommitted_gives_watermarks(api_version: int) -> None:
     request = body(LIST_OFFSETS, api_version, Direction.REQUEST)  # partition 0: -1 (latest), 1: -2 (earliest)
     answer = body(LIST_OFFSETS, api_version, Direction.RESPONSE)
-    assert latest_offsets(*scans(LIST_OFFSETS, api_version, request, answer)) == [("orders", 0, 70),
+    assert latest(*scans(LIST_OFFSETS, api_version, request, answer)) == [("orders", 0, 70),
                                                                                   ("payments", 0, 70)]
     failed = response_body(LIST_OFFSETS, api_version, topics=topics(offset=-1, error_code=6, old_style_offsets=[]))
-    assert latest_offsets(*scans(LIST_OFFSETS, api_version, request, failed)) == []
-    assert latest_offsets(None, scans(LIST_OFFSETS, api_version, request, answer)[1]) == []
+    assert latest(*scans(LIST_OFFSETS, api_version, request, failed)) == []
+    assert latest(None, scans(LIST_OFFSETS, api_version, request, answer)[1]) == []
     if api_version >= 2:  # read_committed answers the last stable offset: not a watermark
         committed = request_body(LIST_OFFSETS, api_version, isolation_level=1, topics=topics(timestamp=-1))
-        assert latest_offsets(*scans(LIST_OFFSETS, api_version, committed, answer)) == []
+        assert latest(*scans(LIST_OFFSETS, api_version, committed, answer)) == []
 
 
 @pytest.mark.parametrize("api_version", versions(METADATA))
 def test_metadata_answers_teach_topic_ids_from_v10(api_version: int) -> None:
     _, answer = scans(METADATA, api_version, None, body(METADATA, api_version, Direction.RESPONSE))
-    assert metadata_topic_ids(answer) == ([(T1, "orders"), (T2, "payments")] if api_version >= 10 else [])
+    assert metadata_topic_ids(values_of(answer)) == ([(T1, "orders"), (T2, "payments")] if api_version >= 10
+                                                     else [])
     zero = response_body(METADATA, api_version, topics=[{"name": "gone", "topic_id": uuid.UUID(int=0)}])
-    assert metadata_topic_ids(scans(METADATA, api_version, None, zero)[1]) == []
+    assert metadata_topic_ids(values_of(scans(METADATA, api_version, None, zero)[1])) == []
 
 
 # -- malformed bodies ------------------------------------------------------------------------------------
 def _reads(api_key: int, api_version: int, request: RequestScan | None, response: RequestScan | None) -> list[Any]:
     """What the kind's reader takes from the two scans (as kproxy.metrics.lag.ConsumerLag.answer reads them)."""
     if api_key == OFFSET_COMMIT:
-        return offset_commits(request, response)
+        return commits(request, response)
     if api_key == OFFSET_FETCH:
-        return offset_fetches(request, response, api_version)
+        return fetches(request, response, api_version) if response is not None else []
     if api_key == LIST_OFFSETS:
-        return latest_offsets(request, response)
+        return latest(request, response)
     if api_key == FETCH:
-        return fetch_watermarks(response)
-    return metadata_topic_ids(response)
+        return fetch_watermarks(values_of(response))
+    return metadata_topic_ids(values_of(response))
 
 
 @pytest.mark.parametrize(("api_key", "api_version", "direction"), kinds(),

@@ -41,6 +41,7 @@ from kproxy.protocol.offsets import (
     metadata_topic_ids,
     offset_commits,
     offset_fetches,
+    values_of,
 )
 from kproxy.protocol.scan import RequestScan, Topic
 from kproxy.protocol.topic_ids import TopicIdNames
@@ -92,16 +93,18 @@ class ConsumerLag:
         """An answer of ``api_key`` reached its client: read what it and its request (their scans in
         values mode; None: not readable) say of committed offsets, watermarks and topic ids."""
         if api_key == FETCH:
-            self.watermark(fetch_watermarks(response), now)
+            self.watermark(fetch_watermarks(values_of(response)), now)
+        elif response is None:
+            return
         elif api_key == OFFSET_COMMIT:
-            self.commit(offset_commits(request, response), now)
+            self.commit(offset_commits(values_of(request), response[0]), now)
         elif api_key == OFFSET_FETCH:
-            self.commit(offset_fetches(request, response, api_version), now)
+            self.commit(offset_fetches(values_of(request), values_of(response), response[0], api_version), now)
         elif api_key == LIST_OFFSETS:
-            self.watermark(latest_offsets(request, response), now)
-        elif api_key == METADATA and response is not None and response is not self._last_metadata:
+            self.watermark(latest_offsets(values_of(request), values_of(response)), now)
+        elif api_key == METADATA and response is not self._last_metadata:
             self._last_metadata = response
-            for topic_id, name in metadata_topic_ids(response):
+            for topic_id, name in metadata_topic_ids(values_of(response)):
                 self.names.learn(topic_id, name)
 
     def commit(self, commits: list[Commit], now: float) -> None:

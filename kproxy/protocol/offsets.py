@@ -20,12 +20,14 @@ identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
 The scans are the ones kproxy makes anyway, in their values mode
 (:func:`kproxy.protocol.scan.scanner` with ``values=True``): one walk of each body reads its error
 codes and these fields together (:data:`OFFSET_FIELDS`). The readers here only sort what such a
-scan holds; a scan that failed (None) gives nothing, never a partial answer.
+scan holds (its values, :func:`values_of`, and its non-zero error codes): the metrics' and the
+capture's alike. A scan that failed (None) gives nothing, never a partial answer.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kproxy.protocol.schema import Direction
@@ -52,6 +54,7 @@ OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its requ
 # (group, topic, partition, committed offset); (topic, partition, offset)
 Commit = tuple[str, "Topic", int, int]
 Watermark = tuple["Topic", int, int]
+Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
 
 
 class ScanEntries(list["Entry"]):
@@ -70,9 +73,10 @@ class ScanEntries(list["Entry"]):
         return found
 
 
-def _values(scan: RequestScan | None) -> list[tuple[object, ...]]:
+def values_of(scan: RequestScan | None) -> Values | None:
+    """The values a scan read (None: the scan failed; [] for one made without the values mode)."""
     if scan is None:
-        return []
+        return None
     entries = scan[0]
     return entries.values if isinstance(entries, ScanEntries) else []
 
@@ -88,45 +92,47 @@ def _partition(item: tuple[object, ...]) -> tuple[Topic, int, object, int] | Non
     return topic, partition, code, value
 
 
-def offset_commits(request: RequestScan | None, response: RequestScan | None) -> list[Commit]:
-    """The offsets an OffsetCommit request committed: its partitions whose answer's error code is 0
-    (the answer's errors-only scan lists the others). Nothing when either scan failed or the request
-    names no group."""
-    if response is None:
+def offset_commits(request: Values | None, answer_errors: Iterable[Entry] | None) -> list[Commit]:
+    """The offsets an OffsetCommit request committed: its partitions (``request``: its values) whose
+    answer's error code is 0 (``answer_errors``: the answer's non-zero codes, as its errors-only scan
+    lists them; None: the answer was not read). Nothing when either was not read or the request names
+    no group."""
+    if answer_errors is None:
         return []
     group: object = None
     offsets: list[tuple[Topic, int, int]] = []
-    for item in _values(request):
+    for item in request or ():
         if len(item) == 3:
             group = item[1]  # the top level's group_id
         elif (found := _partition(item)) is not None:
             offsets.append((found[0], found[1], found[3]))
     if not isinstance(group, str) or not offsets:
         return []
-    refused = {(topic, partition) for topic, partition, code in response[0] if code}
+    refused = {(topic, partition) for topic, partition, code in answer_errors if code}
     return [(group, topic, partition, offset) for topic, partition, offset in offsets
             if (topic, partition) not in refused]
 
 
-def offset_fetches(request: RequestScan | None, response: RequestScan | None, api_version: int) -> list[Commit]:
-    """The committed offsets an OffsetFetch answer reports: per partition with error code 0 and an
-    offset (-1: none committed), of a group whose error code is 0 (v2-7: the top-level one; v8+: the
-    group's). Before v8 the group is the request's (None: the request's scan failed: nothing)."""
-    values = _values(response)
-    if not values or response is None:
+def offset_fetches(request: Values | None, answer: Values | None, answer_errors: Iterable[Entry],
+                   api_version: int) -> list[Commit]:
+    """The committed offsets an OffsetFetch answer reports (``answer``: its values; ``answer_errors``:
+    its non-zero codes): per partition with error code 0 and an offset (-1: none committed), of a group
+    whose error code is 0 (v2-7: the top-level one, ``(None, None, code)`` among the errors; v8+: the
+    group's). Before v8 the group is the request's (``request``: its values; None: not read: nothing)."""
+    if not answer:
         return []
     out: list[Commit] = []
     if api_version < OFFSET_FETCH_GROUPS:
-        group = next((item[1] for item in _values(request) if len(item) == 3), None)
-        if not isinstance(group, str) or (None, None) in {(t, p) for t, p, code in response[0] if code}:
+        group = next((item[1] for item in request or () if len(item) == 3), None)
+        if not isinstance(group, str) or (None, None) in {(t, p) for t, p, code in answer_errors if code}:
             return []  # (None, None, code): the top-level error, the whole answer's
-        for item in values:
+        for item in answer:
             found = _partition(item)
             if found is not None and not found[2]:
                 out.append((group, found[0], found[1], found[3]))
         return out
     pending: list[tuple[Topic, int, int]] = []
-    for item in values:
+    for item in answer:
         if len(item) == 3:  # a group ends: (None, group_id, its error code)
             _, group, code = item
             if isinstance(group, str) and not code:
@@ -137,20 +143,20 @@ def offset_fetches(request: RequestScan | None, response: RequestScan | None, ap
     return out
 
 
-def fetch_watermarks(response: RequestScan | None) -> list[Watermark]:
-    """The high watermark of each partition of a Fetch answer whose error code is 0. (A Fetch answer's
-    only values-mode field is its partitions' ``high_watermark``, an int64: every item is a partition
-    entry with an int, so one comprehension reads them; a topic whose name was null is left out.)"""
-    return [(topic, partition, value) for topic, partition, code, value in _values(response)  # type: ignore[misc]
+def fetch_watermarks(answer: Values | None) -> list[Watermark]:
+    """The high watermark of each partition of a Fetch answer (its values) whose error code is 0. (A
+    Fetch answer's only values-mode field is its partitions' ``high_watermark``, an int64: every item
+    is a partition entry with an int, so one comprehension reads them; a null topic name is left out.)"""
+    return [(topic, partition, value) for topic, partition, code, value in answer or ()  # type: ignore[misc]
             if not code and value >= 0 and topic is not None]  # type: ignore[operator]
 
 
-def latest_offsets(request: RequestScan | None, response: RequestScan | None) -> list[Watermark]:
-    """The high watermarks a ListOffsets answer gives: its partitions with error code 0 that the
-    request asked the latest offset of (timestamp -1) at read_uncommitted (v2+'s isolation_level;
-    read_committed answers the last stable offset, which is not the watermark)."""
+def latest_offsets(request: Values | None, answer: Values | None) -> list[Watermark]:
+    """The high watermarks a ListOffsets answer gives (both: their values): its partitions with error
+    code 0 that the request asked the latest offset of (timestamp -1) at read_uncommitted (v2+'s
+    isolation_level; read_committed answers the last stable offset, which is not the watermark)."""
     asked: set[tuple[object, object]] = set()
-    for item in _values(request):
+    for item in request or ():
         if len(item) == 3:
             if item[1] != READ_UNCOMMITTED:
                 return []
@@ -159,17 +165,18 @@ def latest_offsets(request: RequestScan | None, response: RequestScan | None) ->
     if not asked:
         return []
     out: list[Watermark] = []
-    for item in _values(response):
+    for item in answer or ():
         found = _partition(item)
         if found is not None and not found[2] and (found[0], found[1]) in asked:
             out.append((found[0], found[1], found[3]))
     return out
 
 
-def metadata_topic_ids(response: RequestScan | None) -> list[tuple[uuid.UUID, str]]:
-    """(topic id, name) of each topic a Metadata v10+ answer names with an id (the zero id: none)."""
+def metadata_topic_ids(answer: Values | None) -> list[tuple[uuid.UUID, str]]:
+    """(topic id, name) of each topic a Metadata v10+ answer (its values) names with an id (the zero
+    id: none)."""
     out: list[tuple[uuid.UUID, str]] = []
-    for item in _values(response):
+    for item in answer or ():
         if len(item) == 3:
             name, topic_id, _ = item
             if isinstance(topic_id, uuid.UUID) and topic_id.int and isinstance(name, str):
