@@ -12,7 +12,9 @@ series must then say exactly what the clients did:
 * produced further, the stopped group's lag grows by exactly that (the live group's Fetch answers
   carry the new watermarks) and the live group's comes back to 0 as it reads them;
 * the stopped group committing no more, its series disappear after the staleness window (small
-  here) while the live group's stay.
+  here) while the live group's stay;
+* the run's capture (schema version 3) holds the same: the lag computed offline from its records,
+  up to one scrape, is that scrape's.
 
 Tansu reports a partition's end offset (ListOffsets latest) as its last batch's first offset + 1,
 not its last offset + 1 (checked directly against Tansu before anything goes through kproxy: with
@@ -27,10 +29,9 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
@@ -111,30 +112,51 @@ class LiveConsumer:
         self.consumer.close()
 
 
-@pytest.fixture
-def metrics_proxy(tansu: Broker) -> Iterator[tuple[str, int]]:
+def test_lag_equals_produced_minus_committed_for_a_stopped_group(tansu: Broker, tmp_path: Path) -> None:
     port = free_port()
-    with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{port}", metrics__consumer_lag_partitions=True,
-                       metrics__consumer_lag_stale_after=STALE_AFTER) as proxy:
-        yield proxy.bootstrap, port
-
-
-def test_lag_equals_produced_minus_committed_for_a_stopped_group(tansu: Broker,
-                                                                 metrics_proxy: tuple[str, int]) -> None:
-    bootstrap, port = metrics_proxy
     topic, live_group, stopped_group = unique("lag"), unique("live"), unique("stopped")
-    create_topic(bootstrap, topic, PARTITIONS)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
-                         "client.id": "lag-producer"})
-    live = LiveConsumer(bootstrap, topic, live_group)  # reading from the start (its group joined early)
-    try:
-        _lag_of_a_stopped_group(tansu, bootstrap, port, topic, producer, live, stopped_group)
-    finally:
-        live.close()
+    with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{port}", metrics__consumer_lag_partitions=True,
+                       metrics__consumer_lag_stale_after=STALE_AFTER, capture__dir=str(tmp_path)) as proxy:
+        bootstrap = proxy.bootstrap
+        create_topic(bootstrap, topic, PARTITIONS)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "batch.num.messages": 1,
+                             "client.id": "lag-producer"})
+        live = LiveConsumer(bootstrap, topic, live_group)  # reading from the start (its group joined early)
+        try:
+            at, metrics = _lag_of_a_stopped_group(tansu, bootstrap, port, topic, producer, live, stopped_group)
+        finally:
+            live.close()
+    # Offline, from the capture of the same run (complete once kproxy stopped): the last committed offsets
+    # and watermarks recorded before that scrape give the lag the live series gave then.
+    offline = capture_lag(tmp_path, at)
+    live_lag = {(dict(k)["group"], dict(k)["topic"], int(dict(k)["partition"])): v
+                for k, v in metrics["kproxy_consumergroup_lag"].items()}
+    assert {k: v for k, v in offline.items() if k in live_lag} == live_lag
+    assert {k[0] for k in live_lag} >= {live_group, stopped_group}
+
+
+def capture_lag(directory: Path, until: float) -> dict[tuple[str, str, int], int]:
+    """Lag per (group, topic, partition) from a capture's records released up to ``until`` (wall clock)."""
+    import pyarrow.parquet as pq
+
+    committed: dict[tuple[str, str, int], int] = {}
+    marks: dict[tuple[str, int], int] = {}
+    rows = [r for f in sorted(directory.rglob("capture-*.parquet")) for r in pq.read_table(f).to_pylist()]
+    for row in sorted((r for r in rows if r["response_time"] is not None), key=lambda r: r["response_time"]):
+        if row["response_time"].timestamp() > until:
+            break
+        for p in row["partitions"]:
+            if p["committed_offset"] is not None:
+                committed[(p["group_id"], p["topic"], p["partition"])] = p["committed_offset"]
+            if p["high_watermark"] is not None:
+                marks[(p["topic"], p["partition"])] = p["high_watermark"]
+    return {key: max(0, marks[key[1:]] - offset) for key, offset in committed.items() if key[1:] in marks}
 
 
 def _lag_of_a_stopped_group(tansu: Broker, bootstrap: str, port: int, topic: str, producer: Producer,
-                            live: LiveConsumer, stopped_group: str) -> None:
+                            live: LiveConsumer, stopped_group: str) -> tuple[float, dict[str, Any]]:
+    """The test's traffic and live checks; returns a scrape of them (and its wall time) that the capture
+    must agree with."""
     live_group = live.group
     produce(producer, topic, FIRST, "a")
 
@@ -188,6 +210,7 @@ def _lag_of_a_stopped_group(tansu: Broker, bootstrap: str, port: int, topic: str
                 and series(metrics, "kproxy_consumergroup_lag_sum", group=live_group) == {(("topic", topic),): 0})
 
     metrics = wait_for(port, moved_on, "the new watermarks seen and the live group caught up again")
+    at, moved = time.time(), metrics
     assert series(metrics, "kproxy_consumergroup_lag_sum", group=stopped_group) == {
         (("topic", topic),): PARTITIONS * total - sum(committed.values())}
 
@@ -207,3 +230,4 @@ def _lag_of_a_stopped_group(tansu: Broker, bootstrap: str, port: int, topic: str
     live_lag = series(metrics, "kproxy_consumergroup_lag_sum", group=live_group)
     assert set(live_lag) == {(("topic", topic),)} and live_lag[(("topic", topic),)] <= 2 * PARTITIONS
     assert live.read >= PARTITIONS * total
+    return at, moved
