@@ -181,7 +181,7 @@ def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
 
 
 def version_support() -> str:
-    """``this kproxy reads versions 1 to 2``: what a refusal of another version says."""
+    """``this kproxy reads versions 1 to 3``: what a refusal of another version says."""
     low, high = min(READABLE_VERSIONS), max(READABLE_VERSIONS)
     return f"this kproxy reads version {high}" if low == high else f"this kproxy reads versions {low} to {high}"
 
