@@ -42,7 +42,7 @@ The file is sasl.client.credentials_file of kproxy run (terminate mode), which r
 changes. --file FILE names it; without it, ${FILE_VARIABLE}. PLAIN entries are salted
 PBKDF2-HMAC-SHA-512 hashes, SCRAM entries what a Kafka broker stores (salt, iterations, StoredKey,
 ServerKey): the file never holds a password. In Kubernetes, put the file in a Secret and mount it
-(helm/kproxy: sasl.client.credentialsSecret).
+(the Helm chart: sasl.client.credentialsSecret).
 """
 
 
