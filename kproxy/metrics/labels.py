@@ -9,6 +9,11 @@ MAX_LABEL_LENGTH = 128
 _CUT_MARK = "~"
 
 
+def cut_label(value: str) -> str:
+    """``value`` cut to :data:`MAX_LABEL_LENGTH` (its last character then ``~``), as :class:`LabelCap` cuts."""
+    return value if len(value) <= MAX_LABEL_LENGTH else value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
+
+
 class LabelCap:
     """Lets the first ``limit`` distinct values through; every later one is ``other``.
 
@@ -26,7 +31,7 @@ class LabelCap:
         if value in self.seen:
             return value
         if len(value) > MAX_LABEL_LENGTH:
-            value = value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
+            value = cut_label(value)
             if value in self.seen:
                 return value
         if len(self.seen) < self.limit:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
+from kproxy.metrics.client_software import ClientSoftware
+from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
+from kproxy.protocol.scan import RecordsRange
+from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
 from kproxy.proxy.session import Exchange
 
-_NO_RANGES: list[tuple[int, int]] = []  # never added to
+_NO_RANGES: list[RecordsRange] = []  # never added to
 
 
 class MetricsObserver:
@@ -33,14 +36,20 @@ class BrokerObserver:
     and counts them into the stats, under the connection's broker.
     """
 
-    __slots__ = ("broker", "client_ids", "stats")
+    __slots__ = ("broker", "client_ids", "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries) -> None:
         self.stats = stats
         self.broker = broker
         self.client_ids = stats.options.client_id_label
+        self.topic_ids = stats.options.topic_label  # topic ids are learnt for the topic label
+        # The client software this connection named (ApiVersions v3+), counted while it is open.
+        self.software = ClientSoftware(stats.labelled) if self.client_ids else None
 
     def request(self, exchange: Exchange) -> None:
+        software = self.software
+        if software is not None and exchange.api_key == software.api_key:
+            software.request(exchange)
         if exchange.api_key == PRODUCE:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
@@ -70,7 +79,18 @@ class BrokerObserver:
         # the stats find it from the kind's header layout, without a header decode. The rewritten body,
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
         memo = exchange.memo
-        self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
+        api_key = exchange.api_key
+        self.stats.response(self.broker, api_key, exchange.api_version, response,
                             0 if memo is None else memo.response_body_offset,
                             None if exchange.local else received - exchange.forwarded_at,
-                            overhead, None if memo is None else memo.response_body)
+                            overhead, None if memo is None else memo.response_body,
+                            exchange.client_id if api_key == FETCH and self.client_ids else None)
+        if api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
+            # Fetch and Produce v13+ name topics by id: their traffic is labelled by these names.
+            self.stats.labelled.learn_metadata(response, exchange.api_version,
+                                               0 if memo is None else memo.response_body_offset)
+
+    def close(self) -> None:
+        """The connection ended: what it counted while open (its client software) is taken back."""
+        if self.software is not None:
+            self.software.close()

@@ -75,6 +75,45 @@ def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
     return None
 
 
+# batchLength, (partitionLeaderEpoch), magic, (crc), attributes: bytes 8..22 of a v2 batch.
+_V2_LENGTH_MAGIC_ATTRIBUTES = struct.Struct(">i4xb4xh")
+
+
+def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
+    """``(records, bytes, stop)`` of the whole v2 batches that open ``data[start:end]``, from their
+    headers alone, read in place: records as their ``records_count`` fields say, bytes as the
+    batches take on the wire. ``stop`` is where the walk ended: ``end`` when the range was whole v2
+    batches; otherwise where a legacy entry, a malformed one or a truncated tail (a broker cuts
+    Fetch responses at the byte limit) starts, which the caller may hand to :func:`count_records`."""
+    records = 0
+    pos = start
+    unpack = _V2_LENGTH_MAGIC.unpack_from
+    count = _V2_COUNT.unpack_from
+    while end - pos >= _V2_FAST_MIN:
+        batch_length, magic = unpack(data, pos + 8)
+        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+            break
+        records += count(data, pos + 57)[0]
+        pos += 12 + batch_length
+    return records, pos - start, pos
+
+
+def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
+    """Append ``(bytes, codec, records)`` of each whole v2 batch that opens ``data[start:end]`` to
+    ``out`` (the codec is the low 3 bits of the batch's attributes, ``Codec``), read in place from
+    the headers; returns where the walk stopped, as :func:`v2_totals` does."""
+    pos = start
+    unpack = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from
+    count = _V2_COUNT.unpack_from
+    while end - pos >= _V2_FAST_MIN:
+        batch_length, magic, attributes = unpack(data, pos + 8)
+        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+            break
+        out.append((12 + batch_length, attributes & _CODEC_MASK, count(data, pos + 57)[0]))
+        pos += 12 + batch_length
+    return pos
+
+
 _LEGACY_SIZE_MAGIC_ATTRIBUTES: Final = struct.Struct(">i4xbb")  # message_size, (crc), magic, attributes
 
 

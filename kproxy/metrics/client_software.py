@@ -1,0 +1,56 @@
+"""Which client software a connection runs, as it says in ApiVersions v3+ (KIP-511), for ``kproxy_client_info``.
+
+KIP-511 added ``client_software_name`` and ``client_software_version`` to the ApiVersions request
+(v3+; ApiVersionsRequest.json), which every client sends first on each connection: librdkafka says
+``librdkafka`` (confluent-kafka-python, ``confluent-kafka-python``, and its own version with the
+librdkafka version), the Java client ``apache-kafka-java``, kafka-python ``kafka-python``. Brokers
+export them per listener and version as JMX (``kafka.server:type=socket-server-metrics,
+clientSoftwareName=...``); kproxy exports them with the client id, valued at the connections open.
+
+One :class:`ClientSoftware` per connection (the metrics observer's, when client ids are a label):
+it reads the request body of the connection's ApiVersions v3+ (a few dozen bytes, once per
+connection) and counts the connection under what it said until the connection closes or says
+something else.
+"""
+
+from __future__ import annotations
+
+from kproxy.metrics.traffic import LabelledTraffic
+from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.tables import ApiKey
+from kproxy.proxy.exchange import Exchange
+
+API_VERSIONS = int(ApiKey.API_VERSIONS)
+KIP_511_VERSION = 3  # the first ApiVersions request version with the client software fields
+
+
+class ClientSoftware:
+    """The client software one connection named, counted in ``kproxy_client_info`` while it is open."""
+
+    __slots__ = ("key", "traffic")
+    api_key = API_VERSIONS  # the one request kind it reads
+
+    def __init__(self, traffic: LabelledTraffic) -> None:
+        self.traffic = traffic
+        self.key: tuple[str, str, str] | None = None  # what this connection is counted under
+
+    def request(self, exchange: Exchange) -> None:
+        """An ApiVersions request of this connection (any version: below v3 there is nothing to read)."""
+        if exchange.api_version < KIP_511_VERSION:
+            return
+        try:
+            body = exchange.request_body()
+        except ProtocolError:
+            return  # a version kproxy cannot read (answered by the KIP-511 fallback) or bad bytes
+        name, version = body.get("client_software_name"), body.get("client_software_version")
+        key = self.traffic.software_opened(exchange.client_id, name if isinstance(name, str) else None,
+                                           version if isinstance(version, str) else None)
+        if self.key is not None:
+            self.traffic.software_closed(self.key)  # a second ApiVersions: the last one says
+        self.key = key
+
+    def close(self) -> None:
+        """The connection closed: it no longer counts."""
+        if self.key is not None:
+            self.traffic.software_closed(self.key)
+            self.key = None
