@@ -43,12 +43,12 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kproxy.protocol import Direction, RequestHeader, decode_response, default_body, encode_request, frame
-from kproxy.protocol.headers import request_header_version
+from kproxy.protocol import Direction, default_body
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
 from tests.support.e2e import TANSU_NODE_ID
+from tests.support.rawkafka import RawKafka
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "kproxy-dashboard.json"
@@ -116,36 +116,6 @@ class PromAPI:
         result = self.query(expr)
         assert len(result) <= 1, f"{expr}: expected one series, got {result}"
         return float(result[0]["value"][1]) if result else None
-
-
-# -- a raw Kafka client built on kproxy's codec ---------------------------------------------
-class RawKafka:
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.correlation = 0
-
-    def request(self, api_key: int, api_version: int, body: dict[str, Any]) -> dict[str, Any]:
-        self.correlation += 1
-        header = RequestHeader(api_key, api_version, self.correlation, "kproxy-metrics-test",
-                               request_header_version(api_key, api_version))
-        self.sock.sendall(frame(encode_request(header, body)))
-        (size,) = struct.unpack(">i", self._read(4))
-        response = decode_response(self._read(size), api_key, api_version)
-        assert response.header.correlation_id == self.correlation
-        return response.body
-
-    def _read(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise EOFError("connection closed")
-            buf += chunk
-        return bytes(buf)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def closed_by_peer(address: str, payload: bytes) -> bool:
@@ -313,7 +283,7 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         admin.create_topics([NewTopic(traffic.topic, 1, 1)])[traffic.topic].result(15)
         del admin   # no close(): dropping the last reference stops its threads
 
-        raw = RawKafka(proxy.bootstrap)
+        raw = RawKafka(proxy.bootstrap, "kproxy-metrics-test")
         try:
             produce_v3(raw, traffic.topic, RAW_PRODUCES)
             traffic.missing_topics = [f"missing-{uuid.uuid4().hex[:8]}-{i}" for i in range(MISSING_TOPICS)]
