@@ -9,11 +9,6 @@ MAX_LABEL_LENGTH = 128
 _CUT_MARK = "~"
 
 
-def cut_label(value: str) -> str:
-    """``value`` cut to :data:`MAX_LABEL_LENGTH` (its last character then ``~``), as :class:`LabelCap` cuts."""
-    return value if len(value) <= MAX_LABEL_LENGTH else value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
-
-
 class LabelCap:
     """Lets the first ``limit`` distinct values through; every later one is ``other``.
 
@@ -31,10 +26,15 @@ class LabelCap:
         if value in self.seen:
             return value
         if len(value) > MAX_LABEL_LENGTH:
-            value = cut_label(value)
+            value = value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
             if value in self.seen:
                 return value
         if len(self.seen) < self.limit:
             self.seen.add(value)
             return value
         return OTHER
+
+
+def cut_label(value: str) -> str:
+    """``value`` as a label: cut to :data:`MAX_LABEL_LENGTH` (the last character becomes ``~``) when longer."""
+    return value if len(value) <= MAX_LABEL_LENGTH else value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK
