@@ -1,11 +1,13 @@
 """Which client software a connection runs, as it says in ApiVersions v3+ (KIP-511), for ``kproxy_client_info``.
 
 KIP-511 added ``client_software_name`` and ``client_software_version`` to the ApiVersions request
-(v3+; ApiVersionsRequest.json), which every client sends first on each connection: librdkafka says
-``librdkafka`` (confluent-kafka-python, ``confluent-kafka-python``, and its own version with the
-librdkafka version), the Java client ``apache-kafka-java``, kafka-python ``kafka-python``. Brokers
-export them per listener and version as JMX (``kafka.server:type=socket-server-metrics,
-clientSoftwareName=...``); kproxy exports them with the client id, valued at the connections open.
+(v3+; ApiVersionsRequest.json), which clients send first on each connection: the Java client says
+``apache-kafka-java``, librdkafka ``librdkafka`` unless its binding names itself (confluent-kafka-python:
+``confluent-kafka-python``, version ``<its version>-rdkafka-<librdkafka's>``), kafka-python
+``kafka-python`` (tests/test_traffic_e2e.py checks the last two). Brokers export them per listener
+and network thread as JMX (``kafka.server:type=socket-server-metrics,clientSoftwareName=...,
+clientSoftwareVersion=...``, ``connections``); kproxy exports them with the client id, valued at the
+connections open.
 
 One :class:`ClientSoftware` per connection (the metrics observer's, when client ids are a label):
 it reads the request body of the connection's ApiVersions v3+ (a few dozen bytes, once per
