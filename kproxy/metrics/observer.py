@@ -56,7 +56,7 @@ class BrokerObserver:
             scan = exchange.request_scan
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None, exchange.request,
-                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1])
+                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1], exchange.acks)
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)

@@ -331,13 +331,14 @@ class TrafficStats:
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None,
-                records: list[RecordsRange] | None = None) -> None:
+                records: list[RecordsRange] | None = None, acks: int | None = None) -> None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
         caller knows it, and ``records``, its records ranges, when the caller has scanned it already
         (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
         them, the records are found here. ``client_id`` is given when it is a label (None otherwise):
-        its Produce records are then that client's (:mod:`kproxy.metrics.traffic`)."""
+        its Produce records are then that client's (:mod:`kproxy.metrics.traffic`), its batches
+        counted under ``acks`` (the session's read of them; None: read here if need be)."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -349,7 +350,8 @@ class TrafficStats:
             if records is None:
                 self._count_records(kind, api_key, api_version, frame, body_offset, client_id)
             elif records:
-                self._counted(kind.api, self.labelled.produce(frame, records, client_id, api_version, body_offset))
+                self._counted(kind.api, self.labelled.produce(frame, records, client_id, acks, api_version,
+                                                              body_offset))
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None,
@@ -505,7 +507,7 @@ class TrafficStats:
             fn = kind.request_scanner = self._scanner(api_key, api_version, Direction.REQUEST)
         found = self._run_scan(fn, frame, offset)
         if found is not None and found[1]:
-            self._counted(kind.api, self.labelled.produce(frame, found[1], client_id, api_version, offset))
+            self._counted(kind.api, self.labelled.produce(frame, found[1], client_id, None, api_version, offset))
 
     def _counted(self, api: str, count: int) -> None:
         """Add one frame's records, counted by :mod:`kproxy.metrics.traffic` within

@@ -50,7 +50,6 @@ from kproxy.protocol.records import (
     RecordBudget,
     count_records,
     iter_batches,
-    one_batch_count,
     v2_batches,
     v2_totals,
 )
@@ -74,6 +73,7 @@ ACKS_LABELS = {-1: "-1", 0: "0", 1: "1"}
 # cut to a label another name has, is looked up through its LabelCap each time once this is full).
 CACHE_SLACK = 1024
 _RangesAt = list[tuple["Tally", int]]
+_NO_TOPIC = object()  # before the first range: no topic object is it
 
 
 class Tally:
@@ -87,33 +87,37 @@ class Tally:
 
 
 class ClientSeries:
-    """One client id's label and its two tallies (produce, fetch)."""
+    """One client id's label, its two tallies (produce, fetch) and its Produce batches: acks label ->
+    a count per codec (an index of :data:`CODEC_LABELS`), so a batch costs no key of its own."""
 
-    __slots__ = ("label", "tallies")
+    __slots__ = ("batches", "label", "tallies")
 
     def __init__(self, label: str, tallies: tuple[Tally, Tally]) -> None:
         self.label = label
         self.tallies = tallies
+        self.batches: dict[str, list[int]] = {}
 
 
 def count_ranges(frame: bytes, ranges: list[RecordsRange]) -> int:
     """Records in a frame's records ranges, from batch headers, within :data:`RECORD_COUNT_BUDGET`;
-    -1 when they cannot all be counted (unreadable, or over the budget). The unlabelled path."""
-    # One v2 batch in one range, the usual Produce: its header's count, read in place.
-    if len(ranges) == 1:
-        first = ranges[0]
-        count = one_batch_count(frame, first[0], first[1])
-        if count is not None:
-            return count
-    view = memoryview(frame)
-    budget = RecordBudget(RECORD_COUNT_BUDGET)
-    count = 0
-    try:
-        for start, end, _ in ranges:  # a loop, not sum() over a generator
-            count += count_records(view[start:end], budget=budget)
-    except ProtocolError:
-        return -1
-    return -1 if budget.exhausted else count
+    -1 when they cannot all be counted (unreadable, or over the budget). The unlabelled path: v2
+    batches read in place (:func:`~kproxy.protocol.records.v2_totals`), anything else of a range
+    left to :func:`~kproxy.protocol.records.count_records`."""
+    records = 0
+    budget: RecordBudget | None = None
+    for start, end, _ in ranges:
+        n, _size, stop = v2_totals(frame, start, end)
+        if stop != end:
+            if budget is None:
+                budget = RecordBudget(RECORD_COUNT_BUDGET)
+            try:
+                n += count_records(memoryview(frame)[stop:end], budget=budget)
+            except ProtocolError:
+                return -1
+            if budget.exhausted:
+                return -1
+        records += n
+    return records
 
 
 def _rest(frame: bytes, stop: int, end: int, budget: RecordBudget) -> tuple[int, int]:
@@ -153,19 +157,18 @@ class LabelledTraffic:
         self._topic_cache: tuple[dict[Topic, Tally], dict[Topic, Tally]] = ({}, {})
         self.client_series: dict[str, ClientSeries] = {}  # client label -> its series
         self._client_cache: dict[str | None, ClientSeries] = {}  # client id as read -> its series
-        # (client label, compression, acks) -> v2 batches in Produce requests.
-        self.produce_batches: dict[tuple[str, str, str], int] = {}
         self.batch_bytes: list[Histogram | None] = [None] * len(CODEC_LABELS)  # by codec
         # (client label, software name, software version) -> open connections that said so (KIP-511).
         self.client_info: dict[tuple[str, str, str], int] = {}
         self._info_seen: set[tuple[str, str, str]] = set()
 
     # -- records ranges, per frame ----------------------------------------------------
-    def produce(self, frame: bytes, ranges: list[RecordsRange], client_id: str | None, api_version: int,
-                body_offset: int | None) -> int:
+    def produce(self, frame: bytes, ranges: list[RecordsRange], client_id: str | None, acks: int | None,
+                api_version: int, body_offset: int | None) -> int:
         """A Produce request's records ranges: counted, and tallied by topic and client when
         labelled; returns the records counted, -1 when they could not all be (see the module
-        docstring). ``body_offset`` lets the producer's acks be read (None: unknown)."""
+        docstring). ``acks``: the request's, as the session read them; None: read here from
+        ``body_offset`` when batches are counted (None too: unknown, labelled ``other``)."""
         if not self.on:
             return count_ranges(frame, ranges)
         client = self._client(client_id) if self._clients is not None else None
@@ -179,7 +182,9 @@ class LabelledTraffic:
             if records > 0:
                 tally.records += records
             if batches:
-                self._batches(client.label, batches, frame, api_version, body_offset)
+                if acks is None and body_offset is not None:
+                    acks = produce_acks(frame, api_version, body_offset)
+                self._batches(client, batches, acks)
         return records
 
     def fetch(self, frame: bytes, ranges: list[RecordsRange], client_id: str | None) -> int:
@@ -199,12 +204,18 @@ class LabelledTraffic:
               batches: list[tuple[int, int, int]] | None) -> tuple[int, int]:
         """``(records or -1, bytes)`` of a frame's ranges, each range added to its topic's tally
         (records only when the whole frame could be counted); ``batches`` (Produce, clients
-        labelled) gets each whole v2 batch's ``(bytes, codec, records)``."""
+        labelled) gets each whole v2 batch's ``(bytes, codec, records)``.
+
+        A scan gives the ranges of one topic struct one topic object: a run of them finds its
+        tally once (by identity), so a Fetch answer of one topic and 100 partitions costs one lookup."""
         topics = self._topic_cache[direction] if self._topics is not None else None
         records = size = 0
         counted = True
         budget: RecordBudget | None = None
-        added: _RangesAt | None = None  # (tally, records) of each range, added once the frame is counted
+        last: object = _NO_TOPIC
+        tally: Tally | None = None
+        run = 0  # records of the current topic's run, added to its tally once the frame is counted
+        runs: _RangesAt = []  # the earlier runs' (tally, records)
         for start, end, topic in ranges:
             if batches is None:
                 n, b, stop = v2_totals(frame, start, end)
@@ -228,17 +239,19 @@ class LabelledTraffic:
             size += b
             records += n
             if topics is not None:
-                tally = topics.get(topic) or self._topic(topic, direction)
-                tally.bytes += b
-                if added is None:
-                    added = [(tally, n)]
-                else:
-                    added.append((tally, n))
+                if topic is not last:
+                    if tally is not None:
+                        runs.append((tally, run))
+                    tally = topics.get(topic) or self._topic(topic, direction)
+                    last, run = topic, 0
+                tally.bytes += b  # type: ignore[union-attr]
+                run += n
         if not counted:
             return -1, size
-        if added is not None:
-            for tally, n in added:
-                tally.records += n
+        if tally is not None:
+            tally.records += run
+            for earlier, n in runs:
+                earlier.records += n
         return records, size
 
     def _topic(self, topic: Topic, direction: int) -> Tally:
@@ -277,16 +290,15 @@ class LabelledTraffic:
             self._client_cache[client_id] = series
         return series
 
-    def _batches(self, client: str, batches: list[tuple[int, int, int]], frame: bytes, api_version: int,
-                 body_offset: int | None) -> None:
+    def _batches(self, client: ClientSeries, batches: list[tuple[int, int, int]], acks: int | None) -> None:
         """Count a Produce request's v2 batches by client, codec and acks, and their sizes by codec."""
-        acks = None if body_offset is None else produce_acks(frame, api_version, body_offset)
         acks_label = OTHER if acks is None else ACKS_LABELS.get(acks, OTHER)
-        counts = self.produce_batches
+        counts = client.batches.get(acks_label)
+        if counts is None:
+            counts = client.batches[acks_label] = [0] * len(CODEC_LABELS)
         histograms = self.batch_bytes
         for size, codec, _ in batches:
-            key = (client, CODEC_LABELS[codec], acks_label)
-            counts[key] = counts.get(key, 0) + 1
+            counts[codec] += 1
             hist = histograms[codec]
             if hist is None:
                 hist = histograms[codec] = Histogram(BATCH_BYTES_BUCKETS)
@@ -328,6 +340,16 @@ class LabelledTraffic:
             self.client_info.pop(key, None)
 
     # -- /metrics ---------------------------------------------------------------------
+    def produce_batches(self) -> dict[tuple[str, str, str], int]:
+        """Produce batches by (client label, compression, acks), built when read (a scrape)."""
+        out: dict[tuple[str, str, str], int] = {}
+        for client in list(self.client_series.values()):
+            for acks, counts in list(client.batches.items()):
+                for codec, n in enumerate(list(counts)):
+                    if n:
+                        out[(client.label, CODEC_LABELS[codec], acks)] = n
+        return out
+
     def families(self) -> Iterator[Metric]:
         """The Prometheus families of the labels that are on (read with list() copies: the event
         loop may add series while a worker thread renders)."""
@@ -351,7 +373,7 @@ class LabelledTraffic:
                        ["client_id", "direction"], (((c, d), t.records) for c, d, t in clients))
         yield _counter("kproxy_produce_batches", "Record batches (v2) in Produce requests, by client id, "
                        "compression codec and the request's acks (opt-in with client ids, capped).",
-                       ["client_id", "compression", "acks"], list(self.produce_batches.items()))
+                       ["client_id", "compression", "acks"], self.produce_batches().items())
         family = HistogramMetricFamily("kproxy_produce_batch_bytes", "Size of the record batches (v2) in "
                                        "Produce requests, by compression codec.", labels=["compression"])
         for codec, hist in enumerate(list(self.batch_bytes)):

@@ -116,6 +116,7 @@ class Exchange:
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
     seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
+    acks: int | None = None  # a Produce's acks, as the session read them (None: not a Produce, or unreadable)
     ruling: Ruling | None = None
     memo: ObserverMemo | None = None
     _request_body_offset: int = -1  # -1: not read yet, -2: unreadable

@@ -552,7 +552,8 @@ def _head(parts: Spanned, n: int = 16) -> bytes:
 
 def _acks_zero(ex: Exchange, frame: bytes) -> bool:
     """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
-    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
+    offset into the exchange itself: this runs on every Produce, the property's checks would not pay;
+    the acks too (:attr:`Exchange.acks`: the metrics label producer batches with them)."""
     offset: int | None = ex._request_body_offset
     if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
         offset = find_request_body(frame, PRODUCE, ex.api_version)
@@ -561,4 +562,5 @@ def _acks_zero(ex: Exchange, frame: bytes) -> bool:
         offset = None
     if offset is None:
         return False
-    return produce_acks(frame, ex.api_version, offset) == 0
+    acks = ex.acks = produce_acks(frame, ex.api_version, offset)
+    return acks == 0
