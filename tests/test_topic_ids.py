@@ -15,7 +15,7 @@ from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import decode_request_header, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.protocol.topic_ids import TopicIdNames, metadata_topic_ids
+from kproxy.protocol.topic_ids import TopicIdNames, topic_id_pairs
 from kproxy.rules.frame_facts import FrameFacts
 
 METADATA, FETCH = 3, 1
@@ -69,13 +69,13 @@ def test_the_same_metadata_answer_again_is_not_decoded_again(monkeypatch: pytest
     import kproxy.protocol.topic_ids as topic_ids
 
     decoded: list[int] = []
-    real = topic_ids.metadata_topic_ids
+    real = topic_ids.topic_id_pairs
 
     def counting(*args: object, **kwargs: object) -> object:
         decoded.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(topic_ids, "metadata_topic_ids", counting)
+    monkeypatch.setattr(topic_ids, "topic_id_pairs", counting)
     names = TopicIdNames(cap=1)
     answer = _answer()
     again = answer[:8].replace(answer[4:8], b"\x00\x00\x00\x63") + answer[8:]  # another correlation id
@@ -111,7 +111,7 @@ def test_the_pairs_reader_finds_what_a_full_decode_finds(version: int, topics: l
     offset = response_body_offset(frame, METADATA, version)
     if cut is not None:
         frame = frame[:max(len(frame) - cut, offset)]  # the body cut short (the header whole)
-    found = metadata_topic_ids(frame, offset, version)
+    found = topic_id_pairs(frame, offset, version)
     try:
         body = decode_body(METADATA, version, Direction.RESPONSE, frame, offset)
     except Exception:
@@ -124,4 +124,4 @@ def test_the_pairs_reader_finds_what_a_full_decode_finds(version: int, topics: l
 
 
 def test_the_pairs_reader_refuses_versions_without_a_schema() -> None:
-    assert metadata_topic_ids(_answer(), 9, 99) is None
+    assert topic_id_pairs(_answer(), 9, 99) is None

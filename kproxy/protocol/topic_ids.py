@@ -7,7 +7,7 @@ through it (a ``topic`` key matches by name), the capture writes names in its re
 metrics label per-topic traffic with them.
 
 A Metadata answer is read for its (id, name) pairs by a generated reader that decodes those two
-fields of each topic and skips everything else by length (:func:`metadata_topic_ids`): the
+fields of each topic and skips everything else by length (:func:`topic_id_pairs`): the
 partitions of a big cluster are walked, never decoded, so learning costs about what the metrics'
 errors-only scan of the same answer costs, a fraction of a full decode.
 """
@@ -69,7 +69,7 @@ class TopicIdNames(dict[uuid.UUID, str]):
             offset = body_offset or response_body_offset(response, METADATA, api_version)
         except ProtocolError:
             return None
-        pairs = metadata_topic_ids(response, offset, api_version)
+        pairs = topic_id_pairs(response, offset, api_version)
         if pairs is None:
             return None
         for topic_id, name in pairs:
@@ -164,7 +164,7 @@ def _reader(api_version: int) -> Callable[..., int] | None:
     return fn
 
 
-def metadata_topic_ids(response: bytes, body_offset: int, api_version: int) -> list[tuple[uuid.UUID, str]] | None:
+def topic_id_pairs(response: bytes, body_offset: int, api_version: int) -> list[tuple[uuid.UUID, str]] | None:
     """The ``(topic_id, name)`` pairs of the Metadata response body at ``response[body_offset:]``, in
     order (topics with a null name left out; the zero id, "no id", kept: the caller judges). None
     when the version has no schema or the bytes cannot be read. What :func:`decode_body` would give
