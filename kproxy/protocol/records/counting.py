@@ -49,7 +49,10 @@ def count_records(
         batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, pos + 8)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break  # legacy, malformed or truncated: the general walk below decides
-        total += _V2_COUNT.unpack_from(data, pos + 57)[0]
+        count = _V2_COUNT.unpack_from(data, pos + 57)[0]
+        if count < 0:
+            break  # malformed: the general walk refuses it (a count is never negative)
+        total += count
         pos += 12 + batch_length
     if pos >= end or end - pos < 12:
         return total
@@ -71,7 +74,8 @@ def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
     if end - start >= _V2_FAST_MIN:
         batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + 8)
         if magic == 2 and start + 12 + batch_length == end:
-            return int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            return count if count >= 0 else None
     return None
 
 
@@ -93,7 +97,10 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
         batch_length, magic = unpack(data, pos + 8)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        records += count(data, pos + 57)[0]
+        n = count(data, pos + 57)[0]
+        if n < 0:
+            break  # malformed: left to the caller (count_records refuses it)
+        records += n
         pos += 12 + batch_length
     return records, pos - start, pos
 
@@ -109,7 +116,10 @@ def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, 
         batch_length, magic, attributes = unpack(data, pos + 8)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        out.append((12 + batch_length, attributes & _CODEC_MASK, count(data, pos + 57)[0]))
+        n = count(data, pos + 57)[0]
+        if n < 0:
+            break  # malformed: left to the caller (count_records refuses it)
+        out.append((12 + batch_length, attributes & _CODEC_MASK, n))
         pos += 12 + batch_length
     return pos
 
