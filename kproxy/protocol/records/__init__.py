@@ -63,7 +63,13 @@ from __future__ import annotations
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
 from kproxy.protocol.records.budget import DEFAULT_RECORD_BUDGET, RECORD_COST, RecordBudget
-from kproxy.protocol.records.counting import count_records, one_batch_count, v2_batches, v2_totals
+from kproxy.protocol.records.counting import (
+    count_records,
+    one_batch_count,
+    one_batch_header,
+    v2_batches,
+    v2_totals,
+)
 from kproxy.protocol.records.entries import (
     LOG_OVERHEAD,
     V2_HEADER_SIZE,
@@ -98,6 +104,7 @@ __all__ = [
     "encode_message_set",
     "iter_batches",
     "one_batch_count",
+    "one_batch_header",
     "v2_batches",
     "v2_totals",
     "verify_crc",

@@ -124,6 +124,19 @@ def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, 
     return pos
 
 
+def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, int] | None:
+    """``(bytes, codec, records)`` of ``data[start:end]`` when that range is exactly one v2 batch
+    (what a producer sends per partition), read in place: what :func:`v2_batches` gives for it in
+    one call. None for any other range (the walk decides)."""
+    if end - start >= _V2_FAST_MIN:
+        batch_length, magic, attributes = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from(data, start + 8)
+        if magic == 2 and start + 12 + batch_length == end and batch_length >= _V2_FAST_MIN - 12:
+            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            if count >= 0:
+                return end - start, attributes & _CODEC_MASK, count
+    return None
+
+
 _LEGACY_SIZE_MAGIC_ATTRIBUTES: Final = struct.Struct(">i4xbb")  # message_size, (crc), magic, attributes
 
 
