@@ -117,7 +117,7 @@ def exposition(stats: TrafficStats) -> str:
 def series(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     """Every sample of ``name`` in a text exposition: sorted (label, value) pairs -> value."""
     out: dict[tuple[tuple[str, str], ...], float] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # (not splitlines: a label value may hold \v, \f, \x1c...)
         m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
         if m is not None and m.group(1) == name:
             out[tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or "")))] = float(m.group(3))

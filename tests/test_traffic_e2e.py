@@ -71,7 +71,7 @@ def scrape(address: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
     out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # (not splitlines: a label value may hold \v, \f, \x1c...)
         m = re.fullmatch(r"(\w+)(?:\{(.*)\})? (\S+)", line)
         if m is not None:
             labels = tuple(sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or "")))

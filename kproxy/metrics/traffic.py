@@ -89,14 +89,16 @@ class Tally:
 
 class ClientSeries:
     """One client id's label, its two tallies (produce, fetch) and its Produce batches: acks label ->
-    a count per codec (an index of :data:`CODEC_LABELS`), so a batch costs no key of its own."""
+    a count per codec (an index of :data:`CODEC_LABELS`), so a batch costs no key of its own
+    (``by_label``; ``batches`` finds the same lists by the acks as read, for the acks producers mean)."""
 
-    __slots__ = ("batches", "label", "tallies")
+    __slots__ = ("batches", "by_label", "label", "tallies")
 
     def __init__(self, label: str, tallies: tuple[Tally, Tally]) -> None:
         self.label = label
         self.tallies = tallies
-        self.batches: dict[str, list[int]] = {}
+        self.by_label: dict[str, list[int]] = {}
+        self.batches: dict[int | None, list[int]] = {}
 
 
 def count_ranges(frame: bytes, ranges: list[RecordsRange]) -> int:
@@ -178,7 +180,7 @@ class LabelledTraffic:
             start, end, topic = ranges[0]
             head = one_batch_header(frame, start, end)
             if head is not None:
-                size, _, records = head
+                size, codec, records = head
                 if self._topics is not None:
                     tally = self._topic_cache[PRODUCE].get(topic) or self._topic(topic, PRODUCE)
                     tally.bytes += size
@@ -189,7 +191,12 @@ class LabelledTraffic:
                     tally.records += records
                     if acks is None and body_offset is not None:
                         acks = produce_acks(frame, api_version, body_offset)
-                    self._batches(client, [head], acks)
+                    # _batches of this one batch, inlined.
+                    counts = client.batches.get(acks) or self._batch_counts(client, acks)
+                    counts[codec] += 1
+                    hist = self.batch_bytes[codec] or self._batch_histogram(codec)
+                    hist.counts[bisect_left(hist.bounds, size)] += 1
+                    hist.sum += size
                 return records
         if client is None:
             records, size = self._walk(frame, ranges, PRODUCE, None)
@@ -311,18 +318,28 @@ class LabelledTraffic:
 
     def _batches(self, client: ClientSeries, batches: list[tuple[int, int, int]], acks: int | None) -> None:
         """Count a Produce request's v2 batches by client, codec and acks, and their sizes by codec."""
-        acks_label = OTHER if acks is None else ACKS_LABELS.get(acks, OTHER)
-        counts = client.batches.get(acks_label)
-        if counts is None:
-            counts = client.batches[acks_label] = [0] * len(CODEC_LABELS)
+        counts = client.batches.get(acks) or self._batch_counts(client, acks)
         histograms = self.batch_bytes
         for size, codec, _ in batches:
             counts[codec] += 1
-            hist = histograms[codec]
-            if hist is None:
-                hist = histograms[codec] = Histogram(BATCH_BYTES_BUCKETS)
+            hist = histograms[codec] or self._batch_histogram(codec)
             hist.counts[bisect_left(hist.bounds, size)] += 1  # Histogram.observe, inlined
             hist.sum += size
+
+    def _batch_counts(self, client: ClientSeries, acks: int | None) -> list[int]:
+        """The batch counts (one per codec) of ``client`` under ``acks`` not met yet on it: an acks no
+        producer means shares the one list of ``other`` (a client sending every int16 makes one)."""
+        label = OTHER if acks is None else ACKS_LABELS.get(acks, OTHER)
+        counts = client.by_label.get(label)
+        if counts is None:
+            counts = client.by_label[label] = [0] * len(CODEC_LABELS)
+        if acks in ACKS_LABELS:
+            client.batches[acks] = counts  # later batches find it by the int (folded values are looked up again)
+        return counts
+
+    def _batch_histogram(self, codec: int) -> Histogram:
+        hist = self.batch_bytes[codec] = Histogram(BATCH_BYTES_BUCKETS)
+        return hist
 
     # -- what else the connections say ------------------------------------------------
     def learn_metadata(self, response: bytes, api_version: int, body_offset: int = 0) -> None:
@@ -363,7 +380,7 @@ class LabelledTraffic:
         """Produce batches by (client label, compression, acks), built when read (a scrape)."""
         out: dict[tuple[str, str, str], int] = {}
         for client in list(self.client_series.values()):
-            for acks, counts in list(client.batches.items()):
+            for acks, counts in list(client.by_label.items()):
                 for codec, n in enumerate(list(counts)):
                     if n:
                         out[(client.label, CODEC_LABELS[codec], acks)] = n
