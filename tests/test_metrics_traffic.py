@@ -43,6 +43,7 @@ from kproxy.protocol.records import (
     v2_totals,
 )
 from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.exchange import Exchange
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
@@ -268,6 +269,29 @@ def test_client_info_counts_open_connections_by_the_software_they_named() -> Non
     b.close()
     b.close()  # closing twice takes nothing more back
     assert series(exposition(stats), "kproxy_client_info") == {}
+
+
+def test_the_same_api_versions_again_is_not_decoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client repeating its ApiVersions on a connection (correlation ids aside, the same bytes) costs a
+    comparison, not a decode; anything else said is read."""
+    decoded: list[int] = []
+    real = Exchange.request_body
+
+    def counting(self: Exchange) -> dict[str, Any]:
+        decoded.append(self.api_version)
+        return real(self)
+
+    monkeypatch.setattr(Exchange, "request_body", counting)
+    stats = labelled()
+    conn = Connection(stats, "app-1")
+    for _ in range(3):
+        conn.api_versions(3, "librdkafka", "2.3.0")
+    assert decoded == [3]
+    conn.api_versions(4, "librdkafka", "2.3.0")
+    conn.api_versions(4, "librdkafka", "2.4.0")
+    assert decoded == [3, 4, 4]
+    assert series(exposition(stats), "kproxy_client_info") == {
+        (("client_id", "app-1"), ("software_name", "librdkafka"), ("software_version", "2.4.0")): 1}
 
 
 # -- bounded whatever clients send ------------------------------------------------------------------------

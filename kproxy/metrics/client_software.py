@@ -29,21 +29,29 @@ KIP_511_VERSION = 3  # the first ApiVersions request version with the client sof
 class ClientSoftware:
     """The client software one connection named, counted in ``kproxy_client_info`` while it is open."""
 
-    __slots__ = ("key", "traffic")
+    __slots__ = ("key", "last", "traffic", "version")
     api_key = API_VERSIONS  # the one request kind it reads
 
     def __init__(self, traffic: LabelledTraffic) -> None:
         self.traffic = traffic
         self.key: tuple[str, str, str] | None = None  # what this connection is counted under
+        self.last = b""  # the last ApiVersions request read, past its correlation id (client id and body)
+        self.version = -1  # and its version
 
     def request(self, exchange: Exchange) -> None:
-        """An ApiVersions request of this connection (any version: below v3 there is nothing to read)."""
+        """An ApiVersions request of this connection (any version: below v3 there is nothing to read).
+        The same request again (but its correlation id) says nothing new: compared, not decoded."""
         if exchange.api_version < KIP_511_VERSION:
+            return
+        frame = exchange.request
+        if (self.key is not None and exchange.api_version == self.version and len(frame) == len(self.last) + 12
+                and frame.startswith(self.last, 12)):
             return
         try:
             body = exchange.request_body()
         except ProtocolError:
             return  # a version kproxy cannot read (answered by the KIP-511 fallback) or bad bytes
+        self.last, self.version = bytes(frame[12:]), exchange.api_version
         name, version = body.get("client_software_name"), body.get("client_software_version")
         key = self.traffic.software_opened(exchange.client_id, name if isinstance(name, str) else None,
                                            version if isinstance(version, str) else None)
