@@ -81,6 +81,10 @@ class MetricsOptions:
     label_cap: int = 100
     scan_responses: bool = True
     process_metrics: bool = False
+    # Consumer lag from OffsetCommit / OffsetFetch / Fetch / ListOffsets traffic (kproxy.metrics.lag).
+    consumer_lag: bool = True
+    consumer_lag_partitions: bool = False
+    consumer_lag_stale_after: float = 300.0
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kproxy.metrics.client_software import ClientSoftware
+from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.scan import RecordsRange
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
@@ -15,10 +16,15 @@ class MetricsObserver:
     """Made once per server for one stats object; :meth:`for_broker` gives each connection
     its :class:`kproxy.proxy.session.SessionObserver`."""
 
-    __slots__ = ("stats",)
+    __slots__ = ("lag", "stats")
 
-    def __init__(self, stats: TrafficStats) -> None:
+    def __init__(self, stats: TrafficStats, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
+        self.lag = lag  # consumer lag's tracker (None: not tracked); the stats then scan in values mode
+        if lag is not None:
+            # One map of topic ids: the lag learns them from its scan of Metadata answers (the one the
+            # error codes get), the traffic labels read them (else they learn on their own).
+            stats.labelled.topic_names = lag.names
 
     def for_broker(self, node_id: int | None) -> BrokerObserver:
         """The observer of one connection through the listener of broker ``node_id`` (None: bootstrap).
@@ -26,23 +32,30 @@ class MetricsObserver:
         The broker's counters are looked up here, once per connection: per frame, the
         ``node_id`` label costs nothing (see :mod:`kproxy.metrics.stats`).
         """
-        return BrokerObserver(self.stats, self.stats.broker(node_id))
+        return BrokerObserver(self.stats, self.stats.broker(node_id), self.lag)
 
 
 class BrokerObserver:
     """Implements :class:`kproxy.proxy.session.SessionObserver` for one connection.
 
     Reads the header facts the session parsed (the client id only when it is a label)
-    and counts them into the stats, under the connection's broker.
+    and counts them into the stats, under the connection's broker; with a
+    :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "software", "stats", "topic_ids")
+    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "software", "stats", "topic_ids")
 
-    def __init__(self, stats: TrafficStats, broker: BrokerSeries) -> None:
+    def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
         self.broker = broker
         self.client_ids = stats.options.client_id_label
-        self.topic_ids = stats.options.topic_label  # topic ids are learnt for the topic label
+        self.lag = lag
+        # Api keys the lag reads (none without it): one set lookup per exchange.
+        self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
+        self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
+        # Topic ids are learnt for the topic label; consumer lag learns them from its scan of the same
+        # Metadata answers, into the map the label reads then (MetricsObserver shares it).
+        self.topic_ids = stats.options.topic_label and lag is None
         # The client software this connection named (ApiVersions v3+), counted while it is open.
         self.software = ClientSoftware(stats.labelled) if self.client_ids else None
 
@@ -60,6 +73,10 @@ class BrokerObserver:
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            if exchange.api_key in self.lag_requests:
+                # Scanned now, while the session holds the frame: the answer is read with it. (The
+                # exchange's one scan: a rule on topics that read it first left it there.)
+                exchange.request_scan  # noqa: B018
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -80,12 +97,17 @@ class BrokerObserver:
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
         memo = exchange.memo
         api_key = exchange.api_key
-        self.stats.response(self.broker, api_key, exchange.api_version, response,
-                            0 if memo is None else memo.response_body_offset,
-                            None if exchange.local else received - exchange.forwarded_at,
-                            overhead, None if memo is None else memo.response_body,
-                            exchange.client_id if api_key == FETCH and self.client_ids else None)
-        if api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
+        found = self.stats.response(self.broker, api_key, exchange.api_version, response,
+                                    0 if memo is None else memo.response_body_offset,
+                                    None if exchange.local else received - exchange.forwarded_at,
+                                    overhead, None if memo is None else memo.response_body,
+                                    exchange.client_id if api_key == FETCH and self.client_ids else None)
+        if api_key in self.lag_answers and not exchange.local and self.lag is not None:
+            # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
+            self.lag.answer(api_key, exchange.api_version,
+                            exchange.request_scan if api_key in self.lag_requests else None, found,
+                            exchange.completed_at)
+        elif api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
             # Fetch and Produce v13+ name topics by id: their traffic is labelled by these names.
             self.stats.labelled.learn_metadata(response, exchange.api_version,
                                                0 if memo is None else memo.response_body_offset)

@@ -44,6 +44,8 @@ from kproxy.config import Config
 from kproxy.host_port import HostPort
 from kproxy.logfmt import q as _q
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
+from kproxy.metrics.lag import ConsumerLag
+from kproxy.metrics.lag_exposition import ConsumerLagCollector
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOptions, TrafficStats, node_label
 from kproxy.policy.live_rules import LiveRules
@@ -121,8 +123,11 @@ class ProxyServer:
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
         self.rewriter = ResponseRewriter(self.addresses)
         m = config.metrics
-        self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses))
-        self.observer: MetricsObserver | None = MetricsObserver(self.stats)
+        lag = m.consumer_lag and m.scan_responses  # (the lag reads the answers' scans)
+        self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses,
+                                               consumer_lag=lag))
+        self.lag = ConsumerLag(stale_after=m.consumer_lag_stale_after) if lag else None
+        self.observer: MetricsObserver | None = MetricsObserver(self.stats, self.lag)
         self.loop_watch = LoopWatch(self.stats.event_loop_lag)
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
@@ -199,7 +204,8 @@ class ProxyServer:
                 self.addresses.reserved_ports.add(boot.port)
                 if self.config.metrics_listen is not None:
                     self.metrics_server = MetricsServer(
-                        make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics),
+                        make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics,
+                                      lag=self._lag_collector()),
                         self.readiness, max_connections=self.config.limits.max_http_connections)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
@@ -333,6 +339,13 @@ class ProxyServer:
             delay = min(delay * 2, 30.0)
 
     # -- health and metrics ----------------------------------------------------------
+    def _lag_collector(self) -> ConsumerLagCollector | None:
+        """The consumer-lag series' collector (None: lag not tracked)."""
+        if self.lag is None:
+            return None
+        m = self.config.metrics
+        return ConsumerLagCollector(self.lag, label_cap=m.label_cap, partitions=m.consumer_lag_partitions)
+
     def _live_gauges(self) -> LiveGauges:
         # Read from a worker thread at scrape time (metrics/exposition.py): list() copies are atomic.
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in list(self.connections)),
