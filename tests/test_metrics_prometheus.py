@@ -17,9 +17,7 @@ Then every PromQL expression of the committed Grafana dashboard and of the alert
 rules is run through Prometheus's HTTP API and must return data, and the counters
 must match the traffic sent. A raw client that named its software in ApiVersions v3 stays
 connected meanwhile (kproxy_client_info counts open connections). The consumer commits its
-offsets, so that kproxy, where it tracks consumer lag, has lag series for the Consumer lag row:
-those queries (CONSUMER_LAG) must return data once kproxy exports the series, and before that
-be accepted by Prometheus.
+offsets, so that kproxy has consumer-lag series for the Consumer lag row and its alert.
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ CLIENT_MESSAGES = 25      # produced with confluent-kafka
 MISSING_TOPICS = 30       # topics named in one Metadata request; none exists
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
 RAW_CLIENT, RAW_SOFTWARE = "kproxy-metrics-test", ("kproxy-tests", "1.0.0")
-# The consumer-lag series (issue 24, tracked on another branch): the dashboard's Consumer lag row and
-# KproxyConsumerLagGrowing read them.
+# The consumer-lag series: the dashboard's Consumer lag row and KproxyConsumerLagGrowing read them.
 CONSUMER_LAG = ("kproxy_consumergroup_lag_sum", "kproxy_consumergroup_committed_offset",
                 "kproxy_partition_high_watermark")
 
@@ -159,7 +156,6 @@ class Stack:
     dead_upstream: str
     prom: PromAPI
     traffic: Traffic
-    exported: set[str]    # the metric families kproxy's /metrics has, as it has them at the end
 
 
 @contextlib.contextmanager
@@ -312,10 +308,8 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         failures = f'kproxy_upstream_connect_failures_total{{instance="{dead_metrics}"}}'
         wait_until("the first client's connect failure scraped", lambda: prom.value(failures) == 2, timeout=15)
         assert closed_by_peer(dead.bootstrap, b"")
-        _, text = http_get(f"http://{metrics}/metrics")
-        exported = set(re.findall(r"^# TYPE (\w+) ", text, re.MULTILINE))
         try:
-            yield Stack(proxy, dead, metrics, dead_metrics, down_target, dead_upstream, prom, traffic, exported)
+            yield Stack(proxy, dead, metrics, dead_metrics, down_target, dead_upstream, prom, traffic)
         finally:
             raw.close()
 
@@ -461,12 +455,6 @@ def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
         assert sum(e.startswith("topk(10,") for e in rows[name]) >= 2, name
 
 
-def needs_data(stack: Stack, expr: str) -> bool:
-    """Whether ``expr`` must return data: every expression does, but those over the consumer-lag
-    series while kproxy does not export them (then Prometheus must still accept the query)."""
-    return not any(name in expr and name not in stack.exported for name in CONSUMER_LAG)
-
-
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
     values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*", "node_id": ".*",
               "topic": ".*", "client_id": ".*", "group": ".*", "__rate_interval": "30s", "datasource": ""}
@@ -474,10 +462,7 @@ def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
     assert len(exprs) >= 30
     for title, expr in exprs:
         promql = fill_variables(expr, values)
-        if needs_data(scraped, promql):
-            wait_until(f"data for panel {title!r}: {promql}", lambda q=promql: scraped.prom.query(q), timeout=10)
-        else:
-            scraped.prom.query(promql)  # a query Prometheus accepts (status success), its series not there yet
+        wait_until(f"data for panel {title!r}: {promql}", lambda q=promql: scraped.prom.query(q), timeout=10)
 
 
 def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None:
@@ -489,10 +474,7 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"
-        if needs_data(scraped, bare):
-            wait_until(f"data for alert {rule['alert']}: {bare}", lambda q=bare: scraped.prom.query(q), timeout=10)
-        else:
-            scraped.prom.query(bare)
+        wait_until(f"data for alert {rule['alert']}: {bare}", lambda q=bare: scraped.prom.query(q), timeout=10)
 
     def evaluated() -> list[dict[str, Any]] | None:
         loaded = [r for g in scraped.prom.get("/api/v1/rules", type="alert")["groups"] for r in g["rules"]]
