@@ -541,17 +541,21 @@ async def test_drain_between_read_and_forward_with_requests_in_flight_does_not_s
 
 
 # -- the session's wake-up requests --------------------------------------------------------------------
-class HoldingSession(Session):
-    """Holds each batch of answers until the time it asks for: what a response delay will do."""
+class HoldingSession:
+    """A session that holds each batch of answers until the time it asks for: what a response delay
+    will do (a wrapper, not a subclass: the compiled build's Session is final)."""
 
     hold = 5.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        self.session = Session(*args, **kwargs)
         self.held: list[Command] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
     def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
-        commands = super().receive_upstream(chunk)
+        commands = self.session.receive_upstream(chunk)
         self.held += [c for c in commands if isinstance(c, SendToClient)]
         rest = [c for c in commands if not isinstance(c, SendToClient)]
         return [WakeAt(time.perf_counter() + self.hold), *rest] if self.held else rest

@@ -57,24 +57,28 @@ class Recorder:
         self.done.append(exchange)
 
 
-class FrameByFrame(Session):
+class FrameByFrame:
     """A real :class:`Session` driven one whole frame per chunk, keeping what its commands asked.
 
     ``on_client_frame`` returns the bytes forwarded upstream (None: nothing was);
     responses due to the client collect until ``take_ready``; a ``CloseConnection``
-    raises :class:`SessionError` carrying its reason.
+    raises :class:`SessionError` carrying its reason. Everything else is the session's own
+    (read through; a wrapper, not a subclass: the compiled build's Session is final).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        self.session = Session(*args, **kwargs)
         self.to_client: list[bytes] = []
         self.routes: list[BrokerRoute] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
     def on_client_frame(self, frame_: bytes, read_at: float | None = None) -> bytes | None:
-        return self._run(self.receive_client(frame_, read_at))
+        return self._run(self.session.receive_client(frame_, read_at))
 
     def on_upstream_frame(self, frame_: bytes) -> None:
-        assert self._run(self.receive_upstream(frame_)) is None
+        assert self._run(self.session.receive_upstream(frame_)) is None
 
     def _run(self, commands: list[Command]) -> bytes | None:
         forwarded = None

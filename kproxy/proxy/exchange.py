@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
@@ -30,7 +30,7 @@ from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import api_name
 from kproxy.proxy.addresses import BrokerRoute
 
-_UNREAD: Any = object()  # a memo not computed yet
+_UNREAD: object = object()  # a memo not computed yet (fields holding it are typed Any: see their readers)
 
 # One action of a rule that acted on an exchange: (rule id, action name, detail, dry run).
 RuleDecision = tuple[str, str, str, bool]
@@ -75,7 +75,9 @@ class ObserverMemo:
 
     response_body_offset: int = 0
     response_body: bytes | None = None
-    request_scan: RequestScan | None = _UNREAD
+    # RequestScan | None once read; typed Any for the sentinel (a compiled build checks declared
+    # types at run time): :attr:`Exchange.request_scan` is its typed reader.
+    request_scan: Any = _UNREAD
 
 
 @dataclass(slots=True)
@@ -119,7 +121,7 @@ class Exchange:
     ruling: Ruling | None = None
     memo: ObserverMemo | None = None
     _request_body_offset: int = -1  # -1: not read yet, -2: unreadable
-    _client_id: str | None = _UNREAD
+    _client_id: Any = _UNREAD  # str | None once read (typed Any for the sentinel: see client_id)
 
     @property
     def api(self) -> str:
@@ -131,7 +133,7 @@ class Exchange:
         found = self._client_id
         if found is _UNREAD:
             found = self._client_id = request_client_id(self.request, self.api_key, self.api_version)
-        return found
+        return cast("str | None", found)
 
     @client_id.setter
     def client_id(self, value: str | None) -> None:
@@ -167,7 +169,7 @@ class Exchange:
             offset = self.request_body_offset
             found = memo.request_scan = None if offset is None else scan_request(
                 self.api_key, self.api_version, self.request, offset)
-        return found
+        return cast("RequestScan | None", found)
 
     def request_body(self) -> dict[str, Any]:
         """The request body, decoded in full (for a policy deciding before it is forwarded: a
