@@ -18,8 +18,9 @@ shared machine):
 * ``metrics+1 matching rule``: and one rule matching every request with a 0 ms delay
   (the whole decide path; the verdict is empty, nothing is held).
 
-``--tree LABEL=DIR`` runs the same measurement on another checkout (e.g. the
-commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
+``--pure`` runs this tree's pure-Python build too (``KPROXY_PURE=1``: kproxy/native.py), beside
+the compiled one, alternating round by round. ``--tree LABEL=DIR`` runs the same measurement on
+another checkout (e.g. the commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
 child process, alternating with this tree round by round: before and after in
 one run. Prints Markdown tables.
 """
@@ -162,8 +163,8 @@ def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
 
 
 # -- driver -------------------------------------------------------------------------------------
-def run_tree(root: Path, pairs: int, offset: int) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
+def run_tree(root: Path, pairs: int, offset: int, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(root), **extra_env}
     done = subprocess.run([sys.executable, str(BENCH / "bench_hotpath.py"), "--worker", "--pairs", str(pairs),
                            "--offset", str(offset)], env=env, cwd=root, check=True, capture_output=True, text=True)
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -176,6 +177,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1,000 pairs")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                         help="also measure the kproxy of another checkout, alternating round by round")
+    parser.add_argument("--pure", action="store_true",
+                        help="also measure this tree's pure-Python build (KPROXY_PURE=1) beside its compiled one")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -183,12 +186,14 @@ def main() -> int:
         print(json.dumps(worker(args.pairs, args.offset)))
         return 0
     rounds, pairs = (2, 1000) if args.quick else (args.rounds, args.pairs)
-    trees = [("this tree", BENCH.parent)] + [
-        (label, Path(d).resolve()) for label, _, d in (t.partition("=") for t in args.tree)]
-    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _ in trees}
+    trees: list[tuple[str, Path, dict[str, str]]] = [("this tree", BENCH.parent, {})]
+    if args.pure:
+        trees.append(("this tree, pure", BENCH.parent, {"KPROXY_PURE": "1"}))
+    trees += [(label, Path(d).resolve(), {}) for label, _, d in (t.partition("=") for t in args.tree)]
+    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _, _ in trees}
     for r in range(rounds):
-        for label, root in trees[r % len(trees):] + trees[:r % len(trees)]:
-            results[label].append(run_tree(root, pairs, r))
+        for label, root, extra_env in trees[r % len(trees):] + trees[:r % len(trees)]:
+            results[label].append(run_tree(root, pairs, r, extra_env))
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
@@ -202,13 +207,13 @@ def main() -> int:
     for workload in WORKLOADS:
         for variant in VARIANTS:
             row = [workload, variant]
-            for label, _ in trees:
+            for label, _, _ in trees:
                 runs = results[label]
                 us = statistics.median(run[workload][variant] for run in runs)
                 ratio = statistics.median(run[workload][variant] / run[workload]["none"] for run in runs)
                 row += [f"{us:.2f}", f"{ratio:.2f}x"]
             rows.append(row)
-    print(table(["workload", "variant", *[h for label, _ in trees for h in (f"µs {label}", f"/ none {label}")]],
+    print(table(["workload", "variant", *[h for label, _, _ in trees for h in (f"µs {label}", f"/ none {label}")]],
                 rows))
     return 0
 

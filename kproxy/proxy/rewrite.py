@@ -22,7 +22,7 @@ import functools
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
@@ -75,18 +75,24 @@ def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int)
                           offset=end)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rewritten:
     """A rewritten response frame (size prefix included) and the brokers it advertises.
 
     ``body`` is ``frame``'s body: for a remembered answer, the memo's own object, the same one
     every time the broker repeats itself, so a reader that keys on it (the metrics' scan memo,
-    kproxy/metrics/stats.py) hashes it once, not once per response.
+    kproxy/metrics/stats.py) hashes it once, not once per response. Immutable (``Final`` fields),
+    built by its own ``__init__`` (native code in a compiled build: kproxy/proxy/commands.py says why).
     """
 
-    frame: bytes
-    routes: list[BrokerRoute]
-    body: bytes
+    frame: Final[bytes]
+    routes: Final[list[BrokerRoute]]
+    body: Final[bytes]
+
+    def __init__(self, frame: bytes, routes: list[BrokerRoute], body: bytes) -> None:
+        self.frame = frame
+        self.routes = routes
+        self.body = body
 
 
 class ResponseRewriter:
