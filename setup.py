@@ -28,13 +28,14 @@ if WHEEL and not PURE:
     missing = native_build.compiler_missing()
     if missing is None:
         modules = native_build.listed_modules()
+        sources = native_build.source_stamps(native_build.source_closure(modules))  # before mypyc reads them
         ext_modules = native_build.extensions(modules)
         base = native_build.build_ext_class()
 
         class build_ext(base):  # type: ignore[misc,valid-type]
             def run(self) -> None:
                 super().run()
-                native_build.write_manifest(Path(self.build_lib), modules)
+                native_build.write_manifest(Path(self.build_lib), modules, sources)
 
         cmdclass["build_ext"] = build_ext
     else:

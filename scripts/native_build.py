@@ -151,9 +151,10 @@ def native_file(ext_name: str) -> Path:
     return NATIVE.joinpath(*parts[:-1], parts[-1] + suffix)
 
 
-def write_manifest(lib_root: Path, modules: list[str], root: Path = ROOT) -> None:
+def write_manifest(lib_root: Path, modules: list[str], sources: dict[str, list[Any]]) -> None:
     """The manifest of a finished build, into ``lib_root/kproxy/_native`` (``lib_root``: the checkout or the
-    wheel's build tree)."""
+    wheel's build tree). ``sources``: :func:`source_stamps` taken *before* mypyc read them, so that a
+    source edited while the build ran is found stale."""
     import mypy.version
 
     files = {name: native_file(name).relative_to(NATIVE).as_posix() for name in [*modules, f"{GROUP}__mypyc"]}
@@ -164,7 +165,7 @@ def write_manifest(lib_root: Path, modules: list[str], root: Path = ROOT) -> Non
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "modules": modules,
         "files": files,
-        "sources": source_stamps(source_closure(modules, root), root),
+        "sources": sources,
     }
     target = lib_root / NATIVE / "manifest.json"
     target.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -203,6 +204,7 @@ def build_in_place(force: bool = False) -> int:
         return 0
     clear(ROOT)
     modules = listed_modules()
+    sources = source_stamps(source_closure(modules))  # before mypyc reads them: see write_manifest
     started = time.monotonic()
     print(f"kproxy: compiling {len(modules)} modules with mypyc (a few minutes)...", flush=True)
     from setuptools import Distribution
@@ -218,7 +220,7 @@ def build_in_place(force: bool = False) -> int:
         dist.run_command("build_ext")
     finally:
         os.chdir(cwd)
-    write_manifest(ROOT, modules)
+    write_manifest(ROOT, modules, sources)
     print(f"kproxy: compiled {len(modules)} modules in {time.monotonic() - started:.0f} s", flush=True)
     return 0
 

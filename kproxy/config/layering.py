@@ -43,6 +43,7 @@ KNOWN_VARIABLES: Mapping[str, str] = {
     "KPROXY_ADMIN_URL": "the admin API `kproxy rules` talks to (the older name of KPROXY_ADMIN)",
     "KPROXY_TEST_UPSTREAM": "the broker of the pytest plugin's kproxy fixture",
     "KPROXY_PURE": "run the pure-Python build even when the compiled hot path is built (kproxy/native.py)",
+    "KPROXY_TEST_BUILD": "scripts/test: the build (compiled or pure) a pytest pass must run on (tests/test_native.py)",
     "KPROXY_BENCH_CAPTURE_DIR": "bench/run_kproxy.py: capture during a benchmark",
     "KPROXY_BENCH_NO_METRICS": "bench/run_kproxy.py: a benchmark without metrics",
     "KPROXY_BENCH_PROFILE": "bench/: a cProfile of a benchmark run",

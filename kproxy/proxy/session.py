@@ -50,7 +50,6 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
@@ -140,7 +139,8 @@ class Session:
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
         self.in_flight = self._release.in_flight  # read by tests and the server's gauges (in_flight_count)
-        self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
+        # The forwarded subset of in_flight, oldest first (a list: see InOrderRelease.in_flight).
+        self._awaiting: list[Exchange] = []
         self._seen: list[Exchange] = []  # requests read since the last report (kept only with an observer)
         self._sasl: SaslTokens | None = None  # the token exchange in progress (None: Kafka mode)
         self._relay: SaslRelay | None = None  # made at the connection's first SASL request
@@ -449,7 +449,7 @@ class Session:
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
-        self._awaiting.popleft()
+        del self._awaiting[0]
         if ids.acks0:
             ids.answered_in_order(ex.seq)
         self.responses += 1
