@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
 from kproxy.proxy.session import Exchange
 
-_NO_RANGES: list[tuple[int, int]] = []  # never added to
+_NO_RANGES: Final[list[tuple[int, int]]] = []  # never added to
 
 
 class MetricsObserver:

@@ -15,6 +15,7 @@ few and big (``more``; see VECTORED_MIN_BYTES).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from kproxy.protocol.framing import Spanned
 from kproxy.proxy.addresses import BrokerRoute
@@ -24,8 +25,8 @@ from kproxy.proxy.exchange import Exchange, Ruling
 # Several frames of one chunk that do not go on as the chunk itself are joined into one write, unless
 # they are at most this many and at least this big in all: then a vectored write (os.writev) takes them
 # as they are, and the copy a join makes (a Produce of 100 KB batches: every byte) is saved.
-VECTORED_MAX_FRAMES = 64
-VECTORED_MIN_BYTES = 64 * 1024
+VECTORED_MAX_FRAMES: Final = 64
+VECTORED_MIN_BYTES: Final = 64 * 1024
 
 
 class InOrderRelease:

@@ -36,17 +36,18 @@ from kproxy.protocol.tables import ApiKey, ErrorCode
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
-API_VERSIONS = int(ApiKey.API_VERSIONS)
-UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
-MEMO_MAX_BODY = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
+API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
+UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
+MEMO_MAX_BODY: Final = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
 MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over
 # What one memo entry costs beside its body bytes: the dict slot, the key and result tuples, the
 # bytes objects' headers and the endpoint list (measured with tracemalloc: ~200 bytes on CPython 3.11).
-MEMO_ENTRY_OVERHEAD = 256
+MEMO_ENTRY_OVERHEAD: Final = 256
 # Responses that answer records (new offsets, new data every time) never repeat: remembering them
 # would only fill the memo. Their endpoints (KIP-951 node_endpoints) are rewritten every time.
-NEVER_REPEATS = frozenset(int(k) for k in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE))
-NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
+NEVER_REPEATS: Final = frozenset(int(k) for k in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH,
+                                                  ApiKey.SHARE_ACKNOWLEDGE))
+NODE_ID_FIELDS: Final = ("node_id", "broker_id", "leader_id")
 Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
 
 

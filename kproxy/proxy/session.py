@@ -51,6 +51,7 @@ import enum
 import struct
 import time
 from collections.abc import Callable
+from typing import Final
 
 from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
@@ -82,15 +83,15 @@ __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_M
 
 # Plain ints, bound once: compared on every frame (an int == IntEnum comparison costs about twice a
 # plain one, kproxy/protocol/tables.py).
-PRODUCE = int(ApiKey.PRODUCE)
-SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
-SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
-_SASL_APIS = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
-API_VERSIONS = int(ApiKey.API_VERSIONS)
-UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
-_REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
-_RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
-_API_VERSIONS_MAX = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
+PRODUCE: Final = int(ApiKey.PRODUCE)
+SASL_HANDSHAKE: Final = int(ApiKey.SASL_HANDSHAKE)
+SASL_AUTHENTICATE: Final = int(ApiKey.SASL_AUTHENTICATE)
+_SASL_APIS: Final = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
+API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
+UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
+_REQUEST_FIXED: Final = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
+_API_VERSIONS_MAX: Final = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
 
 
 class SessionError(ProtocolError):

@@ -45,7 +45,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -65,7 +65,7 @@ from kproxy.wire_toxics import Direction, Installed, WireOrder, WireShaper
 log = logging.getLogger("kproxy.connection")
 
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
-_NO_FRAME = math.inf  # _frame_due when no partial request frame is buffered
+_NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 
 
 @dataclass
