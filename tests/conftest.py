@@ -13,6 +13,7 @@ import pytest
 from kproxy import native
 from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from kproxy.testing.fixture import KproxyProcess
+from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
 
 TESTS = Path(__file__).resolve().parent
@@ -81,15 +82,17 @@ PURE_PASS_MODULES = frozenset({
     "test_rules_actions.py",
     "test_native.py",
 })
+# Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
+BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``broker`` every test that reaches the real Tansu broker (through :func:`tansu`, directly
-    or by a fixture built on it), and ``slow`` the tests of SLOW_MODULES, SLOW_TESTS and those using
-    SLOW_FIXTURES: ``pytest -m "not broker and not slow"`` is the fast suite (``scripts/test --fast``)."""
+    """Mark ``broker`` every test that reaches a real Tansu broker (the fixtures of BROKER_FIXTURES,
+    directly or by a fixture built on them), and ``slow`` the tests of SLOW_MODULES, SLOW_TESTS and
+    those using SLOW_FIXTURES: ``pytest -m "not broker and not slow"`` is the fast suite (``scripts/test --fast``)."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
-        if "tansu" in fixtures:
+        if fixtures & BROKER_FIXTURES:
             item.add_marker(pytest.mark.broker)
         module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
         test = f"{module}::{getattr(item, 'originalname', item.name)}"
@@ -108,6 +111,21 @@ def tansu() -> Iterator[Broker]:
     """One Tansu broker for the whole test session (topics are named per test)."""
     with run_tansu() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def sasl_front_session() -> Iterator[SaslFront]:
+    """One authenticating front (tests/sasl_front.py) and its own Tansu broker for the session."""
+    with SaslFront() as front:
+        yield front
+
+
+@pytest.fixture
+def sasl_front(sasl_front_session: SaslFront) -> SaslFront:
+    """The session's authenticating front, reset for this test: no users, no token, every mechanism,
+    sessions that never expire, no events."""
+    sasl_front_session.reset()
+    return sasl_front_session
 
 
 @pytest.fixture

@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trustme
 
 from kproxy.protocol import decode_response
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_proxy, stop_process, wait_for_port
 from tests.support.e2e import create_topic, unique
+from tests.support.pki import server_pki
 from tests.support.resilience import (
     api_versions_request,
     assert_unaffected,
@@ -211,14 +211,7 @@ def test_garbage_after_a_valid_frame(tansu: Broker, topic: str, garbage: bytes) 
 
 @pytest.fixture(scope="module")
 def server_cert(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("resilience-pki")
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    files = {"ca": d / "ca.pem", "cert": d / "server.pem", "key": d / "server.key"}
-    ca.cert_pem.write_to_path(files["ca"])
-    cert.private_key_pem.write_to_path(files["key"])
-    cert.cert_chain_pems[0].write_to_path(files["cert"])
-    return files
+    return server_pki(tmp_path_factory.mktemp("resilience-pki"))
 
 
 def test_tls_handshakes_that_never_finish_are_cut_at_the_timeout(tansu: Broker, topic: str,

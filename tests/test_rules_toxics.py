@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import trio
-import trustme
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
@@ -31,6 +30,7 @@ from kproxy.rules import load_text
 from kproxy.server.fastio import Writer
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.e2e import _recv_exactly, consume_confluent, consume_kafka_python, create_topic, unique
+from tests.support.pki import server_pki
 from tests.test_cli_admin import kproxy_cli
 from tests.test_e2e_clients import same_records
 
@@ -224,12 +224,7 @@ def test_kafka_python_works_through_1_to_7_byte_slices(with_rules: Any, wire: Wi
 
 def test_librdkafka_over_tls_works_through_slices(tansu: Broker, tmp_path: Path) -> None:
     """Over TLS each slice is a TLS record of its own: the client reassembles records, then frames."""
-    ca = trustme.CA()
-    server = ca.issue_cert("localhost", "127.0.0.1")
-    pki = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "server.pem", "key": tmp_path / "server.key"}
-    ca.cert_pem.write_to_path(pki["ca"])
-    server.cert_chain_pems[0].write_to_path(pki["cert"])
-    server.private_key_pem.write_to_path(pki["key"])
+    pki = server_pki(tmp_path)
     path = tmp_path / "rules.yaml"
     path.write_text(SLICER)
     tls = {"security.protocol": "SSL", "ssl.ca.location": str(pki["ca"]),

@@ -38,6 +38,7 @@ from kproxy.config.model import (
     FileSections,
     Limits,
     MetricsOptions,
+    SaslUpstream,
     UpstreamTls,
 )
 from kproxy.config.options import OPTIONS, Alias, Option, builtin_default, env_name, flag_name
@@ -60,6 +61,7 @@ __all__ = [
     "Limits",
     "MetricsOptions",
     "Option",
+    "SaslUpstream",
     "UpstreamTls",
     "add_run_arguments",
     "build_config",

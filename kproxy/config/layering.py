@@ -31,9 +31,11 @@ from kproxy.config.model import (
     FileSections,
     Limits,
     MetricsOptions,
+    SaslUpstream,
     UpstreamTls,
 )
-from kproxy.config.options import BY_ENV, BY_PATH, ENV_PREFIX, OPTIONS, env_name
+from kproxy.config.options import BY_ENV, BY_PATH, ENV_PREFIX, OPTIONS, env_name, flag_name
+from kproxy.config.secrets import read_secret
 from kproxy.config.yaml_file import read_config_file
 
 # KPROXY_* variables that kproxy or its tooling reads and that are not options of ``kproxy run``:
@@ -173,13 +175,17 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
     admin = AdminOptions(**section("admin."))
     if together("admin.listen", "admin.token", "admin.token_file"):
         found.extend(_admin_problems(admin))
+    sasl_upstream = SaslUpstream(**section("sasl.upstream."))
+    if together(*(f"sasl.upstream.{name}" for name in ("mechanism", "username", "password_file", "token_file"))):
+        found.extend(sasl_upstream_problems(sasl_upstream))
     if found:
         raise ConfigError(*found, files=FileSections(client_tls if client_ok else ClientTls(),
                                                      upstream_tls if upstream_ok else UpstreamTls(),
                                                      capture if together("capture.dir") else CaptureOptions()))
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
-                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin, **top)
+                  client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin,
+                  sasl_upstream=sasl_upstream, **top)
 
 
 def _in_line_order(problems: Sequence[str], source: str) -> list[str]:
@@ -220,4 +226,33 @@ def _admin_problems(admin: AdminOptions) -> list[str]:
         problems.append(f"admin.listen: {admin.listen} is not a loopback address: the admin API changes what "
                         f"kproxy does to traffic, so beyond loopback it needs a bearer token "
                         f"(admin.token_file, --admin-token-file or KPROXY_ADMIN_TOKEN)")
+    return problems
+
+
+def sasl_upstream_problems(sasl: SaslUpstream) -> list[str]:
+    """What is wrong with kproxy's own login (options that do not go together, a secret file that
+    cannot be read or holds none), one line each; the file is read now."""
+    given = [name for name in ("username", "password_file", "token_file") if getattr(sasl, name) is not None]
+    if sasl.mechanism is None:
+        return [f"sasl.upstream.{name}: needs sasl.upstream.mechanism (--sasl-upstream-mechanism)"
+                for name in given]
+    problems: list[str] = []
+    needed: tuple[str, ...]
+    if sasl.mechanism == "OAUTHBEARER":
+        needed, refused = ("token_file",), {"username": "the token names the principal",
+                                            "password_file": "OAUTHBEARER logs in with sasl.upstream.token_file"}
+    else:
+        needed, refused = ("username", "password_file"), {
+            "token_file": f"{sasl.mechanism} logs in with sasl.upstream.password_file"}
+    problems += [f"sasl.upstream.{name}: required with mechanism {sasl.mechanism} "
+                 f"({flag_name('sasl.upstream.' + name)})" for name in needed if getattr(sasl, name) is None]
+    problems += [f"sasl.upstream.{name}: not used with mechanism {sasl.mechanism}: {why}"
+                 for name, why in refused.items() if getattr(sasl, name) is not None]
+    secret_file = sasl.secret_file
+    if secret_file is not None:
+        option = "token_file" if sasl.mechanism == "OAUTHBEARER" else "password_file"
+        try:
+            read_secret(secret_file, token=sasl.mechanism == "OAUTHBEARER")
+        except ValueError as exc:
+            problems.append(f"sasl.upstream.{option}: {exc}")
     return problems

@@ -116,6 +116,32 @@ class AdminOptions:
         return self.token
 
 
+# The mechanisms kproxy logs in to brokers with (Kafka's names: KIP-43, KIP-84, KIP-255).
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
+
+
+@dataclass(frozen=True)
+class SaslUpstream:
+    """kproxy's own SASL login to the brokers, for clients that do not log in themselves (off unless
+    ``mechanism`` is set; docs/SASL.md). The secret comes from a file only, never a flag or a variable:
+    ``password_file`` for PLAIN and SCRAM (with ``username``), ``token_file`` for OAUTHBEARER. Both
+    are re-read when they change (kproxy/server/secrets.py)."""
+
+    mechanism: str | None = None
+    username: str | None = None
+    password_file: Path | None = None
+    token_file: Path | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mechanism is not None
+
+    @property
+    def secret_file(self) -> Path | None:
+        """The file the mechanism's secret is read from (the token's for OAUTHBEARER)."""
+        return self.token_file if self.mechanism == "OAUTHBEARER" else self.password_file
+
+
 @dataclass(frozen=True)
 class FileSections:
     """The sections naming files kproxy loads (TLS) or writes (capture) before it serves; of a
@@ -144,6 +170,7 @@ class Config:
     upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
     capture: CaptureOptions = field(default_factory=CaptureOptions)
     admin: AdminOptions = field(default_factory=AdminOptions)
+    sasl_upstream: SaslUpstream = field(default_factory=SaslUpstream)
     rules: RuleSet | None = None  # fault injection (kproxy/policy/policy.py); None: none
     rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
 

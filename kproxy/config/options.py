@@ -17,7 +17,16 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from kproxy.config import values as v
-from kproxy.config.model import AdminOptions, CaptureOptions, ClientTls, Config, Limits, MetricsOptions, UpstreamTls
+from kproxy.config.model import (
+    AdminOptions,
+    CaptureOptions,
+    ClientTls,
+    Config,
+    Limits,
+    MetricsOptions,
+    SaslUpstream,
+    UpstreamTls,
+)
 
 ENV_PREFIX = "KPROXY_"
 
@@ -92,7 +101,8 @@ class Option:
 
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
-                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions()}
+                             "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions(),
+                             "sasl.upstream": SaslUpstream()}
 
 
 def builtin_default(path: str) -> Any:
@@ -203,6 +213,15 @@ OPTIONS: tuple[Option, ...] = (
            aliases=(Alias("--upstream-server-name"),)),
     Option("tls.upstream.verify", v.boolean, "verify broker certificates (off: for staging only)", boolean=True,
            aliases=(Alias("--upstream-no-verify", sets=False),)),
+    Option("sasl.upstream.mechanism", v.sasl_mechanism,
+           "log in to the brokers for clients that do not do SASL themselves: PLAIN, SCRAM-SHA-256, "
+           "SCRAM-SHA-512 or OAUTHBEARER; off by default", "MECHANISM"),
+    Option("sasl.upstream.username", v.string, "the user kproxy logs in as (PLAIN, SCRAM)", "USER"),
+    Option("sasl.upstream.password_file", v.existing_file,
+           "file holding the password (PLAIN, SCRAM); re-read when it changes (a rotated Kubernetes Secret)",
+           "FILE"),
+    Option("sasl.upstream.token_file", v.existing_file,
+           "file holding the OAUTHBEARER token (a JWT); re-read when it changes", "FILE"),
 )
 BY_PATH = {o.path: o for o in OPTIONS}
 BY_ENV = {o.env: o for o in OPTIONS}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kproxy.config.model import Config
+from kproxy.config.model import SASL_MECHANISMS, Config
 from kproxy.host_port import HostPort, parse_host_port
 
 if TYPE_CHECKING:
@@ -57,6 +57,14 @@ def string(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"must be a non-empty string, got {value!r}")
     return value
+
+
+def sasl_mechanism(value: Any) -> str:
+    """One of :data:`~kproxy.config.model.SASL_MECHANISMS`, in any case (``scram-sha-256``)."""
+    mechanism = string(value).upper()
+    if mechanism not in SASL_MECHANISMS:
+        raise ValueError(f"must be one of {', '.join(SASL_MECHANISMS)}, got {value!r}")
+    return mechanism
 
 
 def existing_file(value: Any) -> Path:

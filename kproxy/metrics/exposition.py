@@ -116,6 +116,14 @@ class TrafficCollector(Collector):
                      s.upstream_up)
         yield _counter("kproxy_frames_rejected", "Frames refused (the connection is closed).", ["reason"],
                        s.frames_rejected)
+        yield _counter("kproxy_sasl_authentications", "SASL logins ended, re-authentications (KIP-368) included: "
+                       "side=upstream, kproxy's own to the brokers (sasl.upstream); side=client, clients' to kproxy. "
+                       "result: success, failure (refused: wrong credentials, mechanism not offered) or error (an "
+                       "answer that could not be accepted, or none in time).", ["side", "mechanism", "result"],
+                       s.sasl_authentications)
+        yield _counter("kproxy_sasl_reauthentications", "Of kproxy_sasl_authentications_total, the "
+                       "re-authentications (KIP-368) of connections already logged in.",
+                       ["side", "mechanism", "result"], s.sasl_reauthentications)
         f = s.faults
         yield GaugeMetricFamily("kproxy_rules_loaded", "Enabled fault-injection rules loaded (--rules).",
                                 value=f.rules_loaded)

@@ -191,6 +191,11 @@ class BrokerSeries:
         return {(k.api, k.version): k.responses for k in self.all_kinds() if k.responses}
 
 
+# kproxy_sasl_authentications_total's result label: logged in; refused by the other side; neither (an
+# answer that could not be accepted, or none in time).
+SASL_RESULTS = ("success", "failure", "error")
+
+
 def node_label(node_id: int | str | None) -> str:
     """The ``node_id`` label of a broker's node id; None (the bootstrap listener) is :data:`BOOTSTRAP_NODE`."""
     return BOOTSTRAP_NODE if node_id is None else str(node_id)
@@ -223,6 +228,9 @@ class TrafficStats:
     accept_errors: dict[str, int] = field(default_factory=dict)
     client_connections_refused: dict[tuple[str, str], int] = field(default_factory=dict)
     undecodable_responses: dict[str, int] = field(default_factory=dict)
+    # SASL logins ended, by (side, mechanism, result); the re-authentications among them apart.
+    sasl_authentications: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    sasl_reauthentications: dict[tuple[str, str, str], int] = field(default_factory=dict)
     faults: FaultStats = field(default_factory=FaultStats)
 
     def __post_init__(self) -> None:
@@ -562,3 +570,17 @@ class TrafficStats:
 
     def frame_rejected(self, reason: str) -> None:
         self.frames_rejected[reason] = self.frames_rejected.get(reason, 0) + 1
+
+    # -- SASL logins (per login, not per frame) ---------------------------------------------------
+    def sasl_mechanism_used(self, side: str, mechanism: str) -> None:
+        """Born at zero, every result: the first failure must be an increase an alert can see."""
+        for result in SASL_RESULTS:
+            self.sasl_authentications.setdefault((side, mechanism, result), 0)
+            self.sasl_reauthentications.setdefault((side, mechanism, result), 0)
+
+    def sasl_authenticated(self, side: str, mechanism: str, result: str, reauthentication: bool) -> None:
+        """A login ended: ``side`` upstream (kproxy's own) or client; ``result`` one of SASL_RESULTS."""
+        key = (side, mechanism, result)
+        self.sasl_authentications[key] = self.sasl_authentications.get(key, 0) + 1
+        if reauthentication:
+            self.sasl_reauthentications[key] = self.sasl_reauthentications.get(key, 0) + 1

@@ -263,3 +263,16 @@ def _apply_fixes(fields: tuple[Field, ...], body: Body, fixes: dict[str, Any]) -
 
 
 __all__ = ["DecodeError", "build_error_body", "error_response", "error_values", "set_error_codes"]
+
+
+def api_versions_answer(correlation_id: int, error_code: int, api_keys: Collection[tuple[int, int, int]] = ()) -> bytes:
+    """An ApiVersions response frame with a v0 body (``api_keys`` as (api key, min, max)), whatever
+    the request's version: what a broker answers at an error, KIP-511's UNSUPPORTED_VERSION among
+    them (clients read an ApiVersions answer carrying an error as v0; its header is v0 at every
+    version)."""
+    from kproxy.protocol.payloads import encode_response
+
+    body = {"error_code": error_code,
+            "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in api_keys]}
+    payload = encode_response(correlation_id, ApiKey.API_VERSIONS, 0, body)
+    return _SIZE.pack(len(payload)) + payload

@@ -212,3 +212,13 @@ class FrameSplitter:
 def frame(payload: bytes | bytearray) -> bytes:
     """Prefix a payload with its 4-byte size."""
     return SIZE_PREFIX.pack(len(payload)) + bytes(payload)
+
+
+def frame_head(parts: Spanned, n: int = 16) -> bytes:
+    """The first ``n`` bytes of a :data:`Spanned` frame (all of it when shorter): its header."""
+    head = b""
+    for part in parts:
+        head += bytes(part[: n - len(head)])
+        if len(head) >= n:
+            break
+    return head

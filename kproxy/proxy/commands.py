@@ -11,8 +11,12 @@ function, several times the cost, on every chunk (the decorator still makes ``__
 Ordering contract: a :class:`SendToClient` is always first in its list, so that the
 server can claim the client side for it before it awaits anything else (responses
 leave in request order: two lists returned one after the other must reach the client
-in that order, whichever task executes them). :class:`ForwardUpstream` comes only from
-``receive_client``: requests reach the broker in the order the session tracks them.
+in that order, whichever task executes them). Likewise two lists' :class:`ForwardUpstream`
+must reach the broker in the order the session returned them (the order it expects the answers
+in): the server claims the upstream side for them when a list is returned, before it awaits
+anything. They come from ``receive_client``, and with an upstream login (kproxy's own SASL) also
+from ``receive_upstream`` (the login's next request, the client's requests held during it) and
+``on_timer`` (a re-authentication's first request).
 """
 
 from __future__ import annotations
@@ -100,16 +104,30 @@ class CloseConnection:
     kind: Final[CloseKind]
     reject: Final[RejectReason | None]
     abort: Final[bool]  # end with a TCP RST (SO_LINGER 0) rather than a FIN: a reset_connection rule
+    # Seconds to wait, once what came before it is written, before closing (nothing read meanwhile): a
+    # refused login's, as a broker delays it (connection.failed.authentication.delay.ms), so that the
+    # client reads the refusal before the close (kafka-python loses an answer that comes with the FIN).
+    linger: Final[float]
 
-    def __init__(self, reason: str, kind: CloseKind, reject: RejectReason | None = None, abort: bool = False) -> None:
+    def __init__(self, reason: str, kind: CloseKind, reject: RejectReason | None = None, abort: bool = False,
+                 linger: float = 0.0) -> None:
         self.reason = reason
         self.kind = kind
         self.reject = reject
         self.abort = abort
+        self.linger = linger
 
     @classmethod
     def rejected(cls, reject: RejectReason, reason: str) -> CloseConnection:
         return cls(reason, CloseKind.REJECT, reject)
+
+    @classmethod
+    def for_error(cls, exc: Exception, oversize: RejectReason, otherwise: RejectReason, side: str) -> CloseConnection:
+        """The reject for a protocol error met on one ``side`` (the log line keeps its text as it was):
+        ``oversize`` for a frame over the size limit, else ``otherwise``."""
+        from kproxy.protocol.errors import FrameSizeError
+
+        return cls.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")
 
 
 @dataclass(slots=True)

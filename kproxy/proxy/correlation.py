@@ -46,6 +46,13 @@ class CorrelationIds:
         span = self.forgotten
         return span is not None and span[0] <= correlation_id <= span[1]
 
+    @staticmethod
+    def why_taken(api: str, api_version: int, correlation_id: int, in_flight: bool) -> str:
+        """Why a request may not reuse ``correlation_id`` (``in_flight``: a request in flight has it)."""
+        why = "a request in flight" if in_flight else "an acks=0 Produce the broker may still answer"
+        return f"{api} v{api_version} request reuses correlation id {correlation_id} of {why}: its answer could not " \
+               f"be told apart"
+
     def remember_acks0(self, seq: int, correlation_id: int) -> None:
         """An acks=0 Produce went upstream: its id is taken until the broker can no longer answer it."""
         acks0 = self.acks0

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Final, Protocol, cast
 
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.request_fields import request_client_id
+from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import api_name
+from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.proxy.addresses import BrokerRoute
+
+PRODUCE: Final = int(ApiKey.PRODUCE)
 
 _UNREAD: object = object()  # a memo not computed yet (fields holding it are typed Any: see their readers)
 
@@ -285,3 +287,17 @@ class SessionObserver(Protocol):
     def request(self, exchange: Exchange) -> None: ...
 
     def complete(self, exchange: Exchange) -> None: ...
+
+
+def produce_acks_zero(ex: Exchange, frame: bytes) -> bool:
+    """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
+    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
+    offset: int | None = ex._request_body_offset
+    if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
+        offset = find_request_body(frame, PRODUCE, ex.api_version)
+        ex._request_body_offset = -2 if offset is None else offset
+    elif offset == -2:
+        offset = None
+    if offset is None:
+        return False
+    return produce_acks(frame, ex.api_version, offset) == 0

@@ -33,6 +33,12 @@ Guarantees kept here (each has bitten a peer):
   read, tracked in order and released at once as no answer, never forwarded (unless the
   verdict forwards), so nothing waits for an answer that will never come and nothing piles
   up; answers to requests forwarded before it still leave, in order.
+* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py),
+  no client request goes up while one is in progress (the first, begun by the client's first
+  chunk; each re-authentication, KIP-368): the client is read no further than one chunk, held
+  until the login succeeded. A refused first login answers the client's first request with the
+  broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
+  answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
   SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`); the policy is told when it changes.
@@ -53,12 +59,11 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from kproxy.protocol.errors import DecodeError, FrameSizeError, ProtocolError
-from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned
-from kproxy.protocol.headers import request_body_offset as find_request_body
+from kproxy.protocol.error_response import api_versions_answer
+from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
 from kproxy.protocol.headers import response_body_offset as find_response_body
-from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.request_fields import produce_acks, request_client_id
+from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.addresses import PortsExhausted
@@ -71,11 +76,12 @@ from kproxy.proxy.commands import (
     WakeAt,
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
-from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver
+from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver, produce_acks_zero
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict
+from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
+from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
@@ -91,7 +97,12 @@ API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
 UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED: Final = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
-_API_VERSIONS_MAX: Final = (supported_versions(API_VERSIONS) or (0, 0))[1]  # above it: the KIP-511 answer
+# What ApiVersions kproxy reads (above it: the KIP-511 answer).
+_KIP511_RANGE: Final = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)
+_API_VERSIONS_MAX: Final = _KIP511_RANGE[0][2]
+# A refused upstream login closes this long after its answer, as a broker does (Kafka's
+# connection.failed.authentication.delay.ms, 100 ms by default).
+REFUSAL_LINGER_S: Final = 0.1
 
 
 class SessionError(ProtocolError):
@@ -129,7 +140,8 @@ class Session:
 
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, clock: Callable[[], float] = time.perf_counter,
-                 observer: SessionObserver | None = None, policy: RequestPolicy | None = None) -> None:
+                 observer: SessionObserver | None = None, policy: RequestPolicy | None = None,
+                 login: UpstreamLogin | None = None) -> None:
         self.rewriter = rewriter
         self.max_in_flight = max_in_flight
         self.clock = clock
@@ -157,12 +169,18 @@ class Session:
         self.wire_orders: list[WireOrder] = []
         self._close_at: float | None = None  # a slow close's time
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
+        self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
+        # Client chunks held during a login (the first begins at the client's first chunk: module docstring).
+        self._hold: list[tuple[bytes | bytearray, float | None]] | None = None if login is None else []
+        self._upstream_out: list[bytes] = []  # frames for the broker from receive_upstream / on_timer (a login's)
+        self._login_wake_asked: float | None = None
 
     # -- what the server may ask between chunks ----------------------------------------
     @property
     def can_accept(self) -> bool:
-        """False while ``max_in_flight`` requests await responses: stop reading the client."""
-        return len(self.in_flight) < self.max_in_flight
+        """False while ``max_in_flight`` requests await responses, or a chunk read during an upstream
+        login waits for it to end: stop reading the client."""
+        return len(self.in_flight) < self.max_in_flight and not self._hold
 
     @property
     def in_flight_count(self) -> int:
@@ -211,16 +229,25 @@ class Session:
         Returns, in order: a :class:`SendToClient` when local answers became due, then a
         :class:`ForwardUpstream` with the requests to forward (the chunk itself when it
         held exactly those frames) - or a lone :class:`CloseConnection` when a request is
-        refused: nothing of that chunk is forwarded then.
+        refused: nothing of that chunk is forwarded then. During an upstream login the chunk is held
+        and taken when the login succeeded; the first chunk begins the first login (its requests).
         """
+        if self._hold is not None:
+            self._hold.append((chunk, read_at))
+            login = self.login
+            if login is None or login.logins:
+                return []
+            out = login.begin(self._ids.refuses)
+            assert login.deadline is not None
+            return [ForwardUpstream(out), WakeAt(login.deadline)]
         try:
             frames, data, exact = self._client_frames.split(chunk)
             if not frames:
                 return []
             forward = [f for raw in frames if (f := self._client_frame(raw, read_at)) is not None]
         except ProtocolError as exc:
-            return [_reject(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
-                            "bad request from client")]
+            return [CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                              "bad request from client")]
         release = self._release
         commands: list[Command] = [release.take(frames, data, False)] if release.ready else []
         if forward:
@@ -263,7 +290,9 @@ class Session:
                                f"only versions it reads)", offset=0)
         ids = self._ids
         if correlation_id in ids.taken or (ids.forgotten is not None and ids.refuses(correlation_id)):
-            raise SessionError(self._id_taken(api_key, api_version, correlation_id), offset=8)
+            raise SessionError(ids.why_taken(api_name(api_key), api_version, correlation_id,
+                                              any(e.correlation_id == correlation_id for e in self.in_flight)),
+                               offset=8)
         self.requests += 1
         if self.requests == 1:
             self.client_id = request_client_id(frame, api_key, api_version)
@@ -294,7 +323,7 @@ class Session:
                     out = verdict.request
                     self._edited = True
         release = self._release
-        if api_key == PRODUCE and _acks_zero(ex, frame):
+        if api_key == PRODUCE and produce_acks_zero(ex, frame):
             # No answer, injected or not (the client expects none): only forwarding is a choice. A broker
             # that answers anyway (Tansu) has that answer dropped.
             if release.observed:
@@ -305,16 +334,19 @@ class Session:
             ids.remember_acks0(self.requests, correlation_id)
             return out
         if verdict is not None:
-            _rule(ex, verdict)
+            keep_ruling(ex, verdict)
         release.in_flight.append(ex)
         ids.taken.add(correlation_id)
         if verdict is not None and not verdict.forward:
             self._answer_locally(ex, verdict.answer, now)
             return None
         if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
-            self._answer_locally(ex, self._kip511_answer(correlation_id), now)
+            self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE), now)
             return None
         if api_key in _SASL_APIS:
+            if self.login is not None:  # kproxy logged in itself: nothing to relay (module docstring)
+                self._answer_locally(ex, self.login.refuse_client_sasl(frame), now)
+                return None
             if self._relay is None:
                 self._relay = SaslRelay()
             self._relay.request(ex)
@@ -360,22 +392,6 @@ class Session:
         commands.append(WakeAt(release.wake))
         release.wake = None
 
-    def _id_taken(self, api_key: int, api_version: int, correlation_id: int) -> str:
-        if any(ex.correlation_id == correlation_id for ex in self.in_flight):  # (refusals only: not per frame)
-            why = "a request in flight"
-        else:
-            why = "an acks=0 Produce the broker may still answer"
-        return (f"{api_name(api_key)} v{api_version} request reuses correlation id {correlation_id} of {why}: "
-                f"its answer could not be told apart")
-
-    def _kip511_answer(self, correlation_id: int) -> bytes:
-        span = supported_versions(API_VERSIONS)
-        assert span is not None
-        body = {"error_code": UNSUPPORTED_VERSION,
-                "api_keys": [{"api_key": API_VERSIONS, "min_version": span[0], "max_version": span[1]}]}
-        payload = encode_response(correlation_id, API_VERSIONS, 0, body)
-        return struct.pack(">i", len(payload)) + payload
-
     # -- upstream -> client ----------------------------------------------------------
     def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
         """Take a chunk read from the broker.
@@ -391,28 +407,42 @@ class Session:
             for raw in frames:
                 self._upstream_frame(raw)
         except ProtocolError as exc:
-            return [_reject(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
-                            "bad response from upstream")]
+            return [CloseConnection.for_error(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
+                                              "bad response from upstream")]
         release = self._release
         commands: list[Command] = [release.take(frames, data, exact)] if release.ready else []
+        if self.login is not None:
+            self._login_commands(commands)
         if release.wake is not None:
             self._ask_wake(commands)
+        if self._closing is not None and self.login is not None:
+            commands.append(self._closing)
         return commands
 
     def on_timer(self, now: float) -> list[Command]:
         """The time asked by a :class:`~kproxy.proxy.commands.WakeAt` has come (or is near).
 
-        Returns only :class:`SendToClient`, :class:`CloseConnection` or :class:`WakeAt`:
-        requests go upstream from ``receive_client`` alone, so that they reach the broker
-        in the order the session expects their answers (the server's client pump is the
-        only writer upstream). Held responses (a policy's delay or throttle) whose time
-        has come are released from here, in request order, and a slow close ends here.
+        Held responses (a policy's delay or throttle) whose time has come are released from here,
+        in request order; a slow close and an upstream login that took too long end here, and an
+        upstream re-authentication begins here (its :class:`ForwardUpstream`: client requests go
+        up from ``receive_client``, or ``receive_upstream`` after a login held them).
         """
         if self._close_at is not None and now >= self._close_at:
             return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
         release = self._release
         release.flush()
+        login = self.login
+        if login is not None:
+            if login.deadline is not None and now >= login.deadline:
+                self._login_ended(login.timed_out())
+                assert self._closing is not None
+                return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
+            if self._hold is None and login.due(now):
+                self._hold = []  # a re-authentication: the client's requests wait until it ends
+                self._upstream_out.append(login.begin(self._ids.refuses))
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []
+        if login is not None:
+            self._login_commands(commands, True)
         if self._close_at is not None:
             release.want_wake(self._close_at)
         if release.wake is not None:
@@ -426,7 +456,7 @@ class Session:
         parts: Spanned | None = None
         if isinstance(frame, list):
             parts = frame
-            frame = _head(parts)
+            frame = frame_head(parts)
         if self._sasl is not None:
             token = frame if parts is None else b"".join(parts)
             self._release.ready.append(token)
@@ -445,6 +475,9 @@ class Session:
             # Not the oldest request's answer (ids are never shared between it and an acks=0 Produce):
             # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
             if (ids.acks0 or ids.forgotten is not None) and ids.answers_acks0(correlation_id):
+                return
+            if ex is None and self.login is not None and self.login.awaits(correlation_id):
+                self._login_answer(correlation_id, frame if parts is None else b"".join(parts))
                 return
             if ex is None:
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
@@ -485,6 +518,53 @@ class Session:
             self._sasl_login(principal)
         self._release.flush()
 
+    # -- kproxy's own login (kproxy/proxy/upstream_login.py) ----------------------------------
+    def _login_answer(self, correlation_id: int, frame: bytes) -> None:
+        """The broker answered one of the login's requests: its next request goes up, or it ended."""
+        assert self.login is not None
+        out, result = self.login.answer(correlation_id, frame, self._ids.refuses)
+        if out:
+            self._upstream_out.append(out)
+        if result is not None:
+            self._login_ended(result)
+
+    def _login_ended(self, result: LoginResult) -> None:
+        """Success: the held client chunks are taken (their requests go up). Refusal: the client is
+        read no more (a hold that stays), a first login's answers the client's first request where
+        its response can say so (:func:`refusal_answer`), and the connection closes."""
+        login = self.login
+        assert login is not None
+        held, self._hold = self._hold or [], None
+        try:
+            if result.result != SUCCESS:
+                self._hold = held or [(b"", None)]
+                first = self._client_frames.split(held[0][0])[0] if held and login.logins == 1 else []
+                answer = refusal_answer(first[0], result.error_code, result.message) if first else None
+                if answer is not None:
+                    self._release.ready.append(answer)
+                self._closing = CloseConnection(result.reason, CloseKind.END, linger=REFUSAL_LINGER_S)
+                return
+            for chunk, read_at in held:
+                frames, _, _ = self._client_frames.split(chunk)
+                self._upstream_out.extend(f for raw in frames if (f := self._client_frame(raw, read_at)) is not None)
+        except ProtocolError as exc:
+            self._closing = CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                                     "bad request from client")
+        self._edited = False
+
+    def _login_commands(self, commands: list[Command], again: bool = False) -> None:
+        """The frames the login (and the requests it held) send next; a wake-up at its deadline or next
+        re-authentication when that changed, or ``again`` (on_timer: the server forgot the last)."""
+        if self._upstream_out:
+            out, self._upstream_out = self._upstream_out, []
+            commands.append(ForwardUpstream(out[0]) if len(out) == 1 else forward_frames(out))
+        login = self.login
+        assert login is not None
+        when = login.deadline if login.deadline is not None else login.reauth_at
+        if when is not None and (again or when != self._login_wake_asked):
+            self._release.want_wake(when)
+        self._login_wake_asked = when
+
     def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
         if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
             return frame
@@ -520,46 +600,3 @@ class Session:
             completed, release.completed = release.completed, []
             for ex in completed:
                 observer.complete(ex)
-
-
-def _rule(ex: Exchange, verdict: Verdict) -> None:
-    """Keep what a verdict says of the exchange's response on its :class:`Ruling` (made now unless
-    the policy made it, recording its rule decisions)."""
-    ruling = ex.ruling
-    if ruling is None:
-        ruling = ex.ruling = Ruling()
-    if verdict.hold_s:
-        ruling.release_at = ex.read_at + verdict.hold_s
-    ruling.response_delay = verdict.response_delay_s
-    ruling.on_response = verdict.on_response
-    ruling.drop = verdict.drop_response or verdict.blackhole
-    ruling.held_by = verdict.held_by
-
-
-def _reject(exc: ProtocolError, oversize: RejectReason, otherwise: RejectReason, side: str) -> CloseConnection:
-    """The close for a protocol error met on one side (the log line keeps its text as it was)."""
-    return CloseConnection.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")
-
-
-def _head(parts: Spanned, n: int = 16) -> bytes:
-    """The first ``n`` bytes of a :data:`Spanned` frame (all of it when shorter): its header."""
-    head = b""
-    for part in parts:
-        head += bytes(part[: n - len(head)])
-        if len(head) >= n:
-            break
-    return head
-
-
-def _acks_zero(ex: Exchange, frame: bytes) -> bool:
-    """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
-    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
-    offset: int | None = ex._request_body_offset
-    if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
-        offset = find_request_body(frame, PRODUCE, ex.api_version)
-        ex._request_body_offset = -2 if offset is None else offset
-    elif offset == -2:
-        offset = None
-    if offset is None:
-        return False
-    return produce_acks(frame, ex.api_version, offset) == 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from kproxy.proxy.commands import CloseConnection
-from kproxy.proxy.exchange import Exchange
+from kproxy.proxy.exchange import Exchange, Ruling
 from kproxy.wire_toxics import WireOrder
 
 
@@ -106,3 +106,17 @@ class RequestPolicy(Protocol):
     principal: str | None
 
     def decide(self, exchange: Exchange) -> Verdict | None: ...
+
+
+def keep_ruling(ex: Exchange, verdict: Verdict) -> None:
+    """Keep what a verdict says of the exchange's response on its :class:`Ruling` (made now unless
+    the policy made it, recording its rule decisions)."""
+    ruling = ex.ruling
+    if ruling is None:
+        ruling = ex.ruling = Ruling()
+    if verdict.hold_s:
+        ruling.release_at = ex.read_at + verdict.hold_s
+    ruling.response_delay = verdict.response_delay_s
+    ruling.on_response = verdict.on_response
+    ruling.drop = verdict.drop_response or verdict.blackhole
+    ruling.held_by = verdict.held_by

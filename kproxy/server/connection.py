@@ -28,6 +28,12 @@ record times; one task of the server keeps every connection's nearest deadline
 :meth:`Connection.on_deadline` then, which also calls the session back at the times it asks for
 (:class:`~kproxy.proxy.commands.WakeAt`: in a task of the connection's, started for that wake-up).
 
+Upstream writes keep the order the session returned them in (its ordering contract,
+:mod:`kproxy.proxy.commands`): with kproxy's own upstream login, the session also sends from the
+upstream pump and the watchdog (the login's requests, the client's requests it held), so each
+command list that writes upstream takes a turn, in the order the lists were returned, before any
+await; without a login only the client pump writes upstream and no turn is taken.
+
 Byte-level toxics (:mod:`kproxy.wire_toxics`: a rule's bandwidth, slicer, limit_data, delay at
 wire) are taken from the session after each client chunk, before its commands run, and installed
 on their direction: that direction's writers become a :class:`~kproxy.server.wire.ToxicWriter`'s
@@ -118,6 +124,11 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._toxic_writers: dict[Direction, ToxicWriter] = {}  # made on a direction's first toxic
         self._toxics: dict[tuple[object, Direction], Installed] = {}  # by order key and direction
+        # Upstream write turns (module docstring): the next to hand out, the one whose turn it is.
+        self._ordered = session.login is not None
+        self._turns = 0
+        self._turn = 0
+        self._turn_passed = trio.Event()
 
     def drain(self) -> None:
         """Stop reading new requests; the connection closes once in-flight ones are answered."""
@@ -127,7 +138,8 @@ class Connection:
             # the pump is forwarding a chunk it read, finishes it, and sees `draining` after.
             self._reading_client.cancel()
         if not self.session.in_flight_count:
-            self.close_reason = "shutdown"
+            if self.close_reason == "client closed":  # (not one the session gave, a refused login's)
+                self.close_reason = "shutdown"
             self._idle.cancel()
 
     async def run(self) -> None:
@@ -291,6 +303,8 @@ class Connection:
                     return
                 self._touch()
                 commands = session.receive_upstream(data)
+                if session.wire_orders:  # verdicts on client requests a login held, taken now
+                    self._install(session.wire_orders)
                 if commands and not await self._execute(commands, scope):
                     return
                 session.report()
@@ -304,26 +318,57 @@ class Connection:
 
     async def _execute(self, commands: list[Command], scope: trio.CancelScope) -> bool:
         """Do what the session asked, in order; False when it asked to close (``scope`` is cancelled)."""
-        for command in commands:
-            kind = type(command)
-            if kind is SendToClient:
-                await self._send(command)  # type: ignore[arg-type]
-            elif kind is ForwardUpstream:
-                if command.more:  # type: ignore[union-attr]
-                    await self._upstream_writev((command.data, *command.more))  # type: ignore[union-attr]
+        turn = self._take_turn(commands) if self._ordered else -1  # before any await: the session's order
+        last = commands[-1] if commands else None
+        if isinstance(last, CloseConnection) and last.linger:
+            # Its reason is the connection's from now on: the client may close while what comes first is
+            # written (a refused login's answer), and that close must not hide why.
+            self.close_reason = last.reason
+        try:
+            for command in commands:
+                kind = type(command)
+                if kind is SendToClient:
+                    await self._send(command)  # type: ignore[arg-type]
+                elif kind is ForwardUpstream:
+                    if turn != self._turn and turn >= 0:
+                        await self._wait_turn(turn)
+                    if command.more:  # type: ignore[union-attr]
+                        await self._upstream_writev((command.data, *command.more))  # type: ignore[union-attr]
+                    else:
+                        await self._upstream_writer(command.data)  # type: ignore[union-attr]
+                elif kind is WakeAt:
+                    self._wake_at(command.when)  # type: ignore[union-attr]
                 else:
-                    await self._upstream_writer(command.data)  # type: ignore[union-attr]
-            elif kind is WakeAt:
-                self._wake_at(command.when)  # type: ignore[union-attr]
-            else:
-                assert isinstance(command, CloseConnection)
-                if command.reject is not None and self.on_reject is not None:
-                    self.on_reject(command.reject.value)
-                if command.abort:
-                    _linger_zero(self.client)
-                self._end(scope, command.reason)
-                return False
-        return True
+                    assert isinstance(command, CloseConnection)
+                    if command.reject is not None and self.on_reject is not None:
+                        self.on_reject(command.reject.value)
+                    if command.abort:
+                        _linger_zero(self.client)
+                    if command.linger:
+                        await trio.sleep(command.linger)
+                    self._end(scope, command.reason)
+                    return False
+            return True
+        finally:
+            if turn >= 0:
+                self._pass_turn(turn)
+
+    def _take_turn(self, commands: list[Command]) -> int:
+        """The upstream turn of a command list that writes upstream (-1: it writes nothing)."""
+        for command in commands:
+            if type(command) is ForwardUpstream:
+                self._turns += 1
+                return self._turns - 1
+        return -1
+
+    async def _wait_turn(self, turn: int) -> None:
+        while self._turn != turn:
+            await self._turn_passed.wait()
+
+    def _pass_turn(self, turn: int) -> None:
+        self._turn = turn + 1
+        passed, self._turn_passed = self._turn_passed, trio.Event()
+        passed.set()
 
     async def _send(self, command: SendToClient) -> None:
         """Write responses to the client once the brokers they name have listeners."""

@@ -51,15 +51,19 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
+from kproxy.proxy.upstream_login import LoginResult, UpstreamLogin
 from kproxy.ratelimit import LogRateLimit
+from kproxy.sasl.client import ScramKeys
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
+from kproxy.server.secrets import UpstreamCredentials
 from kproxy.server.timers import Deadlines
 from kproxy.server.tls import client_side_context, upstream_context
+from kproxy.server.upstream_auth import UpstreamLoginFailed, authenticate
 from kproxy.server.warmup import warm_up
 
 if TYPE_CHECKING:
@@ -125,6 +129,12 @@ class ProxyServer:
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
+        # kproxy's own login to the brokers (sasl.upstream), on every upstream connection it opens.
+        self.sasl: UpstreamCredentials | None = None
+        self.scram_keys = ScramKeys()
+        if config.sasl_upstream.enabled:
+            self.sasl = UpstreamCredentials(config.sasl_upstream)
+            self.stats.sasl_mechanism_used("upstream", self.sasl.mechanism)
         self.listeners: dict[int, _Listener] = {}
         self.connections: set[Connection] = set()
         self.bootstrap_port = 0
@@ -303,6 +313,9 @@ class ProxyServer:
                 stream, addr = await self._connect_upstream(list(self.config.upstream), BOOTSTRAP_NODE, probe=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
+                        login = self.upstream_login()
+                        if login is not None:
+                            await authenticate(stream, login, self.config.limits.max_frame_size)
                         versions = await fetch_api_versions(stream, self.config.limits.max_frame_size)
                         brokers = await fetch_brokers(stream, self.config.limits.max_frame_size)
                 finally:
@@ -316,7 +329,7 @@ class ProxyServer:
                 self.warmed.set()
                 return
             except (UpstreamUnavailable, ProtocolError, PortsExhausted, trio.BrokenResourceError, trio.TooSlowError,
-                    OSError, ssl.SSLError) as exc:
+                    OSError, ssl.SSLError, UpstreamLoginFailed) as exc:
                 log.warning("event=broker_discovery_failed retry_in_s=%.1f reason=%s", delay,
                             _q(str(exc) or type(exc).__name__))
             await trio.sleep(delay)
@@ -488,7 +501,7 @@ class ProxyServer:
         limits = self.config.limits
         policy = self.rules.policy(peer, listener.node_id)
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          policy=policy)
+                          policy=policy, login=self.upstream_login(peer))
         observer: SessionObserver | None = None
         if self.observer is not None:
             observer = self.observer.for_broker(listener.node_id)
@@ -518,6 +531,24 @@ class ProxyServer:
                 self.capture.connection_closed(observer)
             self.stats.client_disconnected(listener.name, node)
             self.stats.upstream_disconnected(str(addr), node)
+
+    def upstream_login(self, peer: str | None = None) -> UpstreamLogin | None:
+        """kproxy's own login for one upstream connection (None without ``sasl.upstream``); ``peer``:
+        the client it logs in for (None: kproxy's own connection, broker discovery)."""
+        if self.sasl is None:
+            return None
+
+        def client_sasl() -> None:
+            log.warning("event=client_sasl_refused peer=%s mechanism=%s detail=%s", peer, self.sasl.mechanism if
+                        self.sasl is not None else "-", _q("the client began its own SASL login: kproxy logs in to "
+                                                           "the cluster itself (sasl.upstream), so it was answered "
+                                                           "ILLEGAL_SASL_STATE; configure the client without SASL"))
+
+        return UpstreamLogin(self.sasl.current, timeout=self.config.limits.connect_timeout, report=self._login_ended,
+                             keys=self.scram_keys, on_client_sasl=client_sasl)
+
+    def _login_ended(self, result: LoginResult) -> None:
+        self.stats.sasl_authenticated("upstream", result.mechanism, result.result, result.reauthentication)
 
     async def _connect_upstream(self, addresses: list[HostPort], node_id: str, *, probe: bool = False
                                 ) -> tuple[trio.abc.Stream, HostPort]:

@@ -69,14 +69,19 @@ class Broker:
 
 
 @contextlib.contextmanager
-def run_tansu(port: int | None = None) -> Iterator[Broker]:
-    """Start a Tansu broker on loopback with in-memory storage; stop it on exit."""
+def run_tansu(port: int | None = None, *, advertised: str | None = None) -> Iterator[Broker]:
+    """Start a Tansu broker on loopback with in-memory storage; stop it on exit.
+
+    ``advertised`` (``HOST:PORT``) is the address its Metadata names, its own by default: a front
+    that clients must reach it through (tests/sasl_front.py) gives its own address here.
+    """
     port = port or free_port()
     url = f"tcp://127.0.0.1:{port}"
+    advertised_url = url if advertised is None else f"tcp://{advertised}"
     log = Path(tempfile.mkstemp(prefix="tansu-", suffix=".log")[1])
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised_url,
              "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"},
         )

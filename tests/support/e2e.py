@@ -134,8 +134,10 @@ def assert_only_kproxy_reaches_broker(proxy: ProxyThread, seen: BrokerConnection
 
 
 # -- confluent-kafka (librdkafka) ----------------------------------------------------------------
-def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None,
+                 **client: Any) -> None:
+    """Create ``name`` (topic ``config``); ``client``: more admin client settings (SASL's, say)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **client})
     futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
                                             config=config or {})], operation_timeout=10, request_timeout=15)
     futures[name].result(timeout=20)
@@ -165,10 +167,11 @@ def produce_confluent(bootstrap: str, topic: str, messages: Iterable[KeyValue], 
 
 
 def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int,
-                      timeout: float = 30.0) -> list[KeyValue]:
-    """Read ``count`` messages from the start of every partition (assigned, no group)."""
+                      timeout: float = 30.0, **config: Any) -> list[KeyValue]:
+    """Read ``count`` messages from the start of every partition (assigned, no group); ``config``:
+    more consumer settings (SASL's, say)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("reader"),
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest", **config})
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         got: list[KeyValue] = []
@@ -188,10 +191,11 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int,
 
 # -- kafka-python ---------------------------------------------------------------------------------
 def consume_kafka_python(bootstrap: str, topic: str, partitions: int, count: int,
-                         timeout: float = 30.0) -> list[KeyValue]:
-    """Read ``count`` messages from the start of every partition with kafka-python (no group)."""
+                         timeout: float = 30.0, **config: Any) -> list[KeyValue]:
+    """Read ``count`` messages from the start of every partition with kafka-python (no group);
+    ``config``: more consumer settings."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                             auto_offset_reset="earliest", request_timeout_ms=15000)
+                             auto_offset_reset="earliest", request_timeout_ms=15000, **config)
     try:
         tps = [KTopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
