@@ -11,7 +11,8 @@ observer and no rules *in the same round* (the ratios are what to read on a
 shared machine):
 
 * ``none``: no observer, no rules;
-* ``metrics``: the metrics observer (the default of ``kproxy run``);
+* ``metrics``: the metrics observer as ``kproxy run`` makes it by default (its ``ProxyServer``'s:
+  consumer lag tracked, where the tree has it);
 * ``metrics+100 rules``: and 100 loaded rules of which none match (bench/_rules.py:
   other apis, other client ids, other topics);
 * ``metrics+100 client-id rules``: and 100 rules on the same api failing on the client id;
@@ -35,13 +36,15 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 
-WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1", "Produce v7 1x100 KB")
+WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1", "Produce v7 1x100 KB",
+             "Fetch v11 1 partition 1 KB", "Fetch v11 100 partitions x 1 KB", "Fetch v13 1 partition 1 KB")
 VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules", "metrics+1 matching rule")
 
 
@@ -49,6 +52,7 @@ VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules
 def _frames() -> dict[str, tuple[bytes, bytes]]:
     """(request frame, response frame) per workload, correlation id 1, encoded with the codec under test."""
     from kproxy.protocol import default_body, encode_request, frame
+    from kproxy.protocol.frame_builder import request_body, response_body
     from kproxy.protocol.headers import RequestHeader, request_header_version
     from kproxy.protocol.payloads import encode_response
     from kproxy.protocol.records import Record, encode_batch_v2
@@ -70,6 +74,18 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
     # The proxy benchmark's big Produce (bench/_wire.py record_batch): one batch of 97 records of 1 KiB.
     big = encode_batch_v2([Record(offset=i, timestamp=now, key=None, value=b"v" * 1024, headers=[])
                            for i in range(97)])
+
+    def fetch(version: int, partitions: int) -> tuple[bytes, bytes]:
+        """A consumer's Fetch of one topic and its answer: ``partitions`` partitions of one 1 KiB record."""
+        one = encode_batch_v2([Record(offset=0, timestamp=now, key=None, value=b"v" * 1024, headers=[])])
+        topic = {"topic": "bench-fetch", "topic_id": uuid.UUID(int=0xBE4C)}
+        return (req(1, version, **request_body(1, version, max_wait_ms=500, min_bytes=1, max_bytes=52428800, topics=[
+                    {**topic, "partitions": [{"partition": p, "fetch_offset": 41, "partition_max_bytes": 1048576}
+                                             for p in range(partitions)]}])),
+                resp(1, version, **response_body(1, version, responses=[{**topic, "partitions": [
+                    {"partition_index": p, "error_code": 0, "high_watermark": 42 + p, "last_stable_offset": 42 + p,
+                     "log_start_offset": 0, "preferred_read_replica": -1, "records": one}
+                    for p in range(partitions)]}])))
 
     def produce(records: bytes) -> tuple[bytes, bytes]:
         return (req(0, 7, acks=1, timeout_ms=30_000, topic_data=[
@@ -94,6 +110,9 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
                                       "replica_nodes": [0], "isr_nodes": [0]}]}
                                  for t in ("bench-produce", "bench-fetch")])),
         "Produce v7 1x100 KB": produce(big),
+        "Fetch v11 1 partition 1 KB": fetch(11, 1),
+        "Fetch v11 100 partitions x 1 KB": fetch(11, 100),
+        "Fetch v13 1 partition 1 KB": fetch(13, 1),
     }
 
 
@@ -102,23 +121,25 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
     import _rules
 
     from kproxy.metrics.fault_stats import FaultStats
-    from kproxy.metrics.observer import MetricsObserver
-    from kproxy.metrics.stats import TrafficStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.rules.load import load_text
+    from kproxy.server.proxy import ProxyServer
+    from kproxy.testing.proxy import proxy_config
 
     rewriter = ResponseRewriter(AddressMap("127.0.0.1", 40000))
-    stats = TrafficStats()
+    server = ProxyServer(proxy_config("127.0.0.1:9"))  # the metrics as kproxy run makes them by default
+    default = server.observer
+    assert default is not None
     rule_sets = {"metrics+100 rules": load_text(_rules.none_match(100)),
                  "metrics+100 client-id rules": load_text(_rules.same_api_client_ids(100)),
                  "metrics+1 matching rule": load_text(_rules.one_zero_delay())}
 
     def make(variant: str) -> Callable[[], Any]:
         def build() -> Any:
-            observer = None if variant == "none" else MetricsObserver(stats).for_broker(None)
+            observer = None if variant == "none" else default.for_broker(None)
             policy = None
             if variant in rule_sets:
                 live = LiveRules(rule_sets[variant], counts=FaultStats())

@@ -23,6 +23,8 @@ from kproxy.proxy.session import Session
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
 TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
+# The items' fields schema version 3 added, when an exchange carries no offsets (tests/test_capture_offsets.py).
+NO_OFFSETS = {"group_id": None, "committed_offset": None, "high_watermark": None}
 
 def _batch(n: int, base: int = 0) -> bytes:
     return encode_batch_v2([Record(offset=base + i, timestamp=1000 + i, key=b"key%d" % i, value=b"v" * (i + 1))
@@ -82,8 +84,10 @@ def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     assert (rec["client_host"], rec["client_port"], rec["node_id"], rec["listener"]) == ("10.0.0.9", 5555, 7,
                                                                                           "broker-7")
     assert rec["partitions"] == [
-        {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0])},
-        {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2])}]
+        {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0]),
+         **NO_OFFSETS},
+        {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2]),
+         **NO_OFFSETS}]
     assert (rec["record_count"], rec["record_bytes"]) == (8, len(batches[0]) + len(batches[2]))
     assert rec["error_code"] is None  # Produce has no top-level code
     assert rec["response_bytes"] == len(response) and rec["broker_latency_ms"] is not None
@@ -141,7 +145,7 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
         response_frame(FETCH, 13, 2, responses=[{"topic_id": TOPIC_ID, "partitions": [
             {"partition_index": 1, "error_code": 0, "records": batch}]}]))
     assert rec["partitions"] == [{"topic": "orders", "partition": 1, "error_code": 0, "record_count": 4,
-                                  "record_bytes": len(batch)}]
+                                  "record_bytes": len(batch), **NO_OFFSETS, "high_watermark": 0}]
     assert [(p["offset"], p["key"], p["value"], p["key_size"], p["value_size"]) for p in rec["payloads"]] == [
         (10, b"ke", b"v", 4, 1), (11, b"ke", b"vv", 4, 2), (12, b"ke", b"vv", 4, 3), (13, b"ke", b"vv", 4, 4)]
     unknown = Harness()  # a topic id never seen in Metadata stays an id
@@ -219,7 +223,7 @@ def test_repeated_frames_are_read_once_yet_each_record_is_its_own() -> None:
                                                topics=topics)) for cid in (1, 2))
     assert (first["correlation_id"], second["correlation_id"]) == (1, 2)
     assert first["partitions"] == second["partitions"] == [
-        {"topic": "orders", "partition": 0, "error_code": 5, "record_count": 0, "record_bytes": 0}]
+        {"topic": "orders", "partition": 0, "error_code": 5, "record_count": 0, "record_bytes": 0, **NO_OFFSETS}]
     # Same sizes, other content: never taken for one another.
     a = h.exchange(request_frame(JOIN_GROUP, 9, 3, group_id="g-a", member_id="", protocol_type="consumer"),
                    response_frame(JOIN_GROUP, 9, 3, error_code=0))
@@ -281,7 +285,7 @@ def test_big_produce_requests_and_fetch_responses_are_read_at_once_and_let_go() 
     assert timeless(early.records) == timeless(later.records)  # the records the writer thread would read
     produce, fetch = early.records
     assert produce["partitions"] == [{"topic": "orders", "partition": 0, "error_code": 6, "record_count": 40,
-                                      "record_bytes": len(big[0])}]
+                                      "record_bytes": len(big[0]), **NO_OFFSETS}]
     assert produce["request_bytes"] == len(request) and fetch["response_bytes"] == len(fetch_response)
     assert fetch["record_count"] == 40 and len(fetch["payloads"]) == 40 and fetch["payloads"][0]["value"] == b"xxxx"
 

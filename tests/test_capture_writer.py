@@ -75,7 +75,7 @@ def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
     rows = _rows(tmp_path)
     assert [r["correlation_id"] for r in rows] == list(range(10))
     assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION}
-    assert rows[3]["partitions"] == parts
+    assert rows[3]["partitions"] == [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None}]
     assert writer.written == 10 and writer.dropped == 0
     assert _hidden(tmp_path) == []
 
@@ -286,7 +286,8 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
 
     def rows(items: list[Any]) -> list[tuple[Any, ...]]:
         out = dict_rows(items)
-        bad = (("other", 9, 0, 1, 70),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules, payloads
+        bad = (("other", 9, 0, 1, 70, None, None, None),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules,
+        # payloads
         return [row[:-3] + bad if row[6] == "bad" else row for row in out]
 
     writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
@@ -303,7 +304,8 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     writer.close()
     written = _rows(tmp_path)
     assert [r["correlation_id"] for r in written] == [0, 2]
-    assert [r["partitions"] for r in written] == [parts, parts]
+    read = [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None}]
+    assert [r["partitions"] for r in written] == [read, read]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
 
 

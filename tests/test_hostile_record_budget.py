@@ -219,7 +219,7 @@ def test_a_fetch_response_bomb_is_read_within_the_budget_by_the_capture(bomb: by
     started = time.perf_counter()
     read = builder.early_response(1, 12, frame, 0)
     assert time.perf_counter() - started < 0.1
-    entries, _ = read.facts
+    entries, _, _ = read.facts  # (entries, top-level code, the offsets read: schema version 3)
     assert [(partition, records) for _, partition, _, records, _ in entries] == [(0, 5), (1, 0)]
     assert read.payloads == []
     assert builder.over_budget == 1

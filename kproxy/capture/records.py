@@ -55,12 +55,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.capture.offsets import VALUE_APIS, merge_partitions, with_offsets
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.capture.schema import SCHEMA_VERSION
 from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
+from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
@@ -113,9 +115,10 @@ class PayloadOptions:
 
 
 # What a scan of one frame contributes to a record: per topic-partition entries (the topic as the
-# frame names it: a name, or a UUID until resolved), and the first non-zero top-level error code.
+# frame names it: a name, or a UUID until resolved), the first non-zero top-level error code, and
+# the offsets its values mode read (the kinds of VALUE_APIS; None for the others).
 _Entry = tuple[Any, int | None, int | None, int, int]  # topic, partition, error code, records, bytes
-_Scan = tuple[tuple[_Entry, ...], int | None]
+_Scan = tuple[tuple[_Entry, ...], int | None, list[tuple[object, ...]] | None]
 # Frames up to this size have their reading cached by content (correlation id left out): clients
 # repeat small requests and get the same small answers (ApiVersions, Metadata refreshes,
 # Heartbeats, Fetches of idle partitions) and reading a Metadata response of a few hundred
@@ -170,7 +173,7 @@ class _Kind:
     has a top-level error code."""
 
     __slots__ = ("api_key", "api_version", "cached", "id", "name", "payloads", "records", "request_scan",
-                 "response_scan", "top_code")
+                 "response_scan", "top_code", "values")
 
     def __init__(self, api_key: int, api_version: int, include_payloads: bool) -> None:
         self.api_key = api_key
@@ -181,10 +184,13 @@ class _Kind:
         self.payloads = include_payloads and self.records
         # Not Produce: see CACHE_FRAME. Not with payloads kept: they are not part of the cache.
         self.cached = api_key != PRODUCE and not self.payloads
-        self.request_scan = scanner(api_key, api_version, Direction.REQUEST)
+        # The exchanges carrying committed offsets and watermarks are scanned in values mode (version 3).
+        self.values = api_key in VALUE_APIS
+        self.request_scan = scanner(api_key, api_version, Direction.REQUEST, values=self.values)
         # Responses other than Produce and Fetch keep only non-zero codes: the errors-only scan reads
         # no further than the last error code (an ApiVersions response: its first field).
-        self.response_scan = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not self.records)
+        self.response_scan = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not self.records,
+                                     values=self.values)
         self.top_code = _top_level_code(api_key, api_version)
 
 
@@ -251,6 +257,7 @@ class RecordBuilder:
                 entries, req = hit
         response_entries: tuple[_Entry, ...] = ()
         top_code: int | None = None
+        answer = None
         response_size = None
         if response is not None:
             fetched = None
@@ -268,16 +275,22 @@ class RecordBuilder:
                         if key is not None:
                             _remember(self._responses, key, scan)
             if scan is None:  # unreadable: nothing of the pair's topics is sure
-                entries, scan = (), ((), None)
+                entries, scan = (), ((), None, None)
             if fetched is not None:
                 payloads = fetched
-            response_entries, top_code = scan
+            response_entries, top_code, answer = scan
             if top_code is None and kind.top_code:
                 top_code = 0
         record_count = record_bytes = 0
         partitions: tuple[tuple[Any, ...], ...] = ()
         if entries or response_entries:
-            partitions, record_count, record_bytes = self._partitions(entries, response_entries)
+            partitions, record_count, record_bytes = merge_partitions(entries, response_entries, self.topics.name)
+        if kind.values and response is not None:
+            errors = [(topic, partition, code) for topic, partition, code, _, _ in response_entries if code]
+            if top_code:
+                errors.append((None, None, top_code))
+            partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
+                                      None if answer is None else errors, self.topics.name)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
@@ -331,46 +344,6 @@ class RecordBuilder:
             kind = _Kind(api_key, api_version, self.payloads.include)
             self._kinds[kind.id] = kind  # both threads may add one: the same, either stays
         return kind
-
-    def _partitions(self, first: tuple[_Entry, ...], second: tuple[_Entry, ...]
-                    ) -> tuple[tuple[tuple[Any, ...], ...], int, int]:
-        """The request's and the response's entries merged per (topic name, partition), in order
-        of first appearance (codes: the response's; records: summed), and the records' totals."""
-        name = self.topics.name
-        if len(first) + len(second) == 1:  # one partition, named on one side only
-            topic, partition, code, n, size = first[0] if first else second[0]
-            return ((topic if type(topic) is str else name(topic), partition, code, n, size),), n, size
-        if len(first) == 1 and len(second) == 1:  # one partition, in the request and the response (most
-            topic, partition, code, n, size = first[0]  # Produce and Fetch exchanges)
-            topic2, partition2, code2, n2, size2 = second[0]
-            if type(topic) is not str:
-                topic = name(topic)
-            if type(topic2) is not str:
-                topic2 = name(topic2)
-            if topic == topic2 and partition == partition2:
-                n += n2
-                size += size2
-                return ((topic, partition, code if code2 is None else code2, n, size),), n, size
-        parts: dict[tuple[str | None, int | None], list[Any]] = {}
-        for entries in (first, second):
-            for topic, partition, code, n, size in entries:
-                if type(topic) is not str:
-                    topic = name(topic)
-                key = (topic, partition)
-                entry = parts.get(key)
-                if entry is None:
-                    parts[key] = [topic, partition, code, n, size]
-                else:
-                    if code is not None:
-                        entry[2] = code
-                    entry[3] += n
-                    entry[4] += size
-        partitions = tuple(map(tuple, parts.values()))
-        count = size_ = 0
-        for p in partitions:
-            count += p[3]
-            size_ += p[4]
-        return partitions, count, size_
 
     # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
     def _from_scan(self, kind: _Kind, frame: Any, scan: RequestScan
@@ -454,7 +427,9 @@ class RecordBuilder:
         payloads = None
         fn = kind.request_scan
         if fn is not None:
-            (entries, _), found = _scan(fn, frame, body, budget, keep_all=True)
+            (entries, _, offsets), found = _scan(fn, frame, body, budget, keep_all=True, values=kind.values)
+            if offsets is not None:
+                out["offsets"] = offsets
             if kind.payloads and api_key == PRODUCE:
                 payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
@@ -480,9 +455,9 @@ class RecordBuilder:
                 time.sleep(0)  # the writer thread (Metadata is never read early): let the event loop in
         fn = kind.response_scan
         if fn is None:
-            return ((), None), None
+            return ((), None, None), None
         offset = offset or response_body_offset(response, api_key, api_version)
-        scan, found = _scan(fn, response, offset, budget, keep_all=kind.records)
+        scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values)
         if kind.payloads and api_key == FETCH:
             return scan, self._payloads(found, response, budget)
         return scan, None
@@ -514,8 +489,8 @@ class RecordBuilder:
         return out
 
 
-def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudget, *, keep_all: bool
-          ) -> tuple[_Scan, list[Any]]:
+def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudget, *, keep_all: bool,
+          values: bool = False) -> tuple[_Scan, list[Any]]:
     """Run a generated scanner; its entries with their records counted from the batch headers
     (legacy compressed wrappers within ``budget``: the ones past it are not counted).
 
@@ -523,9 +498,10 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
     one list for its entries and its records ranges alike: it notes a partition's records
     range (a 2-tuple) while walking the partition struct and the partition's entry (a
     3-tuple) when the struct ends, so each range belongs to the next entry in the list. That
-    order, read in one pass, is what the scan also returns (see :func:`_by_entry`).
+    order, read in one pass, is what the scan also returns (see :func:`_by_entry`). ``values``: the
+    scanner is a values-mode one (its kind is in VALUE_APIS): what it read is the scan's third part.
     """
-    found: list[Any] = []
+    found: list[Any] = ScanEntries.empty() if values else []
     fn(frame, offset, found, found, None)
     entries: list[_Entry] = []
     top: int | None = None
@@ -546,7 +522,7 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
         elif keep_all or code or n:
             entries.append((topic, partition, code, n, size))
         n = size = 0
-    return (tuple(entries), top), found
+    return (tuple(entries), top, found.values if values else None), found  # type: ignore[attr-defined]
 
 
 def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]]:

@@ -34,7 +34,8 @@ def dict_rows(batch: Iterable[dict[str, Any]]) -> list[tuple[Any, ...]]:
     out = []
     for rec in batch:
         row = [rec[name] for name in COLUMN_NAMES]
-        row[_SCALARS] = tuple(tuple(p[f] for f in PARTITION_FIELDS) for p in row[_SCALARS])
+        # (get: the nullable fields version 3 added may be left out of a ready record's items)
+        row[_SCALARS] = tuple(tuple(p.get(f) for f in PARTITION_FIELDS) for p in row[_SCALARS])
         row[_SCALARS + 1] = tuple(tuple(d[f] for f in RULE_DECISION_FIELDS) for d in row[_SCALARS + 1])
         if row[_SCALARS + 2] is not None:
             row[_SCALARS + 2] = tuple(tuple(p[f] for f in PAYLOAD_FIELDS) for p in row[_SCALARS + 2])

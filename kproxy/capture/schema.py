@@ -21,6 +21,12 @@ changed, and it refuses version 2 files with a line instead. A version 1 file
 reads as version 2: its ``rule_decisions`` lists are all empty, so the missing
 field is missing from no item.
 
+Version 3 added ``group_id``, ``committed_offset`` and ``high_watermark`` to the items of
+``partitions`` (what consumer lag is made of: kproxy/protocol/offsets.py). Older files read
+as version 3 with the three null in every item, which is what they mean there: nothing of
+the kind was recorded. Readers name the fields they read (a reader of version 2 refuses
+version 3 files, whose items it would not know).
+
 The columns a fault-injection rule can match on (api, version, client id,
 client address, node id, topics and partitions, group id, transactional id,
 acks) are all here, so a what-if run can evaluate rules against a capture.
@@ -32,9 +38,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Versions whose files read correctly under COLUMNS (see the module docstring): the writer's and older.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
 VERSION_METADATA_KEY = "kproxy.capture.schema_version"
 
 # Scalar types, named as Arrow and Spark both understand them (each side maps them once).
@@ -70,6 +76,12 @@ PARTITION_ITEMS: tuple[Column, ...] = (
     _c("record_count", "int64", "records in this partition's record batches (Produce request, Fetch response)",
        nullable=False),
     _c("record_bytes", "int64", "bytes of those record batches as sent (compressed)", nullable=False),
+    _c("group_id", "string", "the consumer group of committed_offset (version 3+; an OffsetFetch v8+ answer "
+                             "names several groups: one item per group and partition)"),
+    _c("committed_offset", "int64", "the offset the group committed here: an OffsetCommit request's whose "
+                                    "answer accepted this partition, or an OffsetFetch answer's (version 3+)"),
+    _c("high_watermark", "int64", "the partition's high watermark: a Fetch answer's (error code 0), or a "
+                                  "ListOffsets answer's latest offset at read_uncommitted (version 3+)"),
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (
@@ -169,7 +181,7 @@ def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
 
 
 def version_support() -> str:
-    """``this kproxy reads versions 1 to 2``: what a refusal of another version says."""
+    """``this kproxy reads versions 1 to 3``: what a refusal of another version says."""
     low, high = min(READABLE_VERSIONS), max(READABLE_VERSIONS)
     return f"this kproxy reads version {high}" if low == high else f"this kproxy reads versions {low} to {high}"
 

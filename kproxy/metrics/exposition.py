@@ -207,12 +207,15 @@ def _by_node(brokers: list[BrokerSeries], counts: Callable[[BrokerSeries], Mappi
 
 
 def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
-                  process: bool = False) -> CollectorRegistry:
+                  process: bool = False, lag: Collector | None = None) -> CollectorRegistry:
     """kproxy's own registry; ``process`` adds prometheus-client's standard process (CPU, memory, open
     fds, start time: ``process_*``), Python (``python_info``) and garbage-collector (``python_gc_*``)
-    collectors, off by default (metrics.process_metrics)."""
+    collectors, off by default (metrics.process_metrics); ``lag``, consumer lag's
+    (:class:`kproxy.metrics.lag_exposition.ConsumerLagCollector`), when it is tracked."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TrafficCollector(stats, gauges))
+    if lag is not None:
+        registry.register(lag)
     if process:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)

@@ -33,3 +33,8 @@ class LabelCap:
             self.seen.add(value)
             return value
         return OTHER
+
+
+def cut_label(value: str) -> str:
+    """``value`` as a label: cut to :data:`MAX_LABEL_LENGTH` (the last character becomes ``~``) when longer."""
+    return value if len(value) <= MAX_LABEL_LENGTH else value[:MAX_LABEL_LENGTH - 1] + _CUT_MARK

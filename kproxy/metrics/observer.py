@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
 from kproxy.proxy.session import Exchange
 
@@ -14,10 +15,11 @@ class MetricsObserver:
     """Made once per server for one stats object; :meth:`for_broker` gives each connection
     its :class:`kproxy.proxy.session.SessionObserver`."""
 
-    __slots__ = ("stats",)
+    __slots__ = ("lag", "stats")
 
-    def __init__(self, stats: TrafficStats) -> None:
+    def __init__(self, stats: TrafficStats, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
+        self.lag = lag  # consumer lag's tracker (None: not tracked); the stats then scan in values mode
 
     def for_broker(self, node_id: int | None) -> BrokerObserver:
         """The observer of one connection through the listener of broker ``node_id`` (None: bootstrap).
@@ -25,22 +27,27 @@ class MetricsObserver:
         The broker's counters are looked up here, once per connection: per frame, the
         ``node_id`` label costs nothing (see :mod:`kproxy.metrics.stats`).
         """
-        return BrokerObserver(self.stats, self.stats.broker(node_id))
+        return BrokerObserver(self.stats, self.stats.broker(node_id), self.lag)
 
 
 class BrokerObserver:
     """Implements :class:`kproxy.proxy.session.SessionObserver` for one connection.
 
     Reads the header facts the session parsed (the client id only when it is a label)
-    and counts them into the stats, under the connection's broker.
+    and counts them into the stats, under the connection's broker; with a
+    :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "stats")
+    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "stats")
 
-    def __init__(self, stats: TrafficStats, broker: BrokerSeries) -> None:
+    def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
         self.broker = broker
         self.client_ids = stats.options.client_id_label
+        self.lag = lag
+        # Api keys the lag reads (none without it): one set lookup per exchange.
+        self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
+        self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
 
     def request(self, exchange: Exchange) -> None:
         if exchange.api_key == PRODUCE:
@@ -53,6 +60,10 @@ class BrokerObserver:
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            if exchange.api_key in self.lag_requests:
+                # Scanned now, while the session holds the frame: the answer is read with it. (The
+                # exchange's one scan: a rule on topics that read it first left it there.)
+                exchange.request_scan  # noqa: B018
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -72,7 +83,13 @@ class BrokerObserver:
         # the stats find it from the kind's header layout, without a header decode. The rewritten body,
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
         memo = exchange.memo
-        self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
-                            0 if memo is None else memo.response_body_offset,
-                            None if exchange.local else received - exchange.forwarded_at,
-                            overhead, None if memo is None else memo.response_body)
+        found = self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
+                                    0 if memo is None else memo.response_body_offset,
+                                    None if exchange.local else received - exchange.forwarded_at,
+                                    overhead, None if memo is None else memo.response_body)
+        api_key = exchange.api_key
+        if api_key in self.lag_answers and not exchange.local and self.lag is not None:
+            # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
+            self.lag.answer(api_key, exchange.api_version,
+                            exchange.request_scan if api_key in self.lag_requests else None, found,
+                            exchange.completed_at)

@@ -45,8 +45,9 @@ from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
+from kproxy.protocol.offsets import OFFSET_FIELDS
 from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
-from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, scanner
+from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, run_values_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
@@ -102,7 +103,7 @@ class KindStats:
     """
 
     __slots__ = ("api", "broker", "known", "memo", "overhead", "request_bytes", "request_scanner", "requests",
-                 "response_bytes", "responses", "scanner", "tagged_header", "version")
+                 "response_bytes", "responses", "scanner", "tagged_header", "values", "version")
 
     def __init__(self, api: str, version: int | str, known: bool, tagged_header: bool) -> None:
         self.api = api
@@ -117,6 +118,7 @@ class KindStats:
         self.scanner: object = _MISSING  # the errors-only response scanner, found at the first scan
         self.request_scanner: object = _MISSING  # the request's (Produce: to count records), likewise
         self.memo: ScanMemo | None = None  # the kind's remembered scans, if brokers repeat its answers
+        self.values = False  # its answers are scanned in values mode (consumer lag: kproxy.metrics.lag)
 
     def add(self, other: KindStats) -> None:
         """Add ``other``'s counts (same labels) to this one's; histograms are the series' to add."""
@@ -154,6 +156,7 @@ class StatsOptions:
     topic_label: bool = False
     label_cap: int = 100
     scan_responses: bool = True
+    consumer_lag: bool = False  # scan the answers consumer lag reads in values mode (OFFSET_FIELDS)
 
 
 @dataclass
@@ -325,6 +328,7 @@ class TrafficStats:
         if known:
             kind = broker.kinds[kind_key(api_key, api_version)] = KindStats(
                 api, version, True, response_header_version(api_key, api_version) >= 1)
+            kind.values = self.options.consumer_lag and (api_key, Direction.RESPONSE) in OFFSET_FIELDS
             if api_key in REPEATING_ANSWERS:  # one memo per kind, shared by every broker's
                 memo = self._scan_memos.get((api_key, api_version))
                 if memo is None:
@@ -359,8 +363,10 @@ class TrafficStats:
                 self._add_records(kind.api, frame, records)
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
-                 broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None) -> None:
-        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read).
+                 broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None) -> _ScanResult:
+        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read)
+        and returns the scan (None: not scanned, or unreadable); with ``options.consumer_lag``, the
+        answers of :data:`~kproxy.protocol.offsets.OFFSET_FIELDS` are scanned in values mode.
 
         ``body``, when given, is ``frame[body_offset:]`` as an object that repeats: the proxy's rewrite
         memo hands out one per distinct answer (:attr:`kproxy.proxy.rewrite.Rewritten.body`). The scan
@@ -386,11 +392,11 @@ class TrafficStats:
         hist.counts[bisect_left(hist.bounds, overhead_seconds)] += 1
         hist.sum += overhead_seconds
         if not self.options.scan_responses:
-            return
+            return None
         if not kind.known:
             # Nothing to scan it with; and a scanner cache entry per pair would grow without bound.
             self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
-            return
+            return None
         if not body_offset:
             if not kind.tagged_header:
                 body_offset = 8  # size, correlation id
@@ -408,13 +414,14 @@ class TrafficStats:
             if entries is not None:
                 if entries:
                     self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
-                return
+                return None
         found = self._scan_response(kind, api_key, api_version, frame, body_offset, body)
         if found is None:
             # A body we cannot read: counted, never fatal.
             self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
         elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
             self._add_errors(broker, kind.api, api_key, frame, found)
+        return found
 
     def held(self, by: tuple[str, str] | None, seconds: float) -> None:
         """A response held back ``seconds`` by a rule (``by``: its rule and action; None when the
@@ -447,10 +454,12 @@ class TrafficStats:
         (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
         fn = kind.scanner
         if fn is _MISSING:
-            fn = kind.scanner = self._scanner(api_key, api_version, Direction.RESPONSE)
+            fn = kind.scanner = (scanner(api_key, api_version, Direction.RESPONSE, errors_only=True, values=True)
+                                 if kind.values else self._scanner(api_key, api_version, Direction.RESPONSE))
+        run = run_values_scanner if kind.values else self._run_scan
         memo = kind.memo
         if memo is None:
-            return self._run_scan(fn, frame, body_offset)
+            return run(fn, frame, body_offset)
         size = len(frame) - body_offset
         key: bytes | tuple[int, int]
         if size <= SCAN_MEMO_BODY_MAX:
@@ -462,7 +471,7 @@ class TrafficStats:
         found = results.get(key, _MISSING)
         if found is not _MISSING:
             return found  # type: ignore[return-value]
-        found = self._run_scan(fn, frame, body_offset)
+        found = run(fn, frame, body_offset)
         if found is not None and found[1]:
             found = (found[0], [])  # record ranges are offsets into this frame: never reused
         cost = len(key) if isinstance(key, bytes) else 1024

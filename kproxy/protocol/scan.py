@@ -19,6 +19,15 @@ What a scan reports, as :class:`BodyScan.entries`, a list of
 ``topic`` is the topic name, or its :class:`uuid.UUID` where the message only
 carries a topic id (Fetch v13+).
 
+The values mode (``scanner(..., values=True)``) also reads the few fields consumer lag is made of
+(:data:`OFFSET_FIELDS`: committed offsets, high watermarks, listed offsets, group ids, topic ids)
+in the same walk, into the ``values`` list of the :class:`ScanEntries` it fills:
+
+* ``(topic, partition, code, value)`` per partition-level struct holding one of them (``code``
+  None where the struct has no error code);
+* ``(topic or None, value, code)`` per other struct holding one (a group, a topic of a Metadata
+  answer, the top level), appended when the struct ends: after its partitions' entries.
+
 Two shortcuts for the per-request path: :func:`scan_request`, the one scan of a
 request body that every reader of it shares (the proxy session keeps it on the
 exchange: rules read its topics, metrics and capture its records ranges), and
@@ -36,6 +45,7 @@ from dataclasses import dataclass
 
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
+from kproxy.protocol.offsets import OFFSET_FIELDS, ScanEntries
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
 from kproxy.protocol.wire import Malformed, read_uvarint
 
@@ -43,6 +53,9 @@ Topic = str | uuid.UUID | None
 Entry = tuple[Topic, int | None, int | None]
 # What scan_request found: the entries and the records fields' (start, end) offsets in the frame.
 RequestScan = tuple[list[Entry], list[tuple[int, int]]]
+
+# Request kinds whose shared scan (scan_request) is made in values mode.
+_VALUE_REQUESTS = frozenset(api for api, direction in OFFSET_FIELDS if direction is Direction.REQUEST)
 
 _TOPIC_PARTITION_FIELDS = PARTITION_FIELDS | {"index"}
 
@@ -107,12 +120,61 @@ class _ScanCompiler(SchemaCompiler):
     hold one (returning -1: the rest of the body is not walked, nor checked).
     """
 
-    def __init__(self, schema: MessageSchema, errors_only: bool) -> None:
+    def __init__(self, schema: MessageSchema, errors_only: bool, values: frozenset[str] = frozenset()) -> None:
         super().__init__(schema, traced=False)
         self.errors_only = errors_only
+        self.values = values  # the OFFSET_FIELDS read (values mode); empty: the plain scanner
+
+    def _value(self, f: Field) -> bool:
+        return f.tag is None and f.name in self.values and f.type != "struct"
+
+    def _has_values(self, fields: tuple[Field, ...]) -> bool:
+        return any(self._value(f) or (f.type == "struct" and f.fields is not None and f.tag is None
+                                      and self._has_values(f.fields)) for f in fields)
 
     def _wanted(self, fields: tuple[Field, ...]) -> bool:
-        return _has_errors(fields) if self.errors_only else _interesting(fields)
+        wanted = _has_errors(fields) if self.errors_only else _interesting(fields)
+        return wanted or (bool(self.values) and self._has_values(fields))
+
+    def emit_value_read(self, f: Field) -> None:
+        """Read a values-mode field into ``val``: an int64 array gives its first item (ListOffsets v0's
+        ``old_style_offsets``, latest first), None when empty; a string (a group id) is decoded with
+        bad UTF-8 replaced, so the values mode refuses no body the plain scan reads; a topic id is the
+        struct's topic too when it has no name."""
+        w = self.w
+        if f.array:
+            if f.type != "int64":
+                raise AssertionError(f"values mode reads no {f.type} array ({f.name})")
+            n = self.fresh("n")
+            self.emit_len("array", n)
+            first = self.constant("U", struct.Struct(">q").unpack_from)
+            w(f"if {n} > 0:")
+            w.indent()
+            w(f"val, = {first}(buf, pos)")
+            w(f"pos += 8 * {n}")
+            w("if pos > len(buf): _check_len(buf, pos)")
+            w.dedent()
+            return
+        if f.type == "string":  # (a group id: read leniently, as the plain scan skips it unread)
+            n = self.fresh("n")
+            self.emit_len("string", n)
+            w(f"if {n} >= 0:")
+            w.indent()
+            w(f"if pos + {n} > len(buf): _check_len(buf, pos + {n})")
+            w(f"val = str(buf[pos:pos + {n}], 'utf-8', 'replace')")
+            w(f"pos += {n}")
+            w.dedent()
+            return
+        self.emit_scalar_decode(f, "val", "''")
+        if _is_topic_id(f):
+            w("if topic is None: topic = val")
+
+    def emit_values_append(self, ctx: str, has_partition: bool, has_error: bool) -> None:
+        code = "code" if has_error else "None"
+        if has_partition:
+            self.w(f"acc.values.append(({ctx}, part, {code}, val))")
+        else:
+            self.w(f"acc.values.append(({ctx}, val, {code}))")
 
     def build_scan(self) -> Callable[..., int]:
         top = self.scan_struct(self.schema.fields, "Top", top=True)
@@ -135,24 +197,33 @@ class _ScanCompiler(SchemaCompiler):
         has_name = any(_is_topic_name(f) for f in fields)
         has_partition = any(_is_partition(f) for f in fields)
         has_error = any(_is_error(f) for f in fields)
+        valued = [f for f in fields if self._value(f)]
+        if len(valued) > 1:
+            raise AssertionError(f"values mode reads one field per struct: {[f.name for f in valued]}")
         if topic_struct:
             w("topic = None")
         if has_partition:
             w("part = None")
         if has_error:
             w("code = None")
+        if valued:
+            w("val = None")
         last_wanted = max((i for i, f in enumerate(fields) if f.tag is None and (
-            _is_error(f) or f.type == "records" or id(f) in subs)), default=-1)
+            _is_error(f) or f.type == "records" or id(f) in subs or self._value(f))), default=-1)
         for i, f in enumerate(fields):
             if f.tag is not None:
                 continue
             if top and self.errors_only and i > last_wanted:
                 if has_error:
                     w("if code: acc.append((None, None, code))")
+                if valued:
+                    self.emit_values_append("None", has_partition, has_error)
                 w("return -1")  # nothing more to find: the rest is neither walked nor checked
                 w.dedent()
                 return name
-            if _is_topic_name(f):
+            if valued and f is valued[0]:
+                self.emit_value_read(f)
+            elif _is_topic_name(f):
                 self.emit_scalar_decode(f, "topic", "''")
             elif _is_topic_id(f):
                 if has_name:
@@ -192,6 +263,8 @@ class _ScanCompiler(SchemaCompiler):
             w(f"acc.append(({ctx}, None, code))")
         elif topic_struct and not _has_partition_children(fields):
             w("acc.append((topic, None, None))")
+        if valued:
+            self.emit_values_append(ctx, has_partition, has_error)
         w("return pos")
         w.dedent()
         return name
@@ -242,6 +315,12 @@ class BodyScan:
                 seen.setdefault(topic, None)
         return list(seen)
 
+    @property
+    def values(self) -> list[tuple[object, ...]]:
+        """The values mode's reads (see the module docstring); [] for a scan made without it."""
+        entries = self.entries
+        return entries.values if isinstance(entries, ScanEntries) else []
+
     def record_count(self) -> int:
         """Records in all records fields, from batch headers; legacy compressed wrappers are
         decompressed within one :class:`~kproxy.protocol.records.RecordBudget` for the frame (the
@@ -253,7 +332,8 @@ class BodyScan:
         return sum(count_records(view[start:end], budget=budget) for start, end in self.records)
 
 
-_scanners: dict[tuple[int, int, Direction, bool], Callable[..., int]] = {}
+# (api key, version, direction, errors only), and True after them for a values-mode scanner.
+_scanners: dict[tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
 # What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these): the
 # codec's DecodeError (a wire rule broken) and what Python's own readers raise, which the scanner lets
@@ -261,9 +341,15 @@ _lock = threading.Lock()
 SCAN_FAILURES = (DecodeError, struct.error, IndexError, ValueError, OverflowError)
 
 
-def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False
-            ) -> Callable[..., int] | None:
-    key = (api_key, api_version, direction, errors_only)
+def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False,
+            values: bool = False) -> Callable[..., int] | None:
+    """The generated scanner of a kind (None: no schema), made once. ``values``: the values mode,
+    whose scanner must be given a :class:`ScanEntries` (:func:`run_values_scanner`); for a kind
+    with no :data:`OFFSET_FIELDS` it is the plain scanner."""
+    fields = OFFSET_FIELDS.get((api_key, direction), frozenset()) if values else frozenset()
+    key: tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool] = (
+        (api_key, api_version, direction, errors_only, True) if fields else (api_key, api_version, direction,
+                                                                           errors_only))
     fn = _scanners.get(key)
     if fn is None:
         schema: MessageSchema | None = message_schema(api_key, api_version, direction)
@@ -272,12 +358,12 @@ def scanner(api_key: int, api_version: int, direction: Direction, errors_only: b
         with _lock:
             fn = _scanners.get(key)
             if fn is None:
-                fn = _scanners[key] = _ScanCompiler(schema, errors_only).build_scan()
+                fn = _scanners[key] = _ScanCompiler(schema, errors_only, fields).build_scan()
     return fn
 
 
 def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0, *,
-              errors_only: bool = False) -> BodyScan:
+              errors_only: bool = False, values: bool = False) -> BodyScan:
     """Scan the body at ``data[offset:]``. Raises :class:`DecodeError` on malformed bytes.
 
     Unknown (api key, version) raises :class:`UnknownApiError`; the proxy treats
@@ -287,11 +373,13 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
     codes, ``(topic or None, partition or None, code)``; subtrees without error
     codes or records are skipped, and the walk stops after the last field that
     could hold one, so trailing bytes are not checked.
+
+    ``values``: the values mode; ``entries`` is then a :class:`ScanEntries` (:attr:`BodyScan.values`).
     """
-    fn = scanner(api_key, api_version, direction, errors_only)
+    fn = scanner(api_key, api_version, direction, errors_only, values)
     if fn is None:
         raise UnknownApiError(api_key, api_version)
-    acc: list[Entry] = []
+    acc: list[Entry] = ScanEntries.empty() if values else []
     recs: list[tuple[int, int]] = []
     try:
         end = fn(data, offset, acc, recs, None)
@@ -335,11 +423,12 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
         frame = bytes(frame)
     kind = api_key << 16 | api_version
     fn = _REQUEST_SCANNERS.get(kind, _UNSEEN)
+    valued = api_key in _VALUE_REQUESTS  # (the few small group and offset requests consumer lag reads)
     if fn is _UNSEEN:
-        fn = scanner(api_key, api_version, Direction.REQUEST)
+        fn = scanner(api_key, api_version, Direction.REQUEST, values=valued)
         if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
             _REQUEST_SCANNERS[kind] = fn
-    return run_scanner(fn, frame, offset)
+    return run_values_scanner(fn, frame, offset) if valued else run_scanner(fn, frame, offset)
 
 
 def run_scanner(fn: object, frame: bytes | bytearray, offset: int) -> RequestScan | None:
@@ -349,6 +438,20 @@ def run_scanner(fn: object, frame: bytes | bytearray, offset: int) -> RequestSca
     if fn is None:
         return None
     acc: list[Entry] = []
+    recs: list[tuple[int, int]] = []
+    try:
+        fn(frame, offset, acc, recs, None)  # type: ignore[operator]
+    except SCAN_FAILURES:
+        return None
+    return acc, recs
+
+
+def run_values_scanner(fn: object, frame: bytes | bytearray, offset: int) -> RequestScan | None:
+    """:func:`run_scanner` of a values-mode scanner: its entries are a :class:`ScanEntries`."""
+    if fn is None:
+        return None
+    acc = ScanEntries()
+    acc.values = []
     recs: list[tuple[int, int]] = []
     try:
         fn(frame, offset, acc, recs, None)  # type: ignore[operator]

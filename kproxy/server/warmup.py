@@ -18,6 +18,7 @@ import trio
 
 from kproxy.protocol.kinds import VERSIONS_BELOW, warm_up_kinds
 from kproxy.protocol.messages import codec
+from kproxy.protocol.offsets import OFFSET_FIELDS
 from kproxy.protocol.scan import scanner
 from kproxy.protocol.schema import Direction
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -44,5 +45,7 @@ async def warm_up(broker_versions: dict[int, int], rewriter: ResponseRewriter) -
 def _compile(api_key: int, version: int, rewriter: ResponseRewriter) -> None:
     for direction in (Direction.REQUEST, Direction.RESPONSE):
         scanner(api_key, version, direction, errors_only=True)
+        if (api_key, direction) in OFFSET_FIELDS:  # what consumer lag reads (metrics.consumer_lag, the default)
+            scanner(api_key, version, direction, errors_only=direction is Direction.RESPONSE, values=True)
     if rewriter.needs_rewrite(api_key, version):
         codec(api_key, version, Direction.RESPONSE)

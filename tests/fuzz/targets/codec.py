@@ -196,7 +196,8 @@ def fuzz_messages(data: bytes) -> None:
 
 @target(_selected_message_seeds)
 def fuzz_scan(data: bytes) -> None:
-    """Partial scanners: never a non-ProtocolError; a body the full decoder accepts always scans."""
+    """Partial scanners: never a non-ProtocolError; a body the full decoder accepts always scans (in values
+    mode too, where it reports what the plain scan does)."""
     from kproxy.protocol.messages import decode_body
     from kproxy.protocol.scan import scan_body
 
@@ -206,12 +207,16 @@ def fuzz_scan(data: bytes) -> None:
         decodes = True
     except ProtocolError:
         decodes = False
-    for errors_only in (False, True):
+    for errors_only, values in ((False, False), (True, False), (False, True), (True, True)):
         try:
-            found = scan_body(*kind, body, errors_only=errors_only)
+            found = scan_body(*kind, body, errors_only=errors_only, values=values)
         except ProtocolError:
-            assert not decodes, f"scan of {kind} (errors_only={errors_only}) refused a body that decodes"
+            assert not decodes, f"scan of {kind} ({errors_only=}, {values=}) refused a body that decodes"
             continue
+        if values:  # the values mode (consumer lag's reads) reports what the plain walk does, and its reads
+            plain = scan_body(*kind, body, errors_only=errors_only)
+            assert (list(found.entries), found.records) == (plain.entries, plain.records)
+            assert all(len(item) in (3, 4) for item in found.values)
         for start, end in found.records:
             assert 0 <= start <= end <= len(body)
         with contextlib.suppress(ProtocolError):

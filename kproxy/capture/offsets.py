@@ -1,0 +1,113 @@
+"""A capture record's partition items: the request's and the response's entries merged, with the
+offsets consumer lag is made of (schema version 3).
+
+:func:`merge_partitions` merges the two sides' entries per (topic, partition);
+:func:`with_offsets` then gives the items of the exchanges that carry offsets their
+``group_id``, ``committed_offset`` and ``high_watermark``, read from the scans' values as the
+metrics read them (:mod:`kproxy.protocol.offsets`): an OffsetCommit's accepted offsets, an
+OffsetFetch answer's, a Fetch answer's watermarks, a ListOffsets answer's latest offsets. So a
+capture's analysis sees the same committed offsets and watermarks as the live series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kproxy.protocol.offsets import (
+    FETCH,
+    LIST_OFFSETS,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    Values,
+    fetch_watermarks,
+    latest_offsets,
+    offset_commits,
+    offset_fetches,
+)
+
+# The kinds whose scans the capture makes in values mode (Metadata's topic ids it reads in full already).
+VALUE_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH})
+# One side's entry: topic (a name, or an id until named), partition, error code, records, bytes.
+Entry = tuple[Any, int | None, int | None, int, int]
+Name = Callable[[object], str | None]
+_NO_OFFSETS = (None, None, None)  # group_id, committed_offset, high_watermark
+
+
+def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: Name
+                     ) -> tuple[tuple[tuple[Any, ...], ...], int, int]:
+    """The request's and the response's entries merged per (topic name, partition), in order of first
+    appearance (codes: the response's; records: summed), as partition items (PARTITION_ITEMS' order,
+    no offsets yet), and the records' totals."""
+    if len(first) + len(second) == 1:  # one partition, named on one side only
+        topic, partition, code, n, size = first[0] if first else second[0]
+        return ((topic if type(topic) is str else name(topic), partition, code, n, size, *_NO_OFFSETS),), n, size
+    if len(first) == 1 and len(second) == 1:  # one partition, in the request and the response (most
+        topic, partition, code, n, size = first[0]  # Produce and Fetch exchanges)
+        topic2, partition2, code2, n2, size2 = second[0]
+        if type(topic) is not str:
+            topic = name(topic)
+        if type(topic2) is not str:
+            topic2 = name(topic2)
+        if topic == topic2 and partition == partition2:
+            n += n2
+            size += size2
+            return ((topic, partition, code if code2 is None else code2, n, size, *_NO_OFFSETS),), n, size
+    parts: dict[tuple[str | None, int | None], list[Any]] = {}
+    for entries in (first, second):
+        for topic, partition, code, n, size in entries:
+            if type(topic) is not str:
+                topic = name(topic)
+            key = (topic, partition)
+            entry = parts.get(key)
+            if entry is None:
+                parts[key] = [topic, partition, code, n, size, *_NO_OFFSETS]
+            else:
+                if code is not None:
+                    entry[2] = code
+                entry[3] += n
+                entry[4] += size
+    partitions = tuple(map(tuple, parts.values()))
+    count = size_ = 0
+    for p in partitions:
+        count += p[3]
+        size_ += p[4]
+    return partitions, count, size_
+
+
+def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_version: int,
+                 request: Values | None, answer: Values | None, answer_errors: list[tuple[Any, Any, Any]] | None,
+                 name: Name) -> tuple[tuple[Any, ...], ...]:
+    """``partitions`` with the offsets the exchange carries (see the module docstring); the request's
+    and the answer's values (None: not read) and the answer's non-zero codes (the top-level one as
+    ``(None, None, code)``; None: the answer was not read). A committed offset or watermark of a
+    partition no item names gets an item of its own (an OffsetFetch v8+ answer: one per group)."""
+    facts: list[tuple[str | None, object, int, int | None, int | None]]  # group, topic, partition, offsets
+    if api_key == FETCH:
+        facts = [(None, topic, partition, None, offset) for topic, partition, offset in fetch_watermarks(answer)]
+    elif api_key == LIST_OFFSETS:
+        facts = [(None, topic, partition, None, offset) for topic, partition, offset in latest_offsets(request, answer)]
+    elif api_key == OFFSET_COMMIT:
+        facts = [(group, topic, partition, offset, None)
+                 for group, topic, partition, offset in offset_commits(request, answer_errors)]
+    elif api_key == OFFSET_FETCH and answer_errors is not None:
+        facts = [(group, topic, partition, offset, None)
+                 for group, topic, partition, offset in offset_fetches(request, answer, answer_errors, api_version)]
+    else:
+        return partitions
+    if not facts:
+        return partitions
+    out = [list(p) for p in partitions]
+    where = {(p[0], p[1]): i for i, p in enumerate(out)}
+    for group, topic, partition, committed, watermark in facts:
+        key = (topic if type(topic) is str else name(topic), partition)
+        i = where.get(key)
+        if i is None or (group is not None and out[i][5] not in (None, group)):  # (another group's item)
+            out.append([key[0], partition, None, 0, 0, None, None, None])
+            i = where[key] = len(out) - 1
+        item = out[i]
+        if group is not None:
+            item[5], item[6] = group, committed
+        else:
+            item[7] = watermark
+    return tuple(map(tuple, out))

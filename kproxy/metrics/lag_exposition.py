@@ -1,0 +1,170 @@
+"""Consumer lag as Prometheus series, computed at scrape time from :class:`~kproxy.metrics.lag.ConsumerLag`.
+
+Series (the names kafka_exporter uses, with kproxy's prefix):
+
+* ``kproxy_consumergroup_lag_sum{group,topic}``: the group's lag summed over the topic's partitions
+  kproxy has both a fresh committed offset and a fresh watermark of;
+* ``kproxy_consumergroup_lag{group,topic,partition}``: per partition (``metrics.consumer_lag_partitions``);
+* ``kproxy_consumergroup_committed_offset{group,topic,partition}``: the last committed offset seen;
+* ``kproxy_partition_high_watermark{topic,partition}``: the last high watermark seen;
+* ``kproxy_consumergroup_lag_evicted_total{table}`` and ``kproxy_consumergroup_lag_series_omitted{family}``:
+  what the bounds cost (keys evicted from the tracker; series left out of this scrape).
+
+Nothing is exported that was not seen within ``metrics.consumer_lag_stale_after``
+(:meth:`ConsumerLag.view`): a group kproxy stops seeing commit, or a topic nobody fetches, has
+its series disappear, never frozen at their last value.
+
+Cardinality, whatever clients send: at most ``label_cap`` groups and ``label_cap`` topics are named,
+those with the most lag first (then by name: a stable choice while lags hold); a group or topic
+past them counts in ``group="other"`` / ``topic="other"`` of ``lag_sum`` (a sum stays a sum) and
+is left out of the per-partition families (an offset of several groups means nothing). Each
+family also holds at most :data:`SERIES_PER_LABEL` x ``label_cap`` series; ``lag_sum`` folds the
+rest into ``{group="other",topic="other"}``, the others leave it out. Labels are cut as every
+label is (:func:`~kproxy.metrics.labels.cut_label`); a second group or topic cut to the same
+label is not named.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kproxy.metrics.labels import OTHER, cut_label
+from kproxy.metrics.lag import ConsumerLag, LagView
+
+SERIES_PER_LABEL = 20  # per family: label_cap x this many series at most (~180 KB at the default cap)
+
+
+@dataclass(frozen=True, slots=True)
+class LagSeries:
+    """The samples of one scrape, label values as exported."""
+
+    lag_sum: dict[tuple[str, str], int]
+    lag: dict[tuple[str, str, str], int]
+    committed: dict[tuple[str, str, str], int]
+    watermarks: dict[tuple[str, str], int]
+    omitted: dict[str, int]
+
+
+def lag_series(view: LagView, label_cap: int, partitions: bool) -> LagSeries:
+    """The capped series of ``view`` (see the module docstring); ``partitions``: per-partition lag too."""
+    budget = SERIES_PER_LABEL * label_cap
+    group_lag: dict[str, int] = {}
+    topic_lag: dict[str, int] = {}
+    for (group, topic, _), lag in view.lag.items():
+        group_lag[group] = group_lag.get(group, 0) + lag
+        topic_lag[topic] = topic_lag.get(topic, 0) + lag
+    for group, topic, _ in view.committed:
+        group_lag.setdefault(group, 0)
+        topic_lag.setdefault(topic, 0)
+    for topic, _ in view.watermarks:
+        topic_lag.setdefault(topic, 0)
+    groups = _named(group_lag, label_cap)
+    topics = _named(topic_lag, label_cap)
+    omitted = {"lag_sum": 0, "lag": 0, "committed_offset": 0, "high_watermark": 0}
+
+    sums: dict[tuple[str, str], int] = {}
+    for (group, topic, _), lag in view.lag.items():
+        key = (groups.get(group, OTHER), topics.get(topic, OTHER))
+        sums[key] = sums.get(key, 0) + lag
+    lag_sum = sums
+    if len(sums) > budget:  # the first budget - 1 pairs, named ones first; the rest folded into other/other
+        ordered = sorted(sums.items(), key=lambda item: (OTHER in item[0], item[0]))
+        lag_sum = dict(ordered[:budget - 1])
+        rest = ordered[budget - 1:]
+        lag_sum[(OTHER, OTHER)] = lag_sum.get((OTHER, OTHER), 0) + sum(n for _, n in rest)
+        omitted["lag_sum"] = len(rest) - (1 if any(key == (OTHER, OTHER) for key, _ in rest) else 0)
+    lag_series_ = _per_partition(view.lag, groups, topics, budget, omitted, "lag") if partitions else {}
+    committed = _per_partition(view.committed, groups, topics, budget, omitted, "committed_offset")
+    watermarks: dict[tuple[str, str], int] = {}
+    for (topic, partition), offset in sorted(view.watermarks.items(),
+                                             key=lambda item: (topics.get(item[0][0]) is None, item[0])):
+        name = topics.get(topic)
+        if name is None or len(watermarks) >= budget:
+            omitted["high_watermark"] += 1
+            continue
+        watermarks[(name, str(partition))] = offset
+    return LagSeries(lag_sum, lag_series_, committed, watermarks, omitted)
+
+
+def _named(lags: dict[str, int], cap: int) -> dict[str, str]:
+    """The ``cap`` values with the most lag (then by name) -> their labels; a label another value
+    took already leaves the value unnamed."""
+    out: dict[str, str] = {}
+    taken: set[str] = {OTHER}
+    for value in sorted(lags, key=lambda v: (-lags[v], v)):
+        if len(out) >= cap:
+            break
+        label = cut_label(value)
+        if label not in taken:
+            taken.add(label)
+            out[value] = label
+    return out
+
+
+def _rank(groups: dict[str, str], topics: dict[str, str]
+          ) -> Callable[[tuple[tuple[str, str, int], int]], tuple[bool, bool, str, str, int]]:
+    """Sort key of (group, topic, partition) samples: named groups and topics first, then by name."""
+    return lambda item: (item[0][0] not in groups, item[0][1] not in topics, *item[0])
+
+
+def _per_partition(samples: dict[tuple[str, str, int], int], groups: dict[str, str], topics: dict[str, str],
+                   budget: int, omitted: dict[str, int], family: str) -> dict[tuple[str, str, str], int]:
+    out: dict[tuple[str, str, str], int] = {}
+    for (group, topic, partition), value in sorted(samples.items(), key=_rank(groups, topics)):
+        g, t = groups.get(group), topics.get(topic)
+        if g is None or t is None or len(out) >= budget:
+            omitted[family] += 1
+            continue
+        out[(g, t, str(partition))] = value
+    return out
+
+
+class ConsumerLagCollector(Collector):
+    """The consumer-lag families, computed from the tracker at each scrape."""
+
+    def __init__(self, lag: ConsumerLag, *, label_cap: int, partitions: bool,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.lag = lag
+        self.label_cap = label_cap
+        self.partitions = partitions
+        self.clock = clock  # the sessions' clock: the one the tracker's times are on
+
+    def collect(self) -> Iterator[Metric]:
+        series = lag_series(self.lag.view(self.clock()), self.label_cap, self.partitions)
+        stale = f"{self.lag.stale_after:g} s"
+        yield _gauge("kproxy_consumergroup_lag_sum", "Consumer group lag by topic: high watermark less committed "
+                     "offset, summed over the partitions kproxy saw both of within " + stale + " (capped: the rest "
+                     "in group/topic 'other').", ["group", "topic"], series.lag_sum)
+        if self.partitions:
+            yield _gauge("kproxy_consumergroup_lag", "Consumer group lag per partition: high watermark less "
+                         "committed offset (never below 0), both seen within " + stale + ".",
+                         ["group", "topic", "partition"], series.lag)
+        yield _gauge("kproxy_consumergroup_committed_offset", "The last offset a consumer group committed (an "
+                     "OffsetCommit the broker accepted, or an OffsetFetch answer), seen within " + stale + ".",
+                     ["group", "topic", "partition"], series.committed)
+        yield _gauge("kproxy_partition_high_watermark", "The last high watermark a Fetch or ListOffsets (latest, "
+                     "read_uncommitted) answer gave, seen within " + stale + ".", ["topic", "partition"],
+                     series.watermarks)
+        family = CounterMetricFamily("kproxy_consumergroup_lag_evicted", "Committed offsets and watermarks "
+                                     "kproxy forgot to stay within its bound (the ones updated longest ago).",
+                                     labels=["table"])
+        for table, n in list(self.lag.evicted.items()):
+            family.add_metric([table], n)
+        yield family
+        yield _gauge("kproxy_consumergroup_lag_series_omitted", "Consumer-lag series left out of this scrape by "
+                     "metrics.label_cap (groups and topics past it, series past 20x it).", ["family"],
+                     series.omitted)
+
+
+def _gauge(name: str, doc: str, labels: list[str], samples: Mapping[Any, int]) -> Metric:
+    """A gauge family of ``samples``, keyed by a label value or a tuple of them."""
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in samples.items():
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], value)
+    return family

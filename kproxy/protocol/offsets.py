@@ -1,0 +1,184 @@
+"""What consumer lag is made of, read from the scans of the exchanges that carry it (sans-IO).
+
+A consumer group's lag on a partition is the partition's high watermark less the offset the
+group committed there. Both cross a proxy:
+
+* **committed offsets**: in OffsetCommit requests, committed once the answer accepts them (error
+  code 0 for that partition), and in OffsetFetch answers (the coordinator's own record: v0-7 for
+  the request's one group, v8+ per group, KIP-709);
+* **high watermarks**: in every Fetch answer (``high_watermark`` per partition), and in ListOffsets
+  answers to a request for the latest offset (timestamp -1, KIP-79's LATEST_TIMESTAMP) at
+  isolation level read_uncommitted. A read_committed ListOffsets answers the last stable offset
+  (KIP-98), not the watermark: it is left out, as is timestamp -2 (the earliest offset) and every
+  other timestamp. A Fetch answer's ``high_watermark`` is the watermark whatever the fetch's
+  isolation level (its ``last_stable_offset`` is not read), which is also what kafka_exporter's
+  "newest offset" is.
+
+Topics are named, or from version 10 of OffsetCommit and OffsetFetch and 13 of Fetch (KIP-516)
+identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
+
+The scans are the ones kproxy makes anyway, in their values mode
+(:func:`kproxy.protocol.scan.scanner` with ``values=True``): one walk of each body reads its error
+codes and these fields together (:data:`OFFSET_FIELDS`). The readers here only sort what such a
+scan holds (its values, :func:`values_of`, and its non-zero error codes): the metrics' and the
+capture's alike. A scan that failed (None) gives nothing, never a partial answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from kproxy.protocol.schema import Direction
+
+if TYPE_CHECKING:
+    from kproxy.protocol.scan import Entry, RequestScan, Topic
+
+# The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
+# (untagged) field. Api keys: 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9 OffsetFetch.
+OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
+    (8, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),  # OffsetCommit
+    (9, Direction.REQUEST): frozenset({"group_id"}),  # OffsetFetch v0-7: the answer's group
+    (9, Direction.RESPONSE): frozenset({"group_id", "committed_offset"}),  # OffsetFetch (v8+: per group)
+    (2, Direction.REQUEST): frozenset({"isolation_level", "timestamp"}),  # ListOffsets (v2+: isolation)
+    (2, Direction.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # ListOffsets (v0: an array)
+    (1, Direction.RESPONSE): frozenset({"high_watermark"}),  # Fetch
+    (3, Direction.RESPONSE): frozenset({"topic_id"}),  # Metadata v10+: topic id and name (KIP-516)
+}
+OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 8, 9, 2, 1, 3
+LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at read_uncommitted)
+READ_UNCOMMITTED = 0  # ListOffsets isolation_level (v2+; before, every answer is read_uncommitted)
+OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its request and answer
+
+# (group, topic, partition, committed offset); (topic, partition, offset)
+Commit = tuple[str, "Topic", int, int]
+Watermark = tuple["Topic", int, int]
+Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
+
+
+class ScanEntries(list["Entry"]):
+    """A scan's entries (a list, as every scan gives) and, in values mode, the :data:`OFFSET_FIELDS`
+    it read, in the order of the body: ``(topic, partition, code, value)`` per partition-level struct
+    holding one (``code`` None where the struct has none), ``(topic or None, value, code)`` per other
+    struct holding one (a group, a Metadata topic, the top level), appended when that struct ends."""
+
+    __slots__ = ("values",)
+    values: list[tuple[object, ...]]  # set by whoever makes one (no __init__: one is made per scan)
+
+    @classmethod
+    def empty(cls) -> ScanEntries:
+        found = cls()
+        found.values = []
+        return found
+
+
+def values_of(scan: RequestScan | None) -> Values | None:
+    """The values a scan read (None: the scan failed; [] for one made without the values mode)."""
+    if scan is None:
+        return None
+    entries = scan[0]
+    return entries.values if isinstance(entries, ScanEntries) else []
+
+
+def _partition(item: tuple[object, ...]) -> tuple[Topic, int, object, int] | None:
+    """A partition entry of the values whose value is a non-negative offset (None otherwise)."""
+    if len(item) != 4:
+        return None
+    topic, partition, code, value = item
+    if (not isinstance(topic, str | uuid.UUID) or type(partition) is not int or type(value) is not int
+            or value < 0):
+        return None
+    return topic, partition, code, value
+
+
+def offset_commits(request: Values | None, answer_errors: Iterable[Entry] | None) -> list[Commit]:
+    """The offsets an OffsetCommit request committed: its partitions (``request``: its values) whose
+    answer's error code is 0 (``answer_errors``: the answer's non-zero codes, as its errors-only scan
+    lists them; None: the answer was not read). Nothing when either was not read or the request names
+    no group."""
+    if answer_errors is None:
+        return []
+    group: object = None
+    offsets: list[tuple[Topic, int, int]] = []
+    for item in request or ():
+        if len(item) == 3:
+            group = item[1]  # the top level's group_id
+        elif (found := _partition(item)) is not None:
+            offsets.append((found[0], found[1], found[3]))
+    if not isinstance(group, str) or not offsets:
+        return []
+    refused = {(topic, partition) for topic, partition, code in answer_errors if code}
+    return [(group, topic, partition, offset) for topic, partition, offset in offsets
+            if (topic, partition) not in refused]
+
+
+def offset_fetches(request: Values | None, answer: Values | None, answer_errors: Iterable[Entry],
+                   api_version: int) -> list[Commit]:
+    """The committed offsets an OffsetFetch answer reports (``answer``: its values; ``answer_errors``:
+    its non-zero codes): per partition with error code 0 and an offset (-1: none committed), of a group
+    whose error code is 0 (v2-7: the top-level one, ``(None, None, code)`` among the errors; v8+: the
+    group's). Before v8 the group is the request's (``request``: its values; None: not read: nothing)."""
+    if not answer:
+        return []
+    out: list[Commit] = []
+    if api_version < OFFSET_FETCH_GROUPS:
+        group = next((item[1] for item in request or () if len(item) == 3), None)
+        if not isinstance(group, str) or (None, None) in {(t, p) for t, p, code in answer_errors if code}:
+            return []  # (None, None, code): the top-level error, the whole answer's
+        for item in answer:
+            found = _partition(item)
+            if found is not None and not found[2]:
+                out.append((group, found[0], found[1], found[3]))
+        return out
+    pending: list[tuple[Topic, int, int]] = []
+    for item in answer:
+        if len(item) == 3:  # a group ends: (None, group_id, its error code)
+            _, group, code = item
+            if isinstance(group, str) and not code:
+                out.extend((group, topic, partition, offset) for topic, partition, offset in pending)
+            pending = []
+        elif (found := _partition(item)) is not None and not found[2]:
+            pending.append((found[0], found[1], found[3]))
+    return out
+
+
+def fetch_watermarks(answer: Values | None) -> list[Watermark]:
+    """The high watermark of each partition of a Fetch answer (its values) whose error code is 0. (A
+    Fetch answer's only values-mode field is its partitions' ``high_watermark``, an int64: every item
+    is a partition entry with an int, so one comprehension reads them; a null topic name is left out.)"""
+    return [(topic, partition, value) for topic, partition, code, value in answer or ()  # type: ignore[misc]
+            if not code and value >= 0 and topic is not None]  # type: ignore[operator]
+
+
+def latest_offsets(request: Values | None, answer: Values | None) -> list[Watermark]:
+    """The high watermarks a ListOffsets answer gives (both: their values): its partitions with error
+    code 0 that the request asked the latest offset of (timestamp -1) at read_uncommitted (v2+'s
+    isolation_level; read_committed answers the last stable offset, which is not the watermark)."""
+    asked: set[tuple[object, object]] = set()
+    for item in request or ():
+        if len(item) == 3:
+            if item[1] != READ_UNCOMMITTED:
+                return []
+        elif len(item) == 4 and item[3] == LATEST_TIMESTAMP:
+            asked.add((item[0], item[1]))
+    if not asked:
+        return []
+    out: list[Watermark] = []
+    for item in answer or ():
+        found = _partition(item)
+        if found is not None and not found[2] and (found[0], found[1]) in asked:
+            out.append((found[0], found[1], found[3]))
+    return out
+
+
+def metadata_topic_ids(answer: Values | None) -> list[tuple[uuid.UUID, str]]:
+    """(topic id, name) of each topic a Metadata v10+ answer (its values) names with an id (the zero
+    id: none)."""
+    out: list[tuple[uuid.UUID, str]] = []
+    for item in answer or ():
+        if len(item) == 3:
+            name, topic_id, _ = item
+            if isinstance(topic_id, uuid.UUID) and topic_id.int and isinstance(name, str):
+                out.append((topic_id, name))
+    return out

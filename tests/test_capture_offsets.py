@@ -1,0 +1,172 @@
+"""The capture's committed offsets and watermarks (schema version 3), against the live tracker's.
+
+One session's observer is the metrics' (with consumer lag) and the capture's together, as the
+server wires them: every version of OffsetCommit, OffsetFetch, Fetch and ListOffsets goes through
+it, and the last committed offset per (group, topic, partition) and the last watermark per
+(topic, partition) that the capture's records hold are what the tracker holds. Records of other
+exchanges carry none; an older capture (version 2, no such fields) still reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee
+from kproxy.capture.records import RecordBuilder, as_dict
+from kproxy.capture.schema import READABLE_VERSIONS, SCHEMA_VERSION, check_version
+from kproxy.metrics.lag import ConsumerLag
+from kproxy.metrics.observer import MetricsObserver
+from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+
+FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+TOPIC_ID = uuid.UUID(int=0xCAFE)
+
+
+def versions(api_key: int) -> range:
+    span = supported_versions(api_key)
+    assert span is not None
+    return range(span[0], span[1] + 1)
+
+
+class Both:
+    """A session seen by the metrics (with a lag tracker) and by the capture (each record read at once)."""
+
+    def __init__(self) -> None:
+        self.lag = ConsumerLag()
+        self.records: list[dict[str, Any]] = []
+        self.builder = RecordBuilder(TopicIdNames())
+        capture = CaptureObserver(ConnectionInfo(connection_id="c-1", client_host="10.0.0.9", client_port=5555,
+                                                 listener="broker-1", upstream="b1:9092"),
+                                  lambda item, _: self.records.append(as_dict(self.builder.row(item))) is None,
+                                  clock_offset=0.0)
+        metrics = MetricsObserver(TrafficStats(StatsOptions(consumer_lag=True)), self.lag).for_broker(1)
+        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), observer=Tee(metrics, capture))
+        self.correlation_id = 0
+
+    def exchange(self, api_key: int, api_version: int, request: dict[str, Any], response: dict[str, Any]
+                 ) -> dict[str, Any]:
+        self.correlation_id += 1
+        self.session.receive_client(request_frame(api_key, api_version, self.correlation_id, **request))
+        self.session.receive_upstream(response_frame(api_key, api_version, self.correlation_id, **response))
+        self.session.report()
+        return self.records[-1]
+
+    def offline(self) -> tuple[dict[tuple[str, str, int], int], dict[tuple[str, int], int]]:
+        """The last committed offsets and watermarks the capture's records hold, in record order."""
+        committed: dict[tuple[str, str, int], int] = {}
+        marks: dict[tuple[str, int], int] = {}
+        for record in self.records:
+            for p in record["partitions"]:
+                if p["committed_offset"] is not None:
+                    committed[(p["group_id"], p["topic"], p["partition"])] = p["committed_offset"]
+                if p["high_watermark"] is not None:
+                    marks[(p["topic"], p["partition"])] = p["high_watermark"]
+        return committed, marks
+
+
+def topic(**partition_values: Any) -> list[dict[str, Any]]:
+    return [{"name": "orders", "topic": "orders", "topic_id": TOPIC_ID, "partitions": [
+        {"partition_index": p, "partition": p, **{k: v(p) if callable(v) else v for k, v in partition_values.items()}}
+        for p in range(3)]}]
+
+
+def traffic(both: Both) -> None:
+    """Every version of every exchange the lag reads, offsets moving version by version."""
+    both.exchange(METADATA, 12, {}, {"topics": [{"name": "orders", "topic_id": TOPIC_ID}]})
+    for i, v in enumerate(versions(OFFSET_COMMIT)):  # partition 2 refused each time
+        both.exchange(OFFSET_COMMIT, v, {"group_id": "billing", "topics": topic(committed_offset=lambda p, i=i: i + p)},
+                      {"topics": topic(error_code=lambda p: 27 if p == 2 else 0)})
+    for i, v in enumerate(versions(OFFSET_FETCH)):
+        found = topic(committed_offset=lambda p, i=i: 100 + i + p, error_code=0)
+        both.exchange(OFFSET_FETCH, v, {"group_id": "audit", "groups": [{"group_id": "audit"}]},
+                      {"topics": found, "groups": [{"group_id": "audit", "topics": found},
+                                                   {"group_id": "other", "topics": found, "error_code": 16}]})
+    for i, v in enumerate(versions(FETCH)):
+        both.exchange(FETCH, v, {}, {"responses": topic(high_watermark=lambda p, i=i: 200 + i + p,
+                                                        error_code=lambda p, i=i: 6 if p == 1 and i % 2 else 0)})
+    for i, v in enumerate(versions(LIST_OFFSETS)):
+        both.exchange(LIST_OFFSETS, v, {"isolation_level": 0, "topics": topic(timestamp=lambda p: -1 if p else -2)},
+                      {"topics": topic(offset=lambda p, i=i: 300 + i + p,
+                                       old_style_offsets=lambda p, i=i: [300 + i + p])})
+
+
+def test_the_capture_records_the_offsets_the_live_tracker_reads() -> None:
+    both = Both()
+    traffic(both)
+    committed, marks = both.offline()
+    view = both.lag.view(both.session.clock())
+    assert committed == view.committed and marks == view.watermarks
+    last = {api: len(versions(api)) - 1 for api in (OFFSET_COMMIT, OFFSET_FETCH, FETCH, LIST_OFFSETS)}
+    assert committed == {("billing", "orders", p): last[OFFSET_COMMIT] + p for p in (0, 1)} | {  # 2: refused
+        ("audit", "orders", p): 100 + last[OFFSET_FETCH] + p for p in range(3)}  # "other": its group's error
+    # Fetch's last watermarks, then ListOffsets' latest (timestamp -1) for partitions 1 and 2 (0 asked -2).
+    assert marks == {("orders", 0): 200 + last[FETCH]} | {("orders", p): 300 + last[LIST_OFFSETS] + p for p in (1, 2)}
+
+
+@pytest.mark.parametrize("version", versions(OFFSET_FETCH))
+def test_an_offset_fetch_record_has_one_item_per_group_and_partition(version: int) -> None:
+    both = Both()
+    found = topic(committed_offset=lambda p: 40 + p, error_code=0)
+    rec = both.exchange(OFFSET_FETCH, version, {"group_id": "a", "topics": [{"name": "orders"}],
+                                                "groups": [{"group_id": "a"}, {"group_id": "b"}]},
+                        {"topics": found, "groups": [{"group_id": "a", "topics": found},
+                                                     {"group_id": "b", "topics": found}]})
+    items = {(p["group_id"], p["partition"]): p["committed_offset"] for p in rec["partitions"]
+             if p["committed_offset"] is not None}
+    groups = ("a", "b") if version >= 8 else ("a",)
+    assert items == {(g, p): 40 + p for g in groups for p in range(3)}
+
+
+def test_other_exchanges_and_refused_bodies_carry_no_offsets() -> None:
+    both = Both()
+    rec = both.exchange(0, 9, {"acks": 1, "topic_data": [{"name": "orders", "partition_data": [{"index": 0}]}]},
+                        {"responses": [{"name": "orders", "partition_responses": [{"index": 0}]}]})
+    assert [(p["group_id"], p["committed_offset"], p["high_watermark"]) for p in rec["partitions"]] == [
+        (None, None, None)]
+    both.correlation_id += 1
+    good = request_frame(OFFSET_COMMIT, 8, both.correlation_id, group_id="g", topics=topic(committed_offset=5))
+    answer = response_frame(OFFSET_COMMIT, 8, both.correlation_id, topics=topic(error_code=0))
+    both.session.receive_client(good)
+    both.session.receive_upstream((len(answer) - 8).to_bytes(4, "big") + answer[4:-4])  # cut short
+    both.session.report()
+    assert all(p["committed_offset"] is None for p in both.records[-1]["partitions"])
+    assert both.offline() == ({}, {}) and not both.lag.committed
+
+
+def test_version_3_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:
+    """A version 2 file (items without the three fields) and a version 3 file read together under
+    today's schema, as the analysis reads them: the older items' offsets are null."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from kproxy.analysis.schema import spark_schema
+    from kproxy.capture.writer import CaptureWriter
+    from tests.support.capture import record
+
+    assert SCHEMA_VERSION == 3 and READABLE_VERSIONS == (1, 2, 3)
+    for version in (1, 2, 3):
+        check_version({b"kproxy.capture.schema_version": str(version).encode()}, "f.parquet")
+    writer = CaptureWriter(tmp_path / "new", max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    writer.offer(record(1, api_key=FETCH, api_name="Fetch", partitions=[
+        {"topic": "t", "partition": 0, "error_code": 0, "record_count": 1, "record_bytes": 10, "high_watermark": 9}]))
+    writer.close()
+    item = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("error_code", pa.int16()),
+                      ("record_count", pa.int64()), ("record_bytes", pa.int64())])
+    (tmp_path / "old").mkdir()
+    pq.write_table(pa.table({"schema_version": pa.array([2], pa.int16()), "partitions": pa.array(
+        [[{"topic": "t", "partition": 0, "error_code": 0, "record_count": 1, "record_bytes": 10}]], pa.list_(item))}),
+        tmp_path / "old" / "capture-old.parquet")
+    files = [str(p) for p in sorted(tmp_path.rglob("*.parquet"))]
+    rows = spark.read.schema(spark_schema()).parquet(*files).select("schema_version", "partitions").collect()
+    seen = sorted((r["schema_version"], p["high_watermark"], p["group_id"]) for r in rows for p in r["partitions"])
+    assert seen == [(2, None, None), (3, 9, None)]

@@ -1,0 +1,328 @@
+"""Consumer lag as kproxy tracks and exports it (kproxy/metrics/lag.py, lag_exposition.py), sans-IO.
+
+Frames built with kproxy's codec go through a real :class:`~kproxy.proxy.session.Session` whose
+observer is the metrics' (as the server wires them), on a clock the test moves:
+
+* every version of OffsetCommit, OffsetFetch, Fetch and ListOffsets teaches the tracker what it
+  should (topic ids named from Metadata answers, learnt before or after);
+* lag is watermark less committed offset, never below 0; values not seen again within the
+  staleness window leave the series (and the tracker's tables), they never freeze;
+* bounds: keys evicted oldest first and counted; at most ``label_cap`` groups and topics named,
+  the rest folded into ``other`` (lag_sum) or left out and counted; 100,000 groups and 100,000
+  topics leave /metrics under 1 MB;
+* the options: per-partition lag only when asked; no lag series (and plain scans) when off.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kproxy.metrics.exposition import LiveGauges, make_registry
+from kproxy.metrics.labels import MAX_LABEL_LENGTH
+from kproxy.metrics.lag import ConsumerLag
+from kproxy.metrics.lag_exposition import SERIES_PER_LABEL, ConsumerLagCollector, lag_series
+from kproxy.metrics.observer import MetricsObserver
+from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.scan import scanner
+from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.proxy.addresses import AddressMap
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.session import Session
+
+FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+TOPIC_ID = uuid.UUID(int=0xABC)
+
+
+def versions(api_key: int) -> range:
+    span = supported_versions(api_key)
+    assert span is not None
+    return range(span[0], span[1] + 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Proxy:
+    """One connection's sans-IO session with the metrics' observer and a lag tracker, as the server wires them."""
+
+    def __init__(self, *, stale_after: float = 300.0, max_keys: int = 50_000, lag: bool = True) -> None:
+        self.clock = Clock()
+        self.lag = ConsumerLag(stale_after=stale_after, max_keys=max_keys) if lag else None
+        self.stats = TrafficStats(StatsOptions(consumer_lag=lag))
+        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=self.clock,
+                               observer=MetricsObserver(self.stats, self.lag).for_broker(None))
+        self.correlation_id = 0
+
+    def exchange(self, api_key: int, api_version: int, request: dict[str, Any], response: dict[str, Any]) -> None:
+        self.correlation_id += 1
+        self.session.receive_client(request_frame(api_key, api_version, self.correlation_id, **request))
+        self.session.report()
+        self.session.receive_upstream(response_frame(api_key, api_version, self.correlation_id, **response))
+        self.session.report()
+
+    def commit(self, version: int, group: str, topic: str, offsets: dict[int, int], refused: tuple[int, ...] = ()
+               ) -> None:
+        self.exchange(OFFSET_COMMIT, version, {"group_id": group, "topics": [{
+            "name": topic, "topic_id": TOPIC_ID, "partitions": [
+                {"partition_index": p, "committed_offset": o} for p, o in offsets.items()]}]},
+            {"topics": [{"name": topic, "topic_id": TOPIC_ID, "partitions": [
+                {"partition_index": p, "error_code": 22 if p in refused else 0} for p in offsets]}]})
+
+    def fetch(self, version: int, topic: str, marks: dict[int, int]) -> None:
+        self.exchange(FETCH, version, {}, {"responses": [{"topic": topic, "topic_id": TOPIC_ID, "partitions": [
+            {"partition_index": p, "high_watermark": hw} for p, hw in marks.items()]}]})
+
+    def metadata(self, topic: str) -> None:
+        self.exchange(METADATA, 12, {}, {"topics": [{"name": topic, "topic_id": TOPIC_ID}]})
+
+    @property
+    def view(self) -> Any:
+        assert self.lag is not None
+        return self.lag.view(self.clock.now)
+
+
+@pytest.mark.parametrize("version", versions(OFFSET_COMMIT))
+def test_every_offset_commit_version_commits_what_the_broker_accepted(version: int) -> None:
+    proxy = Proxy()
+    proxy.metadata("orders")  # (v10 names topics by id)
+    proxy.commit(version, "billing", "orders", {0: 5, 1: 9, 2: 3}, refused=(1,))
+    assert proxy.view.committed == {("billing", "orders", 0): 5, ("billing", "orders", 2): 3}
+
+
+@pytest.mark.parametrize("version", versions(FETCH))
+def test_every_fetch_version_gives_watermarks_and_the_lag(version: int) -> None:
+    proxy = Proxy()
+    proxy.metadata("orders")
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 9})
+    proxy.fetch(version, "orders", {0: 12, 1: 9})
+    view = proxy.view
+    assert view.watermarks == {("orders", 0): 12, ("orders", 1): 9}
+    assert view.lag == {("billing", "orders", 0): 7, ("billing", "orders", 1): 0}
+
+
+@pytest.mark.parametrize("version", versions(OFFSET_FETCH))
+def test_every_offset_fetch_version_reports_committed_offsets(version: int) -> None:
+    proxy = Proxy()
+    proxy.metadata("orders")
+    partitions = [{"partition_index": 0, "committed_offset": 30}, {"partition_index": 1, "committed_offset": -1}]
+    found = [{"name": "orders", "topic_id": TOPIC_ID, "partitions": partitions}]
+    proxy.exchange(OFFSET_FETCH, version, {"group_id": "audit", "groups": [{"group_id": "audit"}]},
+                   {"topics": found, "groups": [{"group_id": "audit", "topics": found}]})
+    assert proxy.view.committed == {("audit", "orders", 0): 30}
+
+
+@pytest.mark.parametrize("version", versions(LIST_OFFSETS))
+def test_every_list_offsets_version_gives_the_latest_offset_as_watermark(version: int) -> None:
+    proxy = Proxy()
+    partitions = [{"partition_index": 0, "timestamp": -1}, {"partition_index": 1, "timestamp": -2}]
+    proxy.exchange(LIST_OFFSETS, version, {"topics": [{"name": "orders", "partitions": partitions}]},
+                   {"topics": [{"name": "orders", "partitions": [
+                       {"partition_index": p, "offset": 50 - 50 * p, "old_style_offsets": [50 - 50 * p]}
+                       for p in (0, 1)]}]})
+    assert proxy.view.watermarks == {("orders", 0): 50}  # -2 (earliest) is not a watermark
+
+
+def test_topic_ids_learnt_after_the_watermarks_name_them_at_the_next_scrape() -> None:
+    proxy = Proxy()
+    proxy.commit(8, "billing", "orders", {0: 5})
+    proxy.fetch(13, "orders", {0: 8})  # by id, not known yet
+    assert proxy.view.watermarks == {(str(TOPIC_ID), 0): 8} and proxy.view.lag == {}
+    proxy.metadata("orders")
+    assert proxy.view.watermarks == {("orders", 0): 8}
+    assert proxy.view.lag == {("billing", "orders", 0): 3}
+    proxy.clock.now += 10
+    proxy.fetch(11, "orders", {0: 20})  # the same partition by name, later: the fresher counts
+    assert proxy.view.watermarks == {("orders", 0): 20}
+
+
+def test_lag_is_never_negative_and_follows_the_last_values_seen() -> None:
+    proxy = Proxy()
+    proxy.fetch(11, "orders", {0: 10})
+    proxy.commit(8, "billing", "orders", {0: 14})  # committed past the last watermark seen: the log grew since
+    assert proxy.view.lag == {("billing", "orders", 0): 0}
+    proxy.clock.now += 5
+    proxy.fetch(11, "orders", {0: 30})
+    assert proxy.view.lag == {("billing", "orders", 0): 16}
+
+
+def test_stale_values_disappear_from_the_series_and_the_tables() -> None:
+    proxy = Proxy(stale_after=60)
+    proxy.commit(8, "stopped", "orders", {0: 5})
+    proxy.commit(8, "live", "orders", {0: 9})
+    proxy.fetch(11, "orders", {0: 10})
+    for _ in range(7):  # the live group commits and fetches every 10 s; the stopped one never again
+        proxy.clock.now += 10
+        proxy.commit(8, "live", "orders", {0: 10})
+        proxy.fetch(11, "orders", {0: 10})
+    view = proxy.view
+    assert view.lag == {("live", "orders", 0): 0}
+    assert ("stopped", "orders", 0) not in view.committed
+    assert proxy.lag is not None and [k[0] for k in proxy.lag.committed] == ["live"]  # expired, not just hidden
+    proxy.clock.now += 61  # nothing seen since: every series goes, none frozen
+    assert proxy.view.committed == {} and proxy.view.watermarks == {} and proxy.view.lag == {}
+
+
+def test_the_tables_are_bounded_oldest_first_and_evictions_counted() -> None:
+    proxy = Proxy(max_keys=3)
+    for group in ("a", "b", "c", "d", "e"):
+        proxy.clock.now += 1
+        proxy.commit(8, group, "orders", {0: 1})
+    proxy.clock.now += 1
+    proxy.commit(8, "c", "orders", {0: 2})  # updated: now the newest
+    proxy.commit(8, "f", "orders", {0: 1})
+    assert proxy.lag is not None
+    assert [k[0] for k in proxy.lag.committed] == ["e", "c", "f"]
+    assert proxy.lag.evicted == {"committed_offset": 3, "high_watermark": 0}
+
+
+def test_malformed_answers_and_requests_teach_nothing() -> None:
+    proxy = Proxy()
+    good = request_frame(OFFSET_COMMIT, 8, 1, group_id="g", topics=[{"name": "t", "partitions": [
+        {"partition_index": 0, "committed_offset": 4}]}])
+    answer = response_frame(OFFSET_COMMIT, 8, 1, topics=[{"name": "t", "partitions": [{"partition_index": 0}]}])
+    fetch = response_frame(FETCH, 11, 2, responses=[{"topic": "t", "partitions": [{"high_watermark": 9}]}])
+    cut = len(good) - 20
+    for request, response in ((_resized(good[:cut]), answer), (good, _resized(answer[:-3]))):
+        proxy.session.receive_client(request)
+        proxy.session.report()
+        proxy.session.receive_upstream(response)
+        proxy.session.report()
+    proxy.session.receive_client(request_frame(FETCH, 11, 2))
+    proxy.session.report()
+    proxy.session.receive_upstream(_resized(fetch[:-10]))
+    proxy.session.report()
+    assert proxy.lag is not None and not proxy.lag.committed and not proxy.lag.watermarks
+    assert proxy.stats.undecodable_responses == {"offset_commit": 1, "fetch": 1}
+
+
+def _resized(frame: bytes) -> bytes:
+    """``frame`` with its size prefix fitted to what is left of it."""
+    return (len(frame) - 4).to_bytes(4, "big") + frame[4:]
+
+
+# -- exposition ---------------------------------------------------------------------------------------
+def scrape(proxy: Proxy, *, label_cap: int = 100, partitions: bool = True) -> tuple[bytes, dict[str, Any]]:
+    assert proxy.lag is not None
+    collector = ConsumerLagCollector(proxy.lag, label_cap=label_cap, partitions=partitions, clock=proxy.clock)
+    text = generate_latest(make_registry(proxy.stats, LiveGauges, lag=collector))
+    return text, {f.name: {tuple(sorted(s.labels.items())): s.value for s in f.samples}
+                  for f in text_string_to_metric_families(text.decode())}
+
+
+def test_the_series_carry_kafka_exporters_names_and_per_partition_lag_only_when_asked() -> None:
+    proxy = Proxy()
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 6})
+    proxy.fetch(11, "orders", {0: 12, 1: 6})
+    _, families = scrape(proxy)
+    assert families["kproxy_consumergroup_lag_sum"] == {(("group", "billing"), ("topic", "orders")): 7}
+    assert families["kproxy_consumergroup_lag"] == {
+        (("group", "billing"), ("partition", "0"), ("topic", "orders")): 7,
+        (("group", "billing"), ("partition", "1"), ("topic", "orders")): 0}
+    assert families["kproxy_consumergroup_committed_offset"][
+        (("group", "billing"), ("partition", "0"), ("topic", "orders"))] == 5
+    assert families["kproxy_partition_high_watermark"][(("partition", "1"), ("topic", "orders"))] == 6
+    _, families = scrape(proxy, partitions=False)
+    assert "kproxy_consumergroup_lag" not in families and "kproxy_consumergroup_lag_sum" in families
+
+
+def test_groups_and_topics_past_the_label_cap_fold_into_other_or_are_left_out() -> None:
+    proxy = Proxy()
+    for i, lag in enumerate((50, 40, 30, 20, 10)):
+        proxy.commit(8, f"g{i}", f"t{i}", {0: 100})
+        proxy.fetch(11, f"t{i}", {0: 100 + lag})
+    _, families = scrape(proxy, label_cap=2)
+    assert families["kproxy_consumergroup_lag_sum"] == {  # the two with the most lag named, the rest summed
+        (("group", "g0"), ("topic", "t0")): 50, (("group", "g1"), ("topic", "t1")): 40,
+        (("group", "other"), ("topic", "other")): 60}
+    assert {dict(k)["group"] for k in families["kproxy_consumergroup_committed_offset"]} == {"g0", "g1"}
+    assert {dict(k)["topic"] for k in families["kproxy_partition_high_watermark"]} == {"t0", "t1"}
+    omitted = {dict(k)["family"]: v for k, v in families["kproxy_consumergroup_lag_series_omitted"].items()}
+    assert omitted == {"lag_sum": 0, "lag": 3, "committed_offset": 3, "high_watermark": 3}
+
+
+def test_long_names_are_cut_as_labels_and_a_clash_is_not_named() -> None:
+    proxy = Proxy()
+    base = "g" * 300
+    proxy.commit(8, base + "1", "orders", {0: 1})
+    proxy.commit(8, base + "2", "orders", {0: 2})
+    proxy.fetch(11, "orders", {0: 10})
+    _, families = scrape(proxy)
+    groups = [dict(k)["group"] for k in families["kproxy_consumergroup_lag_sum"]]
+    assert sorted(groups) == ["g" * (MAX_LABEL_LENGTH - 1) + "~", "other"]
+
+
+def test_each_family_holds_at_most_its_series_budget() -> None:
+    proxy = Proxy()
+    cap = 2
+    marks = {p: 10 for p in range(SERIES_PER_LABEL * cap + 5)}
+    for group in ("a", "b"):
+        proxy.commit(8, group, "orders", dict.fromkeys(marks, 1))
+    proxy.fetch(11, "orders", marks)
+    series = lag_series(proxy.view, cap, True)
+    assert len(series.committed) == len(series.lag) == len(series.watermarks) == SERIES_PER_LABEL * cap
+    assert series.omitted["committed_offset"] == 2 * len(marks) - SERIES_PER_LABEL * cap
+
+
+def test_a_flood_of_groups_and_topics_leaves_metrics_under_a_megabyte() -> None:
+    """100,000 groups and 100,000 topics (an OffsetFetch v8 answer naming each group, a Fetch answer
+    of each topic's watermark): the tracker keeps its bound, /metrics stays small."""
+    proxy = Proxy()
+    n = 100_000
+    proxy.exchange(OFFSET_FETCH, 8, {"groups": [{"group_id": "probe"}]}, {"groups": [
+        {"group_id": f"group-{i:06d}-{'x' * 40}", "topics": [{"name": f"topic-{i:06d}", "partitions": [
+            {"partition_index": 0, "committed_offset": 1}]}]} for i in range(n)]})
+    proxy.exchange(FETCH, 11, {}, {"responses": [{"topic": f"topic-{i:06d}", "partitions": [
+        {"partition_index": 0, "high_watermark": 2 + i % 7}]} for i in range(n)]})
+    assert proxy.lag is not None
+    assert len(proxy.lag.committed) == len(proxy.lag.watermarks) == 50_000
+    assert proxy.lag.evicted == {"committed_offset": n - 50_000, "high_watermark": n - 50_000}
+    text, families = scrape(proxy)
+    assert len(text) < 1_000_000, len(text)
+    assert len(families["kproxy_consumergroup_committed_offset"]) == 100
+    assert sum(families["kproxy_consumergroup_lag_sum"].values()) == sum(proxy.view.lag.values())
+
+
+def test_without_the_option_nothing_is_tracked_and_answers_are_scanned_as_before() -> None:
+    proxy = Proxy(lag=False)
+    proxy.commit(8, "billing", "orders", {0: 5})
+    proxy.fetch(11, "orders", {0: 9})
+    kinds = proxy.stats.brokers["bootstrap"].kinds
+    assert not any(k.values for k in kinds.values())
+    assert kinds[FETCH << 16 | 11].scanner is scanner(FETCH, 11, Direction.RESPONSE, errors_only=True)
+    with_lag = Proxy()
+    with_lag.fetch(11, "orders", {0: 9})
+    fetch = with_lag.stats.brokers["bootstrap"].kinds[FETCH << 16 | 11]
+    assert fetch.values and fetch.scanner is scanner(FETCH, 11, Direction.RESPONSE, errors_only=True, values=True)
+
+
+@pytest.mark.parametrize(("options", "tracked", "per_partition"), [
+    ({}, True, False),
+    ({"metrics__consumer_lag_partitions": True}, True, True),
+    ({"metrics__consumer_lag": False}, False, False),
+    ({"metrics__scan_responses": False}, False, False),  # the lag reads the answers' scans
+])
+def test_kproxy_run_tracks_lag_by_default_and_as_its_options_say(options: dict[str, Any], tracked: bool,
+                                                                  per_partition: bool) -> None:
+    from kproxy.server.proxy import ProxyServer
+    from kproxy.testing.proxy import proxy_config
+
+    server = ProxyServer(proxy_config("127.0.0.1:9", metrics__consumer_lag_stale_after=42, **options))
+    assert (server.lag is not None) == tracked and server.stats.options.consumer_lag == tracked
+    collector = server._lag_collector()
+    assert (collector is not None) == tracked
+    if collector is not None:
+        assert server.lag is not None and server.lag.stale_after == 42
+        names = {family.name for family in collector.collect()}
+        assert ("kproxy_consumergroup_lag" in names) == per_partition
+        assert "kproxy_consumergroup_lag_sum" in names

@@ -1,0 +1,291 @@
+"""Consumer lag's protocol side (kproxy/protocol/offsets.py): the values mode of the scans and its readers.
+
+* The values mode reads, in every version kproxy's tables know of each kind it covers (OffsetCommit
+  and OffsetFetch requests and answers, ListOffsets requests and answers, Fetch and Metadata
+  answers), exactly the fields the full decoder finds, with their topic, partition and error code,
+  in body order, in both walks (full and errors-only); and it changes nothing else the scan reports.
+* The readers turn those reads into committed offsets and watermarks as Kafka means them:
+  OffsetCommit partitions the answer accepted; OffsetFetch offsets of groups and partitions without
+  errors (v0-7 the request's group, v8+ per group); Fetch watermarks of partitions without errors
+  (v13+ by topic id); ListOffsets only for timestamp -1 at read_uncommitted; Metadata v10+ ids.
+* Bodies built with kproxy's codec; frames are cut and changed byte by byte: never an exception,
+  and a body the scan refuses teaches nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from kproxy.protocol.frame_builder import request_body, response_body
+from kproxy.protocol.messages import decode_body, encode_body
+from kproxy.protocol.offsets import (
+    OFFSET_FIELDS,
+    ScanEntries,
+    fetch_watermarks,
+    latest_offsets,
+    metadata_topic_ids,
+    offset_commits,
+    offset_fetches,
+    values_of,
+)
+from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, run_scanner, run_values_scanner, scan_body, scanner
+from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema, supported_versions
+
+FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+T1, T2 = uuid.UUID(int=0x1111), uuid.UUID(int=0x2222)
+
+
+def versions(api_key: int) -> range:
+    span = supported_versions(api_key)
+    assert span is not None
+    return range(span[0], span[1] + 1)
+
+
+def kinds() -> list[tuple[int, int, Direction]]:
+    return [(api, v, d) for api, d in OFFSET_FIELDS for v in versions(api)]
+
+
+# -- populated bodies of every kind (values for fields a version lacks are dropped) ----------------------
+def partitions(n: int, **extra: Any) -> list[dict[str, Any]]:
+    return [{"partition_index": p, "partition": p, **{k: (v(p) if callable(v) else v) for k, v in extra.items()}}
+            for p in range(n)]
+
+
+def topics(**extra: Any) -> list[dict[str, Any]]:
+    return [{"name": name, "topic": name, "topic_id": tid, "partitions": partitions(2, **extra)}
+            for name, tid in (("orders", T1), ("payments", T2))]
+
+
+def body(api_key: int, api_version: int, direction: Direction) -> dict[str, Any]:
+    if (api_key, direction) == (OFFSET_COMMIT, Direction.REQUEST):
+        return request_body(api_key, api_version, group_id="billing",
+                            topics=topics(committed_offset=lambda p: 100 + p, committed_metadata="m"))
+    if (api_key, direction) == (OFFSET_COMMIT, Direction.RESPONSE):
+        return response_body(api_key, api_version, topics=topics(error_code=lambda p: 25 * p))
+    if (api_key, direction) == (OFFSET_FETCH, Direction.REQUEST):
+        return request_body(api_key, api_version, group_id="billing", topics=[{"name": "orders",
+                                                                               "partition_indexes": [0, 1]}],
+                            groups=[{"group_id": "billing"}, {"group_id": "audit"}])
+    if (api_key, direction) == (OFFSET_FETCH, Direction.RESPONSE):
+        found = topics(committed_offset=lambda p: 40 + p, error_code=0)
+        return response_body(api_key, api_version, topics=found, groups=[
+            {"group_id": "billing", "topics": found}, {"group_id": "audit", "topics": found, "error_code": 16}])
+    if (api_key, direction) == (LIST_OFFSETS, Direction.REQUEST):
+        return request_body(api_key, api_version, isolation_level=0, topics=topics(timestamp=lambda p: -1 - p))
+    if (api_key, direction) == (LIST_OFFSETS, Direction.RESPONSE):
+        return response_body(api_key, api_version, topics=topics(offset=lambda p: 70 + p, timestamp=-1,
+                                                                 old_style_offsets=lambda p: [70 + p, 0]))
+    if (api_key, direction) == (FETCH, Direction.RESPONSE):
+        return response_body(api_key, api_version, responses=topics(high_watermark=lambda p: 900 + p,
+                                                                    error_code=lambda p: 6 * p))
+    if (api_key, direction) == (METADATA, Direction.RESPONSE):
+        return response_body(api_key, api_version, topics=topics())
+    raise AssertionError((api_key, direction))
+
+
+def encoded(api_key: int, api_version: int, direction: Direction, value: dict[str, Any] | None = None) -> bytes:
+    return encode_body(api_key, api_version, direction, body(api_key, api_version, direction) if value is None
+                       else value)
+
+
+# -- the reference: what a values-mode scan must read, from the full decoder's dict -----------------------
+def reference(fields: tuple[Field, ...], d: dict[str, Any], wanted: frozenset[str], topic: Any = None,
+              top: bool = True) -> list[tuple[Any, ...]]:
+    plain = [f for f in fields if f.tag is None]
+    name = next((f for f in plain if f.entity_type == "topicName" and f.type == "string" and not f.array), None)
+    tid = next((f for f in plain if f.name == "topic_id" and f.type == "uuid" and not f.array), None)
+    if name is not None or tid is not None:
+        topic = d[name.name] if name is not None else None
+        if topic is None and tid is not None:
+            topic = d[tid.name]
+    part = next((d[f.name] for f in plain if f.name in PARTITION_FIELDS | {"index"} and f.type == "int32"
+                 and not f.array), None)
+    has_part = any(f.name in PARTITION_FIELDS | {"index"} and f.type == "int32" and not f.array for f in plain)
+    code = next((d[f.name] for f in plain if f.is_error_code), None)
+    out: list[tuple[Any, ...]] = []
+    for f in plain:
+        if f.type == "struct" and f.fields is not None and d[f.name] is not None:
+            for item in d[f.name] if f.array else [d[f.name]]:
+                out += reference(f.fields, item, wanted, topic, False)
+    valued = [f for f in plain if f.name in wanted and f.type != "struct"]
+    if valued:
+        val = d[valued[0].name]
+        if valued[0].array:
+            val = val[0] if val else None
+        ctx = topic if (name is not None or tid is not None or not top) else None
+        out.append((ctx, part, code, val) if has_part else (ctx, val, code))
+    return out
+
+
+@pytest.mark.parametrize(("api_key", "api_version", "direction"), kinds(),
+                         ids=[f"{a}-v{v}-{d.name.lower()}" for a, v, d in kinds()])
+def test_the_values_mode_reads_what_the_decoder_finds(api_key: int, api_version: int, direction: Direction) -> None:
+    data = encoded(api_key, api_version, direction)
+    schema = message_schema(api_key, api_version, direction)
+    assert schema is not None
+    expected = reference(schema.fields, decode_body(api_key, api_version, direction, data),
+                         OFFSET_FIELDS[(api_key, direction)])
+    for errors_only in (False, True):
+        found = scan_body(api_key, api_version, direction, data, errors_only=errors_only, values=True)
+        assert found.values == expected, errors_only
+        plain = scan_body(api_key, api_version, direction, data, errors_only=errors_only)
+        assert (list(found.entries), found.records) == (plain.entries, plain.records)  # nothing else changed
+    if api_key != METADATA or api_version >= 10:
+        assert expected, "the populated body holds values to read"
+
+
+def test_the_request_scan_shared_by_every_reader_is_made_in_values_mode() -> None:
+    from kproxy.protocol.scan import scan_request
+
+    data = encoded(OFFSET_COMMIT, 8, Direction.REQUEST)
+    found = scan_request(OFFSET_COMMIT, 8, data, 0)
+    assert found is not None and isinstance(found[0], ScanEntries)
+    assert found[0] == [("orders", 0, None), ("orders", 1, None), ("payments", 0, None), ("payments", 1, None)]
+    assert found[0].values[-1] == (None, "billing", None)
+    produce = scan_request(0, 9, encode_body(0, 9, Direction.REQUEST, request_body(0, 9)), 0)
+    assert produce is not None and not isinstance(produce[0], ScanEntries)  # other kinds as before
+
+
+# -- the readers -----------------------------------------------------------------------------------
+def scans(api_key: int, api_version: int, request: dict[str, Any] | None, response: dict[str, Any]
+          ) -> tuple[RequestScan | None, RequestScan | None]:
+    """The request's shared scan and the answer's metrics scan (errors only), both in values mode."""
+    req = None
+    if request is not None:
+        fn = scanner(api_key, api_version, Direction.REQUEST, values=True)
+        req = run_values_scanner(fn, encode_body(api_key, api_version, Direction.REQUEST, request), 0)
+    fn = scanner(api_key, api_version, Direction.RESPONSE, errors_only=True, values=True)
+    return req, run_values_scanner(fn, encode_body(api_key, api_version, Direction.RESPONSE, response), 0)
+
+
+def commits(request: RequestScan | None, response: RequestScan | None) -> Any:
+    """offset_commits of the two scans, as kproxy.metrics.lag.ConsumerLag.answer reads them."""
+    return offset_commits(values_of(request), None if response is None else response[0])
+
+
+def fetches(request: RequestScan | None, response: RequestScan | None, api_version: int) -> Any:
+    return offset_fetches(values_of(request), values_of(response), [] if response is None else response[0],
+                          api_version)
+
+
+def latest(request: RequestScan | None, response: RequestScan | None) -> Any:
+    return latest_offsets(values_of(request), values_of(response))
+
+
+def named(api_version: int, first_id: int) -> Any:
+    return (lambda name, tid: tid) if api_version >= first_id else (lambda name, tid: name)
+
+
+@pytest.mark.parametrize("api_version", versions(OFFSET_COMMIT))
+def test_an_offset_commit_counts_the_partitions_its_answer_accepted(api_version: int) -> None:
+    topic = named(api_version, 10)
+    request = body(OFFSET_COMMIT, api_version, Direction.REQUEST)
+    accepted = response_body(OFFSET_COMMIT, api_version, topics=topics(error_code=0))
+    assert commits(*scans(OFFSET_COMMIT, api_version, request, accepted)) == [
+        ("billing", topic("orders", T1), 0, 100), ("billing", topic("orders", T1), 1, 101),
+        ("billing", topic("payments", T2), 0, 100), ("billing", topic("payments", T2), 1, 101)]
+    # Partition 1 of each topic refused (ILLEGAL_GENERATION): its offset was not committed.
+    partly = body(OFFSET_COMMIT, api_version, Direction.RESPONSE)
+    assert commits(*scans(OFFSET_COMMIT, api_version, request, partly)) == [
+        ("billing", topic("orders", T1), 0, 100), ("billing", topic("payments", T2), 0, 100)]
+    req, resp = scans(OFFSET_COMMIT, api_version, request, accepted)
+    assert commits(req, None) == [] and commits(None, resp) == []  # a scan failed: nothing
+
+
+@pytest.mark.parametrize("api_version", versions(OFFSET_FETCH))
+def test_an_offset_fetch_answer_gives_the_committed_offsets_of_groups_without_errors(api_version: int) -> None:
+    topic = named(api_version, 10)
+    request = body(OFFSET_FETCH, api_version, Direction.REQUEST)
+    answer = body(OFFSET_FETCH, api_version, Direction.RESPONSE)
+    expected = [("billing", topic(name, tid), p, 40 + p) for name, tid in (("orders", T1), ("payments", T2))
+                for p in (0, 1)]
+    # v8+: the second group's error (COORDINATOR_NOT_AVAILABLE) leaves it out; v0-7: the request's group.
+    assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == expected
+    # No offset committed (-1), a partition's error: left out.
+    gaps = topics(committed_offset=lambda p: -1 if p else 40, error_code=0)
+    gaps[1]["partitions"][0]["error_code"] = 614  # UNSTABLE_OFFSET_COMMIT
+    answer = response_body(OFFSET_FETCH, api_version, topics=gaps, groups=[{"group_id": "billing", "topics": gaps}])
+    assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == [
+        ("billing", topic("orders", T1), 0, 40)]
+    if 2 <= api_version < 8:  # the answer's top-level error: nothing of it
+        answer = response_body(OFFSET_FETCH, api_version, topics=gaps, error_code=15)
+        assert fetches(*scans(OFFSET_FETCH, api_version, request, answer), api_version) == []
+    if api_version < 8:  # the group is the request's: without its scan, nothing
+        assert fetches(None, scans(OFFSET_FETCH, api_version, request, answer)[1], api_version) == []
+
+
+@pytest.mark.parametrize("api_version", versions(FETCH))
+def test_a_fetch_answer_gives_the_high_watermarks_of_partitions_without_errors(api_version: int) -> None:
+    topic = named(api_version, 13)
+    _, answer = scans(FETCH, api_version, None, body(FETCH, api_version, Direction.RESPONSE))
+    # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its watermark is not one.
+    assert fetch_watermarks(values_of(answer)) == [(topic("orders", T1), 0, 900), (topic("payments", T2), 0, 900)]
+    assert fetch_watermarks(None) == []
+
+
+@pytest.mark.parametrize("api_version", versions(LIST_OFFSETS))
+def test_only_a_list_offsets_for_the_latest_offset_at_read_uncommitted_gives_watermarks(api_version: int) -> None:
+    request = body(LIST_OFFSETS, api_version, Direction.REQUEST)  # partition 0: -1 (latest), 1: -2 (earliest)
+    answer = body(LIST_OFFSETS, api_version, Direction.RESPONSE)
+    assert latest(*scans(LIST_OFFSETS, api_version, request, answer)) == [("orders", 0, 70),
+                                                                                  ("payments", 0, 70)]
+    failed = response_body(LIST_OFFSETS, api_version, topics=topics(offset=-1, error_code=6, old_style_offsets=[]))
+    assert latest(*scans(LIST_OFFSETS, api_version, request, failed)) == []
+    assert latest(None, scans(LIST_OFFSETS, api_version, request, answer)[1]) == []
+    if api_version >= 2:  # read_committed answers the last stable offset: not a watermark
+        committed = request_body(LIST_OFFSETS, api_version, isolation_level=1, topics=topics(timestamp=-1))
+        assert latest(*scans(LIST_OFFSETS, api_version, committed, answer)) == []
+
+
+@pytest.mark.parametrize("api_version", versions(METADATA))
+def test_metadata_answers_teach_topic_ids_from_v10(api_version: int) -> None:
+    _, answer = scans(METADATA, api_version, None, body(METADATA, api_version, Direction.RESPONSE))
+    assert metadata_topic_ids(values_of(answer)) == ([(T1, "orders"), (T2, "payments")] if api_version >= 10
+                                                     else [])
+    zero = response_body(METADATA, api_version, topics=[{"name": "gone", "topic_id": uuid.UUID(int=0)}])
+    assert metadata_topic_ids(values_of(scans(METADATA, api_version, None, zero)[1])) == []
+
+
+# -- malformed bodies ------------------------------------------------------------------------------------
+def _reads(api_key: int, api_version: int, request: RequestScan | None, response: RequestScan | None) -> list[Any]:
+    """What the kind's reader takes from the two scans (as kproxy.metrics.lag.ConsumerLag.answer reads them)."""
+    if api_key == OFFSET_COMMIT:
+        return commits(request, response)
+    if api_key == OFFSET_FETCH:
+        return fetches(request, response, api_version) if response is not None else []
+    if api_key == LIST_OFFSETS:
+        return latest(request, response)
+    if api_key == FETCH:
+        return fetch_watermarks(values_of(response))
+    return metadata_topic_ids(values_of(response))
+
+
+@pytest.mark.parametrize(("api_key", "api_version", "direction"), kinds(),
+                         ids=[f"{a}-v{v}-{d.name.lower()}" for a, v, d in kinds()])
+def test_cut_and_changed_bodies_raise_nothing_and_a_refused_one_teaches_nothing(
+        api_key: int, api_version: int, direction: Direction) -> None:
+    data = encoded(api_key, api_version, direction)
+    whole = scan_body(api_key, api_version, direction, data, errors_only=direction is Direction.RESPONSE,
+                      values=True)
+    fn = scanner(api_key, api_version, direction, errors_only=direction is Direction.RESPONSE, values=True)
+    other = scanner(api_key, api_version, direction.__class__(1 - direction), values=True)
+    good = run_values_scanner(other, encoded(api_key, api_version, direction.__class__(1 - direction)), 0) \
+        if (api_key, direction.__class__(1 - direction)) in OFFSET_FIELDS else None
+    variants = [data[:cut] for cut in range(len(data))]
+    variants += [data[:at] + bytes([b]) + data[at + 1:] for at in range(len(data)) for b in (0x00, 0x7F, 0xFF)]
+    for bad in variants:
+        found = run_values_scanner(fn, bad, 0)
+        plain = run_scanner(scanner(api_key, api_version, direction, errors_only=direction is Direction.RESPONSE),
+                            bad, 0)
+        assert (found is None) == (plain is None)  # the values mode refuses what the plain scan refuses
+        request, response = (found, good) if direction is Direction.REQUEST else (good, found)
+        reads = _reads(api_key, api_version, request, response)  # never raises
+        if found is None:
+            if direction is Direction.RESPONSE or (api_key, api_version >= 8) != (OFFSET_FETCH, True):
+                assert reads == []  # (an OffsetFetch v8+ answer names its groups: its request is not read)
+        elif len(bad) < len(data):  # cut after what the walk reads: the same reads as the whole body's
+            assert found[0].values == whole.values  # type: ignore[attr-defined]
+    assert SCAN_FAILURES  # (what a refused body raises inside the scanner, caught by the runners)
