@@ -1081,7 +1081,8 @@ def test_what_a_policy_writes_lands_on_the_exchanges_parts() -> None:
 def test_an_idle_session_holds_no_queue_buffers() -> None:
     # Thousands of connections sit idle between requests: what a session keeps once its requests are
     # answered is per connection. Its queues are lists (and the acks=0 one is made at the first acks=0
-    # Produce), not deques, each of which keeps a block of 64 slots once made (3.7 KB a session before).
+    # Produce), not deques, each of which keeps a block of 64 slots once made (~1.9 KB for the three: a
+    # session was 3.7 KB before, 2.9 KB now as pure Python, 1.5 KB compiled).
     rewriter = ResponseRewriter(AddressMap(ADVERTISED, BASE))
     request, answer = heartbeat(1)
     kept = []
@@ -1099,4 +1100,4 @@ def test_an_idle_session_holds_no_queue_buffers() -> None:
     finally:
         tracemalloc.stop()
     assert all(s.in_flight_count == 0 for s in kept)
-    assert per_session < 2500, per_session
+    assert per_session < 3500, per_session
