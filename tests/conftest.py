@@ -75,6 +75,7 @@ PURE_PASS_MODULES = frozenset({
     "test_metrics_counting.py",
     "test_metrics_kinds.py",
     "test_metrics_memo.py",
+    "test_lag_metrics.py",
     "test_capture_observer.py",
     "test_rules_session.py",
     "test_rules_engine.py",
