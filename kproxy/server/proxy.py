@@ -144,6 +144,9 @@ class ProxyServer:
             self.sasl = UpstreamCredentials(config.sasl_upstream)
             self.stats.sasl_mechanism_used("upstream", self.sasl.mechanism)
         self.listeners: dict[int, _Listener] = {}
+        # The ports of listeners that are ready (open, or failed for good): what ensure_listeners
+        # waits for, which connections check first (a set lookup per route, not an await).
+        self.listening: set[int] = set()
         self.connections: set[Connection] = set()
         self.bootstrap_port = 0
         self._nursery: trio.Nursery | None = None
@@ -418,6 +421,7 @@ class ProxyServer:
             listener.failed = f"{exc.strerror or exc}"
             listener.ready.set()
             self.listeners[listener.port] = listener
+            self.listening.add(listener.port)
             log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
                       _q(listener.failed))
             if listener.name == "bootstrap":
@@ -429,6 +433,7 @@ class ProxyServer:
         self.stats.listener_opened(listener.name, node_label(listener.node_id))
         tcp = trio.SocketListener(sock)
         listener.ready.set()
+        self.listening.add(listener.port)
         if listener.name != "bootstrap":
             log.info("event=listening listener=%s address=%s:%d", listener.name, self.config.listen.host,
                      listener.port)
@@ -533,7 +538,8 @@ class ProxyServer:
         session.observer = observer
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
-                          upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines)
+                          upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines,
+                          listening=self.listening)
         self.connections.add(conn)
         self.stats.client_connected(listener.name, node)
         self.stats.upstream_connected(str(addr), node)
