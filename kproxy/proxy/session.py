@@ -194,7 +194,7 @@ class Session(TerminateMode):
     def partial_request_at(self) -> int | None:
         """Where in the client's byte stream the request frame still missing bytes begins; None when
         no partial frame is buffered (the server's frame deadline: limits.frame_timeout). In terminate
-        mode, 0 until the client logged in: the whole login has one frame's deadline, from byte one."""
+        mode, 0 until the client logged in: the whole login has one frame's deadline (the server's: from the start)."""
         if self._auth_gate is not None and self._auth_gate.principal is None:
             return 0
         frames = self._client_frames

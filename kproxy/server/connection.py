@@ -168,6 +168,10 @@ class Connection:
         try:
             with self._idle:
                 self._touch()
+                if self.session.partial_request_at is not None:
+                    # Terminate mode: the client's login has one frame's deadline from the start, so a
+                    # client that never sends a byte is closed by it too, not only by the idle timeout.
+                    self._frame_at, self._frame_due = 0, self._last_activity + self.limits.frame_timeout
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
