@@ -524,8 +524,9 @@ class ProxyServer:
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
                           policy=policy, login=self.upstream_login(peer), auth=auth)
         observer: SessionObserver | None = None
+        metrics = None
         if self.observer is not None:
-            observer = self.observer.for_broker(listener.node_id)
+            observer = metrics = self.observer.for_broker(listener.node_id)
         if self.capture is not None:
             # Records carry the session's principal (TLS or SASL), the one the rules see.
             # (terminate mode: the upstream it will try first, once the client logged in)
@@ -559,6 +560,8 @@ class ProxyServer:
             if self.capture is not None:
                 session.report()  # what the connection read before it ended
                 self.capture.connection_closed(observer)
+            if metrics is not None:
+                metrics.close()  # what it counted while open (kproxy_client_info)
             self.stats.client_disconnected(listener.name, node)
             if conn.upstream_addr is not None:
                 self.stats.upstream_disconnected(str(conn.upstream_addr), node)
