@@ -362,7 +362,7 @@ class ProxyServer:
         return targets
 
     async def _probe_upstream(self, target: Target) -> None:
-        # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
+        # Not a probe in UpstreamConnector.connect's sense: a failure here is counted per broker, like a client's.
         try:
             stream, _ = await self.connector.connect([target.address], target.node_id)
         except UpstreamUnavailable as exc:
