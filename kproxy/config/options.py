@@ -176,7 +176,8 @@ OPTIONS: tuple[Option, ...] = (
            "again for this long", "SECONDS", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
-           "/readyz and kproxy_upstream_up", "SECONDS", show_default=v.as_is),
+           "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "
+           "before their login)", "SECONDS", show_default=v.as_is),
     Option("metrics.process_metrics", v.boolean,
            "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
            boolean=True, aliases=(Alias("--metrics-process", sets=True),)),
