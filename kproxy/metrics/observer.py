@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
+from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
+from kproxy.protocol.scan import RequestScan
 from kproxy.proxy.session import Exchange
 
 _NO_RANGES: list[tuple[int, int]] = []  # never added to
@@ -55,13 +57,29 @@ class BrokerObserver:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None, exchange.request,
                                exchange.request_body_offset, _NO_RANGES if scan is None else scan[1])
+            if self.lag is not None and scan is not None and scan[1]:
+                self._produced(exchange, scan)
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
                 # exchange's one scan: a rule on topics that read it first left it there.)
-                exchange.request_scan  # noqa: B018
+                scan = exchange.request_scan
+                if exchange.api_key in GROUP_REQUESTS and self.lag is not None:
+                    self.lag.group_request(exchange.api_key, scan, exchange.read_at)
+
+    @staticmethod
+    def _produced(exchange: Exchange, scan: RequestScan) -> None:
+        """Count a Produce request's records per partition while its frame is held: its answer gives
+        the log end offsets with them. Not when a rule forwarded another frame in its place (its
+        records may differ from the ones read: corrupt_records, duplicate_records)."""
+        ruling = exchange.ruling
+        if ruling is not None and ruling.request_replaced:
+            return
+        memo = exchange.memo
+        if memo is not None:  # (the scan made it)
+            memo.produced = produce_record_counts(exchange.request, scan)
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -88,6 +106,10 @@ class BrokerObserver:
         api_key = exchange.api_key
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
-            self.lag.answer(api_key, exchange.api_version,
-                            exchange.request_scan if api_key in self.lag_requests else None, found,
-                            exchange.completed_at)
+            if api_key == PRODUCE:
+                if memo is not None and memo.produced:
+                    self.lag.produce_answer(memo.produced, found, exchange.completed_at)
+            else:
+                self.lag.answer(api_key, exchange.api_version,
+                                exchange.request_scan if api_key in self.lag_requests else None, found,
+                                exchange.completed_at)

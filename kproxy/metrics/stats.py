@@ -408,12 +408,13 @@ class TrafficStats:
                     body_offset = len(frame)  # the scan then fails: counted as undecodable
         if api_key == PRODUCE:
             # A producer's usual answer (one topic, one partition) carries new offsets every time, so
-            # it is never remembered; read by hand instead (None: another shape, the scanner's).
-            entries = produce_answer_errors(frame, body_offset, api_version)
+            # it is never remembered; read by hand instead (None: another shape, the scanner's). With
+            # consumer lag, its base offset too (returned: the partition's log end offset is read from it).
+            entries = produce_answer_errors(frame, body_offset, api_version, kind.values)
             if entries is not None:
                 if entries:
                     self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
-                return None
+                return (entries, _NO_RANGES) if kind.values else None
         found = self._scan_response(kind, api_key, api_version, frame, body_offset, body)
         if found is None:
             # A body we cannot read: counted, never fatal.

@@ -24,6 +24,7 @@ from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.messages import decode_body
+from kproxy.protocol.offsets import Produced
 from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction
@@ -51,7 +52,9 @@ class Ruling:
       queued behind) kept it back: ``(seconds of that wait, who it is charged to)``;
     * ``rule_decisions``: what the policy's rules did, in order: one ``(rule, action, detail,
       dry_run)`` per action that acted or matched in a dry run. The policy appends response-side
-      actions when the response is edited, so observers read it at ``complete``.
+      actions when the response is edited, so observers read it at ``complete``;
+    * ``request_replaced``: the frame forwarded was the verdict's, not the one read (its records may
+      differ: consumer lag does not count them).
     """
 
     release_at: float = 0.0
@@ -61,6 +64,7 @@ class Ruling:
     held_by: tuple[str, str] | None = None
     held: tuple[float, tuple[str, str] | None] | None = None
     rule_decisions: tuple[RuleDecision, ...] = ()
+    request_replaced: bool = False
 
 
 @dataclass(slots=True)
@@ -72,12 +76,16 @@ class ObserverMemo:
     * ``response_body``: the rewritten response's body as the rewriter returned it (None: not
       rewritten, or edited after): for a repeated answer the rewrite memo's own object, which
       the metrics' scan memo keys on;
-    * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked.
+    * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked;
+    * ``produced``: a Produce request's records per partition, ``(topic, partition, records)``, when
+      a reader counted them while the frame was held (consumer lag reads the answer with them:
+      :func:`kproxy.protocol.offsets.produce_record_counts`); None: not counted.
     """
 
     response_body_offset: int = 0
     response_body: bytes | None = None
     request_scan: RequestScan | None = _UNREAD
+    produced: list[Produced] | None = None
 
 
 @dataclass(slots=True)
