@@ -450,11 +450,18 @@ def _run_analyze(args: argparse.Namespace) -> int:
                    exact_percentiles=args.exact_percentiles, verbose=args.verbose)
 
 
+def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kproxy.subcommands.credentials import add_credentials_command  # argparse only until it runs
+
+    add_credentials_command(subparsers)
+
+
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
     _add_decode,
     _add_health,
     _add_rules,
+    _add_credentials,
     _add_analyze,
 )

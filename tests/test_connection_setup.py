@@ -13,7 +13,8 @@ import trio.testing
 
 from kproxy.server import memory
 from kproxy.server.connection import _close
-from kproxy.server.proxy import ProxyServer, _open_tcp, _os_reason
+from kproxy.server.proxy import ProxyServer
+from kproxy.server.sockets import open_tcp, os_reason
 from kproxy.testing.proxy import proxy_config
 from tests.support.fakecluster import fake_cluster
 
@@ -32,7 +33,7 @@ async def test_an_upstream_address_literal_connects_without_open_tcp_stream(monk
     listener, port = await listening()
     async with listener:
         with trio.fail_after(5):
-            stream = await _open_tcp("127.0.0.1", port)
+            stream = await open_tcp("127.0.0.1", port)
             async with stream, await listener.accept() as accepted:
                 assert stream.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
                 await stream.send_all(b"kafka")
@@ -43,7 +44,7 @@ async def test_an_upstream_host_name_still_goes_through_open_tcp_stream() -> Non
     listener, port = await listening()
     async with listener:
         with trio.fail_after(5):
-            stream = await _open_tcp("localhost", port)
+            stream = await open_tcp("localhost", port)
             async with stream, await listener.accept() as accepted:
                 await accepted.send_all(b"k")
                 assert await stream.receive_some(10) == b"k"
@@ -53,9 +54,9 @@ async def test_a_refused_address_literal_says_connection_refused() -> None:
     listener, port = await listening()
     await listener.aclose()  # nothing listens there any more
     with pytest.raises(OSError) as failure:
-        await _open_tcp("127.0.0.1", port)
+        await open_tcp("127.0.0.1", port)
     assert failure.value.errno == errno.ECONNREFUSED
-    assert _os_reason(failure.value) == "connection refused"
+    assert os_reason(failure.value) == "connection refused"
 
 
 async def test_a_plain_stream_is_closed_at_once_even_in_a_cancelled_scope() -> None:

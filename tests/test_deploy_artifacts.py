@@ -122,6 +122,15 @@ def mounted_config(pod_spec: dict[str, Any], c: dict[str, Any]) -> str:
     return name
 
 
+def with_sidecar_secrets(config_text: str, directory: Path) -> str:
+    """The sidecar example's kproxy.yaml with its mounted Secret and CA (``/etc/kafka-*``) as files
+    under ``directory``, so that kproxy's loader, which reads them, can load it."""
+    for name, content in (("kafka-secret/password", "s3cret\n"), ("kafka-ca/ca.crt", "placeholder\n")):
+        (directory / name).parent.mkdir(exist_ok=True)
+        (directory / name).write_text(content)
+    return config_text.replace("/etc/kafka-", f"{directory}/kafka-")
+
+
 def hadolint_binary() -> str | None:
     beside = Path(sys.executable).with_name("hadolint")
     return str(beside) if beside.exists() else shutil.which("hadolint")
@@ -231,10 +240,16 @@ PINNED_VALUES: dict[str, Any] = {
                "limits": {"shutdown_grace": 45}},
 }
 SIDECAR_VALUES: dict[str, Any] = {"mode": "sidecar"}
+SASL_VALUES: dict[str, Any] = {
+    "tls": {"upstream": {"enabled": True}},
+    "sasl": {"upstream": {"mechanism": "SCRAM-SHA-512", "username": "orders-app", "secretName": "orders-kafka"},
+             "client": {"mode": "terminate", "mechanisms": ["SCRAM-SHA-256", "PLAIN"],
+                        "credentialsSecret": "kproxy-users", "sessionLifetimeSeconds": 3600}},
+}
 
 
-@pytest.mark.parametrize("values", [{}, TLS_VALUES, MONITORED_VALUES, PINNED_VALUES, SIDECAR_VALUES],
-                         ids=["default", "tls", "monitored", "pinned", "sidecar"])
+@pytest.mark.parametrize("values", [{}, TLS_VALUES, MONITORED_VALUES, PINNED_VALUES, SIDECAR_VALUES, SASL_VALUES],
+                         ids=["default", "tls", "monitored", "pinned", "sidecar", "sasl"])
 def test_chart_lints_clean(helm: Any, values: dict[str, Any]) -> None:
     report = helm.lint(str(CHART), values, strict=True)
     assert report["errors"] == []
@@ -371,6 +386,64 @@ def test_upstream_tls_without_secret_uses_the_system_cas(helm: Any, tmp_path: Pa
     assert [v["name"] for v in spec["volumes"]] == ["kproxy-config"]
 
 
+def _mounted_secrets(spec: dict[str, Any], c: dict[str, Any]) -> dict[str, str]:
+    """Mount path -> the Secret mounted there (whole, as a directory: no subPath, read-only)."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    out = {}
+    for mount in c["volumeMounts"]:
+        if mount["name"] in secrets:
+            assert mount["readOnly"] and "subPath" not in mount, mount
+            out[mount["mountPath"]] = secrets[mount["name"]]
+    return out
+
+
+def test_sasl_secrets_are_mounted_as_files_where_kproxy_yaml_points(helm: Any, tmp_path: Path) -> None:
+    """Credentials come from Secrets mounted as files, never the environment: the upstream password
+    and the credentials file of terminate mode, at the paths kproxy.yaml names; kproxy loads that
+    config (its credentials file read and checked) once the files are where the mounts would be."""
+    from kproxy.config.credentials_file import save_credentials
+    from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user
+
+    docs = render(helm, SASL_VALUES)
+    text = one(docs, "ConfigMap")["data"]["kproxy.yaml"]
+    sasl = yaml.safe_load(text)["sasl"]
+    assert sasl == {
+        "upstream": {"mechanism": "SCRAM-SHA-512", "username": "orders-app",
+                     "password_file": "/etc/kproxy-sasl/upstream/password"},
+        "client": {"mode": "terminate", "mechanisms": ["SCRAM-SHA-256", "PLAIN"],
+                   "credentials_file": "/etc/kproxy-sasl/client/credentials.yaml", "session_lifetime": 3600}}
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    c = container(spec)
+    assert _mounted_secrets(spec, c) == {"/etc/kproxy-sasl/upstream": "orders-kafka",
+                                         "/etc/kproxy-sasl/client": "kproxy-users"}
+    assert "env" not in c  # no secret, nor anything else, from the environment
+    assert {v["secret"]["defaultMode"] for v in spec["volumes"] if "secret" in v} == {0o440}
+    assert spec["securityContext"]["fsGroup"] == c["securityContext"]["runAsGroup"]  # kproxy reads them
+
+    mounts = tmp_path / "mounts"
+    (mounts / "upstream").mkdir(parents=True)
+    (mounts / "client").mkdir()
+    (mounts / "upstream" / "password").write_text("s3cret\n")
+    users = with_user(CredentialStore(), "alice",
+                      user_credentials("pw", ["PLAIN", "SCRAM-SHA-256"], plain_iterations=PLAIN_MIN_ITERATIONS))
+    save_credentials(mounts / "client" / "credentials.yaml", users)
+    cfg = load_kproxy_config(text.replace("/etc/kproxy-sasl", str(mounts)), tmp_path)
+    assert cfg.sasl_upstream.mechanism == "SCRAM-SHA-512" and cfg.sasl_upstream.username == "orders-app"
+    assert cfg.sasl_client.terminate and cfg.sasl_client.session_lifetime == 3600
+    assert cfg.sasl_client.credentials == users
+
+
+def test_oauthbearer_reads_a_token_file_and_relay_mode_renders_no_client_section(helm: Any) -> None:
+    docs = render(helm, {"sasl": {"upstream": {"mechanism": "OAUTHBEARER", "secretName": "kafka-token",
+                                               "tokenKey": "jwt"}}})
+    sasl = yaml.safe_load(one(docs, "ConfigMap")["data"]["kproxy.yaml"])["sasl"]
+    assert sasl == {"upstream": {"mechanism": "OAUTHBEARER", "token_file": "/etc/kproxy-sasl/upstream/jwt"}}
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert _mounted_secrets(spec, container(spec)) == {"/etc/kproxy-sasl/upstream": "kafka-token"}
+    default = yaml.safe_load(one(render(helm), "ConfigMap")["data"]["kproxy.yaml"])
+    assert "sasl" not in default
+
+
 @pytest.mark.parametrize(("values", "message"), [
     # values.schema.json: types and ranges
     ({"mode": "daemonset"}, "at '/mode'"),
@@ -385,8 +458,17 @@ def test_upstream_tls_without_secret_uses_the_system_cas(helm: Any, tmp_path: Pa
     ({"tls": {"client": {"enabled": True, "secretName": "s", "requireClientCert": True}}}, "clientCAKey"),
     ({"tls": {"upstream": {"enabled": True, "secretName": "s", "certKey": "tls.crt"}}}, "go together"),
     ({"terminationGracePeriodSeconds": 30}, "must exceed"),
+    ({"sasl": {"upstream": {"mechanism": "GSSAPI"}}}, "at '/sasl/upstream/mechanism'"),
+    ({"sasl": {"client": {"mechanisms": ["OAUTHBEARER"]}}}, "at '/sasl/client/mechanisms/0'"),
+    ({"sasl": {"client": {"mode": "passthrough"}}}, "at '/sasl/client/mode'"),
+    ({"sasl": {"upstream": {"password": "s3cret"}}}, "'password'"),
+    ({"sasl": {"upstream": {"mechanism": "PLAIN", "username": "a"}}}, "needs sasl.upstream.secretName"),
+    ({"sasl": {"upstream": {"mechanism": "SCRAM-SHA-256", "secretName": "s"}}}, "needs sasl.upstream.username"),
+    ({"sasl": {"client": {"mode": "terminate"}}}, "needs sasl.client.credentialsSecret"),
 ], ids=["mode", "no-upstream", "port-range", "pin-key", "log-level",
-        "port-clash", "broker-port-range", "tls-secret", "client-ca", "mtls-pair", "grace"])
+        "port-clash", "broker-port-range", "tls-secret", "client-ca", "mtls-pair", "grace",
+        "sasl-mechanism", "sasl-client-oauth", "sasl-client-mode", "sasl-password-value", "sasl-secret",
+        "sasl-username", "sasl-credentials"])
 def test_chart_refuses_bad_values(helm: Any, values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=re.escape(message)):
         render(helm, values)
@@ -490,11 +572,16 @@ def test_sidecar_example_manifest(tmp_path: Path) -> None:
     assert kinds(docs) == ["ConfigMap", "ConfigMap", "Deployment"]  # kproxy.yaml, and the rules directory
     cm = next(d for d in docs if d["kind"] == "ConfigMap" and "kproxy.yaml" in d["data"])
     deploy = one(docs, "Deployment")
-    # Its rules directory is a mount (loaded by tests/test_rules_reload_deploy.py): the rest here.
+    # Its rules directory is a mount (loaded by tests/test_rules_reload_deploy.py): the rest here, with
+    # files where the Secret and the CA's ConfigMap would be mounted.
     raw = {k: v for k, v in yaml.safe_load(cm["data"]["kproxy.yaml"]).items() if k != "rules"}
-    cfg = load_kproxy_config(yaml.safe_dump(raw), tmp_path)
+    cfg = load_kproxy_config(with_sidecar_secrets(yaml.safe_dump(raw), tmp_path), tmp_path)
     assert cfg.listen.host == "127.0.0.1" and cfg.advertised == "127.0.0.1"
     assert cfg.metrics_listen is not None and cfg.metrics_listen.host == "0.0.0.0"
+    # The app talks plaintext to localhost; kproxy speaks TLS and SCRAM to the cluster, its password a
+    # Secret mounted as files (never the environment), in a directory the kubelet updates in place.
+    assert cfg.upstream_tls.enabled and cfg.upstream_tls.verify and cfg.upstream_tls.ca is not None
+    assert cfg.sasl_upstream.mechanism == "SCRAM-SHA-512" and cfg.sasl_upstream.password_file is not None
 
     pod = deploy["spec"]["template"]
     spec = pod["spec"]
@@ -506,6 +593,10 @@ def test_sidecar_example_manifest(tmp_path: Path) -> None:
     assert all(PORT_NAME.match(p["name"]) for p in c["ports"])
     app_env = {e["name"]: e["value"] for e in container(spec, "app")["env"]}
     assert app_env["KAFKA_BOOTSTRAP_SERVERS"] == f"localhost:{cfg.listen.port}"
+    assert app_env["KAFKA_SECURITY_PROTOCOL"] == "PLAINTEXT"
+    assert _mounted_secrets(spec, c) == {"/etc/kafka-secret": "orders-kafka"}
+    assert str(cfg.sasl_upstream.password_file).endswith("kafka-secret/password")
+    assert "env" not in c and spec["securityContext"]["fsGroup"] == c["securityContext"]["runAsGroup"]
     assert spec["terminationGracePeriodSeconds"] > cfg.limits.shutdown_grace
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(cfg.metrics_listen.port)
     assert deploy["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()

@@ -27,6 +27,7 @@ from tests.test_deploy_artifacts import (
     one,
     parent_chart,  # noqa: F401  (a fixture: an app chart that includes the sidecar templates)
     render,
+    with_sidecar_secrets,
 )
 
 RULES_DIR = "/etc/kproxy-rules"
@@ -158,6 +159,7 @@ def test_the_sidecar_example_loads_its_rules_from_a_directory(tmp_path: Path) ->
     c = container(spec)
     rules_cm = maps[rules_volume(spec, c)]
     config_text = next(m for m in maps.values() if "kproxy.yaml" in m.get("data", {}))["data"]["kproxy.yaml"]
+    config_text = with_sidecar_secrets(config_text, tmp_path)  # its SASL password and CA, as mounted files
     assert loads_as_kproxy_would(config_text, rules_cm["data"], tmp_path) == ["slow-produce"]
     # The rules ConfigMap carries no checksum annotation on the pod: edits reload in place.
     pod_annotations = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["metadata"].get(

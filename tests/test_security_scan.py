@@ -26,6 +26,9 @@ CHART_VALUES: dict[str, Any] = {
     "serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
     "networkPolicy": {"enabled": True}, "podDisruptionBudget": {"enabled": True},
     "rules": {"enabled": True, "files": {"chaos.yaml": "rules: []\n"}}, "admin": {"enabled": True},
+    "tls": {"upstream": {"enabled": True, "secretName": "kafka-ca"}},
+    "sasl": {"upstream": {"mechanism": "SCRAM-SHA-512", "username": "svc", "secretName": "kafka-password"},
+             "client": {"mode": "terminate", "credentialsSecret": "kproxy-users"}},
 }
 
 SKIPPED: dict[str, dict[str, str]] = {

@@ -38,6 +38,7 @@ from kproxy.config.model import (
     FileSections,
     Limits,
     MetricsOptions,
+    SaslClient,
     SaslUpstream,
     UpstreamTls,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "Limits",
     "MetricsOptions",
     "Option",
+    "SaslClient",
     "SaslUpstream",
     "UpstreamTls",
     "add_run_arguments",

@@ -14,6 +14,7 @@ without a word.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import ipaddress
 import os
@@ -31,6 +32,7 @@ from kproxy.config.model import (
     FileSections,
     Limits,
     MetricsOptions,
+    SaslClient,
     SaslUpstream,
     UpstreamTls,
 )
@@ -176,6 +178,9 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
     sasl_upstream = SaslUpstream(**section("sasl.upstream."))
     if together(*(f"sasl.upstream.{name}" for name in ("mechanism", "username", "password_file", "token_file"))):
         found.extend(sasl_upstream_problems(sasl_upstream))
+    sasl_client = SaslClient(**section("sasl.client."))
+    if together("sasl.client.mode", "sasl.client.credentials_file"):
+        sasl_client = _sasl_client(sasl_client, found)
     if found:
         raise ConfigError(*found, files=FileSections(client_tls if client_ok else ClientTls(),
                                                      upstream_tls if upstream_ok else UpstreamTls(),
@@ -183,7 +188,7 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
     top = {p: v for p, v in parsed.items() if "." not in p}
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
                   client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin,
-                  sasl_upstream=sasl_upstream, **top)
+                  sasl_upstream=sasl_upstream, sasl_client=sasl_client, **top)
 
 
 def _in_line_order(problems: Sequence[str], source: str) -> list[str]:
@@ -206,6 +211,25 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a name that may resolve anywhere: not trusted as loopback
+
+
+def _sasl_client(sasl: SaslClient, problems: list[str]) -> SaslClient:
+    """Terminate mode needs its credentials file, read now (a bad one is a start-up problem)."""
+    if not sasl.terminate:
+        return sasl
+    if sasl.credentials_file is None:
+        problems.append("sasl.client.mode: terminate needs sasl.client.credentials_file "
+                        "(--sasl-client-credentials-file; `kproxy credentials add USER --file FILE` writes one)")
+        return sasl
+    from kproxy.config.credentials_file import load_credentials
+    from kproxy.sasl.credentials import CredentialsError
+
+    try:
+        store = load_credentials(sasl.credentials_file)
+    except CredentialsError as exc:
+        problems.extend(f"sasl.client.credentials_file: {p}" for p in exc.problems)
+        return sasl
+    return dataclasses.replace(sasl, credentials=store)
 
 
 def _admin_problems(admin: AdminOptions) -> list[str]:

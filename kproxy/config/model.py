@@ -17,6 +17,10 @@ from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from kproxy.rules import RuleSet
+    from kproxy.sasl.credentials import CredentialStore
+
+# The mechanisms terminate mode checks (kproxy/sasl/server.py), in the order SaslHandshake lists them.
+CLIENT_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 class ConfigError(Exception):
@@ -147,6 +151,25 @@ class SaslUpstream:
 
 
 @dataclass(frozen=True)
+class SaslClient:
+    """The SASL of clients (kproxy/proxy/client_auth.py). ``relay``: a client's own exchange goes to
+    the broker, as every other request. ``terminate``: kproxy answers it, checking the users of
+    ``credentials_file`` for ``mechanisms``; ``session_lifetime`` (seconds, 0: none) makes clients
+    re-authenticate that often (KIP-368). ``credentials`` is the file's store as read at start (not
+    an option: the config loader reads the file, so that a bad one is refused before serving)."""
+
+    mode: str = "relay"
+    mechanisms: tuple[str, ...] = CLIENT_MECHANISMS
+    credentials_file: Path | None = None
+    session_lifetime: float = 0.0
+    credentials: CredentialStore | None = None
+
+    @property
+    def terminate(self) -> bool:
+        return self.mode == "terminate"
+
+
+@dataclass(frozen=True)
 class FileSections:
     """The sections naming files kproxy loads (TLS) or writes (capture) before it serves; of a
     configuration refused, each as far as its values are valid (a section with a bad value, or
@@ -175,6 +198,7 @@ class Config:
     capture: CaptureOptions = field(default_factory=CaptureOptions)
     admin: AdminOptions = field(default_factory=AdminOptions)
     sasl_upstream: SaslUpstream = field(default_factory=SaslUpstream)
+    sasl_client: SaslClient = field(default_factory=SaslClient)
     rules: RuleSet | None = None  # fault injection (kproxy/policy/policy.py); None: none
     rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
 

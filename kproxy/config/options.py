@@ -24,6 +24,7 @@ from kproxy.config.model import (
     Config,
     Limits,
     MetricsOptions,
+    SaslClient,
     SaslUpstream,
     UpstreamTls,
 )
@@ -102,7 +103,7 @@ class Option:
 
 _SECTIONS: dict[str, Any] = {"limits": Limits(), "metrics": MetricsOptions(), "tls.client": ClientTls(),
                              "tls.upstream": UpstreamTls(), "capture": CaptureOptions(), "admin": AdminOptions(),
-                             "sasl.upstream": SaslUpstream()}
+                             "sasl.upstream": SaslUpstream(), "sasl.client": SaslClient()}
 
 
 def builtin_default(path: str) -> Any:
@@ -232,6 +233,18 @@ OPTIONS: tuple[Option, ...] = (
            "FILE"),
     Option("sasl.upstream.token_file", v.existing_file,
            "file holding the OAUTHBEARER token (a JWT); re-read when it changes", "FILE"),
+    Option("sasl.client.mode", v.sasl_client_mode,
+           "relay: clients' own SASL goes to the brokers; terminate: kproxy authenticates clients itself "
+           "against --sasl-client-credentials-file", "MODE", show_default=v.as_is),
+    Option("sasl.client.mechanisms", v.sasl_client_mechanisms,
+           "mechanisms terminate mode offers; repeatable or comma-separated", "MECHANISM", repeatable=True,
+           show_default=lambda names: ",".join(names)),
+    Option("sasl.client.credentials_file", v.existing_file,
+           "users terminate mode checks (`kproxy credentials add USER --file FILE` writes it); re-read when it "
+           "changes", "FILE"),
+    Option("sasl.client.session_lifetime", v.seconds_or_zero,
+           "seconds after which a client authenticated by kproxy must re-authenticate (KIP-368); 0: never",
+           "SECONDS", show_default=v.as_is),
 )
 BY_PATH = {o.path: o for o in OPTIONS}
 BY_ENV = {o.env: o for o in OPTIONS}

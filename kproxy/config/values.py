@@ -126,6 +126,47 @@ def rules(value: Any, max_bytes: int = Config.rules_max_bytes) -> RuleSet:
         raise ValueError(*(str(p) for p in exc.problems)) from None
 
 
+def seconds_or_zero(value: Any) -> float:
+    """A number of seconds, where 0 means "never" (``sasl.client.session_lifetime``)."""
+    try:
+        n = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number of seconds (0: never), got {value!r}") from None
+    if not 0 <= n <= 365 * 86400:
+        raise ValueError(f"must be from 0 to a year of seconds, got {n}")
+    return n
+
+
+SASL_CLIENT_MODES = ("relay", "terminate")
+
+
+def sasl_client_mode(value: Any) -> str:
+    mode = string(value).lower()
+    if mode not in SASL_CLIENT_MODES:
+        raise ValueError(f"must be relay or terminate, got {value!r}")
+    return mode
+
+
+def sasl_client_mechanisms(value: Any) -> tuple[str, ...]:
+    """Mechanisms terminate mode offers, each once: a list, or names separated by commas."""
+    from kproxy.config.model import CLIENT_MECHANISMS
+
+    items = value if isinstance(value, list) else [value]
+    names = [part.strip().upper() for item in items for part in string(item).split(",") if part.strip()]
+    problems = []
+    for name in names:
+        if name == "OAUTHBEARER":
+            problems.append("OAUTHBEARER is not offered in terminate mode (kproxy would have to validate the "
+                            "tokens' issuer and signature): relay it to the broker (sasl.client.mode relay)")
+        elif name not in CLIENT_MECHANISMS:
+            problems.append(f"{name!r} is not a mechanism kproxy checks ({', '.join(CLIENT_MECHANISMS)})")
+    if problems:
+        raise ValueError(*problems)
+    if not names:
+        raise ValueError(f"needs at least one of {', '.join(CLIENT_MECHANISMS)}")
+    return tuple(dict.fromkeys(names))
+
+
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_LEVEL_ALIASES = {"warn": "warning"}  # what Go and Java tools call it
 LOG_FORMATS = ("logfmt", "json")

@@ -19,7 +19,7 @@ from ``receive_upstream`` (the login's next request, the client's requests held 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kproxy.proxy.addresses import BrokerRoute
@@ -117,4 +117,14 @@ class WakeAt:
     when: float
 
 
-Command = ForwardUpstream | SendToClient | CloseConnection | WakeAt
+@dataclass(frozen=True, slots=True)
+class VerifyCredentials:
+    """Run ``work`` off the event loop (a PLAIN password's slow hash: kproxy/sasl/server.py), then
+    hand its result to the session's ``verified`` and execute the commands that returns. The
+    client is not read meanwhile: a SASL client waits for the answer anyway. Comes last in its
+    list, and only from ``receive_client``."""
+
+    work: Callable[[], bool]
+
+
+Command = ForwardUpstream | SendToClient | CloseConnection | WakeAt | VerifyCredentials

@@ -20,20 +20,22 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
-from kproxy.protocol.errors import DecodeError
+from kproxy.protocol.errors import DecodeError, ProtocolError
 from kproxy.protocol.framing import SIZE_PREFIX
+from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.kinds import rewritten_api_keys
 from kproxy.protocol.messages import codec
 from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
 from kproxy.protocol.tables import ApiKey, ErrorCode
-from kproxy.proxy.addresses import AddressMap, BrokerRoute
+from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
+from kproxy.proxy.exchange import Exchange, ObserverMemo
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
 API_VERSIONS = int(ApiKey.API_VERSIONS)
@@ -75,6 +77,11 @@ def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int)
                           offset=end)
 
 
+class RewriteFailed(ProtocolError):
+    """A response that must be rewritten and cannot be: forwarding it could leak a broker address, so
+    the connection ends (the session refuses it as it refuses any response it cannot take)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rewritten:
     """A rewritten response frame (size prefix included) and the brokers it advertises.
@@ -95,11 +102,17 @@ class ResponseRewriter:
     ``pinned_api_keys`` are API keys kproxy must be able to *read* even without
     endpoints (Produce for acks, SaslHandshake for the mechanism, ApiVersions
     itself); they are capped in ApiVersions like the rewritten ones.
+
+    ``answered`` are API keys kproxy answers itself, whatever the broker speaks (SaslHandshake and
+    SaslAuthenticate in terminate mode: kproxy/proxy/client_auth.py), with the versions it
+    answers: ApiVersions answers list those versions, added when the broker has none.
     """
 
-    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18})) -> None:
+    def __init__(self, addresses: AddressMap, pinned_api_keys: frozenset[int] = frozenset({0, 17, 18}),
+                 answered: Mapping[int, tuple[int, int]] | None = None) -> None:
         self.addresses = addresses
         self.capped = rewritten_api_keys() | pinned_api_keys
+        self.answered = dict(answered or {})
         # Brokers repeat themselves: every ApiVersions answer, and Metadata / FindCoordinator
         # answers between cluster changes, are byte-identical. Each distinct small body is
         # rewritten once; the address map never changes a node's port, so the result stays
@@ -131,6 +144,28 @@ class ResponseRewriter:
             if len(self._unreadable) < 65536:  # versions are int16: bounded, but say so
                 self._unreadable[(api_key, api_version)] = found
         return found
+
+    def rewrite_exchange(self, ex: Exchange, frame: bytes) -> bytes:
+        """The response frame ``frame`` to ``ex`` as the client gets it (the same object when nothing
+        changed); what it found is kept on the exchange for its readers (its routes, the body offset and
+        rewritten body on its memo). Raises :class:`RewriteFailed` when it cannot be rewritten."""
+        if not self.needs_rewrite(ex.api_key, ex.api_version):
+            return frame
+        try:
+            body_offset = response_body_offset(frame, ex.api_key, ex.api_version)
+            done = self.rewrite(ex.api_key, ex.api_version, frame, body_offset)
+        except (DecodeError, PortsExhausted) as exc:
+            raise RewriteFailed(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
+        memo = ex.memo
+        if memo is None:
+            memo = ex.memo = ObserverMemo(body_offset)
+        else:
+            memo.response_body_offset = body_offset
+        if done is None:
+            return frame
+        ex.routes = done.routes
+        memo.response_body = done.body
+        return done.frame
 
     def rewrite(self, api_key: int, api_version: int, frame: bytes, body_offset: int) -> Rewritten | None:
         """Rewrite a response frame; ``None`` when nothing changed.
@@ -250,12 +285,16 @@ class ResponseRewriter:
         if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
             return None
 
+        answered = self.answered if error_code == 0 else {}  # an error answer lists only ApiVersions (KIP-511)
+
         def cap(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             if entries is None:
                 return None
             out = []
             for entry in entries:
                 key = entry["api_key"]
+                if key in answered:
+                    continue  # listed below, with the versions kproxy answers
                 if key in self.capped:
                     ours = supported_versions(key)
                     assert ours is not None
@@ -265,6 +304,9 @@ class ResponseRewriter:
                         continue  # nothing both sides speak: hide the API
                     entry["min_version"], entry["max_version"] = lo, hi
                 out.append(entry)
+            if answered:
+                out.extend({"api_key": key, "min_version": lo, "max_version": hi} for key, (lo, hi) in answered.items())
+                out.sort(key=lambda entry: int(entry["api_key"]))
             return out
 
         new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},

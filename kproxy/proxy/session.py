@@ -39,9 +39,13 @@ Guarantees kept here (each has bitten a peer):
   until the login succeeded. A refused first login answers the client's first request with the
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
+* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
+  its SASL requests are answered by kproxy, in order with the other answers, and nothing but
+  ApiVersions reaches the broker before the client logged in.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`); the policy is told when it changes.
+  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
+  the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
   the policy decided about it.
@@ -60,13 +64,12 @@ from collections import deque
 from collections.abc import Callable
 
 from kproxy.protocol.error_response import api_versions_answer
-from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
-from kproxy.protocol.headers import response_body_offset as find_response_body
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.addresses import PortsExhausted
+from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
@@ -76,10 +79,11 @@ from kproxy.proxy.commands import (
     WakeAt,
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
-from kproxy.proxy.exchange import Exchange, ObserverMemo, RuleDecision, Ruling, SessionObserver, produce_acks_zero
+from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
+from kproxy.proxy.terminate import TerminateMode
 from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
@@ -101,7 +105,7 @@ _KIP511_RANGE = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)
 _API_VERSIONS_MAX = _KIP511_RANGE[0][2]  # above it: the KIP-511 answer
 # A refused upstream login closes this long after its answer, as a broker does (Kafka's
 # connection.failed.authentication.delay.ms, 100 ms by default).
-REFUSAL_LINGER_S = 0.1
+REFUSAL_LINGER_S = FAILED_AUTHENTICATION_DELAY
 
 
 class SessionError(ProtocolError):
@@ -116,7 +120,7 @@ class Mode(enum.Enum):
     SASL_TOKENS = "sasl-tokens"
 
 
-class Session:
+class Session(TerminateMode):
     """Sans-IO state of one client connection.
 
     ``receive_client(chunk)`` and ``receive_upstream(chunk)`` take the bytes the
@@ -140,13 +144,14 @@ class Session:
     def __init__(self, rewriter: ResponseRewriter, *, max_in_flight: int = 1000,
                  max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, clock: Callable[[], float] = time.perf_counter,
                  observer: SessionObserver | None = None, policy: RequestPolicy | None = None,
-                 login: UpstreamLogin | None = None) -> None:
+                 login: UpstreamLogin | None = None, auth: ClientAuth | None = None) -> None:
         self.rewriter = rewriter
         self.max_in_flight = max_in_flight
         self.clock = clock
         self._observer = observer
         self.policy = policy
         self._client_frames = FrameSplitter(max_frame_size)
+        self._terminate(auth, max_frame_size)  # terminate mode's state (kproxy/proxy/terminate.py)
         self._upstream_frames = FrameSplitter(max_frame_size)
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
@@ -188,7 +193,11 @@ class Session:
     @property
     def partial_request_at(self) -> int | None:
         """Where in the client's byte stream the request frame still missing bytes begins; None
-        when no partial frame is buffered (the server's frame deadline: limits.frame_timeout)."""
+        when no partial frame is buffered (the server's frame deadline: limits.frame_timeout).
+        In terminate mode, 0 until the client logged in: the whole login is held to the deadline
+        of one frame, from the connection's first byte."""
+        if self._auth_gate is not None and self._auth_gate.principal is None:
+            return 0
         frames = self._client_frames
         return frames.consumed if frames.buffered else None
 
@@ -257,8 +266,8 @@ class Session:
         self._edited = False
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None:
-            commands.append(self._closing)
+        if self._closing is not None or self._offload is not None:
+            self._last(commands)
         return commands
 
     def _client_frame(self, frame: bytes, read_at: float | None) -> bytes | None:
@@ -277,6 +286,10 @@ class Session:
                     self._relay.login.client_token(frame[4:])
                 return frame
             self._sasl = None  # a Kafka request again: it gets every check below
+        gate = self._auth_gate
+        if gate is not None and gate.raw:
+            self._auth_token(gate, frame)
+            return None
         try:
             _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
         except struct.error:
@@ -301,6 +314,8 @@ class Session:
             ex.seq = self.requests
         if self._observer is not None:
             self._seen.append(ex)
+        if gate is not None and self._auth_gated(gate, ex, now):
+            return None
         verdict: Verdict | None = None
         out = frame
         if self.policy is not None:
@@ -342,6 +357,9 @@ class Session:
             self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE), now)
             return None
         if api_key in _SASL_APIS:
+            if self._auth is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
+                self._auth_answer(self._auth.request(ex, now), ex, now)
+                return None
             if self.login is not None:  # kproxy logged in itself: nothing to relay (module docstring)
                 self._answer_locally(ex, self.login.refuse_client_sasl(frame), now)
                 return None
@@ -413,8 +431,8 @@ class Session:
             self._login_commands(commands)
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None and self.login is not None:
-            commands.append(self._closing)
+        if self.login is not None:  # the client chunks a login held were read here
+            self._last(commands)
         return commands
 
     def on_timer(self, now: float) -> list[Command]:
@@ -496,7 +514,7 @@ class Session:
                 frame = b"".join(parts)
                 parts = None
         if parts is None:
-            response = self._rewrite(ex, frame)
+            response = self.rewriter.rewrite_exchange(ex, frame)
             if ruling is not None and ruling.on_response is not None:
                 # After the default address rewrite: a rule's rewrite_addresses maps what clients would see.
                 response = ruling.on_response(response)
@@ -562,26 +580,6 @@ class Session:
         if when is not None and (again or when != self._login_wake_asked):
             self._release.want_wake(when)
         self._login_wake_asked = when
-
-    def _rewrite(self, ex: Exchange, frame: bytes) -> bytes:
-        if not self.rewriter.needs_rewrite(ex.api_key, ex.api_version):
-            return frame
-        try:
-            body_offset = find_response_body(frame, ex.api_key, ex.api_version)
-            done = self.rewriter.rewrite(ex.api_key, ex.api_version, frame, body_offset)
-        except (DecodeError, PortsExhausted) as exc:
-            # Forwarding it unrewritten could leak a broker address: the connection ends.
-            raise SessionError(f"cannot rewrite {ex.api} v{ex.api_version} response: {exc}") from None
-        memo = ex.memo
-        if memo is None:
-            memo = ex.memo = ObserverMemo(body_offset)
-        else:
-            memo.response_body_offset = body_offset
-        if done is None:
-            return frame
-        ex.routes = done.routes
-        memo.response_body = done.body
-        return done.frame
 
     def report(self) -> None:
         """Hand the observer the requests read and exchanges completed since the last call."""

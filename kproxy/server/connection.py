@@ -59,7 +59,15 @@ from kproxy.host_port import HostPort
 from kproxy.logfmt import clip
 from kproxy.logfmt import q as _q
 from kproxy.proxy.addresses import BrokerRoute
-from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, RejectReason, SendToClient, WakeAt
+from kproxy.proxy.commands import (
+    CloseConnection,
+    Command,
+    ForwardUpstream,
+    RejectReason,
+    SendToClient,
+    VerifyCredentials,
+    WakeAt,
+)
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, vector_writer, writer
@@ -70,6 +78,10 @@ log = logging.getLogger("kproxy.connection")
 
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 _NO_FRAME = math.inf  # _frame_due when no partial request frame is buffered
+# Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
+# for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
+# process of CPU (hashlib releases the GIL while it hashes).
+VERIFICATIONS = trio.CapacityLimiter(2)
 
 
 @dataclass
@@ -197,7 +209,8 @@ class Connection:
             frame_due = self._frame_due
             if now >= frame_due:
                 if self._waiting_for_client and self.session.can_accept and not self.draining:
-                    self.close_reason = f"request frame not complete within frame_timeout {limits.frame_timeout:g} s"
+                    what = "SASL login" if self.session.logging_in else "request frame"
+                    self.close_reason = f"{what} not complete within frame_timeout {limits.frame_timeout:g} s"
                     if self.on_reject is not None:
                         self.on_reject(RejectReason.REQUEST_TIMEOUT.value)
                     self._idle.cancel()
@@ -325,6 +338,11 @@ class Connection:
                         await self._upstream_writer(command.data)  # type: ignore[union-attr]
                 elif kind is WakeAt:
                     self._wake_at(command.when)  # type: ignore[union-attr]
+                elif kind is VerifyCredentials:
+                    ok = await trio.to_thread.run_sync(command.work,  # type: ignore[union-attr]
+                                                       abandon_on_cancel=True, limiter=VERIFICATIONS)
+                    if not await self._execute(self.session.verified(ok), scope):
+                        return False
                 else:
                     assert isinstance(command, CloseConnection)
                     if command.reject is not None and self.on_reject is not None:

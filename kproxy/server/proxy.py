@@ -27,8 +27,6 @@ kproxy/policy/ (the rules in force), kproxy/admin/.
 from __future__ import annotations
 
 import errno
-import functools
-import ipaddress
 import logging
 import os
 import signal
@@ -51,11 +49,13 @@ from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOp
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
+from kproxy.proxy.client_auth import ANSWERED_VERSIONS
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.proxy.upstream_login import LoginResult, UpstreamLogin
 from kproxy.ratelimit import LogRateLimit
 from kproxy.sasl.client import ScramKeys
+from kproxy.server.client_auth import ClientAuthService
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import fetch_api_versions, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
@@ -63,6 +63,7 @@ from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.secrets import UpstreamCredentials
+from kproxy.server.sockets import open_tcp, os_reason, peer_name
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.upstream_auth import UpstreamLoginFailed, authenticate
 from kproxy.server.warmup import warm_up
@@ -121,7 +122,9 @@ class ProxyServer:
         self.handle_signals = handle_signals
         self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
-        self.rewriter = ResponseRewriter(self.addresses)
+        # Terminate mode: kproxy answers SASL itself, and ApiVersions answers say which versions it speaks.
+        terminate = config.sasl_client.terminate
+        self.rewriter = ResponseRewriter(self.addresses, answered=ANSWERED_VERSIONS if terminate else None)
         m = config.metrics
         lag = m.consumer_lag and m.scan_responses  # (the lag reads the answers' scans)
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses,
@@ -172,6 +175,7 @@ class ProxyServer:
             self.rules.mutable = True
             self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults,
                                           max_bytes=config.rules_max_bytes)
+        self.client_auth = ClientAuthService(config.sasl_client, self.stats) if terminate else None
         self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
@@ -220,6 +224,8 @@ class ProxyServer:
                     connections.start_soon(self._watch_hangups)
                 if self.reloader is not None:
                     await nursery.start(self.reloader.run)
+                if self.client_auth is not None:
+                    await nursery.start(self.client_auth.run)
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
                 # In the outer nursery: the loop is watched while connections drain too.
@@ -460,7 +466,7 @@ class ProxyServer:
         count = self._cap_refusals.due()
         if count is not None:
             log.warning("event=connection_refused listener=%s peer=%s reason=max_connections max_connections=%d "
-                        "occurrences=%d", listener.name, _peer(stream), cap, count)
+                        "occurrences=%d", listener.name, peer_name(stream), cap, count)
         await trio.aclose_forcefully(stream)
 
     async def _open_socket(self, port: int) -> trio.socket.SocketType:
@@ -488,7 +494,7 @@ class ProxyServer:
             self.open_clients -= 1
 
     async def _bridge(self, stream: trio.SocketStream, listener: _Listener) -> None:
-        peer = _peer(stream)
+        peer = peer_name(stream)
         node = node_label(listener.node_id)
         try:
             client: trio.abc.Stream = stream  # TCP_NODELAY: trio.SocketStream sets it on every stream
@@ -511,7 +517,8 @@ class ProxyServer:
         limits = self.config.limits
         policy = self.rules.policy(peer, listener.node_id)
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          policy=policy, login=self.upstream_login(peer))
+                          policy=policy, login=self.upstream_login(peer),
+                          auth=self.client_auth.for_connection(peer) if self.client_auth else None)
         observer: SessionObserver | None = None
         if self.observer is not None:
             observer = self.observer.for_broker(listener.node_id)
@@ -568,7 +575,7 @@ class ProxyServer:
         for addr in addresses:
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
-                    sock = await _open_tcp(addr.host, addr.port)
+                    sock = await open_tcp(addr.host, addr.port)
                     if self.upstream_ssl is None:
                         return sock, addr
                     name = self.config.upstream_tls.server_name or addr.host
@@ -582,63 +589,12 @@ class ProxyServer:
             except trio.TooSlowError:
                 errors.append((addr, "timed out"))
             except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                errors.append((addr, _os_reason(exc)))
+                errors.append((addr, os_reason(exc)))
             if not probe:
                 self.stats.upstream_connect_failed(str(addr), node_id)
         raise UpstreamUnavailable(errors)
 
 
-async def _open_tcp(host: str, port: int) -> trio.SocketStream:
-    """``trio.open_tcp_stream(host, port)``, without its machinery when ``host`` is an IP address.
-
-    For a name, open_tcp_stream resolves it and races the addresses (happy eyeballs, RFC 8305)
-    in a nursery of its own. An address literal has nothing to race: one socket and one
-    ``connect`` do, and cost a fraction of the nursery, its cancel scopes and its task, which
-    every client connection would otherwise pay. TCP_NODELAY is set by ``trio.SocketStream``.
-    """
-    family = _literal_family(host)
-    if family is None:
-        return await trio.open_tcp_stream(host, port)
-    sock = trio.socket.socket(family, socket.SOCK_STREAM)
-    try:
-        await sock.connect((host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return trio.SocketStream(sock)
-
-
-@functools.lru_cache(maxsize=64)
-def _literal_family(host: str) -> int | None:
-    """AF_INET or AF_INET6 when ``host`` is an IP address literal, None for a name."""
-    try:
-        return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-    except ValueError:
-        return None
-
-
 def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
     # Read at every accept: a broker that moved is followed by new connections.
     return lambda: [route.upstream]
-
-
-def _os_reason(exc: BaseException) -> str:
-    """The root cause in a few words: trio wraps per-address failures of one connect in a group."""
-    root: BaseException = exc
-    while True:
-        if isinstance(root, OSError) and root.errno == errno.ECONNREFUSED:
-            return "connection refused"
-        nxt = root.exceptions[0] if isinstance(root, BaseExceptionGroup) else root.__cause__
-        if nxt is None:
-            break
-        root = nxt
-    return str(root) or type(root).__name__
-
-
-def _peer(stream: trio.SocketStream) -> str:
-    try:
-        host, port = stream.socket.getpeername()[:2]
-        return f"{host}:{port}"
-    except OSError:
-        return "unknown"
-

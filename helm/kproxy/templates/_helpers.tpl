@@ -194,6 +194,17 @@ not in brokerNodeIds are listed too.
 {{- if and .Values.rules.enabled .Values.rules.files .Values.rules.existingConfigMap -}}
 {{- fail "kproxy: rules.files and rules.existingConfigMap exclude each other (the rules come from one ConfigMap)" -}}
 {{- end -}}
+{{- with .Values.sasl.upstream -}}
+{{- if and .mechanism (not .secretName) -}}
+{{- fail "kproxy: sasl.upstream.mechanism needs sasl.upstream.secretName (the Secret holding the password or token, mounted as files)" -}}
+{{- end -}}
+{{- if and .mechanism (ne .mechanism "OAUTHBEARER") (not .username) -}}
+{{- fail (printf "kproxy: sasl.upstream.mechanism %s needs sasl.upstream.username" .mechanism) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (eq .Values.sasl.client.mode "terminate") (not .Values.sasl.client.credentialsSecret) -}}
+{{- fail "kproxy: sasl.client.mode terminate needs sasl.client.credentialsSecret (a Secret holding the file `kproxy credentials add` writes)" -}}
+{{- end -}}
 {{- if .Values.terminationGracePeriodSeconds -}}
 {{- if le (float64 .Values.terminationGracePeriodSeconds) (addf (float64 .Values.preStopSleepSeconds) (float64 ($v.limits.shutdown_grace | default 30))) -}}
 {{- fail "kproxy: terminationGracePeriodSeconds must exceed preStopSleepSeconds + kproxy.limits.shutdown_grace" -}}
@@ -215,6 +226,9 @@ sidecar should give their pod at least this much.
 {{- end -}}
 
 {{- define "kproxy.tlsClientDir" -}}/etc/kproxy-tls/client{{- end -}}
+{{- define "kproxy.saslUpstreamDir" -}}/etc/kproxy-sasl/upstream{{- end -}}
+{{- define "kproxy.saslClientDir" -}}/etc/kproxy-sasl/client{{- end -}}
+{{- define "kproxy.saslClient" -}}{{- if eq .Values.sasl.client.mode "terminate" -}}true{{- end -}}{{- end -}}
 {{- define "kproxy.tlsUpstreamDir" -}}/etc/kproxy-tls/upstream{{- end -}}
 
 {{/* kproxy.yaml, the file `kproxy run --config` reads. */}}
@@ -275,6 +289,31 @@ sidecar should give their pod at least this much.
 {{- if $tls -}}
 {{- $_ := set $cfg "tls" $tls -}}
 {{- end -}}
+{{- $sasl := dict -}}
+{{- with .Values.sasl.upstream -}}
+{{- if .mechanism -}}
+{{- $dir := include "kproxy.saslUpstreamDir" . -}}
+{{- $upstream := dict "mechanism" .mechanism -}}
+{{- if eq .mechanism "OAUTHBEARER" -}}
+{{- $_ := set $upstream "token_file" (printf "%s/%s" $dir .tokenKey) -}}
+{{- else -}}
+{{- $_ := set $upstream "username" .username -}}
+{{- $_ := set $upstream "password_file" (printf "%s/%s" $dir .passwordKey) -}}
+{{- end -}}
+{{- $_ := set $sasl "upstream" $upstream -}}
+{{- end -}}
+{{- end -}}
+{{- if include "kproxy.saslClient" . -}}
+{{- with .Values.sasl.client -}}
+{{- $client := dict "mode" "terminate" "mechanisms" .mechanisms -}}
+{{- $_ := set $client "credentials_file" (printf "%s/%s" (include "kproxy.saslClientDir" .) .credentialsKey) -}}
+{{- $_ := set $client "session_lifetime" (.sessionLifetimeSeconds | default 0) -}}
+{{- $_ := set $sasl "client" $client -}}
+{{- end -}}
+{{- end -}}
+{{- if $sasl -}}
+{{- $_ := set $cfg "sasl" $sasl -}}
+{{- end -}}
 {{- $cfg = mergeOverwrite $cfg (deepCopy ($v.extraConfig | default dict)) -}}
 {{- toYaml $cfg -}}
 {{- end -}}
@@ -298,6 +337,19 @@ sidecar should give their pod at least this much.
 - name: kproxy-tls-upstream
   secret:
     secretName: {{ .Values.tls.upstream.secretName }}
+{{- end }}
+{{- if .Values.sasl.upstream.mechanism }}
+# Readable by the pod's fsGroup (kproxy's group in this chart's podSecurityContext), no one else.
+- name: kproxy-sasl-upstream
+  secret:
+    secretName: {{ .Values.sasl.upstream.secretName }}
+    defaultMode: 0440
+{{- end }}
+{{- if include "kproxy.saslClient" . }}
+- name: kproxy-sasl-client
+  secret:
+    secretName: {{ .Values.sasl.client.credentialsSecret }}
+    defaultMode: 0440
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
@@ -391,6 +443,17 @@ volumeMounts:
   {{- if and .Values.tls.upstream.enabled .Values.tls.upstream.secretName }}
   - name: kproxy-tls-upstream
     mountPath: {{ include "kproxy.tlsUpstreamDir" . }}
+    readOnly: true
+  {{- end }}
+  {{- /* Whole Secrets as directories, never a subPath: the kubelet updates only those in place. */}}
+  {{- if .Values.sasl.upstream.mechanism }}
+  - name: kproxy-sasl-upstream
+    mountPath: {{ include "kproxy.saslUpstreamDir" . }}
+    readOnly: true
+  {{- end }}
+  {{- if include "kproxy.saslClient" . }}
+  - name: kproxy-sasl-client
+    mountPath: {{ include "kproxy.saslClientDir" . }}
     readOnly: true
   {{- end }}
   {{- with .Values.extraVolumeMounts }}
