@@ -53,6 +53,7 @@ from kproxy.protocol.offsets import (
     PRODUCE,
     Commit,
     Produced,
+    ScanEntries,
     Watermark,
     fetch_watermarks,
     group_ids,
@@ -141,7 +142,10 @@ class ConsumerLag:
         forward: the answers of producers on other connections reach kproxy in any order, and a
         lower one is older (a watermark not seen within ``stale_after`` is replaced whatever it was:
         a topic deleted and made again starts low)."""
-        marks = produce_end_offsets(produced, values_of(response))
+        if response is None:
+            return
+        entries = response[0]
+        marks = produce_end_offsets(produced, entries.values if isinstance(entries, ScanEntries) else None)
         table = self.watermarks
         horizon = now - self.stale_after
         for topic, partition, offset in marks:

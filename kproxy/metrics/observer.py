@@ -5,7 +5,6 @@ from __future__ import annotations
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
-from kproxy.protocol.scan import RequestScan
 from kproxy.proxy.session import Exchange
 
 _NO_RANGES: list[tuple[int, int]] = []  # never added to
@@ -58,7 +57,14 @@ class BrokerObserver:
                                exchange.client_id if self.client_ids else None, exchange.request,
                                exchange.request_body_offset, _NO_RANGES if scan is None else scan[1])
             if self.lag is not None and scan is not None and scan[1]:
-                self._produced(exchange, scan)
+                # Its records per partition, counted while the frame is held: its answer gives the log end
+                # offsets with them. Not when a rule forwarded another frame in its place (its records may
+                # differ from the ones read: corrupt_records, duplicate_records).
+                ruling = exchange.ruling
+                if ruling is None or not ruling.request_replaced:
+                    memo = exchange.memo  # (the scan made it)
+                    if memo is not None:
+                        memo.produced = produce_record_counts(exchange.request, scan)
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
@@ -68,18 +74,6 @@ class BrokerObserver:
                 scan = exchange.request_scan
                 if exchange.api_key in GROUP_REQUESTS and self.lag is not None:
                     self.lag.group_request(exchange.api_key, scan, exchange.read_at)
-
-    @staticmethod
-    def _produced(exchange: Exchange, scan: RequestScan) -> None:
-        """Count a Produce request's records per partition while its frame is held: its answer gives
-        the log end offsets with them. Not when a rule forwarded another frame in its place (its
-        records may differ from the ones read: corrupt_records, duplicate_records)."""
-        ruling = exchange.ruling
-        if ruling is not None and ruling.request_replaced:
-            return
-        memo = exchange.memo
-        if memo is not None:  # (the scan made it)
-            memo.produced = produce_record_counts(exchange.request, scan)
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response

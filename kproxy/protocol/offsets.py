@@ -231,6 +231,12 @@ def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestSc
     if scan is None:
         return None
     entries, ranges = scan
+    if len(ranges) == 1 and len(entries) == 1:  # one partition, one v2 batch: what a producer usually sends
+        span = ranges[0]
+        n = one_batch_count(frame, span[0], span[1])
+        topic, partition, _ = entries[0]
+        if n is not None and partition is not None:
+            return [(topic, partition, n)]
     if not ranges or len(ranges) != len(entries):
         return None
     out: list[Produced] = []
@@ -262,6 +268,12 @@ def produce_end_offsets(produced: list[Produced], answer: Values | None) -> list
         return []
     if len(produced) == 1:  # a producer's usual request: one partition
         topic, partition, n = produced[0]
+        if len(answer) == 1:  # ... and its answer (_partition, inlined)
+            item = answer[0]
+            if (len(item) == 4 and item[1] == partition and not item[2] and type(item[3]) is int and item[3] >= 0
+                    and n > 0 and item[0] == topic):
+                return [(topic, partition, item[3] + n)]
+            return []
         counts = {(topic, partition): n}
     else:
         counts = {}
