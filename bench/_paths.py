@@ -78,6 +78,7 @@ class Hop:
     name: str
     port: int
     process: subprocess.Popen[bytes] | None = None  # None for direct
+    tree: bool = False  # another checkout's kproxy (bench_proxy.py --kproxy-tree)
     cpu_s: dict[str, float] = field(default_factory=dict)
     bytes_moved: dict[str, int] = field(default_factory=dict)
     requests: dict[str, int] = field(default_factory=dict)

@@ -90,6 +90,27 @@ def noise_floor_rows(lat_rounds: Rounds, tp_rounds: Rounds) -> list[list[str]]:
     return rows
 
 
+def tree_rows(trees: list[str], lat_rounds: Rounds, tp_rounds: Rounds) -> list[list[str]]:
+    """This tree's kproxy over each other checkout's (``--kproxy-tree``: before/after in one run), each
+    against a budget of the A/A noise floor of the same figure (its size, either way) plus 5 %: a
+    change must cost less than two identical processes differ by, and 5 % more."""
+    rows = []
+    for tree in trees:
+        for label, added in lat_rounds.items():
+            over = median_ratio(added[KPROXY], added[tree]) - 1
+            floor = abs(median_ratio(added[AA], added[KPROXY]) - 1)
+            rows.append([f"{KPROXY} over {tree}: {label}, added p50", f"{100 * over:+.1f}%",
+                         f"<= +{100 * (floor + 0.05):.1f}% (A/A {100 * floor:.1f}% + 5%)",
+                         verdict(over <= floor + 0.05)])
+        for label, rates in tp_rounds.items():
+            over = median_ratio(rates[tree], rates[KPROXY]) - 1  # how much more time per unit of work
+            floor = abs(median_ratio(rates[KPROXY], rates[AA]) - 1)
+            rows.append([f"{KPROXY} over {tree}: {label} throughput", f"{100 * over:+.1f}%",
+                         f"<= +{100 * (floor + 0.05):.1f}% (A/A {100 * floor:.1f}% + 5%)",
+                         verdict(over <= floor + 0.05)])
+    return rows
+
+
 def everything_rows(by_name: dict[str, Hop], lat_rounds: Rounds, tp_rounds: Rounds) -> list[list[str]]:
     """Every feature on against the bare pipe: added p50 (at most 1.1x), throughput (at least
     90%), CPU per GB forwarded (at most the pipe's + 10%)."""
@@ -117,6 +138,7 @@ def feature_targets(paths: list[Hop], lat_rounds: Rounds, tp_rounds: Rounds) -> 
     rows = feature_budget_rows(set(by_name), lat_rounds, tp_rounds)
     if AA in by_name:
         rows += noise_floor_rows(lat_rounds, tp_rounds)
+        rows += tree_rows([p.name for p in paths if p.tree], lat_rounds, tp_rounds)
     if EVERYTHING in by_name and "pipe" in by_name:
         rows += everything_rows(by_name, lat_rounds, tp_rounds)
     return rows

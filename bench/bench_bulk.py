@@ -8,8 +8,9 @@ checkout (e.g. ``git worktree add --detach DIR main``):
 * ``--in-process``: a :class:`~kproxy.proxy.session.Session` fed a stream the way the pumps
   feed it (reads of ``limits.read_size``, cut at arbitrary frame offsets): 50 Produce v7
   requests of one ~100 KB batch then their answers, and 4 Fetch v11 answers of ~5 MB; CPU
-  µs per MB (process time, best of 5), with no observer and with metrics. Each tree runs
-  in a child process of its own.
+  µs per MB (process time, best of 5), with no observer and with metrics (its opt-in labels
+  as ``KPROXY_METRICS_TOPIC_LABEL`` / ``KPROXY_METRICS_CLIENT_ID_LABEL`` say, as for the
+  processes). Each tree runs in a child process of its own.
 * default: real processes. A canned broker (this file, ``--broker``: ApiVersions and
   Metadata as bench/fake_broker.py answers them, Produce v7 and Fetch v11 at once) behind
   bench/pipe.py and ``bench/run_kproxy.py`` of each tree (``--no-metrics`` and with
@@ -83,7 +84,7 @@ def in_process(reps: int) -> dict[str, float]:
     import _wire as wire
 
     from kproxy.metrics.observer import MetricsObserver
-    from kproxy.metrics.stats import TrafficStats
+    from kproxy.metrics.stats import StatsOptions, TrafficStats
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
@@ -100,7 +101,10 @@ def in_process(reps: int) -> dict[str, float]:
     fetched = b"".join(_fetch_answer(c, batches) for c in range(1, FETCH_RESPONSES + 1))
     produce_reads, fetch_reads = _reads(requests, 100_003), _reads(fetched, 77_777)
     rewriter = ResponseRewriter(AddressMap("127.0.0.1", 40000))
-    stats = TrafficStats()
+    # The opt-in labels as the environment sets them for kproxy run (KPROXY_METRICS_TOPIC_LABEL=true ...).
+    labels = {name: os.environ.get(f"KPROXY_METRICS_{name.upper()}", "").lower() in ("1", "true", "yes", "on")
+              for name in ("topic_label", "client_id_label")}
+    stats = TrafficStats(StatsOptions(**labels))
 
     def produce(s: Any) -> None:
         for chunk in produce_reads:

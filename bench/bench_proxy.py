@@ -140,7 +140,7 @@ def other_kproxies(stack: contextlib.ExitStack, run: Run, upstream: str, env_ite
         proc, port = stack.enter_context(started(
             [run.py, str(root / "bench" / "run_kproxy.py"), "--upstream", upstream], f"kproxy {label}",
             run.logs / f"bench-kproxy-{label}.log", {"PYTHONPATH": str(root)}, cwd=root))
-        hops.append(Hop(f"kproxy {label}", port, proc))
+        hops.append(Hop(f"kproxy {label}", port, proc, tree=True))
     return hops
 
 

@@ -9,7 +9,10 @@ fault-injection rules of FILE are loaded, as ``kproxy run --rules`` does; ``--ca
 traffic is captured to DIR. bench_proxy.py's ``--variants`` start one such process per preset.
 The environment variables ``KPROXY_BENCH_NO_METRICS=1`` and ``KPROXY_BENCH_CAPTURE_DIR=DIR`` do
 the same as the flags (``--kproxy-env``, and checkouts measured with ``--kproxy-tree`` whose
-runner predates the flags). Broker listeners are ephemeral ports (``broker_port_base: 0``).
+runner predates the flags). ``KPROXY_METRICS_*`` variables set the metrics options as they do for
+``kproxy run`` (``KPROXY_METRICS_TOPIC_LABEL=true KPROXY_METRICS_CLIENT_ID_LABEL=true``: the traffic
+labels on), in every kproxy process of a benchmark run they are set for.
+Broker listeners are ephemeral ports (``broker_port_base: 0``).
 Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
 lines) do not count as proxy cost. ``KPROXY_BENCH_PROFILE=DIR``: a cProfile of the run is written to
 DIR/kproxy-PID.prof when the process gets SIGTERM (bench_conns.py stops it so).
@@ -25,6 +28,7 @@ import resource
 import trio
 
 from kproxy.config import build_config
+from kproxy.config.layering import read_environment
 from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy import ProxyServer
 
@@ -65,6 +69,11 @@ def main() -> None:
         "log_level": (args.log_level, "--log-level"),
         "limits.shutdown_grace": (2, "bench"),
     }
+    # The metrics options from the environment, as `kproxy run` reads them (KPROXY_BENCH_* are not options).
+    options, problems = read_environment({k: v for k, v in os.environ.items() if k.startswith("KPROXY_METRICS_")})
+    if problems:
+        parser.error("; ".join(problems))
+    raw.update(options)
     capture = args.capture_dir or os.environ.get("KPROXY_BENCH_CAPTURE_DIR")
     if capture:
         raw["capture.dir"] = (capture, "--capture-dir")

@@ -52,6 +52,8 @@ SLOW_TESTS = frozenset({
     "test_rules_patterns.py::test_re2_agrees_with_re_on_the_shared_syntax",
     "test_rules_patterns.py::test_documented_patterns_match_as_re_did",
     "test_rules_patterns.py::test_a_topic_glob_means_what_fnmatch_says",
+    # 100,000 topic names and 100,000 connections through Sessions: ~15 s.
+    "test_metrics_traffic.py::test_100000_topics_client_ids_and_software_names_leave_metrics_under_1_mb",
 })
 SLOW_FIXTURES = frozenset({"spark", "captured_run"})
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).

@@ -107,9 +107,35 @@ def test_every_alert_links_its_runbook_section_and_the_chart_can_rebase_it(helm:
         assert rule["annotations"].get("runbook_url") == f"docs/RUNBOOK.md#{rule['alert'].lower()}", rule["alert"]
         assert rule["alert"].lower() in sections, f"no '## {rule['alert']}' section in docs/RUNBOOK.md"
     base = "https://git.example.com/platform/kproxy/-/blob/main"
-    docs = render(helm, {**MONITORING, "prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/"}}, "edge")
+    docs = render(helm, {**MONITORING, "prometheusRule": {"enabled": True, "runbookBaseUrl": base + "/",
+                                                          "optInAlerts": opt_in_alerts()}}, "edge")
     urls = [r["annotations"]["runbook_url"] for g in one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
     assert urls == [f"{base}/docs/RUNBOOK.md#{r['alert'].lower()}" for r in rules]
+
+
+def opt_in_alerts() -> list[str]:
+    """The alerts of alerts.yml's opt-in group."""
+    groups = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]
+    return [r["alert"] for g in groups if g["name"] == "kproxy-opt-in" for r in g["rules"]]
+
+
+def rendered_alerts(helm: Any, values: dict[str, Any]) -> dict[str, list[str]]:
+    docs = render(helm, {**MONITORING, "prometheusRule": {"enabled": True, **values}}, "edge")
+    return {g["name"]: [r["alert"] for r in g["rules"]] for g in one(docs, "PrometheusRule")["spec"]["groups"]}
+
+
+def test_opt_in_alerts_are_off_unless_named(helm: Any) -> None:
+    """KproxyUncompressedProduce (a client habit, not a kproxy or cluster problem) is in alerts.yml's
+    opt-in group: the chart renders it only when prometheusRule.optInAlerts names it."""
+    assert opt_in_alerts() == ["KproxyUncompressedProduce"]
+    default = rendered_alerts(helm, {})
+    assert list(default) == ["kproxy"]
+    assert "KproxyConsumerLagGrowing" in default["kproxy"]
+    assert "KproxyUncompressedProduce" not in default["kproxy"]
+    enabled = rendered_alerts(helm, {"optInAlerts": ["KproxyUncompressedProduce"]})
+    assert enabled == {**default, "kproxy-opt-in": ["KproxyUncompressedProduce"]}
+    with pytest.raises(helm.HelmError, match="optInAlerts"):
+        rendered_alerts(helm, {"optInAlerts": ["KproxyUncompresedProduce"]})
 
 
 def test_chart_alerts_are_deploy_alerts() -> None:

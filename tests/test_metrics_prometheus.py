@@ -3,7 +3,7 @@
 One Prometheus (the Debian ``prometheus`` binary, see scripts/system-deps) scrapes,
 every second, three targets of job ``kproxy``:
 
-* the main kproxy, in front of Tansu, with topic labels on and a small label cap;
+* the main kproxy, in front of Tansu, with topic and client-id labels on and a small label cap;
 * a kproxy whose upstream is a dead port (upstream connect failures, ``/readyz`` 503);
 * an address where nothing listens (``up == 0``).
 
@@ -15,7 +15,9 @@ which Tansu answers with UNKNOWN_TOPIC_OR_PARTITION per topic.
 
 Then every PromQL expression of the committed Grafana dashboard and of the alert
 rules is run through Prometheus's HTTP API and must return data, and the counters
-must match the traffic sent.
+must match the traffic sent. A raw client that named its software in ApiVersions v3 stays
+connected meanwhile (kproxy_client_info counts open connections). The consumer commits its
+offsets, so that kproxy has consumer-lag series for the Consumer lag row and its alert.
 """
 
 from __future__ import annotations
@@ -43,12 +45,12 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kproxy.protocol import Direction, RequestHeader, decode_response, default_body, encode_request, frame
-from kproxy.protocol.headers import request_header_version
+from kproxy.protocol import Direction, default_body
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
 from tests.support.e2e import TANSU_NODE_ID
+from tests.support.rawkafka import RawKafka
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "kproxy-dashboard.json"
@@ -64,6 +66,10 @@ RECORDS_PER_PRODUCE = 4
 CLIENT_MESSAGES = 25      # produced with confluent-kafka
 MISSING_TOPICS = 30       # topics named in one Metadata request; none exists
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
+RAW_CLIENT, RAW_SOFTWARE = "kproxy-metrics-test", ("kproxy-tests", "1.0.0")
+# The consumer-lag series: the dashboard's Consumer lag row and KproxyConsumerLagGrowing read them.
+CONSUMER_LAG = ("kproxy_consumergroup_lag_sum", "kproxy_consumergroup_committed_offset",
+                "kproxy_partition_high_watermark")
 
 
 def _tool(name: str) -> str:
@@ -116,36 +122,6 @@ class PromAPI:
         result = self.query(expr)
         assert len(result) <= 1, f"{expr}: expected one series, got {result}"
         return float(result[0]["value"][1]) if result else None
-
-
-# -- a raw Kafka client built on kproxy's codec ---------------------------------------------
-class RawKafka:
-    def __init__(self, address: str) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=10)
-        self.correlation = 0
-
-    def request(self, api_key: int, api_version: int, body: dict[str, Any]) -> dict[str, Any]:
-        self.correlation += 1
-        header = RequestHeader(api_key, api_version, self.correlation, "kproxy-metrics-test",
-                               request_header_version(api_key, api_version))
-        self.sock.sendall(frame(encode_request(header, body)))
-        (size,) = struct.unpack(">i", self._read(4))
-        response = decode_response(self._read(size), api_key, api_version)
-        assert response.header.correlation_id == self.correlation
-        return response.body
-
-    def _read(self, n: int) -> bytes:
-        buf = bytearray()
-        while len(buf) < n:
-            chunk = self.sock.recv(n - len(buf))
-            if not chunk:
-                raise EOFError("connection closed")
-            buf += chunk
-        return bytes(buf)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def closed_by_peer(address: str, payload: bytes) -> bool:
@@ -279,6 +255,7 @@ def client_traffic(bootstrap: str, topic: str, traffic: Traffic) -> None:
             if msg is not None and msg.error() is None:
                 traffic.consumed += 1
         assert traffic.consumed == expected, f"consumed {traffic.consumed} of {expected}"
+        consumer.commit(asynchronous=False)  # the group's committed offset: consumer lag's other side
     finally:
         consumer.close()
 
@@ -299,7 +276,7 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
                      "  - id: idle-shadow\n    dry_run: true\n    match: {api: fetch, client_id: never-matches}\n"
                      "    actions: [drop_response]\n")
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
-                       metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
+                       metrics__client_id_label=True, metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
             running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,
                           upstream_check_interval=3600) as dead, \
             run_prometheus(tmp, [metrics, dead_metrics, down_target]) as prom:
@@ -313,13 +290,14 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         admin.create_topics([NewTopic(traffic.topic, 1, 1)])[traffic.topic].result(15)
         del admin   # no close(): dropping the last reference stops its threads
 
-        raw = RawKafka(proxy.bootstrap)
-        try:
-            produce_v3(raw, traffic.topic, RAW_PRODUCES)
-            traffic.missing_topics = [f"missing-{uuid.uuid4().hex[:8]}-{i}" for i in range(MISSING_TOPICS)]
-            metadata_for_missing(raw, traffic.missing_topics)
-        finally:
-            raw.close()
+        # Kept open to the end: it says which software it runs (ApiVersions v3, KIP-511).
+        raw = RawKafka(proxy.bootstrap, RAW_CLIENT)
+        body = default_body(18, 3, Direction.REQUEST)
+        body.update(client_software_name=RAW_SOFTWARE[0], client_software_version=RAW_SOFTWARE[1])
+        assert raw.request(18, 3, body)["error_code"] == 0
+        produce_v3(raw, traffic.topic, RAW_PRODUCES)
+        traffic.missing_topics = [f"missing-{uuid.uuid4().hex[:8]}-{i}" for i in range(MISSING_TOPICS)]
+        metadata_for_missing(raw, traffic.missing_topics)
         client_traffic(proxy.bootstrap, traffic.topic, traffic)
         # A frame far over max_frame_size: rejected, connection closed.
         assert closed_by_peer(proxy.bootstrap, struct.pack(">i", 0x7FFFFFF0) + b"\0" * 64)
@@ -330,7 +308,10 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         failures = f'kproxy_upstream_connect_failures_total{{instance="{dead_metrics}"}}'
         wait_until("the first client's connect failure scraped", lambda: prom.value(failures) == 2, timeout=15)
         assert closed_by_peer(dead.bootstrap, b"")
-        yield Stack(proxy, dead, metrics, dead_metrics, down_target, dead_upstream, prom, traffic)
+        try:
+            yield Stack(proxy, dead, metrics, dead_metrics, down_target, dead_upstream, prom, traffic)
+        finally:
+            raw.close()
 
 
 @pytest.fixture(scope="module")
@@ -431,7 +412,10 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
                    "kproxy_response_errors_total", "kproxy_bytes_total", "kproxy_client_connections_active",
                    "kproxy_upstream_connections_active", "kproxy_frames_rejected_total", "kproxy_in_flight_requests",
                    "kproxy_rule_hits_total", "kproxy_injected_errors_total", "kproxy_rule_throttle_seconds_total",
-                   "kproxy_rule_connection_faults_total", "kproxy_rules_loaded", "kproxy_rule_held_seconds_bucket"):
+                   "kproxy_rule_connection_faults_total", "kproxy_rules_loaded", "kproxy_rule_held_seconds_bucket",
+                   "kproxy_topic_bytes_total", "kproxy_topic_records_total", "kproxy_client_bytes_total",
+                   "kproxy_client_records_total", "kproxy_client_info", "kproxy_produce_batches_total",
+                   "kproxy_produce_batch_bytes_bucket", *CONSUMER_LAG):
         assert metric in exprs, f"no dashboard panel queries {metric}"
     assert "histogram_quantile(0.99, sum by (api, le) (rate(kproxy_overhead_seconds_bucket" in exprs
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs
@@ -447,14 +431,35 @@ def test_long_polls_have_a_latency_panel_of_their_own() -> None:
     assert all('api!~"fetch|share_fetch|join_group|sync_group"' in e for e in broker)
     assert all('api=~"fetch|share_fetch|join_group|sync_group"' in e for e in polls)
     variables = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
-    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api", "node_id"]
+    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api", "node_id", "topic",
+                         "client_id", "group"]
+
+
+def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
+    """Issue 24's rows, each panel a top-k by rate (or a breakdown with few values), filtered by the
+    row's variables."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    titles = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert titles[:6] == ["Overview", "Traffic", "Topics", "Clients", "Consumer lag", "Producers"]
+    rows: dict[str, list[str]] = {}
+    row = ""
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+        else:
+            rows.setdefault(row, []).extend(t["expr"] for t in panel.get("targets", []))
+    assert all('topic=~"$topic"' in e for e in rows["Topics"])
+    assert all('client_id=~"$client_id"' in e for e in rows["Clients"])
+    assert all('group=~"$group"' in e or "high_watermark" in e for e in rows["Consumer lag"])
+    for name in ("Topics", "Clients", "Consumer lag", "Producers"):
+        assert sum(e.startswith("topk(10,") for e in rows[name]) >= 2, name
 
 
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
     values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*", "node_id": ".*",
-              "__rate_interval": "30s", "datasource": ""}
+              "topic": ".*", "client_id": ".*", "group": ".*", "__rate_interval": "30s", "datasource": ""}
     exprs = dashboard_exprs()
-    assert len(exprs) >= 15
+    assert len(exprs) >= 30
     for title, expr in exprs:
         promql = fill_variables(expr, values)
         wait_until(f"data for panel {title!r}: {promql}", lambda q=promql: scraped.prom.query(q), timeout=10)
@@ -464,7 +469,8 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
     rules = alert_rules()
     assert {r["alert"] for r in rules} >= {"KproxyDown", "KproxyHighKafkaErrorRatio", "KproxyBrokerLatencyHigh",
                                             "KproxyOverheadHigh", "KproxyUpstreamConnectFailures",
-                                            "KproxyFramesRejected", "KproxyFaultInjectionActive"}
+                                            "KproxyFramesRejected", "KproxyFaultInjectionActive",
+                                            "KproxyConsumerLagGrowing", "KproxyUncompressedProduce"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"
@@ -535,6 +541,28 @@ def test_request_counters_match_the_traffic(scraped: Stack) -> None:
         assert (prom.value(f'kproxy_broker_latency_seconds_count{{instance="{inst}",api="produce",node_id="{node}"}}')
                 == prom.value(f'sum(kproxy_responses_total{{instance="{inst}",api="produce",node_id="{node}"}})'))
     assert prom.value(f'sum(kproxy_bytes_total{{instance="{inst}",direction="request"}})') > 0  # type: ignore[operator]
+
+
+def test_traffic_series_match_the_traffic(scraped: Stack) -> None:
+    """The per-topic, per-client and producer series through Prometheus (tests/test_traffic_e2e.py
+    checks their bytes exactly against the broker's batches)."""
+    prom, inst, t = scraped.prom, scraped.metrics, scraped.traffic
+    raw_records = RAW_PRODUCES * RECORDS_PER_PRODUCE
+    assert (prom.value(f'kproxy_topic_records_total{{instance="{inst}",topic="{t.topic}",direction="produce"}}')
+            == raw_records + t.produced_by_client)
+    assert (prom.value(f'kproxy_topic_records_total{{instance="{inst}",topic="{t.topic}",direction="fetch"}}')
+            == t.consumed)
+    assert (prom.value(f'kproxy_client_records_total{{instance="{inst}",client_id="{RAW_CLIENT}",'
+                       f'direction="produce"}}') == raw_records)
+    # Produce v3 of one uncompressed batch each, acks=1.
+    assert (prom.value(f'kproxy_produce_batches_total{{instance="{inst}",client_id="{RAW_CLIENT}",'
+                       f'compression="none",acks="1"}}') == RAW_PRODUCES)
+    batch = len(encode_batch_v2([Record(j, 0, f"raw-0-{j}".encode(), b"v") for j in range(RECORDS_PER_PRODUCE)]))
+    assert (prom.value(f'kproxy_client_bytes_total{{instance="{inst}",client_id="{RAW_CLIENT}",'
+                       f'direction="produce"}}') == RAW_PRODUCES * batch)
+    # The raw client is still connected: one connection, under the software it named.
+    assert prom.value(f'kproxy_client_info{{instance="{inst}",client_id="{RAW_CLIENT}",'
+                      f'software_name="{RAW_SOFTWARE[0]}",software_version="{RAW_SOFTWARE[1]}"}}') == 1
 
 
 def test_broker_error_is_counted_by_name(scraped: Stack) -> None:

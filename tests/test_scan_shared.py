@@ -30,10 +30,20 @@ from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.policy.live_rules import LiveRules
+from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.offsets import ScanEntries
-from kproxy.protocol.records import Record, count_records, encode_batch_v2, encode_message_set, one_batch_count
+from kproxy.protocol.records import (
+    Record,
+    count_records,
+    encode_batch_v2,
+    encode_message_set,
+    one_batch_count,
+    one_batch_header,
+    v2_batches,
+    v2_totals,
+)
 from kproxy.protocol.scan import (
     SCAN_FAILURES,
     Entry,
@@ -278,6 +288,39 @@ def test_one_batch_count_is_count_records_of_the_range_or_leaves_it(counts: list
         assert found == count_records(memoryview(framed)[start:end])
     elif len(counts) == 1 and not legacy and not cut and flip is None:
         pytest.fail("one whole v2 batch was left to count_records")
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(1, 5), min_size=1, max_size=2), codec=st.sampled_from([0, 1, 3]),
+       legacy=st.booleans(), cut=st.integers(0, 80),
+       flip=st.none() | st.tuples(st.integers(0, 70), st.integers(0, 255)))
+def test_the_walks_of_v2_headers_agree_with_count_records(counts: list[int], codec: int, legacy: bool, cut: int,
+                                                          flip: tuple[int, int] | None) -> None:
+    """The metrics' in-place readers of v2 headers (kproxy/metrics/traffic.py): one_batch_header is
+    v2_batches' one batch or None; v2_totals is v2_batches summed; what they count of a range is
+    count_records' count of the same bytes, or they leave the rest (``stop``) to it."""
+    records = [Record(offset=0, timestamp=0, key=None, value=b"v", headers=[])]
+    data = b"".join(encode_message_set(records * n) if legacy else
+                    encode_batch_v2([Record(offset=i, timestamp=0, key=None, value=b"v", headers=[]) for i in range(n)],
+                                    codec=codec)
+                    for n in counts)
+    if flip is not None:
+        data = data[:flip[0]] + bytes([flip[1]]) + data[flip[0] + 1:]
+    framed = b"head" + data[:len(data) - cut] + b"tail"
+    start, end = 4, len(framed) - 4
+    batches: list[tuple[int, int, int]] = []
+    stop = v2_batches(framed, start, end, batches)
+    assert v2_totals(framed, start, end) == (sum(n for _, _, n in batches), sum(b for b, _, _ in batches), stop)
+    head = one_batch_header(framed, start, end)
+    if head is not None:
+        assert batches == [head] and stop == end
+    elif len(counts) == 1 and not legacy and not cut and flip is None:
+        pytest.fail("one whole v2 batch was left to the walk")
+    try:
+        whole = count_records(memoryview(framed)[start:end])
+    except ProtocolError:
+        return
+    assert sum(n for _, _, n in batches) + count_records(memoryview(framed)[stop:end]) == whole
 
 
 # -- the Produce request fast path of scan_request against the generated scanner --------------------

@@ -1,15 +1,21 @@
-"""Topic ids learnt once (kproxy.protocol.topic_ids) for the rules and the capture alike."""
+"""Topic ids learnt once (kproxy.protocol.topic_ids) for the rules, the capture and the metrics alike,
+read from Metadata answers by a reader that decodes only (id, name) pairs: what a full decode gives."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kproxy.capture.records import RecordBuilder
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.protocol.headers import decode_request_header
-from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.protocol.headers import decode_request_header, response_body_offset
+from kproxy.protocol.messages import decode_body
+from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.protocol.topic_ids import TopicIdNames, topic_id_pairs
 from kproxy.rules.frame_facts import FrameFacts
 
 METADATA, FETCH = 3, 1
@@ -63,13 +69,13 @@ def test_the_same_metadata_answer_again_is_not_decoded_again(monkeypatch: pytest
     import kproxy.protocol.topic_ids as topic_ids
 
     decoded: list[int] = []
-    real = topic_ids.decode_body
+    real = topic_ids.topic_id_pairs
 
     def counting(*args: object, **kwargs: object) -> object:
         decoded.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(topic_ids, "decode_body", counting)
+    monkeypatch.setattr(topic_ids, "topic_id_pairs", counting)
     names = TopicIdNames(cap=1)
     answer = _answer()
     again = answer[:8].replace(answer[4:8], b"\x00\x00\x00\x63") + answer[8:]  # another correlation id
@@ -81,3 +87,41 @@ def test_the_same_metadata_answer_again_is_not_decoded_again(monkeypatch: pytest
     assert names == {uuid.UUID(int=9): "payments"}
     assert names.learn_metadata(answer, 12) == 1  # read again: what it taught was forgotten
     assert names == {ORDERS: "orders"} and len(decoded) == 3
+
+
+METADATA_VERSIONS = range(10, supported_versions(METADATA)[1] + 1)  # type: ignore[index]
+_partition = st.fixed_dictionaries({"partition_index": st.integers(0, 2**31 - 1), "leader_id": st.integers(-1, 9),
+                                    "replica_nodes": st.lists(st.integers(0, 9), max_size=4),
+                                    "isr_nodes": st.lists(st.integers(0, 9), max_size=4),
+                                    "offline_replicas": st.lists(st.integers(0, 9), max_size=2)})
+_topic = st.fixed_dictionaries({"error_code": st.sampled_from([0, 3, 29]),
+                                "name": st.one_of(st.none(), st.text(min_size=0, max_size=30)),
+                                "topic_id": st.uuids(), "is_internal": st.booleans(),
+                                "partitions": st.lists(_partition, max_size=4)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(version=st.sampled_from(list(METADATA_VERSIONS)), topics=st.lists(_topic, max_size=6),
+       brokers=st.lists(st.fixed_dictionaries({"node_id": st.integers(0, 9), "host": st.text(max_size=20),
+                                               "port": st.integers(1, 65535), "rack": st.none()}), max_size=3),
+       cut=st.one_of(st.none(), st.integers(1, 40)))
+def test_the_pairs_reader_finds_what_a_full_decode_finds(version: int, topics: list[dict[str, Any]],
+                                                         brokers: list[dict[str, Any]], cut: int | None) -> None:
+    frame = response_frame(METADATA, version, 1, brokers=brokers, topics=topics, cluster_id="c")
+    offset = response_body_offset(frame, METADATA, version)
+    if cut is not None:
+        frame = frame[:max(len(frame) - cut, offset)]  # the body cut short (the header whole)
+    found = topic_id_pairs(frame, offset, version)
+    try:
+        body = decode_body(METADATA, version, Direction.RESPONSE, frame, offset)
+    except Exception:
+        assert cut is not None
+        # Cut short: unreadable, unless the cut fell only in what the reader skips and does not check
+        # (nothing is; trailing tagged fields are read): never pairs a full decode would not give.
+        assert found is None
+        return
+    assert found == [(t["topic_id"], t["name"]) for t in body["topics"] if t["name"] is not None]
+
+
+def test_the_pairs_reader_refuses_versions_without_a_schema() -> None:
+    assert topic_id_pairs(_answer(), 9, 99) is None

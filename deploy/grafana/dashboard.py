@@ -13,9 +13,11 @@ Prometheus scraping a real kproxy (tests/test_metrics_prometheus.py).
 Template variables: ``datasource`` (any Prometheus), ``job``, ``namespace``, ``pod``
 and ``instance`` (from ``kproxy_build_info``; namespace and pod are the target labels
 the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere), ``api``
-(Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...) and
+(Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...),
 ``node_id`` (the broker behind a connection: its Kafka node id, or ``bootstrap``), which
-filters the broker-scoped panels only (requests, latency, errors, connections).
+filters the broker-scoped panels only (requests, latency, errors, connections), and the
+traffic rows' ``topic`` (Topics, Consumer lag), ``client_id`` (Clients, Producers) and
+``group`` (Consumer lag).
 """
 
 from __future__ import annotations
@@ -53,7 +55,14 @@ SEL_API = SEL + ', api=~"$api"'
 # records and kproxy's own time do not, so they keep SEL_API (a node filter would empty them).
 SEL_NODE = SEL + ', node_id=~"$node_id"'
 SEL_BROKER = SEL_API + ', node_id=~"$node_id"'
+# The traffic rows' series (opt-in labels: metrics.topic_label, metrics.client_id_label; consumer lag).
+SEL_TOPIC = SEL + ', topic=~"$topic"'
+SEL_CLIENT = SEL + ', client_id=~"$client_id"'
+SEL_GROUP = SEL + ', group=~"$group", topic=~"$topic"'
 WINDOW = "$__rate_interval"
+TOP = 10  # the traffic rows show the top 10 by rate
+# Lag moves by commits, seconds apart: its slope is read over minutes, not over the rate interval.
+LAG_WINDOW = "5m"
 # APIs whose requests wait on purpose (KIP-227 / max.wait.ms long polls, group rebalances): their
 # latency says how long the broker was asked to wait, not how fast it is, so it gets its own panel.
 LONG_POLLS = "fetch|share_fetch|join_group|sync_group"
@@ -255,6 +264,105 @@ def connections_row() -> list[timeseries.Panel]:
     ]
 
 
+def topics_row() -> list[timeseries.Panel]:
+    """Traffic by topic (metrics.topic_label): what BrokerTopicMetrics gives per broker, from the wire."""
+    def by_topic(direction: str) -> str:
+        return (f"topk({TOP}, sum by (topic) (rate(kproxy_topic_bytes_total{{{SEL_TOPIC}, "
+                f'direction="{direction}"}}[{WINDOW}])))')
+
+    return [
+        graph("Produced bytes by topic", f"Bytes of record batches clients sent in Produce requests, per "
+              f"second, the {TOP} busiest topics (as the brokers' BytesInPerSec, without replication).", "Bps",
+              query(by_topic("produce"), "{{topic}}"), width=6),
+        graph("Fetched bytes by topic", f"Bytes of record batches clients received in Fetch responses, per "
+              f"second, the {TOP} busiest topics (as the brokers' BytesOutPerSec to clients).", "Bps",
+              query(by_topic("fetch"), "{{topic}}"), width=6),
+        graph("Records by topic", f"Records per second in Produce requests and Fetch responses, the {TOP} "
+              "busiest topic and direction pairs (counted from batch headers; as MessagesInPerSec for "
+              "produce).", "suffix: records/s",
+              query(f"topk({TOP}, sum by (topic, direction) (rate(kproxy_topic_records_total{{{SEL_TOPIC}}}"
+                    f"[{WINDOW}])))", "{{topic}} {{direction}}"), width=6),
+        graph("Fetch fan-out by topic", f"Bytes fetched over bytes produced, per topic (the {TOP} highest): "
+              "about how many times each record is read (consumer groups, replays). Below 1: consumers "
+              "fall behind or read elsewhere.", "none",
+              query(f'topk({TOP}, sum by (topic) (rate(kproxy_topic_bytes_total{{{SEL_TOPIC}, direction="fetch"}}'
+                    f"[{WINDOW}])) / sum by (topic) (rate(kproxy_topic_bytes_total{{{SEL_TOPIC}, "
+                    f'direction="produce"}}[{WINDOW}])))', "{{topic}}"), width=6),
+    ]
+
+
+def clients_row() -> list[timeseries.Panel]:
+    """Traffic by client id (metrics.client_id_label), and the client software connected."""
+    return [
+        graph("Bytes by client", f"Bytes of record batches per second each client id sent (produce) or "
+              f"received (fetch), the {TOP} busiest (as the brokers' per-client quota metrics).", "Bps",
+              query(f"topk({TOP}, sum by (client_id, direction) (rate(kproxy_client_bytes_total{{{SEL_CLIENT}}}"
+                    f"[{WINDOW}])))", "{{client_id}} {{direction}}"), width=6),
+        graph("Records by client", f"Records per second each client id sent or received, the {TOP} busiest.",
+              "suffix: records/s",
+              query(f"topk({TOP}, sum by (client_id, direction) (rate(kproxy_client_records_total{{{SEL_CLIENT}}}"
+                    f"[{WINDOW}])))", "{{client_id}} {{direction}}"), width=6),
+        graph("Client software", "Open connections by the client library and version they named in "
+              "ApiVersions (KIP-511): librdkafka, apache-kafka-java, kafka-python... Old versions stand out.",
+              "short",
+              query(f"sum by (software_name, software_version) (kproxy_client_info{{{SEL_CLIENT}}})",
+                    "{{software_name}} {{software_version}}"), width=6, stacked=True),
+        graph("Connections by client", f"Open connections per client id, the {TOP} with the most (those that "
+              "named their software in ApiVersions v3+).", "short",
+              query(f"topk({TOP}, sum by (client_id) (kproxy_client_info{{{SEL_CLIENT}}}))", "{{client_id}}"),
+              width=6),
+    ]
+
+
+def lag_row() -> list[timeseries.Panel]:
+    """Consumer lag (metrics.consumer_lag), from the offsets groups commit and the watermarks Fetch answers carry."""
+    return [
+        graph("Lag by group and topic", f"Records each group has yet to consume per topic (high watermark less "
+              f"committed offset, summed over partitions), the {TOP} largest. Only groups whose traffic crosses "
+              "kproxy, while fresh (metrics.consumer_lag_stale_after).", "short",
+              query(f"topk({TOP}, sum by (group, topic) (kproxy_consumergroup_lag_sum{{{SEL_GROUP}}}))",
+                    "{{group}} {{topic}}"), width=8),
+        graph("Lag growth", f"How fast each group's lag changes, records per minute over {LAG_WINDOW} (the "
+              f"{TOP} fastest growing): above 0 for long, the group falls behind (KproxyConsumerLagGrowing).",
+              "short",
+              query(f"topk({TOP}, 60 * sum by (group, topic) (deriv(kproxy_consumergroup_lag_sum{{{SEL_GROUP}}}"
+                    f"[{LAG_WINDOW}])))", "{{group}} {{topic}}"), width=8),
+        graph("Consumed and produced", f"Records per second each group commits past (its committed offsets' "
+              f"slope) beside the topic's growth (its high watermarks' slope), over {LAG_WINDOW}.",
+              "suffix: records/s",
+              query(f"sum by (group, topic) (deriv(kproxy_consumergroup_committed_offset{{{SEL_GROUP}}}"
+                    f"[{LAG_WINDOW}]))", "{{group}} {{topic}} consumed"),
+              query(f"sum by (topic) (deriv(kproxy_partition_high_watermark{{{SEL_TOPIC}}}[{LAG_WINDOW}]))",
+                    "{{topic}} produced", "B"), width=8),
+    ]
+
+
+def producers_row() -> list[timeseries.Panel]:
+    """Producer behaviour (metrics.client_id_label): compression, acks, batch sizes."""
+    return [
+        graph("Batches by compression", "Record batches per second in Produce requests, by compression codec.",
+              "ops",
+              query(f"sum by (compression) (rate(kproxy_produce_batches_total{{{SEL_CLIENT}}}[{WINDOW}]))",
+                    "{{compression}}"), width=6, stacked=True),
+        graph("Uncompressed producers", f"Uncompressed batches per second by client id, the {TOP} busiest: "
+              "candidates for compression.type (KproxyUncompressedProduce, opt-in).", "ops",
+              query(f'topk({TOP}, sum by (client_id) (rate(kproxy_produce_batches_total{{{SEL_CLIENT}, '
+                    f'compression="none"}}[{WINDOW}])))', "{{client_id}}"), width=6),
+        graph("Batches by acks", f"Batches per second by client id and the acks of their requests, the {TOP} "
+              "busiest: acks=0 gets no answer (no error reaches the producer), 1 the leader's, -1 (all) the "
+              "in-sync replicas'.", "ops",
+              query(f"topk({TOP}, sum by (client_id, acks) (rate(kproxy_produce_batches_total{{{SEL_CLIENT}}}"
+                    f"[{WINDOW}])))", "{{client_id}} acks={{acks}}"), width=6),
+        graph("Batch size p50 / p99", "Size of the record batches in Produce requests by compression codec "
+              "(compressed size on the wire): small batches mean little batching (linger.ms, batch.size).",
+              "bytes",
+              query(f"histogram_quantile(0.5, sum by (compression, le) (rate(kproxy_produce_batch_bytes_bucket"
+                    f"{{{SEL}}}[{WINDOW}])))", "{{compression}} p50"),
+              query(f"histogram_quantile(0.99, sum by (compression, le) (rate(kproxy_produce_batch_bytes_bucket"
+                    f"{{{SEL}}}[{WINDOW}])))", "{{compression}} p99", "B"), width=6),
+    ]
+
+
 def variables() -> list[Builder[VariableModel]]:
     def label_values(name: str, label: str, expr: str, include_all: bool = True) -> dash.QueryVariable:
         v = (dash.QueryVariable(name).label(label).datasource(DATASOURCE)
@@ -272,18 +380,26 @@ def variables() -> list[Builder[VariableModel]]:
                      'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace", pod=~"$pod"}, instance)'),
         label_values("api", "API", 'label_values(kproxy_requests_total{job=~"$job"}, api)'),
         label_values("node_id", "Broker (node id)", 'label_values(kproxy_requests_total{job=~"$job"}, node_id)'),
+        label_values("topic", "Topic", 'label_values(kproxy_topic_bytes_total{job=~"$job"}, topic)'),
+        label_values("client_id", "Client id", 'label_values(kproxy_client_bytes_total{job=~"$job"}, client_id)'),
+        label_values("group", "Consumer group", 'label_values(kproxy_consumergroup_lag_sum{job=~"$job"}, group)'),
     ]
 
 
 def build() -> dash.Dashboard:
     board = (dash.Dashboard("kproxy").uid(UID).tags(["kafka", "kproxy"]).editable()
              .description("kproxy, the Kafka-protocol-aware proxy: traffic, latency, Kafka error codes, "
-                          "connections.")
+                          "connections; traffic by topic and client, consumer lag and producers, read from the wire.")
              .tooltip(DashboardCursorSync.CROSSHAIR).time("now-1h", "now").refresh("30s").timezone("browser")
              .variables(variables()))
     rows: list[tuple[str, list[timeseries.Panel] | list[stat.Panel]]] = [
         ("Overview", overview_row()),
         ("Traffic", traffic_row()),
+        # What a Kafka traffic dashboard shows first, read from the wire (opt-in labels; consumer lag).
+        ("Topics", topics_row()),
+        ("Clients", clients_row()),
+        ("Consumer lag", lag_row()),
+        ("Producers", producers_row()),
         ("Latency", latency_row()),
         ("Brokers", brokers_row()),
         ("Errors", errors_row()),

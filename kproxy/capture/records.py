@@ -463,8 +463,9 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
 
     ``keep_all`` False keeps only entries with a non-zero code or records. The scanner gets
     one list for its entries and its records ranges alike: it notes a partition's records
-    range (a 2-tuple) while walking the partition struct and the partition's entry (a
-    3-tuple) when the struct ends, so each range belongs to the next entry in the list. That
+    range (``(start, end, topic)``: an int first) while walking the partition struct and the
+    partition's entry (``(topic, partition, code)``: never an int first) when the struct ends,
+    so each range belongs to the next entry in the list. That
     order, read in one pass, is what the scan also returns (see :func:`_by_entry`). ``values``: the
     scanner is a values-mode one (its kind is in VALUE_APIS): what it read is the scan's third part.
     """
@@ -475,8 +476,8 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
     n = size = 0
     view = None
     for x in found:
-        if len(x) == 2:  # a records range, of the entry noted next
-            start, end = x
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            start, end, _ = x
             if view is None:
                 view = memoryview(frame)
             n += count_records(view[start:end], budget=budget)
@@ -498,7 +499,7 @@ def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]
     acc: list[Entry] = []
     recs: list[tuple[int, int, int]] = []
     for x in found:
-        if len(x) == 2:
+        if type(x[0]) is int:  # a records range (see _scan)
             recs.append((len(acc), x[0], x[1]))
         else:
             acc.append(x)

@@ -155,9 +155,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture.payload_max_bytes", v.integer(0),
            "bytes kept of each captured key and value", "BYTES", show_default=v.as_is),
     Option("metrics.client_id_label", v.boolean,
-           "label request counts by client id (capped by --metrics-label-cap)", boolean=True),
+           "label request counts, traffic, producer batches and client software by client id (capped by "
+           "--metrics-label-cap)", boolean=True),
     Option("metrics.topic_label", v.boolean,
-           "label response errors by topic (capped by --metrics-label-cap)", boolean=True),
+           "label response errors and traffic by topic (capped by --metrics-label-cap)", boolean=True),
     Option("metrics.label_cap", v.integer(1, 100_000),
            "distinct client ids / topics per label before the rest count as 'other'", "N", show_default=v.as_is),
     Option("metrics.scan_responses", v.boolean, "scan response bodies for error codes (off saves CPU on "

@@ -93,6 +93,7 @@ class TrafficCollector(Collector):
         yield _counter("kproxy_bytes", "Bytes of Kafka frames by api and direction (request: client to "
                        "broker; response: broker to client).", ["api", "direction"], s.byte_counts)
         yield _counter("kproxy_records", "Records in Produce requests and Fetch responses.", ["api"], s.records)
+        yield from s.labelled.families()  # by topic and client, producers, client software (opt-in labels)
         yield _counter("kproxy_records_uncounted", "Produce requests and Fetch responses whose records were not "
                        "counted: unreadable, or legacy compressed records beyond the per-frame decompression "
                        "budget.", ["api"], s.records_uncounted)

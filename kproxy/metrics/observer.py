@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from kproxy.metrics.client_software import ClientSoftware
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
-from kproxy.metrics.stats import PRODUCE, BrokerSeries, TrafficStats
+from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
+from kproxy.protocol.scan import RecordsRange
+from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
 from kproxy.proxy.session import Exchange
 
-_NO_RANGES: list[tuple[int, int]] = []  # never added to
+_NO_RANGES: list[RecordsRange] = []  # never added to
 
 
 class MetricsObserver:
@@ -19,6 +22,10 @@ class MetricsObserver:
     def __init__(self, stats: TrafficStats, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
         self.lag = lag  # consumer lag's tracker (None: not tracked); the stats then scan in values mode
+        if lag is not None:
+            # One map of topic ids: the lag learns them from its scan of Metadata answers (the one the
+            # error codes get), the traffic labels read them (else they learn on their own).
+            stats.labelled.topic_names = lag.names
 
     def for_broker(self, node_id: int | None) -> BrokerObserver:
         """The observer of one connection through the listener of broker ``node_id`` (None: bootstrap).
@@ -37,7 +44,7 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "stats")
+    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -47,16 +54,24 @@ class BrokerObserver:
         # Api keys the lag reads (none without it): one set lookup per exchange.
         self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
         self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
+        # Topic ids are learnt for the topic label; consumer lag learns them from its scan of the same
+        # Metadata answers, into the map the label reads then (MetricsObserver shares it).
+        self.topic_ids = stats.options.topic_label and lag is None
+        # The client software this connection named (ApiVersions v3+), counted while it is open.
+        self.software = ClientSoftware(stats.labelled) if self.client_ids else None
 
     def request(self, exchange: Exchange) -> None:
+        software = self.software
+        if software is not None and exchange.api_key == software.api_key:
+            software.request(exchange)
         if exchange.api_key == PRODUCE:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
             scan = exchange.request_scan
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None, exchange.request,
-                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1])
-            if self.lag is not None and scan is not None and scan[1]:
+                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1], exchange.acks)
+            if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
                 # Its records per partition, counted while the frame is held: its answer gives the log end
                 # offsets with them. Not when a rule forwarded another frame in its place (its records may
                 # differ from the ones read: corrupt_records, duplicate_records).
@@ -93,11 +108,12 @@ class BrokerObserver:
         # the stats find it from the kind's header layout, without a header decode. The rewritten body,
         # when there is one, is the rewrite memo's object: the scan memo's key, hashed once.
         memo = exchange.memo
-        found = self.stats.response(self.broker, exchange.api_key, exchange.api_version, response,
+        api_key = exchange.api_key
+        found = self.stats.response(self.broker, api_key, exchange.api_version, response,
                                     0 if memo is None else memo.response_body_offset,
                                     None if exchange.local else received - exchange.forwarded_at,
-                                    overhead, None if memo is None else memo.response_body)
-        api_key = exchange.api_key
+                                    overhead, None if memo is None else memo.response_body,
+                                    exchange.client_id if api_key == FETCH and self.client_ids else None)
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
             if api_key == PRODUCE:
@@ -107,3 +123,12 @@ class BrokerObserver:
                 self.lag.answer(api_key, exchange.api_version,
                                 exchange.request_scan if api_key in self.lag_requests else None, found,
                                 exchange.completed_at)
+        elif api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
+            # Fetch and Produce v13+ name topics by id: their traffic is labelled by these names.
+            self.stats.labelled.learn_metadata(response, exchange.api_version,
+                                               0 if memo is None else memo.response_body_offset)
+
+    def close(self) -> None:
+        """The connection ended: what it counted while open (its client software) is taken back."""
+        if self.software is not None:
+            self.software.close()

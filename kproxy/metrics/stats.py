@@ -43,11 +43,11 @@ from typing import Any
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
+from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.offsets import OFFSET_FIELDS
-from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
-from kproxy.protocol.scan import Entry, produce_answer_errors, run_scanner, run_values_scanner, scanner
+from kproxy.protocol.scan import Entry, RecordsRange, produce_answer_errors, run_scanner, run_values_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
@@ -62,10 +62,7 @@ KNOWN_REJECT_REASONS = tuple(reason.value for reason in RejectReason)  # every v
 PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
 ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
-# Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
-# loop: the one per-frame default of every records reader (kproxy.protocol.records.budget), so a wrapper
-# any broker would take is counted (~25 ms of walk at most); a decompression bomb is not.
-RECORD_COUNT_BUDGET = DEFAULT_RECORD_BUDGET
+__all__ = ["RECORD_COUNT_BUDGET"]  # (kproxy.metrics.traffic's, where records are counted)
 
 
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
@@ -80,8 +77,8 @@ REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COOR
                                                ApiKey.DESCRIBE_CLUSTER, ApiKey.API_VERSIONS))
 SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
 SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
-_ScanResult = tuple[list[Entry], list[tuple[int, int]]] | None
-_NO_RANGES: list[tuple[int, int]] = []  # a Produce answer has no records (never added to)
+_ScanResult = tuple[list[Entry], list[RecordsRange]] | None
+_NO_RANGES: list[RecordsRange] = []  # a Produce answer has no records (never added to)
 
 
 def kind_key(api_key: int, api_version: int) -> int:
@@ -238,6 +235,10 @@ class TrafficStats:
     def __post_init__(self) -> None:
         self._topics = LabelCap(self.options.label_cap)
         self._clients = LabelCap(self.options.label_cap)
+        # Records are counted there, once per range: by topic and client too when those labels are on.
+        options = self.options
+        self.labelled = LabelledTraffic(self._topics if options.topic_label else None,
+                                        self._clients if options.client_id_label else None, options.label_cap)
         # Known api key -> (label, highest version kproxy knows); anything outside is folded (see _labels).
         self._apis: dict[int, tuple[str, int]] = {}
         for key in known_api_keys():
@@ -342,12 +343,14 @@ class TrafficStats:
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None,
-                records: list[tuple[int, int]] | None = None) -> None:
+                records: list[RecordsRange] | None = None, acks: int | None = None) -> None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
         caller knows it, and ``records``, its records ranges, when the caller has scanned it already
         (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
-        them, the records are found here."""
+        them, the records are found here. ``client_id`` is given when it is a label (None otherwise):
+        its Produce records are then that client's (:mod:`kproxy.metrics.traffic`), its batches
+        counted under ``acks`` (the session's read of them; None: read here if need be)."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -357,13 +360,16 @@ class TrafficStats:
             self.client_requests[ckey] = self.client_requests.get(ckey, 0) + 1
         if frame is not None and api_key == PRODUCE and kind.known:
             if records is None:
-                self._count_records(kind, api_key, api_version, frame, body_offset)
+                self._count_records(kind, api_key, api_version, frame, body_offset, client_id)
             elif records:
-                self._add_records(kind.api, frame, records)
+                self._counted(kind.api, self.labelled.produce(frame, records, client_id, acks, api_version,
+                                                              body_offset))
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
-                 broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None) -> _ScanResult:
-        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read)
+                 broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None,
+                 client_id: str | None = None) -> _ScanResult:
+        """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read;
+        a Fetch answer's records ranges are counted, as its request's ``client_id``'s when that is a label)
         and returns the scan (None: not scanned, or unreadable); with ``options.consumer_lag``, the
         answers of :data:`~kproxy.protocol.offsets.OFFSET_FIELDS` are scanned in values mode.
 
@@ -420,7 +426,7 @@ class TrafficStats:
             # A body we cannot read: counted, never fatal.
             self.undecodable_responses[kind.api] = self.undecodable_responses.get(kind.api, 0) + 1
         elif found[0] or found[1]:  # (the usual answer has neither: nothing more to call)
-            self._add_errors(broker, kind.api, api_key, frame, found)
+            self._add_errors(broker, kind.api, api_key, frame, found, client_id)
         return found
 
     def held(self, by: tuple[str, str] | None, seconds: float) -> None:
@@ -483,7 +489,7 @@ class TrafficStats:
         return found
 
     def _add_errors(self, broker: BrokerSeries, api: str, api_key: int, frame: bytes,
-                    found: tuple[list[Entry], list[tuple[int, int]]]) -> None:
+                    found: tuple[list[Entry], list[RecordsRange]], client_id: str | None = None) -> None:
         """Count a response's non-zero error codes and (Fetch) its records, from its scan."""
         entries, records = found
         errors = broker.errors
@@ -505,10 +511,10 @@ class TrafficStats:
             wkey = (api, ERROR_CLASSES[worst])
             broker.responses_with_errors[wkey] = broker.responses_with_errors.get(wkey, 0) + 1
         if api_key == FETCH and records:
-            self._add_records(api, frame, records)
+            self._counted(api, self.labelled.fetch(frame, records, client_id))
 
-    def _count_records(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, offset: int | None
-                       ) -> None:
+    def _count_records(self, kind: KindStats, api_key: int, api_version: int, frame: bytes, offset: int | None,
+                       client_id: str | None) -> None:
         """Count the records of a (known) kind's request: Produce."""
         if offset is None:
             offset = request_body_offset(frame, api_key, api_version)
@@ -519,29 +525,17 @@ class TrafficStats:
             fn = kind.request_scanner = self._scanner(api_key, api_version, Direction.REQUEST)
         found = self._run_scan(fn, frame, offset)
         if found is not None and found[1]:
-            self._add_records(kind.api, frame, found[1])
+            self._counted(kind.api, self.labelled.produce(frame, found[1], client_id, None, api_version, offset))
 
-    def _add_records(self, api: str, frame: bytes, ranges: list[tuple[int, int]]) -> None:
-        """Count the records of one frame within :data:`RECORD_COUNT_BUDGET`; a frame that needs
-        more, or whose records kproxy cannot read (the client's to judge: forwarded all the same),
-        is not counted at all but counted as such (a partial count would look like a real one)."""
-        # One v2 batch in one range, the usual Produce: its header's count, read in place.
-        count = one_batch_count(frame, *ranges[0]) if len(ranges) == 1 else None
-        exhausted = False
-        if count is None:
-            view = memoryview(frame)
-            budget = RecordBudget(RECORD_COUNT_BUDGET)
-            count = 0
-            try:
-                for start, end in ranges:  # a loop, not sum() over a generator
-                    count += count_records(view[start:end], budget=budget)
-            except ProtocolError:
-                count = -1
-            exhausted = budget.exhausted
-        if count < 0 or exhausted:
+    def _counted(self, api: str, count: int) -> None:
+        """Add one frame's records, counted by :mod:`kproxy.metrics.traffic` within
+        :data:`RECORD_COUNT_BUDGET`; a frame that needs more, or whose records kproxy cannot read
+        (the client's to judge: forwarded all the same), is not counted at all (-1) but counted as
+        such (a partial count would look like a real one)."""
+        if count < 0:
             self.records_uncounted[api] = self.records_uncounted.get(api, 0) + 1
-            return
-        self.records[api] = self.records.get(api, 0) + count
+        else:
+            self.records[api] = self.records.get(api, 0) + count
 
     # -- connections -------------------------------------------------------------------
     # Per connection, not per frame: the (listener or address, node_id) keys are built here.

@@ -51,8 +51,11 @@ from kproxy.protocol.wire import Malformed, read_uvarint
 
 Topic = str | uuid.UUID | None
 Entry = tuple[Topic, int | None, int | None]
-# What scan_request found: the entries and the records fields' (start, end) offsets in the frame.
-RequestScan = tuple[list[Entry], list[tuple[int, int]]]
+# A records field: its (start, end) offsets in the frame and the topic it belongs to (a name, or the
+# id where the message names topics by id), so that per-topic counts need no second walk.
+RecordsRange = tuple[int, int, Topic]
+# What scan_request found: the entries and the records fields' ranges.
+RequestScan = tuple[list[Entry], list[RecordsRange]]
 
 # Request kinds whose shared scan (scan_request) is made in values mode.
 _VALUE_REQUESTS = frozenset(api for api, direction in OFFSET_FIELDS if direction is Direction.REQUEST)
@@ -114,6 +117,9 @@ def _has_partition_children(fields: tuple[Field, ...]) -> bool:
 
 class _ScanCompiler(SchemaCompiler):
     """Adds ``scan_S(buf, pos, acc, recs, topic) -> pos`` functions to the skip build.
+
+    Each records field met is appended to ``recs`` as ``(start, end, topic)`` (a
+    :data:`RecordsRange`), ``topic`` being the enclosing topic struct's name or id.
 
     ``errors_only``: record only non-zero error codes (and records ranges), skip
     subtrees without either, and stop after the last top-level field that can
@@ -243,7 +249,7 @@ class _ScanCompiler(SchemaCompiler):
                 self.emit_len("records", n)
                 w(f"if {n} > 0:")
                 w.indent()
-                w(f"recs.append((pos, pos + {n}))")
+                w(f"recs.append((pos, pos + {n}, topic))")  # the topic it belongs to (None at the top)
                 w(f"pos += {n}")
                 w.dedent()
             elif id(f) in subs:
@@ -293,7 +299,8 @@ class _ScanCompiler(SchemaCompiler):
 
 @dataclass(frozen=True, slots=True)
 class BodyScan:
-    """What :func:`scan_body` found; ``records`` are (start, end) offsets of records fields."""
+    """What :func:`scan_body` found; ``records`` are (start, end) offsets of records fields (the
+    per-frame readers, :func:`scan_request` and :func:`run_scanner`, also give each one's topic)."""
 
     entries: list[Entry]
     records: list[tuple[int, int]]
@@ -380,7 +387,7 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
     if fn is None:
         raise UnknownApiError(api_key, api_version)
     acc: list[Entry] = ScanEntries.empty() if values else []
-    recs: list[tuple[int, int]] = []
+    recs: list[RecordsRange] = []
     try:
         end = fn(data, offset, acc, recs, None)
     except SCAN_FAILURES as exc:
@@ -391,7 +398,7 @@ def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes,
         raise DecodeError(f"malformed body: {exc}", offset=offset) from None
     if end != len(data) and end != -1:
         raise DecodeError(f"{len(data) - end} bytes left over after the body", offset=end)
-    return BodyScan(acc, recs, data)
+    return BodyScan(acc, [(start, stop) for start, stop, _ in recs], data)
 
 
 
@@ -433,12 +440,13 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
 
 def run_scanner(fn: object, frame: bytes | bytearray, offset: int) -> RequestScan | None:
     """Run a generated scanner (:func:`scanner`; None: no schema) over the body at ``frame[offset:]``:
-    (entries, records ranges), or None when there is no scanner or the bytes cannot be read. The
-    scanner is called directly, not through :func:`scan_body`: callers run this per frame."""
+    (entries, records ranges with their topics), or None when there is no scanner or the bytes
+    cannot be read. The scanner is called directly, not through :func:`scan_body`: callers run
+    this per frame."""
     if fn is None:
         return None
     acc: list[Entry] = []
-    recs: list[tuple[int, int]] = []
+    recs: list[RecordsRange] = []
     try:
         fn(frame, offset, acc, recs, None)  # type: ignore[operator]
     except SCAN_FAILURES:
@@ -452,7 +460,7 @@ def run_values_scanner(fn: object, frame: bytes | bytearray, offset: int) -> Req
         return None
     acc = ScanEntries()
     acc.values = []
-    recs: list[tuple[int, int]] = []
+    recs: list[RecordsRange] = []
     try:
         fn(frame, offset, acc, recs, None)  # type: ignore[operator]
     except SCAN_FAILURES:
@@ -594,7 +602,7 @@ def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_ver
                         else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
     except (struct.error, IndexError, UnicodeDecodeError, Malformed):
         return None
-    return [(topic, index, None)], [(records, records + size)] if size > 0 else []
+    return [(topic, index, None)], [(records, records + size, topic)] if size > 0 else []
 
 
 def _one_topic(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> tuple[int, int] | None:

@@ -3,17 +3,26 @@
 Fetch v13+ (and other newer versions) carry a topic's 16-byte id instead of its name; the name
 is known only from a Metadata v10+ response, often on another connection than the request that
 uses the id. :class:`TopicIdNames` keeps what the Metadata answers taught; the rules read ids
-through it (a ``topic`` key matches by name) and the capture writes names in its records.
+through it (a ``topic`` key matches by name), the capture writes names in its records and the
+metrics label per-topic traffic with them.
+
+A Metadata answer is read for its (id, name) pairs by a generated reader that decodes those two
+fields of each topic and skips everything else by length (:func:`topic_id_pairs`): the
+partitions of a big cluster are walked, never decoded, so learning costs about what the metrics'
+errors-only scan of the same answer costs, a fraction of a full decode.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from collections.abc import Callable
 
+from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
-from kproxy.protocol.messages import decode_body
-from kproxy.protocol.schema import Direction
+from kproxy.protocol.scan import SCAN_FAILURES, _is_topic_id, _is_topic_name
+from kproxy.protocol.schema import Direction, Field, MessageSchema, message_schema
 from kproxy.protocol.tables import ApiKey
 
 METADATA = int(ApiKey.METADATA)
@@ -58,15 +67,14 @@ class TopicIdNames(dict[uuid.UUID, str]):
             return last[3]  # the same answer as the last one learnt, and nothing of it forgotten since
         try:
             offset = body_offset or response_body_offset(response, METADATA, api_version)
-            body = decode_body(METADATA, api_version, Direction.RESPONSE, response, offset)
         except ProtocolError:
             return None
-        n = 0
-        for topic in body.get("topics") or ():
-            topic_id, name = topic.get("topic_id"), topic.get("name")
-            if isinstance(topic_id, uuid.UUID) and isinstance(name, str):
-                self.learn(topic_id, name)
-                n += 1
+        pairs = topic_id_pairs(response, offset, api_version)
+        if pairs is None:
+            return None
+        for topic_id, name in pairs:
+            self.learn(topic_id, name)
+        n = len(pairs)
         if seen is not None:
             self._last = (api_version, seen, self.forgotten, n)
         return n
@@ -79,3 +87,94 @@ class TopicIdNames(dict[uuid.UUID, str]):
         if isinstance(topic, uuid.UUID):
             return self.get(topic, str(topic))
         return str(topic)
+
+
+# -- reading the (id, name) pairs of a Metadata answer --------------------------------------------
+
+class _TopicIdCompiler(SchemaCompiler):
+    """Writes ``ids_S(buf, pos, acc) -> pos``: the top-level arrays of structs that carry a topic
+    name and a topic id (Metadata's ``topics``) are walked, each struct's pair appended to ``acc``
+    as ``(topic_id, name)`` when both are set (a null name is left out); every other field is
+    skipped by length, as the codec's skip functions do."""
+
+    def build_reader(self) -> Callable[..., int]:
+        top = self.struct_reader(self.schema.fields, "Top")
+        source = "\n".join(self.w.lines) + "\n"
+        exec(compile(source, f"<kproxy topic ids {self.schema.name} v{self.schema.api_version}>", "exec"), self.ns)
+        return self.ns[top]  # type: ignore[no-any-return]
+
+    def struct_reader(self, fields: tuple[Field, ...], stem: str) -> str:
+        subs: dict[int, str] = {}
+        for f in fields:
+            if f.type == "struct" and f.fields is not None:
+                if f.tag is None and f.array and _has_pair(f.fields):
+                    subs[id(f)] = self.struct_reader(f.fields, f.name)
+                else:
+                    self.struct_functions(f.fields, f.name)  # for its skip function
+        name = self.fresh(f"ids_{stem}_")
+        pair = _has_pair(fields)
+        w = self.w
+        w(f"def {name}(buf, pos, acc):")
+        w.indent()
+        if pair:
+            w("topic = None")
+        for f in fields:
+            if f.tag is not None:
+                continue
+            if pair and _is_topic_name(f):
+                self.emit_scalar_decode(f, "topic", "''")
+            elif pair and _is_topic_id(f):
+                self.emit_scalar_decode(f, "tid", "''")
+            elif id(f) in subs:
+                n = self.fresh("n")
+                self.emit_len("array", n)
+                w(f"if {n} > len(buf) - pos: _count({n}, pos, buf, 1)")
+                w(f"for _ in range({n}):")
+                w.indent()
+                w(f"pos = {subs[id(f)]}(buf, pos, acc)")
+                w.dedent()
+            else:
+                self.emit_value_skip(f)
+        if self.flexible:
+            self.emit_tags_skip()
+        w("if pos > len(buf): _check_len(buf, pos)")
+        if pair:
+            w("if topic is not None: acc.append((tid, topic))")
+        w("return pos")
+        w.dedent()
+        return name
+
+
+def _has_pair(fields: tuple[Field, ...]) -> bool:
+    return any(_is_topic_name(f) for f in fields) and any(_is_topic_id(f) for f in fields)
+
+
+_readers: dict[int, Callable[..., int] | None] = {}  # Metadata version -> its reader (None: no schema)
+_lock = threading.Lock()
+
+
+def _reader(api_version: int) -> Callable[..., int] | None:
+    if api_version in _readers:
+        return _readers[api_version]
+    with _lock:
+        schema: MessageSchema | None = message_schema(METADATA, api_version, Direction.RESPONSE)
+        fn = None if schema is None else _TopicIdCompiler(schema, traced=False).build_reader()
+        if schema is not None:  # only versions with a schema are kept: a bounded cache
+            _readers[api_version] = fn
+    return fn
+
+
+def topic_id_pairs(response: bytes, body_offset: int, api_version: int) -> list[tuple[uuid.UUID, str]] | None:
+    """The ``(topic_id, name)`` pairs of the Metadata response body at ``response[body_offset:]``, in
+    order (topics with a null name left out; the zero id, "no id", kept: the caller judges). None
+    when the version has no schema or the bytes cannot be read. What :func:`decode_body` would give
+    for those two fields, other fields skipped by length, not checked."""
+    fn = _reader(api_version)
+    if fn is None:
+        return None
+    acc: list[tuple[uuid.UUID, str]] = []
+    try:
+        fn(response, body_offset, acc)
+    except (*SCAN_FAILURES, UnicodeDecodeError):
+        return None
+    return acc

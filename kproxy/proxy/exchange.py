@@ -126,6 +126,7 @@ class Exchange:
     completed_at: float = 0.0
     routes: Sequence[BrokerRoute] = ()
     seq: int = 0  # the session's request count when it arrived: orders it among acks=0 Produce
+    acks: int | None = None  # a Produce's acks, as the session read them (None: not a Produce, or unreadable)
     ruling: Ruling | None = None
     memo: ObserverMemo | None = None
     _request_body_offset: int = -1  # -1: not read yet, -2: unreadable
@@ -255,7 +256,8 @@ class SessionObserver(Protocol):
 
 def produce_acks_zero(ex: Exchange, frame: bytes) -> bool:
     """A Produce with acks=0 (an unreadable one is tracked: the broker's to refuse). Reads the body
-    offset into the exchange itself: this runs on every Produce, the property's checks would not pay."""
+    offset into the exchange itself: this runs on every Produce, the property's checks would not pay;
+    the acks too (:attr:`Exchange.acks`: the metrics label producer batches with them)."""
     offset: int | None = ex._request_body_offset
     if offset == -1:  # not read yet (a rules policy may have read it: then it is not read twice)
         offset = find_request_body(frame, PRODUCE, ex.api_version)
@@ -264,4 +266,5 @@ def produce_acks_zero(ex: Exchange, frame: bytes) -> bool:
         offset = None
     if offset is None:
         return False
-    return produce_acks(frame, ex.api_version, offset) == 0
+    acks = ex.acks = produce_acks(frame, ex.api_version, offset)
+    return acks == 0

@@ -520,8 +520,9 @@ class ProxyServer:
                           policy=policy, login=self.upstream_login(peer),
                           auth=self.client_auth.for_connection(peer) if self.client_auth else None)
         observer: SessionObserver | None = None
+        metrics = None
         if self.observer is not None:
-            observer = self.observer.for_broker(listener.node_id)
+            observer = metrics = self.observer.for_broker(listener.node_id)
         if self.capture is not None:
             # Records carry the session's principal (TLS or SASL), the one the rules see.
             observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
@@ -546,6 +547,8 @@ class ProxyServer:
             if self.capture is not None:
                 session.report()  # what the connection read before it ended
                 self.capture.connection_closed(observer)
+            if metrics is not None:
+                metrics.close()  # what it counted while open (kproxy_client_info)
             self.stats.client_disconnected(listener.name, node)
             self.stats.upstream_disconnected(str(addr), node)
 

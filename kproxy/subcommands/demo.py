@@ -3,7 +3,9 @@
 Starts the embedded Tansu broker (or uses ``--upstream``), puts kproxy in front
 of it, drives real librdkafka producers and consumers through kproxy, and
 prints what kproxy saw: the addresses the clients were given, and per-API
-traffic, latency and error counts from kproxy's own metrics. Then, unless told not to,
+traffic, latency and error counts from kproxy's own metrics, and the traffic by topic, client,
+producer and consumer group that its /metrics exports (:mod:`kproxy.subcommands.demo_traffic`).
+Then, unless told not to,
 fault-injection rules at work and what the clients saw of them
 (:mod:`kproxy.subcommands.demo_rules`).
 """
@@ -13,14 +15,17 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from kproxy.metrics.histogram import Histogram
 from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.tables import error_class, error_code
+from kproxy.subcommands.demo_traffic import TRAFFIC_OPTIONS, LagTruth, parse, scrape
+from kproxy.subcommands.demo_traffic import report as report_traffic
 from kproxy.testing import Broker, ProxyThread, proxy_config, run_tansu
+from kproxy.testing.tansu import free_port
 
 MESSAGES = 1000
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -33,6 +38,8 @@ class DemoResult:
     advertised: dict[int, tuple[str, int]]
     upstream: str
     missing_topic_error: str | None
+    lag_truth: LagTruth | None = None
+    traffic: str | None = None  # kproxy's /metrics text, scraped while the stopped group was connected
 
 
 def _quantile(hist: Histogram, q: float) -> float | None:
@@ -58,45 +65,54 @@ def _upstream(upstream: str | None) -> Iterator[str]:
         yield broker.bootstrap
 
 
-def drive_traffic(bootstrap: str, messages: int = MESSAGES) -> tuple[int, int, dict[int, tuple[str, int]], str | None]:
-    """Create a topic, produce with every codec, consume it back with a group. Real librdkafka."""
-    from confluent_kafka import Consumer, KafkaException, Producer
+@dataclass
+class Traffic:
+    """What :func:`drive_traffic` did, and what ``snapshot`` returned while the stopped group was there."""
+
+    produced: int
+    consumed: int
+    advertised: dict[int, tuple[str, int]]
+    missing_topic_error: str | None
+    lag_truth: LagTruth
+    snapshot: str
+
+
+def drive_traffic(bootstrap: str, messages: int = MESSAGES, snapshot: Callable[[], str] = lambda: "") -> Traffic:
+    """Create a topic, produce with every codec (a client id per codec), consume it back with a
+    group, and read half of it with a second group that commits and stops. ``snapshot`` is called
+    while that second group's consumer is still connected (the demo scrapes /metrics there).
+    Real librdkafka."""
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     topic = f"kproxy-demo-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "kproxy-demo-admin"})
     admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(15)
     metadata = admin.list_topics(timeout=15)
     advertised = {b.id: (str(b.host), int(b.port)) for b in metadata.brokers.values()}
     produced = 0
+    per_partition = [0, 0, 0]  # records acknowledged per partition: what a group's lag is measured against
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is None:
+            per_partition[msg.partition()] += 1
+
     per_codec = messages // len(CODECS)
     for codec in CODECS:
         producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "acks": "all",
-                             "linger.ms": 5})
+                             "linger.ms": 5, "client.id": f"kproxy-demo-producer-{codec}"})
         for i in range(per_codec):
-            producer.produce(topic, key=f"{codec}-{i}".encode(), value=f"message {i} ({codec})".encode())
+            producer.produce(topic, key=f"{codec}-{i}".encode(), value=f"message {i} ({codec})".encode(),
+                             on_delivery=delivered)
             producer.poll(0)
         if producer.flush(30) != 0:
             raise RuntimeError(f"producer ({codec}) could not deliver within 30 s")
         produced += per_codec
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-group",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    consumed = 0
-    deadline = time.monotonic() + 60
-    try:
-        while consumed < produced and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
-                continue
-            consumed += 1
-        consumer.commit(asynchronous=False)
-    finally:
-        consumer.close()
+    consumed = _consume(Consumer, bootstrap, topic, f"{topic}-group", "kproxy-demo-consumer", produced)
     # A request the broker refuses: metadata of a topic that does not exist (no auto-create).
     missing_error = None
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-probe",
-                      "allow.auto.create.topics": False})
+                      "allow.auto.create.topics": False, "client.id": "kproxy-demo-probe"})
     try:
         md = probe.list_topics(topic=f"{topic}-missing", timeout=10)
         err = md.topics[f"{topic}-missing"].error
@@ -105,7 +121,49 @@ def drive_traffic(bootstrap: str, messages: int = MESSAGES) -> tuple[int, int, d
         missing_error = str(exc)
     finally:
         probe.close()
-    return produced, consumed, advertised, missing_error
+    # A group that reads half the topic, commits, and stops: its lag is the other half.
+    group = f"{topic}-stopped"
+    stopped = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "client.id": "kproxy-demo-stopped",
+                        "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    try:
+        stopped.subscribe([topic])
+        _read(stopped, produced // 2)
+        stopped.commit(asynchronous=False)
+        commits = stopped.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+        # A partition the group never committed has no lag kproxy can know (it depends on the
+        # client's auto.offset.reset): the truth covers the partitions with a commit.
+        with_commit = [tp for tp in commits if tp.offset >= 0]
+        truth = LagTruth(group=group, topic=topic, partitions=len(with_commit),
+                         produced=sum(per_partition[tp.partition] for tp in with_commit),
+                         committed=sum(tp.offset for tp in with_commit))
+        text = snapshot()
+    finally:
+        stopped.close()
+    return Traffic(produced, consumed, advertised, missing_error, truth, text)
+
+
+def _consume(consumer_type: Any, bootstrap: str, topic: str, group: str, client_id: str, produced: int) -> int:
+    consumer = consumer_type({"bootstrap.servers": bootstrap, "group.id": group, "client.id": client_id,
+                              "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    try:
+        consumed = _read(consumer, produced)
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return consumed
+
+
+def _read(consumer: Any, count: int, timeout: float = 60) -> int:
+    """Poll until ``count`` records came (or ``timeout`` seconds passed); the records read."""
+    read = 0
+    deadline = time.monotonic() + timeout
+    while read < count and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        read += 1
+    return read
 
 
 def report(stats: TrafficStats, result: DemoResult, proxy_port: int, out: TextIO) -> None:
@@ -139,6 +197,8 @@ def report(stats: TrafficStats, result: DemoResult, proxy_port: int, out: TextIO
     records = ", ".join(f"{api} {n}" for api, n in sorted(stats.records.items()))
     w(f"records seen: {records or 'none'}\n")
     w("(latencies are histogram bucket bounds, in ms)\n")
+    if result.traffic is not None:
+        report_traffic(parse(result.traffic), result.lag_truth, out)
 
 
 def _ms(hist: Histogram | None, q: float) -> str:
@@ -163,13 +223,19 @@ def run_demo(upstream: str | None, out: TextIO, messages: int = MESSAGES, *, rul
     """The demo; exit status 0 when every message came back (and, with ``rules``, when the rules
     scenario's idempotent producer got every record exactly once)."""
     with _upstream(upstream) as bootstrap:
-        with ProxyThread(proxy_config(bootstrap, **proxy_options)) as proxy:
-            assert proxy.server is not None
+        with ProxyThread(proxy_config(bootstrap, **{**TRAFFIC_OPTIONS, "metrics_listen": f"127.0.0.1:{free_port()}",
+                                                          **proxy_options})) as proxy:
+            server = proxy.server
+            assert server is not None
             _wait_warm(proxy)
-            produced, consumed, advertised, missing = drive_traffic(proxy.bootstrap, messages)
-            result = DemoResult(produced, consumed, advertised, bootstrap, missing)
-            report(proxy.server.stats, result, proxy.port, out)
-        ok = consumed == produced
+
+            metrics = server.metrics_server
+            assert metrics is not None  # TRAFFIC_OPTIONS listen for /metrics
+            traffic = drive_traffic(proxy.bootstrap, messages, lambda: scrape(metrics.port))
+            result = DemoResult(traffic.produced, traffic.consumed, traffic.advertised, bootstrap,
+                                traffic.missing_topic_error, traffic.lag_truth, traffic.snapshot)
+            report(server.stats, result, proxy.port, out)
+        ok = traffic.consumed == traffic.produced
         if rules:
             from kproxy.subcommands.demo_rules import run_rules_demo
 

@@ -45,7 +45,9 @@ writers, payload decompression); :func:`decode_records` here dispatches by magic
 * :func:`verify_crc`, :func:`decode_records`, :func:`decode_all` - the expensive part,
   on demand.
 * :func:`count_records` - records in a records field from the v2 headers alone;
-  :func:`one_batch_count` - the same for a range that is one v2 batch, read in place.
+  :func:`one_batch_count` - the same for a range that is one v2 batch, read in place;
+  :func:`v2_totals`, :func:`v2_batches` - records and bytes of a range's whole v2 batches (per
+  batch, with its codec, for the second), read in place: the metrics' per-topic counts.
 * :func:`encode_batch_v2`, :func:`encode_message_set` - encoders for tests and
   fault injection, with correct lengths and CRCs.
 
@@ -61,7 +63,13 @@ from __future__ import annotations
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
 from kproxy.protocol.records.budget import DEFAULT_RECORD_BUDGET, RECORD_COST, RecordBudget
-from kproxy.protocol.records.counting import count_records, one_batch_count
+from kproxy.protocol.records.counting import (
+    count_records,
+    one_batch_count,
+    one_batch_header,
+    v2_batches,
+    v2_totals,
+)
 from kproxy.protocol.records.entries import (
     LOG_OVERHEAD,
     V2_HEADER_SIZE,
@@ -96,6 +104,9 @@ __all__ = [
     "encode_message_set",
     "iter_batches",
     "one_batch_count",
+    "one_batch_header",
+    "v2_batches",
+    "v2_totals",
     "verify_crc",
 ]
 

@@ -49,7 +49,10 @@ def count_records(
         batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, pos + 8)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break  # legacy, malformed or truncated: the general walk below decides
-        total += _V2_COUNT.unpack_from(data, pos + 57)[0]
+        count = _V2_COUNT.unpack_from(data, pos + 57)[0]
+        if count < 0:
+            break  # malformed: the general walk refuses it (a count is never negative)
+        total += count
         pos += 12 + batch_length
     if pos >= end or end - pos < 12:
         return total
@@ -71,7 +74,66 @@ def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
     if end - start >= _V2_FAST_MIN:
         batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + 8)
         if magic == 2 and start + 12 + batch_length == end:
-            return int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            return count if count >= 0 else None
+    return None
+
+
+# batchLength, (partitionLeaderEpoch), magic, (crc), attributes: bytes 8..22 of a v2 batch.
+_V2_LENGTH_MAGIC_ATTRIBUTES = struct.Struct(">i4xb4xh")
+
+
+def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
+    """``(records, bytes, stop)`` of the whole v2 batches that open ``data[start:end]``, from their
+    headers alone, read in place: records as their ``records_count`` fields say, bytes as the
+    batches take on the wire. ``stop`` is where the walk ended: ``end`` when the range was whole v2
+    batches; otherwise where a legacy entry, a malformed one or a truncated tail (a broker cuts
+    Fetch responses at the byte limit) starts, which the caller may hand to :func:`count_records`."""
+    records = 0
+    pos = start
+    unpack = _V2_LENGTH_MAGIC.unpack_from
+    count = _V2_COUNT.unpack_from
+    while end - pos >= _V2_FAST_MIN:
+        batch_length, magic = unpack(data, pos + 8)
+        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+            break
+        n = count(data, pos + 57)[0]
+        if n < 0:
+            break  # malformed: left to the caller (count_records refuses it)
+        records += n
+        pos += 12 + batch_length
+    return records, pos - start, pos
+
+
+def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
+    """Append ``(bytes, codec, records)`` of each whole v2 batch that opens ``data[start:end]`` to
+    ``out`` (the codec is the low 3 bits of the batch's attributes, ``Codec``), read in place from
+    the headers; returns where the walk stopped, as :func:`v2_totals` does."""
+    pos = start
+    unpack = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from
+    count = _V2_COUNT.unpack_from
+    while end - pos >= _V2_FAST_MIN:
+        batch_length, magic, attributes = unpack(data, pos + 8)
+        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+            break
+        n = count(data, pos + 57)[0]
+        if n < 0:
+            break  # malformed: left to the caller (count_records refuses it)
+        out.append((12 + batch_length, attributes & _CODEC_MASK, n))
+        pos += 12 + batch_length
+    return pos
+
+
+def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, int] | None:
+    """``(bytes, codec, records)`` of ``data[start:end]`` when that range is exactly one v2 batch
+    (what a producer sends per partition), read in place: what :func:`v2_batches` gives for it in
+    one call. None for any other range (the walk decides)."""
+    if end - start >= _V2_FAST_MIN:
+        batch_length, magic, attributes = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from(data, start + 8)
+        if magic == 2 and start + 12 + batch_length == end and batch_length >= _V2_FAST_MIN - 12:
+            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            if count >= 0:
+                return end - start, attributes & _CODEC_MASK, count
     return None
 
 
