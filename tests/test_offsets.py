@@ -2,16 +2,16 @@
 
 * The values mode reads, in every version kproxy's tables know of each kind it covers (OffsetCommit
   and OffsetFetch requests and answers, ListOffsets requests and answers, Fetch, Metadata and
-  Produce answers, the group requests JoinGroup, Heartbeat, SyncGroup, TxnOffsetCommit and
-  ConsumerGroupHeartbeat), exactly the fields the full decoder finds, with their topic, partition
-  and error code, in body order, in both walks (full and errors-only); and it changes nothing else
-  the scan reports.
+  Produce answers), exactly the fields the full decoder finds, with their topic, partition and
+  error code, in body order, in both walks (full and errors-only); and it changes nothing else the
+  scan reports.
 * The readers turn those reads into committed offsets and watermarks as Kafka means them:
   OffsetCommit partitions the answer accepted; OffsetFetch offsets of groups and partitions without
   errors (v0-7 the request's group, v8+ per group); Fetch watermarks of partitions without errors
   (v13+ by topic id); ListOffsets only for timestamp -1 at read_uncommitted; Metadata v10+ ids;
   Produce answers' log end offsets (base offset plus the records the request carried, counted from
-  its batch headers, every Produce version and record format); the groups group requests name.
+  its batch headers, every Produce version and record format); the group every version of every
+  group request names, read in place (as the decoder and the values mode read it).
 * Bodies built with kproxy's codec; frames are cut and changed byte by byte: never an exception,
   and a body the scan refuses teaches nothing.
 """
@@ -108,10 +108,6 @@ def body(api_key: int, api_version: int, direction: Direction) -> dict[str, Any]
                 {"index": p, "error_code": 6 * p, "base_offset": 500 + p, "log_append_time_ms": 7,
                  "log_start_offset": 3, "record_errors": [{"batch_index": 1}] if p else []} for p in (0, 1)]}
             for name, tid in (("orders", T1), ("payments", T2))])
-    if direction is Direction.REQUEST and api_key in GROUP_REQUESTS:  # the group requests that name one group
-        return request_body(api_key, api_version, group_id="billing", transactional_id="tx", member_id="m",
-                            topics=topics(committed_offset=5), topic_partitions=[{"topic_id": T1,
-                                                                                  "partitions": [0, 1]}])
     raise AssertionError((api_key, direction))
 
 
@@ -299,11 +295,17 @@ def produce_frame(api_version: int, partitions: dict[tuple[str, int], bytes | No
 
 
 def counted(frame: bytes, api_version: int) -> Any:
+    """produce_record_counts of a Produce frame; given the metrics' count of its records (as
+    kproxy.metrics.observer gives it) or not, the same."""
+    from kproxy.metrics.traffic import count_ranges
     from kproxy.protocol.headers import request_body_offset
 
     offset = request_body_offset(frame, PRODUCE, api_version)
     assert offset is not None
-    return produce_record_counts(frame, scan_request(PRODUCE, api_version, frame, offset))
+    scan = scan_request(PRODUCE, api_version, frame, offset)
+    found = produce_record_counts(frame, scan)
+    assert scan is not None and produce_record_counts(frame, scan, count_ranges(frame, scan[1])) == found
+    return found
 
 
 @pytest.mark.parametrize("api_version", versions(PRODUCE))
@@ -354,14 +356,50 @@ def test_a_produce_answer_gives_the_log_end_offset_of_each_partition_it_accepted
     assert produce_end_offsets(produced, values_of(scans(PRODUCE, api_version, None, refused)[1])) == []
 
 
-@pytest.mark.parametrize(("api_key", "api_version"), [(a, v) for a in sorted(GROUP_REQUESTS) for v in versions(a)])
-def test_every_group_request_names_its_group(api_key: int, api_version: int) -> None:
-    request = request_body(api_key, api_version, group_id="billing", groups=[{"group_id": "billing"},
-                                                                            {"group_id": "audit"}])
-    found = scan_request(api_key, api_version, encode_body(api_key, api_version, Direction.REQUEST, request), 0)
-    several = api_key == OFFSET_FETCH and api_version >= 8  # KIP-709: one request, several groups
-    assert group_ids(values_of(found)) == (["billing", "audit"] if several else ["billing"])
-    assert group_ids(None) == []
+LEAVE_GROUP = 13
+GROUP_KINDS = [(a, v) for a in sorted(GROUP_REQUESTS | {LEAVE_GROUP}) for v in versions(a)]
+
+
+def group_request(api_key: int, api_version: int, group: str) -> tuple[bytes, int]:
+    """A request frame of ``api_key`` naming ``group`` (every other field populated) and its body offset."""
+    from kproxy.protocol.frame_builder import request_frame
+    from kproxy.protocol.headers import request_body_offset
+
+    frame = request_frame(api_key, api_version, 3, group_id=group, transactional_id="tx-1", member_id="m-1",
+                          group_instance_id="i-1", topics=topics(committed_offset=5),
+                          groups=[{"group_id": group}, {"group_id": "audit"}],
+                          topic_partitions=[{"topic_id": T1, "partitions": [0, 1]}])
+    offset = request_body_offset(frame, api_key, api_version)
+    assert offset is not None
+    return frame, offset
+
+
+@pytest.mark.parametrize(("api_key", "api_version"), GROUP_KINDS, ids=[f"{a}-v{v}" for a, v in GROUP_KINDS])
+def test_every_group_request_names_its_group_read_in_place(api_key: int, api_version: int) -> None:
+    from kproxy.protocol.request_fields import request_group_id
+
+    frame, offset = group_request(api_key, api_version, "billing-é")
+    decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, offset)
+    several = api_key == OFFSET_FETCH and api_version >= 8  # KIP-709: groups in an array, from the scan
+    assert request_group_id(frame, api_key, api_version, offset) == (None if several else decoded["group_id"])
+    if several:
+        found = scan_request(api_key, api_version, frame, offset)
+        assert group_ids(values_of(found)) == ["billing-é", "audit"]
+    else:  # the same name the scans' values mode reads (bad UTF-8 replaced alike)
+        good, at = group_request(api_key, api_version, "billing-ÿ")
+        bad = good.replace("ÿ".encode(), b"\xff ")  # an invalid UTF-8 byte, the length unchanged
+        assert request_group_id(bad, api_key, api_version, at) == "billing-\ufffd "
+        if api_key == OFFSET_COMMIT:
+            assert group_ids(values_of(scan_request(api_key, api_version, bad, at))) == ["billing-\ufffd "]
+    # Cut anywhere, or a byte changed: an answer or None, never an exception.
+    for cut in range(offset, len(frame)):
+        request_group_id(frame[:cut], api_key, api_version, offset)
+    for at in range(offset, min(len(frame), offset + 24)):
+        for value in (0x00, 0x7F, 0x80, 0xFF):
+            request_group_id(frame[:at] + bytes([value]) + frame[at + 1:], api_key, api_version, offset)
+    assert request_group_id(frame, api_key, api_version, None) is None
+    assert request_group_id(frame, 3, 12, offset) is None  # a kind that opens otherwise (Metadata)
+    assert request_group_id(frame, api_key, 999, offset) is None  # a version kproxy does not know
 
 
 # -- malformed bodies ------------------------------------------------------------------------------------
@@ -378,8 +416,6 @@ def _reads(api_key: int, api_version: int, request: RequestScan | None, response
     if api_key == PRODUCE:
         return produce_end_offsets([(topic, p, 4) for topic in ("orders", "payments", T1, T2) for p in (0, 1)],
                                    values_of(response))
-    if api_key in GROUP_REQUESTS:
-        return group_ids(values_of(request))
     return metadata_topic_ids(values_of(response))
 
 

@@ -12,8 +12,8 @@ record touched.
 
 Staleness. A watermark is a reading of the partition: one not seen again within ``stale_after``
 is dropped. A committed offset is the group's state, not a reading: it stays while kproxy keeps
-seeing the group (:meth:`ConsumerLag.group_request`: any request of :data:`GROUP_REQUESTS`; a
-Heartbeat every few seconds while the member lives), so a consumer that stopped consuming but
+seeing the group (:meth:`ConsumerLag.group_request`: any request of :data:`GROUP_REQUESTS`, its
+group id read in place; a Heartbeat every few seconds while the member lives), so a consumer that stopped consuming but
 whose client still heartbeats keeps its growing lag. It goes ``stale_after`` after the later of its
 last commit and the group's last sighting, with one exception: a JoinGroup (a rebalance) ends the
 keeping of the offsets committed before it. After a rebalance every member asks the offsets of the
@@ -44,12 +44,12 @@ from typing import TypeVar
 
 from kproxy.protocol.offsets import (
     FETCH,
-    GROUP_REQUESTS,
     JOIN_GROUP,
     LIST_OFFSETS,
     METADATA,
     OFFSET_COMMIT,
     OFFSET_FETCH,
+    OFFSET_FETCH_GROUPS,
     PRODUCE,
     Commit,
     Produced,
@@ -64,6 +64,7 @@ from kproxy.protocol.offsets import (
     produce_end_offsets,
     values_of,
 )
+from kproxy.protocol.request_fields import request_group_id
 from kproxy.protocol.scan import RequestScan, Topic
 from kproxy.protocol.topic_ids import TopicIdNames
 
@@ -78,9 +79,8 @@ REFRESH_SECONDS = 1.0
 # for the next pass, a second later): a pass stays well under a millisecond whatever the table holds.
 REQUEUE_PER_PASS = 1024
 NEVER = float("-inf")  # a group's rebalance time when kproxy saw none
-# Requests whose scan the tracker needs (read while the request frame is held): for their answer, or
-# for the group they name (GROUP_REQUESTS: read at once) ...
-LAG_REQUESTS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS}) | GROUP_REQUESTS
+# Requests whose scan the tracker needs (read while the request frame is held) ...
+LAG_REQUESTS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS})
 # ... and the answers it reads (Produce's with the request's record counts, ObserverMemo.produced).
 LAG_ANSWERS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA, PRODUCE})
 
@@ -105,6 +105,7 @@ class ConsumerLag:
     def __init__(self, *, stale_after: float = DEFAULT_STALE_AFTER, max_keys: int = MAX_KEYS) -> None:
         self.stale_after = stale_after
         self.max_keys = max_keys
+        self._unchanged_within = min(REFRESH_SECONDS, stale_after)  # a value seen again within this: left as is
         # key -> (offset, seen at, queued at: seen at, or when its group kept it); in queued order.
         self.committed: OrderedDict[tuple[str, TopicKey, int], tuple[int, float, float]] = OrderedDict()
         # key -> (offset, seen at); in the order of their last update (oldest first).
@@ -145,8 +146,23 @@ class ConsumerLag:
         if response is None:
             return
         entries = response[0]
-        marks = produce_end_offsets(produced, entries.values if isinstance(entries, ScanEntries) else None)
+        values = entries.values if type(entries) is ScanEntries else None
         table = self.watermarks
+        if values is not None and len(values) == 1 and len(produced) == 1:
+            # A producer's usual answer, one partition: produce_end_offsets and the loop below, inlined.
+            topic, partition, n = produced[0]
+            item = values[0]
+            if (len(item) != 4 or item[1] != partition or item[2] or type(item[3]) is not int or item[3] < 0
+                    or n <= 0 or item[0] != topic):
+                return
+            offset = item[3] + n
+            key = (topic if type(topic) is str else self._topic(topic), partition)
+            old = table.get(key)
+            if old is not None and offset <= old[0] and now - old[1] < self._unchanged_within:
+                return  # (the same end, seen within a second, or an older one: nothing to do)
+            marks = [(topic, partition, offset)]
+        else:
+            marks = produce_end_offsets(produced, values)
         horizon = now - self.stale_after
         for topic, partition, offset in marks:
             key = (topic if type(topic) is str else self._topic(topic), partition)
@@ -162,21 +178,31 @@ class ConsumerLag:
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
-    def group_request(self, api_key: int, request: RequestScan | None, now: float) -> None:
-        """A request of :data:`GROUP_REQUESTS` (its scan in values mode) was read at ``now``: the groups
+    def group_request(self, api_key: int, api_version: int, frame: bytes, body_offset: int | None,
+                      scan: RequestScan | None, now: float) -> None:
+        """A request of :data:`GROUP_REQUESTS` was read at ``now`` (``frame``, its body at ``body_offset``;
+        ``scan``: the request's scan, for an OffsetFetch v8+, which names several groups): the groups
         it names are there; a JoinGroup's is rebalancing (see the module docstring)."""
-        rebalance = api_key == JOIN_GROUP
+        if api_key == OFFSET_FETCH and api_version >= OFFSET_FETCH_GROUPS:
+            for group in group_ids(values_of(scan)):
+                self.sighted(group, now)
+            return
+        named = request_group_id(frame, api_key, api_version, body_offset)
+        if named is not None:
+            self.sighted(named, now, api_key == JOIN_GROUP)
+
+    def sighted(self, group: str, now: float, rebalance: bool = False) -> None:
+        """``group`` was seen at ``now`` (``rebalance``: a member joining it: see the module docstring)."""
         table = self.groups
-        for group in group_ids(values_of(request)):
-            old = table.get(group)
-            if old is None:
-                if len(table) >= self.max_keys:
-                    table.popitem(last=False)
-                    self.evicted["group"] += 1
-                table[group] = (now, now if rebalance else NEVER)
-            elif rebalance or now - old[0] >= REFRESH_SECONDS:
-                table[group] = (now, now if rebalance else old[1])
-                table.move_to_end(group)
+        old = table.get(group)
+        if old is None:
+            if len(table) >= self.max_keys:
+                table.popitem(last=False)
+                self.evicted["group"] += 1
+            table[group] = (now, now if rebalance else NEVER)
+        elif rebalance or now - old[0] >= REFRESH_SECONDS:
+            table[group] = (now, now if rebalance else old[1])
+            table.move_to_end(group)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 

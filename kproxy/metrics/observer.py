@@ -44,7 +44,8 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "software", "stats", "topic_ids")
+    __slots__ = ("broker", "client_ids", "group_requests", "lag", "lag_answers", "lag_requests", "software", "stats",
+                 "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -54,6 +55,7 @@ class BrokerObserver:
         # Api keys the lag reads (none without it): one set lookup per exchange.
         self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
         self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
+        self.group_requests = GROUP_REQUESTS if lag is not None else frozenset()  # (the group is there)
         # Topic ids are learnt for the topic label; consumer lag learns them from its scan of the same
         # Metadata answers, into the map the label reads then (MetricsObserver shares it).
         self.topic_ids = stats.options.topic_label and lag is None
@@ -68,9 +70,10 @@ class BrokerObserver:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
             scan = exchange.request_scan
-            self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
-                               exchange.client_id if self.client_ids else None, exchange.request,
-                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1], exchange.acks)
+            counted = self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
+                                         exchange.client_id if self.client_ids else None, exchange.request,
+                                         exchange.request_body_offset, _NO_RANGES if scan is None else scan[1],
+                                         exchange.acks)
             if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
                 # Its records per partition, counted while the frame is held: its answer gives the log end
                 # offsets with them. Not when a rule forwarded another frame in its place (its records may
@@ -79,16 +82,18 @@ class BrokerObserver:
                 if ruling is None or not ruling.request_replaced:
                     memo = exchange.memo  # (the scan made it)
                     if memo is not None:
-                        memo.produced = produce_record_counts(exchange.request, scan)
+                        memo.produced = produce_record_counts(exchange.request, scan, counted)
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            scan = None
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
                 # exchange's one scan: a rule on topics that read it first left it there.)
                 scan = exchange.request_scan
-                if exchange.api_key in GROUP_REQUESTS and self.lag is not None:
-                    self.lag.group_request(exchange.api_key, scan, exchange.read_at)
+            if exchange.api_key in self.group_requests and self.lag is not None:
+                self.lag.group_request(exchange.api_key, exchange.api_version, exchange.request,
+                                       exchange.request_body_offset, scan, exchange.read_at)
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response

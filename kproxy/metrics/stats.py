@@ -343,14 +343,17 @@ class TrafficStats:
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None,
-                records: list[RecordsRange] | None = None, acks: int | None = None) -> None:
+                records: list[RecordsRange] | None = None, acks: int | None = None) -> int | None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
         caller knows it, and ``records``, its records ranges, when the caller has scanned it already
         (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
         them, the records are found here. ``client_id`` is given when it is a label (None otherwise):
         its Produce records are then that client's (:mod:`kproxy.metrics.traffic`), its batches
-        counted under ``acks`` (the session's read of them; None: read here if need be)."""
+        counted under ``acks`` (the session's read of them; None: read here if need be).
+
+        Returns the records of the ``records`` ranges given (-1: not all could be counted), None when
+        none were given or counted (consumer lag takes a one-partition Produce's count from here)."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -362,8 +365,10 @@ class TrafficStats:
             if records is None:
                 self._count_records(kind, api_key, api_version, frame, body_offset, client_id)
             elif records:
-                self._counted(kind.api, self.labelled.produce(frame, records, client_id, acks, api_version,
-                                                              body_offset))
+                count = self.labelled.produce(frame, records, client_id, acks, api_version, body_offset)
+                self._counted(kind.api, count)
+                return count
+        return None
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None,

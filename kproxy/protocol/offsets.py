@@ -25,8 +25,10 @@ group committed there. Both cross a proxy:
 
 And whether a group is still there: every request of a group member names its group
 (:data:`GROUP_REQUESTS`: JoinGroup, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch,
-TxnOffsetCommit, KIP-848's ConsumerGroupHeartbeat), read by :func:`group_ids`. LeaveGroup is not
-one of them: the member is going.
+TxnOffsetCommit, KIP-848's ConsumerGroupHeartbeat), read in place
+(:func:`kproxy.protocol.request_fields.request_group_id`), or for an OffsetFetch v8+ naming several
+groups (KIP-709) from its scan (:func:`group_ids`). LeaveGroup is not one of them: the member is
+going.
 
 Topics are named, or from version 10 of OffsetCommit and OffsetFetch, 13 of Fetch and Produce
 (KIP-516) identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
@@ -51,14 +53,13 @@ from kproxy.protocol.schema import Direction
 if TYPE_CHECKING:
     from kproxy.protocol.scan import Entry, RequestScan, Topic
 
-# Requests of a group's members that name it first thing (api keys: 11 JoinGroup, 12 Heartbeat, 14
-# SyncGroup, 28 TxnOffsetCommit, 68 ConsumerGroupHeartbeat; OffsetCommit and OffsetFetch below).
-# LeaveGroup (13) is left out on purpose: a member leaving does not say the group is still consuming.
+# Requests of a group's members, which name it (api keys: 11 JoinGroup, 12 Heartbeat, 14 SyncGroup, 28
+# TxnOffsetCommit, 68 ConsumerGroupHeartbeat; OffsetCommit and OffsetFetch below). LeaveGroup (13) is
+# left out on purpose: a member leaving does not say the group is still consuming.
 JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
-_GROUP_ID = frozenset({"group_id"})
 # The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
 # (untagged) field. Api keys: 0 Produce, 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9
-# OffsetFetch, and the group requests above.
+# OffsetFetch.
 OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
     (0, Direction.RESPONSE): frozenset({"base_offset"}),  # Produce: where the request's records went
     (8, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),  # OffsetCommit
@@ -68,11 +69,9 @@ OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
     (2, Direction.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # ListOffsets (v0: an array)
     (1, Direction.RESPONSE): frozenset({"high_watermark"}),  # Fetch
     (3, Direction.RESPONSE): frozenset({"topic_id"}),  # Metadata v10+: topic id and name (KIP-516)
-    **{(api, Direction.REQUEST): _GROUP_ID for api in (JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT,
-                                                       CONSUMER_GROUP_HEARTBEAT)},
 }
 PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 0, 8, 9, 2, 1, 3
-# Requests that say their group is there (group_ids reads them); JoinGroup also begins a rebalance.
+# Requests that say their group is there; JoinGroup also begins a rebalance.
 GROUP_REQUESTS = frozenset({JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT,
                             OFFSET_COMMIT, OFFSET_FETCH})
 LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at read_uncommitted)
@@ -214,28 +213,35 @@ def metadata_topic_ids(answer: Values | None) -> list[tuple[uuid.UUID, str]]:
 
 
 def group_ids(request: Values | None) -> list[str]:
-    """The groups a request of :data:`GROUP_REQUESTS` names (its values): one, or for an OffsetFetch
-    v8+ each of its groups (KIP-709). A group id is a struct's value, ``(topic, value, code)``."""
+    """The groups an OffsetCommit or OffsetFetch request names (its values): one, or for an
+    OffsetFetch v8+ each of its groups (KIP-709). A group id is a struct's value, ``(topic, value,
+    code)``."""
     return [item[1] for item in request or () if len(item) == 3 and isinstance(item[1], str)]
 
 
-def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestScan | None
-                          ) -> list[Produced] | None:
+def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestScan | None,
+                          total: int | None = None) -> list[Produced] | None:
     """``(topic, partition, records)`` of each partition of a Produce request (``scan``: its shared
     scan, ``frame``: the frame it was made of), from the batch headers of its records ranges:
     a v2 batch's count read in place (what a producer sends per partition), anything else counted
     by :func:`~kproxy.protocol.records.count_records` within one frame's record budget. None when
     the request cannot all be counted, or when its ranges do not pair with its partitions one to one
     (a partition without records: the scan notes no range for it); a partial answer would put a log
-    end offset in the wrong place."""
+    end offset in the wrong place. ``total``: the records of all its ranges when the caller counted
+    them already, the same way (the metrics: -1 when not all could be); a request of one partition
+    is then not read again."""
     if scan is None:
         return None
     entries, ranges = scan
-    if len(ranges) == 1 and len(entries) == 1:  # one partition, one v2 batch: what a producer usually sends
-        span = ranges[0]
-        n = one_batch_count(frame, span[0], span[1])
+    if len(ranges) == 1 and len(entries) == 1:  # one partition: what a producer usually sends
         topic, partition, _ = entries[0]
-        if n is not None and partition is not None:
+        if partition is None:
+            return None
+        if total is not None:
+            return [(topic, partition, total)] if total >= 0 else None
+        span = ranges[0]
+        n = one_batch_count(frame, span[0], span[1])  # one v2 batch, read in place
+        if n is not None:
             return [(topic, partition, n)]
     if not ranges or len(ranges) != len(entries):
         return None
