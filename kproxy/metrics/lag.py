@@ -12,11 +12,12 @@ record touched.
 
 Staleness. A watermark is a reading of the partition: one not seen again within ``stale_after``
 is dropped. A committed offset is the group's state, not a reading: it stays while kproxy keeps
-seeing the group (:meth:`ConsumerLag.group_request`: any request of :data:`GROUP_REQUESTS`, its
-group id read in place; a Heartbeat every few seconds while the member lives), so a consumer that stopped consuming but
-whose client still heartbeats keeps its growing lag. It goes ``stale_after`` after the later of its
-last commit and the group's last sighting, with one exception: a JoinGroup (a rebalance) ends the
-keeping of the offsets committed before it. After a rebalance every member asks the offsets of the
+seeing the group (:meth:`ConsumerLag.group_request`: any request of
+:data:`~kproxy.protocol.offsets.GROUP_REQUESTS`, its group id read in place; a Heartbeat every few
+seconds while the member lives), so a consumer that stopped consuming but whose client still
+heartbeats keeps its growing lag. It goes ``stale_after`` after the later of its last commit and
+the group's last sighting, with one exception: a JoinGroup (a rebalance) ends the keeping of the
+offsets committed before it. After a rebalance every member asks the offsets of the
 partitions it now has (OffsetFetch), which keeps those; a partition now consumed through another
 kproxy (sidecars: one per member) then ages out here instead of showing a lag that only grows.
 A LeaveGroup is no sighting: the offsets of a group whose members all left go after the window.
@@ -180,9 +181,10 @@ class ConsumerLag:
 
     def group_request(self, api_key: int, api_version: int, frame: bytes, body_offset: int | None,
                       scan: RequestScan | None, now: float) -> None:
-        """A request of :data:`GROUP_REQUESTS` was read at ``now`` (``frame``, its body at ``body_offset``;
-        ``scan``: the request's scan, for an OffsetFetch v8+, which names several groups): the groups
-        it names are there; a JoinGroup's is rebalancing (see the module docstring)."""
+        """A request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS` was read at ``now`` (``frame``,
+        its body at ``body_offset``; ``scan``: the request's scan, for an OffsetFetch v8+, which names
+        several groups): the groups it names are there; a JoinGroup's is rebalancing (see the module
+        docstring)."""
         if api_key == OFFSET_FETCH and api_version >= OFFSET_FETCH_GROUPS:
             for group in group_ids(values_of(scan)):
                 self.sighted(group, now)
