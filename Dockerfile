@@ -9,9 +9,11 @@
 #   docker build --build-arg VCS_REF="$(git rev-parse HEAD)" --build-arg SOURCE_URL="$(git remote get-url origin)" -t kproxy:0.1.0 .
 #
 # Stage 1 builds wheels: every dependency's first, from pyproject.toml alone, so a
-# change to kproxy's source reuses that layer; then kproxy's own. Stage 2 installs
-# them from that local wheel directory into a venv, without network access and
-# without compilers, then runs as an unprivileged user. The base image is pinned by
+# change to kproxy's source reuses that layer; then kproxy's own, its hot path
+# compiled by mypyc (setup.py: a C compiler is installed in this stage only, and
+# `kproxy --version` in the image says "compiled"). Stage 2 installs them from that
+# local wheel directory into a venv, without network access and without compilers,
+# then runs as an unprivileged user. The base image is pinned by
 # digest (the tag names it for people); to move to a newer base, replace both
 # digests with the one `docker buildx imagetools inspect python:3.11-slim-trixie` prints.
 
@@ -20,13 +22,20 @@ FROM python:3.11-slim-trixie@sha256:9534e5a8e315485d4061ed659af0fd78a284c015f9b7
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 
+# gcc and the C library's headers for mypyc (the Python headers come with the image); versions held to
+# trixie's compiler and C library, point releases allowed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends "gcc=4:14.*" "libc6-dev=2.41-*" \
+    && rm -rf /var/lib/apt/lists/*
+
 WORKDIR /src
 # Only what the wheels are built from (.dockerignore keeps the rest of the context out).
 COPY pyproject.toml ./
 RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > /tmp/requirements.txt \
     && python -m pip wheel --no-cache-dir --wheel-dir /wheels -r /tmp/requirements.txt
-COPY README.md ./
+COPY README.md setup.py ./
+COPY scripts/native_build.py ./scripts/
 COPY kproxy ./kproxy
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -29,16 +29,20 @@ KPROXY = "kproxy"  # the path name of the default variant (metrics on), which th
 
 @dataclass(frozen=True)
 class Variant:
-    """A kproxy preset: its path name, run_kproxy.py flags, a rule set of bench/_rules.py, capture or not."""
+    """A kproxy preset: its path name, run_kproxy.py flags, a rule set of bench/_rules.py, capture or not,
+    and environment variables of its process (``KPROXY_PURE=1``: the pure-Python build, kproxy/native.py)."""
 
     path: str
     flags: tuple[str, ...] = ()
     rules: str | None = None
     capture: bool = False
+    env: tuple[tuple[str, str], ...] = ()
 
 
 AA = "kproxy A/A copy"
 EVERYTHING = "kproxy everything"
+EVERYTHING_PURE = "kproxy everything, pure"
+_PURE = (("KPROXY_PURE", "1"),)
 VARIANTS = {
     "bare": Variant("kproxy no observer", ("--no-metrics",)),
     "metrics": Variant(KPROXY),
@@ -49,6 +53,10 @@ VARIANTS = {
     # The noise floor: a second process identical to plain kproxy. What it comes out "over" kproxy
     # is what two identical processes differ by in this run; a feature's cost below it is not seen.
     "aa": Variant(AA),
+    # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
+    # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
+    "pure": Variant("kproxy pure", env=_PURE),
+    "allpure": Variant(EVERYTHING_PURE, rules="none-match", capture=True, env=_PURE),
 }
 DEFAULT_VARIANTS = "bare,metrics,rules100,match1,capture,all,aa"
 QUICK_VARIANTS = "bare,metrics,all"
@@ -157,6 +165,6 @@ def variant_hops(stack: contextlib.ExitStack, py: str, upstream: str, keys: list
     for key in keys:
         variant = VARIANTS[key]
         proc, port = stack.enter_context(started(variant_command(py, variant, upstream, workdir, key), variant.path,
-                                                 logs / f"bench-kproxy-{key}{log_suffix}.log"))
+                                                 logs / f"bench-kproxy-{key}{log_suffix}.log", dict(variant.env)))
         hops.append(Hop(variant.path, port, proc))
     return hops

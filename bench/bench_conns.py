@@ -113,7 +113,7 @@ def main() -> int:
         for key in args.variants.split(","):
             v = VARIANTS[key]
             proc, vport = stack.enter_context(started(variant_command(py, v, upstream, workdir, key), v.path,
-                                                      workdir / f"kproxy-{key}.log"))
+                                                      workdir / f"kproxy-{key}.log", dict(v.env)))
             paths.append(Hop(v.path, vport, proc))
         for item in args.tree:
             label, _, tree = item.partition("=")

@@ -19,8 +19,9 @@ shared machine):
 * ``metrics+1 matching rule``: and one rule matching every request with a 0 ms delay
   (the whole decide path; the verdict is empty, nothing is held).
 
-``--tree LABEL=DIR`` runs the same measurement on another checkout (e.g. the
-commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
+``--pure`` runs this tree's pure-Python build too (``KPROXY_PURE=1``: kproxy/native.py), beside
+the compiled one, alternating round by round. ``--tree LABEL=DIR`` runs the same measurement on
+another checkout (e.g. the commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
 child process, alternating with this tree round by round: before and after in
 one run. Prints Markdown tables.
 """
@@ -153,12 +154,13 @@ def _time_pairs(session: Any, request: bytes, response: bytes, pairs: int) -> fl
     """Seconds per request/response pair (one id in flight at a time: ids are free once answered)."""
     receive_client, receive_upstream, report = session.receive_client, session.receive_upstream, session.report
     gc.collect()
-    t0 = time.perf_counter()
+    clock = time.thread_time if os.environ.get("KPROXY_BENCH_CPU_TIME") else time.perf_counter
+    t0 = clock()
     for _ in range(pairs):
         receive_client(request)
         receive_upstream(response)
         report()
-    return (time.perf_counter() - t0) / pairs
+    return (clock() - t0) / pairs
 
 
 def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
@@ -183,8 +185,8 @@ def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
 
 
 # -- driver -------------------------------------------------------------------------------------
-def run_tree(root: Path, pairs: int, offset: int) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": str(root)}
+def run_tree(root: Path, pairs: int, offset: int, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": str(root), **extra_env}
     done = subprocess.run([sys.executable, str(BENCH / "bench_hotpath.py"), "--worker", "--pairs", str(pairs),
                            "--offset", str(offset)], env=env, cwd=root, check=True, capture_output=True, text=True)
     return json.loads(done.stdout)  # type: ignore[no-any-return]
@@ -197,6 +199,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1,000 pairs")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                         help="also measure the kproxy of another checkout, alternating round by round")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time the thread's CPU (time.thread_time), not the wall clock: what a loaded machine's "
+                             "other processes take is not counted (the clock is coarser: use big slices)")
+    parser.add_argument("--pure", action="store_true",
+                        help="also measure this tree's pure-Python build (KPROXY_PURE=1) beside its compiled one")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -204,32 +211,37 @@ def main() -> int:
         print(json.dumps(worker(args.pairs, args.offset)))
         return 0
     rounds, pairs = (2, 1000) if args.quick else (args.rounds, args.pairs)
-    trees = [("this tree", BENCH.parent)] + [
-        (label, Path(d).resolve()) for label, _, d in (t.partition("=") for t in args.tree)]
-    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _ in trees}
+    if args.cpu_time:
+        os.environ["KPROXY_BENCH_CPU_TIME"] = "1"  # read by each tree's worker process
+    trees: list[tuple[str, Path, dict[str, str]]] = [("this tree", BENCH.parent, {})]
+    if args.pure:
+        trees.append(("this tree, pure", BENCH.parent, {"KPROXY_PURE": "1"}))
+    trees += [(label, Path(d).resolve(), {}) for label, _, d in (t.partition("=") for t in args.tree)]
+    results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _, _ in trees}
     for r in range(rounds):
-        for label, root in trees[r % len(trees):] + trees[:r % len(trees)]:
-            results[label].append(run_tree(root, pairs, r))
+        for label, root, extra_env in trees[r % len(trees):] + trees[:r % len(trees)]:
+            results[label].append(run_tree(root, pairs, r, extra_env))
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]
     from _util import machine_line, table
 
     print(f"### Per-exchange cost, in process ({machine_line()})\n")
-    print(f"µs per request/response pair through a Session (receive_client + receive_upstream + report), best of "
+    timed = "CPU µs of the thread" if args.cpu_time else "µs"
+    print(f"{timed} per request/response pair through a Session (receive_client + receive_upstream + report), best of "
           f"3 slices of {pairs:,} pairs, median of {rounds} rounds; '/ none' = ratio to no observer and no rules "
           "in the same round and tree.\n")
     rows = []
     for workload in WORKLOADS:
         for variant in VARIANTS:
             row = [workload, variant]
-            for label, _ in trees:
+            for label, _, _ in trees:
                 runs = results[label]
                 us = statistics.median(run[workload][variant] for run in runs)
                 ratio = statistics.median(run[workload][variant] / run[workload]["none"] for run in runs)
                 row += [f"{us:.2f}", f"{ratio:.2f}x"]
             rows.append(row)
-    print(table(["workload", "variant", *[h for label, _ in trees for h in (f"µs {label}", f"/ none {label}")]],
+    print(table(["workload", "variant", *[h for label, _, _ in trees for h in (f"µs {label}", f"/ none {label}")]],
                 rows))
     return 0
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from kproxy import __version__
+from kproxy import __version__, native
 from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
 from kproxy.protocol.tables import api_key as api_key_by_name
 from kproxy.subcommands.decode import DecodeOptions, decode_input
@@ -66,11 +66,25 @@ class _RunHelpFormatter(argparse.RawDescriptionHelpFormatter):
         return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
 
 
+def version_text() -> str:
+    """What ``kproxy --version`` prints: the version, then which build runs (kproxy/native.py)."""
+    return f"kproxy {__version__}\nbuild: {native.BUILD.describe()}\n"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: :func:`version_text` as it is (argparse's own would rewrap it), then exit 0."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        sys.stdout.write(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``kproxy`` parser with every subcommand registered."""
     parser: argparse.ArgumentParser = SuggestingParser(
         prog="kproxy", description="A Kafka-protocol-aware proxy and its tools.")
-    parser.add_argument("--version", action="version", version=f"kproxy {__version__}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0, help="show the version and the build, and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in _SUBCOMMANDS:
         add(subparsers)

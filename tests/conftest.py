@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kproxy import native
 from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
@@ -56,6 +57,34 @@ SLOW_TESTS = frozenset({
     "test_metrics_traffic.py::test_100000_topics_client_ids_and_software_names_leave_metrics_under_1_mb",
 })
 SLOW_FIXTURES = frozenset({"spark", "captured_run"})
+# The pure pass: scripts/test runs the whole suite on the compiled build (pyproject.toml
+# [tool.kproxy.native], kproxy/native.py), then these modules again with KPROXY_PURE=1: the tests of
+# the code that is compiled (the session, the codec, the metrics' counting, the rules), so that the
+# pure Python, which is the same code, stays right too. Marked ``pure_pass``, with every test marked
+# ``pure_only`` (it patches a function inside a compiled module, which compiled callers never look up
+# again: skipped on the compiled build, run in the pure pass).
+PURE_PASS_MODULES = frozenset({
+    "test_session.py",
+    "test_connection_failures.py",
+    "test_facts_exchange.py",
+    "test_scan_shared.py",
+    "test_framing.py",
+    "test_wire.py",
+    "test_codec_golden.py",
+    "test_codec_malformed.py",
+    "test_rewrite_memo.py",
+    "test_rewrite_big_bodies.py",
+    "test_metrics_counting.py",
+    "test_metrics_kinds.py",
+    "test_metrics_memo.py",
+    "test_lag_metrics.py",
+    "test_capture_observer.py",
+    "test_rules_session.py",
+    "test_rules_engine.py",
+    "test_rules_apply.py",
+    "test_rules_actions.py",
+    "test_native.py",
+})
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
 BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
 
@@ -72,6 +101,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         test = f"{module}::{getattr(item, 'originalname', item.name)}"
         if module in SLOW_MODULES or test in SLOW_TESTS or fixtures & SLOW_FIXTURES:
             item.add_marker(pytest.mark.slow)
+        pure_only = item.get_closest_marker("pure_only") is not None
+        if module in PURE_PASS_MODULES or pure_only:
+            item.add_marker(pytest.mark.pure_pass)
+        if pure_only and native.BUILD.compiled:
+            item.add_marker(pytest.mark.skip(reason="patches a function of a compiled module: runs in the pure "
+                                                    "pass (KPROXY_PURE=1, scripts/test)"))
 
 
 @pytest.fixture(scope="session")

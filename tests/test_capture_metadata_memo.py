@@ -42,23 +42,25 @@ def _metadata(h: Harness, cid: int, answer: bytes) -> dict[str, Any]:
     return h.exchange(request_frame(METADATA, 12, cid, topics=None), answer)
 
 
-def _reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the builder's full reads of response frames."""
+def _reads(monkeypatch: pytest.MonkeyPatch, h: Harness) -> list[int]:
+    """Counts the builder's full reads of Metadata response frames: each begins with its topic ids
+    learnt (the builder's TopicIdNames, an interpreted object in every build: patched on the instance)."""
     calls: list[int] = []
-    original = RecordBuilder._read_response
+    topics = h.builder.topics
+    original = topics.learn_metadata
 
-    def counted(self: RecordBuilder, kind: Any, response: bytes, offset: int, budget: Any) -> Any:
-        calls.append(kind.api_key)
-        return original(self, kind, response, offset, budget)
+    def counted(response: bytes, api_version: int, body_offset: int = 0) -> int | None:
+        calls.append(METADATA)
+        return original(response, api_version, body_offset)
 
-    monkeypatch.setattr(RecordBuilder, "_read_response", counted)
+    monkeypatch.setattr(topics, "learn_metadata", counted)
     return calls
 
 
 def test_a_repeated_big_metadata_answer_is_read_once_and_each_record_is_its_own(monkeypatch: pytest.MonkeyPatch
                                                                                 ) -> None:
-    reads = _reads(monkeypatch)
     h = Harness()
+    reads = _reads(monkeypatch, h)
     ids = _ids(40)
     records = [_metadata(h, cid, _answer(cid, ids, failing=7)) for cid in (1, 2, 3)]
     assert reads.count(METADATA) == 1
@@ -106,17 +108,17 @@ def test_a_first_read_of_a_huge_answer_lets_the_event_loop_in_sooner(monkeypatch
     after, the read failing too."""
     seen: list[float] = []
     fail: list[bool] = []
-    original = RecordBuilder._read_response
+    h = Harness()
+    original = h.builder.topics.learn_metadata  # the read's first step (see _reads)
 
-    def spied(self: RecordBuilder, kind: Any, response: bytes, offset: int, budget: Any) -> Any:
+    def spied(response: bytes, api_version: int, body_offset: int = 0) -> int | None:
         seen.append(sys.getswitchinterval())
         if fail:
-            raise DecodeError("unreadable answer", offset=offset)
-        return original(self, kind, response, offset, budget)
+            raise DecodeError("unreadable answer", offset=body_offset)
+        return original(response, api_version, body_offset)
 
-    monkeypatch.setattr(RecordBuilder, "_read_response", spied)
+    monkeypatch.setattr(h.builder.topics, "learn_metadata", spied)
     before = sys.getswitchinterval()
-    h = Harness()
     ids = _ids(400)  # 400 x 8 partitions: above BIG_READ_BYTES
     answer = _answer(1, ids, failing=3)
     assert len(answer) >= BIG_READ_BYTES

@@ -325,3 +325,48 @@ def test_rule_decisions_go_into_the_record_and_held_time_is_not_kproxy_latency()
         {"rule": "watch", "action": "close_connection", "detail": "dry run: nothing done", "dry_run": True}]
     assert rec["broker_latency_ms"] == pytest.approx(2.0)
     assert rec["kproxy_latency_ms"] == pytest.approx(0.1, abs=1e-6)
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 11, 13])
+def test_the_writer_takes_a_produce_from_the_sessions_scan_and_reads_the_same(version: int,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # A producer's usual Produce (one partition, one v2 batch): its record is built from the scan the
+    # session made once for the metrics and the rules (Exchange.request_scan), never by scanning the frame
+    # again on the writer thread (the small ones) or on the loop (the big ones read early); the same record
+    # a full read of the frame gives.
+    def produce(correlation_id: int, batch: bytes) -> bytes:
+        body = request_body(PRODUCE, version, transactional_id="tx-1" if version >= 3 else None, acks=-1,
+                            timeout_ms=1500, topic_data=[{"name": "orders", "topic_id": TOPIC_ID,
+                                                          "partition_data": [{"index": 2, "records": batch}]}])
+        header = RequestHeader(PRODUCE, version, correlation_id, "shop", 2 if version >= 9 else 1, {})
+        return frame(encode_request(header, body))
+
+    def answer(correlation_id: int) -> bytes:
+        return response_frame(PRODUCE, version, correlation_id, responses=[
+            {"name": "orders", "topic_id": TOPIC_ID, "partition_responses": [{"index": 2, "error_code": 0}]}])
+
+    small, big = _batch(3), encode_batch_v2([Record(offset=i, timestamp=i, key=None, value=b"x" * 1000)
+                                             for i in range(40)])
+    full = Harness(early=False)  # the frames held for the writer, and read by it in full (no scan given)
+    for correlation_id, batch in ((1, small), (2, big)):
+        full.exchange(produce(correlation_id, batch), answer(correlation_id))
+    full_records = [as_dict(full.builder.row((*item[:17], None))) for item in full.items]
+    shared = Harness()
+    reads: list[int] = []
+    real = RecordBuilder._request_part
+
+    def counted(self: RecordBuilder, kind: Any, request: bytes, *, early: bool = False) -> Any:
+        reads.append(len(request))
+        return real(self, kind, request, early=early)
+
+    monkeypatch.setattr(RecordBuilder, "_request_part", counted)
+    for correlation_id, batch in ((1, small), (2, big)):
+        shared.exchange(produce(correlation_id, batch), answer(correlation_id))
+    assert reads == []  # neither frame was scanned again
+    assert shared.items[0][17] is not None and type(shared.items[1][3]) is EarlyRead
+    timeless = [{k: v for k, v in r.items() if not k.endswith(("_time", "_latency_ms"))} for r in shared.records]
+    assert timeless == [{k: v for k, v in r.items() if not k.endswith(("_time", "_latency_ms"))}
+                        for r in full_records]
+    assert [(p["partition"], p["record_count"]) for r in shared.records for p in r["partitions"]] == [(2, 3), (2, 40)]
+    assert shared.records[0]["transactional_id"] == ("tx-1" if version >= 3 else None)
+    assert shared.records[0]["acks"] == -1 and shared.records[0]["client_id"] == "shop"

@@ -13,7 +13,6 @@ import contextlib
 import os
 import socket
 import struct
-import time
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,9 +25,8 @@ from kproxy.config import Limits
 from kproxy.host_port import HostPort
 from kproxy.protocol import FrameSplitter, frame
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
-from kproxy.proxy.commands import Command, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Session
+from kproxy.proxy.session import Session, Verdict
 from kproxy.server.connection import Connection
 from kproxy.server.proxy import ProxyServer
 from kproxy.testing import proxy_config, running_server
@@ -541,30 +539,20 @@ async def test_drain_between_read_and_forward_with_requests_in_flight_does_not_s
 
 
 # -- the session's wake-up requests --------------------------------------------------------------------
-class HoldingSession(Session):
-    """Holds each batch of answers until the time it asks for: what a response delay will do."""
+class _Delayed:
+    """A policy that holds every answer ``hold`` seconds after it came: what a response delay rule does."""
 
     hold = 5.0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.held: list[Command] = []
-
-    def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
-        commands = super().receive_upstream(chunk)
-        self.held += [c for c in commands if isinstance(c, SendToClient)]
-        rest = [c for c in commands if not isinstance(c, SendToClient)]
-        return [WakeAt(time.perf_counter() + self.hold), *rest] if self.held else rest
-
-    def on_timer(self, now: float) -> list[Command]:
-        held, self.held = self.held, []
-        return held
+    def decide(self, exchange: Any) -> Verdict:
+        return Verdict(response_delay_s=self.hold)
 
 
 async def test_a_wake_up_the_session_asks_for_is_kept(autojump_clock: trio.testing.MockClock) -> None:
     limits = Limits()
-    session = HoldingSession(ResponseRewriter(AddressMap("kproxy.test", 40000)),
-                             max_frame_size=limits.max_frame_size)
+    # The session's clock is trio's (here, the mock one): the connection converts its wake-up times.
+    session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_frame_size=limits.max_frame_size,
+                      clock=trio.current_time, policy=_Delayed())
 
     async def no_listeners(routes: Any) -> None:
         pass
@@ -580,7 +568,7 @@ async def test_a_wake_up_the_session_asks_for_is_kept(autojump_clock: trio.testi
         start = trio.current_time()
         await upstream.send_all(opaque_answer(1))
         assert await client.receive_some() == opaque_answer(1)
-        assert trio.current_time() - start == pytest.approx(HoldingSession.hold, abs=0.05)
+        assert trio.current_time() - start == pytest.approx(_Delayed.hold, abs=0.05)
         await client.aclose()
     assert conn.close_reason == "client closed"
 

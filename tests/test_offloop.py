@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.capture.records import BIG_READ_BYTES, RecordBuilder
+from kproxy.capture.records import BIG_READ_BYTES
 from kproxy.offloop import SHORT_SWITCH_INTERVAL, off_loop_build, short_switch_interval
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from tests.test_capture_observer import Harness
@@ -85,15 +85,17 @@ def test_a_huge_capture_read_and_a_rule_build_overlapping_leave_the_interval_the
     still runs with the short interval once the read is done, and the 5 ms found at first is what
     stays after both."""
     reading, finish_read = threading.Event(), threading.Event()
-    original = RecordBuilder._read_response
+    h = Harness()
+    # The read's first step: its topic ids learnt (the builder's TopicIdNames, an interpreted object in
+    # every build: patched on the instance).
+    original = h.builder.topics.learn_metadata
 
-    def slow(self: RecordBuilder, *args: Any) -> Any:
+    def slow(*args: Any) -> Any:
         reading.set()
         assert finish_read.wait(10)
-        return original(self, *args)
+        return original(*args)
 
-    monkeypatch.setattr(RecordBuilder, "_read_response", slow)
-    h = Harness()
+    monkeypatch.setattr(h.builder.topics, "learn_metadata", slow)
     answer = _huge_metadata_answer()
     rows: list[dict[str, Any]] = []
     writer = _in_thread(lambda: rows.append(h.exchange(request_frame(METADATA, 12, 1, topics=None), answer)))

@@ -4,6 +4,7 @@ for a body that differs, and still rewritten every time."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 
@@ -35,15 +36,28 @@ def big_metadata(host: str, port: int, version: int = 1, topics: int = 40, corre
 
 @pytest.fixture
 def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the whole-body walks (kproxy.proxy.rewrite._check_whole), which still run."""
+    """Counts the whole-body walks (kproxy.proxy.rewrite._check_whole), which still run: each takes the
+    response's codec from kproxy.protocol.messages (interpreted, looked up by name on every call in
+    both builds, where _check_whole itself is called directly by compiled code) and walks the body with
+    its ``skip``."""
     seen: list[int] = []
-    real = rewrite._check_whole
+    real = rewrite.codec
 
-    def counting(api_key: int, api_version: int, frame: bytes, body_offset: int) -> None:
-        seen.append(len(frame))
-        real(api_key, api_version, frame, body_offset)
+    def counting(api_key: int, api_version: int, direction: Direction) -> Any:
+        c = real(api_key, api_version, direction)
+        assert c is not None
 
-    monkeypatch.setattr(rewrite, "_check_whole", counting)
+        class Walked:
+            schema = c.schema
+
+            @staticmethod
+            def skip(frame: bytes, body_offset: int) -> int:
+                seen.append(len(frame))
+                return c.skip(frame, body_offset)  # type: ignore[no-any-return]
+
+        return Walked
+
+    monkeypatch.setattr(rewrite, "codec", counting)
     return seen
 
 

@@ -86,6 +86,7 @@ def produce_answer(version: int, correlation_id: int) -> bytes:
         {"name": "orders", "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 7}]}])
 
 
+@pytest.mark.pure_only  # counts calls of kproxy.protocol.scan.scan_request, which compiled callers make directly
 @pytest.mark.parametrize("version", [3, 7, 9, 11])
 def test_a_produce_is_scanned_once_for_the_rules_and_the_metrics(version: int,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -376,18 +377,23 @@ def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
 
 
 def test_the_topics_of_a_big_produce_are_read_without_copying_the_frame() -> None:
-    # Frames of LARGE_FRAME bytes and more leave the framing as bytearrays (kproxy/protocol/framing.py);
-    # a rule on topics scans such a frame where it lies, never through a copy to bytes.
-    big = bytearray(produce(7, 1, records=encode_batch_v2([
-        Record(offset=0, timestamp=0, key=None, value=b"v" * (2 << 20), headers=[])])))
-    exchange = Exchange(1, PRODUCE, 7, len(big), 0.0, 0.0, big)  # type: ignore[arg-type]
-    facts = FrameFacts(big, exchange)  # type: ignore[arg-type]
+    # A rule on topics scans a big frame where it lies (the session's bytes), never through a copy; so
+    # does scan_request a bytearray (a TLS stream's reads), without the copy to bytes another buffer gets.
+    big = produce(7, 1, records=encode_batch_v2([
+        Record(offset=0, timestamp=0, key=None, value=b"v" * (2 << 20), headers=[])]))
+    exchange = Exchange(1, PRODUCE, 7, len(big), 0.0, 0.0, big)
+    facts = FrameFacts(big, exchange)
+    offset = exchange.request_body_offset
+    assert offset is not None
+    as_bytearray = bytearray(big)
     tracemalloc.start()
     try:
         assert dict(facts.topics()) == {"orders": frozenset({0})}
+        found = scan_request(PRODUCE, 7, as_bytearray, offset)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
+    assert found is not None and found[0] == [("orders", 0, None)]
     assert peak < 64 * 1024
 
 

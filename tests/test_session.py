@@ -9,7 +9,9 @@ command API itself is checked as such at the end (zero copy, close kinds, the po
 from __future__ import annotations
 
 import contextlib
+import gc
 import struct
+import tracemalloc
 import uuid
 from typing import Any
 
@@ -57,24 +59,28 @@ class Recorder:
         self.done.append(exchange)
 
 
-class FrameByFrame(Session):
+class FrameByFrame:
     """A real :class:`Session` driven one whole frame per chunk, keeping what its commands asked.
 
     ``on_client_frame`` returns the bytes forwarded upstream (None: nothing was);
     responses due to the client collect until ``take_ready``; a ``CloseConnection``
-    raises :class:`SessionError` carrying its reason.
+    raises :class:`SessionError` carrying its reason. Everything else is the session's own
+    (read through; a wrapper, not a subclass: the compiled build's Session is final).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        self.session = Session(*args, **kwargs)
         self.to_client: list[bytes] = []
         self.routes: list[BrokerRoute] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.session, name)
+
     def on_client_frame(self, frame_: bytes, read_at: float | None = None) -> bytes | None:
-        return self._run(self.receive_client(frame_, read_at))
+        return self._run(self.session.receive_client(frame_, read_at))
 
     def on_upstream_frame(self, frame_: bytes) -> None:
-        assert self._run(self.receive_upstream(frame_)) is None
+        assert self._run(self.session.receive_upstream(frame_)) is None
 
     def _run(self, commands: list[Command]) -> bytes | None:
         forwarded = None
@@ -1070,3 +1076,28 @@ def test_what_a_policy_writes_lands_on_the_exchanges_parts() -> None:
     [ex] = done
     assert ex.client_id == "known"
     assert ex.ruling is not None and ex.rule_decisions == (decision,) and ex.held is None
+
+
+def test_an_idle_session_holds_no_queue_buffers() -> None:
+    # Thousands of connections sit idle between requests: what a session keeps once its requests are
+    # answered is per connection. Its queues are lists (and the acks=0 one is made at the first acks=0
+    # Produce), not deques, each of which keeps a block of 64 slots once made (~1.9 KB for the three: a
+    # session was 3.7 KB before, 2.9 KB now as pure Python, 1.5 KB compiled).
+    rewriter = ResponseRewriter(AddressMap(ADVERTISED, BASE))
+    request, answer = heartbeat(1)
+    kept = []
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(200):
+            s = Session(rewriter)
+            s.receive_client(request)
+            s.receive_upstream(answer)
+            kept.append(s)
+        gc.collect()
+        per_session = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert all(s.in_flight_count == 0 for s in kept)
+    assert per_session < 3500, per_session

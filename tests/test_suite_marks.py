@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SLOW_FIXTURES, SLOW_MODULES, SLOW_TESTS, TESTS
+from tests.conftest import PURE_PASS_MODULES, SLOW_FIXTURES, SLOW_MODULES, SLOW_TESTS, TESTS
 
 
 def test_every_slow_module_and_test_exists() -> None:
@@ -18,6 +18,11 @@ def test_every_slow_module_and_test_exists() -> None:
         path = TESTS / module
         assert path.is_file(), f"tests/conftest.py SLOW_TESTS: no module {module}"
         assert f"def {name}(" in path.read_text(), f"tests/conftest.py SLOW_TESTS: no test {name} in {module}"
+
+
+def test_every_module_of_the_pure_pass_exists() -> None:
+    missing = [m for m in PURE_PASS_MODULES if not (TESTS / m).is_file()]
+    assert not missing, f"tests/conftest.py PURE_PASS_MODULES names modules that do not exist: {missing}"
 
 
 def test_slow_fixtures_are_fixtures_of_the_suite() -> None:

@@ -31,6 +31,7 @@ from typing import Protocol
 
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
 from kproxy.host_port import split_host_port
+from kproxy.protocol.scan import RequestScan
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange, SessionObserver
 
@@ -83,17 +84,25 @@ class CaptureObserver:
         # One offset for every connection of a process (CaptureService's) keeps the order of
         # requests across connections in the capture that of the proxy's clock.
         self._clock_offset = time.time() - time.perf_counter() if clock_offset is None else clock_offset
-        self._pending: dict[int, tuple[Exchange, bytes | EarlyRead]] = {}  # id -> (exchange, its request)
+        # id -> (exchange, its request, its scan: a Produce's, as the session shared it)
+        self._pending: dict[int, tuple[Exchange, bytes | EarlyRead, RequestScan | None]] = {}
         self.identity = identity  # may be given after, once the session exists
 
     # -- SessionObserver --------------------------------------------------------------
     def request(self, exchange: Exchange) -> None:
         # The session lets go of the request frame once this returns; the writer still needs it.
         frame = exchange.request
-        if exchange.api_key == PRODUCE and len(frame) >= EARLY_READ_BYTES and self.reader is not None:
-            self._pending[id(exchange)] = (exchange, self.reader.early_request(PRODUCE, exchange.api_version, frame))
+        if exchange.api_key != PRODUCE:
+            self._pending[id(exchange)] = (exchange, frame, None)
+            return
+        # The session's scan of the request (the metrics and the rules read the same one): the writer
+        # takes its topic, partition and records range from it rather than scanning the frame again.
+        scan = exchange.request_scan
+        if len(frame) >= EARLY_READ_BYTES and self.reader is not None:
+            self._pending[id(exchange)] = (exchange, self.reader.early_request(PRODUCE, exchange.api_version, frame,
+                                                                              scan), None)
         else:
-            self._pending[id(exchange)] = (exchange, frame)
+            self._pending[id(exchange)] = (exchange, frame, scan)
 
     @property
     def principal(self) -> str | None:
@@ -104,7 +113,10 @@ class CaptureObserver:
     def complete(self, exchange: Exchange) -> None:
         ex = exchange
         pending = self._pending.pop(id(ex), None)
-        request = b"" if pending is None else pending[1]
+        request: bytes | EarlyRead = b""
+        scan: RequestScan | None = None
+        if pending is not None:
+            _, request, scan = pending
         frame = ex.response
         memo = ex.memo
         body_offset = 0 if memo is None else memo.response_body_offset  # Exchange.response_body_offset, inlined
@@ -120,16 +132,16 @@ class CaptureObserver:
         principal = self.conn.principal if identity is None else identity.principal
         self.sink((self.conn, self._clock_offset, principal, request, response,
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
-                   ex.received_at, ex.completed_at, ex.local, body_offset, ex.held, ex.rule_decisions), held)
+                   ex.received_at, ex.completed_at, ex.local, body_offset, ex.held, ex.rule_decisions, scan), held)
 
     def close(self) -> None:
         """The connection ended: requests still unanswered are offered without a response (a
         response held back, by a delay rule say, never reached the client: none either)."""
         pending, self._pending = self._pending, {}
-        for ex, request in pending.values():
+        for ex, request, scan in pending.values():
             self.sink((self.conn, self._clock_offset, self.principal, request, None, ex.api_key, ex.api_version,
                        ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0,
-                       None, ex.rule_decisions),
+                       None, ex.rule_decisions, scan),
                       _held(request))
 
 

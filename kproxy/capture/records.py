@@ -63,9 +63,9 @@ from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.offsets import ScanEntries
-from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches
+from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
 from kproxy.protocol.request_fields import request_client_id
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, scanner
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.topic_ids import TopicIdNames
@@ -102,6 +102,8 @@ _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 #   13 local        kproxy answered itself
 #   14 response_body_offset  where the response body starts (0: not computed)
 #   15 held  16 rule_decisions  Exchange.held (seconds rules held the response, owner) or None; its decisions
+#   17 request_scan  a Produce request's scan as the session shared it (Exchange.request_scan: the
+#                   metrics and the rules read the same), or None: the writer reads the frame itself
 Captured = tuple[Any, ...]
 
 
@@ -231,14 +233,18 @@ class RecordBuilder:
 
     def row(self, item: Captured) -> tuple[Any, ...]:
         (conn, wall, principal, request, response, api_key, api_version, correlation_id, request_size,
-         read_at, forwarded_at, received_at, completed_at, local, response_offset, held, decisions) = item
+         read_at, forwarded_at, received_at, completed_at, local, response_offset, held, decisions,
+         request_scan) = item
         kind = self._kinds.get((api_key << 16) | (api_version & 0xFFFF))
         if kind is None:
             kind = self._kind(api_key, api_version)
         payloads = None
         req: dict[str, Any] = {}
         entries: tuple[_Entry, ...] = ()
-        if type(request) is EarlyRead:
+        shared = None if request_scan is None else self._from_scan(kind, request, request_scan)
+        if shared is not None:
+            entries, req = shared
+        elif type(request) is EarlyRead:
             entries, req, payloads = request.entries, request.facts, request.payloads
         elif request:
             key = (kind.id, request[12:]) if kind.cached and len(request) <= CACHE_FRAME else None
@@ -343,9 +349,40 @@ class RecordBuilder:
         return kind
 
     # -- reading one frame (the writer thread, or the event loop for big frames: EarlyRead) ------
-    def early_request(self, api_key: int, api_version: int, frame: bytes) -> EarlyRead:
-        """What a record needs of a big request frame, read now so that the frame is not held."""
-        entries, req, payloads = self._request_part(self._kind(api_key, api_version), frame, early=True)
+    def _from_scan(self, kind: _Kind, frame: Any, scan: RequestScan
+                   ) -> tuple[tuple[_Entry, ...], dict[str, Any]] | None:
+        """What :meth:`_request_part` reads of a Produce request, from the scan the session shared
+        (:attr:`kproxy.proxy.exchange.Exchange.request_scan`) instead of a scan of its own: the
+        usual Produce, one partition whose records are one v2 batch (its count read in its header).
+        None for any other shape, or with payloads kept: the frame is read in full then."""
+        found, ranges = scan
+        if len(found) != 1 or len(ranges) > 1 or kind.payloads or type(frame) is not bytes:
+            return None
+        topic, partition, _ = found[0]
+        count = size = 0
+        if ranges:
+            start, end, _ = ranges[0]
+            counted = one_batch_count(frame, start, end)
+            if counted is None:
+                return None
+            count, size = counted, end - start
+        body = request_body_offset(frame, kind.api_key, kind.api_version)
+        if body is None:
+            return None
+        req: dict[str, Any] = {}
+        req["transactional_id"], req["acks"] = _produce_head(frame, body, kind.api_version)
+        req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
+        return ((topic, partition, None, count, size),), req
+
+    def early_request(self, api_key: int, api_version: int, frame: bytes, scan: RequestScan | None = None
+                      ) -> EarlyRead:
+        """What a record needs of a big request frame, read now so that the frame is not held (from
+        ``scan``, the session's scan of it, when it has the usual shape: see :meth:`_from_scan`)."""
+        kind = self._kind(api_key, api_version)
+        shared = None if scan is None else self._from_scan(kind, frame, scan)
+        if shared is not None:
+            return EarlyRead(shared[0], shared[1], None, len(frame))
+        entries, req, payloads = self._request_part(kind, frame, early=True)
         return EarlyRead(entries, req, payloads, len(frame))
 
     def early_response(self, api_key: int, api_version: int, frame: bytes, offset: int) -> EarlyRead:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 from kproxy.metrics.client_software import ClientSoftware
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
@@ -10,7 +12,7 @@ from kproxy.protocol.scan import RecordsRange
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
 from kproxy.proxy.session import Exchange
 
-_NO_RANGES: list[RecordsRange] = []  # never added to
+_NO_RANGES: Final[list[RecordsRange]] = []  # never added to
 
 
 class MetricsObserver:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
@@ -53,32 +53,33 @@ from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_
 from kproxy.proxy.commands import RejectReason
 
 UNKNOWN_API = "unknown"
-_MISSING = object()
+_MISSING: Final = object()
 # The node_id label of series for connections through the bootstrap listener (and of configured bootstrap
 # servers in kproxy_upstream_up): a word, not -1, so that a query or a panel legend reads as what it is.
 BOOTSTRAP_NODE = "bootstrap"
 KNOWN_REJECT_REASONS = tuple(reason.value for reason in RejectReason)  # every value of the reason label
 # Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
-PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
+PRODUCE: Final = int(ApiKey.PRODUCE)
+FETCH: Final = int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
 ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 __all__ = ["RECORD_COUNT_BUDGET"]  # (kproxy.metrics.traffic's, where records are counted)
 
 
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
-_ERROR_RANK: dict[int, int] = {}
+_ERROR_RANK: Final[dict[int, int]] = {}
 # Responses that brokers repeat byte for byte between cluster changes (the proxy's rewrite memo,
 # kproxy/proxy/rewrite.py, relies on the same): their error scan is remembered per body, so a
 # client polling Metadata or sending heartbeats costs one hash of the body instead of a scan (no hash
 # at all for the answers the proxy rewrites: see TrafficStats.response's ``body``). ApiVersions is one:
 # every connection opens with it, and its scan (~1 µs) costs more than a memo hit.
 # Produce and Fetch answers carry offsets and records: never the same twice, never remembered.
-REPEATING_ANSWERS = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.HEARTBEAT,
+REPEATING_ANSWERS: Final = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.HEARTBEAT,
                                                ApiKey.DESCRIBE_CLUSTER, ApiKey.API_VERSIONS))
-SCAN_MEMO_BODY_MAX = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
-SCAN_MEMO_BYTES = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
+SCAN_MEMO_BODY_MAX: Final = 64 * 1024  # bodies up to this are remembered as they are; bigger ones by hash
+SCAN_MEMO_BYTES: Final = 256 * 1024  # memo size per kind at most (a hash entry counts 1 KiB); then it starts afresh
 _ScanResult = tuple[list[Entry], list[RecordsRange]] | None
-_NO_RANGES: list[RecordsRange] = []  # a Produce answer has no records (never added to)
+_NO_RANGES: Final[list[RecordsRange]] = []  # a Produce answer has no records (never added to)
 
 
 def kind_key(api_key: int, api_version: int) -> int:

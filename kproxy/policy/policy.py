@@ -24,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Final, Protocol
 
 from kproxy.logfmt import q
 from kproxy.metrics.fault_stats import FaultStats
@@ -112,8 +112,8 @@ class _Delays:
 
 # (kind, the decision of every request when it is fixed, that decision worked out when it is delays alone)
 _Gate = tuple[int, Decision | None, _Delays | None]
-_GATES_CAP = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
-_NO_CLIENT: object = object()  # RulePolicy._admitted_for before any client id was read
+_GATES_CAP: Final = 1024  # api keys remembered per connection: a client cycling made-up api keys is read afresh
+_NO_CLIENT: Final[object] = object()  # RulePolicy._admitted_for before any client id was read
 
 
 def _open(injector: FaultInjector, decision: Decision | None, wire: WireOrders) -> _Gate:

@@ -9,20 +9,20 @@ and sending nothing more costs kproxy nothing.
 from __future__ import annotations
 
 import struct
-from typing import Any, overload
+from typing import Any, Final, overload
 
 from kproxy.protocol.errors import FrameSizeError
 
-DEFAULT_MAX_FRAME_SIZE = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
-SIZE_PREFIX = struct.Struct(">i")
+DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
+SIZE_PREFIX: Final = struct.Struct(">i")
 # A frame as the pieces of the chunks that brought it, in order (FrameSplitter.split with join=False).
 Spanned = list[bytes | bytearray | memoryview]
 # Pieces smaller than this are copied into one buffer rather than held each as an object of its own:
 # a peer trickling a byte per read must not cost ~35 bytes of object per byte it sent.
-COALESCE_BELOW = 16 * 1024
+COALESCE_BELOW: Final = 16 * 1024
 # split(join=False) joins frames smaller than this all the same: copying a few KB costs less than the
 # vectored write of their pieces would save.
-SPANNED_MIN = 64 * 1024
+SPANNED_MIN: Final = 64 * 1024
 
 
 def check_frame_size(size: int, max_frame_size: int, *, offset: int | None = None) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
@@ -28,17 +28,17 @@ from kproxy.protocol.tables import ApiKey
 from kproxy.protocol.wire import Malformed, read_uvarint, skip_tagged_fields, write_uvarint
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: tables.py).
-API_VERSIONS_KEY = int(ApiKey.API_VERSIONS)
-CONTROLLED_SHUTDOWN_KEY = int(ApiKey.CONTROLLED_SHUTDOWN)
+API_VERSIONS_KEY: Final = int(ApiKey.API_VERSIONS)
+CONTROLLED_SHUTDOWN_KEY: Final = int(ApiKey.CONTROLLED_SHUTDOWN)
 
-_FIXED = struct.Struct(">hhi")
-_FIXED_CLIENT = struct.Struct(">hhih")
-_CORRELATION = struct.Struct(">i")
-_INT16 = struct.Struct(">h")
-_SIZE = struct.Struct(">i")
+_FIXED: Final = struct.Struct(">hhi")
+_FIXED_CLIENT: Final = struct.Struct(">hhih")
+_CORRELATION: Final = struct.Struct(">i")
+_INT16: Final = struct.Struct(">h")
+_SIZE: Final = struct.Struct(">i")
 
 
-_REQUEST_HEADER_VERSIONS: dict[tuple[int, int], int] = {}
+_REQUEST_HEADER_VERSIONS: Final[dict[tuple[int, int], int]] = {}
 
 
 def request_header_version(api_key: int, api_version: int) -> int:

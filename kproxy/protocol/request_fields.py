@@ -12,14 +12,15 @@ other module carries its own copy of the header layout. None of these raise: an 
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from kproxy.protocol.headers import request_body_offset, request_header_version
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.wire import Malformed, read_uvarint
 
-_INT16 = struct.Struct(">h")
+_INT16: Final = struct.Struct(">h")
 # Request header v1/v2: size, api_key, api_version, correlation_id, then the client id's int16 length.
-_CLIENT_ID_AT = 12
+_CLIENT_ID_AT: Final = 12
 
 
 def request_client_id(frame: bytes | memoryview, api_key: int, api_version: int) -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from kproxy.host_port import HostPort
 
 
-class PortsExhausted(RuntimeError):
+class PortsExhausted(Exception):
     """Every local port up to ``max_port`` stands for a broker already."""
 
 

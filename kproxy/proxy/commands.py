@@ -2,8 +2,11 @@
 h11 speak the same way: the protocol state machine decides, the I/O code executes).
 
 The session's ``receive_client``, ``receive_upstream`` and ``on_timer`` each return a
-list of these, to be executed in list order. Every command is frozen and slotted: the
-server keeps none of them past its execution.
+list of these, to be executed in list order. Every command is immutable (its fields are
+``Final``: mypy refuses an assignment, and so does a compiled build at run time) and slotted: the
+server keeps none of them past its execution. Each writes its own ``__init__``, which a compiled
+build (kproxy/native.py) makes native code: the dataclass decorator's own would be an interpreted
+function, several times the cost, on every chunk (the decorator still makes ``__eq__`` and ``__repr__``).
 
 Ordering contract: a :class:`SendToClient` is always first in its list, so that the
 server can claim the client side for it before it awaits anything else (responses
@@ -21,6 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from kproxy.proxy.addresses import BrokerRoute
 
@@ -46,7 +50,7 @@ class CloseKind(enum.Enum):
     END = "end"  # the exchange is over in an orderly way
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ForwardUpstream:
     """Write ``data`` (whole request frames) to the broker. When the chunk read from the
     client held exactly the frames going out, unchanged, ``data`` *is* that chunk (no copy).
@@ -55,15 +59,19 @@ class ForwardUpstream:
     big frames that joining into one ``bytes`` would copy once more. Empty for small ones.
     """
 
-    data: bytes
-    more: tuple[bytes, ...] = ()
+    data: Final[bytes]
+    more: Final[tuple[bytes, ...]]
+
+    def __init__(self, data: bytes, more: tuple[bytes, ...] = ()) -> None:
+        self.data = data
+        self.more = more
 
     def payload(self) -> bytes:
         """Every byte to write, as one object (for readers that want that: not the server)."""
         return b"".join((self.data, *self.more)) if self.more else self.data
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendToClient:
     """Write ``data`` (whole response frames, in request order) to the client, once every
     route in ``routes`` has a listener: the brokers those responses advertise must be
@@ -71,29 +79,43 @@ class SendToClient:
     ``data`` is the chunk read from the broker itself when nothing in it changed, and
     ``more`` holds further big frames to write after it in one vectored write."""
 
-    data: bytes
-    routes: Sequence[BrokerRoute] = ()
-    more: tuple[bytes | bytearray | memoryview, ...] = ()
+    data: Final[bytes]
+    routes: Final[Sequence[BrokerRoute]]
+    more: Final[tuple[bytes | bytearray | memoryview, ...]]
+
+    def __init__(self, data: bytes, routes: Sequence[BrokerRoute] = (),
+                 more: tuple[bytes | bytearray | memoryview, ...] = ()) -> None:
+        self.data = data
+        self.routes = routes
+        self.more = more
 
     def payload(self) -> bytes:
         """Every byte to write, as one object (for readers that want that: not the server)."""
         return b"".join((self.data, *self.more)) if self.more else self.data
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CloseConnection:
     """End the connection (both sides). ``reason`` is the text for the
     ``event=connection_closed ... reason=...`` log line; ``reject`` is set exactly when
     ``kind`` is :attr:`CloseKind.REJECT`; ``abort`` only with :attr:`CloseKind.DELIBERATE`."""
 
-    reason: str
-    kind: CloseKind
-    reject: RejectReason | None = None
-    abort: bool = False  # end with a TCP RST (SO_LINGER 0) rather than a FIN: a reset_connection rule
+    reason: Final[str]
+    kind: Final[CloseKind]
+    reject: Final[RejectReason | None]
+    abort: Final[bool]  # end with a TCP RST (SO_LINGER 0) rather than a FIN: a reset_connection rule
     # Seconds to wait, once what came before it is written, before closing (nothing read meanwhile): a
     # refused login's, as a broker delays it (connection.failed.authentication.delay.ms), so that the
     # client reads the refusal before the close (kafka-python loses an answer that comes with the FIN).
-    linger: float = 0.0
+    linger: Final[float]
+
+    def __init__(self, reason: str, kind: CloseKind, reject: RejectReason | None = None, abort: bool = False,
+                 linger: float = 0.0) -> None:
+        self.reason = reason
+        self.kind = kind
+        self.reject = reject
+        self.abort = abort
+        self.linger = linger
 
     @classmethod
     def rejected(cls, reject: RejectReason, reason: str) -> CloseConnection:
@@ -108,13 +130,16 @@ class CloseConnection:
         return cls.rejected(oversize if isinstance(exc, FrameSizeError) else otherwise, f"{side}: {exc}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class WakeAt:
     """Call the session's ``on_timer(now)`` at ``when`` (on the clock the session was given)
     or soon after. The server keeps the earliest time asked and not yet passed; a session
     that still needs a later one asks again from ``on_timer``."""
 
-    when: float
+    when: Final[float]
+
+    def __init__(self, when: float) -> None:
+        self.when = when
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,10 @@
   reader that has something to keep: ``Exchange.memo`` is None until then.
 
 An Exchange is made for every request on the hot path: each field costs every request, so the
-two concerns that most requests never touch live in objects of their own, made when needed.
+two concerns that most requests never touch live in objects of their own, made when needed. Each
+of the three writes its own ``__init__`` (the dataclass decorator keeps it, and makes ``__eq__`` and
+``__repr__``): compiled (kproxy/native.py), it is native code, where the decorator's would be an
+interpreted function setting each field through a descriptor (an Exchange: 1.75 µs against 0.15).
 :class:`SessionObserver` is what observers (metrics, capture) implement to see exchanges.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol, cast
 
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
@@ -31,9 +34,9 @@ from kproxy.protocol.schema import Direction
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.proxy.addresses import BrokerRoute
 
-PRODUCE = int(ApiKey.PRODUCE)
+PRODUCE: Final = int(ApiKey.PRODUCE)
 
-_UNREAD: Any = object()  # a memo not computed yet
+_UNREAD: object = object()  # a memo not computed yet (fields holding it are typed Any: see their readers)
 
 # One action of a rule that acted on an exchange: (rule id, action name, detail, dry run).
 RuleDecision = tuple[str, str, str, bool]
@@ -66,6 +69,19 @@ class Ruling:
     rule_decisions: tuple[RuleDecision, ...] = ()
     request_replaced: bool = False
 
+    def __init__(self, release_at: float = 0.0, response_delay: float = 0.0,
+                 on_response: Callable[[bytes], bytes] | None = None, drop: bool = False,
+                 held_by: tuple[str, str] | None = None, held: tuple[float, tuple[str, str] | None] | None = None,
+                 rule_decisions: tuple[RuleDecision, ...] = (), request_replaced: bool = False) -> None:
+        self.release_at = release_at
+        self.response_delay = response_delay
+        self.on_response = on_response
+        self.drop = drop
+        self.held_by = held_by
+        self.held = held
+        self.rule_decisions = rule_decisions
+        self.request_replaced = request_replaced
+
 
 @dataclass(slots=True)
 class ObserverMemo:
@@ -84,8 +100,17 @@ class ObserverMemo:
 
     response_body_offset: int = 0
     response_body: bytes | None = None
-    request_scan: RequestScan | None = _UNREAD
+    # RequestScan | None once read; typed Any for the sentinel (a compiled build checks declared
+    # types at run time): :attr:`Exchange.request_scan` is its typed reader.
+    request_scan: Any = _UNREAD
     produced: list[Produced] | None = None
+
+    def __init__(self, response_body_offset: int = 0, response_body: bytes | None = None,
+                 request_scan: Any = _UNREAD, produced: list[Produced] | None = None) -> None:
+        self.response_body_offset = response_body_offset
+        self.response_body = response_body
+        self.request_scan = request_scan
+        self.produced = produced
 
 
 @dataclass(slots=True)
@@ -130,7 +155,29 @@ class Exchange:
     ruling: Ruling | None = None
     memo: ObserverMemo | None = None
     _request_body_offset: int = -1  # -1: not read yet, -2: unreadable
-    _client_id: str | None = _UNREAD
+    _client_id: Any = _UNREAD  # str | None once read (typed Any for the sentinel: see client_id)
+
+    def __init__(self, correlation_id: int, api_key: int, api_version: int, request_size: int, read_at: float,
+                 forwarded_at: float, request: bytes = b"") -> None:
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.api_version = api_version
+        self.request_size = request_size
+        self.read_at = read_at
+        self.forwarded_at = forwarded_at
+        self.request = request
+        self.local = False
+        self.response = None
+        self.response_parts = None
+        self.received_at = 0.0
+        self.completed_at = 0.0
+        self.routes = ()
+        self.seq = 0
+        self.acks = None
+        self.ruling = None
+        self.memo = None
+        self._request_body_offset = -1
+        self._client_id = _UNREAD
 
     @property
     def api(self) -> str:
@@ -142,7 +189,7 @@ class Exchange:
         found = self._client_id
         if found is _UNREAD:
             found = self._client_id = request_client_id(self.request, self.api_key, self.api_version)
-        return found
+        return cast("str | None", found)
 
     @client_id.setter
     def client_id(self, value: str | None) -> None:
@@ -178,7 +225,7 @@ class Exchange:
             offset = self.request_body_offset
             found = memo.request_scan = None if offset is None else scan_request(
                 self.api_key, self.api_version, self.request, offset)
-        return found
+        return cast("RequestScan | None", found)
 
     def request_body(self) -> dict[str, Any]:
         """The request body, decoded in full (for a policy deciding before it is forwarded: a

@@ -22,7 +22,7 @@ import functools
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
@@ -38,17 +38,18 @@ from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.exchange import Exchange, ObserverMemo
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
-API_VERSIONS = int(ApiKey.API_VERSIONS)
-UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
-MEMO_MAX_BODY = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
+API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
+UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
+MEMO_MAX_BODY: Final = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
 MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over
 # What one memo entry costs beside its body bytes: the dict slot, the key and result tuples, the
 # bytes objects' headers and the endpoint list (measured with tracemalloc: ~200 bytes on CPython 3.11).
-MEMO_ENTRY_OVERHEAD = 256
+MEMO_ENTRY_OVERHEAD: Final = 256
 # Responses that answer records (new offsets, new data every time) never repeat: remembering them
 # would only fill the memo. Their endpoints (KIP-951 node_endpoints) are rewritten every time.
-NEVER_REPEATS = frozenset(int(k) for k in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE))
-NODE_ID_FIELDS = ("node_id", "broker_id", "leader_id")
+NEVER_REPEATS: Final = frozenset(int(k) for k in (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.SHARE_FETCH,
+                                                  ApiKey.SHARE_ACKNOWLEDGE))
+NODE_ID_FIELDS: Final = ("node_id", "broker_id", "leader_id")
 Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a response named it
 
 
@@ -82,18 +83,24 @@ class RewriteFailed(ProtocolError):
     the connection ends (the session refuses it as it refuses any response it cannot take)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rewritten:
     """A rewritten response frame (size prefix included) and the brokers it advertises.
 
     ``body`` is ``frame``'s body: for a remembered answer, the memo's own object, the same one
     every time the broker repeats itself, so a reader that keys on it (the metrics' scan memo,
-    kproxy/metrics/stats.py) hashes it once, not once per response.
+    kproxy/metrics/stats.py) hashes it once, not once per response. Immutable (``Final`` fields),
+    built by its own ``__init__`` (native code in a compiled build: kproxy/proxy/commands.py says why).
     """
 
-    frame: bytes
-    routes: list[BrokerRoute]
-    body: bytes
+    frame: Final[bytes]
+    routes: Final[list[BrokerRoute]]
+    body: Final[bytes]
+
+    def __init__(self, frame: bytes, routes: list[BrokerRoute], body: bytes) -> None:
+        self.frame = frame
+        self.routes = routes
+        self.body = body
 
 
 class ResponseRewriter:

@@ -60,8 +60,8 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
+from typing import Final
 
 from kproxy.protocol.error_response import api_versions_answer
 from kproxy.protocol.errors import ProtocolError
@@ -93,19 +93,20 @@ __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_M
 
 # Plain ints, bound once: compared on every frame (an int == IntEnum comparison costs about twice a
 # plain one, kproxy/protocol/tables.py).
-PRODUCE = int(ApiKey.PRODUCE)
-SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
-SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
-_SASL_APIS = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
-API_VERSIONS = int(ApiKey.API_VERSIONS)
-UNSUPPORTED_VERSION = int(ErrorCode.UNSUPPORTED_VERSION)
-_REQUEST_FIXED = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
-_RESPONSE_FIXED = struct.Struct(">ii")  # size, correlation_id
-_KIP511_RANGE = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)  # what ApiVersions kproxy reads
-_API_VERSIONS_MAX = _KIP511_RANGE[0][2]  # above it: the KIP-511 answer
+PRODUCE: Final = int(ApiKey.PRODUCE)
+SASL_HANDSHAKE: Final = int(ApiKey.SASL_HANDSHAKE)
+SASL_AUTHENTICATE: Final = int(ApiKey.SASL_AUTHENTICATE)
+_SASL_APIS: Final = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
+API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
+UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
+_REQUEST_FIXED: Final = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
+_RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
+# What ApiVersions kproxy reads (above it: the KIP-511 answer).
+_KIP511_RANGE: Final = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)
+_API_VERSIONS_MAX: Final = _KIP511_RANGE[0][2]
 # A refused upstream login closes this long after its answer, as a broker does (Kafka's
 # connection.failed.authentication.delay.ms, 100 ms by default).
-REFUSAL_LINGER_S = FAILED_AUTHENTICATION_DELAY
+REFUSAL_LINGER_S: Final = FAILED_AUTHENTICATION_DELAY
 
 
 class SessionError(ProtocolError):
@@ -156,7 +157,8 @@ class Session(TerminateMode):
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
         self.in_flight = self._release.in_flight  # read by tests and the server's gauges (in_flight_count)
-        self._awaiting: deque[Exchange] = deque()  # the forwarded subset of in_flight, oldest first
+        # The forwarded subset of in_flight, oldest first (a list: see InOrderRelease.in_flight).
+        self._awaiting: list[Exchange] = []
         self._seen: list[Exchange] = []  # requests read since the last report (kept only with an observer)
         self._sasl: SaslTokens | None = None  # the token exchange in progress (None: Kafka mode)
         self._relay: SaslRelay | None = None  # made at the connection's first SASL request
@@ -499,7 +501,7 @@ class Session(TerminateMode):
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")
             raise SessionError(f"response correlation id {correlation_id} does not match the oldest request "
                                f"in flight ({ex.correlation_id}, {ex.api} v{ex.api_version})")
-        self._awaiting.popleft()
+        del self._awaiting[0]
         if ids.acks0:
             ids.answered_in_order(ex.seq)
         self.responses += 1

@@ -20,12 +20,13 @@ certificate, as Kafka names it: :mod:`kproxy.proxy.principal`, or ``User:`` and 
 PLAIN or SCRAM login the broker accepted: :mod:`kproxy.proxy.sasl`); each is left out while
 unknown. The session keeps the principal (``Session.principal``), which its rule policy reads.
 
-Deadlines: one watchdog task per connection ends it after ``idle_timeout``
-without traffic either way, or when a request frame begun ``frame_timeout``
-ago is still incomplete while kproxy waits for its bytes (a client trickling a
-byte at a time, slowloris, would otherwise never be idle). The pumps only
-record times; the watchdog sleeps until the nearest deadline, and also calls the
-session back at the times it asks for (:class:`~kproxy.proxy.commands.WakeAt`).
+Deadlines: a connection ends after ``idle_timeout`` without traffic either way, or when a
+request frame begun ``frame_timeout`` ago is still incomplete while kproxy waits for its bytes
+(a client trickling a byte at a time, slowloris, would otherwise never be idle). The pumps only
+record times; one task of the server keeps every connection's nearest deadline
+(:class:`~kproxy.server.timers.Deadlines`, a connection made alone runs one of its own) and calls
+:meth:`Connection.on_deadline` then, which also calls the session back at the times it asks for
+(:class:`~kproxy.proxy.commands.WakeAt`: in a task of the connection's, started for that wake-up).
 
 Upstream writes keep the order the session returned them in (its ordering contract,
 :mod:`kproxy.proxy.commands`): with kproxy's own upstream login, the session also sends from the
@@ -50,7 +51,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -71,17 +72,18 @@ from kproxy.proxy.commands import (
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import reader, vector_writer, writer
+from kproxy.server.timers import Deadlines
 from kproxy.server.wire import ToxicWriter
 from kproxy.wire_toxics import Direction, Installed, WireOrder, WireShaper
 
 log = logging.getLogger("kproxy.connection")
 
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
-_NO_FRAME = math.inf  # _frame_due when no partial request frame is buffered
+_NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 # Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
 # for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
 # process of CPU (hashlib releases the GIL while it hashes).
-VERIFICATIONS = trio.CapacityLimiter(2)
+VERIFICATIONS: Final = trio.CapacityLimiter(2)
 
 
 @dataclass
@@ -95,7 +97,8 @@ class Connection:
 
     def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream, session: Session, *,
                  limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
-                 upstream_addr: HostPort, on_reject: Callable[[str], None] | None = None) -> None:
+                 upstream_addr: HostPort, on_reject: Callable[[str], None] | None = None,
+                 deadlines: Deadlines | None = None) -> None:
         self.client = client
         self.upstream = upstream
         self.session = session
@@ -124,7 +127,10 @@ class Connection:
         self._frame_due = _NO_FRAME  # when the client's partial request frame must be whole
         self._frame_at = -1  # where in the client's stream that frame begins
         self._wake_due = math.inf  # when the session asked to be called back (trio clock)
-        self._watch = trio.CancelScope()  # the watchdog's current sleep
+        # The server's one task for every connection's deadlines, or one of this connection's own.
+        self._own_deadlines = deadlines is None
+        self._deadlines = Deadlines() if deadlines is None else deadlines
+        self.timer_due = math.inf  # when the deadlines' task calls on_deadline next (kproxy.server.timers)
         self.draining = False
         self.close_reason = "client closed"
         self._nursery: trio.Nursery | None = None
@@ -157,10 +163,13 @@ class Connection:
                     self._nursery = nursery
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
                     nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
-                    nursery.start_soon(self._watchdog)
+                    if self._own_deadlines:
+                        nursery.start_soon(self._deadlines.run)
+                    self._deadlines.schedule(self, self._last_activity + self.limits.idle_timeout)
             if self._idle.cancelled_caught and not self.draining and self.close_reason == "client closed":
                 self.close_reason = "idle timeout"
         finally:
+            self._deadlines.forget(self)
             await _close(self.client)
             await _close(self.upstream)
             log.info(
@@ -191,49 +200,53 @@ class Connection:
         # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
         self._last_activity = trio.current_time()
 
-    async def _watchdog(self) -> None:
-        """Ends the connection once neither side moved for ``idle_timeout`` seconds, or once a
-        request frame is not whole ``frame_timeout`` seconds after its first byte.
+    def on_deadline(self, now: float) -> None:
+        """The deadlines' task, at the time this connection asked (:class:`~kproxy.server.timers.Deadlines`):
+        ends the connection once neither side moved for ``idle_timeout`` seconds, or once a
+        request frame is not whole ``frame_timeout`` seconds after its first byte; calls the
+        session back when it asked to be (in a task of its own: that may write to the client);
+        then asks for the next of these times. Never blocks.
 
         The frame deadline runs only while kproxy waits on the client: when kproxy itself held
         off reading (``max_in_flight`` reached, a slow broker, draining), the client gets a
-        fresh ``frame_timeout`` from the moment the watchdog notices.
+        fresh ``frame_timeout`` from the moment this notices.
         """
         limits = self.limits
-        while True:
-            now = trio.current_time()
-            idle_due = self._last_activity + limits.idle_timeout
-            if now >= idle_due:
+        idle_due = self._last_activity + limits.idle_timeout
+        if now >= idle_due:
+            self._idle.cancel()
+            return
+        frame_due = self._frame_due
+        if now >= frame_due:
+            if self._waiting_for_client and self.session.can_accept and not self.draining:
+                what = "SASL login" if self.session.logging_in else "request frame"
+                self.close_reason = f"{what} not complete within frame_timeout {limits.frame_timeout:g} s"
+                if self.on_reject is not None:
+                    self.on_reject(RejectReason.REQUEST_TIMEOUT.value)
                 self._idle.cancel()
                 return
-            frame_due = self._frame_due
-            if now >= frame_due:
-                if self._waiting_for_client and self.session.can_accept and not self.draining:
-                    what = "SASL login" if self.session.logging_in else "request frame"
-                    self.close_reason = f"{what} not complete within frame_timeout {limits.frame_timeout:g} s"
-                    if self.on_reject is not None:
-                        self.on_reject(RejectReason.REQUEST_TIMEOUT.value)
-                    self._idle.cancel()
-                    return
-                frame_due = self._frame_due = now + limits.frame_timeout
-            if now >= self._wake_due:
-                self._wake_due = math.inf
-                if not await self._execute(self.session.on_timer(time.perf_counter()), self._idle):
-                    return
-                self.session.report()
-                if self.session.can_accept:
-                    self._room.set()  # held responses released: room for the client pump
-                continue
-            with trio.CancelScope(deadline=min(idle_due, frame_due, self._wake_due)) as self._watch:
-                await trio.sleep_forever()
+            frame_due = self._frame_due = now + limits.frame_timeout
+        if now >= self._wake_due and self._nursery is not None:
+            self._wake_due = math.inf
+            self._nursery.start_soon(self._on_wake)
+        self._deadlines.schedule(self, min(idle_due, frame_due, self._wake_due))
+
+    async def _on_wake(self) -> None:
+        """The time the session asked for has come: do what ``on_timer`` says (held responses released)."""
+        session = self.session
+        if not await self._execute(session.on_timer(session.clock()), self._idle):
+            return
+        session.report()
+        if session.can_accept:
+            self._room.set()  # held responses released: room for the client pump
 
     def _frame_begun(self) -> None:
         """A chunk left part of a new request frame buffered: its deadline starts now. Moves the
-        watchdog's wake-up only when it would sleep past it (once per frame at most, and not at
+        connection's next deadline only when it is later (once per frame at most, and not at
         all while frames keep arriving within ``frame_timeout`` of each other)."""
         due = self._frame_due = self._last_activity + self.limits.frame_timeout
-        if due < self._watch.deadline:
-            self._watch.deadline = due
+        if due < self.timer_due:
+            self._deadlines.schedule(self, due)
 
     def _end(self, scope: trio.CancelScope, reason: str) -> None:
         if self.close_reason == "client closed" or reason != "client closed":
@@ -274,7 +287,7 @@ class Connection:
     async def _forward(self, data: bytes | bytearray, scope: trio.CancelScope) -> bool:
         """Take one chunk from the client and do what the session says; False once it closed."""
         session = self.session
-        read_at = time.perf_counter()
+        read_at = session.clock()
         self._touch()
         self.stats.bytes_from_client += len(data)
         commands = session.receive_client(data, read_at)
@@ -442,12 +455,12 @@ class Connection:
         return ToxicWriter(WireShaper(direction), writer(stream), restore, end, self._touch)
 
     def _wake_at(self, when: float) -> None:
-        """Arrange the session's ``on_timer`` near ``when`` (session clock: ``time.perf_counter``)."""
-        due = trio.current_time() + (when - time.perf_counter())
+        """Arrange the session's ``on_timer`` near ``when`` (on the session's clock)."""
+        due = trio.current_time() + (when - self.session.clock())
         if due < self._wake_due:
             self._wake_due = due
-            if due < self._watch.deadline:
-                self._watch.deadline = due
+            if due < self.timer_due:
+                self._deadlines.schedule(self, due)
 
 
 def _peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:

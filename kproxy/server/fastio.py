@@ -15,6 +15,7 @@ import fcntl
 import os
 import termios
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
 
 import trio
 
@@ -22,9 +23,9 @@ Writer = Callable[[bytes], Awaitable[None]]
 VectorWriter = Callable[[Sequence[bytes | bytearray | memoryview]], Awaitable[None]]
 Reader = Callable[[int], Awaitable[bytes | bytearray]]
 # A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
-YIELD_EVERY = 8
+YIELD_EVERY: Final = 8
 # The most buffers one writev takes (POSIX: at least 16; Linux: 1024).
-IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
+IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
 
 def reader(stream: trio.abc.Stream) -> Reader:
@@ -77,7 +78,7 @@ def reader(stream: trio.abc.Stream) -> Reader:
 
 _wait_readable = trio.lowlevel.wait_readable
 _checkpoint = trio.lowlevel.checkpoint
-_FIONREAD_OUT = array.array("i", [0])  # one for all readers: read back before any other task runs
+_FIONREAD_OUT: Final = array.array("i", [0])  # one for all readers: read back before any other task runs
 
 
 def _queued(fd: int) -> int:

@@ -64,6 +64,7 @@ from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.secrets import UpstreamCredentials
 from kproxy.server.sockets import open_tcp, os_reason, peer_name
+from kproxy.server.timers import Deadlines
 from kproxy.server.tls import client_side_context, upstream_context
 from kproxy.server.upstream_auth import UpstreamLoginFailed, authenticate
 from kproxy.server.warmup import warm_up
@@ -132,6 +133,7 @@ class ProxyServer:
         self.lag = ConsumerLag(stale_after=m.consumer_lag_stale_after) if lag else None
         self.observer: MetricsObserver | None = MetricsObserver(self.stats, self.lag)
         self.loop_watch = LoopWatch(self.stats.event_loop_lag)
+        self.deadlines = Deadlines()  # every connection's timeouts and wake-ups, kept by one task
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
         self.upstream_ssl = upstream_context(config.upstream_tls)
@@ -228,8 +230,9 @@ class ProxyServer:
                     await nursery.start(self.client_auth.run)
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
-                # In the outer nursery: the loop is watched while connections drain too.
+                # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
                 connections.start_soon(self.loop_watch.run)
+                connections.start_soon(self.deadlines.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
@@ -530,7 +533,7 @@ class ProxyServer:
         session.observer = observer
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
-                          upstream_addr=addr, on_reject=self.stats.frame_rejected)
+                          upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines)
         self.connections.add(conn)
         self.stats.client_connected(listener.name, node)
         self.stats.upstream_connected(str(addr), node)

@@ -1,0 +1,159 @@
+"""Which build runs (kproxy/native.py): the compiled hot path when it is built and every source it was
+built from is unchanged, the pure sources otherwise; never a compiled module older than its source.
+
+The tests that need a build copy the checkout's package, ``kproxy/_native/`` included, into a temporary
+directory and run Python there: a stale build is made by editing a source of the copy."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import kproxy
+from kproxy import native
+
+ROOT = Path(kproxy.__file__).resolve().parent.parent
+BUILT = (ROOT / "kproxy" / "_native" / "manifest.json").is_file()
+needs_build = pytest.mark.skipif(not BUILT, reason="nothing compiled here (scripts/setup builds it with a C compiler)")
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+PROBE = ("import kproxy, kproxy.native as n, kproxy.proxy.session as s, kproxy.cli as c; "
+         "print(n.BUILD.compiled, s.__file__.endswith(n.importlib.machinery.EXTENSION_SUFFIXES[0]), "
+         "c.__file__.endswith('.py'))")
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import native_build  # noqa: E402
+
+
+def listed() -> list[str]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["tool"]["kproxy"]["native"]["modules"])
+
+
+def run(tree: Path, code: str = PROBE, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if k != "KPROXY_PURE"}
+    return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**clean, "PYTHONPATH": str(tree), **env},
+                          capture_output=True, text=True, timeout=60, check=True)
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    """The checkout's package and its build, copied (file times kept, as a copy or a checkout may not)."""
+    shutil.copytree(ROOT / "kproxy", tmp_path / "kproxy", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_this_run_uses_the_build_it_should() -> None:
+    # scripts/test says which build each pytest pass must run on (the whole suite compiled where a C
+    # compiler is, the pure pass pure): a build silently missing or stale fails here, not quietly pure.
+    expected = os.environ.get("KPROXY_TEST_BUILD")
+    if expected is not None:
+        assert ("compiled" if native.BUILD.compiled else "pure") == expected, native.BUILD.describe()
+    assert native.BUILD.compiled == native.inspect()[0].compiled
+    if native.BUILD.compiled:
+        assert list(native.BUILD.modules) == listed()
+
+
+@needs_build
+def test_the_listed_modules_come_from_the_build_and_the_others_from_their_sources() -> None:
+    found = run(ROOT, "import kproxy, kproxy.native as n, importlib, json; "
+                      "print(json.dumps({m: importlib.import_module(m).__file__ for m in "
+                      f"{[*listed(), 'kproxy.cli', 'kproxy.protocol.schema', 'kproxy.server.proxy']!r}}}))")
+    files = json.loads(found.stdout)
+    for name in listed():
+        assert files[name].endswith(SUFFIX) and "/kproxy/_native/" in files[name], (name, files[name])
+    for name in ("kproxy.cli", "kproxy.protocol.schema", "kproxy.server.proxy"):
+        assert files[name].endswith(".py"), (name, files[name])
+
+
+@needs_build
+def test_the_build_in_the_checkout_is_fresh_and_of_the_listed_modules() -> None:
+    assert native_build.is_fresh()
+    manifest = native.read_manifest()
+    assert manifest is not None and manifest["modules"] == listed()
+
+
+@needs_build
+@pytest.mark.parametrize("edited", ["kproxy/proxy/session.py", "kproxy/protocol/schema.py"])
+def test_a_source_changed_after_the_build_runs_pure_and_says_which(copy: Path, edited: str) -> None:
+    # A compiled module, or a module one imports (mypyc may have inlined its Final constants): the whole
+    # build is refused (its modules call each other directly), with one line naming the file.
+    assert run(copy).stdout.split() == ["True", "True", "True"]
+    with open(copy / edited, "a") as f:
+        f.write("\n# edited after the build\n")
+    done = run(copy)
+    assert done.stdout.split() == ["False", "False", "True"]
+    assert done.stderr.splitlines() == [f"kproxy: running pure Python: {edited} changed after the compiled "
+                                        f"modules were built (scripts/setup rebuilds them)"]
+
+
+@needs_build
+def test_a_source_the_build_does_not_read_may_change(copy: Path) -> None:
+    with open(copy / "kproxy" / "cli.py", "a") as f:
+        f.write("\n# edited after the build\n")
+    done = run(copy)
+    assert done.stdout.split() == ["True", "True", "True"] and done.stderr == ""
+
+
+@needs_build
+def test_sources_touched_but_unchanged_keep_the_build(copy: Path) -> None:
+    # New file times (a checkout, an installed wheel): each file's contents are compared then.
+    for path in (copy / "kproxy").rglob("*.py"):
+        os.utime(path)
+    done = run(copy)
+    assert done.stdout.split() == ["True", "True", "True"] and done.stderr == ""
+
+
+@needs_build
+def test_a_build_that_did_not_finish_or_is_for_another_python_is_not_loaded(copy: Path) -> None:
+    manifest_path = copy / "kproxy" / "_native" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["suffix"] = ".cpython-39-x86_64-linux-gnu.so"
+    manifest_path.write_text(json.dumps(manifest))
+    done = run(copy, "import kproxy.native as n; print(n.BUILD.describe())")
+    assert done.stdout.startswith("pure Python (compiled modules built for another Python")
+    manifest_path.unlink()  # a build stopped midway writes no manifest
+    done = run(copy, "import kproxy.native as n, kproxy.proxy.session as s; print(n.BUILD.describe(), s.__file__)")
+    assert done.stdout.split("(")[1].startswith("no compiled modules built") and done.stdout.strip().endswith(".py")
+    assert done.stderr == ""
+
+
+def test_kproxy_pure_runs_the_sources_whatever_is_built() -> None:
+    done = run(ROOT, KPROXY_PURE="1")
+    assert done.stdout.split() == ["False", "False", "True"] and done.stderr == ""
+
+
+def test_version_says_which_build_runs() -> None:
+    kproxy_command = Path(sys.executable).parent / "kproxy"
+    out = subprocess.run([str(kproxy_command), "--version"], capture_output=True, text=True, timeout=60,
+                         check=True, env={k: v for k, v in os.environ.items() if k != "KPROXY_PURE"}).stdout
+    first, second = out.splitlines()
+    assert first == f"kproxy {kproxy.__version__}"
+    build, _ = native.inspect(environ={})
+    if build.compiled:
+        assert second == f"build: compiled (mypyc {build.compiler.split()[-1]}: {len(listed())} modules: " \
+                         f"{', '.join(listed())})"
+    else:
+        assert second.startswith("build: pure Python (")
+    pure = subprocess.run([str(kproxy_command), "--version"], capture_output=True, text=True, timeout=60,
+                          check=True, env={**os.environ, "KPROXY_PURE": "1"}).stdout
+    assert pure.splitlines()[1] == "build: pure Python (KPROXY_PURE is set)"
+
+
+def test_the_build_reads_each_compiled_module_and_what_it_imports() -> None:
+    sources = {p.as_posix() for p in native_build.source_closure(["kproxy.proxy.session"])}
+    assert {"kproxy/__init__.py", "kproxy/proxy/session.py", "kproxy/protocol/framing.py",
+            "kproxy/proxy/exchange.py", "kproxy/wire_toxics.py", "kproxy/protocol/schema.py"} <= sources
+    assert "kproxy/server/connection.py" not in sources and "kproxy/cli.py" not in sources
+
+
+def test_every_listed_module_is_a_module_file_of_the_package() -> None:
+    assert native_build.listed_modules() == listed()
+    assert all(not m.endswith("__init__") for m in listed())
