@@ -7,7 +7,8 @@
   or not); ``bytes``, ``bytearray`` and ``memoryview`` frames scan alike.
 * ``produce_answer_errors``: the hand-written read of a producer's usual Produce answer agrees
   with the generated errors-only scanner on every Produce version, for any shape and any
-  corruption of the bytes (or leaves the frame to it: None), and does take the usual shape.
+  corruption of the bytes (or leaves the frame to it: None), and does take the usual shape; in
+  the values mode (consumer lag's base offsets) too.
 * ``one_batch_count``: the metrics' in-place count of a one-batch records range is what
   ``count_records`` of that range gives, or leaves the range to it.
 """
@@ -32,6 +33,7 @@ from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.records import (
     Record,
     count_records,
@@ -164,15 +166,25 @@ def test_bytes_bytearray_and_memoryview_scan_alike(version: int) -> None:
 
 
 # -- produce_answer_errors against the generated scanner ---------------------------------------------
-def generated(frame: bytes, offset: int, version: int) -> list[Entry] | None:
-    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True)
+def generated(frame: bytes, offset: int, version: int, values: bool = False) -> Any:
+    """The generated errors-only scanner's entries (in values mode: and its values)."""
+    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True, values=values)
     assert fn is not None
-    acc: list[Entry] = []
+    acc: list[Entry] = ScanEntries.empty() if values else []
     try:
         fn(frame, offset, acc, [], None)
     except SCAN_FAILURES:
         return None
-    return acc
+    return (list(acc), acc.values) if values else acc  # type: ignore[attr-defined]
+
+
+def fast_path(frame: bytes, offset: int, version: int, values: bool = False) -> Any:
+    """produce_answer_errors, as :func:`generated` gives it (None: left to the scanner)."""
+    found = produce_answer_errors(frame, offset, version, values)
+    if found is None or not values:
+        return found
+    assert isinstance(found, ScanEntries)
+    return list(found), found.values
 
 
 names = st.one_of(st.sampled_from(["orders", "", "t" * 200, "é-topic"]), st.text(max_size=12))
@@ -207,9 +219,10 @@ def test_the_produce_answer_fast_path_agrees_with_the_generated_scanner(version:
                                                                       how: Any) -> None:
     frame = mutate(response_frame(PRODUCE, version, 1, responses=topics), how)
     offset = 9 if version >= 9 else 8  # response header v1 from v9 (flexible): one empty tag byte
-    fast = produce_answer_errors(frame, offset, version)
-    if fast is not None:
-        assert fast == generated(frame, offset, version)
+    for values in (False, True):
+        fast = fast_path(frame, offset, version, values)
+        if fast is not None:
+            assert fast == generated(frame, offset, version, values)
 
 
 SHAPES = {
@@ -237,6 +250,10 @@ def test_the_fast_path_agrees_on_every_cut_and_changed_byte_of_a_one_partition_a
         if fast is not None:
             taken += 1
             assert fast == generated(variant, offset, version), variant.hex()
+        valued = fast_path(variant, offset, version, True)
+        assert (valued is None) == (fast is None)
+        if valued is not None:
+            assert valued == generated(variant, offset, version, True), variant.hex()
     if shape == "plain":
         assert taken  # some of them (those changing only offsets, say) still take it
 
@@ -252,6 +269,7 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
     topic: object = uuid.UUID(int=0) if version >= 13 else "orders"  # v13 names the topic by id
     assert fast == ([(topic, 4, code)] if code else [])
     assert fast == generated(frame, offset, version)
+    assert fast_path(frame, offset, version, True) == (fast, [(topic, 4, code, 7)])  # the base offset too
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------

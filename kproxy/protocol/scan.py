@@ -475,14 +475,19 @@ _PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
 _PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
 _PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
 _PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
+_PRODUCE_BASE_OFFSET = struct.Struct(">q")
 
 
-def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry] | None:
+def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool = False) -> list[Entry] | None:
     """What the errors-only scanner of a Produce response finds in the body at ``buf[pos:]``, read
     by hand for the answer a producer usually gets: one topic, one partition, no record errors, no
     tagged fields (``[]`` when its error code is 0, else its one entry). None for any other shape,
     or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_shared.py
     checks the two agree on every version, shape and corruption).
+
+    ``values``: what the values-mode scanner finds too (consumer lag's log end offsets): the entries
+    are then a :class:`ScanEntries` whose values hold the partition's ``(topic, index, code,
+    base_offset)``.
 
     Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
     partition) by a few struct reads: ProduceResponse.json in Kafka's message specs gives the
@@ -501,8 +506,9 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
             partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
             if partitions != 1:
                 return None
+            base = end + 10  # base_offset
             # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
-            pos = end + 10 + (8 if api_version < 2 else 16 if api_version < 5 else 24)
+            pos = base + (8 if api_version < 2 else 16 if api_version < 5 else 24)
             if api_version >= 8:
                 if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 0:  # record_errors
                     return None
@@ -514,7 +520,8 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
             if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
             index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
-            pos = end + 7 + 24
+            base = end + 7
+            pos = base + 24
             if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
                 return None
             size = buf[pos + 1]  # error_message: 0 (null), else length + 1
@@ -527,11 +534,20 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
         if pos > n:
             return None
         if api_version >= 13:
-            return [(uuid.UUID(bytes=bytes(buf[start:end])), index, code)] if code else []
-        topic = str(buf[start:end], "utf-8")  # (the scanner reads the name whatever the code)
+            if not (code or values):
+                return []
+            topic: Topic = uuid.UUID(bytes=bytes(buf[start:end]))
+        else:
+            topic = str(buf[start:end], "utf-8")  # (the scanner reads the name whatever the code)
     except (struct.error, IndexError, UnicodeDecodeError):
         return None
-    return [(topic, index, code)] if code else []
+    if not values:
+        return [(topic, index, code)] if code else []
+    acc = ScanEntries()
+    if code:
+        acc.append((topic, index, code))
+    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
+    return acc
 
 
 def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:
