@@ -14,14 +14,17 @@ partitions failing), then times, side by side, on the same files:
 * pyarrow on one core (``pa.set_cpu_count(1)``): the same three aggregates,
   numpy's exact percentiles.
 
-With ``--job``: ``kproxy analyze``'s whole job (every table, as ``run_analysis`` computes,
-writes and collects them) beside plain Spark doing the four aggregations the report is
-about (per-api latency percentiles, bytes and count; errors by api and code; top topics by
-bytes; bytes per topic per minute), in the same session, order alternating.
-
-With ``--memory``: the same two, each in its own process (its own Spark JVM, the job's
-default driver memory), run one after the other; the peak resident memory of each process
-tree (Python and its JVM, sampled every 0.2 s from /proc) is printed beside its time.
+With ``--job``: ``kproxy analyze``'s whole job (inputs checked, every table computed,
+written as Parquet and collected, the HTML report and its plots written) beside plain Spark
+doing the four aggregations the report is about (per-api latency percentiles, bytes and
+count; errors by api and code; top topics by bytes; bytes per topic per minute, collected).
+Each run is a fresh process with its own Spark JVM (``local[2]``, kproxy analyze's session
+and default driver memory for both), the two in turn, the order alternating every round,
+over the same files (``--dir``: generated once, reused while whole). Timed from after
+Spark's start to the end of the work: wall seconds, CPU seconds of the process and its JVM
+(steadier than wall time on a shared machine), and the peak resident memory of the process
+tree (sampled every 0.2 s from /proc, start-up included). Ratios are taken within a round.
+Both runs' figures are checked to agree (requests per api, errors, bytes).
 
 Before timing, both results are checked to agree (approximate percentiles:
 within the job's stated rank error of numpy's exact ones). Prints a Markdown table
@@ -145,26 +148,25 @@ def pyarrow_aggregate(files: list[str]) -> dict[str, Any]:
 
 
 def spark_aggregate(spark: Any, files: list[str], exact: bool) -> dict[str, Any]:
-    from pyspark.sql import functions as F
-
-    from kproxy.analysis.job import aggregates
+    from kproxy.analysis.job import aggregates, table_rows
     from kproxy.analysis.schema import spark_schema
 
     df = spark.read.schema(spark_schema()).parquet(*files)
-    aggs = aggregates(df, exact=exact)
+    aggs, _ = aggregates(df, exact=exact)
     latency = {r["api_name"]: (r["requests"], r["broker_p50_ms"], r["broker_p95_ms"], r["broker_p99_ms"],
                                r["broker_max_ms"], r["kproxy_p50_ms"], r["kproxy_p95_ms"], r["kproxy_p99_ms"])
-               for r in aggs["latency_by_api"].collect()}
-    tp = aggs["throughput"].agg(F.count(F.lit(1)).alias("rows"), F.sum("records").alias("records")).collect()[0]
-    errors = {(r["api_name"], r["code"]): r["requests"] for r in aggs["errors"].collect()}
-    return {"latency": latency, "throughput_rows": tp["rows"], "throughput_records": tp["records"],
-            "errors": errors}
+               for r in table_rows(aggs["latency_by_api"])}
+    throughput = table_rows(aggs["throughput"])
+    errors = {(r["api_name"], r["code"]): r["requests"] for r in table_rows(aggs["errors"])}
+    return {"latency": latency, "throughput_rows": len(throughput),
+            "throughput_records": sum(r["records"] for r in throughput), "errors": errors}
 
 
 # -- the whole job beside plain Spark doing the same four aggregations (--job) ----------------------
-def plain_spark(spark: Any, files: list[str], exact: bool) -> dict[str, int]:
+def plain_spark(spark: Any, files: list[str], exact: bool) -> dict[str, Any]:
     """What a person writes in plain Spark for the report's core: per-api latency percentiles, bytes
-    and count; errors by api and code; top topics by bytes; bytes per topic per minute. Collected."""
+    and count; errors by api and code; top topics by bytes; bytes per topic per minute. Collected;
+    returns the figures :func:`figures_agree` compares with the job's."""
     from pyspark.sql import functions as F
 
     from kproxy.analysis.job import percentile
@@ -177,47 +179,57 @@ def plain_spark(spark: Any, files: list[str], exact: bool) -> dict[str, int]:
     errors = parts.where(F.col("p.error_code") != 0).groupBy("api_name", F.col("p.error_code")).count()
     topics = parts.groupBy(F.col("p.topic")).agg(F.sum("p.record_bytes").alias("bytes")).orderBy(
         F.desc("bytes")).limit(20)
-    minute = parts.groupBy(F.date_trunc("minute", "request_time"), F.col("p.topic")).agg(F.sum("p.record_bytes"))
-    return {name: len(frame.collect()) for name, frame in
-            (("latency", latency), ("errors", errors), ("topics", topics), ("minute", minute))}
+    minute = parts.groupBy(F.date_trunc("minute", "request_time"), F.col("p.topic")).agg(
+        F.sum("p.record_bytes").alias("bytes"))
+    got = {name: frame.collect() for name, frame in
+           (("latency", latency), ("errors", errors), ("topics", topics), ("minute", minute))}
+    return {"requests": {_snake(r["api_name"]): r["requests"] for r in got["latency"]},
+            "errors": sorted([_snake(r["api_name"]), r["error_code"], r["count"]] for r in got["errors"]),
+            "topic_bytes": {r["topic"]: r["bytes"] for r in got["topics"]},
+            "minute_bytes": sum(r["bytes"] for r in got["minute"])}
 
 
-def kproxy_job(spark: Any, files: list[str], out: Path, exact_max: int) -> int:
-    """``kproxy analyze``'s whole job (every table, written as Parquet and collected, no report)."""
+def _snake(name: str) -> str:
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def kproxy_job(spark: Any, files: list[str], out: Path, exact_max: int) -> dict[str, Any]:
+    """``kproxy analyze``'s whole job but Spark's start: inputs checked, every table computed, written
+    as Parquet and collected, the report (HTML, plots) and summary written. Returns the figures
+    :func:`figures_agree` compares with plain Spark's."""
+    import io
+
     from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.report import summary, write_html
 
-    return run_analysis(files, out, spark, exact_percentiles_max=exact_max).records
-
-
-def job_side_by_side(spark: Any, base: Path, records: list[int], repeats: int) -> list[list[str]]:
-    from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
-
-    rows = []
-    for n in records:
-        directory = base / f"n{n}"
-        directory.mkdir(parents=True, exist_ok=True)
-        files = generate(directory, n)
-        exact = n <= EXACT_PERCENTILES_MAX
-        job_times, plain_times = [], []
-        for r in range(repeats):  # side by side, order alternating
-            for label in (("job", "plain") if r % 2 == 0 else ("plain", "job")):
-                t = time.perf_counter()
-                if label == "job":
-                    assert kproxy_job(spark, files, base / "out", EXACT_PERCENTILES_MAX) == n
-                else:
-                    plain_spark(spark, files, exact)
-                (job_times if label == "job" else plain_times).append(time.perf_counter() - t)
-        j, p = statistics.median(job_times), statistics.median(plain_times)
-        rows.append([f"{n:,}", "exact" if exact else "approx", f"{j:.1f}", f"{p:.1f}", f"{j / p:.2f}x"])
-        print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-    return rows
+    analysis = run_analysis(files, out, spark, exact_percentiles_max=exact_max)
+    write_html(analysis, str(out / "report.html"))
+    summary(analysis, io.StringIO())
+    t = analysis.tables
+    return {"requests": {r["api_name"]: r["requests"] for r in t["latency_by_api"]},
+            "errors": sorted([r["api_name"], r["code"], r["requests"]] for r in t["errors"]),
+            "topic_bytes": {r["topic"]: r["produced_bytes"] + r["fetched_bytes"] for r in t["top_topics"]},
+            "minute_bytes": sum(r["bytes"] for r in t["throughput"])}
 
 
-def _tree_rss(root: int) -> int:
-    """Resident bytes of ``root`` and every process under it (Linux /proc)."""
+def figures_agree(job: dict[str, Any], plain: dict[str, Any]) -> None:
+    """The job and plain Spark counted the same (generated captures: one partition entry per Produce or
+    Fetch request, so requests with an error code are entries with it; every topic is in both top lists
+    or the bytes of those in both agree)."""
+    assert job["requests"] == plain["requests"], (job["requests"], plain["requests"])
+    assert job["errors"] == plain["errors"], (job["errors"], plain["errors"])
+    assert job["minute_bytes"] == plain["minute_bytes"], (job["minute_bytes"], plain["minute_bytes"])
+    both = job["topic_bytes"].keys() & plain["topic_bytes"].keys()
+    assert both and all(job["topic_bytes"][k] == plain["topic_bytes"][k] for k in both)
+
+
+def _tree(root: int) -> tuple[int, float]:
+    """Resident bytes and CPU seconds (user + system) of ``root`` and every process under it (/proc)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
-    page = os.sysconf("SC_PAGE_SIZE")
+    stat: dict[int, tuple[int, float]] = {}
+    page, tick = os.sysconf("SC_PAGE_SIZE"), os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -227,53 +239,101 @@ def _tree_rss(root: int) -> int:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
-        rss[int(entry)] = int(fields[21]) * page
-    total, todo = 0, [root]
+        stat[int(entry)] = (int(fields[21]) * page, (int(fields[11]) + int(fields[12])) / tick)
+    rss, cpu, todo = 0, 0.0, [root]
     while todo:
         pid = todo.pop()
-        total += rss.get(pid, 0)
+        r, c = stat.get(pid, (0, 0.0))
+        rss, cpu = rss + r, cpu + c
         todo += children.get(pid, [])
-    return total
+    return rss, cpu
 
 
 def one_run(kind: str, directory: Path, out: Path) -> None:
-    """In a process of its own (--one): the job or plain Spark over ``directory``'s files, timed."""
+    """In a process of its own (--one): the job or plain Spark over ``directory``'s files; prints one
+    JSON line: wall and CPU seconds (this process and its JVM) from after Spark's start, the figures."""
+    import json
+
     from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
     from kproxy.analysis.job import spark_session
 
     files = sorted(str(p) for p in directory.glob("capture-*.parquet"))
+    started = time.perf_counter()
     spark = spark_session("local[2]")
     try:
+        startup = time.perf_counter() - started
+        cpu = _tree(os.getpid())[1]
         t = time.perf_counter()
         if kind == "job":
-            kproxy_job(spark, files, out, EXACT_PERCENTILES_MAX)
+            out.mkdir(parents=True, exist_ok=True)
+            got = kproxy_job(spark, files, out, EXACT_PERCENTILES_MAX)
         else:
-            plain_spark(spark, files, len(files) * ROWS_PER_FILE <= EXACT_PERCENTILES_MAX)
-        print(f"{time.perf_counter() - t:.1f}", flush=True)
+            got = plain_spark(spark, files, len(files) * ROWS_PER_FILE <= EXACT_PERCENTILES_MAX)
+        seconds, cpu = time.perf_counter() - t, _tree(os.getpid())[1] - cpu
+        print(json.dumps({"seconds": seconds, "cpu": cpu, "startup": startup, "figures": got}), flush=True)
     finally:
         spark.stop()
 
 
-def memory_side_by_side(base: Path, records: list[int]) -> list[list[str]]:
+def _generated(directory: Path, n: int) -> list[str]:
+    """The capture of ``n`` records under ``directory``: reused when its files are there whole (the
+    generator is seeded: the same records), else generated."""
+    files = sorted(str(p) for p in directory.glob("capture-*.parquet"))
+    try:
+        if len(files) == -(-n // ROWS_PER_FILE) and sum(pq.read_metadata(f).num_rows for f in files) == n:
+            return files
+    except (OSError, ValueError):
+        pass
+    for f in files:
+        os.unlink(f)
+    return generate(directory, n)
+
+
+def job_side_by_side(base: Path, records: list[int], repeats: int) -> tuple[list[list[str]], list[list[str]]]:
+    """Each run in a fresh process (its own Spark JVM, kproxy analyze's default settings, local[2]),
+    the job and plain Spark in turn, the order alternating every round, over the same files. Returns
+    the per-round rows and the summary rows (medians; ratios within a round)."""
+    import json
     import subprocess
 
-    rows = []
+    rounds, summary = [], []
     for n in records:
         directory = base / f"n{n}"
         directory.mkdir(parents=True, exist_ok=True)
-        generate(directory, n)
-        for kind in ("job", "plain"):
-            child = subprocess.Popen([sys.executable, __file__, "--one", kind, "--dir", str(directory)],
-                                     stdout=subprocess.PIPE, text=True)
-            peak = 0
-            while child.poll() is None:
-                peak = max(peak, _tree_rss(child.pid))
-                time.sleep(0.2)
-            seconds = child.stdout.read().strip().splitlines()[-1] if child.stdout else "?"
-            rows.append([f"{n:,}", "kproxy analyze job" if kind == "job" else "plain Spark", seconds,
-                         f"{peak / 2**30:.2f}"])
-            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
-    return rows
+        _generated(directory, n)
+        got: dict[str, list[dict[str, Any]]] = {"job": [], "plain": []}
+        ratios: list[tuple[float, float, float]] = []
+        for r in range(repeats):
+            order = ("job", "plain") if r % 2 == 0 else ("plain", "job")
+            this: dict[str, dict[str, Any]] = {}
+            for kind in order:
+                load = os.getloadavg()[0]
+                child = subprocess.Popen([sys.executable, __file__, "--one", kind, "--dir", str(directory)],
+                                         stdout=subprocess.PIPE, text=True)
+                peak = 0
+                while child.poll() is None:
+                    peak = max(peak, _tree(child.pid)[0])
+                    time.sleep(0.2)
+                lines = child.stdout.read().strip().splitlines() if child.stdout else []
+                if child.returncode != 0 or not lines:
+                    raise SystemExit(f"{kind} run failed (exit {child.returncode})")
+                this[kind] = dict(json.loads(lines[-1]), peak=peak, load=load)
+                got[kind].append(this[kind])
+                rounds.append([f"{n:,}", str(r + 1), kind, f"{this[kind]['seconds']:.1f}", f"{this[kind]['cpu']:.1f}",
+                               f"{peak / 2**30:.2f}", f"{this[kind]['startup']:.1f}", f"{load:.1f}"])
+                print(" | ".join(rounds[-1]), file=sys.stderr, flush=True)
+            figures_agree(this["job"]["figures"], this["plain"]["figures"])
+            ratios.append(tuple(this["job"][k] / this["plain"][k] for k in ("seconds", "cpu", "peak")))  # type: ignore[arg-type]
+        med = {kind: {k: statistics.median(x[k] for x in runs) for k in ("seconds", "cpu", "peak")}
+               for kind, runs in got.items()}
+        summary.append([f"{n:,}", str(repeats), f"{med['job']['seconds']:.1f}", f"{med['plain']['seconds']:.1f}",
+                        f"{statistics.median(x[0] for x in ratios):.2f}x ({min(x[0] for x in ratios):.2f}-"
+                        f"{max(x[0] for x in ratios):.2f})",
+                        f"{med['job']['cpu']:.1f}", f"{med['plain']['cpu']:.1f}",
+                        f"{statistics.median(x[1] for x in ratios):.2f}x",
+                        f"{med['job']['peak'] / 2**30:.2f}", f"{med['plain']['peak'] / 2**30:.2f}",
+                        f"{statistics.median(x[2] for x in ratios):.2f}x"])
+    return rounds, summary
 
 
 def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None:
@@ -313,23 +373,28 @@ def main() -> None:
                         help="Spark driver memory (local mode: the executors' too; default: kproxy analyze's, "
                              "a quarter of the machine's memory within 1-8 GiB)")
     parser.add_argument("--job", action="store_true",
-                        help="time kproxy analyze's whole job beside plain Spark's same four aggregations instead")
-    parser.add_argument("--memory", action="store_true",
-                        help="the job and plain Spark each in its own process: time and peak resident memory")
-    parser.add_argument("--one", choices=("job", "plain"), help=argparse.SUPPRESS)  # a --memory child
+                        help="kproxy analyze's whole job beside plain Spark's same four aggregations instead, "
+                             "each run in a fresh process, order alternating: time, CPU and peak memory")
+    parser.add_argument("--one", choices=("job", "plain"), help=argparse.SUPPRESS)  # a --job child
     args = parser.parse_args()
     if args.one:
         one_run(args.one, args.dir, args.dir / "out")
         return
-    if args.memory:
+    if args.job:
         base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))
+        started = machine_line()
         try:
-            rows = memory_side_by_side(base, args.records)
+            rounds, rows = job_side_by_side(base, args.records, args.repeats)
         finally:
             if args.dir is None:
                 shutil.rmtree(base, ignore_errors=True)
-        print(machine_line())
-        print(table(["records", "run", "seconds (Spark start-up excluded)", "peak RSS GiB (process tree)"], rows))
+        print(f"start: {started}\nend:   {machine_line()}\n")
+        print(table(["records", "round", "run", "wall s", "CPU s", "peak RSS GiB", "Spark start s (not counted)",
+                     "load at start"], rounds))
+        print()
+        print(table(["records", "rounds", "job s", "plain s", "job / plain time (range)", "job CPU s",
+                     "plain CPU s", "job / plain CPU", "job peak RSS GiB", "plain peak RSS GiB",
+                     "job / plain RSS"], rows))
         return
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
@@ -341,17 +406,6 @@ def main() -> None:
     startup = time.perf_counter() - t
     base = args.dir or Path(tempfile.mkdtemp(prefix="kproxy-bench-analysis-"))
     rows = []
-    if args.job:
-        try:
-            rows = job_side_by_side(spark, base, args.records, args.repeats)
-        finally:
-            spark.stop()
-            if args.dir is None:
-                shutil.rmtree(base, ignore_errors=True)
-        print(machine_line())
-        print(f"Spark JVM and session start-up (once, not in the figures): {startup:.1f} s\n")
-        print(table(["records", "percentiles", "kproxy analyze job s", "plain Spark s", "job / plain"], rows))
-        return
     try:
         for n in args.records:
             directory = base / f"n{n}"

@@ -81,6 +81,8 @@ PURE_PASS_MODULES = frozenset({
     "test_capture_observer.py",
     "test_rules_session.py",
     "test_rules_engine.py",
+    "test_rules_properties.py",
+    "test_resilience_memo.py",
     "test_rules_apply.py",
     "test_rules_actions.py",
     "test_native.py",

@@ -124,9 +124,10 @@ class Credentials:
 
 @dataclass
 class Events:
-    """What the front saw, counted (thread-safe): ``logins[(mechanism, result)]`` with result
-    ``ok``, ``refused``, ``reauth_ok``, ``reauth_refused``; ``closes[reason]``; ``log`` in order."""
+    """What the front saw, counted (thread-safe): ``accepted`` connections; ``logins[(mechanism, result)]``
+    with result ``ok``, ``refused``, ``reauth_ok``, ``reauth_refused``; ``closes[reason]``; ``log`` in order."""
 
+    accepted: int = 0
     logins: Counter[tuple[str, str]] = field(default_factory=Counter)
     closes: Counter[str] = field(default_factory=Counter)
     principals: list[str] = field(default_factory=list)
@@ -139,6 +140,10 @@ class Events:
             if principal is not None:
                 self.principals.append(principal)
             self.log.append(f"login {mechanism} {result} {principal or ''}".strip())
+
+    def accept(self) -> None:
+        with self.lock:
+            self.accepted += 1
 
     def close(self, reason: str) -> None:
         with self.lock:
@@ -524,6 +529,7 @@ class SaslFront:
 
     async def _handle(self, tcp: trio.SocketStream) -> None:
         assert self.broker is not None
+        self.events.accept()
         client: trio.abc.Stream = tcp
         try:
             if self.ssl_context is not None:

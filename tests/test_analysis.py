@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -410,6 +411,58 @@ def test_a_file_with_a_corrupt_page_behind_a_valid_footer_is_named_and_left_out(
     assert problem.path == str(bad) and problem.reason.startswith("corrupt data: 0 of the "), problem
     assert result.records == len(generated[1])
     assert sum(r["requests"] for r in result.tables["latency_by_api"]) == len(generated[1])
+
+
+@pytest.mark.parametrize("column", ["partitions.list.element.topic", "client_host"])
+def test_a_corrupt_page_in_any_column_is_named_before_spark_starts(
+        generated: tuple[Path, list[dict[str, Any]]], tmp_path: Path, column: str) -> None:
+    """Every page of every column is decoded while the inputs are checked (no Spark here): a file with
+    a corrupt page in a nested column, or in one the tables do not read, is named in one line and left
+    out, so every pass reads the same files."""
+    from kproxy.analysis.job import find_inputs
+
+    good = sorted(generated[0].glob("hour=*/capture-*.parquet"))[0]
+    bad = _corrupt_copy(good, tmp_path / "capture-corrupt.parquet", column)
+    inputs = find_inputs([str(bad), str(good)])
+    assert inputs.files == [str(good)]
+    [problem] = inputs.problems
+    assert problem.path == str(bad) and problem.reason.startswith("corrupt data: 0 of the "), problem
+    assert str(problem).isprintable() and problem.reason.endswith("the file is left out"), problem
+
+
+def test_the_tables_come_from_one_spark_job_per_pass(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
+                                                     tmp_path: Path) -> None:
+    """Four passes over the records, rolled up and written on the driver: no Spark job per table (the
+    job ran 60 of them, a write and a collect per table), and none for ``faults`` when no rule acted."""
+    from kproxy.analysis.job import run_analysis
+
+    records = [r for r in generated[1] if not r["rule_decisions"]]
+    directory = tmp_path / "no-rules"
+    writer = CaptureWriter(directory, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    for r in records:
+        assert writer.offer(r)
+    writer.close()
+    context = spark.sparkContext
+    context.setJobGroup("kproxy-jobs-per-pass", "counted")
+    try:
+        result = run_analysis([str(directory)], tmp_path / "out", spark)
+    finally:
+        context.setJobGroup(None, None)  # type: ignore[arg-type]
+    assert result.records == len(records) and result.tables["faults"] == []
+    jobs = context.statusTracker().getJobIdsForGroup("kproxy-jobs-per-pass")
+    assert 4 <= len(jobs) <= 8, jobs  # a job per pass, and one more where Spark runs a shuffle as a job of its own
+    assert pq.read_table(tmp_path / "out" / "faults").column_names == [
+        "rule", "action", "dry_run", "api_name", "then", "requests", "median_delay_ms"]
+
+
+def test_local_sessions_split_the_files_for_every_core(spark: Any) -> None:
+    """At least four reads per core: ten files of one size made four splits on two cores (one core idle
+    in every pass's last wave)."""
+    from kproxy.analysis.session import local_cores
+
+    assert [local_cores(m) for m in ("local", "local[3]", "local[2, 4]", "spark://h:7077")] == [1, 3, 2, 1]
+    assert local_cores("local[*]") == (os.cpu_count() or 1)
+    assert spark.conf.get("spark.sql.files.minPartitionNum") == "8"  # the suite's session: local[2]
 
 
 def test_plots_of_a_one_minute_capture_are_pngs() -> None:

@@ -76,16 +76,16 @@ def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     h = Harness()
     batches = {0: _batch(3), 2: _batch(5)}
     response = response_frame(PRODUCE, 9, 4, responses=[{"name": "orders", "partition_responses": [
-        {"index": 0, "error_code": 0}, {"index": 2, "error_code": 6}]}])
+        {"index": 0, "error_code": 0, "base_offset": 40}, {"index": 2, "error_code": 6, "base_offset": -1}]}])
     rec = h.exchange(_produce(9, 4, -1, "tx-9", batches), response)
     assert set(rec) == set(COLUMN_NAMES)
     assert (rec["api_name"], rec["api_version"], rec["correlation_id"], rec["client_id"]) == ("Produce", 9, 4, "shop")
     assert (rec["acks"], rec["transactional_id"], rec["group_id"]) == (-1, "tx-9", None)
     assert (rec["client_host"], rec["client_port"], rec["node_id"], rec["listener"]) == ("10.0.0.9", 5555, 7,
                                                                                           "broker-7")
-    assert rec["partitions"] == [
+    assert rec["partitions"] == [  # partition 0's log end offset after the append: base offset 40 + 3 records
         {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0]),
-         **NO_OFFSETS},
+         **NO_OFFSETS, "high_watermark": 43},
         {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2]),
          **NO_OFFSETS}]
     assert (rec["record_count"], rec["record_bytes"]) == (8, len(batches[0]) + len(batches[2]))

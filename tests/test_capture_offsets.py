@@ -1,10 +1,11 @@
 """The capture's committed offsets and watermarks (schema version 3), against the live tracker's.
 
 One session's observer is the metrics' (with consumer lag) and the capture's together, as the
-server wires them: every version of OffsetCommit, OffsetFetch, Fetch and ListOffsets goes through
-it, and the last committed offset per (group, topic, partition) and the last watermark per
-(topic, partition) that the capture's records hold are what the tracker holds. Records of other
-exchanges carry none; an older capture (version 2, no such fields) still reads.
+server wires them: every version of OffsetCommit, OffsetFetch, Fetch, ListOffsets and Produce goes
+through it, and the last committed offset per (group, topic, partition) and the last watermark per
+(topic, partition) that the capture's records hold are what the tracker holds (a Produce answer's:
+the log end offset). Records of other exchanges carry none; an older capture (version 2, no such
+fields) still reads.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
+from tests.test_lag_metrics import produce_records
 
-FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
 TOPIC_ID = uuid.UUID(int=0xCAFE)
 
 
@@ -98,6 +100,13 @@ def traffic(both: Both) -> None:
         both.exchange(LIST_OFFSETS, v, {"isolation_level": 0, "topics": topic(timestamp=lambda p: -1 if p else -2)},
                       {"topics": topic(offset=lambda p, i=i: 300 + i + p,
                                        old_style_offsets=lambda p, i=i: [300 + i + p])})
+    for i, v in enumerate(versions(PRODUCE)):  # partitions 0 and 1 get 2 + p records at 400 + 10 i; 2 refused
+        data = [{"index": p, "records": produce_records(2 + p, v)} for p in range(3)]
+        both.exchange(PRODUCE, v, {"acks": -1, "timeout_ms": 1000, "topic_data": [
+            {"name": "orders", "topic_id": TOPIC_ID, "partition_data": data}]},
+            {"responses": [{"name": "orders", "topic_id": TOPIC_ID, "partition_responses": [
+                {"index": p, "error_code": 6 if p == 2 else 0, "base_offset": -1 if p == 2 else 400 + 10 * i}
+                for p in range(3)]}]})
 
 
 def test_the_capture_records_the_offsets_the_live_tracker_reads() -> None:
@@ -109,8 +118,10 @@ def test_the_capture_records_the_offsets_the_live_tracker_reads() -> None:
     last = {api: len(versions(api)) - 1 for api in (OFFSET_COMMIT, OFFSET_FETCH, FETCH, LIST_OFFSETS)}
     assert committed == {("billing", "orders", p): last[OFFSET_COMMIT] + p for p in (0, 1)} | {  # 2: refused
         ("audit", "orders", p): 100 + last[OFFSET_FETCH] + p for p in range(3)}  # "other": its group's error
-    # Fetch's last watermarks, then ListOffsets' latest (timestamp -1) for partitions 1 and 2 (0 asked -2).
-    assert marks == {("orders", 0): 200 + last[FETCH]} | {("orders", p): 300 + last[LIST_OFFSETS] + p for p in (1, 2)}
+    # Fetch's last watermarks, then ListOffsets' latest (timestamp -1) for partitions 1 and 2 (0 asked -2),
+    # then the last Produce's log end offsets of partitions 0 and 1 (2 refused).
+    end = 400 + 10 * (len(versions(PRODUCE)) - 1)
+    assert marks == {("orders", 0): end + 2, ("orders", 1): end + 3, ("orders", 2): 300 + last[LIST_OFFSETS] + 2}
 
 
 @pytest.mark.parametrize("version", versions(OFFSET_FETCH))
@@ -141,6 +152,26 @@ def test_other_exchanges_and_refused_bodies_carry_no_offsets() -> None:
     both.session.report()
     assert all(p["committed_offset"] is None for p in both.records[-1]["partitions"])
     assert both.offline() == ({}, {}) and not both.lag.committed
+
+
+def test_a_produce_whose_records_were_not_all_counted_gives_no_log_end_offset() -> None:
+    from kproxy.protocol.compression import Codec
+    from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, Record, encode_message_set
+
+    # A legacy gzip wrapper inflating past the frame's record budget: its count is short.
+    bomb = encode_message_set([Record(offset=0, timestamp=0, key=None, value=bytes(DEFAULT_RECORD_BUDGET + 1))],
+                              magic=1, codec=Codec.GZIP)
+    both = Both()
+    answered = [{"index": p, "error_code": 0, "base_offset": 50} for p in (0, 1)]
+    rec = both.exchange(PRODUCE, 2, {"acks": 1, "topic_data": [{"name": "orders", "partition_data": [
+        {"index": 0, "records": produce_records(2, 2)}, {"index": 1, "records": bomb}]}]},
+        {"responses": [{"name": "orders", "partition_responses": answered}]})
+    assert [p["high_watermark"] for p in rec["partitions"]] == [None, None]
+    assert both.offline()[1] == {} and both.lag.view(both.session.clock()).watermarks == {}
+    rec = both.exchange(PRODUCE, 2, {"acks": 1, "topic_data": [{"name": "orders", "partition_data": [
+        {"index": 0, "records": produce_records(2, 2)}]}]},
+        {"responses": [{"name": "orders", "partition_responses": answered[:1]}]})
+    assert both.offline()[1] == both.lag.view(both.session.clock()).watermarks == {("orders", 0): 52}
 
 
 def test_version_3_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:

@@ -2,7 +2,9 @@
 
 Exact frames in, exact commands out (no sockets). The client side of SCRAM is scramp's, which
 checks kproxy's server signature; the answers are decoded with kproxy's codec and compared with
-what Kafka's SaslServerAuthenticator sends in each state.
+what Kafka's SaslServerAuthenticator sends in each state. No upstream connection exists before the
+client logged in: ApiVersions is answered from the cluster's answers kproxy keeps, and the session
+asks for the connection (ConnectUpstream) only after the answer that tells the client it is in.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
     Command,
+    ConnectUpstream,
     ForwardUpstream,
     RejectReason,
     SendToClient,
@@ -29,14 +32,30 @@ from kproxy.proxy.commands import (
     WakeAt,
 )
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.session import Session
+from kproxy.proxy.session import Exchange, RequestPolicy, Session, Verdict
+from kproxy.proxy.upstream_login import UpstreamLogin
+from kproxy.sasl.client import Credentials
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials
 from kproxy.sasl.server import CredentialChecker
 from tests.support.clock import Clock
+from tests.test_upstream_login import ScriptedBroker
 
 METADATA, SASL_HANDSHAKE, API_VERSIONS, SASL_AUTHENTICATE = 3, 17, 18, 36
 NONE, UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED = 0, 33, 34, 58
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# The cluster's ApiVersions answer, as kproxy's upstream check got it (correlation id 0), at v0-v4: its own
+# SASL versions (which clients must not see: kproxy answers SASL) and a finalized feature (v3+).
+CLUSTER_KEYS = [{"api_key": 0, "min_version": 0, "max_version": 11}, {"api_key": METADATA, "min_version": 0,
+                "max_version": 12}, {"api_key": API_VERSIONS, "min_version": 0, "max_version": 4},
+                {"api_key": SASL_HANDSHAKE, "min_version": 1, "max_version": 1}]
+CLUSTER_ANSWERS = {v: response_frame(API_VERSIONS, v, 0, api_keys=CLUSTER_KEYS, finalized_features_epoch=7,
+                                     finalized_features=[{"name": "metadata.version", "min_version_level": 14,
+                                                          "max_version_level": 14}]) for v in range(5)}
+
+
+def cluster_versions(correlation_id: int, version: int) -> bytes | None:
+    frame = CLUSTER_ANSWERS.get(version)
+    return None if frame is None else frame[:4] + correlation_id.to_bytes(4, "big", signed=True) + frame[8:]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +84,8 @@ class Client:
     upstream: list[bytes] = field(default_factory=list)
     closed: CloseConnection | None = None
     verifications: int = 0
+    connects: int = 0  # ConnectUpstream executed (the upstream connection opened)
+    log: list[str] = field(default_factory=list)  # the commands' kinds, in order
 
     def send(self, *frames: bytes) -> None:
         self._run(self.session.receive_client(b"".join(frames)))
@@ -75,6 +96,9 @@ class Client:
     def _run(self, commands: list[Command]) -> None:
         for command in commands:
             assert self.closed is None, "a command after the close"
+            self.log.append(type(command).__name__)
+            if isinstance(command, ForwardUpstream):
+                assert self.connects == 1, "a write upstream before the upstream connection"
             if isinstance(command, SendToClient):
                 self.to_client += FrameSplitter().split(command.payload())[0]
             elif isinstance(command, ForwardUpstream):
@@ -85,6 +109,10 @@ class Client:
                 self._run(self.session.verified(command.work()))
             elif isinstance(command, CloseConnection):
                 self.closed = command
+            elif isinstance(command, ConnectUpstream):
+                assert self.connects == 0 and self.session.principal is not None, "connected twice, or before a login"
+                self.connects += 1
+                self._run(self.session.upstream_connected())
             else:
                 assert isinstance(command, WakeAt)
 
@@ -99,12 +127,33 @@ class Client:
         return self.to_client.pop()[4:]
 
 
-def client(checker: CredentialChecker, lifetime: float = 0.0) -> Client:
+def client(checker: CredentialChecker, lifetime: float = 0.0, login: UpstreamLogin | None = None,
+           versions: Any = cluster_versions, policy: RequestPolicy | None = None) -> Client:
     outcomes: list[Outcome] = []
     clock = Clock()
-    auth = ClientAuth(checker, session_lifetime=lifetime, on_outcome=outcomes.append)
+    auth = ClientAuth(checker, session_lifetime=lifetime, on_outcome=outcomes.append, api_versions=versions)
     rewriter = ResponseRewriter(AddressMap("kproxy.test", 40000), answered=ANSWERED_VERSIONS)
-    return Client(Session(rewriter, clock=clock, auth=auth), clock, outcomes)
+    return Client(Session(rewriter, clock=clock, auth=auth, login=login, policy=policy), clock, outcomes)
+
+
+class ApiVersionsRule:
+    """A policy with one rule on ApiVersions: its answer held ``hold_s``, and edited (``on_response``
+    records the frame it saw)."""
+
+    principal: str | None = None
+
+    def __init__(self, hold_s: float = 0.0) -> None:
+        self.hold_s = hold_s
+        self.edited: list[bytes] = []
+
+    def decide(self, exchange: Exchange) -> Verdict | None:
+        if exchange.api_key != API_VERSIONS:
+            return None
+        return Verdict(hold_s=self.hold_s, on_response=self._edit)
+
+    def _edit(self, frame: bytes) -> bytes:
+        self.edited.append(frame)
+        return frame
 
 
 def handshake(c: Client, mechanism: str, version: int = 1, cid: int = 1) -> dict[str, Any]:
@@ -127,22 +176,35 @@ def scram_login(c: Client, mechanism: str, user: str, password: str, version: in
     return authenticate(c, sc.get_client_final().encode(), version, cid=3), sc
 
 
-def test_before_the_login_only_api_versions_reaches_the_broker_and_it_lists_kproxys_sasl(
-        checker: CredentialChecker) -> None:
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_before_the_login_there_is_no_upstream_and_api_versions_is_the_clusters_with_kproxys_sasl(
+        checker: CredentialChecker, version: int) -> None:
     c = client(checker)
     assert c.session.partial_request_at == 0 and c.session.logging_in  # the login is under the frame deadline
-    c.send(request_frame(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"))
-    assert len(c.upstream) == 1
-    # The broker lists SASL versions of its own (or none): clients are told kproxy's.
-    c.broker(response_frame(API_VERSIONS, 3, 1, api_keys=[
-        {"api_key": METADATA, "min_version": 0, "max_version": 12},
-        {"api_key": SASL_HANDSHAKE, "min_version": 1, "max_version": 1}]))
-    keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in c.answer(API_VERSIONS, 3)["api_keys"]}
-    assert keys[SASL_HANDSHAKE] == (0, 1) and keys[SASL_AUTHENTICATE] == (0, 2) and METADATA in keys
+    c.send(request_frame(API_VERSIONS, version, 9, client_software_name="t", client_software_version="1"))
+    assert c.upstream == [] and c.connects == 0
+    frame = c.to_client[0]
+    assert decode_response(frame[4:], API_VERSIONS, version).header.correlation_id == 9
+    answer = c.answer(API_VERSIONS, version)
+    keys = {k["api_key"]: (k["min_version"], k["max_version"]) for k in answer["api_keys"]}
+    # The cluster's versions capped by what kproxy reads (as a broker's answer is), and kproxy's SASL
+    # versions rather than the cluster's: kproxy answers SASL.
+    assert keys[SASL_HANDSHAKE] == (0, 1) and keys[SASL_AUTHENTICATE] == (0, 2)
+    assert keys[METADATA] == (0, 12) and keys[API_VERSIONS] == (0, 4) and 0 in keys
+    if version >= 3:  # the rest of the cluster's answer as it gave it: its features
+        assert answer["finalized_features_epoch"] == 7
+        assert [f["name"] for f in answer["finalized_features"]] == ["metadata.version"]
     c.send(request_frame(METADATA, 12, 2))
     assert c.closed is not None and c.closed.reject is RejectReason.REQUEST_SESSION
     assert c.closed.reason == "Unexpected Kafka request of type METADATA during SASL handshake"
-    assert c.to_client == [] and len(c.upstream) == 1  # no answer, as a broker closes without one
+    assert c.to_client == [] and c.upstream == [] and c.connects == 0  # no answer, as a broker closes
+
+
+def test_with_no_answer_of_the_cluster_known_api_versions_closes(checker: CredentialChecker) -> None:
+    c = client(checker, versions=None)
+    c.send(request_frame(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"))
+    assert c.closed is not None and "no ApiVersions answer of the cluster known" in c.closed.reason
+    assert c.to_client == [] and c.upstream == [] and c.connects == 0
 
 
 @pytest.mark.parametrize("version", [0, 1, 2])
@@ -154,6 +216,8 @@ def test_plain_login_is_verified_off_the_loop_then_traffic_flows(checker: Creden
     assert c.verifications == 1 and c.session.principal == "User:alice" and not c.session.logging_in
     assert c.session.partial_request_at is None
     assert c.outcomes == [Outcome("PLAIN", True, "alice", None, False)]
+    # The upstream connection is asked for after the answer that tells the client it logged in.
+    assert c.log[-3:] == ["VerifyCredentials", "SendToClient", "ConnectUpstream"] and c.connects == 1
     metadata = request_frame(METADATA, 12, 3)
     c.send(metadata)
     assert c.upstream == [metadata] and c.closed is None
@@ -171,6 +235,7 @@ def test_scram_login_proves_kproxy_to_the_client(checker: CredentialChecker, mec
     assert final["error_code"] == NONE and final["error_message"] is None
     sc.set_server_final(bytes(final["auth_bytes"]).decode())  # scramp checks kproxy's signature
     assert c.session.principal == "User:bob" and c.verifications == 0
+    assert c.log[-2:] == ["SendToClient", "ConnectUpstream"] and c.connects == 1
     if version >= 1:  # KIP-368: the session's lifetime is told from v1
         assert final["session_lifetime_ms"] == 60_000
 
@@ -202,7 +267,7 @@ def test_a_wrong_password_gets_the_brokers_error_then_the_connection_closes(
     # Kafka's connection.failed.authentication.delay.ms: a client reads the answer before the end.
     assert c.closed is not None and c.closed.reason == f"SASL authentication failed: {message}"
     assert c.closed.linger == pytest.approx(0.1)
-    assert c.session.principal is None
+    assert c.session.principal is None and c.connects == 0 and c.upstream == []  # the cluster never saw it
     assert [(o.success, o.user, o.reason) for o in c.outcomes] == [(False, "alice", "wrong password")]
 
 
@@ -299,14 +364,49 @@ def test_frames_before_the_login_are_bounded_as_a_brokers_sasl_receive(checker: 
     assert d.closed is None
 
 
-def test_answers_keep_request_order_behind_a_forwarded_api_versions(checker: CredentialChecker) -> None:
+def test_answers_keep_request_order_api_versions_and_handshake_pipelined(checker: CredentialChecker) -> None:
     c = client(checker)
     c.send(request_frame(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"),
            request_frame(SASL_HANDSHAKE, 1, 2, mechanism="PLAIN"))
-    assert c.to_client == []  # the handshake's answer waits for the broker's ApiVersions answer
-    c.broker(response_frame(API_VERSIONS, 3, 1, api_keys=[]))
     assert [decode_response(f[4:], k, v).header.correlation_id
             for f, k, v in zip(c.to_client, (API_VERSIONS, SASL_HANDSHAKE), (3, 1), strict=True)] == [1, 2]
+    assert c.upstream == [] and c.connects == 0
+
+
+@pytest.mark.parametrize("upstream_login", [False, True])
+def test_requests_pipelined_behind_the_login_go_up_once_the_connection_is_open(
+        checker: CredentialChecker, upstream_login: bool) -> None:
+    """Metadata sent with the SCRAM client-final message, in one chunk: the login's answer first, then
+    the connection; the Metadata goes up on it (with kproxy's own login, once that login succeeded)."""
+    broker = ScriptedBroker()
+    login = UpstreamLogin(lambda: Credentials("PLAIN", "alice", "s3cret")) if upstream_login else None
+    c = client(checker, login=login)
+    assert handshake(c, "SCRAM-SHA-256")["error_code"] == NONE
+    sc = scramp.ScramClient(["SCRAM-SHA-256"], "bob", "bob-secret")
+    first = authenticate(c, sc.get_client_first().encode())
+    sc.set_server_first(bytes(first["auth_bytes"]).decode())
+    metadata = request_frame(METADATA, 12, 4)
+    c.send(request_frame(SASL_AUTHENTICATE, 2, 3, auth_bytes=sc.get_client_final().encode()), metadata)
+    sc.set_server_final(bytes(c.answer(SASL_AUTHENTICATE, 2)["auth_bytes"]).decode())
+    assert c.connects == 1 and c.log.index("SendToClient") < c.log.index("ConnectUpstream")
+    if upstream_login:
+        # kproxy's login to the cluster goes first, the client's requests wait for its end.
+        later = request_frame(METADATA, 12, 5)
+        c.send(later)
+        clients: list[bytes] = []
+        while c.upstream:
+            for frame in FrameSplitter().split(c.upstream.pop(0))[0]:
+                if int.from_bytes(frame[8:12], "big", signed=True) < 0:  # kproxy's own ids: its login's
+                    assert not clients, "a login request after a client's"
+                    c.broker(broker.answer(frame))
+                else:
+                    clients.append(frame)
+        assert broker.principals == ["User:alice"]
+        assert clients == [metadata, later] and c.closed is None
+    else:
+        assert c.upstream == [metadata] and c.closed is None
+    c.broker(response_frame(METADATA, 12, 4))
+    assert decode_response(c.to_client.pop(0)[4:], METADATA, 12).header.correlation_id == 4
 
 
 def test_pipelining_during_a_verification_closes(checker: CredentialChecker) -> None:
@@ -317,9 +417,11 @@ def test_pipelining_during_a_verification_closes(checker: CredentialChecker) -> 
            request_frame(METADATA, 12, 3))
     assert c.closed is not None and c.closed.reject is RejectReason.REQUEST_SESSION
     assert c.upstream == [] and c.to_client == [] and c.session.principal is None and c.outcomes == []
-    d = client(checker)
+    rule = ApiVersionsRule(hold_s=5.0)  # ApiVersions' answer held: it is still due when the token comes
+    d = client(checker, policy=rule)
     d.send(request_frame(API_VERSIONS, 3, 1, client_software_name="t", client_software_version="1"),
            request_frame(SASL_HANDSHAKE, 0, 2, mechanism="PLAIN"))
+    assert len(rule.edited) == 1  # the cluster's answer, edited by the rule as a broker's would be
     token = b"\x00alice\x00alice-secret"
     d.send(len(token).to_bytes(4, "big") + token)  # a raw token while the answers are still due
     assert d.closed is not None and "before the answers to earlier requests" in d.closed.reason

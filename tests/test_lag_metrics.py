@@ -5,8 +5,15 @@ observer is the metrics' (as the server wires them), on a clock the test moves:
 
 * every version of OffsetCommit, OffsetFetch, Fetch and ListOffsets teaches the tracker what it
   should (topic ids named from Metadata answers, learnt before or after);
+* every version of Produce gives each partition it appended to its log end offset (the answer's
+  base offset plus the request's records there), one partition or several, v2 batches or legacy
+  message sets; acks=0, refused partitions, a request a rule replaced and answers older than one
+  seen teach nothing;
 * lag is watermark less committed offset, never below 0; values not seen again within the
   staleness window leave the series (and the tracker's tables), they never freeze;
+* a group's committed offsets stay while kproxy sees the group (every version of every group
+  request), past the window of their commit; not after a LeaveGroup, nor those committed before a
+  rebalance the group's members were seen to join;
 * bounds: keys evicted oldest first and counted; at most ``label_cap`` groups and topics named,
   the rest folded into ``other`` (lag_sum) or left out and counted; 100,000 groups and 100,000
   topics leave /metrics under 1 MB;
@@ -28,15 +35,28 @@ from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import SERIES_PER_LABEL, ConsumerLagCollector, lag_series
 from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.offsets import GROUP_REQUESTS
+from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
 from kproxy.protocol.scan import scanner
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
-FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
+JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 TOPIC_ID = uuid.UUID(int=0xABC)
+
+
+def produce_records(n: int, version: int, codec: int = Codec.NONE) -> bytes:
+    """``n`` records as a producer of that Produce version sends them: a v2 batch from v3 (KIP-98),
+    a legacy message set before (magic 1 from v2, magic 0 before)."""
+    found = [Record(offset=i, timestamp=1000 + i, key=None, value=b"v%d" % i) for i in range(n)]
+    if version >= 3:
+        return encode_batch_v2(found, codec=codec)
+    return encode_message_set(found, magic=1 if version == 2 else 0, codec=codec)
 
 
 def versions(api_key: int) -> range:
@@ -56,20 +76,42 @@ class Clock:
 class Proxy:
     """One connection's sans-IO session with the metrics' observer and a lag tracker, as the server wires them."""
 
-    def __init__(self, *, stale_after: float = 300.0, max_keys: int = 50_000, lag: bool = True) -> None:
+    def __init__(self, *, stale_after: float = 300.0, max_keys: int = 50_000, lag: bool = True,
+                 policy: Any = None) -> None:
         self.clock = Clock()
         self.lag = ConsumerLag(stale_after=stale_after, max_keys=max_keys) if lag else None
         self.stats = TrafficStats(StatsOptions(consumer_lag=lag))
         self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=self.clock,
-                               observer=MetricsObserver(self.stats, self.lag).for_broker(None))
+                               observer=MetricsObserver(self.stats, self.lag).for_broker(None), policy=policy)
         self.correlation_id = 0
 
-    def exchange(self, api_key: int, api_version: int, request: dict[str, Any], response: dict[str, Any]) -> None:
+    def exchange(self, api_key: int, api_version: int, request: dict[str, Any], response: dict[str, Any] | None
+                 ) -> list[Any]:
+        """One request and its answer (None: none is due) through the session; the commands it returned."""
         self.correlation_id += 1
-        self.session.receive_client(request_frame(api_key, api_version, self.correlation_id, **request))
+        out = self.session.receive_client(request_frame(api_key, api_version, self.correlation_id, **request))
         self.session.report()
-        self.session.receive_upstream(response_frame(api_key, api_version, self.correlation_id, **response))
-        self.session.report()
+        if response is not None:
+            out += self.session.receive_upstream(response_frame(api_key, api_version, self.correlation_id,
+                                                                **response))
+            self.session.report()
+        return out
+
+    def produce(self, version: int, records: dict[int, int], bases: dict[int, int], *, topic: str = "orders",
+                refused: tuple[int, ...] = (), acks: int = -1, codec: int = Codec.NONE) -> list[Any]:
+        """A Produce of ``records[p]`` records to each partition ``p`` (one batch each, in the record format
+        of that version), answered with base offset ``bases[p]`` (NOT_LEADER_OR_FOLLOWER for ``refused``)."""
+        data = [{"index": p, "records": produce_records(n, version, codec)} for p, n in records.items()]
+        answer = [{"index": p, "error_code": 6 if p in refused else 0, "base_offset": -1 if p in refused else bases[p]}
+                  for p in records]
+        return self.exchange(PRODUCE, version, {"acks": acks, "timeout_ms": 1000, "topic_data": [
+            {"name": topic, "topic_id": TOPIC_ID, "partition_data": data}]},
+            None if acks == 0 else {"responses": [{"name": topic, "topic_id": TOPIC_ID,
+                                                   "partition_responses": answer}]})
+
+    def group(self, api_key: int, version: int, group: str) -> None:
+        """A group request naming ``group`` (answered without error)."""
+        self.exchange(api_key, version, {"group_id": group, "member_id": "m-1", "groups": [{"group_id": group}]}, {})
 
     def commit(self, version: int, group: str, topic: str, offsets: dict[int, int], refused: tuple[int, ...] = ()
                ) -> None:
@@ -133,6 +175,141 @@ def test_every_list_offsets_version_gives_the_latest_offset_as_watermark(version
     assert proxy.view.watermarks == {("orders", 0): 50}  # -2 (earliest) is not a watermark
 
 
+@pytest.mark.parametrize("version", versions(PRODUCE))
+def test_every_produce_version_gives_the_log_end_offsets_of_what_it_appended(version: int) -> None:
+    proxy = Proxy()
+    proxy.metadata("orders")  # (v13 names topics by id)
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 20, 2: 1})
+    # One partition (the answer a producer usually gets, read by hand), then several (the generated scan).
+    proxy.produce(version, {0: 3}, {0: 10})
+    assert proxy.view.watermarks == {("orders", 0): 13}
+    proxy.produce(version, {0: 4, 1: 7, 2: 2}, {0: 13, 1: 20, 2: 30}, refused=(2,), codec=Codec.GZIP)
+    view = proxy.view
+    assert view.watermarks == {("orders", 0): 17, ("orders", 1): 27}  # partition 2 refused: nothing appended
+    assert view.lag == {("billing", "orders", 0): 12, ("billing", "orders", 1): 7}
+
+
+def test_a_produce_with_acks_0_teaches_nothing_even_answered() -> None:
+    proxy = Proxy()
+    # acks=0: the client expects no answer; a broker that sends one anyway (Tansu does) has it dropped.
+    proxy.produce(9, {0: 3}, {0: 10}, acks=0)
+    proxy.session.receive_upstream(response_frame(PRODUCE, 9, proxy.correlation_id, responses=[
+        {"name": "orders", "partition_responses": [{"index": 0, "base_offset": 50}]}]))
+    proxy.session.report()
+    assert not proxy.session.in_flight and proxy.view.watermarks == {}
+    proxy.produce(9, {0: 3}, {0: 13}, acks=1)
+    assert proxy.view.watermarks == {("orders", 0): 16}
+
+
+def test_a_produce_answer_only_moves_a_watermark_forward_but_a_fetch_answer_sets_it() -> None:
+    proxy = Proxy(stale_after=60)
+    proxy.produce(9, {0: 5}, {0: 100})
+    proxy.clock.now += 0.1
+    proxy.produce(9, {0: 5}, {0: 90})  # another connection's answer, older: it reached kproxy later
+    assert proxy.view.watermarks == {("orders", 0): 105}
+    proxy.clock.now += 0.1
+    proxy.fetch(11, "orders", {0: 103})  # acks=1: the followers have not all of it yet
+    assert proxy.view.watermarks == {("orders", 0): 103}
+    proxy.produce(9, {0: 1}, {0: 105})
+    assert proxy.view.watermarks == {("orders", 0): 106}
+    proxy.clock.now += 61  # stale: the topic was deleted and made again, say; a lower end is taken
+    proxy.produce(9, {0: 2}, {0: 0})
+    assert proxy.view.watermarks == {("orders", 0): 2}
+    assert proxy.lag is not None and list(proxy.lag.watermarks.values()) == [(2, proxy.clock.now)]
+
+
+def test_a_produce_a_rule_replaced_teaches_nothing() -> None:
+    from kproxy.metrics.fault_stats import FaultStats
+    from kproxy.policy.live_rules import LiveRules
+    from kproxy.rules import load_text
+
+    rules = """
+seed: 1
+rules:
+  - id: twice
+    match: {api: produce, topic: dup}
+    actions:
+      - duplicate_records: {copies: 2}
+  - id: held
+    match: {api: produce, topic: orders}
+    actions:
+      - delay: {ms: 0}
+"""
+    proxy = Proxy(policy=LiveRules(load_text(rules), counts=FaultStats()).policy("127.0.0.1:5555"))
+    sizes = []
+    for topic in ("dup", "orders"):
+        out = proxy.produce(9, {0: 3}, {0: 10}, topic=topic)
+        sizes.append(sum(len(c.data) for c in out if type(c).__name__ == "ForwardUpstream"))
+    assert sizes[0] > sizes[1] + 100  # the broker got three copies of the dup batch (nine records)...
+    assert proxy.view.watermarks == {("orders", 0): 13}  # ... which the request read does not say: not counted
+
+
+@pytest.mark.parametrize(("api_key", "version"), [(a, v) for a in sorted(GROUP_REQUESTS) for v in versions(a)])
+def test_every_group_request_keeps_the_groups_committed_offsets_past_the_window(api_key: int, version: int) -> None:
+    proxy = Proxy(stale_after=60)
+    assert proxy.lag is not None
+    if api_key == JOIN_GROUP:  # a sighting that begins a rebalance (kept: the offsets committed from then on)
+        proxy.group(JOIN_GROUP, version, "billing")
+        assert proxy.lag.groups["billing"] == (proxy.clock.now, proxy.clock.now)
+        api_key, version = HEARTBEAT, 4
+    proxy.commit(8, "billing", "orders", {0: 5})
+    proxy.commit(8, "gone", "orders", {0: 7})
+    for _ in range(12):  # ten minutes of the group's requests every 50 s, and of watermarks; no commit
+        proxy.clock.now += 50
+        proxy.group(api_key, version, "billing")
+        proxy.fetch(11, "orders", {0: 40})
+    view = proxy.view
+    assert view.committed == {("billing", "orders", 0): 5} and view.lag == {("billing", "orders", 0): 35}
+    assert proxy.lag is not None and [k[0] for k in proxy.lag.committed] == ["billing"]  # "gone" expired
+    proxy.clock.now += 61  # no sighting since: it goes too
+    assert proxy.view.committed == {}
+
+
+def test_a_leave_group_is_no_sighting() -> None:
+    proxy = Proxy(stale_after=60)
+    proxy.commit(8, "billing", "orders", {0: 5})
+    proxy.clock.now += 50
+    proxy.group(HEARTBEAT, 4, "billing")
+    proxy.clock.now += 50
+    proxy.group(LEAVE_GROUP, 5, "billing")
+    assert proxy.view.committed == {("billing", "orders", 0): 5}
+    proxy.clock.now += 11  # 61 s after the last heartbeat
+    assert proxy.view.committed == {}
+
+
+def test_a_rebalance_ends_the_keeping_of_offsets_committed_before_it() -> None:
+    """A JoinGroup: the members ask for the offsets of the partitions they now have (OffsetFetch),
+    which keeps those; a partition a member behind another kproxy now has ages out here."""
+    proxy = Proxy(stale_after=60)
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 8})
+    proxy.clock.now += 30
+    proxy.group(JOIN_GROUP, 9, "billing")
+    proxy.group(SYNC_GROUP, 5, "billing")
+    partitions = [{"partition_index": 0, "committed_offset": 5}]  # this member was given partition 0
+    proxy.exchange(OFFSET_FETCH, 8, {"groups": [{"group_id": "billing"}]}, {"groups": [
+        {"group_id": "billing", "topics": [{"name": "orders", "partitions": partitions}]}]})
+    for _ in range(6):
+        proxy.clock.now += 20
+        proxy.group(HEARTBEAT, 4, "billing")
+    assert proxy.view.committed == {("billing", "orders", 0): 5}
+
+
+def test_a_kept_offset_is_looked_at_once_a_window_and_the_group_table_is_bounded() -> None:
+    proxy = Proxy(stale_after=60, max_keys=4)
+    assert proxy.lag is not None
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 6})
+    proxy.clock.now += 61
+    proxy.group(HEARTBEAT, 4, "billing")  # an expiry pass: both put back, stamped now
+    assert list(proxy.lag.committed.values()) == [(5, 1000.0, proxy.clock.now), (6, 1000.0, proxy.clock.now)]
+    proxy.clock.now += 30
+    proxy.group(HEARTBEAT, 4, "billing")  # within their new window: not looked at again
+    assert [v[2] for v in proxy.lag.committed.values()] == [1061.0, 1061.0]
+    for i in range(5):
+        proxy.group(HEARTBEAT, 4, f"other-{i}")
+    assert len(proxy.lag.groups) == 4 and proxy.lag.evicted["group"] == 2  # billing, the oldest, went first
+    assert proxy.view.committed == {}  # no longer kept: their commit is older than the window
+
+
 def test_topic_ids_learnt_after_the_watermarks_name_them_at_the_next_scrape() -> None:
     proxy = Proxy()
     proxy.commit(8, "billing", "orders", {0: 5})
@@ -183,7 +360,7 @@ def test_the_tables_are_bounded_oldest_first_and_evictions_counted() -> None:
     proxy.commit(8, "f", "orders", {0: 1})
     assert proxy.lag is not None
     assert [k[0] for k in proxy.lag.committed] == ["e", "c", "f"]
-    assert proxy.lag.evicted == {"committed_offset": 3, "high_watermark": 0}
+    assert proxy.lag.evicted == {"committed_offset": 3, "high_watermark": 0, "group": 3}  # (six groups seen)
 
 
 def test_malformed_answers_and_requests_teach_nothing() -> None:
@@ -286,7 +463,7 @@ def test_a_flood_of_groups_and_topics_leaves_metrics_under_a_megabyte() -> None:
         {"partition_index": 0, "high_watermark": 2 + i % 7}]} for i in range(n)]})
     assert proxy.lag is not None
     assert len(proxy.lag.committed) == len(proxy.lag.watermarks) == 50_000
-    assert proxy.lag.evicted == {"committed_offset": n - 50_000, "high_watermark": n - 50_000}
+    assert proxy.lag.evicted == {"committed_offset": n - 50_000, "high_watermark": n - 50_000, "group": 0}
     text, families = scrape(proxy)
     assert len(text) < 1_000_000, len(text)
     assert len(families["kproxy_consumergroup_committed_offset"]) == 100

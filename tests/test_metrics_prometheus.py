@@ -67,7 +67,8 @@ CLIENT_MESSAGES = 25      # produced with confluent-kafka
 MISSING_TOPICS = 30       # topics named in one Metadata request; none exists
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
 RAW_CLIENT, RAW_SOFTWARE = "kproxy-metrics-test", ("kproxy-tests", "1.0.0")
-# The consumer-lag series: the dashboard's Consumer lag row and KproxyConsumerLagGrowing read them.
+# The consumer-lag series: the dashboard's Consumer lag row, KproxyConsumerLagGrowing and
+# KproxyConsumerGroupStalled read them.
 CONSUMER_LAG = ("kproxy_consumergroup_lag_sum", "kproxy_consumergroup_committed_offset",
                 "kproxy_partition_high_watermark")
 
@@ -470,7 +471,8 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
     assert {r["alert"] for r in rules} >= {"KproxyDown", "KproxyHighKafkaErrorRatio", "KproxyBrokerLatencyHigh",
                                             "KproxyOverheadHigh", "KproxyUpstreamConnectFailures",
                                             "KproxyFramesRejected", "KproxyFaultInjectionActive",
-                                            "KproxyConsumerLagGrowing", "KproxyUncompressedProduce"}
+                                            "KproxyConsumerLagGrowing", "KproxyConsumerGroupStalled",
+                                            "KproxyUncompressedProduce"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"

@@ -1,13 +1,17 @@
 """Consumer lag's protocol side (kproxy/protocol/offsets.py): the values mode of the scans and its readers.
 
 * The values mode reads, in every version kproxy's tables know of each kind it covers (OffsetCommit
-  and OffsetFetch requests and answers, ListOffsets requests and answers, Fetch and Metadata
-  answers), exactly the fields the full decoder finds, with their topic, partition and error code,
-  in body order, in both walks (full and errors-only); and it changes nothing else the scan reports.
+  and OffsetFetch requests and answers, ListOffsets requests and answers, Fetch, Metadata and
+  Produce answers), exactly the fields the full decoder finds, with their topic, partition and
+  error code, in body order, in both walks (full and errors-only); and it changes nothing else the
+  scan reports.
 * The readers turn those reads into committed offsets and watermarks as Kafka means them:
   OffsetCommit partitions the answer accepted; OffsetFetch offsets of groups and partitions without
   errors (v0-7 the request's group, v8+ per group); Fetch watermarks of partitions without errors
-  (v13+ by topic id); ListOffsets only for timestamp -1 at read_uncommitted; Metadata v10+ ids.
+  (v13+ by topic id); ListOffsets only for timestamp -1 at read_uncommitted; Metadata v10+ ids;
+  Produce answers' log end offsets (base offset plus the records the request carried, counted from
+  its batch headers, every Produce version and record format); the group every version of every
+  group request names, read in place (as the decoder and the values mode read it).
 * Bodies built with kproxy's codec; frames are cut and changed byte by byte: never an exception,
   and a body the scan refuses teaches nothing.
 """
@@ -19,22 +23,37 @@ from typing import Any
 
 import pytest
 
+from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_body, response_body
 from kproxy.protocol.messages import decode_body, encode_body
 from kproxy.protocol.offsets import (
+    GROUP_REQUESTS,
     OFFSET_FIELDS,
     ScanEntries,
     fetch_watermarks,
+    group_ids,
     latest_offsets,
     metadata_topic_ids,
     offset_commits,
     offset_fetches,
+    produce_end_offsets,
+    produce_record_counts,
     values_of,
 )
-from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, run_scanner, run_values_scanner, scan_body, scanner
+from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
+from kproxy.protocol.scan import (
+    SCAN_FAILURES,
+    RequestScan,
+    run_scanner,
+    run_values_scanner,
+    scan_body,
+    scan_request,
+    scanner,
+)
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema, supported_versions
 
-FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 1, 2, 3, 8, 9
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
+JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
 T1, T2 = uuid.UUID(int=0x1111), uuid.UUID(int=0x2222)
 
 
@@ -83,6 +102,12 @@ def body(api_key: int, api_version: int, direction: Direction) -> dict[str, Any]
                                                                     error_code=lambda p: 6 * p))
     if (api_key, direction) == (METADATA, Direction.RESPONSE):
         return response_body(api_key, api_version, topics=topics())
+    if (api_key, direction) == (PRODUCE, Direction.RESPONSE):
+        return response_body(api_key, api_version, responses=[
+            {"name": name, "topic_id": tid, "partition_responses": [
+                {"index": p, "error_code": 6 * p, "base_offset": 500 + p, "log_append_time_ms": 7,
+                 "log_start_offset": 3, "record_errors": [{"batch_index": 1}] if p else []} for p in (0, 1)]}
+            for name, tid in (("orders", T1), ("payments", T2))])
     raise AssertionError((api_key, direction))
 
 
@@ -249,6 +274,134 @@ def test_metadata_answers_teach_topic_ids_from_v10(api_version: int) -> None:
     assert metadata_topic_ids(values_of(scans(METADATA, api_version, None, zero)[1])) == []
 
 
+def records(n: int, api_version: int, codec: int = Codec.NONE) -> bytes:
+    """``n`` records as a producer of that Produce version sends them: v2 batches from v3 (KIP-98),
+    legacy message sets before (magic 1 from v2, magic 0 before)."""
+    found = [Record(offset=i, timestamp=1000 + i, key=None, value=b"v%d" % i) for i in range(n)]
+    if api_version >= 3:
+        return encode_batch_v2(found, codec=codec)
+    return encode_message_set(found, magic=1 if api_version == 2 else 0, codec=codec)
+
+
+def produce_frame(api_version: int, partitions: dict[tuple[str, int], bytes | None]) -> bytes:
+    from kproxy.protocol.frame_builder import request_frame
+
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, p), data in partitions.items():
+        by_topic.setdefault(name, []).append({"index": p, "records": data})
+    ids = {"orders": T1, "payments": T2}
+    return request_frame(PRODUCE, api_version, 7, acks=-1, timeout_ms=1000, topic_data=[
+        {"name": name, "topic_id": ids[name], "partition_data": parts} for name, parts in by_topic.items()])
+
+
+def counted(frame: bytes, api_version: int) -> Any:
+    """produce_record_counts of a Produce frame; given the metrics' count of its records (as
+    kproxy.metrics.observer gives it) or not, the same."""
+    from kproxy.metrics.traffic import count_ranges
+    from kproxy.protocol.headers import request_body_offset
+
+    offset = request_body_offset(frame, PRODUCE, api_version)
+    assert offset is not None
+    scan = scan_request(PRODUCE, api_version, frame, offset)
+    found = produce_record_counts(frame, scan)
+    assert scan is not None and produce_record_counts(frame, scan, count_ranges(frame, scan[1])) == found
+    return found
+
+
+@pytest.mark.parametrize("api_version", versions(PRODUCE))
+def test_a_produce_request_counts_its_records_per_partition_from_the_batch_headers(api_version: int) -> None:
+    topic = named(api_version, 13)
+    # One partition, one batch (the usual Produce, read by hand); then two topics, three partitions,
+    # a compressed set among them (v2: its header's count; legacy: the wrapper's inner messages).
+    assert counted(produce_frame(api_version, {("orders", 3): records(5, api_version)}), api_version) == [
+        (topic("orders", T1), 3, 5)]
+    two = produce_frame(api_version, {("orders", 0): records(2, api_version),
+                                      ("orders", 1): records(7, api_version, Codec.GZIP),
+                                      ("payments", 0): records(1, api_version) + records(3, api_version)})
+    assert counted(two, api_version) == [(topic("orders", T1), 0, 2), (topic("orders", T1), 1, 7),
+                                         (topic("payments", T2), 0, 4)]
+    # A partition without records: the ranges no longer pair with the partitions, nothing is counted.
+    gap = produce_frame(api_version, {("orders", 0): None, ("orders", 1): records(2, api_version)})
+    assert counted(gap, api_version) is None
+    assert produce_record_counts(two, None) is None
+
+
+def test_a_produce_request_over_the_record_budget_or_unreadable_is_not_counted() -> None:
+    from kproxy.protocol.records import DEFAULT_RECORD_BUDGET
+
+    # A legacy gzip wrapper of zeros that inflates past the frame's budget (a decompression bomb).
+    bomb = encode_message_set([Record(offset=0, timestamp=0, key=None, value=bytes(DEFAULT_RECORD_BUDGET + 1))],
+                              magic=1, codec=Codec.GZIP)
+    assert counted(produce_frame(2, {("orders", 0): records(2, 2), ("orders", 1): bomb}), 2) is None
+    bad = bytearray(records(3, 2))
+    bad[16] = 5  # the first message's magic (after offset, size and crc): no format kproxy knows
+    assert counted(produce_frame(2, {("orders", 0): bytes(bad)}), 2) is None
+
+
+@pytest.mark.parametrize("api_version", versions(PRODUCE))
+def test_a_produce_answer_gives_the_log_end_offset_of_each_partition_it_accepted(api_version: int) -> None:
+    topic = named(api_version, 13)
+    answer = scans(PRODUCE, api_version, None, body(PRODUCE, api_version, Direction.RESPONSE))[1]
+    produced = [(topic("orders", T1), 0, 3), (topic("orders", T1), 1, 3), (topic("payments", T2), 0, 9)]
+    # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its records were not appended. The
+    # second topic's partition 0: base 500 + 9 records.
+    assert produce_end_offsets(produced, values_of(answer)) == [(topic("orders", T1), 0, 503),
+                                                                (topic("payments", T2), 0, 509)]
+    # A partition the request carried no records for, or named twice: nothing.
+    assert produce_end_offsets([(topic("orders", T1), 0, 0), (topic("payments", T2), 0, 1),
+                                (topic("payments", T2), 0, 2)], values_of(answer)) == []
+    assert produce_end_offsets(produced, None) == []
+    refused = response_body(PRODUCE, api_version, responses=[{"name": "orders", "topic_id": T1, "partition_responses": [
+        {"index": 0, "error_code": 0, "base_offset": -1}]}])  # no offset: nothing
+    assert produce_end_offsets(produced, values_of(scans(PRODUCE, api_version, None, refused)[1])) == []
+
+
+LEAVE_GROUP = 13
+GROUP_KINDS = [(a, v) for a in sorted(GROUP_REQUESTS | {LEAVE_GROUP}) for v in versions(a)]
+
+
+def group_request(api_key: int, api_version: int, group: str) -> tuple[bytes, int]:
+    """A request frame of ``api_key`` naming ``group`` (every other field populated) and its body offset."""
+    from kproxy.protocol.frame_builder import request_frame
+    from kproxy.protocol.headers import request_body_offset
+
+    frame = request_frame(api_key, api_version, 3, group_id=group, transactional_id="tx-1", member_id="m-1",
+                          group_instance_id="i-1", topics=topics(committed_offset=5),
+                          groups=[{"group_id": group}, {"group_id": "audit"}],
+                          topic_partitions=[{"topic_id": T1, "partitions": [0, 1]}])
+    offset = request_body_offset(frame, api_key, api_version)
+    assert offset is not None
+    return frame, offset
+
+
+@pytest.mark.parametrize(("api_key", "api_version"), GROUP_KINDS, ids=[f"{a}-v{v}" for a, v in GROUP_KINDS])
+def test_every_group_request_names_its_group_read_in_place(api_key: int, api_version: int) -> None:
+    from kproxy.protocol.request_fields import request_group_id
+
+    frame, offset = group_request(api_key, api_version, "billing-é")
+    decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, offset)
+    several = api_key == OFFSET_FETCH and api_version >= 8  # KIP-709: groups in an array, from the scan
+    assert request_group_id(frame, api_key, api_version, offset) == (None if several else decoded["group_id"])
+    if several:
+        found = scan_request(api_key, api_version, frame, offset)
+        assert group_ids(values_of(found)) == ["billing-é", "audit"]
+    else:  # the same name the scans' values mode reads (bad UTF-8 replaced alike)
+        good, at = group_request(api_key, api_version, "billing-ÿ")
+        bad = good.replace("ÿ".encode(), b"\xff ")  # an invalid UTF-8 byte, the length unchanged
+        assert request_group_id(bad, api_key, api_version, at) == "billing-\ufffd "
+        if api_key == OFFSET_COMMIT:
+            assert group_ids(values_of(scan_request(api_key, api_version, bad, at))) == ["billing-\ufffd "]
+    # Cut anywhere, or a byte changed: an answer or None, never an exception.
+    for cut in range(offset, len(frame)):
+        request_group_id(frame[:cut], api_key, api_version, offset)
+    for at in range(offset, min(len(frame), offset + 24)):
+        for value in (0x00, 0x7F, 0x80, 0xFF):
+            request_group_id(frame[:at] + bytes([value]) + frame[at + 1:], api_key, api_version, offset)
+    assert request_group_id(frame, api_key, api_version, None) is None
+    assert request_group_id(frame, 3, 12, offset) is None  # a kind that opens otherwise (Metadata)
+    assert request_group_id(frame, api_key, 999, offset) is None  # a version kproxy does not know
+
+
 # -- malformed bodies ------------------------------------------------------------------------------------
 def _reads(api_key: int, api_version: int, request: RequestScan | None, response: RequestScan | None) -> list[Any]:
     """What the kind's reader takes from the two scans (as kproxy.metrics.lag.ConsumerLag.answer reads them)."""
@@ -260,6 +413,9 @@ def _reads(api_key: int, api_version: int, request: RequestScan | None, response
         return latest(request, response)
     if api_key == FETCH:
         return fetch_watermarks(values_of(response))
+    if api_key == PRODUCE:
+        return produce_end_offsets([(topic, p, 4) for topic in ("orders", "payments", T1, T2) for p in (0, 1)],
+                                   values_of(response))
     return metadata_topic_ids(values_of(response))
 
 

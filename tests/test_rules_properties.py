@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -22,6 +21,7 @@ from kproxy.rules.actions.drop_response import DropResponse
 from kproxy.rules.actions.inject_error import InjectError
 from kproxy.rules.engine import draw
 from kproxy.rules.model import Match, Rule, Schedule, TopicPattern
+from kproxy.rules.patterns import compile_pattern
 
 APIS = (0, 1, 3, 8, 11, 12)
 CLIENTS = ("batch-1", "batch-2", "web", None)
@@ -32,7 +32,7 @@ actions = st.lists(st.sampled_from([DropResponse(), Blackhole(), InjectError(6),
 matches = st.builds(
     Match,
     apis=st.none() | st.frozensets(st.sampled_from(APIS), min_size=1, max_size=3),
-    client_id=st.none() | st.sampled_from([re.compile("batch-.*"), re.compile("web")]),
+    client_id=st.none() | st.sampled_from([compile_pattern("batch-.*"), compile_pattern("web")]),
     topics=st.none() | st.sampled_from([(TopicPattern("orders*"),), (TopicPattern("logs"),),
                                         (TopicPattern("orders-[a-z]+", is_regex=True),)]),
     partitions=st.none() | st.frozensets(st.integers(0, 3), min_size=1, max_size=2),
@@ -147,7 +147,8 @@ def test_decisions_are_a_function_of_each_request_alone(rules: RuleSet, requests
 
 
 def test_caches_stay_right_past_their_bound() -> None:
-    rules = RuleSet((Rule(id="odd", match=Match(client_id=re.compile(r"c\d*[13579]"), topics=(TopicPattern("t1*"),)),
+    odd = Match(client_id=compile_pattern(r"c\d*[13579]"), topics=(TopicPattern("t1*"),))
+    rules = RuleSet((Rule(id="odd", match=odd,
                           actions=(DropResponse(),)),))
     engine = RuleEngine(rules)
     for i in range(10_000):  # more clients and topic lists than the caches keep
@@ -195,11 +196,11 @@ def test_fixed_decisions_are_found_only_where_nothing_else_decides() -> None:
     assert [[h.rule_id for h in d.hits] if d else None for d in map(engine.fixed_decision, (0, 3, 12))] == \
         [["first"], ["later"], None]  # api 12: no rule names it
     assert first(Match()).fixed_decision(12) is not None  # an api-agnostic first rule decides every api key
-    scoped = first(Match(client_id=re.compile("c.*")))
+    scoped = first(Match(client_id=compile_pattern("c.*")))
     assert scoped.fixed_decision(0) is None and scoped.client_decision(0, "d", None, None) is None
     decision = scoped.client_decision(0, "c1", None, None)
     assert decision is not None and [h.rule_id for h in decision.hits] == ["first"]
-    for engine in [first(Match(client_id=re.compile("c"))), first(Match(topics=(TopicPattern("t"),))),
+    for engine in [first(Match(client_id=compile_pattern("c"))), first(Match(topics=(TopicPattern("t"),))),
                    first(Match(probability=0.5)), first(Match(schedule=Schedule(every=2))),
                    first(Match(min_version=3)), first(Match(), continue_=True), first(Match(), jitter_ms=2.0)]:
         assert engine.fixed_decision(0) is None

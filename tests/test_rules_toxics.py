@@ -123,6 +123,7 @@ def hits(proxy: ProxyThread, rule_id: str) -> dict[tuple[str, str, str], int]:
 
 
 # -- bandwidth ---------------------------------------------------------------------------------------
+@pytest.mark.pure_only  # Wire patches connection's writer: compiled callers never look it up
 def test_bandwidth_downstream_paces_a_consumer_to_its_rate(tansu: Broker, with_rules: Any, wire: Wire) -> None:
     topic = unique("toxic-bw-down")
     rate = 350_000
@@ -152,6 +153,7 @@ rules:
         >= 1_800_000
 
 
+@pytest.mark.pure_only  # Wire patches connection's writer: compiled callers never look it up
 def test_bandwidth_upstream_paces_a_producer_to_its_rate(tansu: Broker, with_rules: Any, wire: Wire) -> None:
     topic = unique("toxic-bw-up")
     rate = 300_000
@@ -188,6 +190,7 @@ rules:
 """
 
 
+@pytest.mark.pure_only  # Wire patches connection's writer: compiled callers never look it up
 def test_librdkafka_works_through_1_to_7_byte_slices(with_rules: Any, wire: Wire) -> None:
     proxy = with_rules(SLICER)
     topic = unique("toxic-slices")
@@ -206,6 +209,7 @@ def test_librdkafka_works_through_1_to_7_byte_slices(with_rules: Any, wire: Wire
     assert counted[("crumbs", "slicer", "upstream")] > 0 and counted[("crumbs", "slicer", "downstream")] > 0
 
 
+@pytest.mark.pure_only  # Wire patches connection's writer: compiled callers never look it up
 def test_kafka_python_works_through_1_to_7_byte_slices(with_rules: Any, wire: Wire) -> None:
     proxy = with_rules(SLICER)
     topic = unique("toxic-slices-kp")
@@ -272,6 +276,7 @@ rules:
     assert proxy.call(lambda: proxy.server.stats.faults.connection_faults[("short-pipe", "limit_data")]) == 1
 
 
+@pytest.mark.pure_only  # Wire patches connection's writer: compiled callers never look it up
 def test_limit_data_upstream_lets_exactly_its_bytes_reach_the_broker(with_rules: Any, wire: Wire) -> None:
     proxy = with_rules("""
 rules:

@@ -30,7 +30,7 @@ from kproxy.testing import Broker, ProxyThread, running_proxy
 from kproxy.testing.tansu import free_port
 from tests.sasl_front import SaslFront
 from tests.support.e2e import consume_confluent, consume_kafka_python, create_topic, produce_confluent, unique
-from tests.support.sasl import SASL_HANDSHAKE, SaslSocket
+from tests.support.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, SaslSocket
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 PASSWORDS = {"alice": "alice-Secret-7f3a", "bob": "bob-Secret-91c2"}
@@ -352,6 +352,8 @@ def test_the_gateway_clients_log_in_to_kproxy_and_kproxy_to_the_cluster(
     with running_proxy(sasl_front.bootstrap, rules=str(rules), sasl__client__mode="terminate",
                        sasl__client__credentials_file=str(credentials), sasl__upstream__mechanism="SCRAM-SHA-512",
                        sasl__upstream__username="kproxy-svc", sasl__upstream__password_file=str(password)) as proxy:
+        _started(proxy)
+        front_before = (sasl_front.events.accepted, sasl_front.events.count("ok"))
         create_topic(proxy.bootstrap, topic, 1, **_librdkafka("alice", "SCRAM-SHA-256"))
         sent = [(b"k%d" % i, b"v%d" % i) for i in range(10)]
         produce_confluent(proxy.bootstrap, topic, sent, **_librdkafka("alice", "SCRAM-SHA-256")).flush(5)
@@ -360,8 +362,72 @@ def test_the_gateway_clients_log_in_to_kproxy_and_kproxy_to_the_cluster(
         counts = dict(proxy.server.stats.sasl_authentications)
     assert sorted(got) == sorted(sent)
     assert set(sasl_front.events.principals) == {"User:kproxy-svc"}  # the cluster sees kproxy's user only
+    # Each connection kproxy opened to the cluster was for a client that had logged in, and logged in once.
+    opened = sasl_front.events.accepted - front_before[0]
+    assert 0 < opened == sasl_front.events.count("ok") - front_before[1] <= counts[("client", "SCRAM-SHA-256",
+                                                                                     "success")] + counts[
+        ("client", "PLAIN", "success")]
     assert hits >= 1
     assert counts[("upstream", "SCRAM-SHA-512", "success")] >= 3
     assert counts[("client", "SCRAM-SHA-256", "success")] >= 2 and counts[("client", "PLAIN", "success")] >= 1
     principals = {line.get("principal") for line in _closed_lines(caplog)}
     assert {"User:alice", "User:bob"} <= principals and "User:kproxy-svc" not in principals
+
+
+def _started(proxy: ProxyThread) -> None:
+    """kproxy's own start-up connections made: broker discovery and the first upstream check."""
+    server = proxy.server
+    assert server is not None
+    deadline = time.monotonic() + 20
+    while not (server.warmed.is_set() and server.health.checked.is_set()):
+        assert time.monotonic() < deadline, "kproxy did not finish its start-up checks"
+        time.sleep(0.05)
+
+
+def test_clients_that_do_not_log_in_cost_the_authenticating_cluster_nothing(
+        sasl_front: SaslFront, credentials: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The gateway (terminate mode, kproxy logging in upstream as its service user): 20 clients that
+    fail their login, or never try it, open no connection to the cluster and make kproxy log in to it
+    for none of them; a client that logs in opens one, on which kproxy logs in once."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    sasl_front.credentials.set_password("kproxy-svc", "svc-Secret-0b7e")
+    password = tmp_path / "svc-password"
+    password.write_text("svc-Secret-0b7e\n")
+    with running_proxy(sasl_front.bootstrap, sasl__client__mode="terminate", sasl__client__credentials_file=str(
+            credentials), sasl__upstream__mechanism="SCRAM-SHA-512", sasl__upstream__username="kproxy-svc",
+                       sasl__upstream__password_file=str(password), upstream_check_interval=3600) as proxy:
+        _started(proxy)
+        server = proxy.server
+        assert server is not None
+        events = sasl_front.events
+        accepted, logins, upstream_logins = events.accepted, events.count("ok"), dict(server.stats.sasl_authentications)
+        for i in range(20):
+            with SaslSocket(proxy.port) as sock:
+                if i % 4 == 0:  # a wrong SCRAM password
+                    assert sock.scram_login("SCRAM-SHA-512", "alice", "guess")["error_code"] == 58
+                    assert sock.closed_by_peer()
+                elif i % 4 == 1:  # a wrong PLAIN password
+                    assert sock.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+                    assert sock.request(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00bob\x00guess")["error_code"] == 58
+                    assert sock.closed_by_peer()
+                elif i % 4 == 2:  # ApiVersions (answered: the cluster's versions), then gone
+                    assert sock.request(18, 3, client_software_name="x", client_software_version="1")["error_code"] == 0
+        deadline = time.monotonic() + 10
+        while len(_closed_lines(caplog)) < 20:
+            assert time.monotonic() < deadline, "kproxy kept connections of clients that left"
+            time.sleep(0.05)
+        assert (events.accepted, events.count("ok")) == (accepted, logins)  # the cluster heard of none of them
+        stats = server.stats
+        assert stats.sasl_authentications[("client", "SCRAM-SHA-512", "failure")] == 5
+        assert stats.sasl_authentications[("client", "PLAIN", "failure")] == 5
+        assert {k: v for k, v in stats.sasl_authentications.items() if k[0] == "upstream"} == {
+            k: v for k, v in upstream_logins.items() if k[0] == "upstream"}
+        assert not any(stats.upstream_connections.values())
+        assert [line["upstream"] for line in _closed_lines(caplog)] == ["-"] * 20
+        # One that logs in: one connection to the cluster, one login of kproxy's on it, its Metadata answered.
+        with SaslSocket(proxy.port) as sock:
+            assert sock.scram_login("SCRAM-SHA-256", "alice", PASSWORDS["alice"])["error_code"] == 0
+            assert sock.request(3, 12, topics=None)["brokers"]
+            assert (events.accepted, events.count("ok")) == (accepted + 1, logins + 1)
+            assert sum(stats.upstream_connections.values()) == 1
+    assert events.principals[-1] == "User:kproxy-svc"

@@ -7,8 +7,9 @@
   or not); ``bytes``, ``bytearray`` and ``memoryview`` frames scan alike.
 * ``produce_answer_errors``: the hand-written read of a producer's usual Produce answer agrees
   with the generated errors-only scanner on every Produce version, for any shape and any
-  corruption of the bytes (or leaves the frame to it: None), and does take the usual shape;
-  ``produce_answer`` (the capture's: every code kept) agrees with the full scanner alike.
+  corruption of the bytes (or leaves the frame to it: None), and does take the usual shape; in
+  the values mode (consumer lag's base offsets) too; ``produce_answer`` (the capture's: every
+  code kept) agrees with the full scanner alike.
 * ``one_batch_count``: the metrics' in-place count of a one-batch records range is what
   ``count_records`` of that range gives, or leaves the range to it.
 """
@@ -33,6 +34,7 @@ from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.records import (
     Record,
     count_records,
@@ -166,32 +168,45 @@ def test_bytes_bytearray_and_memoryview_scan_alike(version: int) -> None:
 
 
 # -- produce_answer_errors against the generated scanner ---------------------------------------------
-def generated(frame: bytes, offset: int, version: int) -> list[Entry] | None:
-    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True)
+def generated(frame: bytes, offset: int, version: int, values: bool = False) -> Any:
+    """The generated errors-only scanner's entries (in values mode: and its values)."""
+    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True, values=values)
     assert fn is not None
-    acc: list[Entry] = []
+    acc: list[Entry] = ScanEntries.empty() if values else []
     try:
         fn(frame, offset, acc, [], None)
     except SCAN_FAILURES:
         return None
-    return acc
+    return (list(acc), acc.values) if values else acc  # type: ignore[attr-defined]
 
 
-def generated_full(frame: bytes, offset: int, version: int) -> list[Entry] | None:
-    """The full scanner's entries (every partition, whatever its code: the capture's scan of a Produce answer)."""
-    fn = scanner(PRODUCE, version, Direction.RESPONSE)
+def fast_path(frame: bytes, offset: int, version: int, values: bool = False) -> Any:
+    """produce_answer_errors, as :func:`generated` gives it (None: left to the scanner)."""
+    found = produce_answer_errors(frame, offset, version, values)
+    if found is None or not values:
+        return found
+    assert isinstance(found, ScanEntries)
+    return list(found), found.values
+
+
+def generated_full(frame: bytes, offset: int, version: int) -> tuple[list[Entry], list[Any]] | None:
+    """The full scanner's entries (every partition, whatever its code) and what its values mode
+    reads: the capture's scan of a Produce answer."""
+    fn = scanner(PRODUCE, version, Direction.RESPONSE, values=True)
     assert fn is not None
-    acc: list[Entry] = []
+    acc = ScanEntries()
+    acc.values = []
     try:
         fn(frame, offset, acc, [], None)
     except SCAN_FAILURES:
         return None
-    return acc
+    return list(acc), acc.values
 
 
-def full_fast(frame: bytes, offset: int, version: int) -> list[Entry] | None:
-    entry = produce_answer_entry(frame, offset, version)
-    return None if entry is None else [entry]
+def full_fast(frame: bytes, offset: int, version: int) -> tuple[list[Entry], list[Any]] | None:
+    """produce_answer, as :func:`generated_full` gives it."""
+    found = produce_answer_entry(frame, offset, version)
+    return None if found is None else ([found[:3]], [found])
 
 
 names = st.one_of(st.sampled_from(["orders", "", "t" * 200, "é-topic"]), st.text(max_size=12))
@@ -226,9 +241,10 @@ def test_the_produce_answer_fast_path_agrees_with_the_generated_scanner(version:
                                                                       how: Any) -> None:
     frame = mutate(response_frame(PRODUCE, version, 1, responses=topics), how)
     offset = 9 if version >= 9 else 8  # response header v1 from v9 (flexible): one empty tag byte
-    fast = produce_answer_errors(frame, offset, version)
-    if fast is not None:
-        assert fast == generated(frame, offset, version)
+    for values in (False, True):
+        fast = fast_path(frame, offset, version, values)
+        if fast is not None:
+            assert fast == generated(frame, offset, version, values)
     full = full_fast(frame, offset, version)
     if full is not None:
         assert full == generated_full(frame, offset, version)
@@ -259,6 +275,10 @@ def test_the_fast_path_agrees_on_every_cut_and_changed_byte_of_a_one_partition_a
         if fast is not None:
             taken += 1
             assert fast == generated(variant, offset, version), variant.hex()
+        valued = fast_path(variant, offset, version, True)
+        assert (valued is None) == (fast is None)
+        if valued is not None:
+            assert valued == generated(variant, offset, version, True), variant.hex()
         full = full_fast(variant, offset, version)
         if full is not None:
             taken_full += 1
@@ -278,8 +298,9 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
     topic: object = uuid.UUID(int=0) if version >= 13 else "orders"  # v13 names the topic by id
     assert fast == ([(topic, 4, code)] if code else [])
     assert fast == generated(frame, offset, version)
-    assert produce_answer_entry(frame, offset, version) == (topic, 4, code)
-    assert [produce_answer_entry(frame, offset, version)] == generated_full(frame, offset, version)
+    assert fast_path(frame, offset, version, True) == (fast, [(topic, 4, code, 7)])  # the base offset too
+    assert produce_answer_entry(frame, offset, version) == (topic, 4, code, 7)
+    assert full_fast(frame, offset, version) == generated_full(frame, offset, version)
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------

@@ -23,9 +23,11 @@ async def test_warm_up_compiles_the_versions_below_the_broker_max() -> None:
             for direction in (Direction.REQUEST, Direction.RESPONSE):
                 assert (api_key, version, direction, True) in scan._scanners
     assert (PRODUCE, 6, Direction.REQUEST, True) not in scan._scanners  # above what the broker speaks
-    # The values mode of the answers consumer lag reads (on by default): Metadata's, for its topic ids.
+    # The values mode of the answers consumer lag reads (on by default): Metadata's, for its topic ids;
+    # Produce's, for its base offsets (the log end offsets); none for a Produce request.
     assert (METADATA, 6, Direction.RESPONSE, True, True) in scan._scanners
-    assert (PRODUCE, 5, Direction.RESPONSE, True, True) not in scan._scanners  # (none for Produce)
+    assert (PRODUCE, 5, Direction.RESPONSE, True, True) in scan._scanners
+    assert not any(key[:3] == (PRODUCE, 5, Direction.REQUEST) and len(key) == 5 for key in scan._scanners)
 
 
 async def test_warm_up_skips_apis_the_broker_does_not_speak() -> None:

@@ -1,34 +1,45 @@
-"""The report's tables, from as few passes over the records as Spark allows.
+"""The report's tables: four passes over the records in Spark, the roll-ups on the driver.
 
-Reading the records is what costs (10 million of them on two cores: several seconds per pass,
-where the tables themselves are small), so the fourteen tables come from four passes, each a
-*fine* aggregate small enough to keep (:class:`Passes`), and every table is a roll-up of one of
-them:
+Reading the records is what costs (10 million of them on two cores: seconds per pass, where
+the tables themselves are small), so the tables come from four Spark passes, each a *fine*
+aggregate small enough to collect (:class:`Passes`: per api and minute, per connection, per
+topic...), and every table is a roll-up of one of them, done on the driver with pyarrow
+(:func:`tables`): one Spark job per pass, none per table.
 
 * ``latency``: per api and per (minute, api) in one grouping-sets aggregation: requests, bytes,
   the latency percentiles (one sketch per column for all of :data:`PERCENTILES`) and maxima;
   ``latency_by_api`` and ``latency_by_minute`` are its two halves.
-* ``errors``: requests per (minute, api, error code), for ``errors_by_minute``, and rolled up over
-  the minutes for ``errors`` (its rate divides by ``latency_by_api``'s requests).
+* ``errors``: requests per (minute, api, error code), only the records with an error code read
+  past the filter; ``errors_by_minute`` as it is, rolled up over the minutes for ``errors`` (its
+  rate divides by ``latency_by_api``'s requests).
 * ``connections``: per (client id, connection): requests, bytes, records, requests with an error,
-  first and last seen; ``top_clients`` rolls it up per client id (a connection counted once per
-  client id it used), ``connection_churn`` per connection.
+  first and last seen, and the rule decisions made on it; ``top_clients`` rolls it up per client
+  id (a connection counted once per client id it used), ``connection_churn`` per connection, and
+  the capture's span (records, first and last request) is its sum.
 * ``partitions``: the partition entries of every request, per (minute, api, topic) and per
   (topic, partition, api) in one grouping-sets aggregation: records, record bytes, entries with an
   error, and requests naming the topic (an entry counts the request when it is the first entry of
   its request naming that topic); ``throughput``, ``top_topics`` and ``hot_partitions`` roll it up.
 
-``faults`` reads only the connections a rule acted on (none in a capture without rules).
+``faults`` reads only the connections a rule acted on, and only when ``connections`` counted a
+rule decision (none in a capture without rules: no pass at all). Every per-record expression is
+one Spark compiles (field extraction from the ``partitions`` list, ``array_max``...), never a
+lambda over an array, which Spark evaluates row by row, uncompiled (it cost a pass 2-3x).
 Each table's meaning is in :mod:`kproxy.analysis.job`'s docstring.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.util import inheritable_thread_target
 
 from kproxy.analysis.schema import snake_api_name
 
@@ -37,6 +48,9 @@ APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/1
 TOP_N = 20
 _LATENCIES = (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms"))
 _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spell them)
+# grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
+_PER_API, _PER_MINUTE = 2, 0  # latency: (minute, api_name)
+_PER_TOPIC, _PER_PARTITION = 1, 8  # partitions: (minute, api_name, topic, partition)
 
 
 def percentile(column: str, p: float, exact: bool) -> Any:
@@ -53,22 +67,49 @@ def _percentiles(column: str, exact: bool) -> Any:
 
 @dataclass(frozen=True)
 class Passes:
-    """The four fine aggregates the tables roll up (small: per api, minute, client, topic...)."""
+    """The four fine aggregates the tables roll up (lazy; small once computed)."""
 
     latency: DataFrame
     errors: DataFrame
     connections: DataFrame
     partitions: DataFrame
 
-    def frames(self) -> tuple[DataFrame, ...]:
-        return (self.latency, self.errors, self.connections, self.partitions)
+
+@dataclass(frozen=True)
+class Fine:
+    """:class:`Passes` computed and collected (Arrow tables on the driver)."""
+
+    latency: pa.Table
+    errors: pa.Table
+    connections: pa.Table
+    partitions: pa.Table
+
+    def span(self) -> tuple[int, Any, Any]:
+        """Records, first and last ``request_time`` (Arrow scalars; None without records)."""
+        c = self.connections
+        n = pc.sum(c.column("requests")).as_py() or 0
+        return n, pc.min(c.column("first")), pc.max(c.column("last_request"))
+
+    def faulted_connections(self) -> list[str]:
+        """The connections some rule decision was made on (none in a capture without rules)."""
+        c = self.connections
+        return sorted(set(c.filter(pc.greater(c.column("decisions"), 0)).column("connection_id").to_pylist()))
+
+
+def _error_codes() -> tuple[Any, Any]:
+    """(has an error, its distinct error codes) of a record: the top-level code and its partitions'."""
+    partition_codes = F.coalesce(F.col("partitions.error_code"), F.array().cast("array<smallint>"))
+    has_error = ((F.coalesce(F.col("error_code"), F.lit(0)) != 0)
+                 | (F.coalesce(F.array_max(partition_codes), F.lit(0)) > 0)
+                 | (F.coalesce(F.array_min(partition_codes), F.lit(0)) < 0))
+    codes = F.array_compact(F.array_remove(F.array_distinct(F.concat(F.array("error_code"), partition_codes)), 0))
+    return has_error, codes
 
 
 def passes(df: DataFrame, *, exact: bool) -> Passes:
     """The fine aggregates of the records ``df`` (lazy); ``exact``: exact percentiles, else approximate."""
     minute = F.date_trunc("minute", F.col("request_time"))
-    has_error = (F.coalesce(F.col("error_code"), F.lit(0)) != 0) | F.exists(
-        F.col("partitions"), lambda p: F.coalesce(p["error_code"], F.lit(0)) != 0)
+    has_error, codes = _error_codes()
     response_bytes = F.coalesce(F.col("response_bytes"), F.lit(0))
 
     rows = df.select("api_name", minute.alias("minute"), "request_bytes", response_bytes.alias("response_bytes"),
@@ -80,10 +121,8 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
     latency = rows.groupingSets([["api_name"], ["minute", "api_name"]], "minute", "api_name").agg(
         *cols, F.grouping_id().alias("level")).withColumn("api_name", snake_api_name())
 
-    partition_codes = F.transform(F.col("partitions"), lambda p: p["error_code"])
-    codes = F.array_distinct(F.filter(F.concat(F.array(F.col("error_code")), partition_codes),
-                                      lambda c: c.isNotNull() & (c != 0)))
-    errors = (df.select("api_name", minute.alias("minute"), F.explode(codes).alias("code"))
+    # Few records carry an error: the codes are gathered only for those.
+    errors = (df.where(has_error).select("api_name", minute.alias("minute"), F.explode(codes).alias("code"))
               .groupBy("minute", "api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
               .withColumn("api_name", snake_api_name()))
 
@@ -92,10 +131,11 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                         F.sum(F.col("request_bytes") + response_bytes).alias("bytes"),
                         F.sum("record_count").alias("records"), F.sum(has_error.cast("long")).alias("errors"),
                         F.min("request_time").alias("first"),
-                        F.max(F.coalesce("response_time", "request_time")).alias("last")))
+                        F.max(F.coalesce("response_time", "request_time")).alias("last"),
+                        F.max("request_time").alias("last_request"),
+                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions")))
 
-    topic_names = F.transform(F.col("partitions"), lambda p: p["topic"])
-    entries = (df.select("api_name", minute.alias("minute"), topic_names.alias("names"),
+    entries = (df.select("api_name", minute.alias("minute"), F.col("partitions.topic").alias("names"),
                          F.posexplode("partitions").alias("pos", "p"))
                .where(F.col("p.topic").isNotNull())
                .select("api_name", "minute", F.col("p.topic").alias("topic"), F.col("p.partition").alias("partition"),
@@ -112,76 +152,169 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
     return Passes(latency, errors, connections, partitions)
 
 
-def tables(p: Passes, df: DataFrame, *, exact: bool) -> dict[str, DataFrame]:
-    """Every table of the report (lazy), rolled up from ``p``; ``df`` (the records) for ``faults``."""
-    out: dict[str, DataFrame] = {}
-    by_api = p.latency.where(F.col("level") == 2)  # grouping_id: bit 1 for each column rolled up
-    by_minute = p.latency.where(F.col("level") == 0)
-    out["latency_by_api"] = (by_api.select("api_name", *_latency_columns(), "request_bytes", "response_bytes")
-                             .orderBy(F.desc("requests")))
-    out["latency_by_minute"] = (by_minute.select("minute", "api_name", *_latency_columns())
-                                .orderBy("minute", "api_name"))
+_SERVES = {"latency": ("latency_by_api", "latency_by_minute"), "errors": ("errors", "errors_by_minute"),
+           "connections": ("top_clients", "connection_churn"),
+           "partitions": ("top_topics", "throughput", "hot_partitions")}  # the tables each pass is for
 
-    per_api = by_api.select("api_name", F.col("requests").alias("api_requests"))
-    errors = p.errors.groupBy("api_name", "code").agg(F.sum("requests").alias("requests"))
-    out["errors"] = (errors.join(per_api, "api_name")
-                     .withColumn("rate", F.col("requests") / F.col("api_requests"))
-                     .orderBy(F.desc("requests"), "api_name", "code"))
-    out["errors_by_minute"] = p.errors.select("minute", "api_name", "code", "requests").orderBy(
-        "minute", "api_name", "code")
 
-    out["top_clients"] = (p.connections.groupBy("client_id")
-                          .agg(F.sum("requests").alias("requests"), F.sum("bytes").alias("bytes"),
-                               F.sum("records").alias("records"), F.sum("errors").alias("errors"),
-                               F.count(F.lit(1)).alias("connections"))
-                          .orderBy(F.desc("requests"), "client_id").limit(TOP_N))
+def collect(p: Passes, progress: Callable[[str], None] = lambda _: None, *, concurrent: bool = True) -> Fine:
+    """Compute each pass (a Spark job each) and bring it to the driver. ``concurrent``: the passes
+    are submitted together (Spark runs their tasks in turn, first come first served), so the
+    cores idle at the end of one pass's stages, and while the driver plans and collects, run the
+    next pass's tasks; as many tasks run at once as one at a time (one per core). The threads
+    that submit them carry the caller's job group and description (PySpark's inheritable target)."""
+    for serves in _SERVES.values():
+        progress(f"aggregating {', '.join(serves)}")
+    if not concurrent:
+        return Fine(**{name: getattr(p, name).toArrow() for name in _SERVES})
+    with ThreadPoolExecutor(max_workers=len(_SERVES), thread_name_prefix="kproxy-pass") as pool:
+        futures = {name: pool.submit(_inheriting(getattr(p, name))) for name in _SERVES}
+        return Fine(**{name: future.result() for name, future in futures.items()})
 
-    per_topic = p.partitions.where(F.col("level") == 1)  # (minute, api, topic); partition rolled up
-    per_partition = p.partitions.where(F.col("level") == 8)  # (topic, partition, api); minute rolled up
-    produced, fetched = F.col("api_name") == "produce", F.col("api_name") == "fetch"
-    out["top_topics"] = (per_topic.groupBy("topic").agg(
-        F.sum("naming").alias("requests"),
-        F.sum(F.when(produced, F.col("records")).otherwise(0)).alias("produced_records"),
-        F.sum(F.when(produced, F.col("record_bytes")).otherwise(0)).alias("produced_bytes"),
-        F.sum(F.when(fetched, F.col("records")).otherwise(0)).alias("fetched_records"),
-        F.sum(F.when(fetched, F.col("record_bytes")).otherwise(0)).alias("fetched_bytes"),
-        F.sum("errors").alias("errors"))
-        .orderBy(F.desc("requests"), "topic").limit(TOP_N))
-    out["throughput"] = (per_topic.where(F.col("api_name").isin(*_MOVING))
-                         .select("minute", "api_name", "topic", "records", F.col("record_bytes").alias("bytes"))
-                         .orderBy("minute", "api_name", "topic"))
-    out["hot_partitions"] = (per_partition.where(F.col("api_name").isin(*_MOVING) & F.col("partition").isNotNull())
-                             .groupBy("topic", "partition")
-                             .agg(F.sum(F.when(produced, F.col("records"))).alias("produced"),
-                                  F.sum(F.when(fetched, F.col("records"))).alias("fetched"),
-                                  F.sum("records").alias("records"), F.sum("record_bytes").alias("bytes"))
-                             .na.fill(0, ["produced", "fetched"])
-                             .orderBy(F.desc("bytes"), "topic", "partition").limit(TOP_N))
 
-    spans = p.connections.groupBy("connection_id").agg(F.min("first").alias("first"), F.max("last").alias("last"))
-    opened = spans.groupBy(F.date_trunc("minute", "first").alias("minute")).agg(F.count(F.lit(1)).alias("opened"))
-    closed = spans.groupBy(F.date_trunc("minute", "last").alias("minute")).agg(F.count(F.lit(1)).alias("closed"))
-    out["connection_churn"] = (opened.join(closed, "minute", "full_outer").na.fill(0, ["opened", "closed"])
-                               .orderBy("minute"))
-    out["faults"] = faults(df, exact)
+def _inheriting(frame: DataFrame) -> Callable[[], pa.Table]:
+    """``frame.toArrow``, run in another thread with this thread's job group, description and tags."""
+    target: Callable[[], pa.Table] = inheritable_thread_target(frame.sparkSession)(frame.toArrow)
+    return target
+
+
+# -- roll-ups on the driver ----------------------------------------------------------------------
+def tables(fine: Fine) -> dict[str, pa.Table]:
+    """Every table of the report but ``faults``, rolled up from ``fine`` (Arrow, on the driver)."""
+    out: dict[str, pa.Table] = {}
+    lat = fine.latency
+    by_api = _where(lat, pc.equal(lat.column("level"), _PER_API))
+    by_minute = _where(lat, pc.equal(lat.column("level"), _PER_MINUTE))
+    out["latency_by_api"] = _sort(_select(by_api, "api_name", *_latency_columns(by_api), "request_bytes",
+                                          "response_bytes"), [("requests", "descending"), ("api_name", "ascending")])
+    out["latency_by_minute"] = _sort(_select(by_minute, "minute", "api_name", *_latency_columns(by_minute)),
+                                     [("minute", "ascending"), ("api_name", "ascending")])
+
+    errors = _rollup(fine.errors, ["api_name", "code"], requests=("requests", "sum"))
+    per_api = dict(zip(by_api.column("api_name").to_pylist(), by_api.column("requests").to_pylist(), strict=True))
+    api_requests = pa.array([per_api.get(a) for a in errors.column("api_name").to_pylist()], pa.int64())
+    rate = pc.divide(pc.cast(errors.column("requests"), pa.float64()), pc.cast(api_requests, pa.float64()))
+    errors = errors.append_column("api_requests", api_requests).append_column("rate", rate)
+    out["errors"] = _sort(errors, [("requests", "descending"), ("api_name", "ascending"), ("code", "ascending")])
+    out["errors_by_minute"] = _sort(_select(fine.errors, "minute", "api_name", "code", "requests"),
+                                    [("minute", "ascending"), ("api_name", "ascending"), ("code", "ascending")])
+
+    conns = fine.connections
+    clients = _rollup(conns, ["client_id"], requests=("requests", "sum"), bytes=("bytes", "sum"),
+                      records=("records", "sum"), errors=("errors", "sum"), connections=("connection_id", "count"))
+    out["top_clients"] = _top(clients, [("requests", "descending"), ("client_id", "ascending")])
+
+    parts = fine.partitions
+    per_topic = _where(parts, pc.equal(parts.column("level"), _PER_TOPIC))
+    per_partition = _where(parts, pc.equal(parts.column("level"), _PER_PARTITION))
+    produced = pc.equal(per_topic.column("api_name"), "produce")
+    fetched = pc.equal(per_topic.column("api_name"), "fetch")
+    flows = _select(per_topic, "topic", "naming", "errors",
+                    *((f"{flow}_{name}", pc.if_else(mask, per_topic.column(column), 0))
+                      for flow, mask in (("produced", produced), ("fetched", fetched))
+                      for name, column in (("records", "records"), ("bytes", "record_bytes"))))
+    topics = _rollup(flows, ["topic"], requests=("naming", "sum"),
+                     **{c: (c, "sum") for c in ("produced_records", "produced_bytes", "fetched_records",
+                                                 "fetched_bytes")}, errors=("errors", "sum"))
+    out["top_topics"] = _top(topics, [("requests", "descending"), ("topic", "ascending")])
+    moving = _where(per_topic, pc.is_in(per_topic.column("api_name"), pa.array(_MOVING)))
+    out["throughput"] = _sort(_select(moving, "minute", "api_name", "topic", "records",
+                                      ("bytes", moving.column("record_bytes"))),
+                              [("minute", "ascending"), ("api_name", "ascending"), ("topic", "ascending")])
+
+    hot = _where(per_partition, pc.and_(pc.is_in(per_partition.column("api_name"), pa.array(_MOVING)),
+                                        pc.is_valid(per_partition.column("partition"))))
+    hot = _select(hot, "topic", "partition",
+                  ("produced", pc.if_else(pc.equal(hot.column("api_name"), "produce"), hot.column("records"), 0)),
+                  ("fetched", pc.if_else(pc.equal(hot.column("api_name"), "fetch"), hot.column("records"), 0)),
+                  "records", ("bytes", hot.column("record_bytes")))
+    hot = _rollup(hot, ["topic", "partition"], **{c: (c, "sum") for c in ("produced", "fetched", "records", "bytes")})
+    hot = _select(hot, "topic", "partition", *((c, pc.fill_null(hot.column(c), 0)) for c in ("produced", "fetched")),
+                  "records", "bytes")
+    out["hot_partitions"] = _top(hot, [("bytes", "descending"), ("topic", "ascending"), ("partition", "ascending")])
+
+    spans = _rollup(conns, ["connection_id"], first=("first", "min"), last=("last", "max"))
+    opened = _rollup(_select(spans, ("minute", _minute(spans.column("first")))), ["minute"],
+                     opened=("minute", "count"))
+    closed = _rollup(_select(spans, ("minute", _minute(spans.column("last")))), ["minute"],
+                     closed=("minute", "count"))
+    churn = opened.join(closed, "minute", join_type="full outer")
+    out["connection_churn"] = _sort(_select(churn, "minute", ("opened", pc.fill_null(churn.column("opened"), 0)),
+                                            ("closed", pc.fill_null(churn.column("closed"), 0))),
+                                    [("minute", "ascending")])
     return out
 
 
-def _latency_columns() -> list[Any]:
-    cols: list[Any] = ["requests"]
+def _rollup(t: pa.Table, keys: list[str], **aggregates: tuple[str, str]) -> pa.Table:
+    """``t`` grouped by ``keys``: the keys, then each ``name=(column, function)`` (pyarrow's
+    ``sum``, ``min``, ``max``, ``count``) in the order given."""
+    every = pc.CountOptions(mode="all")  # count: rows, as Spark's count(1)
+    got = t.group_by(keys, use_threads=False).aggregate(
+        [(column, function, every) if function == "count" else (column, function)
+         for column, function in dict.fromkeys(aggregates.values())])
+    return _select(got, *keys, *((name, got.column(f"{column}_{function}"))
+                                 for name, (column, function) in aggregates.items()))
+
+
+def _top(t: pa.Table, keys: Sequence[tuple[str, str]]) -> pa.Table:
+    return _sort(t, keys).slice(0, TOP_N)
+
+
+def _where(t: pa.Table, mask: Any) -> pa.Table:
+    return t.filter(pc.fill_null(mask, False))
+
+
+def _select(t: pa.Table, *columns: str | tuple[str, Any]) -> pa.Table:
+    """``t``'s columns by name, or (name, array) pairs, in that order."""
+    names, arrays = [], []
+    for c in columns:
+        name, array = (c, t.column(c)) if isinstance(c, str) else c
+        names.append(name)
+        arrays.append(array)
+    return pa.table(arrays, names=names)
+
+
+def _sort(t: pa.Table, keys: Sequence[tuple[str, str]]) -> pa.Table:
+    """``t`` sorted by ``keys``, nulls first ascending and last descending (as Spark orders them)."""
+    if t.num_rows == 0:
+        return t
+    order = None
+    for name, direction in reversed(keys):  # stable sorts, last key first
+        column = t.column(name) if order is None else pc.take(t.column(name), order)
+        at = "at_start" if direction == "ascending" else "at_end"
+        step = pc.array_sort_indices(column, order=direction, null_placement=at)
+        order = step if order is None else pc.take(order, step)
+    return t.take(order)
+
+
+def _latency_columns(t: pa.Table) -> list[tuple[str, Any]]:
+    cols: list[tuple[str, Any]] = [("requests", t.column("requests"))]
     for name, _ in _LATENCIES:
         for i, q in enumerate(PERCENTILES):
-            cols.append(F.col(f"{name}_p")[i].alias(f"{name}_p{round(q * 100)}_ms"))
-        cols.append(f"{name}_max_ms")
+            cols.append((f"{name}_p{round(q * 100)}_ms", pc.list_element(t.column(f"{name}_p"), i)))
+        cols.append((f"{name}_max_ms", t.column(f"{name}_max_ms")))
     return cols
 
 
-def faults(df: DataFrame, exact: bool) -> DataFrame:
-    """Per rule, action, dry run, api and what the client did next (see :mod:`kproxy.analysis.job`)."""
+def _minute(times: Any) -> Any:
+    return pc.floor_temporal(times, unit="minute")
+
+
+# -- faults ----------------------------------------------------------------------------------------
+FAULTS_SCHEMA = pa.schema([("rule", pa.string()), ("action", pa.string()), ("dry_run", pa.bool_()),
+                           ("api_name", pa.string()), ("then", pa.string()), ("requests", pa.int64()),
+                           ("median_delay_ms", pa.float64())])
+
+
+def faults(df: DataFrame, connections: Sequence[str], exact: bool) -> pa.Table:
+    """Per rule, action, dry run, api and what the client did next (see :mod:`kproxy.analysis.job`),
+    from the records of ``connections`` (those a rule acted on: no Spark job when there are none)."""
+    if not connections:
+        return FAULTS_SCHEMA.empty_table()
+    spark = df.sparkSession
+    acted = F.broadcast(spark.createDataFrame([(c,) for c in connections], "connection_id string"))
     by_connection = Window.partitionBy("connection_id").orderBy("request_time", "correlation_id")
-    # Only connections a rule acted on are ordered (none, in a capture without rules: nothing is sorted).
-    faulted = df.where(F.size("rule_decisions") > 0).select("connection_id").distinct()
-    nxt = (df.join(faulted, "connection_id", "left_semi")
+    nxt = (df.join(acted, "connection_id", "left_semi")
            .select("connection_id", "correlation_id", "request_time", "api_name", "rule_decisions")
            .withColumn("next_api", F.lead("api_name").over(by_connection))
            .withColumn("next_time", F.lead("request_time").over(by_connection))
@@ -189,10 +322,11 @@ def faults(df: DataFrame, exact: bool) -> DataFrame:
     outcome = (F.when(F.col("next_api").isNull(), "connection_ended")
                .when(F.col("next_api") == F.col("api_name"), "retried").otherwise("other"))
     delay_ms = (F.unix_micros(F.col("next_time")) - F.unix_micros(F.col("request_time"))) / 1000.0
-    return (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
-                       delay_ms.alias("delay_ms"))
-            .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"),
-                     F.coalesce(F.col("d.dry_run"), F.lit(False)).alias("dry_run"), "api_name", "then")
-            .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
-            .withColumn("api_name", snake_api_name())
-            .orderBy("rule", "action", "dry_run", "api_name", "then"))
+    got = (nxt.select(F.explode("rule_decisions").alias("d"), "api_name", outcome.alias("then"),
+                      delay_ms.alias("delay_ms"))
+           .groupBy(F.col("d.rule").alias("rule"), F.col("d.action").alias("action"),
+                    F.coalesce(F.col("d.dry_run"), F.lit(False)).alias("dry_run"), "api_name", "then")
+           .agg(F.count(F.lit(1)).alias("requests"), percentile("delay_ms", 0.5, exact).alias("median_delay_ms"))
+           .withColumn("api_name", snake_api_name())
+           .orderBy("rule", "action", "dry_run", "api_name", "then")).toArrow()
+    return got.cast(FAULTS_SCHEMA)

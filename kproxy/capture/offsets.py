@@ -5,8 +5,12 @@ offsets consumer lag is made of (schema version 3).
 :func:`with_offsets` then gives the items of the exchanges that carry offsets their
 ``group_id``, ``committed_offset`` and ``high_watermark``, read from the scans' values as the
 metrics read them (:mod:`kproxy.protocol.offsets`): an OffsetCommit's accepted offsets, an
-OffsetFetch answer's, a Fetch answer's watermarks, a ListOffsets answer's latest offsets. So a
-capture's analysis sees the same committed offsets and watermarks as the live series.
+OffsetFetch answer's, a Fetch answer's watermarks, a ListOffsets answer's latest offsets, a Produce
+answer's log end offsets (its base offsets plus the records the request carried, as the record's
+items count them). So a capture's analysis sees the same committed offsets and watermarks as the
+live series. (The live tracker also keeps a Produce answer's end only when it is past the one it
+holds, and reads no Produce a rule replaced: offline, the latest record says; the records'
+``rule_decisions`` say where a rule acted.)
 """
 
 from __future__ import annotations
@@ -19,15 +23,18 @@ from kproxy.protocol.offsets import (
     LIST_OFFSETS,
     OFFSET_COMMIT,
     OFFSET_FETCH,
+    PRODUCE,
+    Produced,
     Values,
     fetch_watermarks,
     latest_offsets,
     offset_commits,
     offset_fetches,
+    produce_end_offsets,
 )
 
 # The kinds whose scans the capture makes in values mode (Metadata's topic ids it reads in full already).
-VALUE_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH})
+VALUE_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE})
 # One side's entry: topic (a name, or an id until named), partition, error code, records, bytes.
 Entry = tuple[Any, int | None, int | None, int, int]
 Name = Callable[[object], str | None]
@@ -77,13 +84,17 @@ def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: 
 
 def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_version: int,
                  request: Values | None, answer: Values | None, answer_errors: list[tuple[Any, Any, Any]] | None,
-                 name: Name) -> tuple[tuple[Any, ...], ...]:
+                 name: Name, produced: list[Produced] | None = None) -> tuple[tuple[Any, ...], ...]:
     """``partitions`` with the offsets the exchange carries (see the module docstring); the request's
     and the answer's values (None: not read) and the answer's non-zero codes (the top-level one as
-    ``(None, None, code)``; None: the answer was not read). A committed offset or watermark of a
-    partition no item names gets an item of its own (an OffsetFetch v8+ answer: one per group)."""
+    ``(None, None, code)``; None: the answer was not read); ``produced``: a Produce request's records
+    per partition (None: not all counted). A committed offset or watermark of a partition no item
+    names gets an item of its own (an OffsetFetch v8+ answer: one per group)."""
     facts: list[tuple[str | None, object, int, int | None, int | None]]  # group, topic, partition, offsets
-    if api_key == FETCH:
+    if api_key == PRODUCE:
+        facts = [(None, topic, partition, None, offset)
+                 for topic, partition, offset in produce_end_offsets(produced or [], answer)]
+    elif api_key == FETCH:
         facts = [(None, topic, partition, None, offset) for topic, partition, offset in fetch_watermarks(answer)]
     elif api_key == LIST_OFFSETS:
         facts = [(None, topic, partition, None, offset) for topic, partition, offset in latest_offsets(request, answer)]

@@ -335,8 +335,11 @@ class RecordBuilder:
             errors = [(topic, partition, code) for topic, partition, code, _, _ in response_entries if code]
             if top_code:
                 errors.append((None, None, top_code))
+            produced = None
+            if api_key == PRODUCE and not req.get("records_over_budget"):
+                produced = [(topic, partition, n) for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
-                                      None if answer is None else errors, self.topics.name)
+                                      None if answer is None else errors, self.topics.name, produced)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
@@ -446,6 +449,7 @@ class RecordBuilder:
             entries, req, payloads = (), {}, None
         if budget.exhausted:
             self._gave_up(kind, budget, early)
+            req["records_over_budget"] = True  # (its records' counts are short: no log end offset from them)
         req["client_id"] = request_client_id(request, kind.api_key, kind.api_version)  # cached with the rest
         return entries, req, payloads
 
@@ -506,9 +510,10 @@ class RecordBuilder:
         if api_key == PRODUCE:
             # The usual answer (one topic, one partition) read by hand: what the scanner finds in it
             # (tests/test_scan_shared.py), at a fraction of its cost (~12,000 instructions a Produce).
-            entry = produce_answer(response, offset, api_version)
-            if entry is not None:
-                return (((entry[0], entry[1], entry[2], 0, 0),), None, None), None
+            usual = produce_answer(response, offset, api_version)
+            if usual is not None:
+                topic, index, code, _ = usual
+                return (((topic, index, code, 0, 0),), None, [usual] if kind.values else None), None
         scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values)
         if kind.payloads and api_key == FETCH:
             return scan, self._payloads(found, response, budget)

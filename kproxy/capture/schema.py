@@ -81,7 +81,9 @@ PARTITION_ITEMS: tuple[Column, ...] = (
     _c("committed_offset", "int64", "the offset the group committed here: an OffsetCommit request's whose "
                                     "answer accepted this partition, or an OffsetFetch answer's (version 3+)"),
     _c("high_watermark", "int64", "the partition's high watermark: a Fetch answer's (error code 0), or a "
-                                  "ListOffsets answer's latest offset at read_uncommitted (version 3+)"),
+                                  "ListOffsets answer's latest offset at read_uncommitted; or its log end offset "
+                                  "after a Produce the answer accepted: base offset + the request's records there "
+                                  "(version 3+)"),
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (

@@ -166,17 +166,19 @@ OPTIONS: tuple[Option, ...] = (
            aliases=(Alias("--metrics-no-error-scan", sets=False),)),
     Option("metrics.consumer_lag", v.boolean,
            "export consumer lag (kproxy_consumergroup_*, kproxy_partition_high_watermark) from the offsets "
-           "groups commit and the high watermarks Fetch answers carry (needs --metrics-scan-responses)",
+           "groups commit and the partitions' ends Fetch and Produce answers carry (needs "
+           "--metrics-scan-responses)",
            boolean=True),
     Option("metrics.consumer_lag_partitions", v.boolean,
            "also export kproxy_consumergroup_lag per partition (groups and topics capped by "
            "--metrics-label-cap)", boolean=True),
     Option("metrics.consumer_lag_stale_after", v.seconds,
-           "consumer-lag series disappear when kproxy has not seen their committed offset or watermark "
-           "again for this long", "SECONDS", show_default=v.as_is),
+           "consumer-lag series disappear when kproxy has not seen their watermark again, or their group "
+           "(a commit or any request of its members), for this long", "SECONDS", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
-           "/readyz and kproxy_upstream_up", "SECONDS", show_default=v.as_is),
+           "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "
+           "before their login)", "SECONDS", show_default=v.as_is),
     Option("metrics.process_metrics", v.boolean,
            "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
            boolean=True, aliases=(Alias("--metrics-process", sets=True),)),

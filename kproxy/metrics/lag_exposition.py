@@ -6,13 +6,15 @@ Series (the names kafka_exporter uses, with kproxy's prefix):
   kproxy has both a fresh committed offset and a fresh watermark of;
 * ``kproxy_consumergroup_lag{group,topic,partition}``: per partition (``metrics.consumer_lag_partitions``);
 * ``kproxy_consumergroup_committed_offset{group,topic,partition}``: the last committed offset seen;
-* ``kproxy_partition_high_watermark{topic,partition}``: the last high watermark seen;
+* ``kproxy_partition_high_watermark{topic,partition}``: the partition's end last seen (a Fetch
+  answer's high watermark, a ListOffsets answer's latest offset, a Produce answer's log end offset);
 * ``kproxy_consumergroup_lag_evicted_total{table}`` and ``kproxy_consumergroup_lag_series_omitted{family}``:
   what the bounds cost (keys evicted from the tracker; series left out of this scrape).
 
-Nothing is exported that was not seen within ``metrics.consumer_lag_stale_after``
-(:meth:`ConsumerLag.view`): a group kproxy stops seeing commit, or a topic nobody fetches, has
-its series disappear, never frozen at their last value.
+Nothing is exported that is not fresh at the scrape (:meth:`ConsumerLag.view`): a watermark seen
+within ``metrics.consumer_lag_stale_after``, a committed offset committed within it or kept by
+its group, seen within it. A group kproxy stops seeing, or a partition nobody fetches or produces
+to through kproxy, has its series disappear, never frozen at their last value.
 
 Cardinality, whatever clients send: at most ``label_cap`` groups and ``label_cap`` topics are named,
 those with the most lag first (then by name: a stable choice while lags hold); a group or topic
@@ -146,13 +148,14 @@ class ConsumerLagCollector(Collector):
                          "committed offset (never below 0), both seen within " + stale + ".",
                          ["group", "topic", "partition"], series.lag)
         yield _gauge("kproxy_consumergroup_committed_offset", "The last offset a consumer group committed (an "
-                     "OffsetCommit the broker accepted, or an OffsetFetch answer), seen within " + stale + ".",
+                     "OffsetCommit the broker accepted, or an OffsetFetch answer), while kproxy saw the group "
+                     "(a commit or a request of its members) within " + stale + ".",
                      ["group", "topic", "partition"], series.committed)
-        yield _gauge("kproxy_partition_high_watermark", "The last high watermark a Fetch or ListOffsets (latest, "
-                     "read_uncommitted) answer gave, seen within " + stale + ".", ["topic", "partition"],
-                     series.watermarks)
-        family = CounterMetricFamily("kproxy_consumergroup_lag_evicted", "Committed offsets and watermarks "
-                                     "kproxy forgot to stay within its bound (the ones updated longest ago).",
+        yield _gauge("kproxy_partition_high_watermark", "The partition's end last seen: a Fetch or ListOffsets "
+                     "(latest, read_uncommitted) answer's high watermark, or the log end offset after a Produce "
+                     "the answer accepted, seen within " + stale + ".", ["topic", "partition"], series.watermarks)
+        family = CounterMetricFamily("kproxy_consumergroup_lag_evicted", "Committed offsets, watermarks and "
+                                     "groups kproxy forgot to stay within its bound (the ones updated longest ago).",
                                      labels=["table"])
         for table, n in list(self.lag.evicted.items()):
             family.add_metric([table], n)

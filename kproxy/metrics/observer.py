@@ -7,6 +7,7 @@ from typing import Final
 from kproxy.metrics.client_software import ClientSoftware
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
+from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
 from kproxy.protocol.scan import RecordsRange
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
 from kproxy.proxy.session import Exchange
@@ -45,7 +46,8 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "lag", "lag_answers", "lag_requests", "software", "stats", "topic_ids")
+    __slots__ = ("broker", "client_ids", "group_requests", "lag", "lag_answers", "lag_requests", "software", "stats",
+                 "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -55,6 +57,7 @@ class BrokerObserver:
         # Api keys the lag reads (none without it): one set lookup per exchange.
         self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
         self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
+        self.group_requests = GROUP_REQUESTS if lag is not None else frozenset()  # (the group is there)
         # Topic ids are learnt for the topic label; consumer lag learns them from its scan of the same
         # Metadata answers, into the map the label reads then (MetricsObserver shares it).
         self.topic_ids = stats.options.topic_label and lag is None
@@ -69,16 +72,30 @@ class BrokerObserver:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
             scan = exchange.request_scan
-            self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
-                               exchange.client_id if self.client_ids else None, exchange.request,
-                               exchange.request_body_offset, _NO_RANGES if scan is None else scan[1], exchange.acks)
+            counted = self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
+                                         exchange.client_id if self.client_ids else None, exchange.request,
+                                         exchange.request_body_offset, _NO_RANGES if scan is None else scan[1],
+                                         exchange.acks)
+            if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
+                # Its records per partition, counted while the frame is held: its answer gives the log end
+                # offsets with them. Not when a rule forwarded another frame in its place (its records may
+                # differ from the ones read: corrupt_records, duplicate_records).
+                ruling = exchange.ruling
+                if ruling is None or not ruling.request_replaced:
+                    memo = exchange.memo  # (the scan made it)
+                    if memo is not None:
+                        memo.produced = produce_record_counts(exchange.request, scan, counted)
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            scan = None
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
                 # exchange's one scan: a rule on topics that read it first left it there.)
-                exchange.request_scan  # noqa: B018
+                scan = exchange.request_scan
+            if exchange.api_key in self.group_requests and self.lag is not None:
+                self.lag.group_request(exchange.api_key, exchange.api_version, exchange.request,
+                                       exchange.request_body_offset, scan, exchange.read_at)
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -106,9 +123,13 @@ class BrokerObserver:
                                     exchange.client_id if api_key == FETCH and self.client_ids else None)
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
-            self.lag.answer(api_key, exchange.api_version,
-                            exchange.request_scan if api_key in self.lag_requests else None, found,
-                            exchange.completed_at)
+            if api_key == PRODUCE:
+                if memo is not None and memo.produced:
+                    self.lag.produce_answer(memo.produced, found, exchange.completed_at)
+            else:
+                self.lag.answer(api_key, exchange.api_version,
+                                exchange.request_scan if api_key in self.lag_requests else None, found,
+                                exchange.completed_at)
         elif api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
             # Fetch and Produce v13+ name topics by id: their traffic is labelled by these names.
             self.stats.labelled.learn_metadata(response, exchange.api_version,

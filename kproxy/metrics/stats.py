@@ -344,14 +344,17 @@ class TrafficStats:
     # -- per request / response ------------------------------------------------------
     def request(self, broker: BrokerSeries, api_key: int, api_version: int, size: int, client_id: str | None,
                 frame: bytes | None = None, body_offset: int | None = None,
-                records: list[RecordsRange] | None = None, acks: int | None = None) -> None:
+                records: list[RecordsRange] | None = None, acks: int | None = None) -> int | None:
         """A request was read from a client connected through ``broker``'s listener. ``frame`` is
         given for Produce (to count records), with ``body_offset`` where its body starts when the
         caller knows it, and ``records``, its records ranges, when the caller has scanned it already
         (the session's shared scan, :attr:`kproxy.proxy.session.Exchange.request_scan`); without
         them, the records are found here. ``client_id`` is given when it is a label (None otherwise):
         its Produce records are then that client's (:mod:`kproxy.metrics.traffic`), its batches
-        counted under ``acks`` (the session's read of them; None: read here if need be)."""
+        counted under ``acks`` (the session's read of them; None: read here if need be).
+
+        Returns the records of the ``records`` ranges given (-1: not all could be counted), None when
+        none were given or counted (consumer lag takes a one-partition Produce's count from here)."""
         # kind_key, inlined (a call per frame costs more than the lookup); KindStats is never falsy.
         kind = broker.kinds.get(api_key << 16 | api_version) or self._kind(broker, api_key, api_version)
         kind.requests += 1
@@ -363,8 +366,10 @@ class TrafficStats:
             if records is None:
                 self._count_records(kind, api_key, api_version, frame, body_offset, client_id)
             elif records:
-                self._counted(kind.api, self.labelled.produce(frame, records, client_id, acks, api_version,
-                                                              body_offset))
+                count = self.labelled.produce(frame, records, client_id, acks, api_version, body_offset)
+                self._counted(kind.api, count)
+                return count
+        return None
 
     def response(self, broker: BrokerSeries, api_key: int, api_version: int, frame: bytes, body_offset: int,
                  broker_seconds: float | None, overhead_seconds: float, body: bytes | None = None,
@@ -415,12 +420,13 @@ class TrafficStats:
                     body_offset = len(frame)  # the scan then fails: counted as undecodable
         if api_key == PRODUCE:
             # A producer's usual answer (one topic, one partition) carries new offsets every time, so
-            # it is never remembered; read by hand instead (None: another shape, the scanner's).
-            entries = produce_answer_errors(frame, body_offset, api_version)
+            # it is never remembered; read by hand instead (None: another shape, the scanner's). With
+            # consumer lag, its base offset too (returned: the partition's log end offset is read from it).
+            entries = produce_answer_errors(frame, body_offset, api_version, kind.values)
             if entries is not None:
                 if entries:
                     self._add_errors(broker, kind.api, api_key, frame, (entries, _NO_RANGES))
-                return None
+                return (entries, _NO_RANGES) if kind.values else None
         found = self._scan_response(kind, api_key, api_version, frame, body_offset, body)
         if found is None:
             # A body we cannot read: counted, never fatal.

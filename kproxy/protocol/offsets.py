@@ -12,10 +12,26 @@ group committed there. Both cross a proxy:
   (KIP-98), not the watermark: it is left out, as is timestamp -2 (the earliest offset) and every
   other timestamp. A Fetch answer's ``high_watermark`` is the watermark whatever the fetch's
   isolation level (its ``last_stable_offset`` is not read), which is also what kafka_exporter's
-  "newest offset" is.
+  "newest offset" is;
+* **log end offsets**: in Produce answers. A partition a Produce request carried records for and
+  whose answer accepted them (error code 0) ends, after the append, at the answer's
+  ``base_offset`` (the first offset the broker gave the request's records there) plus the records
+  the request carried for it (:func:`produce_record_counts`: the batch headers' counts, in request
+  order; the broker numbers every record, compressed or not, KIP-98's batches included). That is the
+  log end offset: the high watermark once the followers have it (at once with acks=all, a moment
+  later with acks=1), so it may lead the watermark briefly; kafka_exporter's "newest offset" is the
+  same kind of reading. Transaction markers the coordinator writes are not in any Produce request:
+  a Fetch answer's watermark counts them. A Produce with acks=0 has no answer: nothing.
 
-Topics are named, or from version 10 of OffsetCommit and OffsetFetch and 13 of Fetch (KIP-516)
-identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
+And whether a group is still there: every request of a group member names its group
+(:data:`GROUP_REQUESTS`: JoinGroup, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch,
+TxnOffsetCommit, KIP-848's ConsumerGroupHeartbeat), read in place
+(:func:`kproxy.protocol.request_fields.request_group_id`), or for an OffsetFetch v8+ naming several
+groups (KIP-709) from its scan (:func:`group_ids`). LeaveGroup is not one of them: the member is
+going.
+
+Topics are named, or from version 10 of OffsetCommit and OffsetFetch, 13 of Fetch and Produce
+(KIP-516) identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
 
 The scans are the ones kproxy makes anyway, in their values mode
 (:func:`kproxy.protocol.scan.scanner` with ``values=True``): one walk of each body reads its error
@@ -30,14 +46,22 @@ import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
 from kproxy.protocol.schema import Direction
 
 if TYPE_CHECKING:
     from kproxy.protocol.scan import Entry, RequestScan, Topic
 
+# Requests of a group's members, which name it (api keys: 11 JoinGroup, 12 Heartbeat, 14 SyncGroup, 28
+# TxnOffsetCommit, 68 ConsumerGroupHeartbeat; OffsetCommit and OffsetFetch below). LeaveGroup (13) is
+# left out on purpose: a member leaving does not say the group is still consuming.
+JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
 # The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
-# (untagged) field. Api keys: 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9 OffsetFetch.
+# (untagged) field. Api keys: 0 Produce, 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9
+# OffsetFetch.
 OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
+    (0, Direction.RESPONSE): frozenset({"base_offset"}),  # Produce: where the request's records went
     (8, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),  # OffsetCommit
     (9, Direction.REQUEST): frozenset({"group_id"}),  # OffsetFetch v0-7: the answer's group
     (9, Direction.RESPONSE): frozenset({"group_id", "committed_offset"}),  # OffsetFetch (v8+: per group)
@@ -46,14 +70,18 @@ OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
     (1, Direction.RESPONSE): frozenset({"high_watermark"}),  # Fetch
     (3, Direction.RESPONSE): frozenset({"topic_id"}),  # Metadata v10+: topic id and name (KIP-516)
 }
-OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 8, 9, 2, 1, 3
+PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 0, 8, 9, 2, 1, 3
+# Requests that say their group is there; JoinGroup also begins a rebalance.
+GROUP_REQUESTS = frozenset({JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT,
+                            OFFSET_COMMIT, OFFSET_FETCH})
 LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at read_uncommitted)
 READ_UNCOMMITTED = 0  # ListOffsets isolation_level (v2+; before, every answer is read_uncommitted)
 OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its request and answer
 
-# (group, topic, partition, committed offset); (topic, partition, offset)
+# (group, topic, partition, committed offset); (topic, partition, offset); (topic, partition, records)
 Commit = tuple[str, "Topic", int, int]
 Watermark = tuple["Topic", int, int]
+Produced = tuple["Topic", int, int]
 Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
 
 
@@ -181,4 +209,88 @@ def metadata_topic_ids(answer: Values | None) -> list[tuple[uuid.UUID, str]]:
             name, topic_id, _ = item
             if isinstance(topic_id, uuid.UUID) and topic_id.int and isinstance(name, str):
                 out.append((topic_id, name))
+    return out
+
+
+def group_ids(request: Values | None) -> list[str]:
+    """The groups an OffsetCommit or OffsetFetch request names (its values): one, or for an
+    OffsetFetch v8+ each of its groups (KIP-709). A group id is a struct's value, ``(topic, value,
+    code)``."""
+    return [item[1] for item in request or () if len(item) == 3 and isinstance(item[1], str)]
+
+
+def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestScan | None,
+                          total: int | None = None) -> list[Produced] | None:
+    """``(topic, partition, records)`` of each partition of a Produce request (``scan``: its shared
+    scan, ``frame``: the frame it was made of), from the batch headers of its records ranges:
+    a v2 batch's count read in place (what a producer sends per partition), anything else counted
+    by :func:`~kproxy.protocol.records.count_records` within one frame's record budget. None when
+    the request cannot all be counted, or when its ranges do not pair with its partitions one to one
+    (a partition without records: the scan notes no range for it); a partial answer would put a log
+    end offset in the wrong place. ``total``: the records of all its ranges when the caller counted
+    them already, the same way (the metrics: -1 when not all could be); a request of one partition
+    is then not read again."""
+    if scan is None:
+        return None
+    entries, ranges = scan
+    if len(ranges) == 1 and len(entries) == 1:  # one partition: what a producer usually sends
+        topic, partition, _ = entries[0]
+        if partition is None:
+            return None
+        if total is not None:
+            return [(topic, partition, total)] if total >= 0 else None
+        span = ranges[0]
+        n = one_batch_count(frame, span[0], span[1])  # one v2 batch, read in place
+        if n is not None:
+            return [(topic, partition, n)]
+    if not ranges or len(ranges) != len(entries):
+        return None
+    out: list[Produced] = []
+    budget: RecordBudget | None = None
+    for (topic, partition, _), span in zip(entries, ranges, strict=True):
+        start, end = span[0], span[1]
+        n = one_batch_count(frame, start, end)
+        if n is None:
+            if budget is None:
+                budget = RecordBudget(DEFAULT_RECORD_BUDGET)
+            try:
+                n = count_records(memoryview(frame)[start:end], budget=budget)
+            except ProtocolError:
+                return None
+            if budget.exhausted:
+                return None
+        if partition is None:
+            return None
+        out.append((topic, partition, n))
+    return out
+
+
+def produce_end_offsets(produced: list[Produced], answer: Values | None) -> list[Watermark]:
+    """The log end offset of each partition a Produce answer (its values: ``(topic, partition, code,
+    base_offset)``) accepted records of: its base offset plus the records the request carried there
+    (``produced``, :func:`produce_record_counts`). A partition the request carried no records for, or
+    named twice, gives nothing."""
+    if not answer:
+        return []
+    if len(produced) == 1:  # a producer's usual request: one partition
+        topic, partition, n = produced[0]
+        if len(answer) == 1:  # ... and its answer (_partition, inlined)
+            item = answer[0]
+            if (len(item) == 4 and item[1] == partition and not item[2] and type(item[3]) is int and item[3] >= 0
+                    and n > 0 and item[0] == topic):
+                return [(topic, partition, item[3] + n)]
+            return []
+        counts = {(topic, partition): n}
+    else:
+        counts = {}
+        for topic, partition, n in produced:
+            key = (topic, partition)
+            counts[key] = -1 if key in counts else n
+    out: list[Watermark] = []
+    for item in answer:
+        found = _partition(item)
+        if found is not None and not found[2]:
+            n = counts.get((found[0], found[1]), 0)
+            if n > 0:
+                out.append((found[0], found[1], found[3] + n))
     return out

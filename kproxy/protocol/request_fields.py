@@ -2,9 +2,10 @@
 
 The proxy reads a request's fixed header on every frame and, now and then, one
 more field: its client id (a metrics label), the acks of a Produce (acks=0 has no
-response), its body offset. Each is read here, at the offsets
-RequestHeader.json and ProduceRequest.json give, so no other module carries its
-own copy of the header layout. None of these raise: an unreadable field is
+response), its body offset, the group id a group member's request opens with
+(consumer lag: the group is still there). Each is read here, at the offsets
+RequestHeader.json, ProduceRequest.json and the group requests' specs give, so no
+other module carries its own copy of the header layout. None of these raise: an unreadable field is
 ``None`` and the caller decides (a malformed request is the broker's to refuse).
 """
 
@@ -14,6 +15,7 @@ import struct
 from typing import Final
 
 from kproxy.protocol.headers import request_body_offset, request_header_version
+from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.wire import Malformed, read_uvarint
 
 _INT16: Final = struct.Struct(">h")
@@ -86,5 +88,58 @@ def produce_acks(frame: bytes | memoryview, api_version: int, body_offset: int) 
             pos += 2 + max(n, 0)
         (acks,) = _INT16.unpack_from(frame, pos)
         return int(acks)
+    except (Malformed, struct.error, IndexError):
+        return None
+
+
+# api_key << 16 | api_version -> (strings before the group id, flexible) of the kinds whose body opens
+# with plain strings up to a group_id (found from the message specs); None: another layout.
+_GROUP_ID_LAYOUTS: dict[int, tuple[int, bool] | None] = {}
+
+
+def _group_id_layout(api_key: int, api_version: int) -> tuple[int, bool] | None:
+    key = api_key << 16 | api_version
+    if key in _GROUP_ID_LAYOUTS:
+        return _GROUP_ID_LAYOUTS[key]
+    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    if schema is None:
+        return None  # (not remembered: a client cycling through made-up versions adds nothing)
+    layout = None
+    for i, f in enumerate(schema.fields):
+        if f.tag is not None or f.type != "string" or f.array:
+            break
+        if f.name == "group_id":
+            layout = (i, schema.flexible)
+            break
+    _GROUP_ID_LAYOUTS[key] = layout
+    return layout
+
+
+def request_group_id(frame: bytes | memoryview, api_key: int, api_version: int, body_offset: int | None
+                     ) -> str | None:
+    """The group id a request's body opens with (JoinGroup, Heartbeat, SyncGroup, LeaveGroup,
+    OffsetCommit, OffsetFetch v0-7, ConsumerGroupHeartbeat; TxnOffsetCommit's after its transactional
+    id), read in place; None for a kind that does not open so, or bytes that cannot be read. Bad
+    UTF-8 is replaced, as the scans' values mode reads a group id (the two name a group alike)."""
+    if body_offset is None:
+        return None
+    layout = _group_id_layout(api_key, api_version)
+    if layout is None:
+        return None
+    skip, flexible = layout
+    pos = body_offset
+    try:
+        for _ in range(skip + 1):
+            if flexible:  # compact string: length + 1 (0: null), an unsigned varint
+                n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
+                n -= 1
+            else:
+                (n,) = _INT16.unpack_from(frame, pos)
+                pos += 2
+            start = pos
+            pos += max(n, 0)
+        if n < 0 or pos > len(frame):
+            return None
+        return str(frame[start:pos], "utf-8", "replace")
     except (Malformed, struct.error, IndexError):
         return None

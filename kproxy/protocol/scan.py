@@ -475,14 +475,19 @@ _PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
 _PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
 _PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
 _PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
+_PRODUCE_BASE_OFFSET = struct.Struct(">q")
 
 
-def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry] | None:
+def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool = False) -> list[Entry] | None:
     """What the errors-only scanner of a Produce response finds in the body at ``buf[pos:]``, read
     by hand for the answer a producer usually gets: one topic, one partition, no record errors, no
     tagged fields (``[]`` when its error code is 0, else its one entry). None for any other shape,
     or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_shared.py
     checks the two agree on every version, shape and corruption).
+
+    ``values``: what the values-mode scanner finds too (consumer lag's log end offsets): the entries
+    are then a :class:`ScanEntries` whose values hold the partition's ``(topic, index, code,
+    base_offset)``.
 
     Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
     partition) by a few struct reads (:func:`_produce_answer_at`).
@@ -490,24 +495,31 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int) -> list[Entry]
     found = _produce_answer_at(buf, pos, api_version)
     if found is None:
         return None
-    start, end, index, code, _ = found
-    if not code and api_version >= 13:
+    start, end, index, code, base, _ = found
+    if not (code or values) and api_version >= 13:
         return []  # (an id is any 16 bytes: nothing to check)
     try:
         topic = _produce_topic(buf, start, end, api_version)  # (the scanner reads a name whatever the code)
     except UnicodeDecodeError:
         return None
-    return [(topic, index, code)] if code else []
+    if not values:
+        return [(topic, index, code)] if code else []
+    acc = ScanEntries()
+    if code:
+        acc.append((topic, index, code))
+    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
+    return acc
 
 
-def produce_answer(buf: bytes, pos: int, api_version: int) -> Entry | None:
-    """The one partition's entry ``(topic, partition, error code)`` of a Produce response of the
-    usual shape (:func:`produce_answer_errors`), whatever its code: what the full scanner finds
-    for it (the capture keeps every partition of a Produce answer). None for any other shape."""
+def produce_answer(buf: bytes, pos: int, api_version: int) -> tuple[Topic, int, int, int] | None:
+    """The one partition of a Produce response of the usual shape (:func:`produce_answer_errors`),
+    whatever its code: ``(topic, partition, error code, base_offset)``, the entry the full scanner
+    finds for it and the one value its values mode reads (the capture keeps every partition of a
+    Produce answer, and its log end offset). None for any other shape."""
     found = _produce_answer_at(buf, pos, api_version)
     if found is None:
         return None
-    start, end, index, code, pos = found
+    start, end, index, code, base, pos = found
     # The full scanner reads on to the body's end: throttle_time_ms (v1+), then (v9+) the body's
     # tagged fields (node_endpoints from v10, KIP-951): none, or the scanner decides.
     if api_version >= 1:
@@ -519,9 +531,10 @@ def produce_answer(buf: bytes, pos: int, api_version: int) -> Entry | None:
     if pos > len(buf):
         return None
     try:
-        return _produce_topic(buf, start, end, api_version), index, code
+        topic = _produce_topic(buf, start, end, api_version)
     except UnicodeDecodeError:
         return None
+    return topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0]
 
 
 def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
@@ -531,9 +544,10 @@ def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
     return str(buf[start:end], "utf-8")  # (any buffer: a memoryview has no decode)
 
 
-def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int, int, int, int] | None:
+def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int, int, int, int, int] | None:
     """Where the topic of a Produce response of the usual shape lies, its one partition's index and
-    error code, and where its topics array ends: ``(start, end, index, code, after)``; None for any
+    error code, where its base_offset lies and where its topics array ends: ``(start, end, index,
+    code, base, after)``; None for any
     other shape, or for bytes this reader is not sure of (up to the topics array's end).
     ProduceResponse.json in Kafka's message specs gives the layout (v0 base_offset; v2
     log_append_time_ms; v5 log_start_offset; v8 record_errors and error_message; v9 flexible;
@@ -550,8 +564,9 @@ def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int
             partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
             if partitions != 1:
                 return None
+            base = end + 10  # base_offset
             # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
-            pos = end + 10 + (8 if api_version < 2 else 16 if api_version < 5 else 24)
+            pos = base + (8 if api_version < 2 else 16 if api_version < 5 else 24)
             if api_version >= 8:
                 if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 0:  # record_errors
                     return None
@@ -563,7 +578,8 @@ def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int
             if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
             index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
-            pos = end + 7 + 24
+            base = end + 7
+            pos = base + 24
             if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
                 return None
             size = buf[pos + 1]  # error_message: 0 (null), else length + 1
@@ -577,7 +593,7 @@ def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int
             return None
     except (struct.error, IndexError):
         return None
-    return start, end, index, code, pos
+    return start, end, index, code, base, pos
 
 
 def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:

@@ -9,9 +9,11 @@ client is once it logged in. The mechanisms themselves (PLAIN, SCRAM) are
 What it does is what Kafka's SaslServerAuthenticator does (clients/.../authenticator/), state by
 state:
 
-* before a SaslHandshake is accepted only ApiVersions may come (it goes to the broker); any other
-  request closes the connection without an answer (``Unexpected Kafka request of type METADATA
-  during SASL handshake``);
+* before a SaslHandshake is accepted only ApiVersions may come; any other request closes the
+  connection without an answer (``Unexpected Kafka request of type METADATA during SASL
+  handshake``). Kafka's authenticator answers that ApiVersions itself, from the broker's versions;
+  kproxy answers it from the cluster's own answers to kproxy (:data:`ApiVersionsSource`), since it
+  opens no upstream connection before the client logged in (kproxy/proxy/terminate.py);
 * a SaslHandshake naming a mechanism not offered is answered UNSUPPORTED_SASL_MECHANISM with the
   list offered, then the connection closes; an offered one is answered NONE with the list;
 * after SaslHandshake v0 the client's frames are raw tokens, answered with raw tokens; after v1
@@ -66,6 +68,9 @@ FAILED_AUTHENTICATION_DELAY = 0.1
 MECHANISM_MAX = 64  # characters of a client's mechanism name kept for a log line
 UNSUPPORTED = "unsupported"  # the mechanism label of a login asking for a mechanism not offered
 _SIZE = struct.Struct(">i")
+# The cluster's answer to an ApiVersions request, as a broker gave it to kproxy: (correlation id, request
+# version) -> the response frame (size prefix included) carrying that id; None when none is known.
+ApiVersionsSource = Callable[[int, int], bytes | None]
 
 
 class AuthState(enum.Enum):
@@ -108,17 +113,21 @@ class ClientAuth:
     """The SASL server side of one client connection (see the module's docstring).
 
     ``session_lifetime``: seconds a login lasts before the client must re-authenticate (0: for
-    the connection's life). ``on_outcome`` is told of every login that ends.
+    the connection's life). ``on_outcome`` is told of every login that ends. ``api_versions``: the
+    cluster's ApiVersions answers, for the client's ApiVersions before its login (None: none known,
+    the connection closes at that request).
     """
 
-    __slots__ = ("_checker", "_on_outcome", "_pending", "_reauth", "_server", "_verifying", "expires_at",
-                 "mechanism", "principal", "raw", "session_lifetime", "state")
+    __slots__ = ("_checker", "_on_outcome", "_pending", "_reauth", "_server", "_verifying", "api_versions",
+                 "expires_at", "mechanism", "principal", "raw", "session_lifetime", "state")
 
     def __init__(self, checker: CredentialChecker, *, session_lifetime: float = 0.0,
-                 on_outcome: Callable[[Outcome], None] | None = None) -> None:
+                 on_outcome: Callable[[Outcome], None] | None = None,
+                 api_versions: ApiVersionsSource | None = None) -> None:
         self._checker = checker
         self.session_lifetime = session_lifetime
         self._on_outcome = on_outcome
+        self.api_versions = api_versions
         self.state = AuthState.HANDSHAKE
         self.raw = False  # after SaslHandshake v0: the client's frames are raw tokens
         self.mechanism: str | None = None

@@ -27,6 +27,7 @@ from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
 from kproxy.protocol.messages import decode_body
+from kproxy.protocol.offsets import Produced
 from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction
@@ -54,7 +55,9 @@ class Ruling:
       queued behind) kept it back: ``(seconds of that wait, who it is charged to)``;
     * ``rule_decisions``: what the policy's rules did, in order: one ``(rule, action, detail,
       dry_run)`` per action that acted or matched in a dry run. The policy appends response-side
-      actions when the response is edited, so observers read it at ``complete``.
+      actions when the response is edited, so observers read it at ``complete``;
+    * ``request_replaced``: the frame forwarded was the verdict's, not the one read (its records may
+      differ: consumer lag does not count them).
     """
 
     release_at: float = 0.0
@@ -64,11 +67,12 @@ class Ruling:
     held_by: tuple[str, str] | None = None
     held: tuple[float, tuple[str, str] | None] | None = None
     rule_decisions: tuple[RuleDecision, ...] = ()
+    request_replaced: bool = False
 
     def __init__(self, release_at: float = 0.0, response_delay: float = 0.0,
                  on_response: Callable[[bytes], bytes] | None = None, drop: bool = False,
                  held_by: tuple[str, str] | None = None, held: tuple[float, tuple[str, str] | None] | None = None,
-                 rule_decisions: tuple[RuleDecision, ...] = ()) -> None:
+                 rule_decisions: tuple[RuleDecision, ...] = (), request_replaced: bool = False) -> None:
         self.release_at = release_at
         self.response_delay = response_delay
         self.on_response = on_response
@@ -76,6 +80,7 @@ class Ruling:
         self.held_by = held_by
         self.held = held
         self.rule_decisions = rule_decisions
+        self.request_replaced = request_replaced
 
 
 @dataclass(slots=True)
@@ -87,7 +92,10 @@ class ObserverMemo:
     * ``response_body``: the rewritten response's body as the rewriter returned it (None: not
       rewritten, or edited after): for a repeated answer the rewrite memo's own object, which
       the metrics' scan memo keys on;
-    * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked.
+    * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked;
+    * ``produced``: a Produce request's records per partition, ``(topic, partition, records)``, when
+      a reader counted them while the frame was held (consumer lag reads the answer with them:
+      :func:`kproxy.protocol.offsets.produce_record_counts`); None: not counted.
     """
 
     response_body_offset: int = 0
@@ -95,12 +103,14 @@ class ObserverMemo:
     # RequestScan | None once read; typed Any for the sentinel (a compiled build checks declared
     # types at run time): :attr:`Exchange.request_scan` is its typed reader.
     request_scan: Any = _UNREAD
+    produced: list[Produced] | None = None
 
     def __init__(self, response_body_offset: int = 0, response_body: bytes | None = None,
-                 request_scan: Any = _UNREAD) -> None:
+                 request_scan: Any = _UNREAD, produced: list[Produced] | None = None) -> None:
         self.response_body_offset = response_body_offset
         self.response_body = response_body
         self.request_scan = request_scan
+        self.produced = produced
 
 
 @dataclass(slots=True)

@@ -40,8 +40,8 @@ Guarantees kept here (each has bitten a peer):
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
 * Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
-  its SASL requests are answered by kproxy, in order with the other answers, and nothing but
-  ApiVersions reaches the broker before the client logged in.
+  its SASL requests are answered by kproxy, in order with the other answers, and there is no
+  upstream connection before the client logged in.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
   SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
@@ -175,8 +175,8 @@ class Session(TerminateMode):
         self._close_at: float | None = None  # a slow close's time
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
         self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
-        # Client chunks held during a login (the first begins at the client's first chunk: module docstring).
-        self._hold: list[tuple[bytes | bytearray, float | None]] | None = None if login is None else []
+        # Client chunks held during a login (module docstring; in terminate mode, after the client's: terminate.py).
+        self._hold: list[tuple[bytes | bytearray, float | None]] | None = [] if login and auth is None else None
         self._upstream_out: list[bytes] = []  # frames for the broker from receive_upstream / on_timer (a login's)
         self._login_wake_asked: float | None = None
 
@@ -194,10 +194,9 @@ class Session(TerminateMode):
 
     @property
     def partial_request_at(self) -> int | None:
-        """Where in the client's byte stream the request frame still missing bytes begins; None
-        when no partial frame is buffered (the server's frame deadline: limits.frame_timeout).
-        In terminate mode, 0 until the client logged in: the whole login is held to the deadline
-        of one frame, from the connection's first byte."""
+        """Where in the client's byte stream the request frame still missing bytes begins; None when
+        no partial frame is buffered (the server's frame deadline: limits.frame_timeout). In terminate
+        mode, 0 until the client logged in: the whole login has one frame's deadline (the server's: from the start)."""
         if self._auth_gate is not None and self._auth_gate.principal is None:
             return 0
         frames = self._client_frames
@@ -268,7 +267,7 @@ class Session(TerminateMode):
         self._edited = False
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None or self._offload is not None:
+        if self._closing is not None or self._offload is not None or self._attach_due:
             self._last(commands)
         return commands
 
@@ -355,8 +354,10 @@ class Session(TerminateMode):
         if verdict is not None and not verdict.forward:
             self._answer_locally(ex, verdict.answer, now)
             return None
-        if api_key == API_VERSIONS and api_version > _API_VERSIONS_MAX:
-            self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE), now)
+        if api_key == API_VERSIONS and (api_version > _API_VERSIONS_MAX or self._detached):
+            # KIP-511's answer above the versions kproxy reads; else (no upstream connection yet) the cluster's.
+            self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE)
+                                 if api_version > _API_VERSIONS_MAX else self._cluster_api_versions(ex), now)
             return None
         if api_key in _SASL_APIS:
             if self._auth is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
@@ -494,7 +495,7 @@ class Session(TerminateMode):
             # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
             if (ids.acks0 or ids.forgotten is not None) and ids.answers_acks0(correlation_id):
                 return
-            if ex is None and self.login is not None and self.login.awaits(correlation_id):
+            if self.login is not None and self.login.awaits(correlation_id):  # (its ids are never the client's)
                 self._login_answer(correlation_id, frame if parts is None else b"".join(parts))
                 return
             if ex is None:
@@ -562,6 +563,7 @@ class Session(TerminateMode):
                     self._release.ready.append(answer)
                 self._closing = CloseConnection(result.reason, CloseKind.END, linger=REFUSAL_LINGER_S)
                 return
+            self._upstream_out += self._pipelined()  # requests read behind a terminate-mode login (terminate.py)
             for chunk, read_at in held:
                 frames, _, _ = self._client_frames.split(chunk)
                 self._upstream_out.extend(f for raw in frames if (f := self._client_frame(raw, read_at)) is not None)

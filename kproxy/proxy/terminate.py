@@ -11,6 +11,16 @@ the login becomes the connection's principal; until it, client frames are bounde
 :data:`~kproxy.proxy.client_auth.MAX_RECEIVE_SIZE` and the whole login is held to the deadline
 of one frame (``partial_request_at`` is 0).
 
+Nothing reaches the cluster for a client before its login succeeded: the session starts with no
+upstream connection, answers the client's ApiVersions from the cluster's own answers to kproxy
+(:data:`~kproxy.proxy.client_auth.ApiVersionsSource`, capped and given kproxy's SASL versions as a
+broker's answer is), and asks for the connection (:class:`~kproxy.proxy.commands.ConnectUpstream`)
+after the answer that tells the client it logged in. So a client that fails its login, or never
+tries, costs the cluster no connection and no login: an unauthenticated flood is not amplified.
+Requests the client sent behind its login's last message wait for the connection
+(:meth:`TerminateMode.upstream_connected`), and with kproxy's own login (``sasl.upstream``) for
+that login's end, as every request of a connection kproxy logs in on does.
+
 Nothing here runs in relay mode (no ``auth``): the session checks one attribute per frame.
 """
 
@@ -22,10 +32,21 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
-from kproxy.proxy.commands import CloseConnection, CloseKind, Command, RejectReason, VerifyCredentials
+from kproxy.proxy.commands import (
+    CONNECT_UPSTREAM,
+    CloseConnection,
+    CloseKind,
+    Command,
+    ForwardUpstream,
+    RejectReason,
+    VerifyCredentials,
+    WakeAt,
+)
 from kproxy.proxy.correlation import CorrelationIds
 from kproxy.proxy.exchange import Exchange
 from kproxy.proxy.release import InOrderRelease
+from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.upstream_login import UpstreamLogin
 
 _SASL_APIS = frozenset((int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)))
 
@@ -42,11 +63,17 @@ class TerminateMode:
     _auth_gate: ClientAuth | None  # ``_auth`` while every request must be shown to it, else None
     _offload: VerifyCredentials | None  # a verification to hand the server after this chunk
     _verifying: Exchange | None  # the SaslAuthenticate it answers (None: a raw token)
+    _detached: bool  # no upstream connection asked for yet (terminate mode, before the first login)
+    _attach_due: bool  # the first login just succeeded: ask for the connection at the end of this list
+    _after_login: bytes  # requests read behind the login's last message, for the broker once it is ready
     _closing: CloseConnection | None
     _client_frames: FrameSplitter
     _max_frame_size: int
     _release: InOrderRelease
     _ids: CorrelationIds
+    _hold: list[tuple[bytes | bytearray, float | None]] | None
+    login: UpstreamLogin | None
+    rewriter: ResponseRewriter
     clock: Callable[[], float]
     principal: str | None
 
@@ -59,6 +86,9 @@ class TerminateMode:
             self._client_frames.max_frame_size = min(max_frame_size, MAX_RECEIVE_SIZE)  # until logged in
         self._offload = None
         self._verifying = None
+        self._detached = auth is not None
+        self._attach_due = False
+        self._after_login = b""
 
     @property
     def logging_in(self) -> bool:
@@ -80,12 +110,69 @@ class TerminateMode:
         return commands
 
     def _last(self, commands: list[Command]) -> None:
-        """What ends a command list: the close asked for, else the verification to run."""
+        """What ends a command list: the close asked for, else the upstream connection a login just
+        earned, and the verification to run."""
         if self._closing is not None:
             commands.append(self._closing)
-        elif self._offload is not None:
+            return
+        if self._attach_due:
+            self._attach(commands)
+        if self._offload is not None:
             commands.append(self._offload)
             self._offload = None
+
+    def _attach(self, commands: list[Command]) -> None:
+        """The client's first login succeeded: ask for the upstream connection after the answers in
+        ``commands``. What they would have sent upstream (requests pipelined behind the login's last
+        message) waits for :meth:`upstream_connected`; with kproxy's own login, so do the client's
+        next chunks (held, as during any upstream login), until that login's end."""
+        self._attach_due = False
+        self._detached = False
+        for i, command in enumerate(commands):
+            if type(command) is ForwardUpstream:
+                self._after_login = command.payload()
+                del commands[i]
+                break
+        if self.login is not None:
+            self._hold = []
+        commands.append(CONNECT_UPSTREAM)
+
+    def upstream_connected(self) -> list[Command]:
+        """The connection :class:`~kproxy.proxy.commands.ConnectUpstream` asked for is open: what
+        goes up first. With kproxy's own login (``sasl.upstream``), that login's first requests
+        (the client's wait for its end); otherwise the requests read behind the client's login."""
+        login = self.login
+        if login is not None:
+            out = login.begin(self._ids.refuses)
+            assert login.deadline is not None
+            return [ForwardUpstream(out), WakeAt(login.deadline)]
+        return [ForwardUpstream(after) for after in self._pipelined()]
+
+    def _pipelined(self) -> list[bytes]:
+        """The requests read behind the client's login, taken (sent once the broker may have them)."""
+        after, self._after_login = self._after_login, b""
+        return [after] if after else []
+
+    def _cluster_api_versions(self, ex: Exchange) -> bytes | None:
+        """The answer to the client's ApiVersions before the upstream connection is open: the
+        cluster's own answer at that version (kproxy/server/discovery.py), capped and given
+        kproxy's SASL versions as a broker's answer is (kproxy/proxy/rewrite.py), then edited by
+        the request's rules as a broker's would be. None when no answer of the cluster is known:
+        the connection closes (nothing is answered)."""
+        auth = self._auth
+        assert auth is not None
+        frame = auth.api_versions(ex.correlation_id, ex.api_version) if auth.api_versions is not None else None
+        if frame is None:
+            self._closing = CloseConnection("no ApiVersions answer of the cluster known yet (kproxy answers a "
+                                            "client's before its login)", CloseKind.END)
+            return None
+        response = self.rewriter.rewrite_exchange(ex, frame)
+        ruling = ex.ruling
+        if ruling is not None and ruling.on_response is not None:
+            response = ruling.on_response(response)
+            if ex.memo is not None:
+                ex.memo.response_body = None
+        return response
 
     def verified(self, ok: bool) -> list[Command]:
         """The result of a :class:`VerifyCredentials` this session asked for: the commands that
@@ -96,8 +183,7 @@ class TerminateMode:
         ex, self._verifying = self._verifying, None
         self._auth_answer(auth.verified(ok, now), ex, now)
         commands = self._due()
-        if self._closing is not None:
-            commands.append(self._closing)
+        self._last(commands)
         return commands
 
     def _auth_gated(self, auth: ClientAuth, ex: Exchange, now: float) -> bool:
@@ -149,6 +235,8 @@ class TerminateMode:
                              else CloseConnection(answer.close, CloseKind.END, linger=linger))
         if auth.principal is not None and auth.principal != self.principal:
             self.principal = auth.principal
+        if auth.principal is not None and self._detached:
+            self._attach_due = True  # the upstream connection is asked for once the answer is on its way
         if self._auth_gate is not None and not auth.gating:
             self._auth_gate = None
         if self._client_frames.max_frame_size != self._max_frame_size and auth.principal is not None:

@@ -109,8 +109,9 @@ class RequestPolicy(Protocol):
 
 
 def keep_ruling(ex: Exchange, verdict: Verdict) -> None:
-    """Keep what a verdict says of the exchange's response on its :class:`Ruling` (made now unless
-    the policy made it, recording its rule decisions)."""
+    """Keep what a verdict says of the exchange's response (and whether the request forwarded was
+    another frame) on its :class:`Ruling` (made now unless the policy made it, recording its rule
+    decisions)."""
     ruling = ex.ruling
     if ruling is None:
         ruling = ex.ruling = Ruling()
@@ -120,3 +121,4 @@ def keep_ruling(ex: Exchange, verdict: Verdict) -> None:
     ruling.on_response = verdict.on_response
     ruling.drop = verdict.drop_response or verdict.blackhole
     ruling.held_by = verdict.held_by
+    ruling.request_replaced = verdict.request is not None

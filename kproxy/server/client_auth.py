@@ -33,7 +33,7 @@ from kproxy.config.credentials_file import load_credentials
 from kproxy.config.model import SaslClient
 from kproxy.logfmt import clip, q
 from kproxy.metrics.stats import TrafficStats
-from kproxy.proxy.client_auth import ClientAuth, Outcome
+from kproxy.proxy.client_auth import ApiVersionsSource, ClientAuth, Outcome
 from kproxy.ratelimit import LogRateLimit
 from kproxy.sasl.credentials import CredentialsError, CredentialStore
 from kproxy.sasl.server import CredentialChecker
@@ -71,9 +71,11 @@ class ClientAuthService:
         for mechanism in options.mechanisms:
             stats.sasl_mechanism_used("client", mechanism)
 
-    def for_connection(self, peer: str) -> ClientAuth:
+    def for_connection(self, peer: str, api_versions: ApiVersionsSource | None = None) -> ClientAuth:
+        """The SASL server of the connection of ``peer``; ``api_versions``: the cluster's answers its
+        ApiVersions before the login gets (kproxy/server/discovery.py)."""
         return ClientAuth(self.checker, session_lifetime=self.options.session_lifetime,
-                          on_outcome=functools.partial(self._outcome, peer))
+                          on_outcome=functools.partial(self._outcome, peer), api_versions=api_versions)
 
     def _outcome(self, peer: str, outcome: Outcome) -> None:
         self.stats.sasl_authenticated("client", outcome.mechanism, "success" if outcome.success else "failure",

@@ -9,6 +9,11 @@ frames and says itself when a chunk passes untouched: the pumps only move bytes.
 Resource rules: the connection owns both streams and closes both in one place
 (``run``'s ``finally``); either side closing or failing ends the connection,
 and in-flight requests get no invented answers (the client retries).
+
+In terminate mode (kproxy answers the client's SASL itself) the connection starts with no upstream
+stream: the session asks for one once the client logged in (:class:`~kproxy.proxy.commands.ConnectUpstream`),
+and the client pump opens it then (``connect``, the server's), before it reads the client again,
+and starts the upstream pump. No address accepting ends the connection, its reason the connect's.
 Backpressure is trio's: a slow client blocks the upstream pump's write, which
 stops reading the broker. The client pump stops reading once
 ``max_in_flight`` requests await answers.
@@ -64,6 +69,7 @@ from kproxy.proxy.addresses import BrokerRoute
 from kproxy.proxy.commands import (
     CloseConnection,
     Command,
+    ConnectUpstream,
     ForwardUpstream,
     RejectReason,
     SendToClient,
@@ -72,14 +78,17 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
-from kproxy.server.fastio import reader, vector_writer, writer
+from kproxy.server.fastio import Reader, VectorWriter, Writer, reader, vector_writer, writer
 from kproxy.server.timers import Deadlines
+from kproxy.server.upstream import UpstreamUnavailable
 from kproxy.server.wire import ToxicWriter
 from kproxy.wire_toxics import Direction, Installed, WireOrder, WireShaper
 
 log = logging.getLogger("kproxy.connection")
 
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
+# Opens the upstream connection on the session's ConnectUpstream (raises UpstreamUnavailable).
+UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 # Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
 # for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
@@ -94,14 +103,17 @@ class ConnectionStats:
 
 
 class Connection:
-    """A client connection bridged to one upstream broker connection."""
+    """A client connection bridged to one upstream broker connection (``upstream`` None: none
+    yet, ``connect`` opens it when the session asks: module docstring)."""
 
-    def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream, session: Session, *,
+    def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream | None, session: Session, *,
                  limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
-                 upstream_addr: HostPort, on_reject: Callable[[str], None] | None = None,
-                 deadlines: Deadlines | None = None, listening: AbstractSet[int] = frozenset()) -> None:
+                 upstream_addr: HostPort | None, on_reject: Callable[[str], None] | None = None,
+                 deadlines: Deadlines | None = None, connect: UpstreamOpener | None = None,
+                 listening: AbstractSet[int] = frozenset()) -> None:
         self.client = client
         self.upstream = upstream
+        self.connect = connect
         self.session = session
         self.limits = limits
         self.ensure_listeners = ensure_listeners
@@ -116,11 +128,13 @@ class Connection:
         if principal is not None:
             session.principal = principal
         self._client_writer = writer(client)
-        self._upstream_writer = writer(upstream)
         self._client_writev = vector_writer(client)  # commands with ``more``: several big frames
-        self._upstream_writev = vector_writer(upstream)
         self._client_reader = reader(client)
-        self._upstream_reader = reader(upstream)
+        self._upstream_writer: Writer = _not_connected
+        self._upstream_writev: VectorWriter = _not_connected
+        self._upstream_reader: Reader = _not_connected
+        if upstream is not None:
+            self._use_upstream(upstream)
         self.stats = ConnectionStats()
         self._client_lock = trio.Lock()
         self._room = trio.Event()  # set when in-flight room frees up
@@ -142,6 +156,7 @@ class Connection:
         self._nursery: trio.Nursery | None = None
         self._toxic_writers: dict[Direction, ToxicWriter] = {}  # made on a direction's first toxic
         self._toxics: dict[tuple[object, Direction], Installed] = {}  # by order key and direction
+        self._toxics_later: list[WireOrder] = []  # asked for upstream before there was an upstream
         # Upstream write turns (module docstring): the next to hand out, the one whose turn it is.
         self._ordered = session.login is not None
         self._turns = 0
@@ -165,23 +180,31 @@ class Connection:
         try:
             with self._idle:
                 self._touch()
+                first_due = self._last_activity + self.limits.idle_timeout
+                if self.session.partial_request_at is not None:
+                    # Terminate mode: the client's login has one frame's deadline from the start, so a
+                    # client that never sends a byte is closed by it too, not only by the idle timeout.
+                    self._frame_at, self._frame_due = 0, self._last_activity + self.limits.frame_timeout
+                    first_due = min(first_due, self._frame_due)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
-                    nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
+                    if self.upstream is not None:
+                        nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
                     if self._own_deadlines:
                         nursery.start_soon(self._deadlines.run)
-                    self._deadlines.schedule(self, self._last_activity + self.limits.idle_timeout)
+                    self._deadlines.schedule(self, first_due)
             if self._idle.cancelled_caught and not self.draining and self.close_reason == "client closed":
                 self.close_reason = "idle timeout"
         finally:
             self._deadlines.forget(self)
             await _close(self.client)
-            await _close(self.upstream)
+            if self.upstream is not None:
+                await _close(self.upstream)
             log.info(
                 "event=connection_closed peer=%s listener=%s upstream=%s%s bytes_in=%d bytes_out=%d "
                 "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",
-                self.peer, self.listener, self.upstream_addr, self.identity(), self.stats.bytes_from_client,
+                self.peer, self.listener, self.upstream_addr or "-", self.identity(), self.stats.bytes_from_client,
                 self.stats.bytes_to_client, self.session.requests, self.session.responses,
                 self.session.in_flight_count, time.monotonic() - started, _q(self.close_reason))
 
@@ -362,6 +385,9 @@ class Connection:
                                                        abandon_on_cancel=True, limiter=VERIFICATIONS)
                     if not await self._execute(self.session.verified(ok), scope):
                         return False
+                elif kind is ConnectUpstream:
+                    if not await self._open_upstream(scope):
+                        return False
                 else:
                     assert isinstance(command, CloseConnection)
                     if command.reject is not None and self.on_reject is not None:
@@ -376,6 +402,28 @@ class Connection:
         finally:
             if turn >= 0:
                 self._pass_turn(turn)
+
+    async def _open_upstream(self, scope: trio.CancelScope) -> bool:
+        """The session's ConnectUpstream: open the upstream connection, start its pump, then execute
+        what the session sends first; False when no address accepted (the connection ends)."""
+        assert self.connect is not None and self.upstream is None and self._nursery is not None
+        try:
+            upstream, self.upstream_addr = await self.connect()
+        except UpstreamUnavailable as exc:
+            self._end(scope, str(exc))
+            return False
+        self._use_upstream(upstream)
+        self._nursery.start_soon(self._upstream_to_client, scope)
+        if self._toxics_later:
+            self._install(self._toxics_later)
+        log.debug("event=upstream_connected peer=%s listener=%s upstream=%s%s", self.peer, self.listener,
+                  self.upstream_addr, self.identity())
+        return await self._execute(self.session.upstream_connected(), scope)
+
+    def _use_upstream(self, upstream: trio.abc.Stream) -> None:
+        self.upstream = upstream
+        self._upstream_writer, self._upstream_writev = writer(upstream), vector_writer(upstream)
+        self._upstream_reader = reader(upstream)
 
     def _take_turn(self, commands: list[Command]) -> int:
         """The upstream turn of a command list that writes upstream (-1: it writes nothing)."""
@@ -428,6 +476,9 @@ class Connection:
             for direction in (Direction.UPSTREAM, Direction.DOWNSTREAM):
                 if not (order.direction.upstream if direction is Direction.UPSTREAM else order.direction.downstream):
                     continue
+                if direction is Direction.UPSTREAM and self.upstream is None:
+                    self._toxics_later.append(order)  # installed once the upstream connection is open
+                    continue
                 name = (order.key, direction)
                 installed = self._toxics.get(name)
                 if installed is not None and not installed.ended:
@@ -451,6 +502,7 @@ class Connection:
         """The writer of ``direction`` through its toxics, which gives it back its plain writers once
         none is in force, and ends the connection when a limit is reached."""
         stream = self.upstream if direction is Direction.UPSTREAM else self.client
+        assert stream is not None
 
         def restore() -> None:
             if direction is Direction.UPSTREAM:
@@ -472,6 +524,12 @@ class Connection:
             self._wake_due = due
             if due < self.timer_due:
                 self._deadlines.schedule(self, due)
+
+
+async def _not_connected(_: object) -> Any:
+    """The upstream stream's reader and writers before it is open (terminate mode): never called, as
+    the session writes nothing upstream before its ConnectUpstream."""
+    raise trio.ClosedResourceError("no upstream connection yet")
 
 
 def _peer_certificate(stream: trio.abc.Stream) -> dict[str, Any] | None:

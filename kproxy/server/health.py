@@ -2,7 +2,9 @@
 
 Every ``interval`` seconds each target gets one connect (and the TLS handshake when upstream
 TLS is on), within ``connect_timeout``: the configured bootstrap servers, and every broker kproxy
-knows a route to. The result is kept, exported as ``kproxy_upstream_up{upstream, node_id}`` and
+knows a route to. In terminate mode the probe also asks ApiVersions (the answers clients get
+before their login, when kproxy has no upstream connection for them yet: kproxy/server/discovery.py).
+The result is kept, exported as ``kproxy_upstream_up{upstream, node_id}`` and
 read by ``/readyz``, so a readiness probe never opens a connection of its own (a kubelet probing
 every few seconds per pod would otherwise add one broker connection per probe), and a broker that
 cannot be reached is counted in ``kproxy_upstream_connect_failures_total`` before any client

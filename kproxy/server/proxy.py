@@ -20,8 +20,8 @@ the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever 
 Size (over the ~500 lines the project aims for): one class, :class:`ProxyServer`, whose
 lifecycle (start, signals, drain), listeners and per-connection set-up share its state (the
 listener table, the connection set, the draining flag, the upstream health). The jobs that stand
-alone are their own modules already: connection.py, discovery.py, health.py, rules_reload.py,
-kproxy/policy/ (the rules in force), kproxy/admin/.
+alone are their own modules already: connection.py, upstream.py, discovery.py, health.py,
+rules_reload.py, kproxy/policy/ (the rules in force), kproxy/admin/.
 """
 
 from __future__ import annotations
@@ -52,21 +52,20 @@ from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.client_auth import ANSWERED_VERSIONS
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
-from kproxy.proxy.upstream_login import LoginResult, UpstreamLogin
+from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.ratelimit import LogRateLimit
-from kproxy.sasl.client import ScramKeys
 from kproxy.server.client_auth import ClientAuthService
 from kproxy.server.connection import Connection
-from kproxy.server.discovery import fetch_api_versions, fetch_brokers
+from kproxy.server.discovery import ClusterVersions, fetch_api_versions, fetch_api_versions_answers, fetch_brokers
 from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
-from kproxy.server.secrets import UpstreamCredentials
-from kproxy.server.sockets import open_tcp, os_reason, peer_name
+from kproxy.server.sockets import peer_name
 from kproxy.server.timers import Deadlines
-from kproxy.server.tls import client_side_context, upstream_context
-from kproxy.server.upstream_auth import UpstreamLoginFailed, authenticate
+from kproxy.server.tls import client_side_context
+from kproxy.server.upstream import UpstreamConnector, UpstreamUnavailable
+from kproxy.server.upstream_auth import UpstreamLoginFailed, UpstreamLogins, authenticate
 from kproxy.server.warmup import warm_up
 
 if TYPE_CHECKING:
@@ -79,15 +78,6 @@ log = logging.getLogger("kproxy.server")
 # retried after _ACCEPT_BACKOFF, as trio's own serve_listeners does; any other error ends the listener.
 _CAPACITY_ERRNOS = {getattr(errno, name): name for name in ACCEPT_CAPACITY_ERRORS}
 _ACCEPT_BACKOFF = 0.1
-
-
-class UpstreamUnavailable(Exception):
-    """No upstream address accepted a connection. The message names each address with its
-    reason; ``reasons`` are the reasons alone (for a caller that names the address itself)."""
-
-    def __init__(self, failures: list[tuple[HostPort, str]]) -> None:
-        super().__init__("upstream unavailable: " + "; ".join(f"{addr}: {why}" for addr, why in failures))
-        self.reasons = [why for _, why in failures]
 
 
 class ListenFailed(OSError):
@@ -136,13 +126,9 @@ class ProxyServer:
         self.deadlines = Deadlines()  # every connection's timeouts and wake-ups, kept by one task
         self.metrics_server: MetricsServer | None = None
         self.client_ssl = client_side_context(config.client_tls)
-        self.upstream_ssl = upstream_context(config.upstream_tls)
+        self.connector = UpstreamConnector(config, self.stats)
         # kproxy's own login to the brokers (sasl.upstream), on every upstream connection it opens.
-        self.sasl: UpstreamCredentials | None = None
-        self.scram_keys = ScramKeys()
-        if config.sasl_upstream.enabled:
-            self.sasl = UpstreamCredentials(config.sasl_upstream)
-            self.stats.sasl_mechanism_used("upstream", self.sasl.mechanism)
+        self.logins = UpstreamLogins(config, self.stats) if config.sasl_upstream.enabled else None
         self.listeners: dict[int, _Listener] = {}
         # The ports of listeners that are ready (open, or failed for good): what ensure_listeners
         # waits for, which connections check first (a set lookup per route, not an await).
@@ -181,6 +167,9 @@ class ProxyServer:
             self.reloader = RulesReloader(self.rules, source, counts=self.stats.faults,
                                           max_bytes=config.rules_max_bytes)
         self.client_auth = ClientAuthService(config.sasl_client, self.stats) if terminate else None
+        # Terminate mode: the cluster's ApiVersions answers, which a client's before its login gets (its
+        # upstream connection opens after the login: kproxy/proxy/terminate.py), from the upstream checks.
+        self.cluster_versions = ClusterVersions(BOOTSTRAP) if terminate else None
         self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = None
         if config.capture.enabled:
@@ -325,7 +314,7 @@ class ProxyServer:
         delay = 0.5
         while True:
             try:
-                stream, addr = await self._connect_upstream(list(self.config.upstream), BOOTSTRAP_NODE, probe=True)
+                stream, addr = await self.connector.connect(list(self.config.upstream), BOOTSTRAP_NODE, probe=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
                         login = self.upstream_login()
@@ -379,13 +368,21 @@ class ProxyServer:
         return targets
 
     async def _probe_upstream(self, target: Target) -> None:
-        # Not a probe in _connect_upstream's sense: a failure here is counted per broker, like a client's.
+        # Not a probe in UpstreamConnector.connect's sense: a failure here is counted per broker, like a client's.
         try:
-            stream, _ = await self._connect_upstream([target.address], target.node_id)
+            stream, _ = await self.connector.connect([target.address], target.node_id)
         except UpstreamUnavailable as exc:
             # The reason alone: /readyz and the upstream_down line name the address themselves.
             raise ConnectionError("; ".join(exc.reasons)) from None
-        await trio.aclose_forcefully(stream)
+        try:
+            if self.cluster_versions is not None:  # terminate mode: the answers clients get before their login
+                with trio.fail_after(self.config.limits.connect_timeout):
+                    answers = await fetch_api_versions_answers(stream, self.config.limits.max_frame_size)
+                self.cluster_versions.learn(target.node_id, answers)
+        except (ProtocolError, trio.BrokenResourceError, trio.TooSlowError, OSError, ssl.SSLError) as exc:
+            raise ConnectionError(f"ApiVersions: {exc or type(exc).__name__}") from None
+        finally:
+            await trio.aclose_forcefully(stream)
 
     def _health_result(self, target: Target, result: Result) -> None:
         self.stats.upstream_up[(str(target.address), target.node_id)] = int(result.up)
@@ -510,7 +507,12 @@ class ProxyServer:
                 client = trio.SSLStream(stream, self.client_ssl, server_side=True)
                 with trio.fail_after(self.config.limits.connect_timeout):
                     await client.do_handshake()
-            upstream, addr = await self._connect_upstream(listener.resolve(), node)
+            upstream: trio.abc.Stream | None = None
+            addr: HostPort | None = None
+            if self.cluster_versions is None:
+                upstream, addr = await self.connector.connect(listener.resolve(), node)
+            else:  # terminate mode: the upstream connection opens after the client's login (ConnectUpstream)
+                await self._versions_known()
         except (UpstreamUnavailable, OSError, trio.BrokenResourceError, trio.TooSlowError, ssl.SSLError) as exc:
             reason = str(exc) or type(exc).__name__
             if len(self._upstream_refusals) > 1000:  # bounded, whatever the reasons' variety
@@ -524,26 +526,37 @@ class ProxyServer:
             return
         limits = self.config.limits
         policy = self.rules.policy(peer, listener.node_id)
+        auth = None
+        if self.client_auth is not None and self.cluster_versions is not None:
+            auth = self.client_auth.for_connection(peer, self.cluster_versions.source(node))
         session = Session(self.rewriter, max_in_flight=limits.max_in_flight, max_frame_size=limits.max_frame_size,
-                          policy=policy, login=self.upstream_login(peer),
-                          auth=self.client_auth.for_connection(peer) if self.client_auth else None)
+                          policy=policy, login=self.upstream_login(peer), auth=auth)
         observer: SessionObserver | None = None
         metrics = None
         if self.observer is not None:
             observer = metrics = self.observer.for_broker(listener.node_id)
         if self.capture is not None:
             # Records carry the session's principal (TLS or SASL), the one the rules see.
-            observer = self.capture.observer(observer, peer=peer, listener=listener.name, upstream=str(addr),
-                                             client=client, identity=session)
+            # (terminate mode: the upstream it will try first, once the client logged in)
+            observer = self.capture.observer(observer, peer=peer, listener=listener.name,
+                                             upstream=str(addr or listener.resolve()[0]), client=client,
+                                             identity=session)
         session.observer = observer
+
+        async def connect() -> tuple[trio.abc.Stream, HostPort]:  # terminate mode: ConnectUpstream
+            opened = await self.connector.connect(listener.resolve(), node)
+            self.stats.upstream_connected(str(opened[1]), node)
+            return opened
+
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines,
-                          listening=self.listening)
+                          listening=self.listening, connect=connect)
         self.connections.add(conn)
         self.stats.client_connected(listener.name, node)
-        self.stats.upstream_connected(str(addr), node)
-        log.info("event=connection_opened peer=%s listener=%s upstream=%s", peer, listener.name, addr)
+        if addr is not None:
+            self.stats.upstream_connected(str(addr), node)
+        log.info("event=connection_opened peer=%s listener=%s upstream=%s", peer, listener.name, addr or "-")
         try:
             if self.draining:
                 conn.drain()
@@ -559,52 +572,25 @@ class ProxyServer:
             if metrics is not None:
                 metrics.close()  # what it counted while open (kproxy_client_info)
             self.stats.client_disconnected(listener.name, node)
-            self.stats.upstream_disconnected(str(addr), node)
+            if conn.upstream_addr is not None:
+                self.stats.upstream_disconnected(str(conn.upstream_addr), node)
+
+    async def _versions_known(self) -> None:
+        """Terminate mode, at accept: the cluster's ApiVersions answers are known (the first upstream
+        check may still be under way: it is waited for, within the connect timeout), else
+        :class:`UpstreamUnavailable` refuses the client as a dead upstream does."""
+        versions = self.cluster_versions
+        assert versions is not None
+        if not versions.known and not self.health.checked.is_set():
+            with trio.move_on_after(self.config.limits.connect_timeout):
+                await self.health.checked.wait()
+        if not versions.known:
+            down = [(t.address, r.reason) for t, r in self.health.results.items() if t.node_id == BOOTSTRAP]
+            raise UpstreamUnavailable(down or [(addr, "not checked yet") for addr in self.config.upstream])
 
     def upstream_login(self, peer: str | None = None) -> UpstreamLogin | None:
-        """kproxy's own login for one upstream connection (None without ``sasl.upstream``); ``peer``:
-        the client it logs in for (None: kproxy's own connection, broker discovery)."""
-        if self.sasl is None:
-            return None
-
-        def client_sasl() -> None:
-            log.warning("event=client_sasl_refused peer=%s mechanism=%s detail=%s", peer, self.sasl.mechanism if
-                        self.sasl is not None else "-", _q("the client began its own SASL login: kproxy logs in to "
-                                                           "the cluster itself (sasl.upstream), so it was answered "
-                                                           "ILLEGAL_SASL_STATE; configure the client without SASL"))
-
-        return UpstreamLogin(self.sasl.current, timeout=self.config.limits.connect_timeout, report=self._login_ended,
-                             keys=self.scram_keys, on_client_sasl=client_sasl)
-
-    def _login_ended(self, result: LoginResult) -> None:
-        self.stats.sasl_authenticated("upstream", result.mechanism, result.result, result.reauthentication)
-
-    async def _connect_upstream(self, addresses: list[HostPort], node_id: str, *, probe: bool = False
-                                ) -> tuple[trio.abc.Stream, HostPort]:
-        """Connect to the first address that accepts (TLS included); failures are counted
-        per address and ``node_id`` unless ``probe`` (broker discovery)."""
-        errors: list[tuple[HostPort, str]] = []
-        for addr in addresses:
-            try:
-                with trio.fail_after(self.config.limits.connect_timeout):
-                    sock = await open_tcp(addr.host, addr.port)
-                    if self.upstream_ssl is None:
-                        return sock, addr
-                    name = self.config.upstream_tls.server_name or addr.host
-                    tls = trio.SSLStream(sock, self.upstream_ssl, server_hostname=name)
-                    try:
-                        await tls.do_handshake()
-                    except BaseException:
-                        await trio.aclose_forcefully(sock)
-                        raise
-                    return tls, addr
-            except trio.TooSlowError:
-                errors.append((addr, "timed out"))
-            except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
-                errors.append((addr, os_reason(exc)))
-            if not probe:
-                self.stats.upstream_connect_failed(str(addr), node_id)
-        raise UpstreamUnavailable(errors)
+        """kproxy's own login for one upstream connection (None without ``sasl.upstream``)."""
+        return self.logins.login(peer) if self.logins is not None else None
 
 
 def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:

@@ -1,14 +1,51 @@
-"""kproxy's own SASL login over a bare upstream stream (broker discovery's connection): the awaiting
-around :class:`~kproxy.proxy.upstream_login.UpstreamLogin`, which does the rest. Client connections
-log in through their session instead (kproxy/proxy/session.py), which holds the client's requests
-meanwhile."""
+"""kproxy's own SASL login to the brokers (``sasl.upstream``): :class:`UpstreamLogins` makes each
+upstream connection's :class:`~kproxy.proxy.upstream_login.UpstreamLogin` (the credentials as they
+are, the SCRAM keys remembered, the counters); :func:`authenticate` drives one over a bare upstream
+stream (broker discovery's connection). Client connections log in through their session instead
+(kproxy/proxy/session.py), which holds the client's requests meanwhile."""
 
 from __future__ import annotations
 
+import logging
+
 import trio
 
+from kproxy.config import Config
+from kproxy.logfmt import q
+from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin
+from kproxy.sasl.client import ScramKeys
+from kproxy.server.secrets import UpstreamCredentials
+
+log = logging.getLogger("kproxy.server")
+
+
+class UpstreamLogins:
+    """kproxy's logins for one server with ``sasl.upstream`` set: one per upstream connection."""
+
+    def __init__(self, config: Config, stats: TrafficStats) -> None:
+        self.credentials = UpstreamCredentials(config.sasl_upstream)
+        self.timeout = config.limits.connect_timeout
+        self.stats = stats
+        self.scram_keys = ScramKeys()
+        stats.sasl_mechanism_used("upstream", self.credentials.mechanism)
+
+    def login(self, peer: str | None = None) -> UpstreamLogin:
+        """The login of one upstream connection; ``peer``: the client it logs in for (None: kproxy's
+        own connection, broker discovery)."""
+        mechanism = self.credentials.mechanism
+
+        def client_sasl() -> None:
+            log.warning("event=client_sasl_refused peer=%s mechanism=%s detail=%s", peer, mechanism,
+                        q("the client began its own SASL login: kproxy logs in to the cluster itself "
+                          "(sasl.upstream), so it was answered ILLEGAL_SASL_STATE; configure the client without SASL"))
+
+        return UpstreamLogin(self.credentials.current, timeout=self.timeout, report=self._ended,
+                             keys=self.scram_keys, on_client_sasl=client_sasl)
+
+    def _ended(self, result: LoginResult) -> None:
+        self.stats.sasl_authenticated("upstream", result.mechanism, result.result, result.reauthentication)
 
 
 class UpstreamLoginFailed(Exception):

@@ -1,12 +1,12 @@
 """Fuzz target of terminate mode: a sans-IO session answering the client's SASL itself.
 
-Inputs are the session target's (tests/fuzz/targets/session.py: side, length, frame payload).
+Inputs are the session target's (tests/fuzz/targets/session.py: side, length, frame payload). The
+session has no upstream connection until it asks for one (ConnectUpstream), after a login.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Iterator
 
 from tests.fuzz.targets.registry import target
@@ -29,6 +29,7 @@ def _seeds() -> Iterator[bytes]:
     from kproxy.protocol.frame_builder import request_frame, response_frame
 
     versions = (0, request_frame(_API_VERSIONS, 3, 1, client_software_name="f", client_software_version="1")[4:])
+    yield session_input([versions, (0, request_frame(_API_VERSIONS, 0, 2)[4:]), (0, request_frame(3, 12, 3)[4:])])
     for mechanism, version in (("SCRAM-SHA-256", 2), ("SCRAM-SHA-512", 1)):
         client = scramp.ScramClient([mechanism], "alice", "pw")
         first = client.get_client_first()
@@ -36,8 +37,7 @@ def _seeds() -> Iterator[bytes]:
         # computed against a nonce of its own, which kproxy refuses (a wrong proof: the refusal path).
         client.set_server_first("r=" + first.split("r=")[1] + "x,s=AAAA,i=4096")
         yield session_input([
-            versions, (1, response_frame(_API_VERSIONS, 3, 1, api_keys=[])[4:]),
-            (0, request_frame(17, 1, 2, mechanism=mechanism)[4:]),
+            versions, (0, request_frame(17, 1, 2, mechanism=mechanism)[4:]),
             (0, request_frame(36, version, 3, auth_bytes=first.encode())[4:]),
             (0, request_frame(36, version, 4, auth_bytes=client.get_client_final().encode())[4:]),
             (0, request_frame(3, 12, 5)[4:])])
@@ -51,36 +51,49 @@ def _seeds() -> Iterator[bytes]:
 
 @target(_seeds)
 def fuzz_client_auth(data: bytes) -> None:
-    """A terminate-mode Session fed frames from both sides: never an exception; nothing but
-    ApiVersions goes upstream before a login kproxy accepted; a principal only after one."""
-    from kproxy.protocol.framing import FrameSplitter, frame
+    """A terminate-mode Session fed frames from both sides: never an exception; no upstream
+    connection asked for before a login kproxy accepted, once at most, and nothing written upstream
+    before it; a principal only after a login."""
+    from kproxy.protocol.frame_builder import response_frame
+    from kproxy.protocol.framing import frame
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.client_auth import ANSWERED_VERSIONS, ClientAuth, Outcome
-    from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, VerifyCredentials
+    from kproxy.proxy.commands import CloseConnection, Command, ConnectUpstream, ForwardUpstream, VerifyCredentials
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.sasl.server import CredentialChecker
 
     checker = CredentialChecker(_store(), ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))  # type: ignore[arg-type]
     outcomes: list[Outcome] = []
-    auth = ClientAuth(checker, session_lifetime=1.0, on_outcome=outcomes.append)
+
+    def cluster(correlation_id: int, version: int) -> bytes | None:
+        return response_frame(_API_VERSIONS, version, correlation_id, api_keys=[]) if version <= 4 else None
+
+    auth = ClientAuth(checker, session_lifetime=1.0, on_outcome=outcomes.append, api_versions=cluster)
     session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000), answered=ANSWERED_VERSIONS),
                       max_in_flight=64, clock=lambda: 0.0, auth=auth)
+    connected = False
 
     def run(commands: list[Command]) -> bool:
+        nonlocal connected
         for command in commands:
             if isinstance(command, CloseConnection):
                 return False
-            if isinstance(command, ForwardUpstream) and not any(o.success for o in outcomes):
-                for request in FrameSplitter().split(command.payload())[0]:
-                    (api_key,) = struct.unpack_from(">h", request, 4)
-                    assert api_key == _API_VERSIONS, f"api key {api_key} went upstream before a login"
+            if isinstance(command, ForwardUpstream):
+                assert connected, "a write upstream before the upstream connection"
+            if isinstance(command, ConnectUpstream):
+                assert not connected and any(o.success for o in outcomes), "a connection before a login, or twice"
+                connected = True
+                if not run(session.upstream_connected()):
+                    return False
             if isinstance(command, VerifyCredentials) and not run(session.verified(command.work())):
                 return False
         return True
 
     for side, payload in session_ops(data):
         whole = frame(payload)
+        if side == 1 and not connected:
+            continue  # no upstream connection: nothing comes from the broker
         if not run(session.receive_client(whole) if side == 0 else session.receive_upstream(whole)):
             break
         assert session.principal is None or any(o.success for o in outcomes), "a principal without a login"

@@ -1,0 +1,162 @@
+"""The job's inputs, found and checked before Spark reads them.
+
+A missing path, a file that is not Parquet (or is cut short), a file of another schema version and
+a file with a page that does not decode are each reported with the file and the reason
+(:class:`InputProblem`) and left out; the readable files are analysed.
+
+Local files are checked in two steps, both before Spark sees them: the footer (magic bytes, Parquet
+metadata, the capture schema version: :func:`read_footer`), then every page of every column, decoded
+by pyarrow (:func:`read_pages`; a thread per core: 10 million records take about 3 s of CPU, where
+Spark's own read of the same columns cost the job a pass of 10 s or more). A file whose footer is
+sound but whose data is not (a corrupt page) is named and left out whole, so every pass of the job
+reads the same records. Remote inputs (any URI but ``file://``) are not checked here: Spark reads
+them (their schema versions: :func:`kproxy.analysis.job.read_captures`) and skips what it cannot
+read of them, unnamed (``spark.sql.files.ignoreCorruptFiles``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kproxy.capture.schema import SchemaVersionError, check_version
+
+PARQUET_MAGIC = b"PAR1"
+PAGE_BATCH_ROWS = 65_536  # read_pages: records decoded at a time (memory per thread: one batch, one row group)
+
+
+@dataclass(frozen=True)
+class InputProblem:
+    """One input that was left out, and why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+@dataclass
+class Inputs:
+    files: list[str] = field(default_factory=list)  # local capture files that passed the checks
+    rows: dict[str, int] = field(default_factory=dict)  # local file -> records its footer counts
+    uris: list[str] = field(default_factory=list)  # directories/files Spark reads itself (remote)
+    problems: list[InputProblem] = field(default_factory=list)
+    remote_rows: int = 0  # records of readable schema versions under ``uris`` (read_captures counts them)
+
+    @property
+    def records(self) -> int:
+        return sum(self.rows.values()) + self.remote_rows
+
+
+def find_inputs(paths: Sequence[str], *, threads: int | None = None) -> Inputs:
+    """Expand and check the inputs: local directories are searched for capture files, and each
+    local file's footer, schema version and pages are checked (``threads`` at a time, default one
+    per core) before Spark sees it."""
+    found = Inputs()
+    local: list[Path] = []
+    for raw in paths:
+        if "://" in raw and not raw.startswith("file://"):
+            found.uris.append(raw)
+            continue
+        path = Path(raw.removeprefix("file://"))
+        if not path.exists():
+            found.problems.append(InputProblem(raw, "no such file or directory"))
+            continue
+        if path.is_dir():
+            files = sorted(Path(p) for p in glob.glob(str(path / "**" / "capture-*.parquet"), recursive=True))
+            if not files:
+                found.problems.append(InputProblem(raw, "no capture files (capture-*.parquet) under it"))
+                continue
+        else:
+            files = [path]
+        local += files
+    footers = [(file, read_footer(file)) for file in local]
+    sound = [(file, rows) for file, rows in footers if isinstance(rows, int)]
+    with ThreadPoolExecutor(max_workers=max(1, threads or os.cpu_count() or 1)) as pool:
+        pages = dict(zip([file for file, _ in sound], pool.map(lambda fr: read_pages(*fr), sound), strict=True))
+    _release_arrow_memory()
+    for file, footer in footers:
+        problem = footer if isinstance(footer, InputProblem) else pages[file]
+        if problem is not None:
+            found.problems.append(problem)
+        else:
+            assert isinstance(footer, int)
+            found.files.append(str(file))
+            found.rows[str(file)] = footer
+    return found
+
+
+def check_file(path: Path) -> InputProblem | None:
+    """None if ``path`` is a complete Parquet file of a capture schema version this kproxy reads
+    (its footer says so: its pages are :func:`read_pages`'s); else why not."""
+    footer = read_footer(path)
+    return footer if isinstance(footer, InputProblem) else None
+
+
+def read_footer(path: Path) -> InputProblem | int:
+    """The records of ``path`` as its footer counts them, if it is a complete Parquet file of a
+    capture schema version this kproxy reads; else why not."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 4))
+            tail = f.read(4)
+    except OSError as exc:
+        return InputProblem(str(path), f"cannot read: {exc.strerror or exc}")
+    if size < 12 or head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return InputProblem(str(path), "not a complete Parquet file (no PAR1 magic at both ends: cut short, "
+                                       "or another format)")
+    import pyarrow.parquet as pq  # the analysis extra carries pyarrow: the checks before Spark reads
+
+    try:
+        footer = pq.read_metadata(path)
+    except (OSError, ValueError) as exc:  # pyarrow: ArrowInvalid is a ValueError, ArrowIOError an OSError
+        return InputProblem(str(path), f"unreadable Parquet footer: {exc}")
+    try:
+        check_version(footer.metadata, str(path))
+    except SchemaVersionError as exc:
+        return InputProblem(str(path), str(exc).removeprefix(f"{path}: "))
+    return int(footer.num_rows)
+
+
+def read_pages(path: Path, expected: int) -> InputProblem | None:
+    """None if every page of every column of ``path`` decodes and yields the ``expected`` records
+    its footer counts; else what could be read. One batch of records in memory at a time."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    read = 0
+    try:
+        with pq.ParquetFile(path) as parquet:
+            for batch in parquet.iter_batches(batch_size=PAGE_BATCH_ROWS, use_threads=False):
+                read += batch.num_rows
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        return InputProblem(str(path), f"corrupt data: {read} of the {expected} records its footer counts could be "
+                                       f"read ({_one_line(exc)}); the file is left out")
+    if read != expected:
+        return InputProblem(str(path), f"corrupt data: {read} of the {expected} records its footer counts could be "
+                                       f"read; the file is left out")
+    return None
+
+
+def _one_line(exc: BaseException, limit: int = 120) -> str:
+    """The first line of ``exc``'s message, printable characters only (pyarrow quotes the bytes it
+    could not decode), at most ``limit`` long."""
+    lines = str(exc).strip().splitlines()
+    line = "".join(c if c.isprintable() else "?" for c in (lines[0] if lines else type(exc).__name__))
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _release_arrow_memory() -> None:
+    """Give the pages' buffers back to the system (Arrow's allocator keeps freed memory for reuse:
+    it would count in the job's resident memory while Spark runs)."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
