@@ -257,7 +257,14 @@ class Connection:
             frame_due = self._frame_due = now + limits.frame_timeout
         if now >= self._wake_due and self._nursery is not None:
             self._wake_due = math.inf
-            self._nursery.start_soon(self._on_wake)
+            try:
+                self._nursery.start_soon(self._on_wake)
+            except RuntimeError:
+                # The connection's tasks have all ended (trio closes the nursery when its last task
+                # exits, then resumes run(), whose finally forgets this connection: the deadlines'
+                # task can run in between). Nothing is left to wake; raising here would end that
+                # task, the server's, and every connection with it.
+                return
         self._deadlines.schedule(self, min(idle_due, frame_due, self._wake_due))
 
     async def _on_wake(self) -> None:
