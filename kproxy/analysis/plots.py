@@ -27,6 +27,7 @@ PLOT_TITLES = {
     "error_rate": "Error rate per API over time (routine codes of normal protocol flow left out)",
     "throughput": "Records per minute per topic, produced and fetched",
     "bytes_by_api": "Bytes per API (requests in, responses out)",
+    "consumer_lag": "Consumer lag per group over time (records behind, summed over the group's topics)",
 }
 
 
@@ -50,6 +51,8 @@ def figures(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int]
         out["throughput"] = _throughput(tables["throughput"], span)
     if tables.get("latency_by_api"):
         out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
+    if tables.get("consumer_lag"):
+        out["consumer_lag"] = _consumer_lag(tables["consumer_lag"], span)
     return out
 
 
@@ -191,6 +194,40 @@ def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] 
             ax.text(0.5, 0.5, f"no {api} records", transform=ax.transAxes, ha="center", va="center")
         _legend_below(ax, "topic", left, "topics")
     return fig
+
+
+def _consumer_lag(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
+    """A line per group, its lag summed over its topics, drawn as steps (a value holds until the next
+    minute with a row: :mod:`kproxy.analysis.lag`); the groups that fell furthest behind, the rest counted."""
+    plt = _pyplot()
+    per_group: dict[str, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        per_group[r["group_id"]][r["minute"]] += r["lag"]
+    groups, left = _busiest({g: max(lags.values()) for g, lags in per_group.items()})
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    for i, group in enumerate(groups):
+        points = sorted(per_group[group].items())
+        ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", marker="o", ms=3,
+                color=f"C{i}", label=group)
+    ax.set_ylabel("records behind (end of minute)")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(_count_formatter())
+    _time_axis(ax, [r["minute"] for r in rows])
+    _partial_minutes(ax, span)
+    _legend_below(ax, "group (furthest behind first)", left, "groups")
+    return fig
+
+
+def _count_formatter() -> Any:
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(value: float, _pos: int) -> str:
+        for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+            if abs(value) >= size:
+                return f"{value / size:g}{unit}"
+        return f"{value:g}"
+
+    return FuncFormatter(fmt)
 
 
 def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
