@@ -197,25 +197,34 @@ def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] 
 
 
 def _consumer_lag(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
-    """A line per group, its lag summed over its topics, drawn as steps (a value holds until the next
-    minute with a row: :mod:`kproxy.analysis.lag`); the groups that fell furthest behind, the rest counted."""
+    """A line per group, its lag summed over its topics, each value at the end of its minute and drawn
+    as steps (it holds until the next minute with a row: :mod:`kproxy.analysis.lag`); the groups that
+    fell furthest behind, the rest counted. A state, not a count: no minute is partial (``span``
+    unused)."""
     plt = _pyplot()
     per_group: dict[str, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
     for r in rows:
-        per_group[r["group_id"]][r["minute"]] += r["lag"]
+        per_group[r["group_id"]][r["minute"] + timedelta(minutes=1)] += r["lag"]
     groups, left = _busiest({g: max(lags.values()) for g, lags in per_group.items()})
     fig, ax = plt.subplots(figsize=(13, 4.2))
     for i, group in enumerate(groups):
         points = sorted(per_group[group].items())
-        ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", marker="o", ms=3,
-                color=f"C{i}", label=group)
+        dots = {"marker": "o", "ms": 3} if len(points) <= 60 else {}  # a point per minute, while they stay apart
+        ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", color=f"C{i}", label=group,
+                clip_on=False, **dots)  # (unclipped: a group at 0 shows its whole dots on the axis)
     ax.set_ylabel("records behind (end of minute)")
     ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(_integer_locator())
     ax.yaxis.set_major_formatter(_count_formatter())
-    _time_axis(ax, [r["minute"] for r in rows])
-    _partial_minutes(ax, span)
+    _time_axis(ax, [m for lags in per_group.values() for m in lags])
     _legend_below(ax, "group (furthest behind first)", left, "groups")
     return fig
+
+
+def _integer_locator() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
 
 
 def _count_formatter() -> Any:
