@@ -26,7 +26,7 @@ _TABLES = (
     ("top_clients", "Top clients by bytes (frames: requests from the client, responses to it; record batches "
                     "produced and fetched, as kproxy_client_bytes_total counts them)"),
     ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum; "
-                     "the last minute it was known)"),
+                     "at the end of the last minute an offset was seen)"),
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
     ("connection_churn", "Connection churn per minute"),
@@ -80,7 +80,7 @@ def summary(analysis: Analysis, out: TextIO) -> None:
               f"{r['produced_bytes']:>12} / {r['fetched_bytes']:<12} {r['requests']:>8}\n")
     lag = lag_at_end(analysis.tables["consumer_lag"])
     if lag:
-        w("\ngroup / topic                                                 lag  partitions  last known (UTC)\n")
+        w("\ngroup / topic                                                 lag  partitions  at the end of (UTC)\n")
         for r in lag[:10]:
             w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11}  {r['minute']}\n")
     topics = analysis.tables["top_topics"]
