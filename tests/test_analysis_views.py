@@ -218,29 +218,29 @@ def test_the_lag_of_a_minute_is_what_was_answered_by_its_end(spark: Any, tmp_pat
 T0 = datetime(2026, 11, 28, 14, 0)
 
 
-def _offsets(rows: list[tuple[int, str | None, str, int, int | None, int | None]]) -> Any:
-    """The partitions pass's offsets rows: (minute from T0, group, topic, partition, committed, watermark)."""
+def _offsets(rows: list[tuple[int, str | None, str, int, int | None]]) -> Any:
+    """The partitions pass's offsets rows: (minute from T0, group, topic, partition, offset: the group's
+    committed offset, or without a group the partition's watermark)."""
     return pa.table({"answered": pa.array([T0 + timedelta(minutes=r[0]) for r in rows], pa.timestamp("us", "UTC")),
                      "group_id": [r[1] for r in rows], "topic": [r[2] for r in rows],
                      "partition": pa.array([r[3] for r in rows], pa.int32()),
-                     "committed": pa.array([r[4] for r in rows], pa.int64()),
-                     "watermark": pa.array([r[5] for r in rows], pa.int64())})
+                     "offset": pa.array([r[4] for r in rows], pa.int64())})
 
 
 def test_the_lag_roll_up_replays_the_minutes_as_the_live_tracker_would() -> None:
     from kproxy.analysis.lag import consumer_lag
 
     got = consumer_lag(_offsets([
-        (0, None, "t", 0, None, 10),  # a watermark, nobody committed yet: no lag
-        (1, "g", "t", 0, 4, None),  # g commits 4 on t-0: 10 - 4
-        (1, "g", "t", 1, 7, None),  # and on t-1, whose end is not known yet: left out
-        (1, "h", "t", 0, 12, None),  # h committed past the end last seen: 0, never below
-        (3, None, "t", 1, 9, None),  # (a commit without a group, a watermark-less row: ignored)
-        (3, None, "t", 1, None, 9),  # t-1's end: g's lag there counts now
-        (3, None, "u", 0, None, 50),  # a partition no group committed on
-        (4, None, "t", 0, None, 20),  # t-0 grows: both groups that committed there
-        (4, "h", "t", 0, 15, None),
-        (5, None, "t", 0, None, None),  # a minute with nothing answered (a Produce with acks=0's entry)
+        (0, None, "t", 0, 10),  # a watermark, nobody committed yet: no lag
+        (1, "g", "t", 0, 4),  # g commits 4 on t-0: 10 - 4
+        (1, "g", "t", 1, 7),  # and on t-1, whose end is not known yet: left out
+        (1, "h", "t", 0, 12),  # h committed past the end last seen: 0, never below
+        (2, "g", "t", 1, None),  # (a group's entry with no offset answered: nothing)
+        (3, None, "t", 1, 9),  # t-1's end: g's lag there counts now
+        (3, None, "u", 0, 50),  # a partition no group committed on
+        (4, None, "t", 0, 20),  # t-0 grows: both groups that committed there
+        (4, "h", "t", 0, 15),
+        (5, None, "t", 0, None),  # a minute with nothing answered (a Produce with acks=0's entry)
     ])).to_pylist()
     rows = [(int((r["minute"].replace(tzinfo=None) - T0).total_seconds() // 60), r["group_id"], r["topic"],
              r["lag"], r["partitions"]) for r in got]

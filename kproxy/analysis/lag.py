@@ -44,21 +44,22 @@ def lag_schema(minute: pa.DataType = _UTC_MINUTE) -> pa.Schema:
 def consumer_lag(offsets: pa.Table) -> pa.Table:
     """Per minute, group and topic (sorted so): the lag at the minute's end and the partitions it sums
     (see the module docstring), from ``offsets``: the partitions pass's rows per (``answered`` minute,
-    ``group_id``, ``topic``, ``partition``) with the last ``committed`` offset and ``watermark`` there.
+    ``group_id``, ``topic``, ``partition``) with the last ``offset`` answered there: the group's committed
+    offset, or without a group the partition's watermark.
     Cost: one step per offset row and per (group, topic) per minute, plus, per watermark, one per group
     committed on its partition."""
     minute_type = offsets.schema.field("answered").type
-    columns = [offsets.column(c).to_pylist() for c in ("group_id", "topic", "partition", "committed", "watermark")]
+    columns = [offsets.column(c).to_pylist() for c in ("group_id", "topic", "partition", "offset")]
     # (minutes as integers: no datetime per row; the output casts them back)
     minutes = offsets.column("answered").cast(pa.int64()).to_pylist()
     per_minute: dict[int, tuple[list[tuple[str, int, int]], list[tuple[str, str, int, int]]]] = {}
-    for minute, group, topic, partition, committed, watermark in zip(minutes, *columns, strict=True):
-        if minute is None or topic is None or partition is None:
+    for minute, group, topic, partition, offset in zip(minutes, *columns, strict=True):
+        if minute is None or topic is None or partition is None or offset is None:
             continue
-        if group is None and watermark is not None:
-            per_minute.setdefault(minute, ([], []))[0].append((topic, partition, watermark))
-        elif group is not None and committed is not None:
-            per_minute.setdefault(minute, ([], []))[1].append((group, topic, partition, committed))
+        if group is None:
+            per_minute.setdefault(minute, ([], []))[0].append((topic, partition, offset))
+        else:
+            per_minute.setdefault(minute, ([], []))[1].append((group, topic, partition, offset))
 
     marks: dict[_Partition, int] = {}
     committed_at: dict[_Key, int] = {}
