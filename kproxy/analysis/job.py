@@ -89,7 +89,7 @@ from kproxy.capture.schema import READABLE_VERSIONS, version_support
 
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): Spark reads no other.
-_ANALYSED = ("api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
+_ANALYSED = ("api_key", "api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
              "record_count", "record_bytes", "partitions", "rule_decisions")
 

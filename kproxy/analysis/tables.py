@@ -53,6 +53,7 @@ APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/1
 TOP_N = 20
 _LATENCIES = (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms"))
 _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spell them)
+_PRODUCE_KEY, _FETCH_KEY = 0, 1  # their api keys (Kafka's protocol: kafka-specs' ProduceRequest, FetchRequest)
 # grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
 _PER_API, _PER_MINUTE = 2, 0  # latency: (minute, api_name)
 # partitions: (minute, api_name, topic, partition, answered, group_id)
@@ -136,8 +137,9 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                    .agg(F.count(F.lit(1)).alias("requests"),
                         F.sum("request_bytes").alias("request_bytes"), F.sum(response_bytes).alias("response_bytes"),
                         # The record batches' bytes, as kproxy_client_bytes_total{direction} counts them.
-                        *(F.sum(F.when(F.col("api_name") == api, F.col("record_bytes")).otherwise(0)).alias(name)
-                          for api, name in (("Produce", "produced_bytes"), ("Fetch", "fetched_bytes"))),
+                        # (By api key: an int16 compared, where the name is a string per record.)
+                        *(F.sum(F.when(F.col("api_key") == key, F.col("record_bytes")).otherwise(0)).alias(name)
+                          for key, name in ((_PRODUCE_KEY, "produced_bytes"), (_FETCH_KEY, "fetched_bytes"))),
                         F.sum("record_count").alias("records"), F.sum(has_error.cast("long")).alias("errors"),
                         F.min("request_time").alias("first"),
                         F.max(F.coalesce("response_time", "request_time")).alias("last"),
