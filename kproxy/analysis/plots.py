@@ -227,18 +227,6 @@ def _integer_locator() -> Any:
     return MaxNLocator(integer=True)
 
 
-def _count_formatter() -> Any:
-    from matplotlib.ticker import FuncFormatter
-
-    def fmt(value: float, _pos: int) -> str:
-        for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if abs(value) >= size:
-                return f"{value / size:g}{unit}"
-        return f"{value:g}"
-
-    return FuncFormatter(fmt)
-
-
 def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
     plt = _pyplot()
     ranked = sorted(rows, key=lambda r: -(r["request_bytes"] + r["response_bytes"]))[:12]
@@ -258,12 +246,23 @@ def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
 
 
 def _bytes_formatter() -> Any:
+    """Ticks in decimal units of bytes: ``12 B``, ``1.5 MB``."""
+    return _scaled_formatter(" ", "B")
+
+
+def _count_formatter() -> Any:
+    """Ticks of counts in decimal units: ``12``, ``1.5M``."""
+    return _scaled_formatter("", "")
+
+
+def _scaled_formatter(space: str, unit: str) -> Any:
+    """Ticks in the largest of k, M, G a value reaches, ``space`` before the prefix and ``unit`` after it."""
     from matplotlib.ticker import FuncFormatter
 
     def fmt(value: float, _pos: int) -> str:
-        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
             if abs(value) >= size:
-                return f"{value / size:g} {unit}"
-        return f"{value:g} B"
+                return f"{value / size:g}{space}{prefix}{unit}"
+        return f"{value:g}{space}{unit}".rstrip()
 
     return FuncFormatter(fmt)
