@@ -16,6 +16,9 @@ Broker listeners are ephemeral ports (``broker_port_base: 0``).
 Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
 lines) do not count as proxy cost. ``KPROXY_BENCH_PROFILE=DIR``: a cProfile of the run is written to
 DIR/kproxy-PID.prof when the process gets SIGTERM (bench_conns.py stops it so).
+``KPROXY_BENCH_CAPTURE_ROW_GROUP=N``: the capture writes a row group every N records and never on
+its clock (bench_instructions.py: under valgrind, time runs ~50x slower, and the writer's one-second
+flush would make row groups of a few dozen records where the real process makes thousands).
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ def main() -> None:
     if args.rules:
         raw["rules"] = (args.rules, "--rules")
     no_metrics = args.no_metrics or os.environ.get("KPROXY_BENCH_NO_METRICS") == "1"
+    row_group = os.environ.get("KPROXY_BENCH_CAPTURE_ROW_GROUP")
+    if row_group:
+        from kproxy.capture.writer import CaptureWriter
+
+        defaults = CaptureWriter.__init__.__kwdefaults__
+        assert defaults is not None
+        defaults.update(row_group_rows=int(row_group), flush_seconds=3600.0)
     profile_dir = os.environ.get("KPROXY_BENCH_PROFILE")
     if not profile_dir:
         trio.run(serve, raw, no_metrics)

@@ -10,6 +10,7 @@ streams with a virtual clock instead.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import struct
@@ -611,3 +612,19 @@ async def test_big_frames_cross_real_sockets_byte_for_byte_in_pieces() -> None:
             await send_unevenly(client, requests)
             assert await receive(client, len(answers)) == answers
             await client.aclose()
+
+
+async def test_a_wake_up_due_after_the_connections_tasks_ended_is_dropped() -> None:
+    """trio closes a nursery as its last task exits and resumes its owner later: the server's
+    deadlines task can call a connection back in between, with a wake-up due (a delay rule's held
+    answer) and the connection's nursery closed. That call returns, starting nothing (it raised
+    "Nursery is closed to new arrivals", ending the deadlines task and the server with it)."""
+    conn, _, _ = memory_connection(Limits())
+    async with trio.open_nursery() as closed:
+        pass
+    conn._nursery = closed  # what run() set, its tasks ended, run() not resumed yet
+    conn._wake_due = 0.0
+    conn._touch()
+    conn.on_deadline(trio.current_time())
+    assert conn._wake_due == math.inf
+

@@ -8,7 +8,8 @@
 * ``produce_answer_errors``: the hand-written read of a producer's usual Produce answer agrees
   with the generated errors-only scanner on every Produce version, for any shape and any
   corruption of the bytes (or leaves the frame to it: None), and does take the usual shape; in
-  the values mode (consumer lag's base offsets) too.
+  the values mode (consumer lag's base offsets) too; ``produce_answer`` (the capture's: every
+  code kept) agrees with the full scanner alike.
 * ``one_batch_count``: the metrics' in-place count of a one-batch records range is what
   ``count_records`` of that range gives, or leaves the range to it.
 """
@@ -53,6 +54,7 @@ from kproxy.protocol.scan import (
     scan_request,
     scanner,
 )
+from kproxy.protocol.scan import produce_answer as produce_answer_entry
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -187,6 +189,26 @@ def fast_path(frame: bytes, offset: int, version: int, values: bool = False) -> 
     return list(found), found.values
 
 
+def generated_full(frame: bytes, offset: int, version: int) -> tuple[list[Entry], list[Any]] | None:
+    """The full scanner's entries (every partition, whatever its code) and what its values mode
+    reads: the capture's scan of a Produce answer."""
+    fn = scanner(PRODUCE, version, Direction.RESPONSE, values=True)
+    assert fn is not None
+    acc = ScanEntries()
+    acc.values = []
+    try:
+        fn(frame, offset, acc, [], None)
+    except SCAN_FAILURES:
+        return None
+    return list(acc), acc.values
+
+
+def full_fast(frame: bytes, offset: int, version: int) -> tuple[list[Entry], list[Any]] | None:
+    """produce_answer, as :func:`generated_full` gives it."""
+    found = produce_answer_entry(frame, offset, version)
+    return None if found is None else ([found[:3]], [found])
+
+
 names = st.one_of(st.sampled_from(["orders", "", "t" * 200, "é-topic"]), st.text(max_size=12))
 partition = st.fixed_dictionaries({
     "index": st.integers(-2, 2**31 - 1), "error_code": st.sampled_from([0, 0, 6, -1, 87, 32767]),
@@ -223,6 +245,9 @@ def test_the_produce_answer_fast_path_agrees_with_the_generated_scanner(version:
         fast = fast_path(frame, offset, version, values)
         if fast is not None:
             assert fast == generated(frame, offset, version, values)
+    full = full_fast(frame, offset, version)
+    if full is not None:
+        assert full == generated_full(frame, offset, version)
 
 
 SHAPES = {
@@ -244,7 +269,7 @@ def test_the_fast_path_agrees_on_every_cut_and_changed_byte_of_a_one_partition_a
     variants = [frame[:end] for end in range(offset, len(frame))]
     variants += [frame[:at] + bytes([value]) + frame[at + 1:]
                  for at in range(offset, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
-    taken = 0
+    taken = taken_full = 0
     for variant in variants:
         fast = produce_answer_errors(variant, offset, version)
         if fast is not None:
@@ -254,8 +279,12 @@ def test_the_fast_path_agrees_on_every_cut_and_changed_byte_of_a_one_partition_a
         assert (valued is None) == (fast is None)
         if valued is not None:
             assert valued == generated(variant, offset, version, True), variant.hex()
+        full = full_fast(variant, offset, version)
+        if full is not None:
+            taken_full += 1
+            assert full == generated_full(variant, offset, version), variant.hex()
     if shape == "plain":
-        assert taken  # some of them (those changing only offsets, say) still take it
+        assert taken and taken_full  # some of them (those changing only offsets, say) still take it
 
 
 @pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
@@ -270,6 +299,8 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
     assert fast == ([(topic, 4, code)] if code else [])
     assert fast == generated(frame, offset, version)
     assert fast_path(frame, offset, version, True) == (fast, [(topic, 4, code, 7)])  # the base offset too
+    assert produce_answer_entry(frame, offset, version) == (topic, 4, code, 7)
+    assert full_fast(frame, offset, version) == generated_full(frame, offset, version)
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------

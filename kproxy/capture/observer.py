@@ -26,43 +26,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
+from kproxy.capture.records import ConnectionInfo as ConnectionInfo  # re-exported: where the server and tests import it
 from kproxy.host_port import split_host_port
 from kproxy.protocol.scan import RequestScan
 from kproxy.protocol.tables import ApiKey
-from kproxy.proxy.session import Exchange, SessionObserver
+from kproxy.proxy.session import Exchange, Session, SessionObserver
 
 PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 Sink = Callable[[Captured, int], bool]  # (exchange, bytes of frames it holds) -> queued
 
 
-class Identity(Protocol):
-    """Who a connection's client is, as its session knows it (:class:`kproxy.proxy.session.Session`)."""
-
-    @property
-    def principal(self) -> str | None: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectionInfo:
-    """Who a connection is: what every record of it carries."""
-
-    connection_id: str
-    client_host: str
-    client_port: int | None
-    listener: str
-    upstream: str
-    principal: str | None = None
-    # The broker behind a ``broker-N`` listener; None behind the bootstrap listener (read per record:
-    # worked out once).
-    node_id: int | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        prefix, _, node = self.listener.partition("-")
-        object.__setattr__(self, "node_id", int(node) if prefix == "broker" and node.lstrip("-").isdigit() else None)
+# Who a connection's client is: its session, whose principal each record carries (a Session, not
+# a protocol of one: compiled, its principal is then read natively, once per exchange).
+Identity = Session
 
 
 def split_peer(peer: str) -> tuple[str, int | None]:

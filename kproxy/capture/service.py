@@ -31,7 +31,8 @@ class CaptureService:
         self.builder = RecordBuilder(self.topics, self.payloads)
         self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
                                     rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
-                                    queue_size=options.queue_size, rows=self.builder.rows)
+                                    queue_size=options.queue_size, rows=self.builder.rows,
+                                    add_rows=self.builder.add_rows)
         # Wall time of the sessions' perf_counter clock, read once: every connection's records on one
         # time line (the what-if orders requests across connections by it, kproxy.analysis.whatif).
         self.clock_offset = time.time() - time.perf_counter()
@@ -62,7 +63,8 @@ class CaptureService:
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
                               principal=_tls_subject(client))
-        capture = CaptureObserver(conn, self.writer.offer, self.clock_offset, reader=self.builder, identity=identity)
+        capture = CaptureObserver(conn, self.writer.queue.offer, self.clock_offset, reader=self.builder,
+                                  identity=identity)
         return capture if metrics is None else Tee(metrics, capture)
 
     def connection_closed(self, observer: SessionObserver | None) -> None:

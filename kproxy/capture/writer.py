@@ -21,9 +21,10 @@ Contract of :class:`CaptureWriter`:
 * :meth:`~CaptureWriter.offer` never blocks and never raises: a full queue
   (``queue_size`` items, or ``queue_bytes`` of frames referenced) drops the
   item and counts it (``dropped``). It is called from the proxy's event loop
-  and costs an append: it does not wake the writer thread per item (a wake
-  per request costs the loop a GIL hand-over each time). The thread wakes
-  every ``poll_seconds``, or at once when the queue is a quarter full.
+  and costs an append (:class:`~kproxy.capture.queue.CaptureQueue`, compiled):
+  it does not wake the writer thread per item (a wake per request costs the
+  loop a GIL hand-over each time). The thread wakes every ``poll_seconds``,
+  or at once when the queue is a quarter full.
   Everything else (turning items into rows, Arrow, the disk) happens on the
   writer thread, a slice of items at a time, giving the GIL back between
   slices so that the event loop waits at most one slice.
@@ -46,9 +47,8 @@ The decisions (which hour, when to rotate, which files to delete) are pure
 functions below, tested without a disk.
 
 Size (over the ~500 lines the project aims for): the writer thread, its file rotation and the
-Arrow conversion of its slices; the pure decisions are already functions apart. The column
-building (:class:`_Columns`) is written for this thread's slicing and GIL hand-backs, and has no
-other user.
+Arrow conversion of its slices; the pure decisions are already functions apart, the pending row
+group's lists are :mod:`kproxy.capture.columns` (compiled, with the record builder).
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kproxy.capture.columns import HOUR_US, PendingColumns
+from kproxy.capture.queue import CaptureQueue
 from kproxy.capture.rows import dict_rows
 from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 from kproxy.logfmt import q as _q
@@ -76,7 +78,6 @@ from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
-HOUR_US = 3_600_000_000
 # Items turned into rows per slice: reading frames is Python holding the GIL (~3-13 µs an item,
 # bench/bench_capture.py), so the writer gives the GIL back after each slice of a fraction of a
 # millisecond: the proxy's event loop, if it wants the GIL meanwhile, waits that long at worst
@@ -84,10 +85,12 @@ HOUR_US = 3_600_000_000
 # while it reads Produce exchanges went from ~370 to ~190 µs (p50), for one more sleep(0), ~1 µs,
 # per 16 items.
 CONVERT_SLICE = 16
-# Each slice's rows are added to the pending row group column by column at once (_Columns), and
-# become Arrow columns a row group at a time, a column per call (pa.array: a C loop over Python
-# objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back between columns.
+# Each slice's rows go into the pending row group column by column as they are made
+# (kproxy.capture.columns), and become Arrow columns a row group at a time, a column per call
+# (pa.array: a C loop over Python objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back
+# between columns.
 ROWS = Callable[[list[Any]], list[tuple[Any, ...]]]
+ADD_ROWS = Callable[[list[Any], PendingColumns], None]
 _REQUEST_TIME = COLUMN_NAMES.index("request_time")
 # After a failed write, the first retry waits this long, each failure since doubles it up to the max.
 RETRY_FIRST_SECONDS = 1.0
@@ -140,6 +143,12 @@ def arrow_schema() -> pa.Schema:
 
 
 # -- pure decisions ------------------------------------------------------------------------
+def pending_columns(schema: pa.Schema) -> PendingColumns:
+    """An empty pending row group of ``schema``'s shape."""
+    return PendingColumns(len(schema), {i: f.type.value_type.num_fields for i, f in enumerate(schema)
+                                        if pa.types.is_list(f.type)}, _REQUEST_TIME)
+
+
 def hour_of(request_time_us: int) -> int:
     """The hour (since the epoch) a record belongs to."""
     return request_time_us // HOUR_US
@@ -225,9 +234,10 @@ class CaptureWriter:
 
     The queue holds items; ``rows`` turns a list of them into rows (tuples in
     :data:`~kproxy.capture.schema.COLUMN_NAMES` order) on the writer thread: by
-    default items are record dicts (:func:`~kproxy.capture.schema.new_record`);
-    the proxy's items are captured exchanges
-    (:meth:`kproxy.capture.records.RecordBuilder.rows`).
+    default items are record dicts (:func:`~kproxy.capture.schema.new_record`).
+    ``add_rows``, when given, is used instead: it adds the items' rows to the pending row group
+    itself, in order (the proxy's: captured exchanges,
+    :meth:`kproxy.capture.records.RecordBuilder.add_rows`, no list of rows made in between).
 
     ``start()`` scans ``directory`` (stale temporary files removed, existing
     capture files counted towards the cap), then starts the thread.
@@ -236,7 +246,7 @@ class CaptureWriter:
     def __init__(self, directory: Path, *, max_bytes_total: int, rotate_bytes: int, rotate_seconds: float,
                  queue_size: int = 10_000, queue_bytes: int = 256 * 1024 * 1024, row_group_rows: int = 10_000,
                  flush_seconds: float = 1.0, poll_seconds: float = 0.1, rows: ROWS = dict_rows,
-                 clock: Callable[[], float] = time.time) -> None:
+                 add_rows: ADD_ROWS | None = None, clock: Callable[[], float] = time.time) -> None:
         if rotate_bytes > max_bytes_total:
             raise ValueError("rotate_bytes must not exceed max_bytes_total")
         self.directory = directory
@@ -246,26 +256,20 @@ class CaptureWriter:
         self.flush_seconds = flush_seconds
         self.poll_seconds = min(poll_seconds, flush_seconds / 4)
         self.rows = rows
+        self.add_rows = add_rows
         self.clock = clock
         self.schema = arrow_schema()
-        # The queue: a deque (append and popleft are atomic under the GIL) bounded by offer().
-        # Each counter below has one writer: the loop's (offered, _full, _offered_bytes) or the
-        # thread's (_taken_bytes, _lost, written...), so no increment races another.
+        # The queue (kproxy.capture.queue, compiled: the loop's side, per exchange). Each counter
+        # below has one writer, the thread (_lost, written...), so no increment races another.
         self.queue_size = queue_size
         self.queue_bytes = queue_bytes
-        self._queue: deque[tuple[Any, int]] = deque()
-        self._wake_items = max(1, queue_size // 4)
-        self._wake_bytes = queue_bytes // 4
         self._wake = threading.Event()
+        self.queue = CaptureQueue(queue_size, queue_bytes, self._wake)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kproxy-capture", daemon=True)
         self._complete: deque[tuple[Path, int]] = deque()
         self._open: _OpenFile | None = None
         self._seq = 0
-        self.offered = 0
-        self._full = 0  # dropped by offer(): the queue was full
-        self._offered_bytes = 0
-        self._taken_bytes = 0
         self._lost = 0  # dropped by the thread: a write error, or offered after close()
         self.written = 0
         self.abandoned = 0  # written, then lost with a file that could not be completed
@@ -279,28 +283,24 @@ class CaptureWriter:
 
     # -- the event loop's side ---------------------------------------------------------
     def offer(self, item: Any, nbytes: int = 0) -> bool:
-        """Queue one item (``nbytes``: the frames it holds on to); False (and counted) when full."""
-        self.offered += 1
-        q = self._queue
-        held = self._offered_bytes - self._taken_bytes
-        if len(q) >= self.queue_size or held + nbytes > self.queue_bytes:
-            self._full += 1
-            return False
-        q.append((item, nbytes))
-        self._offered_bytes += nbytes
-        if len(q) == self._wake_items or (held > self._wake_bytes and not self._wake.is_set()):
-            self._wake.set()
-        return True
+        """Queue one item (``nbytes``: the frames it holds on to); False (and counted) when full.
+        (:attr:`queue`'s offer: the proxy's observers call that one directly.)"""
+        return self.queue.offer(item, nbytes)
+
+    @property
+    def offered(self) -> int:
+        """Items offered so far (queued or not)."""
+        return self.queue.offered
 
     @property
     def queued(self) -> int:
         """Items offered and not yet taken by the writer thread."""
-        return len(self._queue)
+        return len(self.queue)
 
     @property
     def dropped(self) -> int:
         """Items offered and never written: the queue was full, a write failed, or offered after close."""
-        return self._full + self._lost
+        return self.queue.full + self._lost
 
     def start(self) -> CaptureWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -323,11 +323,11 @@ class CaptureWriter:
         self._wake.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("event=capture_close_timeout queued=%d", len(self._queue))
+            log.warning("event=capture_close_timeout queued=%d", len(self.queue))
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
-        pending = _Columns(self.schema)  # rows waiting for a full row group, or flush_seconds
+        pending = pending_columns(self.schema)  # rows waiting for a full row group, or flush_seconds
         first_at = 0.0
         while True:
             stop = self._stop.is_set()  # read first: what was offered before close() is in the queue now
@@ -345,19 +345,19 @@ class CaptureWriter:
                     self._open.abandon()
                     self._open = None
             if stop:
-                self._lost += len(self._queue)  # offered after close(): never written
-                self._queue.clear()
+                self._lost += len(self.queue)  # offered after close(): never written
+                self.queue.items.clear()
                 return
-            if not self._queue:
+            if not self.queue:
                 self._wake.wait(self.poll_seconds)
                 self._wake.clear()
 
-    def _turn(self, pending: _Columns, first_at: float, stop: bool) -> float:
+    def _turn(self, pending: PendingColumns, first_at: float, stop: bool) -> float:
         """Convert what is queued (a queue's worth at most), write what is due; returns when the
         oldest pending row came."""
         budget = self.queue_size  # a turn ends even while items keep coming: time checks below
-        while self._queue and budget > 0 and (stop or time.monotonic() >= self._retry_at):  # not when failing
-            items = self._take(min(CONVERT_SLICE, budget))
+        while self.queue and budget > 0 and (stop or time.monotonic() >= self._retry_at):  # not when failing
+            items = self.queue.take(min(CONVERT_SLICE, budget))
             budget -= len(items)
             if not pending.rows:
                 first_at = self.clock()
@@ -375,26 +375,20 @@ class CaptureWriter:
             self._finish()
         return first_at
 
-    def _take(self, n: int) -> list[Any]:
-        q = self._queue
-        items = []
-        nbytes = 0
-        for _ in range(min(n, len(q))):
-            item, size = q.popleft()
-            items.append(item)
-            nbytes += size
-        self._taken_bytes += nbytes
-        return items
-
-    def _convert(self, items: list[Any], pending: _Columns) -> None:
+    def _convert(self, items: list[Any], pending: PendingColumns) -> None:
         """The items' rows added to ``pending``."""
+        before = pending.rows
         try:
-            pending.add(self.rows(items))
-        except Exception as exc:  # a bug in reading must not stop the capture: the slice is lost, counted
-            self._lost += len(items)
-            log.error("event=capture_convert_failed records=%d error=%s", len(items), _q(repr(exc)))
+            if self.add_rows is not None:
+                self.add_rows(items, pending)
+            else:
+                pending.add_rows(self.rows(items))
+        except Exception as exc:  # a bug in reading must not stop the capture: the rest of the slice is lost, counted
+            lost = len(items) - (pending.rows - before)
+            self._lost += lost
+            log.error("event=capture_convert_failed records=%d error=%s", lost, _q(repr(exc)))
 
-    def _write(self, pending: _Columns) -> None:
+    def _write(self, pending: PendingColumns) -> None:
         table = None
         for hour, start, length in pending.hours():
             errors = self.write_errors
@@ -407,7 +401,7 @@ class CaptureWriter:
                 if self._open is None:
                     self._open = self._new_file(hour)
                 if table is None:
-                    table = pending.table()
+                    table = _table(pending, self.schema)
                 self._open.write(table.slice(start, length))  # a slice of a table: no copy
                 self.written += length
                 self.write_batch_done(self._open)
@@ -443,9 +437,9 @@ class CaptureWriter:
 
     def _to_table(self, rows: list[tuple[Any, ...]]) -> pa.Table:
         """Rows -> an Arrow table, as the thread makes one (see ROWS above for the cost)."""
-        pending = _Columns(self.schema)
-        pending.add(rows)
-        return pending.table()
+        pending = pending_columns(self.schema)
+        pending.add_rows(rows)
+        return _table(pending, self.schema)
 
     def write_batch_done(self, file: _OpenFile) -> None:
         """Hook after each row group is written (tests slow the writer down here)."""
@@ -485,87 +479,18 @@ class CaptureWriter:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
 
 
-class _Columns:
-    """Rows of a row group to be, kept column by column: each slice of rows is transposed as it
-    comes, the items of list columns (partitions...) into their fields' columns too. Turning
-    10,000 rows into columns at once held the GIL for ~5 ms, and a list column's items as long
-    again; a slice's share is a few µs."""
-
-    __slots__ = ("items", "rows", "schema", "values")
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.schema = schema
-        self.rows = 0
-        self.values: list[list[Any]] = [[] for _ in schema]  # a list column: each row's items (None: null)
-        # A list column's items, a list per field of its struct.
-        self.items: dict[int, list[list[Any]]] = {
-            i: [[] for _ in range(f.type.value_type.num_fields)]
-            for i, f in enumerate(schema) if pa.types.is_list(f.type)}
-
-    def add(self, rows: list[tuple[Any, ...]]) -> None:
-        if not rows:
-            return
-        columns = list(zip(*rows, strict=True))
-        if len(columns) != len(self.values):
-            raise ValueError(f"rows of {len(columns)} values, not {len(self.values)}")
-        staged = []  # every list column's items read before any is added: a bad one adds nothing
-        for i, fields in self.items.items():
-            if not any(columns[i]):  # every list empty or null (rule decisions, payloads unless kept)
-                continue
-            flat = [item for value in columns[i] if value for item in value]
-            if flat:
-                transposed = list(zip(*flat, strict=True))
-                if len(transposed) != len(fields):
-                    raise ValueError(f"items of {len(transposed)} fields, not {len(fields)}")
-                staged.append((fields, transposed))
-        for fields, transposed in staged:
-            for out, field in zip(fields, transposed, strict=True):
-                out.extend(field)
-        for values, column in zip(self.values, columns, strict=True):
-            values.extend(column)
-        self.rows += len(rows)
-
-    def clear(self) -> None:
-        """Empty again, a column at a time: freeing a row group's values (a few hundred thousand
-        objects) at once held the GIL for ~2-3 ms."""
-        for values in self.values:
-            values.clear()
-            time.sleep(0)
-        for fields in self.items.values():
-            for values in fields:
-                values.clear()
-        self.rows = 0
-
-    def hours(self) -> list[tuple[int, int, int]]:
-        """Runs of consecutive rows of the same hour, (hour, first row, rows): rows arrive nearly
-        in time order, so most row groups are one run."""
-        times = self.values[_REQUEST_TIME]
-        if not times:
-            return []
-        first = hour_of(times[0])
-        if first == hour_of(min(times)) == hour_of(max(times)):
-            return [(first, 0, len(times))]
-        runs: list[tuple[int, int, int]] = []
-        start = 0
-        for i, t in enumerate(times):
-            hour = hour_of(t)
-            if hour != first:
-                runs.append((first, start, i - start))
-                first, start = hour, i
-        runs.append((first, start, len(times) - start))
-        return runs
-
-    def table(self) -> pa.Table:
-        arrays = []
-        for i, (values, f) in enumerate(zip(self.values, self.schema, strict=True)):
-            arrays.append(_column(values, f.type, self.items.get(i)))
-            time.sleep(0)  # as between slices of items (CONVERT_SLICE)
-        return pa.Table.from_arrays(arrays, schema=self.schema)
+def _table(pending: PendingColumns, schema: pa.Schema) -> pa.Table:
+    """The pending row group as an Arrow table, a column per call, the GIL handed over between columns."""
+    arrays = []
+    for i, (values, f) in enumerate(zip(pending.values, schema, strict=True)):
+        arrays.append(_column(values, f.type, pending.items.get(i)))
+        time.sleep(0)  # as between slices of items (CONVERT_SLICE)
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None) -> pa.Array:
     """One column; a list column's ``values`` are each row's items (None: a null list), its
-    ``items`` their fields' values (:class:`_Columns`).
+    ``items`` their fields' values (:class:`~kproxy.capture.columns.PendingColumns`).
 
     A column of one value throughout (a connection's address, a null or empty list) is made
     without reading each value into Arrow: counting them is several times cheaper.

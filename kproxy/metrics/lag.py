@@ -67,7 +67,7 @@ from kproxy.protocol.offsets import (
 )
 from kproxy.protocol.request_fields import request_group_id
 from kproxy.protocol.scan import RequestScan, Topic
-from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS, TopicIdNames
 
 K = TypeVar("K")
 TopicKey = str | int | None  # a name; a topic id not named yet (its int); None: a null name
@@ -133,7 +133,8 @@ class ConsumerLag:
             self.commit(offset_fetches(values_of(request), values_of(response), response[0], api_version), now)
         elif api_key == LIST_OFFSETS:
             self.watermark(latest_offsets(values_of(request), values_of(response)), now)
-        elif api_key == METADATA and response is not self._last_metadata:
+        elif api_key == METADATA and api_version >= METADATA_TOPIC_IDS and response is not self._last_metadata:
+            # (Answers below v10 carry no topic ids, KIP-516: nothing to read in them.)
             self._last_metadata = response
             for topic_id, name in metadata_topic_ids(values_of(response)):
                 self.names.learn(topic_id, name)

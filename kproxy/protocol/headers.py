@@ -38,26 +38,31 @@ _INT16: Final = struct.Struct(">h")
 _SIZE: Final = struct.Struct(">i")
 
 
-_REQUEST_HEADER_VERSIONS: Final[dict[tuple[int, int], int]] = {}
+# Keyed by one int, api key and version together (api_version & 0xFFFF: an int16, negative ones
+# too): no tuple made and hashed per frame.
+_REQUEST_HEADER_VERSIONS: Final[dict[int, int]] = {}
 
 
 def request_header_version(api_key: int, api_version: int) -> int:
     """2 for flexible versions, 1 otherwise, 0 for ControlledShutdown v0 (cached per pair)."""
-    found = _REQUEST_HEADER_VERSIONS.get((api_key, api_version))
+    key = (api_key << 16) | (api_version & 0xFFFF)
+    found = _REQUEST_HEADER_VERSIONS.get(key)
     if found is None:
         if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
             found = 0
         else:
             found = 2 if is_flexible(api_key, api_version) else 1
-        if len(_REQUEST_HEADER_VERSIONS) < 65536:  # hostile versions must not grow it forever
-            _REQUEST_HEADER_VERSIONS[(api_key, api_version)] = found
+        if len(_REQUEST_HEADER_VERSIONS) < 65536 and -0x8000 <= api_version < 0x8000:  # hostile versions
+            _REQUEST_HEADER_VERSIONS[key] = found  # must not grow it forever, nor share a key
     return found
 
 
 def response_header_version(api_key: int, api_version: int) -> int:
+    """1 (flexible: tagged fields after the correlation id) or 0; ApiVersions answers always in v0
+    (KIP-511). From the request header's cache: a version is flexible both ways or neither."""
     if api_key == API_VERSIONS_KEY:
         return 0
-    return 1 if is_flexible(api_key, api_version) else 0
+    return 1 if request_header_version(api_key, api_version) == 2 else 0
 
 
 NO_TAGS: Mapping[int, bytes] = MappingProxyType({})
@@ -135,9 +140,7 @@ def request_body_offset(frame: bytes | memoryview, api_key: int, api_version: in
     The hot-path twin of :func:`decode_request_header` that builds nothing.
     """
     try:
-        version = _REQUEST_HEADER_VERSIONS.get((api_key, api_version))
-        if version is None:
-            version = request_header_version(api_key, api_version)
+        version = request_header_version(api_key, api_version)
         if version == 0:
             return 12
         n: int = _INT16.unpack_from(frame, 12)[0]
@@ -157,9 +160,7 @@ def decode_request_header(frame: bytes | memoryview, header_version: int | None 
     try:
         if header_version is None:
             api_key, api_version, _ = _FIXED.unpack_from(frame, 0)
-            header_version = _REQUEST_HEADER_VERSIONS.get((api_key, api_version))
-            if header_version is None:
-                header_version = request_header_version(api_key, api_version)
+            header_version = request_header_version(api_key, api_version)
         if header_version == 0:
             api_key, api_version, correlation_id = _FIXED.unpack_from(frame, 0)
             return RequestHeader(api_key, api_version, correlation_id, None, 0, NO_TAGS, 8)

@@ -490,10 +490,68 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool =
     base_offset)``.
 
     Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
-    partition) by a few struct reads: ProduceResponse.json in Kafka's message specs gives the
-    layout (v0 base_offset; v2 log_append_time_ms; v5 log_start_offset; v8 record_errors and
-    error_message; v9 flexible; v13 topic_id).
+    partition) by a few struct reads (:func:`_produce_answer_at`).
     """
+    found = _produce_answer_at(buf, pos, api_version)
+    if found is None:
+        return None
+    start, end, index, code, base, _ = found
+    if not (code or values) and api_version >= 13:
+        return []  # (an id is any 16 bytes: nothing to check)
+    try:
+        topic = _produce_topic(buf, start, end, api_version)  # (the scanner reads a name whatever the code)
+    except UnicodeDecodeError:
+        return None
+    if not values:
+        return [(topic, index, code)] if code else []
+    acc = ScanEntries()
+    if code:
+        acc.append((topic, index, code))
+    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
+    return acc
+
+
+def produce_answer(buf: bytes, pos: int, api_version: int) -> tuple[Topic, int, int, int] | None:
+    """The one partition of a Produce response of the usual shape (:func:`produce_answer_errors`),
+    whatever its code: ``(topic, partition, error code, base_offset)``, the entry the full scanner
+    finds for it and the one value its values mode reads (the capture keeps every partition of a
+    Produce answer, and its log end offset). None for any other shape."""
+    found = _produce_answer_at(buf, pos, api_version)
+    if found is None:
+        return None
+    start, end, index, code, base, pos = found
+    # The full scanner reads on to the body's end: throttle_time_ms (v1+), then (v9+) the body's
+    # tagged fields (node_endpoints from v10, KIP-951): none, or the scanner decides.
+    if api_version >= 1:
+        pos += 4
+    if api_version >= 9:
+        if pos >= len(buf) or buf[pos]:
+            return None
+        pos += 1
+    if pos > len(buf):
+        return None
+    try:
+        topic = _produce_topic(buf, start, end, api_version)
+    except UnicodeDecodeError:
+        return None
+    return topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0]
+
+
+def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
+    """The topic a Produce request or response names at ``buf[start:end]``: its name, or from v13 its id."""
+    if api_version >= 13:
+        return uuid.UUID(bytes=bytes(buf[start:end]))
+    return str(buf[start:end], "utf-8")  # (any buffer: a memoryview has no decode)
+
+
+def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int, int, int, int, int] | None:
+    """Where the topic of a Produce response of the usual shape lies, its one partition's index and
+    error code, where its base_offset lies and where its topics array ends: ``(start, end, index,
+    code, base, after)``; None for any
+    other shape, or for bytes this reader is not sure of (up to the topics array's end).
+    ProduceResponse.json in Kafka's message specs gives the layout (v0 base_offset; v2
+    log_append_time_ms; v5 log_start_offset; v8 record_errors and error_message; v9 flexible;
+    v13 topic_id)."""
     if not 0 <= api_version <= 13:
         return None  # a layout this reader does not know
     n = len(buf)
@@ -533,21 +591,9 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool =
             pos += 2
         if pos > n:
             return None
-        if api_version >= 13:
-            if not (code or values):
-                return []
-            topic: Topic = uuid.UUID(bytes=bytes(buf[start:end]))
-        else:
-            topic = str(buf[start:end], "utf-8")  # (the scanner reads the name whatever the code)
-    except (struct.error, IndexError, UnicodeDecodeError):
+    except (struct.error, IndexError):
         return None
-    if not values:
-        return [(topic, index, code)] if code else []
-    acc = ScanEntries()
-    if code:
-        acc.append((topic, index, code))
-    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
-    return acc
+    return start, end, index, code, base, pos
 
 
 def _produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:

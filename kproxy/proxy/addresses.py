@@ -76,15 +76,19 @@ class AddressMap:
 
     def learn(self, node_id: int, host: str, port: int) -> BrokerRoute:
         """Record that broker ``node_id`` is at ``host:port`` upstream; return its route."""
-        upstream = HostPort(host, port)
         route = self.routes.get(node_id)
         if route is None:
             pending = self.pending_ports.pop(node_id, -1)
-            route = BrokerRoute(node_id, upstream, pending if pending >= 0 else self._assign_port(node_id))
+            route = BrokerRoute(node_id, HostPort(host, port),
+                                pending if pending >= 0 else self._assign_port(node_id))
             self.routes[node_id] = route
-        elif route.upstream != upstream:
+            return route
+        known = route.upstream
+        # Compared field by field: the usual answer names the broker where it was, and HostPort's
+        # dataclass __init__ and __eq__ are interpreted code (~5,000 instructions per Metadata answer).
+        if known.port != port or known.host != host:
             # The broker moved: same local port, new destination for new connections.
-            route.upstream = upstream
+            route.upstream = HostPort(host, port)
         return route
 
     def port_for(self, node_id: int) -> int:

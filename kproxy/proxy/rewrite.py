@@ -131,9 +131,20 @@ class ResponseRewriter:
         # (see _check_whole_once): one body per api key with endpoints, so a few at most.
         self._whole: dict[int, tuple[int, bytes]] = {}
         self._unreadable: dict[tuple[int, int], bool] = {}
+        # needs_rewrite per kind, keyed by one int (api key << 16 | version): asked for every response,
+        # and endpoint_fields' functools.cache costs a call through its wrapper and a key tuple each time.
+        self._needs: dict[int, bool] = {}
 
     def needs_rewrite(self, api_key: int, api_version: int) -> bool:
-        return api_key == API_VERSIONS or endpoint_fields(api_key, api_version) is not None
+        if api_key == API_VERSIONS:
+            return True
+        key = (api_key << 16) | (api_version & 0xFFFF)
+        found = self._needs.get(key)
+        if found is None:
+            found = endpoint_fields(api_key, api_version) is not None
+            if len(self._needs) < 65536 and -0x8000 <= api_version < 0x8000:  # bounded, one key per kind
+                self._needs[key] = found
+        return found
 
     def unreadable(self, api_key: int, api_version: int) -> bool:
         """A request kproxy must not forward: an API it caps, at a version it cannot read.
@@ -181,7 +192,7 @@ class ResponseRewriter:
         prefix and the response header). Raises DecodeError on a malformed body,
         before the address map has learned anything from it.
         """
-        if api_key != API_VERSIONS and endpoint_fields(api_key, api_version) is None:
+        if not self.needs_rewrite(api_key, api_version):
             return None
         if len(frame) - body_offset > MEMO_MAX_BODY or api_key in NEVER_REPEATS:
             new_body, learned = self._rewrite_body(api_key, api_version, frame, body_offset)
@@ -197,7 +208,8 @@ class ResponseRewriter:
                 self._memo[key] = found
                 self._memo_bytes += cost
             new_body, learned = found
-        routes = [self.addresses.learn(*endpoint) for endpoint in learned]
+        addresses = self.addresses
+        routes = [addresses.learn(node, host, port) for node, host, port in learned]
         if new_body is None:
             return None
         return Rewritten(_reframe(frame, body_offset, new_body), routes, new_body)

@@ -55,6 +55,7 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -108,13 +109,17 @@ class Connection:
     def __init__(self, client: trio.abc.Stream, upstream: trio.abc.Stream | None, session: Session, *,
                  limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
                  upstream_addr: HostPort | None, on_reject: Callable[[str], None] | None = None,
-                 deadlines: Deadlines | None = None, connect: UpstreamOpener | None = None) -> None:
+                 deadlines: Deadlines | None = None, connect: UpstreamOpener | None = None,
+                 listening: AbstractSet[int] = frozenset()) -> None:
         self.client = client
         self.upstream = upstream
         self.connect = connect
         self.session = session
         self.limits = limits
         self.ensure_listeners = ensure_listeners
+        # Local ports whose listeners are open (or failed for good): ensure_listeners would return at
+        # once for routes to them, so they are checked here, without awaiting that interpreted coroutine.
+        self.listening = listening
         self.peer = peer
         self.listener = listener
         self.upstream_addr = upstream_addr
@@ -137,6 +142,8 @@ class Connection:
         self._waiting_for_client = False  # True only while the client pump may be cancelled harmlessly
         self._idle = trio.CancelScope()
         self._last_activity = 0.0
+        # The run's clock, bound once: trio.current_time() is three interpreted calls deep, per chunk.
+        self._now = trio.lowlevel.current_clock().current_time
         self._frame_due = _NO_FRAME  # when the client's partial request frame must be whole
         self._frame_at = -1  # where in the client's stream that frame begins
         self._wake_due = math.inf  # when the session asked to be called back (trio clock)
@@ -220,7 +227,7 @@ class Connection:
 
     def _touch(self) -> None:
         # One float per chunk; moving a cancel scope's deadline on every chunk costs far more.
-        self._last_activity = trio.current_time()
+        self._last_activity = self._now()
 
     def on_deadline(self, now: float) -> None:
         """The deadlines' task, at the time this connection asked (:class:`~kproxy.server.timers.Deadlines`):
@@ -250,7 +257,14 @@ class Connection:
             frame_due = self._frame_due = now + limits.frame_timeout
         if now >= self._wake_due and self._nursery is not None:
             self._wake_due = math.inf
-            self._nursery.start_soon(self._on_wake)
+            try:
+                self._nursery.start_soon(self._on_wake)
+            except RuntimeError:
+                # The connection's tasks have all ended (trio closes the nursery when its last task
+                # exits, then resumes run(), whose finally forgets this connection: the deadlines'
+                # task can run in between). Nothing is left to wake; raising here would end that
+                # task, the server's, and every connection with it.
+                return
         self._deadlines.schedule(self, min(idle_due, frame_due, self._wake_due))
 
     async def _on_wake(self) -> None:
@@ -445,8 +459,13 @@ class Connection:
         except trio.WouldBlock:
             await self._client_lock.acquire()
         try:
-            if command.routes:
-                await self.ensure_listeners(command.routes)
+            routes = command.routes
+            if routes:
+                listening = self.listening
+                for route in routes:
+                    if route.local_port not in listening:
+                        await self.ensure_listeners(routes)
+                        break
             if command.more:
                 await self._client_writev((command.data, *command.more))
                 self.stats.bytes_to_client += sum(map(len, command.more))

@@ -130,6 +130,9 @@ class ProxyServer:
         # kproxy's own login to the brokers (sasl.upstream), on every upstream connection it opens.
         self.logins = UpstreamLogins(config, self.stats) if config.sasl_upstream.enabled else None
         self.listeners: dict[int, _Listener] = {}
+        # The ports of listeners that are ready (open, or failed for good): what ensure_listeners
+        # waits for, which connections check first (a set lookup per route, not an await).
+        self.listening: set[int] = set()
         self.connections: set[Connection] = set()
         self.bootstrap_port = 0
         self._nursery: trio.Nursery | None = None
@@ -415,6 +418,7 @@ class ProxyServer:
             listener.failed = f"{exc.strerror or exc}"
             listener.ready.set()
             self.listeners[listener.port] = listener
+            self.listening.add(listener.port)
             log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
                       _q(listener.failed))
             if listener.name == "bootstrap":
@@ -426,6 +430,7 @@ class ProxyServer:
         self.stats.listener_opened(listener.name, node_label(listener.node_id))
         tcp = trio.SocketListener(sock)
         listener.ready.set()
+        self.listening.add(listener.port)
         if listener.name != "bootstrap":
             log.info("event=listening listener=%s address=%s:%d", listener.name, self.config.listen.host,
                      listener.port)
@@ -546,7 +551,7 @@ class ProxyServer:
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines,
-                          connect=connect)
+                          listening=self.listening, connect=connect)
         self.connections.add(conn)
         self.stats.client_connected(listener.name, node)
         if addr is not None:
