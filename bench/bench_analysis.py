@@ -80,12 +80,14 @@ def generate(directory: Path, records: int, seed: int = 7) -> list[str]:
         partition = rng.integers(0, PARTITIONS, size=m).astype(np.int32)
         count = rng.integers(1, 500, size=m).astype(np.int64)
         failed = (rng.random(m) < 0.01) & (names[moves] == "Produce")
-        given = {"topic": pa.array(np.char.add("topic-", topic.astype(str)).astype(object)),
-                 "partition": pa.array(partition), "error_code": pa.array(np.where(failed, 6, 0).astype(np.int16)),
-                 "record_count": pa.array(count), "record_bytes": pa.array(count * 100)}
-        # The item fields these figures do not use (consumer lag's offsets, schema v3+) are null.
-        fields = list(schema.field("partitions").type.value_type)
-        entries = pa.StructArray.from_arrays([given.get(f.name, pa.nulls(m, f.type)) for f in fields], fields=fields)
+        # Every answered Produce and Fetch entry carries its partition's end (schema version 3), as a
+        # capture's do: a high watermark that grows (its values do not matter here, their cost does).
+        watermark = pa.array(np.where(failed, -1, start + np.cumsum(count)), mask=failed)
+        entries = pa.StructArray.from_arrays(
+            [pa.array(np.char.add("topic-", topic.astype(str)).astype(object)), pa.array(partition),
+             pa.array(np.where(failed, 6, 0).astype(np.int16)), pa.array(count), pa.array(count * 100),
+             pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), watermark],
+            fields=list(schema.field("partitions").type.value_type))
         parts = pa.ListArray.from_arrays(pa.array(offsets), entries)
         moved_count = np.zeros(n, dtype=np.int64)
         moved_count[moves] = count

@@ -188,6 +188,13 @@ def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[P
     assert clients["producer"]["requests"] == 150 and clients["producer"]["errors"] == 10
     assert clients["producer"]["bytes"] == sum(r["request_bytes"] + (r["response_bytes"] or 0)
                                                for r in rows if r["client_id"] == "producer")
+    # Frames each way, and the record batches produced and fetched (kproxy_client_bytes_total's directions).
+    assert {c: (r["request_bytes"], r["response_bytes"], r["produced_bytes"], r["fetched_bytes"])
+            for c, r in clients.items() if c in ("producer", "consumer", "fire-and-forget")} == {
+        "producer": (150 * 100, 150 * 50, 150 * 500, 0), "consumer": (60 * 100, 60 * 50, 0, 40 * 300),
+        "fire-and-forget": (10 * 100, 0, 10 * 100, 0)}
+    assert [r["bytes"] for r in analysed.tables["top_clients"]] == sorted(
+        (r["bytes"] for r in analysed.tables["top_clients"]), reverse=True)
     assert clients["consumer"]["requests"] == 60 and clients["consumer"]["errors"] == 5
     assert clients["fire-and-forget"]["records"] == 10
     topics = {r["topic"]: r for r in analysed.tables["top_topics"]}

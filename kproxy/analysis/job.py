@@ -20,8 +20,19 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   acks=0).
 * ``errors``: per api and error code, the requests whose response carried that
   code (top level or in any partition) and their share of the api's requests.
-* ``top_clients`` / ``top_topics``: requests, bytes, records and requests with
-  an error, by client id and by topic.
+* ``top_clients``: per client id, by bytes: frame bytes from the client
+  (``request_bytes``) and to it (``response_bytes``), their sum (``bytes``), the
+  record batches' bytes in its Produce requests and Fetch responses
+  (``produced_bytes``, ``fetched_bytes``: ``kproxy_client_bytes_total``'s
+  ``produce`` and ``fetch``), requests, records, requests with an error and
+  connections.
+* ``top_topics``: per topic: requests, records and bytes produced and fetched,
+  requests with an error.
+* ``consumer_lag``: per minute (the minute answers reached their clients), group
+  and topic, the group's lag at the minute's end summed over its partitions, as
+  ``kproxy_consumergroup_lag_sum`` computes it: each partition's latest high
+  watermark known less the group's latest committed offset there, never below
+  0, partitions without both left out (:mod:`kproxy.analysis.lag`).
 * ``throughput``: Produce and Fetch records and bytes per topic per minute.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per minute, connections first and last seen.
@@ -78,9 +89,9 @@ from kproxy.capture.schema import READABLE_VERSIONS, version_support
 
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): Spark reads no other.
-_ANALYSED = ("api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
+_ANALYSED = ("api_key", "api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
-             "record_count", "partitions", "rule_decisions")
+             "record_count", "record_bytes", "partitions", "rule_decisions")
 
 
 @dataclass

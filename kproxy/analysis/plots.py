@@ -27,6 +27,7 @@ PLOT_TITLES = {
     "error_rate": "Error rate per API over time (routine codes of normal protocol flow left out)",
     "throughput": "Records per minute per topic, produced and fetched",
     "bytes_by_api": "Bytes per API (requests in, responses out)",
+    "consumer_lag": "Consumer lag per group over time (records behind, summed over the group's topics)",
 }
 
 
@@ -50,6 +51,8 @@ def figures(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int]
         out["throughput"] = _throughput(tables["throughput"], span)
     if tables.get("latency_by_api"):
         out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
+    if tables.get("consumer_lag"):
+        out["consumer_lag"] = _consumer_lag(tables["consumer_lag"], span)
     return out
 
 
@@ -193,6 +196,37 @@ def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] 
     return fig
 
 
+def _consumer_lag(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
+    """A line per group, its lag summed over its topics, each value at the end of its minute and drawn
+    as steps (it holds until the next minute with a row: :mod:`kproxy.analysis.lag`); the groups that
+    fell furthest behind, the rest counted. A state, not a count: no minute is partial (``span``
+    unused)."""
+    plt = _pyplot()
+    per_group: dict[str, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        per_group[r["group_id"]][r["minute"] + timedelta(minutes=1)] += r["lag"]
+    groups, left = _busiest({g: max(lags.values()) for g, lags in per_group.items()})
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    for i, group in enumerate(groups):
+        points = sorted(per_group[group].items())
+        dots = {"marker": "o", "ms": 3} if len(points) <= 60 else {}  # a point per minute, while they stay apart
+        ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", color=f"C{i}", label=group,
+                clip_on=False, **dots)  # (unclipped: a group at 0 shows its whole dots on the axis)
+    ax.set_ylabel("records behind (end of minute)")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_locator(_integer_locator())
+    ax.yaxis.set_major_formatter(_count_formatter())
+    _time_axis(ax, [m for lags in per_group.values() for m in lags])
+    _legend_below(ax, "group (furthest behind first)", left, "groups")
+    return fig
+
+
+def _integer_locator() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
     plt = _pyplot()
     ranked = sorted(rows, key=lambda r: -(r["request_bytes"] + r["response_bytes"]))[:12]
@@ -212,12 +246,23 @@ def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
 
 
 def _bytes_formatter() -> Any:
+    """Ticks in decimal units of bytes: ``12 B``, ``1.5 MB``."""
+    return _scaled_formatter(" ", "B")
+
+
+def _count_formatter() -> Any:
+    """Ticks of counts in decimal units: ``12``, ``1.5M``."""
+    return _scaled_formatter("", "")
+
+
+def _scaled_formatter(space: str, unit: str) -> Any:
+    """Ticks in the largest of k, M, G a value reaches, ``space`` before the prefix and ``unit`` after it."""
     from matplotlib.ticker import FuncFormatter
 
     def fmt(value: float, _pos: int) -> str:
-        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        for prefix, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
             if abs(value) >= size:
-                return f"{value / size:g} {unit}"
-        return f"{value:g} B"
+                return f"{value / size:g}{space}{prefix}{unit}"
+        return f"{value:g}{space}{unit}".rstrip()
 
     return FuncFormatter(fmt)

@@ -23,7 +23,10 @@ from kproxy.protocol.tables import error_class, error_name
 _TABLES = (
     ("latency_by_api", "Latency per API (ms)"),
     ("errors", "Error codes by API (requests whose response carried the code)"),
-    ("top_clients", "Top clients"),
+    ("top_clients", "Top clients by bytes (frames: requests from the client, responses to it; record batches "
+                    "produced and fetched, as kproxy_client_bytes_total counts them)"),
+    ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum; "
+                     "at the end of the last minute an offset was seen)"),
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
     ("connection_churn", "Connection churn per minute"),
@@ -69,6 +72,17 @@ def summary(analysis: Analysis, out: TextIO) -> None:
     faults = analysis.tables["faults"]
     if faults:
         _faults_summary(faults, w)
+    clients = analysis.tables["top_clients"]
+    if clients:
+        w("\nclient id                             bytes in / out (frames)      produced / fetched bytes  requests\n")
+        for r in clients[:10]:
+            w(f"{r['client_id'] or '-':<36} {r['request_bytes']:>12} / {r['response_bytes']:<12} "
+              f"{r['produced_bytes']:>12} / {r['fetched_bytes']:<12} {r['requests']:>8}\n")
+    lag = lag_at_end(analysis.tables["consumer_lag"])
+    if lag:
+        w("\ngroup / topic                                                 lag  partitions  at the end of (UTC)\n")
+        for r in lag[:10]:
+            w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11}  {r['minute']}\n")
     topics = analysis.tables["top_topics"]
     if topics:
         w("\ntopic                                requests    produced records / bytes     fetched records / bytes"
@@ -78,6 +92,17 @@ def summary(analysis: Analysis, out: TextIO) -> None:
               f"{r['fetched_records']:>11} / {r['fetched_bytes']:<12} {r['errors']:>6}\n")
     if analysis.whatif is not None:
         _whatif_summary(analysis, w)
+
+
+def lag_at_end(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last row of each (group, topic) of ``consumer_lag``: its lag when the capture ends, most
+    behind first."""
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:  # sorted by minute: the later row wins
+        last[(r["group_id"], r["topic"])] = r
+    ranked = sorted(last.values(), key=lambda r: (-r["lag"], r["group_id"], r["topic"]))
+    return [{"group_id": r["group_id"], "topic": r["topic"], "lag": r["lag"], "partitions": r["partitions"],
+             "minute": r["minute"]} for r in ranked]
 
 
 def live_summary(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
@@ -153,7 +178,8 @@ def write_html(analysis: Analysis, path: str) -> None:
         parts.append(f"<h2>{html.escape(PLOT_TITLES[name])}</h2><img alt='{name}' src='data:image/png;base64,"
                      f"{base64.b64encode(png).decode()}'>")
     for name, title in _TABLES:
-        parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(analysis.tables[name])))
+        rows = lag_at_end(analysis.tables[name]) if name == "consumer_lag" else analysis.tables[name]
+        parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(rows)))
     if analysis.whatif is not None:
         info = analysis.whatif
         parts.append(f"<h2>What-if: {html.escape(info.source)}</h2><p>Seed {info.seed}; requests evaluated in "
