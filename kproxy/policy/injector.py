@@ -87,6 +87,11 @@ class FaultInjector:
         if register:
             self.register_series()
 
+    @property
+    def enabled_rules(self) -> int:
+        """How many of its rules are enabled (``kproxy_rules_loaded``)."""
+        return len(self._enabled)
+
     def register_series(self) -> None:
         """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there);
         counts already there are kept."""

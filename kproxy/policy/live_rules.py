@@ -115,8 +115,9 @@ class LiveRules:
             # Schedules count from the replacement, not from a build that may have taken a while.
             injector.engine.loaded_at = self.clock()
         self.injector = injector
-        if injector is None:
-            self.counts.rules_loaded = 0
+        # With the generation, not after the series work (which yields to the loop between chunks):
+        # a scrape or the admin API never sees the new generation beside the old rule count.
+        self.counts.rules_loaded = 0 if injector is None else injector.enabled_rules
         self.generation += 1
         self.counts.rules_generation = self.generation
         self.origin = origin
