@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import importlib.machinery
+import io
 import json
 import os
 import shutil
@@ -137,11 +139,26 @@ def extensions(modules: list[str], root: Path = ROOT) -> list[Any]:
 
     cwd = os.getcwd()
     os.chdir(root)  # mypy reads pyproject.toml's [tool.mypy] from here; paths are relative to it
+    said = io.StringIO()
     try:
-        return mypycify([module_path(m, Path(".")).as_posix() for m in modules], opt_level="3",
-                        debug_level="0", group_name=GROUP, target_dir=C_DIR.as_posix())
+        # mypyc prints its notes ("Treating generator comprehension as list": code it compiles less
+        # well, not errors) on stdout: kept in a file, so that a first `scripts/setup` or demo is
+        # not opened by a screen of them; shown in full when the build fails.
+        with contextlib.redirect_stdout(said):
+            built = mypycify([module_path(m, Path(".")).as_posix() for m in modules], opt_level="3",
+                             debug_level="0", group_name=GROUP, target_dir=C_DIR.as_posix())
+    except BaseException:
+        sys.stdout.write(said.getvalue())
+        raise
     finally:
         os.chdir(cwd)
+    notes = said.getvalue()
+    if notes.strip():
+        log = root / C_DIR / "mypyc-notes.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(notes)
+        print(f"kproxy: mypyc's {len(notes.splitlines())} notes on the code it compiles less well: {log}", flush=True)
+    return built
 
 
 def native_file(ext_name: str) -> Path:
