@@ -35,6 +35,8 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.offsets import ScanEntries
+from kproxy.protocol.produce_scan import produce_answer as produce_answer_entry
+from kproxy.protocol.produce_scan import produce_answer_errors, produce_request_scan
 from kproxy.protocol.records import (
     Record,
     count_records,
@@ -45,16 +47,7 @@ from kproxy.protocol.records import (
     v2_batches,
     v2_totals,
 )
-from kproxy.protocol.scan import (
-    SCAN_FAILURES,
-    Entry,
-    RequestScan,
-    _produce_request_scan,
-    produce_answer_errors,
-    scan_request,
-    scanner,
-)
-from kproxy.protocol.scan import produce_answer as produce_answer_entry
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scan_request, scanner
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -382,7 +375,7 @@ def test_the_produce_request_fast_path_agrees_on_every_cut_and_changed_byte(vers
                           **values)
     offset = request_body_offset(frame, PRODUCE, version)
     assert offset is not None
-    usual = _produce_request_scan(frame, offset, version)
+    usual = produce_request_scan(frame, offset, version)
     assert usual is not None and usual == generated_request(frame, offset, version)
     ends = range(offset, len(frame)) if len(frame) < 400 else [*range(offset, offset + 80), *range(len(frame) - 80,
                                                                                                len(frame))]
@@ -390,20 +383,20 @@ def test_the_produce_request_fast_path_agrees_on_every_cut_and_changed_byte(vers
     variants += [frame[:at] + bytes([value]) + frame[at + 1:]
                  for at in range(offset, min(len(frame), offset + 90)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
     for variant in variants:
-        fast = _produce_request_scan(variant, offset, version)
+        fast = produce_request_scan(variant, offset, version)
         if fast is not None:
             assert fast == generated_request(variant, offset, version), variant.hex()
         assert scan_request(PRODUCE, version, variant, offset) == generated_request(variant, offset, version)
-        assert _produce_request_scan(memoryview(variant), offset, version) == fast
+        assert produce_request_scan(memoryview(variant), offset, version) == fast
 
 
 def test_the_fast_paths_leave_versions_they_do_not_know() -> None:
     frame = produce(7, 1)
     offset = request_body_offset(frame, PRODUCE, 7)
     assert offset is not None
-    assert _produce_request_scan(frame, offset, 7) is not None
+    assert produce_request_scan(frame, offset, 7) is not None
     for version in (-1, 14, 99):
-        assert _produce_request_scan(frame, offset, version) is None
+        assert produce_request_scan(frame, offset, version) is None
         assert produce_answer_errors(produce_answer(7, 1), 8, version) is None
 
 

@@ -27,8 +27,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from kproxy.capture.connection_info import (
+    ConnectionInfo as ConnectionInfo,  # re-exported: where the server and tests import it
+)
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
-from kproxy.capture.records import ConnectionInfo as ConnectionInfo  # re-exported: where the server and tests import it
 from kproxy.host_port import split_host_port
 from kproxy.protocol.scan import RequestScan
 from kproxy.protocol.tables import ApiKey

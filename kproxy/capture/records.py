@@ -52,10 +52,11 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kproxy.capture.columns import PendingColumns
+from kproxy.capture.connection_info import ConnectionInfo
 from kproxy.capture.offsets import VALUE_APIS, merge_partitions, with_offsets
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.capture.schema import SCHEMA_VERSION
@@ -64,13 +65,13 @@ from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.offsets import ScanEntries
+from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
-from kproxy.protocol.request_fields import request_client_id
-from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, produce_answer, scanner
+from kproxy.protocol.request_fields import produce_head, request_client_id
+from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.topic_ids import TopicIdNames
-from kproxy.protocol.wire import read_uvarint
 from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
@@ -106,26 +107,6 @@ _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 #   17 request_scan  a Produce request's scan as the session shared it (Exchange.request_scan: the
 #                   metrics and the rules read the same), or None: the writer reads the frame itself
 Captured = tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConnectionInfo:
-    """Who a connection is: what every record of it carries (:class:`kproxy.capture.observer.CaptureObserver`
-    is made with it)."""
-
-    connection_id: str
-    client_host: str
-    client_port: int | None
-    listener: str
-    upstream: str
-    principal: str | None = None
-    # The broker behind a ``broker-N`` listener; None behind the bootstrap listener (read per record:
-    # worked out once).
-    node_id: int | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        prefix, _, node = self.listener.partition("-")
-        object.__setattr__(self, "node_id", int(node) if prefix == "broker" and node.lstrip("-").isdigit() else None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -416,7 +397,7 @@ class RecordBuilder:
         if body is None:
             return None
         req: dict[str, Any] = {}
-        req["transactional_id"], req["acks"] = _produce_head(frame, body, kind.api_version)
+        req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
 
@@ -483,7 +464,7 @@ class RecordBuilder:
             if kind.payloads and api_key == PRODUCE:
                 payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
-            out["transactional_id"], out["acks"] = _produce_head(frame, body, api_version)
+            out["transactional_id"], out["acks"] = produce_head(frame, api_version, body)
         elif api_key in _ID_APIS:
             decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, body)
             out["group_id"] = decoded.get("group_id")
@@ -608,24 +589,3 @@ def _top_level_code(api_key: int, api_version: int) -> bool:
     schema = message_schema(api_key, api_version, Direction.RESPONSE)
     return schema is not None and any(f.is_error_code and f.tag is None for f in schema.fields)
 
-
-def _produce_head(frame: bytes, body: int, api_version: int) -> tuple[str | None, int | None]:
-    """A Produce request's transactional id (v3+) and acks, read in place (the body is never decoded)."""
-    pos = body
-    txn: str | None = None
-    try:
-        if api_version >= 9:  # compact nullable string: length + 1, 0 = null
-            n, pos = read_uvarint(frame, pos)
-            if n:
-                txn = bytes(frame[pos:pos + n - 1]).decode("utf-8", "replace")
-                pos += n - 1
-        elif api_version >= 3:
-            n = int.from_bytes(frame[pos:pos + 2], "big", signed=True)
-            pos += 2
-            if n >= 0:
-                txn = bytes(frame[pos:pos + n]).decode("utf-8", "replace")
-                pos += n
-        acks = int.from_bytes(frame[pos:pos + 2], "big", signed=True)
-        return txn, acks
-    except (ProtocolError, IndexError):
-        return None, None

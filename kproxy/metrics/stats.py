@@ -47,7 +47,8 @@ from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.offsets import OFFSET_FIELDS
-from kproxy.protocol.scan import Entry, RecordsRange, produce_answer_errors, run_scanner, run_values_scanner, scanner
+from kproxy.protocol.produce_scan import produce_answer_errors
+from kproxy.protocol.scan import Entry, RecordsRange, run_scanner, run_values_scanner, scanner
 from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason

@@ -73,23 +73,38 @@ class RequestHeaderMemo:
 
 
 def produce_acks(frame: bytes | memoryview, api_version: int, body_offset: int) -> int | None:
-    """The acks of a Produce request frame whose body starts at ``body_offset``; None if unreadable.
-
-    ProduceRequest.json: the body opens with transactional_id (v3+; a nullable
-    string, compact from v9, the first flexible version), then acks (int16).
-    """
+    """The acks of a Produce request frame whose body starts at ``body_offset``; None if unreadable."""
     try:
-        pos = body_offset
-        if api_version >= 9:
-            n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
-            pos += max(n - 1, 0)  # compact: length + 1, 0 for null
-        elif api_version >= 3:
-            (n,) = _INT16.unpack_from(frame, pos)
-            pos += 2 + max(n, 0)
+        _, _, pos = _transactional_id_at(frame, api_version, body_offset)
         (acks,) = _INT16.unpack_from(frame, pos)
         return int(acks)
     except (Malformed, struct.error, IndexError):
         return None
+
+
+def produce_head(frame: bytes | memoryview, api_version: int, body_offset: int) -> tuple[str | None, int | None]:
+    """A Produce request's transactional id (v3+; None when null or older) and acks, read in place;
+    (None, None) if unreadable."""
+    try:
+        start, n, pos = _transactional_id_at(frame, api_version, body_offset)
+        (acks,) = _INT16.unpack_from(frame, pos)
+    except (Malformed, struct.error, IndexError):
+        return None, None
+    txn = bytes(frame[start:start + n]).decode("utf-8", "replace") if n >= 0 else None
+    return txn, int(acks)
+
+
+def _transactional_id_at(frame: bytes | memoryview, api_version: int, pos: int) -> tuple[int, int, int]:
+    """Where a Produce body's transactional_id starts, its length (-1: null or absent) and where acks
+    starts. ProduceRequest.json: the body opens with transactional_id (v3+; a nullable string,
+    compact from v9, the first flexible version), then acks (int16)."""
+    if api_version >= 9:
+        n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
+        return pos, n - 1, pos + max(n - 1, 0)  # compact: length + 1, 0 for null
+    if api_version >= 3:
+        (n,) = _INT16.unpack_from(frame, pos)
+        return pos + 2, n, pos + 2 + max(n, 0)
+    return pos, -1, pos
 
 
 # api_key << 16 | api_version -> (strings before the group id, flexible) of the kinds whose body opens

@@ -1,0 +1,216 @@
+"""The usual Produce request and answer read by hand (one topic, one partition: what producers send
+most), instead of through the generated scanners of :mod:`kproxy.protocol.scan`: the same entries,
+checked against those scanners on every version, cut and changed byte in tests/test_scan_shared.py.
+Field layouts: Kafka's ProduceRequest and ProduceResponse message specs."""
+
+from __future__ import annotations
+
+import struct
+import uuid
+
+from kproxy.protocol.offsets import ScanEntries
+from kproxy.protocol.scan_types import Entry, RequestScan, Topic
+from kproxy.protocol.wire import Malformed, read_uvarint
+
+PRODUCE_KEY = 0
+_PRODUCE_COUNT = struct.Struct(">i")
+_PRODUCE_NAME = struct.Struct(">h")
+_PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
+_PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
+_PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
+_PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
+_PRODUCE_BASE_OFFSET = struct.Struct(">q")
+
+
+def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool = False) -> list[Entry] | None:
+    """What the errors-only scanner of a Produce response finds in the body at ``buf[pos:]``, read
+    by hand for the answer a producer usually gets: one topic, one partition, no record errors, no
+    tagged fields (``[]`` when its error code is 0, else its one entry). None for any other shape,
+    or for bytes it is not sure of: the generated scanner then decides (tests/test_scan_shared.py
+    checks the two agree on every version, shape and corruption).
+
+    ``values``: what the values-mode scanner finds too (consumer lag's log end offsets): the entries
+    are then a :class:`ScanEntries` whose values hold the partition's ``(topic, index, code,
+    base_offset)``.
+
+    Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
+    partition) by a few struct reads (:func:`_produce_answer_at`).
+    """
+    found = _produce_answer_at(buf, pos, api_version)
+    if found is None:
+        return None
+    start, end, index, code, base, _ = found
+    if not (code or values) and api_version >= 13:
+        return []  # (an id is any 16 bytes: nothing to check)
+    try:
+        topic = _produce_topic(buf, start, end, api_version)  # (the scanner reads a name whatever the code)
+    except UnicodeDecodeError:
+        return None
+    if not values:
+        return [(topic, index, code)] if code else []
+    acc = ScanEntries()
+    if code:
+        acc.append((topic, index, code))
+    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
+    return acc
+
+
+def produce_answer(buf: bytes, pos: int, api_version: int) -> tuple[Topic, int, int, int] | None:
+    """The one partition of a Produce response of the usual shape (:func:`produce_answer_errors`),
+    whatever its code: ``(topic, partition, error code, base_offset)``, the entry the full scanner
+    finds for it and the one value its values mode reads (the capture keeps every partition of a
+    Produce answer, and its log end offset). None for any other shape."""
+    found = _produce_answer_at(buf, pos, api_version)
+    if found is None:
+        return None
+    start, end, index, code, base, pos = found
+    # The full scanner reads on to the body's end: throttle_time_ms (v1+), then (v9+) the body's
+    # tagged fields (node_endpoints from v10, KIP-951): none, or the scanner decides.
+    if api_version >= 1:
+        pos += 4
+    if api_version >= 9:
+        if pos >= len(buf) or buf[pos]:
+            return None
+        pos += 1
+    if pos > len(buf):
+        return None
+    try:
+        topic = _produce_topic(buf, start, end, api_version)
+    except UnicodeDecodeError:
+        return None
+    return topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0]
+
+
+def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
+    """The topic a Produce request or response names at ``buf[start:end]``: its name, or from v13 its id."""
+    if api_version >= 13:
+        return uuid.UUID(bytes=bytes(buf[start:end]))
+    return str(buf[start:end], "utf-8")  # (any buffer: a memoryview has no decode)
+
+
+def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int, int, int, int, int] | None:
+    """Where the topic of a Produce response of the usual shape lies, its one partition's index and
+    error code, where its base_offset lies and where its topics array ends: ``(start, end, index,
+    code, base, after)``; None for any
+    other shape, or for bytes this reader is not sure of (up to the topics array's end).
+    ProduceResponse.json in Kafka's message specs gives the layout (v0 base_offset; v2
+    log_append_time_ms; v5 log_start_offset; v8 record_errors and error_message; v9 flexible;
+    v13 topic_id)."""
+    if not 0 <= api_version <= 13:
+        return None  # a layout this reader does not know
+    n = len(buf)
+    try:
+        found = _one_topic(buf, pos, api_version)
+        if found is None:
+            return None
+        start, end = found
+        if api_version < 9:
+            partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
+            if partitions != 1:
+                return None
+            base = end + 10  # base_offset
+            # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
+            pos = base + (8 if api_version < 2 else 16 if api_version < 5 else 24)
+            if api_version >= 8:
+                if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 0:  # record_errors
+                    return None
+                (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)  # error_message
+                if size < -1:
+                    return None
+                pos += 6 + max(size, 0)
+        else:
+            if buf[end] != 2:  # one partition (compact array: count + 1)
+                return None
+            index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
+            base = end + 7
+            pos = base + 24
+            if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
+                return None
+            size = buf[pos + 1]  # error_message: 0 (null), else length + 1
+            if size >= 0x80:
+                return None
+            pos += 2 + max(size - 1, 0)
+            if buf[pos] or buf[pos + 1]:  # the partition's, then the topic's tagged fields: none
+                return None
+            pos += 2
+        if pos > n:
+            return None
+    except (struct.error, IndexError):
+        return None
+    return start, end, index, code, base, pos
+
+
+def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:
+    """:func:`scan_request` of a Produce request naming one topic and one partition (what a producer
+    sends to each broker most of the time), read by hand; None for any other shape, or for bytes it
+    is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
+    agree on every version, cut and changed byte). ProduceRequest.json gives the layout (v3
+    transactional_id; v9 flexible; v13 topic_id)."""
+    if not 0 <= api_version <= 13:
+        return None  # a layout this reader does not know
+    try:
+        if api_version < 9:
+            if api_version >= 3:
+                (size,) = _PRODUCE_NAME.unpack_from(buf, pos)  # transactional_id
+                if size < -1:
+                    return None
+                pos += 2 + max(size, 0)
+        else:
+            size = buf[pos]  # transactional_id: 0 (null), else length + 1
+            if size >= 0x80:
+                return None
+            pos += 1 + max(size - 1, 0)
+        found = _one_topic(buf, pos + 6, api_version)  # after acks, timeout_ms
+        if found is None:
+            return None
+        start, end = found
+        if api_version < 9:
+            partitions, index, size = _PRODUCE_PARTITION_RECORDS.unpack_from(buf, end)
+            if partitions != 1 or size < -1:
+                return None
+            records = end + 12
+            pos = records + max(size, 0)
+        else:
+            if buf[end] != 2:  # one partition (compact array: count + 1)
+                return None
+            (index,) = _PRODUCE_COUNT.unpack_from(buf, end + 1)
+            pos = end + 5
+            size = buf[pos]  # records: length + 1, a varint
+            if size < 0x80:
+                pos += 1
+            else:
+                size, pos = read_uvarint(buf, pos)
+            size -= 1
+            records = pos
+            pos += max(size, 0)
+            if buf[pos] or buf[pos + 1] or buf[pos + 2]:  # the partition's, topic's and body's tagged fields
+                return None
+            pos += 3
+        if pos > len(buf):
+            return None
+        topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
+                        else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
+    except (struct.error, IndexError, UnicodeDecodeError, Malformed):
+        return None
+    return [(topic, index, None)], [(records, records + size, topic)] if size > 0 else []
+
+
+def _one_topic(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> tuple[int, int] | None:
+    """Where the name (from v13 the id, KIP-516) of the only topic of the topics array at ``buf[pos]``
+    lies, ``(start, end)``, in a Produce request or response of ``api_version`` (0-13): both open
+    their topics alike. None when the array does not hold exactly one topic, or (v9+) when the name's
+    compact length takes more than one byte: the generated scanner reads those."""
+    if api_version < 9:
+        topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+        if topics != 1 or size < 0:
+            return None
+        return pos + 6, pos + 6 + size
+    # Compact arrays and strings carry length + 1 as a varint: only one-byte ones here.
+    if buf[pos] != 2:
+        return None
+    if api_version >= 13:
+        return pos + 1, pos + 17
+    size = buf[pos + 1] - 1
+    if not 0 <= size < 0x7F:
+        return None
+    return pos + 2, pos + 2 + size
