@@ -66,9 +66,10 @@ def first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 _INFORMATIONAL = re.compile(rb"HTTP/1\.1 1\d\d [^\r\n]*\r\n(?:[^\r\n]+\r\n)*\r\n")
 
 
-def _check_answer(reply: bytes) -> None:
+def _check_answer(reply: bytes, head: bool = False) -> None:
     """Informational responses (100 Continue), then nothing (a close: the request was not whole) or one
-    complete final response, read as an HTTP client (h11) reads it."""
+    complete final response, read as an HTTP client (h11) reads it. ``head``: the request was a HEAD,
+    whose answer carries the headers a GET's would (its content-length too) and no body (RFC 9110 9.3.2)."""
     import h11
 
     at = 0
@@ -77,7 +78,7 @@ def _check_answer(reply: bytes) -> None:
     if at == len(reply):
         return
     client = h11.Connection(h11.CLIENT)
-    client.send(h11.Request(method="GET", target="/", headers=[("host", "localhost")]))
+    client.send(h11.Request(method="HEAD" if head else "GET", target="/", headers=[("host", "localhost")]))
     client.send(h11.EndOfMessage())
     client.receive_data(reply[at:])
     client.receive_data(b"")
@@ -141,4 +142,4 @@ def fuzz_admin_http(data: bytes) -> None:
         raise leaf from None  # the server's own exception, with its traceback: the finding
     except trio.TooSlowError:
         raise AssertionError(f"no answer nor close within {ANSWER_SECONDS} s") from None
-    _check_answer(bytes(reply))
+    _check_answer(bytes(reply), head=data.startswith(b"HEAD "))
