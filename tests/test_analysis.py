@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 from collections import Counter
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +145,28 @@ def test_above_the_exact_limit_percentiles_are_approximate_within_the_stated_ran
             slack = max(1, math.ceil(n / APPROX_ACCURACY))
             rank = math.ceil(p * n) - 1
             assert got in broker[max(0, rank - slack):rank + slack + 1], (api, p, got)
+    # Per minute, the percentiles come off log-scale histograms: each within the stated relative error
+    # of the exact value ranked ceil(p * n), the requests and the maxima exact.
+    from kproxy.analysis.histogram import RELATIVE_ERROR
+
+    checked = 0
+    for got in approx.tables["latency_by_minute"]:
+        at = (got["minute"] - datetime(1970, 1, 1)) // timedelta(microseconds=1)  # naive UTC, as the tables
+        mine = [r for r in rows if re.sub(r"(?<!^)(?=[A-Z])", "_", r["api_name"]).lower() == got["api_name"]
+                and at <= r["request_time"] < at + MINUTE_US]
+        assert got["requests"] == len(mine), got
+        for name in ("broker", "kproxy"):
+            values = sorted(r[f"{name}_latency_ms"] for r in mine if r[f"{name}_latency_ms"] is not None)
+            if not values:
+                assert got[f"{name}_p50_ms"] is None and got[f"{name}_max_ms"] is None
+                continue
+            assert got[f"{name}_max_ms"] == values[-1]
+            for p in (0.5, 0.95, 0.99):
+                exact = values[max(1, math.ceil(p * len(values))) - 1]
+                assert abs(got[f"{name}_p{round(p * 100)}_ms"] - exact) <= RELATIVE_ERROR * abs(exact) + 1e-9, \
+                    (got["minute"], got["api_name"], name, p, exact)
+                checked += 1
+    assert checked >= 30
     out = io.StringIO()
     summary(approx, out)
     assert "percentiles approximate: Spark's percentile_approx" in out.getvalue()

@@ -16,8 +16,10 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   where 3 million approximate took 14 s). Above that, ``percentile_approx``
   with accuracy :data:`APPROX_ACCURACY`: a value of the group whose rank is
   within ``n / APPROX_ACCURACY`` of the exact one (``n``: the group's size), in
-  bounded memory. Broker latency ignores requests without one (local answers,
-  acks=0).
+  bounded memory; per minute, above that limit, they are read off log-scale
+  histograms (:mod:`kproxy.analysis.histogram`): within 2.2 % of the exact
+  value, in fixed-width counts rather than a sketch per minute. Broker latency
+  ignores requests without one (local answers, acks=0).
 * ``errors``: per api and error code, the requests whose response carried that
   code (top level or in any partition) and their share of the api's requests.
 * ``top_clients``: per client id, by bytes: frame bytes from the client

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
+from kproxy.analysis.histogram import RELATIVE_ERROR
 from kproxy.analysis.job import APPROX_ACCURACY, Analysis
 from kproxy.analysis.plots import PLOT_TITLES, plots
 from kproxy.protocol.tables import error_class, error_name
@@ -49,7 +50,8 @@ def error_label(code: int) -> str:
 
 
 APPROXIMATE = (f"Spark's percentile_approx, accuracy {APPROX_ACCURACY}: each a value whose rank is within "
-               f"1/{APPROX_ACCURACY} of its group's size of the exact one")
+               f"1/{APPROX_ACCURACY} of its group's size of the exact one; per minute, from log-scale "
+               f"histograms: within {RELATIVE_ERROR:.1%} of the exact value")
 
 
 def summary(analysis: Analysis, out: TextIO) -> None:

@@ -6,9 +6,11 @@ aggregate small enough to collect (:class:`Passes`: per api and minute, per conn
 topic...), and every table is a roll-up of one of them, done on the driver with pyarrow
 (:func:`tables`): one Spark job per pass, none per table.
 
-* ``latency``: per api and per (minute, api) in one grouping-sets aggregation: requests, bytes,
-  the latency percentiles (one sketch per column for all of :data:`PERCENTILES`) and maxima;
-  ``latency_by_api`` and ``latency_by_minute`` are its two halves.
+* ``latency``: per api (and, with exact percentiles, per (minute, api)) in one grouping-sets
+  aggregation: requests, bytes, the latency percentiles (one sketch per column for all of
+  :data:`PERCENTILES`) and maxima; ``latency_by_api`` is the first, ``latency_by_minute`` the second,
+  or, with approximate percentiles, read off the latency histograms of the connections pass
+  (:mod:`kproxy.analysis.histogram`: no sketch per minute).
 * ``errors``: requests per (minute, api, error code), only the records with an error code read
   past the filter; ``errors_by_minute`` as it is, rolled up over the minutes for ``errors`` (its
   rate divides by ``latency_by_api``'s requests).
@@ -16,14 +18,14 @@ topic...), and every table is a roll-up of one of them, done on the driver with 
   and fetched, records, requests with an error, first and last seen, and the rule decisions made on
   it; ``top_clients`` rolls it up per client id (a connection counted once per client id it used),
   ``connection_churn`` per connection, and the capture's span (records, first and last request) is
-  its sum.
-* ``partitions``: the partition entries of every request, per (minute, api, topic), per (topic,
-  partition, api) and per (minute answered, group, topic, partition) in one grouping-sets
-  aggregation: records, record bytes, entries with an error, requests naming the topic (an entry
-  counts the request when it is the first entry of its request naming that topic), and the last
-  committed offset and high watermark answered in the minute; ``throughput``, ``top_topics`` and
-  ``hot_partitions`` roll up the first two, ``consumer_lag`` (:mod:`kproxy.analysis.lag`) the third
-  (a copy of each entry more through the aggregation, in the pass that reads the entries anyway).
+  its sum. With approximate percentiles, two more grouping sets count the records per (minute, api,
+  latency bucket), one per latency, with each bucket's lowest and highest latency.
+* ``partitions``: the partition entries of every request, per (minute, api, topic) and per (minute
+  answered, api, group, topic, partition) in one grouping-sets aggregation: records, record bytes,
+  entries with an error, requests naming the topic (an entry counts the request when it is the
+  first entry of its request naming that topic), and the last committed offset or high watermark
+  answered in the minute with when it was; ``throughput`` and ``top_topics`` roll up the first,
+  ``hot_partitions`` and ``consumer_lag`` (:mod:`kproxy.analysis.lag`) the second.
 
 ``faults`` reads only the connections a rule acted on, and only when ``connections`` counted a
 rule decision (none in a capture without rules: no pass at all). Every per-record expression is
@@ -45,6 +47,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
+from kproxy.analysis import histogram
 from kproxy.analysis.lag import consumer_lag
 from kproxy.analysis.schema import snake_api_name
 
@@ -56,8 +59,10 @@ _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spel
 _PRODUCE_KEY, _FETCH_KEY = 0, 1  # their api keys (Kafka's protocol: kafka-specs' ProduceRequest, FetchRequest)
 # grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
 _PER_API, _PER_MINUTE = 2, 0  # latency: (minute, api_name)
+# connections: (client_id, connection_id, minute, api_name, broker_bucket, kproxy_bucket)
+_PER_CONNECTION, _BROKER_HISTOGRAM, _KPROXY_HISTOGRAM = 0b001111, 0b110001, 0b110010
 # partitions: (minute, api_name, topic, partition, answered, group_id)
-_PER_TOPIC, _PER_PARTITION, _OFFSETS = 0b000111, 0b100011, 0b110000
+_PER_TOPIC, _PER_ANSWER = 0b000111, 0b100000
 
 
 def percentile(column: str, p: float, exact: bool) -> Any:
@@ -90,6 +95,7 @@ class Fine:
     errors: pa.Table
     connections: pa.Table
     partitions: pa.Table
+    histograms: pa.Table  # the latency histograms per (minute, api): approximate percentiles only
 
     def span(self) -> tuple[int, Any, Any]:
         """Records, first and last ``request_time`` (Arrow scalars; None without records)."""
@@ -125,7 +131,10 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                        F.sum("response_bytes").alias("response_bytes")]
     for name, column in _LATENCIES:
         cols += [_percentiles(column, exact).alias(f"{name}_p"), F.max(column).alias(f"{name}_max_ms")]
-    latency = rows.groupingSets([["api_name"], ["minute", "api_name"]], "minute", "api_name").agg(
+    # Exact: per api and per minute here. Approximate: per api only, the minutes' percentiles from
+    # histograms the connections pass counts (kproxy.analysis.histogram: no sketch per minute).
+    latency = rows.groupingSets([["api_name"], ["minute", "api_name"]] if exact else [["api_name"]],
+                                "minute", "api_name").agg(
         *cols, F.grouping_id().alias("level")).withColumn("api_name", snake_api_name())
 
     # Few records carry an error: the codes are gathered only for those.
@@ -133,7 +142,17 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
               .groupBy("minute", "api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
               .withColumn("api_name", snake_api_name()))
 
-    connections = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"), "connection_id")
+    # Approximate percentiles: the records' latency histograms per (minute, api) ride on this pass as two
+    # more grouping sets, one per latency (fixed-width sums: a copy of each record more, each time).
+    keyed = df.select("*", F.coalesce(F.col("client_id"), F.lit("")).alias("client"), minute.alias("minute"),
+                      *(histogram.bucket(column).alias(f"{name}_bucket") for name, column in _LATENCIES))
+    connection_sets = [["client", "connection_id"]]
+    if not exact:
+        connection_sets += [["minute", "api_name", f"{name}_bucket"] for name, _ in _LATENCIES]
+    bounds = [F.min(column).alias(f"{name}_low") for name, column in _LATENCIES] + [
+        F.max(column).alias(f"{name}_high") for name, column in _LATENCIES]
+    connections = (keyed.groupingSets(connection_sets, "client", "connection_id", "minute", "api_name",
+                                      *(f"{name}_bucket" for name, _ in _LATENCIES))
                    .agg(F.count(F.lit(1)).alias("requests"),
                         F.sum("request_bytes").alias("request_bytes"), F.sum(response_bytes).alias("response_bytes"),
                         # The record batches' bytes, as kproxy_client_bytes_total{direction} counts them.
@@ -144,7 +163,9 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                         F.min("request_time").alias("first"),
                         F.max(F.coalesce("response_time", "request_time")).alias("last"),
                         F.max("request_time").alias("last_request"),
-                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions")))
+                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions"),
+                        *(bounds if not exact else []), F.grouping_id().alias("level"))
+                   .withColumnRenamed("client", "client_id").withColumn("api_name", snake_api_name()))
 
     # When the answer reached the client: the moment the live tracker learns an offset (ConsumerLag.answer).
     answered = F.coalesce(F.col("response_time"), F.col("request_time"))
@@ -161,15 +182,19 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                        # An item without a group carries a watermark, one with a group its committed offset.
                        F.when(F.col("p.group_id").isNull(), F.col("p.high_watermark"))
                        .otherwise(F.col("p.committed_offset")).alias("offset")))
-    # The offsets' set: per minute answered, group and partition, the last offset answered (max_by leaves
-    # out the rows whose time is null: those without one). One aggregate for both kinds: every entry
-    # goes through it three times, once per set (two cost the pass 35 % more CPU, one 20 %).
-    partitions = entries.groupingSets([["minute", "api_name", "topic"], ["topic", "partition", "api_name"],
-                                       ["answered", "group_id", "topic", "partition"]],
+    # Two sets, so that every entry goes through the aggregation twice, not three times (a set per
+    # table cost the job 0.6 GiB of heap at 10 million records): per (minute, api, topic) for the
+    # topics' tables, and per (minute answered, api, group, partition) both for the partitions' sums
+    # (hot_partitions rolls it up on the driver) and for the offsets: the last one answered there and
+    # when (max_by leaves out the rows whose time is null: those without an offset), the latest of the
+    # apis' taken on the driver (a Produce and a Fetch answer both tell a watermark).
+    offset_at = F.when(F.col("offset").isNotNull(), F.col("at"))
+    partitions = entries.groupingSets([["minute", "api_name", "topic"],
+                                       ["answered", "api_name", "group_id", "topic", "partition"]],
                                       "minute", "api_name", "topic", "partition", "answered", "group_id").agg(
         F.sum("records").alias("records"), F.sum("record_bytes").alias("record_bytes"),
         F.sum("errors").alias("errors"), F.sum("naming").alias("naming"),
-        F.max_by("offset", F.when(F.col("offset").isNotNull(), F.col("at"))).alias("offset"),
+        F.max_by("offset", offset_at).alias("offset"), F.max(offset_at).alias("offset_at"),
         F.grouping_id().alias("level")
     ).withColumn("api_name", snake_api_name())
     return Passes(latency, errors, connections, partitions)
@@ -189,10 +214,18 @@ def collect(p: Passes, progress: Callable[[str], None] = lambda _: None, *, conc
     for serves in _SERVES.values():
         progress(f"aggregating {', '.join(serves)}")
     if not concurrent:
-        return Fine(**{name: getattr(p, name).toArrow() for name in _SERVES})
+        return _fine({name: getattr(p, name).toArrow() for name in _SERVES})
     with ThreadPoolExecutor(max_workers=len(_SERVES), thread_name_prefix="kproxy-pass") as pool:
         futures = {name: pool.submit(_inheriting(getattr(p, name))) for name in _SERVES}
-        return Fine(**{name: future.result() for name, future in futures.items()})
+        return _fine({name: future.result() for name, future in futures.items()})
+
+
+def _fine(got: dict[str, pa.Table]) -> Fine:
+    """The collected passes, the connections pass's histogram rows apart from its connections."""
+    conns = got.pop("connections")
+    per_connection = pc.equal(conns.column("level"), _PER_CONNECTION)
+    return Fine(connections=_where(conns, per_connection), histograms=_where(conns, pc.invert(per_connection)),
+                **got)
 
 
 def _inheriting(frame: DataFrame) -> Callable[[], pa.Table]:
@@ -210,6 +243,8 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
     by_minute = _where(lat, pc.equal(lat.column("level"), _PER_MINUTE))
     out["latency_by_api"] = _sort(_select(by_api, "api_name", *_latency_columns(by_api), "request_bytes",
                                           "response_bytes"), [("requests", "descending"), ("api_name", "ascending")])
+    if fine.histograms.num_rows:
+        by_minute = _histogram_percentiles(fine.histograms)
     out["latency_by_minute"] = _sort(_select(by_minute, "minute", "api_name", *_latency_columns(by_minute)),
                                      [("minute", "ascending"), ("api_name", "ascending")])
 
@@ -234,7 +269,9 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
 
     parts = fine.partitions
     per_topic = _where(parts, pc.equal(parts.column("level"), _PER_TOPIC))
-    per_partition = _where(parts, pc.equal(parts.column("level"), _PER_PARTITION))
+    per_answer = _where(parts, pc.equal(parts.column("level"), _PER_ANSWER))
+    per_partition = _rollup(per_answer, ["topic", "partition", "api_name"], records=("records", "sum"),
+                            record_bytes=("record_bytes", "sum"))
     produced = pc.equal(per_topic.column("api_name"), "produce")
     fetched = pc.equal(per_topic.column("api_name"), "fetch")
     flows = _select(per_topic, "topic", "naming", "errors",
@@ -250,7 +287,7 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
                                       ("bytes", moving.column("record_bytes"))),
                               [("minute", "ascending"), ("api_name", "ascending"), ("topic", "ascending")])
 
-    out["consumer_lag"] = consumer_lag(_where(parts, pc.equal(parts.column("level"), _OFFSETS)))
+    out["consumer_lag"] = consumer_lag(_last_offsets(per_answer))
 
     hot = _where(per_partition, pc.and_(pc.is_in(per_partition.column("api_name"), pa.array(_MOVING)),
                                         pc.is_valid(per_partition.column("partition"))))
@@ -324,6 +361,37 @@ def _latency_columns(t: pa.Table) -> list[tuple[str, Any]]:
             cols.append((f"{name}_p{round(q * 100)}_ms", pc.list_element(t.column(f"{name}_p"), i)))
         cols.append((f"{name}_max_ms", t.column(f"{name}_max_ms")))
     return cols
+
+
+def _last_offsets(per_answer: pa.Table) -> pa.Table:
+    """Per (minute answered, group, topic, partition): the offset answered last, whichever api's answer
+    told it (the rows' ``offset_at``: when each api's last one was answered)."""
+    told = _where(per_answer, pc.is_valid(per_answer.column("offset_at")))
+    told = told.sort_by([("offset_at", "ascending")])
+    last = told.group_by(["answered", "group_id", "topic", "partition"], use_threads=False).aggregate(
+        [("offset", "last")])
+    return _select(last, "answered", "group_id", "topic", "partition", ("offset", last.column("offset_last")))
+
+
+def _histogram_percentiles(hist: pa.Table) -> pa.Table:
+    """``latency``'s per-minute rows (minute, api_name, requests, ``<latency>_p``, ``<latency>_max_ms``)
+    from the connections pass's histograms (:mod:`kproxy.analysis.histogram`)."""
+    levels = {"broker": _BROKER_HISTOGRAM, "kproxy": _KPROXY_HISTOGRAM}
+    got = {}
+    for name, _ in _LATENCIES:
+        one = _where(hist, pc.equal(hist.column("level"), levels[name]))
+        one = _select(one, "minute", "api_name", ("bucket", one.column(f"{name}_bucket")),
+                      ("count", one.column("requests")), ("low", one.column(f"{name}_low")),
+                      ("high", one.column(f"{name}_high")))
+        got[name] = histogram.percentiles(one, ["minute", "api_name"], PERCENTILES)
+    keys = sorted(got["broker"])
+    columns: dict[str, Any] = {"minute": pa.array([k[0] for k in keys], hist.schema.field("minute").type),
+                               "api_name": pa.array([k[1] for k in keys], pa.string()),
+                               "requests": pa.array([got["broker"][k][0] for k in keys], pa.int64())}
+    for name, _ in _LATENCIES:
+        columns[f"{name}_p"] = pa.array([got[name][k][1] for k in keys], pa.list_(pa.float64()))
+        columns[f"{name}_max_ms"] = pa.array([got[name][k][2] for k in keys], pa.float64())
+    return pa.table(columns)
 
 
 def _minute(times: Any) -> Any:
