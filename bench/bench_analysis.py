@@ -342,7 +342,8 @@ def job_side_by_side(base: Path, records: list[int], repeats: int) -> tuple[list
 
 def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None:
     """``a`` (Spark) agrees with ``b`` (pyarrow); ``files`` given: ``a``'s percentiles are approximate,
-    each checked to rank within 1/APPROX_ACCURACY of its exact rank (numpy over ``files``)."""
+    each checked to be within the job's stated relative error of the exact value ranked ceil(p * n)
+    (numpy over ``files``)."""
     assert a["throughput_rows"] == b["throughput_rows"], (a["throughput_rows"], b["throughput_rows"])
     assert a["throughput_records"] == b["throughput_records"]
     assert a["errors"] == b["errors"], (a["errors"], b["errors"])
@@ -351,7 +352,7 @@ def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None
         for api, values in a["latency"].items():
             assert np.allclose(values, b["latency"][api], rtol=1e-9), (api, values, b["latency"][api])
         return
-    from kproxy.analysis.job import APPROX_ACCURACY
+    from kproxy.analysis.histogram import RELATIVE_ERROR
 
     t = pq.read_table(files, columns=["api_name", "broker_latency_ms", "kproxy_latency_ms"])
     api = t.column("api_name").to_numpy(zero_copy_only=False)
@@ -361,11 +362,9 @@ def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None
         for column, got in (("broker_latency_ms", values[1:4]), ("kproxy_latency_ms", values[5:8])):
             col = t.column(column).to_numpy(zero_copy_only=False)[api == name].astype(float)
             col = np.sort(col[~np.isnan(col)])
-            slack = max(1, int(np.ceil(len(col) / APPROX_ACCURACY)))
             for p, value in zip(PERCENTILES, got, strict=True):
-                rank = int(np.ceil(p * len(col))) - 1
-                lo, hi = col[max(0, rank - slack)], col[min(len(col) - 1, rank + slack)]
-                assert lo <= value <= hi, (name, column, p, value, lo, hi)
+                want = col[max(1, int(np.ceil(p * len(col)))) - 1]
+                assert abs(value - want) <= RELATIVE_ERROR * abs(want) + 1e-9, (name, column, p, value, want)
 
 
 def main() -> None:

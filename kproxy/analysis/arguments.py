@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a Spark setting, e.g. spark.driver.memory=8g; repeatable")
     parser.add_argument("--exact-percentiles", type=int, default=EXACT_PERCENTILES_MAX, metavar="N",
                         help="latency percentiles are exact up to N records (default %(default)s); above, "
-                             "approximate (percentile_approx, in bounded memory; the report says so)")
+                             "approximate (log-scale histograms: within 2.2%% of the value, in bounded memory; "
+                             "the report says so)")
     parser.add_argument("--rules", metavar="FILE",
                         help="what-if: evaluate this rule file against the captured requests, per rule "
                              "(an invalid file: exit 2, every problem listed)")

@@ -13,13 +13,13 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
   default), which keeps every distinct value of a group in memory (10 million
   records ran a 4 GiB driver out of heap; 2 million took 261 s on local[2]
-  where 3 million approximate took 14 s). Above that, ``percentile_approx``
-  with accuracy :data:`APPROX_ACCURACY`: a value of the group whose rank is
-  within ``n / APPROX_ACCURACY`` of the exact one (``n``: the group's size), in
-  bounded memory; per minute, above that limit, they are read off log-scale
-  histograms (:mod:`kproxy.analysis.histogram`): within 2.2 % of the exact
-  value, in fixed-width counts rather than a sketch per minute. Broker latency
-  ignores requests without one (local answers, acks=0).
+  where 3 million approximate took 14 s). Above that, they are read off
+  log-scale histograms (:mod:`kproxy.analysis.histogram`, 32 buckets a
+  doubling): each within 2.2 % of the exact value (the one ranked
+  ``ceil(p * n)`` of the group's ``n``), maxima exact, in fixed-width counts
+  (a ``percentile_approx`` sketch per minute made the job's heap outgrow plain
+  Spark's). Broker latency ignores requests without one (local answers,
+  acks=0).
 * ``errors``: per api and error code, the requests whose response carried that
   code (top level or in any partition) and their share of the api's requests.
 * ``top_clients``: per client id, by bytes: frame bytes from the client
@@ -72,6 +72,7 @@ from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
+from kproxy.analysis.histogram import RELATIVE_ERROR
 from kproxy.analysis.inputs import InputProblem as InputProblem  # re-exported: where callers found them
 from kproxy.analysis.inputs import Inputs as Inputs
 from kproxy.analysis.inputs import check_file as check_file
@@ -107,7 +108,7 @@ class Analysis:
     problems: list[InputProblem]
     tables: dict[str, list[dict[str, Any]]]
     out: str = ""  # where the Parquet aggregates were written
-    exact_percentiles: bool = True  # False: percentile_approx (more than exact_percentiles_max records)
+    exact_percentiles: bool = True  # False: from histograms (more than exact_percentiles_max records)
     whatif: WhatIf | None = None  # how a --rules what-if ran (its tables are in ``tables``, whatif_*)
 
 
@@ -182,7 +183,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     df = df.select(*dict.fromkeys(_ANALYSED if rules is None else _ANALYSED + whatif.INPUT_COLUMNS))
     exact = inputs.records <= exact_percentiles_max
     if not exact:
-        progress(f"{inputs.records} records: approximate percentiles (percentile_approx, accuracy {APPROX_ACCURACY})")
+        progress(f"{inputs.records} records: approximate percentiles (log-scale histograms, within "
+                 f"{RELATIVE_ERROR:.1%})")
     found, (records, first, last) = aggregates(df, exact=exact, progress=progress)
     if records == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records Spark could read")])

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from kproxy.analysis.histogram import RELATIVE_ERROR
-from kproxy.analysis.job import APPROX_ACCURACY, Analysis
+from kproxy.analysis.histogram import BUCKETS_PER_OCTAVE, RELATIVE_ERROR
+from kproxy.analysis.job import Analysis
 from kproxy.analysis.plots import PLOT_TITLES, plots
 from kproxy.protocol.tables import error_class, error_name
 
@@ -49,9 +49,8 @@ def error_label(code: int) -> str:
     return f"{error_name(code)} ({code})"
 
 
-APPROXIMATE = (f"Spark's percentile_approx, accuracy {APPROX_ACCURACY}: each a value whose rank is within "
-               f"1/{APPROX_ACCURACY} of its group's size of the exact one; per minute, from log-scale "
-               f"histograms: within {RELATIVE_ERROR:.1%} of the exact value")
+APPROXIMATE = (f"from log-scale histograms ({BUCKETS_PER_OCTAVE} buckets a doubling): each within "
+               f"{RELATIVE_ERROR:.1%} of the exact value, maxima exact")
 
 
 def summary(analysis: Analysis, out: TextIO) -> None:

@@ -59,8 +59,6 @@ _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spel
 _PRODUCE_KEY, _FETCH_KEY = 0, 1  # their api keys (Kafka's protocol: kafka-specs' ProduceRequest, FetchRequest)
 # grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
 _PER_API, _PER_MINUTE = 2, 0  # latency: (minute, api_name)
-# connections: (client_id, connection_id, minute, api_name, broker_bucket, kproxy_bucket)
-_PER_CONNECTION, _BROKER_HISTOGRAM, _KPROXY_HISTOGRAM = 0b001111, 0b110001, 0b110010
 # partitions: (minute, api_name, topic, partition, answered, group_id)
 _PER_TOPIC, _PER_ANSWER = 0b000111, 0b100000
 
@@ -85,6 +83,7 @@ class Passes:
     errors: DataFrame
     connections: DataFrame
     partitions: DataFrame
+    exact: bool  # exact percentiles (latency per api and minute), else latency histograms
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ class Fine:
     errors: pa.Table
     connections: pa.Table
     partitions: pa.Table
-    histograms: pa.Table  # the latency histograms per (minute, api): approximate percentiles only
+    exact: bool
 
     def span(self) -> tuple[int, Any, Any]:
         """Records, first and last ``request_time`` (Arrow scalars; None without records)."""
@@ -127,32 +126,23 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
 
     rows = df.select("api_name", minute.alias("minute"), "request_bytes", response_bytes.alias("response_bytes"),
                      "broker_latency_ms", "kproxy_latency_ms")
-    cols: list[Any] = [F.count(F.lit(1)).alias("requests"), F.sum("request_bytes").alias("request_bytes"),
-                       F.sum("response_bytes").alias("response_bytes")]
-    for name, column in _LATENCIES:
-        cols += [_percentiles(column, exact).alias(f"{name}_p"), F.max(column).alias(f"{name}_max_ms")]
-    # Exact: per api and per minute here. Approximate: per api only, the minutes' percentiles from
-    # histograms the connections pass counts (kproxy.analysis.histogram: no sketch per minute).
-    latency = rows.groupingSets([["api_name"], ["minute", "api_name"]] if exact else [["api_name"]],
-                                "minute", "api_name").agg(
-        *cols, F.grouping_id().alias("level")).withColumn("api_name", snake_api_name())
+    if exact:
+        cols: list[Any] = [F.count(F.lit(1)).alias("requests"), F.sum("request_bytes").alias("request_bytes"),
+                           F.sum("response_bytes").alias("response_bytes")]
+        for name, column in _LATENCIES:
+            cols += [_percentiles(column, exact).alias(f"{name}_p"), F.max(column).alias(f"{name}_max_ms")]
+        latency = rows.groupingSets([["api_name"], ["minute", "api_name"]], "minute", "api_name").agg(
+            *cols, F.grouping_id().alias("level"))
+    else:
+        latency = histogram.histograms(rows, _LATENCIES)
+    latency = latency.withColumn("api_name", snake_api_name())
 
     # Few records carry an error: the codes are gathered only for those.
     errors = (df.where(has_error).select("api_name", minute.alias("minute"), F.explode(codes).alias("code"))
               .groupBy("minute", "api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
               .withColumn("api_name", snake_api_name()))
 
-    # Approximate percentiles: the records' latency histograms per (minute, api) ride on this pass as two
-    # more grouping sets, one per latency (fixed-width sums: a copy of each record more, each time).
-    keyed = df.select("*", F.coalesce(F.col("client_id"), F.lit("")).alias("client"), minute.alias("minute"),
-                      *(histogram.bucket(column).alias(f"{name}_bucket") for name, column in _LATENCIES))
-    connection_sets = [["client", "connection_id"]]
-    if not exact:
-        connection_sets += [["minute", "api_name", f"{name}_bucket"] for name, _ in _LATENCIES]
-    bounds = [F.min(column).alias(f"{name}_low") for name, column in _LATENCIES] + [
-        F.max(column).alias(f"{name}_high") for name, column in _LATENCIES]
-    connections = (keyed.groupingSets(connection_sets, "client", "connection_id", "minute", "api_name",
-                                      *(f"{name}_bucket" for name, _ in _LATENCIES))
+    connections = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"), "connection_id")
                    .agg(F.count(F.lit(1)).alias("requests"),
                         F.sum("request_bytes").alias("request_bytes"), F.sum(response_bytes).alias("response_bytes"),
                         # The record batches' bytes, as kproxy_client_bytes_total{direction} counts them.
@@ -163,9 +153,7 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                         F.min("request_time").alias("first"),
                         F.max(F.coalesce("response_time", "request_time")).alias("last"),
                         F.max("request_time").alias("last_request"),
-                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions"),
-                        *(bounds if not exact else []), F.grouping_id().alias("level"))
-                   .withColumnRenamed("client", "client_id").withColumn("api_name", snake_api_name()))
+                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions")))
 
     # When the answer reached the client: the moment the live tracker learns an offset (ConsumerLag.answer).
     answered = F.coalesce(F.col("response_time"), F.col("request_time"))
@@ -197,7 +185,7 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
         F.max_by("offset", offset_at).alias("offset"), F.max(offset_at).alias("offset_at"),
         F.grouping_id().alias("level")
     ).withColumn("api_name", snake_api_name())
-    return Passes(latency, errors, connections, partitions)
+    return Passes(latency, errors, connections, partitions, exact)
 
 
 _SERVES = {"latency": ("latency_by_api", "latency_by_minute"), "errors": ("errors", "errors_by_minute"),
@@ -214,18 +202,10 @@ def collect(p: Passes, progress: Callable[[str], None] = lambda _: None, *, conc
     for serves in _SERVES.values():
         progress(f"aggregating {', '.join(serves)}")
     if not concurrent:
-        return _fine({name: getattr(p, name).toArrow() for name in _SERVES})
+        return Fine(**{name: getattr(p, name).toArrow() for name in _SERVES}, exact=p.exact)
     with ThreadPoolExecutor(max_workers=len(_SERVES), thread_name_prefix="kproxy-pass") as pool:
         futures = {name: pool.submit(_inheriting(getattr(p, name))) for name in _SERVES}
-        return _fine({name: future.result() for name, future in futures.items()})
-
-
-def _fine(got: dict[str, pa.Table]) -> Fine:
-    """The collected passes, the connections pass's histogram rows apart from its connections."""
-    conns = got.pop("connections")
-    per_connection = pc.equal(conns.column("level"), _PER_CONNECTION)
-    return Fine(connections=_where(conns, per_connection), histograms=_where(conns, pc.invert(per_connection)),
-                **got)
+        return Fine(**{name: future.result() for name, future in futures.items()}, exact=p.exact)
 
 
 def _inheriting(frame: DataFrame) -> Callable[[], pa.Table]:
@@ -239,12 +219,14 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
     """Every table of the report but ``faults``, rolled up from ``fine`` (Arrow, on the driver)."""
     out: dict[str, pa.Table] = {}
     lat = fine.latency
-    by_api = _where(lat, pc.equal(lat.column("level"), _PER_API))
-    by_minute = _where(lat, pc.equal(lat.column("level"), _PER_MINUTE))
+    if fine.exact:
+        by_api = _where(lat, pc.equal(lat.column("level"), _PER_API))
+        by_minute = _where(lat, pc.equal(lat.column("level"), _PER_MINUTE))
+    else:
+        by_api, by_minute = (histogram.latency_table(lat, keys, _LATENCIES, PERCENTILES)
+                             for keys in (["api_name"], ["minute", "api_name"]))
     out["latency_by_api"] = _sort(_select(by_api, "api_name", *_latency_columns(by_api), "request_bytes",
                                           "response_bytes"), [("requests", "descending"), ("api_name", "ascending")])
-    if fine.histograms.num_rows:
-        by_minute = _histogram_percentiles(fine.histograms)
     out["latency_by_minute"] = _sort(_select(by_minute, "minute", "api_name", *_latency_columns(by_minute)),
                                      [("minute", "ascending"), ("api_name", "ascending")])
 
@@ -371,27 +353,6 @@ def _last_offsets(per_answer: pa.Table) -> pa.Table:
     last = told.group_by(["answered", "group_id", "topic", "partition"], use_threads=False).aggregate(
         [("offset", "last")])
     return _select(last, "answered", "group_id", "topic", "partition", ("offset", last.column("offset_last")))
-
-
-def _histogram_percentiles(hist: pa.Table) -> pa.Table:
-    """``latency``'s per-minute rows (minute, api_name, requests, ``<latency>_p``, ``<latency>_max_ms``)
-    from the connections pass's histograms (:mod:`kproxy.analysis.histogram`)."""
-    levels = {"broker": _BROKER_HISTOGRAM, "kproxy": _KPROXY_HISTOGRAM}
-    got = {}
-    for name, _ in _LATENCIES:
-        one = _where(hist, pc.equal(hist.column("level"), levels[name]))
-        one = _select(one, "minute", "api_name", ("bucket", one.column(f"{name}_bucket")),
-                      ("count", one.column("requests")), ("low", one.column(f"{name}_low")),
-                      ("high", one.column(f"{name}_high")))
-        got[name] = histogram.percentiles(one, ["minute", "api_name"], PERCENTILES)
-    keys = sorted(got["broker"])
-    columns: dict[str, Any] = {"minute": pa.array([k[0] for k in keys], hist.schema.field("minute").type),
-                               "api_name": pa.array([k[1] for k in keys], pa.string()),
-                               "requests": pa.array([got["broker"][k][0] for k in keys], pa.int64())}
-    for name, _ in _LATENCIES:
-        columns[f"{name}_p"] = pa.array([got[name][k][1] for k in keys], pa.list_(pa.float64()))
-        columns[f"{name}_max_ms"] = pa.array([got[name][k][2] for k in keys], pa.float64())
-    return pa.table(columns)
 
 
 def _minute(times: Any) -> Any:
