@@ -134,7 +134,7 @@ def pyarrow_aggregate(files: list[str]) -> dict[str, Any]:
         idx = order[lo:hi]
         b = broker[idx]
         b = b[~np.isnan(b.astype(float))]
-        latency[name] = (hi - lo, *np.percentile(b.astype(float), [p * 100 for p in PERCENTILES]), b.max(),
+        latency[_snake(name)] = (hi - lo, *np.percentile(b.astype(float), [p * 100 for p in PERCENTILES]), b.max(),
                          *np.percentile(kproxy[idx].astype(float), [p * 100 for p in PERCENTILES]))
     parents = pc.list_parent_indices(t.column("partitions"))
     flat = pc.list_flatten(t.column("partitions"))
@@ -148,7 +148,7 @@ def pyarrow_aggregate(files: list[str]) -> dict[str, Any]:
               .group_by(["api_name", "code"]).aggregate([("records", "count")]))
     return {"latency": latency, "throughput_rows": throughput.num_rows,
             "throughput_records": pc.sum(throughput.column("records_sum")).as_py(),
-            "errors": {(r["api_name"], r["code"]): r["records_count"] for r in errors.to_pylist()}}
+            "errors": {(_snake(r["api_name"]), r["code"]): r["records_count"] for r in errors.to_pylist()}}
 
 
 def spark_aggregate(spark: Any, files: list[str], exact: bool) -> dict[str, Any]:
@@ -356,6 +356,7 @@ def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None
 
     t = pq.read_table(files, columns=["api_name", "broker_latency_ms", "kproxy_latency_ms"])
     api = t.column("api_name").to_numpy(zero_copy_only=False)
+    api = np.array([_snake(n) for n in np.unique(api)])[np.unique(api, return_inverse=True)[1]]  # as the job names them
     for name, values in a["latency"].items():
         exact = b["latency"][name]
         assert values[0] == exact[0] and values[4] == exact[4], (name, values, exact)  # requests, max
