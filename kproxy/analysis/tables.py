@@ -64,15 +64,9 @@ _PER_TOPIC, _PER_ANSWER = 0b000111, 0b100000
 
 
 def percentile(column: str, p: float, exact: bool) -> Any:
-    """The ``p`` percentile of ``column``: exact, or ``percentile_approx`` (see :mod:`kproxy.analysis.job`)."""
+    """The ``p`` percentile of ``column``: exact, or ``percentile_approx`` at :data:`APPROX_ACCURACY` (the
+    faults' median delay: few rows, no sketch per minute; the latency tables use histograms)."""
     return F.percentile(column, p) if exact else F.percentile_approx(column, p, APPROX_ACCURACY)
-
-
-def _percentiles(column: str, exact: bool) -> Any:
-    """Every one of :data:`PERCENTILES` of ``column``, as an array, from one aggregation buffer
-    (``percentile_approx`` with several percentages keeps one sketch, not one per percentage)."""
-    ps = list(PERCENTILES)
-    return F.percentile(column, ps) if exact else F.percentile_approx(column, ps, APPROX_ACCURACY)
 
 
 @dataclass(frozen=True)
@@ -130,7 +124,9 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
         cols: list[Any] = [F.count(F.lit(1)).alias("requests"), F.sum("request_bytes").alias("request_bytes"),
                            F.sum("response_bytes").alias("response_bytes")]
         for name, column in _LATENCIES:
-            cols += [_percentiles(column, exact).alias(f"{name}_p"), F.max(column).alias(f"{name}_max_ms")]
+            # Every one of PERCENTILES as an array, from one aggregation buffer per column.
+            cols += [F.percentile(column, list(PERCENTILES)).alias(f"{name}_p"),
+                     F.max(column).alias(f"{name}_max_ms")]
         latency = rows.groupingSets([["api_name"], ["minute", "api_name"]], "minute", "api_name").agg(
             *cols, F.grouping_id().alias("level"))
     else:
