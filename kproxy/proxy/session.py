@@ -11,7 +11,8 @@ checked, the policy asked, then forwarded, answered locally, swallowed or the
 connection closed; each step once, whatever the verdict. The session's parts live
 beside it in kproxy/proxy/: the exchange and its concerns (exchange.py), the policy
 seam (verdict.py), the in-order release (release.py), the correlation ids and acks=0
-memory (correlation.py), the SASL token mode (sasl.py).
+memory (correlation.py), the SASL token mode (sasl.py), kproxy's own login to the broker
+(login_mode.py) and terminate mode (terminate.py), these two as the session's base classes.
 
 Guarantees kept here (each has bitten a peer):
 
@@ -33,9 +34,10 @@ Guarantees kept here (each has bitten a peer):
   read, tracked in order and released at once as no answer, never forwarded (unless the
   verdict forwards), so nothing waits for an answer that will never come and nothing piles
   up; answers to requests forwarded before it still leave, in order.
-* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py),
-  no client request goes up while one is in progress (the first, begun by the client's first
-  chunk; each re-authentication, KIP-368): the client is read no further than one chunk, held
+* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
+  the session's side of it in kproxy/proxy/login_mode.py), no client request goes up while one
+  is in progress (the first, begun by the client's first chunk; each re-authentication,
+  KIP-368): the client is read no further than one chunk, held
   until the login succeeded. A refused first login answers the client's first request with the
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
@@ -69,7 +71,7 @@ from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spann
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, ClientAuth
+from kproxy.proxy.client_auth import ClientAuth
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
@@ -80,11 +82,11 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
+from kproxy.proxy.login_mode import UpstreamLoginMode
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.terminate import TerminateMode
-from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
+from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
 
@@ -104,9 +106,6 @@ _RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
 # What ApiVersions kproxy reads (above it: the KIP-511 answer).
 _KIP511_RANGE: Final = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)
 _API_VERSIONS_MAX: Final = _KIP511_RANGE[0][2]
-# A refused upstream login closes this long after its answer, as a broker does (Kafka's
-# connection.failed.authentication.delay.ms, 100 ms by default).
-REFUSAL_LINGER_S: Final = FAILED_AUTHENTICATION_DELAY
 
 
 class SessionError(ProtocolError):
@@ -121,7 +120,7 @@ class Mode(enum.Enum):
     SASL_TOKENS = "sasl-tokens"
 
 
-class Session(TerminateMode):
+class Session(UpstreamLoginMode):
     """Sans-IO state of one client connection.
 
     ``receive_client(chunk)`` and ``receive_upstream(chunk)`` take the bytes the
@@ -241,13 +240,7 @@ class Session(TerminateMode):
         and taken when the login succeeded; the first chunk begins the first login (its requests).
         """
         if self._hold is not None:
-            self._hold.append((chunk, read_at))
-            login = self.login
-            if login is None or login.logins:
-                return []
-            out = login.begin(self._ids.refuses)
-            assert login.deadline is not None
-            return [ForwardUpstream(out), WakeAt(login.deadline)]
+            return self._login_hold(chunk, read_at)  # kproxy/proxy/login_mode.py
         try:
             frames, data, exact = self._client_frames.split(chunk)
             if not frames:
@@ -451,14 +444,9 @@ class Session(TerminateMode):
         release = self._release
         release.flush()
         login = self.login
-        if login is not None:
-            if login.deadline is not None and now >= login.deadline:
-                self._login_ended(login.timed_out())
-                assert self._closing is not None
-                return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
-            if self._hold is None and login.due(now):
-                self._hold = []  # a re-authentication: the client's requests wait until it ends
-                self._upstream_out.append(login.begin(self._ids.refuses))
+        if login is not None and self._login_timer(login, now):  # it ran out of time
+            assert self._closing is not None
+            return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []
         if login is not None:
             self._login_commands(commands, True)
@@ -536,54 +524,6 @@ class Session(TerminateMode):
                 self._sasl = tokens
             self._sasl_login(principal)
         self._release.flush()
-
-    # -- kproxy's own login (kproxy/proxy/upstream_login.py) ----------------------------------
-    def _login_answer(self, correlation_id: int, frame: bytes) -> None:
-        """The broker answered one of the login's requests: its next request goes up, or it ended."""
-        assert self.login is not None
-        out, result = self.login.answer(correlation_id, frame, self._ids.refuses)
-        if out:
-            self._upstream_out.append(out)
-        if result is not None:
-            self._login_ended(result)
-
-    def _login_ended(self, result: LoginResult) -> None:
-        """Success: the held client chunks are taken (their requests go up). Refusal: the client is
-        read no more (a hold that stays), a first login's answers the client's first request where
-        its response can say so (:func:`refusal_answer`), and the connection closes."""
-        login = self.login
-        assert login is not None
-        held, self._hold = self._hold or [], None
-        try:
-            if result.result != SUCCESS:
-                self._hold = held or [(b"", None)]
-                first = self._client_frames.split(held[0][0])[0] if held and login.logins == 1 else []
-                answer = refusal_answer(first[0], result.error_code, result.message) if first else None
-                if answer is not None:
-                    self._release.ready.append(answer)
-                self._closing = CloseConnection(result.reason, CloseKind.END, linger=REFUSAL_LINGER_S)
-                return
-            self._upstream_out += self._pipelined()  # requests read behind a terminate-mode login (terminate.py)
-            for chunk, read_at in held:
-                frames, _, _ = self._client_frames.split(chunk)
-                self._upstream_out.extend(f for raw in frames if (f := self._client_frame(raw, read_at)) is not None)
-        except ProtocolError as exc:
-            self._closing = CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
-                                                     "bad request from client")
-        self._edited = False
-
-    def _login_commands(self, commands: list[Command], again: bool = False) -> None:
-        """The frames the login (and the requests it held) send next; a wake-up at its deadline or next
-        re-authentication when that changed, or ``again`` (on_timer: the server forgot the last)."""
-        if self._upstream_out:
-            out, self._upstream_out = self._upstream_out, []
-            commands.append(ForwardUpstream(out[0]) if len(out) == 1 else forward_frames(out))
-        login = self.login
-        assert login is not None
-        when = login.deadline if login.deadline is not None else login.reauth_at
-        if when is not None and (again or when != self._login_wake_asked):
-            self._release.want_wake(when)
-        self._login_wake_asked = when
 
     def report(self) -> None:
         """Hand the observer the requests read and exchanges completed since the last call."""

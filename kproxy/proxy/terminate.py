@@ -1,7 +1,7 @@
 """Terminate mode's part of a session: what :class:`~kproxy.proxy.session.Session` does with the
 answers of kproxy's own SASL server (:class:`~kproxy.proxy.client_auth.ClientAuth`).
 
-:class:`TerminateMode` is a part of :class:`Session` (its base class), kept apart because it is
+:class:`TerminateMode` is a part of :class:`Session` (the base of its base class), kept apart because it is
 one job: the SASL requests and raw tokens kproxy answers itself are tracked and released in
 order with every other answer; a PLAIN password's slow hash becomes a
 :class:`~kproxy.proxy.commands.VerifyCredentials` command whose result comes back through
