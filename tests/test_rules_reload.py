@@ -134,7 +134,9 @@ async def test_a_rewritten_file_is_put_in_force_and_a_broken_one_keeps_the_old_r
         assert [r.levelname for r in caplog.records if "rules_reload_failed" in r.getMessage()] == ["WARNING"]
 
         path.write_text(rules_text())  # emptied: no rule, and no error
-        await h.until(lambda: h.live.generation == 3)
+        # The generation is visible from inside put_in_force, which yields to the loop before the reload
+        # logs: wait for the line too (cancelled in between, the reload would never write it).
+        await h.until(lambda: h.live.generation == 3 and reload_lines(caplog)[-1]["event"] == "rules_reloaded")
         assert h.ids() == [] and h.counts.rules_loaded == 0
         nursery.cancel_scope.cancel()
     done = reload_lines(caplog)[-1]
@@ -155,7 +157,7 @@ async def test_the_same_rules_again_are_no_new_generation_unless_forced_or_repla
         assert reload_lines(caplog)[-1]["event"] == "rules_unchanged"
 
         h.reloader.request()  # SIGHUP: the file afresh, even unchanged
-        await h.until(lambda: h.live.generation == 2)
+        await h.until(lambda: h.live.generation == 2 and reload_lines(caplog)[-1]["event"] == "rules_reloaded")
         assert h.live.injector is not injector and reload_lines(caplog)[-1]["trigger"] == "sighup"
 
         h.live.replace(load_text(rules_text("api-made")), origin="admin")  # someone else (the admin API)
