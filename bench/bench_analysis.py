@@ -356,7 +356,8 @@ def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None
 
     t = pq.read_table(files, columns=["api_name", "broker_latency_ms", "kproxy_latency_ms"])
     api = t.column("api_name").to_numpy(zero_copy_only=False)
-    api = np.array([_snake(n) for n in np.unique(api)])[np.unique(api, return_inverse=True)[1]]  # as the job names them
+    names, index = np.unique(api, return_inverse=True)
+    api = np.array([_snake(n) for n in names])[index]  # as the job names them
     for name, values in a["latency"].items():
         exact = b["latency"][name]
         assert values[0] == exact[0] and values[4] == exact[4], (name, values, exact)  # requests, max

@@ -32,8 +32,9 @@ REFUSAL_LINGER_S: Final = FAILED_AUTHENTICATION_DELAY
 
 class UpstreamLoginMode(TerminateMode):
     """The upstream-login steps of a session (see the module's docstring). The session sets these
-    attributes up; the methods below are the only ones that change ``_upstream_out`` and
-    ``_login_wake_asked``, and the only ones but :meth:`receive_client`'s hold that change ``_hold``."""
+    attributes up; after that, the methods below are the only ones that change ``_upstream_out`` and
+    ``_login_wake_asked``, and the only ones that change ``_hold`` but terminate mode's first attach
+    (:meth:`TerminateMode._attach`: the client held until kproxy's own login ends)."""
 
     login: UpstreamLogin | None
     # Client chunks held during a login, with when each was read (None: none held, the client is read).

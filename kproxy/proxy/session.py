@@ -37,8 +37,8 @@ Guarantees kept here (each has bitten a peer):
 * With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
   the session's side of it in kproxy/proxy/login_mode.py), no client request goes up while one
   is in progress (the first, begun by the client's first chunk; each re-authentication,
-  KIP-368): the client is read no further than one chunk, held
-  until the login succeeded. A refused first login answers the client's first request with the
+  KIP-368): the client is read no further than one chunk, held until the login succeeded.
+  A refused first login answers the client's first request with the
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
 * Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
