@@ -279,3 +279,24 @@ def test_the_lag_plot_draws_the_groups_furthest_behind_and_says_how_many_it_left
     png = plots({"consumer_lag": rows}, error_class)["consumer_lag"]
     assert png.startswith(b"\x89PNG")
     (tmp_path / "consumer_lag.png").write_bytes(png)
+
+
+def test_the_lag_plot_of_groups_that_never_fell_behind_has_whole_record_ticks() -> None:
+    """Every lag 0 (a consumer keeping up): the axis still counts whole records, 0 at the bottom,
+    not fractions of one (matplotlib's own range around 0 is +-0.055)."""
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.tables import error_class
+
+    rows = [{"minute": T0 + timedelta(minutes=m), "group_id": "keeping-up", "topic": "orders", "lag": 0,
+             "partitions": 4} for m in range(3)]
+    fig = figures({"consumer_lag": rows}, error_class, None)["consumer_lag"]
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+        assert ticks and ticks[0] == 0 and all(float(t).is_integer() for t in ticks), ticks
+        assert ax.get_ylim()[1] >= 1
+    finally:
+        plt.close(fig)

@@ -213,7 +213,9 @@ def _consumer_lag(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime
         ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", color=f"C{i}", label=group,
                 clip_on=False, **dots)  # (unclipped: a group at 0 shows its whole dots on the axis)
     ax.set_ylabel("records behind (end of minute)")
-    ax.set_ylim(bottom=0)
+    # At least one record high: a group that never fell behind would get matplotlib's +-0.055 around 0,
+    # which has no whole number but 0 in it, and the integer locator would fall back to fractions.
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1))
     ax.yaxis.set_major_locator(_integer_locator())
     ax.yaxis.set_major_formatter(_count_formatter())
     _time_axis(ax, [m for lags in per_group.values() for m in lags])
