@@ -519,7 +519,9 @@ def test_a_window_rule_reads_the_wall_clock(inside: bool) -> None:
     """The wall clock is read only when a rule has a daily window; then it must be read."""
     now = time.time() % 86400
     start = (now - 600 if inside else now + 1800) % 86400
-    hhmm = [f"{int(t) // 3600:02d}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}" for t in (start, start + 1200)]
+    # The end wraps past midnight too (a window with end < start does): near 24:00 it would read 24:xx.
+    hhmm = [f"{int(t) // 3600:02d}:{int(t) % 3600 // 60:02d}:{int(t) % 60:02d}"
+            for t in (start, (start + 1200) % 86400)]
     d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}",
                      f"{{api: heartbeat, schedule: {{window: {{start: '{hhmm[0]}', end: '{hhmm[1]}'}}}}}}"))
     d.client(heartbeat(1))
