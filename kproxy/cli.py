@@ -26,6 +26,7 @@ from typing import TextIO
 
 from kproxy import __version__, native
 from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
+from kproxy.host_port import HostPort, parse_host_port
 from kproxy.protocol.tables import api_key as api_key_by_name
 from kproxy.subcommands.decode import DecodeOptions, decode_input
 from kproxy.subcommands.hexdump import InputError
@@ -357,6 +358,38 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 1
 
 
+# ---------------------------------------------------------------------------- broker
+
+
+def _add_broker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "broker", help="run the embedded broker (the demo extra) until Ctrl-C, to put kproxy run in front of",
+        description="Run the embedded Kafka-compatible broker of kproxy demo and the pytest fixture (Tansu, "
+                    "in-memory storage; needs the demo extra) until SIGINT (Ctrl-C) or SIGTERM. Prints its "
+                    "bootstrap address once it accepts connections.")
+    parser.add_argument("--listen", type=_listen_address, default=None, metavar="HOST:PORT",
+                        help="where it listens and what its Metadata advertises (default 127.0.0.1:9092)")
+    parser.set_defaults(handler=_run_broker)
+
+
+def _listen_address(text: str) -> HostPort:
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from kproxy.subcommands.broker import DEFAULT_LISTEN, BrokerError, serve_broker
+
+    try:
+        serve_broker(args.listen or DEFAULT_LISTEN, sys.stdout)
+    except BrokerError as exc:
+        print(f"kproxy broker: {exc}", file=sys.stderr)
+        return 1
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- health
 
 
@@ -473,6 +506,7 @@ def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
+    _add_broker,
     _add_decode,
     _add_health,
     _add_rules,
