@@ -437,7 +437,10 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check = actions.add_parser(
         "check", help="validate rule files",
         description="Load each rule file as kproxy run --rules would. Exit 0 when all are valid; exit 2 "
-                    "listing every problem of every file as file:line: key: reason.")
+                    "listing every problem of every file as file:line: key: reason. Rules that load but can "
+                    "never act (shadowed by an earlier rule that stops evaluation, or matching on a key their "
+                    "api's requests do not carry, or a version outside its range) are listed as "
+                    "file:line: warning: key: reason, and leave the exit status as it is.")
     check.add_argument("files", nargs="+", metavar="PATH",
                        help="rule files (YAML), or directories of them merged as kproxy run --rules DIR merges them")
     check.set_defaults(handler=_run_rules_check)
@@ -447,11 +450,14 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _run_rules_check(args: argparse.Namespace) -> int:
+    from kproxy.rules.lint import warnings_of_paths
     from kproxy.rules.sources import check_paths
 
     problems = check_paths(args.files)
     for problem in problems:
         print(problem, file=sys.stderr)
+    for warning in warnings_of_paths(args.files):  # of the paths that load
+        print(f"{warning.file}:{warning.line}: warning: {warning.key}: {warning.reason}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     for path in args.files:
