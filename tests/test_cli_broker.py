@@ -22,8 +22,12 @@ KPROXY = [sys.executable, "-m", "kproxy"]
 
 
 def _stop(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> int:
+    """``sig`` to the process, or for SIGINT to its process group, as a terminal's Ctrl-C sends it."""
     if proc.poll() is None:
-        proc.send_signal(sig)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
     try:
         return proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -37,7 +41,7 @@ def broker() -> Iterator[tuple[subprocess.Popen[str], str]]:
     """``kproxy broker`` on a free port, and the line it printed."""
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([*KPROXY, "broker", "--listen", address], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # a terminal's group
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # printed once it accepts connections
@@ -89,7 +93,8 @@ def test_kproxy_run_in_front_of_kproxy_broker_serves_a_real_client(
         assert sorted(got) == sorted(b"%d" % i for i in range(10))
     finally:
         assert _stop(kproxy, signal.SIGTERM) == 0
-    # Ctrl-C: a clean stop, no traceback, and the broker it started is gone with it.
+    # Ctrl-C (to the whole group, as a terminal sends it): a clean stop, no traceback, and the broker
+    # it started is gone with it.
     assert _stop(proc) == 0
     assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
     assert not _listening(upstream)

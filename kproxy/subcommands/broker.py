@@ -43,7 +43,7 @@ def serve_broker(listen: HostPort, out: TextIO, *, stop: threading.Event | None 
         raise BrokerError(f"{problem} (a broker already running there? give another address with --listen)")
     stop = stop if stop is not None else _on_signals()
     try:
-        with run_tansu(listen.port, host=listen.host) as broker:
+        with run_tansu(listen.port, host=listen.host, own_session=True) as broker:
             out.write(f"kproxy broker: an embedded Kafka-compatible broker (Tansu, in-memory) is ready at "
                       f"{broker.bootstrap}; Ctrl-C stops it\n")
             out.flush()
