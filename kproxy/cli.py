@@ -26,6 +26,7 @@ from typing import TextIO
 
 from kproxy import __version__, native
 from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
+from kproxy.host_port import HostPort, parse_host_port
 from kproxy.protocol.tables import api_key as api_key_by_name
 from kproxy.subcommands.decode import DecodeOptions, decode_input
 from kproxy.subcommands.hexdump import InputError
@@ -357,6 +358,38 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 1
 
 
+# ---------------------------------------------------------------------------- broker
+
+
+def _add_broker(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "broker", help="run the embedded broker (the demo extra) until Ctrl-C, to put kproxy run in front of",
+        description="Run the embedded Kafka-compatible broker of kproxy demo and the pytest fixture (Tansu, "
+                    "in-memory storage; needs the demo extra) until SIGINT (Ctrl-C) or SIGTERM. Prints its "
+                    "bootstrap address once it accepts connections.")
+    parser.add_argument("--listen", type=_listen_address, default=None, metavar="HOST:PORT",
+                        help="where it listens and what its Metadata advertises (default 127.0.0.1:9092)")
+    parser.set_defaults(handler=_run_broker)
+
+
+def _listen_address(text: str) -> HostPort:
+    try:
+        return parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from kproxy.subcommands.broker import DEFAULT_LISTEN, BrokerError, serve_broker
+
+    try:
+        serve_broker(args.listen or DEFAULT_LISTEN, sys.stdout)
+    except BrokerError as exc:
+        print(f"kproxy broker: {exc}", file=sys.stderr)
+        return 1
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- health
 
 
@@ -404,7 +437,10 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     check = actions.add_parser(
         "check", help="validate rule files",
         description="Load each rule file as kproxy run --rules would. Exit 0 when all are valid; exit 2 "
-                    "listing every problem of every file as file:line: key: reason.")
+                    "listing every problem of every file as file:line: key: reason. Rules that load but can "
+                    "never act (shadowed by an earlier rule that stops evaluation, or matching on a key their "
+                    "api's requests do not carry, or a version outside its range) are listed as "
+                    "file:line: warning: key: reason, and leave the exit status as it is.")
     check.add_argument("files", nargs="+", metavar="PATH",
                        help="rule files (YAML), or directories of them merged as kproxy run --rules DIR merges them")
     check.set_defaults(handler=_run_rules_check)
@@ -414,11 +450,14 @@ def _add_rules(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _run_rules_check(args: argparse.Namespace) -> int:
+    from kproxy.rules.lint import warnings_of_paths
     from kproxy.rules.sources import check_paths
 
     problems = check_paths(args.files)
     for problem in problems:
         print(problem, file=sys.stderr)
+    for warning in warnings_of_paths(args.files):  # of the paths that load
+        print(f"{warning.file}:{warning.line}: warning: {warning.key}: {warning.reason}", file=sys.stderr)
     if problems:
         return EXIT_USAGE
     for path in args.files:
@@ -473,6 +512,7 @@ def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 _SUBCOMMANDS: Sequence[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = (
     _add_run,
     _add_demo,
+    _add_broker,
     _add_decode,
     _add_health,
     _add_rules,

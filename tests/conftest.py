@@ -31,6 +31,7 @@ SLOW_MODULES = frozenset({
     "test_capture_writer.py",  # disk failures, rotation, caps: real files over seconds
     "test_chart_operations.py",  # Helm renders, Prometheus rule evaluations
     "test_cli_admin.py",  # the kproxy command line as subprocesses
+    "test_cli_broker.py",
     "test_cli_run.py",
     "test_codec_crosscheck.py",  # every message kind through kio and kafka-python
     "test_config_operations.py",

@@ -117,6 +117,9 @@ def test_shell_blocks_run(block: Block, tmp_path: Path) -> None:
 @pytest.mark.parametrize("block", of_mode("serve"))
 def test_serve_blocks_start_serve_and_stop_cleanly(block: Block, tansu: Broker, tmp_path: Path) -> None:
     (command,) = commands(block.text)
+    if command.startswith("kproxy broker"):
+        _serve_broker(command, tmp_path)
+        return
     assert command.startswith("kproxy run "), command
     given = re.findall(r"127\.0\.0\.1:\d+", command)
     ports = {a: f"127.0.0.1:{free_port()}" for a in given if a != "127.0.0.1:9092"}
@@ -130,6 +133,31 @@ def test_serve_blocks_start_serve_and_stop_cleanly(block: Block, tansu: Broker, 
     try:
         _wait_ready(f"http://{metrics}/readyz", proc)
         proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _serve_broker(command: str, tmp_path: Path) -> None:
+    """A ``kproxy broker`` block: its address a free port, the line naming it printed, a real client
+    answered there, then Ctrl-C and exit 0."""
+    address = f"127.0.0.1:{free_port()}"
+    live = command.replace("127.0.0.1:9092", address)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(["bash", "-c", f"exec {live}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert address in line, (line, proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
+        from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+        metadata = AdminClient({"bootstrap.servers": address}).list_topics(timeout=15)
+        assert [f"{b.host}:{b.port}" for b in metadata.brokers.values()] == [address]
+        proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
     finally:

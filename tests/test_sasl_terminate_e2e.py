@@ -279,6 +279,30 @@ def test_failed_logins_are_counted_each_and_logged_at_most_once_per_interval(
     assert terminating.server.stats.sasl_authentications[("client", "SCRAM-SHA-512", "failure")] == 15
 
 
+def test_a_login_with_a_mechanism_the_user_lacks_logs_why_and_tells_the_client_nothing_more(
+        tansu: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """carol exists with SCRAM-SHA-512 only: her PLAIN login is logged as such, not as an unknown
+    user, while the client gets the broker's generic answer, as for a wrong password or an unknown
+    user (the failed-login line is rate-limited: one login here, its line logged at once)."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    path = tmp_path / "credentials.yaml"
+    save_credentials(path, with_user(CredentialStore(), "carol", user_credentials("carol-Secret-0b1d",
+                                                                                   ["SCRAM-SHA-512"])))
+    with running_proxy(tansu.bootstrap, sasl__client__mode="terminate",
+                       sasl__client__credentials_file=str(path)) as proxy:
+        with SaslSocket(proxy.port) as sock:
+            assert sock.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+            answer = sock.request(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00carol\x00carol-Secret-0b1d")
+        deadline = time.monotonic() + 10
+        while not (lines := [parse_logfmt(r.getMessage()) for r in caplog.records
+                             if "event=sasl_authentication_failed" in r.getMessage()]):
+            assert time.monotonic() < deadline, "no sasl_authentication_failed line"
+            time.sleep(0.05)
+    assert [(line["user"], line["mechanism"], line["reason"]) for line in lines] == [
+        ("carol", "PLAIN", "mechanism not enabled for this user")]
+    assert (answer["error_code"], answer["error_message"]) == (58, PLAIN_FAILED)
+
+
 def test_a_changed_credentials_file_applies_to_the_next_logins(terminating: ProxyThread, credentials: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="kproxy")

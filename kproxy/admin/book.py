@@ -154,10 +154,13 @@ class RuleBook:
         self._sync()
         live = self.live
         rules = live.rules
+        injector = live.injector
         return View(rules, live.generation, live.origin, self.baseline_origin,
                     self.baseline_origin if self.baseline is not None else None,
                     rules.seed if rules is not None else self._seed(), dict(self.specs),
-                    tuple(live.counts.hits.items()))
+                    tuple(live.counts.hits.items()),
+                    injector.loaded_wall if injector is not None else None,
+                    dict(injector.hits_at_load) if injector is not None else {}, live.wall_clock())
 
     def listing(self) -> dict[str, Any]:
         return listing(self.view())

@@ -92,8 +92,13 @@ class AdminClient:
 
     def faults(self, limit: int = 100, rule: str | None = None) -> list[dict[str, Any]]:
         """The most recent faults done, newest first."""
+        return list(self.faults_report(limit, rule)["faults"])
+
+    def faults_report(self, limit: int = 100, rule: str | None = None) -> dict[str, Any]:
+        """``GET /faults`` whole: ``{"faults": [...], "never_fired": [{"id", "age_seconds"}...]}``, the
+        most recent faults newest first and the enabled rules with no hit since the rules went in force."""
         query = {"limit": str(limit), **({"rule": rule} if rule is not None else {})}
-        return list(self._call("GET", "/faults?" + urlencode(query))["faults"])
+        return self._call("GET", "/faults?" + urlencode(query))
 
     # -- HTTP ---------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:

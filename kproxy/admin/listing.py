@@ -9,7 +9,7 @@ the counters are indexed by rule once per listing, not searched once per rule.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kproxy.protocol.tables import api_snake_name
@@ -32,6 +32,11 @@ class View:
     seed: int
     specs: Mapping[str, Any]  # rule id -> the JSON it was added or replaced with through the API
     hits: tuple[tuple[tuple[str, str, str], int], ...]  # FaultStats.hits' items: ((rule, action, dry), n)
+    # When the rules in force went in force (wall clock; None: no rules), each hit series' count then
+    # (FaultInjector.hits_at_load), and when the view was taken: what "since load" is counted from.
+    loaded_at: float | None = None
+    hits_at_load: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
+    taken_at: float = 0.0
 
     @property
     def diverged(self) -> bool:
@@ -56,23 +61,62 @@ def hit_index(view: View, only: str | None = None) -> dict[str, HitCounts]:
     return index
 
 
+def load_index(view: View, only: str | None = None) -> dict[str, int]:
+    """The hits each rule had counted when the rules went in force (of rule ``only``, when given)."""
+    index: dict[str, int] = {}
+    for (rule_id, _, _), n in view.hits_at_load.items():
+        if only is None or rule_id == only:
+            index[rule_id] = index.get(rule_id, 0) + n
+    return index
+
+
+def age_seconds(view: View) -> float | None:
+    """How long ago the rules in force went in force (None: no rules)."""
+    return None if view.loaded_at is None else round(max(0.0, view.taken_at - view.loaded_at), 3)
+
+
+def hits_since_load(rule: Rule, counts: HitCounts, at_load: Mapping[str, int]) -> int | None:
+    """A rule's hits (dry runs included) since the rules went in force; None for a disabled rule,
+    which cannot fire."""
+    if not rule.enabled:
+        return None
+    return sum(counts[0].values()) + sum(counts[1].values()) - at_load.get(rule.id, 0)
+
+
 def listing(view: View) -> dict[str, Any]:
     """``GET /rules``: every rule in force, in order, with its state and hits."""
     index = hit_index(view)
+    at_load = load_index(view)
     return {
         "generation": view.generation,
         "origin": view.origin,
         "file": view.file,
         "diverged": view.diverged,
         "seed": view.seed,
-        "rules": [describe(view, r, index) for r in (view.rules.rules if view.rules is not None else ())],
+        "loaded_at": view.loaded_at,
+        "age_seconds": age_seconds(view),
+        "rules": [describe(view, r, index, at_load) for r in (view.rules.rules if view.rules is not None else ())],
     }
 
 
-def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = None) -> dict[str, Any]:
-    """One rule as the API shows it (``index``: :func:`hit_index` of the view, when already built)."""
+def never_fired(view: View, only: str | None = None) -> list[dict[str, Any]]:
+    """``GET /faults``' ``never_fired``: the enabled rules with no hit since the rules went in force
+    (of rule ``only``, when given), in rule order, with how long that has been."""
+    index = hit_index(view, only)
+    at_load = load_index(view, only)
+    age = age_seconds(view)
+    return [{"id": r.id, "age_seconds": age} for r in (view.rules.rules if view.rules is not None else ())
+            if (only is None or r.id == only) and hits_since_load(r, index.get(r.id, ({}, {})), at_load) == 0]
+
+
+def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = None,
+             at_load: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """One rule as the API shows it (``index``, ``at_load``: :func:`hit_index` and :func:`load_index`
+    of the view, when already built)."""
     if index is None:
         index = hit_index(view, only=rule.id)
+    if at_load is None:
+        at_load = load_index(view, only=rule.id)
     hits, dry = index.get(rule.id, ({}, {}))
     out: dict[str, Any] = {
         "id": rule.id,
@@ -84,6 +128,8 @@ def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = Non
         "actions": [a.kind for a in rule.actions],
         "hits": dict(hits),
         "dry_run_hits": dict(dry),
+        "hits_since_load": hits_since_load(rule, (hits, dry), at_load),
+        "age_seconds": age_seconds(view),
         "source": ADMIN if rule.id in view.specs else view.baseline_origin,
     }
     if rule.id in view.specs:
@@ -91,4 +137,5 @@ def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = Non
     return out
 
 
-__all__ = ["ADMIN", "View", "describe", "hit_index", "listing"]
+__all__ = ["ADMIN", "View", "age_seconds", "describe", "hit_index", "hits_since_load", "listing", "load_index",
+           "never_fired"]

@@ -12,7 +12,7 @@ Routes (documented for users in docs/ADMIN.md); the logic behind them is :class:
     POST   /rules/{id}/disable    same as PATCH {"enabled": false}
     DELETE /rules/{id}            remove one rule
     POST   /reset                 back to the file's rules (or none)
-    GET    /faults?limit=N&rule=ID   the most recent faults done, newest first
+    GET    /faults?limit=N&rule=ID   the most recent faults done, newest first, and the rules never fired since load
     GET    /healthz               {"status": "ok"}
 
 Errors are ``{"errors": [{"path": ..., "reason": ..., "hint": ...}]}`` with 400 (invalid input,
@@ -59,7 +59,7 @@ from kproxy.admin.book import (
     plan_reset,
     plan_set_state,
 )
-from kproxy.admin.listing import View, describe, listing
+from kproxy.admin.listing import View, describe, listing, never_fired
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
 from kproxy.logfmt import q
 from kproxy.offloop import off_loop_build
@@ -174,7 +174,8 @@ class AdminServer:
                 _only(method, "GET")
                 limit = _int_param(query, "limit", 100, 1, 100_000)
                 of_rule = query.get("rule", [None])[-1]
-                return 200, {"faults": book.faults(limit, of_rule)}
+                faults, view = book.faults(limit, of_rule), book.view()
+                return 200, lambda: {"faults": faults, "never_fired": never_fired(view, of_rule)}
         raise error(404, "(url)", "no such resource: try /rules, /rules/{id}, /reset, /faults (docs/ADMIN.md)")
 
     def _rule_answer(self, change: Change) -> Callable[[], dict[str, Any]]:

@@ -53,6 +53,11 @@ class FaultInjector:
                                     for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
         self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
+        # When it went in force (wall clock; None until then) and each hit series' count at that moment:
+        # the hits "since load" the admin API shows are the counts less these (note_load).
+        self.loaded_wall: float | None = None
+        self.hits_at_load: dict[HitKey, int] = {}
+        self.load_noted = False
         # The engine's stream ordinals: per (client id, broker id, api key), the requests seen over
         # every connection since this rule set was put in force. A reconnecting client carries on
         # counting, so a draw that hit a connection's first request is not drawn again for the
@@ -91,6 +96,18 @@ class FaultInjector:
     def enabled_rules(self) -> int:
         """How many of its rules are enabled (``kproxy_rules_loaded``)."""
         return len(self._enabled)
+
+    def note_load(self, chunk: int = 0) -> Iterator[None]:
+        """Remember the count of each of its hit series as it goes in force (a rule still loaded from
+        the set before has counted already), ``chunk`` series per step (0: all at once), yielding
+        between steps. Trio thread only, as counting is."""
+        hits = self.counts.hits
+        keys = list(self.series[0])
+        step = chunk or len(keys) or 1
+        for start in range(0, len(keys), step):
+            self.hits_at_load.update((k, hits.get(k, 0)) for k in keys[start:start + step])
+            yield
+        self.load_noted = True
 
     def register_series(self) -> None:
         """Put this rule set's counter series in ``counts`` (trio thread only: scrapes read them there);

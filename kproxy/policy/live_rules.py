@@ -36,12 +36,14 @@ SERIES_CHUNK = 5000
 class LiveRules:
     """The current :class:`FaultInjector` (or none), its generation, and where it came from."""
 
-    __slots__ = ("clock", "counts", "epoch_floors", "generation", "injector", "mutable", "origin", "recent")
+    __slots__ = ("clock", "counts", "epoch_floors", "generation", "injector", "mutable", "origin", "recent",
+                 "wall_clock")
 
     def __init__(self, rules: RuleSet | None, *, counts: FaultStats, mutable: bool = False,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, wall_clock: Callable[[], float] = time.time) -> None:
         self.counts = counts
         self.clock = clock
+        self.wall_clock = wall_clock  # when a rule set went in force, as the admin API shows it
         self.injector: FaultInjector | None = None
         self.generation = 0
         self.origin = "none"
@@ -92,7 +94,7 @@ class LiveRules:
         (those of rules still loaded keep counting). That is a walk of the counter maps: for a big
         set, :meth:`put_in_force` spreads it over turns of the loop.
         """
-        generation = self._swap(injector, origin)
+        generation = self._swap(injector, origin, 0)
         for _ in self._series_steps(injector, 0):
             pass
         return generation
@@ -103,17 +105,24 @@ class LiveRules:
         (100,000 rules' series at once held the loop for hundreds of milliseconds on a loaded machine),
         ``turn`` awaited between chunks (the event loop's checkpoint: ``trio.lowlevel.checkpoint``).
         The rules apply at once; a series not registered yet is created by its first count."""
-        generation = self._swap(injector, origin)
+        generation = self._swap(injector, origin, SERIES_CHUNK)
         for _ in self._series_steps(injector, SERIES_CHUNK):
             if self.injector is not injector:
                 break  # replaced meanwhile: the replacement's own series work supersedes this
             await turn()
         return generation
 
-    def _swap(self, injector: FaultInjector | None, origin: str) -> int:
+    def _swap(self, injector: FaultInjector | None, origin: str, chunk: int) -> int:
         if injector is not None:
             # Schedules count from the replacement, not from a build that may have taken a while.
             injector.engine.loaded_at = self.clock()
+            injector.loaded_wall = self.wall_clock()
+            if not chunk or len(injector.series[0]) <= chunk:
+                # With the swap, no turn of the loop between: every fault after it is one since the load.
+                # A bigger set's counts are noted over the next turns (_series_steps): a fault of those
+                # turns on a series not noted yet is read as from before the load.
+                for _ in injector.note_load():
+                    pass
         self.injector = injector
         # With the generation, not after the series work (which yields to the loop between chunks):
         # a scrape or the admin API never sees the new generation beside the old rule count.
@@ -124,6 +133,8 @@ class LiveRules:
         return self.generation
 
     def _series_steps(self, injector: FaultInjector | None, chunk: int) -> Iterator[object]:
+        if injector is not None and not injector.load_noted:
+            yield from injector.note_load(chunk)
         yield from self.counts.keep_rules(injector.rule_ids if injector is not None else (), chunk)
         if injector is not None:
             yield from injector.series_steps(chunk)

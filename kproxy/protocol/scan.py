@@ -78,6 +78,24 @@ def _is_topic_struct(fields: tuple[Field, ...]) -> bool:
     return any(_is_topic_name(f) or _is_topic_id(f) for f in fields)
 
 
+def request_names_topics(api_key: int, api_version: int) -> tuple[bool, bool]:
+    """Whether a request of this kind can name topics, and partitions under them, as a scan of it
+    reports them (what the rules' ``topic`` and ``partition`` keys are matched against): (topics,
+    partitions); (False, False) for a kind the tables do not know."""
+    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    return (False, False) if schema is None else _names_topics(schema.fields, False)
+
+
+def _names_topics(fields: tuple[Field, ...], under_topic: bool) -> tuple[bool, bool]:
+    topic = under_topic or _is_topic_struct(fields)
+    topics, partitions = topic, topic and any(_is_partition(f) for f in fields)
+    for f in fields:
+        if f.type == "struct" and f.fields is not None and f.tag is None:
+            t, p = _names_topics(f.fields, topic)
+            topics, partitions = topics or t, partitions or p
+    return topics, partitions
+
+
 def _interesting(fields: tuple[Field, ...]) -> bool:
     for f in fields:
         if f.tag is not None:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.messages import codec
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
-from kproxy.protocol.schema import Direction
+from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey
 from kproxy.rules.request_facts import IpAddress, RequestHeaderFacts
 
@@ -46,6 +46,15 @@ _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 TOPICS_SEEN_CAP = 4096
 _TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
+
+
+def reads_fact(api_key: int, api_version: int, fact: str) -> bool:
+    """Whether :class:`FrameFacts` can read ``fact`` (``group_id`` or ``transactional_id``) of a request
+    of this kind: the top-level field it reads is in the request's schema (FindCoordinator names a
+    group in ``key``, v0-v3). False: a rule matching on ``fact`` never matches such a request."""
+    name = "key" if fact == "group_id" and api_key == FIND_COORDINATOR else fact
+    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    return schema is not None and any(f.name == name and f.tag is None for f in schema.fields)
 
 
 class ParsedRequest(RequestHeaderFacts, Protocol):

@@ -153,6 +153,12 @@ class CredentialChecker:
         return ScramServer(mechanism, self.store, self._fake_key)
 
 
+def unknown_reason(store: CredentialStore, user: str) -> str:
+    """The logged reason (never the client's answer) for a login with no entry for its mechanism:
+    the user may exist with other mechanisms only (``kproxy credentials add --mechanism``)."""
+    return "mechanism not enabled for this user" if user in store.users else "unknown user"
+
+
 class PlainServer:
     """PLAIN: one client message, ``[authzid] NUL authcid NUL passwd`` (RFC 4616)."""
 
@@ -198,7 +204,7 @@ class PlainServer:
             self._verified.remember(self.user, stored, password)
             return Step(user=self.user)
         known = stored is not self._decoy
-        return Step(error=PLAIN_INVALID, reason="wrong password" if known else "unknown user")
+        return Step(error=PLAIN_INVALID, reason="wrong password" if known else unknown_reason(self._store, self.user))
 
 
 class ScramServer:
@@ -283,10 +289,10 @@ class ScramServer:
         cred = self._cred
         assert cred is not None
         self._server_first = ""  # one final message per login
-        if not scram.verify_client_proof(cred, auth_message, proof):
-            return self._refuse("wrong password" if self._known else "unknown user")
-        signature = scram.server_signature(self.mechanism, cred.server_key, auth_message)
         assert self.user is not None
+        if not scram.verify_client_proof(cred, auth_message, proof):
+            return self._refuse("wrong password" if self._known else unknown_reason(self._store, self.user))
+        signature = scram.server_signature(self.mechanism, cred.server_key, auth_message)
         return Step(challenge=b"v=" + scram.b64(signature).encode("ascii"), user=self.user)
 
     def _made_up(self, user: str) -> scram.ScramCredential:

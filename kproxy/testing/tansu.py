@@ -69,24 +69,28 @@ class Broker:
 
 
 @contextlib.contextmanager
-def run_tansu(port: int | None = None, *, advertised: str | None = None) -> Iterator[Broker]:
-    """Start a Tansu broker on loopback with in-memory storage; stop it on exit.
+def run_tansu(port: int | None = None, *, advertised: str | None = None, host: str = "127.0.0.1",
+              own_session: bool = False) -> Iterator[Broker]:
+    """Start a Tansu broker with in-memory storage, on loopback unless ``host`` says otherwise
+    (``kproxy broker --listen``); stop it on exit.
 
     ``advertised`` (``HOST:PORT``) is the address its Metadata names, its own by default: a front
     that clients must reach it through (tests/sasl_front.py) gives its own address here.
+    ``own_session``: the broker in a session of its own, out of the terminal's process group, so a
+    Ctrl-C reaches only its owner, which stops it (``kproxy broker``).
     """
     port = port or free_port()
-    url = f"tcp://127.0.0.1:{port}"
+    url = f"tcp://{f'[{host}]' if ':' in host else host}:{port}"
     advertised_url = url if advertised is None else f"tcp://{advertised}"
     log = Path(tempfile.mkstemp(prefix="tansu-", suffix=".log")[1])
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", advertised_url,
              "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"},
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"}, start_new_session=own_session,
         )
     try:
-        wait_for_port("127.0.0.1", port)
-        yield Broker("127.0.0.1", port, proc, log)
+        wait_for_port(host, port)
+        yield Broker(host, port, proc, log)
     finally:
         stop_process(proc)

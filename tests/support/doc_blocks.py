@@ -21,7 +21,9 @@ The marker is the line right before the fence (blank lines between are allowed).
   (``EXAMPLE_FILES`` of tests/test_doc_examples.py);
 * ``serve``: one ``kproxy run ...`` command: started against the real broker (its
   ``127.0.0.1:9092`` is the broker, every other loopback address a free port), ready on
-  ``/readyz``, then stopped with SIGTERM and expected to exit 0;
+  ``/readyz``, then stopped with SIGTERM and expected to exit 0; or one ``kproxy broker ...``
+  command: started on a free port (for its ``127.0.0.1:9092``), its address printed and served
+  to a real client, then stopped with SIGINT (Ctrl-C) and expected to exit 0;
 * ``rules``: a rule file, loaded by kproxy's rules loader;
 * ``config``: a configuration file, accepted by ``kproxy run --config FILE --check``;
 * ``json``: a JSON document, parsed;
