@@ -35,6 +35,7 @@ from kproxy.protocol import Direction, RequestHeader, decode_response, default_b
 from kproxy.protocol.headers import request_header_version
 from kproxy.testing import Broker, free_port, running_proxy
 from tests.support.certs import DAY, NOW, Authority, Issued, SecretVolume
+from tests.support.rawkafka import RawKafka
 
 EXPIRY = "kproxy_tls_certificate_expiry_timestamp_seconds"
 
@@ -151,6 +152,10 @@ def failures(caplog: pytest.LogCaptureFixture, side: str) -> list[str]:
             if r.getMessage().startswith(f"event=tls_reload_failed side={side} ")]
 
 
+def reloads(caplog: pytest.LogCaptureFixture, side: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"event=tls_reloaded side={side} ")]
+
+
 def new_topic(tansu: Broker) -> str:
     topic = f"tls-rotation-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": tansu.bootstrap})
@@ -231,7 +236,66 @@ def test_listener_certificates_rotate_under_a_producing_client(tansu: Broker, tm
         assert producer.errors == []
         assert wait_for("the expiry series to follow", lambda: expiry_series(metrics) == {
             ("listener", third.subject): third.not_after, ("listener", new_ca.ca.subject): new_ca.ca.not_after})
-    reloads = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=tls_reloaded side=listener")]
-    assert len(reloads) == 3, reloads  # the renewal, the new CA's certificate with both CAs, the old CA gone
-    assert reloads[0].endswith(f"serial={second.serial:x} not_after="
+    said = reloads(caplog, "listener")
+    assert len(said) == 3, said  # the renewal, the new CA's certificate with both CAs, the old CA gone
+    assert said[0].endswith(f"serial={second.serial:x} not_after="
                                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(second.not_after))}")
+
+
+def answered_through(address: str) -> bool:
+    """Whether a new plaintext connection through kproxy gets an answer: kproxy opens a new
+    upstream connection for it, whose handshake must succeed."""
+    try:
+        with RawKafka(address, "tls-rotation-probe") as client:
+            return bool(client.request(18, 3, default_body(18, 3, Direction.REQUEST))["error_code"] == 0)
+    except (OSError, EOFError):
+        return False
+
+
+def test_upstream_ca_and_client_certificate_rotate_under_a_producing_client(
+        tansu: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """kproxy A (plaintext in, TLS out, its files rotated) -> kproxy B (TLS in, a real TLS server that
+    asks for client certificates) -> Tansu. B moves to a certificate of a new CA: A's new upstream
+    connections fail until A's CA file is rotated too, with its own client certificate."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    old_ca, new_ca = Authority("kproxy-test-ca-1"), Authority("kproxy-test-ca-2")
+    broker_old, broker_new = old_ca.issue("broker-1"), new_ca.issue("broker-2")
+    client_old, client_new = old_ca.issue("kproxy-a-1", client=True), new_ca.issue("kproxy-a-2", client=True)
+    back = SecretVolume(tmp_path / "b")
+    back.publish({"tls.crt": broker_old.cert_pem, "tls.key": broker_old.key_pem,
+                  "ca.crt": old_ca.ca.cert_pem + new_ca.ca.cert_pem})
+    front_files = SecretVolume(tmp_path / "a")
+    front_files.publish({"ca.crt": old_ca.ca.cert_pem, "tls.crt": client_old.cert_pem, "tls.key": client_old.key_pem})
+    metrics = f"127.0.0.1:{free_port()}"
+    topic = new_topic(tansu)
+    with running_proxy(tansu.bootstrap, tls__client__cert=str(back.path("tls.crt")),
+                       tls__client__key=str(back.path("tls.key")), tls__client__client_ca=str(back.path("ca.crt")),
+                       tls__client__require_client_cert=True) as b, \
+            running_proxy(b.bootstrap, tls__upstream__enabled=True, tls__upstream__ca=str(front_files.path("ca.crt")),
+                          tls__upstream__cert=str(front_files.path("tls.crt")),
+                          tls__upstream__key=str(front_files.path("tls.key")),
+                          tls__upstream__server_name="localhost", metrics_listen=metrics) as a:
+        assert answered_through(a.bootstrap)
+        assert expiry_series(metrics) == {("upstream", old_ca.ca.subject): old_ca.ca.not_after,
+                                          ("upstream", client_old.subject): client_old.not_after}
+        with producing({"bootstrap.servers": a.bootstrap, "linger.ms": "0"}, topic) as producer:
+            producer.goes_on()
+            # The broker side moves to the new CA: A, trusting the old one only, refuses it on new connections.
+            back.publish({"tls.crt": broker_new.cert_pem, "tls.key": broker_new.key_pem,
+                          "ca.crt": old_ca.ca.cert_pem + new_ca.ca.cert_pem})
+            wait_for("A to refuse the new CA's broker", lambda: not answered_through(a.bootstrap))
+            producer.goes_on()
+            # A's rotation: the new CA, and a client certificate of its own from it.
+            front_files.publish({"ca.crt": new_ca.ca.cert_pem, "tls.crt": client_new.cert_pem,
+                                 "tls.key": client_new.key_pem})
+            wait_for("A to trust the new CA", lambda: answered_through(a.bootstrap))
+            # B drops the old CA: A's new connections present the new client certificate, so still answered.
+            back.publish({"tls.crt": broker_new.cert_pem, "tls.key": broker_new.key_pem, "ca.crt": new_ca.ca.cert_pem})
+            wait_for("B's CA rotation", lambda: len(reloads(caplog, "listener")) == 2)
+            assert answered_through(a.bootstrap)
+            producer.goes_on()
+        assert producer.errors == []
+        assert expiry_series(metrics) == {("upstream", new_ca.ca.subject): new_ca.ca.not_after,
+                                          ("upstream", client_new.subject): client_new.not_after}
+    assert failures(caplog, "upstream") == []
+    assert len(reloads(caplog, "upstream")) == 1
