@@ -13,6 +13,7 @@ go through the connections it had (kept with their context, as the issue asks).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -31,8 +32,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.config import ClientTls, ConfigError
 from kproxy.protocol import Direction, RequestHeader, decode_response, default_body, encode_request, frame
 from kproxy.protocol.headers import request_header_version
+from kproxy.server.tls import client_side_context, client_side_material
+from kproxy.server.tls_reload import LiveTls
 from kproxy.testing import Broker, free_port, running_proxy
 from tests.support.certs import DAY, NOW, Authority, Issued, SecretVolume
 from tests.support.rawkafka import RawKafka
@@ -299,3 +303,85 @@ def test_upstream_ca_and_client_certificate_rotate_under_a_producing_client(
                                           ("upstream", client_new.subject): client_new.not_after}
     assert failures(caplog, "upstream") == []
     assert len(reloads(caplog, "upstream")) == 1
+
+
+# -- the pieces, without a broker -------------------------------------------------------------------
+def test_a_fifo_in_a_certificates_place_is_refused_at_once(tmp_path: Path) -> None:
+    """OpenSSL opens the files itself: a FIFO there would hold the loader (at start, or a reload's
+    worker thread) until a writer came. It is refused, naming the option and the file."""
+    issued = Authority("kproxy-test-ca").issue("kproxy-server")
+    key = tmp_path / "tls.key"
+    key.write_bytes(issued.key_pem)
+    fifo = tmp_path / "tls.crt"
+    os.mkfifo(fifo)
+    outcome: list[Exception | None] = []
+
+    def load() -> None:
+        try:
+            client_side_context(ClientTls(cert=fifo, key=key))
+        except Exception as exc:  # handed to the test's thread
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # let the stuck loader go before failing
+        with open(fifo, "wb"):
+            pass
+        thread.join(5)
+        pytest.fail("loading a FIFO as a certificate blocked")
+    assert isinstance(outcome[0], ConfigError)
+    assert str(outcome[0]) == f"tls.client.cert/key: cannot load {fifo}: not a regular file (a FIFO)"
+
+
+def test_a_ca_file_is_refused_only_when_every_certificate_has_expired(tmp_path: Path) -> None:
+    """A CA rotation's overlap (an expired CA beside a valid one) loads; a file of expired CAs only
+    would refuse every peer, and is refused at a reload (at start it loads, as before)."""
+    old, new = Authority("kproxy-ca-old", days=1), Authority("kproxy-ca-new")
+    issued = new.issue("kproxy-server")
+    files = {"cert": tmp_path / "tls.crt", "key": tmp_path / "tls.key", "ca": tmp_path / "ca.crt"}
+    files["cert"].write_bytes(issued.cert_pem)
+    files["key"].write_bytes(issued.key_pem)
+    tls = ClientTls(cert=files["cert"], key=files["key"], client_ca=files["ca"])
+    two_days_on = time.time() + 2 * 86400  # the old CA has expired then, the new one has not
+    files["ca"].write_bytes(old.ca.cert_pem + new.ca.cert_pem)
+    material = client_side_material(tls, refuse_expired_at=two_days_on)
+    assert material is not None and [c.subject for c in material.trusted] == [old.ca.subject, new.ca.subject]
+    files["ca"].write_bytes(old.ca.cert_pem)
+    with pytest.raises(ConfigError, match=r"tls.client.client_ca: .*ca.crt: every certificate has expired"):
+        client_side_material(tls, refuse_expired_at=two_days_on)
+    assert client_side_material(tls) is not None  # at start: loaded whatever the dates
+
+
+def test_of_two_certificates_with_one_subject_the_metric_shows_the_first_to_expire(tmp_path: Path) -> None:
+    """A CA renewed under its own name sits beside the old one in a bundle: one series per subject
+    (two would clash), with the expiry an alert must see."""
+    ca = Authority("kproxy-ca")
+    renewed = Authority("kproxy-ca", days=730)
+    issued = ca.issue("kproxy-server")
+    (tmp_path / "tls.crt").write_bytes(issued.cert_pem)
+    (tmp_path / "tls.key").write_bytes(issued.key_pem)
+    (tmp_path / "ca.crt").write_bytes(renewed.ca.cert_pem + ca.ca.cert_pem)
+    side = LiveTls.listener(ClientTls(cert=tmp_path / "tls.crt", key=tmp_path / "tls.key",
+                                      client_ca=tmp_path / "ca.crt"))
+    assert side is not None
+    validity = side.validity()
+    assert validity[ca.ca.subject] == (ca.ca.cert.not_valid_before_utc.timestamp(), ca.ca.not_after)
+    assert validity[issued.subject][1] == issued.not_after
+    assert len(validity) == 2
+
+
+def test_an_expired_certificate_at_start_is_served_and_said_once(tansu: Broker, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kproxy")
+    ca = Authority("kproxy-ca")
+    expired = ca.issue("kproxy-server-expired", not_before=NOW - 10 * DAY, not_after=NOW - DAY)
+    (tmp_path / "tls.crt").write_bytes(expired.cert_pem)
+    (tmp_path / "tls.key").write_bytes(expired.key_pem)
+    with running_proxy(tansu.bootstrap, tls__client__cert=str(tmp_path / "tls.crt"),
+                       tls__client__key=str(tmp_path / "tls.key")):
+        pass
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=tls_certificate_expired")]
+    assert said == [f'event=tls_certificate_expired side=listener subject="{expired.subject}"']
