@@ -11,6 +11,7 @@ Files are read as every operator's file is (kproxy/files.py): regular files only
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,11 @@ class Certificate:
 
     def expired(self, now: float) -> bool:
         return now >= self.not_after
+
+
+def utc_text(seconds: float) -> str:
+    """A certificate's date as log lines write it: ``2027-02-27T08:00:00Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 def read_certificates(path: Path) -> list[Certificate]:

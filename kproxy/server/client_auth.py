@@ -43,7 +43,6 @@ log = logging.getLogger("kproxy.sasl")
 POLL_INTERVAL = 0.5  # as the rules file's: a change applies within a second of being written
 
 
-
 class ClientAuthService:
     """Terminate mode for one server: :meth:`for_connection` makes each connection's SASL server,
     :meth:`run` (in the server's nursery) keeps the users in step with the credentials file."""

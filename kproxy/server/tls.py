@@ -5,8 +5,8 @@ to brokers (a sidecar terminating TLS) and the reverse both work.
 
 A side's files are loaded by OpenSSL and read once more for their certificates' facts
 (kproxy/server/certificates.py): :class:`TlsMaterial` is both. At start a certificate is loaded
-whatever its dates (as before rotation was watched); a rotated one
-(kproxy/server/tls_reload.py) is refused when it has expired.
+whatever its dates (the log says when one has expired, and so do the peers); a rotated one
+(kproxy/server/tls_reload.py) is refused when it has expired, the one in force kept.
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import ssl
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kproxy.config import ClientTls, ConfigError, UpstreamTls
 from kproxy.files import file_kind
-from kproxy.server.certificates import Certificate, read_certificates
+from kproxy.server.certificates import Certificate, read_certificates, utc_text
 
 LISTENER, UPSTREAM = "listener", "upstream"  # the two sides, as the expiry metric's ``side`` label names them
 
@@ -70,10 +69,6 @@ def _read(what: str, path: Path) -> tuple[Certificate, ...]:
         raise ConfigError(f"{what}: cannot read {path}: {exc}") from None
 
 
-def _when(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _check_own(what: str, path: Path, chain: tuple[Certificate, ...], now: float | None) -> None:
     """A chain to present must not have expired: a peer would refuse every handshake."""
     if now is None:
@@ -81,7 +76,7 @@ def _check_own(what: str, path: Path, chain: tuple[Certificate, ...], now: float
     for cert in chain:
         if cert.expired(now):
             raise ConfigError(f"{what}: {path}: certificate {cert.subject!r} (serial {cert.serial:x}) expired at "
-                              f"{_when(cert.not_after)}")
+                              f"{utc_text(cert.not_after)}")
 
 
 def _check_trusted(what: str, path: Path, cas: tuple[Certificate, ...], now: float | None) -> None:
@@ -89,7 +84,7 @@ def _check_trusted(what: str, path: Path, cas: tuple[Certificate, ...], now: flo
     expired CA among valid ones, a rotation's overlap, is kept: it verifies nothing)."""
     if now is not None and cas and all(c.expired(now) for c in cas):
         latest = max(c.not_after for c in cas)
-        raise ConfigError(f"{what}: {path}: every certificate has expired (the last at {_when(latest)})")
+        raise ConfigError(f"{what}: {path}: every certificate has expired (the last at {utc_text(latest)})")
 
 
 def client_side_material(tls: ClientTls, *, refuse_expired_at: float | None = None) -> TlsMaterial | None:

@@ -35,6 +35,7 @@ import trio
 from kproxy.config import ClientTls, ConfigError, UpstreamTls
 from kproxy.files import Signature, stat_signature
 from kproxy.logfmt import q
+from kproxy.server.certificates import utc_text
 from kproxy.server.tls import TlsMaterial, client_side_material, upstream_material
 
 log = logging.getLogger("kproxy.tls")
@@ -42,10 +43,6 @@ log = logging.getLogger("kproxy.tls")
 POLL_INTERVAL = 0.5  # as the rules file's: a rotation is in force within a second of its write
 
 Build = Callable[[float | None], TlsMaterial | None]  # refuse_expired_at -> the side's material
-
-
-def _when(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
 class LiveTls:
@@ -108,7 +105,7 @@ class LiveTls:
         self.material, self.context = material, material.context
         shown = (material.own or material.trusted)[0]
         log.info("event=tls_reloaded side=%s certificates=%d subject=%s serial=%x not_after=%s", self.side,
-                 len(material.certificates), q(shown.subject), shown.serial, _when(shown.not_after))
+                 len(material.certificates), q(shown.subject), shown.serial, utc_text(shown.not_after))
         return True
 
     def validity(self) -> dict[str, tuple[float, float]]:
