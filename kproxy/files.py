@@ -11,6 +11,11 @@ whatever sits at the path next, reading it must end, soon, with the bytes or one
 * At most ``max_bytes`` are read: a bigger file is refused, by its size before reading, and by
   what was read if it grew since.
 
+Seeing that such a file changed is :func:`stat_signature`'s job, which every watcher of a file
+compares from one poll to the next (the rules, the credentials, the TLS files): a stat poll through
+the symlinks sees a Kubernetes ``..data`` flip, which inotify does not (kproxy/server/rules_reload.py
+says why).
+
 A leaf: the standard library only, so that every floor can read its files the same way.
 """
 
@@ -30,6 +35,20 @@ class FileRefused(Exception):
         super().__init__(reason)
         self.reason = reason
         self.size = size
+
+
+Signature = tuple[object, ...]
+
+
+def stat_signature(path: str) -> Signature:
+    """What a poll compares to see that the file at ``path`` changed: ``(device, inode, mtime_ns,
+    size)``, symlinks followed. Never raises: a file that cannot be stat'ed gives ``(errno,)``, so
+    that its disappearance and its return are changes too."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return (exc.errno,)
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def file_kind(mode: int) -> str:

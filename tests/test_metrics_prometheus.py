@@ -4,7 +4,8 @@ One Prometheus (the Debian ``prometheus`` binary, see scripts/system-deps) scrap
 every second, three targets of job ``kproxy``:
 
 * the main kproxy, in front of Tansu, with topic and client-id labels on and a small label cap;
-* a kproxy whose upstream is a dead port (upstream connect failures, ``/readyz`` 503);
+* a kproxy whose upstream is a dead port (upstream connect failures, ``/readyz`` 503), with
+  upstream TLS files (the certificates' expiry series);
 * an address where nothing listens (``up == 0``).
 
 It loads deploy/prometheus/alerts.yml as its rule file. Real clients (confluent-kafka)
@@ -50,6 +51,7 @@ from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
 from tests.support.e2e import TANSU_NODE_ID
+from tests.support.pki import server_pki
 from tests.support.rawkafka import RawKafka
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -264,6 +266,7 @@ def client_traffic(bootstrap: str, topic: str, traffic: Traffic) -> None:
 @pytest.fixture(scope="module")
 def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("prometheus")
+    pki = server_pki(tmp)  # the dead-upstream kproxy's TLS files: the certificate expiry series
     metrics, dead_metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     down_target, dead_upstream = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     # Rules that never match (no client has that id): their series exist at zero, for the Faults row
@@ -279,7 +282,8 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
                        metrics__client_id_label=True, metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
             running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,
-                          upstream_check_interval=3600) as dead, \
+                          upstream_check_interval=3600, tls__upstream__enabled=True, tls__upstream__ca=str(pki["ca"]),
+                          tls__upstream__cert=str(pki["cert"]), tls__upstream__key=str(pki["key"])) as dead, \
             run_prometheus(tmp, [metrics, dead_metrics, down_target]) as prom:
         # Prometheus applies discovered targets a few seconds after it starts: the traffic waits for
         # a first scrape of both kproxies, so their counters are seen from zero.
@@ -416,7 +420,8 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
                    "kproxy_rule_connection_faults_total", "kproxy_rules_loaded", "kproxy_rule_held_seconds_bucket",
                    "kproxy_topic_bytes_total", "kproxy_topic_records_total", "kproxy_client_bytes_total",
                    "kproxy_client_records_total", "kproxy_client_info", "kproxy_produce_batches_total",
-                   "kproxy_produce_batch_bytes_bucket", *CONSUMER_LAG):
+                   "kproxy_produce_batch_bytes_bucket", "kproxy_tls_certificate_expiry_timestamp_seconds",
+                   *CONSUMER_LAG):
         assert metric in exprs, f"no dashboard panel queries {metric}"
     assert "histogram_quantile(0.99, sum by (api, le) (rate(kproxy_overhead_seconds_bucket" in exprs
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs
@@ -472,7 +477,7 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
                                             "KproxyOverheadHigh", "KproxyUpstreamConnectFailures",
                                             "KproxyFramesRejected", "KproxyFaultInjectionActive",
                                             "KproxyConsumerLagGrowing", "KproxyConsumerGroupStalled",
-                                            "KproxyUncompressedProduce"}
+                                            "KproxyUncompressedProduce", "KproxyCertificateExpiresSoon"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"

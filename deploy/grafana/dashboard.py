@@ -261,6 +261,14 @@ def connections_row() -> list[timeseries.Panel]:
               query(f"max by (instance) (rate(kproxy_event_loop_lag_seconds_sum{{{SEL}}}[{WINDOW}]) / "
                     f"rate(kproxy_event_loop_lag_seconds_count{{{SEL}}}[{WINDOW}]))", "mean {{instance}}", "B"),
               width=8),
+        graph("TLS certificates: time left", "Time until each certificate of kproxy's TLS files expires "
+              "(side listener: what it serves clients with and the CA of their certificates; upstream: "
+              "the brokers' CA and its client certificate), the soonest instance's. A rotation makes it "
+              "jump back up; a line heading for 0 is a rotation that did not happen (alert "
+              "KproxyCertificateExpiresSoon). Empty without TLS.", "s",
+              query(f"min by (side, subject) (kproxy_tls_certificate_expiry_timestamp_seconds{{{SEL}}}) - time()",
+                    "{{side}} {{subject}}"),
+              width=8),
     ]
 
 

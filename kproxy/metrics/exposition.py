@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import platform
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -42,6 +42,8 @@ class LiveGauges:
     listeners: int = 0
     capture: Mapping[str, int] | None = None  # records by outcome; None: capture is off
     capture_over_budget: int = 0  # frames the capture read no further (kproxy.protocol.records.budget)
+    # (side, subject) -> (not_before, not_after) of the TLS certificates in force (kproxy/server/tls_reload.py)
+    certificates: Mapping[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 class TrafficCollector(Collector):
@@ -161,6 +163,16 @@ class TrafficCollector(Collector):
                            "queue was full, or a write failed), or abandoned (written, then their file could not "
                            "be completed).", ["outcome"], live.capture)
             over_budget["capture"] = live.capture_over_budget
+        yield _gauge("kproxy_tls_certificate_expiry_timestamp_seconds", "When each TLS certificate kproxy "
+                     "uses expires (notAfter, Unix seconds), by side (listener: the files it serves clients with, "
+                     "tls.client; upstream: those it connects to brokers with, tls.upstream) and subject (RFC 4514); "
+                     "follows the files as they are rotated. Of two with one subject on a side, the one that "
+                     "expires first.", ["side", "subject"],
+                     {key: after for key, (_, after) in live.certificates.items()})
+        yield _gauge("kproxy_tls_certificate_not_before_timestamp_seconds", "When each TLS certificate of "
+                     "kproxy_tls_certificate_expiry_timestamp_seconds became valid (notBefore, Unix seconds): with "
+                     "it, the share of its lifetime left.", ["side", "subject"],
+                     {key: before for key, (before, _) in live.certificates.items()})
         yield _counter("kproxy_records_over_budget", "Frames whose records a reader gave up on: reading them "
                        "needed more than the per-frame budget (a decompression bomb, say); the frame went on "
                        "unchanged. The metrics' own count: kproxy_records_uncounted.", ["reader"], over_budget)

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import trio
 
 from kproxy.config.credentials_file import load_credentials
 from kproxy.config.model import SaslClient
+from kproxy.files import stat_signature
 from kproxy.logfmt import clip, q
 from kproxy.metrics.stats import TrafficStats
 from kproxy.proxy.client_auth import ApiVersionsSource, ClientAuth, Outcome
@@ -41,18 +41,6 @@ from kproxy.sasl.server import CredentialChecker
 log = logging.getLogger("kproxy.sasl")
 
 POLL_INTERVAL = 0.5  # as the rules file's: a change applies within a second of being written
-
-Signature = tuple[object, ...]
-
-
-def signature(path: str) -> Signature:
-    """What the poll compares: the file's identity and stat data, symlinks followed (never raises:
-    a missing file's error is a signature too, so its return is a change)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return (exc.errno,)
-    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 class ClientAuthService:
@@ -95,12 +83,12 @@ class ClientAuthService:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         # The users in force were read by the config loader, before any signature: read once more
         # before the watch starts, so that a write in between is not missed.
-        seen = signature(self.path)
+        seen = stat_signature(self.path)
         await self.reload(quiet=True)
         task_status.started()
         while True:
             await trio.sleep(self.interval)
-            now = signature(self.path)
+            now = stat_signature(self.path)
             if now != seen:
                 seen = now
                 await self.reload()

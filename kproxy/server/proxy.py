@@ -63,7 +63,7 @@ from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.sockets import peer_name
 from kproxy.server.timers import Deadlines
-from kproxy.server.tls import client_side_context
+from kproxy.server.tls_reload import LiveTls, TlsReloader
 from kproxy.server.upstream import UpstreamConnector, UpstreamUnavailable
 from kproxy.server.upstream_auth import UpstreamLoginFailed, UpstreamLogins, authenticate
 from kproxy.server.warmup import warm_up
@@ -125,8 +125,11 @@ class ProxyServer:
         self.loop_watch = LoopWatch(self.stats.event_loop_lag)
         self.deadlines = Deadlines()  # every connection's timeouts and wake-ups, kept by one task
         self.metrics_server: MetricsServer | None = None
-        self.client_ssl = client_side_context(config.client_tls)
+        # Each side's TLS in force (None: plaintext), replaced when its files are rotated.
+        self.client_tls = LiveTls.listener(config.client_tls)
         self.connector = UpstreamConnector(config, self.stats)
+        tls_sides = [side for side in (self.client_tls, self.connector.tls) if side is not None]
+        self.tls_reloader = TlsReloader(tls_sides) if tls_sides else None
         # kproxy's own login to the brokers (sasl.upstream), on every upstream connection it opens.
         self.logins = UpstreamLogins(config, self.stats) if config.sasl_upstream.enabled else None
         self.listeners: dict[int, _Listener] = {}
@@ -220,6 +223,8 @@ class ProxyServer:
                     await nursery.start(self.reloader.run)
                 if self.client_auth is not None:
                     await nursery.start(self.client_auth.run)
+                if self.tls_reloader is not None:
+                    await nursery.start(self.tls_reloader.run)
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
                 # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
@@ -352,7 +357,10 @@ class ProxyServer:
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in list(self.connections)),
                           listeners=sum(1 for lst in list(self.listeners.values()) if lst.failed is None),
                           capture=self.capture.counts() if self.capture is not None else None,
-                          capture_over_budget=self.capture.builder.over_budget if self.capture is not None else 0)
+                          capture_over_budget=self.capture.builder.over_budget if self.capture is not None else 0,
+                          certificates={(side.side, subject): validity for side in self.tls_reloader.sides
+                                        for subject, validity in side.validity().items()}
+                          if self.tls_reloader is not None else {})
 
     async def readiness(self) -> str | None:
         """None when ready to serve; else why not (for ``/readyz``)."""
@@ -503,8 +511,8 @@ class ProxyServer:
         node = node_label(listener.node_id)
         try:
             client: trio.abc.Stream = stream  # TCP_NODELAY: trio.SocketStream sets it on every stream
-            if self.client_ssl is not None:
-                client = trio.SSLStream(stream, self.client_ssl, server_side=True)
+            if self.client_tls is not None:
+                client = trio.SSLStream(stream, self.client_tls.context, server_side=True)
                 with trio.fail_after(self.config.limits.connect_timeout):
                     await client.do_handshake()
             upstream: trio.abc.Stream | None = None

@@ -58,6 +58,7 @@ import weakref
 
 import trio
 
+from kproxy.files import stat_signature
 from kproxy.logfmt import q
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.offloop import freeze_if_many, hold_parts, off_loop_build, release_parts
@@ -92,15 +93,7 @@ def signature(path: str) -> Signature:
         files = rule_files(path) if os.path.isdir(path) else [path]
     except OSError as exc:
         return ((path, exc.errno),)
-    out: list[tuple[object, ...]] = []
-    for name in files:
-        try:
-            st = os.stat(name)
-        except OSError as exc:
-            out.append((name, exc.errno))
-            continue
-        out.append((name, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
-    return tuple(out)
+    return tuple((name, *stat_signature(name)) for name in files)
 
 
 class RulesReloader:

@@ -17,7 +17,7 @@ from kproxy.config import Config
 from kproxy.host_port import HostPort
 from kproxy.metrics.stats import TrafficStats
 from kproxy.server.sockets import open_tcp, os_reason
-from kproxy.server.tls import upstream_context
+from kproxy.server.tls_reload import LiveTls
 
 
 class UpstreamUnavailable(Exception):
@@ -30,12 +30,15 @@ class UpstreamUnavailable(Exception):
 
 
 class UpstreamConnector:
-    """Connects to the brokers of one :class:`Config` (its upstream TLS, its connect timeout)."""
+    """Connects to the brokers of one :class:`Config` (its upstream TLS, its connect timeout).
+
+    ``tls`` is the upstream side's TLS in force (None: plaintext): each connection's handshake uses
+    the context in force when it begins (kproxy/server/tls_reload.py replaces it on rotation)."""
 
     def __init__(self, config: Config, stats: TrafficStats) -> None:
         self.config = config
         self.stats = stats
-        self.ssl = upstream_context(config.upstream_tls)
+        self.tls = LiveTls.upstream(config.upstream_tls)
 
     async def connect(self, addresses: list[HostPort], node_id: str, *, probe: bool = False
                       ) -> tuple[trio.abc.Stream, HostPort]:
@@ -47,10 +50,10 @@ class UpstreamConnector:
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
                     sock = await open_tcp(addr.host, addr.port)
-                    if self.ssl is None:
+                    if self.tls is None:
                         return sock, addr
                     name = self.config.upstream_tls.server_name or addr.host
-                    tls = trio.SSLStream(sock, self.ssl, server_hostname=name)
+                    tls = trio.SSLStream(sock, self.tls.context, server_hostname=name)
                     try:
                         await tls.do_handshake()
                     except BaseException:
