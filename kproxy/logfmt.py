@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import reprlib
 import sys
 import time
 
@@ -64,6 +65,27 @@ def clip(text: str, limit: int = 256) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}...[{len(text)} chars]"
+
+
+EXCERPT_CHARS = 200
+_EXCERPT = reprlib.Repr()
+_EXCERPT.maxlevel = 3
+_EXCERPT.maxlist = _EXCERPT.maxtuple = _EXCERPT.maxset = _EXCERPT.maxfrozenset = _EXCERPT.maxdeque = 8
+_EXCERPT.maxdict = 6
+_EXCERPT.maxstring = _EXCERPT.maxother = EXCERPT_CHARS
+_EXCERPT.maxlong = 60
+
+
+def excerpt(value: object, limit: int = EXCERPT_CHARS, *, quoted: bool = True) -> str:
+    """``value`` as a message quotes it: its repr (``quoted``; else its text), at most ``limit``
+    characters, cut with ``...``. A value read from a file or sent by a client may be of any size:
+    the repr of a long or deep list, dict or string is built only as far as it is shown
+    (:mod:`reprlib`), never in full."""
+    try:
+        text = _EXCERPT.repr(value) if quoted else str(value)[:limit + 1]
+    except ValueError:  # an int past Python's digits limit for text (YAML reads 5,000 digits as one)
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class LogfmtFormatter(logging.Formatter):

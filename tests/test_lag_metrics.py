@@ -12,11 +12,13 @@ observer is the metrics' (as the server wires them), on a clock the test moves:
 * lag is watermark less committed offset, never below 0; values not seen again within the
   staleness window leave the series (and the tracker's tables), they never freeze;
 * a group's committed offsets stay while kproxy sees the group (every version of every group
-  request), past the window of their commit; not after a LeaveGroup, nor those committed before a
-  rebalance the group's members were seen to join;
-* bounds: keys evicted oldest first and counted; at most ``label_cap`` groups and topics named,
-  the rest folded into ``other`` (lag_sum) or left out and counted; 100,000 groups and 100,000
-  topics leave /metrics under 1 MB;
+  request the coordinator accepted, an offset the broker accepted or reports), past the window of
+  their commit; not after a LeaveGroup, nor those committed before a rebalance the group's members
+  were seen to join; a request refused or not answered is no sighting;
+* bounds: ids past 255 characters kept cut (and apart); each table within its keys and its bytes,
+  keys evicted oldest first and counted; at most ``label_cap`` groups and topics named, the rest
+  folded into ``other`` (lag_sum) or left out and counted; 100,000 groups and 100,000 topics leave
+  /metrics under 1 MB;
 * the options: per-partition lag only when asked; no lag series (and plain scans) when off.
 """
 
@@ -47,6 +49,7 @@ from kproxy.proxy.session import Session
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
+KEPT_CHARS = 255  # the longest group id or topic name the tracker keys (kproxy.metrics.lag.MAX_ID_LENGTH)
 TOPIC_ID = uuid.UUID(int=0xABC)
 
 
@@ -109,9 +112,10 @@ class Proxy:
             None if acks == 0 else {"responses": [{"name": topic, "topic_id": TOPIC_ID,
                                                    "partition_responses": answer}]})
 
-    def group(self, api_key: int, version: int, group: str) -> None:
-        """A group request naming ``group`` (answered without error)."""
-        self.exchange(api_key, version, {"group_id": group, "member_id": "m-1", "groups": [{"group_id": group}]}, {})
+    def group(self, api_key: int, version: int, group: str, code: int | None = 0) -> None:
+        """A group request naming ``group``, answered with error code ``code`` (None: no answer)."""
+        self.exchange(api_key, version, {"group_id": group, "member_id": "m-1", "groups": [{"group_id": group}]},
+                      None if code is None else {"error_code": code})
 
     def commit(self, version: int, group: str, topic: str, offsets: dict[int, int], refused: tuple[int, ...] = ()
                ) -> None:
@@ -263,6 +267,94 @@ def test_every_group_request_keeps_the_groups_committed_offsets_past_the_window(
     assert proxy.lag is not None and [k[0] for k in proxy.lag.committed] == ["billing"]  # "gone" expired
     proxy.clock.now += 61  # no sighting since: it goes too
     assert proxy.view.committed == {}
+
+
+@pytest.mark.parametrize("api_key", sorted(GROUP_REQUESTS))
+def test_a_group_request_the_coordinator_refused_or_never_answered_is_no_sighting(api_key: int) -> None:
+    """Any client can name any group: only the coordinator's answer without error says a member is
+    there (UNKNOWN_MEMBER_ID, NOT_COORDINATOR, ... or no answer: nothing kept)."""
+    proxy = Proxy(stale_after=60)
+    assert proxy.lag is not None
+    proxy.commit(8, "billing", "orders", {0: 5})
+    version = versions(api_key)[-1]
+    for code in (25, 16, 15):  # UNKNOWN_MEMBER_ID, NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE
+        proxy.clock.now += 25
+        proxy.group(api_key, version, "billing", code)
+        proxy.group(api_key, version, f"probe-{code}", code)
+    assert list(proxy.lag.groups) == ["billing"]  # (its commit's sighting only)
+    assert proxy.view.committed == {}  # 75 s since the commit, the group not seen since
+    proxy.group(api_key, version, "billing")
+    assert list(proxy.lag.groups) == ["billing"] and proxy.lag.groups["billing"][0] == proxy.clock.now
+    proxy.group(api_key, version, "probe-unanswered", None)  # (the last: answers go in order)
+    assert list(proxy.lag.groups) == ["billing"]
+
+
+def test_only_offsets_the_broker_accepted_or_reports_are_sightings_of_their_group() -> None:
+    proxy = Proxy(stale_after=60)
+    assert proxy.lag is not None
+    proxy.commit(8, "refused", "orders", {0: 5, 1: 6}, refused=(0, 1))  # every partition refused
+    proxy.exchange(OFFSET_FETCH, 8, {"groups": [{"group_id": "asked"}]}, {"groups": [  # none committed (-1)
+        {"group_id": "asked", "topics": [{"name": "orders", "partitions": [
+            {"partition_index": 0, "committed_offset": -1}]}]},
+        {"group_id": "failed", "error_code": 16, "topics": []}]})
+    proxy.exchange(OFFSET_FETCH, 7, {"group_id": "old"}, {"error_code": 16, "topics": []})
+    assert not proxy.lag.groups and not proxy.lag.committed
+    proxy.commit(8, "billing", "orders", {0: 5, 1: 6}, refused=(1,))
+    proxy.exchange(OFFSET_FETCH, 8, {"groups": [{"group_id": "audit"}]}, {"groups": [
+        {"group_id": "audit", "topics": [{"name": "orders", "partitions": [
+            {"partition_index": 0, "committed_offset": 9}]}]}]})
+    assert list(proxy.lag.groups) == ["billing", "audit"]
+    assert proxy.view.committed == {("billing", "orders", 0): 5, ("audit", "orders", 0): 9}
+
+
+def test_ids_past_the_cut_are_kept_short_and_apart_and_labelled_as_before() -> None:
+    """Group ids (and topic names) of 32 KiB, two sharing all but their last character: each
+    kept as a 255-character key of its own; the label is cut as every label is."""
+    proxy = Proxy()
+    assert proxy.lag is not None
+    base = "g" * 32766
+    proxy.commit(8, base + "1", "t" * 32767, {0: 1})
+    proxy.commit(8, base + "2", "t" * 32767, {0: 2})
+    proxy.group(HEARTBEAT, 4, base + "1")
+    keys = list(proxy.lag.committed)
+    assert len(keys) == 2 and keys[0][0] != keys[1][0] and keys[0][1] == keys[1][1]
+    assert {len(k[0]) for k in keys} == {len(k[1]) for k in keys} == {KEPT_CHARS}  # type: ignore[arg-type]
+    assert list(proxy.lag.groups) == [keys[0][0], keys[1][0]]  # the Heartbeat's is the commit's key
+    assert all(k[0].startswith("g" * 200) and "~" in k[0] for k in keys)
+    proxy.fetch(11, "t" * 32767, {0: 10})
+    _, families = scrape(proxy)
+    groups = [dict(k)["group"] for k in families["kproxy_consumergroup_lag_sum"]]
+    assert sorted(groups) == ["g" * (MAX_LABEL_LENGTH - 1) + "~", "other"]
+
+
+def test_each_table_keeps_within_its_byte_bound_and_counts_what_it_lets_go() -> None:
+    """Confirmed commits and sightings of ever new long ids: each table stops at ``max_bytes`` (an
+    estimate on the high side: tracemalloc counts less), evicting the oldest; when they go stale
+    the estimate returns to nothing."""
+    import tracemalloc
+
+    budget = 1024 * 1024
+    lag = ConsumerLag(stale_after=60, max_bytes=budget)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20_000):
+            group = f"{i:08d}-" + "x" * 500
+            lag.commit([(group, "orders-" + "y" * 300, i % 3, i)], 1000.0, True)
+            lag.watermark([(f"{i:08d}" + "z" * 300, 0, i)], 1000.0)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    for table in ("committed", "watermark", "group"):
+        assert 0 < getattr(lag, f"{table}_bytes") <= budget
+    assert held < 3 * budget, f"{held} bytes held"
+    kept = len(lag.committed), len(lag.watermarks), len(lag.groups)
+    assert all(1000 < n < 20_000 for n in kept), kept
+    assert lag.evicted == {"committed_offset": 20_000 - kept[0], "high_watermark": 20_000 - kept[1],
+                           "group": 20_000 - kept[2]}
+    lag.watermark([], 1061.0)  # an expiry pass: everything is stale
+    assert (lag.committed_bytes, lag.watermark_bytes, lag.group_bytes) == (0, 0, 0)
+    assert not lag.committed and not lag.watermarks and not lag.groups
 
 
 def test_a_leave_group_is_no_sighting() -> None:
@@ -461,9 +553,12 @@ def test_a_flood_of_groups_and_topics_leaves_metrics_under_a_megabyte() -> None:
             {"partition_index": 0, "committed_offset": 1}]}]} for i in range(n)]})
     proxy.exchange(FETCH, 11, {}, {"responses": [{"topic": f"topic-{i:06d}", "partitions": [
         {"partition_index": 0, "high_watermark": 2 + i % 7}]} for i in range(n)]})
-    assert proxy.lag is not None
-    assert len(proxy.lag.committed) == len(proxy.lag.watermarks) == 50_000
-    assert proxy.lag.evicted == {"committed_offset": n - 50_000, "high_watermark": n - 50_000, "group": 0}
+    lag = proxy.lag
+    assert lag is not None
+    assert len(lag.watermarks) == 50_000  # the key cap; the committed offsets' ids are longer: the byte bound
+    assert 30_000 < len(lag.committed) < 50_000 and lag.committed_bytes <= lag.max_bytes
+    assert lag.evicted == {"committed_offset": n - len(lag.committed), "high_watermark": n - 50_000,
+                           "group": n - len(lag.groups)}  # (each group reported with an offset: a sighting)
     text, families = scrape(proxy)
     assert len(text) < 1_000_000, len(text)
     assert len(families["kproxy_consumergroup_committed_offset"]) == 100

@@ -111,6 +111,38 @@ def test_sources_touched_but_unchanged_keep_the_build(copy: Path) -> None:
     assert done.stdout.split() == ["True", "True", "True"] and done.stderr == ""
 
 
+def hand_made_build(tmp_path: Path) -> tuple[Path, Path]:
+    """A build as native_build.py stamps one, made by hand (no compiler needed): a package with one
+    source and a compiled module's file (never loaded: only :func:`native.inspect` reads the build)."""
+    source = tmp_path / "kproxy" / "proxy" / "session.py"
+    source.parent.mkdir(parents=True)
+    source.write_text("LIMIT = 1  # a constant mypyc may inline\n")
+    native_dir = tmp_path / "kproxy" / "_native"
+    native_dir.mkdir()
+    (native_dir / f"session{SUFFIX}").write_bytes(b"\x7fELF")
+    (native_dir / "manifest.json").write_text(json.dumps({
+        "format": native.MANIFEST_FORMAT, "suffix": SUFFIX, "modules": ["kproxy.proxy.session"],
+        "files": {"kproxy.proxy.session": f"session{SUFFIX}"}, "compiler": "mypyc (hand-made)",
+        "sources": native_build.source_stamps([Path("kproxy/proxy/session.py")], tmp_path)}))
+    return native_dir, source
+
+
+def test_a_source_edited_keeping_its_size_and_time_makes_the_build_stale(tmp_path: Path) -> None:
+    """Size and modification time say nothing of the contents: an edit that keeps both (a restored
+    mtime, a tool that sets it, a coarse clock) is found by the source's hash all the same."""
+    native_dir, source = hand_made_build(tmp_path)
+    stamp = source.stat()  # (what the manifest holds)
+    assert native.inspect(native_dir, {})[0].compiled  # as built
+    os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 10**9))  # touched, unchanged: still the build's
+    assert native.inspect(native_dir, {})[0].compiled
+    source.write_text("LIMIT = 9  # a constant mypyc may inline\n")  # same size...
+    os.utime(source, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))  # ... and time
+    assert source.stat().st_size == stamp.st_size and source.stat().st_mtime_ns == stamp.st_mtime_ns
+    build, paths = native.inspect(native_dir, {})
+    assert not build.compiled and not paths
+    assert build.reason == "stale: kproxy/proxy/session.py changed after the compiled modules were built"
+
+
 @needs_build
 def test_a_build_that_did_not_finish_or_is_for_another_python_is_not_loaded(copy: Path) -> None:
     manifest_path = copy / "kproxy" / "_native" / "manifest.json"

@@ -357,7 +357,8 @@ def test_a_produce_answer_gives_the_log_end_offset_of_each_partition_it_accepted
 
 
 LEAVE_GROUP = 13
-GROUP_KINDS = [(a, v) for a in sorted(GROUP_REQUESTS | {LEAVE_GROUP}) for v in versions(a)]
+GROUP_KINDS = [(a, v) for a in sorted(GROUP_REQUESTS | {LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, TXN_OFFSET_COMMIT})
+               for v in versions(a)]
 
 
 def group_request(api_key: int, api_version: int, group: str) -> tuple[bytes, int]:

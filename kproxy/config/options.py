@@ -174,7 +174,7 @@ OPTIONS: tuple[Option, ...] = (
            "--metrics-label-cap)", boolean=True),
     Option("metrics.consumer_lag_stale_after", v.seconds,
            "consumer-lag series disappear when kproxy has not seen their watermark again, or their group "
-           "(a commit or any request of its members), for this long", "SECONDS", show_default=v.as_is),
+           "(a commit, or a member the broker accepted), for this long", "SECONDS", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "

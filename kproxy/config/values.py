@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from kproxy.config.model import SASL_MECHANISMS, Config
 from kproxy.host_port import HostPort, parse_host_port
+from kproxy.logfmt import excerpt
 
 if TYPE_CHECKING:
     from kproxy.rules import RuleSet
@@ -23,13 +24,14 @@ def integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
     """A parser of integers from ``lo`` to ``hi`` (no upper bound when None)."""
     def parse(value: Any) -> int:
         if isinstance(value, bool):
-            raise ValueError(f"must be an integer, got {value!r}")
+            raise ValueError(f"must be an integer, got {excerpt(value)}")
         try:
             n = int(value)
         except (TypeError, ValueError):
-            raise ValueError(f"must be an integer >= {lo}, got {value!r}") from None
+            raise ValueError(f"must be an integer >= {lo}, got {excerpt(value)}") from None
         if n < lo or (hi is not None and n > hi):
-            raise ValueError(f"must be between {lo} and {hi}, got {n}" if hi else f"must be >= {lo}, got {n}")
+            shown = excerpt(n)
+            raise ValueError(f"must be between {lo} and {hi}, got {shown}" if hi else f"must be >= {lo}, got {shown}")
         return n
     return parse
 
@@ -38,7 +40,7 @@ def seconds(value: Any) -> float:
     try:
         n = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"must be a number of seconds, got {value!r}") from None
+        raise ValueError(f"must be a number of seconds, got {excerpt(value)}") from None
     if n <= 0:
         raise ValueError(f"must be > 0 seconds, got {n}")
     return n
@@ -48,14 +50,14 @@ _BOOL_WORDS = {"true": True, "yes": True, "on": True, "1": True, "false": False,
 
 
 def boolean(value: Any) -> bool:
-    if isinstance(value, bool) or str(value).lower() in _BOOL_WORDS:
+    if isinstance(value, bool) or (isinstance(value, str | int) and str(value).lower() in _BOOL_WORDS):
         return value if isinstance(value, bool) else _BOOL_WORDS[str(value).lower()]
-    raise ValueError(f"must be true or false, got {value!r}")
+    raise ValueError(f"must be true or false, got {excerpt(value)}")
 
 
 def string(value: Any) -> str:
     if not isinstance(value, str) or not value:
-        raise ValueError(f"must be a non-empty string, got {value!r}")
+        raise ValueError(f"must be a non-empty string, got {excerpt(value)}")
     return value
 
 
@@ -63,21 +65,21 @@ def sasl_mechanism(value: Any) -> str:
     """One of :data:`~kproxy.config.model.SASL_MECHANISMS`, in any case (``scram-sha-256``)."""
     mechanism = string(value).upper()
     if mechanism not in SASL_MECHANISMS:
-        raise ValueError(f"must be one of {', '.join(SASL_MECHANISMS)}, got {value!r}")
+        raise ValueError(f"must be one of {', '.join(SASL_MECHANISMS)}, got {excerpt(value)}")
     return mechanism
 
 
 def existing_file(value: Any) -> Path:
     path = Path(string(value))
     if not path.exists():
-        raise ValueError(f"file {str(path)!r} does not exist")
+        raise ValueError(f"file {excerpt(str(path))} does not exist")
     return path
 
 
 def directory(value: Any) -> Path:
     path = Path(string(value))
     if path.exists() and not path.is_dir():
-        raise ValueError(f"{str(path)!r} is not a directory")
+        raise ValueError(f"{excerpt(str(path))} is not a directory")
     return path
 
 
@@ -108,7 +110,7 @@ def broker_ports(value: Any) -> dict[int, int]:
         for item in value if isinstance(value, list) else [value]:
             node, sep, port = str(item).partition("=")
             if not sep:
-                raise ValueError(f"expected NODE_ID=PORT, got {item!r}")
+                raise ValueError(f"expected NODE_ID=PORT, got {excerpt(item)}")
             pairs.append((node, port))
     return {integer(0)(node): integer(1, 65535)(port) for node, port in pairs}
 
@@ -131,7 +133,7 @@ def seconds_or_zero(value: Any) -> float:
     try:
         n = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"must be a number of seconds (0: never), got {value!r}") from None
+        raise ValueError(f"must be a number of seconds (0: never), got {excerpt(value)}") from None
     if not 0 <= n <= 365 * 86400:
         raise ValueError(f"must be from 0 to a year of seconds, got {n}")
     return n
@@ -143,7 +145,7 @@ SASL_CLIENT_MODES = ("relay", "terminate")
 def sasl_client_mode(value: Any) -> str:
     mode = string(value).lower()
     if mode not in SASL_CLIENT_MODES:
-        raise ValueError(f"must be relay or terminate, got {value!r}")
+        raise ValueError(f"must be relay or terminate, got {excerpt(value)}")
     return mode
 
 
@@ -159,7 +161,7 @@ def sasl_client_mechanisms(value: Any) -> tuple[str, ...]:
             problems.append("OAUTHBEARER is not offered in terminate mode (kproxy would have to validate the "
                             "tokens' issuer and signature): relay it to the broker (sasl.client.mode relay)")
         elif name not in CLIENT_MECHANISMS:
-            problems.append(f"{name!r} is not a mechanism kproxy checks ({', '.join(CLIENT_MECHANISMS)})")
+            problems.append(f"{excerpt(name)} is not a mechanism kproxy checks ({', '.join(CLIENT_MECHANISMS)})")
     if problems:
         raise ValueError(*problems)
     if not names:
@@ -176,14 +178,14 @@ def log_level(value: Any) -> str:
     level = string(value).lower()
     level = LOG_LEVEL_ALIASES.get(level, level)
     if level not in LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {value!r}")
+        raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, got {excerpt(value)}")
     return level
 
 
 def log_format(value: Any) -> str:
     fmt = string(value).lower()
     if fmt not in LOG_FORMATS:
-        raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}, got {value!r}")
+        raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}, got {excerpt(value)}")
     return fmt
 
 

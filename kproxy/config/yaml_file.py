@@ -1,7 +1,8 @@
 """The config file: YAML read into option values, each with the line it was written on.
 
-The file is read as PyYAML's *composed* node tree, as the rules loader reads rule files
-(:mod:`kproxy.rules.load`), because nodes keep their line numbers. Nothing stops at the first
+The file is read as PyYAML's *composed* node tree by kproxy's one YAML reader
+(:mod:`kproxy.yaml_reader`: syntax, depth and aliases bounded), as rule files are, because nodes
+keep their line numbers. Nothing stops at the first
 problem: unknown keys, duplicate keys and misplaced sections are all collected, and every
 value found is kept (with ``file:line: key.path`` as where it came from) so that its own
 problems are reported in the same round. Problems print as the rules loader prints them::
@@ -21,7 +22,9 @@ import yaml
 
 from kproxy.config.model import ConfigError
 from kproxy.config.options import BY_PATH
+from kproxy.logfmt import excerpt
 from kproxy.rules.yaml_nodes import BAD, Problem, did_you_mean, node_kind
+from kproxy.yaml_reader import Loader, YamlRefused, compose
 
 # Every section of options ("tls", "tls.client", "limits", ...), with the names under it.
 _CHILDREN: dict[str, list[str]] = {}
@@ -52,14 +55,11 @@ def read_config_file(path: Path) -> ConfigFile:
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 text ({exc.reason})"
         raise ConfigError(f"{source}: cannot read: {reason}") from None
-    loader = yaml.SafeLoader(text)
     try:
-        root = loader.get_single_node()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}{line}: invalid YAML: {problem}") from None
+        loader, root = compose(text)  # (kproxy's one YAML reader: syntax, depth and aliases bounded)
+    except YamlRefused as exc:
+        where = f"{source}:{exc.line}" if exc.line else source
+        raise ConfigError(f"{where}: {'invalid YAML: ' if exc.syntax else ''}{exc.reason}") from None
     try:
         if root is None:
             return out
@@ -73,18 +73,20 @@ def read_config_file(path: Path) -> ConfigFile:
     return out
 
 
-def _value(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+def _value(loader: Loader, node: yaml.Node) -> Any:
     """The Python value of a node, as ``yaml.safe_load`` would give it; a tag the safe loader
     cannot construct (``!python/object``) is a ValueError."""
     try:
         return loader.construct_object(node, deep=True)
+    except ValueError as exc:  # (an int of more digits than Python reads: PyYAML lets int() raise)
+        raise ValueError(f"cannot be read: {excerpt(exc, quoted=False)}") from None
     except yaml.YAMLError as exc:
-        raise ValueError(f"cannot be read: {getattr(exc, 'problem', None) or exc}") from None
+        raise ValueError(f"cannot be read: {excerpt(getattr(exc, 'problem', None) or exc, quoted=False)}") from None
 
 
 @dataclass
 class _Walk:
-    loader: yaml.SafeLoader
+    loader: Loader
     source: str
     out: ConfigFile
 
@@ -115,7 +117,7 @@ class _Walk:
                 self.fail(key_node, path, f"unknown key{_suggestion(path, prefix)}")
 
 
-def _value_or_bad(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+def _value_or_bad(loader: Loader, node: yaml.Node) -> Any:
     """The node's value, or :data:`BAD` (shown as "an untyped value") when it cannot be constructed."""
     try:
         return _value(loader, node)

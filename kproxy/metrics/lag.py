@@ -12,25 +12,32 @@ record touched.
 
 Staleness. A watermark is a reading of the partition: one not seen again within ``stale_after``
 is dropped. A committed offset is the group's state, not a reading: it stays while kproxy keeps
-seeing the group (:meth:`ConsumerLag.group_request`: any request of
-:data:`~kproxy.protocol.offsets.GROUP_REQUESTS`, its group id read in place; a Heartbeat every few
-seconds while the member lives), so a consumer that stopped consuming but whose client still
-heartbeats keeps its growing lag. It goes ``stale_after`` after the later of its last commit and
-the group's last sighting, with one exception: a JoinGroup (a rebalance) ends the keeping of the
-offsets committed before it. After a rebalance every member asks the offsets of the
-partitions it now has (OffsetFetch), which keeps those; a partition now consumed through another
-kproxy (sidecars: one per member) then ages out here instead of showing a lag that only grows.
-A LeaveGroup is no sighting: the offsets of a group whose members all left go after the window.
+seeing the group, so a consumer that stopped consuming but whose client still heartbeats keeps its
+growing lag. A sighting is what the broker confirmed of the group, never a request alone
+(:meth:`ConsumerLag.group_answer`): an answer without error to a request of
+:data:`~kproxy.protocol.offsets.GROUP_REQUESTS` (a member the coordinator accepted: a Heartbeat
+every few seconds while it lives), an offset an OffsetCommit answer accepted, a committed offset
+an OffsetFetch answer reports. A committed offset goes ``stale_after`` after the later of its
+last commit and the group's last sighting, with one exception: an accepted JoinGroup (a
+rebalance) ends the keeping of the offsets committed before it. After a rebalance every member
+asks the offsets of the partitions it now has (OffsetFetch), which keeps those; a partition now
+consumed through another kproxy (sidecars: one per member) then ages out here instead of showing
+a lag that only grows. A LeaveGroup is no sighting: the offsets of a group whose members all left
+go after the window.
 
-Bounds: at most ``max_keys`` committed offsets, as many watermarks and as many groups; a new key
-past that evicts the one updated longest ago (counted in :attr:`ConsumerLag.evicted`). Each table
-is an ``OrderedDict`` kept in update order (a change moves its key to the end), so the oldest are
-first: values older than ``stale_after`` are dropped from the front, at most once a second (each
-key once: O(1) amortised). A committed offset its group still keeps is put back at the end instead,
-stamped with the time it was put back (so each is looked at once a window), at most
-:data:`REQUEUE_PER_PASS` a pass. A reader (:meth:`ConsumerLag.view`) leaves out any it finds
-stale, so a value nobody refreshes disappears rather than freezes. (A plain dict would not do:
-deleting its first keys leaves holes that every later look for the first key walks past.)
+Bounds, whatever clients send. A group id or topic name longer than :data:`MAX_ID_LENGTH` is kept
+cut (:func:`bounded_id`: its start, ``~`` and a digest of the whole, so two long ids stay apart;
+its label is cut as every label is). Each table holds at most ``max_keys`` keys and at most
+``max_bytes`` of estimated memory (:data:`ENTRY_BYTES` per entry besides its strings, which are
+counted at their size: an estimate on the high side); a new key past either bound evicts the ones
+updated longest ago (counted in :attr:`ConsumerLag.evicted`). Each table is an ``OrderedDict``
+kept in update order (a change moves its key to the end), so the oldest are first: values older
+than ``stale_after`` are dropped from the front, at most once a second (each key once: O(1)
+amortised). A committed offset its group still keeps is put back at the end instead, stamped with
+the time it was put back (so each is looked at once a window), at most :data:`REQUEUE_PER_PASS` a
+pass. A reader (:meth:`ConsumerLag.view`) leaves out any it finds stale, so a value nobody
+refreshes disappears rather than freezes. (A plain dict would not do: deleting its first keys
+leaves holes that every later look for the first key walks past.)
 
 The tracker is updated on the event loop and read, by :meth:`view`, from the thread that
 renders /metrics: the view copies each table with one ``list()`` (atomic under the GIL).
@@ -38,26 +45,28 @@ renders /metrics: the view copies each table with one ``list()`` (atomic under t
 
 from __future__ import annotations
 
+import hashlib
+import sys
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kproxy.protocol.offsets import (
     FETCH,
+    GROUP_REQUESTS,
     JOIN_GROUP,
     LIST_OFFSETS,
     METADATA,
     OFFSET_COMMIT,
     OFFSET_FETCH,
-    OFFSET_FETCH_GROUPS,
     PRODUCE,
     Commit,
     Produced,
     ScanEntries,
     Watermark,
     fetch_watermarks,
-    group_ids,
     latest_offsets,
     metadata_topic_ids,
     offset_commits,
@@ -70,9 +79,21 @@ from kproxy.protocol.scan import RequestScan, Topic
 from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS, TopicIdNames
 
 K = TypeVar("K")
+V = TypeVar("V")
 TopicKey = str | int | None  # a name; a topic id not named yet (its int); None: a null name
 DEFAULT_STALE_AFTER = 300.0  # seconds: a value not seen again for this long is no longer exported
-MAX_KEYS = 50_000  # committed offsets kept, and as many watermarks (~10 MB each at most)
+MAX_KEYS = 50_000  # committed offsets kept, and as many watermarks and groups
+# Each table's estimated memory, at most: some 40,000 committed offsets of a group id of 50 characters
+# and a short topic name (the key cap binds first for shorter ids; ids of 255, the longest kept, fill it
+# at some 20,000).
+MAX_TABLE_BYTES = 16 * 1024 * 1024
+# An entry's own memory besides its strings (the table's slot and link, the key and value tuples,
+# the numbers), rounded up from what tracemalloc counts per entry of a large table.
+ENTRY_BYTES = 256
+# A group id or topic name kept whole up to this long (Kafka refuses topic names past 249); a
+# longer one, sent by a client (up to 32 KiB on the wire), is kept cut (bounded_id).
+MAX_ID_LENGTH = 255
+_DIGEST_CHARS = 16  # hex digits of a cut id's digest: two cut ids with one start stay apart
 # A value seen again unchanged within this long keeps its place and time: most Fetch answers repeat
 # the watermarks of idle partitions, and this spares them the move to the end (staleness is minutes).
 REFRESH_SECONDS = 1.0
@@ -103,9 +124,11 @@ class LagView:
 class ConsumerLag:
     """The committed offsets and high watermarks kproxy saw; see the module docstring."""
 
-    def __init__(self, *, stale_after: float = DEFAULT_STALE_AFTER, max_keys: int = MAX_KEYS) -> None:
+    def __init__(self, *, stale_after: float = DEFAULT_STALE_AFTER, max_keys: int = MAX_KEYS,
+                 max_bytes: int = MAX_TABLE_BYTES) -> None:
         self.stale_after = stale_after
         self.max_keys = max_keys
+        self.max_bytes = max_bytes  # each table's estimated memory, at most (see the module docstring)
         self._unchanged_within = min(REFRESH_SECONDS, stale_after)  # a value seen again within this: left as is
         # key -> (offset, seen at, queued at: seen at, or when its group kept it); in queued order.
         self.committed: OrderedDict[tuple[str, TopicKey, int], tuple[int, float, float]] = OrderedDict()
@@ -116,6 +139,10 @@ class ConsumerLag:
         self._expired_at = 0.0  # when the tables were last cut of their stale front
         self.names = TopicIdNames()  # topic ids (Fetch and Produce v13+, OffsetCommit/OffsetFetch v10) -> names
         self.evicted = {"committed_offset": 0, "high_watermark": 0, "group": 0}
+        # Each table's estimated memory (_committed_cost, _watermark_cost, _group_cost summed).
+        self.committed_bytes = 0
+        self.watermark_bytes = 0
+        self.group_bytes = 0
         self._last_metadata: object = None  # the Metadata scan learnt last (the metrics' memo repeats it)
 
     # -- updates (the event loop) ----------------------------------------------------
@@ -128,9 +155,10 @@ class ConsumerLag:
         elif response is None:
             return
         elif api_key == OFFSET_COMMIT:
-            self.commit(offset_commits(values_of(request), response[0]), now)
+            self.commit(offset_commits(values_of(request), response[0]), now, True)
         elif api_key == OFFSET_FETCH:
-            self.commit(offset_fetches(values_of(request), values_of(response), response[0], api_version), now)
+            self.commit(offset_fetches(values_of(request), values_of(response), response[0], api_version), now,
+                        True)
         elif api_key == LIST_OFFSETS:
             self.watermark(latest_offsets(values_of(request), values_of(response)), now)
         elif api_key == METADATA and api_version >= METADATA_TOPIC_IDS and response is not self._last_metadata:
@@ -158,7 +186,7 @@ class ConsumerLag:
                     or n <= 0 or item[0] != topic):
                 return
             offset = item[3] + n
-            key = (topic if type(topic) is str else self._topic(topic), partition)
+            key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             old = table.get(key)
             if old is not None and offset <= old[0] and now - old[1] < self._unchanged_within:
                 return  # (the same end, seen within a second, or an older one: nothing to do)
@@ -167,52 +195,63 @@ class ConsumerLag:
             marks = produce_end_offsets(produced, values)
         horizon = now - self.stale_after
         for topic, partition, offset in marks:
-            key = (topic if type(topic) is str else self._topic(topic), partition)
+            key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             old = table.get(key)
             if old is None:
-                if len(table) >= self.max_keys:
-                    table.popitem(last=False)
-                    self.evicted["high_watermark"] += 1
-                table[key] = (offset, now)
+                self._new_watermark(key, offset, now)
             elif offset > old[0] or old[1] < horizon or (offset == old[0] and now - old[1] >= REFRESH_SECONDS):
                 table[key] = (offset, now)
                 table.move_to_end(key)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
-    def group_request(self, api_key: int, api_version: int, frame: bytes, body_offset: int | None,
-                      scan: RequestScan | None, now: float) -> None:
-        """A request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS` was read at ``now`` (``frame``,
-        its body at ``body_offset``; ``scan``: the request's scan, for an OffsetFetch v8+, which names
-        several groups): the groups it names are there; a JoinGroup's is rebalancing (see the module
-        docstring)."""
-        if api_key == OFFSET_FETCH and api_version >= OFFSET_FETCH_GROUPS:
-            for group in group_ids(values_of(scan)):
-                self.sighted(group, now)
-            return
+    @staticmethod
+    def group_named(api_key: int, api_version: int, frame: bytes, body_offset: int | None) -> str | None:
+        """The group a request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS` names (``frame``, its
+        body at ``body_offset``), as the tables key it (:func:`bounded_id`); None: not readable. Read
+        while the frame is held; :meth:`group_answer` takes it with the answer."""
         named = request_group_id(frame, api_key, api_version, body_offset)
-        if named is not None:
-            self.sighted(named, now, api_key == JOIN_GROUP)
+        return None if named is None else bounded_id(named)
+
+    def group_answer(self, api_key: int, group: str, response: RequestScan | None, now: float) -> None:
+        """The broker answered, at ``now``, a request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS`
+        naming ``group`` (:meth:`group_named`); ``response``: the answer's scan (None: not read). An
+        answer without error code is a sighting (an accepted JoinGroup: a rebalance); any other says
+        nothing of the group (see the module docstring)."""
+        if response is None or response[0] or api_key not in GROUP_REQUESTS:
+            return  # (an errors-only scan lists the non-zero codes: none, the answer accepted the request)
+        self.sighted(group, now, api_key == JOIN_GROUP)
 
     def sighted(self, group: str, now: float, rebalance: bool = False) -> None:
-        """``group`` was seen at ``now`` (``rebalance``: a member joining it: see the module docstring)."""
+        """``group`` (as the tables key it: :func:`bounded_id`) was seen at ``now`` (``rebalance``: a
+        member joined it: see the module docstring)."""
         table = self.groups
         old = table.get(group)
         if old is None:
-            if len(table) >= self.max_keys:
-                table.popitem(last=False)
-                self.evicted["group"] += 1
+            cost = _group_cost(group)
+            if len(table) >= self.max_keys or self.group_bytes + cost > self.max_bytes:
+                freed, n = _evict(table, self.max_keys, self.max_bytes - self.group_bytes - cost, _group_cost)
+                self.group_bytes -= freed
+                self.evicted["group"] += n
             table[group] = (now, now if rebalance else NEVER)
+            self.group_bytes += cost
         elif rebalance or now - old[0] >= REFRESH_SECONDS:
             table[group] = (now, now if rebalance else old[1])
             table.move_to_end(group)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
-    def commit(self, commits: list[Commit], now: float) -> None:
-        """Committed offsets seen at ``now``."""
+    def commit(self, commits: list[Commit], now: float, sighting: bool = False) -> None:
+        """Committed offsets seen at ``now`` (``sighting``: the broker's answer confirmed them, which
+        is a sighting of their groups too: see the module docstring)."""
         table = self.committed
+        last_group: str | None = None
         for group, topic, partition, offset in commits:
+            if len(group) > MAX_ID_LENGTH:
+                group = bounded_id(group)
+            if sighting and group != last_group:
+                last_group = group
+                self.sighted(group, now)
             key = (group, self._topic(topic), partition)
             old = table.get(key)
             if old is not None:
@@ -221,10 +260,13 @@ class ConsumerLag:
                 table[key] = (offset, now, now)
                 table.move_to_end(key)
                 continue
-            if len(table) >= self.max_keys:
-                table.popitem(last=False)
-                self.evicted["committed_offset"] += 1
+            cost = _committed_cost(key)
+            if len(table) >= self.max_keys or self.committed_bytes + cost > self.max_bytes:
+                freed, n = _evict(table, self.max_keys, self.max_bytes - self.committed_bytes - cost, _committed_cost)
+                self.committed_bytes -= freed
+                self.evicted["committed_offset"] += n
             table[key] = (offset, now, now)
+            self.committed_bytes += cost
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
@@ -232,18 +274,26 @@ class ConsumerLag:
         """High watermarks seen at ``now`` (every Fetch answer comes here)."""
         table = self.watermarks
         for topic, partition, offset in marks:
-            key = (topic if type(topic) is str else self._topic(topic), partition)
+            key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             old = table.get(key)
             if old is None:
-                if len(table) >= self.max_keys:
-                    table.popitem(last=False)
-                    self.evicted["high_watermark"] += 1
-                table[key] = (offset, now)
+                self._new_watermark(key, offset, now)
             elif old[0] != offset or now - old[1] >= REFRESH_SECONDS:
                 table[key] = (offset, now)
                 table.move_to_end(key)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
+
+    def _new_watermark(self, key: tuple[TopicKey, int], offset: int, now: float) -> None:
+        """A partition's first watermark (or its first since it went): room made for it, then kept."""
+        table = self.watermarks
+        cost = _watermark_cost(key)
+        if len(table) >= self.max_keys or self.watermark_bytes + cost > self.max_bytes:
+            freed, n = _evict(table, self.max_keys, self.max_bytes - self.watermark_bytes - cost, _watermark_cost)
+            self.watermark_bytes -= freed
+            self.evicted["high_watermark"] += n
+        table[key] = (offset, now)
+        self.watermark_bytes += cost
 
     def _topic(self, topic: Topic) -> TopicKey:
         """A topic as the tables key it: its name, or for an id not named yet the id's int (:meth:`view`
@@ -251,7 +301,9 @@ class ConsumerLag:
         at every look-up of a table."""
         if isinstance(topic, uuid.UUID):
             name = self.names.get(topic)
-            return topic.int if name is None else name
+            return topic.int if name is None else bounded_id(name)
+        if topic is not None and len(topic) > MAX_ID_LENGTH:
+            return bounded_id(topic)
         return topic
 
     def _expire(self, now: float) -> None:
@@ -259,13 +311,14 @@ class ConsumerLag:
         the committed offsets their group keeps (see the module docstring)."""
         self._expired_at = now
         horizon = now - self.stale_after
-        _expire_front(self.watermarks, horizon)
+        self.watermark_bytes -= _expire_front(self.watermarks, horizon)
         groups = self.groups
         while groups:
             first = next(iter(groups))
             if groups[first][0] >= horizon:
                 break
             del groups[first]
+            self.group_bytes -= _group_cost(first)
         table = self.committed
         requeued = 0
         while table:
@@ -276,6 +329,7 @@ class ConsumerLag:
             group = groups.get(key[0])
             if group is None or group[0] < horizon or seen < group[1]:
                 del table[key]
+                self.committed_bytes -= _committed_cost(key)
             elif requeued >= REQUEUE_PER_PASS:
                 return
             else:
@@ -316,16 +370,55 @@ class ConsumerLag:
 def _name(topic: TopicKey, names: dict[int, str]) -> str:
     """A table's topic key as a label: an id not named is its UUID text."""
     if type(topic) is int:
-        return names.get(topic) or str(uuid.UUID(int=topic))
+        name = names.get(topic)
+        return str(uuid.UUID(int=topic)) if name is None else bounded_id(name)
     return str(topic)
 
 
-def _expire_front(table: OrderedDict[K, tuple[int, float]], horizon: float) -> None:
+def bounded_id(text: str) -> str:
+    """A group id or topic name as the tables key it: as it is up to :data:`MAX_ID_LENGTH` characters;
+    longer, its start, ``~`` and a digest of the whole, that long (two ids that share their start stay
+    two keys; their labels, cut shorter still, are told apart as any two labels cut alike are)."""
+    if len(text) <= MAX_ID_LENGTH:
+        return text
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=_DIGEST_CHARS // 2).hexdigest()
+    return text[:MAX_ID_LENGTH - _DIGEST_CHARS - 1] + "~" + digest
+
+
+def _committed_cost(key: tuple[str, TopicKey, int]) -> int:
+    """A committed offset's estimated memory (see :data:`ENTRY_BYTES`)."""
+    return ENTRY_BYTES + sys.getsizeof(key[0]) + sys.getsizeof(key[1])
+
+
+def _watermark_cost(key: tuple[TopicKey, int]) -> int:
+    return ENTRY_BYTES + sys.getsizeof(key[0])
+
+
+def _group_cost(group: str) -> int:
+    return ENTRY_BYTES + sys.getsizeof(group)
+
+
+def _evict(table: OrderedDict[K, V], max_keys: int, room: int, cost: Callable[[K], int]) -> tuple[int, int]:
+    """Drop the oldest keys of ``table`` until one more key fits: fewer than ``max_keys`` keys, and
+    ``room`` (the bytes the new key lacks: below 0, that many) made; returns (bytes freed, keys dropped)."""
+    freed = dropped = 0
+    while table and (len(table) >= max_keys or room + freed < 0):
+        key, _ = table.popitem(last=False)
+        freed += cost(key)
+        dropped += 1
+    return freed, dropped
+
+
+def _expire_front(table: OrderedDict[tuple[TopicKey, int], tuple[int, float]], horizon: float) -> int:
+    """Drop the watermarks older than ``horizon`` (the table's front); returns their estimated bytes."""
+    freed = 0
     while table:
         first = next(iter(table))
         if table[first][1] >= horizon:
-            return
+            return freed
         del table[first]
+        freed += _watermark_cost(first)
+    return freed
 
 
 def _fresher(table: dict[K, tuple[int, float]], key: K, offset: int, seen: float) -> None:

@@ -149,7 +149,7 @@ class ConsumerLagCollector(Collector):
                          ["group", "topic", "partition"], series.lag)
         yield _gauge("kproxy_consumergroup_committed_offset", "The last offset a consumer group committed (an "
                      "OffsetCommit the broker accepted, or an OffsetFetch answer), while kproxy saw the group "
-                     "(a commit or a request of its members) within " + stale + ".",
+                     "(a commit, or a member the broker accepted) within " + stale + ".",
                      ["group", "topic", "partition"], series.committed)
         yield _gauge("kproxy_partition_high_watermark", "The partition's end last seen: a Fetch or ListOffsets "
                      "(latest, read_uncommitted) answer's high watermark, or the log end offset after a Produce "

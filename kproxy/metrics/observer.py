@@ -10,6 +10,7 @@ from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
 from kproxy.protocol.scan import RecordsRange
 from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
+from kproxy.proxy.exchange import ObserverMemo
 from kproxy.proxy.session import Exchange
 
 _NO_RANGES: Final[list[RecordsRange]] = []  # never added to
@@ -57,7 +58,7 @@ class BrokerObserver:
         # Api keys the lag reads (none without it): one set lookup per exchange.
         self.lag_requests = LAG_REQUESTS if lag is not None else frozenset()
         self.lag_answers = LAG_ANSWERS if lag is not None else frozenset()
-        self.group_requests = GROUP_REQUESTS if lag is not None else frozenset()  # (the group is there)
+        self.group_requests = GROUP_REQUESTS if lag is not None else frozenset()  # (a member of the group)
         # Topic ids are learnt for the topic label; consumer lag learns them from its scan of the same
         # Metadata answers, into the map the label reads then (MetricsObserver shares it).
         self.topic_ids = stats.options.topic_label and lag is None
@@ -88,14 +89,20 @@ class BrokerObserver:
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
-            scan = None
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
                 # exchange's one scan: a rule on topics that read it first left it there.)
                 scan = exchange.request_scan
-            if exchange.api_key in self.group_requests and self.lag is not None:
-                self.lag.group_request(exchange.api_key, exchange.api_version, exchange.request,
-                                       exchange.request_body_offset, scan, exchange.read_at)
+            elif exchange.api_key in self.group_requests and self.lag is not None:
+                # Its group, read while the frame is held; the answer says whether the coordinator
+                # accepted the member (a request alone says nothing: any client can name any group).
+                group = self.lag.group_named(exchange.api_key, exchange.api_version, exchange.request,
+                                             exchange.request_body_offset)
+                if group is not None:
+                    memo = exchange.memo
+                    if memo is None:
+                        memo = exchange.memo = ObserverMemo()
+                    memo.group_id = group
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -130,6 +137,9 @@ class BrokerObserver:
                 self.lag.answer(api_key, exchange.api_version,
                                 exchange.request_scan if api_key in self.lag_requests else None, found,
                                 exchange.completed_at)
+        elif api_key in self.group_requests and memo is not None and memo.group_id is not None and self.lag is not None:
+            if not exchange.local:  # (an answer a rule made says nothing of the coordinator)
+                self.lag.group_answer(api_key, memo.group_id, found, exchange.completed_at)
         elif api_key == METADATA and self.topic_ids and exchange.api_version >= METADATA_TOPIC_IDS:
             # Fetch and Produce v13+ name topics by id: their traffic is labelled by these names.
             self.stats.labelled.learn_metadata(response, exchange.api_version,

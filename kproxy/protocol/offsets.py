@@ -23,12 +23,12 @@ group committed there. Both cross a proxy:
   same kind of reading. Transaction markers the coordinator writes are not in any Produce request:
   a Fetch answer's watermark counts them. A Produce with acks=0 has no answer: nothing.
 
-And whether a group is still there: every request of a group member names its group
-(:data:`GROUP_REQUESTS`: JoinGroup, SyncGroup, Heartbeat, OffsetCommit, OffsetFetch,
-TxnOffsetCommit, KIP-848's ConsumerGroupHeartbeat), read in place
-(:func:`kproxy.protocol.request_fields.request_group_id`), or for an OffsetFetch v8+ naming several
-groups (KIP-709) from its scan (:func:`group_ids`). LeaveGroup is not one of them: the member is
-going.
+And whether a group is still there: a member the coordinator accepted, which an answer without
+error to one of :data:`GROUP_REQUESTS` says (JoinGroup, SyncGroup, Heartbeat, KIP-848's
+ConsumerGroupHeartbeat; their group id read from the request in place,
+:func:`kproxy.protocol.request_fields.request_group_id`), or a committed offset the broker
+accepted or reports (the OffsetCommit and OffsetFetch answers above). A request alone says nothing:
+any client can name any group. LeaveGroup is not one of them: the member is going.
 
 Topics are named, or from version 10 of OffsetCommit and OffsetFetch, 13 of Fetch and Produce
 (KIP-516) identified by id; Metadata v10+ answers carry both (:func:`metadata_topic_ids`).
@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from kproxy.protocol.scan import Entry, RequestScan, Topic
 
 # Requests of a group's members, which name it (api keys: 11 JoinGroup, 12 Heartbeat, 14 SyncGroup, 28
-# TxnOffsetCommit, 68 ConsumerGroupHeartbeat; OffsetCommit and OffsetFetch below). LeaveGroup (13) is
-# left out on purpose: a member leaving does not say the group is still consuming.
+# TxnOffsetCommit, 68 ConsumerGroupHeartbeat). LeaveGroup (13) is left out on purpose: a member leaving
+# does not say the group is still consuming.
 JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
 # The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
 # (untagged) field. Api keys: 0 Produce, 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9
@@ -71,9 +71,10 @@ OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
     (3, Direction.RESPONSE): frozenset({"topic_id"}),  # Metadata v10+: topic id and name (KIP-516)
 }
 PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 0, 8, 9, 2, 1, 3
-# Requests that say their group is there; JoinGroup also begins a rebalance.
-GROUP_REQUESTS = frozenset({JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT,
-                            OFFSET_COMMIT, OFFSET_FETCH})
+# Requests whose answer, without error, says their group is there: a member the coordinator accepted
+# (JoinGroup's also begins a rebalance). Not TxnOffsetCommit: a transactional producer's, whose answer
+# without a partition accepts nothing; the consumer it commits for is a member that heartbeats.
+GROUP_REQUESTS = frozenset({JOIN_GROUP, HEARTBEAT, SYNC_GROUP, CONSUMER_GROUP_HEARTBEAT})
 LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at read_uncommitted)
 READ_UNCOMMITTED = 0  # ListOffsets isolation_level (v2+; before, every answer is read_uncommitted)
 OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its request and answer

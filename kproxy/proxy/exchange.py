@@ -95,7 +95,9 @@ class ObserverMemo:
     * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked;
     * ``produced``: a Produce request's records per partition, ``(topic, partition, records)``, when
       a reader counted them while the frame was held (consumer lag reads the answer with them:
-      :func:`kproxy.protocol.offsets.produce_record_counts`); None: not counted.
+      :func:`kproxy.protocol.offsets.produce_record_counts`); None: not counted;
+    * ``group_id``: the group a group member's request named, as consumer lag keys it, read while
+      the frame was held (its answer says whether the coordinator accepted the member); None: not read.
     """
 
     response_body_offset: int = 0
@@ -104,13 +106,16 @@ class ObserverMemo:
     # types at run time): :attr:`Exchange.request_scan` is its typed reader.
     request_scan: Any = _UNREAD
     produced: list[Produced] | None = None
+    group_id: str | None = None
 
     def __init__(self, response_body_offset: int = 0, response_body: bytes | None = None,
-                 request_scan: Any = _UNREAD, produced: list[Produced] | None = None) -> None:
+                 request_scan: Any = _UNREAD, produced: list[Produced] | None = None,
+                 group_id: str | None = None) -> None:
         self.response_body_offset = response_body_offset
         self.response_body = response_body
         self.request_scan = request_scan
         self.produced = produced
+        self.group_id = group_id
 
 
 @dataclass(slots=True)

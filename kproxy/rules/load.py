@@ -38,6 +38,7 @@ from kproxy.rules.model import (
 )
 from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 from kproxy.rules.yaml_nodes import BAD, INT32, Bad, Problem, RulesError, did_you_mean, node_text
+from kproxy.yaml_reader import YAML_LOADER, YamlRefused, compose
 
 T = TypeVar("T")
 
@@ -47,11 +48,6 @@ MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", 
               "group_id", "transactional_id", "acks", "probability", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
-# libyaml's parser when PyYAML was built with it (the wheels are): composing is ~10x faster than the
-# pure-Python scanner, which took most of a minute for a file of 100,000 rules. Same nodes, same marks.
-# A broken file up to this size is parsed again by the pure-Python parser for its clearer message.
-_REWORD_SYNTAX_MAX = 256 * 1024
-YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def load_text(text: str, source: str = "<rules>") -> RuleSet:
@@ -177,10 +173,9 @@ class _Loader(ActionReader):
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
         try:
-            self._yaml = YAML_LOADER(text)
-            root = self._yaml.get_single_node()
-        except yaml.YAMLError as exc:
-            raise RulesError([self._syntax_problem(text, exc)]) from None
+            self._yaml, root = compose(text)  # (kproxy's one YAML reader: syntax, depth and aliases bounded)
+        except YamlRefused as exc:
+            raise RulesError([Problem(self.source, exc.line, "(yaml)", exc.reason)]) from None
         if root is None:
             raise RulesError([Problem(self.source, 1, "(file)", "empty rule file: expected 'rules:'")])
         try:
@@ -208,21 +203,6 @@ class _Loader(ActionReader):
         if self.problems:
             raise RulesError(self.problems)
         return RuleSet(tuple(rules), seed if isinstance(seed, int) else 0, self.source)
-
-    def _syntax_problem(self, text: str, exc: yaml.YAMLError) -> Problem:
-        """The problem of a file that is not YAML. libyaml words it tersely ("did not find expected
-        ',' or '}'"); a file small enough to be written by hand is parsed once more by PyYAML's own
-        parser, which says what it got instead, so the message is worth the milliseconds."""
-        if YAML_LOADER is not yaml.SafeLoader and len(text) <= _REWORD_SYNTAX_MAX:
-            try:
-                yaml.SafeLoader(text).get_single_node()
-            except yaml.YAMLError as again:
-                exc = again
-        if isinstance(exc, yaml.MarkedYAMLError):
-            mark = exc.problem_mark or exc.context_mark
-            line = mark.line + 1 if mark is not None else 0
-            return Problem(self.source, line, "(yaml)", str(exc.problem or exc.context))
-        return Problem(self.source, 0, "(yaml)", str(exc))
 
     def rules(self, node: yaml.Node) -> list[Rule]:
         out: list[Rule] = []

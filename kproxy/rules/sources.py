@@ -28,9 +28,10 @@ from typing import Any
 
 import yaml
 
-from kproxy.rules.load import YAML_LOADER, Problem, RulesError, load_file, load_text
+from kproxy.rules.load import Problem, RulesError, load_file, load_text
 from kproxy.rules.model import Rule, RuleSet
 from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
+from kproxy.yaml_reader import YAML_LOADER
 
 RULE_SUFFIXES = (".yaml", ".yml")
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kproxy.logfmt import excerpt
 from kproxy.protocol import _tables
 from kproxy.protocol.tables import api_key, api_snake_name
 from kproxy.rules.patterns import UserPattern, compile_pattern
@@ -35,8 +36,8 @@ class Problem:
     key: str
     reason: str
 
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.key}: {self.reason}"
+    def __str__(self) -> str:  # (a key path is made of a file's keys, of any length: an excerpt of it)
+        return f"{self.file}:{self.line}: {excerpt(self.key, quoted=False)}: {self.reason}"
 
 
 class RulesError(Exception):
@@ -104,7 +105,7 @@ class NodeReader:
         if isinstance(value, str):
             key = api_key(value)
             if key is None:
-                return self.fail(node, path, f"unknown api {value!r}{did_you_mean(value.lower(), API_NAMES)}")
+                return self.fail(node, path, f"unknown api {excerpt(value)}{did_you_mean(value.lower(), API_NAMES)}")
             return key
         return self.fail(node, path, f"expected an api name or key, got {node_kind(node, value)}")
 
@@ -115,7 +116,7 @@ class NodeReader:
         assert self._yaml is not None
         try:
             return self._yaml.construct_object(node, deep=True)
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # (ValueError: an int of more digits than Python reads)
             # A tag the safe loader has no constructor for (a local '!pi', or a plain '=' read as
             # the YAML 1.1 value key): not a value a rule can mean; the caller reports the node as
             # being of the wrong kind, at its line.
@@ -251,10 +252,10 @@ def node_kind(node: yaml.Node, value: Any) -> str:
         return "nothing (null)"
     if isinstance(value, Bad):  # a scalar whose tag has no meaning here (a local '!tag', a plain '=')
         tag = getattr(node, "tag", "")
-        return f"an untyped value {node.value!r}" + (f" (tag {tag})" if tag.startswith("!") else "")
+        return f"an untyped value {excerpt(node.value)}" + (f" (tag {tag})" if tag.startswith("!") else "")
     name = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(type(value))
-    return f"{name} {node_text(node, value)}" if name else f"{type(value).__name__} {node.value!r}"
+    return f"{name} {node_text(node, value)}" if name else f"{type(value).__name__} {excerpt(node.value)}"
 
 
 def node_text(node: yaml.Node, value: Any) -> str:
-    return repr(node.value) if isinstance(node, yaml.ScalarNode) else node_kind(node, value)
+    return excerpt(node.value) if isinstance(node, yaml.ScalarNode) else node_kind(node, value)

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kproxy.logfmt import excerpt
 from kproxy.sasl import scram
 
 VERSION = 1
@@ -51,6 +52,7 @@ MECHANISMS = (PLAIN, *scram.HASHES)  # every mechanism an entry can have, in the
 # before any hashing). kproxy/proxy/sasl.py reads relayed user names to the same length.
 USER_NAME_MAX = 1024
 PASSWORD_MAX = 1024
+KEY_EXCERPT = 80  # a document key a problem names (a user name, a mechanism), at most this many characters
 
 
 class CredentialsError(ValueError):
@@ -197,16 +199,16 @@ def parse_document(data: Any) -> CredentialStore:
         raise CredentialsError([f"(document): must be a mapping with 'version' and 'users', got {_kind(data)}"])
     for key in data:
         if key not in ("version", "users"):
-            problems.append(f"{key}: unknown key (expected 'version' and 'users')")
+            problems.append(f"{_key(key)}: unknown key (expected 'version' and 'users')")
     version = data.get("version", VERSION)
     if version != VERSION or isinstance(version, bool):
-        problems.append(f"version: {version!r}: this kproxy reads version {VERSION}")
+        problems.append(f"version: {excerpt(version)}: this kproxy reads version {VERSION}")
     users_data = data.get("users") or {}
     if not isinstance(users_data, Mapping):
         raise CredentialsError([*problems, f"users: must map user names to entries, got {_kind(users_data)}"])
     users: dict[str, UserCredentials] = {}
     for name, entry_data in users_data.items():
-        where = f"users.{name}"
+        where = f"users.{_key(name)}"
         if not isinstance(name, str):
             problems.append(f"{where}: a user name must be a string")
             continue
@@ -231,7 +233,7 @@ def _entry(data: Any, where: str, problems: list[str]) -> UserCredentials | None
     plain: PlainHash | None = None
     scrams: dict[str, scram.ScramCredential] = {}
     for mechanism, fields_data in data.items():
-        at = f"{where}.{mechanism}"
+        at = f"{where}.{_key(mechanism)}"
         if mechanism not in MECHANISMS:
             problems.append(f"{at}: unknown mechanism (kproxy checks {', '.join(MECHANISMS)})")
             continue
@@ -252,7 +254,7 @@ def _plain(data: Mapping[str, Any], at: str, problems: list[str]) -> PlainHash |
     _only(data, ("algorithm", "iterations", "salt", "hash"), at, problems)
     algorithm = data.get("algorithm")
     if algorithm != PLAIN_ALGORITHM:
-        problems.append(f"{at}.algorithm: {algorithm!r}: kproxy reads {PLAIN_ALGORITHM}")
+        problems.append(f"{at}.algorithm: {excerpt(algorithm)}: kproxy reads {PLAIN_ALGORITHM}")
     iterations = _int(data, "iterations", PLAIN_MIN_ITERATIONS, PLAIN_MAX_ITERATIONS, at, problems)
     salt = _bytes(data, "salt", at, problems)
     digest = _bytes(data, "hash", at, problems)
@@ -282,13 +284,13 @@ def _scram(mechanism: str, data: Mapping[str, Any], at: str, problems: list[str]
 def _only(data: Mapping[str, Any], allowed: tuple[str, ...], at: str, problems: list[str]) -> None:
     for key in data:
         if key not in allowed:
-            problems.append(f"{at}.{key}: unknown key (expected {', '.join(allowed)})")
+            problems.append(f"{at}.{_key(key)}: unknown key (expected {', '.join(allowed)})")
 
 
 def _int(data: Mapping[str, Any], name: str, lo: int, hi: int, at: str, problems: list[str]) -> int | None:
     value = data.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        problems.append(f"{at}.{name}: must be an integer from {lo} to {hi}, got {value!r}")
+        problems.append(f"{at}.{name}: must be an integer from {lo} to {hi}, got {excerpt(value)}")
         return None
     return value
 
@@ -307,6 +309,11 @@ def _bytes(data: Mapping[str, Any], name: str, at: str, problems: list[str]) -> 
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
+
+
+def _key(key: object) -> str:
+    """A key of the document as a problem's path names it: at most an excerpt (a key may be of any length)."""
+    return excerpt(key, KEY_EXCERPT, quoted=False)
 
 
 def _kind(value: Any) -> str:

@@ -7,9 +7,10 @@
 * :mod:`.admin`: raw bytes into the admin HTTP server (admin_http)
 * :mod:`.capture`: the capture record builder behind a real session (capture_records)
 * :mod:`.editors`: the rules' record editors on Produce and Fetch frames (record_editors)
+* :mod:`.lag`: consumer lag's tracker behind a real session, on a moving clock (consumer_lag)
 """
 
-from tests.fuzz.targets import admin, capture, client_auth, codec, editors, rules, session  # noqa: F401  (registers)
+from tests.fuzz.targets import admin, capture, client_auth, codec, editors, lag, rules, session  # noqa: F401  (registers)
 from tests.fuzz.targets.registry import TARGETS, Target, target
 
 __all__ = ["TARGETS", "Target", "target"]
