@@ -294,6 +294,68 @@ def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) 
     assert d.to_client == [] and d.closed is None and d.session.in_flight_count == 0
 
 
+def _ids_up(d: Driver) -> list[int]:
+    return [struct.unpack_from(">i", f, 8)[0] for f in d.upstream]
+
+
+HOLE_FOR_2S = "{api: produce, schedule: {for_seconds: 2}}"
+
+
+@pytest.mark.parametrize("action", ["blackhole", "blackhole: {forward: true}"])
+def test_a_black_hole_ends_with_its_time_window_and_later_requests_flow_in_order(action: str) -> None:
+    d = Driver(rules(action, HOLE_FOR_2S))
+    d.client(heartbeat(1), produce(2, -1), heartbeat(3))  # 1 before the hole, 2 meets it, 3 in it
+    forwarded = action != "blackhole"
+    assert _ids_up(d) == ([1, 2, 3] if forwarded else [1])
+    d.clock.now += 2.5  # the rule's window is over: the connection heals
+    d.client(produce(4, -1), heartbeat(5))
+    assert _ids_up(d) == ([1, 2, 3, 4, 5] if forwarded else [1, 4, 5])
+    d.broker(heartbeat_answer(1))
+    if forwarded:
+        d.broker(produce_answer(2), heartbeat_answer(3))  # answered by the broker, swallowed by the hole
+    d.broker(produce_answer(4), heartbeat_answer(5))
+    # The swallowed requests stay unanswered and hold nothing back: the later answers leave in order.
+    assert d.answered() == [1, 4, 5] and d.closed is None and d.session.in_flight_count == 0
+
+
+def test_a_slow_close_whose_rule_ends_first_does_not_close() -> None:
+    d = Driver(rules("slow_close: {ms: 5000}", HOLE_FOR_2S))
+    d.client(produce(1, -1))
+    assert d.wake is not None
+    d.tick(2.5)
+    d.client(heartbeat(2))
+    d.tick(3.0)  # past the close's time
+    assert d.closed is None and _ids_up(d) == [2]
+
+
+@pytest.mark.parametrize("how", ["reload", "delete", "disable"])
+def test_a_black_hole_ends_when_its_rule_is_reloaded_away_deleted_or_disabled(how: str) -> None:
+    d = Driver(rules("blackhole", "{api: produce}") + """  - id: other
+    match: {api: metadata}
+    actions: [drop_response]
+""")
+    d.client(produce(1, -1), heartbeat(2))
+    assert d.upstream == []
+    if how == "reload":
+        d.live.replace(load_text(rules("blackhole", "{api: produce}", rule_id="renamed")), origin="test")
+    elif how == "delete":
+        d.live.replace(load_text(rules("drop_response", "{api: metadata}", rule_id="other")), origin="test")
+    else:
+        d.live.replace(load_text(rules("blackhole", "{api: produce}").replace("    match:", "    enabled: false\n"
+                                                                              "    match:")), origin="test")
+    d.client(heartbeat(3))
+    d.broker(heartbeat_answer(3))
+    assert _ids_up(d) == [3] and d.answered() == [3]
+
+
+def test_a_black_hole_lasts_while_its_rule_does_though_it_matches_one_request() -> None:
+    d = Driver(rules("blackhole", "{api: produce, schedule: {first: 1}}"))
+    d.client(produce(1, -1))
+    d.clock.now += 3600
+    d.client(heartbeat(2), produce(3, -1))
+    assert d.upstream == [] and d.to_client == []
+
+
 def test_a_later_rule_does_not_answer_out_of_a_black_hole() -> None:
     text = rules("blackhole", "{api: produce}") + """  - id: r2
     match: {api: heartbeat}

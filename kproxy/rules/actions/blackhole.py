@@ -50,6 +50,5 @@ class Blackhole(RuleAction):
         return reader.made(at, path, {"forward": read_forward(reader, m, path)}, cls)
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
-        draft.blackhole = True
-        draft.blackhole_forwards = self.forward
+        draft.black_hole(key, self, forward=self.forward)
         draft.connection_fault(key, blackhole_detail(self.forward))

@@ -45,7 +45,6 @@ class SlowClose(RuleAction):
             ms, f"{path}.ms", 0.0, exclusive=True, hi=MAX_DURATION_MS), "forward": read_forward(reader, m, path)}, cls)
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
-        draft.blackhole = True
-        draft.blackhole_forwards = self.forward
+        draft.black_hole(key, self, forward=self.forward)
         draft.close_after_s = self.ms / 1000
         draft.connection_fault(key, f"{blackhole_detail(self.forward)}, closing in {self.ms:g}ms")
