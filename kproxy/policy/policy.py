@@ -413,7 +413,7 @@ class RulePolicy:
                 last = i == len(steps) - 1
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
                                             throttle_time_ms=throttle_ms if last else None, only=plan.only,
-                                            merge=merge)
+                                            merge=merge, answering=self.broker_id)
                 response = outcome.frame
                 if outcome.over_budget:
                     over_budget(counts, self.peer)
