@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from kproxy.admin.client import AdminClient
 from kproxy.testing import Broker, ProxyThread, running_proxy
+from tests.support.delivered import Outcome, read_back
 from tests.support.e2e import create_topic, unique
 from tests.support.kafkajs import run_node
 
@@ -41,32 +42,7 @@ REQUEST_TIMEOUT_MS = 1500
 SOCKET_TIMEOUT_MS = 12000  # librdkafka's timeout of a request in flight: well above HEAL_WITHIN_S, so not what heals
 
 
-# -- what the broker holds -------------------------------------------------------------------
-def read_back(bootstrap: str, topic: str, partitions: int, quiet_s: float = 2.0, limit_s: float = 30.0
-              ) -> list[bytes]:
-    """Every record value of ``topic``, read from the broker itself until no new record came for
-    ``quiet_s`` (Tansu reports a partition's end offset as its last batch's first offset + 1, so
-    the end offset cannot say when everything was read)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read-back"),
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-        got: list[bytes] = []
-        last_new = started = time.monotonic()
-        while time.monotonic() - last_new < quiet_s and time.monotonic() - started < limit_s:
-            for msg in consumer.consume(num_messages=500, timeout=0.2):
-                assert msg.error() is None, f"read-back error: {msg.error()}"
-                got.append(msg.value())
-                last_new = time.monotonic()
-        return got
-    finally:
-        consumer.close()
-
-
 # -- the clients -----------------------------------------------------------------------------
-Outcome = dict[str, Any]  # {"i": n, "sent": epoch ms, "acked": epoch ms or None, "error": str or None}
-
-
 def produce_librdkafka(bootstrap: str, topic: str, during: Callable[[float], None]) -> list[Outcome]:
     """One record every INTERVAL_S for SEND_FOR_S (no idempotence: retries go on the connection
     they were sent on), ``during(elapsed)`` called between sends; each record's outcome."""

@@ -1,8 +1,9 @@
 // A kafkajs producer as an application runs one: one record every `interval_ms` for `seconds`,
 // each send awaited on its own (several in flight), then every outcome printed as one JSON line:
-// {"i": n, "sent": epoch ms, "acked": epoch ms or null, "error": message or null}.
+// {"i": n, "partition": p or null, "sent": epoch ms, "acked": epoch ms or null, "error": message or null}.
 // Usage: node produce.js CONFIG_JSON, CONFIG_JSON: {brokers, topic, seconds, interval_ms,
-// wait_s, request_timeout_ms, partition (optional), client_id (optional)}.
+// wait_s, request_timeout_ms, partitions (optional: record i goes to partition i % partitions),
+// client_id (optional)}.
 const { Kafka, logLevel } = require("kafkajs");
 
 const config = JSON.parse(process.argv[2]);
@@ -22,10 +23,10 @@ async function main() {
   const pending = [];
   const started = Date.now();
   for (let i = 0; Date.now() - started < config.seconds * 1000; i++) {
-    const outcome = { i, sent: Date.now(), acked: null, error: null };
+    const outcome = { i, partition: null, sent: Date.now(), acked: null, error: null };
     outcomes.push(outcome);
     const message = { value: `v${i}` };
-    if (config.partition !== undefined) message.partition = config.partition;
+    if (config.partitions) message.partition = outcome.partition = i % config.partitions;
     pending.push(producer.send({ topic: config.topic, acks: -1, messages: [message] })
       .then(() => { outcome.acked = Date.now(); }, (err) => { outcome.error = String(err); }));
     await new Promise((resolve) => setTimeout(resolve, config.interval_ms));
