@@ -19,6 +19,7 @@ only at ``socket.timeout.ms``. Every record is then read back from the broker it
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kproxy.admin.client import AdminClient
+from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.delivered import Outcome, read_back
 from tests.support.e2e import create_topic, unique
@@ -39,6 +41,7 @@ HOLE_FOR_S = 3.0
 SEND_FOR_S = 7.0  # the clients send one record every INTERVAL_S for this long: before, in and after the hole
 INTERVAL_S = 0.05
 REQUEST_TIMEOUT_MS = 1500
+METADATA = 3
 SOCKET_TIMEOUT_MS = 12000  # librdkafka's timeout of a request in flight: well above HEAL_WITHIN_S, so not what heals
 
 
@@ -193,3 +196,38 @@ def test_after_a_black_hole_rule_ends_the_client_delivers_everything_within_5_s(
     written = read_back(tansu.bootstrap, topic, 1)
     missing = {f"v{o['i']}".encode() for o in outcomes} - set(written)
     assert not missing, f"{len(missing)} acknowledged records are not on the broker"
+
+
+# -- slow_close: Toxiproxy's meaning -----------------------------------------------------------
+def test_slow_close_passes_traffic_and_delays_the_close_as_toxiproxy_does(tansu: Broker, tmp_path: Path) -> None:
+    topic = unique("slow-close")
+    create_topic(tansu.bootstrap, topic, 1)
+    path = tmp_path / "rules.yaml"
+    path.write_text("""rules:
+  - id: slow
+    match: {api: [metadata, produce]}
+    actions:
+      - slow_close: {delay_ms: 1500}
+""")
+    with running_proxy(tansu.bootstrap, rules=str(path)) as proxy:
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all", "linger.ms": 5,
+                             "message.timeout.ms": 10000})
+        acked: list[bytes] = []
+        for i in range(100):
+            producer.produce(topic, value=f"s{i}".encode(),
+                             on_delivery=lambda err, msg: acked.append(msg.value()) if err is None else None)
+        started = time.monotonic()
+        assert producer.flush(15) == 0
+        assert len(acked) == 100 and time.monotonic() - started < 5, "slow_close should let traffic pass"
+        # A client that ends its side sees kproxy's end of the connection delay_ms later.
+        host, port = proxy.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(request_frame(METADATA, 9, 1, client_id="slow", topics=[], allow_auto_topic_creation=False))
+            assert sock.recv(4), "the request should be answered"
+            sock.shutdown(socket.SHUT_WR)
+            ended = time.monotonic()
+            while sock.recv(65536):
+                pass
+            waited = time.monotonic() - ended
+        assert 1.4 <= waited < 5, f"the close came {waited:.2f} s after the client's"
+    assert set(read_back(tansu.bootstrap, topic, 1)) >= set(acked)

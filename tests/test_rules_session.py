@@ -235,7 +235,7 @@ def test_close_and_reset_end_the_connection_deliberately(action: str, abort: boo
 
 
 def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> None:
-    d = Driver(rules("slow_close: {ms: 500}"))
+    d = Driver(rules("blackhole: {close_after_ms: 500}"))
     d.client(heartbeat(1))
     d.client(produce(2, -1), produce(3, 0))
     assert d.upstream == [], "a black hole lets no request through to the broker"
@@ -245,7 +245,7 @@ def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> N
     assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE
 
 
-@pytest.mark.parametrize("action", ["blackhole", "slow_close: {ms: 60000}"])
+@pytest.mark.parametrize("action", ["blackhole", "blackhole: {close_after_ms: 60000}"])
 def test_a_black_hole_begins_at_the_request_hit_and_earlier_answers_still_flow(action: str) -> None:
     d = Driver(rules(action, "{api: produce, schedule: {after_requests: 1}}"))
     d.client(produce(1, -1), heartbeat(2), produce(3, -1), heartbeat(4), produce(5, 0))
@@ -283,7 +283,7 @@ def test_the_observer_sees_each_swallowed_request_complete_with_no_response() ->
     assert seen.completed == [(1, None, ("blackhole",)), (2, None, ())]
 
 
-@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "slow_close: {ms: 500, forward: true}"])
+@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "blackhole: {close_after_ms: 500, forward: true}"])
 def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) -> None:
     d = Driver(rules(action))
     d.client(heartbeat(1))
@@ -319,7 +319,7 @@ def test_a_black_hole_ends_with_its_time_window_and_later_requests_flow_in_order
 
 
 def test_a_slow_close_whose_rule_ends_first_does_not_close() -> None:
-    d = Driver(rules("slow_close: {ms: 5000}", HOLE_FOR_2S))
+    d = Driver(rules("blackhole: {close_after_ms: 5000}", HOLE_FOR_2S))
     d.client(produce(1, -1))
     assert d.wake is not None
     d.tick(2.5)

@@ -163,7 +163,7 @@ class RulePolicy:
         self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
-        self._lasts: dict[tuple[str, RuleAction], RuleInForce] = {}  # what black holes last as long as
+        self._lasts: dict[tuple[str, RuleAction], RuleInForce] = {}  # what connection-wide faults last as long as
         self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
         self._principal: str | None = None
 
@@ -332,12 +332,13 @@ class RulePolicy:
             forward, answer = False, None  # a black hole: the request is read and goes nowhere
         wire = self.wire.orders(injector, draft.wire) if draft.wire else ()
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
-                or blackhole or wire):
+                or blackhole or wire or draft.close_delay_s):
             verdict = Verdict(answer=answer, forward=forward, request=None if request is frame else request,
                               hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
                               drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
                               blackhole_lasts=self._lasting(draft.blackhole_by),
-                              held_by=draft.held_by, wire=wire)
+                              held_by=draft.held_by, wire=wire, close_delay_s=draft.close_delay_s,
+                              close_delay_lasts=self._lasting(draft.close_delay_by))
             if on_response is not None and ex.api_key in RESPONSES and any(
                     plans[hit.rule_id].leader_moves for hit in decision.hits if not hit.dry_run):
                 self._floored = verdict  # its response edit keeps the floors itself (_on_response)
@@ -345,8 +346,8 @@ class RulePolicy:
         return None
 
     def _lasting(self, by: tuple[str, RuleAction] | None) -> RuleInForce | None:
-        """What a black hole rule ``by`` started lasts as long as: that rule's action in force
-        (one per rule and action, made once per connection; None: no black hole)."""
+        """What a connection-wide fault (a black hole, a slow close) rule ``by`` started lasts as long
+        as: that rule's action in force (one per rule and action, made once per connection; None: none)."""
         if by is None:
             return None
         lasting = self._lasts.get(by)

@@ -133,8 +133,8 @@ class Session(UpstreamLoginMode):
     :attr:`partial_request_at`, the counters ``requests`` / ``responses``,
     :attr:`client_id` and :attr:`principal` (for its log lines), and takes :attr:`wire_orders`
     (the byte-level toxics verdicts asked for, to install before it executes the chunk's
-    commands); it reads nothing else of the session, and sets :attr:`principal` when the
-    client's TLS certificate names one.
+    commands), and once the connection ended, :meth:`close_delay_s` (a slow close); it reads
+    nothing else of the session, and sets :attr:`principal` when the client's TLS certificate names one.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -174,7 +174,8 @@ class Session(UpstreamLoginMode):
         self._blackhole_lasts: InForce | None = None  # what the black hole lasts as long as (None: the connection)
         # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
         self.wire_orders: list[WireOrder] = []
-        self._close_at: float | None = None  # a slow close's time
+        self._close_at: float | None = None  # a black hole's close time (close_after_s)
+        self._close_delay: tuple[float, InForce | None] | None = None  # a slow close: its delay, its lifetime
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
         self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
         # Client chunks held during a login (module docstring; in terminate mode, after the client's: terminate.py).
@@ -331,6 +332,8 @@ class Session(UpstreamLoginMode):
                     self.wire_orders.extend(verdict.wire)
                 if verdict.blackhole and self._blackholed is None:
                     self._blackhole(verdict, now)
+                if verdict.close_delay_s and self.close_delay_s() < verdict.close_delay_s:
+                    self._close_delay = (verdict.close_delay_s, verdict.close_delay_lasts)
                 if verdict.request is not None:
                     out = verdict.request
                     self._edited = True
@@ -386,6 +389,15 @@ class Session(UpstreamLoginMode):
         if verdict.close_after_s is not None:
             self._close_at = now + verdict.close_after_s
             self._release.want_wake(self._close_at)
+
+    def close_delay_s(self) -> float:
+        """How long after the connection ended its sockets are to close (a rule's slow close still in
+        force; 0: at once). The server asks once the connection ended, whatever ended it."""
+        delay = self._close_delay
+        if delay is None:
+            return 0.0
+        lasts = delay[1]
+        return delay[0] if lasts is None or lasts.in_force() else 0.0
 
     def _blackhole_holds(self) -> bool:
         """Whether the black hole the connection is in still lasts (its rule is in force)."""
@@ -458,7 +470,7 @@ class Session(UpstreamLoginMode):
         """
         if self._close_at is not None and now >= self._close_at:
             if self._blackhole_holds():
-                return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
+                return [CloseConnection("rule: blackhole close_after_ms", CloseKind.DELIBERATE)]
             self._heal()
         release = self._release
         release.flush()

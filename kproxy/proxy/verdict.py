@@ -52,6 +52,9 @@ class Verdict:
       the connection then ends that long after, unless the black hole ended first. Answers to
       requests forwarded before it still flow; once it ends, requests read from then on flow again
       (those it swallowed stay unanswered), as over a healed partition.
+    * ``close_delay_s``: from this request on, while ``close_delay_lasts`` is in force (None: for
+      the rest of the connection), the connection's sockets close that long after it ended (a slow
+      close: traffic passes meanwhile as ever; :meth:`Session.close_delay_s`).
     * ``wire``: byte-level toxics for the connection to install from this request on
       (:mod:`kproxy.wire_toxics`; the session hands them to the server: ``Session.wire_orders``).
 
@@ -73,6 +76,8 @@ class Verdict:
     blackhole: Final[bool]
     close_after_s: Final[float | None]
     blackhole_lasts: Final[InForce | None]
+    close_delay_s: Final[float]
+    close_delay_lasts: Final[InForce | None]
     held_by: Final[tuple[str, str] | None]
     wire: Final[tuple[WireOrder, ...]]
 
@@ -81,7 +86,8 @@ class Verdict:
                  on_response: Callable[[bytes], bytes] | None = None, drop_response: bool = False,
                  blackhole: bool = False, close_after_s: float | None = None,
                  blackhole_lasts: InForce | None = None, held_by: tuple[str, str] | None = None,
-                 wire: tuple[WireOrder, ...] = ()) -> None:
+                 wire: tuple[WireOrder, ...] = (), close_delay_s: float = 0.0,
+                 close_delay_lasts: InForce | None = None) -> None:
         self.close = close
         self.answer = answer
         self.forward = forward
@@ -93,6 +99,8 @@ class Verdict:
         self.blackhole = blackhole
         self.close_after_s = close_after_s
         self.blackhole_lasts = blackhole_lasts
+        self.close_delay_s = close_delay_s
+        self.close_delay_lasts = close_delay_lasts
         self.held_by = held_by
         self.wire = wire
 
