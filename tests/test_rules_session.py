@@ -613,3 +613,33 @@ def test_each_exchange_carries_the_rule_actions_that_acted_on_it(
     by_id = {ex.correlation_id: ex for ex in seen.done}
     assert list(by_id[1].rule_decisions) == expected
     assert by_id[2].rule_decisions == ()
+
+
+def _errors_per_connection(match: str, connections: int = 200, requests: int = 20) -> list[int]:
+    """How many of ``requests`` heartbeats of each of ``connections`` connections (one client) a rule
+    answering REBALANCE_IN_PROGRESS under ``match`` met."""
+    live = LiveRules(load_text(rules("inject_error: {error: REBALANCE_IN_PROGRESS}", match)), counts=FaultStats(),
+                     clock=Clock())
+    out = []
+    for c in range(connections):
+        session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), policy=live.policy(f"127.0.0.1:{c}"))
+        met = 0
+        for i in range(requests):
+            for command in session.receive_client(heartbeat(i)):
+                if isinstance(command, SendToClient):
+                    met += body(HEARTBEAT, 4, command.payload())["error_code"] == REBALANCE_IN_PROGRESS
+            if session.in_flight_count:  # not met: forwarded; answered by the "broker"
+                commands = session.receive_upstream(heartbeat_answer(i))
+                assert all(body(HEARTBEAT, 4, cmd.payload())["error_code"] == 0
+                           for cmd in commands if isinstance(cmd, SendToClient))
+        out.append(met)
+    return out
+
+
+def test_toxicity_picks_that_share_of_connections_and_acts_on_every_request_there() -> None:
+    met = _errors_per_connection("{api: heartbeat, toxicity: 0.1}")
+    assert set(met) == {0, 20}, "a connection drawn in meets the rule on every request; one drawn out on none"
+    assert 8 <= met.count(20) <= 36, f"{met.count(20)} of 200 connections drawn in at toxicity 0.1"
+    # probability draws per request: at 0.1 over 20 requests most connections meet it at least once.
+    per_request = _errors_per_connection("{api: heartbeat, probability: 0.1}")
+    assert sum(1 for m in per_request if m) > 140 and 0 < sum(per_request) < 200 * 20
