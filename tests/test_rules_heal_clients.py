@@ -231,3 +231,52 @@ def test_slow_close_passes_traffic_and_delays_the_close_as_toxiproxy_does(tansu:
             waited = time.monotonic() - ended
         assert 1.4 <= waited < 5, f"the close came {waited:.2f} s after the client's"
     assert set(read_back(tansu.bootstrap, topic, 1)) >= set(acked)
+
+
+# -- toxicity: Toxiproxy's per-connection draw ---------------------------------------------------
+def _latencies(bootstrap: str, topic: str, client_id: str, records: int) -> list[float]:
+    """Each record's delivery latency for one librdkafka producer (one connection to the broker),
+    sending the next once the last is acknowledged."""
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": client_id, "acks": "all", "linger.ms": 0,
+                         "message.timeout.ms": 20000})
+    out: list[float] = []
+    for i in range(records):
+        started = time.monotonic()
+        producer.produce(topic, value=f"{client_id}-{i}".encode())
+        assert producer.flush(15) == 0
+        out.append(time.monotonic() - started)
+    return out
+
+
+@pytest.mark.parametrize("key", ["toxicity", "probability"])
+def test_toxicity_picks_whole_connections_where_probability_picks_requests(
+        tansu: Broker, tmp_path: Path, key: str) -> None:
+    import threading
+
+    topic = unique("toxicity")
+    create_topic(tansu.bootstrap, topic, 1)
+    path = tmp_path / "rules.yaml"
+    path.write_text(f"""seed: 5
+rules:
+  - id: slow-some
+    match: {{api: produce, {key}: 0.5}}
+    actions:
+      - delay: {{ms: 600}}
+""")
+    producers, records = 12, 6
+    got: dict[int, list[float]] = {}
+    with running_proxy(tansu.bootstrap, rules=str(path)) as proxy:
+        threads = [threading.Thread(target=lambda n=n: got.__setitem__(n, _latencies(
+            proxy.bootstrap, topic, f"tox-{key}-{n}", records)), daemon=True) for n in range(producers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert len(got) == producers
+    slow = {n: sum(s >= 0.5 for s in lat) for n, lat in got.items()}
+    mixed = [n for n, k in slow.items() if 0 < k < records]
+    if key == "toxicity":  # each connection is drawn once: all its records held, or none
+        assert not mixed, f"producers with some records held and some not: {[got[n] for n in mixed]}"
+        assert 0 < sum(k == records for k in slow.values()) < producers
+    else:  # drawn per request: most connections meet it on some requests and not others
+        assert len(mixed) >= producers // 2, f"only {len(mixed)} of {producers} producers mixed"
