@@ -643,3 +643,15 @@ def test_toxicity_picks_that_share_of_connections_and_acts_on_every_request_ther
     # probability draws per request: at 0.1 over 20 requests most connections meet it at least once.
     per_request = _errors_per_connection("{api: heartbeat, probability: 0.1}")
     assert sum(1 for m in per_request if m) > 140 and 0 < sum(per_request) < 200 * 20
+
+
+def test_slow_close_passes_traffic_and_asks_the_close_late_while_its_rule_lasts() -> None:
+    d = Driver(rules("slow_close: {delay_ms: 1500}", HOLE_FOR_2S))
+    assert d.session.close_delay_s() == 0.0
+    d.client(produce(1, -1), heartbeat(2))
+    assert _ids_up(d) == [1, 2], "slow_close lets the traffic through"
+    d.broker(produce_answer(1), heartbeat_answer(2))
+    assert d.answered() == [1, 2] and d.closed is None
+    assert d.session.close_delay_s() == 1.5
+    d.clock.now += 2.5  # the rule's window is over: a close now comes at once
+    assert d.session.close_delay_s() == 0.0
