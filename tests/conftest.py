@@ -42,6 +42,8 @@ SLOW_MODULES = frozenset({
     "test_image_health.py",
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults
+    "test_rules_heal_clients.py",  # faults that end with their rule, librdkafka and kafkajs (Node) through each
+    "test_rules_metadata_clients.py",  # metadata mutations met by librdkafka and kafkajs (Node)
     "test_rules_multibroker.py",
     "test_rules_properties.py",  # property tests of the engine, hundreds of rule sets
     "test_rules_reload_hostile.py",  # FIFOs, /dev/zero, 100,000 rules, kproxy subprocesses

@@ -162,8 +162,34 @@ def test_move_leader_shrink_isr_hide_partition_touch_only_the_selected(version: 
     if "leader_epoch" in orders[0]:
         orders[0]["leader_epoch"] = 5  # bumped, or clients ignore the move (KIP-320)
     orders[1]["isr_nodes"] = [2]
-    del orders[2]
+    # A hidden partition stays listed, leaderless, as a cluster lists one whose leader is gone.
+    orders[2]["leader_id"], orders[2]["error_code"] = -1, LEADER_NOT_AVAILABLE
     assert after == expected
+
+
+@pytest.mark.parametrize("version", versions(METADATA))
+def test_hiding_every_broker_keeps_the_answering_one_or_else_the_first_listed(version: int) -> None:
+    frame = metadata_frame(version)
+    every = MetadataEdits(hide_brokers=frozenset({1, 2, 3}))
+    for answering, kept in ((2, 2), (None, 1)):
+        after = body_of_response(METADATA, version, mutate_metadata(frame, METADATA, version, every, answering).frame)
+        assert [b["node_id"] for b in after["brokers"]] == [kept]
+        # What the kept broker leads keeps its leader; the others' partitions are leaderless.
+        assert [p["leader_id"] for p in after["topics"][0]["partitions"]] == [
+            p + 1 if p + 1 == kept else -1 for p in range(3)]
+    # The answering broker is never hidden, though others remain.
+    after = body_of_response(METADATA, version, mutate_metadata(
+        frame, METADATA, version, MetadataEdits(hide_brokers=frozenset({1, 3})), 3).frame)
+    assert [b["node_id"] for b in after["brokers"]] == [2, 3]
+
+
+@pytest.mark.parametrize("version", versions(DESCRIBE_CLUSTER))
+def test_describe_cluster_never_lists_no_broker(version: int) -> None:
+    brokers = [{"broker_id": n, "host": f"b{n}", "port": 9090 + n} for n in (1, 2)]
+    frame = response_frame(DESCRIBE_CLUSTER, version, 1, brokers=brokers, controller_id=2)
+    after = body_of_response(DESCRIBE_CLUSTER, version, mutate_metadata(
+        frame, DESCRIBE_CLUSTER, version, MetadataEdits(hide_brokers=frozenset({1, 2}))).frame)
+    assert [b["broker_id"] for b in after["brokers"]] == [1] and after["controller_id"] == -1
 
 
 def test_hidden_leader_moves_to_an_in_sync_replica_when_asked() -> None:

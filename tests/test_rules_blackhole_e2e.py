@@ -1,4 +1,5 @@
-"""``blackhole`` and ``slow_close`` against the real broker with real producers: what reaches the topic.
+"""``blackhole`` (with and without ``close_after_ms``) against the real broker with real producers:
+what reaches the topic.
 
 A black hole is a partitioned network: by default neither the request hit nor any later request
 of the connection reaches the broker, so a producer without idempotence that re-sends after its
@@ -76,13 +77,13 @@ def produce_librdkafka(bootstrap: str, topic: str, **config: Any) -> tuple[int, 
     return len(acked), time.monotonic() - started
 
 
-@pytest.mark.parametrize("action", ["blackhole", "slow_close: {ms: 1500}"])
+@pytest.mark.parametrize("action", ["blackhole", "blackhole: {close_after_ms: 1500}"])
 def test_a_black_hole_writes_nothing_so_a_producer_without_idempotence_writes_each_record_once(
         holed: Any, tansu: Broker, action: str) -> None:
     proxy, topic = holed(action)
     # socket.timeout.ms is what ends librdkafka's wait on a silent connection (measured: a 2 s
     # setting recovers in 2.3-2.6 s; request.timeout.ms alone re-sends on the same silent
-    # connection until socket.timeout.ms, 60 s by default). slow_close ends it first.
+    # connection until socket.timeout.ms, 60 s by default). close_after_ms ends it first.
     acked, seconds = produce_librdkafka(proxy.bootstrap, topic, **{"socket.timeout.ms": 2000})
     written = in_topic(tansu, topic)
     assert acked == MESSAGES
@@ -91,7 +92,7 @@ def test_a_black_hole_writes_nothing_so_a_producer_without_idempotence_writes_ea
     assert seconds < 15, f"recovery took {seconds:.1f} s"
 
 
-@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "slow_close: {ms: 1500, forward: true}"])
+@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "blackhole: {close_after_ms: 1500, forward: true}"])
 def test_forward_true_writes_what_it_never_answers_and_the_retries_duplicate_it(
         holed: Any, tansu: Broker, action: str) -> None:
     proxy, topic = holed(action)

@@ -290,14 +290,14 @@ BAD_FILES: list[tuple[str, str, list[str], bool]] = [
               - throttle:
                   bytes_per_second: 1.0e+16
               - delay: {ms: 1.0e+300, jitter_ms: 604800001}
-              - slow_close: {ms: 1.0e+308}
+              - slow_close: {delay_ms: 1.0e+308}
         """, ["r.yaml:5: rules[0].actions[0].throttle.bytes_per_second: must be >= 1, got 5e-324",
               "r.yaml:5: rules[0].actions[0].throttle.requests_per_second: must be >= 0.001, got 0.0001",
               "r.yaml:5: rules[0].actions[0].throttle.burst_seconds: must be <= 604800, got 1e+300",
               "r.yaml:7: rules[0].actions[1].throttle.bytes_per_second: must be <= 1e+15, got 1e+16",
               "r.yaml:8: rules[0].actions[2].delay.ms: must be <= 6.048e+08, got 1e+300",
               "r.yaml:8: rules[0].actions[2].delay.jitter_ms: must be <= 6.048e+08, got 604800001",
-              "r.yaml:9: rules[0].actions[3].slow_close.ms: must be <= 6.048e+08, got 1e+308"], True),
+              "r.yaml:9: rules[0].actions[3].slow_close.delay_ms: must be <= 6.048e+08, got 1e+308"], True),
     ("bad CIDR", """\
         rules:
           - id: a

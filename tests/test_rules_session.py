@@ -235,7 +235,7 @@ def test_close_and_reset_end_the_connection_deliberately(action: str, abort: boo
 
 
 def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> None:
-    d = Driver(rules("slow_close: {ms: 500}"))
+    d = Driver(rules("blackhole: {close_after_ms: 500}"))
     d.client(heartbeat(1))
     d.client(produce(2, -1), produce(3, 0))
     assert d.upstream == [], "a black hole lets no request through to the broker"
@@ -245,7 +245,7 @@ def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> N
     assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE
 
 
-@pytest.mark.parametrize("action", ["blackhole", "slow_close: {ms: 60000}"])
+@pytest.mark.parametrize("action", ["blackhole", "blackhole: {close_after_ms: 60000}"])
 def test_a_black_hole_begins_at_the_request_hit_and_earlier_answers_still_flow(action: str) -> None:
     d = Driver(rules(action, "{api: produce, schedule: {after_requests: 1}}"))
     d.client(produce(1, -1), heartbeat(2), produce(3, -1), heartbeat(4), produce(5, 0))
@@ -283,7 +283,7 @@ def test_the_observer_sees_each_swallowed_request_complete_with_no_response() ->
     assert seen.completed == [(1, None, ("blackhole",)), (2, None, ())]
 
 
-@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "slow_close: {ms: 500, forward: true}"])
+@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "blackhole: {close_after_ms: 500, forward: true}"])
 def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) -> None:
     d = Driver(rules(action))
     d.client(heartbeat(1))
@@ -292,6 +292,68 @@ def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) 
     assert d.session.in_flight_count == 3, "the broker's answers are awaited, then swallowed"
     d.broker(heartbeat_answer(1), produce_answer(2), heartbeat_answer(3))
     assert d.to_client == [] and d.closed is None and d.session.in_flight_count == 0
+
+
+def _ids_up(d: Driver) -> list[int]:
+    return [struct.unpack_from(">i", f, 8)[0] for f in d.upstream]
+
+
+HOLE_FOR_2S = "{api: produce, schedule: {for_seconds: 2}}"
+
+
+@pytest.mark.parametrize("action", ["blackhole", "blackhole: {forward: true}"])
+def test_a_black_hole_ends_with_its_time_window_and_later_requests_flow_in_order(action: str) -> None:
+    d = Driver(rules(action, HOLE_FOR_2S))
+    d.client(heartbeat(1), produce(2, -1), heartbeat(3))  # 1 before the hole, 2 meets it, 3 in it
+    forwarded = action != "blackhole"
+    assert _ids_up(d) == ([1, 2, 3] if forwarded else [1])
+    d.clock.now += 2.5  # the rule's window is over: the connection heals
+    d.client(produce(4, -1), heartbeat(5))
+    assert _ids_up(d) == ([1, 2, 3, 4, 5] if forwarded else [1, 4, 5])
+    d.broker(heartbeat_answer(1))
+    if forwarded:
+        d.broker(produce_answer(2), heartbeat_answer(3))  # answered by the broker, swallowed by the hole
+    d.broker(produce_answer(4), heartbeat_answer(5))
+    # The swallowed requests stay unanswered and hold nothing back: the later answers leave in order.
+    assert d.answered() == [1, 4, 5] and d.closed is None and d.session.in_flight_count == 0
+
+
+def test_a_slow_close_whose_rule_ends_first_does_not_close() -> None:
+    d = Driver(rules("blackhole: {close_after_ms: 5000}", HOLE_FOR_2S))
+    d.client(produce(1, -1))
+    assert d.wake is not None
+    d.tick(2.5)
+    d.client(heartbeat(2))
+    d.tick(3.0)  # past the close's time
+    assert d.closed is None and _ids_up(d) == [2]
+
+
+@pytest.mark.parametrize("how", ["reload", "delete", "disable"])
+def test_a_black_hole_ends_when_its_rule_is_reloaded_away_deleted_or_disabled(how: str) -> None:
+    d = Driver(rules("blackhole", "{api: produce}") + """  - id: other
+    match: {api: metadata}
+    actions: [drop_response]
+""")
+    d.client(produce(1, -1), heartbeat(2))
+    assert d.upstream == []
+    if how == "reload":
+        d.live.replace(load_text(rules("blackhole", "{api: produce}", rule_id="renamed")), origin="test")
+    elif how == "delete":
+        d.live.replace(load_text(rules("drop_response", "{api: metadata}", rule_id="other")), origin="test")
+    else:
+        d.live.replace(load_text(rules("blackhole", "{api: produce}").replace("    match:", "    enabled: false\n"
+                                                                              "    match:")), origin="test")
+    d.client(heartbeat(3))
+    d.broker(heartbeat_answer(3))
+    assert _ids_up(d) == [3] and d.answered() == [3]
+
+
+def test_a_black_hole_lasts_while_its_rule_does_though_it_matches_one_request() -> None:
+    d = Driver(rules("blackhole", "{api: produce, schedule: {first: 1}}"))
+    d.client(produce(1, -1))
+    d.clock.now += 3600
+    d.client(heartbeat(2), produce(3, -1))
+    assert d.upstream == [] and d.to_client == []
 
 
 def test_a_later_rule_does_not_answer_out_of_a_black_hole() -> None:
@@ -551,3 +613,45 @@ def test_each_exchange_carries_the_rule_actions_that_acted_on_it(
     by_id = {ex.correlation_id: ex for ex in seen.done}
     assert list(by_id[1].rule_decisions) == expected
     assert by_id[2].rule_decisions == ()
+
+
+def _errors_per_connection(match: str, connections: int = 200, requests: int = 20) -> list[int]:
+    """How many of ``requests`` heartbeats of each of ``connections`` connections (one client) a rule
+    answering REBALANCE_IN_PROGRESS under ``match`` met."""
+    live = LiveRules(load_text(rules("inject_error: {error: REBALANCE_IN_PROGRESS}", match)), counts=FaultStats(),
+                     clock=Clock())
+    out = []
+    for c in range(connections):
+        session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), policy=live.policy(f"127.0.0.1:{c}"))
+        met = 0
+        for i in range(requests):
+            for command in session.receive_client(heartbeat(i)):
+                if isinstance(command, SendToClient):
+                    met += body(HEARTBEAT, 4, command.payload())["error_code"] == REBALANCE_IN_PROGRESS
+            if session.in_flight_count:  # not met: forwarded; answered by the "broker"
+                commands = session.receive_upstream(heartbeat_answer(i))
+                assert all(body(HEARTBEAT, 4, cmd.payload())["error_code"] == 0
+                           for cmd in commands if isinstance(cmd, SendToClient))
+        out.append(met)
+    return out
+
+
+def test_toxicity_picks_that_share_of_connections_and_acts_on_every_request_there() -> None:
+    met = _errors_per_connection("{api: heartbeat, toxicity: 0.1}")
+    assert set(met) == {0, 20}, "a connection drawn in meets the rule on every request; one drawn out on none"
+    assert 8 <= met.count(20) <= 36, f"{met.count(20)} of 200 connections drawn in at toxicity 0.1"
+    # probability draws per request: at 0.1 over 20 requests most connections meet it at least once.
+    per_request = _errors_per_connection("{api: heartbeat, probability: 0.1}")
+    assert sum(1 for m in per_request if m) > 140 and 0 < sum(per_request) < 200 * 20
+
+
+def test_slow_close_passes_traffic_and_asks_the_close_late_while_its_rule_lasts() -> None:
+    d = Driver(rules("slow_close: {delay_ms: 1500}", HOLE_FOR_2S))
+    assert d.session.close_delay_s() == 0.0
+    d.client(produce(1, -1), heartbeat(2))
+    assert _ids_up(d) == [1, 2], "slow_close lets the traffic through"
+    d.broker(produce_answer(1), heartbeat_answer(2))
+    assert d.answered() == [1, 2] and d.closed is None
+    assert d.session.close_delay_s() == 1.5
+    d.clock.now += 2.5  # the rule's window is over: a close now comes at once
+    assert d.session.close_delay_s() == 0.0

@@ -37,6 +37,7 @@ from kproxy.policy.faults import (
     note_action,
     over_budget,
 )
+from kproxy.policy.in_force import RuleInForce
 from kproxy.policy.injector import STREAMS_CAP, FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
 from kproxy.policy.wire import WireOrders
@@ -56,7 +57,7 @@ from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.rules import Decision, RuleHit
-from kproxy.rules.actions.base import HitKey, Step
+from kproxy.rules.actions.base import HitKey, RuleAction, Step
 from kproxy.rules.actions.draft import VerdictDraft
 from kproxy.rules.actions.throttle import charging_response
 from kproxy.rules.apply import apply_to_request, apply_to_response
@@ -145,7 +146,7 @@ class RulePolicy:
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_floored", "_gates", "_headers", "_injector",
+    __slots__ = ("_admitted", "_admitted_for", "_drawn", "_floored", "_gates", "_headers", "_injector", "_lasts",
                  "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
@@ -162,6 +163,8 @@ class RulePolicy:
         self._admitted: dict[int, _Gate] = {}
         self._admitted_for: object = _NO_CLIENT
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
+        self._drawn: dict[tuple[str, float, int], bool] = {}  # its toxicity draws (kproxy.rules.engine)
+        self._lasts: dict[tuple[str, RuleAction], RuleInForce] = {}  # what connection-wide faults last as long as
         self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
         self._principal: str | None = None
 
@@ -225,7 +228,8 @@ class RulePolicy:
         facts = FrameFacts(frame, exchange, client_ip=self.client_ip, broker_id=self.broker_id,
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
-                           topic_names=injector.topic_names, principal=self._principal)
+                           topic_names=injector.topic_names, principal=self._principal,
+                           connection_draws=self._drawn)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
@@ -330,16 +334,30 @@ class RulePolicy:
             forward, answer = False, None  # a black hole: the request is read and goes nowhere
         wire = self.wire.orders(injector, draft.wire) if draft.wire else ()
         if (not forward or request is not frame or hold_s or response_delay_s or on_response is not None or drop
-                or blackhole or wire):
+                or blackhole or wire or draft.close_delay_s):
             verdict = Verdict(answer=answer, forward=forward, request=None if request is frame else request,
                               hold_s=hold_s, response_delay_s=response_delay_s, on_response=on_response,
                               drop_response=drop, blackhole=blackhole, close_after_s=draft.close_after_s,
-                              held_by=draft.held_by, wire=wire)
+                              blackhole_lasts=self._lasting(draft.blackhole_by),
+                              held_by=draft.held_by, wire=wire, close_delay_s=draft.close_delay_s,
+                              close_delay_lasts=self._lasting(draft.close_delay_by))
             if on_response is not None and ex.api_key in RESPONSES and any(
                     plans[hit.rule_id].leader_moves for hit in decision.hits if not hit.dry_run):
                 self._floored = verdict  # its response edit keeps the floors itself (_on_response)
             return verdict
         return None
+
+    def _lasting(self, by: tuple[str, RuleAction] | None) -> RuleInForce | None:
+        """What a connection-wide fault (a black hole, a slow close) rule ``by`` started lasts as long
+        as: that rule's action in force (one per rule and action, made once per connection; None: none)."""
+        if by is None:
+            return None
+        lasting = self._lasts.get(by)
+        if lasting is None:
+            if len(self._lasts) >= _GATES_CAP:
+                self._lasts.clear()
+            lasting = self._lasts[by] = RuleInForce(self.live, by[0], by[1])
+        return lasting
 
     # -- leader epochs that never go backwards ------------------------------------------
     def _keep_epochs(self, ex: Exchange, verdict: Verdict | None, floors: LeaderEpochFloors) -> Verdict | None:
@@ -398,7 +416,7 @@ class RulePolicy:
                 last = i == len(steps) - 1
                 outcome = apply_to_response(plan.response_actions, response, api_key, api_version,
                                             throttle_time_ms=throttle_ms if last else None, only=plan.only,
-                                            merge=merge)
+                                            merge=merge, answering=self.broker_id)
                 response = outcome.frame
                 if outcome.over_budget:
                     over_budget(counts, self.peer)

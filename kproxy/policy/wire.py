@@ -6,55 +6,36 @@ A rule action that acts below the frame (``bandwidth``, ``slicer``, ``limit_data
 :class:`~kproxy.wire_toxics.WireOrder` whose owner is a :class:`RuleToxic`; the connection installs
 an order once (the same key again, while installed, does nothing).
 
-How long a toxic lasts: while its rule is in force, that is while the rule set in force holds a
-rule of that id with that very action, not in a dry run, whose time conditions (``schedule``'s
-``after_seconds``, ``for_seconds``, ``window``) hold; request-counting conditions (``first``,
-``every``, ``after_requests``) and ``probability`` choose the requests that install it, not how
-long it stays. It is asked before every chunk: a reload that removes or changes the rule, or the
-end of its time window, ends the toxic at the connection's next chunk (bytes it already
-scheduled leave as scheduled). A later hit of the rule installs it afresh. A dry-run rule counts
-its hits and installs nothing.
+How long a toxic lasts: while its rule is in force (:mod:`kproxy.policy.in_force`), asked before
+every chunk: the end of the rule's time window, or a reload or admin edit that removes or changes
+it, ends the toxic at the connection's next chunk (bytes it already scheduled leave as scheduled).
+A later hit of the rule installs it afresh. A dry-run rule counts its hits and installs nothing.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Protocol
-
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import count
+from kproxy.policy.in_force import HasInjector, RuleInForce
 from kproxy.policy.injector import FaultInjector
 from kproxy.rules.actions.base import HitKey, RuleAction
-from kproxy.rules.model import Schedule
 from kproxy.wire_toxics import Direction, Toxic, WireOrder
-
-
-class _HasInjector(Protocol):
-    @property
-    def injector(self) -> FaultInjector | None: ...
 
 
 class RuleToxic:
     """The owner of the toxics one action of one rule installs (:class:`~kproxy.wire_toxics.Owner`)."""
 
-    __slots__ = ("action", "counts", "label", "live", "rule_id")
+    __slots__ = ("action", "counts", "label", "life", "rule_id")
 
-    def __init__(self, live: _HasInjector, rule_id: str, action: RuleAction, counts: FaultStats) -> None:
-        self.live = live
+    def __init__(self, live: HasInjector, rule_id: str, action: RuleAction, counts: FaultStats) -> None:
+        self.life = RuleInForce(live, rule_id, action)
         self.rule_id = rule_id
         self.action = action
         self.counts = counts
         self.label = f"rule {rule_id}: {action.kind}"
 
     def in_force(self) -> bool:
-        injector = self.live.injector
-        if injector is None:
-            return False
-        plan = injector.plans.get(self.rule_id)
-        if plan is None or self.action not in plan.acting:
-            return False
-        schedule = plan.schedule
-        return schedule is None or _in_time(schedule, injector.clock() - injector.engine.loaded_at)
+        return self.life.in_force()
 
     def passed(self, direction: Direction, nbytes: int) -> None:
         key = (self.rule_id, self.action.kind, direction.value)
@@ -65,15 +46,6 @@ class RuleToxic:
         count(self.counts.connection_faults, (self.rule_id, self.action.kind))
 
 
-def _in_time(schedule: Schedule, elapsed: float) -> bool:
-    """Whether ``schedule``'s time conditions hold ``elapsed`` seconds after its rule set was loaded."""
-    if elapsed < schedule.after_s:
-        return False
-    if schedule.for_s is not None and elapsed >= schedule.after_s + schedule.for_s:
-        return False
-    return schedule.window is None or schedule.window.contains(time.time())
-
-
 _MADE_CAP = 1024  # orders remembered per connection: rule sets edited again and again start it afresh
 
 
@@ -82,7 +54,7 @@ class WireOrders:
 
     __slots__ = ("_made", "counts", "live")
 
-    def __init__(self, live: _HasInjector, counts: FaultStats) -> None:
+    def __init__(self, live: HasInjector, counts: FaultStats) -> None:
         self.live = live
         self.counts = counts
         self._made: dict[tuple[str, RuleAction, Direction], WireOrder] = {}

@@ -103,7 +103,13 @@ class MetadataEdits:
     selects every partition of the topic. A hidden broker disappears from the
     broker list (and from ``controller_id``, which becomes -1), leaves every
     ISR and is listed in ``offline_replicas`` where it is a replica; the
-    partitions it led behave as ``hidden_leader`` says. ``move_leader`` gives a
+    partitions it led behave as ``hidden_leader`` says. The broker that answers
+    is never hidden from its own answer, and no answer is left listing no
+    broker (see :func:`mutate_metadata`): a running cluster always lists the
+    broker answering. A hidden partition stays listed, with no leader
+    (``leader_id`` -1) and LEADER_NOT_AVAILABLE, as a cluster lists a partition
+    whose leader is gone: removed from the answer, clients would take it for
+    one that does not exist. ``move_leader`` gives a
     partition a new leader and bumps its ``leader_epoch`` (clients ignore
     metadata with an older epoch than they know, KIP-320), ``shrink_isr`` and
     ``offline_replicas`` replace those lists.
@@ -127,30 +133,42 @@ def _lookup(table: Mapping[PartitionKey, Any] | Collection[PartitionKey], topic:
     return True if (topic, partition) in table or (topic, None) in table else None
 
 
-def mutate_metadata(frame: bytes, api_key: int, api_version: int, edits: MetadataEdits) -> Mutation:
+def mutate_metadata(frame: bytes, api_key: int, api_version: int, edits: MetadataEdits,
+                    answering: int | None = None) -> Mutation:
     """Apply :class:`MetadataEdits` to a Metadata (3), DescribeCluster (60) or
     DescribeTopicPartitions (75) response; ``changed`` counts edited brokers
     and partitions. Raises :class:`MetadataMutationError` for a response with
     neither ``brokers`` nor ``topics``.
+
+    ``answering`` is the node id of the broker that answered (None: not known,
+    as on a bootstrap connection): it is never hidden. When every broker the
+    answer lists would be hidden all the same (an unknown answering broker),
+    the first it lists stays, with the partitions it leads: the answer lists at
+    least one broker whenever the broker's did.
     """
     schema = message_schema(api_key, api_version, Direction.RESPONSE)
     names = {f.name for f in schema.fields if f.tag is None} if schema is not None else set()
     if not names & {"brokers", "topics"}:
         raise MetadataMutationError(f"api key {api_key} v{api_version} responses have no brokers or topics")
     count = [0]
-    hidden = edits.hide_brokers
+    # The brokers hidden from this answer: the broker list (before the controller and the topics,
+    # in every schema that has them) may keep one more.
+    hidden = [edits.hide_brokers if answering is None else edits.hide_brokers - {answering}]
     out: dict[str, Edit] = {}
-    if hidden and "brokers" in names:
+    if hidden[0] and "brokers" in names:
         def brokers(value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             if value is None:
                 return None
-            kept = [b for b in value if b.get("node_id", b.get("broker_id")) not in hidden]
+            kept = [b for b in value if _node(b) not in hidden[0]]
+            if value and not kept:
+                kept = value[:1]
+                hidden[0] = hidden[0] - {_node(value[0])}
             count[0] += len(value) - len(kept)
             return kept
         out["brokers"] = brokers
-    if hidden and "controller_id" in names:
+    if hidden[0] and "controller_id" in names:
         def controller(value: int) -> int:
-            if value in hidden:
+            if value in hidden[0]:
                 count[0] += 1
                 return -1
             return value
@@ -158,22 +176,28 @@ def mutate_metadata(frame: bytes, api_key: int, api_version: int, edits: Metadat
     if "topics" in names:
         def topics(value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
             for topic in value or ():
-                parts = topic.get("partitions")
-                if parts is not None:
-                    topic["partitions"] = [p for p in parts if _edit_partition(topic.get("name"), p, edits, count)]
+                for p in topic.get("partitions") or ():
+                    _edit_partition(topic.get("name"), p, edits, hidden[0], count)
             return value
         out["topics"] = topics
     return _splice(frame, api_key, api_version, out, count)
 
 
-def _edit_partition(topic: str | None, p: dict[str, Any], edits: MetadataEdits, count: list[int]) -> bool:
-    """Edit one partition entry in place; False when it is to be removed."""
+def _node(broker: dict[str, Any]) -> Any:
+    """A broker entry's node id (``node_id`` in Metadata, ``broker_id`` in DescribeCluster)."""
+    return broker.get("node_id", broker.get("broker_id"))
+
+
+def _edit_partition(topic: str | None, p: dict[str, Any], edits: MetadataEdits, hidden: frozenset[int],
+                    count: list[int]) -> None:
+    """Edit one partition entry in place (``hidden``: the brokers hidden from this answer)."""
     index = p.get("partition_index", -1)
-    if _lookup(edits.hide_partitions, topic, index):
-        count[0] += 1
-        return False
     before = dict(p)
-    hidden = edits.hide_brokers
+    if _lookup(edits.hide_partitions, topic, index):
+        _leaderless(p)
+        if p != before:
+            count[0] += 1
+        return
     if hidden:
         replicas = p.get("replica_nodes") or []
         # A hidden broker is out of sync and, in DescribeTopicPartitions (KIP-966), not eligible to lead.
@@ -188,8 +212,7 @@ def _edit_partition(topic: str | None, p: dict[str, Any], edits: MetadataEdits, 
             if edits.hidden_leader is HiddenLeader.MOVE and candidates:
                 _set_leader(p, candidates[0])
             else:
-                p["leader_id"] = -1
-                p["error_code"] = LEADER_NOT_AVAILABLE
+                _leaderless(p)
     leader = _lookup(edits.move_leader, topic, index)
     if leader is not None and leader != p.get("leader_id"):
         _set_leader(p, leader)
@@ -201,7 +224,12 @@ def _edit_partition(topic: str | None, p: dict[str, Any], edits: MetadataEdits, 
         p["offline_replicas"] = list(offline)
     if p != before:
         count[0] += 1
-    return True
+
+
+def _leaderless(p: dict[str, Any]) -> None:
+    """A partition whose leader is gone: no leader, LEADER_NOT_AVAILABLE (the client asks again later)."""
+    p["leader_id"] = -1
+    p["error_code"] = LEADER_NOT_AVAILABLE
 
 
 def _set_leader(p: dict[str, Any], leader: int) -> None:

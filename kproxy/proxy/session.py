@@ -30,10 +30,12 @@ Guarantees kept here (each has bitten a peer):
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
   mechanism's exchange is over (kproxy/proxy/sasl.py).
-* A black hole (a verdict's ``blackhole``) lets nothing more through: each later request is
-  read, tracked in order and released at once as no answer, never forwarded (unless the
-  verdict forwards), so nothing waits for an answer that will never come and nothing piles
-  up; answers to requests forwarded before it still leave, in order.
+* A black hole (a verdict's ``blackhole``) lets nothing more through while it lasts: each
+  request read meanwhile is tracked in order and released at once as no answer, never
+  forwarded (unless the verdict forwards), so nothing waits for an answer that will never come,
+  nothing piles up, and answers to requests forwarded before or after it leave in order, never
+  held behind one it swallowed. It ends with its rule (``Verdict.blackhole_lasts``, asked before
+  each request and at a slow close's time): requests read from then on flow again.
 * With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
   the session's side of it in kproxy/proxy/login_mode.py), no client request goes up while one
   is in progress (the first, begun by the client's first chunk; each re-authentication,
@@ -87,7 +89,7 @@ from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrde
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
 from kproxy.proxy.upstream_login import UpstreamLogin
-from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, RequestPolicy, Verdict, keep_ruling
+from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, InForce, RequestPolicy, Verdict, keep_ruling
 from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
@@ -131,8 +133,8 @@ class Session(UpstreamLoginMode):
     :attr:`partial_request_at`, the counters ``requests`` / ``responses``,
     :attr:`client_id` and :attr:`principal` (for its log lines), and takes :attr:`wire_orders`
     (the byte-level toxics verdicts asked for, to install before it executes the chunk's
-    commands); it reads nothing else of the session, and sets :attr:`principal` when the
-    client's TLS certificate names one.
+    commands), and once the connection ended, :meth:`close_delay_s` (a slow close); it reads
+    nothing else of the session, and sets :attr:`principal` when the client's TLS certificate names one.
 
     ``observer`` (optional) sees every request read and every exchange completed
     (acks=0 Produce completes at once, with no response) when the server calls
@@ -168,10 +170,12 @@ class Session(UpstreamLoginMode):
         # once per connection: clients keep one id per connection, and it names the client in log lines.
         self.client_id: str | None = None
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
-        self._blackholed: Verdict | None = None  # after a blackhole: the verdict of every later request
+        self._blackholed: Verdict | None = None  # in a black hole: the verdict of every request
+        self._blackhole_lasts: InForce | None = None  # what the black hole lasts as long as (None: the connection)
         # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
         self.wire_orders: list[WireOrder] = []
-        self._close_at: float | None = None  # a slow close's time
+        self._close_at: float | None = None  # a black hole's close time (close_after_s)
+        self._close_delay: tuple[float, InForce | None] | None = None  # a slow close: its delay, its lifetime
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
         self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
         # Client chunks held during a login (module docstring; in terminate mode, after the client's: terminate.py).
@@ -315,6 +319,8 @@ class Session(UpstreamLoginMode):
         if self.policy is not None:
             if self._closing is not None:
                 return None  # a rule closed the connection earlier in this chunk: nothing more goes on
+            if self._blackholed is not None and not self._blackhole_holds():
+                self._heal()
             verdict = self.policy.decide(ex)  # asked even in a black hole: its rules count what they meet
             if self._blackholed is not None and (verdict is None or verdict.close is None):
                 verdict = self._blackholed  # nothing but a close changes what a black hole does
@@ -326,6 +332,8 @@ class Session(UpstreamLoginMode):
                     self.wire_orders.extend(verdict.wire)
                 if verdict.blackhole and self._blackholed is None:
                     self._blackhole(verdict, now)
+                if verdict.close_delay_s and self.close_delay_s() < verdict.close_delay_s:
+                    self._close_delay = (verdict.close_delay_s, verdict.close_delay_lasts)
                 if verdict.request is not None:
                     out = verdict.request
                     self._edited = True
@@ -377,9 +385,30 @@ class Session(UpstreamLoginMode):
         piles up); with ``close_after_s``, the connection ends that long after (a slow close,
         from :meth:`on_timer`)."""
         self._blackholed = BLACKHOLED_FORWARDED if verdict.forward else BLACKHOLED
+        self._blackhole_lasts = verdict.blackhole_lasts
         if verdict.close_after_s is not None:
             self._close_at = now + verdict.close_after_s
             self._release.want_wake(self._close_at)
+
+    def close_delay_s(self) -> float:
+        """How long after the connection ended its sockets are to close (a rule's slow close still in
+        force; 0: at once). The server asks once the connection ended, whatever ended it."""
+        delay = self._close_delay
+        if delay is None:
+            return 0.0
+        lasts = delay[1]
+        return delay[0] if lasts is None or lasts.in_force() else 0.0
+
+    def _blackhole_holds(self) -> bool:
+        """Whether the black hole the connection is in still lasts (its rule is in force)."""
+        lasts = self._blackhole_lasts
+        return lasts is None or lasts.in_force()
+
+    def _heal(self) -> None:
+        """The black hole's rule ended: requests flow again, and its slow close will not come. The
+        requests it swallowed stay unanswered (their client times them out, as over a healed partition)."""
+        self._blackholed = self._blackhole_lasts = None
+        self._close_at = None
 
     def _answer_locally(self, ex: Exchange, answer: bytes | None, now: float) -> None:
         """Answer a tracked request in the broker's place (``answer`` None: it is swallowed, no answer
@@ -440,7 +469,9 @@ class Session(UpstreamLoginMode):
         up from ``receive_client``, or ``receive_upstream`` after a login held them).
         """
         if self._close_at is not None and now >= self._close_at:
-            return [CloseConnection("rule: slow_close", CloseKind.DELIBERATE)]
+            if self._blackhole_holds():
+                return [CloseConnection("rule: blackhole close_after_ms", CloseKind.DELIBERATE)]
+            self._heal()
         release = self._release
         release.flush()
         login = self.login

@@ -17,6 +17,14 @@ from kproxy.proxy.exchange import Exchange, Ruling
 from kproxy.wire_toxics import WireOrder
 
 
+class InForce(Protocol):
+    """What a connection-wide fault lasts as long as (a rule's action: kproxy.policy.in_force)."""
+
+    def in_force(self) -> bool:
+        """Whether the fault still holds: asked before each request it would act on."""
+        ...
+
+
 @dataclass(slots=True)
 class Verdict:
     """What a :class:`RequestPolicy` decided about one request, in the session's own terms
@@ -36,11 +44,17 @@ class Verdict:
       observer as it is (``Ruling.held``; the server's policy names a rule and action).
     * ``on_response``: edits the broker's answer, after the default address rewrite.
     * ``drop_response``: the broker's answer is swallowed: the client times out.
-    * ``blackhole``: from this request on, nothing more passes on the connection: this request
-      and every later one get no answer, and with ``forward=False`` none reaches the broker either
-      (read and discarded, as a partitioned network loses them); with ``forward=True`` they are
-      forwarded and only their answers are lost. With ``close_after_s`` the connection then ends
-      that long after (a slow close). Answers to requests forwarded before it still flow.
+    * ``blackhole``: from this request on, nothing more passes on the connection while
+      ``blackhole_lasts`` is in force (None: for the rest of the connection): this request and
+      every later one read meanwhile get no answer, and with ``forward=False`` none reaches the
+      broker either (read and discarded, as a partitioned network loses them); with
+      ``forward=True`` they are forwarded and only their answers are lost. With ``close_after_s``
+      the connection then ends that long after, unless the black hole ended first. Answers to
+      requests forwarded before it still flow; once it ends, requests read from then on flow again
+      (those it swallowed stay unanswered), as over a healed partition.
+    * ``close_delay_s``: from this request on, while ``close_delay_lasts`` is in force (None: for
+      the rest of the connection), the connection's sockets close that long after it ended (a slow
+      close: traffic passes meanwhile as ever; :meth:`Session.close_delay_s`).
     * ``wire``: byte-level toxics for the connection to install from this request on
       (:mod:`kproxy.wire_toxics`; the session hands them to the server: ``Session.wire_orders``).
 
@@ -61,14 +75,19 @@ class Verdict:
     drop_response: Final[bool]
     blackhole: Final[bool]
     close_after_s: Final[float | None]
+    blackhole_lasts: Final[InForce | None]
+    close_delay_s: Final[float]
+    close_delay_lasts: Final[InForce | None]
     held_by: Final[tuple[str, str] | None]
     wire: Final[tuple[WireOrder, ...]]
 
     def __init__(self, close: CloseConnection | None = None, answer: bytes | None = None, forward: bool = True,
                  request: bytes | None = None, hold_s: float = 0.0, response_delay_s: float = 0.0,
                  on_response: Callable[[bytes], bytes] | None = None, drop_response: bool = False,
-                 blackhole: bool = False, close_after_s: float | None = None, held_by: tuple[str, str] | None = None,
-                 wire: tuple[WireOrder, ...] = ()) -> None:
+                 blackhole: bool = False, close_after_s: float | None = None,
+                 blackhole_lasts: InForce | None = None, held_by: tuple[str, str] | None = None,
+                 wire: tuple[WireOrder, ...] = (), close_delay_s: float = 0.0,
+                 close_delay_lasts: InForce | None = None) -> None:
         self.close = close
         self.answer = answer
         self.forward = forward
@@ -79,12 +98,15 @@ class Verdict:
         self.drop_response = drop_response
         self.blackhole = blackhole
         self.close_after_s = close_after_s
+        self.blackhole_lasts = blackhole_lasts
+        self.close_delay_s = close_delay_s
+        self.close_delay_lasts = close_delay_lasts
         self.held_by = held_by
         self.wire = wire
 
 
-# What every request after a blackhole gets: read and discarded, never forwarded nor answered; after
-# a blackhole with ``forward=True``: forwarded, its answer swallowed.
+# What every request in a black hole gets: read and discarded, never forwarded nor answered; in
+# a black hole with ``forward=True``: forwarded, its answer swallowed.
 BLACKHOLED = Verdict(forward=False, drop_response=True)
 BLACKHOLED_FORWARDED = Verdict(drop_response=True)
 

@@ -111,15 +111,16 @@ def apply_to_request(actions: Sequence[RuleAction], frame: bytes, *, only: Selec
 
 def apply_to_response(actions: Sequence[RuleAction], frame: bytes, api_key: int, api_version: int, *,
                       throttle_time_ms: int | None = None, only: Selector | None = None,
-                      merge: Step | None = None) -> ResponseOutcome:
+                      merge: Step | None = None, answering: int | None = None) -> ResponseOutcome:
     """Apply the response-side actions to a response frame (size prefix included) answering a
-    request of ``api_key``/``api_version``; ``merge`` (the request outcome's) runs first;
+    request of ``api_key``/``api_version``, given by broker ``answering`` (None: not known);
+    ``merge`` (the request outcome's) runs first;
     ``throttle_time_ms`` (a throttle's delay) is set last when given, never lowering the broker's own."""
     notes: list[str] = []
     current = frame if merge is None else _run(merge[0], merge[1], frame, notes, quiet=True)
     budget = RecordBudget()
     for action in actions:
-        step = action.response_step(api_key, api_version, only, budget)
+        step = action.response_step_from(api_key, api_version, only, budget, answering)
         if step is not None:
             current = _run(step[0], step[1], current, notes)
     if throttle_time_ms is not None and throttle_time_ms > 0:

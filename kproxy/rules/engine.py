@@ -13,11 +13,14 @@ Order of the keys of one rule: api; client id, principal, client address and bro
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
 (cached per topic list); version, acks, partitions, group id, transactional id; then the
 schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
-then its counters; then ``probability``. The counters (``after_requests``,
+then its counters; then ``probability``. ``toxicity`` comes first of the request's keys: it is
+drawn once per connection and rule, at the first request of the connection the rule is tried
+on (the facts' ``connection_draws`` keep it; facts with none, a capture's, draw it per request),
+so that a rule acts on that share of connections, on every request it matches there. The counters (``after_requests``,
 ``first``, ``every``) count, per rule, the requests that passed everything
 before them, in the order this engine sees them.
 
-Reproducibility contract. A probabilistic choice (``probability``, a delay's
+Reproducibility contract. A probabilistic choice (``probability``, ``toxicity``, a delay's
 jitter) is a pure function of::
 
     (seed, rule id, client id, broker id, api key, stream ordinal, draw index)
@@ -121,7 +124,7 @@ class _Compiled:
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
             m.max_version))
         # Without a draw, a hit is always the same value: built once.
-        fixed = m.probability is None and not any(d.jitter_ms for d in self.delays)
+        fixed = m.probability is None and m.toxicity is None and not any(d.jitter_ms for d in self.delays)
         self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
             if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
@@ -294,6 +297,9 @@ class RuleEngine:
         return found
 
     def _try(self, c: _Compiled, facts: RequestFacts) -> RuleHit | None:
+        toxicity = c.match.toxicity
+        if toxicity is not None and not _drawn_in(c, facts, toxicity):
+            return None
         if c.request_keys and not self._matches(c, c.match, facts):
             return None
         if c.fixed is not None:
@@ -399,6 +405,25 @@ class RuleEngine:
     def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
         """:meth:`throttle_s`'s hold alone: what the what-if (kproxy/analysis/whatif.py) charges."""
         return self.throttle_s(rule_id, throttle, facts, nbytes)[0]
+
+
+TOXICITY_DRAW = -1  # the draw index of toxicity: apart from probability's (0) and the delays' (1 on)
+_DRAWN_MAX = 4096  # rules a connection remembers its toxicity draw for (rule sets edited again and again)
+
+
+def _drawn_in(c: _Compiled, facts: RequestFacts, toxicity: float) -> bool:
+    """Whether the connection of ``facts`` is among the ``toxicity`` share rule ``c`` acts on: drawn
+    at its first request tried on the rule, then remembered in its ``connection_draws``."""
+    drawn = facts.connection_draws
+    if drawn is None:
+        return draw(c.seed, c.rule.id, facts, TOXICITY_DRAW) < toxicity
+    key = (c.rule.id, toxicity, c.seed)  # the same rule edited to another share draws afresh
+    hit = drawn.get(key)
+    if hit is None:
+        if len(drawn) >= _DRAWN_MAX:
+            drawn.clear()
+        hit = drawn[key] = draw(c.seed, c.rule.id, facts, TOXICITY_DRAW) < toxicity
+    return hit
 
 
 def _fixed_decision(candidates: tuple[_Compiled, ...]) -> Decision | None:

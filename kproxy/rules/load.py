@@ -45,7 +45,7 @@ T = TypeVar("T")
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
-              "group_id", "transactional_id", "acks", "probability", "schedule")
+              "group_id", "transactional_id", "acks", "probability", "toxicity", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
@@ -284,14 +284,15 @@ class _Loader(ActionReader):
                 kw[key] = self.regex(m[key], f"{path}.{key}")
         if "acks" in m:
             kw["acks"] = self.one_or_many(m["acks"], f"{path}.acks", self.acks)
-        if "probability" in m:
-            kw["probability"] = self.number(m["probability"], f"{path}.probability")
+        for key in ("probability", "toxicity"):
+            if key in m:
+                kw[key] = self.number(m[key], f"{path}.{key}")
         if "schedule" in m:
             kw["schedule"] = self.schedule(m["schedule"], f"{path}.schedule")
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         # Point at the key a model check is about, when there is one.
-        where = next((k for k in ("probability", "acks", "api_version") if k in m), None)
+        where = next((k for k in ("probability", "toxicity", "acks", "api_version") if k in m), None)
         at = m[where] if where else node
         return self.build(at, f"{path}.{where}" if where else path, lambda: Match(**kw))
 

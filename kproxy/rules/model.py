@@ -152,11 +152,14 @@ class Match:
     transactional_id: UserPattern | None = None
     acks: frozenset[int] | None = None
     probability: float | None = None
+    toxicity: float | None = None
     schedule: Schedule | None = None
 
     def __post_init__(self) -> None:
         if self.probability is not None and not 0.0 < self.probability <= 1.0:
             raise ValueError("probability must be in (0, 1]")
+        if self.toxicity is not None and not 0.0 < self.toxicity <= 1.0:
+            raise ValueError("toxicity must be in (0, 1]")
         if self.min_version is not None and self.max_version is not None and self.min_version > self.max_version:
             raise ValueError("min is above max")
         if self.acks is not None and not self.acks <= {-1, 0, 1}:

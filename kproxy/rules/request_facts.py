@@ -47,6 +47,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     * ``principal``: the connection's principal as Kafka writes it (``User:alice``), from a
       verified TLS client certificate or a SASL login the broker accepted; None while unknown.
       Read only when a loaded rule names one.
+    * ``connection_draws``: the connection's ``toxicity`` draws, kept by the engine (per rule;
+      None: the facts have no connection, as a capture's: toxicity is then drawn per request).
     * ``topics()``: topic name -> partitions named in the request (empty for
       topic-only requests such as Metadata). Topic ids (Fetch v13+) appear as
       names when the producer could resolve them, else as the id's text.
@@ -64,6 +66,9 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     def now(self) -> float: ...
     @property
     def wall_time(self) -> float: ...
+
+    @property
+    def connection_draws(self) -> dict[tuple[str, float, int], bool] | None: ...
 
     def topics(self) -> Mapping[str, frozenset[int]]: ...
     def acks(self) -> int | None: ...
@@ -85,6 +90,7 @@ class StaticFacts:
     stream_ordinal: int = 0
     now: float = 0.0
     wall_time: float = 0.0
+    connection_draws: dict[tuple[str, float, int], bool] | None = None
     topic_partitions: Mapping[str, frozenset[int]] = field(default_factory=dict)
     acks_value: int | None = None
     group: str | None = None

@@ -198,9 +198,15 @@ class Connection:
                 self.close_reason = "idle timeout"
         finally:
             self._deadlines.forget(self)
-            await _close(self.client)
-            if self.upstream is not None:
-                await _close(self.upstream)
+            try:
+                delay = self.session.close_delay_s()
+                if delay:  # a rule's slow close: both ends learn of the close that much late
+                    await trio.sleep(delay)
+            finally:
+                with trio.CancelScope(shield=True):  # closed even when a shutdown cancels the delay
+                    await _close(self.client)
+                    if self.upstream is not None:
+                        await _close(self.upstream)
             log.info(
                 "event=connection_closed peer=%s listener=%s upstream=%s%s bytes_in=%d bytes_out=%d "
                 "requests=%d responses=%d in_flight=%d duration_s=%.3f reason=%s",

@@ -150,6 +150,12 @@ class RuleAction:
         """Its edit of a response to a request of this api key and version, as :meth:`request_step`."""
         return None
 
+    def response_step_from(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget,
+                           answering: int | None) -> Step | None:
+        """Its edit of a response the broker ``answering`` gave (its node id; None: not known, as on
+        the bootstrap connection): :meth:`response_step` unless the kind cares who answered."""
+        return self.response_step(api_key, api_version, only, budget)
+
     # -- the verdict (kproxy.policy) ---------------------------------------------------------
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
         """Its part of the verdict of a request it hit (not in a dry run), written into ``draft``;

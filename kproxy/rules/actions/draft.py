@@ -34,8 +34,11 @@ class VerdictDraft:
       ``response_charges``: (rule id, byte rate) pairs charged with the response's size;
       ``throttled``: (rule id, seconds held) per throttle that held the request (both None: none);
     * ``drop``: swallow the response; ``blackhole``: let nothing more through this connection
-      (``blackhole_forwards``: requests still reach the broker, only answers are lost);
-      ``close_after_s``: then close it after that long; ``closing``: close it now, as
+      while the rule and action ``blackhole_by`` names is in force (``blackhole_forwards``:
+      requests still reach the broker, only answers are lost);
+      ``close_after_s``: then close it after that long; ``close_delay_s``: close the connection
+      that long after it ends, while the rule and action ``close_delay_by`` names is in force
+      (a slow close); ``closing``: close it now, as
       (reason, abort: a TCP RST rather than a FIN), the first asked;
     * ``wire``: byte-level toxics to install on the connection, as (key, action, direction, toxic)
       (None: none; the policy installs each once per connection: kproxy.policy.wire);
@@ -54,6 +57,9 @@ class VerdictDraft:
     response_charges: list[tuple[str, Throttle]] | None = None
     throttled: list[tuple[str, float]] | None = None
     drop = blackhole = blackhole_forwards = False
+    blackhole_by: tuple[str, RuleAction] | None = None
+    close_delay_s = 0.0
+    close_delay_by: tuple[str, RuleAction] | None = None
     close_after_s: float | None = None
     closing: tuple[str, bool] | None = None
     wire: list[tuple[HitKey, RuleAction, Direction, Toxic]] | None = None
@@ -105,6 +111,18 @@ class VerdictDraft:
         if self.wire is None:
             self.wire = []
         self.wire.append((key, action, direction, toxic))
+
+    def black_hole(self, key: HitKey, action: RuleAction, *, forward: bool) -> None:
+        """Let nothing more through the connection while ``action`` of rule ``key[0]`` is in force
+        (``forward``: requests still reach the broker); the first black hole asked is the one kept."""
+        if not self.blackhole:
+            self.blackhole, self.blackhole_forwards, self.blackhole_by = True, forward, (key[0], action)
+
+    def slow_close(self, key: HitKey, action: RuleAction, seconds: float) -> None:
+        """Close the connection ``seconds`` after it ends, while ``action`` of rule ``key[0]`` is in
+        force (the longest delay asked is the one kept)."""
+        if seconds > self.close_delay_s:
+            self.close_delay_s, self.close_delay_by = seconds, (key[0], action)
 
     def close(self, key: HitKey, *, abort: bool) -> None:
         """Close the client connection instead of forwarding (the first close asked wins)."""

@@ -3,7 +3,9 @@ shrink the ISR), as a cluster in trouble would describe itself.
 
 YAML: ``- mutate_metadata: {hide_brokers: [2], hide_partitions: [{topic: t, partition: 0}],
 move_leader: [{topic: t, partition: 0, to: 1}], shrink_isr: [{topic: t, partition: 0, to: [1]}]}``.
-Acts on metadata, describe_cluster and describe_topic_partitions only.
+Acts on metadata, describe_cluster and describe_topic_partitions only. Every edit gives an answer a
+cluster in trouble could give (:class:`kproxy.protocol.response_faults.MetadataEdits`): a hidden
+partition is listed leaderless (LEADER_NOT_AVAILABLE), and the broker answering is never hidden.
 """
 
 from __future__ import annotations
@@ -79,10 +81,14 @@ class MutateMetadata(RuleAction):
 
     def response_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                       ) -> Step | None:
+        return self.response_step_from(api_key, api_version, only, budget, None)
+
+    def response_step_from(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget,
+                           answering: int | None) -> Step | None:
         if api_key not in METADATA_APIS:
             return None
         edits = metadata_edits(self)
-        return "mutate_metadata", lambda f: mutate_metadata(f, api_key, api_version, edits)
+        return "mutate_metadata", lambda f: mutate_metadata(f, api_key, api_version, edits, answering)
 
 
 def metadata_edits(action: MutateMetadata) -> MetadataEdits:

@@ -1,9 +1,11 @@
-"""The ``slow_close`` action: let nothing through, wait, then close: a broker that hangs before it dies.
+"""The ``slow_close`` action: traffic passes, and the connection's close comes late (Toxiproxy's slow_close).
 
-YAML: ``- slow_close: {ms: 5000}``, or ``{ms: 5000, forward: true}``. From the request hit on,
-the connection is a black hole (:mod:`kproxy.rules.actions.blackhole`: by default nothing more
-reaches the broker; ``forward: true`` forwards requests and loses only their answers), and it
-ends ``ms`` after the hit.
+YAML: ``- slow_close: {delay_ms: 5000}``. From the request hit on, while the rule is in force
+(kproxy.policy.in_force), the connection is untouched until it ends: when either end closes it (or
+kproxy does, for any reason), kproxy closes both sockets ``delay_ms`` later, so the other end learns
+of the close that much late, as behind a slow network stack. What kproxy called ``slow_close``
+before (let nothing through, then close) is ``blackhole: {close_after_ms: N}``: the old keys
+(``ms``, ``forward``) are refused with a message saying so, rather than read with a new meaning.
 """
 
 from __future__ import annotations
@@ -11,41 +13,52 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import yaml
+
 from kproxy.rules.actions.base import MAX_DURATION_MS, HitKey, RuleAction
-from kproxy.rules.actions.blackhole import blackhole_detail, read_forward
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
 
 if TYPE_CHECKING:
-    import yaml
-
     from kproxy.rules.actions.draft import VerdictDraft
+
+# The keys of the former slow_close, refused with this pointer to what they meant.
+FORMER = ("slow_close no longer swallows traffic: it passes traffic and delays the close (Toxiproxy's "
+          "slow_close: {delay_ms: N}); what it did before is blackhole: {close_after_ms: N} "
+          "(with forward: true to still forward requests)")
 
 
 @dataclass(frozen=True, slots=True)
 class SlowClose(RuleAction):
-    """Let nothing more through, wait ``ms``, then close (``forward``: requests still reach the broker)."""
+    """Let traffic pass; close the connection ``delay_ms`` after it ends."""
 
-    ms: float
-    forward: bool = False
+    delay_ms: float
 
     kind: ClassVar[str] = "slow_close"
-    keys: ClassVar[tuple[str, ...]] = ("ms", "forward")
+    keys: ClassVar[tuple[str, ...]] = ("delay_ms",)
     counts_connection_fault: ClassVar[bool] = True
     decides: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        if not 0 < self.ms <= MAX_DURATION_MS:
-            raise ValueError(f"ms must be > 0 and <= {MAX_DURATION_MS} (a week)")
+        if not 0 < self.delay_ms <= MAX_DURATION_MS:
+            raise ValueError(f"delay_ms must be > 0 and <= {MAX_DURATION_MS} (a week)")
+
+    @classmethod
+    def read_body(cls, reader: NodeReader, body: yaml.Node | None, node: yaml.Node, path: str,
+                  apis: frozenset[int] | None) -> RuleAction | Bad | None:
+        """The former slow_close's keys are refused with :data:`FORMER`; any other body is read as usual."""
+        if isinstance(body, yaml.MappingNode):
+            for key_node, _ in body.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.value in ("ms", "forward"):
+                    return reader.fail(key_node, f"{path}.{key_node.value}", FORMER)
+        return None
 
     @classmethod
     def read(cls, reader: NodeReader, m: dict[str, yaml.Node], at: yaml.Node, path: str,
              apis: frozenset[int] | None) -> RuleAction | Bad:
-        ms = reader.required(m, at, path, "ms", "milliseconds to hold the connection before closing it")
-        return reader.made(at, path, {"ms": BAD if ms is None else reader.number(
-            ms, f"{path}.ms", 0.0, exclusive=True, hi=MAX_DURATION_MS), "forward": read_forward(reader, m, path)}, cls)
+        ms = reader.required(m, at, path, "delay_ms", "milliseconds by which to delay the connection's close")
+        return reader.made(at, path, {"delay_ms": BAD if ms is None else reader.number(
+            ms, f"{path}.delay_ms", 0.0, exclusive=True, hi=MAX_DURATION_MS)}, cls)
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
-        draft.blackhole = True
-        draft.blackhole_forwards = self.forward
-        draft.close_after_s = self.ms / 1000
-        draft.connection_fault(key, f"{blackhole_detail(self.forward)}, closing in {self.ms:g}ms")
+        draft.slow_close(key, self, self.delay_ms / 1000)
+        draft.connection_fault(key, f"traffic passes; its close will come {self.delay_ms:g}ms late")

@@ -52,7 +52,7 @@ SAMPLE_RULES: list[dict[str, Any]] = [
     {"id": "close", "match": {"api": "metadata"}, "actions": ["close_connection"]},
     {"id": "reset", "match": {"api": "metadata"}, "actions": ["reset_connection"]},
     {"id": "hole", "match": {"api": "heartbeat"}, "actions": ["blackhole"]},
-    {"id": "slow", "match": {"api": "heartbeat"}, "actions": [{"slow_close": {"ms": 100}}]},
+    {"id": "slow", "match": {"api": "heartbeat"}, "actions": [{"slow_close": {"delay_ms": 100}}]},
     {"id": "crc", "match": {"api": "fetch", "topic": "events"}, "actions": [{"corrupt_records": {"target": "crc"}}]},
     {"id": "value", "match": {"api": "produce"}, "actions": [{"corrupt_records": {"target": "value"}}]},
     {"id": "dup", "match": {"api": "fetch"}, "actions": [{"duplicate_records": {"copies": 2}}]},

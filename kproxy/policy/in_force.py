@@ -1,0 +1,61 @@
+"""Whether one action of one rule is still in force: what connection-wide faults last as long as.
+
+A fault a rule starts on a connection and that outlives the request that started it (a byte-level
+toxic, :mod:`kproxy.policy.wire`; a black hole, kproxy/proxy/session.py) lasts while its rule is in
+force: while the rule set in force holds a rule of that id with that very action, not in a dry run,
+whose time conditions (``schedule``'s ``after_seconds``, ``for_seconds``, ``window``) hold.
+Request-counting conditions (``first``, ``every``, ``after_requests``) and ``probability`` choose the
+requests that start the fault, not how long it lasts. So the end of its time window, a reload that
+removes or changes the rule, or its deletion, disabling or dry run through the admin API ends the
+fault on every connection, at the next moment the connection asks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from kproxy.policy.injector import FaultInjector
+from kproxy.rules.actions.base import RuleAction
+from kproxy.rules.model import Schedule
+
+
+class HasInjector(Protocol):
+    """Where the rule set in force is read (kproxy.policy.live_rules.LiveRules)."""
+
+    @property
+    def injector(self) -> FaultInjector | None: ...
+
+
+class RuleInForce:
+    """Whether ``action`` of rule ``rule_id`` is in force in the rule set ``live`` holds now
+    (:class:`kproxy.proxy.verdict.InForce`)."""
+
+    __slots__ = ("action", "live", "rule_id")
+
+    def __init__(self, live: HasInjector, rule_id: str, action: RuleAction) -> None:
+        self.live = live
+        self.rule_id = rule_id
+        self.action = action
+
+    def in_force(self) -> bool:
+        injector = self.live.injector
+        if injector is None:
+            return False
+        plan = injector.plans.get(self.rule_id)
+        if plan is None or self.action not in plan.acting:
+            return False
+        schedule = plan.schedule
+        return schedule is None or in_time(schedule, injector.clock() - injector.engine.loaded_at)
+
+
+def in_time(schedule: Schedule, elapsed: float) -> bool:
+    """Whether ``schedule``'s time conditions hold ``elapsed`` seconds after its rule set was loaded."""
+    if elapsed < schedule.after_s:
+        return False
+    if schedule.for_s is not None and elapsed >= schedule.after_s + schedule.for_s:
+        return False
+    return schedule.window is None or schedule.window.contains(time.time())
+
+
+__all__ = ["HasInjector", "RuleInForce", "in_time"]
