@@ -37,6 +37,7 @@ SLOW_MODULES = frozenset({
     "test_config_paths.py",
     "test_doc_examples.py",  # the docs' shell blocks and servers
     "test_hostile_server.py",
+    "test_hostile_sasl.py",  # floods of PLAIN logins through a kproxy process, at the real hash cost
     "test_image_health.py",
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults

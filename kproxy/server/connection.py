@@ -79,7 +79,7 @@ from kproxy.proxy.commands import (
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import Reader, VectorWriter, Writer, reader, vector_writer, writer
-from kproxy.server.password_checks import PasswordChecks, charged_to, client_gone
+from kproxy.server.password_checks import PasswordChecks, charged_to, client_gone, closed_already
 from kproxy.server.timers import Deadlines
 from kproxy.server.upstream import UpstreamUnavailable
 from kproxy.server.wire import ToxicWriter
@@ -419,6 +419,8 @@ class Connection:
         (kproxy/server/password_checks.py). Whether the client closed meanwhile (its queued hash
         is dropped then), and the result (None: not checked, too many under way from the client's
         address). The login's deadline holds meanwhile (:meth:`on_deadline`)."""
+        if closed_already(self.client):
+            return True, None  # sent its login and left: no hash for it
         checks = self.password_checks
         if checks is None:
             checks = self.password_checks = PasswordChecks()

@@ -190,6 +190,26 @@ def charged_to(stream: trio.abc.Stream, fallback: str) -> str:
     return str(address)
 
 
+def closed_already(stream: trio.abc.Stream) -> bool:
+    """Whether the client's socket says, now, that it closed (a client that sent its login and left
+    at once): nothing is read, nothing waited for. False for a stream without a socket."""
+    while isinstance(stream, trio.SSLStream):
+        stream = stream.transport_stream
+    if not isinstance(stream, trio.SocketStream):
+        return False
+    # trio's sockets have no non-blocking call that returns at once: a stdlib socket object over the
+    # same descriptor, detached after (never closed: the descriptor stays the connection's).
+    peek = socket.socket(fileno=stream.socket.fileno())
+    try:
+        return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset by the peer
+        return True
+    finally:
+        peek.detach()
+
+
 async def client_gone(stream: trio.abc.Stream) -> bool:
     """Wait until the client's socket says it closed (True), or until it has bytes to read, which
     tell nothing here (False: the pump reads them later). A stream without a socket: never returns
