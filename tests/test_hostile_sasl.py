@@ -33,10 +33,15 @@ SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 FLOOD_FROM = "127.0.0.2"
 FRAME_TIMEOUT = 5  # the login deadline (limits.frame_timeout) of these runs
 USERS = [f"user-{i}" for i in range(12)]
-# The bound for a real login during a flood, on an idle machine. The machine these tests run
-# on is shared: each test measures a login before its flood (one hash's time there and then) and
-# allows that much more.
+# The bound for a real login during a flood, on an idle machine. The machines these tests run
+# on are shared: each test also measures a login before its flood (what one login costs there and
+# then) and allows four of those when that is more (before the fix: no answer in 10 s).
 LOGIN_BOUND_S = 1.0
+QUIET_LOGINS = 4
+
+
+def _bound(quiet: float) -> float:
+    return max(LOGIN_BOUND_S, QUIET_LOGINS * quiet)
 
 
 def _password(user: str) -> str:
@@ -174,7 +179,7 @@ def test_a_fire_and_forget_flood_does_not_stop_real_logins(kproxy: Kproxy) -> No
           f"({quiet:.3f} s without the flood); "
           f"descriptors {baseline} before, {peak[0]} at most, back {settled:.2f} s after; kproxy CPU {cpu:.1f} s; "
           f"longest connection {longest:.2f} s")
-    assert max(logins) < LOGIN_BOUND_S + quiet, (logins, quiet)
+    assert max(logins) < _bound(quiet), (logins, quiet)
     assert longest <= FRAME_TIMEOUT + 1
 
 
@@ -215,7 +220,7 @@ def test_a_flood_of_wrong_logins_on_64_connections_does_not_stop_real_logins(kpr
           f"{', '.join(f'{s:.3f}' for s in logins)} s ({quiet:.3f} s without the flood); descriptors back "
           f"{settled:.2f} s after")
     assert not any(thread.is_alive() for thread in attackers)
-    assert max(logins) < LOGIN_BOUND_S + quiet, (logins, quiet)
+    assert max(logins) < _bound(quiet), (logins, quiet)
 
 
 def test_a_hundred_logins_of_one_user_at_once_share_one_hash(kproxy: Kproxy) -> None:
@@ -239,4 +244,4 @@ def test_a_hundred_logins_of_one_user_at_once_share_one_hash(kproxy: Kproxy) -> 
         thread.join(30)
     assert codes == [0] * 100, f"{len(codes)} of 100 answered"
     print(f"\n100 logins of one user at once: the slowest answered in {max(times):.3f} s")
-    assert max(times) < 2 * LOGIN_BOUND_S, sorted(times)[-5:]
+    assert max(times) < 2 * LOGIN_BOUND_S, sorted(times)[-5:]  # before the fix: 100 hashes, two at a time
