@@ -91,6 +91,9 @@ EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 # Opens the upstream connection on the session's ConnectUpstream (raises UpstreamUnavailable).
 UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
+# How long a login kproxy did not check (its address over its share of password hashes) waits for its
+# refusal: about what a check under load takes, so a flood's refused connections cannot churn.
+UNCHECKED_REFUSAL_DELAY: Final = 1.0
 
 
 @dataclass
@@ -418,7 +421,8 @@ class Connection:
         """The session's VerifyCredentials: the password's hash, queued with every connection's
         (kproxy/server/password_checks.py). Whether the client closed meanwhile (its queued hash
         is dropped then), and the result (None: not checked, too many under way from the client's
-        address). The login's deadline holds meanwhile (:meth:`on_deadline`)."""
+        address; given :data:`UNCHECKED_REFUSAL_DELAY` later). The login's deadline holds meanwhile
+        (:meth:`on_deadline`)."""
         if closed_already(self.client):
             return True, None  # sent its login and left: no hash for it
         checks = self.password_checks
@@ -432,6 +436,10 @@ class Connection:
                 async def check() -> None:
                     nonlocal gone, checked
                     checked = await checks.check(charged_to(self.client, self.peer), command.key, command.work)
+                    if checked is None:
+                        # Not checked (over the address's share): answered no sooner than a hash would be,
+                        # so that a flood's refused connections do not come back at once.
+                        await trio.sleep(UNCHECKED_REFUSAL_DELAY)
                     gone = False
                     nursery.cancel_scope.cancel()
 

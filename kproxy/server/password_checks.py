@@ -13,8 +13,8 @@ peer can cause:
   running wait for that one and share its result (a fleet of clients of one user, started at once);
 * **charged per peer address** (:func:`charged_to`; an IPv6 address by its /64, what one host is
   usually given): an address has at most :data:`PER_ADDRESS` hashes queued or running, and
-  :data:`QUEUED_MAX` wait in all; a login beyond either is not checked (the caller refuses it at
-  once, without hashing);
+  :data:`QUEUED_MAX` wait in all; a login beyond either is not checked (the caller refuses it,
+  without hashing);
 * **served in turn**: the next hash to run is the oldest of the next address in a round robin
   over the addresses with hashes waiting, so a real client's hash runs after at most one hash
   of each other address, however many one of them queued;
