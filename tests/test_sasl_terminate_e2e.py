@@ -10,6 +10,7 @@ rate-limited in the log; the credentials file re-read when it changes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -286,6 +287,43 @@ def test_the_deadline_holds_while_a_password_waits_for_its_hash(tansu: Broker, t
     assert took < 1.5, took
     reasons = [line["reason"] for line in _closed_lines(caplog)]
     assert reasons == ["SASL login not complete within frame_timeout 1 s"], reasons
+
+
+def test_an_address_over_its_share_of_hashes_is_refused_unhashed_a_second_later(
+        tansu: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One address with 16 distinct passwords being hashed (2 running, 14 queued: slow ones) gets
+    its 17th login refused without a hash, a second later rather than at once (a flood's refused
+    connections must not come straight back); closing the 16 drops the queued hashes."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    path = tmp_path / "slow.yaml"
+    save_credentials(path, with_user(CredentialStore(), "slow", user_credentials(
+        "slow-pw", ["PLAIN"], plain_iterations=PLAIN_MAX_ITERATIONS)))
+    with running_proxy(tansu.bootstrap, sasl__client__mode="terminate",
+                       sasl__client__credentials_file=str(path)) as proxy, contextlib.ExitStack() as stack:
+        waiting = [stack.enter_context(SaslSocket(proxy.port, timeout=10)) for _ in range(16)]
+        for i, sock in enumerate(waiting):
+            assert sock.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+            sock.send(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00slow\x00guess-%d" % i)
+        checks = proxy.server.client_auth.password_checks
+        deadline = time.monotonic() + 10
+        while checks.queued + checks.running < 16 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (checks.running, checks.queued) == (2, 14)
+        with SaslSocket(proxy.port, timeout=10) as over:
+            assert over.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+            began = time.monotonic()
+            answer = over.request(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00slow\x00another-guess")
+            took = time.monotonic() - began
+        assert answer["error_code"] == 58 and answer["error_message"] == PLAIN_FAILED
+        assert 0.9 <= took < 5, took
+        assert checks.refused == 1 and checks.runs == 2
+        stack.close()  # the 16 leave: their queued hashes go
+        deadline = time.monotonic() + 10
+        while checks.queued and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert checks.queued == 0 and checks.runs == 2
+    failures = [r.getMessage() for r in caplog.records if "event=sasl_authentication_failed" in r.getMessage()]
+    assert failures and "not checked: too many password checks under way" in failures[0], failures
 
 
 def test_failed_logins_are_counted_each_and_logged_at_most_once_per_interval(
