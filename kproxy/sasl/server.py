@@ -6,7 +6,7 @@ around them (SaslHandshake, SaslAuthenticate, raw tokens) is :mod:`kproxy.proxy.
 :class:`CredentialChecker` is one per server: the users in force (:attr:`CredentialChecker.store`,
 replaced when the credentials file changes; a login in progress keeps the store it began with),
 the PLAIN passwords verified so far (:class:`VerifiedPasswords`) and the made-up entries of
-unknown users (:class:`~kproxy.sasl.unknown_users.MadeUpEntries`, keyed by the file's secret).
+unknown users (:class:`~kproxy.sasl.unknown_users.MadeUpEntries`, keyed by the file's ``decoy_key``).
 :meth:`CredentialChecker.server` makes one mechanism's server for one login.
 
 What a client is told is what a Kafka broker tells it (SaslServerAuthenticator, PlainSaslServer,
