@@ -32,7 +32,7 @@ from kproxy.testing import Broker, free_port, wait_for_port
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 FLOOD_FROM = "127.0.0.2"
 FRAME_TIMEOUT = 5  # the login deadline (limits.frame_timeout) of these runs
-USERS = [f"user-{i}" for i in range(12)]
+USERS = [f"user-{i}" for i in range(14)]
 # The issue's bound for a real login during a flood, on an idle machine. The machines these tests run
 # on are shared: each test also measures a login before its flood (what one login costs there and
 # then) and allows four of those when that is more (before the fix: no answer in 10 s).
@@ -130,8 +130,8 @@ def _real_login(kproxy: Kproxy) -> float:
 
 
 def _quiet_login(kproxy: Kproxy) -> float:
-    """A real login with no flood: what one login costs on this machine now."""
-    return _real_login(kproxy)
+    """Real logins with no flood: what one login costs on this machine now (the slower of two)."""
+    return max(_real_login(kproxy), _real_login(kproxy))
 
 
 def _back_to(kproxy: Kproxy, baseline: int, within: float) -> float:
