@@ -89,6 +89,23 @@ async def test_addresses_are_served_in_turn() -> None:
     assert gated.ran.index("real") <= 2, gated.ran
 
 
+async def test_one_address_never_holds_every_thread() -> None:
+    """An address flooding with distinct passwords has one hash running: the other thread stays free,
+    and the next address's hash starts at once, not after one of the flood's."""
+    checks, flood, real = PasswordChecks(threads=2), Gated(), Gated()
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(checks.check, "10.0.0.66", f"guess-{i}".encode(), flood.work(f"guess-{i}"))
+        await _until(lambda: checks.queued + checks.running == 8)
+        await trio.sleep(0.05)
+        assert checks.running == 1 and len(flood.ran) == 1
+        nursery.start_soon(checks.check, "10.0.0.1", b"real", real.work("real"))
+        await _until(lambda: real.ran == ["real"])
+        real.gate.set()
+        flood.gate.set()
+    assert len(flood.ran) == 8 and checks.runs == 9
+
+
 async def test_a_queued_hash_nobody_waits_for_is_dropped() -> None:
     """Clients that left (their waits cancelled) before their hash began cost no hash."""
     checks, gated = PasswordChecks(threads=1), Gated()

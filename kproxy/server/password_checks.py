@@ -15,9 +15,11 @@ peer can cause:
   usually given): an address has at most :data:`PER_ADDRESS` hashes queued or running, and
   :data:`QUEUED_MAX` wait in all; a login beyond either is not checked (the caller refuses it,
   without hashing);
-* **served in turn**: the next hash to run is the oldest of the next address in a round robin
-  over the addresses with hashes waiting, so a real client's hash runs after at most one hash
-  of each other address, however many one of them queued;
+* **served in turn**: an address has one hash running at a time (:data:`RUNNING_PER_ADDRESS`),
+  so while one address floods, the other thread is free for the next address's hash, which starts
+  at once; the next hash to run is the oldest of the next address in a round robin over the
+  addresses with hashes waiting and none running, so a real client's hash waits for at most one
+  hash of each other address, however many one of them queued;
 * **dropped when nobody waits**: a queued hash whose every waiter was cancelled (its connection
   closed, its deadline passed) is taken out of the queue and never runs. A hash already running
   cannot be stopped (a thread is not interruptible): it finishes, still charged to its address,
@@ -53,6 +55,10 @@ PER_ADDRESS: Final = 16
 # Distinct hashes waiting for a thread, all addresses together (a bound on memory, and on how
 # long the last of them waits).
 QUEUED_MAX: Final = 1024
+# Hashes one address may have running at once: fewer than THREADS, so that one address alone never
+# holds every thread and the next address's hash starts without waiting for one of its to end (the
+# price: one address's burst of new logins is hashed one at a time).
+RUNNING_PER_ADDRESS: Final = 1
 
 
 class _Check:
@@ -73,14 +79,17 @@ class _Check:
 class PasswordChecks:
     """Every password hash of one server (see the module's docstring)."""
 
-    def __init__(self, threads: int = THREADS, per_address: int = PER_ADDRESS, queued_max: int = QUEUED_MAX) -> None:
+    def __init__(self, threads: int = THREADS, per_address: int = PER_ADDRESS, queued_max: int = QUEUED_MAX,
+                 running_per_address: int = RUNNING_PER_ADDRESS) -> None:
         self.threads = threads
         self.per_address = per_address
         self.queued_max = queued_max
+        self.running_per_address = running_per_address
         self._by_key: dict[bytes, _Check] = {}  # queued or running
         # Queued hashes by address; the dict's order is the round robin's (the next served first).
         self._queues: dict[str, deque[_Check]] = {}
         self._charged: Counter[str] = Counter()  # queued or running, by address
+        self._running_at: Counter[str] = Counter()  # running, by address
         self.queued = 0
         self.running = 0
         self.runs = 0  # hashes started since the server started (each ran to its end)
@@ -116,16 +125,16 @@ class PasswordChecks:
         return job.result
 
     def _dispatch(self) -> None:
-        """Start the next queued hashes while threads are free: the next address's oldest first."""
-        while self.running < self.threads and self._queues:
-            address = next(iter(self._queues))
-            queue = self._queues.pop(address)
-            job = queue.popleft()
-            if queue:
-                self._queues[address] = queue  # to the back of the round robin
+        """Start the next queued hashes while threads are free: the oldest of the next address in
+        turn that has none running."""
+        while self.running < self.threads:
+            job = self._next()
+            if job is None:
+                return
             self.queued -= 1
             job.started = True
             self.running += 1
+            self._running_at[job.charged_to] += 1
             self.runs += 1
             deliver = functools.partial(self._deliver, trio.lowlevel.current_trio_token(), job)
             trio.lowlevel.start_thread_soon(job.work, deliver, name="kproxy-password-check")
@@ -135,8 +144,23 @@ class PasswordChecks:
         with contextlib.suppress(trio.RunFinishedError):  # the server is gone: nobody waits
             token.run_sync_soon(self._finished, job, result)
 
+    def _next(self) -> _Check | None:
+        for address in self._queues:  # the round robin's order
+            if self._running_at[address] < self.running_per_address:
+                queue = self._queues.pop(address)
+                job = queue.popleft()
+                if queue:
+                    self._queues[address] = queue  # to the back of the round robin
+                return job
+        return None
+
     def _finished(self, job: _Check, result: outcome.Outcome[bool]) -> None:
         self.running -= 1
+        left = self._running_at[job.charged_to] - 1
+        if left > 0:
+            self._running_at[job.charged_to] = left
+        else:
+            del self._running_at[job.charged_to]
         self._uncharge(job)
         try:
             job.result = result.unwrap() is True
