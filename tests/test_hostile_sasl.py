@@ -31,8 +31,9 @@ from kproxy.testing import Broker, free_port, wait_for_port
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 FLOOD_FROM = "127.0.0.2"
-FRAME_TIMEOUT = 5  # the login deadline (limits.frame_timeout) of these runs
-USERS = [f"user-{i}" for i in range(14)]
+FLOOD_INTERVAL_S = 6.3 / 2000  # the fire-and-forget flood's pace, as issue 35 measured it
+FRAME_TIMEOUT = 10  # the login deadline (limits.frame_timeout) of these runs
+USERS = [f"user-{i}" for i in range(16)]
 # The issue's bound for a real login during a flood, on an idle machine. The machines these tests run
 # on are shared: each test also measures a login before its flood (what one login costs there and
 # then) and allows four of those when that is more (before the fix: no answer in 10 s).
@@ -144,15 +145,20 @@ def _back_to(kproxy: Kproxy, baseline: int, within: float) -> float:
 
 
 def test_a_fire_and_forget_flood_does_not_stop_real_logins(kproxy: Kproxy) -> None:
-    """2,000 wrong logins, each sent in one write and the connection closed at once: a real login
-    meanwhile is answered within a second, and kproxy's descriptors are back within the deadline."""
+    """2,000 wrong logins, each sent in one write and the connection closed at once (about 320 a
+    second): a real login meanwhile is answered within a second, and kproxy's descriptors are back
+    within the deadline."""
     quiet = _quiet_login(kproxy)
     baseline = kproxy.descriptors()
     cpu_before = kproxy.cpu_seconds()
     sent, peak = [0], [baseline]
 
-    def flood() -> None:
+    def flood() -> None:  # at the issue's pace: 2,000 in 6.3 s
+        began = time.monotonic()
         for i in range(2000):
+            ahead = began + i * FLOOD_INTERVAL_S - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
             with socket.socket() as sock:
                 sock.bind((FLOOD_FROM, 0))
                 sock.connect(("127.0.0.1", kproxy.port))
@@ -226,6 +232,7 @@ def test_a_flood_of_wrong_logins_on_64_connections_does_not_stop_real_logins(kpr
 def test_a_hundred_logins_of_one_user_at_once_share_one_hash(kproxy: Kproxy) -> None:
     """100 clients of one user log in at once, before any of them was verified: one hash answers
     them all (each waited for the hash of the one before)."""
+    quiet = _quiet_login(kproxy)
     user = next(kproxy.next_user)
     start = threading.Barrier(100, timeout=20)
     times: list[float] = []
@@ -243,5 +250,7 @@ def test_a_hundred_logins_of_one_user_at_once_share_one_hash(kproxy: Kproxy) -> 
     for thread in clients:
         thread.join(30)
     assert codes == [0] * 100, f"{len(codes)} of 100 answered"
-    print(f"\n100 logins of one user at once: the slowest answered in {max(times):.3f} s")
-    assert max(times) < 2 * LOGIN_BOUND_S, sorted(times)[-5:]  # before the fix: 100 hashes, two at a time
+    print(f"\n100 logins of one user at once: the slowest answered in {max(times):.3f} s ({quiet:.3f} s for one "
+          "login alone)")
+    # Before the fix: 100 hashes, two at a time.
+    assert max(times) < 2 * _bound(quiet), (sorted(times)[-5:], quiet)
