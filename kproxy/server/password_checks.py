@@ -38,10 +38,12 @@ import logging
 import socket
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-import outcome
 import trio
+
+if TYPE_CHECKING:
+    import outcome  # trio's own (a result or an error, as start_thread_soon delivers it)
 
 log = logging.getLogger("kproxy.sasl")
 
