@@ -428,30 +428,31 @@ class Connection:
         checks = self.password_checks
         if checks is None:
             checks = self.password_checks = PasswordChecks()
-        gone = True
-        checked: bool | None = None
+        result: list[bool | None] = []  # the check's, once it came
         self._verifying = True
         try:
             async with trio.open_nursery() as nursery:
-                async def check() -> None:
-                    nonlocal gone, checked
-                    checked = await checks.check(charged_to(self.client, self.peer), command.key, command.work)
-                    if checked is None:
-                        # Not checked (over the address's share): answered no sooner than a hash would be,
-                        # so that a flood's refused connections do not come back at once.
-                        await trio.sleep(UNCHECKED_REFUSAL_DELAY)
-                    gone = False
-                    nursery.cancel_scope.cancel()
-
-                async def watch() -> None:
-                    if await client_gone(self.client):
-                        nursery.cancel_scope.cancel()
-
-                nursery.start_soon(check)
-                nursery.start_soon(watch)
+                nursery.start_soon(self._check, checks, command, result, nursery.cancel_scope)
+                nursery.start_soon(self._watch_close, nursery.cancel_scope)
         finally:
             self._verifying = False
-        return gone, checked
+        return not result, result[0] if result else None
+
+    async def _check(self, checks: PasswordChecks, command: VerifyCredentials, result: list[bool | None],
+                     scope: trio.CancelScope) -> None:
+        """:meth:`_verify`'s wait for the hash: its result into ``result``, then ``scope`` ends."""
+        checked = await checks.check(charged_to(self.client, self.peer), command.key, command.work)
+        if checked is None:
+            # Not checked (over the address's share): answered no sooner than a hash would be, so
+            # that a flood's refused connections do not come back at once.
+            await trio.sleep(UNCHECKED_REFUSAL_DELAY)
+        result.append(checked)
+        scope.cancel()
+
+    async def _watch_close(self, scope: trio.CancelScope) -> None:
+        """:meth:`_verify`'s watch on the client: ``scope`` ends when it closed."""
+        if await client_gone(self.client):
+            scope.cancel()
 
     async def _open_upstream(self, scope: trio.CancelScope) -> bool:
         """The session's ConnectUpstream: open the upstream connection, start its pump, then execute
