@@ -148,8 +148,8 @@ def _back_to(kproxy: Kproxy, baseline: int, within: float) -> float:
 
 def test_a_fire_and_forget_flood_does_not_stop_real_logins(kproxy: Kproxy) -> None:
     """2,000 wrong logins, each sent in one write and the connection closed at once (about 320 a
-    second): a real login meanwhile is answered within a second, and kproxy's descriptors are back
-    within the deadline."""
+    second): real logins meanwhile are answered within a second (or four quiet logins' time on a
+    loaded machine: LOGIN_BOUND_S), and kproxy's descriptors are back within the login deadline."""
     quiet = _quiet_login(kproxy)
     baseline = kproxy.descriptors()
     cpu_before = kproxy.cpu_seconds()
@@ -193,7 +193,7 @@ def test_a_fire_and_forget_flood_does_not_stop_real_logins(kproxy: Kproxy) -> No
 
 def test_a_flood_of_wrong_logins_on_64_connections_does_not_stop_real_logins(kproxy: Kproxy) -> None:
     """64 connections, each logging in wrongly, waiting for its refusal, and again: real logins
-    meanwhile are answered within a second."""
+    meanwhile are answered within a second (or four quiet logins' time: LOGIN_BOUND_S)."""
     quiet = _quiet_login(kproxy)
     baseline = kproxy.descriptors()
     stop = threading.Event()
