@@ -39,6 +39,7 @@ SLOW_MODULES = frozenset({
     "test_doc_examples.py",  # the docs' shell blocks and servers
     "test_hostile_server.py",
     "test_lag_hostile.py",  # 30,000 requests of 32 KiB through kproxy and Tansu
+    "test_hostile_sasl.py",  # floods of PLAIN logins through a kproxy process, at the real hash cost
     "test_image_health.py",
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults

@@ -113,6 +113,9 @@ def test_json_is_read_too(tmp_path: Path) -> None:
     ({"users": {"alice": {"SCRAM-SHA-512": {"iterations": 4096, "salt": "AA==", "stored_key": "A" * 44,
                                             "server_key": "A" * 44, "password": "x"}}}},
      "users.alice.SCRAM-SHA-512.password: unknown key"),
+    ({"decoy_key": "AAAA", "users": {}}, "decoy_key: 3 bytes, at least 16 are needed"),
+    ({"decoy_key": 7, "users": {}}, "decoy_key: must be base64 text"),
+    ({"decoy_key": "not base64!", "users": {}}, "decoy_key: not base64"),
 ])
 def test_a_bad_document_is_refused_naming_where(document: object, problem: str) -> None:
     with pytest.raises(CredentialsError) as caught:
@@ -227,3 +230,17 @@ def test_scram_credentials_match_what_kafka_would_store() -> None:
     mech = scramp.ScramMechanism("SCRAM-SHA-256")
     _, stored, server_key, _ = mech.make_auth_info("pencil", iteration_count=4096, salt=salt)
     assert (cred.stored_key, cred.server_key) == (stored, server_key)
+
+
+def test_the_decoy_key_is_made_once_and_kept_by_every_edit(tmp_path: Path) -> None:
+    """The key of the unknown users' made-up entries (kproxy/sasl/unknown_users.py) is written with the
+    first user and kept by every later add and remove, so their salts stay what they were."""
+    path = tmp_path / "credentials.yaml"
+    store = with_user(CredentialStore(), "alice", user_credentials("a-pw", ["SCRAM-SHA-256"]))
+    assert store.decoy_key is not None and len(store.decoy_key) == 32
+    save_credentials(path, store)
+    assert load_credentials(path).decoy_key == store.decoy_key
+    edited = without_user(with_user(load_credentials(path), "bob", user_credentials("b-pw", ["SCRAM-SHA-256"])),
+                          "alice")
+    assert edited.decoy_key == store.decoy_key
+    assert with_user(CredentialStore(), "alice", store.users["alice"]).decoy_key != store.decoy_key

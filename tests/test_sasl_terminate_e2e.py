@@ -10,6 +10,7 @@ rate-limited in the log; the credentials file re-read when it changes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -25,7 +26,14 @@ from kafka.errors import KafkaError as KafkaPythonError
 
 from kproxy.config.credentials_file import load_credentials, save_credentials
 from kproxy.logfmt import parse_logfmt
-from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user, without_user
+from kproxy.sasl.credentials import (
+    PLAIN_MAX_ITERATIONS,
+    PLAIN_MIN_ITERATIONS,
+    CredentialStore,
+    user_credentials,
+    with_user,
+    without_user,
+)
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from kproxy.testing.tansu import free_port
 from tests.sasl_front import SaslFront
@@ -257,6 +265,65 @@ def test_a_login_that_never_ends_is_closed_by_the_frame_deadline(tansu: Broker, 
     reasons = [line["reason"] for line in _closed_lines(caplog)]
     assert reasons.count("SASL login not complete within frame_timeout 1 s") == 2, reasons
     assert rejected == 2
+
+
+def test_the_deadline_holds_while_a_password_waits_for_its_hash(tansu: Broker, tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """A login whose password waits for its hash (queued behind others, or a slow one) is still held
+    to the login's deadline: it was renewed while the hash was awaited, so a flood of logins kept
+    connections past it. Here the hash takes longer than the deadline (the most iterations a file
+    may hold): the connection closes at the deadline, unanswered."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    path = tmp_path / "slow.yaml"
+    save_credentials(path, with_user(CredentialStore(), "slow", user_credentials(
+        "slow-pw", ["PLAIN"], plain_iterations=PLAIN_MAX_ITERATIONS)))
+    with running_proxy(tansu.bootstrap, sasl__client__mode="terminate", sasl__client__credentials_file=str(path),
+                       limits__frame_timeout=1) as proxy, SaslSocket(proxy.port, timeout=10) as sock:
+        assert sock.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+        began = time.monotonic()
+        sock.send(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00slow\x00wrong")
+        assert sock.closed_by_peer()
+        took = time.monotonic() - began
+    assert took < 1.5, took
+    reasons = [line["reason"] for line in _closed_lines(caplog)]
+    assert reasons == ["SASL login not complete within frame_timeout 1 s"], reasons
+
+
+def test_an_address_over_its_share_of_hashes_is_refused_unhashed_a_second_later(
+        tansu: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One address with 16 distinct passwords being hashed (1 running, 15 queued: slow ones) gets
+    its 17th login refused without a hash, a second later rather than at once (a flood's refused
+    connections must not come straight back); closing the 16 drops the queued hashes."""
+    caplog.set_level(logging.INFO, logger="kproxy")
+    path = tmp_path / "slow.yaml"
+    save_credentials(path, with_user(CredentialStore(), "slow", user_credentials(
+        "slow-pw", ["PLAIN"], plain_iterations=PLAIN_MAX_ITERATIONS)))
+    with running_proxy(tansu.bootstrap, sasl__client__mode="terminate",
+                       sasl__client__credentials_file=str(path)) as proxy, contextlib.ExitStack() as stack:
+        waiting = [stack.enter_context(SaslSocket(proxy.port, timeout=10)) for _ in range(16)]
+        for i, sock in enumerate(waiting):
+            assert sock.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+            sock.send(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00slow\x00guess-%d" % i)
+        checks = proxy.server.client_auth.password_checks
+        deadline = time.monotonic() + 10
+        while checks.queued + checks.running < 16 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert (checks.running, checks.queued) == (1, 15)
+        with SaslSocket(proxy.port, timeout=10) as over:
+            assert over.request(SASL_HANDSHAKE, 1, mechanism="PLAIN")["error_code"] == 0
+            began = time.monotonic()
+            answer = over.request(SASL_AUTHENTICATE, 2, auth_bytes=b"\x00slow\x00another-guess")
+            took = time.monotonic() - began
+        assert answer["error_code"] == 58 and answer["error_message"] == PLAIN_FAILED
+        assert 0.9 <= took < 5, took
+        assert checks.refused == 1 and checks.runs == 1
+        stack.close()  # the 16 leave: their queued hashes go
+        deadline = time.monotonic() + 10
+        while checks.queued and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert checks.queued == 0 and checks.runs == 1
+    failures = [r.getMessage() for r in caplog.records if "event=sasl_authentication_failed" in r.getMessage()]
+    assert failures and "not checked: too many password checks under way" in failures[0], failures
 
 
 def test_failed_logins_are_counted_each_and_logged_at_most_once_per_interval(

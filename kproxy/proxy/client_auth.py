@@ -100,13 +100,15 @@ class AuthAnswer:
     ``frame``: the answer to send (size prefix included), in its turn; None: no answer.
     ``close``: the connection ends after that answer, for this reason (``reject``: the client
     broke the protocol, rather than failed to log in). ``verify``: run this off the event loop
-    and hand its result to :meth:`ClientAuth.verified`, whose answer then stands for this one.
+    and hand its result to :meth:`ClientAuth.verified`, whose answer then stands for this one;
+    ``verify_key`` names that work (:class:`~kproxy.proxy.commands.VerifyCredentials`).
     """
 
     frame: bytes | None = None
     close: str | None = None
     reject: bool = False
     verify: Callable[[], bool] | None = None
+    verify_key: bytes = b""
 
 
 class ClientAuth:
@@ -191,8 +193,9 @@ class ClientAuth:
         assert self._server is not None
         return self._step(self._server.respond(token), None, now)
 
-    def verified(self, ok: bool, now: float) -> AuthAnswer:
-        """The result of the last answer's ``verify``: the answer that stands for it."""
+    def verified(self, ok: bool | None, now: float) -> AuthAnswer:
+        """The result of the last answer's ``verify`` (None: not run, the server had too many under
+        way for the client's address): the answer that stands for it."""
         assert self._server is not None
         ex, self._pending = self._pending, None
         self._verifying = False
@@ -258,7 +261,7 @@ class ClientAuth:
         if step.verify is not None:
             self._pending = ex
             self._verifying = True
-            return AuthAnswer(verify=step.verify)
+            return AuthAnswer(verify=step.verify, verify_key=step.verify_key)
         server = self._server
         assert server is not None
         if not step.done:
@@ -305,7 +308,7 @@ class _Refused:
     def respond(self, message: bytes) -> Step:
         return Step(error=self._error, reason="another mechanism on re-authentication")
 
-    def verified(self, ok: bool) -> Step:
+    def verified(self, ok: bool | None) -> Step:
         raise AssertionError("no verification asked")
 
 

@@ -145,11 +145,15 @@ class WakeAt:
 @dataclass(frozen=True, slots=True)
 class VerifyCredentials:
     """Run ``work`` off the event loop (a PLAIN password's slow hash: kproxy/sasl/server.py), then
-    hand its result to the session's ``verified`` and execute the commands that returns. The
-    client is not read meanwhile: a SASL client waits for the answer anyway. Comes last in its
-    list, and only from ``receive_client``."""
+    hand its result to the session's ``verified`` and execute the commands that returns. ``key``
+    names the work (a keyed digest of the entry and the password, not the password): the server
+    runs one ``work`` per key at a time and gives every login that asked for it its result. The
+    server may not run it at all (too many hashes under way for the client's address): ``verified``
+    gets None then. The client is not read meanwhile: a SASL client waits for the answer anyway.
+    Comes last in its list, and only from ``receive_client``."""
 
     work: Callable[[], bool]
+    key: bytes
 
 
 @dataclass(frozen=True, slots=True)

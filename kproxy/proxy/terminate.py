@@ -174,9 +174,10 @@ class TerminateMode:
                 ex.memo.response_body = None
         return response
 
-    def verified(self, ok: bool) -> list[Command]:
-        """The result of a :class:`VerifyCredentials` this session asked for: the commands that
-        follow from it (the login's answer, in its turn; a close after a refusal)."""
+    def verified(self, ok: bool | None) -> list[Command]:
+        """The result of a :class:`VerifyCredentials` this session asked for (None: the server did not
+        run it): the commands that follow from it (the login's answer, in its turn; a close after a
+        refusal)."""
         auth = self._auth
         assert auth is not None
         now = self.clock()
@@ -220,7 +221,7 @@ class TerminateMode:
         auth = self._auth
         assert auth is not None
         if answer.verify is not None:
-            self._offload = VerifyCredentials(answer.verify)
+            self._offload = VerifyCredentials(answer.verify, answer.verify_key)
             self._verifying = ex
             return
         if ex is not None:

@@ -4,6 +4,7 @@ The file (YAML, or JSON, which YAML reads too) keeps, per user and mechanism, wh
 password and never the password itself::
 
     version: 1
+    decoy_key: <base64>
     users:
       alice:
         PLAIN: {algorithm: pbkdf2-hmac-sha512, iterations: 210000, salt: <base64>, hash: <base64>}
@@ -17,6 +18,10 @@ password and never the password itself::
   (:data:`PLAIN_ALGORITHM`) with a per-user random salt and :data:`PLAIN_ITERATIONS` iterations by
   default (OWASP's figure for that hash), checked with a constant-time comparison. A Kafka
   broker keeps PLAIN passwords in clear in its JAAS file; kproxy's file does not.
+
+* ``decoy_key`` (32 random bytes, written once with the file's first user) keys the made-up entries
+  a login of a user the file does not hold is checked against (:mod:`kproxy.sasl.unknown_users`),
+  so that they stay the same across restarts: it tells nothing about any password.
 
 A user logs in only with the mechanisms their entry has. Everything here is sans-IO: the file's
 parsed document in (:func:`parse_document`), a document out (:func:`to_document`); reading,
@@ -47,6 +52,8 @@ PLAIN_ITERATIONS = 210_000
 PLAIN_MIN_ITERATIONS = 10_000
 PLAIN_MAX_ITERATIONS = 5_000_000
 SALT_BYTES = 24
+DECOY_KEY_BYTES = 32  # the file's key for the made-up entries of unknown users
+DECOY_KEY_MIN_BYTES = 16  # a shorter one could be guessed from the made-up entries it gives
 MECHANISMS = (PLAIN, *scram.HASHES)  # every mechanism an entry can have, in the order they are written
 # The longest user name and password kproxy accepts, in UTF-8 bytes (a client's longer one is refused
 # before any hashing). kproxy/proxy/sasl.py reads relayed user names to the same length.
@@ -86,9 +93,11 @@ class UserCredentials:
 
 @dataclass(frozen=True, slots=True)
 class CredentialStore:
-    """Every user of one credentials file (read-only: a changed file is a new store)."""
+    """Every user of one credentials file (read-only: a changed file is a new store), and its
+    ``decoy_key`` (None: a file without one: module docstring)."""
 
     users: Mapping[str, UserCredentials] = field(default_factory=dict)
+    decoy_key: bytes | None = field(default=None, repr=False)
 
     def plain(self, user: str) -> PlainHash | None:
         entry = self.users.get(user)
@@ -139,16 +148,18 @@ def user_credentials(password: str, mechanisms: Iterable[str], *, plain_iteratio
 
 
 def with_user(store: CredentialStore, user: str, entry: UserCredentials) -> CredentialStore:
-    """``store`` with ``user``'s entries replaced by ``entry`` (added when new)."""
+    """``store`` with ``user``'s entries replaced by ``entry`` (added when new), and a ``decoy_key``
+    (made now when the store has none)."""
     check_user_name(user)
-    return CredentialStore({**store.users, user: entry})
+    key = store.decoy_key if store.decoy_key is not None else secrets.token_bytes(DECOY_KEY_BYTES)
+    return CredentialStore({**store.users, user: entry}, key)
 
 
 def without_user(store: CredentialStore, user: str) -> CredentialStore:
     """``store`` without ``user``; KeyError when there is no such user."""
     if user not in store.users:
         raise KeyError(user)
-    return CredentialStore({name: entry for name, entry in store.users.items() if name != user})
+    return CredentialStore({name: entry for name, entry in store.users.items() if name != user}, store.decoy_key)
 
 
 def check_user_name(user: str) -> None:
@@ -172,6 +183,9 @@ def _check_password(password: str) -> None:
 # -- the document ------------------------------------------------------------------------------
 def to_document(store: CredentialStore) -> dict[str, Any]:
     """The file's document for ``store`` (users sorted by name; bytes as base64)."""
+    document: dict[str, Any] = {"version": VERSION}
+    if store.decoy_key is not None:
+        document["decoy_key"] = _b64(store.decoy_key)
     users: dict[str, Any] = {}
     for name in sorted(store.users):
         entry = store.users[name]
@@ -185,7 +199,8 @@ def to_document(store: CredentialStore) -> dict[str, Any]:
                 out[mechanism] = {"iterations": cred.iterations, "salt": _b64(cred.salt),
                                   "stored_key": _b64(cred.stored_key), "server_key": _b64(cred.server_key)}
         users[name] = out
-    return {"version": VERSION, "users": users}
+    document["users"] = users
+    return document
 
 
 def parse_document(data: Any) -> CredentialStore:
@@ -198,11 +213,12 @@ def parse_document(data: Any) -> CredentialStore:
     if not isinstance(data, Mapping):
         raise CredentialsError([f"(document): must be a mapping with 'version' and 'users', got {_kind(data)}"])
     for key in data:
-        if key not in ("version", "users"):
-            problems.append(f"{_key(key)}: unknown key (expected 'version' and 'users')")
+        if key not in ("version", "decoy_key", "users"):
+            problems.append(f"{_key(key)}: unknown key (expected 'version', 'decoy_key' and 'users')")
     version = data.get("version", VERSION)
     if version != VERSION or isinstance(version, bool):
         problems.append(f"version: {excerpt(version)}: this kproxy reads version {VERSION}")
+    decoy_key = _decoy_key(data["decoy_key"], problems) if "decoy_key" in data else None
     users_data = data.get("users") or {}
     if not isinstance(users_data, Mapping):
         raise CredentialsError([*problems, f"users: must map user names to entries, got {_kind(users_data)}"])
@@ -222,7 +238,22 @@ def parse_document(data: Any) -> CredentialStore:
             users[name] = entry
     if problems:
         raise CredentialsError(problems)
-    return CredentialStore(users)
+    return CredentialStore(users, decoy_key)
+
+
+def _decoy_key(value: Any, problems: list[str]) -> bytes | None:
+    if not isinstance(value, str) or not value:
+        problems.append(f"decoy_key: must be base64 text, got {_kind(value)}")
+        return None
+    try:
+        key = base64.b64decode(value.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        problems.append("decoy_key: not base64")
+        return None
+    if len(key) < DECOY_KEY_MIN_BYTES:
+        problems.append(f"decoy_key: {len(key)} bytes, at least {DECOY_KEY_MIN_BYTES} are needed")
+        return None
+    return key
 
 
 def _entry(data: Any, where: str, problems: list[str]) -> UserCredentials | None:

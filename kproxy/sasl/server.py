@@ -5,21 +5,24 @@ around them (SaslHandshake, SaslAuthenticate, raw tokens) is :mod:`kproxy.proxy.
 
 :class:`CredentialChecker` is one per server: the users in force (:attr:`CredentialChecker.store`,
 replaced when the credentials file changes; a login in progress keeps the store it began with),
-the PLAIN passwords verified so far (:class:`VerifiedPasswords`) and a per-process key for the
-made-up salts of unknown users. :meth:`CredentialChecker.server` makes one mechanism's server
-for one login.
+the PLAIN passwords verified so far (:class:`VerifiedPasswords`) and the made-up entries of
+unknown users (:class:`~kproxy.sasl.unknown_users.MadeUpEntries`, keyed by the file's ``decoy_key``).
+:meth:`CredentialChecker.server` makes one mechanism's server for one login.
 
 What a client is told is what a Kafka broker tells it (SaslServerAuthenticator, PlainSaslServer,
 ScramSaslServer): ``Authentication failed: Invalid username or password`` for PLAIN,
 ``Authentication failed during authentication due to invalid credentials with SASL mechanism
 SCRAM-SHA-256`` for anything wrong in a SCRAM exchange, whose reason Kafka keeps from the client
 (it "may contain sensitive data like the existence of the user"). Unknown users are refused
-exactly as wrong passwords are, after the same work: PLAIN hashes against a decoy entry, SCRAM
-answers with a salt made up from the user name (RFC 5802 section 5.1) and refuses the proof.
+exactly as wrong passwords are, after the same work: a made-up entry stands in for theirs, with
+an iteration count and a salt length drawn from the file's own entries and a salt made from the
+user name (RFC 5802 section 5.1), the same at each attempt and across restarts; PLAIN hashes
+against it, SCRAM answers with it and refuses the proof.
 
 Costs: a SCRAM exchange is a few HMACs (microseconds). A PLAIN login is the slow hash of its
 entry (a fraction of a second by design), handed out as :attr:`Step.verify` to run off the event
-loop, unless the same password of the same entry was verified before (:class:`VerifiedPasswords`).
+loop, unless the same password of the same entry was verified before (:class:`VerifiedPasswords`),
+with :attr:`Step.verify_key` naming it (the server runs one hash per key at a time).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import functools
 import hashlib
 import hmac
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,12 +39,12 @@ from kproxy.sasl import scram
 from kproxy.sasl.credentials import (
     PASSWORD_MAX,
     PLAIN,
-    PLAIN_ITERATIONS,
     USER_NAME_MAX,
     CredentialStore,
     PlainHash,
     verify_plain,
 )
+from kproxy.sasl.unknown_users import MadeUpEntries
 
 # Kafka's texts (clients/.../security/plain/internals/PlainSaslServer.java, SaslServerAuthenticator.java).
 PLAIN_INVALID = "Authentication failed: Invalid username or password"
@@ -66,14 +68,16 @@ class Step:
     ``challenge``: the bytes to send back (empty for none). The exchange is over when ``user``
     (accepted, as this user) or ``error`` (refused, with the broker's message) is set. ``verify``:
     work to run off the event loop first (a PLAIN password's slow hash); its result goes to the
-    server's ``verified`` and that step is the answer. ``reason``: why it was refused, for
-    kproxy's own log line (never sent to the client: Kafka keeps it from clients).
+    server's ``verified`` and that step is the answer; ``verify_key`` names that work (a keyed
+    digest of the entry and the password). ``reason``: why it was refused, for kproxy's own log
+    line (never sent to the client: Kafka keeps it from clients).
     """
 
     challenge: bytes = b""
     user: str | None = None
     error: str | None = None
     verify: Callable[[], bool] | None = None
+    verify_key: bytes = b""
     reason: str | None = None
 
     @property
@@ -83,14 +87,14 @@ class Step:
 
 class MechanismServer(Protocol):
     """One login's server side: :meth:`respond` to each client message until a step is done;
-    :meth:`verified` with the result of a step's ``verify``."""
+    :meth:`verified` with the result of a step's ``verify`` (None: it was not run)."""
 
     mechanism: str
     user: str | None  # who the client says it is, once it said so (for the log line of a refusal)
 
     def respond(self, message: bytes) -> Step: ...
 
-    def verified(self, ok: bool) -> Step: ...
+    def verified(self, ok: bool | None) -> Step: ...
 
 
 class VerifiedPasswords:
@@ -109,6 +113,13 @@ class VerifiedPasswords:
 
     def _digest(self, user: str, password: bytes) -> bytes:
         return hmac.new(self._key, user.encode("utf-8") + b"\x00" + password, hashlib.sha256).digest()
+
+    def work_key(self, user: str, stored: PlainHash, password: bytes) -> bytes:
+        """What names the hash of ``password`` against ``stored``: the logins that ask for the same
+        one at once share it (kproxy/server/password_checks.py). A keyed digest: not the password."""
+        material = b"\x00".join((user.encode("utf-8"), stored.salt, stored.iterations.to_bytes(8, "big"),
+                                  stored.hash, password))
+        return hmac.new(self._key, b"work\x00" + material, hashlib.sha256).digest()
 
     def accepts(self, user: str, stored: PlainHash, password: bytes) -> bool:
         found = self._by_user.get(user)
@@ -130,7 +141,6 @@ class CredentialChecker:
     def __init__(self, store: CredentialStore, mechanisms: Iterable[str]) -> None:
         self.mechanisms = tuple(mechanisms)
         self.verified = VerifiedPasswords()
-        self._fake_key = secrets.token_bytes(32)
         self.store = store
 
     @property
@@ -140,17 +150,13 @@ class CredentialChecker:
     @store.setter
     def store(self, store: CredentialStore) -> None:
         self._store = store
-        # Unknown PLAIN users are hashed against this entry, whose hash no password gives, at the
-        # iterations most of the users have: a refusal takes as long whether the user exists or not.
-        counts = Counter(entry.plain.iterations for entry in store.users.values() if entry.plain is not None)
-        iterations = counts.most_common(1)[0][0] if counts else PLAIN_ITERATIONS
-        self._decoy = PlainHash(secrets.token_bytes(24), iterations, secrets.token_bytes(64))
+        self._made_up = MadeUpEntries(store)
 
     def server(self, mechanism: str) -> MechanismServer:
         """A server for one login with ``mechanism`` (one of :attr:`mechanisms`)."""
         if mechanism == PLAIN:
-            return PlainServer(self.store, self.verified, self._decoy)
-        return ScramServer(mechanism, self.store, self._fake_key)
+            return PlainServer(self.store, self.verified, self._made_up)
+        return ScramServer(mechanism, self.store, self._made_up)
 
 
 def unknown_reason(store: CredentialStore, user: str) -> str:
@@ -164,12 +170,12 @@ class PlainServer:
 
     mechanism = PLAIN
 
-    def __init__(self, store: CredentialStore, verified: VerifiedPasswords, decoy: PlainHash) -> None:
+    def __init__(self, store: CredentialStore, verified: VerifiedPasswords, made_up: MadeUpEntries) -> None:
         self._store = store
         self._verified = verified
-        self._decoy = decoy
+        self._made_up = made_up
         self.user: str | None = None
-        self._pending: tuple[PlainHash, bytes] | None = None  # the entry and password being hashed
+        self._pending: tuple[PlainHash, bytes, bool] | None = None  # the entry and password hashed, known
 
     def respond(self, message: bytes) -> Step:
         parts = message.split(b"\x00")
@@ -193,27 +199,33 @@ class PlainServer:
         stored = self._store.plain(self.user)
         if stored is not None and self._verified.accepts(self.user, stored, password):
             return Step(user=self.user)
-        self._pending = (stored or self._decoy, password)
-        return Step(verify=functools.partial(verify_plain, stored or self._decoy, password))
+        known = stored is not None
+        if stored is None:
+            stored = self._made_up.plain(self.user)
+        self._pending = (stored, password, known)
+        return Step(verify=functools.partial(verify_plain, stored, password),
+                    verify_key=self._verified.work_key(self.user, stored, password))
 
-    def verified(self, ok: bool) -> Step:
+    def verified(self, ok: bool | None) -> Step:
         assert self._pending is not None and self.user is not None, "verified() without a verification asked"
-        stored, password = self._pending
+        stored, password, known = self._pending
         self._pending = None
-        if ok and stored is not self._decoy:
+        if ok is None:
+            return Step(error=PLAIN_INVALID, reason="not checked: too many password checks under way from "
+                                                    "the client's address")
+        if ok and known:
             self._verified.remember(self.user, stored, password)
             return Step(user=self.user)
-        known = stored is not self._decoy
         return Step(error=PLAIN_INVALID, reason="wrong password" if known else unknown_reason(self._store, self.user))
 
 
 class ScramServer:
     """SCRAM-SHA-256/512: client-first, server-first, client-final, server-final (RFC 5802 section 3)."""
 
-    def __init__(self, mechanism: str, store: CredentialStore, fake_key: bytes) -> None:
+    def __init__(self, mechanism: str, store: CredentialStore, made_up: MadeUpEntries) -> None:
         self.mechanism = mechanism
         self._store = store
-        self._fake_key = fake_key
+        self._made_up = made_up
         self.user: str | None = None
         self._cred: scram.ScramCredential | None = None
         self._known = False
@@ -222,7 +234,7 @@ class ScramServer:
         self._server_first = ""
         self._nonce = ""
 
-    def verified(self, ok: bool) -> Step:
+    def verified(self, ok: bool | None) -> Step:
         raise AssertionError("SCRAM asks for no verification off the loop")
 
     def respond(self, message: bytes) -> Step:
@@ -264,7 +276,7 @@ class ScramServer:
             return Step(error=AUTHZID_DIFFERS, reason="authorization id differs from the user name")
         cred = self._store.scram(user, self.mechanism)
         self._known = cred is not None
-        self._cred = cred if cred is not None else self._made_up(user)
+        self._cred = cred if cred is not None else self._made_up.scram(self.mechanism, user)
         self._gs2_header = text[:len(cbind) + len(authzid) + 2]
         self._first_bare = bare
         self._nonce = parts[1][2:] + scram.nonce()
@@ -294,11 +306,3 @@ class ScramServer:
             return self._refuse("wrong password" if self._known else unknown_reason(self._store, self.user))
         signature = scram.server_signature(self.mechanism, cred.server_key, auth_message)
         return Step(challenge=b"v=" + scram.b64(signature).encode("ascii"), user=self.user)
-
-    def _made_up(self, user: str) -> scram.ScramCredential:
-        """A credential for a user kproxy does not know: the salt is the same at every attempt (as a
-        real user's is), the keys are random, so no proof verifies."""
-        salt = hmac.new(self._fake_key, f"{self.mechanism}\x00{user}".encode(), hashlib.sha256).digest()[:24]
-        size = hashlib.new(scram.hash_name(self.mechanism)).digest_size
-        return scram.ScramCredential(self.mechanism, salt, scram.DEFAULT_ITERATIONS, secrets.token_bytes(size),
-                                     secrets.token_bytes(size))

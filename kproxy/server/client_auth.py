@@ -3,12 +3,13 @@ changes, and what each login leaves in the log and the metrics.
 
 :class:`ClientAuthService` is one per server (only with ``sasl.client.mode: terminate``). It holds
 the :class:`~kproxy.sasl.server.CredentialChecker` every connection's
-:class:`~kproxy.proxy.client_auth.ClientAuth` uses, and polls the credentials file as the rules
-file is polled (kproxy/server/rules_reload.py says why a stat poll: a Kubernetes Secret is updated
-by a symlink flip that inotify does not see). A change is read and parsed in a worker thread and put
-in force for the logins that begin after it (a login under way keeps the users it began with). A
-file that does not load keeps the users in force and says so in one warning line, once per
-distinct problem::
+:class:`~kproxy.proxy.client_auth.ClientAuth` uses, the
+:class:`~kproxy.server.password_checks.PasswordChecks` that runs their PLAIN hashes, and polls
+the credentials file as the rules file is polled (kproxy/server/rules_reload.py says why a stat
+poll: a Kubernetes Secret is updated by a symlink flip that inotify does not see). A change is
+read and parsed in a worker thread and put in force for the logins that begin after it (a login
+under way keeps the users it began with). A file that does not load keeps the users in force and
+says so in one warning line, once per distinct problem::
 
     event=credentials_reloaded file=PATH users=N
     event=credentials_reload_failed file=PATH detail="PATH: users.alice.PLAIN.hash: not base64"
@@ -37,6 +38,7 @@ from kproxy.proxy.client_auth import ApiVersionsSource, ClientAuth, Outcome
 from kproxy.ratelimit import LogRateLimit
 from kproxy.sasl.credentials import CredentialsError, CredentialStore
 from kproxy.sasl.server import CredentialChecker
+from kproxy.server.password_checks import PasswordChecks
 
 log = logging.getLogger("kproxy.sasl")
 
@@ -54,6 +56,7 @@ class ClientAuthService:
         self.stats = stats
         self.interval = interval
         self.checker = CredentialChecker(options.credentials or CredentialStore(), options.mechanisms)
+        self.password_checks = PasswordChecks()  # every connection's PLAIN hashes, shared fairly
         self._refusals = LogRateLimit()
         self._failed: str | None = None  # the last reload failure logged (each distinct one once)
         for mechanism in options.mechanisms:

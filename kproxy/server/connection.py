@@ -79,6 +79,7 @@ from kproxy.proxy.commands import (
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import Session
 from kproxy.server.fastio import Reader, VectorWriter, Writer, reader, vector_writer, writer
+from kproxy.server.password_checks import PasswordChecks, charged_to, client_gone, closed_already
 from kproxy.server.timers import Deadlines
 from kproxy.server.upstream import UpstreamUnavailable
 from kproxy.server.wire import ToxicWriter
@@ -90,10 +91,9 @@ EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 # Opens the upstream connection on the session's ConnectUpstream (raises UpstreamUnavailable).
 UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
-# Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
-# for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
-# process of CPU (hashlib releases the GIL while it hashes).
-VERIFICATIONS: Final = trio.CapacityLimiter(2)
+# How long a login kproxy did not check (its address over its share of password hashes) waits for its
+# refusal: about what a check under load takes, so a flood's refused connections cannot churn.
+UNCHECKED_REFUSAL_DELAY: Final = 1.0
 
 
 @dataclass
@@ -110,7 +110,7 @@ class Connection:
                  limits: Limits, ensure_listeners: EnsureListeners, peer: str, listener: str,
                  upstream_addr: HostPort | None, on_reject: Callable[[str], None] | None = None,
                  deadlines: Deadlines | None = None, connect: UpstreamOpener | None = None,
-                 listening: AbstractSet[int] = frozenset()) -> None:
+                 listening: AbstractSet[int] = frozenset(), password_checks: PasswordChecks | None = None) -> None:
         self.client = client
         self.upstream = upstream
         self.connect = connect
@@ -124,6 +124,9 @@ class Connection:
         self.listener = listener
         self.upstream_addr = upstream_addr
         self.on_reject = on_reject
+        # The server's hashes of PLAIN passwords (terminate mode), shared by its connections.
+        self.password_checks = password_checks
+        self._verifying = False  # a password's hash is awaited: the login's deadline runs meanwhile
         principal = tls_principal(_peer_certificate(client))  # the handshake is done: known now or never
         if principal is not None:
             session.principal = principal
@@ -253,7 +256,9 @@ class Connection:
             return
         frame_due = self._frame_due
         if now >= frame_due:
-            if self._waiting_for_client and self.session.can_accept and not self.draining:
+            # A login's password waiting for its hash is the client's time too: the deadline holds
+            # while it waits (a flood of logins must not keep connections past it).
+            if self._verifying or (self._waiting_for_client and self.session.can_accept and not self.draining):
                 what = "SASL login" if self.session.logging_in else "request frame"
                 self.close_reason = f"{what} not complete within frame_timeout {limits.frame_timeout:g} s"
                 if self.on_reject is not None:
@@ -394,9 +399,11 @@ class Connection:
                 elif kind is WakeAt:
                     self._wake_at(command.when)  # type: ignore[union-attr]
                 elif kind is VerifyCredentials:
-                    ok = await trio.to_thread.run_sync(command.work,  # type: ignore[union-attr]
-                                                       abandon_on_cancel=True, limiter=VERIFICATIONS)
-                    if not await self._execute(self.session.verified(ok), scope):
+                    gone, checked = await self._verify(command)  # type: ignore[arg-type]
+                    if gone:
+                        self._end(scope, "client closed")
+                        return False
+                    if not await self._execute(self.session.verified(checked), scope):
                         return False
                 elif kind is ConnectUpstream:
                     if not await self._open_upstream(scope):
@@ -415,6 +422,43 @@ class Connection:
         finally:
             if turn >= 0:
                 self._pass_turn(turn)
+
+    async def _verify(self, command: VerifyCredentials) -> tuple[bool, bool | None]:
+        """The session's VerifyCredentials: the password's hash, queued with every connection's
+        (kproxy/server/password_checks.py). Whether the client closed meanwhile (its queued hash
+        is dropped then), and the result (None: not checked, too many under way from the client's
+        address; given :data:`UNCHECKED_REFUSAL_DELAY` later). The login's deadline holds meanwhile
+        (:meth:`on_deadline`)."""
+        if closed_already(self.client):
+            return True, None  # sent its login and left: no hash for it
+        checks = self.password_checks
+        if checks is None:
+            checks = self.password_checks = PasswordChecks()
+        result: list[bool | None] = []  # the check's, once it came
+        self._verifying = True
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._check, checks, command, result, nursery.cancel_scope)
+                nursery.start_soon(self._watch_close, nursery.cancel_scope)
+        finally:
+            self._verifying = False
+        return not result, result[0] if result else None
+
+    async def _check(self, checks: PasswordChecks, command: VerifyCredentials, result: list[bool | None],
+                     scope: trio.CancelScope) -> None:
+        """:meth:`_verify`'s wait for the hash: its result into ``result``, then ``scope`` ends."""
+        checked = await checks.check(charged_to(self.client, self.peer), command.key, command.work)
+        if checked is None:
+            # Not checked (over the address's share): answered no sooner than a hash would be, so
+            # that a flood's refused connections do not come back at once.
+            await trio.sleep(UNCHECKED_REFUSAL_DELAY)
+        result.append(checked)
+        scope.cancel()
+
+    async def _watch_close(self, scope: trio.CancelScope) -> None:
+        """:meth:`_verify`'s watch on the client: ``scope`` ends when it closed."""
+        if await client_gone(self.client):
+            scope.cancel()
 
     async def _open_upstream(self, scope: trio.CancelScope) -> bool:
         """The session's ConnectUpstream: open the upstream connection, start its pump, then execute

@@ -559,7 +559,8 @@ class ProxyServer:
         conn = Connection(client, upstream, session, limits=self.config.limits,
                           ensure_listeners=self.ensure_listeners, peer=peer, listener=listener.name,
                           upstream_addr=addr, on_reject=self.stats.frame_rejected, deadlines=self.deadlines,
-                          listening=self.listening, connect=connect)
+                          listening=self.listening, connect=connect,
+                          password_checks=self.client_auth.password_checks if self.client_auth is not None else None)
         self.connections.add(conn)
         self.stats.client_connected(listener.name, node)
         if addr is not None:
