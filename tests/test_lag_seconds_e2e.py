@@ -6,8 +6,8 @@ commits and stops polling (its client lives on: its heartbeat thread keeps the g
 resumes at a known pace, 30 records a second, committing twice a second, until it is caught up.
 
 * While it is stopped, ``kproxy_consumergroup_lag_seconds`` is how long ago the first record it has
-  not committed was written (its CreateTime, from the delivery report) within a second (kproxy keeps
-  a write time a second per partition: the nearest it saw), rising at 1 s/s; the per-partition
+  not committed was written (its CreateTime, from the delivery report) within 1.5 s (kproxy keeps a
+  write time a second per partition: the nearest it saw), rising at 1 s/s; the per-partition
   series says the same.
 * Once it resumes (past one rate window: kproxy measures rates over 5 s at least, and the first
   window after the pause still holds the pause),
@@ -102,7 +102,7 @@ def test_lag_seconds_rise_at_1_s_a_second_and_the_catchup_time_comes_true(tansu:
                 after = time.time()
                 seconds = lag_seconds(metrics)
                 truth = (before + after) / 2 - writer.written[committed] / 1000
-                assert abs(seconds - truth) < 1.0, (seconds, truth)
+                assert abs(seconds - truth) < 1.5, (seconds, truth)
                 per_partition = series(metrics, "kproxy_consumergroup_partition_lag_seconds", group=group)
                 assert abs(per_partition[(("partition", "0"), ("topic", topic))] - seconds) < 0.1
                 # A stopped group gains nothing: no catch-up time (past the window it was still reading in).

@@ -10,6 +10,17 @@ read them from the scans kproxy made anyway (the exchange's request scan and the
 scan, both in values mode): per answer, a pass over the partition entries the scan found, no
 record touched.
 
+Lag in time. A Produce answer also dates the offsets it gave: the request's v2 batch headers carry
+their max timestamp (milliseconds since the epoch: the producers' CreateTime, or whatever time they
+set), read in place with the record counts (:func:`~kproxy.protocol.offsets.produce_record_counts`).
+:attr:`ConsumerLag.written` keeps, per partition, at most :data:`WRITTEN_POINTS` such points
+``(first offset, last offset, timestamp)``, at most one a second; a full table drops one between two
+others (:func:`_thin`: the recent past stays dense). :meth:`ConsumerLag.view` gives a group's lag
+in seconds on a partition as the time since its committed offset was written (:func:`written_at`:
+the point holding it, else the nearest). Rates: each committed offset and watermark carries the
+offset and time a rate window began and the last whole window's records a second
+(:func:`_progress`, windows of :data:`RATE_WINDOW` at least), read by the time to catch up.
+
 Staleness. A watermark is a reading of the partition: one not seen again within ``stale_after``
 is dropped. A committed offset is the group's state, not a reading: it stays while kproxy keeps
 seeing the group, so a consumer that stopped consuming but whose client still heartbeats keeps its
@@ -29,7 +40,8 @@ Bounds, whatever clients send. A group id or topic name longer than :data:`MAX_I
 cut (:func:`bounded_id`: its start, ``~`` and a digest of the whole, so two long ids stay apart;
 its label is cut as every label is). Each table holds at most ``max_keys`` keys and at most
 ``max_bytes`` of estimated memory (:data:`ENTRY_BYTES` per entry besides its strings, which are
-counted at their size: an estimate on the high side); a new key past either bound evicts the ones
+counted at their size: an estimate on the high side; a partition's write times are charged for all
+the points it may hold); a new key past either bound evicts the ones
 updated longest ago (counted in :attr:`ConsumerLag.evicted`). Each table is an ``OrderedDict``
 kept in update order (a change moves its key to the end), so the oldest are first: values older
 than ``stale_after`` are dropped from the front, at most once a second (each key once: O(1)
@@ -296,7 +308,8 @@ class ConsumerLag:
             if old is not None:
                 if old[0] == offset and now - old[1] < REFRESH_SECONDS:
                     continue
-                table[key] = (offset, now, now, *_progress(offset, now, old[3], old[4], old[5]))
+                anchor, anchored_at, rate = _progress(offset, now, old[3], old[4], old[5])
+                table[key] = (offset, now, now, anchor, anchored_at, rate)
                 table.move_to_end(key)
                 continue
             cost = _committed_cost(key)
@@ -318,7 +331,8 @@ class ConsumerLag:
             if old is None:
                 self._new_watermark(key, offset, now)
             elif old[0] != offset or now - old[1] >= REFRESH_SECONDS:
-                table[key] = (offset, now, *_progress(offset, now, old[2], old[3], old[4]))
+                anchor, anchored_at, rate = _progress(offset, now, old[2], old[3], old[4])
+                table[key] = (offset, now, anchor, anchored_at, rate)
                 table.move_to_end(key)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
