@@ -97,13 +97,14 @@ V = TypeVar("V")
 TopicKey = str | int | None  # a name; a topic id not named yet (its int); None: a null name
 DEFAULT_STALE_AFTER = 300.0  # seconds: a value not seen again for this long is no longer exported
 MAX_KEYS = 50_000  # committed offsets kept, and as many watermarks and groups
-# Each table's estimated memory, at most: some 40,000 committed offsets of a group id of 50 characters
+# Each table's estimated memory, at most: some 35,000 committed offsets of a group id of 50 characters
 # and a short topic name (the key cap binds first for shorter ids; ids of 255, the longest kept, fill it
 # at some 20,000).
 MAX_TABLE_BYTES = 16 * 1024 * 1024
 # An entry's own memory besides its strings (the table's slot and link, the key and value tuples,
-# the numbers), rounded up from what tracemalloc counts per entry of a large table.
-ENTRY_BYTES = 256
+# the numbers and rate fields), rounded up from what tracemalloc counts per entry of a large table in
+# the compiled build (which boxes each float of a value on its own).
+ENTRY_BYTES = 320
 # A group id or topic name kept whole up to this long (Kafka refuses topic names past 249); a
 # longer one, sent by a client (up to 32 KiB on the wire), is kept cut (bounded_id).
 MAX_ID_LENGTH = 255
