@@ -4,6 +4,7 @@ Produce frames whose v2 batches carry known max timestamps go through a real
 :class:`~kproxy.proxy.session.Session` with the metrics' observer (tests/test_lag_metrics.py's
 ``Proxy``), on a clock the test moves:
 
+* a records range's write time is the latest max timestamp of its whole v2 batches (none: -1);
 * lag seconds are the age, at the view's wall-clock time, of the write time of the first offset the
   group has not committed: the append holding it, else the nearest one kept; 0 when caught up;
   absent without any write time seen;
@@ -20,7 +21,7 @@ import tracemalloc
 
 from kproxy.metrics.lag import RATE_WINDOW, WRITTEN_POINTS, ConsumerLag, written_at
 from kproxy.metrics.lag_exposition import lag_series
-from kproxy.protocol.records import Record, encode_batch_v2
+from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set, v2_max_timestamp
 from tests.test_lag_metrics import PRODUCE, TOPIC_ID, Proxy
 
 EPOCH = 1_800_000_000_000  # ms: the write times' origin here
@@ -79,6 +80,19 @@ def test_the_write_time_is_the_append_holding_the_offset_or_the_nearest() -> Non
     # Between two: the nearer in offsets (the earlier on a tie); outside: the first or the last.
     assert [written_at(points, o) for o in (20, 29, 30, 39, 60, 90, 0, 500)] == [
         5000, 5000, 8000, 8000, 8000, 9000, 5000, 9000]
+
+
+def test_a_records_range_gives_the_latest_max_timestamp_of_its_whole_v2_batches() -> None:
+    def batch(*times: int) -> bytes:
+        return encode_batch_v2([Record(offset=i, timestamp=t, key=None, value=b"v") for i, t in enumerate(times)])
+
+    two = batch(5000, 7000) + batch(6000)
+    assert v2_max_timestamp(two, 0, len(two)) == 7000
+    # A truncated tail (a batch cut short) is not read; a range that opens with none: -1.
+    assert v2_max_timestamp(two, 0, len(two) - 1) == 7000
+    assert v2_max_timestamp(two, 0, 40) == -1
+    legacy = encode_message_set([Record(offset=0, timestamp=9000, key=None, value=b"v")], magic=1)
+    assert v2_max_timestamp(legacy, 0, len(legacy)) == -1
 
 
 def test_a_partition_keeps_a_bounded_number_of_write_times_spread_over_its_history() -> None:

@@ -29,7 +29,8 @@ to through kproxy, has its series disappear, never frozen at their last value.
 Cardinality, whatever clients send: at most ``label_cap`` groups and ``label_cap`` topics are named,
 those with the most lag first (then by name: a stable choice while lags hold); a group or topic
 past them counts in ``group="other"`` / ``topic="other"`` of ``lag_sum`` (a sum stays a sum) and
-is left out of the per-partition families (an offset of several groups means nothing). Each
+is left out of the per-partition families (an offset of several groups means nothing), and of
+``lag_seconds`` and ``catchup_seconds`` (neither a most nor a time adds up across groups). Each
 family also holds at most :data:`SERIES_PER_LABEL` x ``label_cap`` series; ``lag_sum`` folds the
 rest into ``{group="other",topic="other"}``, the others leave it out. Labels are cut as every
 label is (:func:`~kproxy.metrics.labels.cut_label`); a second group or topic cut to the same
