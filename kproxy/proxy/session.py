@@ -108,6 +108,15 @@ _KIP511_RANGE: Final = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0,
 _API_VERSIONS_MAX: Final = _KIP511_RANGE[0][2]
 
 
+def _cuts(splitter: FrameSplitter, chunk: bytes | bytearray, frames: int) -> list[int]:
+    """Frame boundaries of ``chunk`` (about to go to ``splitter``) every ``frames`` frames, and its end."""
+    n = len(chunk)
+    cuts = [splitter.cut_after(chunk, frames)]
+    while cuts[-1] < n:
+        cuts.append(splitter.cut_after(chunk, frames, cuts[-1]))
+    return cuts
+
+
 class SessionError(ProtocolError):
     """The connection cannot go on (desynchronised stream, unrewritable response).
 
@@ -230,6 +239,19 @@ class Session(UpstreamLoginMode):
         return Mode.KAFKA if self._sasl is None else Mode.SASL_TOKENS
 
     # -- client -> upstream ----------------------------------------------------------
+    def client_cuts(self, chunk: bytes | bytearray, frames: int) -> list[int]:
+        """The offsets at which to cut ``chunk``, a chunk read from the client not yet given to
+        :meth:`receive_client`, so that each piece completes at most ``frames`` request frames:
+        each a frame boundary, the last ``len(chunk)``. One offset (no cut) while a login holds
+        the client's bytes."""
+        if self._hold is not None:
+            return [len(chunk)]
+        return _cuts(self._client_frames, chunk, frames)
+
+    def upstream_cuts(self, chunk: bytes | bytearray, frames: int) -> list[int]:
+        """:meth:`client_cuts` for a chunk read from the broker, not yet given to :meth:`receive_upstream`."""
+        return _cuts(self._upstream_frames, chunk, frames)
+
     def receive_client(self, chunk: bytes | bytearray, read_at: float | None = None) -> list[Command]:
         """Take a chunk read from the client (``read_at``: when; defaults to now).
 

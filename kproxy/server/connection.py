@@ -89,6 +89,9 @@ log = logging.getLogger("kproxy.connection")
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 # Opens the upstream connection on the session's ConnectUpstream (raises UpstreamUnavailable).
 UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
+# Request frames of one client chunk taken in one turn of the loop (Connection._forward): a turn
+# spent on a client pipelining tiny requests stays short for every other connection.
+TURN_FRAMES: Final = 64
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 # Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
 # for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
@@ -321,9 +324,27 @@ class Connection:
             self._end(scope, "shutdown")
 
     async def _forward(self, data: bytes | bytearray, scope: trio.CancelScope) -> bool:
-        """Take one chunk from the client and do what the session says; False once it closed."""
+        """Take one chunk from the client and do what the session says; False once it closed.
+
+        A chunk of more than TURN_FRAMES requests (a client pipelining thousands of tiny ones) is
+        taken a piece of TURN_FRAMES at a time, with a pass through the scheduler between pieces:
+        one turn of the loop spent on one client's requests, and their rules' work, is bounded, so
+        the other connections keep their latency."""
+        read_at = self.session.clock()
+        cuts = self.session.client_cuts(data, TURN_FRAMES)
+        if len(cuts) == 1:
+            return await self._forward_piece(data, read_at, scope)
+        begin = 0
+        for end in cuts:
+            if begin:
+                await trio.lowlevel.checkpoint()
+            if not await self._forward_piece(data[begin:end], read_at, scope):
+                return False
+            begin = end
+        return True
+
+    async def _forward_piece(self, data: bytes | bytearray, read_at: float, scope: trio.CancelScope) -> bool:
         session = self.session
-        read_at = session.clock()
         self._touch()
         self.stats.bytes_from_client += len(data)
         commands = session.receive_client(data, read_at)
@@ -351,12 +372,19 @@ class Connection:
                                                           else ""))
                     return
                 self._touch()
-                commands = session.receive_upstream(data)
-                if session.wire_orders:  # verdicts on client requests a login held, taken now
-                    self._install(session.wire_orders)
-                if commands and not await self._execute(commands, scope):
-                    return
-                session.report()
+                # As the client's chunks (_forward): TURN_FRAMES responses per turn of the loop.
+                cuts = session.upstream_cuts(data, TURN_FRAMES)
+                begin = 0
+                for end in cuts:
+                    if begin:
+                        await trio.lowlevel.checkpoint()
+                    commands = session.receive_upstream(data if len(cuts) == 1 else data[begin:end])
+                    begin = end
+                    if session.wire_orders:  # verdicts on client requests a login held, taken now
+                        self._install(session.wire_orders)
+                    if commands and not await self._execute(commands, scope):
+                        return
+                    session.report()
                 if session.can_accept:
                     self._room.set()
                 if self.draining and not session.in_flight_count:
