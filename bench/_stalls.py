@@ -25,6 +25,14 @@ import trio
 LONG = 0.002  # a step or collection at least this long is listed one by one
 
 
+def task_name(name: str) -> str:
+    """A task's function name: ``_client_to_upstream`` of ``kproxy.server.connection.Connection._client_to_upstream``
+    (interpreted) or of ``<bound method Connection._client_to_upstream of <...>>`` (compiled)."""
+    if name.startswith("<bound method "):
+        name = name[len("<bound method "):].split(" ", 1)[0]
+    return name.rsplit(".", 1)[-1]
+
+
 class StallWatch(trio.abc.Instrument):
     """Task steps and collections on this process, longest kept."""
 
@@ -39,7 +47,8 @@ class StallWatch(trio.abc.Instrument):
         """Forget what was seen so far (the benchmark's SIGUSR1: start-up is not steady state)."""
         self.started: dict[int, tuple[float, float]] = {}
         self.steps: dict[str, list[float]] = {}  # task name -> [count, seconds, longest]
-        self.long_steps: list[tuple[float, float, str]] = []
+        self.long_steps: list[tuple[float, float, str]] = []  # at least LONG in wall time
+        self.long_cpu_steps: list[tuple[float, float, str]] = []  # at least LONG in CPU time too
         self.gc_started = (0.0, 0.0)
         self.collections: dict[int, list[float]] = {}
         self.long_collections: list[tuple[float, float, int]] = []
@@ -53,13 +62,15 @@ class StallWatch(trio.abc.Instrument):
             return
         took = self.clock() - t0[0]
         cpu = self.cpu() - t0[1]
-        name = task.name.rsplit(".", 1)[-1]
+        name = task_name(task.name)
         entry = self.steps.setdefault(name, [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += took
         entry[2] = max(entry[2], took)
         if took >= LONG:
             self.long_steps.append((round(took * 1e3, 2), round(cpu * 1e3, 2), name))
+            if cpu >= LONG:
+                self.long_cpu_steps.append((round(took * 1e3, 2), round(cpu * 1e3, 2), name))
 
     def _gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -81,6 +92,8 @@ class StallWatch(trio.abc.Instrument):
                       for k, v in sorted(self.steps.items(), key=lambda kv: -kv[1][1])},
             "long_steps": sorted(self.long_steps, reverse=True)[:200],
             "long_steps_count": len(self.long_steps),
+            "long_cpu_steps": sorted(self.long_cpu_steps, key=lambda s: -s[1])[:200],
+            "long_cpu_steps_count": len(self.long_cpu_steps),
             "collections": {str(k): {"count": v[0], "total_ms": round(v[1] * 1e3, 1),
                                      "longest_ms": round(v[2] * 1e3, 2)} for k, v in self.collections.items()},
             "long_collections": sorted(self.long_collections, reverse=True)[:200],

@@ -300,9 +300,8 @@ def print_stalls(where: Path, pids: dict[int, str]) -> None:
             rows.append([name, "(no file: the process did not end cleanly)", "", "", ""])
             continue
         doc = json.loads(path.read_text())
-        steps, gcs = doc["long_steps"], doc["long_collections"]
-        cpu_steps = sorted((s for s in steps if s[1] >= 1e3 * LONG), key=lambda s: -s[1])
-        rows.append([name, str(doc["long_steps_count"]), str(len(cpu_steps)),
+        gcs, cpu_steps = doc["long_collections"], doc["long_cpu_steps"]
+        rows.append([name, str(doc["long_steps_count"]), str(doc["long_cpu_steps_count"]),
                      ", ".join(f"{cpu} ms CPU ({wall} wall) {task}" for wall, cpu, task in cpu_steps[:3]) or "-",
                      str(len(gcs)), str(sum(1 for g in gcs if g[1] >= 1e3 * LONG)),
                      ", ".join(f"{cpu} ms CPU ({wall} wall) gen {gen}" for wall, cpu, gen in
@@ -348,6 +347,8 @@ def main() -> int:
         with open_paths(args.keys, workdir, Path(tempfile.gettempdir()), args.skip) as hops:
             machine = machine_line()
             pids = {h.pid: h.name for h, _ in hops if h.pid and h.name != "pipe"}
+            for hop, broker_port in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
+                publish(hop, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0, broker_port)
             if args.stalls:
                 for pid in pids:
                     os.kill(pid, signal.SIGUSR1)  # start-up is over: the stall watch starts afresh
