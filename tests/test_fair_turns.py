@@ -160,6 +160,6 @@ def test_another_client_keeps_its_round_trip_under_a_greedy_client_s_rule(tansu:
     # A turn of TURN_FRAMES requests takes about a millisecond of CPU interpreted; a whole read of
     # tiny requests took ten to twenty. The round trips are printed, not asserted: on a machine
     # shared with other work the no-rule figure alone moves by hundreds of ms from run to run.
-    assert steps.longest < 0.005, (what, steps.longest)
+    assert steps.longest < 0.006, (what, steps.longest)
 
 

@@ -91,7 +91,7 @@ EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
 # Request frames of one client chunk taken in one turn of the loop (Connection._forward): a turn
 # spent on a client pipelining tiny requests stays short for every other connection.
-TURN_FRAMES: Final = 64
+TURN_FRAMES: Final = 128
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 # Password hashes (VerifyCredentials) running at once, all connections together: each holds a core
 # for a fraction of a second, so a burst of logins queues here rather than starving the event loop's
