@@ -113,32 +113,3 @@ def test_a_peer_trickling_a_byte_per_read_costs_about_a_byte_per_byte() -> None:
     assert splitter.buffered == 4 + len(reads)
     assert held < 3 * len(reads), f"{held} bytes held for {len(reads)} bytes received"
 
-
-@settings(max_examples=60, deadline=None)
-@given(sizes=st.lists(st.sampled_from([0, 1, 7, 300, 70_000]), min_size=1, max_size=40),
-       reads=st.lists(st.integers(1, 200_000), max_size=20), per_piece=st.integers(1, 5))
-def test_cut_after_cuts_a_chunk_on_frame_boundaries_every_n_frames(sizes: list[int], reads: list[int],
-                                                                    per_piece: int) -> None:
-    frames = [frame(bytes([i % 251 + 1]) * size) for i, size in enumerate(sizes)]
-    stream = b"".join(frames)
-    splitter = FrameSplitter()
-    out: list[bytes] = []
-    pos = 0
-    for read in [*reads, len(stream)]:
-        if pos >= len(stream):
-            break
-        chunk = stream[pos : pos + read]
-        pos += len(chunk)
-        begin = 0
-        cuts = [splitter.cut_after(chunk, per_piece)]
-        while cuts[-1] < len(chunk):
-            cuts.append(splitter.cut_after(chunk, per_piece, cuts[-1]))
-        for end in cuts:
-            assert begin < end <= len(chunk)
-            got, _, _ = splitter.split(chunk[begin:end])
-            assert len(got) <= per_piece
-            if end < len(chunk):  # a cut is a frame boundary: the piece left nothing held
-                assert len(got) == per_piece and splitter.buffered == 0
-            out += got
-            begin = end
-    assert out == frames

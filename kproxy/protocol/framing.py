@@ -149,37 +149,6 @@ class FrameSplitter:
         self._hold(memoryview(data)[pos:])
         return frames, data, False
 
-    def cut_after(self, data: bytes | bytearray, frames: int, start: int = 0) -> int:
-        """Where in ``data``, a chunk about to go to :meth:`split`, the ``frames``-th frame it would
-        complete after ``start`` ends; ``len(data)`` when it completes no more than ``frames``.
-        ``start`` is 0 or an offset this method returned (a frame boundary).
-
-        Nothing is taken or checked (``split`` still sees every byte, in order): a reader that must
-        not spend one turn of its loop on thousands of tiny frames splits the chunk at the offsets
-        this gives, each piece ending on a frame boundary. Sizes are read from the prefixes only.
-        """
-        n = len(data)
-        if start == 0 and self._held:
-            need = self._need
-            if not need:  # fewer than 4 bytes held: the size prefix ends in this chunk, or later
-                head = b"".join(self._parts) + data[:4]
-                if len(head) < 4:
-                    return n
-                need = 4 + SIZE_PREFIX.unpack_from(head, 0)[0]
-                if need < 4:
-                    return n  # split() names the bad prefix
-            pos = need - self._held
-            done = 1
-        else:
-            pos, done = start, 0
-        while pos + 4 <= n and done < frames:
-            (size,) = SIZE_PREFIX.unpack_from(data, pos)
-            if size < 0:
-                return n  # split() names the bad prefix
-            pos += 4 + size
-            done += 1
-        return pos if done >= frames and pos < n else n
-
     def _hold(self, piece: bytes | memoryview) -> None:
         """Keep ``piece`` as part of the frame not yet whole: as it is when big, else copied."""
         parts = self._parts

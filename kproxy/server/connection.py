@@ -326,41 +326,31 @@ class Connection:
     async def _forward(self, data: bytes | bytearray, scope: trio.CancelScope) -> bool:
         """Take one chunk from the client and do what the session says; False once it closed.
 
-        A chunk of more than TURN_FRAMES requests (a client pipelining thousands of tiny ones) is
-        taken a piece of TURN_FRAMES at a time, with a pass through the scheduler between pieces:
-        one turn of the loop spent on one client's requests, and their rules' work, is bounded, so
-        the other connections keep their latency."""
-        read_at = self.session.clock()
-        cuts = self.session.client_cuts(data, TURN_FRAMES)
-        if len(cuts) == 1:
-            return await self._forward_piece(data, read_at, scope)
-        begin = 0
-        for end in cuts:
-            if begin:
-                await trio.lowlevel.checkpoint()
-            if not await self._forward_piece(data[begin:end], read_at, scope):
-                return False
-            begin = end
-        return True
-
-    async def _forward_piece(self, data: bytes | bytearray, read_at: float, scope: trio.CancelScope) -> bool:
+        The session takes at most TURN_FRAMES of the chunk's requests at a time; the others are
+        taken after a pass through the scheduler (a client pipelining thousands of tiny requests,
+        and their rules' work, does not hold every other connection for a whole read's worth)."""
         session = self.session
+        read_at = session.clock()
         self._touch()
         self.stats.bytes_from_client += len(data)
-        commands = session.receive_client(data, read_at)
-        if session.wire_orders:
-            self._install(session.wire_orders)
-        begun = session.partial_request_at
-        if begun is None:
-            if self._frame_due != _NO_FRAME:
-                self._frame_due = _NO_FRAME
-        elif begun != self._frame_at or self._frame_due == _NO_FRAME:
-            self._frame_at = begun
-            self._frame_begun()
-        if commands and not await self._execute(commands, scope):
-            return False
-        session.report()  # metrics, once the bytes are on their way
-        return True
+        commands = session.receive_client(data, read_at, TURN_FRAMES)
+        while True:
+            if session.wire_orders:
+                self._install(session.wire_orders)
+            begun = session.partial_request_at
+            if begun is None:
+                if self._frame_due != _NO_FRAME:
+                    self._frame_due = _NO_FRAME
+            elif begun != self._frame_at or self._frame_due == _NO_FRAME:
+                self._frame_at = begun
+                self._frame_begun()
+            if commands and not await self._execute(commands, scope):
+                return False
+            session.report()  # metrics, once the bytes are on their way
+            if not session.more_client:
+                return True
+            await trio.lowlevel.checkpoint()
+            commands = session.receive_client_more(TURN_FRAMES)
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
         session = self.session
@@ -372,19 +362,17 @@ class Connection:
                                                           else ""))
                     return
                 self._touch()
-                # As the client's chunks (_forward): TURN_FRAMES responses per turn of the loop.
-                cuts = session.upstream_cuts(data, TURN_FRAMES)
-                begin = 0
-                for end in cuts:
-                    if begin:
-                        await trio.lowlevel.checkpoint()
-                    commands = session.receive_upstream(data if len(cuts) == 1 else data[begin:end])
-                    begin = end
+                commands = session.receive_upstream(data, TURN_FRAMES)  # as the client's chunks (_forward)
+                while True:
                     if session.wire_orders:  # verdicts on client requests a login held, taken now
                         self._install(session.wire_orders)
                     if commands and not await self._execute(commands, scope):
                         return
                     session.report()
+                    if not session.more_upstream:
+                        break
+                    await trio.lowlevel.checkpoint()
+                    commands = session.receive_upstream_more(TURN_FRAMES)
                 if session.can_accept:
                     self._room.set()
                 if self.draining and not session.in_flight_count:
