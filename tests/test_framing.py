@@ -112,4 +112,3 @@ def test_a_peer_trickling_a_byte_per_read_costs_about_a_byte_per_byte() -> None:
         tracemalloc.stop()
     assert splitter.buffered == 4 + len(reads)
     assert held < 3 * len(reads), f"{held} bytes held for {len(reads)} bytes received"
-
