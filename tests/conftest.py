@@ -27,6 +27,7 @@ SLOW_MODULES = frozenset({
     "test_admin_hostile.py",
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
+    "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
     "test_capture_metadata_memo.py",
     "test_capture_writer.py",  # disk failures, rotation, caps: real files over seconds
     "test_chart_operations.py",  # Helm renders, Prometheus rule evaluations
