@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments
 from kproxy.analysis.job import NoInput, find_inputs, run_analysis
 from kproxy.analysis.report import live_summary, summary, write_html
-from kproxy.analysis.session import java_problem, spark_session
+from kproxy.analysis.session import SparkNotStarted, java_problem, spark_session
 from kproxy.analysis.whatif import WhatIfRules
 from kproxy.rules.load import RulesError
 
@@ -31,7 +31,8 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
     ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
-    ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines).
+    ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines, and
+    Spark's errors). A driver JVM that exits before it serves is exit 2, its own lines on stderr.
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
     ``seed``; a file the loader refuses is exit 2 with every problem as file:line: key: reason,
     before Spark starts.
@@ -79,7 +80,11 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     local = "://" not in out
     if local:
         Path(out).mkdir(parents=True, exist_ok=True)
-    spark = spark_session(master, settings, verbose=verbose)
+    try:
+        spark = spark_session(master, settings, verbose=verbose)
+    except SparkNotStarted as exc:
+        stderr.write(f"kproxy analyze: Spark did not start ({exc}): the lines above say why\n")
+        return EXIT_USAGE
     try:
         analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles,
                                 inputs=inputs)
@@ -120,7 +125,11 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stdout.write(f"batch {batch_id}: {len(rows)} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
         stdout.flush()
 
-    spark = spark_session(master, conf, verbose=verbose)
+    try:
+        spark = spark_session(master, conf, verbose=verbose)
+    except SparkNotStarted as exc:
+        stderr.write(f"kproxy analyze: Spark did not start ({exc}): the lines above say why\n")
+        return EXIT_USAGE
     # PySpark's own SIGINT handler cancels every job and raises inside the py4j call in progress
     # (tracebacks, exit 1): Ctrl-C only asks the loop below to stop the query.
     interrupted = threading.Event()
