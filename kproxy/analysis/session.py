@@ -181,10 +181,18 @@ def _quiet_gateway(conf: SparkConf) -> Any:
 
 
 def _copy_stderr(fd: int) -> None:
+    """Copy the lines read from ``fd`` to file descriptor 2 until the JVM closes its end; lines are
+    read to the end even once file descriptor 2 fails (a closed pipe): else the JVM blocks writing."""
     with os.fdopen(fd, "rb") as lines:
         for line in lines:
-            if not line.startswith(JVM_NOTICES):
-                os.write(2, line)
+            if line.startswith(JVM_NOTICES):
+                continue
+            left = memoryview(line)
+            try:
+                while left:
+                    left = left[os.write(2, left):]
+            except OSError:
+                pass
 
 
 _QUIET_LOG4J2 = """\
