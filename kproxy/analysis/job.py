@@ -83,6 +83,7 @@ from kproxy.analysis.inputs import check_file as check_file
 from kproxy.analysis.inputs import find_inputs as find_inputs
 from kproxy.analysis.inputs import read_footer as read_footer
 from kproxy.analysis.interval import auto_interval, label
+from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.schema import spark_schema
 from kproxy.analysis.session import local_driver_memory as local_driver_memory  # re-exported: where callers found it
 from kproxy.analysis.session import ship_kproxy
@@ -176,8 +177,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
     ``exact_percentiles_max``: more records than this, and percentiles are approximate.
     ``inputs``: ``find_inputs(paths)`` when the caller checked them already (before Spark started).
-    ``interval``: the time bins' width in seconds (one of :data:`kproxy.analysis.interval.WIDTHS`);
-    None: chosen from the records' span (:func:`time_span`).
+    ``interval``: the time bins' width in seconds (one of :data:`kproxy.analysis.interval.WIDTHS` or
+    whole days, else ValueError); None: chosen from the records' span (:func:`time_span`).
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
@@ -195,8 +196,7 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     if not exact:
         progress(f"{inputs.records} records: approximate percentiles (log-scale histograms, within "
                  f"{RELATIVE_ERROR:.1%})")
-    if interval is None:
-        interval = auto_interval(time_span(df, inputs))
+    interval = auto_interval(time_span(df, inputs)) if interval is None else check_interval(interval)
     progress(f"time series per {label(interval)}")
     found, (records, first, last) = aggregates(df, exact=exact, interval=interval, progress=progress)
     if records == 0:
