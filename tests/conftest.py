@@ -37,7 +37,9 @@ SLOW_MODULES = frozenset({
     "test_config_paths.py",
     "test_doc_examples.py",  # the docs' shell blocks and servers
     "test_hostile_server.py",
+    "test_image.py",  # the Dockerfile built by buildah, the image run by podman: minutes
     "test_image_health.py",
+    "test_install.py",  # the README's install in fresh venvs: a wheel compiled by mypyc, pip, Spark
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults
     "test_rules_multibroker.py",
