@@ -5,7 +5,7 @@
 #   docker run --rm --health-cmd "kproxy health" kproxy:0.1.0 run --upstream kafka:9092 --listen 0.0.0.0:19092 --metrics-listen 0.0.0.0:9308
 #
 #   docker build --build-arg VCS_REF="$(git rev-parse HEAD)" --build-arg SOURCE_URL="$(git remote get-url origin)" -t kproxy:0.1.0 .
-#   buildah bud --layers -t kproxy:0.1.0 .     # without Docker (docs/IMAGE.md)
+#   buildah bud --format docker -t kproxy:0.1.0 .     # without Docker (deploy/kubernetes/README.md)
 #
 # Build arguments: BASE, the image both stages start from: any Debian-based image whose `python3` is
 # CPython 3.11+ with its venv module (the default, or e.g. a Debian bookworm or trixie with python3,
