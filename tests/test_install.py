@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,3 +216,41 @@ def test_pip_install_from_the_checkout_without_a_compiler(pure: tuple[Venv, str]
     listing = venv.sh(f'python -c "{probe}"', tmp_path)
     assert listing.stdout.strip() == ""  # nothing compiled left from the earlier build of the same checkout
     run_check(venv, tmp_path)
+
+
+def test_when_mypyc_or_the_compiler_fails_the_wheel_is_pure_and_says_why(tmp_path: Path) -> None:
+    """Not only without a compiler: mypyc failing (here, as it did in every README install, for want
+    of kproxy's dependencies in pip's isolated build environment) or the C compiler failing on its
+    output gives a pure wheel and one line, never a failed install."""
+    clone = tmp_path / "kproxy"
+    shutil.copytree(ROOT, clone, ignore=NOT_IN_A_CLONE, symlinks=True)
+    pyproject = clone / "pyproject.toml"
+    text = pyproject.read_text()
+    start = text.index("requires = [", text.index("[build-system]"))
+    end = text.index("]\n", start) + 2
+    pyproject.write_text(text[:start] + 'requires = ["setuptools>=77", "wheel", "mypy==2.4.1"]\n' + text[end:])
+    venv = fresh_venv(tmp_path / "venv", system_path())
+    wheel = command("python -m pip wheel").replace("pip wheel", "pip wheel -v", 1)
+    built = venv.sh(wheel, clone)
+    lines = [line.strip() for line in (built.stdout + built.stderr).splitlines() if PURE_LINE in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{PURE_LINE}mypyc failed: ") and 'module named "trio"' in lines[0], lines
+    assert [w.name for w in (clone / "dist").glob("*.whl")] == ["kproxy_kafka-0.1.0-py3-none-any.whl"]
+    venv.sh(command("pip install --find-links dist"), clone)
+    said = version(venv, tmp_path)
+    assert said.startswith("kproxy 0.1.0\nbuild: pure Python (the wheel was built pure: mypyc failed: "), said
+
+    # The compiler found, but failing on mypyc's C: the wheel, declared with extensions, is pure all the same.
+    pyproject.write_text(text)
+    shutil.rmtree(clone / "dist")
+    failing = Venv(venv.path, {**venv.env, "CC": "false"})
+    built = failing.sh(wheel, clone)
+    lines = [line.strip() for line in (built.stdout + built.stderr).splitlines() if PURE_LINE in line]
+    assert len(lines) == 1 and lines[0].startswith(f"{PURE_LINE}the C compiler failed on mypyc's output: "), lines
+    [pure_wheel] = (clone / "dist").glob("*.whl")
+    assert pure_wheel.name == "kproxy_kafka-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(pure_wheel) as archive:
+        names = archive.namelist()
+        assert "kproxy/_native/not-built.txt" in names and not [n for n in names if n.endswith(".so")], names
+        assert "Root-Is-Purelib: true" in archive.read("kproxy_kafka-0.1.0.dist-info/WHEEL").decode()
+
