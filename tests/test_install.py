@@ -111,11 +111,15 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return copy
 
 
+def have_a_compiler() -> bool:
+    return shutil.which("gcc") is not None or shutil.which("cc") is not None
+
+
 @pytest.fixture(scope="module")
 def compiled(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """The wheel built the README's way where a C compiler is, copied elsewhere, installed from there
     with its extras into a fresh venv."""
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
+    if not have_a_compiler():
         pytest.skip("no C compiler on this machine: the compiled wheel cannot be built here")
     venv = fresh_venv(tmp_path_factory.mktemp("compiled") / "venv", system_path())
     venv.sh(command("python -m pip wheel"), checkout)
@@ -129,13 +133,17 @@ def compiled(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Venv:
 
 
 @pytest.fixture(scope="module")
-def pure(checkout: Path, compiled: Venv, tmp_path_factory: pytest.TempPathFactory) -> tuple[Venv, str]:
-    """In the same checkout (an earlier compiled build left in its build/), with no C compiler on PATH:
-    the wheel, built with pip -v to show its build's output, then ``pip install '.[capture]'``."""
+def pure(checkout: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[Venv, str]:
+    """In the same checkout (where a compiler is, the compiled build left in its build/), with no C
+    compiler on PATH: the wheel, built with pip -v to show its build's output, then
+    ``pip install '.[capture]'``."""
+    if have_a_compiler():
+        request.getfixturevalue("compiled")
     work = tmp_path_factory.mktemp("pure")
     venv = fresh_venv(work / "venv", path_without_a_compiler(work / "bin"))
     assert shutil.which("gcc", path=venv.env["PATH"]) is None and shutil.which("cc", path=venv.env["PATH"]) is None
-    shutil.rmtree(checkout / "dist")
+    shutil.rmtree(checkout / "dist", ignore_errors=True)
     built = venv.sh(command("python -m pip wheel").replace("pip wheel", "pip wheel -v", 1), checkout)
     venv.sh(command("pip install '.["), checkout)
     return venv, built.stdout + built.stderr
