@@ -46,7 +46,11 @@ class RuleInForce:
         if plan is None or self.action not in plan.acting:
             return False
         schedule = plan.schedule
-        return schedule is None or in_time(schedule, injector.clock() - injector.engine.loaded_at)
+        if schedule is None:
+            return True
+        state = injector.engine.state(self.rule_id)
+        started = state.started if state is not None else injector.engine.loaded_at
+        return in_time(schedule, injector.clock() - started)
 
 
 def in_time(schedule: Schedule, elapsed: float) -> bool:

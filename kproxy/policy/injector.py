@@ -33,8 +33,12 @@ class FaultInjector:
 
     def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
                  clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None,
-                 register: bool = True) -> None:
+                 register: bool = True, previous: FaultInjector | None = None) -> None:
         """Build the engine and the per-rule plans.
+
+        ``previous``: the injector this one is to replace, when the rules both hold unchanged are to
+        carry on (:class:`~kproxy.rules.engine.RuleEngine`'s ``previous``; :meth:`carry_on` finishes
+        the hand-over at the swap).
 
         ``register=False`` leaves ``counts`` untouched, so the build may run in a worker thread
         while the trio thread scrapes and counts (kproxy.policy.live_rules.LiveRules.prepare);
@@ -42,7 +46,9 @@ class FaultInjector:
         """
         self.rules = rules
         self.clock = clock
-        self.engine = RuleEngine(rules, loaded_at=clock())
+        before: RuleEngine | None = previous.engine if previous is not None else None
+        self.engine: RuleEngine = RuleEngine(rules, loaded_at=clock(), previous=before)
+        self.previous = previous  # dropped by carry_on
         self.counts = counts if counts is not None else FaultStats()
         self._enabled = enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+), learnt from Metadata
@@ -56,6 +62,8 @@ class FaultInjector:
         # When it went in force (wall clock; None until then) and each hit series' count at that moment:
         # the hits "since load" the admin API shows are the counts less these (note_load).
         self.loaded_wall: float | None = None
+        # The wall time the rules carried on from ``previous`` went in force (carry_on): each keeps its own.
+        self.started_wall: dict[str, float] = {}
         self.hits_at_load: dict[HitKey, int] = {}
         self.load_noted = False
         # The engine's stream ordinals: per (client id, broker id, api key), the requests seen over
@@ -92,6 +100,30 @@ class FaultInjector:
         if register:
             self.register_series()
 
+    def carry_on(self, now: float, wall: float) -> None:
+        """Go in force at ``now`` (monotonic) and ``wall`` (wall clock), replacing ``previous``
+        (trio thread, at the swap): the rules carried on keep their schedules and counters (shared
+        already), their throttle buckets, their hits "since load" and their load time; every client
+        keeps its stream ordinals, so the carried rules' seeded draws go on where they were. The
+        others start now."""
+        self.engine.start(now)
+        self.loaded_wall = wall
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return
+        carried = self.engine.carried
+        if carried:
+            self.engine.adopt(previous.engine)
+            self.stream_ordinals = previous.stream_ordinals
+            old_wall = previous.loaded_wall if previous.loaded_wall is not None else wall
+            self.started_wall = {r: previous.started_wall.get(r, old_wall) for r in carried}
+            at_load = previous.hits_at_load
+            self.hits_at_load.update((k, at_load[k]) for k in self.series[0] if k[0] in carried and k in at_load)
+
+    def started(self, rule_id: str) -> float | None:
+        """The wall time rule ``rule_id`` went in force (its own when carried on; None: not in force yet)."""
+        return self.started_wall.get(rule_id, self.loaded_wall)
+
     @property
     def enabled_rules(self) -> int:
         """How many of its rules are enabled (``kproxy_rules_loaded``)."""
@@ -104,8 +136,10 @@ class FaultInjector:
         hits = self.counts.hits
         keys = list(self.series[0])
         step = chunk or len(keys) or 1
+        at_load = self.hits_at_load
         for start in range(0, len(keys), step):
-            self.hits_at_load.update((k, hits.get(k, 0)) for k in keys[start:start + step])
+            # A rule carried on keeps the count it had when it first went in force (carry_on).
+            at_load.update((k, hits.get(k, 0)) for k in keys[start:start + step] if k not in at_load)
             yield
         self.load_noted = True
 

@@ -105,17 +105,30 @@ class _Peer:
     principal: str | None = None
 
 
+class RuleState:
+    """A rule's schedule state in an engine: ``count``, the requests its counters have counted (per
+    rule), and ``started``, the monotonic reading its time conditions (``after_seconds``,
+    ``for_seconds``) count from. An engine built with a ``previous`` one shares the state objects
+    of the rules both hold unchanged, so those rules carry on where they were."""
+
+    __slots__ = ("count", "started")
+
+    def __init__(self, started: float) -> None:
+        self.count = 0
+        self.started = started
+
+
 class _Compiled:
-    """A rule with what evaluation needs at hand, and its schedule counter."""
+    """A rule with what evaluation needs at hand, and its schedule state."""
 
-    __slots__ = ("count", "decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed")
+    __slots__ = ("decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed", "state")
 
-    def __init__(self, rule: Rule, seed: int) -> None:
+    def __init__(self, rule: Rule, seed: int, state: RuleState) -> None:
         self.rule = rule
         self.match = m = rule.match
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
-        self.count = 0
+        self.state = state
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
         # principal).
         self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
@@ -154,6 +167,12 @@ class RuleEngine:
     ``loaded_at`` is the monotonic reading (same clock as ``RequestFacts.now``)
     that ``after_seconds`` and ``for_seconds`` count from.
 
+    ``previous``: the engine this one replaces, when the rules it shares with it unchanged (the same
+    rule, the same seed) are to carry on (an admin edit of one rule): they keep their
+    :class:`RuleState` (counters, the start of their time conditions, which :meth:`start` leaves
+    alone) and, through :meth:`adopt`, their throttle buckets. Built in a worker thread: reading
+    ``previous`` takes only references. Without it, every rule starts afresh.
+
     The keys that are fixed for a client (client id, address, broker id, and the principal when a
     rule names one) are checked once per (api key, client id, address, broker id[, principal]) and the rules
     that pass are remembered; topic patterns likewise once per such key and
@@ -162,11 +181,30 @@ class RuleEngine:
     cost a request a few dict lookups, not a hundred regex matches.
     """
 
-    def __init__(self, rules: RuleSet, loaded_at: float = 0.0) -> None:
+    def __init__(self, rules: RuleSet, loaded_at: float = 0.0, previous: RuleEngine | None = None) -> None:
         self.rules = rules
         self.loaded_at = loaded_at
         self.buckets = Buckets()
-        compiled = [_Compiled(r, rules.seed) for r in rules.rules if r.enabled]
+        before: dict[str, _Compiled] = previous._compiled if previous is not None else {}
+        compiled: list[_Compiled] = []
+        fresh: list[RuleState] = []
+        carried: list[str] = []
+        for r in rules.rules:
+            if not r.enabled:
+                continue
+            seed = r.seed if r.seed is not None else rules.seed
+            old = before.get(r.id)
+            if old is not None and old.seed == seed and old.rule == r:
+                state = old.state
+                carried.append(r.id)
+            else:
+                state = RuleState(loaded_at)
+                fresh.append(state)
+            compiled.append(_Compiled(r, rules.seed, state))
+        self._compiled: dict[str, _Compiled] = {c.rule.id: c for c in compiled}
+        self._fresh = fresh
+        # The ids of the rules carried on from ``previous`` (their state shared with it).
+        self.carried = frozenset(carried)
         wildcard = tuple(c for c in compiled if c.match.apis is None)
         keys = {k for c in compiled if c.match.apis is not None for k in c.match.apis}
         self._any = wildcard
@@ -188,6 +226,24 @@ class RuleEngine:
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
         self._by_text: dict[tuple[int, str], bool] = {}
+
+    def start(self, now: float) -> None:
+        """Put the engine in force at ``now``: its time conditions count from then, but those of the
+        rules carried on from ``previous``, which keep their start."""
+        self.loaded_at = now
+        for state in self._fresh:
+            state.started = now
+
+    def adopt(self, previous: RuleEngine) -> None:
+        """Take over ``previous``'s throttle buckets of the rules carried on from it (at the swap, on
+        the thread that charges buckets: requests decided by ``previous`` meanwhile are counted)."""
+        if self.carried:
+            self.buckets.adopt(previous.buckets, self.carried)
+
+    def state(self, rule_id: str) -> RuleState | None:
+        """The schedule state of an enabled rule (None: no such rule, or disabled)."""
+        c = self._compiled.get(rule_id)
+        return c.state if c is not None else None
 
     def mentions(self, api_key: int) -> bool:
         """Whether any enabled rule could match a request of this api key."""
@@ -335,7 +391,8 @@ class RuleEngine:
                 return False
         s = m.schedule
         if s is not None:
-            elapsed = facts.now - self.loaded_at
+            state = c.state
+            elapsed = facts.now - state.started
             if elapsed < s.after_s:
                 return False
             if s.for_s is not None and elapsed >= s.after_s + s.for_s:
@@ -343,8 +400,8 @@ class RuleEngine:
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:
-                n = c.count
-                c.count = n + 1
+                n = state.count
+                state.count = n + 1
                 n -= s.after_requests
                 if n < 0 or (s.first is not None and n >= s.first):
                     return False
