@@ -177,7 +177,8 @@ def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
     return StaticFacts(
         api_key=row["api_key"], api_version=row["api_version"], correlation_id=row["correlation_id"],
         client_id=row["client_id"], client_ip=_ip(row["client_host"]), broker_id=row["node_id"],
-        principal=row["principal"], stream_ordinal=stream_ordinal, now=(request_us - start_us) / 1e6,
+        principal=row["principal"], request_bytes=row["request_bytes"], stream_ordinal=stream_ordinal,
+        now=(request_us - start_us) / 1e6,
         wall_time=request_us / 1e6,
         topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
         group=row["group_id"], transactional=row["transactional_id"])

@@ -11,14 +11,14 @@ only when a candidate rule matches on them, and after its cheap keys passed.
 
 Order of the keys of one rule: api; client id, principal, client address and broker id
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
-(cached per topic list); version, acks, partitions, group id, transactional id; then the
-schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
-then its counters; then ``probability``. ``toxicity`` comes first of the request's keys: it is
-drawn once per connection and rule, at the first request of the connection the rule is tried
-on (the facts' ``connection_draws`` keep it; facts with none, a capture's, draw it per request),
-so that a rule acts on that share of connections, on every request it matches there. The counters (``after_requests``,
-``first``, ``every``) count, per rule, the requests that passed everything
-before them, in the order this engine sees them.
+(cached per topic list); version, request size (the frame's length: nothing decoded), acks,
+partitions, group id, transactional id; then the schedule's time conditions (``after_seconds``,
+``for_seconds``, ``window``); then its counters; then ``probability``. ``toxicity`` comes first
+of the request's keys: it is drawn once per connection and rule, at the first request of the
+connection the rule is tried on (the facts' ``connection_draws`` keep it; facts with none, a
+capture's, draw it per request), so that a rule acts on that share of connections, on every
+request it matches there. The counters (``after_requests``, ``first``, ``every``) count, per
+rule, the requests that passed everything before them, in the order this engine sees them.
 
 Reproducibility contract. A probabilistic choice (``probability``, ``toxicity``, a delay's
 jitter) is a pure function of::
@@ -135,7 +135,7 @@ class _Compiled:
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
-            m.max_version))
+            m.max_version, m.min_request_bytes, m.max_request_bytes))
         # Without a draw, a hit is always the same value: built once.
         fixed = m.probability is None and m.toxicity is None and not any(d.jitter_ms for d in self.delays)
         self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
@@ -376,6 +376,10 @@ class RuleEngine:
         if m.min_version is not None and facts.api_version < m.min_version:
             return False
         if m.max_version is not None and facts.api_version > m.max_version:
+            return False
+        if m.min_request_bytes is not None and facts.request_bytes < m.min_request_bytes:
+            return False
+        if m.max_request_bytes is not None and facts.request_bytes > m.max_request_bytes:
             return False
         if m.acks is not None and facts.acks() not in m.acks:
             return False

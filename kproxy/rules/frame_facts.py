@@ -119,6 +119,11 @@ class FrameFacts:
         return self._header.client_id
 
     @property
+    def request_bytes(self) -> int:
+        """The frame's size, size prefix included: known without reading it."""
+        return len(self._frame)
+
+    @property
     def _body_offset(self) -> int | None:
         """Where the body starts in the frame; None when the header cannot be read (no body facts)."""
         header = self._header

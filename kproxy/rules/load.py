@@ -45,7 +45,7 @@ T = TypeVar("T")
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
-              "group_id", "transactional_id", "acks", "probability", "toxicity", "schedule")
+              "group_id", "transactional_id", "acks", "request_bytes", "probability", "toxicity", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
@@ -284,6 +284,9 @@ class _Loader(ActionReader):
                 kw[key] = self.regex(m[key], f"{path}.{key}")
         if "acks" in m:
             kw["acks"] = self.one_or_many(m["acks"], f"{path}.acks", self.acks)
+        if "request_bytes" in m:
+            kw["min_request_bytes"], kw["max_request_bytes"] = self.size_range(m["request_bytes"],
+                                                                               f"{path}.request_bytes")
         for key in ("probability", "toxicity"):
             if key in m:
                 kw[key] = self.number(m[key], f"{path}.{key}")
@@ -292,7 +295,7 @@ class _Loader(ActionReader):
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         # Point at the key a model check is about, when there is one.
-        where = next((k for k in ("probability", "toxicity", "acks", "api_version") if k in m), None)
+        where = next((k for k in ("probability", "toxicity", "acks", "api_version", "request_bytes") if k in m), None)
         at = m[where] if where else node
         return self.build(at, f"{path}.{where}" if where else path, lambda: Match(**kw))
 
@@ -314,6 +317,19 @@ class _Loader(ActionReader):
             return lo, hi
         v = self.integer(node, path, 0, 2**15 - 1)
         return v, v
+
+    def size_range(self, node: yaml.Node, path: str) -> tuple[Any, Any]:
+        """``{min: N, max: N}`` (either or both) of a byte count, bounds included."""
+        if not isinstance(node, yaml.MappingNode):
+            return self.fail(node, path, "expected {min: BYTES, max: BYTES} (either or both)"), BAD
+        m = self.mapping(node, path, ("min", "max"))
+        if m is None:
+            return BAD, BAD
+        lo = self.integer(m["min"], f"{path}.min", 0, INT32[1]) if "min" in m else None
+        hi = self.integer(m["max"], f"{path}.max", 0, INT32[1]) if "max" in m else None
+        if lo is None and hi is None:  # said once: an unknown key was reported already
+            return (self.fail(node, path, "give min, max or both") if not node.value else BAD), BAD
+        return lo, hi
 
     def topic(self, node: yaml.Node, path: str) -> TopicPattern | Bad:
         if isinstance(node, yaml.MappingNode):

@@ -151,6 +151,8 @@ class Match:
     group_id: UserPattern | None = None
     transactional_id: UserPattern | None = None
     acks: frozenset[int] | None = None
+    min_request_bytes: int | None = None  # the request frame's size, size prefix included
+    max_request_bytes: int | None = None
     probability: float | None = None
     toxicity: float | None = None
     schedule: Schedule | None = None
@@ -162,6 +164,9 @@ class Match:
             raise ValueError("toxicity must be in (0, 1]")
         if self.min_version is not None and self.max_version is not None and self.min_version > self.max_version:
             raise ValueError("min is above max")
+        if (self.min_request_bytes is not None and self.max_request_bytes is not None
+                and self.min_request_bytes > self.max_request_bytes):
+            raise ValueError("request_bytes: min is above max")
         if self.acks is not None and not self.acks <= {-1, 0, 1}:
             raise ValueError("acks is -1 (all), 0 or 1")
         if self.acks is not None and self.apis is not None and ApiKey.PRODUCE not in self.apis:

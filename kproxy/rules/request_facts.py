@@ -44,6 +44,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     * ``now``: a monotonic clock reading in seconds (the same clock the engine
       was given when the rule set was loaded); ``wall_time``: Unix seconds, for
       daily windows.
+    * ``request_bytes``: the request frame's size, its 4-byte size prefix included (what the
+      capture's ``request_bytes`` column holds).
     * ``principal``: the connection's principal as Kafka writes it (``User:alice``), from a
       verified TLS client certificate or a SASL login the broker accepted; None while unknown.
       Read only when a loaded rule names one.
@@ -60,6 +62,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     def broker_id(self) -> int | None: ...
     @property
     def principal(self) -> str | None: ...
+    @property
+    def request_bytes(self) -> int: ...
     @property
     def stream_ordinal(self) -> int: ...
     @property
@@ -87,6 +91,7 @@ class StaticFacts:
     client_ip: IpAddress | None = None
     broker_id: int | None = None
     principal: str | None = None
+    request_bytes: int = 0
     stream_ordinal: int = 0
     now: float = 0.0
     wall_time: float = 0.0
