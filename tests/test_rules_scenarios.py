@@ -136,3 +136,53 @@ def test_request_bytes_is_checked_by_the_loader_and_the_editors_schema() -> None
 def test_the_what_if_matches_request_bytes_against_the_captured_size() -> None:
     hits = what_if(BIG_PRODUCE, [record(1, request_bytes=2 << 20), record(2, request_bytes=300)])
     assert [(h[2], h[7]) for h in hits] == [(1, "big-produce")]
+
+
+# -- schedule per connection -----------------------------------------------------------------------
+FIRST_OF_EACH_CONNECTION = """
+rules:
+  - id: first-produce
+    match: {api: produce, schedule: {first: 1, per: connection}}
+    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]
+"""
+
+
+def test_per_connection_counters_take_the_first_request_of_every_new_connection() -> None:
+    live, clock = live_rules(FIRST_OF_EACH_CONNECTION)
+    one, two = Connection(live, clock), Connection(live, clock, "127.0.0.1:5556")
+    assert [one.send() for _ in range(3)] == ["answered", "forwarded", "forwarded"]
+    assert [two.send() for _ in range(2)] == ["answered", "forwarded"]
+    assert Connection(live, clock).send() == "answered", "a reconnect is a new connection"
+    assert one.send() == "forwarded"
+
+
+def test_per_connection_counts_every_and_after_requests_apart_per_connection() -> None:
+    live, clock = live_rules("""
+rules:
+  - id: every-other-after-one
+    match: {api: produce, schedule: {after_requests: 1, every: 2, per: connection}}
+    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]
+""")
+    one, two = Connection(live, clock), Connection(live, clock)
+    assert [one.send() for _ in range(3)] + [two.send() for _ in range(3)] == \
+        ["forwarded", "answered", "forwarded"] * 2
+
+
+def test_per_is_checked_by_the_loader_and_the_editors_schema() -> None:
+    assert valid_for_editors(FIRST_OF_EACH_CONNECTION)
+    bad = "rules: [{id: r, match: {schedule: %s}, actions: [drop_response]}]"
+    assert problems(bad % "{first: 1, per: client}") == [
+        "r.yaml:1: rules[0].match.schedule.per: per is connection or rule, got 'client'"]
+    assert problems(bad % "{for_seconds: 5, per: connection}") == [
+        "r.yaml:1: rules[0].match.schedule.per: per: connection scopes the request counters: give first, every or "
+        "after_requests"]
+    assert not valid_for_editors(bad % "{first: 1, per: client}")
+    assert load_text(bad % "{first: 1, per: rule}").rules[0].match.schedule == load_text(bad % "{first: 1}").rules[
+        0].match.schedule
+
+
+def test_the_what_if_counts_per_connection_in_each_captured_connection() -> None:
+    records = [record(1, connection="a"), record(2, connection="a", at_s=1), record(1, connection="b", at_s=2),
+               record(3, connection="a", at_s=3), record(2, connection="b", at_s=4)]
+    hits = what_if(FIRST_OF_EACH_CONNECTION, records)
+    assert [(h[0], h[2]) for h in hits] == [("a", 1), ("b", 1)]

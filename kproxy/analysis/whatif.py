@@ -150,9 +150,11 @@ class WhatIfRules:
 
 
 def shared_state(rules: RuleSet) -> tuple[str, ...]:
-    """Ids of enabled rules whose state is shared by connections (schedule counters, throttle buckets)."""
+    """Ids of enabled rules whose state is shared by connections (schedule counters, unless they count
+    per connection; throttle buckets)."""
     return tuple(r.id for r in rules.rules if r.enabled and (
-        (r.match.schedule is not None and r.match.schedule.counts) or any(isinstance(a, Throttle) for a in r.actions)))
+        (r.match.schedule is not None and r.match.schedule.counts and not r.match.schedule.per_connection)
+        or any(isinstance(a, Throttle) for a in r.actions)))
 
 
 @lru_cache(maxsize=4096)
@@ -165,9 +167,11 @@ def _ip(host: str | None) -> IpAddress | None:
         return None
 
 
-def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
+def facts_of(row: Any, *, start_us: int, stream_ordinal: int,
+             connection_counts: dict[object, int] | None = None) -> StaticFacts:
     """The engine's view of one record (``row``: the columns of ``INPUT_COLUMNS``, ``request_us``
-    and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time."""
+    and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time;
+    ``connection_counts``: the per-connection counters of its connection (``per: connection``)."""
     topics: dict[str, set[int]] = {}
     for entry in row["topics"] or ():
         parts = topics.setdefault(entry["topic"], set())
@@ -181,7 +185,7 @@ def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
         now=(request_us - start_us) / 1e6,
         wall_time=request_us / 1e6,
         topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
-        group=row["group_id"], transactional=row["transactional_id"])
+        group=row["group_id"], transactional=row["transactional_id"], connection_counts=connection_counts)
 
 
 def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
@@ -192,13 +196,19 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
         rule_set = rules.load()
         engine = RuleEngine(rule_set, loaded_at=0.0)
         ordinals: dict[tuple[str | None, int | None, int], int] = {}
+        # Per connection id, the counters of rules counting per connection (one connection's records
+        # are in one partition whichever the order: a client's).
+        per_connection: dict[str, dict[object, int]] = {}
         for row in rows:
             key = (row["client_id"], row["node_id"], row["api_key"])
             ordinal = ordinals.get(key, 0)
             ordinals[key] = ordinal + 1  # every request counts, matched or not, as in the session
             if not engine.mentions(row["api_key"]):
                 continue
-            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal)
+            counted = per_connection.get(row["connection_id"])
+            if counted is None:
+                counted = per_connection[row["connection_id"]] = {}
+            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal, connection_counts=counted)
             decision = engine.evaluate(facts)
             if not decision.hits:
                 continue

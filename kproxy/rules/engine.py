@@ -18,7 +18,9 @@ of the request's keys: it is drawn once per connection and rule, at the first re
 connection the rule is tried on (the facts' ``connection_draws`` keep it; facts with none, a
 capture's, draw it per request), so that a rule acts on that share of connections, on every
 request it matches there. The counters (``after_requests``, ``first``, ``every``) count, per
-rule, the requests that passed everything before them, in the order this engine sees them.
+rule, the requests that passed everything before them, in the order this engine sees them; with
+``per: connection``, per rule and connection (the facts' ``connection_counts``, keyed by the rule's
+:class:`RuleState`, so an edited rule counts afresh there too).
 
 Reproducibility contract. A probabilistic choice (``probability``, ``toxicity``, a delay's
 jitter) is a pure function of::
@@ -404,8 +406,15 @@ class RuleEngine:
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:
-                n = state.count
-                state.count = n + 1
+                mine = facts.connection_counts if s.per_connection else None
+                if mine is not None:
+                    n = mine.get(state, 0)
+                    if not n and len(mine) >= _DRAWN_MAX:
+                        mine.clear()
+                    mine[state] = n + 1
+                else:
+                    n = state.count
+                    state.count = n + 1
                 n -= s.after_requests
                 if n < 0 or (s.first is not None and n >= s.first):
                     return False

@@ -83,13 +83,14 @@ class FrameFacts:
     """
 
     __slots__ = ("_acks", "_frame", "_group", "_header", "_names", "_topics", "_txn", "api_key", "api_version",
-                 "broker_id", "client_ip", "connection_draws", "correlation_id", "now", "principal", "stream_ordinal",
-                 "wall_time")
+                 "broker_id", "client_ip", "connection_counts", "connection_draws", "correlation_id", "now",
+                 "principal", "stream_ordinal", "wall_time")
 
     def __init__(self, frame: bytes, header: ParsedRequest | RequestHeader, *, client_ip: IpAddress | None = None,
                  broker_id: int | None = None, stream_ordinal: int = 0, now: float = 0.0, wall_time: float = 0.0,
                  topic_names: Mapping[uuid.UUID, str] | None = None, principal: str | None = None,
-                 connection_draws: dict[tuple[str, float, int], bool] | None = None) -> None:
+                 connection_draws: dict[tuple[str, float, int], bool] | None = None,
+                 connection_counts: dict[object, int] | None = None) -> None:
         self._frame = frame
         self._header = header
         # Plain attributes, not properties over the header: the engine reads them for every rule tried.
@@ -104,6 +105,7 @@ class FrameFacts:
         self.now = now
         self.wall_time = wall_time
         self.connection_draws = connection_draws  # the connection's toxicity draws (the policy's)
+        self.connection_counts = connection_counts  # its per-connection schedule counters (the policy's)
         self._topics: Mapping[str, frozenset[int]] | None = None
         self._acks: Any = _UNSET
         self._txn: Any = _UNSET

@@ -46,7 +46,7 @@ TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
               "group_id", "transactional_id", "acks", "request_bytes", "probability", "toxicity", "schedule")
-SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
+SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
 
@@ -390,6 +390,14 @@ class _Loader(ActionReader):
                                       reason="for_seconds must be > 0 (a zero duration never matches)")
         if "window" in m:
             kw["window"] = self.window(m["window"], f"{path}.window")
+        if "per" in m:
+            per = self.string(m["per"], f"{path}.per")
+            if per not in ("connection", "rule") and not isinstance(per, Bad):
+                per = self.fail(m["per"], f"{path}.per", f"per is connection or rule, got {per!r}")
+            if per == "connection" and not any(k in m for k in ("first", "every", "after_requests")):
+                per = self.fail(m["per"], f"{path}.per", "per: connection scopes the request counters: give "
+                                                         "first, every or after_requests")
+            kw["per_connection"] = per if isinstance(per, Bad) else per == "connection"
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         return self.build(node, path, lambda: Schedule(**kw))

@@ -104,6 +104,8 @@ class Schedule:
     most N; ``every`` takes every Nth of those remaining (the 1st, N+1th...).
     ``after_s`` and ``for_s`` are seconds since the rule set was loaded;
     ``window`` is a daily UTC window. All given conditions must hold.
+    ``per_connection``: the counters count each connection's requests apart (YAML ``per:
+    connection``: "the first Fetch of every new connection"), not the rule's over all connections.
     """
 
     after_requests: int = 0
@@ -112,8 +114,11 @@ class Schedule:
     after_s: float = 0.0
     for_s: float | None = None
     window: TimeWindow | None = None
+    per_connection: bool = False
 
     def __post_init__(self) -> None:
+        if self.per_connection and not self.counts:
+            raise ValueError("per: connection scopes the request counters: give first, every or after_requests")
         if self.after_requests < 0:
             raise ValueError("after_requests must be >= 0")
         if self.first is not None and self.first < 1:

@@ -51,6 +51,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
       Read only when a loaded rule names one.
     * ``connection_draws``: the connection's ``toxicity`` draws, kept by the engine (per rule;
       None: the facts have no connection, as a capture's: toxicity is then drawn per request).
+    * ``connection_counts``: the connection's request counters of the rules that count ``per:
+      connection``, kept by the engine (None: no connection; such rules then count per rule).
     * ``topics()``: topic name -> partitions named in the request (empty for
       topic-only requests such as Metadata). Topic ids (Fetch v13+) appear as
       names when the producer could resolve them, else as the id's text.
@@ -73,6 +75,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
 
     @property
     def connection_draws(self) -> dict[tuple[str, float, int], bool] | None: ...
+    @property
+    def connection_counts(self) -> dict[object, int] | None: ...
 
     def topics(self) -> Mapping[str, frozenset[int]]: ...
     def acks(self) -> int | None: ...
@@ -96,6 +100,7 @@ class StaticFacts:
     now: float = 0.0
     wall_time: float = 0.0
     connection_draws: dict[tuple[str, float, int], bool] | None = None
+    connection_counts: dict[object, int] | None = None
     topic_partitions: Mapping[str, frozenset[int]] = field(default_factory=dict)
     acks_value: int | None = None
     group: str | None = None
