@@ -22,10 +22,11 @@ from kproxy.protocol import encode_request, frame
 from kproxy.protocol.frame_builder import request_body
 from kproxy.protocol.headers import RequestHeader
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.commands import ForwardUpstream, SendToClient
+from kproxy.proxy.commands import ForwardUpstream, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
+from kproxy.rules.actions.delay import Delay, Ramp
 from tests.support.clock import Clock
 from tests.test_rules_session import produce_answer
 
@@ -186,3 +187,61 @@ def test_the_what_if_counts_per_connection_in_each_captured_connection() -> None
                record(3, connection="a", at_s=3), record(2, connection="b", at_s=4)]
     hits = what_if(FIRST_OF_EACH_CONNECTION, records)
     assert [(h[0], h[2]) for h in hits] == [("a", 1), ("b", 1)]
+
+
+# -- a ramping delay -------------------------------------------------------------------------------
+RAMP = """
+rules:
+  - id: ramp
+    match: {api: produce, schedule: {after_seconds: 10}}
+    actions: [{delay: {ms: {from: 10, to: 500, over_seconds: 300}}}]
+"""
+
+
+def held_ms(conn: Connection) -> float:
+    """How long a Produce's answer is held: sent at the clock's now, released at the session's wake."""
+    conn.next_id += 1
+    sent = conn.clock.now
+    conn.session.receive_client(produce(conn.next_id), sent)
+    after = conn.session.receive_upstream(produce_answer(conn.next_id))
+    assert not any(isinstance(c, SendToClient) for c in after)
+    wake = next(c.when for c in after if isinstance(c, WakeAt))
+    conn.clock.now = wake
+    assert any(isinstance(c, SendToClient) for c in conn.session.on_timer(wake))
+    return round((wake - sent) * 1000, 3)
+
+
+def test_a_ramping_delay_grows_from_its_start_to_its_end_and_stays() -> None:
+    live, clock = live_rules(RAMP)
+    conn = Connection(live, clock)
+    clock.now += 5
+    assert conn.send() == "forwarded", "before after_seconds"
+    seen = []
+    for at in (10, 160, 310, 1000):
+        clock.now = 100.0 + at  # the rule set was loaded at 100.0
+        seen.append(held_ms(conn))
+    assert seen == [10.0, 255.0, 500.0, 500.0]
+
+
+def test_a_ramp_is_checked_by_the_loader_and_the_editors_schema() -> None:
+    assert valid_for_editors(RAMP)
+    action = load_text(RAMP).rules[0].actions[0]
+    assert isinstance(action, Delay) and action.ramp == Ramp(10.0, 500.0, 300.0) and action.ms == 10.0
+    bad = "rules: [{id: r, match: {}, actions: [{delay: {ms: %s}}]}]"
+    assert problems(bad % "{from: 10, to: 500}") == [
+        "r.yaml:1: rules[0].actions[0].delay.ms.over_seconds: missing (seconds the ramp takes)"]
+    assert problems(bad % "{from: 10, to: 500, over_seconds: 0}") == [
+        "r.yaml:1: rules[0].actions[0].delay.ms.over_seconds: must be > 0, got 0"]
+    assert problems(bad % "{from: 10, too: 5, over_seconds: 3}") == [
+        "r.yaml:1: rules[0].actions[0].delay.ms.too: unknown key (did you mean 'to'?)",
+        "r.yaml:1: rules[0].actions[0].delay.ms.to: missing (milliseconds)"]
+    assert problems("rules: [{id: r, match: {}, actions: [{delay: {ms: {from: 1, to: 5, over_seconds: 3}, "
+                    "at: wire}}]}]") == [
+        "r.yaml:1: rules[0].actions[0].delay: a ramp (ms: {from, to, over_seconds}) is for at: request or "
+        "response: a wire delay's chunks have no rule time"]
+    assert not valid_for_editors(bad % "{from: 10, to: 500}")
+
+
+def test_the_what_if_resolves_a_ramp_at_each_records_time() -> None:
+    hits = what_if(RAMP, [record(1, at_s=5), record(2, at_s=10), record(3, at_s=160), record(4, at_s=400)])
+    assert [(h[2], h[12]) for h in hits] == [(2, 10.0), (3, 255.0), (4, 500.0)]

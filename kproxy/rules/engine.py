@@ -123,7 +123,8 @@ class RuleState:
 class _Compiled:
     """A rule with what evaluation needs at hand, and its schedule state."""
 
-    __slots__ = ("decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed", "state")
+    __slots__ = ("decision", "delays", "fixed", "match", "peer_keys", "ramp_after_s", "request_keys", "rule", "seed",
+                 "state")
 
     def __init__(self, rule: Rule, seed: int, state: RuleState) -> None:
         self.rule = rule
@@ -139,7 +140,10 @@ class _Compiled:
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
             m.max_version, m.min_request_bytes, m.max_request_bytes))
         # Without a draw, a hit is always the same value: built once.
-        fixed = m.probability is None and m.toxicity is None and not any(d.jitter_ms for d in self.delays)
+        fixed = m.probability is None and m.toxicity is None and not any(
+            d.jitter_ms or d.ramp is not None for d in self.delays)
+        # Where a ramping delay's ramp starts: the start of the rule's time conditions.
+        self.ramp_after_s = m.schedule.after_s if m.schedule is not None else 0.0
         self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
             if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
@@ -370,9 +374,21 @@ class RuleEngine:
             index = 1
             if d >= p:
                 return None
-        delays = tuple(delay.resolve(draw(c.seed, c.rule.id, facts, index + i)) if delay.jitter_ms else delay.ms
-                       for i, delay in enumerate(c.delays))
+        delays = tuple(self._delay_ms(c, delay, facts, index + i) for i, delay in enumerate(c.delays))
         return RuleHit(c.rule.id, c.rule.actions, c.rule.dry_run, d, delays)
+
+    def _delay_ms(self, c: _Compiled, delay: Delay, facts: RequestFacts, index: int) -> float:
+        """A delay action's milliseconds for this request: its ramp's value now, its jitter drawn."""
+        ramp = delay.ramp
+        ms = delay.ms if ramp is None else ramp.ms_at(facts.now - c.state.started - c.ramp_after_s)
+        return delay.resolve(draw(c.seed, c.rule.id, facts, index), ms) if delay.jitter_ms else ms
+
+    def ramp_ms(self, rule_id: str, delay: Delay, now: float) -> float | None:
+        """A ramping delay's value at ``now`` (the listing's "now" of it); None: no such rule or no ramp."""
+        c = self._compiled.get(rule_id)
+        if c is None or delay.ramp is None:
+            return None
+        return delay.ramp.ms_at(now - c.state.started - c.ramp_after_s)
 
     def _matches(self, c: _Compiled, m: Match, facts: RequestFacts) -> bool:
         if m.min_version is not None and facts.api_version < m.min_version:
