@@ -8,6 +8,7 @@ Time is a hand-set clock (:class:`tests.support.clock.Clock`) wherever a rule re
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,8 @@ from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.actions.delay import Delay, Ramp
 from tests.support.clock import Clock
-from tests.test_rules_session import produce_answer
+from tests.test_rules_session import Driver, heartbeat, produce_answer
+from tests.test_rules_session import produce as session_produce
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "rules" / "kproxy-rules.schema.json").read_text()))
@@ -245,3 +247,60 @@ def test_a_ramp_is_checked_by_the_loader_and_the_editors_schema() -> None:
 def test_the_what_if_resolves_a_ramp_at_each_records_time() -> None:
     hits = what_if(RAMP, [record(1, at_s=5), record(2, at_s=10), record(3, at_s=160), record(4, at_s=400)])
     assert [(h[2], h[12]) for h in hits] == [(2, 10.0), (3, 255.0), (4, 500.0)]
+
+
+# -- periodic flapping -----------------------------------------------------------------------------
+FLAPPING = """
+rules:
+  - id: flapping
+    match: {api: produce, schedule: {after_seconds: 10, for_seconds: 30, period_seconds: 300}}
+    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]
+"""
+
+
+def test_a_flapping_rule_acts_for_its_window_in_every_period() -> None:
+    live, clock = live_rules(FLAPPING)
+    conn = Connection(live, clock)
+    seen = {}
+    for at in (5, 10, 39.9, 40, 309.9, 310, 339.9, 340, 910, 939):
+        clock.now = 100.0 + at
+        seen[at] = conn.send()
+    assert [at for at, what in seen.items() if what == "answered"] == [10, 39.9, 310, 339.9, 910, 939]
+
+
+def test_a_black_hole_of_a_flapping_rule_heals_at_the_end_of_each_window() -> None:
+    d = Driver("""
+rules:
+  - id: hole
+    match: {api: produce, schedule: {for_seconds: 2, period_seconds: 10}}
+    actions: [blackhole]
+""")
+    d.client(session_produce(1, -1))  # 0 s: in the first window: the hole opens
+    d.clock.now += 1
+    d.client(heartbeat(2))  # swallowed
+    d.clock.now += 2  # 3 s: the window closed: healed
+    d.client(heartbeat(3))
+    d.clock.now += 8  # 11 s: the second window
+    d.client(session_produce(4, -1), heartbeat(5))
+    d.clock.now += 2  # 13 s: closed again
+    d.client(heartbeat(6))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [3, 6]
+
+
+def test_period_seconds_is_checked_by_the_loader_and_the_editors_schema() -> None:
+    assert valid_for_editors(FLAPPING)
+    schedule = load_text(FLAPPING).rules[0].match.schedule
+    assert schedule is not None and (schedule.for_s, schedule.period_s) == (30.0, 300.0)
+    bad = "rules: [{id: r, match: {schedule: %s}, actions: [drop_response]}]"
+    assert problems(bad % "{period_seconds: 300}") == [
+        "r.yaml:1: rules[0].match.schedule: period_seconds repeats the for_seconds window: give for_seconds"]
+    assert problems(bad % "{for_seconds: 30, period_seconds: 30}") == [
+        "r.yaml:1: rules[0].match.schedule: period_seconds must be above for_seconds (else the window never closes)"]
+    assert problems(bad % "{for_seconds: 30, period_seconds: -1}") == [
+        "r.yaml:1: rules[0].match.schedule.period_seconds: must be > 0, got -1"]
+    assert not valid_for_editors(bad % "{for_seconds: 30, period_seconds: -1}")
+
+
+def test_the_what_if_flaps_as_the_proxy_does() -> None:
+    hits = what_if(FLAPPING, [record(i, at_s=at) for i, at in enumerate((5, 10, 39.9, 40, 310, 340))])
+    assert [h[2] for h in hits] == [1, 2, 4]

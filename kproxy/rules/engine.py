@@ -417,8 +417,12 @@ class RuleEngine:
             elapsed = facts.now - state.started
             if elapsed < s.after_s:
                 return False
-            if s.for_s is not None and elapsed >= s.after_s + s.for_s:
-                return False
+            if s.for_s is not None:
+                since = elapsed - s.after_s
+                if s.period_s is not None:
+                    since %= s.period_s
+                if since >= s.for_s:
+                    return False
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:

@@ -46,7 +46,8 @@ TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
               "group_id", "transactional_id", "acks", "request_bytes", "probability", "toxicity", "schedule")
-SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per")
+SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per",
+                 "period_seconds")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
 
@@ -390,6 +391,8 @@ class _Loader(ActionReader):
                                       reason="for_seconds must be > 0 (a zero duration never matches)")
         if "window" in m:
             kw["window"] = self.window(m["window"], f"{path}.window")
+        if "period_seconds" in m:
+            kw["period_s"] = self.number(m["period_seconds"], f"{path}.period_seconds", 0.0, exclusive=True)
         if "per" in m:
             per = self.string(m["per"], f"{path}.per")
             if per not in ("connection", "rule") and not isinstance(per, Bad):

@@ -104,6 +104,8 @@ class Schedule:
     most N; ``every`` takes every Nth of those remaining (the 1st, N+1th...).
     ``after_s`` and ``for_s`` are seconds since the rule set was loaded;
     ``window`` is a daily UTC window. All given conditions must hold.
+    ``period_s``: the ``for_s`` window comes back every that many seconds (flapping: 30 s of
+    faults every 5 minutes is ``for_s`` 30, ``period_s`` 300), from ``after_s`` on.
     ``per_connection``: the counters count each connection's requests apart (YAML ``per:
     connection``: "the first Fetch of every new connection"), not the rule's over all connections.
     """
@@ -115,6 +117,7 @@ class Schedule:
     for_s: float | None = None
     window: TimeWindow | None = None
     per_connection: bool = False
+    period_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.per_connection and not self.counts:
@@ -129,6 +132,23 @@ class Schedule:
             raise ValueError("after_seconds must be >= 0")
         if self.for_s is not None and self.for_s <= 0:
             raise ValueError("for_seconds must be > 0 (a zero duration never matches)")
+        if self.period_s is not None:
+            if self.for_s is None:
+                raise ValueError("period_seconds repeats the for_seconds window: give for_seconds")
+            if self.period_s <= self.for_s:
+                raise ValueError("period_seconds must be above for_seconds (else the window never closes)")
+
+    def in_time(self, elapsed: float) -> bool:
+        """Whether ``after_s``, ``for_s`` and ``period_s`` hold ``elapsed`` seconds after the start."""
+        if elapsed < self.after_s:
+            return False
+        if self.for_s is not None:
+            since = elapsed - self.after_s
+            if self.period_s is not None:
+                since %= self.period_s
+            if since >= self.for_s:
+                return False
+        return True
 
     @property
     def counts(self) -> bool:
