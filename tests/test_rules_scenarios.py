@@ -49,15 +49,19 @@ class Connection:
     """One client connection through a real Session; :meth:`send` says what became of a Produce:
     ``answered`` (by a rule), ``forwarded`` (its answer came at once) or ``held``."""
 
-    def __init__(self, live: LiveRules, clock: Clock, peer: str = "127.0.0.1:5555") -> None:
+    def __init__(self, live: LiveRules, clock: Clock, peer: str = "127.0.0.1:5555", *, principal: str | None = None,
+                 client_id: str = "producer-1") -> None:
         self.clock = clock
-        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=clock,
-                               policy=live.policy(peer))
+        policy = live.policy(peer)
+        assert policy is not None
+        policy.principal = principal  # what a login or a client certificate would have set
+        self.session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), clock=clock, policy=policy)
+        self.client_id = client_id
         self.next_id = 0
 
     def send(self, size: int = 0) -> str:
         self.next_id += 1
-        commands = self.session.receive_client(produce(self.next_id, size), self.clock.now)
+        commands = self.session.receive_client(produce(self.next_id, size, self.client_id), self.clock.now)
         if not any(isinstance(c, ForwardUpstream) for c in commands):
             assert any(isinstance(c, SendToClient) for c in commands)
             return "answered"
@@ -304,3 +308,38 @@ def test_period_seconds_is_checked_by_the_loader_and_the_editors_schema() -> Non
 def test_the_what_if_flaps_as_the_proxy_does() -> None:
     hits = what_if(FLAPPING, [record(i, at_s=at) for i, at in enumerate((5, 10, 39.9, 40, 310, 340))])
     assert [h[2] for h in hits] == [1, 2, 4]
+
+
+# -- throttle per principal ------------------------------------------------------------------------
+USER_QUOTA = """
+rules:
+  - id: user-quota
+    match: {api: produce}
+    actions: [{throttle: {requests_per_second: 1, burst_seconds: 1, scope: principal}}]
+"""
+
+
+def test_a_principal_scoped_throttle_shares_one_bucket_over_a_users_connections_and_client_ids() -> None:
+    live, clock = live_rules(USER_QUOTA)
+    alice_1 = Connection(live, clock, principal="User:alice", client_id="alice-app")
+    alice_2 = Connection(live, clock, "127.0.0.1:5556", principal="User:alice", client_id="alice-batch")
+    bob = Connection(live, clock, "127.0.0.1:5557", principal="User:bob", client_id="alice-app")
+    assert alice_1.send() == "forwarded"  # alice's one token
+    assert alice_2.send() == "held", "another connection and client id of alice: her bucket"
+    assert bob.send() == "forwarded", "bob's own bucket, whatever his client id"
+    anonymous = [Connection(live, clock, f"127.0.0.1:{port}") for port in (5558, 5559)]
+    assert [c.send() for c in anonymous] == ["forwarded", "held"], "unknown principals share one bucket"
+
+
+def test_scope_principal_is_checked_by_the_loader_and_the_editors_schema() -> None:
+    assert valid_for_editors(USER_QUOTA)
+    assert problems(USER_QUOTA.replace("scope: principal", "scope: principle"))[0].startswith(
+        "r.yaml:5: rules[0].actions[0].throttle.scope: ")
+    assert not valid_for_editors(USER_QUOTA.replace("scope: principal", "scope: user"))
+
+
+def test_the_what_if_charges_a_principal_scoped_throttle_per_captured_principal() -> None:
+    records = [record(1, principal="User:alice", client_id="a"), record(2, principal="User:alice", client_id="b"),
+               record(3, principal="User:bob", client_id="a")]
+    hits = what_if(USER_QUOTA, records)
+    assert [(h[2], h[13]) for h in hits] == [(1, 0.0), (2, 1000.0), (3, 0.0)]

@@ -478,6 +478,8 @@ class RuleEngine:
             scopes: list[object] = [None]
         elif throttle.scope is ThrottleScope.CLIENT_ID:
             scopes = [facts.client_id]
+        elif throttle.scope is ThrottleScope.PRINCIPAL:
+            scopes = [("principal", facts.principal)]  # apart from a client id spelt like a principal
         else:
             scopes = list(facts.topics()) or [None]
         hold = reported = 0.0
