@@ -68,7 +68,8 @@ def test_a_rule_that_never_fired_is_shown_beside_its_age(tansu: Broker, capsys: 
         assert main(["rules", "list", "--admin", admin.url]) == 0
         table = capsys.readouterr().out.splitlines()
         assert re.search(r"  loaded \d+s ago$", table[0]), table[0]
-        assert table[1].split() == ["ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS"]
+        assert table[1].split() == ["ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS",
+                                    "STATE"]
         rows = {line.split()[0]: line for line in table[2:]}
         assert re.search(r" never fired in \d+s  delay$", rows["meant-for-orders"]), rows
         assert re.search(r" yes +no +\d+ +0 +\d+ +delay$", rows["orders"]), rows

@@ -8,6 +8,7 @@ Time is a hand-set clock (:class:`tests.support.clock.Clock`) wherever a rule re
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
+from kproxy.admin.book import RuleBook
 from kproxy.analysis.whatif import WhatIfRules, evaluator
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
@@ -28,6 +30,7 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.actions.delay import Delay, Ramp
+from kproxy.subcommands.rules_admin import rules_table
 from tests.support.clock import Clock
 from tests.test_rules_session import Driver, heartbeat, produce_answer
 from tests.test_rules_session import produce as session_produce
@@ -343,3 +346,34 @@ def test_the_what_if_charges_a_principal_scoped_throttle_per_captured_principal(
                record(3, principal="User:bob", client_id="a")]
     hits = what_if(USER_QUOTA, records)
     assert [(h[2], h[13]) for h in hits] == [(1, 0.0), (2, 1000.0), (3, 0.0)]
+
+
+# -- shown live ------------------------------------------------------------------------------------
+def test_the_admin_listing_and_rules_list_show_each_scenario_keys_state_now() -> None:
+    live, clock = live_rules(RAMP + FLAPPING.replace("rules:\n", "") + FIRST_OF_EACH_CONNECTION.replace("rules:\n", "")
+                             + BIG_PRODUCE.replace("rules:\n", "") + USER_QUOTA.replace("rules:\n", "") + """
+  - id: counted
+    match: {api: metadata, schedule: {first: 3}}
+    actions: [drop_response]
+""")
+    book = RuleBook(live)
+    clock.now += 160  # the ramp is half-way; the flapping window opened at 10 s and closed at 40 s
+    conn = Connection(live, clock)
+    conn.send()
+    state = {r["id"]: r.get("state") for r in book.listing()["rules"]}
+    assert state == {
+        "ramp": {"window_open": True, "window_changes_in_seconds": None, "ramp_ms": [255.0]},
+        "flapping": {"window_open": False, "window_changes_in_seconds": 150.0},
+        "first-produce": {"per": "connection"},
+        "big-produce": {"request_bytes": {"min": 1048576}},
+        "user-quota": {"throttle_scope": "principal"},
+        "counted": {"counted": 0},
+    }
+    table = rules_table(book.listing()).splitlines()
+    assert table[1].split()[-1] == "STATE"
+    rows = {line.split()[0]: line for line in table[2:]}
+    assert re.search(r" delay +window=open ramp=255ms$", rows["ramp"]), rows["ramp"]
+    assert rows["flapping"].endswith("window=closed for 2m30s")
+    assert rows["first-produce"].endswith("per=connection")
+    assert rows["big-produce"].endswith("request_bytes>=1048576")
+    assert rows["counted"].endswith("counted=0")

@@ -164,7 +164,8 @@ class RuleBook:
                     tuple(live.counts.hits.items()),
                     injector.loaded_wall if injector is not None else None,
                     dict(injector.hits_at_load) if injector is not None else {}, live.wall_clock(),
-                    dict(injector.started_wall) if injector is not None else {})
+                    dict(injector.started_wall) if injector is not None else {},
+                    injector.live_state(injector.clock()) if injector is not None else {})
 
     def listing(self) -> dict[str, Any]:
         return listing(self.view())

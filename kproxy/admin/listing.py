@@ -40,6 +40,8 @@ class View:
     # When each rule an admin edit carried on went in force (wall clock): it counts from then, not
     # from ``loaded_at`` (kproxy.policy.injector.FaultInjector.started_wall).
     started: Mapping[str, float] = field(default_factory=dict)
+    # Each rule's live state (kproxy.policy.injector.FaultInjector.live_state), for the rules with some.
+    state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -137,6 +139,8 @@ def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = Non
         "age_seconds": age_seconds(view, rule.id),
         "source": ADMIN if rule.id in view.specs else view.baseline_origin,
     }
+    if rule.id in view.state:
+        out["state"] = view.state[rule.id]
     if rule.id in view.specs:
         out["spec"] = view.specs[rule.id]
     return out

@@ -19,10 +19,12 @@ from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
+from kproxy.rules.actions.delay import Delay
 from kproxy.rules.actions.draft import Fault
 from kproxy.rules.actions.mutate_metadata import MutateMetadata
+from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.apply import selector
-from kproxy.rules.model import Rule
+from kproxy.rules.model import Rule, Schedule
 
 FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)
 STREAMS_CAP = 100_000  # FaultInjector.stream_ordinals' keys at most
@@ -58,6 +60,8 @@ class FaultInjector:
         self.learns_topic_ids = any(r.match.topics is not None or r.match.apis is None or FETCH in r.match.apis
                                     for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        # The rules whose state the admin listing shows (live_state): a counter, a time window, a ramp...
+        self.stateful: tuple[Rule, ...] = tuple(r for r in enabled if has_live_state(r))
         self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
         # When it went in force (wall clock; None until then) and each hit series' count at that moment:
         # the hits "since load" the admin API shows are the counts less these (note_load).
@@ -119,6 +123,21 @@ class FaultInjector:
             self.started_wall = {r: previous.started_wall.get(r, old_wall) for r in carried}
             at_load = previous.hits_at_load
             self.hits_at_load.update((k, at_load[k]) for k in self.series[0] if k[0] in carried and k in at_load)
+
+    def live_state(self, now: float) -> dict[str, dict[str, Any]]:
+        """What the admin listing shows of each rule with state (:func:`has_live_state`) at ``now``
+        (this injector's clock): its counter, whether its time window is open and when that changes,
+        its ramps' values, ... (trio thread: counters are read as they are)."""
+        engine = self.engine
+        out: dict[str, dict[str, Any]] = {}
+        for rule in self.stateful:
+            state = engine.state(rule.id)
+            if state is None:
+                continue
+            out[rule.id] = rule_state(rule, state.count, now - state.started,
+                                      [engine.ramp_ms(rule.id, a, now) for a in rule.actions
+                                       if isinstance(a, Delay) and a.ramp is not None])
+        return out
 
     def started(self, rule_id: str) -> float | None:
         """The wall time rule ``rule_id`` went in force (its own when carried on; None: not in force yet)."""
@@ -214,4 +233,52 @@ class RulePlan:
         self.scoped = frozenset(a.kind for a in rule.actions if a.partition_scoped) if self.only else frozenset()
 
 
-__all__ = ["FaultInjector", "RulePlan"]
+def has_live_state(rule: Rule) -> bool:
+    """Whether a rule has state the admin listing shows: a schedule or scenario key (a counter, a
+    time window, a request size, a ramping delay, a principal quota)."""
+    m = rule.match
+    return ((m.schedule is not None and (m.schedule.counts or m.schedule.for_s is not None or m.schedule.after_s > 0))
+            or m.min_request_bytes is not None or m.max_request_bytes is not None
+            or any(isinstance(a, Delay) and a.ramp is not None for a in rule.actions)
+            or any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions))
+
+
+def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None]) -> dict[str, Any]:
+    """A rule's live state as JSON (:meth:`FaultInjector.live_state`), ``elapsed`` seconds after its
+    schedule's start, having counted ``count`` requests (per rule)."""
+    m = rule.match
+    out: dict[str, Any] = {}
+    s = m.schedule
+    if s is not None and s.counts:
+        if s.per_connection:
+            out["per"] = "connection"
+        else:
+            out["counted"] = count
+    if s is not None and (s.for_s is not None or s.after_s > 0):
+        out["window_open"], out["window_changes_in_seconds"] = _window(s, elapsed)
+    if m.min_request_bytes is not None or m.max_request_bytes is not None:
+        out["request_bytes"] = {k: v for k, v in (("min", m.min_request_bytes), ("max", m.max_request_bytes))
+                                if v is not None}
+    if ramps:
+        out["ramp_ms"] = [None if ms is None else round(ms, 3) for ms in ramps]
+    if any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions):
+        out["throttle_scope"] = "principal"
+    return out
+
+
+def _window(s: Schedule, elapsed: float) -> tuple[bool, float | None]:
+    """Whether a schedule's ``after_seconds``/``for_seconds``/``period_seconds`` window is open
+    ``elapsed`` seconds after its start, and in how many seconds that changes (None: never)."""
+    if elapsed < s.after_s:
+        return False, round(s.after_s - elapsed, 3)
+    if s.for_s is None:
+        return True, None
+    since = elapsed - s.after_s
+    if s.period_s is not None:
+        since %= s.period_s
+    if since < s.for_s:
+        return True, round(s.for_s - since, 3)
+    return False, None if s.period_s is None else round(s.period_s - since, 3)
+
+
+__all__ = ["FaultInjector", "RulePlan", "has_live_state", "rule_state"]
