@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from kproxy.admin.book import RuleBook
+from kproxy.admin.book import AdminError, RuleBook
 from kproxy.analysis.whatif import WhatIfRules, evaluator
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
@@ -25,7 +25,7 @@ from kproxy.protocol import encode_request, frame
 from kproxy.protocol.frame_builder import request_body
 from kproxy.protocol.headers import RequestHeader
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.commands import ForwardUpstream, SendToClient, WakeAt
+from kproxy.proxy.commands import CloseConnection, ForwardUpstream, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
@@ -377,3 +377,92 @@ def test_the_admin_listing_and_rules_list_show_each_scenario_keys_state_now() ->
     assert rows["first-produce"].endswith("per=connection")
     assert rows["big-produce"].endswith("request_bytes>=1048576")
     assert rows["counted"].endswith("counted=0")
+
+
+# -- sequences across rules ------------------------------------------------------------------------
+SEQUENCE = """
+rules:
+  - id: errors-first
+    match: {api: produce, schedule: {first: 2}}
+    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]
+  - id: after-three-slow
+    match: {api: produce, schedule: {after: {rule: then-slow, fired: 3}}}
+    actions: [close_connection]
+  - id: then-slow
+    match: {api: produce, schedule: {after: {rule: errors-first, ended: true}, for_seconds: 10}}
+    actions: [{delay: {ms: 50}}]
+"""
+
+
+def test_a_rule_starts_when_another_ended_and_one_when_another_fired_n_times() -> None:
+    live, clock = live_rules(SEQUENCE)
+    conn = Connection(live, clock)
+    assert [conn.send() for _ in range(2)] == ["answered"] * 2  # errors-first, then it has ended
+    clock.now += 100  # then-slow's window counts from its release, not from the load
+    assert [conn.send() for _ in range(3)] == ["held"] * 3
+    conn.session.on_timer(clock.now + 1)
+    clock.now += 1
+    commands = conn.session.receive_client(produce(99), clock.now)
+    assert any(isinstance(c, CloseConnection) for c in commands), "after then-slow fired 3 times"
+
+
+def test_a_rule_waiting_on_a_time_window_starts_when_it_closes() -> None:
+    live, clock = live_rules("""
+rules:
+  - id: hole
+    match: {api: produce, schedule: {for_seconds: 5}}
+    actions: [{inject_error: {error: NOT_LEADER_OR_FOLLOWER}}]
+  - id: next
+    match: {api: produce, schedule: {after: {rule: hole, ended: true}, for_seconds: 5}}
+    actions: [{inject_error: {error: NOT_ENOUGH_REPLICAS}}]
+""")
+    conn = Connection(live, clock)
+    assert conn.send() == "answered"  # hole
+    clock.now += 6
+    assert conn.send() == "answered"  # next, released now: 5 s from here
+    clock.now += 4
+    assert conn.send() == "answered"
+    clock.now += 2
+    assert conn.send() == "forwarded"
+
+
+def test_sequences_are_checked_by_the_loader_the_admin_api_and_the_editors_schema() -> None:
+    assert valid_for_editors(SEQUENCE)
+    base = ("rules:\n  - {id: a, match: {schedule: %s}, actions: [drop_response]}\n"
+            "  - {id: b, match: {}, actions: [drop_response]}")
+    assert problems(base % "{after: {rule: c, fired: 1}}") == [
+        "r.yaml:2: rules[0].match.schedule.after: names no rule 'c'"]
+    assert problems(base % "{after: {rule: a, fired: 1}}") == [
+        "r.yaml:2: rules[0].match.schedule.after: a rule cannot wait on itself"]
+    assert problems(base % "{after: {rule: b, ended: true}}") == [
+        "r.yaml:2: rules[0].match.schedule.after: rule 'b' never ends: give it for_seconds (without "
+        "period_seconds) or first (per rule), or wait on fired: N"]
+    assert problems(base % "{after: {rule: b}}") == [
+        "r.yaml:2: rules[0].match.schedule.after: give one of fired: N or ended: true"]
+    assert problems(base % "{after: {rule: b, ended: false}}") == [
+        "r.yaml:2: rules[0].match.schedule.after.ended: ended is true, or leave it out"]
+    cycle = "rules:\n  - {id: a, match: {schedule: {after: {rule: b, fired: 1}}}, actions: [drop_response]}\n" \
+            "  - {id: b, match: {schedule: {after: {rule: a, fired: 1}}}, actions: [drop_response]}"
+    assert problems(cycle) == ["r.yaml:2: rules[0].match.schedule.after: rules wait on each other in a cycle "
+                               "(a -> b -> a)",
+                               "r.yaml:3: rules[1].match.schedule.after: rules wait on each other in a cycle "
+                               "(b -> a -> b)"]
+    assert not valid_for_editors(base % "{after: {rule: b}}")
+    live, _ = live_rules(SEQUENCE)
+    book = RuleBook(live)
+    state = {r["id"]: r.get("state") for r in book.listing()["rules"]}
+    assert state == {"errors-first": {"counted": 0}, "after-three-slow": {"waits_on": "then-slow", "released": False},
+                     "then-slow": {"waits_on": "errors-first", "released": False}}
+    with pytest.raises(AdminError) as refused:
+        book.delete("then-slow")
+    assert refused.value.status == 409 and refused.value.errors == [
+        {"path": "after-three-slow: match.schedule.after", "reason": "names no rule 'then-slow'"}]
+    book.add({"id": "late", "match": {"schedule": {"after": {"rule": "errors-first", "fired": 1}}},
+              "actions": ["drop_response"]})  # one rule added through the API may wait on the file's
+
+
+def test_the_what_if_runs_a_sequence_in_capture_order() -> None:
+    hits = what_if(SEQUENCE, [record(i, at_s=i) for i in range(1, 8)])
+    assert [(h[2], h[7]) for h in hits] == [(1, "errors-first"), (2, "errors-first"), (3, "then-slow"),
+                                            (4, "then-slow"), (5, "then-slow"), (6, "after-three-slow"),
+                                            (7, "after-three-slow")]

@@ -46,7 +46,7 @@ from kproxy.policy.faults import FaultRecord
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules.load import RulesError, load_data
-from kproxy.rules.model import Rule, RuleSet
+from kproxy.rules.model import Rule, RuleSet, sequence_problems
 
 log = logging.getLogger("kproxy.admin")
 
@@ -356,6 +356,10 @@ def _change(draft: Draft, rules: tuple[Rule, ...], action: str, rule: Rule, spec
         ruleset = RuleSet(rules, draft.seed, ADMIN)
     except ValueError as exc:  # RuleSet's own invariants (duplicate ids)
         raise error(409, "id", str(exc)) from None
+    problems = sequence_problems(rules)  # a rule waiting on one it does not leave in the set
+    if problems:
+        raise AdminError(409, [{"path": f"{rules[i].id}: match.schedule.after", "reason": reason}
+                               for i, reason in problems])
     return Change(ruleset, ADMIN, specs, action, rule.id, what, rule, created, carry=True)
 
 
@@ -370,7 +374,7 @@ def _parse_rule(body: Any) -> Rule:
     if not isinstance(body, Mapping):
         raise error(400, "(body)", f"expected a rule as a JSON object, got {_kind(body)}")
     try:
-        parsed = load_data({"rules": [dict(body)]}, ADMIN)
+        parsed = load_data({"rules": [dict(body)]}, ADMIN, partial=True)
     except RulesError as exc:
         raise AdminError(400, problems_as_json(exc, strip="rules[0].")) from None
     return parsed.rules[0]

@@ -151,9 +151,13 @@ class WhatIfRules:
 
 def shared_state(rules: RuleSet) -> tuple[str, ...]:
     """Ids of enabled rules whose state is shared by connections (schedule counters, unless they count
-    per connection; throttle buckets)."""
+    per connection; throttle buckets; a rule waiting on another, ``schedule.after``, and the rule it
+    waits on)."""
+    waited = {r.match.schedule.after.rule for r in rules.rules
+              if r.enabled and r.match.schedule is not None and r.match.schedule.after is not None}
     return tuple(r.id for r in rules.rules if r.enabled and (
         (r.match.schedule is not None and r.match.schedule.counts and not r.match.schedule.per_connection)
+        or (r.match.schedule is not None and r.match.schedule.after is not None) or r.id in waited
         or any(isinstance(a, Throttle) for a in r.actions)))
 
 

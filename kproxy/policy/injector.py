@@ -136,7 +136,7 @@ class FaultInjector:
                 continue
             out[rule.id] = rule_state(rule, state.count, now - state.started,
                                       [engine.ramp_ms(rule.id, a, now) for a in rule.actions
-                                       if isinstance(a, Delay) and a.ramp is not None])
+                                       if isinstance(a, Delay) and a.ramp is not None], engine.released(rule.id))
         return out
 
     def started(self, rule_id: str) -> float | None:
@@ -237,24 +237,30 @@ def has_live_state(rule: Rule) -> bool:
     """Whether a rule has state the admin listing shows: a schedule or scenario key (a counter, a
     time window, a request size, a ramping delay, a principal quota)."""
     m = rule.match
-    return ((m.schedule is not None and (m.schedule.counts or m.schedule.for_s is not None or m.schedule.after_s > 0))
+    s = m.schedule
+    return ((s is not None and (s.counts or s.for_s is not None or s.after_s > 0 or s.after is not None))
             or m.min_request_bytes is not None or m.max_request_bytes is not None
             or any(isinstance(a, Delay) and a.ramp is not None for a in rule.actions)
             or any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions))
 
 
-def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None]) -> dict[str, Any]:
+def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None], released: bool | None = None
+               ) -> dict[str, Any]:
     """A rule's live state as JSON (:meth:`FaultInjector.live_state`), ``elapsed`` seconds after its
-    schedule's start, having counted ``count`` requests (per rule)."""
+    schedule's start, having counted ``count`` requests (per rule); ``released``: whether a rule
+    waiting on another no longer waits (its time window is shown once it no longer does)."""
     m = rule.match
     out: dict[str, Any] = {}
     s = m.schedule
+    if s is not None and s.after is not None:
+        out["waits_on"] = s.after.rule
+        out["released"] = bool(released)
     if s is not None and s.counts:
         if s.per_connection:
             out["per"] = "connection"
         else:
             out["counted"] = count
-    if s is not None and (s.for_s is not None or s.after_s > 0):
+    if s is not None and (s.for_s is not None or s.after_s > 0) and (s.after is None or released):
         out["window_open"], out["window_changes_in_seconds"] = _window(s, elapsed)
     if m.min_request_bytes is not None or m.max_request_bytes is not None:
         out["request_bytes"] = {k: v for k, v in (("min", m.min_request_bytes), ("max", m.max_request_bytes))

@@ -110,21 +110,24 @@ class _Peer:
 class RuleState:
     """A rule's schedule state in an engine: ``count``, the requests its counters have counted (per
     rule), and ``started``, the monotonic reading its time conditions (``after_seconds``,
-    ``for_seconds``) count from. An engine built with a ``previous`` one shares the state objects
-    of the rules both hold unchanged, so those rules carry on where they were."""
+    ``for_seconds``) count from (for a rule that waits on another, from its release). An engine
+    built with a ``previous`` one shares the state objects of the rules both hold unchanged, so
+    those rules carry on where they were."""
 
-    __slots__ = ("count", "started")
+    __slots__ = ("count", "fired", "released", "started")
 
     def __init__(self, started: float) -> None:
         self.count = 0
         self.started = started
+        self.fired = 0  # its hits, counted only when another rule waits on them (schedule.after)
+        self.released = False  # a rule that waits on another: it no longer waits
 
 
 class _Compiled:
     """A rule with what evaluation needs at hand, and its schedule state."""
 
     __slots__ = ("decision", "delays", "fixed", "match", "peer_keys", "ramp_after_s", "request_keys", "rule", "seed",
-                 "state")
+                 "state", "waits_on", "watched")
 
     def __init__(self, rule: Rule, seed: int, state: RuleState) -> None:
         self.rule = rule
@@ -132,6 +135,8 @@ class _Compiled:
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
         self.state = state
+        self.waits_on: _Compiled | None = None  # the rule its schedule.after names (None: none, or disabled)
+        self.watched = False  # a rule waits on its hits
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
         # principal).
         self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
@@ -208,6 +213,14 @@ class RuleEngine:
                 fresh.append(state)
             compiled.append(_Compiled(r, rules.seed, state))
         self._compiled: dict[str, _Compiled] = {c.rule.id: c for c in compiled}
+        for c in compiled:
+            s = c.match.schedule
+            if s is not None and s.after is not None:
+                target = c.waits_on = self._compiled.get(s.after.rule)
+                if target is not None:
+                    # Its hits are counted at evaluate(): never skipped by a fixed decision.
+                    target.watched = True
+                    target.fixed = target.decision = None
         self._fresh = fresh
         # The ids of the rules carried on from ``previous`` (their state shared with it).
         self.carried = frozenset(carried)
@@ -335,6 +348,8 @@ class RuleEngine:
         for c in live:
             hit = self._try(c, facts)
             if hit is not None:
+                if c.watched:
+                    c.state.fired += 1
                 if not c.rule.continue_:
                     if not hits and hit is c.fixed:
                         assert c.decision is not None
@@ -377,6 +392,23 @@ class RuleEngine:
         delays = tuple(self._delay_ms(c, delay, facts, index + i) for i, delay in enumerate(c.delays))
         return RuleHit(c.rule.id, c.rule.actions, c.rule.dry_run, d, delays)
 
+    def _released(self, c: _Compiled, now: float) -> bool:
+        """Whether the rule ``c`` waits on (its ``schedule.after``) has fired enough or ended."""
+        target = c.waits_on
+        s = c.match.schedule
+        if target is None or s is None or s.after is None:
+            return False  # the rule it waits on is disabled: it never fires
+        if s.after.fired is not None:
+            return target.state.fired >= s.after.fired
+        return has_ended(target, now)
+
+    def released(self, rule_id: str) -> bool | None:
+        """Whether a rule that waits on another no longer waits (None: it waits on none)."""
+        c = self._compiled.get(rule_id)
+        if c is None or c.match.schedule is None or c.match.schedule.after is None:
+            return None
+        return c.state.released
+
     def _delay_ms(self, c: _Compiled, delay: Delay, facts: RequestFacts, index: int) -> float:
         """A delay action's milliseconds for this request: its ramp's value now, its jitter drawn."""
         ramp = delay.ramp
@@ -414,6 +446,10 @@ class RuleEngine:
         s = m.schedule
         if s is not None:
             state = c.state
+            if s.after is not None and not state.released:
+                if not self._released(c, facts.now):
+                    return False
+                state.released, state.started = True, facts.now  # its time conditions count from now
             elapsed = facts.now - state.started
             if elapsed < s.after_s:
                 return False
@@ -516,6 +552,20 @@ def _drawn_in(c: _Compiled, facts: RequestFacts, toxicity: float) -> bool:
             drawn.clear()
         hit = drawn[key] = draw(c.seed, c.rule.id, facts, TOXICITY_DRAW) < toxicity
     return hit
+
+
+def has_ended(c: _Compiled, now: float) -> bool:
+    """Whether rule ``c`` has ended for good (kproxy.rules.model.ends): its ``first`` ran out (per
+    rule), or its ``for_seconds`` window closed (once it no longer waits on another rule, if it did)."""
+    s = c.match.schedule
+    if s is None:
+        return False
+    state = c.state
+    if s.first is not None and not s.per_connection and state.count >= s.after_requests + s.first:
+        return True
+    if s.for_s is None or s.period_s is not None or (s.after is not None and not state.released):
+        return False
+    return now - state.started >= s.after_s + s.for_s
 
 
 def _fixed_decision(candidates: tuple[_Compiled, ...]) -> Decision | None:

@@ -27,6 +27,7 @@ import yaml
 
 from kproxy.rules.load_actions import ActionReader
 from kproxy.rules.model import (
+    After,
     IpNetwork,
     Match,
     PrincipalPattern,
@@ -35,6 +36,7 @@ from kproxy.rules.model import (
     Schedule,
     TimeWindow,
     TopicPattern,
+    sequence_problems,
 )
 from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 from kproxy.rules.yaml_nodes import BAD, INT32, Bad, Problem, RulesError, did_you_mean, node_text
@@ -47,7 +49,7 @@ RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "mat
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
               "group_id", "transactional_id", "acks", "request_bytes", "probability", "toxicity", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per",
-                 "period_seconds")
+                 "period_seconds", "after")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
 
@@ -56,9 +58,11 @@ def load_text(text: str, source: str = "<rules>") -> RuleSet:
     return _Loader(source).load(text)
 
 
-def load_data(data: Any, source: str = "<data>") -> RuleSet:
+def load_data(data: Any, source: str = "<data>", *, partial: bool = False) -> RuleSet:
     """Load a rule file already parsed (JSON from the admin API: ``{"rules": [...], "seed": N}``)
-    with the same checks and messages as a file.
+    with the same checks and messages as a file. ``partial``: the rules are some of a set (the
+    admin API's one rule), so a ``schedule.after`` naming a rule not among them is the caller's to
+    check (:func:`kproxy.rules.model.sequence_problems` over the whole set).
 
     Its nodes are built from the data (:func:`data_node`), not rendered as YAML and composed again:
     that round trip took ~20 s for 10,000 rules, and with libyaml the compose is one C call that
@@ -70,6 +74,7 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
         raise RulesError([Problem(source, 0, "(data)", f"not plain data: {exc}")]) from None
     loader = _Loader(source)
     loader.numbered = False
+    loader.partial = partial
     try:
         return loader.document(root)
     finally:
@@ -170,6 +175,7 @@ class _Loader(ActionReader):
     # Whether node lines are a file's. Data's nodes (load_data) are numbered in the data's order,
     # lines of no document the caller has: a message then points to a key path, never to a line.
     numbered = True
+    partial = False  # the rules are some of a set: sequences (schedule.after) checked by the caller
 
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
@@ -209,10 +215,15 @@ class _Loader(ActionReader):
         out: list[Rule] = []
         items = self.sequence(node, "rules")
         seen: dict[str, str] = {}
+        where: list[tuple[yaml.Node, str]] = []
         for i, item in enumerate(items):
             rule = self.rule(item, f"rules[{i}]", seen)
             if not isinstance(rule, Bad):
                 out.append(rule)
+                where.append((item, f"rules[{i}]"))
+        if not self.partial:
+            for index, reason in sequence_problems(out):
+                self.fail(where[index][0], f"{where[index][1]}.match.schedule.after", reason)
         return out
 
     def rule(self, node: yaml.Node, path: str, seen: dict[str, str]) -> Rule | Bad:
@@ -391,6 +402,8 @@ class _Loader(ActionReader):
                                       reason="for_seconds must be > 0 (a zero duration never matches)")
         if "window" in m:
             kw["window"] = self.window(m["window"], f"{path}.window")
+        if "after" in m:
+            kw["after"] = self.after(m["after"], f"{path}.after")
         if "period_seconds" in m:
             kw["period_s"] = self.number(m["period_seconds"], f"{path}.period_seconds", 0.0, exclusive=True)
         if "per" in m:
@@ -404,6 +417,24 @@ class _Loader(ActionReader):
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         return self.build(node, path, lambda: Schedule(**kw))
+
+    def after(self, node: yaml.Node, path: str) -> After | Bad:
+        m = self.mapping(node, path, ("rule", "fired", "ended"))
+        if m is None:
+            return BAD
+        kw: dict[str, Any] = {}
+        rule = self.required(m, node, path, "rule", "the id of the rule to wait on")
+        kw["rule"] = BAD if rule is None else self.string(rule, f"{path}.rule")
+        if "fired" in m:
+            kw["fired"] = self.integer(m["fired"], f"{path}.fired", 1)
+        if "ended" in m:
+            ended = self.boolean(m["ended"], f"{path}.ended")
+            if ended is False:
+                ended = self.fail(m["ended"], f"{path}.ended", "ended is true, or leave it out")
+            kw["ended"] = ended
+        if ("fired" in m) == ("ended" in m):
+            return self.fail(node, path, "give one of fired: N or ended: true")
+        return self.made(node, path, kw, After)
 
     def window(self, node: yaml.Node, path: str) -> TimeWindow | Bad:
         m = self.mapping(node, path, ("start", "end"))

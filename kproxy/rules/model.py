@@ -97,6 +97,24 @@ class TimeWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class After:
+    """A rule that waits on another (YAML ``schedule: {after: {rule: ID, fired: N}}`` or ``{rule:
+    ID, ended: true}``): it matches nothing until rule ``rule`` has hit ``fired`` times (dry runs
+    included), or has ended (:func:`ends`); then its time conditions count from the first request
+    it meets after that. Checked against the other rules by :func:`sequence_problems`."""
+
+    rule: str
+    fired: int | None = None
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.fired is None) == (not self.ended):
+            raise ValueError("give one of fired: N or ended: true")
+        if self.fired is not None and self.fired < 1:
+            raise ValueError("fired must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Schedule:
     """When a rule is live, counted over the requests that pass its other match keys.
 
@@ -106,6 +124,7 @@ class Schedule:
     ``window`` is a daily UTC window. All given conditions must hold.
     ``period_s``: the ``for_s`` window comes back every that many seconds (flapping: 30 s of
     faults every 5 minutes is ``for_s`` 30, ``period_s`` 300), from ``after_s`` on.
+    ``after``: the rule waits on another (:class:`After`).
     ``per_connection``: the counters count each connection's requests apart (YAML ``per:
     connection``: "the first Fetch of every new connection"), not the rule's over all connections.
     """
@@ -118,6 +137,7 @@ class Schedule:
     window: TimeWindow | None = None
     per_connection: bool = False
     period_s: float | None = None
+    after: After | None = None
 
     def __post_init__(self) -> None:
         if self.per_connection and not self.counts:
@@ -227,6 +247,46 @@ class Rule:
             reason = action.check(self.match.apis)
             if reason is not None:
                 raise ValueError(reason)
+
+
+def ends(rule: Rule) -> bool:
+    """Whether a rule can end for good: its ``first`` (counted per rule) runs out, or its
+    ``for_seconds`` window closes (with no ``period_seconds`` to bring it back)."""
+    s = rule.match.schedule
+    return s is not None and ((s.first is not None and not s.per_connection)
+                              or (s.for_s is not None and s.period_s is None))
+
+
+def sequence_problems(rules: tuple[Rule, ...] | list[Rule]) -> list[tuple[int, str]]:
+    """What is wrong with the ``schedule.after`` keys of a rule list, as (index of the rule, reason):
+    a rule waiting on no rule of the list, on itself, on a rule that never ends (``ended``), or in
+    a cycle of rules waiting on each other."""
+    by_id = {r.id: r for r in rules}
+    out: list[tuple[int, str]] = []
+    for i, rule in enumerate(rules):
+        s = rule.match.schedule
+        after = s.after if s is not None else None
+        if after is None:
+            continue
+        target = by_id.get(after.rule)
+        if target is None:
+            out.append((i, f"names no rule {after.rule!r}"))
+        elif target is rule:
+            out.append((i, "a rule cannot wait on itself"))
+        elif after.ended and not ends(target):
+            out.append((i, f"rule {after.rule!r} never ends: give it for_seconds (without period_seconds) or "
+                           "first (per rule), or wait on fired: N"))
+        else:
+            chain = [rule.id]
+            while target is not None and target.match.schedule is not None and target.match.schedule.after:
+                chain.append(target.id)
+                if target is rule:
+                    out.append((i, f"rules wait on each other in a cycle ({' -> '.join(chain)})"))
+                    break
+                if len(chain) > len(rules):
+                    break
+                target = by_id.get(target.match.schedule.after.rule)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
