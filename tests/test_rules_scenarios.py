@@ -22,8 +22,10 @@ from kproxy.analysis.whatif import WhatIfRules, evaluator
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol import encode_request, frame
+from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_body
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, ForwardUpstream, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -466,3 +468,74 @@ def test_the_what_if_runs_a_sequence_in_capture_order() -> None:
     assert [(h[2], h[7]) for h in hits] == [(1, "errors-first"), (2, "errors-first"), (3, "then-slow"),
                                             (4, "then-slow"), (5, "then-slow"), (6, "after-three-slow"),
                                             (7, "after-three-slow")]
+
+
+# -- record content --------------------------------------------------------------------------------
+RECORD_KEY = """
+rules:
+  - id: user-42
+    match: {api: produce, record: {key: "user-42", header: tenant, header_value: "acme|initech"}}
+    actions: [{inject_error: {error: INVALID_RECORD}}]
+"""
+
+
+def produce_records(correlation_id: int, *records: Record, codec: int = Codec.NONE) -> bytes:
+    body = request_body(PRODUCE, 9, transactional_id=None, acks=1, timeout_ms=1500, topic_data=[
+        {"name": "orders", "partition_data": [{"index": 0, "records": encode_batch_v2(records, codec=codec)}]}])
+    return frame(encode_request(RequestHeader(PRODUCE, 9, correlation_id, "producer-1", 2), body))
+
+
+def sent(conn: Connection, request: bytes) -> str:
+    conn.next_id += 1
+    commands = conn.session.receive_client(request, conn.clock.now)
+    return "forwarded" if any(isinstance(c, ForwardUpstream) for c in commands) else "answered"
+
+
+def rec(key: bytes | None, headers: list[tuple[str, bytes | None]] | None = None, offset: int = 0) -> Record:
+    return Record(offset, 1000, key, b"v", headers or [])
+
+
+def test_a_record_key_matches_when_one_record_has_the_key_and_the_header() -> None:
+    live, clock = live_rules(RECORD_KEY)
+    conn = Connection(live, clock)
+    acme = [("tenant", b"acme")]
+    assert sent(conn, produce_records(1, rec(b"user-41", acme), rec(b"user-42", acme, 1))) == "answered"
+    assert sent(conn, produce_records(2, rec(b"user-42", [("tenant", b"globex")]))) == "forwarded"
+    assert sent(conn, produce_records(3, rec(b"user-42"), rec(b"user-7", acme, 1))) == "forwarded", \
+        "the key and the header must be on the same record"
+    assert sent(conn, produce_records(4, rec(None, acme))) == "forwarded"
+    assert sent(conn, produce_records(5, rec(b"user-42", [("tenant", b"initech")]), codec=Codec.GZIP)) == "answered"
+
+
+def test_a_request_whose_records_exceed_the_budget_does_not_match() -> None:
+    live, clock = live_rules(RECORD_KEY)
+    conn = Connection(live, clock)
+    # 5,000 records of 64 bytes' cost each: past the 256 KiB budget.
+    many = [rec(b"x", [("tenant", b"acme")], i) for i in range(5_000)] + [rec(b"user-42", [("tenant", b"acme")],
+                                                                            5_000)]
+    assert sent(conn, produce_records(1, *many, codec=Codec.GZIP)) == "forwarded"
+    assert sent(conn, produce_records(2, *many[-100:], codec=Codec.GZIP)) == "answered"
+
+
+def test_record_is_checked_by_the_loader_and_the_editors_schema() -> None:
+    assert valid_for_editors(RECORD_KEY)
+    bad = "rules: [{id: r, match: {%s}, actions: [drop_response]}]"
+    assert problems(bad % "api: fetch, record: {key: a}") == [
+        "r.yaml:1: rules[0].match.record: record matches the records of Produce requests: give api: produce"]
+    assert problems(bad % "api: produce, record: {}") == ["r.yaml:1: rules[0].match.record: give key, header or both"]
+    assert problems(bad % "api: produce, record: {header_value: a}") == [
+        "r.yaml:1: rules[0].match.record: header_value needs header (the header's name)"]
+    assert problems(bad % "api: produce, record: {key: \"(a\"}")[0].startswith(
+        "r.yaml:1: rules[0].match.record.key: bad regex")
+    assert not valid_for_editors(bad % "api: produce, record: {kye: a}")
+
+
+def test_the_what_if_matches_record_keys_from_captured_payloads() -> None:
+    keyed = "\n".join(RECORD_KEY.splitlines()).replace(', header: tenant, header_value: "acme|initech"', "")
+    payload = {"topic": "orders", "partition": 0, "offset": 0, "key": b"user-42", "value": b"v", "key_size": 7,
+               "value_size": 1}
+    cut = {**payload, "key": b"user-4", "key_size": 7}  # the capture's cap cut it: unknown
+    hits = what_if(keyed, [{**record(1), "payloads": [payload]}, {**record(2), "payloads": [cut]},
+                           {**record(3), "payloads": None}])
+    assert [h[2] for h in hits] == [1]
+    assert what_if(RECORD_KEY, [{**record(1), "payloads": [payload]}]) == [], "a capture keeps no headers"

@@ -97,7 +97,7 @@ from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_file, load_text
 from kproxy.rules.model import RuleSet
-from kproxy.rules.request_facts import IpAddress, StaticFacts
+from kproxy.rules.request_facts import IpAddress, Record, StaticFacts
 
 HITS = "whatif_hits"
 TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
@@ -172,10 +172,11 @@ def _ip(host: str | None) -> IpAddress | None:
 
 
 def facts_of(row: Any, *, start_us: int, stream_ordinal: int,
-             connection_counts: dict[object, int] | None = None) -> StaticFacts:
+             connection_counts: dict[object, int] | None = None, records: bool = False) -> StaticFacts:
     """The engine's view of one record (``row``: the columns of ``INPUT_COLUMNS``, ``request_us``
     and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time;
-    ``connection_counts``: the per-connection counters of its connection (``per: connection``)."""
+    ``connection_counts``: the per-connection counters of its connection (``per: connection``);
+    ``records``: read the record keys of its ``payloads`` column (for a rule's ``record`` key)."""
     topics: dict[str, set[int]] = {}
     for entry in row["topics"] or ():
         parts = topics.setdefault(entry["topic"], set())
@@ -189,7 +190,27 @@ def facts_of(row: Any, *, start_us: int, stream_ordinal: int,
         now=(request_us - start_us) / 1e6,
         wall_time=request_us / 1e6,
         topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
-        group=row["group_id"], transactional=row["transactional_id"], connection_counts=connection_counts)
+        group=row["group_id"], transactional=row["transactional_id"], connection_counts=connection_counts,
+        produced=captured_records(row["payloads"]) if records else None)
+
+
+def captured_records(payloads: Any) -> list[Record] | None:
+    """The records of a capture's ``payloads`` column as a ``record`` key reads them: keys only (a
+    capture keeps no headers), a key the capture cut to its cap read as unknown (no key matches
+    it); None when the capture kept no payloads (``capture.include_payloads`` off)."""
+    if payloads is None:
+        return None
+    out: list[Record] = []
+    for p in payloads:
+        key = p["key"]
+        whole = key is not None and p["key_size"] == len(key)
+        out.append(Record(p["offset"] or 0, -1, bytes(key) if whole else None, None, []))
+    return out
+
+
+def reads_records(rules: RuleSet) -> bool:
+    """Whether an enabled rule has a ``record`` key (the what-if then reads the ``payloads`` column)."""
+    return any(r.enabled and r.match.record is not None for r in rules.rules)
 
 
 def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
@@ -199,6 +220,7 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         rule_set = rules.load()
         engine = RuleEngine(rule_set, loaded_at=0.0)
+        with_records = reads_records(rule_set)
         ordinals: dict[tuple[str | None, int | None, int], int] = {}
         # Per connection id, the counters of rules counting per connection (one connection's records
         # are in one partition whichever the order: a client's).
@@ -212,7 +234,8 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
             counted = per_connection.get(row["connection_id"])
             if counted is None:
                 counted = per_connection[row["connection_id"]] = {}
-            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal, connection_counts=counted)
+            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal, connection_counts=counted,
+                             records=with_records)
             decision = engine.evaluate(facts)
             if not decision.hits:
                 continue
@@ -248,7 +271,8 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     topics = F.filter(F.transform(F.col("partitions"), lambda p: F.struct(p["topic"].alias("topic"),
                                                                           p["partition"].alias("partition"))),
                       lambda p: p["topic"].isNotNull())
-    prepared = df.select(*INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
+    columns = (*INPUT_COLUMNS, "payloads") if reads_records(rule_set) else INPUT_COLUMNS
+    prepared = df.select(*columns, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
     if shared:
         prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
     else:

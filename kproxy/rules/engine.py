@@ -12,15 +12,17 @@ only when a candidate rule matches on them, and after its cheap keys passed.
 Order of the keys of one rule: api; client id, principal, client address and broker id
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
 (cached per topic list); version, request size (the frame's length: nothing decoded), acks,
-partitions, group id, transactional id; then the schedule's time conditions (``after_seconds``,
-``for_seconds``, ``window``); then its counters; then ``probability``. ``toxicity`` comes first
-of the request's keys: it is drawn once per connection and rule, at the first request of the
-connection the rule is tried on (the facts' ``connection_draws`` keep it; facts with none, a
-capture's, draw it per request), so that a rule acts on that share of connections, on every
-request it matches there. The counters (``after_requests``, ``first``, ``every``) count, per
-rule, the requests that passed everything before them, in the order this engine sees them; with
-``per: connection``, per rule and connection (the facts' ``connection_counts``, keyed by the rule's
-:class:`RuleState`, so an edited rule counts afresh there too).
+partitions, group id, transactional id, records (decoded within a budget); then the schedule's
+time conditions (``after_seconds``, ``for_seconds``, ``window``); then its counters; then
+``probability``. ``toxicity`` comes first of the request's keys: it is drawn once per connection
+and rule, at the first request of the connection the rule is tried on (the facts'
+``connection_draws`` keep it; facts with none, a capture's, draw it per request), so that a rule
+acts on that share of connections, on every request it matches there. The counters
+(``after_requests``, ``first``, ``every``) count, per rule, the requests that passed everything
+before them, in the order this engine sees them; with ``per: connection``, per rule and
+connection (the facts' ``connection_counts``, keyed by the rule's :class:`RuleState`, so an
+edited rule counts afresh there too). A rule waiting on another (``schedule.after``) matches
+nothing until that one has fired enough or ended.
 
 Reproducibility contract. A probabilistic choice (``probability``, ``toxicity``, a delay's
 jitter) is a pure function of::
@@ -143,7 +145,7 @@ class _Compiled:
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
-            m.max_version, m.min_request_bytes, m.max_request_bytes))
+            m.max_version, m.min_request_bytes, m.max_request_bytes, m.record))
         # Without a draw, a hit is always the same value: built once.
         fixed = m.probability is None and m.toxicity is None and not any(
             d.jitter_ms or d.ramp is not None for d in self.delays)
@@ -442,6 +444,10 @@ class RuleEngine:
         if m.transactional_id is not None:
             txn = facts.transactional_id()
             if txn is None or not self._fullmatch(m.transactional_id, txn):
+                return False
+        if m.record is not None:
+            records = facts.records()
+            if records is None or not any(m.record.matches(r) for r in records):
                 return False
         s = m.schedule
         if s is not None:

@@ -31,6 +31,7 @@ from kproxy.rules.model import (
     IpNetwork,
     Match,
     PrincipalPattern,
+    RecordMatch,
     Rule,
     RuleSet,
     Schedule,
@@ -47,7 +48,7 @@ T = TypeVar("T")
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
-              "group_id", "transactional_id", "acks", "request_bytes", "probability", "toxicity", "schedule")
+              "group_id", "transactional_id", "acks", "request_bytes", "record", "probability", "toxicity", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per",
                  "period_seconds", "after")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
@@ -296,6 +297,8 @@ class _Loader(ActionReader):
                 kw[key] = self.regex(m[key], f"{path}.{key}")
         if "acks" in m:
             kw["acks"] = self.one_or_many(m["acks"], f"{path}.acks", self.acks)
+        if "record" in m:
+            kw["record"] = self.record(m["record"], f"{path}.record")
         if "request_bytes" in m:
             kw["min_request_bytes"], kw["max_request_bytes"] = self.size_range(m["request_bytes"],
                                                                                f"{path}.request_bytes")
@@ -307,7 +310,8 @@ class _Loader(ActionReader):
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         # Point at the key a model check is about, when there is one.
-        where = next((k for k in ("probability", "toxicity", "acks", "api_version", "request_bytes") if k in m), None)
+        where = next((k for k in ("probability", "toxicity", "acks", "api_version", "request_bytes", "record")
+                      if k in m), None)
         at = m[where] if where else node
         return self.build(at, f"{path}.{where}" if where else path, lambda: Match(**kw))
 
@@ -329,6 +333,19 @@ class _Loader(ActionReader):
             return lo, hi
         v = self.integer(node, path, 0, 2**15 - 1)
         return v, v
+
+    def record(self, node: yaml.Node, path: str) -> RecordMatch | Bad:
+        m = self.mapping(node, path, ("key", "header", "header_value"))
+        if m is None:
+            return BAD
+        kw: dict[str, Any] = {}
+        if "key" in m:
+            kw["key"] = self.regex(m["key"], f"{path}.key")
+        if "header" in m:
+            kw["header"] = self.string(m["header"], f"{path}.header")
+        if "header_value" in m:
+            kw["header_value"] = self.regex(m["header_value"], f"{path}.header_value")
+        return self.made(node, path, kw, RecordMatch)
 
     def size_range(self, node: yaml.Node, path: str) -> tuple[Any, Any]:
         """``{min: N, max: N}`` (either or both) of a byte count, bounds included."""

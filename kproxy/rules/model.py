@@ -19,6 +19,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from kproxy.protocol.records import Record
 from kproxy.protocol.tables import ApiKey
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.patterns import UserPattern, compile_glob, compile_pattern
@@ -74,6 +75,36 @@ class PrincipalPattern:
     def matches(self, principal: str | None) -> bool:
         subject = None if principal is None else self.subject(principal)
         return subject is not None and self.compiled.fullmatch(subject)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMatch:
+    """A ``record`` key: a Produce request matches when one of its records has a key matching
+    ``key`` (RE2, whole, the key read as UTF-8) and a header named ``header`` (exactly) whose value
+    matches ``header_value`` (when given), all on the same record. A null key matches no ``key``."""
+
+    key: UserPattern | None = None
+    header: str | None = None
+    header_value: UserPattern | None = None
+
+    def __post_init__(self) -> None:
+        if self.header_value is not None and self.header is None:
+            raise ValueError("header_value needs header (the header's name)")
+        if self.key is None and self.header is None:
+            raise ValueError("give key, header or both")
+
+    def matches(self, record: Record) -> bool:
+        if self.key is not None:
+            key = record.key
+            if key is None or not self.key.fullmatch(bytes(key).decode("utf-8", "replace")):
+                return False
+        if self.header is None:
+            return True
+        for name, value in record.headers:
+            if name == self.header and (self.header_value is None or (
+                    value is not None and self.header_value.fullmatch(bytes(value).decode("utf-8", "replace")))):
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +229,7 @@ class Match:
     acks: frozenset[int] | None = None
     min_request_bytes: int | None = None  # the request frame's size, size prefix included
     max_request_bytes: int | None = None
+    record: RecordMatch | None = None
     probability: float | None = None
     toxicity: float | None = None
     schedule: Schedule | None = None
@@ -216,6 +248,8 @@ class Match:
             raise ValueError("acks is -1 (all), 0 or 1")
         if self.acks is not None and self.apis is not None and ApiKey.PRODUCE not in self.apis:
             raise ValueError("acks only exists on produce requests")
+        if self.record is not None and self.apis != frozenset({ApiKey.PRODUCE}):
+            raise ValueError("record matches the records of Produce requests: give api: produce")
 
     @property
     def needs_topics(self) -> bool:

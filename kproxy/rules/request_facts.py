@@ -6,15 +6,18 @@ job from captured records (a what-if report). Nothing here parses frames.
 
 The cheap facts are attributes; the ones that need a body decode are methods,
 called by the engine only when a loaded rule matches on them (``topics`` for a
-``topic`` or ``partition`` key, ``acks``, ``group_id``, ``transactional_id``).
+``topic`` or ``partition`` key, ``acks``, ``group_id``, ``transactional_id``, ``records``:
+a Produce request's records, decoded within a budget, None when over it or unreadable).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from kproxy.protocol.records import Record as Record  # what records() holds; the what-if builds them
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -82,6 +85,7 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     def acks(self) -> int | None: ...
     def group_id(self) -> str | None: ...
     def transactional_id(self) -> str | None: ...
+    def records(self) -> Sequence[Record] | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +109,7 @@ class StaticFacts:
     acks_value: int | None = None
     group: str | None = None
     transactional: str | None = None
+    produced: Sequence[Record] | None = None
 
     def topics(self) -> Mapping[str, frozenset[int]]:
         return self.topic_partitions
@@ -117,3 +122,6 @@ class StaticFacts:
 
     def transactional_id(self) -> str | None:
         return self.transactional
+
+    def records(self) -> Sequence[Record] | None:
+        return self.produced
