@@ -55,6 +55,7 @@ _UNSET: Any = object()
 # What reading one request's records for a ``record`` key may cost: a quarter of the budget of the
 # record actions, as decoding every record (not editing a few) is the costlier walk per byte.
 RECORD_MATCH_BUDGET = DEFAULT_RECORD_BUDGET // 4
+_RECORD_FAILURES = (*SCAN_FAILURES, OverBudgetError)  # records unreadable, or over the budget
 
 
 def reads_fact(api_key: int, api_version: int, fact: str) -> bool:
@@ -249,7 +250,7 @@ class FrameFacts:
             for start, end, _ in found[1]:
                 for batch in iter_batches(frame, start=start, end=end, allow_truncated_tail=False):
                     out.extend(decode_records(batch, check_crc=False, budget=budget))
-        except (*SCAN_FAILURES, OverBudgetError):
+        except _RECORD_FAILURES:
             return None
         return out
 
