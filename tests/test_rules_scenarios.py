@@ -32,6 +32,7 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.actions.delay import Delay, Ramp
+from kproxy.rules.lint import warnings_of_text
 from kproxy.subcommands.rules_admin import rules_table
 from tests.support.clock import Clock
 from tests.test_rules_session import Driver, heartbeat, produce_answer
@@ -539,3 +540,22 @@ def test_the_what_if_matches_record_keys_from_captured_payloads() -> None:
                            {**record(3), "payloads": None}])
     assert [h[2] for h in hits] == [1]
     assert what_if(RECORD_KEY, [{**record(1), "payloads": [payload]}]) == [], "a capture keeps no headers"
+
+
+# -- rules check: what the new keys mean for shadowing ------------------------------------------------
+@pytest.mark.parametrize(("first", "second", "shadowed"), [
+    ("request_bytes: {min: 1000}", "", False),
+    ("request_bytes: {min: 1000}", "request_bytes: {min: 5000, max: 9000}", True),
+    ("request_bytes: {max: 1000}", "request_bytes: {min: 10, max: 2000}", False),
+    ("record: {key: a}", "", False),
+    ("record: {key: a}", "record: {key: a}", True),
+    ("toxicity: 0.5", "", False),
+])
+def test_rules_check_does_not_call_a_rule_shadowed_by_one_that_selects_by_size_record_or_toxicity(
+        first: str, second: str, shadowed: bool) -> None:
+    text = f"""
+rules:
+  - {{id: a, match: {{api: produce, {first}}}, actions: [drop_response]}}
+  - {{id: b, match: {{api: produce, {second}}}, actions: [drop_response]}}
+"""
+    assert bool(warnings_of_text(text, "r.yaml")) is shadowed
