@@ -11,8 +11,8 @@ only when a candidate rule matches on them, and after its cheap keys passed.
 
 Order of the keys of one rule: api; client id, principal, client address and broker id
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
-(cached per topic list); version, request size (the frame's length: nothing decoded), acks,
-partitions, group id, transactional id, records (decoded within a budget); then the schedule's
+(cached per topic list); version, acks, partitions, group id, transactional id, then request
+size (the frame's length) and records (decoded within a budget); then the schedule's
 time conditions (``after_seconds``, ``for_seconds``, ``window``); then its counters; then
 ``probability``. ``toxicity`` comes first of the request's keys: it is drawn once per connection
 and rule, at the first request of the connection the rule is tried on (the facts'
@@ -128,8 +128,8 @@ class RuleState:
 class _Compiled:
     """A rule with what evaluation needs at hand, and its schedule state."""
 
-    __slots__ = ("decision", "delays", "fixed", "match", "peer_keys", "ramp_after_s", "request_keys", "rule", "seed",
-                 "state", "waits_on", "watched")
+    __slots__ = ("by_content", "decision", "delays", "fixed", "match", "peer_keys", "ramp_after_s", "request_keys",
+                 "rule", "seed", "state", "waits_on", "watched")
 
     def __init__(self, rule: Rule, seed: int, state: RuleState) -> None:
         self.rule = rule
@@ -137,6 +137,8 @@ class _Compiled:
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
         self.state = state
+        # The keys on the request's size and records: one test for the rules without them.
+        self.by_content = m.min_request_bytes is not None or m.max_request_bytes is not None or m.record is not None
         self.waits_on: _Compiled | None = None  # the rule its schedule.after names (None: none, or disabled)
         self.watched = False  # a rule waits on its hits
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
@@ -429,10 +431,6 @@ class RuleEngine:
             return False
         if m.max_version is not None and facts.api_version > m.max_version:
             return False
-        if m.min_request_bytes is not None and facts.request_bytes < m.min_request_bytes:
-            return False
-        if m.max_request_bytes is not None and facts.request_bytes > m.max_request_bytes:
-            return False
         if m.acks is not None and facts.acks() not in m.acks:
             return False
         if m.needs_topics and not self._topics_match(m, facts.topics()):
@@ -445,10 +443,8 @@ class RuleEngine:
             txn = facts.transactional_id()
             if txn is None or not self._fullmatch(m.transactional_id, txn):
                 return False
-        if m.record is not None:
-            records = facts.records()
-            if records is None or not any(m.record.matches(r) for r in records):
-                return False
+        if c.by_content and not _content_matches(m, facts):
+            return False
         s = m.schedule
         if s is not None:
             state = c.state
@@ -468,8 +464,8 @@ class RuleEngine:
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:
-                mine = facts.connection_counts if s.per_connection else None
-                if mine is not None:
+                mine = facts.connection_counts
+                if s.per_connection and mine is not None:
                     n = mine.get(state, 0)
                     if not n and len(mine) >= _DRAWN_MAX:
                         mine.clear()
@@ -558,6 +554,20 @@ def _drawn_in(c: _Compiled, facts: RequestFacts, toxicity: float) -> bool:
             drawn.clear()
         hit = drawn[key] = draw(c.seed, c.rule.id, facts, TOXICITY_DRAW) < toxicity
     return hit
+
+
+def _content_matches(m: Match, facts: RequestFacts) -> bool:
+    """``request_bytes`` (the frame's size), then ``record`` (its records, decoded within a budget)."""
+    size = facts.request_bytes
+    if m.min_request_bytes is not None and size < m.min_request_bytes:
+        return False
+    if m.max_request_bytes is not None and size > m.max_request_bytes:
+        return False
+    if m.record is not None:
+        records = facts.records()
+        if records is None or not any(m.record.matches(r) for r in records):
+            return False
+    return True
 
 
 def has_ended(c: _Compiled, now: float) -> bool:
