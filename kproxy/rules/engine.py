@@ -455,17 +455,14 @@ class RuleEngine:
             elapsed = facts.now - state.started
             if elapsed < s.after_s:
                 return False
-            if s.for_s is not None:
-                since = elapsed - s.after_s
-                if s.period_s is not None:
-                    since %= s.period_s
-                if since >= s.for_s:
-                    return False
+            if s.for_s is not None and (elapsed >= s.after_s + s.for_s if s.period_s is None
+                                        else (elapsed - s.after_s) % s.period_s >= s.for_s):
+                return False
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:
-                mine = facts.connection_counts
-                if s.per_connection and mine is not None:
+                mine = facts.connection_counts if s.per_connection else None
+                if mine is not None:
                     n = mine.get(state, 0)
                     if not n and len(mine) >= _DRAWN_MAX:
                         mine.clear()
