@@ -222,7 +222,7 @@ class _Loader(ActionReader):
             if not isinstance(rule, Bad):
                 out.append(rule)
                 where.append((item, f"rules[{i}]"))
-        if not self.partial:
+        if not self.partial and not self.problems:  # a rule that did not load is no missing rule
             for index, reason in sequence_problems(out):
                 self.fail(where[index][0], f"{where[index][1]}.match.schedule.after", reason)
         return out
