@@ -8,6 +8,7 @@ seeded draws; the rule edited, and every rule after a whole replacement or a res
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from kproxy.admin.book import RuleBook
@@ -20,7 +21,7 @@ from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.support.clock import Clock
-from tests.test_rules_session import heartbeat, heartbeat_answer, produce, produce_answer
+from tests.test_rules_session import Driver, heartbeat, heartbeat_answer, produce, produce_answer
 
 OTHER = {"id": "other", "match": {"api": "metadata"}, "actions": [{"delay": {"ms": 5}}]}
 
@@ -151,3 +152,20 @@ def test_the_listing_counts_a_carried_rules_hits_from_its_own_load() -> None:
     rules: list[dict[str, Any]] = listing(book.view())["rules"]
     assert [(r["id"], r["hits_since_load"], r["age_seconds"]) for r in rules] == [
         ("first3", 2, 5.0), ("other", 0, 1.0)]
+
+
+def test_a_black_hole_heals_at_its_rules_own_end_across_an_unrelated_add() -> None:
+    d = Driver("""
+rules:
+  - id: hole
+    match: {api: produce, schedule: {for_seconds: 10}}
+    actions: [blackhole]
+""")
+    book = RuleBook(d.live)
+    d.client(produce(1, -1))  # the hole opens
+    d.clock.now += 8
+    book.add(OTHER)
+    d.client(heartbeat(2))  # still in it
+    d.clock.now += 3  # 11 s after the load: the rule's window is over, whatever was added at 8 s
+    d.client(heartbeat(3))
+    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [3]
