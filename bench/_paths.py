@@ -42,7 +42,9 @@ class Variant:
 AA = "kproxy A/A copy"
 EVERYTHING = "kproxy everything"
 EVERYTHING_PURE = "kproxy everything, pure"
+EVERYTHING_LABELS = "kproxy everything, labels"
 _PURE = (("KPROXY_PURE", "1"),)
+_LABELS = (("KPROXY_METRICS_TOPIC_LABEL", "true"), ("KPROXY_METRICS_CLIENT_ID_LABEL", "true"))
 VARIANTS = {
     "bare": Variant("kproxy no observer", ("--no-metrics",)),
     "metrics": Variant(KPROXY),
@@ -53,6 +55,8 @@ VARIANTS = {
     # The noise floor: a second process identical to plain kproxy. What it comes out "over" kproxy
     # is what two identical processes differ by in this run; a feature's cost below it is not seen.
     "aa": Variant(AA),
+    # Everything on, the traffic labels too (topic and client id): bench_publish.py's candidate.
+    "labels": Variant(EVERYTHING_LABELS, rules="none-match", capture=True, env=_LABELS),
     # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
     # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
     "pure": Variant("kproxy pure", env=_PURE),

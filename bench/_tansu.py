@@ -35,9 +35,12 @@ def tansu(args: list[str], port: int, log: Path) -> Iterator[subprocess.Popen[by
         stop_process(proc)
 
 
-def broker(port: int, log: Path) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+def broker(port: int, log: Path, advertised_port: int | None = None) -> contextlib.AbstractContextManager[
+        subprocess.Popen[bytes]]:
+    """A Tansu broker on ``port``; its Metadata answers give ``advertised_port`` (default ``port``)."""
     url = f"tcp://127.0.0.1:{port}"
-    return tansu(["broker", "--listener-url", url, "--advertised-listener-url", url,
+    advertised = f"tcp://127.0.0.1:{advertised_port or port}"
+    return tansu(["broker", "--listener-url", url, "--advertised-listener-url", advertised,
                   "--storage-engine", "memory://tansu/"], port, log)
 
 

@@ -16,6 +16,8 @@ Broker listeners are ephemeral ports (``broker_port_base: 0``).
 Logging defaults to ``warning`` so that per-connection log lines (and the fault log's info
 lines) do not count as proxy cost. ``KPROXY_BENCH_PROFILE=DIR``: a cProfile of the run is written to
 DIR/kproxy-PID.prof when the process gets SIGTERM (bench_conns.py stops it so).
+``KPROXY_BENCH_STALLS=DIR``: the loop's long task steps and garbage collections are written to
+DIR/stalls-PID.json at the end (bench/_stalls.py).
 ``KPROXY_BENCH_CAPTURE_ROW_GROUP=N``: the capture writes a row group every N records and never on
 its clock (bench_instructions.py: under valgrind, time runs ~50x slower, and the writer's one-second
 flush would make row groups of a few dozen records where the real process makes thousands).
@@ -27,6 +29,7 @@ import argparse
 import logging
 import os
 import resource
+from pathlib import Path
 
 import trio
 
@@ -90,6 +93,16 @@ def main() -> None:
         defaults = CaptureWriter.__init__.__kwdefaults__
         assert defaults is not None
         defaults.update(row_group_rows=int(row_group), flush_seconds=3600.0)
+    stalls_dir = os.environ.get("KPROXY_BENCH_STALLS")
+    if stalls_dir:
+        from _stalls import StallWatch
+
+        watch = StallWatch()
+        try:
+            trio.run(serve, raw, no_metrics, instruments=[watch])
+        finally:
+            watch.dump(Path(stalls_dir) / f"stalls-{os.getpid()}.json")
+        return
     profile_dir = os.environ.get("KPROXY_BENCH_PROFILE")
     if not profile_dir:
         trio.run(serve, raw, no_metrics)

@@ -42,6 +42,7 @@ from types import ModuleType
 PURE_VARIABLE = "KPROXY_PURE"
 NATIVE_DIR = Path(__file__).resolve().parent / "_native"
 MANIFEST = "manifest.json"
+NOT_BUILT = "not-built.txt"  # written by setup.py into a wheel built pure: why
 MANIFEST_FORMAT = 1
 _TRUE = frozenset(("1", "true", "yes", "on"))
 
@@ -91,6 +92,15 @@ def read_manifest(native_dir: Path = NATIVE_DIR) -> dict[str, object] | None:
     return found if isinstance(found, dict) else None
 
 
+def not_built(native_dir: Path = NATIVE_DIR) -> str | None:
+    """Why the wheel installed here was built pure (setup.py's one line), or None (none said)."""
+    try:
+        lines = (native_dir / NOT_BUILT).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return None
+    return lines[0][:500] if lines else None
+
+
 def stale_source(manifest: dict[str, object], package_root: Path) -> str | None:
     """The first source (path relative to ``package_root``, the directory holding ``kproxy/``) that
     is not the file the build read (its size, then its contents: see the module docstring); None
@@ -119,7 +129,8 @@ def inspect(native_dir: Path = NATIVE_DIR, environ: dict[str, str] | os._Environ
         return Build(False, reason=f"{PURE_VARIABLE} is set"), {}
     manifest = read_manifest(native_dir)
     if manifest is None:
-        return Build(False, reason="no compiled modules built"), {}
+        why = not_built(native_dir)
+        return Build(False, reason=f"the wheel was built pure: {why}" if why else "no compiled modules built"), {}
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     if manifest.get("format") != MANIFEST_FORMAT or manifest.get("suffix") != suffix:
         return Build(False, reason=f"compiled modules built for another Python ({manifest.get('suffix')})"), {}

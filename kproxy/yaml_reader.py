@@ -143,15 +143,18 @@ def _syntax_refusal(text: str, exc: yaml.YAMLError) -> YamlRefused:
     ',' or '}'"); a text small enough to be written by hand is parsed once more by PyYAML's own
     parser, which says what it got instead, so the message is worth the milliseconds."""
     if YAML_LOADER is not yaml.SafeLoader and len(text) <= _REWORD_SYNTAX_MAX:
-        again = yaml.SafeLoader(text)
+        again: yaml.SafeLoader | None = None
         try:
+            # Made inside the try: PyYAML's reader refuses a control character as it is made.
+            again = yaml.SafeLoader(text)
             again.get_single_node()
         except yaml.YAMLError as other:
             exc = other
         except RecursionError:
             pass
         finally:
-            again.dispose()
+            if again is not None:
+                again.dispose()
     return _refusal(exc)
 
 

@@ -8,8 +8,9 @@ Two callers, one build:
   ``kproxy/_native/`` (git ignores it), only when the manifest there does not match the sources.
 
 The modules compiled are the explicit list ``[tool.kproxy.native] modules`` of pyproject.toml, and
-only those: a module not listed stays interpreted, whatever it imports. A listed module that mypyc
-cannot compile fails the build (CI runs scripts/setup: the failure shows there, not at run time).
+only those: a module not listed stays interpreted, whatever it imports. In a checkout, a listed
+module that mypyc cannot compile fails the build (CI runs scripts/setup: the failure shows there,
+not at run time); a wheel is never refused for it: setup.py builds it pure and says why in one line.
 With no C compiler or no Python headers, nothing is built and one line says so: kproxy runs as pure
 Python, which is the same code.
 
@@ -118,9 +119,18 @@ def source_stamps(sources: list[Path], root: Path = ROOT) -> dict[str, list[Any]
     return out
 
 
+class NotBuilt(Exception):
+    """mypyc could not build the listed modules: ``str()`` is one line saying why, ``output`` all mypyc said."""
+
+    def __init__(self, why: str, output: str) -> None:
+        super().__init__(why)
+        self.output = output
+
+
 def compiler_missing() -> str | None:
     """Why nothing can be compiled here (no C compiler, no Python headers), or None."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    # The compiler setuptools will run: $CC when set (as setuptools honours it), else Python's own.
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(cc) is None:
         return f"no C compiler ({cc})"
     include = Path(sysconfig.get_paths()["include"]) / "Python.h"
@@ -134,7 +144,10 @@ def compiler_missing() -> str | None:
 
 
 def extensions(modules: list[str], root: Path = ROOT) -> list[Any]:
-    """mypyc's C extensions of ``modules`` (it type-checks the whole package for their types)."""
+    """mypyc's C extensions of ``modules`` (it type-checks the whole package for their types).
+
+    Raises :class:`NotBuilt` when mypyc fails (a type error, a module it cannot compile, a type it
+    cannot find): the one line names the first error and the file keeping all of them."""
     from mypyc.build import mypycify
 
     cwd = os.getcwd()
@@ -142,14 +155,20 @@ def extensions(modules: list[str], root: Path = ROOT) -> list[Any]:
     said = io.StringIO()
     try:
         # mypyc prints its notes ("Treating generator comprehension as list": code it compiles less
-        # well, not errors) on stdout: kept in a file, so that a first `scripts/setup` or demo is
-        # not opened by a screen of them; shown in full when the build fails.
+        # well, not errors) and its errors on stdout: kept in a file, so that a first `scripts/setup`
+        # or demo is not opened by a screen of them.
         with contextlib.redirect_stdout(said):
             built = mypycify([module_path(m, Path(".")).as_posix() for m in modules], opt_level="3",
                              debug_level="0", group_name=GROUP, target_dir=C_DIR.as_posix())
-    except BaseException:
-        sys.stdout.write(said.getvalue())
-        raise
+    except (Exception, SystemExit) as exc:  # mypyc ends a failed type check with SystemExit
+        output = said.getvalue()
+        log = root / C_DIR / "mypyc-errors.txt"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(output)
+        errors = [line for line in output.splitlines() if ": error:" in line]
+        first = errors[0] if errors else (str(exc) or type(exc).__name__)
+        more = f" and {len(errors) - 1} more" if len(errors) > 1 else ""
+        raise NotBuilt(f"mypyc failed: {first}{more} (all it said: {log})", output) from exc
     finally:
         os.chdir(cwd)
     notes = said.getvalue()
@@ -226,7 +245,13 @@ def build_in_place(force: bool = False) -> int:
     print(f"kproxy: compiling {len(modules)} modules with mypyc (a few minutes)...", flush=True)
     from setuptools import Distribution
 
-    dist = Distribution({"name": "kproxy-native", "ext_modules": extensions(modules),
+    try:
+        built = extensions(modules)
+    except NotBuilt as failed:  # in a checkout, a module mypyc cannot compile fails (CI runs this)
+        sys.stdout.write(failed.output)
+        print(f"kproxy: {failed}", flush=True)
+        return 1
+    dist = Distribution({"name": "kproxy-native", "ext_modules": built,
                          "cmdclass": {"build_ext": build_ext_class(ROOT)}})
     dist.script_name = "native_build.py"
     cmd = dist.get_command_obj("build_ext")

@@ -27,6 +27,7 @@ SLOW_MODULES = frozenset({
     "test_admin_hostile.py",
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
+    "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
     "test_capture_metadata_memo.py",
     "test_capture_writer.py",  # disk failures, rotation, caps: real files over seconds
     "test_chart_operations.py",  # Helm renders, Prometheus rule evaluations
@@ -40,7 +41,9 @@ SLOW_MODULES = frozenset({
     "test_hostile_server.py",
     "test_lag_hostile.py",  # 30,000 requests of 32 KiB through kproxy and Tansu
     "test_hostile_sasl.py",  # floods of PLAIN logins through a kproxy process, at the real hash cost
+    "test_image.py",  # the Dockerfile built by buildah, the image run by podman: minutes
     "test_image_health.py",
+    "test_install.py",  # the README's install in fresh venvs: a wheel compiled by mypyc, pip, Spark
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults
     "test_rules_heal_clients.py",  # faults that end with their rule, librdkafka and kafkajs (Node) through each

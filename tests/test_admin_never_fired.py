@@ -68,7 +68,8 @@ def test_a_rule_that_never_fired_is_shown_beside_its_age(tansu: Broker, capsys: 
         assert main(["rules", "list", "--admin", admin.url]) == 0
         table = capsys.readouterr().out.splitlines()
         assert re.search(r"  loaded \d+s ago$", table[0]), table[0]
-        assert table[1].split() == ["ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS"]
+        assert table[1].split() == ["ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS",
+                                    "STATE"]
         rows = {line.split()[0]: line for line in table[2:]}
         assert re.search(r" never fired in \d+s  delay$", rows["meant-for-orders"]), rows
         assert re.search(r" yes +no +\d+ +0 +\d+ +delay$", rows["orders"]), rows
@@ -79,9 +80,14 @@ def test_a_rule_that_never_fired_is_shown_beside_its_age(tansu: Broker, capsys: 
         assert re.fullmatch(r"never fired: rule=meant-for-orders since load \d+s ago", lines[-1]), lines
         assert all("rule=orders" in line for line in lines[:-1]) and len(lines) >= 6
 
-        # An edit puts the rules in force again: since load is counted afresh, the total goes on.
+        # An edit of another rule leaves this one running: its hits since load go on.
         before = sum(by_id["orders"]["hits"].values())
         admin.disable("switched-off")
+        again = {r["id"]: r for r in admin.rules()["rules"]}
+        assert again["orders"]["hits_since_load"] == sum(again["orders"]["hits"].values()) == before
+        assert [e["id"] for e in admin.faults_report()["never_fired"]] == ["meant-for-orders"]
+        # An edit of the rule itself starts it afresh: since load from 0, the total goes on.
+        admin.put({"id": "orders", "match": {"api": "produce", "topic": "orders-*"}, "actions": [{"delay": {"ms": 2}}]})
         again = {r["id"]: r for r in admin.rules()["rules"]}
         assert again["orders"]["hits_since_load"] == 0 and sum(again["orders"]["hits"].values()) == before
         assert [e["id"] for e in admin.faults_report()["never_fired"]] == ["meant-for-orders", "orders"]

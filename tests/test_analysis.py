@@ -92,7 +92,7 @@ def analysed(spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path_
              ) -> Any:
     from kproxy.analysis.job import run_analysis
 
-    return run_analysis([str(generated[0])], tmp_path_factory.mktemp("out"), spark)
+    return run_analysis([str(generated[0])], tmp_path_factory.mktemp("out"), spark, interval=60)
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -116,21 +116,21 @@ def test_latency_percentiles_are_exact(analysed: Any, generated: tuple[Path, lis
         assert got["broker_max_ms"] == max(broker)
         assert got["kproxy_max_ms"] == max(kproxy)
     # The hand-checkable case: Produce in minute 0 is 1..100 ms exactly.
-    minute0 = next(r for r in analysed.tables["latency_by_minute"]
-                   if r["api_name"] == "produce" and r["minute"].minute == 14)
+    minute0 = next(r for r in analysed.tables["latency_over_time"]
+                   if r["api_name"] == "produce" and r["time"].minute == 14)
     assert minute0["requests"] == 105  # 100 + the 5 acks=0 requests of that minute
     assert (minute0["broker_p50_ms"], minute0["broker_p95_ms"], minute0["broker_p99_ms"],
             minute0["broker_max_ms"]) == pytest.approx((50.5, 95.05, 99.01, 100.0))
-    minute1 = next(r for r in analysed.tables["latency_by_minute"]
-                   if r["api_name"] == "produce" and r["minute"].minute == 15)
+    minute1 = next(r for r in analysed.tables["latency_over_time"]
+                   if r["api_name"] == "produce" and r["time"].minute == 15)
     assert minute1["broker_p99_ms"] == 10.0 and minute1["requests"] == 60
 
 
 def test_above_the_exact_limit_percentiles_are_within_the_stated_relative_error(
         spark: Any, generated: tuple[Path, list[dict[str, Any]]], tmp_path: Path) -> None:
-    """Above the exact limit, per api and per minute, the percentiles come off log-scale histograms:
+    """Above the exact limit, per api and per time bin, the percentiles come off log-scale histograms:
     each within the stated relative error of the exact value ranked ceil(p * n), the requests, the
-    bytes and the maxima exact."""
+    bytes and the maxima exact. The bins are the capture's auto interval (two minutes: a second each)."""
     from kproxy.analysis.histogram import RELATIVE_ERROR
     from kproxy.analysis.job import run_analysis
     from kproxy.analysis.report import summary
@@ -138,15 +138,16 @@ def test_above_the_exact_limit_percentiles_are_within_the_stated_relative_error(
     rows = generated[1]
     approx = run_analysis([str(generated[0])], tmp_path, spark, exact_percentiles_max=len(rows) - 1)
     assert not approx.exact_percentiles
+    assert approx.interval == 1
     checked = 0
-    for table, per_minute in (("latency_by_api", False), ("latency_by_minute", True)):
+    for table, per_bin in (("latency_by_api", False), ("latency_over_time", True)):
         assert approx.tables[table]
         for got in approx.tables[table]:
-            at = (got["minute"] - datetime(1970, 1, 1)) // timedelta(microseconds=1) if per_minute else 0
+            at = (got["time"] - datetime(1970, 1, 1)) // timedelta(microseconds=1) if per_bin else 0
             mine = [r for r in rows if re.sub(r"(?<!^)(?=[A-Z])", "_", r["api_name"]).lower() == got["api_name"]
-                    and (not per_minute or at <= r["request_time"] < at + MINUTE_US)]  # minutes: naive UTC
+                    and (not per_bin or at <= r["request_time"] < at + got["interval_s"] * 1_000_000)]
             assert got["requests"] == len(mine), got
-            if not per_minute:
+            if not per_bin:
                 assert got["request_bytes"] == sum(r["request_bytes"] for r in mine)
             for name in ("broker", "kproxy"):
                 values = sorted(r[f"{name}_latency_ms"] for r in mine if r[f"{name}_latency_ms"] is not None)
@@ -157,7 +158,7 @@ def test_above_the_exact_limit_percentiles_are_within_the_stated_relative_error(
                 for p in (0.5, 0.95, 0.99):
                     exact = values[max(1, math.ceil(p * len(values))) - 1]
                     assert abs(got[f"{name}_p{round(p * 100)}_ms"] - exact) <= RELATIVE_ERROR * abs(exact) + 1e-9, \
-                        (table, got.get("minute"), got["api_name"], name, p, exact)
+                        (table, got.get("time"), got["api_name"], name, p, exact)
                     checked += 1
     assert checked >= 50
     out = io.StringIO()
@@ -175,13 +176,13 @@ def test_the_exact_percentile_limit_is_inclusive(spark: Any, generated: tuple[Pa
 
     n = len(generated[1])
     for limit, exact in ((n - 1, False), (n, True), (n + 1, True)):
-        got = run_analysis([str(generated[0])], tmp_path / str(limit), spark, exact_percentiles_max=limit)
+        got = run_analysis([str(generated[0])], tmp_path / str(limit), spark, exact_percentiles_max=limit, interval=60)
         assert got.records == n
         assert got.exact_percentiles is exact, f"{n} records, exact_percentiles_max={limit}"
         # Produce in minute 0 has broker latencies 1..100 ms: the exact median interpolates to 50.5,
         # the approximate one is a value of the group (never 50.5).
-        minute0 = next(r for r in got.tables["latency_by_minute"]
-                       if r["api_name"] == "produce" and r["minute"].minute == 14)
+        minute0 = next(r for r in got.tables["latency_over_time"]
+                       if r["api_name"] == "produce" and r["time"].minute == 14)
         if exact:
             assert (minute0["broker_p50_ms"], minute0["broker_p99_ms"]) == pytest.approx((50.5, 99.01))
         else:
@@ -231,14 +232,14 @@ def test_top_clients_topics_and_hot_partitions(analysed: Any, generated: tuple[P
 
 
 def test_throughput_per_topic_per_minute(analysed: Any) -> None:
-    got = {(r["minute"].minute, r["api_name"], r["topic"]): (r["records"], r["bytes"])
+    got = {(r["time"].minute, r["api_name"], r["topic"]): (r["records"], r["bytes"])
            for r in analysed.tables["throughput"]}
     assert got == {(14, "produce", "a"): (500 + 5, 50_000 + 500), (15, "produce", "a"): (250 + 5, 25_000 + 500),
                    (14, "fetch", "b"): (120, 12_000)}
 
 
 def test_connection_churn(analysed: Any) -> None:
-    churn = {r["minute"].minute: (r["opened"], r["closed"]) for r in analysed.tables["connection_churn"]}
+    churn = {r["time"].minute: (r["opened"], r["closed"]) for r in analysed.tables["connection_churn"]}
     # p1, f1, x1 live within minute 14; p0 opens in 14 and ends in 15; p2, r1, r2 live in 15.
     assert churn == {14: (4, 3), 15: (3, 4)}
 
@@ -257,7 +258,7 @@ def test_aggregates_are_written_as_parquet(analysed: Any) -> None:
     out = Path(analysed.out)
     table = pq.read_table(out / "errors")
     assert sorted(table.column("code").to_pylist()) == [NOT_LEADER, COORDINATOR_NOT_AVAILABLE]
-    assert {p.name for p in out.iterdir()} >= {"latency_by_api", "latency_by_minute", "errors", "top_clients",
+    assert {p.name for p in out.iterdir()} >= {"latency_by_api", "latency_over_time", "errors", "top_clients",
                                                     "top_topics", "throughput", "hot_partitions", "connection_churn",
                                                     "faults"}
 
@@ -497,11 +498,11 @@ def test_plots_of_a_one_minute_capture_are_pngs() -> None:
     from kproxy.protocol.tables import error_class
 
     minute = datetime(2026, 9, 21, 14, 14)
-    latency = {"minute": minute, "requests": 10, "broker_p50_ms": 1.0, "broker_p99_ms": 2.0,
+    latency = {"time": minute, "requests": 10, "broker_p50_ms": 1.0, "broker_p99_ms": 2.0,
                "kproxy_p50_ms": 0.1, "kproxy_p99_ms": 0.2}
-    tables = {"latency_by_minute": [dict(latency, api_name="produce"), dict(latency, api_name="join_group")],
-              "errors_by_minute": [{"minute": minute, "api_name": "join_group", "code": 79, "requests": 5}],
-              "throughput": [{"minute": minute, "api_name": api, "topic": "t", "records": 5, "bytes": 50}
+    tables = {"latency_over_time": [dict(latency, api_name="produce"), dict(latency, api_name="join_group")],
+              "errors_over_time": [{"time": minute, "api_name": "join_group", "code": 79, "requests": 5}],
+              "throughput": [{"time": minute, "api_name": api, "topic": "t", "records": 5, "bytes": 50}
                              for api in ("produce", "fetch")],
               "latency_by_api": [{"api_name": "produce", "request_bytes": 100, "response_bytes": 50}]}
     got = plots(tables, error_class)
@@ -523,7 +524,7 @@ def test_partial_minutes_are_shaded_and_legends_sit_below_the_lines() -> None:
 
     first, last = datetime(2026, 9, 21, 14, 14, 40), datetime(2026, 9, 21, 14, 16, 5)
     minutes = [first.replace(second=0) + timedelta(minutes=i) for i in range(3)]
-    tables = {"throughput": [{"minute": m, "api_name": api, "topic": t, "records": n, "bytes": n * 10}
+    tables = {"throughput": [{"time": m, "api_name": api, "topic": t, "records": n, "bytes": n * 10}
                              for m, n in zip(minutes, (20, 60, 5), strict=True)
                              for api in ("produce", "fetch") for t in ("a", "b")]}
     fig = figures(tables, error_class, (first, last))["throughput"]

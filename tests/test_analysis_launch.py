@@ -141,3 +141,39 @@ def test_ctrl_c_on_follow_stops_the_query_prints_the_last_summary_and_exits_0(tm
     assert "batch 0: 1 minute/api rows" in stdout
     tail = stdout[stdout.index("last update"):]
     assert tail.splitlines()[2].split()[:3] == ["produce", "30", "0"], stdout
+
+
+def test_quiet_by_default_stderr_holds_only_the_commands_own_lines(tmp_path: Path) -> None:
+    """Without --verbose, none of the driver JVM's start-up notices (the incubator module's warning,
+    Spark's "Setting default log level") reach stderr; with it, they do."""
+    capture = _capture(tmp_path / "capture")
+    done = _analyze(str(capture), "--out", str(tmp_path / "out"), env=_env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.splitlines()[0] == "kproxy analyze: checking inputs"
+    assert [line for line in done.stderr.splitlines() if not line.startswith("kproxy analyze: ")] == []
+    loud = _analyze(str(capture), "--out", str(tmp_path / "loud"), "--verbose", env=_env())
+    assert loud.returncode == 0, loud.stderr[-3000:]
+    assert "WARNING: Using incubator modules" in loud.stderr
+
+
+def test_a_driver_jvm_that_does_not_start_says_why_and_exits_2(tmp_path: Path) -> None:
+    capture = _capture(tmp_path / "capture")
+    done = _analyze(str(capture), "--out", str(tmp_path / "out"), "--conf", "spark.driver.memory=lots", env=_env(),
+                    timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert "Invalid maximum heap size: -Xmxlots" in lines  # the JVM's own line, through the filter
+    assert lines[-1].startswith("kproxy analyze: Spark did not start (")
+    assert "Traceback" not in done.stderr and "WARNING: Using incubator modules" not in done.stderr
+
+
+def test_quiet_stderr_still_carries_spark_errors_when_a_job_fails(tmp_path: Path) -> None:
+    """A what-if whose Python workers cannot start: Spark's ERROR lines and the failure reach stderr."""
+    capture = _capture(tmp_path / "capture")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(RULES)
+    done = _analyze(str(capture), "--rules", str(rules), "--out", str(tmp_path / "out"),
+                    env=_env(PYSPARK_PYTHON="/bin/false"))
+    assert done.returncode != 0
+    assert " ERROR Executor: Exception in task" in done.stderr
+    assert "pyspark.daemon" in done.stderr

@@ -206,8 +206,9 @@ def test_the_lag_of_a_minute_is_what_was_answered_by_its_end(spark: Any, tmp_pat
     for r in made:
         assert writer.offer(r)
     writer.close()
-    result = run_analysis([str(tmp_path / "capture")], tmp_path / "out", spark)
-    got = [(r["minute"].minute - 14, r["group_id"], r["topic"], r["lag"], r["partitions"])
+    result = run_analysis([str(tmp_path / "capture")], tmp_path / "out", spark, interval=60)
+    # (a row's time is its minute's end: the minute answered is the one before)
+    got = [(r["time"].minute - 15, r["group_id"], r["topic"], r["lag"], r["partitions"])
            for r in result.tables["consumer_lag"]]
     assert got == [(0, "g", "t", 60, 1), (0, "g2", "t", 10, 1),
                    (1, "g", "t", 100 + 30, 2), (1, "g2", "t", 50, 1),
@@ -242,7 +243,8 @@ def test_the_lag_roll_up_replays_the_minutes_as_the_live_tracker_would() -> None
         (4, "h", "t", 0, 15),
         (5, None, "t", 0, None),  # a minute with nothing answered (a Produce with acks=0's entry)
     ])).to_pylist()
-    rows = [(int((r["minute"].replace(tzinfo=None) - T0).total_seconds() // 60), r["group_id"], r["topic"],
+    # (a row's time is its minute's end: the minute answered is the one before)
+    rows = [(int((r["time"].replace(tzinfo=None) - T0).total_seconds() // 60) - 1, r["group_id"], r["topic"],
              r["lag"], r["partitions"]) for r in got]
     assert rows == [(1, "g", "t", 6, 1), (1, "h", "t", 0, 1),
                     (3, "g", "t", 6 + 2, 2), (3, "h", "t", 0, 1),
@@ -257,7 +259,7 @@ def test_the_lag_plot_draws_the_groups_furthest_behind_and_says_how_many_it_left
     from kproxy.protocol.tables import error_class
 
     groups = MAX_SERIES + 3
-    rows = [{"minute": T0 + timedelta(minutes=m), "group_id": f"group-{g}", "topic": topic,
+    rows = [{"time": T0 + timedelta(minutes=m), "group_id": f"group-{g}", "topic": topic,
              "lag": (g + 1) * 1000 * (m + 1), "partitions": 1}
             for m in range(30) for g in range(groups) for topic in ("orders", "payments")]
     fig = figures({"consumer_lag": rows}, error_class, (T0 + timedelta(seconds=20), T0 + timedelta(minutes=29)))[
@@ -273,7 +275,7 @@ def test_the_lag_plot_draws_the_groups_furthest_behind_and_says_how_many_it_left
         fig.canvas.draw()
         labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
         assert labels and all(len(t) == 5 and t[2] == ":" for t in labels), labels  # HH:MM
-        assert ax.get_xlabel() == "UTC, 2026-11-28"
+        assert ax.get_xlabel() == "UTC, 2026-11-28 (a point per 1 min)"
     finally:
         plt.close(fig)
     png = plots({"consumer_lag": rows}, error_class)["consumer_lag"]
@@ -289,7 +291,7 @@ def test_the_lag_plot_of_groups_that_never_fell_behind_has_whole_record_ticks() 
     from kproxy.analysis.plots import figures
     from kproxy.protocol.tables import error_class
 
-    rows = [{"minute": T0 + timedelta(minutes=m), "group_id": "keeping-up", "topic": "orders", "lag": 0,
+    rows = [{"time": T0 + timedelta(minutes=m), "group_id": "keeping-up", "topic": "orders", "lag": 0,
              "partitions": 4} for m in range(3)]
     fig = figures({"consumer_lag": rows}, error_class, None)["consumer_lag"]
     try:

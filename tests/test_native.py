@@ -6,9 +6,12 @@ directory and run Python there: a stale build is made by editing a source of the
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
+import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -189,3 +192,47 @@ def test_the_build_reads_each_compiled_module_and_what_it_imports() -> None:
 def test_every_listed_module_is_a_module_file_of_the_package() -> None:
     assert native_build.listed_modules() == listed()
     assert all(not m.endswith("__init__") for m in listed())
+
+
+def test_a_wheel_built_pure_says_why(tmp_path: Path) -> None:
+    # setup.py leaves its one line in the wheel when it builds it pure: kproxy --version prints it.
+    built = tmp_path / "kproxy" / "_native"
+    built.mkdir(parents=True)
+    (built / native.NOT_BUILT).write_text("mypyc failed: kproxy/server/sockets.py:11: error: ... (all it said: x)\n")
+    build, paths = native.inspect(built, environ={})
+    assert (build.compiled, paths) == (False, {})
+    assert build.describe() == ("pure Python (the wheel was built pure: mypyc failed: kproxy/server/sockets.py:11: "
+                                "error: ... (all it said: x))")
+    assert native.inspect(built, environ={"KPROXY_PURE": "1"})[0].reason == "KPROXY_PURE is set"
+    (built / native.NOT_BUILT).unlink()
+    assert native.inspect(built, environ={})[0].reason == "no compiled modules built"
+
+
+def _name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()  # type: ignore[union-attr]
+
+
+def test_the_wheel_build_environment_holds_what_mypyc_type_checks() -> None:
+    """pip builds the wheel in an isolated environment holding only [build-system] requires; mypyc
+    type-checks the compiled modules and every kproxy module they import, so every distribution
+    those import (and PyYAML's stubs) must be there, or the wheel is pure (it was once a failed build)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)
+    requires = {_name(r) for r in project["build-system"]["requires"]}
+    imported: set[str] = set()
+    for rel in native_build.source_closure(listed()):
+        for node in ast.walk(ast.parse((ROOT / rel).read_bytes())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"kproxy", "__future__"}
+    assert {"trio", "yaml"} <= third_party  # the scan sees the imports
+    owners = importlib.metadata.packages_distributions()
+    needed = {_name(dist) for module in third_party for dist in owners[module]}
+    assert needed - requires == set(), "pyproject.toml [build-system] requires lacks what mypyc type-checks"
+    assert "types-pyyaml" in requires  # PyYAML ships no types: its stubs
+    # The same checker and stubs as the test extra's (what CI's mypy --strict ran).
+    pins = {_name(r): r for r in project["project"]["optional-dependencies"]["test"]}
+    for wanted in ("mypy", "types-pyyaml"):
+        assert pins[wanted] in project["build-system"]["requires"], wanted

@@ -375,7 +375,7 @@ BAD_FILES: list[tuple[str, str, list[str], bool]] = [
           - id: a
             match: {}
             actions: [{throttle: {bytes_per_second: 10, scope: per_client}}]
-        """, ["r.yaml:4: rules[0].actions[0].throttle.scope: expected one of client_id, topic, global, "
+        """, ["r.yaml:4: rules[0].actions[0].throttle.scope: expected one of client_id, principal, topic, global, "
               "got 'per_client' (did you mean 'client_id'?)"], True),
     ("downgrade below the minimum", """\
         rules:

@@ -353,7 +353,7 @@ def test_what_if_facts_carry_the_captured_principal() -> None:
 
     row = {"api_key": PRODUCE, "api_version": 9, "correlation_id": 1, "client_id": "shared-app",
            "principal": "User:alice", "client_host": "127.0.0.1", "node_id": 0, "request_us": 1_000_000,
-           "topics": [], "acks": -1, "group_id": None, "transactional_id": None}
+           "topics": [], "request_bytes": 80, "acks": -1, "group_id": None, "transactional_id": None}
     facts = facts_of(row, start_us=0, stream_ordinal=0)
     assert facts.principal == "User:alice"
     engine = RuleEngine(load_text(_rules("{principal: alice}")))

@@ -166,6 +166,38 @@ def test_pipelined_requests_answered_in_order_byte_for_byte() -> None:
     assert (s.requests, s.responses) == (3, 3)
 
 
+def test_a_bounded_turn_takes_a_chunk_s_requests_and_answers_a_turn_at_a_time() -> None:
+    s, done = session()
+    pairs = [heartbeat(c) for c in range(1, 301)]
+    chunk = b"".join(r for r, _ in pairs)
+    session_ = s.session
+    forwarded: list[bytes] = []
+    commands = session_.receive_client(chunk, None, 128)
+    taken = [session_.requests]
+    while True:
+        forwarded += FrameSplitter().split(s._run(commands) or b"")[0]
+        if not session_.more_client:
+            break
+        before = session_.requests
+        commands = session_.receive_client_more(128)
+        taken.append(session_.requests - before)
+    assert taken == [128, 128, 44]
+    assert forwarded == [r for r, _ in pairs], "every request went on, once, in order"
+    answers = b"".join(a for _, a in pairs)
+    turns = 1
+    s._run(session_.receive_upstream(answers, 128))
+    while session_.more_upstream:
+        turns += 1
+        s._run(session_.receive_upstream_more(128))
+    assert turns == 3
+    assert ready(s) == [a for _, a in pairs]
+    s.report()
+    assert len(done) == 300 and not session_.in_flight
+    # Unbounded (turn 0, the default) the whole chunk is taken at once, and goes on as it came.
+    s2, _ = session()
+    assert s2.session.receive_client(chunk)[-1].payload() == chunk and not s2.session.more_client
+
+
 def test_local_answer_waits_behind_in_flight_requests() -> None:
     s, done = session()
     (hb1, hb1_answer), (hb3, hb3_answer) = heartbeat(1), heartbeat(3)

@@ -277,6 +277,52 @@ def test_global_rules_count_across_connections_in_time_order(spark: Any, capture
     assert first_throttled == 12
 
 
+# Issue 36's scenario keys through Spark: the record key reads the payloads column (null here).
+SCENARIO_RULES = """\
+rules:
+  - id: big-produce
+    match: {api: produce, request_bytes: {min: 1500}}
+    actions:
+      - inject_error: {error: MESSAGE_TOO_LARGE}
+  - id: first-fetch-of-each-connection
+    match: {api: fetch, schedule: {first: 1, per: connection}}
+    actions:
+      - inject_error: {error: NOT_LEADER_OR_FOLLOWER}
+  - id: any-key
+    match: {api: produce, record: {key: ".*"}}
+    actions:
+      - drop_response
+  - id: slower-metadata
+    match: {api: metadata}
+    actions:
+      - delay: {ms: {from: 0, to: 1000, over_seconds: 1}}
+"""
+
+
+def test_scenario_keys_run_through_spark(spark: Any, capture: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from kproxy.analysis.job import find_inputs, read_captures
+    from kproxy.analysis.whatif import WhatIfRules, run
+
+    rules = WhatIfRules.from_file(str(_rules(tmp_path_factory, SCENARIO_RULES, "s.yaml")))
+    df = read_captures(spark, find_inputs([str(capture)]))
+    assert df is not None
+    out = tmp_path_factory.mktemp("out-scenarios")
+    _, info = run(spark, df, rules, M0, str(out))
+    assert info.ordering == "per-client", "per-connection counters are no shared state"
+    hits = pq.read_table(out / "whatif_hits").to_pylist()
+    by_rule: dict[str, list[dict[str, Any]]] = {}
+    for h in hits:
+        by_rule.setdefault(h["rule"], []).append(h)
+    assert {h["connection_id"] for h in by_rule["big-produce"]} == {"p2"} and len(by_rule["big-produce"]) == 50
+    assert sorted((h["connection_id"], h["stream_ordinal"]) for h in by_rule["first-fetch-of-each-connection"]) == [
+        ("f1", 0), ("f2", 1)]
+    assert "any-key" not in by_rule, "a capture without payloads has no record keys"
+    # m1's Metadata at 300 us + i * 100 ms, m2's at 350 us + i * 100 ms: the ramp's value then.
+    expected = sum(min(1000.0, (offset + i * 100_000) / 1000) for offset, n in ((300, 10), (350, 6)) for i in range(n))
+    assert sum(h["delay_ms"] for h in by_rule["slower-metadata"]) == pytest.approx(expected, rel=1e-9)
+
+
+
 def test_same_seed_same_what_if_another_seed_differs(spark: Any, capture: Path, per_connection: Any,
                                                      tmp_path_factory: pytest.TempPathFactory) -> None:
     from kproxy.analysis.job import find_inputs, read_captures

@@ -97,6 +97,17 @@ def test_the_reader_refuses_the_bomb_a_self_holding_node_and_deep_nesting_naming
     assert len(message) < 300, message
 
 
+def test_a_control_character_is_refused_as_a_syntax_error_naming_where() -> None:
+    """libyaml refuses a NUL; the second, wordier parse of a small text must refuse it too, as a
+    refusal (PyYAML's reader raised it while being made, outside the reader's try: the fuzzer's
+    find)."""
+    from kproxy import yaml_reader
+
+    with pytest.raises(yaml_reader.YamlRefused) as refused:
+        yaml_reader.load('{"version": 1, "users": {"carol": 4\x00\x006}}')
+    assert refused.value.syntax and len(str(refused.value)) < 300, refused.value
+
+
 def test_aliases_as_people_use_them_read_as_safe_load_reads_them() -> None:
     from kproxy import yaml_reader
 

@@ -16,10 +16,12 @@ and takes it as the new baseline: a file reload wins over earlier admin edits, a
 :meth:`RuleBook.reset` returns to it. While the rules in force came from the API, the listing
 says ``diverged: true``.
 
-Every edit builds a new engine: schedules (``after_requests``, ``first``, ``every``,
-``after_seconds``...), throttle buckets and seeded draws of *every* rule restart from the edit,
-as after a file reload (kproxy/policy/live_rules.py). Hit counters do not: they are Prometheus
-counters, kept per rule id for the life of the process.
+An edit of one rule (add, replace, enable, disable, dry run, delete) leaves the others running: every
+rule it does not change keeps its schedule (``after_requests``, ``first``, ``every`` counters, the
+start of ``after_seconds``/``for_seconds``), its throttle buckets, its hits since load and its seeded
+draws' positions (kproxy/policy/live_rules.py, ``carry``); the rule edited starts afresh. Replacing
+every rule (``apply``) and ``reset`` start every rule afresh, as a file reload does. Hit counters
+are Prometheus counters, kept per rule id for the life of the process either way.
 
 Call from the server's trio thread only (LiveRules' contract); the planners, and
 :mod:`kproxy.admin.listing` on a :meth:`RuleBook.view`, from any thread.
@@ -44,7 +46,7 @@ from kproxy.policy.faults import FaultRecord
 from kproxy.policy.injector import FaultInjector
 from kproxy.policy.live_rules import LiveRules
 from kproxy.rules.load import RulesError, load_data
-from kproxy.rules.model import Rule, RuleSet
+from kproxy.rules.model import Rule, RuleSet, sequence_problems
 
 log = logging.getLogger("kproxy.admin")
 
@@ -109,6 +111,7 @@ class Change:
     created: bool = False
     injector: FaultInjector | None = None
     prepared: bool = False  # injector built (LiveRules.prepare), maybe off the loop
+    carry: bool = False  # the rules it leaves unchanged carry on (LiveRules.prepare's carry)
     generation: int = 0  # the generation it went in force as (set by RuleBook.commit)
 
 
@@ -160,7 +163,9 @@ class RuleBook:
                     rules.seed if rules is not None else self._seed(), dict(self.specs),
                     tuple(live.counts.hits.items()),
                     injector.loaded_wall if injector is not None else None,
-                    dict(injector.hits_at_load) if injector is not None else {}, live.wall_clock())
+                    dict(injector.hits_at_load) if injector is not None else {}, live.wall_clock(),
+                    dict(injector.started_wall) if injector is not None else {},
+                    injector.live_state(injector.clock()) if injector is not None else {})
 
     def listing(self) -> dict[str, Any]:
         return listing(self.view())
@@ -245,7 +250,8 @@ class RuleBook:
     def _plan_and_build(self, planner: Planner, draft: Draft) -> Change:
         with off_loop_build() as build:  # the loop served first meanwhile (kproxy/offloop.py)
             change = planner(draft)
-            change.injector = self.live.prepare(change.rules)  # LiveRules.prepare: safe off the trio thread
+            # LiveRules.prepare: safe off the trio thread
+            change.injector = self.live.prepare(change.rules, carry=change.carry)
             build.keep = change.rules is not None and len(change.rules.rules) >= _BIG_RULE_SET
         change.prepared = True
         return change
@@ -260,7 +266,7 @@ class RuleBook:
 
     def commit(self, change: Change) -> Change:
         """Put a planned change in force and log it (trio thread)."""
-        injector = change.injector if change.prepared else self.live.prepare(change.rules)
+        injector = change.injector if change.prepared else self.live.prepare(change.rules, carry=change.carry)
         return self._committed(change, self.live.install(injector, origin=change.origin))
 
     def _committed(self, change: Change, generation: int) -> Change:
@@ -350,7 +356,11 @@ def _change(draft: Draft, rules: tuple[Rule, ...], action: str, rule: Rule, spec
         ruleset = RuleSet(rules, draft.seed, ADMIN)
     except ValueError as exc:  # RuleSet's own invariants (duplicate ids)
         raise error(409, "id", str(exc)) from None
-    return Change(ruleset, ADMIN, specs, action, rule.id, what, rule, created)
+    problems = sequence_problems(rules)  # a rule waiting on one it does not leave in the set
+    if problems:
+        raise AdminError(409, [{"path": f"{rules[i].id}: match.schedule.after", "reason": reason}
+                               for i, reason in problems])
+    return Change(ruleset, ADMIN, specs, action, rule.id, what, rule, created, carry=True)
 
 
 def _find(draft: Draft, rule_id: str) -> Rule:
@@ -364,7 +374,7 @@ def _parse_rule(body: Any) -> Rule:
     if not isinstance(body, Mapping):
         raise error(400, "(body)", f"expected a rule as a JSON object, got {_kind(body)}")
     try:
-        parsed = load_data({"rules": [dict(body)]}, ADMIN)
+        parsed = load_data({"rules": [dict(body)]}, ADMIN, partial=True)
     except RulesError as exc:
         raise AdminError(400, problems_as_json(exc, strip="rules[0].")) from None
     return parsed.rules[0]

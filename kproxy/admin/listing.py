@@ -37,6 +37,11 @@ class View:
     loaded_at: float | None = None
     hits_at_load: Mapping[tuple[str, str, str], int] = field(default_factory=dict)
     taken_at: float = 0.0
+    # When each rule an admin edit carried on went in force (wall clock): it counts from then, not
+    # from ``loaded_at`` (kproxy.policy.injector.FaultInjector.started_wall).
+    started: Mapping[str, float] = field(default_factory=dict)
+    # Each rule's live state (kproxy.policy.injector.FaultInjector.live_state), for the rules with some.
+    state: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def diverged(self) -> bool:
@@ -70,9 +75,11 @@ def load_index(view: View, only: str | None = None) -> dict[str, int]:
     return index
 
 
-def age_seconds(view: View) -> float | None:
-    """How long ago the rules in force went in force (None: no rules)."""
-    return None if view.loaded_at is None else round(max(0.0, view.taken_at - view.loaded_at), 3)
+def age_seconds(view: View, rule_id: str | None = None) -> float | None:
+    """How long ago the rules in force went in force (None: no rules); with ``rule_id``, that rule
+    (its own start when an admin edit of another carried it on)."""
+    at = view.loaded_at if rule_id is None else view.started.get(rule_id, view.loaded_at)
+    return None if at is None else round(max(0.0, view.taken_at - at), 3)
 
 
 def hits_since_load(rule: Rule, counts: HitCounts, at_load: Mapping[str, int]) -> int | None:
@@ -104,8 +111,8 @@ def never_fired(view: View, only: str | None = None) -> list[dict[str, Any]]:
     (of rule ``only``, when given), in rule order, with how long that has been."""
     index = hit_index(view, only)
     at_load = load_index(view, only)
-    age = age_seconds(view)
-    return [{"id": r.id, "age_seconds": age} for r in (view.rules.rules if view.rules is not None else ())
+    rules = view.rules.rules if view.rules is not None else ()
+    return [{"id": r.id, "age_seconds": age_seconds(view, r.id)} for r in rules
             if (only is None or r.id == only) and hits_since_load(r, index.get(r.id, ({}, {})), at_load) == 0]
 
 
@@ -129,9 +136,11 @@ def describe(view: View, rule: Rule, index: Mapping[str, HitCounts] | None = Non
         "hits": dict(hits),
         "dry_run_hits": dict(dry),
         "hits_since_load": hits_since_load(rule, (hits, dry), at_load),
-        "age_seconds": age_seconds(view),
+        "age_seconds": age_seconds(view, rule.id),
         "source": ADMIN if rule.id in view.specs else view.baseline_origin,
     }
+    if rule.id in view.state:
+        out["state"] = view.state[rule.id]
     if rule.id in view.specs:
         out["spec"] = view.specs[rule.id]
     return out

@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="what-if: evaluate this rule file against the captured requests, per rule "
                              "(an invalid file: exit 2, every problem listed)")
     parser.add_argument("--seed", type=int, metavar="N", help="with --rules: replaces the file's seed")
+    parser.add_argument("--interval", type=int, metavar="SECONDS",
+                        help="the time series' bin width: 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, "
+                             "... seconds (default: chosen from the capture's span, at most 200 points: seconds "
+                             "for a short capture, minutes for hours)")
     parser.add_argument("--verbose", action="store_true",
                         help="let Spark write its progress bars and warnings to stderr (quiet by default: "
                              "stderr then holds kproxy analyze's own lines)")

@@ -1,14 +1,14 @@
 """Latency percentiles from log-scale histograms, for captures above the exact limit.
 
 Spark's ``percentile_approx`` keeps a sketch per group that buffers every value, boxed, until its
-head buffer (50,000 values) fills: a sketch per (minute, api), which a task rarely fills, held all
+head buffer (50,000 values) fills: a sketch per (time bin, api), which a task rarely fills, held all
 its values twice over (broker and kproxy latency) until the task ended, so the Java heap grew with
 them (10 million records: 0.6 GiB of the job's 3.4 GiB peak), and inserting into the sketches was
 most of the latency pass's CPU. A histogram is counts instead: each latency falls in a bucket of a
-log scale (:data:`BUCKETS_PER_OCTAVE` to each doubling); Spark counts the records per (minute, api,
+log scale (:data:`BUCKETS_PER_OCTAVE` to each doubling); Spark counts the records per (time bin, api,
 bucket), one grouping set per latency (:func:`histograms`: fixed-width sums, compiled, no object
 per group), with the lowest and highest latency in each bucket, and the driver reads the
-percentiles off the counts, per minute or rolled up per api (:func:`latency_table`).
+percentiles off the counts, per time bin or rolled up per api (:func:`latency_table`).
 
 The contract: each percentile is a value between the lowest and the highest latency of the bucket
 holding the exact one (the value ranked ``ceil(p * n)`` of ``n``), read between them by rank, so
@@ -42,13 +42,13 @@ def bucket(column: str) -> Column:
 
 
 def histograms(rows: DataFrame, latencies: Sequence[tuple[str, str]]) -> DataFrame:
-    """Per (``minute``, ``api_name``, ``<name>_bucket``), one grouping set per ``(name, column)`` of
+    """Per (``time``, ``api_name``, ``<name>_bucket``), one grouping set per ``(name, column)`` of
     ``latencies``: ``requests``, ``request_bytes``, ``response_bytes``, and each latency's lowest and
     highest value (``<name>_low``, ``<name>_high``); ``level`` is the set's ``grouping_id()``
     (:func:`level`). ``rows``: one per record, with those columns."""
     named = [f"{name}_bucket" for name, _ in latencies]
     keyed = rows.select("*", *(bucket(column).alias(b) for (_, column), b in zip(latencies, named, strict=True)))
-    return keyed.groupingSets([["minute", "api_name", b] for b in named], "minute", "api_name", *named).agg(
+    return keyed.groupingSets([["time", "api_name", b] for b in named], "time", "api_name", *named).agg(
         F.count(F.lit(1)).alias("requests"), F.sum("request_bytes").alias("request_bytes"),
         F.sum("response_bytes").alias("response_bytes"),
         *(F.min(column).alias(f"{name}_low") for name, column in latencies),
@@ -63,7 +63,7 @@ def level(i: int, count: int) -> int:
 
 def latency_table(hist: pa.Table, keys: list[str], latencies: Sequence[tuple[str, str]],
                   ps: Sequence[float]) -> pa.Table:
-    """Per ``keys`` (a subset of ``minute``, ``api_name``) of :func:`histograms`' rows: ``requests``,
+    """Per ``keys`` (a subset of ``time``, ``api_name``) of :func:`histograms`' rows: ``requests``,
     ``request_bytes``, ``response_bytes``, and per latency ``<name>_p`` (the ``ps`` percentiles, a
     list) and ``<name>_max_ms``, null where no record had a value; sorted by ``keys``."""
     out: pa.Table | None = None

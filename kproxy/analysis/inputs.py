@@ -21,7 +21,9 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from kproxy.capture.schema import SchemaVersionError, check_version
 
@@ -47,10 +49,22 @@ class Inputs:
     uris: list[str] = field(default_factory=list)  # directories/files Spark reads itself (remote)
     problems: list[InputProblem] = field(default_factory=list)
     remote_rows: int = 0  # records of readable schema versions under ``uris`` (read_captures counts them)
+    # local file -> its first and last request_time (UTC) as its footer's statistics tell them, None where
+    # they do not (a writer that kept none)
+    spans: dict[str, tuple[datetime, datetime] | None] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
         return sum(self.rows.values()) + self.remote_rows
+
+    def span(self) -> tuple[datetime, datetime] | None:
+        """The first and last ``request_time`` of the records, from the local files' footers; None
+        when some input's footer does not tell them (a remote input: Spark reads those)."""
+        spans = [self.spans.get(file) for file in self.files]
+        if self.uris or not spans or any(span is None for span in spans):
+            return None
+        known = [span for span in spans if span is not None]
+        return min(first for first, _ in known), max(last for _, last in known)
 
 
 def find_inputs(paths: Sequence[str], *, threads: int | None = None) -> Inputs:
@@ -75,7 +89,8 @@ def find_inputs(paths: Sequence[str], *, threads: int | None = None) -> Inputs:
         else:
             files = [path]
         local += files
-    footers = [(file, read_footer(file)) for file in local]
+    metadata = [(file, _read_metadata(file)) for file in local]
+    footers = [(file, m if isinstance(m, InputProblem) else int(m.num_rows)) for file, m in metadata]
     sound = [(file, rows) for file, rows in footers if isinstance(rows, int)]
     with ThreadPoolExecutor(max_workers=max(1, threads or os.cpu_count() or 1)) as pool:
         pages = dict(zip([file for file, _ in sound], pool.map(lambda fr: read_pages(*fr), sound), strict=True))
@@ -88,6 +103,9 @@ def find_inputs(paths: Sequence[str], *, threads: int | None = None) -> Inputs:
             assert isinstance(footer, int)
             found.files.append(str(file))
             found.rows[str(file)] = footer
+    for file, meta in metadata:
+        if str(file) in found.rows and not isinstance(meta, InputProblem):
+            found.spans[str(file)] = footer_span(meta)
     return found
 
 
@@ -101,6 +119,39 @@ def check_file(path: Path) -> InputProblem | None:
 def read_footer(path: Path) -> InputProblem | int:
     """The records of ``path`` as its footer counts them, if it is a complete Parquet file of a
     capture schema version this kproxy reads; else why not."""
+    metadata = _read_metadata(path)
+    return metadata if isinstance(metadata, InputProblem) else int(metadata.num_rows)
+
+
+def footer_span(metadata: Any) -> tuple[datetime, datetime] | None:
+    """The first and last ``request_time`` of a capture file (aware UTC), from its row groups'
+    statistics in ``metadata`` (a pyarrow ``FileMetaData``); None without rows or statistics."""
+    try:
+        column = metadata.schema.names.index("request_time")
+    except ValueError:
+        return None
+    lows, highs = [], []
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if group.num_rows == 0:
+            continue
+        stats = group.column(column).statistics
+        if stats is None or not stats.has_min_max or not isinstance(stats.min, datetime):
+            return None
+        lows.append(stats.min)
+        highs.append(stats.max)
+    if not lows:
+        return None
+    return _utc(min(lows)), _utc(max(highs))
+
+
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def _read_metadata(path: Path) -> Any:
+    """``path``'s Parquet footer (pyarrow ``FileMetaData``) if it is a complete Parquet file of a
+    capture schema version this kproxy reads; else why not (an :class:`InputProblem`)."""
     try:
         with open(path, "rb") as f:
             head = f.read(4)
@@ -123,7 +174,7 @@ def read_footer(path: Path) -> InputProblem | int:
         check_version(footer.metadata, str(path))
     except SchemaVersionError as exc:
         return InputProblem(str(path), str(exc).removeprefix(f"{path}: "))
-    return int(footer.num_rows)
+    return footer
 
 
 def read_pages(path: Path, expected: int) -> InputProblem | None:

@@ -3,12 +3,16 @@
 ``run_analysis(inputs, out, spark)`` reads capture files (local paths, checked
 file by file first, or any URI Spark reads), computes the aggregates below
 with Spark, writes each as Parquet under ``out/<name>/`` and returns them
-collected (they are small: per api, per minute, per top-N) for the report.
+collected (they are small: per api, per time bin, per top-N) for the report.
 
-Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
+Aggregates (times are UTC). Series over time are binned by the analysis's
+interval, one width for every table (:mod:`kproxy.analysis.interval`: chosen
+from the capture's span, a second for a short capture, minutes for hours, at
+most 200 bins; or given): a row's ``time`` is its bin's start (consumer lag's:
+its end) and ``interval_s`` the width in seconds.
 
-* ``latency_by_api`` / ``latency_by_minute``: requests and p50/p95/p99/max of
-  broker and kproxy latency, per api (and minute). Percentiles are exact up to
+* ``latency_by_api`` / ``latency_over_time``: requests and p50/p95/p99/max of
+  broker and kproxy latency, per api (and time bin). Percentiles are exact up to
   ``exact_percentiles_max`` records (default :data:`EXACT_PERCENTILES_MAX`):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
   default), which keeps every distinct value of a group in memory (10 million
@@ -30,14 +34,14 @@ Aggregates (times are UTC; a minute is ``date_trunc('minute', request_time)``):
   connections.
 * ``top_topics``: per topic: requests, records and bytes produced and fetched,
   requests with an error.
-* ``consumer_lag``: per minute (the minute answers reached their clients), group
-  and topic, the group's lag at the minute's end summed over its partitions, as
+* ``consumer_lag``: per time bin (the bin answers reached their clients), group
+  and topic, the group's lag at the bin's end summed over its partitions, as
   ``kproxy_consumergroup_lag_sum`` computes it: each partition's latest high
   watermark known less the group's latest committed offset there, never below
   0, partitions without both left out (:mod:`kproxy.analysis.lag`).
-* ``throughput``: Produce and Fetch records and bytes per topic per minute.
+* ``throughput``: Produce and Fetch records and bytes per topic per time bin.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
-* ``connection_churn``: per minute, connections first and last seen.
+* ``connection_churn``: per time bin, connections first and last seen.
 * ``faults``: per rule, action and dry run (``rule_decisions``: what the
   proxy's rules did, each action counted as ``kproxy_rule_hits_total`` counts
   it), the requests it acted on per api, and what the client did next on that
@@ -78,6 +82,8 @@ from kproxy.analysis.inputs import Inputs as Inputs
 from kproxy.analysis.inputs import check_file as check_file
 from kproxy.analysis.inputs import find_inputs as find_inputs
 from kproxy.analysis.inputs import read_footer as read_footer
+from kproxy.analysis.interval import auto_interval, label
+from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.schema import spark_schema
 from kproxy.analysis.session import local_driver_memory as local_driver_memory  # re-exported: where callers found it
 from kproxy.analysis.session import ship_kproxy
@@ -109,6 +115,7 @@ class Analysis:
     tables: dict[str, list[dict[str, Any]]]
     out: str = ""  # where the Parquet aggregates were written
     exact_percentiles: bool = True  # False: from histograms (more than exact_percentiles_max records)
+    interval: int = 60  # the time bins' width, seconds (kproxy.analysis.interval)
     whatif: WhatIf | None = None  # how a --rules what-if ran (its tables are in ``tables``, whatif_*)
 
 
@@ -146,12 +153,13 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
 
 
 # -- aggregates ------------------------------------------------------------------------------
-def aggregates(df: DataFrame, *, exact: bool = True,
+def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
                progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, pa.Table], tuple[int, Any, Any]]:
     """Every table of the report (Arrow, on the driver) and the records' span (records, first and
-    last ``request_time`` as Arrow scalars); ``exact``: exact percentiles, else approximate. One
-    Spark job per pass (:mod:`kproxy.analysis.tables`), one more for ``faults`` when a rule acted."""
-    fine = collect(passes(df, exact=exact), progress)
+    last ``request_time`` as Arrow scalars); ``exact``: exact percentiles, else approximate;
+    ``interval``: the time bins' width, seconds. One Spark job per pass (:mod:`kproxy.analysis.tables`),
+    one more for ``faults`` when a rule acted."""
+    fine = collect(passes(df, exact=exact, interval=interval), progress)
     found = tables(fine)
     acted = fine.faulted_connections()
     if acted:
@@ -162,12 +170,15 @@ def aggregates(df: DataFrame, *, exact: bool = True,
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None,
-                 exact_percentiles_max: int = EXACT_PERCENTILES_MAX, inputs: Inputs | None = None) -> Analysis:
+                 exact_percentiles_max: int = EXACT_PERCENTILES_MAX, inputs: Inputs | None = None,
+                 interval: int | None = None) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
 
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
     ``exact_percentiles_max``: more records than this, and percentiles are approximate.
     ``inputs``: ``find_inputs(paths)`` when the caller checked them already (before Spark started).
+    ``interval``: the time bins' width in seconds (one of :data:`kproxy.analysis.interval.WIDTHS` or
+    whole days, else ValueError); None: chosen from the records' span (:func:`time_span`).
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
@@ -185,7 +196,9 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     if not exact:
         progress(f"{inputs.records} records: approximate percentiles (log-scale histograms, within "
                  f"{RELATIVE_ERROR:.1%})")
-    found, (records, first, last) = aggregates(df, exact=exact, progress=progress)
+    interval = auto_interval(time_span(df, inputs)) if interval is None else check_interval(interval)
+    progress(f"time series per {label(interval)}")
+    found, (records, first, last) = aggregates(df, exact=exact, interval=interval, progress=progress)
     if records == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records Spark could read")])
     if records < inputs.records:  # the checks passed what Spark then could not read (remote: unchecked)
@@ -203,7 +216,18 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
         rows.update(replayed)
     return Analysis(records=records, files=len(inputs.files) + len(inputs.uris), first=_naive(first.as_py()),
                     last=_naive(last.as_py()), problems=inputs.problems, tables=rows, out=out_dir, whatif=info,
-                    exact_percentiles=exact)
+                    exact_percentiles=exact, interval=interval)
+
+
+def time_span(df: DataFrame, inputs: Inputs) -> float:
+    """Seconds from the first record's ``request_time`` to the last: from the local files' footers
+    when they all tell it (no pass over the records), else from a Spark job reading that column."""
+    span = inputs.span()
+    if span is not None:
+        return max(0.0, (span[1] - span[0]).total_seconds())
+    micros = F.unix_micros(F.col("request_time"))
+    row = df.agg((F.max(micros) - F.min(micros)).alias("span")).first()
+    return 0.0 if row is None or row["span"] is None else row["span"] / 1e6
 
 
 def write_table(spark: SparkSession, table: pa.Table, out: str, name: str) -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments
+from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.job import NoInput, find_inputs, run_analysis
 from kproxy.analysis.report import live_summary, summary, write_html
-from kproxy.analysis.session import java_problem, spark_session
+from kproxy.analysis.session import SparkNotStarted, java_problem, spark_session
 from kproxy.analysis.whatif import WhatIfRules
 from kproxy.rules.load import RulesError
 
@@ -24,14 +25,18 @@ FOLLOW_POLL_SECONDS = 1  # --follow: how soon after Ctrl-C the query is stopped 
 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
-            seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False) -> int:
+            seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False,
+            interval: int | None = None) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be
     or Java is missing. Every input is checked, and Java found, before Spark starts.
 
     ``follow``: stream over the one capture directory in ``paths`` until interrupted (Ctrl-C).
     ``conf``: Spark settings, ``KEY=VALUE`` each.
     ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
-    ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines).
+    ``interval``: the time series' bin width in seconds (:mod:`kproxy.analysis.interval`); None: chosen
+    from the capture's span.
+    ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines, and
+    Spark's errors). A driver JVM that exits before it serves is exit 2, its own lines on stderr.
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
     ``seed``; a file the loader refuses is exit 2 with every problem as file:line: key: reason,
     before Spark starts.
@@ -43,6 +48,12 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
             stderr.write(f"kproxy analyze: --conf {item!r}: expected KEY=VALUE\n")
             return EXIT_USAGE
         settings.append((key, value))
+    if interval is not None:
+        try:
+            check_interval(interval)
+        except ValueError as exc:
+            stderr.write(f"kproxy analyze: --interval: {exc}\n")
+            return EXIT_USAGE
     what_if = None
     if rules is not None:
         if follow:
@@ -79,10 +90,14 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     local = "://" not in out
     if local:
         Path(out).mkdir(parents=True, exist_ok=True)
-    spark = spark_session(master, settings, verbose=verbose)
+    try:
+        spark = spark_session(master, settings, verbose=verbose)
+    except SparkNotStarted as exc:
+        stderr.write(f"kproxy analyze: Spark did not start ({exc}): the lines above say why\n")
+        return EXIT_USAGE
     try:
         analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles,
-                                inputs=inputs)
+                                inputs=inputs, interval=interval)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -120,7 +135,11 @@ def _follow(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         stdout.write(f"batch {batch_id}: {len(rows)} minute/api rows in {os.path.join(out, LIVE_TABLE)}\n")
         stdout.flush()
 
-    spark = spark_session(master, conf, verbose=verbose)
+    try:
+        spark = spark_session(master, conf, verbose=verbose)
+    except SparkNotStarted as exc:
+        stderr.write(f"kproxy analyze: Spark did not start ({exc}): the lines above say why\n")
+        return EXIT_USAGE
     # PySpark's own SIGINT handler cancels every job and raises inside the py4j call in progress
     # (tracebacks, exit 1): Ctrl-C only asks the loop below to stop the query.
     interrupted = threading.Event()
@@ -144,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
-                   exact_percentiles=args.exact_percentiles, verbose=args.verbose)
+                   exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The report's plots, as PNG (matplotlib, Agg backend: no display needed).
 
-Each plot is drawn so that it cannot be misread: time axes span the data (a capture of one
-minute gets a few minutes of axis, labelled HH:MM UTC, not years), each panel shows one
-quantity, few enough series that each has its own colour (the busiest; the rest are said to
-be left out), legends sit below the axes (never over a line), the first and last minutes are
-shaded when the capture began or ended within them (their counts cover part of a minute: a
-dip there is not a drop in traffic), and error rates leave out the routine codes of normal
-protocol flow.
+Each plot is drawn so that it cannot be misread: every time plot spans the same range, the
+capture's from the start of its first time bin to the end of its last (a capture of 30 seconds
+gets 30 seconds of axis, labelled HH:MM:SS UTC, not years nor minutes), its points one per bin
+of the analysis's interval (:mod:`kproxy.analysis.interval`), which the titles and axes name
+("per 1 s"); each panel shows one quantity, few enough series that each has its own colour (the
+busiest; the rest are said to be left out), legends sit below the axes (never over a line), the
+first and last bins are shaded when the capture began or ended within them (their counts cover
+part of a bin: a dip there is not a drop in traffic), and error rates leave out the routine codes
+of normal protocol flow.
 
 :func:`plots` returns ``{name: PNG bytes}`` for the plots a given analysis has data for. It
 classifies error codes with the function it is given (``kproxy.protocol.tables.error_class``,
-which the report passes: this module reads nothing of kproxy).
+which the report passes: this module reads nothing of kproxy outside the analysis).
 """
 
 from __future__ import annotations
@@ -18,42 +20,80 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from kproxy.analysis.interval import bin_start, label
+
 MAX_SERIES = 6  # series per panel: each gets its own colour of the default cycle (10)
-PLOT_TITLES = {
-    "latency": "Latency per API over time (ms; p99 solid, p50 dashed)",
-    "error_rate": "Error rate per API over time (routine codes of normal protocol flow left out)",
-    "throughput": "Records per minute per topic, produced and fetched",
+_TITLES = {
+    "latency": "Latency per API over time (ms, per {per}; p99 solid, p50 dashed)",
+    "error_rate": "Error rate per API over time (per {per}; routine codes of normal protocol flow left out)",
+    "throughput": "Records per {per} per topic, produced and fetched",
     "bytes_by_api": "Bytes per API (requests in, responses out)",
-    "consumer_lag": "Consumer lag per group over time (records behind, summed over the group's topics)",
+    "consumer_lag": "Consumer lag per group over time (per {per}: records behind at its end, summed over the "
+                    "group's topics)",
 }
 
 
+def plot_titles(interval: int) -> dict[str, str]:
+    """Each plot's title, its time bins ``interval`` seconds wide."""
+    return {name: title.format(per=label(interval)) for name, title in _TITLES.items()}
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The range every time plot spans, the bins' width, and the capture's span (None: unknown)."""
+
+    start: datetime
+    end: datetime
+    interval: int
+    span: tuple[datetime, datetime] | None
+
+
 def plots(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str],
-          span: tuple[datetime, datetime] | None = None) -> dict[str, bytes]:
+          span: tuple[datetime, datetime] | None = None, interval: int = 60) -> dict[str, bytes]:
     """Every plot the tables have data for, as PNG bytes, in the report's order; ``error_class``
     names a code's class: ``routine``, ``retriable`` or ``error``; ``span``: the capture's first
-    and last request times (naive UTC, as the tables' minutes), to shade partial minutes."""
-    return {name: _png(fig) for name, fig in figures(tables, error_class, span).items()}
+    and last request times (naive UTC, as the tables' times), the range of every time plot and
+    where partial bins are shaded (None: the tables' times); ``interval``: the tables' bin width,
+    seconds."""
+    return {name: _png(fig) for name, fig in figures(tables, error_class, span, interval).items()}
 
 
 def figures(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int], str],
-            span: tuple[datetime, datetime] | None = None) -> dict[str, Any]:
+            span: tuple[datetime, datetime] | None = None, interval: int = 60) -> dict[str, Any]:
     """:func:`plots`' matplotlib figures, before they are rendered (the caller closes them)."""
     out: dict[str, Any] = {}
-    minutes = tables.get("latency_by_minute", [])
-    if minutes:
-        out["latency"] = _latency(minutes, span)
-        out["error_rate"] = _error_rate(minutes, tables.get("errors_by_minute", []), error_class, span)
-    if tables.get("throughput"):
-        out["throughput"] = _throughput(tables["throughput"], span)
+    window = _window(tables, span, interval)
+    bins = tables.get("latency_over_time", [])
+    if bins and window is not None:
+        out["latency"] = _latency(bins, window)
+        out["error_rate"] = _error_rate(bins, tables.get("errors_over_time", []), error_class, window)
+    if tables.get("throughput") and window is not None:
+        out["throughput"] = _throughput(tables["throughput"], window)
     if tables.get("latency_by_api"):
         out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
-    if tables.get("consumer_lag"):
-        out["consumer_lag"] = _consumer_lag(tables["consumer_lag"], span)
+    if tables.get("consumer_lag") and window is not None:
+        out["consumer_lag"] = _consumer_lag(tables["consumer_lag"], window)
     return out
+
+
+_SERIES = (("latency_over_time", 0), ("errors_over_time", 0), ("throughput", 0), ("consumer_lag", 1))
+
+
+def _window(tables: dict[str, list[dict[str, Any]]], span: tuple[datetime, datetime] | None,
+            interval: int) -> _Window | None:
+    """From the start of the capture's first bin to the end of its last: from ``span`` when given,
+    else from the tables' times (a bin's start; consumer lag's its end). None without either."""
+    step = timedelta(seconds=interval)
+    if span is not None:
+        return _Window(bin_start(span[0], interval), bin_start(span[1], interval) + step, interval, span)
+    starts = [r["time"] - step * ends for name, ends in _SERIES for r in tables.get(name, [])]
+    if not starts:
+        return None
+    return _Window(min(starts), max(starts) + step, interval, None)
 
 
 def _pyplot() -> Any:
@@ -72,33 +112,40 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _time_axis(ax: Any, minutes: Sequence[Any]) -> None:
-    """HH:MM UTC ticks over the data's span, at least five minutes wide (one point is not a year)."""
+def _time_axis(ax: Any, window: _Window) -> None:
+    """The window's range (a fiftieth of it to spare each side, for the end points' markers), UTC
+    ticks (HH:MM:SS below a minute's bins, HH:MM above), the bins' width in the axis's label."""
     import matplotlib.dates
 
     mdates: Any = matplotlib.dates  # untyped
-    first, last = min(minutes), max(minutes)
-    pad = max(timedelta(minutes=2), (last - first) * 0.05)
-    ax.set_xlim(first - pad, last + pad)
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
-    ax.set_xlabel(f"UTC, {first:%Y-%m-%d}" + ("" if first.date() == last.date() else f" .. {last:%Y-%m-%d}"))
+    pad = (window.end - window.start) / 50
+    ax.set_xlim(window.start - pad, window.end + pad)
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=8))
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if window.interval < 60 else "%H:%M"))
+    first, last = window.start, window.end - timedelta(microseconds=1)
+    ax.set_xlabel(f"UTC, {first:%Y-%m-%d}" + ("" if first.date() == last.date() else f" .. {last:%Y-%m-%d}")
+                  + f" (a point per {label(window.interval)})")
     ax.grid(True, alpha=0.3)
 
 
-def _partial_minutes(ax: Any, span: tuple[datetime, datetime] | None) -> None:
-    """Shade the first and last minutes when the capture began or ended within them."""
-    if span is None:
+def _partial_bins(ax: Any, window: _Window) -> None:
+    """Shade the first and last bins when the capture began or ended within them (the last always:
+    a capture ends within its last bin, unknown to it where)."""
+    if window.span is None:
         return
-    first, last = span
+    first, last = window.span
+    step = timedelta(seconds=window.interval)
     shown = False
-    for start, partial in ((first.replace(second=0, microsecond=0), first.second or first.microsecond),
-                           (last.replace(second=0, microsecond=0), True)):
+    for start, partial in ((window.start, first != window.start), (bin_start(last, window.interval), True)):
         if partial:
-            ax.axvspan(start, start + timedelta(minutes=1), color="0.85", zorder=0,
-                       label=None if shown else "partial minute (capture began or ended in it)")
+            ax.axvspan(start, start + step, color="0.85", zorder=0,
+                       label=None if shown else f"partial {label(window.interval)} (capture began or ended in it)")
             shown = True
+
+
+def _dots(points: int) -> dict[str, Any]:
+    """A marker per point while the points stay apart (a few dozen across a plot), none beyond."""
+    return {"marker": "o", "ms": 3} if points <= 60 else {}
 
 
 def _legend_below(ax: Any, title: str | None = None, left: int = 0, what: str = "") -> None:
@@ -118,7 +165,7 @@ def _busiest(totals: dict[str, float], n: int = MAX_SERIES) -> tuple[list[str], 
     return ranked[:n], max(0, len(ranked) - n)
 
 
-def _latency(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
+def _latency(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
     plt = _pyplot()
     requests: dict[str, float] = defaultdict(float)
     for r in rows:
@@ -129,51 +176,51 @@ def _latency(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | N
         for i, api in enumerate(apis):
             colour = f"C{i}"
             mine = sorted((r for r in rows if r["api_name"] == api and r[f"{who}_p99_ms"] is not None),
-                          key=lambda r: r["minute"])
+                          key=lambda r: r["time"])
             if not mine:
                 continue
-            xs = [r["minute"] for r in mine]
-            ax.plot(xs, [r[f"{who}_p99_ms"] for r in mine], marker="o", ms=3, color=colour, label=api)
+            xs = [r["time"] for r in mine]
+            ax.plot(xs, [r[f"{who}_p99_ms"] for r in mine], color=colour, label=api, **_dots(len(xs)))
             ax.plot(xs, [r[f"{who}_p50_ms"] for r in mine], linestyle="--", color=colour, alpha=0.7)
         ax.set_title("broker (forwarded -> answered)" if who == "broker" else "kproxy's own time")
         ax.set_ylabel("ms")
         ax.set_yscale("log")
-        _time_axis(ax, [r["minute"] for r in rows])
-        _partial_minutes(ax, span)
+        _time_axis(ax, window)
+        _partial_bins(ax, window)
     _legend_below(axes[0], "api: p99 (dashed: p50)", left, "apis")  # the same apis and colours in both
     return fig
 
 
-def _error_rate(minutes: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]],
-                error_class: Callable[[int], str], span: tuple[datetime, datetime] | None) -> Any:
+def _error_rate(bins: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]],
+                error_class: Callable[[int], str], window: _Window) -> Any:
     plt = _pyplot()
-    requests = {(r["minute"], r["api_name"]): r["requests"] for r in minutes}
+    requests = {(r["time"], r["api_name"]): r["requests"] for r in bins}
     failed: dict[tuple[Any, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for r in errors:
-        failed[(r["minute"], r["api_name"])][error_class(r["code"])] += r["requests"]
+        failed[(r["time"], r["api_name"])][error_class(r["code"])] += r["requests"]
     totals: dict[str, float] = defaultdict(float)
     for (_, api), by_class in failed.items():
         totals[api] += by_class.get("retriable", 0) + by_class.get("error", 0)
     apis, left = _busiest({api: n for api, n in totals.items() if n})
     fig, ax = plt.subplots(figsize=(13, 4))
     for i, api in enumerate(apis):
-        points = sorted((minute, n) for (minute, name), n in requests.items() if name == api)
+        points = sorted((t, n) for (t, name), n in requests.items() if name == api)
         xs = [m for m, _ in points]
         for cls, style in (("error", "-"), ("retriable", ":")):
             ys = [100.0 * failed.get((m, api), {}).get(cls, 0) / n for m, n in points]
             if any(ys):
-                ax.plot(xs, ys, marker="o", ms=3, linestyle=style, color=f"C{i}", label=f"{api} ({cls})")
+                ax.plot(xs, ys, linestyle=style, color=f"C{i}", label=f"{api} ({cls})", **_dots(len(xs)))
     if not apis:
         ax.text(0.5, 0.5, "no errors but routine ones", transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("% of the api's requests")
     ax.set_ylim(bottom=0)
-    _time_axis(ax, [r["minute"] for r in minutes])
-    _partial_minutes(ax, span)
+    _time_axis(ax, window)
+    _partial_bins(ax, window)
     _legend_below(ax, None, left, "apis with errors")
     return fig
 
 
-def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
+def _throughput(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), sharex=True)
     for ax, api in zip(axes, ("produce", "fetch"), strict=True):
@@ -183,42 +230,40 @@ def _throughput(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] 
             totals[r["topic"]] += r["records"] or 0
         topics, left = _busiest(totals)
         for i, topic in enumerate(topics):
-            points = sorted((r["minute"], r["records"] or 0) for r in mine if r["topic"] == topic)
-            ax.plot([m for m, _ in points], [n for _, n in points], marker="o", ms=3, color=f"C{i}", label=topic)
+            points = sorted((r["time"], r["records"] or 0) for r in mine if r["topic"] == topic)
+            ax.plot([m for m, _ in points], [n for _, n in points], color=f"C{i}", label=topic, **_dots(len(points)))
         ax.set_title("produced" if api == "produce" else "fetched")
-        ax.set_ylabel("records / minute")
+        ax.set_ylabel(f"records per {label(window.interval)}")
         ax.set_ylim(bottom=0)
-        _time_axis(ax, [r["minute"] for r in rows])
-        _partial_minutes(ax, span)
+        _time_axis(ax, window)
+        _partial_bins(ax, window)
         if not topics:
             ax.text(0.5, 0.5, f"no {api} records", transform=ax.transAxes, ha="center", va="center")
         _legend_below(ax, "topic", left, "topics")
     return fig
 
 
-def _consumer_lag(rows: Sequence[dict[str, Any]], span: tuple[datetime, datetime] | None) -> Any:
-    """A line per group, its lag summed over its topics, each value at the end of its minute and drawn
-    as steps (it holds until the next minute with a row: :mod:`kproxy.analysis.lag`); the groups that
-    fell furthest behind, the rest counted. A state, not a count: no minute is partial (``span``
-    unused)."""
+def _consumer_lag(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
+    """A line per group, its lag summed over its topics, each value at its row's time (the end of its
+    bin) and drawn as steps (it holds until the next bin with a row: :mod:`kproxy.analysis.lag`); the
+    groups that fell furthest behind, the rest counted. A state, not a count: no bin is partial."""
     plt = _pyplot()
     per_group: dict[str, dict[Any, int]] = defaultdict(lambda: defaultdict(int))
     for r in rows:
-        per_group[r["group_id"]][r["minute"] + timedelta(minutes=1)] += r["lag"]
+        per_group[r["group_id"]][r["time"]] += r["lag"]
     groups, left = _busiest({g: max(lags.values()) for g, lags in per_group.items()})
     fig, ax = plt.subplots(figsize=(13, 4.2))
     for i, group in enumerate(groups):
         points = sorted(per_group[group].items())
-        dots = {"marker": "o", "ms": 3} if len(points) <= 60 else {}  # a point per minute, while they stay apart
         ax.plot([m for m, _ in points], [n for _, n in points], drawstyle="steps-post", color=f"C{i}", label=group,
-                clip_on=False, **dots)  # (unclipped: a group at 0 shows its whole dots on the axis)
-    ax.set_ylabel("records behind (end of minute)")
+                clip_on=False, **_dots(len(points)))  # (unclipped: a group at 0 shows its whole dots on the axis)
+    ax.set_ylabel(f"records behind (end of each {label(window.interval)} bin)")
     # At least one record high: a group that never fell behind would get matplotlib's +-0.055 around 0,
     # which has no whole number but 0 in it, and the integer locator would fall back to fractions.
     ax.set_ylim(0, max(ax.get_ylim()[1], 1))
     ax.yaxis.set_major_locator(_integer_locator())
     ax.yaxis.set_major_formatter(_count_formatter())
-    _time_axis(ax, [m for lags in per_group.values() for m in lags])
+    _time_axis(ax, window)
     _legend_below(ax, "group (furthest behind first)", left, "groups")
     return fig
 

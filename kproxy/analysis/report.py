@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from kproxy.analysis.histogram import BUCKETS_PER_OCTAVE, RELATIVE_ERROR
+from kproxy.analysis.interval import label
 from kproxy.analysis.job import Analysis
-from kproxy.analysis.plots import PLOT_TITLES, plots
+from kproxy.analysis.plots import plot_titles, plots
 from kproxy.protocol.tables import error_class, error_name
 
 _TABLES = (
@@ -27,10 +28,10 @@ _TABLES = (
     ("top_clients", "Top clients by bytes (frames: requests from the client, responses to it; record batches "
                     "produced and fetched, as kproxy_client_bytes_total counts them)"),
     ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum; "
-                     "at the end of the last minute an offset was seen)"),
+                     "as it stood at its time: the end of the last interval an offset was answered in)"),
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
-    ("connection_churn", "Connection churn per minute"),
+    ("connection_churn", "Connection churn per {per}"),
     ("faults", "Faults injected by rule (dry runs: matched, nothing done), and what the client did next on "
                "that connection"),
 )
@@ -56,7 +57,8 @@ APPROXIMATE = (f"from log-scale histograms ({BUCKETS_PER_OCTAVE} buckets a doubl
 def summary(analysis: Analysis, out: TextIO) -> None:
     """A few lines per aggregate: what a person reads in the terminal."""
     w = out.write
-    w(f"{analysis.records} records from {analysis.files} capture input(s), {analysis.first} .. {analysis.last} UTC\n")
+    w(f"{analysis.records} records from {analysis.files} capture input(s), {analysis.first} .. {analysis.last} UTC; "
+      f"time series per {label(analysis.interval)}\n")
     for problem in analysis.problems:
         w(f"skipped {problem}\n")
     if not analysis.exact_percentiles:
@@ -81,9 +83,9 @@ def summary(analysis: Analysis, out: TextIO) -> None:
               f"{r['produced_bytes']:>12} / {r['fetched_bytes']:<12} {r['requests']:>8}\n")
     lag = lag_at_end(analysis.tables["consumer_lag"])
     if lag:
-        w("\ngroup / topic                                                 lag  partitions  at the end of (UTC)\n")
+        w("\ngroup / topic                                                 lag  partitions  at (UTC)\n")
         for r in lag[:10]:
-            w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11}  {r['minute']}\n")
+            w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11}  {r['time']}\n")
     topics = analysis.tables["top_topics"]
     if topics:
         w("\ntopic                                requests    produced records / bytes     fetched records / bytes"
@@ -99,11 +101,11 @@ def lag_at_end(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The last row of each (group, topic) of ``consumer_lag``: its lag when the capture ends, most
     behind first."""
     last: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in rows:  # sorted by minute: the later row wins
+    for r in rows:  # sorted by time: the later row wins
         last[(r["group_id"], r["topic"])] = r
     ranked = sorted(last.values(), key=lambda r: (-r["lag"], r["group_id"], r["topic"]))
     return [{"group_id": r["group_id"], "topic": r["topic"], "lag": r["lag"], "partitions": r["partitions"],
-             "minute": r["minute"]} for r in ranked]
+             "time": r["time"]} for r in ranked]
 
 
 def live_summary(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
@@ -162,7 +164,8 @@ def write_html(analysis: Analysis, path: str) -> None:
              "td:first-child{text-align:left}</style>",
              "<h1>kproxy capture analysis</h1>",
              f"<p>{analysis.records} records from {analysis.files} input(s), "
-             f"{html.escape(str(analysis.first))} .. {html.escape(str(analysis.last))} UTC.</p>"]
+             f"{html.escape(str(analysis.first))} .. {html.escape(str(analysis.last))} UTC. Time series per "
+             f"{label(analysis.interval)} (the tables' <code>interval_s</code>).</p>"]
     if not analysis.exact_percentiles:
         parts.append(f"<p>Percentiles approximate: {html.escape(APPROXIMATE)}.</p>")
     if analysis.problems:
@@ -170,16 +173,20 @@ def write_html(analysis: Analysis, path: str) -> None:
             f"<li>{html.escape(str(p))}</li>" for p in analysis.problems) + "</ul>")
     span = (analysis.first, analysis.last) if isinstance(analysis.first, datetime) and isinstance(
         analysis.last, datetime) else None
-    pictures = plots(analysis.tables, error_class, span)
+    pictures = plots(analysis.tables, error_class, span, analysis.interval)
+    titles = plot_titles(analysis.interval)
     plot_dir = os.path.join(os.path.dirname(path), "plots")
     os.makedirs(plot_dir, exist_ok=True)
     for name, png in pictures.items():
         with open(os.path.join(plot_dir, f"{name}.png"), "wb") as f:
             f.write(png)
-        parts.append(f"<h2>{html.escape(PLOT_TITLES[name])}</h2><img alt='{name}' src='data:image/png;base64,"
+        parts.append(f"<h2>{html.escape(titles[name])}</h2><img alt='{name}' src='data:image/png;base64,"
                      f"{base64.b64encode(png).decode()}'>")
     for name, title in _TABLES:
         rows = lag_at_end(analysis.tables[name]) if name == "consumer_lag" else analysis.tables[name]
+        # (the bins' width is in the title: not a column repeated on every row)
+        rows = [{k: v for k, v in r.items() if k != "interval_s"} for r in rows]
+        title = title.format(per=label(analysis.interval))
         parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(rows)))
     if analysis.whatif is not None:
         info = analysis.whatif

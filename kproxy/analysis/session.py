@@ -12,7 +12,7 @@
   not have kproxy installed run it. Its dependencies the engine imports there (``pyyaml``,
   ``google-re2``, a compiled module that cannot travel in a zip) must be installed beside
   PySpark on the executors.
-* :func:`spark_session`: the session itself.
+* :func:`spark_session`: the session itself, quiet on stderr unless asked.
 """
 
 from __future__ import annotations
@@ -24,10 +24,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from pyspark import SparkConf, SparkContext, java_gateway
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 import kproxy
@@ -99,7 +103,9 @@ def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()
     unreadable file content skipped rather than fatal; ``conf`` goes last and wins.
 
     Unless ``verbose``, Spark keeps quiet: no console progress bars (they filled stderr, between
-    the command's own lines) and its log at ERROR (a WARN of Spark's is rarely the user's to act on).
+    the command's own lines), its log at ERROR (a WARN of Spark's is rarely the user's to act on),
+    and the driver JVM's start-up notices left out (:data:`JVM_NOTICES`, :func:`_quiet_gateway`);
+    its errors still reach stderr.
 
     In local mode the driver is the executor too, and Spark's default driver memory (1 GiB) is
     short for millions of records: it gets :func:`local_driver_memory` unless ``conf`` names one.
@@ -110,24 +116,32 @@ def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()
     task (an aggregation of more than 128 groups per task falls back to sorting its rows).
 
     Python workers run this interpreter unless told otherwise (:func:`use_own_python`).
+
+    Raises :class:`SparkNotStarted` when the driver JVM exits before it serves (a setting it
+    refuses, too little memory): what it wrote is on stderr.
     """
     use_own_python(conf)
-    builder = (SparkSession.builder.master(master).appName("kproxy-analyze")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "8")
-               .config("spark.ui.showConsoleProgress", "true" if verbose else "false")
-               # A corrupt page is skipped, not fatal: the job names the file (kproxy.analysis.job).
-               .config("spark.sql.files.ignoreCorruptFiles", "true"))
+    settings = [("spark.master", master), ("spark.app.name", "kproxy-analyze"),
+                ("spark.sql.session.timeZone", "UTC"), ("spark.ui.enabled", "false"),
+                ("spark.sql.shuffle.partitions", "8"),
+                ("spark.ui.showConsoleProgress", "true" if verbose else "false"),
+                # A corrupt page is skipped, not fatal: the job names the file (kproxy.analysis.job).
+                ("spark.sql.files.ignoreCorruptFiles", "true")]
     if not verbose:
         # Spark's own start-up lines come before setLogLevel can act: the driver JVM (started with
         # these settings in local mode) reads a log4j2 configuration at ERROR instead of Spark's default.
-        builder = builder.config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2()}")
+        settings.append(("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={_quiet_log4j2()}"))
     if master.startswith("local") and not any(key == "spark.driver.memory" for key, _ in conf):
-        builder = builder.config("spark.driver.memory", local_driver_memory())
+        settings.append(("spark.driver.memory", local_driver_memory()))
     if master.startswith("local"):
-        builder = builder.config("spark.sql.files.minPartitionNum", str(SPLITS_PER_CORE * local_cores(master)))
-    for key, value in conf:
+        settings.append(("spark.sql.files.minPartitionNum", str(SPLITS_PER_CORE * local_cores(master))))
+    settings += conf
+    if not verbose and SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+        # This process starts the driver JVM (not spark-submit's, nor a second session's): its stderr
+        # goes through a filter.
+        SparkContext(conf=SparkConf().setAll(settings), gateway=_quiet_gateway(SparkConf().setAll(settings)))
+    builder = SparkSession.builder
+    for key, value in settings:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     if not verbose:
@@ -135,9 +149,59 @@ def spark_session(master: str = "local[*]", conf: Sequence[tuple[str, str]] = ()
     return spark
 
 
+class SparkNotStarted(Exception):
+    """The driver JVM exited before it served (its own lines on stderr say why)."""
+
+
+# What the driver JVM writes to stderr before any log4j configuration can act, none of it the user's
+# to act on: the JVM's notice of the incubator module Spark's launcher adds to every JVM it starts
+# (``--add-modules=jdk.incubator.vector``: no JVM option silences it).
+JVM_NOTICES = (b"WARNING: Using incubator modules: ",)
+
+
+def _quiet_gateway(conf: SparkConf) -> Any:
+    """PySpark's gateway to a driver JVM started with ``conf``, its stderr copied to this process's
+    (file descriptor 2, where it would have gone) line by line by a daemon thread, but for the lines
+    beginning with one of :data:`JVM_NOTICES`. Raises :class:`SparkNotStarted` when the JVM exits
+    first, once its lines are copied."""
+    read_end, write_end = os.pipe()
+    copier = threading.Thread(target=_copy_stderr, args=(read_end,), name="kproxy-spark-stderr", daemon=True)
+    copier.start()
+    try:
+        launch: Any = java_gateway.launch_gateway  # untyped
+        return launch(conf, popen_kwargs={"stderr": write_end})
+    except PySparkRuntimeError as exc:
+        os.close(write_end)
+        write_end = -1
+        copier.join(timeout=10)  # the JVM has exited: its last lines come, then the end of the pipe
+        raise SparkNotStarted(str(exc)) from exc
+    finally:
+        if write_end >= 0:
+            os.close(write_end)  # the JVM holds its own copy
+
+
+def _copy_stderr(fd: int) -> None:
+    """Copy the lines read from ``fd`` to file descriptor 2 until the JVM closes its end; lines are
+    read to the end even once file descriptor 2 fails (a closed pipe): else the JVM blocks writing."""
+    with os.fdopen(fd, "rb") as lines:
+        for line in lines:
+            if line.startswith(JVM_NOTICES):
+                continue
+            left = memoryview(line)
+            try:
+                while left:
+                    left = left[os.write(2, left):]
+            except OSError:
+                pass
+
+
 _QUIET_LOG4J2 = """\
 rootLogger.level = error
 rootLogger.appenderRef.stderr.ref = console
+# Spark's own loggers named at the root's level: Spark then leaves the console's level alone, and
+# prints no "Setting default log level" of a shell.
+logger.spark.name = org.apache.spark
+logger.spark.level = error
 appender.console.type = Console
 appender.console.name = console
 appender.console.target = SYSTEM_ERR

@@ -2,29 +2,32 @@
 
 Reading the records is what costs (10 million of them on two cores: seconds per pass, where
 the tables themselves are small), so the tables come from four Spark passes, each a *fine*
-aggregate small enough to collect (:class:`Passes`: per api and minute, per connection, per
+aggregate small enough to collect (:class:`Passes`: per api and time bin, per connection, per
 topic...), and every table is a roll-up of one of them, done on the driver with pyarrow
 (:func:`tables`): one Spark job per pass, none per table.
 
-* ``latency``: per api (and, with exact percentiles, per (minute, api)) in one grouping-sets
+Times are binned by the analysis's interval (:mod:`kproxy.analysis.interval`: a width in seconds
+chosen from the capture's span), a bin ``time`` its start; ``interval`` below.
+
+* ``latency``: per api (and, with exact percentiles, per (time, api)) in one grouping-sets
   aggregation: requests, bytes, the latency percentiles (one sketch per column for all of
-  :data:`PERCENTILES`) and maxima; ``latency_by_api`` is the first, ``latency_by_minute`` the second,
+  :data:`PERCENTILES`) and maxima; ``latency_by_api`` is the first, ``latency_over_time`` the second,
   or, with approximate percentiles, read off the latency histograms of the connections pass
-  (:mod:`kproxy.analysis.histogram`: no sketch per minute).
-* ``errors``: requests per (minute, api, error code), only the records with an error code read
-  past the filter; ``errors_by_minute`` as it is, rolled up over the minutes for ``errors`` (its
+  (:mod:`kproxy.analysis.histogram`: no sketch per time bin).
+* ``errors``: requests per (time, api, error code), only the records with an error code read
+  past the filter; ``errors_over_time`` as it is, rolled up over the bins for ``errors`` (its
   rate divides by ``latency_by_api``'s requests).
 * ``connections``: per (client id, connection): requests, frame bytes each way, record bytes produced
   and fetched, records, requests with an error, first and last seen, and the rule decisions made on
   it; ``top_clients`` rolls it up per client id (a connection counted once per client id it used),
   ``connection_churn`` per connection, and the capture's span (records, first and last request) is
-  its sum. With approximate percentiles, two more grouping sets count the records per (minute, api,
+  its sum. With approximate percentiles, two more grouping sets count the records per (time, api,
   latency bucket), one per latency, with each bucket's lowest and highest latency.
-* ``partitions``: the partition entries of every request, per (minute, api, topic) and per (minute
+* ``partitions``: the partition entries of every request, per (time, api, topic) and per (time
   answered, api, group, topic, partition) in one grouping-sets aggregation: records, record bytes,
   entries with an error, requests naming the topic (an entry counts the request when it is the
   first entry of its request naming that topic), and the last committed offset or high watermark
-  answered in the minute with when it was; ``throughput`` and ``top_topics`` roll up the first,
+  answered in the bin with when it was; ``throughput`` and ``top_topics`` roll up the first,
   ``hot_partitions`` and ``consumer_lag`` (:mod:`kproxy.analysis.lag`) the second.
 
 ``faults`` reads only the connections a rule acted on, and only when ``connections`` counted a
@@ -43,7 +46,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
@@ -58,14 +61,14 @@ _LATENCIES = (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms"))
 _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spell them)
 _PRODUCE_KEY, _FETCH_KEY = 0, 1  # their api keys (Kafka's protocol: kafka-specs' ProduceRequest, FetchRequest)
 # grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
-_PER_API, _PER_MINUTE = 2, 0  # latency: (minute, api_name)
-# partitions: (minute, api_name, topic, partition, answered, group_id)
+_PER_API, _PER_TIME = 2, 0  # latency: (time, api_name)
+# partitions: (time, api_name, topic, partition, answered, group_id)
 _PER_TOPIC, _PER_ANSWER = 0b000111, 0b100000
 
 
 def percentile(column: str, p: float, exact: bool) -> Any:
     """The ``p`` percentile of ``column``: exact, or ``percentile_approx`` at :data:`APPROX_ACCURACY` (the
-    faults' median delay: few rows, no sketch per minute; the latency tables use histograms)."""
+    faults' median delay: few rows, no sketch per time bin; the latency tables use histograms)."""
     return F.percentile(column, p) if exact else F.percentile_approx(column, p, APPROX_ACCURACY)
 
 
@@ -77,7 +80,8 @@ class Passes:
     errors: DataFrame
     connections: DataFrame
     partitions: DataFrame
-    exact: bool  # exact percentiles (latency per api and minute), else latency histograms
+    exact: bool  # exact percentiles (latency per api and time bin), else latency histograms
+    interval: int  # the time bins' width, seconds
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Fine:
     connections: pa.Table
     partitions: pa.Table
     exact: bool
+    interval: int
 
     def span(self) -> tuple[int, Any, Any]:
         """Records, first and last ``request_time`` (Arrow scalars; None without records)."""
@@ -112,13 +117,21 @@ def _error_codes() -> tuple[Any, Any]:
     return has_error, codes
 
 
-def passes(df: DataFrame, *, exact: bool) -> Passes:
-    """The fine aggregates of the records ``df`` (lazy); ``exact``: exact percentiles, else approximate."""
-    minute = F.date_trunc("minute", F.col("request_time"))
+def time_bin(column: str, interval: int) -> Column:
+    """The start of the bin of ``interval`` seconds holding the timestamp ``column`` (bins from the
+    Unix epoch: :mod:`kproxy.analysis.interval`), as a timestamp."""
+    micros = F.unix_micros(F.col(column))
+    return F.timestamp_micros(micros - F.pmod(micros, F.lit(interval * 1_000_000)))
+
+
+def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
+    """The fine aggregates of the records ``df`` (lazy); ``exact``: exact percentiles, else approximate;
+    ``interval``: the time bins' width in seconds."""
+    binned = time_bin("request_time", interval)
     has_error, codes = _error_codes()
     response_bytes = F.coalesce(F.col("response_bytes"), F.lit(0))
 
-    rows = df.select("api_name", minute.alias("minute"), "request_bytes", response_bytes.alias("response_bytes"),
+    rows = df.select("api_name", binned.alias("time"), "request_bytes", response_bytes.alias("response_bytes"),
                      "broker_latency_ms", "kproxy_latency_ms")
     if exact:
         cols: list[Any] = [F.count(F.lit(1)).alias("requests"), F.sum("request_bytes").alias("request_bytes"),
@@ -127,15 +140,15 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
             # Every one of PERCENTILES as an array, from one aggregation buffer per column.
             cols += [F.percentile(column, list(PERCENTILES)).alias(f"{name}_p"),
                      F.max(column).alias(f"{name}_max_ms")]
-        latency = rows.groupingSets([["api_name"], ["minute", "api_name"]], "minute", "api_name").agg(
+        latency = rows.groupingSets([["api_name"], ["time", "api_name"]], "time", "api_name").agg(
             *cols, F.grouping_id().alias("level"))
     else:
         latency = histogram.histograms(rows, _LATENCIES)
     latency = latency.withColumn("api_name", snake_api_name())
 
     # Few records carry an error: the codes are gathered only for those.
-    errors = (df.where(has_error).select("api_name", minute.alias("minute"), F.explode(codes).alias("code"))
-              .groupBy("minute", "api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
+    errors = (df.where(has_error).select("api_name", binned.alias("time"), F.explode(codes).alias("code"))
+              .groupBy("time", "api_name", "code").agg(F.count(F.lit(1)).alias("requests"))
               .withColumn("api_name", snake_api_name()))
 
     connections = (df.groupBy(F.coalesce(F.col("client_id"), F.lit("")).alias("client_id"), "connection_id")
@@ -153,10 +166,10 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
 
     # When the answer reached the client: the moment the live tracker learns an offset (ConsumerLag.answer).
     answered = F.coalesce(F.col("response_time"), F.col("request_time"))
-    entries = (df.select("api_name", minute.alias("minute"), answered.alias("at"),
+    entries = (df.select("api_name", binned.alias("time"), answered.alias("at"),
                          F.col("partitions.topic").alias("names"), F.posexplode("partitions").alias("pos", "p"))
                .where(F.col("p.topic").isNotNull())
-               .select("api_name", "minute", "at", F.date_trunc("minute", F.col("at")).alias("answered"),
+               .select("api_name", "time", "at", time_bin("at", interval).alias("answered"),
                        F.col("p.topic").alias("topic"), F.col("p.partition").alias("partition"),
                        F.col("p.record_count").alias("records"), F.col("p.record_bytes").alias("record_bytes"),
                        (F.coalesce(F.col("p.error_code"), F.lit(0)) != 0).cast("long").alias("errors"),
@@ -167,24 +180,24 @@ def passes(df: DataFrame, *, exact: bool) -> Passes:
                        F.when(F.col("p.group_id").isNull(), F.col("p.high_watermark"))
                        .otherwise(F.col("p.committed_offset")).alias("offset")))
     # Two sets, so that every entry goes through the aggregation twice, not three times (a set per
-    # table cost the job 0.6 GiB of heap at 10 million records): per (minute, api, topic) for the
-    # topics' tables, and per (minute answered, api, group, partition) both for the partitions' sums
+    # table cost the job 0.6 GiB of heap at 10 million records): per (time, api, topic) for the
+    # topics' tables, and per (time answered, api, group, partition) both for the partitions' sums
     # (hot_partitions rolls it up on the driver) and for the offsets: the last one answered there and
     # when (max_by leaves out the rows whose time is null: those without an offset), the latest of the
     # apis' taken on the driver (a Produce and a Fetch answer both tell a watermark).
     offset_at = F.when(F.col("offset").isNotNull(), F.col("at"))
-    partitions = entries.groupingSets([["minute", "api_name", "topic"],
+    partitions = entries.groupingSets([["time", "api_name", "topic"],
                                        ["answered", "api_name", "group_id", "topic", "partition"]],
-                                      "minute", "api_name", "topic", "partition", "answered", "group_id").agg(
+                                      "time", "api_name", "topic", "partition", "answered", "group_id").agg(
         F.sum("records").alias("records"), F.sum("record_bytes").alias("record_bytes"),
         F.sum("errors").alias("errors"), F.sum("naming").alias("naming"),
         F.max_by("offset", offset_at).alias("offset"), F.max(offset_at).alias("offset_at"),
         F.grouping_id().alias("level")
     ).withColumn("api_name", snake_api_name())
-    return Passes(latency, errors, connections, partitions, exact)
+    return Passes(latency, errors, connections, partitions, exact, interval)
 
 
-_SERVES = {"latency": ("latency_by_api", "latency_by_minute"), "errors": ("errors", "errors_by_minute"),
+_SERVES = {"latency": ("latency_by_api", "latency_over_time"), "errors": ("errors", "errors_over_time"),
            "connections": ("top_clients", "connection_churn"),
            "partitions": ("top_topics", "throughput", "hot_partitions", "consumer_lag")}  # the tables each pass is for
 
@@ -198,10 +211,11 @@ def collect(p: Passes, progress: Callable[[str], None] = lambda _: None, *, conc
     for serves in _SERVES.values():
         progress(f"aggregating {', '.join(serves)}")
     if not concurrent:
-        return Fine(**{name: getattr(p, name).toArrow() for name in _SERVES}, exact=p.exact)
+        return Fine(**{name: getattr(p, name).toArrow() for name in _SERVES}, exact=p.exact, interval=p.interval)
     with ThreadPoolExecutor(max_workers=len(_SERVES), thread_name_prefix="kproxy-pass") as pool:
         futures = {name: pool.submit(_inheriting(getattr(p, name))) for name in _SERVES}
-        return Fine(**{name: future.result() for name, future in futures.items()}, exact=p.exact)
+        return Fine(**{name: future.result() for name, future in futures.items()}, exact=p.exact,
+                    interval=p.interval)
 
 
 def _inheriting(frame: DataFrame) -> Callable[[], pa.Table]:
@@ -217,14 +231,16 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
     lat = fine.latency
     if fine.exact:
         by_api = _where(lat, pc.equal(lat.column("level"), _PER_API))
-        by_minute = _where(lat, pc.equal(lat.column("level"), _PER_MINUTE))
+        by_time = _where(lat, pc.equal(lat.column("level"), _PER_TIME))
     else:
-        by_api, by_minute = (histogram.latency_table(lat, keys, _LATENCIES, PERCENTILES)
-                             for keys in (["api_name"], ["minute", "api_name"]))
+        by_api, by_time = (histogram.latency_table(lat, keys, _LATENCIES, PERCENTILES)
+                           for keys in (["api_name"], ["time", "api_name"]))
+    interval = fine.interval
     out["latency_by_api"] = _sort(_select(by_api, "api_name", *_latency_columns(by_api), "request_bytes",
                                           "response_bytes"), [("requests", "descending"), ("api_name", "ascending")])
-    out["latency_by_minute"] = _sort(_select(by_minute, "minute", "api_name", *_latency_columns(by_minute)),
-                                     [("minute", "ascending"), ("api_name", "ascending")])
+    out["latency_over_time"] = _sort(_select(by_time, "time", _interval(by_time, interval), "api_name",
+                                             *_latency_columns(by_time)),
+                                     [("time", "ascending"), ("api_name", "ascending")])
 
     errors = _rollup(fine.errors, ["api_name", "code"], requests=("requests", "sum"))
     per_api = dict(zip(by_api.column("api_name").to_pylist(), by_api.column("requests").to_pylist(), strict=True))
@@ -232,8 +248,9 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
     rate = pc.divide(pc.cast(errors.column("requests"), pa.float64()), pc.cast(api_requests, pa.float64()))
     errors = errors.append_column("api_requests", api_requests).append_column("rate", rate)
     out["errors"] = _sort(errors, [("requests", "descending"), ("api_name", "ascending"), ("code", "ascending")])
-    out["errors_by_minute"] = _sort(_select(fine.errors, "minute", "api_name", "code", "requests"),
-                                    [("minute", "ascending"), ("api_name", "ascending"), ("code", "ascending")])
+    out["errors_over_time"] = _sort(_select(fine.errors, "time", _interval(fine.errors, interval), "api_name", "code",
+                                            "requests"),
+                                    [("time", "ascending"), ("api_name", "ascending"), ("code", "ascending")])
 
     conns = fine.connections
     clients = _rollup(conns, ["client_id"], request_bytes=("request_bytes", "sum"),
@@ -261,11 +278,11 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
                                                  "fetched_bytes")}, errors=("errors", "sum"))
     out["top_topics"] = _top(topics, [("requests", "descending"), ("topic", "ascending")])
     moving = _where(per_topic, pc.is_in(per_topic.column("api_name"), pa.array(_MOVING)))
-    out["throughput"] = _sort(_select(moving, "minute", "api_name", "topic", "records",
+    out["throughput"] = _sort(_select(moving, "time", _interval(moving, interval), "api_name", "topic", "records",
                                       ("bytes", moving.column("record_bytes"))),
-                              [("minute", "ascending"), ("api_name", "ascending"), ("topic", "ascending")])
+                              [("time", "ascending"), ("api_name", "ascending"), ("topic", "ascending")])
 
-    out["consumer_lag"] = consumer_lag(_last_offsets(per_answer))
+    out["consumer_lag"] = consumer_lag(_last_offsets(per_answer), interval)
 
     hot = _where(per_partition, pc.and_(pc.is_in(per_partition.column("api_name"), pa.array(_MOVING)),
                                         pc.is_valid(per_partition.column("partition"))))
@@ -279,14 +296,15 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
     out["hot_partitions"] = _top(hot, [("bytes", "descending"), ("topic", "ascending"), ("partition", "ascending")])
 
     spans = _rollup(conns, ["connection_id"], first=("first", "min"), last=("last", "max"))
-    opened = _rollup(_select(spans, ("minute", _minute(spans.column("first")))), ["minute"],
-                     opened=("minute", "count"))
-    closed = _rollup(_select(spans, ("minute", _minute(spans.column("last")))), ["minute"],
-                     closed=("minute", "count"))
-    churn = opened.join(closed, "minute", join_type="full outer")
-    out["connection_churn"] = _sort(_select(churn, "minute", ("opened", pc.fill_null(churn.column("opened"), 0)),
+    opened = _rollup(_select(spans, ("time", _bin(spans.column("first"), interval))), ["time"],
+                     opened=("time", "count"))
+    closed = _rollup(_select(spans, ("time", _bin(spans.column("last"), interval))), ["time"],
+                     closed=("time", "count"))
+    churn = opened.join(closed, "time", join_type="full outer")
+    out["connection_churn"] = _sort(_select(churn, "time", _interval(churn, interval),
+                                            ("opened", pc.fill_null(churn.column("opened"), 0)),
                                             ("closed", pc.fill_null(churn.column("closed"), 0))),
-                                    [("minute", "ascending")])
+                                    [("time", "ascending")])
     return out
 
 
@@ -342,7 +360,7 @@ def _latency_columns(t: pa.Table) -> list[tuple[str, Any]]:
 
 
 def _last_offsets(per_answer: pa.Table) -> pa.Table:
-    """Per (minute answered, group, topic, partition): the offset answered last, whichever api's answer
+    """Per (time bin answered, group, topic, partition): the offset answered last, whichever api's answer
     told it (the rows' ``offset_at``: when each api's last one was answered)."""
     told = _where(per_answer, pc.is_valid(per_answer.column("offset_at")))
     told = told.sort_by([("offset_at", "ascending")])
@@ -351,8 +369,14 @@ def _last_offsets(per_answer: pa.Table) -> pa.Table:
     return _select(last, "answered", "group_id", "topic", "partition", ("offset", last.column("offset_last")))
 
 
-def _minute(times: Any) -> Any:
-    return pc.floor_temporal(times, unit="minute")
+def _bin(times: Any, interval: int) -> Any:
+    """The starts of the bins of ``interval`` seconds holding ``times`` (Arrow timestamps), as :func:`time_bin`."""
+    return pc.floor_temporal(times, multiple=interval, unit="second")
+
+
+def _interval(t: pa.Table, interval: int) -> tuple[str, Any]:
+    """The ``interval_s`` column of ``t``: every row's bin width, seconds."""
+    return "interval_s", pa.array([interval] * t.num_rows, pa.int32())
 
 
 # -- faults ----------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_file, load_text
 from kproxy.rules.model import RuleSet
-from kproxy.rules.request_facts import IpAddress, StaticFacts
+from kproxy.rules.request_facts import IpAddress, Record, StaticFacts
 
 HITS = "whatif_hits"
 TABLES = ("whatif_rules", "whatif_by_api", "whatif_by_client", "whatif_by_topic", "whatif_errors")
@@ -150,9 +150,15 @@ class WhatIfRules:
 
 
 def shared_state(rules: RuleSet) -> tuple[str, ...]:
-    """Ids of enabled rules whose state is shared by connections (schedule counters, throttle buckets)."""
+    """Ids of enabled rules whose state is shared by connections (schedule counters, unless they count
+    per connection; throttle buckets; a rule waiting on another, ``schedule.after``, and the rule it
+    waits on)."""
+    waited = {r.match.schedule.after.rule for r in rules.rules
+              if r.enabled and r.match.schedule is not None and r.match.schedule.after is not None}
     return tuple(r.id for r in rules.rules if r.enabled and (
-        (r.match.schedule is not None and r.match.schedule.counts) or any(isinstance(a, Throttle) for a in r.actions)))
+        (r.match.schedule is not None and r.match.schedule.counts and not r.match.schedule.per_connection)
+        or (r.match.schedule is not None and r.match.schedule.after is not None) or r.id in waited
+        or any(isinstance(a, Throttle) for a in r.actions)))
 
 
 @lru_cache(maxsize=4096)
@@ -165,9 +171,12 @@ def _ip(host: str | None) -> IpAddress | None:
         return None
 
 
-def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
+def facts_of(row: Any, *, start_us: int, stream_ordinal: int,
+             connection_counts: dict[object, int] | None = None, records: bool = False) -> StaticFacts:
     """The engine's view of one record (``row``: the columns of ``INPUT_COLUMNS``, ``request_us``
-    and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time."""
+    and ``topics``, a list of (topic, partition)); ``start_us``: the rule set's load time;
+    ``connection_counts``: the per-connection counters of its connection (``per: connection``);
+    ``records``: read the record keys of its ``payloads`` column (for a rule's ``record`` key)."""
     topics: dict[str, set[int]] = {}
     for entry in row["topics"] or ():
         parts = topics.setdefault(entry["topic"], set())
@@ -177,10 +186,31 @@ def facts_of(row: Any, *, start_us: int, stream_ordinal: int) -> StaticFacts:
     return StaticFacts(
         api_key=row["api_key"], api_version=row["api_version"], correlation_id=row["correlation_id"],
         client_id=row["client_id"], client_ip=_ip(row["client_host"]), broker_id=row["node_id"],
-        principal=row["principal"], stream_ordinal=stream_ordinal, now=(request_us - start_us) / 1e6,
+        principal=row["principal"], request_bytes=row["request_bytes"], stream_ordinal=stream_ordinal,
+        now=(request_us - start_us) / 1e6,
         wall_time=request_us / 1e6,
         topic_partitions={t: frozenset(p) for t, p in topics.items()}, acks_value=row["acks"],
-        group=row["group_id"], transactional=row["transactional_id"])
+        group=row["group_id"], transactional=row["transactional_id"], connection_counts=connection_counts,
+        produced=captured_records(row["payloads"]) if records else None)
+
+
+def captured_records(payloads: Any) -> list[Record] | None:
+    """The records of a capture's ``payloads`` column as a ``record`` key reads them: keys only (a
+    capture keeps no headers), a key the capture cut to its cap read as unknown (no key matches
+    it); None when the capture kept no payloads (``capture.include_payloads`` off)."""
+    if payloads is None:
+        return None
+    out: list[Record] = []
+    for p in payloads:
+        key = p["key"]
+        whole = key is not None and p["key_size"] == len(key)
+        out.append(Record(p["offset"] or 0, -1, bytes(key) if whole else None, None, []))
+    return out
+
+
+def reads_records(rules: RuleSet) -> bool:
+    """Whether an enabled rule has a ``record`` key (the what-if then reads the ``payloads`` column)."""
+    return any(r.enabled and r.match.record is not None for r in rules.rules)
 
 
 def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], Iterator[tuple[Any, ...]]]:
@@ -190,14 +220,22 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         rule_set = rules.load()
         engine = RuleEngine(rule_set, loaded_at=0.0)
+        with_records = reads_records(rule_set)
         ordinals: dict[tuple[str | None, int | None, int], int] = {}
+        # Per connection id, the counters of rules counting per connection (one connection's records
+        # are in one partition whichever the order: a client's).
+        per_connection: dict[str, dict[object, int]] = {}
         for row in rows:
             key = (row["client_id"], row["node_id"], row["api_key"])
             ordinal = ordinals.get(key, 0)
             ordinals[key] = ordinal + 1  # every request counts, matched or not, as in the session
             if not engine.mentions(row["api_key"]):
                 continue
-            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal)
+            counted = per_connection.get(row["connection_id"])
+            if counted is None:
+                counted = per_connection[row["connection_id"]] = {}
+            facts = facts_of(row, start_us=start_us, stream_ordinal=ordinal, connection_counts=counted,
+                             records=with_records)
             decision = engine.evaluate(facts)
             if not decision.hits:
                 continue
@@ -233,7 +271,8 @@ def evaluate(spark: SparkSession, df: DataFrame, rules: WhatIfRules, start_us: i
     topics = F.filter(F.transform(F.col("partitions"), lambda p: F.struct(p["topic"].alias("topic"),
                                                                           p["partition"].alias("partition"))),
                       lambda p: p["topic"].isNotNull())
-    prepared = df.select(*INPUT_COLUMNS, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
+    columns = (*INPUT_COLUMNS, "payloads") if reads_records(rule_set) else INPUT_COLUMNS
+    prepared = df.select(*columns, F.unix_micros("request_time").alias("request_us"), topics.alias("topics"))
     if shared:
         prepared = prepared.repartition(1).sortWithinPartitions("request_us", "connection_id", "correlation_id")
     else:

@@ -3,7 +3,8 @@
 A fault a rule starts on a connection and that outlives the request that started it (a byte-level
 toxic, :mod:`kproxy.policy.wire`; a black hole, kproxy/proxy/session.py) lasts while its rule is in
 force: while the rule set in force holds a rule of that id with that very action, not in a dry run,
-whose time conditions (``schedule``'s ``after_seconds``, ``for_seconds``, ``window``) hold.
+whose time conditions (``schedule``'s ``after_seconds``, ``for_seconds``, ``period_seconds``,
+``window``) hold: a fault of a flapping rule ends with each of its windows.
 Request-counting conditions (``first``, ``every``, ``after_requests``) and ``probability`` choose the
 requests that start the fault, not how long it lasts. So the end of its time window, a reload that
 removes or changes the rule, or its deletion, disabling or dry run through the admin API ends the
@@ -46,14 +47,16 @@ class RuleInForce:
         if plan is None or self.action not in plan.acting:
             return False
         schedule = plan.schedule
-        return schedule is None or in_time(schedule, injector.clock() - injector.engine.loaded_at)
+        if schedule is None:
+            return True
+        state = injector.engine.state(self.rule_id)
+        started = state.started if state is not None else injector.engine.loaded_at
+        return in_time(schedule, injector.clock() - started)
 
 
 def in_time(schedule: Schedule, elapsed: float) -> bool:
     """Whether ``schedule``'s time conditions hold ``elapsed`` seconds after its rule set was loaded."""
-    if elapsed < schedule.after_s:
-        return False
-    if schedule.for_s is not None and elapsed >= schedule.after_s + schedule.for_s:
+    if not schedule.in_time(elapsed):
         return False
     return schedule.window is None or schedule.window.contains(time.time())
 

@@ -19,10 +19,12 @@ from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
+from kproxy.rules.actions.delay import Delay
 from kproxy.rules.actions.draft import Fault
 from kproxy.rules.actions.mutate_metadata import MutateMetadata
+from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.apply import selector
-from kproxy.rules.model import Rule
+from kproxy.rules.model import Rule, Schedule
 
 FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)
 STREAMS_CAP = 100_000  # FaultInjector.stream_ordinals' keys at most
@@ -33,8 +35,12 @@ class FaultInjector:
 
     def __init__(self, rules: RuleSet, *, counts: FaultStats | None = None,
                  clock: Callable[[], float] = time.perf_counter, topic_names: TopicIdNames | None = None,
-                 register: bool = True) -> None:
+                 register: bool = True, previous: FaultInjector | None = None) -> None:
         """Build the engine and the per-rule plans.
+
+        ``previous``: the injector this one is to replace, when the rules both hold unchanged are to
+        carry on (:class:`~kproxy.rules.engine.RuleEngine`'s ``previous``; :meth:`carry_on` finishes
+        the hand-over at the swap).
 
         ``register=False`` leaves ``counts`` untouched, so the build may run in a worker thread
         while the trio thread scrapes and counts (kproxy.policy.live_rules.LiveRules.prepare);
@@ -42,7 +48,9 @@ class FaultInjector:
         """
         self.rules = rules
         self.clock = clock
-        self.engine = RuleEngine(rules, loaded_at=clock())
+        before: RuleEngine | None = previous.engine if previous is not None else None
+        self.engine: RuleEngine = RuleEngine(rules, loaded_at=clock(), previous=before)
+        self.previous = previous  # dropped by carry_on
         self.counts = counts if counts is not None else FaultStats()
         self._enabled = enabled = [r for r in rules.rules if r.enabled]
         # Topic ids -> names for requests that name topics by id (Fetch v13+), learnt from Metadata
@@ -52,10 +60,14 @@ class FaultInjector:
         self.learns_topic_ids = any(r.match.topics is not None or r.match.apis is None or FETCH in r.match.apis
                                     for r in enabled)
         self.plans: dict[str, RulePlan] = {r.id: RulePlan(r, self.topic_names) for r in enabled}
+        # The rules whose state the admin listing shows (live_state): a counter, a time window, a ramp...
+        self.stateful: tuple[Rule, ...] = tuple(r for r in enabled if has_live_state(r))
         self.rule_ids = frozenset(r.id for r in rules.rules)  # whose counter series a replacement keeps
         # When it went in force (wall clock; None until then) and each hit series' count at that moment:
         # the hits "since load" the admin API shows are the counts less these (note_load).
         self.loaded_wall: float | None = None
+        # The wall time the rules carried on from ``previous`` went in force (carry_on): each keeps its own.
+        self.started_wall: dict[str, float] = {}
         self.hits_at_load: dict[HitKey, int] = {}
         self.load_noted = False
         # The engine's stream ordinals: per (client id, broker id, api key), the requests seen over
@@ -92,6 +104,45 @@ class FaultInjector:
         if register:
             self.register_series()
 
+    def carry_on(self, now: float, wall: float) -> None:
+        """Go in force at ``now`` (monotonic) and ``wall`` (wall clock), replacing ``previous``
+        (trio thread, at the swap): the rules carried on keep their schedules and counters (shared
+        already), their throttle buckets, their hits "since load" and their load time; every client
+        keeps its stream ordinals, so the carried rules' seeded draws go on where they were. The
+        others start now."""
+        self.engine.start(now)
+        self.loaded_wall = wall
+        previous, self.previous = self.previous, None
+        if previous is None:
+            return
+        carried = self.engine.carried
+        if carried:
+            self.engine.adopt(previous.engine)
+            self.stream_ordinals = previous.stream_ordinals
+            old_wall = previous.loaded_wall if previous.loaded_wall is not None else wall
+            self.started_wall = {r: previous.started_wall.get(r, old_wall) for r in carried}
+            at_load = previous.hits_at_load
+            self.hits_at_load.update((k, at_load[k]) for k in self.series[0] if k[0] in carried and k in at_load)
+
+    def live_state(self, now: float) -> dict[str, dict[str, Any]]:
+        """What the admin listing shows of each rule with state (:func:`has_live_state`) at ``now``
+        (this injector's clock): its counter, whether its time window is open and when that changes,
+        its ramps' values, ... (trio thread: counters are read as they are)."""
+        engine = self.engine
+        out: dict[str, dict[str, Any]] = {}
+        for rule in self.stateful:
+            state = engine.state(rule.id)
+            if state is None:
+                continue
+            out[rule.id] = rule_state(rule, state.count, now - state.started,
+                                      [engine.ramp_ms(rule.id, a, now) for a in rule.actions
+                                       if isinstance(a, Delay) and a.ramp is not None], engine.released(rule.id))
+        return out
+
+    def started(self, rule_id: str) -> float | None:
+        """The wall time rule ``rule_id`` went in force (its own when carried on; None: not in force yet)."""
+        return self.started_wall.get(rule_id, self.loaded_wall)
+
     @property
     def enabled_rules(self) -> int:
         """How many of its rules are enabled (``kproxy_rules_loaded``)."""
@@ -104,8 +155,10 @@ class FaultInjector:
         hits = self.counts.hits
         keys = list(self.series[0])
         step = chunk or len(keys) or 1
+        at_load = self.hits_at_load
         for start in range(0, len(keys), step):
-            self.hits_at_load.update((k, hits.get(k, 0)) for k in keys[start:start + step])
+            # A rule carried on keeps the count it had when it first went in force (carry_on).
+            at_load.update((k, hits.get(k, 0)) for k in keys[start:start + step] if k not in at_load)
             yield
         self.load_noted = True
 
@@ -180,4 +233,58 @@ class RulePlan:
         self.scoped = frozenset(a.kind for a in rule.actions if a.partition_scoped) if self.only else frozenset()
 
 
-__all__ = ["FaultInjector", "RulePlan"]
+def has_live_state(rule: Rule) -> bool:
+    """Whether a rule has state the admin listing shows: a schedule or scenario key (a counter, a
+    time window, a request size, a ramping delay, a principal quota)."""
+    m = rule.match
+    s = m.schedule
+    return ((s is not None and (s.counts or s.for_s is not None or s.after_s > 0 or s.after is not None))
+            or m.min_request_bytes is not None or m.max_request_bytes is not None
+            or any(isinstance(a, Delay) and a.ramp is not None for a in rule.actions)
+            or any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions))
+
+
+def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None], released: bool | None = None
+               ) -> dict[str, Any]:
+    """A rule's live state as JSON (:meth:`FaultInjector.live_state`), ``elapsed`` seconds after its
+    schedule's start, having counted ``count`` requests (per rule); ``released``: whether a rule
+    waiting on another no longer waits (its time window is shown once it no longer does)."""
+    m = rule.match
+    out: dict[str, Any] = {}
+    s = m.schedule
+    if s is not None and s.after is not None:
+        out["waits_on"] = s.after.rule
+        out["released"] = bool(released)
+    if s is not None and s.counts:
+        if s.per_connection:
+            out["per"] = "connection"
+        else:
+            out["counted"] = count
+    if s is not None and (s.for_s is not None or s.after_s > 0) and (s.after is None or released):
+        out["window_open"], out["window_changes_in_seconds"] = _window(s, elapsed)
+    if m.min_request_bytes is not None or m.max_request_bytes is not None:
+        out["request_bytes"] = {k: v for k, v in (("min", m.min_request_bytes), ("max", m.max_request_bytes))
+                                if v is not None}
+    if ramps:
+        out["ramp_ms"] = [None if ms is None else round(ms, 3) for ms in ramps]
+    if any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions):
+        out["throttle_scope"] = "principal"
+    return out
+
+
+def _window(s: Schedule, elapsed: float) -> tuple[bool, float | None]:
+    """Whether a schedule's ``after_seconds``/``for_seconds``/``period_seconds`` window is open
+    ``elapsed`` seconds after its start, and in how many seconds that changes (None: never)."""
+    if elapsed < s.after_s:
+        return False, round(s.after_s - elapsed, 3)
+    if s.for_s is None:
+        return True, None
+    since = elapsed - s.after_s
+    if s.period_s is not None:
+        since %= s.period_s
+    if since < s.for_s:
+        return True, round(s.for_s - since, 3)
+    return False, None if s.period_s is None else round(s.period_s - since, 3)
+
+
+__all__ = ["FaultInjector", "RulePlan", "has_live_state", "rule_state"]

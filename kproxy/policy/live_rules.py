@@ -8,7 +8,14 @@ built from the injector of the moment it was read.
 
 A replacement starts the new rule set afresh: its schedules count from the replacement, its
 throttle buckets start full, its seeded draws restart. That is what makes a run reproducible from
-the moment its rules were loaded, whichever way they were loaded.
+the moment its rules were loaded: a reload of the rule file, and the admin API's replacement of
+every rule (``PUT /rules``, a reset to the file), do that. An edit of some rules (the admin API's
+add, replace, enable, disable, dry run or delete of one rule) is a replacement that *carries on*
+(``carry=True``): every rule it leaves unchanged (the same rule, the same seed) keeps its schedule
+(counters, the start of ``after_seconds``/``for_seconds``), its throttle buckets, its hits since
+load, and clients keep their stream ordinals, so its seeded draws go on where they were; a rule
+added, edited or enabled starts afresh (:meth:`FaultInjector.carry_on
+<kproxy.policy.injector.FaultInjector.carry_on>`).
 
 Contract for writers (the reload watcher, the admin API): call :meth:`replace` from the server's
 trio thread only (sessions read the injector there; no lock is needed because nothing awaits
@@ -66,24 +73,29 @@ class LiveRules:
         injector = self.injector
         return injector.rules if injector is not None else None
 
-    def replace(self, rules: RuleSet | None, *, origin: str) -> int:
-        """Put ``rules`` in force (``None``: no rules) and return the new generation.
+    def replace(self, rules: RuleSet | None, *, origin: str, carry: bool = False) -> int:
+        """Put ``rules`` in force (``None``: no rules) and return the new generation; ``carry``: the
+        rules left unchanged carry on (the module docstring).
 
         Builds on the calling thread: for a big rule set, :meth:`prepare` in a worker thread and
         :meth:`install` on the trio thread instead.
         """
-        return self.install(self.prepare(rules), origin=origin)
+        return self.install(self.prepare(rules, carry=carry), origin=origin)
 
-    def prepare(self, rules: RuleSet | None) -> FaultInjector | None:
+    def prepare(self, rules: RuleSet | None, *, carry: bool = False) -> FaultInjector | None:
         """Build the injector for ``rules`` without touching anything shared: safe in a worker thread.
 
-        The result goes to :meth:`install` (trio thread). Learnt topic ids outlive a replacement
-        (clients do not re-read metadata because rules changed): the map is one object handed on.
+        The result goes to :meth:`install` (trio thread), which must put it in place of the injector
+        in force now when ``carry`` (the admin book replans an edit when the rules changed meanwhile).
+        Learnt topic ids outlive a replacement (clients do not re-read metadata because rules
+        changed): the map is one object handed on.
         """
         if rules is None:
             return None
-        names = self.injector.topic_names if self.injector is not None else None
-        return FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names, register=False)
+        current = self.injector
+        names = current.topic_names if current is not None else None
+        return FaultInjector(rules, counts=self.counts, clock=self.clock, topic_names=names, register=False,
+                             previous=current if carry else None)
 
     def install(self, injector: FaultInjector | None, *, origin: str) -> int:
         """Put a :meth:`prepare`-d injector in force and return the new generation (trio thread only).
@@ -114,9 +126,10 @@ class LiveRules:
 
     def _swap(self, injector: FaultInjector | None, origin: str, chunk: int) -> int:
         if injector is not None:
+            if injector.previous is not None and injector.previous is not self.injector:
+                injector.previous = None  # built to follow rules no longer in force: it starts afresh
             # Schedules count from the replacement, not from a build that may have taken a while.
-            injector.engine.loaded_at = self.clock()
-            injector.loaded_wall = self.wall_clock()
+            injector.carry_on(self.clock(), self.wall_clock())
             if not chunk or len(injector.series[0]) <= chunk:
                 # With the swap, no turn of the loop between: every fault after it is one since the load.
                 # A bigger set's counts are noted over the next turns (_series_steps): a fault of those

@@ -146,8 +146,8 @@ class RulePolicy:
     to write nor ring to fill, is answered without building its facts or calling the engine.
     """
 
-    __slots__ = ("_admitted", "_admitted_for", "_drawn", "_floored", "_gates", "_headers", "_injector", "_lasts",
-                 "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
+    __slots__ = ("_admitted", "_admitted_for", "_counted", "_drawn", "_floored", "_gates", "_headers", "_injector",
+                 "_lasts", "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
 
     def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
         self.live = live
@@ -164,6 +164,7 @@ class RulePolicy:
         self._admitted_for: object = _NO_CLIENT
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
         self._drawn: dict[tuple[str, float, int], bool] = {}  # its toxicity draws (kproxy.rules.engine)
+        self._counted: dict[object, int] = {}  # its per-connection schedule counters (kproxy.rules.engine)
         self._lasts: dict[tuple[str, RuleAction], RuleInForce] = {}  # what connection-wide faults last as long as
         self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
         self._principal: str | None = None
@@ -229,7 +230,7 @@ class RulePolicy:
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
                            topic_names=injector.topic_names, principal=self._principal,
-                           connection_draws=self._drawn)
+                           connection_draws=self._drawn, connection_counts=self._counted)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None

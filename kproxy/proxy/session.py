@@ -155,6 +155,10 @@ class Session(UpstreamLoginMode):
         self._client_frames = FrameSplitter(max_frame_size)
         self._terminate(auth, max_frame_size)  # terminate mode's state (kproxy/proxy/terminate.py)
         self._upstream_frames = FrameSplitter(max_frame_size)
+        # A bounded turn's leftovers (receive_client's and receive_upstream's ``turn``), taken before the next read.
+        self._client_more: list[bytes] = []
+        self._client_more_at: float | None = None
+        self._upstream_more: list[bytes | Spanned] = []
         self._ids = CorrelationIds()
         self._release = InOrderRelease(clock, self._ids.taken, observer is not None)
         self.in_flight = self._release.in_flight  # read by tests and the server's gauges (in_flight_count)
@@ -234,7 +238,7 @@ class Session(UpstreamLoginMode):
         return Mode.KAFKA if self._sasl is None else Mode.SASL_TOKENS
 
     # -- client -> upstream ----------------------------------------------------------
-    def receive_client(self, chunk: bytes | bytearray, read_at: float | None = None) -> list[Command]:
+    def receive_client(self, chunk: bytes | bytearray, read_at: float | None = None, turn: int = 0) -> list[Command]:
         """Take a chunk read from the client (``read_at``: when; defaults to now).
 
         Returns, in order: a :class:`SendToClient` when local answers became due, then a
@@ -242,15 +246,44 @@ class Session(UpstreamLoginMode):
         held exactly those frames) - or a lone :class:`CloseConnection` when a request is
         refused: nothing of that chunk is forwarded then. During an upstream login the chunk is held
         and taken when the login succeeded; the first chunk begins the first login (its requests).
+
+        ``turn`` (0: no bound) takes at most that many of the chunk's requests now; the others wait
+        in the session (:attr:`more_client`) until :meth:`receive_client_more` takes them, which the
+        server calls after a pass through its scheduler and before it reads again: one turn of its
+        loop does not go to thousands of one client's tiny requests.
         """
         if self._hold is not None:
             return self._login_hold(chunk, read_at)  # kproxy/proxy/login_mode.py
         try:
             frames, data, exact = self._client_frames.split(chunk)
-            if not frames:
-                return []
+        except ProtocolError as exc:
+            return [CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                              "bad request from client")]
+        if not frames:
+            return []
+        if turn and len(frames) > turn:
+            self._client_more = frames[turn:]
+            self._client_more_at = read_at
+            frames, exact = frames[:turn], False
+        return self._take_client(frames, data, exact, read_at)
+
+    @property
+    def more_client(self) -> bool:
+        """Whether requests of the last chunk wait for :meth:`receive_client_more`."""
+        return bool(self._client_more)
+
+    def receive_client_more(self, turn: int) -> list[Command]:
+        """The next ``turn`` requests of the chunk :meth:`receive_client` bounded, as it would have
+        taken them."""
+        frames = self._client_more
+        self._client_more = frames[turn:]
+        return self._take_client(frames[:turn], b"", False, self._client_more_at)
+
+    def _take_client(self, frames: list[bytes], data: bytes, exact: bool, read_at: float | None) -> list[Command]:
+        try:
             forward = [f for raw in frames if (f := self._client_frame(raw, read_at)) is not None]
         except ProtocolError as exc:
+            self._client_more = []
             return [CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
                                               "bad request from client")]
         release = self._release
@@ -434,22 +467,49 @@ class Session(UpstreamLoginMode):
         release.wake = None
 
     # -- upstream -> client ----------------------------------------------------------
-    def receive_upstream(self, chunk: bytes | bytearray) -> list[Command]:
+    def receive_upstream(self, chunk: bytes | bytearray, turn: int = 0) -> list[Command]:
         """Take a chunk read from the broker.
 
         Returns a :class:`SendToClient` with the responses now due, in request order
         (the chunk itself when it held exactly those frames, unchanged), or nothing when
         none is due yet - or a lone :class:`CloseConnection` for a response that cannot
         be matched or rewritten: nothing of that chunk reaches the client then.
+        ``turn``: as :meth:`receive_client`'s (:attr:`more_upstream`, :meth:`receive_upstream_more`).
         """
         try:
             # With no observer nothing needs a response whole unless it is rewritten (see _upstream_frame).
             frames, data, exact = self._upstream_frames.split(chunk, self._observer is not None)
+            if turn and len(frames) > turn:
+                self._upstream_more = frames[turn:]
+                frames, exact = frames[:turn], False
             for raw in frames:
                 self._upstream_frame(raw)
         except ProtocolError as exc:
+            self._upstream_more = []
             return [CloseConnection.for_error(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
                                               "bad response from upstream")]
+        return self._upstream_commands(frames, data, exact)
+
+    @property
+    def more_upstream(self) -> bool:
+        """Whether responses of the last chunk wait for :meth:`receive_upstream_more`."""
+        return bool(self._upstream_more)
+
+    def receive_upstream_more(self, turn: int) -> list[Command]:
+        """The next ``turn`` responses of the chunk :meth:`receive_upstream` bounded."""
+        frames = self._upstream_more
+        self._upstream_more = frames[turn:]
+        frames = frames[:turn]
+        try:
+            for raw in frames:
+                self._upstream_frame(raw)
+        except ProtocolError as exc:
+            self._upstream_more = []
+            return [CloseConnection.for_error(exc, RejectReason.RESPONSE_OVERSIZE, RejectReason.RESPONSE_SESSION,
+                                              "bad response from upstream")]
+        return self._upstream_commands(frames, b"", False)
+
+    def _upstream_commands(self, frames: list[bytes | Spanned], data: bytes, exact: bool) -> list[Command]:
         release = self._release
         commands: list[Command] = [release.take(frames, data, exact)] if release.ready else []
         if self.login is not None:

@@ -136,6 +136,14 @@ class Buckets:
             bucket = self._buckets[key] = TokenBucket(rate, rate * burst_s, now)
         return bucket.charge(amount, now)
 
+    def adopt(self, other: Buckets, rule_ids: frozenset[str]) -> None:
+        """Take ``other``'s buckets of the rules ``rule_ids`` (keys whose first item is one), as they are."""
+        for key, bucket in other._buckets.items():
+            if isinstance(key, tuple) and key and key[0] in rule_ids and key not in self._buckets:
+                if len(self._buckets) >= self._max:
+                    break
+                self._buckets[key] = bucket
+
     def take(self, key: Hashable, rate: float, burst_s: float, amount: float, now: float) -> float:
         """:meth:`charge`'s hold alone."""
         return self.charge(key, rate, burst_s, amount, now)[0]

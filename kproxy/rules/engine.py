@@ -11,14 +11,18 @@ only when a candidate rule matches on them, and after its cheap keys passed.
 
 Order of the keys of one rule: api; client id, principal, client address and broker id
 (the keys fixed for a client, cached: see :class:`RuleEngine`); topic patterns
-(cached per topic list); version, acks, partitions, group id, transactional id; then the
-schedule's time conditions (``after_seconds``, ``for_seconds``, ``window``);
-then its counters; then ``probability``. ``toxicity`` comes first of the request's keys: it is
-drawn once per connection and rule, at the first request of the connection the rule is tried
-on (the facts' ``connection_draws`` keep it; facts with none, a capture's, draw it per request),
-so that a rule acts on that share of connections, on every request it matches there. The counters (``after_requests``,
-``first``, ``every``) count, per rule, the requests that passed everything
-before them, in the order this engine sees them.
+(cached per topic list); version, acks, partitions, group id, transactional id, then request
+size (the frame's length) and records (decoded within a budget); then the schedule's
+time conditions (``after_seconds``, ``for_seconds``, ``window``); then its counters; then
+``probability``. ``toxicity`` comes first of the request's keys: it is drawn once per connection
+and rule, at the first request of the connection the rule is tried on (the facts'
+``connection_draws`` keep it; facts with none, a capture's, draw it per request), so that a rule
+acts on that share of connections, on every request it matches there. The counters
+(``after_requests``, ``first``, ``every``) count, per rule, the requests that passed everything
+before them, in the order this engine sees them; with ``per: connection``, per rule and
+connection (the facts' ``connection_counts``, keyed by the rule's :class:`RuleState`, so an
+edited rule counts afresh there too). A rule waiting on another (``schedule.after``) matches
+nothing until that one has fired enough or ended.
 
 Reproducibility contract. A probabilistic choice (``probability``, ``toxicity``, a delay's
 jitter) is a pure function of::
@@ -105,26 +109,50 @@ class _Peer:
     principal: str | None = None
 
 
+class RuleState:
+    """A rule's schedule state in an engine: ``count``, the requests its counters have counted (per
+    rule), and ``started``, the monotonic reading its time conditions (``after_seconds``,
+    ``for_seconds``) count from (for a rule that waits on another, from its release). An engine
+    built with a ``previous`` one shares the state objects of the rules both hold unchanged, so
+    those rules carry on where they were."""
+
+    __slots__ = ("count", "fired", "released", "started")
+
+    def __init__(self, started: float) -> None:
+        self.count = 0
+        self.started = started
+        self.fired = 0  # its hits, counted only when another rule waits on them (schedule.after)
+        self.released = False  # a rule that waits on another: it no longer waits
+
+
 class _Compiled:
-    """A rule with what evaluation needs at hand, and its schedule counter."""
+    """A rule with what evaluation needs at hand, and its schedule state."""
 
-    __slots__ = ("count", "decision", "delays", "fixed", "match", "peer_keys", "request_keys", "rule", "seed")
+    __slots__ = ("by_content", "decision", "delays", "fixed", "match", "peer_keys", "ramp_after_s", "request_keys",
+                 "rule", "seed", "state", "waits_on", "watched")
 
-    def __init__(self, rule: Rule, seed: int) -> None:
+    def __init__(self, rule: Rule, seed: int, state: RuleState) -> None:
         self.rule = rule
         self.match = m = rule.match
         self.seed = rule.seed if rule.seed is not None else seed
         self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
-        self.count = 0
+        self.state = state
+        # The keys on the request's size and records: one test for the rules without them.
+        self.by_content = m.min_request_bytes is not None or m.max_request_bytes is not None or m.record is not None
+        self.waits_on: _Compiled | None = None  # the rule its schedule.after names (None: none, or disabled)
+        self.watched = False  # a rule waits on its hits
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
         # principal).
         self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
-            m.max_version))
+            m.max_version, m.min_request_bytes, m.max_request_bytes, m.record))
         # Without a draw, a hit is always the same value: built once.
-        fixed = m.probability is None and m.toxicity is None and not any(d.jitter_ms for d in self.delays)
+        fixed = m.probability is None and m.toxicity is None and not any(
+            d.jitter_ms or d.ramp is not None for d in self.delays)
+        # Where a ramping delay's ramp starts: the start of the rule's time conditions.
+        self.ramp_after_s = m.schedule.after_s if m.schedule is not None else 0.0
         self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
             if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
@@ -154,6 +182,12 @@ class RuleEngine:
     ``loaded_at`` is the monotonic reading (same clock as ``RequestFacts.now``)
     that ``after_seconds`` and ``for_seconds`` count from.
 
+    ``previous``: the engine this one replaces, when the rules it shares with it unchanged (the same
+    rule, the same seed) are to carry on (an admin edit of one rule): they keep their
+    :class:`RuleState` (counters, the start of their time conditions, which :meth:`start` leaves
+    alone) and, through :meth:`adopt`, their throttle buckets. Built in a worker thread: reading
+    ``previous`` takes only references. Without it, every rule starts afresh.
+
     The keys that are fixed for a client (client id, address, broker id, and the principal when a
     rule names one) are checked once per (api key, client id, address, broker id[, principal]) and the rules
     that pass are remembered; topic patterns likewise once per such key and
@@ -162,11 +196,38 @@ class RuleEngine:
     cost a request a few dict lookups, not a hundred regex matches.
     """
 
-    def __init__(self, rules: RuleSet, loaded_at: float = 0.0) -> None:
+    def __init__(self, rules: RuleSet, loaded_at: float = 0.0, previous: RuleEngine | None = None) -> None:
         self.rules = rules
         self.loaded_at = loaded_at
         self.buckets = Buckets()
-        compiled = [_Compiled(r, rules.seed) for r in rules.rules if r.enabled]
+        before: dict[str, _Compiled] = previous._compiled if previous is not None else {}
+        compiled: list[_Compiled] = []
+        fresh: list[RuleState] = []
+        carried: list[str] = []
+        for r in rules.rules:
+            if not r.enabled:
+                continue
+            seed = r.seed if r.seed is not None else rules.seed
+            old = before.get(r.id)
+            if old is not None and old.seed == seed and old.rule == r:
+                state = old.state
+                carried.append(r.id)
+            else:
+                state = RuleState(loaded_at)
+                fresh.append(state)
+            compiled.append(_Compiled(r, rules.seed, state))
+        self._compiled: dict[str, _Compiled] = {c.rule.id: c for c in compiled}
+        for c in compiled:
+            s = c.match.schedule
+            if s is not None and s.after is not None:
+                target = c.waits_on = self._compiled.get(s.after.rule)
+                if target is not None:
+                    # Its hits are counted at evaluate(): never skipped by a fixed decision.
+                    target.watched = True
+                    target.fixed = target.decision = None
+        self._fresh = fresh
+        # The ids of the rules carried on from ``previous`` (their state shared with it).
+        self.carried = frozenset(carried)
         wildcard = tuple(c for c in compiled if c.match.apis is None)
         keys = {k for c in compiled if c.match.apis is not None for k in c.match.apis}
         self._any = wildcard
@@ -188,6 +249,24 @@ class RuleEngine:
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
         self._by_text: dict[tuple[int, str], bool] = {}
+
+    def start(self, now: float) -> None:
+        """Put the engine in force at ``now``: its time conditions count from then, but those of the
+        rules carried on from ``previous``, which keep their start."""
+        self.loaded_at = now
+        for state in self._fresh:
+            state.started = now
+
+    def adopt(self, previous: RuleEngine) -> None:
+        """Take over ``previous``'s throttle buckets of the rules carried on from it (at the swap, on
+        the thread that charges buckets: requests decided by ``previous`` meanwhile are counted)."""
+        if self.carried:
+            self.buckets.adopt(previous.buckets, self.carried)
+
+    def state(self, rule_id: str) -> RuleState | None:
+        """The schedule state of an enabled rule (None: no such rule, or disabled)."""
+        c = self._compiled.get(rule_id)
+        return c.state if c is not None else None
 
     def mentions(self, api_key: int) -> bool:
         """Whether any enabled rule could match a request of this api key."""
@@ -273,6 +352,8 @@ class RuleEngine:
         for c in live:
             hit = self._try(c, facts)
             if hit is not None:
+                if c.watched:
+                    c.state.fired += 1
                 if not c.rule.continue_:
                     if not hits and hit is c.fixed:
                         assert c.decision is not None
@@ -312,9 +393,38 @@ class RuleEngine:
             index = 1
             if d >= p:
                 return None
-        delays = tuple(delay.resolve(draw(c.seed, c.rule.id, facts, index + i)) if delay.jitter_ms else delay.ms
-                       for i, delay in enumerate(c.delays))
+        delays = tuple(self._delay_ms(c, delay, facts, index + i) for i, delay in enumerate(c.delays))
         return RuleHit(c.rule.id, c.rule.actions, c.rule.dry_run, d, delays)
+
+    def _released(self, c: _Compiled, now: float) -> bool:
+        """Whether the rule ``c`` waits on (its ``schedule.after``) has fired enough or ended."""
+        target = c.waits_on
+        s = c.match.schedule
+        if target is None or s is None or s.after is None:
+            return False  # the rule it waits on is disabled: it never fires
+        if s.after.fired is not None:
+            return target.state.fired >= s.after.fired
+        return has_ended(target, now)
+
+    def released(self, rule_id: str) -> bool | None:
+        """Whether a rule that waits on another no longer waits (None: it waits on none)."""
+        c = self._compiled.get(rule_id)
+        if c is None or c.match.schedule is None or c.match.schedule.after is None:
+            return None
+        return c.state.released
+
+    def _delay_ms(self, c: _Compiled, delay: Delay, facts: RequestFacts, index: int) -> float:
+        """A delay action's milliseconds for this request: its ramp's value now, its jitter drawn."""
+        ramp = delay.ramp
+        ms = delay.ms if ramp is None else ramp.ms_at(facts.now - c.state.started - c.ramp_after_s)
+        return delay.resolve(draw(c.seed, c.rule.id, facts, index), ms) if delay.jitter_ms else ms
+
+    def ramp_ms(self, rule_id: str, delay: Delay, now: float) -> float | None:
+        """A ramping delay's value at ``now`` (the listing's "now" of it); None: no such rule or no ramp."""
+        c = self._compiled.get(rule_id)
+        if c is None or delay.ramp is None:
+            return None
+        return delay.ramp.ms_at(now - c.state.started - c.ramp_after_s)
 
     def _matches(self, c: _Compiled, m: Match, facts: RequestFacts) -> bool:
         if m.min_version is not None and facts.api_version < m.min_version:
@@ -333,18 +443,33 @@ class RuleEngine:
             txn = facts.transactional_id()
             if txn is None or not self._fullmatch(m.transactional_id, txn):
                 return False
+        if c.by_content and not _content_matches(m, facts):
+            return False
         s = m.schedule
         if s is not None:
-            elapsed = facts.now - self.loaded_at
+            state = c.state
+            if s.after is not None and not state.released:
+                if not self._released(c, facts.now):
+                    return False
+                state.released, state.started = True, facts.now  # its time conditions count from now
+            elapsed = facts.now - state.started
             if elapsed < s.after_s:
                 return False
-            if s.for_s is not None and elapsed >= s.after_s + s.for_s:
+            if s.for_s is not None and (elapsed >= s.after_s + s.for_s if s.period_s is None
+                                        else (elapsed - s.after_s) % s.period_s >= s.for_s):
                 return False
             if s.window is not None and not s.window.contains(facts.wall_time):
                 return False
             if s.counts:
-                n = c.count
-                c.count = n + 1
+                mine = facts.connection_counts if s.per_connection else None
+                if mine is not None:
+                    n = mine.get(state, 0)
+                    if not n and len(mine) >= _DRAWN_MAX:
+                        mine.clear()
+                    mine[state] = n + 1
+                else:
+                    n = state.count
+                    state.count = n + 1
                 n -= s.after_requests
                 if n < 0 or (s.first is not None and n >= s.first):
                     return False
@@ -388,6 +513,8 @@ class RuleEngine:
             scopes: list[object] = [None]
         elif throttle.scope is ThrottleScope.CLIENT_ID:
             scopes = [facts.client_id]
+        elif throttle.scope is ThrottleScope.PRINCIPAL:
+            scopes = [("principal", facts.principal)]  # apart from a client id spelt like a principal
         else:
             scopes = list(facts.topics()) or [None]
         hold = reported = 0.0
@@ -424,6 +551,34 @@ def _drawn_in(c: _Compiled, facts: RequestFacts, toxicity: float) -> bool:
             drawn.clear()
         hit = drawn[key] = draw(c.seed, c.rule.id, facts, TOXICITY_DRAW) < toxicity
     return hit
+
+
+def _content_matches(m: Match, facts: RequestFacts) -> bool:
+    """``request_bytes`` (the frame's size), then ``record`` (its records, decoded within a budget)."""
+    size = facts.request_bytes
+    if m.min_request_bytes is not None and size < m.min_request_bytes:
+        return False
+    if m.max_request_bytes is not None and size > m.max_request_bytes:
+        return False
+    if m.record is not None:
+        records = facts.records()
+        if records is None or not any(m.record.matches(r) for r in records):
+            return False
+    return True
+
+
+def has_ended(c: _Compiled, now: float) -> bool:
+    """Whether rule ``c`` has ended for good (kproxy.rules.model.ends): its ``first`` ran out (per
+    rule), or its ``for_seconds`` window closed (once it no longer waits on another rule, if it did)."""
+    s = c.match.schedule
+    if s is None:
+        return False
+    state = c.state
+    if s.first is not None and not s.per_connection and state.count >= s.after_requests + s.first:
+        return True
+    if s.for_s is None or s.period_s is not None or (s.after is not None and not state.released):
+        return False
+    return now - state.started >= s.after_s + s.for_s
 
 
 def _fixed_decision(candidates: tuple[_Compiled, ...]) -> Decision | None:

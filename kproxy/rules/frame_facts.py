@@ -13,7 +13,11 @@ the caller; the others are decoded on first use only, with
   which reads topic names and partition indexes and skips the rest by length
   (records are never touched);
 * ``acks()``, ``transactional_id()``, ``group_id()``: one top-level field,
-  after skipping the fields before it (``acks`` is Produce's second field).
+  after skipping the fields before it (``acks`` is Produce's second field);
+* ``records()``: a Produce request's records, decoded (decompressed, no CRC check) within
+  :data:`RECORD_MATCH_BUDGET` for the frame (:class:`~kproxy.protocol.records.RecordBudget`: 256
+  KiB of decompressed bytes, 64 bytes a record, so 4096 records at most), None past it: what a
+  ``record`` key costs, read only when a rule has one and its cheaper keys passed.
 
 Read as leniently as a broker reads: bytes after the body are ignored, and a
 body that cannot be read yields "no value" (the rule then does not match),
@@ -31,8 +35,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from kproxy.protocol.errors import OverBudgetError
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.messages import codec
+from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, Record, RecordBudget, decode_records, iter_batches
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey
@@ -46,6 +52,10 @@ _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 TOPICS_SEEN_CAP = 4096
 _TOPICS_SEEN: dict[tuple[tuple[Any, int | None, int | None], ...], Mapping[str, frozenset[int]]] = {}
 _UNSET: Any = object()
+# What reading one request's records for a ``record`` key may cost: a quarter of the budget of the
+# record actions, as decoding every record (not editing a few) is the costlier walk per byte.
+RECORD_MATCH_BUDGET = DEFAULT_RECORD_BUDGET // 4
+_RECORD_FAILURES = (*SCAN_FAILURES, OverBudgetError)  # records unreadable, or over the budget
 
 
 def reads_fact(api_key: int, api_version: int, fact: str) -> bool:
@@ -82,14 +92,33 @@ class FrameFacts:
     Building one copies three ints and decodes nothing.
     """
 
-    __slots__ = ("_acks", "_frame", "_group", "_header", "_names", "_topics", "_txn", "api_key", "api_version",
-                 "broker_id", "client_ip", "connection_draws", "correlation_id", "now", "principal", "stream_ordinal",
-                 "wall_time")
+    __slots__ = (
+        "_acks",
+        "_frame",
+        "_group",
+        "_header",
+        "_names",
+        "_records",
+        "_topics",
+        "_txn",
+        "api_key",
+        "api_version",
+        "broker_id",
+        "client_ip",
+        "connection_counts",
+        "connection_draws",
+        "correlation_id",
+        "now",
+        "principal",
+        "stream_ordinal",
+        "wall_time",
+    )
 
     def __init__(self, frame: bytes, header: ParsedRequest | RequestHeader, *, client_ip: IpAddress | None = None,
                  broker_id: int | None = None, stream_ordinal: int = 0, now: float = 0.0, wall_time: float = 0.0,
                  topic_names: Mapping[uuid.UUID, str] | None = None, principal: str | None = None,
-                 connection_draws: dict[tuple[str, float, int], bool] | None = None) -> None:
+                 connection_draws: dict[tuple[str, float, int], bool] | None = None,
+                 connection_counts: dict[object, int] | None = None) -> None:
         self._frame = frame
         self._header = header
         # Plain attributes, not properties over the header: the engine reads them for every rule tried.
@@ -104,10 +133,12 @@ class FrameFacts:
         self.now = now
         self.wall_time = wall_time
         self.connection_draws = connection_draws  # the connection's toxicity draws (the policy's)
+        self.connection_counts = connection_counts  # its per-connection schedule counters (the policy's)
         self._topics: Mapping[str, frozenset[int]] | None = None
         self._acks: Any = _UNSET
         self._txn: Any = _UNSET
         self._group: Any = _UNSET
+        self._records: Any = _UNSET
 
     @property
     def topic_names(self) -> Mapping[uuid.UUID, str] | None:
@@ -117,6 +148,11 @@ class FrameFacts:
     @property
     def client_id(self) -> str | None:
         return self._header.client_id
+
+    @property
+    def request_bytes(self) -> int:
+        """The frame's size, size prefix included: known without reading it."""
+        return len(self._frame)
 
     @property
     def _body_offset(self) -> int | None:
@@ -189,6 +225,34 @@ class FrameFacts:
             else:
                 self._group = self._field("group_id")
         return self._group  # type: ignore[no-any-return]
+
+    def records(self) -> list[Record] | None:
+        if self._records is _UNSET:
+            self._records = self._read_records()
+        return self._records  # type: ignore[no-any-return]
+
+    def _read_records(self) -> list[Record] | None:
+        """Every record of a Produce request, within :data:`RECORD_MATCH_BUDGET`; None when over it or
+        unreadable (a rule's ``record`` key then does not match); empty for other requests."""
+        if self.api_key != PRODUCE:
+            return []
+        header = self._header
+        if isinstance(header, RequestHeader):
+            found = scan_request(self.api_key, self.api_version, self._frame, 4 + header.size)
+        else:
+            found = header.request_scan
+        if found is None:
+            return None
+        budget = RecordBudget(RECORD_MATCH_BUDGET)
+        out: list[Record] = []
+        frame = self._frame
+        try:
+            for start, end, _ in found[1]:
+                for batch in iter_batches(frame, start=start, end=end, allow_truncated_tail=False):
+                    out.extend(decode_records(batch, check_crc=False, budget=budget))
+        except _RECORD_FAILURES:
+            return None
+        return out
 
     def _field(self, name: str) -> Any:
         """One top-level (untagged) field's value, or None when absent or unreadable."""

@@ -106,7 +106,8 @@ def warnings_of(placed: Sequence[_Placed]) -> list[Problem]:
 def _stops_every_match(rule: Rule) -> bool:
     """Whether the rule, wherever its keys match, is a hit that ends evaluation."""
     m = rule.match
-    return rule.enabled and not rule.continue_ and m.probability is None and m.schedule is None
+    return (rule.enabled and not rule.continue_ and m.probability is None and m.toxicity is None
+            and m.schedule is None)
 
 
 # -- one rule against its apis --------------------------------------------------------------
@@ -159,7 +160,16 @@ def covers(a: Match, b: Match) -> bool:
             and _addresses_cover(a.client_address, b.client_address) and _superset(a.broker_ids, b.broker_ids)
             and _topics_cover(a.topics, b.topics) and _superset(a.partitions, b.partitions)
             and _pattern_covers(a.group_id, b.group_id) and _pattern_covers(a.transactional_id, b.transactional_id)
-            and _superset(a.acks, b.acks))
+            and _superset(a.acks, b.acks) and _sizes_cover(a, b) and (a.record is None or a.record == b.record))
+
+
+def _sizes_cover(a: Match, b: Match) -> bool:
+    """``a``'s ``request_bytes`` bounds hold for every size ``b``'s let through."""
+    low = a.min_request_bytes is None or (b.min_request_bytes is not None
+                                          and b.min_request_bytes >= a.min_request_bytes)
+    high = a.max_request_bytes is None or (b.max_request_bytes is not None
+                                           and b.max_request_bytes <= a.max_request_bytes)
+    return low and high
 
 
 def _superset(a: frozenset[int] | None, b: frozenset[int] | None) -> bool:

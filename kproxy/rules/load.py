@@ -27,14 +27,17 @@ import yaml
 
 from kproxy.rules.load_actions import ActionReader
 from kproxy.rules.model import (
+    After,
     IpNetwork,
     Match,
     PrincipalPattern,
+    RecordMatch,
     Rule,
     RuleSet,
     Schedule,
     TimeWindow,
     TopicPattern,
+    sequence_problems,
 )
 from kproxy.rules.reading import DEFAULT_MAX_BYTES, read_rule_file
 from kproxy.rules.yaml_nodes import BAD, INT32, Bad, Problem, RulesError, did_you_mean, node_text
@@ -45,8 +48,9 @@ T = TypeVar("T")
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
 MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
-              "group_id", "transactional_id", "acks", "probability", "toxicity", "schedule")
-SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window")
+              "group_id", "transactional_id", "acks", "request_bytes", "record", "probability", "toxicity", "schedule")
+SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per",
+                 "period_seconds", "after")
 _TIME_OF_DAY = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)(?::([0-5]\d))?")
 
 
@@ -55,9 +59,11 @@ def load_text(text: str, source: str = "<rules>") -> RuleSet:
     return _Loader(source).load(text)
 
 
-def load_data(data: Any, source: str = "<data>") -> RuleSet:
+def load_data(data: Any, source: str = "<data>", *, partial: bool = False) -> RuleSet:
     """Load a rule file already parsed (JSON from the admin API: ``{"rules": [...], "seed": N}``)
-    with the same checks and messages as a file.
+    with the same checks and messages as a file. ``partial``: the rules are some of a set (the
+    admin API's one rule), so a ``schedule.after`` naming a rule not among them is the caller's to
+    check (:func:`kproxy.rules.model.sequence_problems` over the whole set).
 
     Its nodes are built from the data (:func:`data_node`), not rendered as YAML and composed again:
     that round trip took ~20 s for 10,000 rules, and with libyaml the compose is one C call that
@@ -69,6 +75,7 @@ def load_data(data: Any, source: str = "<data>") -> RuleSet:
         raise RulesError([Problem(source, 0, "(data)", f"not plain data: {exc}")]) from None
     loader = _Loader(source)
     loader.numbered = False
+    loader.partial = partial
     try:
         return loader.document(root)
     finally:
@@ -169,6 +176,7 @@ class _Loader(ActionReader):
     # Whether node lines are a file's. Data's nodes (load_data) are numbered in the data's order,
     # lines of no document the caller has: a message then points to a key path, never to a line.
     numbered = True
+    partial = False  # the rules are some of a set: sequences (schedule.after) checked by the caller
 
     # -- the document ---------------------------------------------------------------
     def load(self, text: str) -> RuleSet:
@@ -208,10 +216,15 @@ class _Loader(ActionReader):
         out: list[Rule] = []
         items = self.sequence(node, "rules")
         seen: dict[str, str] = {}
+        where: list[tuple[yaml.Node, str]] = []
         for i, item in enumerate(items):
             rule = self.rule(item, f"rules[{i}]", seen)
             if not isinstance(rule, Bad):
                 out.append(rule)
+                where.append((item, f"rules[{i}]"))
+        if not self.partial and not self.problems:  # a rule that did not load is no missing rule
+            for index, reason in sequence_problems(out):
+                self.fail(where[index][0], f"{where[index][1]}.match.schedule.after", reason)
         return out
 
     def rule(self, node: yaml.Node, path: str, seen: dict[str, str]) -> Rule | Bad:
@@ -284,6 +297,11 @@ class _Loader(ActionReader):
                 kw[key] = self.regex(m[key], f"{path}.{key}")
         if "acks" in m:
             kw["acks"] = self.one_or_many(m["acks"], f"{path}.acks", self.acks)
+        if "record" in m:
+            kw["record"] = self.record(m["record"], f"{path}.record")
+        if "request_bytes" in m:
+            kw["min_request_bytes"], kw["max_request_bytes"] = self.size_range(m["request_bytes"],
+                                                                               f"{path}.request_bytes")
         for key in ("probability", "toxicity"):
             if key in m:
                 kw[key] = self.number(m[key], f"{path}.{key}")
@@ -292,7 +310,8 @@ class _Loader(ActionReader):
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         # Point at the key a model check is about, when there is one.
-        where = next((k for k in ("probability", "toxicity", "acks", "api_version") if k in m), None)
+        where = next((k for k in ("probability", "toxicity", "acks", "api_version", "request_bytes", "record")
+                      if k in m), None)
         at = m[where] if where else node
         return self.build(at, f"{path}.{where}" if where else path, lambda: Match(**kw))
 
@@ -314,6 +333,32 @@ class _Loader(ActionReader):
             return lo, hi
         v = self.integer(node, path, 0, 2**15 - 1)
         return v, v
+
+    def record(self, node: yaml.Node, path: str) -> RecordMatch | Bad:
+        m = self.mapping(node, path, ("key", "header", "header_value"))
+        if m is None:
+            return BAD
+        kw: dict[str, Any] = {}
+        if "key" in m:
+            kw["key"] = self.regex(m["key"], f"{path}.key")
+        if "header" in m:
+            kw["header"] = self.string(m["header"], f"{path}.header")
+        if "header_value" in m:
+            kw["header_value"] = self.regex(m["header_value"], f"{path}.header_value")
+        return self.made(node, path, kw, RecordMatch)
+
+    def size_range(self, node: yaml.Node, path: str) -> tuple[Any, Any]:
+        """``{min: N, max: N}`` (either or both) of a byte count, bounds included."""
+        if not isinstance(node, yaml.MappingNode):
+            return self.fail(node, path, "expected {min: BYTES, max: BYTES} (either or both)"), BAD
+        m = self.mapping(node, path, ("min", "max"))
+        if m is None:
+            return BAD, BAD
+        lo = self.integer(m["min"], f"{path}.min", 0, INT32[1]) if "min" in m else None
+        hi = self.integer(m["max"], f"{path}.max", 0, INT32[1]) if "max" in m else None
+        if lo is None and hi is None:  # said once: an unknown key was reported already
+            return (self.fail(node, path, "give min, max or both") if not node.value else BAD), BAD
+        return lo, hi
 
     def topic(self, node: yaml.Node, path: str) -> TopicPattern | Bad:
         if isinstance(node, yaml.MappingNode):
@@ -374,9 +419,39 @@ class _Loader(ActionReader):
                                       reason="for_seconds must be > 0 (a zero duration never matches)")
         if "window" in m:
             kw["window"] = self.window(m["window"], f"{path}.window")
+        if "after" in m:
+            kw["after"] = self.after(m["after"], f"{path}.after")
+        if "period_seconds" in m:
+            kw["period_s"] = self.number(m["period_seconds"], f"{path}.period_seconds", 0.0, exclusive=True)
+        if "per" in m:
+            per = self.string(m["per"], f"{path}.per")
+            if per not in ("connection", "rule") and not isinstance(per, Bad):
+                per = self.fail(m["per"], f"{path}.per", f"per is connection or rule, got {per!r}")
+            if per == "connection" and not any(k in m for k in ("first", "every", "after_requests")):
+                per = self.fail(m["per"], f"{path}.per", "per: connection scopes the request counters: give "
+                                                         "first, every or after_requests")
+            kw["per_connection"] = per if isinstance(per, Bad) else per == "connection"
         if any(isinstance(v, Bad) for v in kw.values()):
             return BAD
         return self.build(node, path, lambda: Schedule(**kw))
+
+    def after(self, node: yaml.Node, path: str) -> After | Bad:
+        m = self.mapping(node, path, ("rule", "fired", "ended"))
+        if m is None:
+            return BAD
+        kw: dict[str, Any] = {}
+        rule = self.required(m, node, path, "rule", "the id of the rule to wait on")
+        kw["rule"] = BAD if rule is None else self.string(rule, f"{path}.rule")
+        if "fired" in m:
+            kw["fired"] = self.integer(m["fired"], f"{path}.fired", 1)
+        if "ended" in m:
+            ended = self.boolean(m["ended"], f"{path}.ended")
+            if ended is False:
+                ended = self.fail(m["ended"], f"{path}.ended", "ended is true, or leave it out")
+            kw["ended"] = ended
+        if ("fired" in m) == ("ended" in m):
+            return self.fail(node, path, "give one of fired: N or ended: true")
+        return self.made(node, path, kw, After)
 
     def window(self, node: yaml.Node, path: str) -> TimeWindow | Bad:
         m = self.mapping(node, path, ("start", "end"))

@@ -19,6 +19,7 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from kproxy.protocol.records import Record
 from kproxy.protocol.tables import ApiKey
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.patterns import UserPattern, compile_glob, compile_pattern
@@ -77,6 +78,36 @@ class PrincipalPattern:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordMatch:
+    """A ``record`` key: a Produce request matches when one of its records has a key matching
+    ``key`` (RE2, whole, the key read as UTF-8) and a header named ``header`` (exactly) whose value
+    matches ``header_value`` (when given), all on the same record. A null key matches no ``key``."""
+
+    key: UserPattern | None = None
+    header: str | None = None
+    header_value: UserPattern | None = None
+
+    def __post_init__(self) -> None:
+        if self.header_value is not None and self.header is None:
+            raise ValueError("header_value needs header (the header's name)")
+        if self.key is None and self.header is None:
+            raise ValueError("give key, header or both")
+
+    def matches(self, record: Record) -> bool:
+        if self.key is not None:
+            key = record.key
+            if key is None or not self.key.fullmatch(bytes(key).decode("utf-8", "replace")):
+                return False
+        if self.header is None:
+            return True
+        for name, value in record.headers:
+            if name == self.header and (self.header_value is None or (
+                    value is not None and self.header_value.fullmatch(bytes(value).decode("utf-8", "replace")))):
+                return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
 class TimeWindow:
     """A daily UTC window, in seconds after midnight; ``end < start`` wraps past midnight."""
 
@@ -97,6 +128,24 @@ class TimeWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class After:
+    """A rule that waits on another (YAML ``schedule: {after: {rule: ID, fired: N}}`` or ``{rule:
+    ID, ended: true}``): it matches nothing until rule ``rule`` has hit ``fired`` times (dry runs
+    included), or has ended (:func:`ends`); then its time conditions count from the first request
+    it meets after that. Checked against the other rules by :func:`sequence_problems`."""
+
+    rule: str
+    fired: int | None = None
+    ended: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.fired is None) == (not self.ended):
+            raise ValueError("give one of fired: N or ended: true")
+        if self.fired is not None and self.fired < 1:
+            raise ValueError("fired must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Schedule:
     """When a rule is live, counted over the requests that pass its other match keys.
 
@@ -104,6 +153,11 @@ class Schedule:
     most N; ``every`` takes every Nth of those remaining (the 1st, N+1th...).
     ``after_s`` and ``for_s`` are seconds since the rule set was loaded;
     ``window`` is a daily UTC window. All given conditions must hold.
+    ``period_s``: the ``for_s`` window comes back every that many seconds (flapping: 30 s of
+    faults every 5 minutes is ``for_s`` 30, ``period_s`` 300), from ``after_s`` on.
+    ``after``: the rule waits on another (:class:`After`).
+    ``per_connection``: the counters count each connection's requests apart (YAML ``per:
+    connection``: "the first Fetch of every new connection"), not the rule's over all connections.
     """
 
     after_requests: int = 0
@@ -112,8 +166,13 @@ class Schedule:
     after_s: float = 0.0
     for_s: float | None = None
     window: TimeWindow | None = None
+    per_connection: bool = False
+    period_s: float | None = None
+    after: After | None = None
 
     def __post_init__(self) -> None:
+        if self.per_connection and not self.counts:
+            raise ValueError("per: connection scopes the request counters: give first, every or after_requests")
         if self.after_requests < 0:
             raise ValueError("after_requests must be >= 0")
         if self.first is not None and self.first < 1:
@@ -124,6 +183,23 @@ class Schedule:
             raise ValueError("after_seconds must be >= 0")
         if self.for_s is not None and self.for_s <= 0:
             raise ValueError("for_seconds must be > 0 (a zero duration never matches)")
+        if self.period_s is not None:
+            if self.for_s is None:
+                raise ValueError("period_seconds repeats the for_seconds window: give for_seconds")
+            if self.period_s <= self.for_s:
+                raise ValueError("period_seconds must be above for_seconds (else the window never closes)")
+
+    def in_time(self, elapsed: float) -> bool:
+        """Whether ``after_s``, ``for_s`` and ``period_s`` hold ``elapsed`` seconds after the start."""
+        if elapsed < self.after_s:
+            return False
+        if self.for_s is not None:
+            since = elapsed - self.after_s
+            if self.period_s is not None:
+                since %= self.period_s
+            if since >= self.for_s:
+                return False
+        return True
 
     @property
     def counts(self) -> bool:
@@ -151,6 +227,9 @@ class Match:
     group_id: UserPattern | None = None
     transactional_id: UserPattern | None = None
     acks: frozenset[int] | None = None
+    min_request_bytes: int | None = None  # the request frame's size, size prefix included
+    max_request_bytes: int | None = None
+    record: RecordMatch | None = None
     probability: float | None = None
     toxicity: float | None = None
     schedule: Schedule | None = None
@@ -162,10 +241,15 @@ class Match:
             raise ValueError("toxicity must be in (0, 1]")
         if self.min_version is not None and self.max_version is not None and self.min_version > self.max_version:
             raise ValueError("min is above max")
+        if (self.min_request_bytes is not None and self.max_request_bytes is not None
+                and self.min_request_bytes > self.max_request_bytes):
+            raise ValueError("request_bytes: min is above max")
         if self.acks is not None and not self.acks <= {-1, 0, 1}:
             raise ValueError("acks is -1 (all), 0 or 1")
         if self.acks is not None and self.apis is not None and ApiKey.PRODUCE not in self.apis:
             raise ValueError("acks only exists on produce requests")
+        if self.record is not None and self.apis != frozenset({ApiKey.PRODUCE}):
+            raise ValueError("record matches the records of Produce requests: give api: produce")
 
     @property
     def needs_topics(self) -> bool:
@@ -197,6 +281,46 @@ class Rule:
             reason = action.check(self.match.apis)
             if reason is not None:
                 raise ValueError(reason)
+
+
+def ends(rule: Rule) -> bool:
+    """Whether a rule can end for good: its ``first`` (counted per rule) runs out, or its
+    ``for_seconds`` window closes (with no ``period_seconds`` to bring it back)."""
+    s = rule.match.schedule
+    return s is not None and ((s.first is not None and not s.per_connection)
+                              or (s.for_s is not None and s.period_s is None))
+
+
+def sequence_problems(rules: tuple[Rule, ...] | list[Rule]) -> list[tuple[int, str]]:
+    """What is wrong with the ``schedule.after`` keys of a rule list, as (index of the rule, reason):
+    a rule waiting on no rule of the list, on itself, on a rule that never ends (``ended``), or in
+    a cycle of rules waiting on each other."""
+    by_id = {r.id: r for r in rules}
+    out: list[tuple[int, str]] = []
+    for i, rule in enumerate(rules):
+        s = rule.match.schedule
+        after = s.after if s is not None else None
+        if after is None:
+            continue
+        target = by_id.get(after.rule)
+        if target is None:
+            out.append((i, f"names no rule {after.rule!r}"))
+        elif target is rule:
+            out.append((i, "a rule cannot wait on itself"))
+        elif after.ended and not ends(target):
+            out.append((i, f"rule {after.rule!r} never ends: give it for_seconds (without period_seconds) or "
+                           "first (per rule), or wait on fired: N"))
+        else:
+            chain = [rule.id]
+            while target is not None and target.match.schedule is not None and target.match.schedule.after:
+                chain.append(target.id)
+                if target is rule:
+                    out.append((i, f"rules wait on each other in a cycle ({' -> '.join(chain)})"))
+                    break
+                if len(chain) > len(rules):
+                    break
+                target = by_id.get(target.match.schedule.after.rule)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,9 @@ log = logging.getLogger("kproxy.connection")
 EnsureListeners = Callable[[Sequence[BrokerRoute]], Awaitable[None]]
 # Opens the upstream connection on the session's ConnectUpstream (raises UpstreamUnavailable).
 UpstreamOpener = Callable[[], Awaitable[tuple[trio.abc.Stream, HostPort]]]
+# Request frames of one client chunk taken in one turn of the loop (Connection._forward): a turn
+# spent on a client pipelining tiny requests stays short for every other connection.
+TURN_FRAMES: Final = 128
 _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffered
 # How long a login kproxy did not check (its address over its share of password hashes) waits for its
 # refusal: about what a check under load takes, so a flood's refused connections cannot churn.
@@ -332,25 +335,33 @@ class Connection:
             self._end(scope, "shutdown")
 
     async def _forward(self, data: bytes | bytearray, scope: trio.CancelScope) -> bool:
-        """Take one chunk from the client and do what the session says; False once it closed."""
+        """Take one chunk from the client and do what the session says; False once it closed.
+
+        The session takes at most TURN_FRAMES of the chunk's requests at a time; the others are
+        taken after a pass through the scheduler (a client pipelining thousands of tiny requests,
+        and their rules' work, does not hold every other connection for a whole read's worth)."""
         session = self.session
         read_at = session.clock()
         self._touch()
         self.stats.bytes_from_client += len(data)
-        commands = session.receive_client(data, read_at)
-        if session.wire_orders:
-            self._install(session.wire_orders)
-        begun = session.partial_request_at
-        if begun is None:
-            if self._frame_due != _NO_FRAME:
-                self._frame_due = _NO_FRAME
-        elif begun != self._frame_at or self._frame_due == _NO_FRAME:
-            self._frame_at = begun
-            self._frame_begun()
-        if commands and not await self._execute(commands, scope):
-            return False
-        session.report()  # metrics, once the bytes are on their way
-        return True
+        commands = session.receive_client(data, read_at, TURN_FRAMES)
+        while True:
+            if session.wire_orders:
+                self._install(session.wire_orders)
+            begun = session.partial_request_at
+            if begun is None:
+                if self._frame_due != _NO_FRAME:
+                    self._frame_due = _NO_FRAME
+            elif begun != self._frame_at or self._frame_due == _NO_FRAME:
+                self._frame_at = begun
+                self._frame_begun()
+            if commands and not await self._execute(commands, scope):
+                return False
+            session.report()  # metrics, once the bytes are on their way
+            if not session.more_client:
+                return True
+            await trio.lowlevel.checkpoint()
+            commands = session.receive_client_more(TURN_FRAMES)
 
     async def _upstream_to_client(self, scope: trio.CancelScope) -> None:
         session = self.session
@@ -362,12 +373,17 @@ class Connection:
                                                           else ""))
                     return
                 self._touch()
-                commands = session.receive_upstream(data)
-                if session.wire_orders:  # verdicts on client requests a login held, taken now
-                    self._install(session.wire_orders)
-                if commands and not await self._execute(commands, scope):
-                    return
-                session.report()
+                commands = session.receive_upstream(data, TURN_FRAMES)  # as the client's chunks (_forward)
+                while True:
+                    if session.wire_orders:  # verdicts on client requests a login held, taken now
+                        self._install(session.wire_orders)
+                    if commands and not await self._execute(commands, scope):
+                        return
+                    session.report()
+                    if not session.more_upstream:
+                        break
+                    await trio.lowlevel.checkpoint()
+                    commands = session.receive_upstream_more(TURN_FRAMES)
                 if session.can_accept:
                     self._room.set()
                 if self.draining and not session.in_flight_count:

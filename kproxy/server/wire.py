@@ -7,6 +7,10 @@ unless :data:`QUEUE_BYTES` are already queued, then waits for room (backpressure
 pump that cannot write stops reading). One task writes the queue in order, each piece no earlier
 than its due time. Once no toxic of the direction is in force and the queue is empty, the task
 gives the direction back its plain writers and ends: the connection pays nothing more for it.
+
+The writing tasks of all connections share one budget of loop time (:class:`WriteBudget`,
+WRITE_BUDGET of every BUDGET_WINDOW): once it is spent they sleep until the next window, so
+connections without toxics keep their turns however many bytes the toxics cut into writes.
 """
 
 from __future__ import annotations
@@ -25,8 +29,44 @@ from kproxy.wire_toxics import Installed, Owner, Toxic, WireShaper
 QUEUE_BYTES = 256 * 1024
 # A writer that finds its pieces already due yields to the scheduler every this many writes.
 YIELD_EVERY = 64
+# All toxic writers of the loop together write for at most WRITE_BUDGET seconds of every
+# BUDGET_WINDOW; a writer that finds the budget spent sleeps to the window's end (one timer per
+# batch of writes). A 1-byte slicer on many connections costs a write per byte: without a bound
+# their writes would fill every turn of the loop, and every other connection would wait behind them.
+BUDGET_WINDOW = 0.004
+WRITE_BUDGET = 0.002
 
 Buffer = bytes | bytearray | memoryview
+
+
+class WriteBudget:
+    """The time the toxic writers of one trio run may spend writing (see WRITE_BUDGET)."""
+
+    __slots__ = ("left", "window_end")
+
+    def __init__(self) -> None:
+        self.window_end = 0.0
+        self.left = WRITE_BUDGET
+
+    def resume_at(self, now: float) -> float | None:
+        """None when a writer may write at ``now``; else when the next window opens."""
+        if now >= self.window_end:
+            self.window_end = now + BUDGET_WINDOW
+            self.left = WRITE_BUDGET
+        return None if self.left > 0 else self.window_end
+
+
+_BUDGET: trio.lowlevel.RunVar[WriteBudget] = trio.lowlevel.RunVar("kproxy_toxic_write_budget")
+
+
+def write_budget() -> WriteBudget:
+    """This trio run's budget (one per loop: the loop is what the connections share)."""
+    try:
+        return _BUDGET.get()
+    except LookupError:
+        budget = WriteBudget()
+        _BUDGET.set(budget)
+        return budget
 
 
 class ToxicWriter:
@@ -80,6 +120,7 @@ class ToxicWriter:
 
     async def _write_queue(self) -> None:
         shaper, queue, raw = self.shaper, self._queue, self._raw
+        budget, clock = write_budget(), trio.current_time
         writes = 0
         while True:
             if not queue:
@@ -95,16 +136,26 @@ class ToxicWriter:
                 await self._more.wait()
                 continue
             now, data = queue.popleft()
+            began = clock()
             for due, piece in shaper.shape(data, now):
-                if due > trio.current_time():
+                at = clock()
+                if due > at:
+                    budget.left -= at - began
                     await trio.sleep_until(due)
-                    writes = 0
+                    writes, began = 0, clock()
+                elif (resume := budget.resume_at(at)) is not None:
+                    await trio.sleep_until(resume)
+                    writes, began = 0, clock()
                 elif writes >= YIELD_EVERY:
+                    budget.left -= at - began
                     await trio.lowlevel.checkpoint()
-                    writes = 0
+                    writes, began = 0, clock()
                 await raw(piece if isinstance(piece, bytes) else bytes(piece))
                 writes += 1
                 self._touch()
+                at = clock()
+                budget.left -= at - began
+                began = at
             self._queued -= len(data)
             if self._queued <= QUEUE_BYTES:
                 self._room.set()

@@ -188,14 +188,34 @@ def rules_table(listing: dict[str, object]) -> str:
     lines = [f"generation {listing.get('generation')}  origin {listing.get('origin')}  "
              f"diverged from file: {'yes' if listing.get('diverged') else 'no'}"
              + (f"  loaded {duration(age)} ago" if isinstance(age, int | float) else "")]
-    rows = [("ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS")]
+    rows = [("ID", "ENABLED", "DRY_RUN", "HITS", "DRY_RUN_HITS", "SINCE_LOAD", "ACTIONS", "STATE")]
     for rule in rules if isinstance(rules, list) else ():
         rows.append((str(rule["id"]), "yes" if rule["enabled"] else "no", "yes" if rule["dry_run"] else "no",
                      str(sum(rule["hits"].values())), str(sum(rule["dry_run_hits"].values())),
-                     _since_load(rule), ",".join(rule["actions"])))
+                     _since_load(rule), ",".join(rule["actions"]), _state(rule.get("state"))))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)
+
+
+def _state(state: Any) -> str:
+    """A rule's live state (``GET /rules``' ``state``) in a few words: ``counted=2``, ``window=open
+    for 12s``, ``ramp=255ms``, ``per=connection``, ``request_bytes>=1048576``; empty without one."""
+    if not isinstance(state, dict):
+        return ""
+    words: list[str] = []
+    for key, value in state.items():
+        if key == "window_open":
+            change = state.get("window_changes_in_seconds")
+            words.append(f"window={'open' if value else 'closed'}"
+                         + (f" for {duration(change)}" if isinstance(change, int | float) else ""))
+        elif key == "ramp_ms":
+            words.append("ramp=" + ",".join(f"{ms:g}ms" for ms in value if isinstance(ms, int | float)))
+        elif key == "request_bytes" and isinstance(value, dict):
+            words += [f"request_bytes{'>=' if k == 'min' else '<='}{v}" for k, v in value.items()]
+        elif key != "window_changes_in_seconds":
+            words.append(f"{key}={value}")
+    return " ".join(words)
 
 
 def _since_load(rule: dict[str, Any]) -> str:

@@ -8,6 +8,11 @@ request the rule matches on a connection on, every chunk of that connection's by
 ``direction`` (:mod:`kproxy.rules.actions.direction`) leaves ``ms`` (± its own jitter) after
 kproxy would have written it, in order (:class:`kproxy.wire_toxics.Latency`), while the rule is in
 force; ``direction`` is for ``at: wire`` only.
+
+A ramp: ``ms: {from: 10, to: 500, over_seconds: 300}`` (:class:`Ramp`) grows the delay linearly
+from ``from`` to ``to`` over that many seconds, counted from the start of the rule's time
+conditions (its load, plus ``after_seconds``), and keeps ``to`` after; jitter is drawn around the
+ramp's value. The engine works the value out per request (a ramping delay is never a fixed hit).
 """
 
 from __future__ import annotations
@@ -17,14 +22,14 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import yaml
+
 from kproxy.rules.actions.base import MAX_DURATION_MS, HitKey, RuleAction
 from kproxy.rules.actions.direction import DEFAULT_DIRECTION, read_direction
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
 from kproxy.wire_toxics import Direction, Latency
 
 if TYPE_CHECKING:
-    import yaml
-
     from kproxy.rules.actions.draft import VerdictDraft
 
 
@@ -40,12 +45,36 @@ class DelayPoint(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class Ramp:
+    """A delay growing linearly from ``from_ms`` to ``to_ms`` over ``over_s`` seconds, then ``to_ms``."""
+
+    from_ms: float
+    to_ms: float
+    over_s: float
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.from_ms <= MAX_DURATION_MS and 0 <= self.to_ms <= MAX_DURATION_MS):
+            raise ValueError(f"from and to must be between 0 and {MAX_DURATION_MS} (a week)")
+        if not 0 < self.over_s <= MAX_DURATION_MS / 1000:
+            raise ValueError("over_seconds must be above 0 and at most 604800 (a week)")
+
+    def ms_at(self, elapsed_s: float) -> float:
+        """The delay ``elapsed_s`` seconds into the ramp."""
+        if elapsed_s <= 0:
+            return self.from_ms
+        if elapsed_s >= self.over_s:
+            return self.to_ms
+        return self.from_ms + (self.to_ms - self.from_ms) * (elapsed_s / self.over_s)
+
+
+@dataclass(frozen=True, slots=True)
 class Delay(RuleAction):
     ms: float
     jitter_ms: float = 0.0
     distribution: Distribution = Distribution.UNIFORM
     at: DelayPoint = DelayPoint.REQUEST
     direction: Direction | None = None  # at: wire only (None there: DEFAULT_DIRECTION)
+    ramp: Ramp | None = None  # ``ms`` given as a ramp; ``ms`` is then its ``from``
 
     kind: ClassVar[str] = "delay"
     keys: ClassVar[tuple[str, ...]] = ("ms", "jitter_ms", "distribution", "at", "direction")
@@ -60,23 +89,32 @@ class Delay(RuleAction):
             raise ValueError(f"ms and jitter_ms must be <= {MAX_DURATION_MS} (a week)")
         if self.direction is not None and self.at is not DelayPoint.WIRE:
             raise ValueError("direction is for at: wire only (a request or response delay holds one frame)")
+        if self.ramp is not None and self.at is DelayPoint.WIRE:
+            raise ValueError("a ramp (ms: {from, to, over_seconds}) is for at: request or response: a wire "
+                             "delay's chunks have no rule time")
 
-    def resolve(self, draw: float) -> float:
-        """The delay in ms for a uniform draw in [0, 1) (the engine's, so runs replay)."""
+    def resolve(self, draw: float, ms: float | None = None) -> float:
+        """The delay in ms for a uniform draw in [0, 1) (the engine's, so runs replay), around
+        ``ms`` (a ramp's value now; None: :attr:`ms`)."""
+        mean = self.ms if ms is None else ms
         if self.jitter_ms == 0:
-            return self.ms
+            return mean
         if self.distribution is Distribution.UNIFORM:
-            return max(0.0, self.ms + (2 * draw - 1) * self.jitter_ms)
+            return max(0.0, mean + (2 * draw - 1) * self.jitter_ms)
         # Inverse CDF of the same uniform draw: one draw per delay whatever the distribution.
         p = min(max(draw, 1e-12), 1 - 1e-12)
-        return max(0.0, NormalDist(self.ms, self.jitter_ms).inv_cdf(p))
+        return max(0.0, NormalDist(mean, self.jitter_ms).inv_cdf(p))
 
     @classmethod
     def read(cls, reader: NodeReader, m: dict[str, yaml.Node], at: yaml.Node, path: str,
              apis: frozenset[int] | None) -> RuleAction | Bad:
         kw: dict[str, Any] = {}
         ms = reader.required(m, at, path, "ms", "milliseconds")
-        kw["ms"] = BAD if ms is None else reader.number(ms, f"{path}.ms", 0.0, hi=MAX_DURATION_MS)
+        if ms is not None and isinstance(ms, yaml.MappingNode):
+            kw["ramp"] = ramp = cls.read_ramp(reader, ms, f"{path}.ms")
+            kw["ms"] = ramp.from_ms if isinstance(ramp, Ramp) else BAD
+        else:
+            kw["ms"] = BAD if ms is None else reader.number(ms, f"{path}.ms", 0.0, hi=MAX_DURATION_MS)
         if "jitter_ms" in m:
             kw["jitter_ms"] = reader.number(m["jitter_ms"], f"{path}.jitter_ms", 0.0, hi=MAX_DURATION_MS)
         if "distribution" in m:
@@ -85,6 +123,20 @@ class Delay(RuleAction):
             kw["at"] = reader.choice(m["at"], f"{path}.at", DelayPoint)
         read_direction(reader, m, path, kw)
         return reader.made(at, path, kw, cls)
+
+    @staticmethod
+    def read_ramp(reader: NodeReader, node: yaml.Node, path: str) -> Ramp | Bad:
+        m = reader.mapping(node, path, ("from", "to", "over_seconds"))
+        if m is None:
+            return BAD
+        kw: dict[str, Any] = {}
+        for key, name in (("from", "from_ms"), ("to", "to_ms")):
+            value = reader.required(m, node, path, key, "milliseconds")
+            kw[name] = BAD if value is None else reader.number(value, f"{path}.{key}", 0.0, hi=MAX_DURATION_MS)
+        over = reader.required(m, node, path, "over_seconds", "seconds the ramp takes")
+        kw["over_s"] = BAD if over is None else reader.number(over, f"{path}.over_seconds", 0.0, exclusive=True,
+                                                               hi=MAX_DURATION_MS / 1000)
+        return reader.made(node, path, kw, Ramp)
 
     def wire_delay_s(self, draw: float) -> float:
         """A wire delay in seconds for a uniform draw (one per chunk: kproxy.wire_toxics.Latency)."""

@@ -1,8 +1,12 @@
-"""The ``throttle`` action: token buckets per client id, topic or globally, as a broker's quotas.
+"""The ``throttle`` action: token buckets per client id, principal, topic or globally, as quotas.
 
-YAML: ``- throttle: {bytes_per_second: 1e6, requests_per_second: 50, scope: client_id|topic|global,
-burst_seconds: 1}``. A request over its rate is held for the debt (:class:`kproxy.rules.bucket.TokenBucket`,
-through :meth:`kproxy.rules.engine.RuleEngine.throttle_s`), and its answer reports in
+YAML: ``- throttle: {bytes_per_second: 1e6, requests_per_second: 50, scope:
+client_id|principal|topic|global, burst_seconds: 1}``. ``scope: principal`` is Kafka's user
+quota: one bucket per authenticated principal (``User:alice``, whatever her client ids and
+connections), and one shared by the connections whose principal is unknown (as Kafka's
+``User:ANONYMOUS``). A request over its rate is held for the debt
+(:class:`kproxy.rules.bucket.TokenBucket`, through
+:meth:`kproxy.rules.engine.RuleEngine.throttle_s`), and its answer reports in
 ``throttle_time_ms`` the throttle time a broker with that quota would give it: its own bytes'
 share, not the wait behind requests pipelined ahead of it (kproxy/rules/bucket.py); a Fetch
 under a byte rate is charged with its response's size instead
@@ -38,6 +42,7 @@ MAX_RATE = 1e15  # per second, bytes or requests: far above any link, and rate *
 
 class ThrottleScope(enum.Enum):
     CLIENT_ID = "client_id"
+    PRINCIPAL = "principal"
     TOPIC = "topic"
     GLOBAL = "global"
 

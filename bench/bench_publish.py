@@ -1,0 +1,366 @@
+"""Publish latency at a fixed rate: direct (twice, the A/A pair), the bare trio pipe and kproxy variants.
+
+    .venv/bin/python bench/bench_publish.py [--rounds N] [--seconds S] [--quick] [--variants LIST]
+                                            [--rates LIST] [--sizes LIST]
+
+The measure users watch and the OpenMessaging Benchmark's Kafka driver reports: one librdkafka
+producer (confluent-kafka; acks=all, linger.ms=1) sends at a fixed rate, round-robin over 10
+topics, and each message's publish latency is librdkafka's own, from ``produce()`` to its
+acknowledgement (``Message.latency()``, so when the delivery callback happens to run does not
+count). Per path, rate and value size: avg, p50, p99, p99.9 and max, and what each adds over
+direct; the proxy process's CPU per message and per Produce request (the broker's request count
+from librdkafka's statistics) over the same seconds.
+
+Paths, measured in rounds whose path order rotates (medians of the rounds reported):
+
+* ``direct`` and ``direct A/A``: the broker itself, twice; what the two differ by is the
+  machine's noise floor in this run;
+* ``pipe``: bench/pipe.py, the Python floor. A byte pipe cannot rewrite the broker address a
+  Metadata answer gives, and a client sends its Produce requests to that address, so the pipe
+  has a Tansu broker of its own (identical, memory storage) that advertises the pipe's port;
+* kproxy variants (bench/_paths.py's presets, one process each): ``metrics`` (the defaults) and
+  ``labels`` (everything on: topic and client id labels, 100 rules, capture) unless
+  ``--variants`` says otherwise.
+
+Prints Markdown tables for docs/PERFORMANCE.md; progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+
+import _tansu  # noqa: E402
+import _wire as wire  # noqa: E402
+from _paths import VARIANTS, Hop, cpu_seconds, pipe_hop, variant_hops  # noqa: E402
+from _stalls import LONG  # noqa: E402
+from _util import machine_line, percentile, table  # noqa: E402
+
+Path_ = tuple[Hop, int | None]  # a path, and the port of the broker behind it that it must not bypass (None: direct)
+TOPICS = [f"publish-{i}" for i in range(10)]
+DIRECT, DIRECT_AA = "direct", "direct A/A"
+STATS = ("avg", "p50", "p99", "p99.9", "max")
+
+
+@dataclass
+class Sample:
+    """One path's measurement at one rate and size in one round."""
+
+    latencies: list[float]  # seconds, one per acknowledged message
+    failed: int
+    seconds: float
+    cpu_s: float | None  # the proxy process's CPU over the measurement (None for direct)
+    produce_requests: int
+
+    def stats(self) -> dict[str, float]:
+        lat = self.latencies
+        return {"avg": statistics.fmean(lat), "p50": percentile(lat, 50), "p99": percentile(lat, 99),
+                "p99.9": percentile(lat, 99.9), "max": max(lat)}
+
+
+@dataclass
+class Load:
+    rate: int
+    size: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.rate:,} msg/s x {self.size:,} B"
+
+
+@dataclass
+class Results:
+    """Per load label and path: one Sample per round."""
+
+    samples: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)
+
+    def add(self, load: Load, path: str, sample: Sample) -> None:
+        self.samples.setdefault(load.label, {}).setdefault(path, []).append(sample)
+
+
+def create_topics(port: int) -> None:
+    with contextlib.closing(wire.connect(port)) as s:
+        for topic in TOPICS:
+            res = wire.call(s, wire.CREATE_TOPICS, wire.create_topic_request(topic))
+            assert res["topics"][0]["error_code"] == 0, res
+
+
+def produce_requests_of(stats_json: str, hop: Hop, broker_port: int | None) -> int:
+    """Produce requests sent, from one librdkafka statistics document; raises when a proxy's
+    client sent any straight to ``broker_port``, the broker's own address (a path the messages
+    did not take measures nothing)."""
+    doc = json.loads(stats_json)
+    brokers = [b for b in doc.get("brokers", {}).values() if b.get("nodeid", -1) >= 0]
+    bypassed = [b["name"] for b in brokers if b.get("req", {}).get("Produce", 0) and broker_port is not None
+                and b["name"].split("/")[0].endswith(f":{broker_port}")]
+    if bypassed:
+        raise RuntimeError(f"{hop.name}: Produce requests went to the broker itself ({bypassed}), not through "
+                           f"the path (its port {hop.port})")
+    return sum(b.get("req", {}).get("Produce", 0) for b in brokers)
+
+
+def publish(hop: Hop, load: Load, seconds: float, warmup: float, broker_port: int | None = None) -> Sample:
+    """Send ``load.rate`` messages a second, round-robin over TOPICS, through ``hop`` for ``warmup``
+    seconds and then ``seconds`` more; the latencies of the messages sent after the warm-up.
+    ``broker_port``: the address of the broker behind a proxy, which no Produce request may reach
+    directly."""
+    from confluent_kafka import Producer
+
+    latencies: list[float] = []
+    failed = [0]
+    stats: list[str] = []
+
+    def warm(err: object, _msg: object) -> None:
+        if err is not None:
+            failed[0] += 1
+
+    def counted(err: object, msg: Any) -> None:
+        if err is not None:
+            failed[0] += 1
+        else:
+            latencies.append(msg.latency())
+
+    producer = Producer({
+        "bootstrap.servers": f"127.0.0.1:{hop.port}", "acks": "all", "linger.ms": 1,
+        "client.id": "bench-publish", "enable.idempotence": False, "statistics.interval.ms": 100,
+        "stats_cb": stats.append,
+    })
+    value = b"x" * load.size
+    try:
+        # Connections up and metadata in before the clock starts.
+        for topic in TOPICS:
+            producer.produce(topic, value, on_delivery=warm)
+        if producer.flush(10):
+            raise RuntimeError(f"{hop.name}: the first messages were not acknowledged within 10 s")
+        paced(producer, load, warmup, warm)
+        req0 = produce_requests_of(fresh_stats(producer, stats), hop, broker_port)
+        cpu0 = cpu_seconds(hop.pid) if hop.pid else 0.0
+        measured = paced(producer, load, seconds, counted)
+        if producer.flush(30):
+            raise RuntimeError(f"{hop.name}: messages still unacknowledged 30 s after the last was sent")
+        cpu = cpu_seconds(hop.pid) - cpu0 if hop.pid else None
+        reqs = produce_requests_of(fresh_stats(producer, stats), hop, broker_port) - req0
+    finally:
+        producer.flush(5)
+    if not latencies:
+        raise RuntimeError(f"{hop.name}: no message was acknowledged ({failed[0]} failed)")
+    return Sample(latencies, failed[0], measured, cpu, reqs)
+
+
+def fresh_stats(producer: Any, stats: list[str]) -> str:
+    """The next statistics document librdkafka emits (every 100 ms)."""
+    stats.clear()
+    deadline = time.monotonic() + 5
+    while not stats:
+        if time.monotonic() > deadline:
+            raise RuntimeError("librdkafka sent no statistics within 5 s")
+        producer.poll(0.05)
+    return stats[-1]
+
+
+def paced(producer: Any, load: Load, seconds: float, on_delivery: Any) -> float:
+    """Produce at ``load.rate`` messages a second for ``seconds``: each message at its slot of a
+    fixed schedule (a late tick sends what fell due, as a fixed-rate driver does). Returns the
+    seconds it took."""
+    value = b"x" * load.size
+    total = max(1, round(seconds * load.rate))
+    interval = 1.0 / load.rate
+    clock = time.perf_counter
+    start = clock()
+    sent = 0
+    while sent < total:
+        due = min(total, int((clock() - start) * load.rate) + 1)
+        while sent < due:
+            producer.produce(TOPICS[sent % len(TOPICS)], value, on_delivery=on_delivery)
+            sent += 1
+        producer.poll(0)
+        wait = start + sent * interval - clock()
+        if wait > 0:
+            time.sleep(wait)
+    return clock() - start
+
+
+# -- paths --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str]) -> Iterator[list[Path_]]:
+    """Both brokers with their topics, and every path but those named in ``skip`` with the port of
+    the broker behind it (None for direct), until the block ends."""
+    port_a, port_b = _tansu.free_port(), _tansu.free_port()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_tansu.broker(port_a, logs / "bench-publish-broker.log"))
+        pipe = pipe_hop(stack, sys.executable, f"127.0.0.1:{port_b}", logs, log_suffix="-publish")
+        stack.enter_context(_tansu.broker(port_b, logs / "bench-publish-broker-pipe.log", advertised_port=pipe.port))
+        create_topics(port_a)
+        create_topics(port_b)
+        paths: list[Path_] = [(Hop(DIRECT, port_a), None), (Hop(DIRECT_AA, port_a), None),
+                                               (pipe, port_b)]
+        paths += [(h, port_a) for h in variant_hops(stack, sys.executable, f"127.0.0.1:{port_a}", keys, workdir,
+                                                     logs, "-publish")]
+        yield [(h, b) for h, b in paths if h.name == DIRECT or h.name not in skip]
+
+
+def rotated(hops: list[Path_], r: int) -> list[Path_]:
+    k = r % len(hops)
+    return hops[k:] + hops[:k]
+
+
+def measure(hops: list[Path_], loads: list[Load], rounds: int, seconds: float, warmup: float) -> Results:
+    results = Results()
+    for r in range(rounds):
+        for load in loads:
+            for hop, broker_port in rotated(hops, r):
+                sample = publish(hop, load, seconds, warmup, broker_port)
+                results.add(load, hop.name, sample)
+                s = sample.stats()
+                print(f"  round {r + 1}/{rounds} {load.label} {hop.name}: avg {1e3 * s['avg']:.2f} ms, "
+                      f"p99 {1e3 * s['p99']:.2f} ms, max {1e3 * s['max']:.1f} ms", file=sys.stderr)
+    return results
+
+
+# -- report -------------------------------------------------------------------------------------
+def added(samples: dict[str, list[Sample]], path: str, stat: str) -> float:
+    """Median over rounds of ``path``'s ``stat`` minus direct's in the same round (seconds)."""
+    return statistics.median(a.stats()[stat] - d.stats()[stat]
+                             for a, d in zip(samples[path], samples[DIRECT], strict=True))
+
+
+def ms(seconds: float) -> str:
+    return f"{1e3 * seconds:+.2f}" if seconds < 0 else f"{1e3 * seconds:.2f}"
+
+
+def load_table(samples: dict[str, list[Sample]]) -> str:
+    rows = []
+    for path, runs in samples.items():
+        med = {k: statistics.median(s.stats()[k] for s in runs) for k in STATS}
+        cpu = [s.cpu_s for s in runs if s.cpu_s is not None]
+        per_msg = statistics.median(c / len(s.latencies) for c, s in zip(cpu, runs, strict=False)) if cpu else None
+        per_req = (statistics.median(s.cpu_s / s.produce_requests for s in runs
+                                     if s.cpu_s is not None and s.produce_requests) if cpu else None)
+        extra = ["-", "-"] if path == DIRECT else [ms(added(samples, path, "avg")), ms(added(samples, path, "p99"))]
+        reqs = statistics.median(s.produce_requests / s.seconds for s in runs)
+        rows.append([path, *(ms(med[k]) for k in STATS), *extra, f"{reqs:,.0f}",
+                     f"{1e6 * per_msg:.0f}" if per_msg is not None else "-",
+                     f"{1e6 * per_req:.0f}" if per_req is not None else "-"])
+    return table(["path", "avg ms", "p50", "p99", "p99.9", "max", "added avg", "added p99", "Produce req/s",
+                  "proxy CPU µs/msg", "µs/request"], rows)
+
+
+def target_rows(results: Results, candidate: str) -> list[list[str]]:
+    """Issue 37's bar: ``candidate``'s added avg at most 1.5x the pipe's + 0.1 ms, its added p99
+    at most the pipe's + 1 ms."""
+    rows = []
+    for label, samples in results.samples.items():
+        if candidate not in samples or "pipe" not in samples:
+            continue
+        a, pa = added(samples, candidate, "avg"), added(samples, "pipe", "avg")
+        p, pp = added(samples, candidate, "p99"), added(samples, "pipe", "p99")
+        bar_a, bar_p = 1.5 * max(pa, 0.0) + 1e-4, max(pp, 0.0) + 1e-3
+        rows.append([f"{label}: added avg", ms(a), f"<= {ms(bar_a)}", "met" if a <= bar_a else "**not met**"])
+        rows.append([f"{label}: added p99", ms(p), f"<= {ms(bar_p)}", "met" if p <= bar_p else "**not met**"])
+    return rows
+
+
+def print_report(results: Results, machine: str, args: argparse.Namespace, candidate: str) -> None:
+    print(f"### Publish latency at a fixed rate ({machine})\n")
+    print(f"One librdkafka producer (acks=all, linger.ms=1), 10 topics round-robin, {args.seconds:g} s per path "
+          f"after {args.warmup:g} s of warm-up; median of {args.rounds} rounds, path order rotated per round. "
+          "Latency is librdkafka's per message, produce() to acknowledgement; 'added' is over direct within a "
+          "round. `direct A/A` is the broker again: the run's noise floor. The pipe's broker is a second Tansu "
+          "advertising the pipe. Proxy CPU is its process's (all threads) over the counted seconds.\n")
+    for label, samples in results.samples.items():
+        print(f"#### {label}\n")
+        print(load_table(samples) + "\n")
+    rows = target_rows(results, candidate)
+    if rows:
+        print(f"#### Target: {candidate} against the pipe\n")
+        print(table(["metric", "measured ms", "target ms", "status"], rows) + "\n")
+
+
+def print_stalls(where: Path, pids: dict[int, str]) -> None:
+    """Per kproxy process: its task steps and collections of at least _stalls.LONG, and the longest."""
+    rows = []
+    for pid, name in pids.items():
+        path = where / f"stalls-{pid}.json"
+        if not path.exists():
+            rows.append([name, "(no file: the process did not end cleanly)", "", "", ""])
+            continue
+        doc = json.loads(path.read_text())
+        gcs, cpu_steps = doc["long_collections"], doc["long_cpu_steps"]
+        rows.append([name, str(doc["long_steps_count"]), str(doc["long_cpu_steps_count"]),
+                     ", ".join(f"{cpu} ms CPU ({wall} wall) {task}" for wall, cpu, task in cpu_steps[:3]) or "-",
+                     str(len(gcs)), str(sum(1 for g in gcs if g[1] >= 1e3 * LONG)),
+                     ", ".join(f"{cpu} ms CPU ({wall} wall) gen {gen}" for wall, cpu, gen in
+                               sorted(gcs, key=lambda g: -g[1])[:3]) or "-"])
+    print(f"#### Loop stalls (task steps and collections of at least {1e3 * LONG:g} ms, steady state)\n")
+    print(table(["path", "long steps (wall)", "of them long in CPU", "longest in CPU", "long collections (wall)",
+                 "long in CPU", "longest in CPU"], rows) + "\n")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=10.0, help="counted seconds per path, rate and size")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--rates", default="1000,5000", help="messages per second, comma-separated")
+    parser.add_argument("--sizes", default="1024,100", help="value bytes, comma-separated")
+    parser.add_argument("--variants", default="metrics,labels", metavar="LIST",
+                        help=f"kproxy presets, comma-separated, from {', '.join(VARIANTS)}")
+    parser.add_argument("--skip", default="", metavar="LIST",
+                        help=f"paths left out, comma-separated: '{DIRECT_AA}', pipe (direct always runs)")
+    parser.add_argument("--stalls", metavar="DIR",
+                        help="each kproxy process writes its long task steps and collections to DIR "
+                             "(bench/_stalls.py); a summary is printed after the tables")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s, 1 KB values only (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds, args.sizes = 2, 3.0, "1024"
+    args.skip = {k.strip() for k in args.skip.split(",") if k.strip()}
+    args.keys = [k.strip() for k in args.variants.split(",") if k.strip()]
+    unknown = [k for k in args.keys if k not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+    args.loads = [Load(int(r), int(s)) for s in args.sizes.split(",") for r in args.rates.split(",")]
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="kproxy-bench-publish-"))
+    if args.stalls:
+        os.environ["KPROXY_BENCH_STALLS"] = str(Path(args.stalls).resolve())  # inherited by run_kproxy.py
+    try:
+        with open_paths(args.keys, workdir, Path(tempfile.gettempdir()), args.skip) as hops:
+            machine = machine_line()
+            pids = {h.pid: h.name for h, _ in hops if h.pid and h.name != "pipe"}
+            for hop, broker_port in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
+                publish(hop, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0, broker_port)
+            if args.stalls:
+                for pid in pids:
+                    os.kill(pid, signal.SIGUSR1)  # start-up is over: the stall watch starts afresh
+            results = measure(hops, args.loads, args.rounds, args.seconds, args.warmup)
+        candidate = VARIANTS[args.keys[-1]].path if args.keys else "pipe"
+        print_report(results, machine, args, candidate)
+        if args.stalls:
+            print_stalls(Path(args.stalls), pids)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # rule files and captures
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
