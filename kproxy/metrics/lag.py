@@ -142,7 +142,7 @@ class LagView:
     partitions that have both (a commit past the last watermark seen means the log grew since: 0).
     ``lag_seconds``: (group, topic, partition) -> how long before the view's wall-clock time the
     first record the group has not committed was written (0 where ``lag`` is 0), for the partitions
-    of ``lag`` kproxy saw write times of (:meth:`ConsumerLag.written_at`); ``consumed``: (group,
+    of ``lag`` kproxy saw write times of (:func:`written_at`); ``consumed``: (group,
     topic, partition) -> records a second the group's committed offset moved by lately, and
     ``produced``: (topic, partition) -> records a second the watermark moved by lately (both over
     :data:`RATE_WINDOW` at least; 0 when they did not move within it).

@@ -10,8 +10,8 @@ Series (the names kafka_exporter uses, with kproxy's prefix):
   answer's high watermark, a ListOffsets answer's latest offset, a Produce answer's log end offset);
 * ``kproxy_consumergroup_lag_seconds{group,topic}``: how long ago the oldest record the group has not
   committed on the topic was written (the most over its partitions; 0 when caught up), from the
-  write times kproxy saw (:meth:`ConsumerLag.written_at`: the max timestamp of the Produce batches
-  that crossed it, the nearest it saw where it saw none for that offset); per partition as
+  write times kproxy saw (:func:`~kproxy.metrics.lag.written_at`: the max timestamp of the Produce
+  batches that crossed it, the nearest it saw where it saw none for that offset); per partition as
   ``kproxy_consumergroup_partition_lag_seconds{group,topic,partition}`` with the per-partition lag;
 * ``kproxy_consumergroup_catchup_seconds{group,topic}``: how long until the group is caught up at
   its recent rates: its lag over the topic's partitions it committed on, divided by the records a
