@@ -219,7 +219,7 @@ def test_a_produce_answer_only_moves_a_watermark_forward_but_a_fetch_answer_sets
     proxy.clock.now += 61  # stale: the topic was deleted and made again, say; a lower end is taken
     proxy.produce(9, {0: 2}, {0: 0})
     assert proxy.view.watermarks == {("orders", 0): 2}
-    assert proxy.lag is not None and list(proxy.lag.watermarks.values()) == [(2, proxy.clock.now)]
+    assert proxy.lag is not None and [v[:2] for v in proxy.lag.watermarks.values()] == [(2, proxy.clock.now)]
 
 
 def test_a_produce_a_rule_replaced_teaches_nothing() -> None:
@@ -351,7 +351,7 @@ def test_each_table_keeps_within_its_byte_bound_and_counts_what_it_lets_go() -> 
     kept = len(lag.committed), len(lag.watermarks), len(lag.groups)
     assert all(1000 < n < 20_000 for n in kept), kept
     assert lag.evicted == {"committed_offset": 20_000 - kept[0], "high_watermark": 20_000 - kept[1],
-                           "group": 20_000 - kept[2]}
+                           "group": 20_000 - kept[2], "write_time": 0}
     lag.watermark([], 1061.0)  # an expiry pass: everything is stale
     assert (lag.committed_bytes, lag.watermark_bytes, lag.group_bytes) == (0, 0, 0)
     assert not lag.committed and not lag.watermarks and not lag.groups
@@ -392,7 +392,7 @@ def test_a_kept_offset_is_looked_at_once_a_window_and_the_group_table_is_bounded
     proxy.commit(8, "billing", "orders", {0: 5, 1: 6})
     proxy.clock.now += 61
     proxy.group(HEARTBEAT, 4, "billing")  # an expiry pass: both put back, stamped now
-    assert list(proxy.lag.committed.values()) == [(5, 1000.0, proxy.clock.now), (6, 1000.0, proxy.clock.now)]
+    assert [v[:3] for v in proxy.lag.committed.values()] == [(5, 1000.0, proxy.clock.now), (6, 1000.0, proxy.clock.now)]
     proxy.clock.now += 30
     proxy.group(HEARTBEAT, 4, "billing")  # within their new window: not looked at again
     assert [v[2] for v in proxy.lag.committed.values()] == [1061.0, 1061.0]
@@ -452,7 +452,8 @@ def test_the_tables_are_bounded_oldest_first_and_evictions_counted() -> None:
     proxy.commit(8, "f", "orders", {0: 1})
     assert proxy.lag is not None
     assert [k[0] for k in proxy.lag.committed] == ["e", "c", "f"]
-    assert proxy.lag.evicted == {"committed_offset": 3, "high_watermark": 0, "group": 3}  # (six groups seen)
+    assert proxy.lag.evicted == {"committed_offset": 3, "high_watermark": 0, "group": 3,
+                                 "write_time": 0}  # (six groups seen)
 
 
 def test_malformed_answers_and_requests_teach_nothing() -> None:
@@ -517,7 +518,8 @@ def test_groups_and_topics_past_the_label_cap_fold_into_other_or_are_left_out() 
     assert {dict(k)["group"] for k in families["kproxy_consumergroup_committed_offset"]} == {"g0", "g1"}
     assert {dict(k)["topic"] for k in families["kproxy_partition_high_watermark"]} == {"t0", "t1"}
     omitted = {dict(k)["family"]: v for k, v in families["kproxy_consumergroup_lag_series_omitted"].items()}
-    assert omitted == {"lag_sum": 0, "lag": 3, "committed_offset": 3, "high_watermark": 3}
+    assert omitted == {"lag_sum": 0, "lag": 3, "committed_offset": 3, "high_watermark": 3, "lag_seconds": 0,
+                       "partition_lag_seconds": 0, "catchup_seconds": 0}
 
 
 def test_long_names_are_cut_as_labels_and_a_clash_is_not_named() -> None:
@@ -555,10 +557,12 @@ def test_a_flood_of_groups_and_topics_leaves_metrics_under_a_megabyte() -> None:
         {"partition_index": 0, "high_watermark": 2 + i % 7}]} for i in range(n)]})
     lag = proxy.lag
     assert lag is not None
-    assert len(lag.watermarks) == 50_000  # the key cap; the committed offsets' ids are longer: the byte bound
+    # The byte bound binds before the key cap (each entry carries its rate's fields too).
+    assert 40_000 < len(lag.watermarks) <= 50_000 and lag.watermark_bytes <= lag.max_bytes
     assert 30_000 < len(lag.committed) < 50_000 and lag.committed_bytes <= lag.max_bytes
-    assert lag.evicted == {"committed_offset": n - len(lag.committed), "high_watermark": n - 50_000,
-                           "group": n - len(lag.groups)}  # (each group reported with an offset: a sighting)
+    assert lag.evicted == {"committed_offset": n - len(lag.committed), "high_watermark": n - len(lag.watermarks),
+                           "group": n - len(lag.groups),
+                           "write_time": 0}  # (each group reported with an offset: a sighting)
     text, families = scrape(proxy)
     assert len(text) < 1_000_000, len(text)
     assert len(families["kproxy_consumergroup_committed_offset"]) == 100

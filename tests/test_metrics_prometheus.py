@@ -69,10 +69,11 @@ CLIENT_MESSAGES = 25      # produced with confluent-kafka
 MISSING_TOPICS = 30       # topics named in one Metadata request; none exists
 UNKNOWN_TOPIC = "UNKNOWN_TOPIC_OR_PARTITION"
 RAW_CLIENT, RAW_SOFTWARE = "kproxy-metrics-test", ("kproxy-tests", "1.0.0")
-# The consumer-lag series: the dashboard's Consumer lag row, KproxyConsumerLagGrowing and
-# KproxyConsumerGroupStalled read them.
+# The consumer-lag series: the dashboard's Consumer lag and Lag (seconds) rows, KproxyConsumerLagGrowing,
+# KproxyConsumerGroupStalled and KproxyConsumerLagSecondsGrowing read them.
 CONSUMER_LAG = ("kproxy_consumergroup_lag_sum", "kproxy_consumergroup_committed_offset",
-                "kproxy_partition_high_watermark")
+                "kproxy_partition_high_watermark", "kproxy_consumergroup_lag_seconds",
+                "kproxy_consumergroup_catchup_seconds")
 
 
 def _tool(name: str) -> str:
@@ -446,7 +447,7 @@ def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
     row's variables."""
     dashboard = json.loads(DASHBOARD.read_text())
     titles = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
-    assert titles[:6] == ["Overview", "Traffic", "Topics", "Clients", "Consumer lag", "Producers"]
+    assert titles[:7] == ["Overview", "Traffic", "Topics", "Clients", "Consumer lag", "Lag (seconds)", "Producers"]
     rows: dict[str, list[str]] = {}
     row = ""
     for panel in dashboard["panels"]:
@@ -457,7 +458,8 @@ def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
     assert all('topic=~"$topic"' in e for e in rows["Topics"])
     assert all('client_id=~"$client_id"' in e for e in rows["Clients"])
     assert all('group=~"$group"' in e or "high_watermark" in e for e in rows["Consumer lag"])
-    for name in ("Topics", "Clients", "Consumer lag", "Producers"):
+    assert all('group=~"$group", topic=~"$topic"' in e for e in rows["Lag (seconds)"])
+    for name in ("Topics", "Clients", "Consumer lag", "Lag (seconds)", "Producers"):
         assert sum(e.startswith("topk(10,") for e in rows[name]) >= 2, name
 
 
@@ -477,6 +479,7 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
                                             "KproxyOverheadHigh", "KproxyUpstreamConnectFailures",
                                             "KproxyFramesRejected", "KproxyFaultInjectionActive",
                                             "KproxyConsumerLagGrowing", "KproxyConsumerGroupStalled",
+                                            "KproxyConsumerLagSecondsGrowing",
                                             "KproxyUncompressedProduce", "KproxyCertificateExpiresSoon"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])

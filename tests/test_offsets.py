@@ -36,6 +36,7 @@ from kproxy.protocol.offsets import (
     metadata_topic_ids,
     offset_commits,
     offset_fetches,
+    produce_appends,
     produce_end_offsets,
     produce_record_counts,
     values_of,
@@ -311,15 +312,21 @@ def counted(frame: bytes, api_version: int) -> Any:
 @pytest.mark.parametrize("api_version", versions(PRODUCE))
 def test_a_produce_request_counts_its_records_per_partition_from_the_batch_headers(api_version: int) -> None:
     topic = named(api_version, 13)
+    # The latest max timestamp of each partition's v2 batches (record i written at 1000 + i ms); a
+    # legacy message set's is not read (-1).
+    def written(latest: int) -> int:
+        return latest if api_version >= 3 else -1
+
     # One partition, one batch (the usual Produce, read by hand); then two topics, three partitions,
     # a compressed set among them (v2: its header's count; legacy: the wrapper's inner messages).
     assert counted(produce_frame(api_version, {("orders", 3): records(5, api_version)}), api_version) == [
-        (topic("orders", T1), 3, 5)]
+        (topic("orders", T1), 3, 5, written(1004))]
     two = produce_frame(api_version, {("orders", 0): records(2, api_version),
                                       ("orders", 1): records(7, api_version, Codec.GZIP),
                                       ("payments", 0): records(1, api_version) + records(3, api_version)})
-    assert counted(two, api_version) == [(topic("orders", T1), 0, 2), (topic("orders", T1), 1, 7),
-                                         (topic("payments", T2), 0, 4)]
+    assert counted(two, api_version) == [(topic("orders", T1), 0, 2, written(1001)),
+                                         (topic("orders", T1), 1, 7, written(1006)),
+                                         (topic("payments", T2), 0, 4, written(1002))]
     # A partition without records: the ranges no longer pair with the partitions, nothing is counted.
     gap = produce_frame(api_version, {("orders", 0): None, ("orders", 1): records(2, api_version)})
     assert counted(gap, api_version) is None
@@ -342,14 +349,18 @@ def test_a_produce_request_over_the_record_budget_or_unreadable_is_not_counted()
 def test_a_produce_answer_gives_the_log_end_offset_of_each_partition_it_accepted(api_version: int) -> None:
     topic = named(api_version, 13)
     answer = scans(PRODUCE, api_version, None, body(PRODUCE, api_version, Direction.RESPONSE))[1]
-    produced = [(topic("orders", T1), 0, 3), (topic("orders", T1), 1, 3), (topic("payments", T2), 0, 9)]
+    produced = [(topic("orders", T1), 0, 3, 7000), (topic("orders", T1), 1, 3, 7001),
+                (topic("payments", T2), 0, 9, -1)]
     # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its records were not appended. The
     # second topic's partition 0: base 500 + 9 records.
     assert produce_end_offsets(produced, values_of(answer)) == [(topic("orders", T1), 0, 503),
                                                                 (topic("payments", T2), 0, 509)]
+    # The offsets given and when they were written (as the request's batch headers say).
+    assert produce_appends(produced, values_of(answer)) == [(topic("orders", T1), 0, 500, 3, 7000),
+                                                            (topic("payments", T2), 0, 500, 9, -1)]
     # A partition the request carried no records for, or named twice: nothing.
-    assert produce_end_offsets([(topic("orders", T1), 0, 0), (topic("payments", T2), 0, 1),
-                                (topic("payments", T2), 0, 2)], values_of(answer)) == []
+    assert produce_end_offsets([(topic("orders", T1), 0, 0, -1), (topic("payments", T2), 0, 1, -1),
+                                (topic("payments", T2), 0, 2, -1)], values_of(answer)) == []
     assert produce_end_offsets(produced, None) == []
     refused = response_body(PRODUCE, api_version, responses=[{"name": "orders", "topic_id": T1, "partition_responses": [
         {"index": 0, "error_code": 0, "base_offset": -1}]}])  # no offset: nothing
@@ -415,7 +426,7 @@ def _reads(api_key: int, api_version: int, request: RequestScan | None, response
     if api_key == FETCH:
         return fetch_watermarks(values_of(response))
     if api_key == PRODUCE:
-        return produce_end_offsets([(topic, p, 4) for topic in ("orders", "payments", T1, T2) for p in (0, 1)],
+        return produce_end_offsets([(topic, p, 4, -1) for topic in ("orders", "payments", T1, T2) for p in (0, 1)],
                                    values_of(response))
     return metadata_topic_ids(values_of(response))
 

@@ -16,8 +16,8 @@ the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere), ``a
 (Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...),
 ``node_id`` (the broker behind a connection: its Kafka node id, or ``bootstrap``), which
 filters the broker-scoped panels only (requests, latency, errors, connections), and the
-traffic rows' ``topic`` (Topics, Consumer lag), ``client_id`` (Clients, Producers) and
-``group`` (Consumer lag).
+traffic rows' ``topic`` (Topics, Consumer lag, Lag (seconds)), ``client_id`` (Clients, Producers)
+and ``group`` (Consumer lag, Lag (seconds)).
 """
 
 from __future__ import annotations
@@ -345,6 +345,28 @@ def lag_row() -> list[timeseries.Panel]:
     ]
 
 
+def lag_seconds_row() -> list[timeseries.Panel]:
+    """Consumer lag in time (metrics.consumer_lag): how old the records a group has yet to read are,
+    from the record batches' timestamps kproxy saw in Produce requests, and how long until it catches up."""
+    return [
+        graph("Lag in seconds", f"How long ago the oldest record each group has not committed on the topic was "
+              f"written (the batches' CreateTime, as producers stamp it), the {TOP} largest: 0 when caught up.",
+              "s",
+              query(f"topk({TOP}, max by (group, topic) (kproxy_consumergroup_lag_seconds{{{SEL_GROUP}}}))",
+                    "{{group}} {{topic}}"), width=8),
+        graph("Lag seconds growth", f"How fast each group's lag in seconds grows, seconds per second over "
+              f"{LAG_WINDOW} (the {TOP} fastest): 1, the group has stopped; between 0 and 1, it falls behind "
+              "(KproxyConsumerLagSecondsGrowing).", "short",
+              query(f"topk({TOP}, max by (group, topic) (deriv(kproxy_consumergroup_lag_seconds{{{SEL_GROUP}}}"
+                    f"[{LAG_WINDOW}])))", "{{group}} {{topic}}"), width=8),
+        graph("Time to catch up", f"At each group's recent rates (what it consumes less what producers write), how "
+              f"long until it is caught up, the {TOP} longest: no line while it does not gain on the producers.",
+              "s",
+              query(f"topk({TOP}, max by (group, topic) (kproxy_consumergroup_catchup_seconds{{{SEL_GROUP}}}))",
+                    "{{group}} {{topic}}"), width=8),
+    ]
+
+
 def producers_row() -> list[timeseries.Panel]:
     """Producer behaviour (metrics.client_id_label): compression, acks, batch sizes."""
     return [
@@ -407,6 +429,7 @@ def build() -> dash.Dashboard:
         ("Topics", topics_row()),
         ("Clients", clients_row()),
         ("Consumer lag", lag_row()),
+        ("Lag (seconds)", lag_seconds_row()),
         ("Producers", producers_row()),
         ("Latency", latency_row()),
         ("Brokers", brokers_row()),

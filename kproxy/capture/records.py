@@ -318,7 +318,7 @@ class RecordBuilder:
                 errors.append((None, None, top_code))
             produced = None
             if api_key == PRODUCE and not req.get("records_over_budget"):
-                produced = [(topic, partition, n) for topic, partition, _, n, _ in entries if partition is not None]
+                produced = [(topic, partition, n, -1) for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).

@@ -10,6 +10,17 @@ read them from the scans kproxy made anyway (the exchange's request scan and the
 scan, both in values mode): per answer, a pass over the partition entries the scan found, no
 record touched.
 
+Lag in time. A Produce answer also dates the offsets it gave: the request's v2 batch headers carry
+their max timestamp (milliseconds since the epoch: the producers' CreateTime, or whatever time they
+set), read in place with the record counts (:func:`~kproxy.protocol.offsets.produce_record_counts`).
+:attr:`ConsumerLag.written` keeps, per partition, at most :data:`WRITTEN_POINTS` such points
+``(first offset, last offset, timestamp)``, at most one a second; a full table drops one between two
+others (:func:`_thin`: the recent past stays dense). :meth:`ConsumerLag.view` gives a group's lag
+in seconds on a partition as the time since its committed offset was written (:func:`written_at`:
+the point holding it, else the nearest). Rates: each committed offset and watermark carries the
+offset and time a rate window began and the last whole window's records a second
+(:func:`_progress`, windows of :data:`RATE_WINDOW` at least), read by the time to catch up.
+
 Staleness. A watermark is a reading of the partition: one not seen again within ``stale_after``
 is dropped. A committed offset is the group's state, not a reading: it stays while kproxy keeps
 seeing the group, so a consumer that stopped consuming but whose client still heartbeats keeps its
@@ -29,7 +40,8 @@ Bounds, whatever clients send. A group id or topic name longer than :data:`MAX_I
 cut (:func:`bounded_id`: its start, ``~`` and a digest of the whole, so two long ids stay apart;
 its label is cut as every label is). Each table holds at most ``max_keys`` keys and at most
 ``max_bytes`` of estimated memory (:data:`ENTRY_BYTES` per entry besides its strings, which are
-counted at their size: an estimate on the high side); a new key past either bound evicts the ones
+counted at their size: an estimate on the high side; a partition's write times are charged for all
+the points it may hold); a new key past either bound evicts the ones
 updated longest ago (counted in :attr:`ConsumerLag.evicted`). Each table is an ``OrderedDict``
 kept in update order (a change moves its key to the end), so the oldest are first: values older
 than ``stale_after`` are dropped from the front, at most once a second (each key once: O(1)
@@ -47,9 +59,11 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 import uuid
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -71,7 +85,7 @@ from kproxy.protocol.offsets import (
     metadata_topic_ids,
     offset_commits,
     offset_fetches,
-    produce_end_offsets,
+    produce_appends,
     values_of,
 )
 from kproxy.protocol.request_fields import request_group_id
@@ -83,13 +97,14 @@ V = TypeVar("V")
 TopicKey = str | int | None  # a name; a topic id not named yet (its int); None: a null name
 DEFAULT_STALE_AFTER = 300.0  # seconds: a value not seen again for this long is no longer exported
 MAX_KEYS = 50_000  # committed offsets kept, and as many watermarks and groups
-# Each table's estimated memory, at most: some 40,000 committed offsets of a group id of 50 characters
+# Each table's estimated memory, at most: some 35,000 committed offsets of a group id of 50 characters
 # and a short topic name (the key cap binds first for shorter ids; ids of 255, the longest kept, fill it
 # at some 20,000).
 MAX_TABLE_BYTES = 16 * 1024 * 1024
 # An entry's own memory besides its strings (the table's slot and link, the key and value tuples,
-# the numbers), rounded up from what tracemalloc counts per entry of a large table.
-ENTRY_BYTES = 256
+# the numbers and rate fields), rounded up from what tracemalloc counts per entry of a large table in
+# the compiled build (which boxes each float of a value on its own).
+ENTRY_BYTES = 320
 # A group id or topic name kept whole up to this long (Kafka refuses topic names past 249); a
 # longer one, sent by a client (up to 32 KiB on the wire), is kept cut (bounded_id).
 MAX_ID_LENGTH = 255
@@ -101,6 +116,17 @@ REFRESH_SECONDS = 1.0
 # for the next pass, a second later): a pass stays well under a millisecond whatever the table holds.
 REQUEUE_PER_PASS = 1024
 NEVER = float("-inf")  # a group's rebalance time when kproxy saw none
+# Write times kept per partition, at most: (first offset, last offset, max timestamp) of as many
+# accepted Produce appends, at most one taken a second (REFRESH_SECONDS); past this, one between two
+# others is dropped, the one whose neighbours are closest in time for its age (see _thin).
+WRITTEN_POINTS = 24
+# A point's memory: three 8-byte ints of an array; a partition's entry is charged for WRITTEN_POINTS
+# of them from the start (and the array's own header), so its cost never changes.
+POINT_BYTES = 24
+ARRAY_BYTES = 96
+# The consume and produce rates are measured over windows at least this long (a group's commits
+# come every few seconds: auto-commit's default is 5 s).
+RATE_WINDOW = 5.0
 # Requests whose scan the tracker needs (read while the request frame is held) ...
 LAG_REQUESTS = frozenset({OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS})
 # ... and the answers it reads (Produce's with the request's record counts, ObserverMemo.produced).
@@ -114,11 +140,20 @@ class LagView:
     ``committed``: (group, topic, partition) -> offset; ``watermarks``: (topic, partition) -> offset;
     ``lag``: (group, topic, partition) -> watermark less committed offset, never below 0, for the
     partitions that have both (a commit past the last watermark seen means the log grew since: 0).
+    ``lag_seconds``: (group, topic, partition) -> how long before the view's wall-clock time the
+    first record the group has not committed was written (0 where ``lag`` is 0), for the partitions
+    of ``lag`` kproxy saw write times of (:func:`written_at`); ``consumed``: (group,
+    topic, partition) -> records a second the group's committed offset moved by lately, and
+    ``produced``: (topic, partition) -> records a second the watermark moved by lately (both over
+    :data:`RATE_WINDOW` at least; 0 when they did not move within it).
     """
 
     committed: dict[tuple[str, str, int], int] = field(default_factory=dict)
     watermarks: dict[tuple[str, int], int] = field(default_factory=dict)
     lag: dict[tuple[str, str, int], int] = field(default_factory=dict)
+    lag_seconds: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    consumed: dict[tuple[str, str, int], float] = field(default_factory=dict)
+    produced: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 class ConsumerLag:
@@ -130,19 +165,25 @@ class ConsumerLag:
         self.max_keys = max_keys
         self.max_bytes = max_bytes  # each table's estimated memory, at most (see the module docstring)
         self._unchanged_within = min(REFRESH_SECONDS, stale_after)  # a value seen again within this: left as is
-        # key -> (offset, seen at, queued at: seen at, or when its group kept it); in queued order.
-        self.committed: OrderedDict[tuple[str, TopicKey, int], tuple[int, float, float]] = OrderedDict()
-        # key -> (offset, seen at); in the order of their last update (oldest first).
-        self.watermarks: OrderedDict[tuple[TopicKey, int], tuple[int, float]] = OrderedDict()
+        # key -> (offset, seen at, queued at: seen at, or when its group kept it, and its rate: see
+        # _progress); in queued order.
+        self.committed: OrderedDict[tuple[str, TopicKey, int], tuple[int, float, float, int, float, float]] = \
+            OrderedDict()
+        # key -> (offset, seen at, and its rate: see _progress); in the order of their last update (oldest first).
+        self.watermarks: OrderedDict[tuple[TopicKey, int], tuple[int, float, int, float, float]] = OrderedDict()
+        # key -> (points: first offset, last offset, max timestamp of each append taken, flat and in
+        # offset order; when the last was taken); in the order of their last update (oldest first).
+        self.written: OrderedDict[tuple[TopicKey, int], tuple[array[int], float]] = OrderedDict()
         # group -> (last seen, its last rebalance seen: NEVER if none); in the order of their last sighting.
         self.groups: OrderedDict[str, tuple[float, float]] = OrderedDict()
         self._expired_at = 0.0  # when the tables were last cut of their stale front
         self.names = TopicIdNames()  # topic ids (Fetch and Produce v13+, OffsetCommit/OffsetFetch v10) -> names
-        self.evicted = {"committed_offset": 0, "high_watermark": 0, "group": 0}
-        # Each table's estimated memory (_committed_cost, _watermark_cost, _group_cost summed).
+        self.evicted = {"committed_offset": 0, "high_watermark": 0, "group": 0, "write_time": 0}
+        # Each table's estimated memory (_committed_cost, _watermark_cost, _group_cost, _written_cost summed).
         self.committed_bytes = 0
         self.watermark_bytes = 0
         self.group_bytes = 0
+        self.written_bytes = 0
         self._last_metadata: object = None  # the Metadata scan learnt last (the metrics' memo repeats it)
 
     # -- updates (the event loop) ----------------------------------------------------
@@ -169,7 +210,8 @@ class ConsumerLag:
 
     def produce_answer(self, produced: list[Produced], response: RequestScan | None, now: float) -> None:
         """A Produce answer reached its client: the log end offsets it gives (its scan in values mode,
-        ``produced``: the records its request carried per partition). One only moves a watermark
+        ``produced``: the records its request carried per partition, and their batches' max timestamp),
+        and when those offsets were written (:meth:`written_at`). One only moves a watermark
         forward: the answers of producers on other connections reach kproxy in any order, and a
         lower one is older (a watermark not seen within ``stale_after`` is replaced whatever it was:
         a topic deleted and made again starts low)."""
@@ -179,29 +221,39 @@ class ConsumerLag:
         values = entries.values if type(entries) is ScanEntries else None
         table = self.watermarks
         if values is not None and len(values) == 1 and len(produced) == 1:
-            # A producer's usual answer, one partition: produce_end_offsets and the loop below, inlined.
-            topic, partition, n = produced[0]
+            # A producer's usual answer, one partition: produce_appends and the loop below, inlined.
+            topic, partition, n, written = produced[0]
             item = values[0]
             if (len(item) != 4 or item[1] != partition or item[2] or type(item[3]) is not int or item[3] < 0
                     or n <= 0 or item[0] != topic):
                 return
-            offset = item[3] + n
+            base = item[3]
+            offset = base + n
             key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             old = table.get(key)
             if old is not None and offset <= old[0] and now - old[1] < self._unchanged_within:
                 return  # (the same end, seen within a second, or an older one: nothing to do)
-            marks = [(topic, partition, offset)]
+            appends = [(topic, partition, base, n, written)]
         else:
-            marks = produce_end_offsets(produced, values)
+            appends = produce_appends(produced, values)
         horizon = now - self.stale_after
-        for topic, partition, offset in marks:
+        points = self.written
+        for topic, partition, base, n, written in appends:
+            offset = base + n
             key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             old = table.get(key)
             if old is None:
                 self._new_watermark(key, offset, now)
             elif offset > old[0] or old[1] < horizon or (offset == old[0] and now - old[1] >= REFRESH_SECONDS):
-                table[key] = (offset, now)
+                if now - old[3] >= RATE_WINDOW:  # (_progress, inlined: one call less an answer)
+                    table[key] = (offset, now, offset, now, max(0.0, (offset - old[2]) / (now - old[3])))
+                else:
+                    table[key] = (offset, now, old[2], old[3], old[4])
                 table.move_to_end(key)
+            if written >= 0:
+                kept = points.get(key)
+                if kept is None or now - kept[1] >= REFRESH_SECONDS:  # (at most one point a second)
+                    self._write(key, base, offset - 1, written, now)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
 
@@ -257,7 +309,8 @@ class ConsumerLag:
             if old is not None:
                 if old[0] == offset and now - old[1] < REFRESH_SECONDS:
                     continue
-                table[key] = (offset, now, now)
+                anchor, anchored_at, rate = _progress(offset, now, old[3], old[4], old[5])
+                table[key] = (offset, now, now, anchor, anchored_at, rate)
                 table.move_to_end(key)
                 continue
             cost = _committed_cost(key)
@@ -265,7 +318,7 @@ class ConsumerLag:
                 freed, n = _evict(table, self.max_keys, self.max_bytes - self.committed_bytes - cost, _committed_cost)
                 self.committed_bytes -= freed
                 self.evicted["committed_offset"] += n
-            table[key] = (offset, now, now)
+            table[key] = (offset, now, now, offset, now, 0.0)
             self.committed_bytes += cost
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
@@ -279,7 +332,8 @@ class ConsumerLag:
             if old is None:
                 self._new_watermark(key, offset, now)
             elif old[0] != offset or now - old[1] >= REFRESH_SECONDS:
-                table[key] = (offset, now)
+                anchor, anchored_at, rate = _progress(offset, now, old[2], old[3], old[4])
+                table[key] = (offset, now, anchor, anchored_at, rate)
                 table.move_to_end(key)
         if now - self._expired_at >= REFRESH_SECONDS:
             self._expire(now)
@@ -292,8 +346,36 @@ class ConsumerLag:
             freed, n = _evict(table, self.max_keys, self.max_bytes - self.watermark_bytes - cost, _watermark_cost)
             self.watermark_bytes -= freed
             self.evicted["high_watermark"] += n
-        table[key] = (offset, now)
+        table[key] = (offset, now, offset, now, 0.0)
         self.watermark_bytes += cost
+
+    def _write(self, key: tuple[TopicKey, int], first: int, last: int, timestamp: int, now: float) -> None:
+        """Offsets ``first`` to ``last`` of a partition were written at ``timestamp`` (ms since the
+        epoch: their batches' max timestamp), seen at ``now``: kept as a point of the partition's write
+        times unless they are not past its last point (an answer that reached kproxy late: its offsets
+        are known already) while not below its first (below: the log restarted lower: a topic deleted
+        and made again, its points start over)."""
+        table = self.written
+        kept = table.get(key)
+        if kept is None:
+            cost = _written_cost(key)
+            if len(table) >= self.max_keys or self.written_bytes + cost > self.max_bytes:
+                freed, n = _evict(table, self.max_keys, self.max_bytes - self.written_bytes - cost, _written_cost)
+                self.written_bytes -= freed
+                self.evicted["write_time"] += n
+            table[key] = (array("q", (first, last, timestamp)), now)
+            self.written_bytes += cost
+            return
+        points = kept[0]
+        if first <= points[-2]:
+            if last >= points[0]:
+                return
+            points = array("q")
+        elif len(points) >= 3 * WRITTEN_POINTS:
+            _thin(points, timestamp)
+        points.extend((first, last, timestamp))
+        table[key] = (points, now)
+        table.move_to_end(key)
 
     def _topic(self, topic: Topic) -> TopicKey:
         """A topic as the tables key it: its name, or for an id not named yet the id's int (:meth:`view`
@@ -311,7 +393,8 @@ class ConsumerLag:
         the committed offsets their group keeps (see the module docstring)."""
         self._expired_at = now
         horizon = now - self.stale_after
-        self.watermark_bytes -= _expire_front(self.watermarks, horizon)
+        self.watermark_bytes -= _expire_front(self.watermarks, horizon, _watermark_cost)
+        self.written_bytes -= _expire_front(self.written, horizon, _written_cost)
         groups = self.groups
         while groups:
             first = next(iter(groups))
@@ -323,7 +406,7 @@ class ConsumerLag:
         requeued = 0
         while table:
             key = next(iter(table))
-            offset, seen, queued = table[key]
+            offset, seen, queued, anchor, anchored_at, rate = table[key]
             if queued >= horizon:
                 return
             group = groups.get(key[0])
@@ -333,37 +416,55 @@ class ConsumerLag:
             elif requeued >= REQUEUE_PER_PASS:
                 return
             else:
-                table[key] = (offset, seen, now)
+                table[key] = (offset, seen, now, anchor, anchored_at, rate)
                 table.move_to_end(key)
                 requeued += 1
 
     # -- reading (any thread) --------------------------------------------------------
-    def view(self, now: float) -> LagView:
+    def view(self, now: float, wall: float | None = None) -> LagView:
         """What is fresh at ``now`` (seen within ``stale_after``; a committed offset, or kept by its
         group: see the module docstring), topic ids named where known (a partition kept under both
-        its id and its name counts once: the fresher)."""
+        its id and its name counts once: the fresher); lag in seconds at the wall-clock time ``wall``
+        (seconds since the epoch; None: ``time.time()``)."""
+        if wall is None:
+            wall = time.time()
         horizon = now - self.stale_after
         names = {topic_id.int: name for topic_id, name in list(self.names.items())}
         out = LagView()
-        marks: dict[tuple[str, int], tuple[int, float]] = {}
-        for (topic, partition), (offset, seen) in list(self.watermarks.items()):
+        marks: dict[tuple[str, int], tuple[int, float, float]] = {}
+        for (topic, partition), (offset, seen, anchor, anchored_at, rate) in list(self.watermarks.items()):
             if seen >= horizon:
-                _fresher(marks, (_name(topic, names), partition), offset, seen)
+                _fresher(marks, (_name(topic, names), partition), offset, seen,
+                         _rate(offset, now, anchor, anchored_at, rate))
+        points: dict[tuple[str, int], tuple[array[int], float, float]] = {}
+        for (topic, partition), (kept, seen) in list(self.written.items()):
+            if seen >= horizon:
+                _fresher(points, (_name(topic, names), partition), kept[:], seen, 0.0)
         groups = dict(list(self.groups.items()))
-        commits: dict[tuple[str, str, int], tuple[int, float]] = {}
-        for (group, topic, partition), (offset, seen, _) in list(self.committed.items()):
+        commits: dict[tuple[str, str, int], tuple[int, float, float]] = {}
+        for (group, topic, partition), (offset, seen, _, anchor, anchored_at, rate) in list(self.committed.items()):
             if seen < horizon:  # not committed within the window: kept while its group is seen (module docstring)
-                kept = groups.get(group)
-                if kept is None or kept[0] < horizon or seen < kept[1]:
+                kept_group = groups.get(group)
+                if kept_group is None or kept_group[0] < horizon or seen < kept_group[1]:
                     continue
-            _fresher(commits, (group, _name(topic, names), partition), offset, seen)
-        for tp, (offset, _) in marks.items():
+            _fresher(commits, (group, _name(topic, names), partition), offset, seen,
+                     _rate(offset, now, anchor, anchored_at, rate))
+        for tp, (offset, _, produced) in marks.items():
             out.watermarks[tp] = offset
-        for gtp, (offset, _) in commits.items():
+            out.produced[tp] = produced
+        for gtp, (offset, _, consumed) in commits.items():
             out.committed[gtp] = offset
-            mark = marks.get((gtp[1], gtp[2]))
+            out.consumed[gtp] = consumed
+            tp = (gtp[1], gtp[2])
+            mark = marks.get(tp)
             if mark is not None:
-                out.lag[gtp] = max(0, mark[0] - offset)
+                lag = out.lag[gtp] = max(0, mark[0] - offset)
+                if lag == 0:
+                    out.lag_seconds[gtp] = 0.0
+                else:
+                    written = points.get(tp)
+                    if written is not None:
+                        out.lag_seconds[gtp] = max(0.0, wall - written_at(written[0], offset) / 1000)
         return out
 
 
@@ -398,6 +499,11 @@ def _group_cost(group: str) -> int:
     return ENTRY_BYTES + sys.getsizeof(group)
 
 
+def _written_cost(key: tuple[TopicKey, int]) -> int:
+    """A partition's write times, charged for all the points it may hold."""
+    return ENTRY_BYTES + sys.getsizeof(key[0]) + ARRAY_BYTES + WRITTEN_POINTS * POINT_BYTES
+
+
 def _evict(table: OrderedDict[K, V], max_keys: int, room: int, cost: Callable[[K], int]) -> tuple[int, int]:
     """Drop the oldest keys of ``table`` until one more key fits: fewer than ``max_keys`` keys, and
     ``room`` (the bytes the new key lacks: below 0, that many) made; returns (bytes freed, keys dropped)."""
@@ -409,19 +515,71 @@ def _evict(table: OrderedDict[K, V], max_keys: int, room: int, cost: Callable[[K
     return freed, dropped
 
 
-def _expire_front(table: OrderedDict[tuple[TopicKey, int], tuple[int, float]], horizon: float) -> int:
-    """Drop the watermarks older than ``horizon`` (the table's front); returns their estimated bytes."""
+def _expire_front(table: OrderedDict[tuple[TopicKey, int], V], horizon: float,
+                  cost: Callable[[tuple[TopicKey, int]], int]) -> int:
+    """Drop the values older than ``horizon`` (the table's front: each value's second field is when it
+    was seen) of the watermarks or the write times; returns their estimated bytes."""
     freed = 0
     while table:
         first = next(iter(table))
-        if table[first][1] >= horizon:
+        if table[first][1] >= horizon:  # type: ignore[index]
             return freed
         del table[first]
-        freed += _watermark_cost(first)
+        freed += cost(first)
     return freed
 
 
-def _fresher(table: dict[K, tuple[int, float]], key: K, offset: int, seen: float) -> None:
+def _fresher(table: dict[K, tuple[V, float, float]], key: K, value: V, seen: float, rate: float) -> None:
     old = table.get(key)
     if old is None or seen > old[1]:
-        table[key] = (offset, seen)
+        table[key] = (value, seen, rate)
+
+
+def _progress(offset: int, now: float, anchor: int, anchored_at: float, rate: float) -> tuple[int, float, float]:
+    """A value's rate fields after it became ``offset`` at ``now``: ``(anchor, anchored_at, rate)``,
+    the offset and time a window started at and the records a second of the last whole window. A
+    window ends at the first update at least :data:`RATE_WINDOW` after it started (a value going
+    back, a group's offsets reset or a topic made again: 0)."""
+    if now - anchored_at >= RATE_WINDOW:
+        return offset, now, max(0.0, (offset - anchor) / (now - anchored_at))
+    return anchor, anchored_at, rate
+
+
+def _rate(offset: int, now: float, anchor: int, anchored_at: float, rate: float) -> float:
+    """A value's rate at ``now``: its last whole window's while the current one is shorter than
+    :data:`RATE_WINDOW`; past that (no update since: a stopped group), the current one's so far."""
+    if now - anchored_at <= RATE_WINDOW:
+        return rate
+    return max(0.0, (offset - anchor) / (now - anchored_at))
+
+
+def written_at(points: Sequence[int], offset: int) -> int:
+    """When ``offset`` was written (ms since the epoch), from a partition's write-time points (flat
+    ``first, last, timestamp`` triples in offset order): the timestamp of the point holding it, or
+    else of the point nearest to it in offsets (the earlier one on a tie)."""
+    best, distance = points[2], -1
+    for i in range(0, len(points), 3):
+        first, last = points[i], points[i + 1]
+        if offset < first:
+            d = first - offset
+        elif offset > last:
+            d = offset - last
+        else:
+            return points[i + 2]
+        if distance < 0 or d < distance:
+            best, distance = points[i + 2], d
+        elif first > offset:
+            break  # (further points are further off)
+    return best
+
+
+def _thin(points: array[int], latest: int) -> None:
+    """Make room for one point in a full ``points`` (flat triples): drop one between two others, the
+    one whose neighbours are closest in time relative to its age at ``latest`` (ms): the points left
+    stay spread over the partition's history, denser where it is recent."""
+    drop, best = 3, -1.0
+    for i in range(3, len(points) - 3, 3):
+        span = (points[i + 5] - points[i - 1]) / max(1, latest - points[i + 2])
+        if best < 0 or span < best:
+            drop, best = i, span
+    del points[drop:drop + 3]

@@ -8,6 +8,16 @@ Series (the names kafka_exporter uses, with kproxy's prefix):
 * ``kproxy_consumergroup_committed_offset{group,topic,partition}``: the last committed offset seen;
 * ``kproxy_partition_high_watermark{topic,partition}``: the partition's end last seen (a Fetch
   answer's high watermark, a ListOffsets answer's latest offset, a Produce answer's log end offset);
+* ``kproxy_consumergroup_lag_seconds{group,topic}``: how long ago the oldest record the group has not
+  committed on the topic was written (the most over its partitions; 0 when caught up), from the
+  write times kproxy saw (:func:`~kproxy.metrics.lag.written_at`: the max timestamp of the Produce
+  batches that crossed it, the nearest it saw where it saw none for that offset); per partition as
+  ``kproxy_consumergroup_partition_lag_seconds{group,topic,partition}`` with the per-partition lag;
+* ``kproxy_consumergroup_catchup_seconds{group,topic}``: how long until the group is caught up at
+  its recent rates: its lag over the topic's partitions it committed on, divided by the records a
+  second its committed offsets moved by less those the watermarks moved by (both over
+  :data:`~kproxy.metrics.lag.RATE_WINDOW` at least); 0 when caught up, absent while the group does
+  not gain on the producers (its rate 0, or not above theirs);
 * ``kproxy_consumergroup_lag_evicted_total{table}`` and ``kproxy_consumergroup_lag_series_omitted{family}``:
   what the bounds cost (keys evicted from the tracker; series left out of this scrape).
 
@@ -19,7 +29,8 @@ to through kproxy, has its series disappear, never frozen at their last value.
 Cardinality, whatever clients send: at most ``label_cap`` groups and ``label_cap`` topics are named,
 those with the most lag first (then by name: a stable choice while lags hold); a group or topic
 past them counts in ``group="other"`` / ``topic="other"`` of ``lag_sum`` (a sum stays a sum) and
-is left out of the per-partition families (an offset of several groups means nothing). Each
+is left out of the per-partition families (an offset of several groups means nothing), and of
+``lag_seconds`` and ``catchup_seconds`` (neither a most nor a time adds up across groups). Each
 family also holds at most :data:`SERIES_PER_LABEL` x ``label_cap`` series; ``lag_sum`` folds the
 rest into ``{group="other",topic="other"}``, the others leave it out. Labels are cut as every
 label is (:func:`~kproxy.metrics.labels.cut_label`); a second group or topic cut to the same
@@ -30,8 +41,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -39,6 +50,7 @@ from prometheus_client.registry import Collector
 from kproxy.metrics.labels import OTHER, cut_label
 from kproxy.metrics.lag import ConsumerLag, LagView
 
+N = TypeVar("N", int, float)
 SERIES_PER_LABEL = 20  # per family: label_cap x this many series at most (~180 KB at the default cap)
 
 
@@ -51,6 +63,9 @@ class LagSeries:
     committed: dict[tuple[str, str, str], int]
     watermarks: dict[tuple[str, str], int]
     omitted: dict[str, int]
+    lag_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+    lag_seconds_partition: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    catchup: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def lag_series(view: LagView, label_cap: int, partitions: bool) -> LagSeries:
@@ -68,7 +83,8 @@ def lag_series(view: LagView, label_cap: int, partitions: bool) -> LagSeries:
         topic_lag.setdefault(topic, 0)
     groups = _named(group_lag, label_cap)
     topics = _named(topic_lag, label_cap)
-    omitted = {"lag_sum": 0, "lag": 0, "committed_offset": 0, "high_watermark": 0}
+    omitted = {"lag_sum": 0, "lag": 0, "committed_offset": 0, "high_watermark": 0, "lag_seconds": 0,
+               "partition_lag_seconds": 0, "catchup_seconds": 0}
 
     sums: dict[tuple[str, str], int] = {}
     for (group, topic, _), lag in view.lag.items():
@@ -91,7 +107,46 @@ def lag_series(view: LagView, label_cap: int, partitions: bool) -> LagSeries:
             omitted["high_watermark"] += 1
             continue
         watermarks[(name, str(partition))] = offset
-    return LagSeries(lag_sum, lag_series_, committed, watermarks, omitted)
+    lag_seconds, catchup = _per_topic(view, groups, topics, budget, omitted)
+    seconds_partition = (_per_partition(view.lag_seconds, groups, topics, budget, omitted, "partition_lag_seconds")
+                         if partitions else {})
+    return LagSeries(lag_sum, lag_series_, committed, watermarks, omitted, lag_seconds, seconds_partition, catchup)
+
+
+def _per_topic(view: LagView, groups: dict[str, str], topics: dict[str, str], budget: int,
+               omitted: dict[str, int]) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """``lag_seconds`` and ``catchup_seconds`` per named (group, topic) (see the module docstring):
+    a pair not named is left out (neither a most nor a time to catch up adds up across groups)."""
+    oldest: dict[tuple[str, str], float] = {}
+    backlog: dict[tuple[str, str], list[float]] = {}  # (lag, consumed, produced) over the pair's partitions
+    for (group, topic, partition), lag in view.lag.items():
+        g, t = groups.get(group), topics.get(topic)
+        if g is None or t is None:
+            continue
+        key = (g, t)
+        seconds = view.lag_seconds.get((group, topic, partition))
+        if seconds is not None:
+            oldest[key] = max(oldest.get(key, 0.0), seconds)
+        sums = backlog.setdefault(key, [0.0, 0.0, 0.0])
+        sums[0] += lag
+        sums[1] += view.consumed.get((group, topic, partition), 0.0)
+        sums[2] += view.produced.get((topic, partition), 0.0)
+    catchup: dict[tuple[str, str], float] = {}
+    for key, (behind, consumed, produced) in backlog.items():
+        if behind == 0:
+            catchup[key] = 0.0
+        elif consumed > produced:
+            catchup[key] = behind / (consumed - produced)
+    return _capped(oldest, budget, omitted, "lag_seconds"), _capped(catchup, budget, omitted, "catchup_seconds")
+
+
+def _capped(samples: dict[tuple[str, str], float], budget: int, omitted: dict[str, int],
+            family: str) -> dict[tuple[str, str], float]:
+    """The first ``budget`` samples by label; the rest counted in ``omitted``."""
+    if len(samples) <= budget:
+        return samples
+    omitted[family] += len(samples) - budget
+    return dict(sorted(samples.items())[:budget])
 
 
 def _named(lags: dict[str, int], cap: int) -> dict[str, str]:
@@ -110,14 +165,14 @@ def _named(lags: dict[str, int], cap: int) -> dict[str, str]:
 
 
 def _rank(groups: dict[str, str], topics: dict[str, str]
-          ) -> Callable[[tuple[tuple[str, str, int], int]], tuple[bool, bool, str, str, int]]:
+          ) -> Callable[[tuple[tuple[str, str, int], object]], tuple[bool, bool, str, str, int]]:
     """Sort key of (group, topic, partition) samples: named groups and topics first, then by name."""
     return lambda item: (item[0][0] not in groups, item[0][1] not in topics, *item[0])
 
 
-def _per_partition(samples: dict[tuple[str, str, int], int], groups: dict[str, str], topics: dict[str, str],
-                   budget: int, omitted: dict[str, int], family: str) -> dict[tuple[str, str, str], int]:
-    out: dict[tuple[str, str, str], int] = {}
+def _per_partition(samples: Mapping[tuple[str, str, int], N], groups: dict[str, str], topics: dict[str, str],
+                   budget: int, omitted: dict[str, int], family: str) -> dict[tuple[str, str, str], N]:
+    out: dict[tuple[str, str, str], N] = {}
     for (group, topic, partition), value in sorted(samples.items(), key=_rank(groups, topics)):
         g, t = groups.get(group), topics.get(topic)
         if g is None or t is None or len(out) >= budget:
@@ -131,14 +186,16 @@ class ConsumerLagCollector(Collector):
     """The consumer-lag families, computed from the tracker at each scrape."""
 
     def __init__(self, lag: ConsumerLag, *, label_cap: int, partitions: bool,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.lag = lag
+        self.wall_clock = wall_clock  # what the write times are on: the epoch's (lag in seconds)
         self.label_cap = label_cap
         self.partitions = partitions
         self.clock = clock  # the sessions' clock: the one the tracker's times are on
 
     def collect(self) -> Iterator[Metric]:
-        series = lag_series(self.lag.view(self.clock()), self.label_cap, self.partitions)
+        series = lag_series(self.lag.view(self.clock(), self.wall_clock()), self.label_cap, self.partitions)
         stale = f"{self.lag.stale_after:g} s"
         yield _gauge("kproxy_consumergroup_lag_sum", "Consumer group lag by topic: high watermark less committed "
                      "offset, summed over the partitions kproxy saw both of within " + stale + " (capped: the rest "
@@ -154,6 +211,19 @@ class ConsumerLagCollector(Collector):
         yield _gauge("kproxy_partition_high_watermark", "The partition's end last seen: a Fetch or ListOffsets "
                      "(latest, read_uncommitted) answer's high watermark, or the log end offset after a Produce "
                      "the answer accepted, seen within " + stale + ".", ["topic", "partition"], series.watermarks)
+        yield _gauge("kproxy_consumergroup_lag_seconds", "Consumer group lag in time: how long ago the oldest "
+                     "record the group has not committed on the topic was written (the most over its partitions; "
+                     "0 when caught up), from the record batches' max timestamps kproxy saw in Produce requests "
+                     "(CreateTime: the producers' clocks), the nearest it saw where it saw none for that offset.",
+                     ["group", "topic"], series.lag_seconds)
+        if self.partitions:
+            yield _gauge("kproxy_consumergroup_partition_lag_seconds", "Consumer group lag in time per partition "
+                         "(see kproxy_consumergroup_lag_seconds).", ["group", "topic", "partition"],
+                         series.lag_seconds_partition)
+        yield _gauge("kproxy_consumergroup_catchup_seconds", "How long until the group is caught up on the topic at "
+                     "its recent rates: its lag over the records a second its committed offsets moved by less those "
+                     "the watermarks moved by (0 when caught up; absent while it does not gain).",
+                     ["group", "topic"], series.catchup)
         family = CounterMetricFamily("kproxy_consumergroup_lag_evicted", "Committed offsets, watermarks and "
                                      "groups kproxy forgot to stay within its bound (the ones updated longest ago).",
                                      labels=["table"])
@@ -165,7 +235,7 @@ class ConsumerLagCollector(Collector):
                      series.omitted)
 
 
-def _gauge(name: str, doc: str, labels: list[str], samples: Mapping[Any, int]) -> Metric:
+def _gauge(name: str, doc: str, labels: list[str], samples: Mapping[Any, float]) -> Metric:
     """A gauge family of ``samples``, keyed by a label value or a tuple of them."""
     family = GaugeMetricFamily(name, doc, labels=labels)
     for key, value in samples.items():

@@ -47,7 +47,13 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, RecordBudget, count_records, one_batch_count
+from kproxy.protocol.records import (
+    DEFAULT_RECORD_BUDGET,
+    RecordBudget,
+    count_records,
+    one_batch_count,
+    v2_max_timestamp,
+)
 from kproxy.protocol.schema import Direction
 
 if TYPE_CHECKING:
@@ -79,10 +85,13 @@ LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at r
 READ_UNCOMMITTED = 0  # ListOffsets isolation_level (v2+; before, every answer is read_uncommitted)
 OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its request and answer
 
-# (group, topic, partition, committed offset); (topic, partition, offset); (topic, partition, records)
+# (group, topic, partition, committed offset); (topic, partition, offset); (topic, partition, records,
+# max timestamp: the latest its batch headers carry, ms since the epoch, -1 if none); (topic, partition,
+# base offset, records, max timestamp): what a Produce answer accepted (produce_appends)
 Commit = tuple[str, "Topic", int, int]
 Watermark = tuple["Topic", int, int]
-Produced = tuple["Topic", int, int]
+Produced = tuple["Topic", int, int, int]
+Appended = tuple["Topic", int, int, int, int]
 Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
 
 
@@ -222,8 +231,9 @@ def group_ids(request: Values | None) -> list[str]:
 
 def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestScan | None,
                           total: int | None = None) -> list[Produced] | None:
-    """``(topic, partition, records)`` of each partition of a Produce request (``scan``: its shared
-    scan, ``frame``: the frame it was made of), from the batch headers of its records ranges:
+    """``(topic, partition, records, max_timestamp)`` of each partition of a Produce request (``scan``:
+    its shared scan, ``frame``: the frame it was made of), from the batch headers of its records ranges:
+    the latest ``maxTimestamp`` of its v2 batches read in place (-1: none, a legacy message set), and
     a v2 batch's count read in place (what a producer sends per partition), anything else counted
     by :func:`~kproxy.protocol.records.count_records` within one frame's record budget. None when
     the request cannot all be counted, or when its ranges do not pair with its partitions one to one
@@ -238,12 +248,12 @@ def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestSc
         topic, partition, _ = entries[0]
         if partition is None:
             return None
-        if total is not None:
-            return [(topic, partition, total)] if total >= 0 else None
         span = ranges[0]
+        if total is not None:
+            return [(topic, partition, total, v2_max_timestamp(frame, span[0], span[1]))] if total >= 0 else None
         n = one_batch_count(frame, span[0], span[1])  # one v2 batch, read in place
         if n is not None:
-            return [(topic, partition, n)]
+            return [(topic, partition, n, v2_max_timestamp(frame, span[0], span[1]))]
     if not ranges or len(ranges) != len(entries):
         return None
     out: list[Produced] = []
@@ -262,7 +272,7 @@ def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestSc
                 return None
         if partition is None:
             return None
-        out.append((topic, partition, n))
+        out.append((topic, partition, n, v2_max_timestamp(frame, start, end)))
     return out
 
 
@@ -271,27 +281,37 @@ def produce_end_offsets(produced: list[Produced], answer: Values | None) -> list
     base_offset)``) accepted records of: its base offset plus the records the request carried there
     (``produced``, :func:`produce_record_counts`). A partition the request carried no records for, or
     named twice, gives nothing."""
+    return [(topic, partition, base + n) for topic, partition, base, n, _ in produce_appends(produced, answer)]
+
+
+def produce_appends(produced: list[Produced], answer: Values | None) -> list[Appended]:
+    """``(topic, partition, base_offset, records, max_timestamp)`` of each partition a Produce answer
+    (its values: ``(topic, partition, code, base_offset)``) accepted records of: the offsets the broker
+    gave the request's records there (``base_offset`` to ``base_offset + records - 1``) and the latest
+    time their batch headers carry (``produced``, :func:`produce_record_counts`; -1: none). A partition
+    the request carried no records for, or named twice, gives nothing."""
     if not answer:
         return []
+    counts: dict[tuple[Topic, int], tuple[int, int]]
     if len(produced) == 1:  # a producer's usual request: one partition
-        topic, partition, n = produced[0]
+        topic, partition, n, written = produced[0]
         if len(answer) == 1:  # ... and its answer (_partition, inlined)
             item = answer[0]
             if (len(item) == 4 and item[1] == partition and not item[2] and type(item[3]) is int and item[3] >= 0
                     and n > 0 and item[0] == topic):
-                return [(topic, partition, item[3] + n)]
+                return [(topic, partition, item[3], n, written)]
             return []
-        counts = {(topic, partition): n}
+        counts = {(topic, partition): (n, written)}
     else:
         counts = {}
-        for topic, partition, n in produced:
+        for topic, partition, n, written in produced:
             key = (topic, partition)
-            counts[key] = -1 if key in counts else n
-    out: list[Watermark] = []
+            counts[key] = (-1, -1) if key in counts else (n, written)
+    out: list[Appended] = []
     for item in answer:
         found = _partition(item)
         if found is not None and not found[2]:
-            n = counts.get((found[0], found[1]), 0)
+            n, written = counts.get((found[0], found[1]), (0, -1))
             if n > 0:
-                out.append((found[0], found[1], found[3] + n))
+                out.append((found[0], found[1], found[3], n, written))
     return out

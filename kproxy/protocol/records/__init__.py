@@ -46,6 +46,7 @@ writers, payload decompression); :func:`decode_records` here dispatches by magic
   on demand.
 * :func:`count_records` - records in a records field from the v2 headers alone;
   :func:`one_batch_count` - the same for a range that is one v2 batch, read in place;
+  :func:`v2_max_timestamp` - the latest write time the v2 batch headers of a range carry;
   :func:`v2_totals`, :func:`v2_batches` - records and bytes of a range's whole v2 batches (per
   batch, with its codec, for the second), read in place: the metrics' per-topic counts.
 * :func:`encode_batch_v2`, :func:`encode_message_set` - encoders for tests and
@@ -68,6 +69,7 @@ from kproxy.protocol.records.counting import (
     one_batch_count,
     one_batch_header,
     v2_batches,
+    v2_max_timestamp,
     v2_totals,
 )
 from kproxy.protocol.records.entries import (
@@ -106,6 +108,7 @@ __all__ = [
     "one_batch_count",
     "one_batch_header",
     "v2_batches",
+    "v2_max_timestamp",
     "v2_totals",
     "verify_crc",
 ]

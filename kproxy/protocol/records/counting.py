@@ -105,6 +105,28 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
     return records, pos - start, pos
 
 
+_V2_MAX_TIMESTAMP = struct.Struct(">q")  # maxTimestamp, at byte 35 of a v2 batch
+
+
+def v2_max_timestamp(data: BytesLike, start: int, end: int) -> int:
+    """The latest ``maxTimestamp`` (milliseconds since the epoch) of the whole v2 batches that open
+    ``data[start:end]``, read in place from their headers (no record touched, nothing decompressed);
+    -1 when the range opens with no v2 batch (a legacy message set, a truncated or malformed header)."""
+    latest = -1
+    pos = start
+    unpack = _V2_LENGTH_MAGIC.unpack_from
+    timestamp = _V2_MAX_TIMESTAMP.unpack_from
+    while end - pos >= _V2_FAST_MIN:
+        batch_length, magic = unpack(data, pos + 8)
+        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+            break
+        t = int(timestamp(data, pos + 35)[0])
+        if t > latest:
+            latest = t
+        pos += 12 + batch_length
+    return latest
+
+
 def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
     """Append ``(bytes, codec, records)`` of each whole v2 batch that opens ``data[start:end]`` to
     ``out`` (the codec is the low 3 bits of the batch's attributes, ``Codec``), read in place from
