@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
+from kproxy.metrics.anomalies import (
+    ACKS0_PRODUCER,
+    DEPRECATED_UP_TO,
+    DEPRECATED_VERSION,
+    UNCOMPRESSED_PRODUCER,
+    ClientAnomalies,
+    uncompressed,
+)
 from kproxy.metrics.client_software import ClientSoftware
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
@@ -13,6 +22,10 @@ from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
 from kproxy.proxy.session import Exchange
 
 _NO_RANGES: Final[list[RecordsRange]] = []  # never added to
+# A connection's anomalies counted once per connection (BrokerObserver.flagged): bits.
+_FLAG_DEPRECATED: Final = 1
+_FLAG_ACKS0: Final = 2
+_FLAG_UNCOMPRESSED: Final = 4
 
 
 class MetricsObserver:
@@ -46,8 +59,8 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "group_requests", "lag", "lag_answers", "lag_requests", "software", "stats",
-                 "topic_ids")
+    __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "lag", "lag_answers",
+                 "lag_requests", "produce_policy", "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -63,11 +76,28 @@ class BrokerObserver:
         self.topic_ids = stats.options.topic_label and lag is None
         # The client software this connection named (ApiVersions v3+), counted while it is open.
         self.software = ClientSoftware(stats.labelled) if self.client_ids else None
+        # Client anomalies (kproxy.metrics.anomalies; None: off): the connection's first client id (its
+        # churn is that client's), the anomalies already counted for it, and whether Produce requests are
+        # checked against the producer policy at all.
+        self.anomalies = stats.anomalies
+        self.client: str | None = None
+        self.flagged = 0
+        policy = None if self.anomalies is None else self.anomalies.options
+        self.produce_policy = policy is not None and (policy.forbid_acks0 or policy.require_compression)
 
     def request(self, exchange: Exchange) -> None:
         software = self.software
         if software is not None and exchange.api_key == software.api_key:
             software.request(exchange)
+        anomalies = self.anomalies
+        if anomalies is not None:
+            if self.client is None:
+                self.client = exchange.client_id or ""
+            if exchange.api_version <= DEPRECATED_UP_TO.get(exchange.api_key, -1) \
+                    and not self.flagged & _FLAG_DEPRECATED:
+                self.flagged |= _FLAG_DEPRECATED
+                anomalies.seen(DEPRECATED_VERSION, exchange.client_id,
+                               f"api_key={exchange.api_key} api_version={exchange.api_version}")
         if exchange.api_key == PRODUCE:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
@@ -76,6 +106,8 @@ class BrokerObserver:
                                          exchange.client_id if self.client_ids else None, exchange.request,
                                          exchange.request_body_offset, _NO_RANGES if scan is None else scan[1],
                                          exchange.acks)
+            if self.produce_policy and anomalies is not None:
+                self._produce_policy(anomalies, exchange, _NO_RANGES if scan is None else scan[1])
             if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
                 # Its records per partition, counted while the frame is held: its answer gives the log end
                 # offsets with them. Not when a rule forwarded another frame in its place (its records may
@@ -96,6 +128,17 @@ class BrokerObserver:
             if exchange.api_key in self.group_requests and self.lag is not None:
                 self.lag.group_request(exchange.api_key, exchange.api_version, exchange.request,
                                        exchange.request_body_offset, scan, exchange.read_at)
+
+    def _produce_policy(self, anomalies: ClientAnomalies, exchange: Exchange, ranges: list[RecordsRange]) -> None:
+        """Check a Produce request against the producer policy (once per connection and kind)."""
+        policy = anomalies.options
+        if policy.forbid_acks0 and exchange.acks == 0 and not self.flagged & _FLAG_ACKS0:
+            self.flagged |= _FLAG_ACKS0
+            anomalies.seen(ACKS0_PRODUCER, exchange.client_id, "acks=0")
+        if policy.require_compression and not self.flagged & _FLAG_UNCOMPRESSED \
+                and uncompressed(exchange.request, ranges):
+            self.flagged |= _FLAG_UNCOMPRESSED
+            anomalies.seen(UNCOMPRESSED_PRODUCER, exchange.client_id, "a batch with compression none")
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -121,6 +164,11 @@ class BrokerObserver:
                                     None if exchange.local else received - exchange.forwarded_at,
                                     overhead, None if memo is None else memo.response_body,
                                     exchange.client_id if api_key == FETCH and self.client_ids else None)
+        code = self.stats.anomaly_code
+        if code:  # an answer carrying an error code that may be a client's anomaly
+            self.stats.anomaly_code = 0
+            if self.anomalies is not None:
+                self.anomalies.answer_error(api_key, code, exchange.client_id)
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
             if api_key == PRODUCE:
@@ -139,3 +187,5 @@ class BrokerObserver:
         """The connection ended: what it counted while open (its client software) is taken back."""
         if self.software is not None:
             self.software.close()
+        if self.anomalies is not None:
+            self.anomalies.connection_closed(self.client, time.monotonic())

@@ -40,6 +40,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from kproxy.metrics.anomalies import ANOMALY_CODES, AnomalyOptions, ClientAnomalies
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
@@ -155,6 +156,7 @@ class StatsOptions:
     label_cap: int = 100
     scan_responses: bool = True
     consumer_lag: bool = False  # scan the answers consumer lag reads in values mode (OFFSET_FIELDS)
+    anomalies: AnomalyOptions | None = None  # client anomalies detected (kproxy.metrics.anomalies); None: off
 
 
 @dataclass
@@ -237,6 +239,12 @@ class TrafficStats:
     def __post_init__(self) -> None:
         self._topics = LabelCap(self.options.label_cap)
         self._clients = LabelCap(self.options.label_cap)
+        # Client anomalies (None: off), labelled by the client ids' one cap. The error count hands an
+        # answer's anomalous code on in anomaly_code (0: none), for the observer, who knows the client.
+        self.anomalies: ClientAnomalies | None = (None if self.options.anomalies is None
+                                                  else ClientAnomalies(self._clients, self.options.anomalies))
+        self.anomaly_codes: frozenset[int] = frozenset() if self.anomalies is None else ANOMALY_CODES
+        self.anomaly_code = 0
         # Records are counted there, once per range: by topic and client too when those labels are on.
         options = self.options
         self.labelled = LabelledTraffic(self._topics if options.topic_label else None,
@@ -508,6 +516,8 @@ class TrafficStats:
             if rank is None:
                 rank = _ERROR_RANK[code] = ERROR_CLASSES.index(error_class(code))
             worst = max(worst, rank)
+            if code in self.anomaly_codes:
+                self.anomaly_code = code
             name = error_name(code)
             ekey = (api, name)
             errors[ekey] = errors.get(ekey, 0) + 1
