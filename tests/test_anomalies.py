@@ -15,12 +15,23 @@ from kproxy.metrics.anomalies import (
     KINDS,
     PRODUCER_FENCED,
     PRODUCER_SEQUENCE,
+    REBALANCE_STORM,
     STALE_GENERATION,
     UNCOMPRESSED_MIN_BYTES,
+    VANISHED_MEMBER,
     AnomalyOptions,
     ClientAnomalies,
     anomaly_kind,
     uncompressed,
+)
+from kproxy.metrics.group_anomalies import (
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    MAX_GROUPS,
+    MAX_MEMBERS,
+    GroupWatch,
+    MembershipRequest,
 )
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.tables import ApiKey, ErrorCode
@@ -90,3 +101,42 @@ def test_a_big_batch_without_compression_is_uncompressed_and_a_small_one_is_not(
     for size, codec, expected in [(big, 0, True), (big, 4, False), (small, 0, False)]:
         frame = b"head" + _batch(size, codec)
         assert uncompressed(frame, [(4, 4 + size, "t")]) is expected, (size, codec)
+
+
+def _join(watch: GroupWatch, group: str, member: str, now: float, session: float = 6.0) -> None:
+    watch.exchange(MembershipRequest(JOIN_GROUP, group, [member], session, False), [], "app", now)
+
+
+def test_joins_of_one_group_within_the_window_are_a_storm_once() -> None:
+    anomalies = ClientAnomalies(LabelCap(10))
+    watch = GroupWatch(anomalies, joins=3, window=60.0)
+    for i in range(5):
+        _join(watch, "g", f"m{i}", float(i))
+    _join(watch, "other-group", "m", 1.0)
+    # A join refused (MEMBER_ID_REQUIRED, say) is no join.
+    watch.exchange(MembershipRequest(JOIN_GROUP, "quiet", ["m"], 6.0, False), [79], "app", 1.0)
+    assert anomalies.series() == {(REBALANCE_STORM, "app"): 1}
+    for i in range(3):  # the next window
+        _join(watch, "g", f"m{i}", 60.0 + i)
+    assert anomalies.series() == {(REBALANCE_STORM, "app"): 2}
+
+
+def test_a_member_silent_past_its_session_without_leave_group_vanished() -> None:
+    anomalies = ClientAnomalies(LabelCap(10))
+    watch = GroupWatch(anomalies, joins=100, window=60.0)
+    for member in ("gone", "left", "alive", "static"):
+        watch.exchange(MembershipRequest(JOIN_GROUP, "g", [member], 6.0, member == "static"), [], member, 0.0)
+    watch.exchange(MembershipRequest(LEAVE_GROUP, "g", ["left"], 0.0, False), [], "left", 1.0)
+    for t in range(1, 12):
+        watch.exchange(MembershipRequest(HEARTBEAT, "g", ["alive"], 0.0, False), [], "alive", float(t))
+        watch.sweep(float(t))
+    assert anomalies.series() == {(VANISHED_MEMBER, "gone"): 1}
+
+
+def test_group_state_stays_bounded_whatever_groups_clients_make_up() -> None:
+    anomalies = ClientAnomalies(LabelCap(5))
+    watch = GroupWatch(anomalies, joins=100, window=60.0)
+    for i in range(MAX_GROUPS + 500):
+        _join(watch, f"group-{i}", f"member-{i}", 0.0)
+    assert len(watch.groups) == MAX_GROUPS
+    assert len(watch.members) == MAX_MEMBERS

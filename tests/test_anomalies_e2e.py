@@ -9,6 +9,7 @@ empty: every detector stays at zero.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ FAMILY = "kproxy_client_anomalies"
 # (kproxy.metrics.anomalies.UNCOMPRESSED_MIN_BYTES).
 PAYLOAD = b"a compressible record " * 200
 CHURN = 10  # connections closed within a minute that count as churn, in these tests
+JOINS = 3  # JoinGroups of one group within a minute that count as a rebalance storm, in these tests
+SESSION_MS = 6000
 
 
 def anomalies(port: int) -> dict[tuple[str, str], float] | None:
@@ -67,7 +70,9 @@ def proxy_with(tansu: Broker, tmp_path: Path) -> Iterator[Any]:
         options: dict[str, Any] = {"metrics_listen": f"127.0.0.1:{port}",
                                    "metrics__client_anomalies_churn_per_minute": CHURN,
                                    "metrics__client_anomalies_forbid_acks0": True,
-                                   "metrics__client_anomalies_require_compression": True}
+                                   "metrics__client_anomalies_require_compression": True,
+                                   "metrics__client_anomalies_rebalance_joins": JOINS,
+                                   "metrics__client_anomalies_rebalance_window": 60}
         if rules is not None:
             path = tmp_path / f"rules-{len(started)}.yaml"
             path.write_text(rules)
@@ -110,7 +115,7 @@ def committing_consumer(bootstrap: str, topic: str, client: str) -> None:
     """A librdkafka group member that reads what there is and commits it by hand, twice."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": client, "group.id": unique("anomaly-group"),
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+                         "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500})
     try:
         consumer.subscribe([topic])
         deadline = time.monotonic() + 30
@@ -126,6 +131,34 @@ def committing_consumer(bootstrap: str, topic: str, client: str) -> None:
                 consumer.commit(message=read, asynchronous=False)
     finally:
         consumer.close()
+
+
+class GroupMember:
+    """A librdkafka group member polling in a thread until :meth:`close` (heartbeats every 500 ms)."""
+
+    def __init__(self, bootstrap: str, topic: str, client: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": client,
+                                  "group.id": unique("anomaly-member"), "auto.offset.reset": "earliest",
+                                  "session.timeout.ms": SESSION_MS, "heartbeat.interval.ms": 500,
+                                  "socket.timeout.ms": 3000})
+        self.consumer.subscribe([topic])
+        self.assigned = threading.Event()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.consumer.poll(0.2)
+            if self.consumer.assignment():
+                self.assigned.set()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+        closer = threading.Thread(target=self.consumer.close, daemon=True)  # bounded: its LeaveGroup may hang
+        closer.start()
+        closer.join(15)
 
 
 def reconnecting_producer(bootstrap: str, topic: str, client: str, seconds: float = 4.0) -> None:
@@ -146,6 +179,12 @@ def test_clean_traffic_from_every_client_counts_no_anomaly(proxy_with: Any) -> N
     plain_producer(proxy.bootstrap, topic, "clean-plain", acks="all", **{"compression.type": "zstd"})
     committing_consumer(proxy.bootstrap, topic, "clean-consumer")
     reconnecting_producer(proxy.bootstrap, topic, "clean-reconnects")
+    member = GroupMember(proxy.bootstrap, topic, "clean-member")
+    try:
+        assert member.assigned.wait(30), "the member got no partition"
+        time.sleep(SESSION_MS / 1000 * 2)  # heartbeats over two session timeouts
+    finally:
+        member.close()
     assert anomalies(port) == {}, "clean traffic counted anomalies"
 
 
@@ -224,3 +263,43 @@ def test_producer_policy_and_deprecated_versions_are_counted_once_per_connection
     found = wait_for(port, "deprecated_version", "old-client")
     assert found == {("acks0_producer", "fire-and-forget"): 1, ("uncompressed_producer", "uncompressed"): 1,
                      ("deprecated_version", "old-client"): 1}
+
+
+def test_rebalances_forced_by_a_rule_count_as_a_rebalance_storm(proxy_with: Any) -> None:
+    proxy, port = proxy_with("""
+rules:
+  - id: storm
+    match: {api: heartbeat, client_id: storming}
+    actions:
+      - inject_error: {error: REBALANCE_IN_PROGRESS}
+""")
+    topic = unique("anomaly-storm")
+    create_topic(proxy.bootstrap, topic, 1)
+    member, calm = GroupMember(proxy.bootstrap, topic, "storming"), GroupMember(proxy.bootstrap, topic, "steady")
+    try:
+        found = wait_for(port, "rebalance_storm", "storming", timeout=60)
+    finally:
+        member.close()
+        calm.close()
+    assert list(found) == [("rebalance_storm", "storming")]
+
+
+def test_a_member_whose_leave_group_never_arrives_counts_as_vanished(proxy_with: Any) -> None:
+    proxy, port = proxy_with("""
+rules:
+  - id: lost-leave
+    match: {api: leave_group, client_id: vanishing}
+    actions:
+      - blackhole
+""")
+    topic = unique("anomaly-vanish")
+    create_topic(proxy.bootstrap, topic, 1)
+    leaving, staying = GroupMember(proxy.bootstrap, topic, "vanishing"), GroupMember(proxy.bootstrap, topic, "staying")
+    try:
+        assert leaving.assigned.wait(30) and staying.assigned.wait(30), "the members got no partition"
+        leaving.close()  # its LeaveGroup is blackholed: the broker expires its session
+        # The staying member's heartbeats go on: kproxy looks at the members meanwhile.
+        found = wait_for(port, "vanished_member", "vanishing", timeout=30)
+    finally:
+        staying.close()
+    assert list(found) == [("vanished_member", "vanishing")]

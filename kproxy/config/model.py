@@ -94,6 +94,8 @@ class MetricsOptions:
     client_anomalies_churn_per_minute: int = 60
     client_anomalies_forbid_acks0: bool = False
     client_anomalies_require_compression: bool = False
+    client_anomalies_rebalance_joins: int = 50
+    client_anomalies_rebalance_window: float = 300.0
 
 
 @dataclass(frozen=True)

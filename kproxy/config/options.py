@@ -187,6 +187,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics.client_anomalies_require_compression", v.boolean,
            "count a connection's Produce batches without compression as a client anomaly "
            "(uncompressed_producer)", boolean=True),
+    Option("metrics.client_anomalies_rebalance_joins", v.integer(2),
+           "JoinGroups of one group answered within --metrics-client-anomalies-rebalance-window that count as a "
+           "rebalance storm (one per member per rebalance)", "N", show_default=v.as_is),
+    Option("metrics.client_anomalies_rebalance_window", v.seconds,
+           "the window of --metrics-client-anomalies-rebalance-joins", "SECONDS", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "

@@ -1,6 +1,8 @@
 """Client bugs and misconfigurations as the wire shows them: ``kproxy_client_anomalies_total{kind,client_id}``.
 
-Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerObserver` already reads:
+Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerObserver` already reads
+(the consumer group kinds, ``rebalance_storm`` and ``vanished_member``, are
+:mod:`kproxy.metrics.group_anomalies`'):
 
 * from the error codes the metrics' scan of an answer found (nothing more is read; only an answer
   carrying one of :data:`ANOMALY_CODES` reaches this module):
@@ -49,8 +51,10 @@ CONNECTION_CHURN: Final = "connection_churn"
 DEPRECATED_VERSION: Final = "deprecated_version"
 ACKS0_PRODUCER: Final = "acks0_producer"
 UNCOMPRESSED_PRODUCER: Final = "uncompressed_producer"
-KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, DEPRECATED_VERSION,
-                ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
+REBALANCE_STORM: Final = "rebalance_storm"  # (kproxy.metrics.group_anomalies)
+VANISHED_MEMBER: Final = "vanished_member"  # (kproxy.metrics.group_anomalies)
+KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, REBALANCE_STORM,
+                VANISHED_MEMBER, DEPRECATED_VERSION, ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
 
 _COMMITS: Final = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
 _PRODUCE: Final = int(ApiKey.PRODUCE)
@@ -79,6 +83,10 @@ class AnomalyOptions:
     churn_per_minute: int = 60  # connections of one client id closed within a minute that count as churn
     forbid_acks0: bool = False  # a Produce with acks=0 is an anomaly
     require_compression: bool = False  # a Produce batch with no compression is an anomaly
+    # A group whose JoinGroups answered reach this many within rebalance_window seconds is in a
+    # rebalance storm (kproxy.metrics.group_anomalies).
+    rebalance_joins: int = 50
+    rebalance_window: float = 300.0
 
 
 def anomaly_kind(api_key: int, code: int) -> str | None:

@@ -14,6 +14,7 @@ from kproxy.metrics.anomalies import (
     uncompressed,
 )
 from kproxy.metrics.client_software import ClientSoftware
+from kproxy.metrics.group_anomalies import MEMBERSHIP_APIS, GroupWatch, MembershipRequest
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
@@ -26,6 +27,7 @@ _NO_RANGES: Final[list[RecordsRange]] = []  # never added to
 _FLAG_DEPRECATED: Final = 1
 _FLAG_ACKS0: Final = 2
 _FLAG_UNCOMPRESSED: Final = 4
+_MAX_MEMBERSHIPS: Final = 64
 
 
 class MetricsObserver:
@@ -59,8 +61,9 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "lag", "lag_answers",
-                 "lag_requests", "produce_policy", "software", "stats", "topic_ids")
+    __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "group_watch", "lag",
+                 "lag_answers", "lag_requests", "membership", "memberships", "produce_policy", "software", "stats",
+                 "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -80,6 +83,11 @@ class BrokerObserver:
         # churn is that client's), the anomalies already counted for it, and whether Produce requests are
         # checked against the producer policy at all.
         self.anomalies = stats.anomalies
+        self.group_watch = stats.group_watch
+        self.membership = MEMBERSHIP_APIS if self.group_watch is not None else frozenset()
+        # Membership requests read, awaiting their answers, by correlation id (at most _MAX_MEMBERSHIPS:
+        # a blackholed connection's are never answered).
+        self.memberships: dict[int, MembershipRequest] = {}
         self.client: str | None = None
         self.flagged = 0
         policy = None if self.anomalies is None else self.anomalies.options
@@ -120,6 +128,11 @@ class BrokerObserver:
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            if exchange.api_key in self.membership and len(self.memberships) < _MAX_MEMBERSHIPS:
+                read = GroupWatch.read(exchange.api_key, exchange.api_version, exchange.request,
+                                       exchange.request_body_offset)
+                if read is not None:
+                    self.memberships[exchange.correlation_id] = read
             scan = None
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
@@ -168,7 +181,17 @@ class BrokerObserver:
         if code:  # an answer carrying an error code that may be a client's anomaly
             self.stats.anomaly_code = 0
             if self.anomalies is not None:
-                self.anomalies.answer_error(api_key, code, exchange.client_id)
+                # The connection's client id: the request's frame, where the exchange reads its own, is
+                # let go once the request was seen.
+                self.anomalies.answer_error(api_key, code, self.client)
+        if api_key in self.membership and self.group_watch is not None:
+            # A JoinGroup, Heartbeat or LeaveGroup answered (a member's few requests a minute).
+            read = self.memberships.pop(exchange.correlation_id, None)
+            if read is not None:
+                now = time.monotonic()
+                self.group_watch.exchange(read, None if found is None else [e[2] for e in found[0] if e[2]],
+                                          self.client, now)
+                self.group_watch.sweep(now)
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
             if api_key == PRODUCE:
@@ -188,4 +211,7 @@ class BrokerObserver:
         if self.software is not None:
             self.software.close()
         if self.anomalies is not None:
-            self.anomalies.connection_closed(self.client, time.monotonic())
+            now = time.monotonic()
+            self.anomalies.connection_closed(self.client, now)
+            if self.group_watch is not None:
+                self.group_watch.sweep(now)

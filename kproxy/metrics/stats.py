@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from kproxy.metrics.anomalies import ANOMALY_CODES, AnomalyOptions, ClientAnomalies
 from kproxy.metrics.fault_stats import FaultStats
+from kproxy.metrics.group_anomalies import GroupWatch
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
@@ -243,6 +244,9 @@ class TrafficStats:
         # answer's anomalous code on in anomaly_code (0: none), for the observer, who knows the client.
         self.anomalies: ClientAnomalies | None = (None if self.options.anomalies is None
                                                   else ClientAnomalies(self._clients, self.options.anomalies))
+        self.group_watch = (None if self.anomalies is None else
+                            GroupWatch(self.anomalies, self.anomalies.options.rebalance_joins,
+                                       self.anomalies.options.rebalance_window))
         self.anomaly_codes: frozenset[int] = frozenset() if self.anomalies is None else ANOMALY_CODES
         self.anomaly_code = 0
         # Records are counted there, once per range: by topic and client too when those labels are on.
