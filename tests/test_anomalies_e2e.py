@@ -21,8 +21,11 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from kafka import KafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.protocol import Direction, default_body
+from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
+from tests.support.rawkafka import RawKafka
 
 FAMILY = "kproxy_client_anomalies"
 # A record big enough that a compressing producer's batch is compressed
@@ -303,3 +306,23 @@ rules:
     finally:
         staying.close()
     assert list(found) == [("vanished_member", "vanishing")]
+
+
+def test_the_brokers_own_answer_counts_under_the_connections_client_id(proxy_with: Any) -> None:
+    """A commit for a member the group does not know, answered by Tansu itself (UNKNOWN_MEMBER_ID):
+    forwarded, so its answer comes after kproxy let the request's frame go."""
+    proxy, port = proxy_with()
+    topic = unique("anomaly-broker")
+    create_topic(proxy.bootstrap, topic, 1)
+    raw = RawKafka(proxy.bootstrap, "raw-committer")
+    try:
+        raw.request(18, 3, default_body(18, 3, Direction.REQUEST))  # the commit is not the connection's first
+        body = default_body(8, 8, Direction.REQUEST)
+        body.update(group_id=unique("anomaly-group"), generation_id_or_member_epoch=3, member_id="gone",
+                    topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                            "committed_leader_epoch": -1, "committed_metadata": ""}]}])
+        answer = raw.request(8, 8, body)
+    finally:
+        raw.close()
+    assert [p["error_code"] for t in answer["topics"] for p in t["partitions"]] == [error_code("UNKNOWN_MEMBER_ID")]
+    assert wait_for(port, "stale_generation", "raw-committer") == {("stale_generation", "raw-committer"): 1}
