@@ -56,13 +56,14 @@ VANISHED_MEMBER: Final = "vanished_member"  # (kproxy.metrics.group_anomalies)
 KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, REBALANCE_STORM,
                 VANISHED_MEMBER, DEPRECATED_VERSION, ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
 
-_COMMITS: Final = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
-_PRODUCE: Final = int(ApiKey.PRODUCE)
-_STALE: Final = frozenset({int(ErrorCode.ILLEGAL_GENERATION), int(ErrorCode.UNKNOWN_MEMBER_ID)})
-_FENCED: Final = frozenset({int(ErrorCode.PRODUCER_FENCED), int(ErrorCode.INVALID_PRODUCER_EPOCH)})
-_SEQUENCE: Final = frozenset({int(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), int(ErrorCode.DUPLICATE_SEQUENCE_NUMBER)})
+COMMIT_APIS: Final = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
+PRODUCE_API: Final = int(ApiKey.PRODUCE)
+STALE_CODES: Final = frozenset({int(ErrorCode.ILLEGAL_GENERATION), int(ErrorCode.UNKNOWN_MEMBER_ID)})
+FENCED_CODES: Final = frozenset({int(ErrorCode.PRODUCER_FENCED), int(ErrorCode.INVALID_PRODUCER_EPOCH)})
+SEQUENCE_CODES: Final = frozenset({int(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
+                                   int(ErrorCode.DUPLICATE_SEQUENCE_NUMBER)})
 # The codes the stats' error count hands on (kproxy.metrics.stats.TrafficStats.anomaly_code).
-ANOMALY_CODES: Final = _STALE | _FENCED | _SEQUENCE
+ANOMALY_CODES: Final = STALE_CODES | FENCED_CODES | SEQUENCE_CODES
 # Api key -> the last deprecated version (every deprecated span starts at 0).
 DEPRECATED_UP_TO: Final[dict[int, int]] = {key: span[1] for key, span in DEPRECATED_VERSIONS.items()
                                            if span[0] == 0}
@@ -91,11 +92,11 @@ class AnomalyOptions:
 
 def anomaly_kind(api_key: int, code: int) -> str | None:
     """The kind an answer's error ``code`` is, for an answer of ``api_key`` (None: none)."""
-    if code in _FENCED:
+    if code in FENCED_CODES:
         return PRODUCER_FENCED
-    if code in _SEQUENCE and api_key == _PRODUCE:
+    if code in SEQUENCE_CODES and api_key == PRODUCE_API:
         return PRODUCER_SEQUENCE
-    if code in _STALE and api_key in _COMMITS:
+    if code in STALE_CODES and api_key in COMMIT_APIS:
         return STALE_GENERATION
     return None
 

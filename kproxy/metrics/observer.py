@@ -62,8 +62,8 @@ class BrokerObserver:
     """
 
     __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "group_watch", "lag",
-                 "lag_answers", "lag_requests", "membership", "memberships", "produce_policy", "software", "stats",
-                 "topic_ids")
+                 "lag_answers", "lag_requests", "last_membership", "membership", "memberships", "produce_policy",
+                 "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -88,6 +88,7 @@ class BrokerObserver:
         # Membership requests read, awaiting their answers, by correlation id (at most _MAX_MEMBERSHIPS:
         # a blackholed connection's are never answered).
         self.memberships: dict[int, MembershipRequest] = {}
+        self.last_membership: tuple[int, bytes, MembershipRequest] | None = None
         self.client: str | None = None
         self.flagged = 0
         policy = None if self.anomalies is None else self.anomalies.options
@@ -104,7 +105,7 @@ class BrokerObserver:
             if exchange.api_version <= DEPRECATED_UP_TO.get(exchange.api_key, -1) \
                     and not self.flagged & _FLAG_DEPRECATED:
                 self.flagged |= _FLAG_DEPRECATED
-                anomalies.seen(DEPRECATED_VERSION, exchange.client_id,
+                anomalies.seen(DEPRECATED_VERSION, self.client,
                                f"api_key={exchange.api_key} api_version={exchange.api_version}")
         if exchange.api_key == PRODUCE:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
@@ -129,8 +130,7 @@ class BrokerObserver:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
             if exchange.api_key in self.membership and len(self.memberships) < _MAX_MEMBERSHIPS:
-                read = GroupWatch.read(exchange.api_key, exchange.api_version, exchange.request,
-                                       exchange.request_body_offset)
+                read = self._membership(exchange)
                 if read is not None:
                     self.memberships[exchange.correlation_id] = read
             scan = None
@@ -142,16 +142,32 @@ class BrokerObserver:
                 self.lag.group_request(exchange.api_key, exchange.api_version, exchange.request,
                                        exchange.request_body_offset, scan, exchange.read_at)
 
+    def _membership(self, exchange: Exchange) -> MembershipRequest | None:
+        """A membership request as the group watch reads it; a member's heartbeats repeat one body, so
+        the connection's last one is kept and a repeat costs a comparison, not a decode."""
+        offset = exchange.request_body_offset
+        if offset is None:
+            return None
+        kind = exchange.api_key << 16 | exchange.api_version
+        body = exchange.request[offset:]
+        last = self.last_membership
+        if last is not None and last[0] == kind and last[1] == body:
+            return last[2]
+        read = GroupWatch.read(exchange.api_key, exchange.api_version, exchange.request, offset)
+        if read is not None:
+            self.last_membership = (kind, body, read)
+        return read
+
     def _produce_policy(self, anomalies: ClientAnomalies, exchange: Exchange, ranges: list[RecordsRange]) -> None:
         """Check a Produce request against the producer policy (once per connection and kind)."""
         policy = anomalies.options
         if policy.forbid_acks0 and exchange.acks == 0 and not self.flagged & _FLAG_ACKS0:
             self.flagged |= _FLAG_ACKS0
-            anomalies.seen(ACKS0_PRODUCER, exchange.client_id, "acks=0")
+            anomalies.seen(ACKS0_PRODUCER, self.client, "acks=0")
         if policy.require_compression and not self.flagged & _FLAG_UNCOMPRESSED \
                 and uncompressed(exchange.request, ranges):
             self.flagged |= _FLAG_UNCOMPRESSED
-            anomalies.seen(UNCOMPRESSED_PRODUCER, exchange.client_id, "a batch with compression none")
+            anomalies.seen(UNCOMPRESSED_PRODUCER, self.client, "a batch with compression none")
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
