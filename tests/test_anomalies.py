@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from kproxy.metrics.anomalies import (
     PRODUCER_FENCED,
     PRODUCER_SEQUENCE,
     REBALANCE_STORM,
+    RETRY_STORM,
     STALE_GENERATION,
     UNCOMPRESSED_MIN_BYTES,
     VANISHED_MEMBER,
@@ -34,6 +36,8 @@ from kproxy.metrics.group_anomalies import (
     MembershipRequest,
 )
 from kproxy.metrics.labels import OTHER, LabelCap
+from kproxy.metrics.retries import MAX_BATCHES as RETRY_MAX_BATCHES
+from kproxy.metrics.retries import RetryWatch
 from kproxy.protocol.tables import ApiKey, ErrorCode
 
 
@@ -140,3 +144,35 @@ def test_group_state_stays_bounded_whatever_groups_clients_make_up() -> None:
         _join(watch, f"group-{i}", f"member-{i}", 0.0)
     assert len(watch.groups) == MAX_GROUPS
     assert len(watch.members) == MAX_MEMBERS
+
+
+def _idempotent_batch(producer: int, sequence: int, crc: int) -> bytes:
+    """A v2 batch header (61 bytes) as the retry watch reads it."""
+    return struct.pack(">qiibIhiqqqhii", 0, 49, 0, 2, crc, 0, 0, 0, 0, producer, 0, sequence, 1)
+
+
+def test_batches_sent_again_within_the_minute_make_a_retry_storm() -> None:
+    anomalies = ClientAnomalies(LabelCap(10))
+    watch = RetryWatch(anomalies, retries_per_minute=3)
+    batch = _idempotent_batch(7, 0, 1234)
+    ranges: list[Any] = [(0, len(batch), "t")]
+    for i in range(3):  # the first send and two re-sends: under the threshold
+        watch.produce(batch, ranges, "app", float(i))
+    other = _idempotent_batch(7, 0, 999)  # same producer and sequence, another partition's batch (CRC)
+    watch.produce(other, ranges, "app", 3.0)
+    plain = _idempotent_batch(-1, 0, 1234)  # not idempotent: never a retry
+    for i in range(5):
+        watch.produce(plain, ranges, "app", 4.0 + i)
+    assert anomalies.series() == {}
+    watch.produce(batch, ranges, "app", 10.0)
+    assert anomalies.series() == {(RETRY_STORM, "app"): 1}
+    watch.produce(batch, ranges, "app", 70.0)  # over a minute after its first send: a new batch's
+    assert anomalies.series() == {(RETRY_STORM, "app"): 1}
+
+
+def test_the_retry_watch_stays_bounded() -> None:
+    watch = RetryWatch(ClientAnomalies(LabelCap(5)), retries_per_minute=3)
+    for i in range(RETRY_MAX_BATCHES + 1000):
+        batch = _idempotent_batch(i, 0, 0)
+        watch.produce(batch, [(0, len(batch), "t")], f"client-{i}", 0.0)
+    assert len(watch.batches) == RETRY_MAX_BATCHES

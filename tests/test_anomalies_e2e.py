@@ -34,6 +34,7 @@ PAYLOAD = b"a compressible record " * 200
 CHURN = 10  # connections closed within a minute that count as churn, in these tests
 JOINS = 3  # JoinGroups of one group within a minute that count as a rebalance storm, in these tests
 SESSION_MS = 6000
+RETRIES = 5  # idempotent batches sent again within a minute that count as a retry storm, in these tests
 
 
 def anomalies(port: int) -> dict[tuple[str, str], float] | None:
@@ -75,7 +76,8 @@ def proxy_with(tansu: Broker, tmp_path: Path) -> Iterator[Any]:
                                    "metrics__client_anomalies_forbid_acks0": True,
                                    "metrics__client_anomalies_require_compression": True,
                                    "metrics__client_anomalies_rebalance_joins": JOINS,
-                                   "metrics__client_anomalies_rebalance_window": 60}
+                                   "metrics__client_anomalies_rebalance_window": 60,
+                                   "metrics__client_anomalies_retries_per_minute": RETRIES}
         if rules is not None:
             path = tmp_path / f"rules-{len(started)}.yaml"
             path.write_text(rules)
@@ -332,3 +334,18 @@ def test_the_brokers_own_answer_counts_under_the_connections_client_id(proxy_wit
         raw.close()
     assert [p["error_code"] for t in answer["topics"] for p in t["partitions"]] == [error_code("UNKNOWN_MEMBER_ID")]
     assert wait_for(port, "stale_generation", "raw-committer") == {("stale_generation", "raw-committer"): 1}
+
+
+def test_batches_sent_again_and_again_count_as_a_retry_storm(proxy_with: Any) -> None:
+    proxy, port = proxy_with("""
+rules:
+  - id: refuse
+    match: {api: produce, client_id: retrier, schedule: {first: 8}}
+    actions:
+      - inject_error: {error: NOT_LEADER_OR_FOLLOWER}
+""")
+    topic = unique("anomaly-retry")
+    create_topic(proxy.bootstrap, topic, 1)
+    idempotent_producer(proxy.bootstrap, topic, "retrier", count=1)  # retried until the rule lets it through
+    idempotent_producer(proxy.bootstrap, topic, "one-shot", count=3)
+    assert wait_for(port, "retry_storm", "retrier") == {("retry_storm", "retrier"): 1}

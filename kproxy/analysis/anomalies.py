@@ -12,7 +12,8 @@ each by the connection's client id (its first request's), as the live detectors 
 
 Client ids are cut as the live label cuts them (:func:`cut_label`); the
 report does not fold them past a cap. What a capture cannot tell the same way is left out:
-``connection_churn`` (a capture knows a connection's requests, not when it closed),
+``connection_churn`` (a capture knows a connection's requests, not when it closed), ``retry_storm``
+(batches' producer ids and sequences are not captured),
 ``rebalance_storm`` and ``vanished_member`` (member ids are not captured), and the producer policy's
 kinds (they depend on the running config).
 """

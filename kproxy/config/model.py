@@ -96,6 +96,7 @@ class MetricsOptions:
     client_anomalies_require_compression: bool = False
     client_anomalies_rebalance_joins: int = 50
     client_anomalies_rebalance_window: float = 300.0
+    client_anomalies_retries_per_minute: int = 30
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,9 @@ OPTIONS: tuple[Option, ...] = (
            "rebalance storm (one per member per rebalance)", "N", show_default=v.as_is),
     Option("metrics.client_anomalies_rebalance_window", v.seconds,
            "the window of --metrics-client-anomalies-rebalance-joins", "SECONDS", show_default=v.as_is),
+    Option("metrics.client_anomalies_retries_per_minute", v.integer(1),
+           "idempotent batches of one client id sent again (same producer id, sequence and CRC) within a "
+           "minute that count as a retry storm", "N", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "

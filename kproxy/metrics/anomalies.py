@@ -2,7 +2,8 @@
 
 Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerObserver` already reads
 (the consumer group kinds, ``rebalance_storm`` and ``vanished_member``, are
-:mod:`kproxy.metrics.group_anomalies`'):
+:mod:`kproxy.metrics.group_anomalies`'; ``retry_storm``, idempotent batches sent again, is
+:mod:`kproxy.metrics.retries`'):
 
 * from the error codes the metrics' scan of an answer found (nothing more is read; only an answer
   carrying one of :data:`ANOMALY_CODES` reaches this module):
@@ -51,10 +52,11 @@ CONNECTION_CHURN: Final = "connection_churn"
 DEPRECATED_VERSION: Final = "deprecated_version"
 ACKS0_PRODUCER: Final = "acks0_producer"
 UNCOMPRESSED_PRODUCER: Final = "uncompressed_producer"
+RETRY_STORM: Final = "retry_storm"
 REBALANCE_STORM: Final = "rebalance_storm"  # (kproxy.metrics.group_anomalies)
 VANISHED_MEMBER: Final = "vanished_member"  # (kproxy.metrics.group_anomalies)
-KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, REBALANCE_STORM,
-                VANISHED_MEMBER, DEPRECATED_VERSION, ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
+KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, RETRY_STORM,
+                REBALANCE_STORM, VANISHED_MEMBER, DEPRECATED_VERSION, ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
 
 COMMIT_APIS: Final = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
 PRODUCE_API: Final = int(ApiKey.PRODUCE)
@@ -88,6 +90,9 @@ class AnomalyOptions:
     # rebalance storm (kproxy.metrics.group_anomalies).
     rebalance_joins: int = 50
     rebalance_window: float = 300.0
+    # Batches of one client id sent again (same producer id, sequence and CRC) within a minute that
+    # count as a retry storm (kproxy.metrics.retries).
+    retries_per_minute: int = 30
 
 
 def anomaly_kind(api_key: int, code: int) -> str | None:
@@ -111,14 +116,14 @@ def uncompressed(frame: bytes, ranges: list[RecordsRange]) -> bool:
     return False
 
 
-class ChurnWindow:
-    """One client id's connection closes in the current minute."""
+class MinuteWindow:
+    """One client id's events (connection closes, batches sent again) in its current minute."""
 
-    __slots__ = ("closes", "start")
+    __slots__ = ("count", "start")
 
     def __init__(self, start: float) -> None:
         self.start = start
-        self.closes = 0
+        self.count = 0
 
 
 class ClientAnomalies:
@@ -134,7 +139,7 @@ class ClientAnomalies:
         self.clients = clients
         self.options = options or AnomalyOptions()
         self.counts: dict[tuple[str, str], int] = {}
-        self.churn: dict[str, ChurnWindow] = {}
+        self.churn: dict[str, MinuteWindow] = {}
 
     def seen(self, kind: str, client_id: str | None, detail: str = "") -> None:
         """Count one ``kind`` anomaly of ``client_id``; its first one is logged."""
@@ -160,10 +165,10 @@ class ClientAnomalies:
             return  # past the cap: many clients' connections together say nothing of one of them
         window = self.churn.get(label)
         if window is None or now - window.start >= CHURN_WINDOW:
-            window = self.churn[label] = ChurnWindow(now)
-        window.closes += 1
-        if window.closes == self.options.churn_per_minute:
-            self.seen(CONNECTION_CHURN, client_id, f"{window.closes} connections closed within a minute")
+            window = self.churn[label] = MinuteWindow(now)
+        window.count += 1
+        if window.count == self.options.churn_per_minute:
+            self.seen(CONNECTION_CHURN, client_id, f"{window.count} connections closed within a minute")
 
     def series(self) -> dict[tuple[str, str], int]:
         """The counts, a copy (a scrape reads it while traffic counts)."""

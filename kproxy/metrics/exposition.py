@@ -95,7 +95,8 @@ class TrafficCollector(Collector):
         if s.anomalies is not None:
             yield _counter("kproxy_client_anomalies", "Client bugs and misconfigurations seen on the wire, by kind "
                            "(stale_generation, producer_fenced, producer_sequence: answers' error codes; "
-                           "connection_churn: connections closed per minute over the threshold; rebalance_storm, "
+                           "connection_churn: connections closed per minute over the threshold; retry_storm: "
+                           "batches sent again per minute over the threshold; rebalance_storm, "
                            "vanished_member: consumer groups' JoinGroups and members; deprecated_version, "
                            "acks0_producer, uncompressed_producer: once per connection) and client id (capped; the "
                            "rest is 'other').", ["kind", "client_id"], s.anomalies.series())

@@ -63,7 +63,7 @@ class BrokerObserver:
 
     __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "group_watch", "lag",
                  "lag_answers", "lag_requests", "last_membership", "membership", "memberships", "produce_policy",
-                 "software", "stats", "topic_ids")
+                 "retry_watch", "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -84,6 +84,7 @@ class BrokerObserver:
         # checked against the producer policy at all.
         self.anomalies = stats.anomalies
         self.group_watch = stats.group_watch
+        self.retry_watch = stats.retry_watch
         self.membership = MEMBERSHIP_APIS if self.group_watch is not None else frozenset()
         # Membership requests read, awaiting their answers, by correlation id (at most _MAX_MEMBERSHIPS:
         # a blackholed connection's are never answered).
@@ -117,6 +118,8 @@ class BrokerObserver:
                                          exchange.acks)
             if self.produce_policy and anomalies is not None:
                 self._produce_policy(anomalies, exchange, _NO_RANGES if scan is None else scan[1])
+            if self.retry_watch is not None and scan is not None and scan[1]:
+                self.retry_watch.produce(exchange.request, scan[1], self.client, exchange.read_at)
             if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
                 # Its records per partition, counted while the frame is held: its answer gives the log end
                 # offsets with them. Not when a rule forwarded another frame in its place (its records may

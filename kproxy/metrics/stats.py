@@ -45,6 +45,7 @@ from kproxy.metrics.fault_stats import FaultStats
 from kproxy.metrics.group_anomalies import GroupWatch
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
+from kproxy.metrics.retries import RetryWatch
 from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
@@ -247,6 +248,8 @@ class TrafficStats:
         self.group_watch = (None if self.anomalies is None else
                             GroupWatch(self.anomalies, self.anomalies.options.rebalance_joins,
                                        self.anomalies.options.rebalance_window))
+        self.retry_watch = (None if self.anomalies is None else
+                            RetryWatch(self.anomalies, self.anomalies.options.retries_per_minute))
         self.anomaly_codes: frozenset[int] = frozenset() if self.anomalies is None else ANOMALY_CODES
         self.anomaly_code = 0
         # Records are counted there, once per range: by topic and client too when those labels are on.

@@ -121,7 +121,8 @@ class ProxyServer:
         lag = m.consumer_lag and m.scan_responses  # (the lag reads the answers' scans)
         anomalies = AnomalyOptions(m.client_anomalies_churn_per_minute, m.client_anomalies_forbid_acks0,
                                    m.client_anomalies_require_compression, m.client_anomalies_rebalance_joins,
-                                   m.client_anomalies_rebalance_window) if m.client_anomalies else None
+                                   m.client_anomalies_rebalance_window,
+                                   m.client_anomalies_retries_per_minute) if m.client_anomalies else None
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses,
                                                consumer_lag=lag, anomalies=anomalies))
         self.lag = ConsumerLag(stale_after=m.consumer_lag_stale_after) if lag else None
