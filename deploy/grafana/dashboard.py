@@ -375,7 +375,8 @@ def anomalies_row() -> list[timeseries.Panel]:
     """Client bugs and misconfigurations kproxy read off the wire (metrics.client_anomalies)."""
     return [
         graph("Anomalies by kind", "Client anomalies kproxy saw in the last hour, by kind: stale_generation, "
-              "producer_fenced, producer_sequence, connection_churn (KproxyClientErrors); deprecated_version, "
+              "producer_fenced, producer_sequence, connection_churn, retry_storm, rebalance_storm, vanished_member "
+              "(KproxyClientErrors); deprecated_version, "
               "acks0_producer, uncompressed_producer (KproxyClientMisconfigured). The first of each client and "
               "kind is an event=client_anomaly log line.", "short",
               query(f"sum by (kind) (increase(kproxy_client_anomalies_total{{{SEL_CLIENT}}}[1h]))", "{{kind}}"),
