@@ -26,10 +26,12 @@ Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerOb
   or more sent with no compression), read from the Produce request's acks and its v2 batches'
   attributes, as the session and the scan found them.
 
-Label values are bounded as every client id label: one :class:`~kproxy.metrics.labels.LabelCap` (the
-traffic's own when the stats have one), so the series, the first-seen set and the per-client churn
-state hold at most ``label_cap + 1`` client ids however many ids clients make up. The first time a
-(kind, client id) pair is counted, one ``event=client_anomaly`` line is logged at warning.
+Every kind is labelled by the connection's client id (its first request's: an answer comes after
+the request's frame, where the exchange reads its own, was let go). Label values are bounded as
+every client id label: the traffic's :class:`~kproxy.metrics.labels.LabelCap`, so the series and
+the per-client state hold at most ``label_cap + 1`` client ids however many ids clients make up.
+The first time a (kind, client id) pair is counted, one ``event=client_anomaly`` line is logged at
+warning.
 """
 
 from __future__ import annotations
