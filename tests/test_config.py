@@ -123,6 +123,7 @@ def test_each_boolean_option_is_a_pair_of_flags_and_each_moves_it_off_its_defaul
     booleans = [o for o in OPTIONS if o.boolean]
     assert {o.path for o in booleans if builtin_default(o.path) is True} == {"metrics.scan_responses",
                                                                              "metrics.consumer_lag",
+                                                                             "metrics.client_anomalies",
                                                                              "tls.upstream.verify"}
     base = ["--upstream", "k:1"]
     pem = tmp_path / "any.pem"

@@ -218,6 +218,19 @@ def metadata_for_missing(client: RawKafka, topics: list[str]) -> None:
     assert codes == dict.fromkeys(topics, error_code(UNKNOWN_TOPIC)), codes
 
 
+def client_anomalies(client: RawKafka, topic: str) -> None:
+    """One stale-generation commit (the stack's rule answers it), of a topic already labelled (the
+    label cap is the cardinality test's). (The raw client's Produce v3 is of a
+    deprecated version: its connection's deprecated_version.)"""
+    body = default_body(8, 8, Direction.REQUEST)
+    body.update(group_id=f"metrics-stale-{uuid.uuid4().hex[:8]}", generation_id_or_member_epoch=3, member_id="gone",
+                topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                        "committed_leader_epoch": -1, "committed_metadata": ""}]}])
+    response = client.request(8, 8, body)
+    codes = [p["error_code"] for t in response["topics"] for p in t["partitions"]]
+    assert codes == [error_code("ILLEGAL_GENERATION")], response
+
+
 def client_traffic(bootstrap: str, topic: str, traffic: Traffic) -> None:
     """confluent-kafka: produce, counting Produce requests from librdkafka's own statistics."""
     stats: list[dict[str, Any]] = []
@@ -279,7 +292,10 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
                      "  - id: idle-quota\n    match: {api: fetch, client_id: never-matches}\n"
                      "    actions: [{throttle: {bytes_per_second: 1000}}, drop_response]\n"
                      "  - id: idle-shadow\n    dry_run: true\n    match: {api: fetch, client_id: never-matches}\n"
-                     "    actions: [drop_response]\n")
+                     "    actions: [drop_response]\n"
+                     # The raw client's one OffsetCommit: a stale generation, for the Client anomalies row.
+                     f"  - id: stale-commit\n    match: {{api: offset_commit, client_id: {RAW_CLIENT}}}\n"
+                     "    actions: [{inject_error: {error: ILLEGAL_GENERATION}}]\n")
     with running_proxy(tansu.bootstrap, metrics_listen=metrics, metrics__topic_label=True,
                        metrics__client_id_label=True, metrics__label_cap=LABEL_CAP, rules=str(rules)) as proxy, \
             running_proxy(dead_upstream, metrics_listen=dead_metrics, limits__connect_timeout=2,
@@ -304,6 +320,7 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         produce_v3(raw, traffic.topic, RAW_PRODUCES)
         traffic.missing_topics = [f"missing-{uuid.uuid4().hex[:8]}-{i}" for i in range(MISSING_TOPICS)]
         metadata_for_missing(raw, traffic.missing_topics)
+        client_anomalies(raw, traffic.missing_topics[0])
         client_traffic(proxy.bootstrap, traffic.topic, traffic)
         # A frame far over max_frame_size: rejected, connection closed.
         assert closed_by_peer(proxy.bootstrap, struct.pack(">i", 0x7FFFFFF0) + b"\0" * 64)
@@ -422,7 +439,7 @@ def test_dashboard_covers_the_metrics_it_should() -> None:
                    "kproxy_topic_bytes_total", "kproxy_topic_records_total", "kproxy_client_bytes_total",
                    "kproxy_client_records_total", "kproxy_client_info", "kproxy_produce_batches_total",
                    "kproxy_produce_batch_bytes_bucket", "kproxy_tls_certificate_expiry_timestamp_seconds",
-                   *CONSUMER_LAG):
+                   "kproxy_client_anomalies_total", *CONSUMER_LAG):
         assert metric in exprs, f"no dashboard panel queries {metric}"
     assert "histogram_quantile(0.99, sum by (api, le) (rate(kproxy_overhead_seconds_bucket" in exprs
     assert "histogram_quantile(0.5, sum by (api, le) (rate(kproxy_broker_latency_seconds_bucket" in exprs
@@ -480,7 +497,8 @@ def test_every_alert_rule_evaluates_and_its_series_exist(scraped: Stack) -> None
                                             "KproxyFramesRejected", "KproxyFaultInjectionActive",
                                             "KproxyConsumerLagGrowing", "KproxyConsumerGroupStalled",
                                             "KproxyConsumerLagSecondsGrowing",
-                                            "KproxyUncompressedProduce", "KproxyCertificateExpiresSoon"}
+                                            "KproxyUncompressedProduce", "KproxyCertificateExpiresSoon",
+                                            "KproxyClientErrors", "KproxyClientMisconfigured"}
     for rule in rules:
         bare = without_thresholds(rule["expr"])
         assert bare != rule["expr"], f"{rule['alert']}: no threshold found in {rule['expr']!r}"
@@ -585,12 +603,26 @@ def test_broker_error_is_counted_by_name(scraped: Stack) -> None:
 
 def test_topic_label_cardinality_is_capped(scraped: Stack) -> None:
     prom, inst = scraped.prom, scraped.metrics
-    series = prom.query(f'kproxy_topic_response_errors_total{{instance="{inst}"}}')
+    series = prom.query(f'kproxy_topic_response_errors_total{{instance="{inst}",api="metadata"}}')
     topics = {s["metric"]["topic"] for s in series}
     assert len(topics) <= LABEL_CAP + 1, topics
     assert "other" in topics
     assert topics - {"other"} <= set(scraped.traffic.missing_topics)
     assert sum(float(s["value"][1]) for s in series) == MISSING_TOPICS
+
+
+def test_client_anomalies_are_counted_and_alerted(scraped: Stack) -> None:
+    prom, inst = scraped.prom, scraped.metrics
+    series = {(s["metric"]["kind"], s["metric"]["client_id"]): float(s["value"][1])
+              for s in prom.query(f'kproxy_client_anomalies_total{{instance="{inst}"}}')}
+    assert series == {("stale_generation", RAW_CLIENT): 1, ("deprecated_version", RAW_CLIENT): 1}
+
+    def firing() -> set[tuple[str, str]]:
+        return {(a["labels"]["alertname"], a["labels"]["kind"]) for a in prom.get("/api/v1/alerts")["alerts"]
+                if a["labels"].get("client_id") == RAW_CLIENT and a["state"] == "firing"}
+
+    wanted = {("KproxyClientErrors", "stale_generation"), ("KproxyClientMisconfigured", "deprecated_version")}
+    wait_until(f"alerts {wanted} to fire", lambda: wanted <= firing(), timeout=15)
 
 
 def test_failures_are_counted(scraped: Stack) -> None:

@@ -393,6 +393,24 @@ def producers_row() -> list[timeseries.Panel]:
     ]
 
 
+def anomalies_row() -> list[timeseries.Panel]:
+    """Client bugs and misconfigurations kproxy read off the wire (metrics.client_anomalies)."""
+    return [
+        graph("Anomalies by kind", "Client anomalies kproxy saw in the last hour, by kind: stale_generation, "
+              "producer_fenced, producer_sequence, connection_churn, retry_storm, rebalance_storm, vanished_member "
+              "(KproxyClientErrors); deprecated_version, "
+              "acks0_producer, uncompressed_producer (KproxyClientMisconfigured). The first of each client and "
+              "kind is an event=client_anomaly log line.", "short",
+              query(f"sum by (kind) (increase(kproxy_client_anomalies_total{{{SEL_CLIENT}}}[1h]))", "{{kind}}"),
+              width=12, stacked=True),
+        graph("Clients with anomalies", f"Anomalies counted since kproxy started, by client id and kind, the "
+              f"{TOP} with the most (a client's first anomaly shows here at once; rates and increases need a "
+              "second).", "short",
+              query(f"topk({TOP}, sum by (client_id, kind) (kproxy_client_anomalies_total{{{SEL_CLIENT}}}))",
+                    "{{client_id}} {{kind}}"), width=12),
+    ]
+
+
 def variables() -> list[Builder[VariableModel]]:
     def label_values(name: str, label: str, expr: str, include_all: bool = True) -> dash.QueryVariable:
         v = (dash.QueryVariable(name).label(label).datasource(DATASOURCE)
@@ -431,6 +449,7 @@ def build() -> dash.Dashboard:
         ("Consumer lag", lag_row()),
         ("Lag (seconds)", lag_seconds_row()),
         ("Producers", producers_row()),
+        ("Client anomalies", anomalies_row()),
         ("Latency", latency_row()),
         ("Brokers", brokers_row()),
         ("Errors", errors_row()),

@@ -48,6 +48,8 @@ its end) and ``interval_s`` the width in seconds.
   connection: ``retried`` (its next request was the same api), ``other``
   (another api), ``connection_ended`` (it sent nothing more there: closed, or
   reconnected elsewhere); with the median time to that next request.
+* ``client_anomalies``: per kind and client id, the anomalies of ``kproxy_client_anomalies_total`` a
+  capture can tell (:mod:`kproxy.analysis.anomalies`).
 * ``whatif_*`` (with ``rules``): what a rule file would have done to these
   records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
@@ -75,6 +77,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
+from kproxy.analysis.anomalies import client_anomalies
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
 from kproxy.analysis.histogram import RELATIVE_ERROR
 from kproxy.analysis.inputs import InputProblem as InputProblem  # re-exported: where callers found them
@@ -98,7 +101,8 @@ from kproxy.capture.schema import READABLE_VERSIONS, version_support
 
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): Spark reads no other.
-_ANALYSED = ("api_key", "api_name", "request_time", "response_time", "connection_id", "correlation_id", "client_id",
+_ANALYSED = ("api_key", "api_name", "api_version", "request_time", "response_time", "connection_id", "correlation_id",
+             "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
              "record_count", "record_bytes", "partitions", "rule_decisions")
 
@@ -165,6 +169,7 @@ def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
     if acted:
         progress(f"aggregating faults ({len(acted)} connections a rule acted on)")
     found["faults"] = faults(df, acted, exact)
+    found["client_anomalies"] = client_anomalies(df)
     return found, fine.span()
 
 

@@ -34,6 +34,8 @@ _TABLES = (
     ("connection_churn", "Connection churn per {per}"),
     ("faults", "Faults injected by rule (dry runs: matched, nothing done), and what the client did next on "
                "that connection"),
+    ("client_anomalies", "Client anomalies by kind and client id (as kproxy_client_anomalies_total counts them: "
+                         "answers' error codes, connections on deprecated versions)"),
 )
 _WHATIF_TABLES = (
     ("whatif_rules", "Per rule: requests it would have matched (of the captured requests of its apis), what it "

@@ -89,6 +89,14 @@ class MetricsOptions:
     consumer_lag: bool = True
     consumer_lag_partitions: bool = False
     consumer_lag_stale_after: float = 300.0
+    # Client anomalies read off the wire (kproxy.metrics.anomalies): kproxy_client_anomalies_total.
+    client_anomalies: bool = True
+    client_anomalies_churn_per_minute: int = 60
+    client_anomalies_forbid_acks0: bool = False
+    client_anomalies_require_compression: bool = False
+    client_anomalies_rebalance_joins: int = 50
+    client_anomalies_rebalance_window: float = 300.0
+    client_anomalies_retries_per_minute: int = 30
 
 
 @dataclass(frozen=True)

@@ -175,6 +175,26 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics.consumer_lag_stale_after", v.seconds,
            "consumer-lag series disappear when kproxy has not seen their watermark again, or their group "
            "(a commit, or a member the broker accepted), for this long", "SECONDS", show_default=v.as_is),
+    Option("metrics.client_anomalies", v.boolean,
+           "detect client bugs and misconfigurations on the wire and count them in "
+           "kproxy_client_anomalies_total{kind,client_id} (client ids capped by --metrics-label-cap; the "
+           "error-code kinds need --metrics-scan-responses)", boolean=True),
+    Option("metrics.client_anomalies_churn_per_minute", v.integer(1),
+           "connections of one client id closed within a minute that count as connection churn", "N",
+           show_default=v.as_is),
+    Option("metrics.client_anomalies_forbid_acks0", v.boolean,
+           "count a connection's Produce requests with acks=0 as a client anomaly (acks0_producer)", boolean=True),
+    Option("metrics.client_anomalies_require_compression", v.boolean,
+           "count a connection's Produce batches without compression as a client anomaly "
+           "(uncompressed_producer)", boolean=True),
+    Option("metrics.client_anomalies_rebalance_joins", v.integer(2),
+           "JoinGroups of one group answered within --metrics-client-anomalies-rebalance-window that count as a "
+           "rebalance storm (one per member per rebalance)", "N", show_default=v.as_is),
+    Option("metrics.client_anomalies_rebalance_window", v.seconds,
+           "the window of --metrics-client-anomalies-rebalance-joins", "SECONDS", show_default=v.as_is),
+    Option("metrics.client_anomalies_retries_per_minute", v.integer(1),
+           "idempotent batches of one client id sent again (same producer id, sequence and CRC) within a "
+           "minute that count as a retry storm", "N", show_default=v.as_is),
     Option("upstream_check_interval", v.seconds,
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "

@@ -92,6 +92,14 @@ class TrafficCollector(Collector):
         if s.options.client_id_label:
             yield _counter("kproxy_client_requests", "Requests by client id (opt-in; capped, the rest is "
                            "'other').", ["client_id", "api"], s.client_requests)
+        if s.anomalies is not None:
+            yield _counter("kproxy_client_anomalies", "Client bugs and misconfigurations seen on the wire, by kind "
+                           "(stale_generation, producer_fenced, producer_sequence: answers' error codes; "
+                           "connection_churn: connections closed per minute over the threshold; retry_storm: "
+                           "batches sent again per minute over the threshold; rebalance_storm, "
+                           "vanished_member: consumer groups' JoinGroups and members; deprecated_version, "
+                           "acks0_producer, uncompressed_producer: once per connection) and client id (capped; the "
+                           "rest is 'other').", ["kind", "client_id"], s.anomalies.series())
         yield _counter("kproxy_bytes", "Bytes of Kafka frames by api and direction (request: client to "
                        "broker; response: broker to client).", ["api", "direction"], s.byte_counts)
         yield _counter("kproxy_records", "Records in Produce requests and Fetch responses.", ["api"], s.records)

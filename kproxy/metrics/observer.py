@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
+from kproxy.metrics.anomalies import (
+    ACKS0_PRODUCER,
+    DEPRECATED_UP_TO,
+    DEPRECATED_VERSION,
+    UNCOMPRESSED_PRODUCER,
+    ClientAnomalies,
+    uncompressed,
+)
 from kproxy.metrics.client_software import ClientSoftware
+from kproxy.metrics.group_anomalies import MEMBERSHIP_APIS, GroupWatch, MembershipRequest
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
@@ -14,6 +24,11 @@ from kproxy.proxy.exchange import ObserverMemo
 from kproxy.proxy.session import Exchange
 
 _NO_RANGES: Final[list[RecordsRange]] = []  # never added to
+# A connection's anomalies counted once per connection (BrokerObserver.flagged): bits.
+_FLAG_DEPRECATED: Final = 1
+_FLAG_ACKS0: Final = 2
+_FLAG_UNCOMPRESSED: Final = 4
+_MAX_MEMBERSHIPS: Final = 64
 
 
 class MetricsObserver:
@@ -47,8 +62,9 @@ class BrokerObserver:
     :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
-    __slots__ = ("broker", "client_ids", "group_requests", "lag", "lag_answers", "lag_requests", "software", "stats",
-                 "topic_ids")
+    __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "group_watch", "lag",
+                 "lag_answers", "lag_requests", "last_membership", "membership", "memberships", "produce_policy",
+                 "retry_watch", "software", "stats", "topic_ids")
 
     def __init__(self, stats: TrafficStats, broker: BrokerSeries, lag: ConsumerLag | None = None) -> None:
         self.stats = stats
@@ -64,11 +80,35 @@ class BrokerObserver:
         self.topic_ids = stats.options.topic_label and lag is None
         # The client software this connection named (ApiVersions v3+), counted while it is open.
         self.software = ClientSoftware(stats.labelled) if self.client_ids else None
+        # Client anomalies (kproxy.metrics.anomalies; None: off): the connection's first client id (its
+        # churn is that client's), the anomalies already counted for it, and whether Produce requests are
+        # checked against the producer policy at all.
+        self.anomalies = stats.anomalies
+        self.group_watch = stats.group_watch
+        self.retry_watch = stats.retry_watch
+        self.membership = MEMBERSHIP_APIS if self.group_watch is not None else frozenset()
+        # Membership requests read, awaiting their answers, by correlation id (at most _MAX_MEMBERSHIPS:
+        # a blackholed connection's are never answered).
+        self.memberships: dict[int, MembershipRequest] = {}
+        self.last_membership: tuple[int, bytes, MembershipRequest] | None = None
+        self.client: str | None = None
+        self.flagged = 0
+        policy = None if self.anomalies is None else self.anomalies.options
+        self.produce_policy = policy is not None and (policy.forbid_acks0 or policy.require_compression)
 
     def request(self, exchange: Exchange) -> None:
         software = self.software
         if software is not None and exchange.api_key == software.api_key:
             software.request(exchange)
+        anomalies = self.anomalies
+        if anomalies is not None:
+            if self.client is None:
+                self.client = exchange.client_id or ""
+            if exchange.api_version <= DEPRECATED_UP_TO.get(exchange.api_key, -1) \
+                    and not self.flagged & _FLAG_DEPRECATED:
+                self.flagged |= _FLAG_DEPRECATED
+                anomalies.seen(DEPRECATED_VERSION, self.client,
+                               f"api_key={exchange.api_key} api_version={exchange.api_version}")
         if exchange.api_key == PRODUCE:
             # The records ranges of the exchange's scan, shared with the rules (none when it cannot read
             # the body: the stats' own errors-only scan fails on the same bytes, tests/test_scan_shared.py).
@@ -77,6 +117,10 @@ class BrokerObserver:
                                          exchange.client_id if self.client_ids else None, exchange.request,
                                          exchange.request_body_offset, _NO_RANGES if scan is None else scan[1],
                                          exchange.acks)
+            if self.produce_policy and anomalies is not None:
+                self._produce_policy(anomalies, exchange, _NO_RANGES if scan is None else scan[1])
+            if self.retry_watch is not None and scan is not None and scan[1]:
+                self.retry_watch.produce(exchange.request, scan[1], self.client, exchange.read_at)
             if self.lag is not None and scan is not None and scan[1] and exchange.acks != 0:
                 # Its records per partition, counted while the frame is held: its answer gives the log end
                 # offsets with them. Not when a rule forwarded another frame in its place (its records may
@@ -89,6 +133,10 @@ class BrokerObserver:
         else:
             self.stats.request(self.broker, exchange.api_key, exchange.api_version, exchange.request_size,
                                exchange.client_id if self.client_ids else None)
+            if exchange.api_key in self.membership and len(self.memberships) < _MAX_MEMBERSHIPS:
+                read = self._membership(exchange)
+                if read is not None:
+                    self.memberships[exchange.correlation_id] = read
             if exchange.api_key in self.lag_requests:
                 # Scanned now, while the session holds the frame: the answer is read with it. (The
                 # exchange's one scan: a rule on topics that read it first left it there.)
@@ -103,6 +151,33 @@ class BrokerObserver:
                     if memo is None:
                         memo = exchange.memo = ObserverMemo()
                     memo.group_id = group
+
+    def _membership(self, exchange: Exchange) -> MembershipRequest | None:
+        """A membership request as the group watch reads it; a member's heartbeats repeat one body, so
+        the connection's last one is kept and a repeat costs a comparison, not a decode."""
+        offset = exchange.request_body_offset
+        if offset is None:
+            return None
+        kind = exchange.api_key << 16 | exchange.api_version
+        body = exchange.request[offset:]
+        last = self.last_membership
+        if last is not None and last[0] == kind and last[1] == body:
+            return last[2]
+        read = GroupWatch.read(exchange.api_key, exchange.api_version, exchange.request, offset)
+        if read is not None:
+            self.last_membership = (kind, body, read)
+        return read
+
+    def _produce_policy(self, anomalies: ClientAnomalies, exchange: Exchange, ranges: list[RecordsRange]) -> None:
+        """Check a Produce request against the producer policy (once per connection and kind)."""
+        policy = anomalies.options
+        if policy.forbid_acks0 and exchange.acks == 0 and not self.flagged & _FLAG_ACKS0:
+            self.flagged |= _FLAG_ACKS0
+            anomalies.seen(ACKS0_PRODUCER, self.client, "acks=0")
+        if policy.require_compression and not self.flagged & _FLAG_UNCOMPRESSED \
+                and uncompressed(exchange.request, ranges):
+            self.flagged |= _FLAG_UNCOMPRESSED
+            anomalies.seen(UNCOMPRESSED_PRODUCER, self.client, "a batch with compression none")
 
     def complete(self, exchange: Exchange) -> None:
         response = exchange.response
@@ -128,6 +203,21 @@ class BrokerObserver:
                                     None if exchange.local else received - exchange.forwarded_at,
                                     overhead, None if memo is None else memo.response_body,
                                     exchange.client_id if api_key == FETCH and self.client_ids else None)
+        code = self.stats.anomaly_code
+        if code:  # an answer carrying an error code that may be a client's anomaly
+            self.stats.anomaly_code = 0
+            if self.anomalies is not None:
+                # The connection's client id: the request's frame, where the exchange reads its own, is
+                # let go once the request was seen.
+                self.anomalies.answer_error(api_key, code, self.client)
+        if api_key in self.membership and self.group_watch is not None:
+            # A JoinGroup, Heartbeat or LeaveGroup answered (a member's few requests a minute).
+            read = self.memberships.pop(exchange.correlation_id, None)
+            if read is not None:
+                now = time.monotonic()
+                self.group_watch.exchange(read, None if found is None else [e[2] for e in found[0] if e[2]],
+                                          self.client, now)
+                self.group_watch.sweep(now)
         if api_key in self.lag_answers and not exchange.local and self.lag is not None:
             # (An answer kproxy made itself, a rule's, says nothing of the broker's offsets.)
             if api_key == PRODUCE:
@@ -149,3 +239,8 @@ class BrokerObserver:
         """The connection ended: what it counted while open (its client software) is taken back."""
         if self.software is not None:
             self.software.close()
+        if self.anomalies is not None:
+            now = time.monotonic()
+            self.anomalies.connection_closed(self.client, now)
+            if self.group_watch is not None:
+                self.group_watch.sweep(now)

@@ -40,9 +40,12 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from kproxy.metrics.anomalies import ANOMALY_CODES, AnomalyOptions, ClientAnomalies
 from kproxy.metrics.fault_stats import FaultStats
+from kproxy.metrics.group_anomalies import GroupWatch
 from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
+from kproxy.metrics.retries import RetryWatch
 from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
@@ -155,6 +158,7 @@ class StatsOptions:
     label_cap: int = 100
     scan_responses: bool = True
     consumer_lag: bool = False  # scan the answers consumer lag reads in values mode (OFFSET_FIELDS)
+    anomalies: AnomalyOptions | None = None  # client anomalies detected (kproxy.metrics.anomalies); None: off
 
 
 @dataclass
@@ -237,6 +241,17 @@ class TrafficStats:
     def __post_init__(self) -> None:
         self._topics = LabelCap(self.options.label_cap)
         self._clients = LabelCap(self.options.label_cap)
+        # Client anomalies (None: off), labelled by the client ids' one cap. The error count hands an
+        # answer's anomalous code on in anomaly_code (0: none), for the observer, who knows the client.
+        self.anomalies: ClientAnomalies | None = (None if self.options.anomalies is None
+                                                  else ClientAnomalies(self._clients, self.options.anomalies))
+        self.group_watch = (None if self.anomalies is None else
+                            GroupWatch(self.anomalies, self.anomalies.options.rebalance_joins,
+                                       self.anomalies.options.rebalance_window))
+        self.retry_watch = (None if self.anomalies is None else
+                            RetryWatch(self.anomalies, self.anomalies.options.retries_per_minute))
+        self.anomaly_codes: frozenset[int] = frozenset() if self.anomalies is None else ANOMALY_CODES
+        self.anomaly_code = 0
         # Records are counted there, once per range: by topic and client too when those labels are on.
         options = self.options
         self.labelled = LabelledTraffic(self._topics if options.topic_label else None,
@@ -508,6 +523,8 @@ class TrafficStats:
             if rank is None:
                 rank = _ERROR_RANK[code] = ERROR_CLASSES.index(error_class(code))
             worst = max(worst, rank)
+            if code in self.anomaly_codes:
+                self.anomaly_code = code
             name = error_name(code)
             ekey = (api, name)
             errors[ekey] = errors.get(ekey, 0) + 1

@@ -497,6 +497,33 @@ class ErrorCode(IntEnum):
         return self.value in RETRIABLE
 
 
+# Api key -> (first, last) request version its spec marks deprecated.
+DEPRECATED_VERSIONS: dict[int, tuple[int, int]] = {
+    0: (0, 6),
+    1: (0, 3),
+    2: (0, 0),
+    3: (0, 3),
+    8: (0, 1),
+    9: (0, 0),
+    10: (0, 0),
+    11: (0, 1),
+    17: (0, 0),
+    19: (0, 1),
+    20: (0, 0),
+    23: (0, 1),
+    29: (0, 0),
+    30: (0, 0),
+    31: (0, 0),
+    32: (0, 0),
+    34: (0, 0),
+    35: (0, 0),
+    38: (0, 0),
+    39: (0, 0),
+    40: (0, 0),
+    41: (0, 0),
+    42: (0, 0),
+}
+
 MESSAGES: dict[tuple[int, int], tuple[Any, ...]] = {
     (0, 0): (
         (3, 13, 9, (

@@ -19,6 +19,7 @@ from kproxy.protocol import _tables
 from kproxy.protocol._tables import ApiKey, ErrorCode
 
 __all__ = [
+    "DEPRECATED_VERSIONS",
     "ERROR_CLASSES",
     "RETRIABLE_ERRORS",
     "ROUTINE_ERRORS",
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 RETRIABLE_ERRORS: frozenset[int] = _tables.RETRIABLE
+# Api key -> (first, last) request version Kafka's specs mark deprecated (KIP-896's list).
+DEPRECATED_VERSIONS: dict[int, tuple[int, int]] = _tables.DEPRECATED_VERSIONS
 
 
 @dataclass(frozen=True, slots=True)

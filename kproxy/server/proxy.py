@@ -41,6 +41,7 @@ import trio
 from kproxy.config import Config
 from kproxy.host_port import HostPort
 from kproxy.logfmt import q as _q
+from kproxy.metrics.anomalies import AnomalyOptions
 from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import ConsumerLagCollector
@@ -118,8 +119,12 @@ class ProxyServer:
         self.rewriter = ResponseRewriter(self.addresses, answered=ANSWERED_VERSIONS if terminate else None)
         m = config.metrics
         lag = m.consumer_lag and m.scan_responses  # (the lag reads the answers' scans)
+        anomalies = AnomalyOptions(m.client_anomalies_churn_per_minute, m.client_anomalies_forbid_acks0,
+                                   m.client_anomalies_require_compression, m.client_anomalies_rebalance_joins,
+                                   m.client_anomalies_rebalance_window,
+                                   m.client_anomalies_retries_per_minute) if m.client_anomalies else None
         self.stats = TrafficStats(StatsOptions(m.client_id_label, m.topic_label, m.label_cap, m.scan_responses,
-                                               consumer_lag=lag))
+                                               consumer_lag=lag, anomalies=anomalies))
         self.lag = ConsumerLag(stale_after=m.consumer_lag_stale_after) if lag else None
         self.observer: MetricsObserver | None = MetricsObserver(self.stats, self.lag)
         self.loop_watch = LoopWatch(self.stats.event_loop_lag)
