@@ -97,6 +97,11 @@ _NO_FRAME: Final = math.inf  # _frame_due when no partial request frame is buffe
 # How long a login kproxy did not check (its address over its share of password hashes) waits for its
 # refusal: about what a check under load takes, so a flood's refused connections cannot churn.
 UNCHECKED_REFUSAL_DELAY: Final = 1.0
+# The pumps' task names, given explicitly: trio names a task after its function's __qualname__,
+# which a function compiled by mypyc does not have (its tasks would all be "None.None" in the
+# compiled build, in the loop watchdog's lines and to anyone instrumenting the loop).
+CLIENT_PUMP: Final = "kproxy.server.connection.Connection._client_to_upstream"
+UPSTREAM_PUMP: Final = "kproxy.server.connection.Connection._upstream_to_client"
 
 
 @dataclass
@@ -194,9 +199,9 @@ class Connection:
                     first_due = min(first_due, self._frame_due)
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
-                    nursery.start_soon(self._client_to_upstream, nursery.cancel_scope)
+                    nursery.start_soon(self._client_to_upstream, nursery.cancel_scope, name=CLIENT_PUMP)
                     if self.upstream is not None:
-                        nursery.start_soon(self._upstream_to_client, nursery.cancel_scope)
+                        nursery.start_soon(self._upstream_to_client, nursery.cancel_scope, name=UPSTREAM_PUMP)
                     if self._own_deadlines:
                         nursery.start_soon(self._deadlines.run)
                     self._deadlines.schedule(self, first_due)
@@ -486,7 +491,7 @@ class Connection:
             self._end(scope, str(exc))
             return False
         self._use_upstream(upstream)
-        self._nursery.start_soon(self._upstream_to_client, scope)
+        self._nursery.start_soon(self._upstream_to_client, scope, name=UPSTREAM_PUMP)
         if self._toxics_later:
             self._install(self._toxics_later)
         log.debug("event=upstream_connected peer=%s listener=%s upstream=%s%s", self.peer, self.listener,
