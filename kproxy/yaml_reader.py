@@ -94,44 +94,57 @@ def check_nodes(root: yaml.Node) -> int:
     nests deeper than :data:`MAX_DEPTH`, holds itself, or aliases expand it past its bound (see the
     module docstring). Each collection is walked once (the size of one named again is remembered);
     the walk recurses at most :data:`MAX_DEPTH` deep."""
-    sizes: dict[int, int] = {}  # id(collection) -> nodes of its subtree, aliases expanded
-    open_: set[int] = set()  # the collections on the path being walked
-    own = 0  # the document's own nodes: its collections once each, every scalar written
-    widest: list[Any] = [0, None]  # the largest collection named again, for the message
+    if type(root) is yaml.ScalarNode:
+        return 1
+    walk = _NodeWalk()
+    total = walk.size(root, 1)
+    own = walk.own
+    bound = own + max(ALIAS_NODES, ALIAS_FACTOR * own)
+    if total > bound:
+        where = _line(walk.widest) if walk.widest is not None else 0
+        raise YamlRefused(where, f"aliases expand the document to {total} nodes (it has {own} of its own; at most "
+                                 f"{bound} are read); the node named most starts at this line")
+    return total
 
-    def walk(node: yaml.Node, depth: int) -> int:
-        nonlocal own
+
+class _NodeWalk:
+    """One walk of a node tree for :func:`check_nodes`. A class, not a closure: a recursive nested
+    function holds itself through its own cell, a cycle left to the collector at every read (and
+    kproxy freezes big rule-set builds: offloop.py)."""
+
+    __slots__ = ("open", "own", "sizes", "widest", "widest_size")
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, int] = {}  # id(collection) -> nodes of its subtree, aliases expanded
+        self.open: set[int] = set()  # the collections on the path being walked
+        self.own = 0  # the document's own nodes: its collections once each, every scalar written
+        self.widest: yaml.Node | None = None  # the largest collection named again, for the message
+        self.widest_size = 0
+
+    def size(self, node: yaml.Node, depth: int) -> int:
         key = id(node)
         if depth > MAX_DEPTH:
             raise YamlRefused(_line(node), f"nested deeper than {MAX_DEPTH} levels")
-        open_.add(key)
-        own += 1
+        self.open.add(key)
+        self.own += 1
         total = 1
         items = node.value if type(node) is yaml.SequenceNode else [n for pair in node.value for n in pair]
         for child in items:
             if type(child) is yaml.ScalarNode:
                 total += 1
-                own += 1
+                self.own += 1
                 continue
-            size = sizes.get(id(child))
+            size = self.sizes.get(id(child))
             if size is None:
-                if id(child) in open_:
+                if id(child) in self.open:
                     raise YamlRefused(_line(child), "a node holds itself (a recursive alias)")
-                size = walk(child, depth + 1)
-            elif size > widest[0]:
-                widest[0], widest[1] = size, child
+                size = self.size(child, depth + 1)
+            elif size > self.widest_size:
+                self.widest_size, self.widest = size, child
             total += size
-        open_.discard(key)
-        sizes[key] = total
+        self.open.discard(key)
+        self.sizes[key] = total
         return total
-
-    total = 1 if type(root) is yaml.ScalarNode else walk(root, 1)
-    bound = own + max(ALIAS_NODES, ALIAS_FACTOR * own)
-    if total > bound:
-        where = _line(widest[1]) if widest[1] is not None else 0
-        raise YamlRefused(where, f"aliases expand the document to {total} nodes (it has {own} of its own; at most "
-                                 f"{bound} are read); the node named most starts at this line")
-    return total
 
 
 def _line(node: yaml.Node) -> int:
