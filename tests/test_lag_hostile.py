@@ -23,7 +23,7 @@ import pytest
 from kproxy.metrics.lag import ConsumerLag
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.testing import Broker, running_proxy
+from kproxy.testing import Broker, run_tansu, running_proxy
 from tests.support.e2e import create_topic, unique
 from tests.support.resilience import vm_rss_kb
 
@@ -33,6 +33,15 @@ HEARTBEATS, COMMITS = 20_000, 10_000
 ID_CHARS = 32767  # a group id as long as a Kafka string can be
 WINDOW = 64  # requests in flight on the connection
 KEPT_CHARS = 255  # the longest id the tracker keys (kproxy.metrics.lag.MAX_ID_LENGTH)
+
+
+@pytest.fixture(scope="module")
+def tansu() -> Iterator[Broker]:
+    """A broker of this module's own, not the session's: the 10,000 groups of 32 KiB ids committed
+    here stay in Tansu's memory, and every later ListGroups of the session's broker would answer
+    with all of them (the soak's admin client was disconnected by it)."""
+    with run_tansu() as broker:
+        yield broker
 
 
 @pytest.fixture
