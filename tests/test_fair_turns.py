@@ -159,6 +159,11 @@ def test_another_client_keeps_its_round_trip_under_a_greedy_client_s_rule(tansu:
     print(f"{what}: the other client's worst round trip {1e3 * worst:.1f} ms, {1e3 * baseline:.1f} ms with the "
           f"rule matching nobody; longest pump step {1e3 * steps.longest:.1f} ms CPU ({steps.where}) of {steps.steps}")
     assert steps.steps > 100, "the greedy client's requests went through the pumps"
+    if steps.longest >= 0.006:
+        # Once more, keeping the shorter: a single step can be inflated once on a loaded machine (CI
+        # failed on one), while a whole read of tiny requests per step is long in every run.
+        _, again = worst_round_trip(tansu, tmp_path, "greedy", RULES[what])
+        steps = min(steps, again, key=lambda s: s.longest)
     # A turn of TURN_FRAMES requests takes about a millisecond of CPU interpreted; a whole read of
     # tiny requests took ten to twenty. The round trips are printed, not asserted: on a machine
     # shared with other work the no-rule figure alone moves by hundreds of ms from run to run.
