@@ -301,16 +301,16 @@ def test_throttle_scopes() -> None:
     e = RuleEngine(load_text("rules:\n  - id: q\n    match: {}\n    actions: [{throttle: {requests_per_second: 1}}]\n"))
     per_client = Throttle(requests_per_second=1, scope=ThrottleScope.CLIENT_ID)
     a, b = StaticFacts(api_key=PRODUCE, client_id="a"), StaticFacts(api_key=PRODUCE, client_id="b")
-    assert e.throttle_delay_s("q", per_client, a, 10) == 0
-    assert e.throttle_delay_s("q", per_client, b, 10) == 0  # its own bucket
-    assert e.throttle_delay_s("q", per_client, a, 10) == pytest.approx(1.0)
+    assert per_client.charge(e.buckets, "q", a, 10)[0] == 0
+    assert per_client.charge(e.buckets, "q", b, 10)[0] == 0  # its own bucket
+    assert per_client.charge(e.buckets, "q", a, 10)[0] == pytest.approx(1.0)
     glob = Throttle(bytes_per_second=100, scope=ThrottleScope.GLOBAL)
-    assert e.throttle_delay_s("g", glob, a, 100) == 0
-    assert e.throttle_delay_s("g", glob, b, 50) == pytest.approx(0.5)
+    assert glob.charge(e.buckets, "g", a, 100)[0] == 0
+    assert glob.charge(e.buckets, "g", b, 50)[0] == pytest.approx(0.5)
     topic = Throttle(bytes_per_second=100, scope=ThrottleScope.TOPIC)
     t1 = replace(a, topic_partitions={"t1": frozenset({0})})
-    assert e.throttle_delay_s("t", topic, t1, 150) == pytest.approx(0.5)
-    assert e.throttle_delay_s("t", topic, replace(a, topic_partitions={"t2": frozenset({0})}), 150) \
+    assert topic.charge(e.buckets, "t", t1, 150)[0] == pytest.approx(0.5)
+    assert topic.charge(e.buckets, "t", replace(a, topic_partitions={"t2": frozenset({0})}), 150)[0] \
         == pytest.approx(0.5)
 
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.rules.actions.throttle import Throttle
-from kproxy.rules.bucket import TokenBucket, broker_throttle_s, charged_on_response, split_throttle
+from kproxy.rules.actions.throttle import Throttle, charged_on_response, split_throttle
+from kproxy.rules.bucket import TokenBucket, broker_throttle_s
 from tests.test_rules_session import Driver, body, produce, rules
 
 FETCH = 1

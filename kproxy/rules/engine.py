@@ -52,8 +52,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kproxy.rules.actions.base import RuleAction
-from kproxy.rules.actions.delay import Delay
-from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.bucket import Buckets
 from kproxy.rules.model import Match, Rule, RuleSet
 from kproxy.rules.patterns import UserPattern
@@ -63,7 +61,8 @@ from kproxy.rules.request_facts import IpAddress, RequestFacts
 @dataclass(frozen=True, slots=True)
 class RuleHit:
     """One matched rule. ``draw`` is the probability draw (None when the rule has no
-    probability); ``delays_ms`` the resolved delay of each ``delay`` action, in order."""
+    probability); ``delays_ms`` the delay of each action that takes one
+    (:attr:`~kproxy.rules.actions.base.RuleAction.takes_delay`), in order."""
 
     rule_id: str
     actions: tuple[RuleAction, ...]
@@ -135,7 +134,7 @@ class _Compiled:
         self.rule = rule
         self.match = m = rule.match
         self.seed = rule.seed if rule.seed is not None else seed
-        self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
+        self.delays = tuple(a for a in rule.actions if a.takes_delay)
         self.state = state
         # The keys on the request's size and records: one test for the rules without them.
         self.by_content = m.min_request_bytes is not None or m.max_request_bytes is not None or m.record is not None
@@ -149,12 +148,11 @@ class _Compiled:
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
             m.max_version, m.min_request_bytes, m.max_request_bytes, m.record))
         # Without a draw, a hit is always the same value: built once.
-        fixed = m.probability is None and m.toxicity is None and not any(
-            d.jitter_ms or d.ramp is not None for d in self.delays)
+        fixed = m.probability is None and m.toxicity is None and not any(d.delay_varies for d in self.delays)
         # Where a ramping delay's ramp starts: the start of the rule's time conditions.
         self.ramp_after_s = m.schedule.after_s if m.schedule is not None else 0.0
-        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
-            if fixed else None
+        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None,
+                             tuple(d.hit_delay_ms(0.0, 0.0) for d in self.delays)) if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
 
     def peer_matches(self, facts: _Peer | RequestFacts) -> bool:
@@ -185,7 +183,8 @@ class RuleEngine:
     ``previous``: the engine this one replaces, when the rules it shares with it unchanged (the same
     rule, the same seed) are to carry on (an admin edit of one rule): they keep their
     :class:`RuleState` (counters, the start of their time conditions, which :meth:`start` leaves
-    alone) and, through :meth:`adopt`, their throttle buckets. Built in a worker thread: reading
+    alone) and, through :meth:`adopt`, their token buckets (:attr:`buckets`, which the actions
+    that hold by a quota charge: kproxy/rules/actions/throttle.py). Built in a worker thread: reading
     ``previous`` takes only references. Without it, every rule starts afresh.
 
     The keys that are fixed for a client (client id, address, broker id, and the principal when a
@@ -258,7 +257,7 @@ class RuleEngine:
             state.started = now
 
     def adopt(self, previous: RuleEngine) -> None:
-        """Take over ``previous``'s throttle buckets of the rules carried on from it (at the swap, on
+        """Take over ``previous``'s token buckets of the rules carried on from it (at the swap, on
         the thread that charges buckets: requests decided by ``previous`` meanwhile are counted)."""
         if self.carried:
             self.buckets.adopt(previous.buckets, self.carried)
@@ -413,18 +412,11 @@ class RuleEngine:
             return None
         return c.state.released
 
-    def _delay_ms(self, c: _Compiled, delay: Delay, facts: RequestFacts, index: int) -> float:
-        """A delay action's milliseconds for this request: its ramp's value now, its jitter drawn."""
-        ramp = delay.ramp
-        ms = delay.ms if ramp is None else ramp.ms_at(facts.now - c.state.started - c.ramp_after_s)
-        return delay.resolve(draw(c.seed, c.rule.id, facts, index), ms) if delay.jitter_ms else ms
-
-    def ramp_ms(self, rule_id: str, delay: Delay, now: float) -> float | None:
-        """A ramping delay's value at ``now`` (the listing's "now" of it); None: no such rule or no ramp."""
-        c = self._compiled.get(rule_id)
-        if c is None or delay.ramp is None:
-            return None
-        return delay.ramp.ms_at(now - c.state.started - c.ramp_after_s)
+    def _delay_ms(self, c: _Compiled, action: RuleAction, facts: RequestFacts, index: int) -> float:
+        """An action's delay for this request (:meth:`~kproxy.rules.actions.base.RuleAction.hit_delay_ms`),
+        its draw hashed only when it reads one."""
+        d = draw(c.seed, c.rule.id, facts, index) if action.delay_draws else 0.0
+        return action.hit_delay_ms(facts.now - c.state.started - c.ramp_after_s, d)
 
     def _matches(self, c: _Compiled, m: Match, facts: RequestFacts) -> bool:
         if m.min_version is not None and facts.api_version < m.min_version:
@@ -500,38 +492,6 @@ class RuleEngine:
             if m.partitions is None or not m.partitions.isdisjoint(partitions):
                 return True
         return False
-
-    def throttle_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> tuple[float, float]:
-        """Record one request of ``nbytes`` against a throttle's buckets, at its turn
-        (:mod:`kproxy.rules.bucket`); (the seconds to hold it, its throttle time in seconds: the
-        response's ``throttle_time_ms`` as a broker with that quota reports it).
-
-        Each the longest of the byte and request buckets; with a topic scope, the longest over
-        the request's topics.
-        """
-        if throttle.scope is ThrottleScope.GLOBAL:
-            scopes: list[object] = [None]
-        elif throttle.scope is ThrottleScope.CLIENT_ID:
-            scopes = [facts.client_id]
-        elif throttle.scope is ThrottleScope.PRINCIPAL:
-            scopes = [("principal", facts.principal)]  # apart from a client id spelt like a principal
-        else:
-            scopes = list(facts.topics()) or [None]
-        hold = reported = 0.0
-        for scope in scopes:
-            if throttle.bytes_per_second is not None:
-                h, t = self.buckets.charge((rule_id, scope, "bytes"), throttle.bytes_per_second, throttle.burst_s,
-                                           nbytes, facts.now)
-                hold, reported = max(hold, h), max(reported, t)
-            if throttle.requests_per_second is not None:
-                h, t = self.buckets.charge((rule_id, scope, "requests"), throttle.requests_per_second,
-                                           throttle.burst_s, 1, facts.now)
-                hold, reported = max(hold, h), max(reported, t)
-        return hold, reported
-
-    def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
-        """:meth:`throttle_s`'s hold alone: what the what-if (kproxy/analysis/whatif.py) charges."""
-        return self.throttle_s(rule_id, throttle, facts, nbytes)[0]
 
 
 TOXICITY_DRAW = -1  # the draw index of toxicity: apart from probability's (0) and the delays' (1 on)
