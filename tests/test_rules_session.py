@@ -153,19 +153,6 @@ def test_acks0_produce_never_gets_an_answer_even_an_injected_one() -> None:
 
 
 # -- delay and throttle ------------------------------------------------------------------------------
-@pytest.mark.parametrize("at", ["request", "response"])
-def test_delay_holds_the_response_and_later_ones_wait_behind_it(at: str) -> None:
-    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
-    d.client(heartbeat(1), produce(2, -1))
-    d.clock.now += 0.05
-    d.broker(heartbeat_answer(1), produce_answer(2))
-    assert d.to_client == []
-    due = 100.2 if at == "request" else 100.25
-    assert d.wake == pytest.approx(due)
-    d.tick(due - d.clock.now - 0.01)
-    assert d.to_client == []
-    d.tick(0.02)
-    assert d.answered() == [1, 2]
 
 
 class Completed:
@@ -179,42 +166,6 @@ class Completed:
 
     def complete(self, exchange: Any) -> None:
         self.done.append(exchange)
-
-
-@pytest.mark.parametrize("at", ["request", "response"])
-def test_the_time_a_delay_holds_is_the_rules_for_the_held_response_and_those_behind_it(at: str) -> None:
-    """``held`` (kproxy_rule_held_seconds, kept out of kproxy_overhead_seconds): from each answer
-    to the hold's end, charged to the rule that held the head of the line (the produce behind the
-    delayed heartbeat matches no rule)."""
-    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
-    seen = d.session.observer = Completed()
-    d.client(heartbeat(1), produce(2, -1))
-    d.clock.now += 0.05
-    d.broker(heartbeat_answer(1), produce_answer(2))
-    due = 100.2 if at == "request" else 100.25
-    d.tick(due + 0.003 - d.clock.now)  # released 3 ms late: the timer's lateness is kproxy's own time
-    d.session.report()
-    assert d.answered() == [1, 2]
-    held = 0.2 if at == "response" else 0.15  # at request: the broker's 50 ms are the broker's
-    by_id = {ex.correlation_id: ex for ex in seen.done}
-    for ex in by_id.values():
-        assert ex.held is not None
-        assert ex.held[0] == pytest.approx(held)
-        assert ex.held[1] == ("r1", "delay")
-        assert ex.overhead_seconds == pytest.approx(0.003)
-
-
-def test_throttle_holds_like_a_quota_and_reports_throttle_time_ms() -> None:
-    d = Driver(rules("throttle: {bytes_per_second: 1000, burst_seconds: 0.01}", "{api: produce}"))
-    first = produce(1, -1)
-    d.client(first)
-    d.broker(produce_answer(1))
-    # A 10-byte bucket; the request's bytes past it are paid back at 1000 B/s.
-    expected_ms = round(len(first) - 10)  # ms: 1 byte a millisecond
-    assert d.to_client == []
-    d.tick(expected_ms / 1000 + 0.001)
-    assert d.answered() == [1]
-    assert body(PRODUCE, 9, d.to_client[0])["throttle_time_ms"] == expected_ms
 
 
 # -- connection faults -----------------------------------------------------------------------------
@@ -513,41 +464,6 @@ def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
 def heartbeat_from(correlation_id: int, client_id: str | None) -> bytes:
     return request_frame(HEARTBEAT, 4, correlation_id, client_id=client_id, group_id="g", generation_id=1,
                          member_id="m")
-
-
-@pytest.mark.parametrize("match", ["{api: heartbeat}", "{}", "{api: heartbeat, client_id: 'kproxy.*|test.*'}"])
-@pytest.mark.parametrize(("action", "detail", "held"), [("delay: {ms: 200}", "200.0ms at request", True),
-                                                       ("delay: {ms: 0}", "0.0ms at request", False),
-                                                       ("delay: {ms: 200, at: response}", "200.0ms at response", True)])
-@pytest.mark.parametrize("dry_run", [False, True])
-def test_a_delay_rule_does_the_same_whether_its_faults_are_reported_or_not(
-        match: str, action: str, detail: str, held: bool, dry_run: bool, caplog: pytest.LogCaptureFixture) -> None:
-    """A delay rule that decides every request alike is decided without the request's facts when
-    no fault is reported (no ring, no log line): the hold, the wake-up and the hit counters must be
-    what the reported path gives, and the reported path must still say what it did."""
-    text = rules(action, match)
-    if dry_run:
-        text = text.replace("    match:", "    dry_run: true\n    match:")
-        detail, held = "dry run: nothing done", False
-    seen = []
-    for report in ("nothing", "ring", "log"):
-        d = Driver(text)
-        if report == "ring":
-            d.live.recent = deque(maxlen=10)
-        with caplog.at_level(logging.INFO if report == "log" else logging.WARNING, "kproxy.faults"):
-            caplog.clear()
-            d.client(heartbeat(1), heartbeat(2))
-            lines = [parse_logfmt(r.getMessage()) for r in caplog.records]
-        d.clock.now += 0.05  # the broker's time: a response delay counts from its answer, a hold from the request
-        d.broker(heartbeat_answer(1), heartbeat_answer(2))
-        at_once = d.answered()
-        d.tick(0.3)
-        seen.append((at_once, d.answered(), d.wake, dict(d.injector.counts.hits)))
-        details = [r.detail for r in d.live.recent or ()] if report == "ring" else [line["detail"] for line in lines]
-        assert details == ([] if report == "nothing" else [detail, detail]), report
-    assert seen[0] == seen[1] == seen[2]
-    assert seen[0][3] == {("r1", "delay", "true" if dry_run else "false"): 2}
-    assert seen[0][0] == ([] if held else [1, 2]) and seen[0][1] == [1, 2]
 
 
 def test_a_client_changing_its_client_id_meets_the_rules_of_each_id() -> None:
