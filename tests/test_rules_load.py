@@ -18,7 +18,6 @@ from kproxy.rules.actions.delay import Delay
 from kproxy.rules.actions.downgrade_api_versions import DowngradeApiVersions
 from kproxy.rules.actions.inject_error import InjectError, InjectMode
 from kproxy.rules.actions.mutate_metadata import MutateMetadata, PartitionRef
-from kproxy.rules.actions.rewrite import Rewrite, RewriteDirection
 from kproxy.rules.actions.throttle import (
     Throttle,
     ThrottleScope,
@@ -448,23 +447,3 @@ def test_rules_check_reads_a_directory_as_kproxy_run_does(
     assert main(["rules", "check", str(tmp_path)]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"{tmp_path / '20-again.yaml'}:2: ") and "'a'" in err[0], err
-
-
-def test_rewrite_paths_resolve_in_the_schemas() -> None:
-    rules = load_text(textwrap.dedent("""\
-        rules:
-          - id: a
-            match: {api: produce}
-            actions:
-              - rewrite: {set: {acks: 1, "topic_data[].name": renamed}, topic_prefix: {"old-": "new-"}}
-          - id: b
-            match: {api: [fetch, produce]}
-            actions:
-              - rewrite: {direction: response, set: {throttle_time_ms: 5}}
-        """))
-    a, b = (r.actions[0] for r in rules.rules)
-    assert isinstance(a, Rewrite) and a.set_fields == (("acks", 1), ("topic_data[].name", "renamed"))
-    assert a.topic_prefix == (("old-", "new-"),)
-    assert isinstance(b, Rewrite) and b.direction is RewriteDirection.RESPONSE
-
-

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +33,7 @@ from kproxy.rules import RulesError, load_text
 from kproxy.rules.lint import warnings_of_text
 from kproxy.subcommands.rules_admin import rules_table
 from tests.support.clock import Clock
-from tests.test_rules_session import Driver, heartbeat, produce_answer
-from tests.test_rules_session import produce as session_produce
+from tests.test_rules_session import produce_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "rules" / "kproxy-rules.schema.json").read_text()))
@@ -256,25 +254,6 @@ def test_a_flapping_rule_acts_for_its_window_in_every_period() -> None:
         clock.now = 100.0 + at
         seen[at] = conn.send()
     assert [at for at, what in seen.items() if what == "answered"] == [10, 39.9, 310, 339.9, 910, 939]
-
-
-def test_a_black_hole_of_a_flapping_rule_heals_at_the_end_of_each_window() -> None:
-    d = Driver("""
-rules:
-  - id: hole
-    match: {api: produce, schedule: {for_seconds: 2, period_seconds: 10}}
-    actions: [blackhole]
-""")
-    d.client(session_produce(1, -1))  # 0 s: in the first window: the hole opens
-    d.clock.now += 1
-    d.client(heartbeat(2))  # swallowed
-    d.clock.now += 2  # 3 s: the window closed: healed
-    d.client(heartbeat(3))
-    d.clock.now += 8  # 11 s: the second window
-    d.client(session_produce(4, -1), heartbeat(5))
-    d.clock.now += 2  # 13 s: closed again
-    d.client(heartbeat(6))
-    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [3, 6]
 
 
 def test_period_seconds_is_checked_by_the_loader_and_the_editors_schema() -> None:

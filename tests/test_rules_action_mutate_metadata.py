@@ -1,0 +1,28 @@
+"""The ``mutate_metadata`` action (kproxy/rules/actions/mutate_metadata.py) through its interface:
+its reader, its edits of real Metadata answers, and the leader epochs it raises (the policy keeps
+them as floors: tests/test_leader_epochs_policy.py). The edits themselves:
+tests/test_protocol_mutations.py; with real clients: tests/test_rules_metadata_clients.py."""
+
+from __future__ import annotations
+
+from kproxy.rules.apply import apply_to_response
+from tests.test_protocol_mutations import metadata_frame
+from tests.test_rules_apply import METADATA, actions, response_body
+
+
+def test_mutate_metadata_from_a_rule_file() -> None:
+    acts = actions("""
+        - mutate_metadata:
+            hide_brokers: [3]
+            move_leader: [{topic: orders, partition: 0, to: 2}]
+            shrink_isr: [{topic: orders, partition: 1, to: [2]}]
+            hide_partitions: [{topic: other, partition: 2}]
+        """, "{api: metadata}")
+    out = apply_to_response(acts, metadata_frame(12), METADATA, 12)
+    body = response_body(METADATA, 12, out.frame)
+    assert [b["node_id"] for b in body["brokers"]] == [1, 2]
+    orders = body["topics"][0]["partitions"]
+    assert [p["leader_id"] for p in orders] == [2, 2, -1]
+    assert orders[1]["isr_nodes"] == [2]
+    other = body["topics"][1]["partitions"]
+    assert [(p["partition_index"], p["leader_id"], p["error_code"]) for p in other][2] == (2, -1, 5)
