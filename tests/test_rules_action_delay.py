@@ -12,7 +12,7 @@ from collections import deque
 import pytest
 
 from kproxy.logfmt import parse_logfmt
-from kproxy.rules import RuleEngine, StaticFacts, load_text
+from kproxy.rules import RuleEngine, RulesError, StaticFacts, load_text
 from kproxy.rules.actions.base import MAX_DURATION_MS
 from kproxy.rules.actions.delay import Delay, Distribution, Ramp
 from kproxy.rules.engine import draw
@@ -148,3 +148,11 @@ def test_the_engine_and_the_listing_ask_a_delay_through_its_hooks() -> None:
     ramp.live_state(2.5, shown)
     assert shown == {"ramp_ms": [25.0]} and ramp.has_live_state and not jittered.has_live_state
     assert Delay(ms=5).hit_delay_ms(123.0, 0.99) == 5.0 and not Delay(ms=5).delay_varies
+
+
+def test_a_direction_is_refused_but_at_the_wire() -> None:
+    with pytest.raises(RulesError) as bad:
+        load_text(rules("delay: {ms: 5, direction: upstream}"), "d.yaml")
+    assert [str(p) for p in bad.value.problems] == [
+        "d.yaml:7: rules[0].actions[0].delay: direction is for at: wire only (a request or response delay holds "
+        "one frame)"]

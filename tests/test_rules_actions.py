@@ -88,6 +88,13 @@ def test_each_module_of_the_package_is_one_registered_kind_named_as_its_yaml_nam
     assert {name: kinds[0] for name, kinds in kinds_by_module.items()} == ACTION_KINDS
 
 
+def test_each_registered_kind_has_its_own_test_module() -> None:
+    """rules/README.md's promise: a kind's tests are in tests/test_rules_action_<kind>.py."""
+    tests = Path(__file__).parent
+    missing = [kind for kind in ACTION_KINDS if not (tests / f"test_rules_action_{kind}.py").is_file()]
+    assert not missing, f"kinds without tests/test_rules_action_<kind>.py: {missing}"
+
+
 def test_the_editors_schema_describes_each_registered_kind_with_the_keys_it_reads() -> None:
     """rules/kproxy-rules.schema.json (what editors validate with) follows the registry."""
     defs = SCHEMA["$defs"]
