@@ -13,14 +13,13 @@ from kproxy.rules import RulesError, load_text
 from tests.test_rules_session import (
     HOLE_FOR_2S,
     Driver,
-    _ids_up,
     heartbeat,
     heartbeat_answer,
     produce,
     produce_answer,
     rules,
+    upstream_ids,
 )
-from tests.test_rules_session import produce as session_produce
 
 
 def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> None:
@@ -88,10 +87,10 @@ def test_a_black_hole_ends_with_its_time_window_and_later_requests_flow_in_order
     d = Driver(rules(action, HOLE_FOR_2S))
     d.client(heartbeat(1), produce(2, -1), heartbeat(3))  # 1 before the hole, 2 meets it, 3 in it
     forwarded = action != "blackhole"
-    assert _ids_up(d) == ([1, 2, 3] if forwarded else [1])
+    assert upstream_ids(d) == ([1, 2, 3] if forwarded else [1])
     d.clock.now += 2.5  # the rule's window is over: the connection heals
     d.client(produce(4, -1), heartbeat(5))
-    assert _ids_up(d) == ([1, 2, 3, 4, 5] if forwarded else [1, 4, 5])
+    assert upstream_ids(d) == ([1, 2, 3, 4, 5] if forwarded else [1, 4, 5])
     d.broker(heartbeat_answer(1))
     if forwarded:
         d.broker(produce_answer(2), heartbeat_answer(3))  # answered by the broker, swallowed by the hole
@@ -107,7 +106,7 @@ def test_a_slow_close_whose_rule_ends_first_does_not_close() -> None:
     d.tick(2.5)
     d.client(heartbeat(2))
     d.tick(3.0)  # past the close's time
-    assert d.closed is None and _ids_up(d) == [2]
+    assert d.closed is None and upstream_ids(d) == [2]
 
 
 @pytest.mark.parametrize("how", ["reload", "delete", "disable"])
@@ -127,7 +126,7 @@ def test_a_black_hole_ends_when_its_rule_is_reloaded_away_deleted_or_disabled(ho
                                                                               "    match:")), origin="test")
     d.client(heartbeat(3))
     d.broker(heartbeat_answer(3))
-    assert _ids_up(d) == [3] and d.answered() == [3]
+    assert upstream_ids(d) == [3] and d.answered() == [3]
 
 
 def test_a_black_hole_lasts_while_its_rule_does_though_it_matches_one_request() -> None:
@@ -172,13 +171,13 @@ rules:
     match: {api: produce, schedule: {for_seconds: 2, period_seconds: 10}}
     actions: [blackhole]
 """)
-    d.client(session_produce(1, -1))  # 0 s: in the first window: the hole opens
+    d.client(produce(1, -1))  # 0 s: in the first window: the hole opens
     d.clock.now += 1
     d.client(heartbeat(2))  # swallowed
     d.clock.now += 2  # 3 s: the window closed: healed
     d.client(heartbeat(3))
     d.clock.now += 8  # 11 s: the second window
-    d.client(session_produce(4, -1), heartbeat(5))
+    d.client(produce(4, -1), heartbeat(5))
     d.clock.now += 2  # 13 s: closed again
     d.client(heartbeat(6))
     assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [3, 6]

@@ -9,12 +9,12 @@ from kproxy.rules import RulesError, load_text
 from tests.test_rules_session import (
     HOLE_FOR_2S,
     Driver,
-    _ids_up,
     heartbeat,
     heartbeat_answer,
     produce,
     produce_answer,
     rules,
+    upstream_ids,
 )
 
 
@@ -22,7 +22,7 @@ def test_slow_close_passes_traffic_and_asks_the_close_late_while_its_rule_lasts(
     d = Driver(rules("slow_close: {delay_ms: 1500}", HOLE_FOR_2S))
     assert d.session.close_delay_s() == 0.0
     d.client(produce(1, -1), heartbeat(2))
-    assert _ids_up(d) == [1, 2], "slow_close lets the traffic through"
+    assert upstream_ids(d) == [1, 2], "slow_close lets the traffic through"
     d.broker(produce_answer(1), heartbeat_answer(2))
     assert d.answered() == [1, 2] and d.closed is None
     assert d.session.close_delay_s() == 1.5

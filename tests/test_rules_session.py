@@ -137,7 +137,7 @@ class Completed:
         self.done.append(exchange)
 
 
-def _ids_up(d: Driver) -> list[int]:
+def upstream_ids(d: Driver) -> list[int]:
     return [struct.unpack_from(">i", f, 8)[0] for f in d.upstream]
 
 
