@@ -15,9 +15,9 @@ its end) and ``interval_s`` the width in seconds.
   broker and kproxy latency, per api (and time bin). Percentiles are exact up to
   ``exact_percentiles_max`` records (default :data:`EXACT_PERCENTILES_MAX`):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
-  default), which keeps every distinct value of a group in memory (10 million
-  records ran a 4 GiB driver out of heap; 2 million took 261 s on local[2]
-  where 3 million approximate took 14 s). Above that, they are read off
+  default), which keeps every distinct value of a group in memory (a driver
+  runs out of heap, and time grows far faster than with the approximation,
+  well before ten million records). Above that, they are read off
   log-scale histograms (:mod:`kproxy.analysis.histogram`, 32 buckets a
   doubling): each within 2.2 % of the exact value (the one ranked
   ``ceil(p * n)`` of the group's ``n``), maxima exact, in fixed-width counts

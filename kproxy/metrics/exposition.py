@@ -284,9 +284,9 @@ class MetricsServer:
     async def respond(self, request: Request) -> Response:
         target = request.target.split("?", 1)[0]
         if target == "/metrics":
-            # Rendered in a worker thread: with 10,000 rules loaded (10,000 hit series) rendering held
-            # the loop ~0.2 s. The collector reads every counter through a list() copy, which the GIL
-            # makes atomic against the loop's updates.
+            # Rendered in a worker thread: rendering grows with the series (a hit series per rule),
+            # and on the loop it would hold every connection. The collector reads every counter
+            # through a list() copy, which the GIL makes atomic against the loop's updates.
             return Response(200, await trio.to_thread.run_sync(_render, self.registry), CONTENT_TYPE)
         if target == "/healthz":
             return Response(200, b"ok\n")

@@ -472,7 +472,7 @@ class RuleEngine:
     def _fullmatch(self, pattern: UserPattern, text: str) -> bool:
         """``pattern.fullmatch(text)``, remembered for short texts. A group id, transactional id or
         topic meets the same patterns request after request, and one RE2 call through its binding
-        (~2-3 µs) costs what a dozen dict lookups do. At most 4096 entries of at most 255
+        costs what a dozen dict lookups do. At most 4096 entries of at most 255
         characters (it starts afresh when full): bounded whatever texts clients send."""
         if len(text) > _MEMO_TEXT_MAX:
             return pattern.fullmatch(text)

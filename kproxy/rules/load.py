@@ -66,7 +66,7 @@ def load_data(data: Any, source: str = "<data>", *, partial: bool = False) -> Ru
     check (:func:`kproxy.rules.model.sequence_problems` over the whole set).
 
     Its nodes are built from the data (:func:`data_node`), not rendered as YAML and composed again:
-    that round trip took ~20 s for 10,000 rules, and with libyaml the compose is one C call that
+    that round trip is slow for many rules, and with libyaml the compose is one C call that
     holds the GIL (every other thread, the trio loop among them) throughout. Node "lines" are
     numbered in the order of the data: problems' lines mean nothing to the caller; their key paths do."""
     try:
