@@ -8,6 +8,7 @@ prefixes where the value came from.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,19 @@ def broker_ports(value: Any) -> dict[int, int]:
                 raise ValueError(f"expected NODE_ID=PORT, got {excerpt(item)}")
             pairs.append((node, port))
     return {integer(0)(node): integer(1, 65535)(port) for node, port in pairs}
+
+
+# A cluster's name: a DNS label in lower case, since it names the cluster in metrics and logs and
+# may name it in a host name.
+_CLUSTER_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def cluster_name(value: Any) -> str:
+    """A cluster's name: lower-case letters, digits and '-' (not first or last), at most 63."""
+    if not isinstance(value, str) or _CLUSTER_NAME.fullmatch(value) is None:
+        raise ValueError(f"a cluster's name must be lower-case letters, digits and '-' (not first or last), "
+                         f"at most 63, got {excerpt(value)}")
+    return value
 
 
 def rules(value: Any, max_bytes: int = Config.rules_max_bytes) -> RuleSet:

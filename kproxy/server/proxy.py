@@ -113,7 +113,8 @@ class ProxyServer:
         self.config = config
         self.handle_signals = handle_signals
         self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
-        self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
+        self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports),
+                                    max_port=config.last_broker_port)
         # Terminate mode: kproxy answers SASL itself, and ApiVersions answers say which versions it speaks.
         terminate = config.sasl_client.terminate
         self.rewriter = ResponseRewriter(self.addresses, answered=ANSWERED_VERSIONS if terminate else None)
