@@ -8,13 +8,12 @@ prefixes where the value came from.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kproxy.config.model import SASL_MECHANISMS, Config
-from kproxy.host_port import HostPort, parse_host_port
+from kproxy.host_port import CLUSTER_NAME_RULE, DNS_LABEL, HostPort, parse_host_port
 from kproxy.logfmt import excerpt
 
 if TYPE_CHECKING:
@@ -116,16 +115,10 @@ def broker_ports(value: Any) -> dict[int, int]:
     return {integer(0)(node): integer(1, 65535)(port) for node, port in pairs}
 
 
-# A cluster's name: a DNS label in lower case, since it names the cluster in metrics and logs and
-# may name it in a host name.
-_CLUSTER_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-
-
 def cluster_name(value: Any) -> str:
-    """A cluster's name: lower-case letters, digits and '-' (not first or last), at most 63."""
-    if not isinstance(value, str) or _CLUSTER_NAME.fullmatch(value) is None:
-        raise ValueError(f"a cluster's name must be lower-case letters, digits and '-' (not first or last), "
-                         f"at most 63, got {excerpt(value)}")
+    """A cluster's name: a DNS label in lower case (:data:`kproxy.host_port.DNS_LABEL`)."""
+    if not isinstance(value, str) or DNS_LABEL.fullmatch(value) is None:
+        raise ValueError(f"a cluster's name must be {CLUSTER_NAME_RULE}, got {excerpt(value)}")
     return value
 
 
