@@ -26,6 +26,7 @@ rules_reload.py, kproxy/policy/ (the rules in force), kproxy/admin/.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -38,11 +39,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from kproxy.config import Config
+from kproxy.config import AdminOptions, CaptureOptions, Config
+from kproxy.config.model import Cluster
 from kproxy.host_port import HostPort
+from kproxy.logfmt import LOG_CLUSTER
 from kproxy.logfmt import q as _q
 from kproxy.metrics.anomalies import AnomalyOptions
-from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
+from kproxy.metrics.exposition import ClusterSeries, LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import ConsumerLagCollector
 from kproxy.metrics.observer import MetricsObserver
@@ -109,8 +112,19 @@ class ProxyServer:
     ``bootstrap_port`` is the bound port (useful with ``--listen HOST:0``).
     """
 
-    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False) -> None:
+    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False,
+                 primary: ProxyServer | None = None) -> None:
+        # With several clusters (config.clusters) this server serves the first, and one server per
+        # other cluster (its ``siblings``, made here with ``primary`` = this one) the others: they share
+        # this one's rules, capture, metrics and admin endpoints, signals and event loop watch.
+        self.primary = primary
+        every = config.every_cluster
+        if config.clusters:
+            config = config.cluster_config(every[0])
         self.config = config
+        self.cluster = config.cluster
+        # Logs name the cluster only when there are several (LOG_CLUSTER, set in this server's tasks).
+        self.log_cluster = config.cluster if len(every) > 1 or primary is not None else None
         self.handle_signals = handle_signals
         self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
         self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports),
@@ -166,10 +180,11 @@ class ProxyServer:
         self._prebound: dict[int, socket.socket] = {}
         # One engine for every connection: schedule counters and throttle buckets are global. The
         # rules in force can be replaced while connections run (kproxy/policy/live_rules.py).
-        self.rules = LiveRules(config.rules, counts=self.stats.faults)
+        self.rules: LiveRules = (primary.rules if primary is not None
+                                 else LiveRules(config.rules, counts=self.stats.faults))
         self.reloader: RulesReloader | None = None
         source = config.rules.source if config.rules is not None else None
-        if source is not None and os.path.exists(source):
+        if primary is None and source is not None and os.path.exists(source):
             # Rules read from a file can change while connections run: every connection gets a policy,
             # so a file empty at its start applies to it once it is filled.
             self.rules.mutable = True
@@ -180,16 +195,19 @@ class ProxyServer:
         # upstream connection opens after the login: kproxy/proxy/terminate.py), from the upstream checks.
         self.cluster_versions = ClusterVersions(BOOTSTRAP) if terminate else None
         self.admin_server: AdminServer | None = None
-        self.capture: CaptureService | None = None
-        if config.capture.enabled:
+        self.capture: CaptureService | None = primary.capture if primary is not None else None
+        if config.capture.enabled and primary is None:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
 
             self.capture = CaptureService(config.capture)
+        self.siblings: list[ProxyServer] = [] if primary is not None else [
+            ProxyServer(_sibling_config(config, cluster), handle_signals=False, primary=self) for cluster in every[1:]]
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        LOG_CLUSTER.set(self.log_cluster)  # (this task's context, which the tasks it starts inherit)
         self._warn_about_options()
-        if self.capture is None:
+        if self.capture is None or self.primary is not None:
             await self._run(task_status=task_status)
             return
         self.capture.start()
@@ -209,10 +227,15 @@ class ProxyServer:
                 await nursery.start(self._serve, boot)
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
+                for sibling in self.siblings:  # (beside the connections: its own drain is not cancelled with ours)
+                    await connections.start(sibling.run)
                 if self.config.metrics_listen is not None:
                     self.metrics_server = MetricsServer(
                         make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics,
-                                      lag=self._lag_collector()),
+                                      lag=self._lag_collector(), clusters=[
+                                          ClusterSeries(server.cluster, server.stats, server._live_gauges,
+                                                        server._lag_collector())
+                                          for server in (self, *self.siblings)] if self.siblings else ()),
                         self.readiness, max_connections=self.config.limits.max_http_connections)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
@@ -234,7 +257,8 @@ class ProxyServer:
                 nursery.start_soon(self._discover_brokers)
                 nursery.start_soon(self.health.run)
                 # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
-                connections.start_soon(self.loop_watch.run)
+                if self.primary is None:
+                    connections.start_soon(self.loop_watch.run)
                 connections.start_soon(self.deadlines.run)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
@@ -242,7 +266,7 @@ class ProxyServer:
                 task_status.started()
             # Listeners are closed (shutdown); connections drain within the grace period.
             with trio.move_on_after(self.config.limits.shutdown_grace) as grace:
-                while self.connections:
+                while self.connections or any(sibling.connections for sibling in self.siblings):
                     await trio.sleep(0.05)
             if grace.cancelled_caught:
                 log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
@@ -291,6 +315,8 @@ class ProxyServer:
             conn.drain()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+        for sibling in self.siblings:
+            sibling.shutdown()
 
     async def _watch_signals(self) -> None:
         # Returns after the first: a second SIGTERM/SIGINT during the drain kills at once (the
@@ -373,8 +399,15 @@ class ProxyServer:
         if self.draining:
             return "shutting down"
         if self.bootstrap_port == 0:
-            return "bootstrap listener not open"
-        return self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+            why: str | None = "bootstrap listener not open"
+        else:
+            why = self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+        if not self.siblings:
+            return why
+        # Several clusters: ready when every one is, else each one's reason, named.
+        reasons = [f"cluster {server.cluster}: {reason}" for server in (self, *self.siblings)
+                   if (reason := why if server is self else await server.readiness()) is not None]
+        return "; ".join(reasons) or None
 
     def _health_targets(self) -> list[Target]:
         targets = [Target(addr, BOOTSTRAP) for addr in self.config.upstream]
@@ -539,7 +572,7 @@ class ProxyServer:
             await trio.aclose_forcefully(stream)
             return
         limits = self.config.limits
-        policy = self.rules.policy(peer, listener.node_id)
+        policy = self.rules.policy(peer, listener.node_id, self.cluster)
         auth = None
         if self.client_auth is not None and self.cluster_versions is not None:
             auth = self.client_auth.for_connection(peer, self.cluster_versions.source(node))
@@ -611,3 +644,10 @@ class ProxyServer:
 def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
     # Read at every accept: a broker that moved is followed by new connections.
     return lambda: [route.upstream]
+
+
+def _sibling_config(config: Config, cluster: Cluster) -> Config:
+    """The configuration of the server of one cluster beside the first's: the first's endpoints
+    (metrics, admin) and rules and capture are the first server's, shared."""
+    return dataclasses.replace(config.cluster_config(cluster), metrics_listen=None, admin=AdminOptions(),
+                               rules=None, capture=CaptureOptions())
