@@ -455,7 +455,7 @@ def test_long_polls_have_a_latency_panel_of_their_own() -> None:
     assert all('api!~"fetch|share_fetch|join_group|sync_group"' in e for e in broker)
     assert all('api=~"fetch|share_fetch|join_group|sync_group"' in e for e in polls)
     variables = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
-    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api", "node_id", "topic",
+    assert variables == ["datasource", "job", "namespace", "pod", "instance", "cluster", "api", "node_id", "topic",
                          "client_id", "group"]
 
 
