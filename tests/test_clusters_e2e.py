@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import trio
 from confluent_kafka import KafkaError, Producer
@@ -80,6 +81,7 @@ def two_clusters(tansu: Broker, second_broker: Broker, tmp_path: Path) -> Iterat
         "metrics.topic_label": (True, "test"),
         "limits.shutdown_grace": (5, "test"),
         "rules": (str(rules), "test"),
+        "capture.dir": (str(tmp_path / "capture"), "test"),
     }
     lines = _Lines()
     kproxy_log = logging.getLogger("kproxy")
@@ -187,6 +189,16 @@ def test_two_clusters_through_one_kproxy(two_clusters: tuple[ProxyThread, int, _
     assert any(" cluster=orders " in line for line in opened)
     assert any(" cluster=payments " in line for line in opened)
     assert all(" cluster=" in line for line in opened)
+
+    # The capture: every record names its cluster; each cluster's topic is in its own cluster's records.
+    proxy.stop()  # (completes the capture's files)
+    assert proxy.server is not None and proxy.server.config.capture.dir is not None
+    rows = [row for path in sorted(proxy.server.config.capture.dir.glob("hour=*/capture-*.parquet"))
+            for row in pq.read_table(path).to_pylist()]
+    assert {row["cluster"] for row in rows} == {"orders", "payments"}
+    for name, topic in topics.items():
+        named = {row["cluster"] for row in rows if any(p["topic"] == topic for p in row["partitions"])}
+        assert named == {name}
 
 
 async def test_ready_when_every_clusters_upstream_is(tansu: Broker) -> None:

@@ -587,7 +587,7 @@ class ProxyServer:
             # (terminate mode: the upstream it will try first, once the client logged in)
             observer = self.capture.observer(observer, peer=peer, listener=listener.name,
                                              upstream=str(addr or listener.resolve()[0]), client=client,
-                                             identity=session)
+                                             identity=session, cluster=self.cluster)
         session.observer = observer
 
         async def connect() -> tuple[trio.abc.Stream, HostPort]:  # terminate mode: ConnectUpstream
