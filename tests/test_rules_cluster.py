@@ -8,6 +8,7 @@ tests/test_clusters_e2e.py.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import jsonschema
@@ -71,3 +72,20 @@ def test_a_connections_policy_carries_its_cluster() -> None:
     live = LiveRules(load_text(_rules("{api: produce, cluster: orders}")), counts=FaultStats())
     policy = live.policy("127.0.0.1:5000", 1, "payments")
     assert policy is not None and policy.cluster == "payments"
+
+
+def test_a_rule_for_a_cluster_kproxy_does_not_serve_is_warned_of_at_start(tmp_path: Path,
+                                                                          caplog: pytest.LogCaptureFixture) -> None:
+    from kproxy.config import build_config
+    from kproxy.server.proxy import ProxyServer
+
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(_rules("{api: produce, cluster: [orders, paymnets]}"))
+    config = build_config({"clusters.orders.upstream": ("127.0.0.1:9", "test"),
+                           "clusters.orders.listen": ("127.0.0.1:0", "test"),
+                           "clusters.payments.upstream": ("127.0.0.1:9", "test"),
+                           "clusters.payments.listen": ("127.0.0.1:0", "test"), "rules": (str(rules), "test")})
+    caplog.set_level(logging.WARNING, logger="kproxy")
+    ProxyServer(config, handle_signals=False)._warn_about_options()
+    warned = [r.getMessage() for r in caplog.records if "rule_cluster_unknown" in r.getMessage()]
+    assert warned == ["event=rule_cluster_unknown rule=r clusters=paymnets known=orders,payments"]

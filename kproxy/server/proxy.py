@@ -301,6 +301,13 @@ class ProxyServer:
             enabled = [r for r in rules.rules if r.enabled]
             log.warning("event=fault_injection_enabled file=%s rules=%d dry_run_rules=%d seed=%d",
                         _q(rules.source or "-"), len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
+            # A rule for a cluster no server here has (a misspelt name) would never match: said at start.
+            known = {server.cluster for server in (self, *self.siblings)}
+            for rule in enabled:
+                unknown = sorted((rule.match.clusters or frozenset()) - known)
+                if unknown:
+                    log.warning("event=rule_cluster_unknown rule=%s clusters=%s known=%s", _q(rule.id),
+                                ",".join(unknown), ",".join(sorted(known)))
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
