@@ -252,7 +252,9 @@ Every option has one name: its key in the YAML file given with --config
 environment variable (KPROXY_LIMITS_MAX_IN_FLIGHT), shown at the end of each
 option's help. Flags win over the environment, the environment over the file.
 Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
-(broker N is then served on port 19093+N). Stops on SIGTERM/SIGINT after
+(broker N is then served on port 19093+N). Several clusters: clusters: in the
+file, each cluster's options as --clusters-NAME-OPTION and KPROXY_CLUSTERS_<NAME>_<OPTION>
+(--clusters-orders-upstream; docs/CLUSTERS.md). Stops on SIGTERM/SIGINT after
 letting in-flight requests finish (--limits-shutdown-grace).
 """
 
