@@ -216,3 +216,16 @@ async def test_ready_when_every_clusters_upstream_is(tansu: Broker) -> None:
         assert reason is not None and reason.startswith(f"cluster down: upstream unavailable: {dead}: ")
         assert "cluster up" not in reason
         assert await server.siblings[0].readiness() == reason.removeprefix("cluster down: ")
+
+
+async def test_ready_when_any_clusters_upstream_is_if_so_configured(tansu: Broker) -> None:
+    raw: dict[str, tuple[Any, str]] = {"limits.shutdown_grace": (1, "test"), "ready_clusters": ("any", "test")}
+    for name, upstream in (("up", tansu.bootstrap), ("down", f"127.0.0.1:{free_port()}")):
+        raw |= {f"clusters.{name}.upstream": (upstream, "test"), f"clusters.{name}.listen": ("127.0.0.1:0", "test"),
+                f"clusters.{name}.broker_port_base": (0, "test")}
+    async with running_server(build_config(raw)) as server:
+        with trio.fail_after(20):
+            for each in (server, *server.siblings):
+                await each.health.checked.wait()
+        assert await server.readiness() is None
+        assert await server.siblings[0].readiness() is not None  # (the one down is down)

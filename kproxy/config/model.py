@@ -255,6 +255,7 @@ class Config:
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
     upstream_check_interval: float = 10.0
+    ready_clusters: str = "all"  # several clusters: /readyz ready when all (or any) of their upstreams are
     log_level: str = "info"
     log_format: str = "logfmt"
     limits: Limits = field(default_factory=Limits)

@@ -204,6 +204,9 @@ OPTIONS: tuple[Option, ...] = (
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "
            "before their login)", "SECONDS", show_default=v.as_is),
+    Option("ready_clusters", v.ready_clusters,
+           "with several clusters (clusters:), /readyz is ready when the upstream of all of them is reachable "
+           "(all), or of at least one (any)", "all|any", show_default=v.as_is),
     Option("metrics.process_metrics", v.boolean,
            "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
            boolean=True, aliases=(Alias("--metrics-process", sets=True),)),

@@ -196,6 +196,17 @@ def log_format(value: Any) -> str:
     return fmt
 
 
+READY_CLUSTERS = ("all", "any")
+
+
+def ready_clusters(value: Any) -> str:
+    """When /readyz says ready with several clusters: ``all`` their upstreams reachable, or ``any``."""
+    word = string(value).lower()
+    if word not in READY_CLUSTERS:
+        raise ValueError(f"must be one of {', '.join(READY_CLUSTERS)}, got {excerpt(value)}")
+    return word
+
+
 # -- how --help shows a default --------------------------------------------------------------
 def as_is(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -411,9 +411,13 @@ class ProxyServer:
             why = self.health.not_ready()  # the periodic check's last word: a probe opens no connection
         if not self.siblings:
             return why
-        # Several clusters: ready when every one is, else each one's reason, named.
-        reasons = [f"cluster {server.cluster}: {reason}" for server in (self, *self.siblings)
+        # Several clusters: ready when every one is (ready_clusters: all) or one is (any), else each
+        # one's reason, named.
+        servers = (self, *self.siblings)
+        reasons = [f"cluster {server.cluster}: {reason}" for server in servers
                    if (reason := why if server is self else await server.readiness()) is not None]
+        if self.config.ready_clusters == "any" and len(reasons) < len(servers):
+            return None
         return "; ".join(reasons) or None
 
     def _health_targets(self) -> list[Target]:
