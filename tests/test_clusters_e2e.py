@@ -144,7 +144,20 @@ def test_two_clusters_through_one_kproxy(two_clusters: tuple[ProxyThread, int, _
         produce_confluent(boot[name], topic, messages).flush(10)
         assert sorted(consume_kafka_python(boot[name], topic, 2, RECORDS)) == sorted(messages)
         assert sorted(consume_confluent(boot[name], topic, 2, RECORDS)) == sorted(messages)
-    for name, topic in topics.items():
+    # kafka-python produces to each cluster too, librdkafka reads it back.
+    by_kafka_python = {name: unique(f"clusters-kp-{name}") for name in servers}
+    for name, topic in by_kafka_python.items():
+        create_topic(boot[name], topic, partitions=1)
+        messages = [(f"k{i}".encode(), f"kp-{name}-{i}".encode()) for i in range(RECORDS)]
+        producer = KafkaProducer(bootstrap_servers=boot[name], request_timeout_ms=10000)
+        try:
+            for key, value in messages:
+                producer.send(topic, key=key, value=value)
+            producer.flush(timeout=20)
+        finally:
+            producer.close(timeout=5)
+        assert sorted(consume_confluent(boot[name], topic, 1, RECORDS)) == sorted(messages)
+    for name, topic in (*topics.items(), *by_kafka_python.items()):
         other = next(n for n in servers if n != name)
         listed = AdminClient({"bootstrap.servers": boot[other]}).list_topics(timeout=15).topics
         assert topic not in listed
@@ -178,6 +191,9 @@ def test_two_clusters_through_one_kproxy(two_clusters: tuple[ProxyThread, int, _
         other = next(n for n in servers if n != name)
         assert ("kproxy_topic_records_total", (("cluster", other), ("direction", "produce"),
                                                ("topic", topic))) not in metrics
+    for name, topic in by_kafka_python.items():
+        assert metrics[("kproxy_topic_records_total", (("cluster", name), ("direction", "produce"),
+                                                       ("topic", topic)))] == RECORDS
     assert metrics[("kproxy_topic_records_total", (("cluster", "orders"), ("direction", "produce"),
                                                    ("topic", blocked)))] == 1
     # The process's series carry no cluster: the rules are shared.
