@@ -205,6 +205,9 @@ def test_two_clusters_through_one_kproxy(two_clusters: tuple[ProxyThread, int, _
     assert any(" cluster=orders " in line for line in opened)
     assert any(" cluster=payments " in line for line in opened)
     assert all(" cluster=" in line for line in opened)
+    # The process's own lines name none: the metrics endpoint serves every cluster.
+    (metrics_line,) = [line for line in lines.lines if "event=metrics_listening" in line]
+    assert " cluster=" not in metrics_line
 
     # The capture: every record names its cluster; each cluster's topic is in its own cluster's records.
     proxy.stop()  # (completes the capture's files)

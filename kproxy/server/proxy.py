@@ -33,7 +33,7 @@ import os
 import signal
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -205,7 +205,8 @@ class ProxyServer:
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        LOG_CLUSTER.set(self.log_cluster)  # (this task's context, which the tasks it starts inherit)
+        if self.primary is not None:  # a sibling's every task is its cluster's (the first's: _as_cluster)
+            LOG_CLUSTER.set(self.log_cluster)  # (this task's context, which the tasks it starts inherit)
         self._warn_about_options()
         if self.capture is None or self.primary is not None:
             await self._run(task_status=task_status)
@@ -254,15 +255,17 @@ class ProxyServer:
                     await nursery.start(self.client_auth.run)
                 if self.tls_reloader is not None:
                     await nursery.start(self.tls_reloader.run)
-                nursery.start_soon(self._discover_brokers)
-                nursery.start_soon(self.health.run)
+                nursery.start_soon(self._as_cluster, self._discover_brokers)
+                nursery.start_soon(self._as_cluster, self.health.run)
                 # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
                 if self.primary is None:
                     connections.start_soon(self.loop_watch.run)
                 connections.start_soon(self.deadlines.run)
+                said = LOG_CLUSTER.set(self.log_cluster)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
+                LOG_CLUSTER.reset(said)
                 task_status.started()
             # Listeners are closed (shutdown); connections drain within the grace period.
             with trio.move_on_after(self.config.limits.shutdown_grace) as grace:
@@ -314,8 +317,10 @@ class ProxyServer:
         if self.draining:
             return
         self.draining = True
+        said = LOG_CLUSTER.set(self.log_cluster)  # (its connections: with several clusters, this cluster's)
         log.info("event=shutdown_started connections=%d grace_s=%.1f", len(self.connections),
                  self.config.limits.shutdown_grace)
+        LOG_CLUSTER.reset(said)
         for listener in self.listeners.values():
             listener.scope.cancel()
         for conn in list(self.connections):
@@ -469,7 +474,15 @@ class ProxyServer:
             if listener is not None and not listener.ready.is_set():
                 await listener.ready.wait()  # (Event.wait yields even when set: skip it on the hot path)
 
+    async def _as_cluster(self, work: Callable[[], Awaitable[None]]) -> None:
+        """``work`` as this server's cluster's: its log lines name the cluster (when there are several).
+        The first cluster's server runs the process's tasks too (metrics, rules, signals): only its
+        cluster's own are started through here, so theirs do not name it."""
+        LOG_CLUSTER.set(self.log_cluster)
+        await work()
+
     async def _serve(self, listener: _Listener, *, task_status: trio.TaskStatus[None]) -> None:
+        LOG_CLUSTER.set(self.log_cluster)  # (its connections' tasks inherit it)
         try:
             sock = await self._open_socket(listener.port)
         except OSError as exc:
