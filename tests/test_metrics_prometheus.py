@@ -481,7 +481,8 @@ def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
 
 
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
-    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*", "node_id": ".*",
+    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "cluster": ".*", "api": ".*",
+              "node_id": ".*",
               "topic": ".*", "client_id": ".*", "group": ".*", "__rate_interval": "30s", "datasource": ""}
     exprs = dashboard_exprs()
     assert len(exprs) >= 30
