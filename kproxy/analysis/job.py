@@ -32,6 +32,8 @@ its end) and ``interval_s`` the width in seconds.
   (``produced_bytes``, ``fetched_bytes``: ``kproxy_client_bytes_total``'s
   ``produce`` and ``fetch``), requests, records, requests with an error and
   connections.
+* ``by_cluster``: per cluster (the capture's ``cluster``, null in older files): connections,
+  requests, frame and record batch bytes as ``top_clients``, records and requests with an error.
 * ``top_topics``: per topic: requests, records and bytes produced and fetched,
   requests with an error.
 * ``consumer_lag``: per time bin (the bin answers reached their clients), group
@@ -104,7 +106,7 @@ FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's inp
 _ANALYSED = ("api_key", "api_name", "api_version", "request_time", "response_time", "connection_id", "correlation_id",
              "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
-             "record_count", "record_bytes", "partitions", "rule_decisions")
+             "record_count", "record_bytes", "partitions", "rule_decisions", "cluster")
 
 
 @dataclass

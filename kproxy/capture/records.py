@@ -343,6 +343,7 @@ class RecordBuilder:
             partitions,
             decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
+            conn.cluster,
         )
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:

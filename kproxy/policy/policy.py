@@ -146,14 +146,15 @@ class RulePolicy:
     """
 
     __slots__ = ("_admitted", "_admitted_for", "_counted", "_drawn", "_floored", "_gates", "_headers", "_injector",
-                 "_lasts", "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
+                 "_lasts", "_principal", "broker_id", "client_ip", "cluster", "counts", "live", "peer", "wire")
 
-    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
+    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None, cluster: str | None = None) -> None:
         self.live = live
         self.counts = live.counts  # one FaultStats for every generation of rules
         self.peer = peer
         self.client_ip = client_ip(peer)
         self.broker_id = broker_id
+        self.cluster = cluster  # the connection's cluster (the config's clusters:): match.cluster
         self._headers = RequestHeaderMemo()
         # For the rule set in force (_injector): the gate of each api key met, and for the client id
         # _admitted_for, the gate of each api key met whose rules are for some clients only.
@@ -229,7 +230,7 @@ class RulePolicy:
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
                            topic_names=injector.topic_names, principal=self._principal,
-                           connection_draws=self._drawn, connection_counts=self._counted)
+                           connection_draws=self._drawn, connection_counts=self._counted, cluster=self.cluster)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
@@ -262,11 +263,11 @@ class RulePolicy:
         if gate is None:
             engine = injector.engine
             principal = self._principal
-            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal):
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal, self.cluster):
                 gate = (_IGNORED, None, None)
             else:
                 gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id,
-                                                              principal), self.wire)
+                                                              principal, self.cluster), self.wire)
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate

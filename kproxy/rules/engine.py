@@ -106,6 +106,7 @@ class _Peer:
     client_ip: IpAddress | None
     broker_id: int | None
     principal: str | None = None
+    cluster: str | None = None
 
 
 class RuleState:
@@ -142,7 +143,8 @@ class _Compiled:
         self.watched = False  # a rule waits on its hits
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
         # principal).
-        self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
+        self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids,
+                                                     m.clusters))
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
@@ -167,6 +169,8 @@ class _Compiled:
             ip = facts.client_ip
             if ip is None or not any(ip in net for net in m.client_address):
                 return False
+        if m.clusters is not None and facts.cluster not in m.clusters:
+            return False
         return m.broker_ids is None or facts.broker_id in m.broker_ids
 
 
@@ -245,6 +249,8 @@ class RuleEngine:
         # Whether a rule names a principal: else the principal is no part of a client's cache key
         # and RequestFacts.principal is never read.
         self.reads_principal = any(c.match.principal is not None for c in compiled)
+        # A rule names a cluster: a connection's cluster is one of its fixed keys (last in the peer key).
+        self.reads_cluster = any(c.match.clusters is not None for c in compiled)
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
         self._by_text: dict[tuple[int, str], bool] = {}
@@ -272,24 +278,26 @@ class RuleEngine:
         return bool(self._by_api.get(api_key, self._any))
 
     def admits(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
-               principal: str | None = None) -> bool:
+               principal: str | None = None, cluster: str | None = None) -> bool:
         """Whether a rule of this api key passes a client's fixed keys (client id, address, broker
         id, principal): False means :meth:`evaluate` would decide nothing for any request of theirs with this
         api key, and touch no counter. One dict lookup once the client was met (the same cache as
         :meth:`evaluate`'s), so a caller can skip building a request's facts."""
         if self._all_unscoped or api_key in self._unscoped:
             return True
-        return bool(self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0])
+        return bool(self._peer_rules(api_key, client_id, client_ip, broker_id, principal, cluster)[0])
 
     def _peer_rules(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
-                    principal: str | None) -> tuple[tuple[_Compiled, ...], bool]:
+                    principal: str | None, cluster: str | None = None) -> tuple[tuple[_Compiled, ...], bool]:
         """The cache entry of :meth:`_peer_entry` for a client's fixed keys."""
         peer: tuple[object, ...] = ((api_key, client_id, client_ip, broker_id) if not self.reads_principal
                                     else (api_key, client_id, client_ip, broker_id, principal))
+        if self.reads_cluster:
+            peer += (cluster,)
         cached = self._by_peer.get(peer)
         if cached is None:
             candidates = self._by_api.get(api_key, self._any)
-            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id, principal))
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id, principal, cluster))
         return cached
 
     def admits_all(self, api_key: int) -> bool:
@@ -308,14 +316,15 @@ class RuleEngine:
         return self._fixed.get(api_key, self._any_fixed)
 
     def client_decision(self, api_key: int, client_id: str | None, client_ip: IpAddress | None,
-                        broker_id: int | None, principal: str | None = None) -> Decision | None:
+                        broker_id: int | None, principal: str | None = None,
+                        cluster: str | None = None) -> Decision | None:
         """:meth:`fixed_decision` for one client: the decision :meth:`evaluate` returns for every
         request of this api key from a client with these fixed keys (client id, address, broker id,
         principal), when it depends on nothing else; None when it may depend on the request.
 
         That is when the first rule of the api key that passes the client's fixed keys names no
         request key (topic, version, schedule...), draws nothing and does not ``continue``."""
-        live = self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0]
+        live = self._peer_rules(api_key, client_id, client_ip, broker_id, principal, cluster)[0]
         if not live or live[0].request_keys or live[0].rule.continue_:
             return None
         return live[0].decision
@@ -339,6 +348,8 @@ class RuleEngine:
         peer: tuple[object, ...] = (
             (api_key, facts.client_id, facts.client_ip, facts.broker_id) if not self.reads_principal
             else (api_key, facts.client_id, facts.client_ip, facts.broker_id, facts.principal))
+        if self.reads_cluster:
+            peer += (facts.cluster,)
         cached = self._by_peer.get(peer)
         if cached is None:
             cached = self._peer_entry(peer, candidates, facts)
