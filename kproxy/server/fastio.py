@@ -10,10 +10,7 @@ cannot answer, which keeps backpressure and cancellation as they were.
 
 from __future__ import annotations
 
-import array
-import fcntl
 import os
-import termios
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -37,23 +34,28 @@ def reader(stream: trio.abc.Stream) -> Reader:
     ``YIELD_EVERY`` reads it yields anyway, so a busy connection cannot starve
     the others and stays cancellable. TLS streams always use ``receive_some``.
 
-    After a read that returned data, the next one asks the kernel how much is
-    queued (``FIONREAD``) before reading: with many connections and one request
-    in flight on each, nothing is, and a read would fail with ``EAGAIN``, which
-    Python raises as a ``BlockingIOError`` (an errno, a message string and an
-    exception per wake-up, several times the cost of the ioctl). None of the
-    waiting happens inside an ``except`` block: a parked pump would otherwise
-    keep that exception and its traceback alive for as long as it waits.
+    After a read that returned less than it asked for, the kernel held nothing more at that
+    moment, so the next read parks in ``wait_readable`` without trying: with many connections
+    and one request in flight on each, nothing comes in between, and a read would fail with
+    ``EAGAIN``, which Python raises as a ``BlockingIOError`` (an errno, a message string and an
+    exception per wake-up). Only a read that filled its buffer is followed by another at once
+    (the rest of a big frame); should it find nothing, it waits then. Bytes that arrive between
+    a short read and the wait cost nothing more than an immediate wake-up: the socket is
+    readable when the wait begins. None of the waiting happens inside an ``except`` block: a
+    parked pump would otherwise keep that exception and its traceback alive for as long as it
+    waits.
     """
     if not isinstance(stream, trio.SocketStream):
         return stream.receive_some
     fd = stream.socket.fileno()
     streak = 0
+    drained = False  # the last read returned less than asked: the kernel had nothing more then
 
     async def read(max_bytes: int) -> bytes:
         # Module globals, not closure cells: a cell per name per reader, two readers per connection.
-        nonlocal streak
-        if streak and not _queued(fd):
+        nonlocal streak, drained
+        if drained:
+            drained = False
             streak = 0
             await _wait_readable(fd)
         while True:
@@ -67,6 +69,7 @@ def reader(stream: trio.abc.Stream) -> Reader:
                 streak = 0
                 await _wait_readable(fd)
                 continue
+            drained = len(data) < max_bytes
             streak += 1
             if streak >= YIELD_EVERY:
                 streak = 0
@@ -78,16 +81,6 @@ def reader(stream: trio.abc.Stream) -> Reader:
 
 _wait_readable = trio.lowlevel.wait_readable
 _checkpoint = trio.lowlevel.checkpoint
-_FIONREAD_OUT: Final = array.array("i", [0])  # one for all readers: read back before any other task runs
-
-
-def _queued(fd: int) -> int:
-    """Bytes the kernel holds for ``fd`` (``FIONREAD``); 1 when it cannot say, so that the caller reads."""
-    try:
-        fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_OUT, True)
-    except OSError:
-        return 1  # the read reports the socket's error
-    return _FIONREAD_OUT[0]
 
 
 def writer(stream: trio.abc.Stream) -> Writer:
