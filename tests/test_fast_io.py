@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy.server.fastio import YIELD_EVERY, reader, vector_writer, writer
+from kproxy.server.fastio import STREAMING_BYTES, YIELD_EVERY, reader, vector_writer, writer
 
 
 def stream_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -217,3 +217,31 @@ async def test_after_a_full_read_the_next_reads_the_rest_at_once() -> None:
     await left.send_all(b"y")
     with trio.fail_after(5):
         assert await read(100) == b"y"  # after the short read above: waits, then reads
+
+
+async def test_after_a_big_short_read_the_next_asks_what_is_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stream of big frames in full flow: what came while a big read was handled is read at once,
+    # after one FIONREAD, without a pass through trio's wait.
+    import fcntl
+
+    left, right = stream_pair()
+    read = reader(right)
+    await left.send_all(b"x" * STREAMING_BYTES)
+    assert len(await read(4 * STREAMING_BYTES)) == STREAMING_BYTES
+    await left.send_all(b"more")
+    calls: list[str] = []
+    real_read, real_ioctl = os.read, fcntl.ioctl
+
+    def counting_read(fd: int, n: int) -> bytes:
+        calls.append("read")
+        return real_read(fd, n)
+
+    def counting_ioctl(*args: object) -> object:
+        calls.append("ioctl")
+        return real_ioctl(*args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "read", counting_read)
+    monkeypatch.setattr(fcntl, "ioctl", counting_ioctl)
+    with trio.fail_after(5):
+        assert await read(4 * STREAMING_BYTES) == b"more"
+    assert calls == ["ioctl", "read"]

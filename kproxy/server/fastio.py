@@ -10,7 +10,10 @@ cannot answer, which keeps backpressure and cancellation as they were.
 
 from __future__ import annotations
 
+import array
+import fcntl
 import os
+import termios
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
@@ -21,6 +24,9 @@ VectorWriter = Callable[[Sequence[bytes | bytearray | memoryview]], Awaitable[No
 Reader = Callable[[int], Awaitable[bytes | bytearray]]
 # A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
 YIELD_EVERY: Final = 8
+# A read returning less than it asked for but at least this much is a stream of big frames in full
+# flow: the next read asks FIONREAD whether more came meanwhile instead of parking at once.
+STREAMING_BYTES: Final = 64 * 1024
 # The most buffers one writev takes (POSIX: at least 16; Linux: 1024).
 IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
@@ -35,29 +41,33 @@ def reader(stream: trio.abc.Stream) -> Reader:
     the others and stays cancellable. TLS streams always use ``receive_some``.
 
     After a read that returned less than it asked for, the kernel held nothing more at that
-    moment, so the next read parks in ``wait_readable`` without trying: with many connections
-    and one request in flight on each, nothing comes in between, and a read would fail with
-    ``EAGAIN``, which Python raises as a ``BlockingIOError`` (an errno, a message string and an
-    exception per wake-up). Only a read that filled its buffer is followed by another at once
-    (the rest of a big frame); should it find nothing, it waits then. Bytes that arrive between
-    a short read and the wait cost nothing more than an immediate wake-up: the socket is
-    readable when the wait begins. None of the waiting happens inside an ``except`` block: a
-    parked pump would otherwise keep that exception and its traceback alive for as long as it
-    waits.
+    moment. When that read was small (under :data:`STREAMING_BYTES`: requests and answers, one
+    or a few frames), the next read parks in ``wait_readable`` at once: with one request in
+    flight per connection nothing comes in between, and a read would fail with ``EAGAIN``, which
+    Python raises as a ``BlockingIOError`` (an errno, a message string and an exception per
+    wake-up). After a big one (a stream of big frames in full flow, whose next bytes may well
+    have come while it was handled) the next read asks the kernel how much is queued
+    (``FIONREAD``) and reads at once if anything is. A read that filled its buffer is followed by
+    another at once. Bytes that arrive between a read and the wait cost only an immediate
+    wake-up: the socket is readable when the wait begins. None of the waiting happens inside an
+    ``except`` block: a parked pump would otherwise keep that exception and its traceback alive
+    for as long as it waits.
     """
     if not isinstance(stream, trio.SocketStream):
         return stream.receive_some
     fd = stream.socket.fileno()
     streak = 0
-    drained = False  # the last read returned less than asked: the kernel had nothing more then
+    short = 0  # bytes of the last read if it returned less than it asked for (0: it filled its buffer)
 
     async def read(max_bytes: int) -> bytes:
         # Module globals, not closure cells: a cell per name per reader, two readers per connection.
-        nonlocal streak, drained
-        if drained:
-            drained = False
-            streak = 0
-            await _wait_readable(fd)
+        nonlocal streak, short
+        if short:
+            if short < STREAMING_BYTES or not _queued(fd):
+                streak = 0
+                short = 0
+                await _wait_readable(fd)
+            short = 0
         while True:
             try:
                 data = os.read(fd, max_bytes)
@@ -69,7 +79,8 @@ def reader(stream: trio.abc.Stream) -> Reader:
                 streak = 0
                 await _wait_readable(fd)
                 continue
-            drained = len(data) < max_bytes
+            if len(data) < max_bytes:
+                short = len(data)
             streak += 1
             if streak >= YIELD_EVERY:
                 streak = 0
@@ -81,6 +92,16 @@ def reader(stream: trio.abc.Stream) -> Reader:
 
 _wait_readable = trio.lowlevel.wait_readable
 _checkpoint = trio.lowlevel.checkpoint
+_FIONREAD_OUT: Final = array.array("i", [0])  # one for all readers: read back before any other task runs
+
+
+def _queued(fd: int) -> int:
+    """Bytes the kernel holds for ``fd`` (``FIONREAD``); 1 when it cannot say, so that the caller reads."""
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, _FIONREAD_OUT, True)
+    except OSError:
+        return 1  # the read reports the socket's error
+    return _FIONREAD_OUT[0]
 
 
 def writer(stream: trio.abc.Stream) -> Writer:
