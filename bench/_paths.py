@@ -57,6 +57,9 @@ VARIANTS = {
     "aa": Variant(AA),
     # Everything on, the traffic labels too (topic and client id): bench_publish.py's candidate.
     "labels": Variant(EVERYTHING_LABELS, rules="none-match", capture=True, env=_LABELS),
+    # The same without the capture: what the capture's writer thread (its CPU, its turns with the
+    # GIL) adds to a path, beside `labels`.
+    "nocapture": Variant("kproxy labels and rules, no capture", rules="none-match", env=_LABELS),
     # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
     # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
     "pure": Variant("kproxy pure", env=_PURE),

@@ -48,7 +48,7 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
 from _paths import VARIANTS, Hop, cpu_seconds, pipe_hop, variant_hops  # noqa: E402
-from _stalls import LONG  # noqa: E402
+from _stalls import BLOCKED, LONG  # noqa: E402
 from _util import machine_line, percentile, table  # noqa: E402
 
 Path_ = tuple[Hop, int | None]  # a path, and the port of the broker behind it that it must not bypass (None: direct)
@@ -292,23 +292,30 @@ def print_report(results: Results, machine: str, args: argparse.Namespace, candi
 
 
 def print_stalls(where: Path, pids: dict[int, str]) -> None:
-    """Per kproxy process: its task steps and collections of at least _stalls.LONG, and the longest."""
+    """Per kproxy process: its task steps and collections of at least _stalls.LONG, and the longest;
+    the loop's time in steps split into CPU, waiting for a core and blocked (the GIL)."""
     rows = []
     for pid, name in pids.items():
         path = where / f"stalls-{pid}.json"
         if not path.exists():
-            rows.append([name, "(no file: the process did not end cleanly)", "", "", ""])
+            rows.append([name, "(no file: the process did not end cleanly)", "", "", "", "", "", ""])
             continue
         doc = json.loads(path.read_text())
         gcs, cpu_steps = doc["long_collections"], doc["long_cpu_steps"]
+        steps = doc["steps"].values()
+        split = "/".join(f"{sum(s[k] for s in steps):,.0f}" for k in ("cpu_ms", "run_queue_ms", "blocked_ms"))
+        blocked = doc["blocked_histogram"]
         rows.append([name, str(doc["long_steps_count"]), str(doc["long_cpu_steps_count"]),
-                     ", ".join(f"{cpu} ms CPU ({wall} wall) {task}" for wall, cpu, task in cpu_steps[:3]) or "-",
+                     ", ".join(f"{s[1]} ms CPU ({s[0]} wall) {s[2]}" for s in cpu_steps[:3]) or "-",
+                     split, ", ".join(f"{blocked[k]} {k}" for k in sorted(blocked)) or "-",
                      str(len(gcs)), str(sum(1 for g in gcs if g[1] >= 1e3 * LONG)),
                      ", ".join(f"{cpu} ms CPU ({wall} wall) gen {gen}" for wall, cpu, gen in
                                sorted(gcs, key=lambda g: -g[1])[:3]) or "-"])
     print(f"#### Loop stalls (task steps and collections of at least {1e3 * LONG:g} ms, steady state)\n")
-    print(table(["path", "long steps (wall)", "of them long in CPU", "longest in CPU", "long collections (wall)",
-                 "long in CPU", "longest in CPU"], rows) + "\n")
+    print("Steps' ms: the loop thread's time in task steps, as CPU / waiting for a core (run queue) / "
+          f"blocked (the GIL); blocked steps: those blocked {1e3 * BLOCKED:g} ms or more, by how long.\n")
+    print(table(["path", "long steps (wall)", "of them long in CPU", "longest in CPU", "steps' ms CPU/queue/blocked",
+                 "blocked steps", "long collections (wall)", "long in CPU", "longest in CPU"], rows) + "\n")
 
 
 def parse_args() -> argparse.Namespace:

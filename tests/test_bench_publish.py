@@ -32,7 +32,14 @@ def test_smoke_run_measures_every_path_and_the_loop_stalls(tmp_path: Path) -> No
     (stall_file,) = stalls.glob("stalls-*.json")  # the kproxy process's, written as it stopped
     doc = json.loads(stall_file.read_text())
     # The counted messages went through kproxy's pumps after the reset: their steps were seen.
-    assert doc["steps"]["_client_to_upstream"]["count"] > 0, doc["steps"]
+    pump = doc["steps"]["_client_to_upstream"]
+    assert pump["count"] > 0, doc["steps"]
+    # Each step's wall time split three ways, from the loop thread's schedstat: its CPU, its wait for
+    # a core, and what is left (blocked: the GIL), so that a long step says which it was.
+    assert pump["cpu_ms"] > 0 and pump["run_queue_ms"] >= 0 and pump["blocked_ms"] >= 0, pump
+    assert pump["cpu_ms"] + pump["run_queue_ms"] <= pump["total_ms"] * 1.05 + 1, pump
+    assert isinstance(doc["blocked_histogram"], dict) and doc["blocked_steps"] >= 0
+    assert "steps' ms CPU/queue/blocked" in report
 
 
 def test_a_client_that_went_around_the_proxy_is_refused() -> None:

@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy.server.fastio import YIELD_EVERY, reader, vector_writer, writer
+from kproxy.server.fastio import STREAMING_BYTES, YIELD_EVERY, reader, vector_writer, writer
 
 
 def stream_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -140,7 +140,7 @@ async def test_a_parked_reader_holds_no_exception() -> None:
 
 async def test_after_a_read_the_next_waits_without_a_failing_read(monkeypatch: pytest.MonkeyPatch) -> None:
     # One request in flight per connection: after each read the socket is empty. The pump must
-    # park on the ioctl's answer, not on an EAGAIN (an exception per wake-up).
+    # park on what the short read said, not on an EAGAIN (an exception per wake-up).
     left, right = stream_pair()
     read = reader(right)
     await left.send_all(b"first")
@@ -168,3 +168,80 @@ async def test_after_a_read_the_next_waits_without_a_failing_read(monkeypatch: p
         await left.send_all(b"second")
     assert second == [b"second"]
     assert failed == 0
+
+
+async def test_after_a_short_read_the_next_parks_without_a_system_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read that returned less than it asked for drained the socket: the next read waits for it to
+    # be readable without asking the kernel first (no read, no FIONREAD ioctl: a system call fewer
+    # per direction per request at a steady rate).
+    import fcntl
+
+    left, right = stream_pair()
+    read = reader(right)
+    await left.send_all(b"first")
+    assert await read(100) == b"first"
+    calls: list[str] = []
+    real_read, real_ioctl = os.read, fcntl.ioctl
+
+    def counting_read(fd: int, n: int) -> bytes:
+        calls.append("read")
+        return real_read(fd, n)
+
+    def counting_ioctl(*args: object) -> object:
+        calls.append("ioctl")
+        return real_ioctl(*args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "read", counting_read)
+    monkeypatch.setattr(fcntl, "ioctl", counting_ioctl)
+    second: list[bytes] = []
+    async with trio.open_nursery() as nursery:
+
+        async def pump() -> None:
+            second.append(await read(100))
+
+        nursery.start_soon(pump)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == []  # parked at once
+        await left.send_all(b"second")
+    assert second == [b"second"]
+    assert calls == ["read"]
+
+
+async def test_after_a_full_read_the_next_reads_the_rest_at_once() -> None:
+    left, right = stream_pair()
+    read = reader(right)
+    await left.send_all(b"x" * 150)
+    assert await read(100) == b"x" * 100  # filled its buffer: the kernel may hold more
+    with trio.fail_after(5):
+        assert await read(100) == b"x" * 50
+    await left.send_all(b"y")
+    with trio.fail_after(5):
+        assert await read(100) == b"y"  # after the short read above: waits, then reads
+
+
+async def test_after_a_big_short_read_the_next_asks_what_is_queued(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A stream of big frames in full flow: what came while a big read was handled is read at once,
+    # after one FIONREAD, without a pass through trio's wait.
+    import fcntl
+
+    left, right = stream_pair()
+    read = reader(right)
+    await left.send_all(b"x" * STREAMING_BYTES)
+    assert len(await read(4 * STREAMING_BYTES)) == STREAMING_BYTES
+    await left.send_all(b"more")
+    calls: list[str] = []
+    real_read, real_ioctl = os.read, fcntl.ioctl
+
+    def counting_read(fd: int, n: int) -> bytes:
+        calls.append("read")
+        return real_read(fd, n)
+
+    def counting_ioctl(*args: object) -> object:
+        calls.append("ioctl")
+        return real_ioctl(*args)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "read", counting_read)
+    monkeypatch.setattr(fcntl, "ioctl", counting_ioctl)
+    with trio.fail_after(5):
+        assert await read(4 * STREAMING_BYTES) == b"more"
+    assert calls == ["ioctl", "read"]

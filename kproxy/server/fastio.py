@@ -24,6 +24,9 @@ VectorWriter = Callable[[Sequence[bytes | bytearray | memoryview]], Awaitable[No
 Reader = Callable[[int], Awaitable[bytes | bytearray]]
 # A pump that always finds data waiting still yields to the scheduler this often (fairness, cancellation).
 YIELD_EVERY: Final = 8
+# A read returning less than it asked for but at least this much is a stream of big frames in full
+# flow: the next read asks FIONREAD whether more came meanwhile instead of parking at once.
+STREAMING_BYTES: Final = 64 * 1024
 # The most buffers one writev takes (POSIX: at least 16; Linux: 1024).
 IOV_MAX: Final = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 16
 
@@ -37,25 +40,34 @@ def reader(stream: trio.abc.Stream) -> Reader:
     ``YIELD_EVERY`` reads it yields anyway, so a busy connection cannot starve
     the others and stays cancellable. TLS streams always use ``receive_some``.
 
-    After a read that returned data, the next one asks the kernel how much is
-    queued (``FIONREAD``) before reading: with many connections and one request
-    in flight on each, nothing is, and a read would fail with ``EAGAIN``, which
-    Python raises as a ``BlockingIOError`` (an errno, a message string and an
-    exception per wake-up, several times the cost of the ioctl). None of the
-    waiting happens inside an ``except`` block: a parked pump would otherwise
-    keep that exception and its traceback alive for as long as it waits.
+    After a read that returned less than it asked for, the kernel held nothing more at that
+    moment. When that read was small (under :data:`STREAMING_BYTES`: requests and answers, one
+    or a few frames), the next read parks in ``wait_readable`` at once: with one request in
+    flight per connection nothing comes in between, and a read would fail with ``EAGAIN``, which
+    Python raises as a ``BlockingIOError`` (an errno, a message string and an exception per
+    wake-up). After a big one (a stream of big frames in full flow, whose next bytes may well
+    have come while it was handled) the next read asks the kernel how much is queued
+    (``FIONREAD``) and reads at once if anything is. A read that filled its buffer is followed by
+    another at once. Bytes that arrive between a read and the wait cost only an immediate
+    wake-up: the socket is readable when the wait begins. None of the waiting happens inside an
+    ``except`` block: a parked pump would otherwise keep that exception and its traceback alive
+    for as long as it waits.
     """
     if not isinstance(stream, trio.SocketStream):
         return stream.receive_some
     fd = stream.socket.fileno()
     streak = 0
+    short = 0  # bytes of the last read if it returned less than it asked for (0: it filled its buffer)
 
     async def read(max_bytes: int) -> bytes:
         # Module globals, not closure cells: a cell per name per reader, two readers per connection.
-        nonlocal streak
-        if streak and not _queued(fd):
-            streak = 0
-            await _wait_readable(fd)
+        nonlocal streak, short
+        if short:
+            if short < STREAMING_BYTES or not _queued(fd):
+                streak = 0
+                short = 0
+                await _wait_readable(fd)
+            short = 0
         while True:
             try:
                 data = os.read(fd, max_bytes)
@@ -67,6 +79,8 @@ def reader(stream: trio.abc.Stream) -> Reader:
                 streak = 0
                 await _wait_readable(fd)
                 continue
+            if len(data) < max_bytes:
+                short = len(data)
             streak += 1
             if streak >= YIELD_EVERY:
                 streak = 0
