@@ -64,11 +64,11 @@ from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.topic_ids import TopicIdNames

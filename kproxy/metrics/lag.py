@@ -78,7 +78,6 @@ from kproxy.protocol.offsets import (
     PRODUCE,
     Commit,
     Produced,
-    ScanEntries,
     Watermark,
     fetch_watermarks,
     latest_offsets,
@@ -90,6 +89,7 @@ from kproxy.protocol.offsets import (
 )
 from kproxy.protocol.request_fields import request_group_id
 from kproxy.protocol.scan import RequestScan, Topic
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS, TopicIdNames
 
 K = TypeVar("K")

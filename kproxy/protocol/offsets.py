@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.records import (
@@ -54,10 +53,8 @@ from kproxy.protocol.records import (
     one_batch_count,
     v2_max_timestamp,
 )
+from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
 from kproxy.protocol.schema import Direction
-
-if TYPE_CHECKING:
-    from kproxy.protocol.scan import Entry, RequestScan, Topic
 
 # Requests of a group's members, which name it (api keys: 11 JoinGroup, 12 Heartbeat, 14 SyncGroup, 28
 # TxnOffsetCommit, 68 ConsumerGroupHeartbeat). LeaveGroup (13) is left out on purpose: a member leaving
@@ -88,27 +85,11 @@ OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its requ
 # (group, topic, partition, committed offset); (topic, partition, offset); (topic, partition, records,
 # max timestamp: the latest its batch headers carry, ms since the epoch, -1 if none); (topic, partition,
 # base offset, records, max timestamp): what a Produce answer accepted (produce_appends)
-Commit = tuple[str, "Topic", int, int]
-Watermark = tuple["Topic", int, int]
-Produced = tuple["Topic", int, int, int]
-Appended = tuple["Topic", int, int, int, int]
+Commit = tuple[str, Topic, int, int]
+Watermark = tuple[Topic, int, int]
+Produced = tuple[Topic, int, int, int]
+Appended = tuple[Topic, int, int, int, int]
 Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
-
-
-class ScanEntries(list["Entry"]):
-    """A scan's entries (a list, as every scan gives) and, in values mode, the :data:`OFFSET_FIELDS`
-    it read, in the order of the body: ``(topic, partition, code, value)`` per partition-level struct
-    holding one (``code`` None where the struct has none), ``(topic or None, value, code)`` per other
-    struct holding one (a group, a Metadata topic, the top level), appended when that struct ends."""
-
-    __slots__ = ("values",)
-    values: list[tuple[object, ...]]  # set by whoever makes one (no __init__: one is made per scan)
-
-    @classmethod
-    def empty(cls) -> ScanEntries:
-        found = cls()
-        found.values = []
-        return found
 
 
 def values_of(scan: RequestScan | None) -> Values | None:

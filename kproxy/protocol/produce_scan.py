@@ -8,8 +8,7 @@ from __future__ import annotations
 import struct
 import uuid
 
-from kproxy.protocol.offsets import ScanEntries
-from kproxy.protocol.scan_types import Entry, RequestScan, Topic
+from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
 from kproxy.protocol.wire import Malformed, read_uvarint
 
 PRODUCE_KEY = 0

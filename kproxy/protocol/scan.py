@@ -44,11 +44,12 @@ from dataclasses import dataclass
 
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
-from kproxy.protocol.offsets import OFFSET_FIELDS, ScanEntries
+from kproxy.protocol.offsets import OFFSET_FIELDS
 from kproxy.protocol.produce_scan import PRODUCE_KEY, produce_request_scan
 from kproxy.protocol.scan_types import Entry as Entry
 from kproxy.protocol.scan_types import RecordsRange as RecordsRange
 from kproxy.protocol.scan_types import RequestScan as RequestScan
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.scan_types import Topic as Topic
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
 
