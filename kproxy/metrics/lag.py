@@ -67,15 +67,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from kproxy.protocol.api_keys import FETCH, JOIN_GROUP, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.offsets import (
-    FETCH,
     GROUP_REQUESTS,
-    JOIN_GROUP,
-    LIST_OFFSETS,
-    METADATA,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    PRODUCE,
     Commit,
     Produced,
     Watermark,

@@ -11,7 +11,6 @@ import uuid
 from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
 from kproxy.protocol.wire import Malformed, read_uvarint
 
-PRODUCE_KEY = 0
 _PRODUCE_COUNT = struct.Struct(">i")
 _PRODUCE_NAME = struct.Struct(">h")
 _PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
