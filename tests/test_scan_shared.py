@@ -362,7 +362,9 @@ def generated_request(frame: bytes, offset: int, version: int) -> RequestScan | 
 
 
 REQUEST_SHAPES = {"plain": {}, "transactional": {"transactional_id": "tx-1"}, "no records": {"records": None},
-                  "big records": {"records": batch(40)}}
+                  "big records": {"records": batch(40)},
+                  # (flexible versions: a length of two varint bytes, read by request_fields' reader)
+                  "long transactional id": {"transactional_id": "tx-" + "x" * 200}}
 
 
 @pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))
