@@ -44,7 +44,7 @@ def test_the_analysis_knows_the_live_detectors_kinds_codes_and_label_cut() -> No
     assert (offline.STALE_GENERATION, offline.PRODUCER_FENCED, offline.PRODUCER_SEQUENCE,
             offline.DEPRECATED_VERSION) == (live.STALE_GENERATION, live.PRODUCER_FENCED, live.PRODUCER_SEQUENCE,
                                             live.DEPRECATED_VERSION)
-    assert (offline.COMMIT_APIS, offline.PRODUCE_API) == (live.COMMIT_APIS, live.PRODUCE_API)
+    assert (offline.COMMIT_APIS, offline.PRODUCE) == (live.COMMIT_APIS, live.PRODUCE)
     assert (offline.STALE_CODES, offline.FENCED_CODES, offline.SEQUENCE_CODES) == (
         live.STALE_CODES, live.FENCED_CODES, live.SEQUENCE_CODES)
     assert offline.DEPRECATED_UP_TO == live.DEPRECATED_UP_TO

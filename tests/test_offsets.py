@@ -29,7 +29,6 @@ from kproxy.protocol.messages import decode_body, encode_body
 from kproxy.protocol.offsets import (
     GROUP_REQUESTS,
     OFFSET_FIELDS,
-    ScanEntries,
     fetch_watermarks,
     group_ids,
     latest_offsets,
@@ -51,6 +50,7 @@ from kproxy.protocol.scan import (
     scan_request,
     scanner,
 )
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema, supported_versions
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9

@@ -34,7 +34,6 @@ from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
-from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.produce_scan import produce_answer as produce_answer_entry
 from kproxy.protocol.produce_scan import produce_answer_errors, produce_request_scan
 from kproxy.protocol.records import (
@@ -48,6 +47,7 @@ from kproxy.protocol.records import (
     v2_totals,
 )
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scan_request, scanner
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.rewrite import ResponseRewriter
@@ -362,7 +362,9 @@ def generated_request(frame: bytes, offset: int, version: int) -> RequestScan | 
 
 
 REQUEST_SHAPES = {"plain": {}, "transactional": {"transactional_id": "tx-1"}, "no records": {"records": None},
-                  "big records": {"records": batch(40)}}
+                  "big records": {"records": batch(40)},
+                  # (flexible versions: a length of two varint bytes, read by request_fields' reader)
+                  "long transactional id": {"transactional_id": "tx-" + "x" * 200}}
 
 
 @pytest.mark.parametrize("version", list(PRODUCE_VERSIONS))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.protocol import _tables
+from kproxy.protocol import _tables, api_keys
 from kproxy.protocol.tables import (
     RETRIABLE_ERRORS,
     ApiKey,
@@ -60,3 +60,20 @@ def test_the_enums_name_every_api_key_and_error_code_of_the_tables() -> None:
     assert ErrorCode.UNSUPPORTED_VERSION == 35 and not ErrorCode.UNSUPPORTED_VERSION.retriable
     assert ErrorCode.NOT_LEADER_OR_FOLLOWER.retriable and ErrorCode.NOT_LEADER_OR_FOLLOWER in RETRIABLE_ERRORS
     assert {code for code in ErrorCode if code.retriable} == RETRIABLE_ERRORS
+
+
+def test_the_api_key_constants_are_the_enum_as_plain_ints() -> None:
+    constants = {name: value for name, value in vars(api_keys).items() if name.isupper()}
+    assert constants == {member.name: int(member) for member in ApiKey}
+    assert all(type(value) is int for value in constants.values())
+
+
+# Modules another change is taking apart (the session's login gate and terminate mode, issue 38 item 1):
+# they move to the constants there.
+_REBINDING_LEFT = {"kproxy/proxy/session.py", "kproxy/proxy/terminate.py"}
+
+
+def test_api_keys_are_compared_as_the_constants_not_rebound_per_module() -> None:
+    sources = {path.relative_to(ROOT).as_posix(): path.read_text() for path in (ROOT / "kproxy").rglob("*.py")}
+    rebinding = sorted(name for name, text in sources.items() if "int(ApiKey." in text and name not in _REBINDING_LEFT)
+    assert rebinding == [], f"import the plain ints of kproxy.protocol.api_keys instead: {rebinding}"

@@ -26,14 +26,14 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from kproxy.protocol.tables import DEPRECATED_VERSIONS, ApiKey, ErrorCode
+from kproxy.protocol.api_keys import OFFSET_COMMIT, PRODUCE, TXN_OFFSET_COMMIT
+from kproxy.protocol.tables import DEPRECATED_VERSIONS, ErrorCode
 
 # The live detectors' kinds and codes (kproxy.metrics.anomalies, which analysis may not import:
 # tests/test_analysis_anomalies.py checks the two agree).
 STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE = "stale_generation", "producer_fenced", "producer_sequence"
 DEPRECATED_VERSION = "deprecated_version"
-COMMIT_APIS = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
-PRODUCE_API = int(ApiKey.PRODUCE)
+COMMIT_APIS = frozenset({OFFSET_COMMIT, TXN_OFFSET_COMMIT})
 STALE_CODES = frozenset({int(ErrorCode.ILLEGAL_GENERATION), int(ErrorCode.UNKNOWN_MEMBER_ID)})
 FENCED_CODES = frozenset({int(ErrorCode.PRODUCER_FENCED), int(ErrorCode.INVALID_PRODUCER_EPOCH)})
 SEQUENCE_CODES = frozenset({int(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), int(ErrorCode.DUPLICATE_SEQUENCE_NUMBER)})
@@ -68,7 +68,7 @@ def client_anomalies(df: DataFrame) -> pa.Table:
     last_deprecated = F.create_map(*[F.lit(v) for pair in sorted(DEPRECATED_UP_TO.items()) for v in pair])
     deprecated = F.col("api_version") <= F.coalesce(F.element_at(last_deprecated, api.cast("int")), F.lit(-1))
     fenced = _carries(codes, FENCED_CODES)
-    sequence = ~fenced & (api == PRODUCE_API) & _carries(codes, SEQUENCE_CODES)
+    sequence = ~fenced & (api == PRODUCE) & _carries(codes, SEQUENCE_CODES)
     stale = ~fenced & api.isin(*sorted(COMMIT_APIS)) & _carries(codes, STALE_CODES)
     client = F.coalesce(F.col("client_id"), F.lit(""))
     kinds = ((PRODUCER_FENCED, fenced), (PRODUCER_SEQUENCE, sequence), (STALE_GENERATION, stale))

@@ -53,13 +53,13 @@ from pyspark.util import inheritable_thread_target
 from kproxy.analysis import histogram
 from kproxy.analysis.lag import consumer_lag
 from kproxy.analysis.schema import snake_api_name
+from kproxy.protocol.api_keys import FETCH, PRODUCE
 
 PERCENTILES = (0.5, 0.95, 0.99)
 APPROX_ACCURACY = 10_000  # percentile_approx's accuracy: rank error at most 1/10,000 of a group
 TOP_N = 20
 _LATENCIES = (("broker", "broker_latency_ms"), ("kproxy", "kproxy_latency_ms"))
 _MOVING = ("produce", "fetch")  # the apis that move records (as the tables spell them)
-_PRODUCE_KEY, _FETCH_KEY = 0, 1  # their api keys (Kafka's protocol: kafka-specs' ProduceRequest, FetchRequest)
 # grouping_id() of the grouping-sets passes: bit 1 for each column rolled up, the first column highest.
 _PER_API, _PER_TIME = 2, 0  # latency: (time, api_name)
 # partitions: (time, api_name, topic, partition, answered, group_id)
@@ -157,7 +157,7 @@ def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
                         # The record batches' bytes, as kproxy_client_bytes_total{direction} counts them.
                         # (By api key: an int16 compared, where the name is a string per record.)
                         *(F.sum(F.when(F.col("api_key") == key, F.col("record_bytes")).otherwise(0)).alias(name)
-                          for key, name in ((_PRODUCE_KEY, "produced_bytes"), (_FETCH_KEY, "fetched_bytes"))),
+                          for key, name in ((PRODUCE, "produced_bytes"), (FETCH, "fetched_bytes"))),
                         F.sum("record_count").alias("records"), F.sum(has_error.cast("long")).alias("errors"),
                         F.min("request_time").alias("first"),
                         F.max(F.coalesce("response_time", "request_time")).alias("last"),

@@ -32,11 +32,10 @@ from kproxy.capture.connection_info import (
 )
 from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
 from kproxy.host_port import split_host_port
+from kproxy.protocol.api_keys import FETCH, PRODUCE
 from kproxy.protocol.scan import RequestScan
-from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange, Session, SessionObserver
 
-PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 Sink = Callable[[Captured, int], bool]  # (exchange, bytes of frames it holds) -> queued
 
 

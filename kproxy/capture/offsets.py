@@ -18,12 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kproxy.protocol.api_keys import FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.offsets import (
-    FETCH,
-    LIST_OFFSETS,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    PRODUCE,
     Produced,
     Values,
     fetch_watermarks,

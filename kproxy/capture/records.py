@@ -61,14 +61,15 @@ from kproxy.capture.offsets import VALUE_APIS, merge_partitions, with_offsets
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.capture.schema import SCHEMA_VERSION
 from kproxy.offloop import short_switch_interval
+from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.topic_ids import TopicIdNames
@@ -76,9 +77,6 @@ from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
-# Plain ints, bound once: compared per exchange (an IntEnum member compares at about twice the cost).
-PRODUCE, FETCH, METADATA = int(ApiKey.PRODUCE), int(ApiKey.FETCH), int(ApiKey.METADATA)
-FIND_COORDINATOR = int(ApiKey.FIND_COORDINATOR)
 _RECORD_APIS = frozenset({PRODUCE, FETCH})
 # Requests decoded in full for group_id / transactional_id: all small, none carries records
 # (DescribeGroups takes a list of groups: not decoded).

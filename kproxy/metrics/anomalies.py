@@ -42,8 +42,9 @@ from typing import Final
 
 from kproxy.logfmt import q
 from kproxy.metrics.labels import OTHER, LabelCap
+from kproxy.protocol.api_keys import OFFSET_COMMIT, PRODUCE, TXN_OFFSET_COMMIT
 from kproxy.protocol.scan import RecordsRange
-from kproxy.protocol.tables import DEPRECATED_VERSIONS, ApiKey, ErrorCode, error_name
+from kproxy.protocol.tables import DEPRECATED_VERSIONS, ErrorCode, error_name
 
 log = logging.getLogger("kproxy.metrics")
 
@@ -60,8 +61,7 @@ VANISHED_MEMBER: Final = "vanished_member"  # (kproxy.metrics.group_anomalies)
 KINDS: Final = (STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE, CONNECTION_CHURN, RETRY_STORM,
                 REBALANCE_STORM, VANISHED_MEMBER, DEPRECATED_VERSION, ACKS0_PRODUCER, UNCOMPRESSED_PRODUCER)
 
-COMMIT_APIS: Final = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.TXN_OFFSET_COMMIT)})
-PRODUCE_API: Final = int(ApiKey.PRODUCE)
+COMMIT_APIS: Final = frozenset({OFFSET_COMMIT, TXN_OFFSET_COMMIT})
 STALE_CODES: Final = frozenset({int(ErrorCode.ILLEGAL_GENERATION), int(ErrorCode.UNKNOWN_MEMBER_ID)})
 FENCED_CODES: Final = frozenset({int(ErrorCode.PRODUCER_FENCED), int(ErrorCode.INVALID_PRODUCER_EPOCH)})
 SEQUENCE_CODES: Final = frozenset({int(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER),
@@ -101,7 +101,7 @@ def anomaly_kind(api_key: int, code: int) -> str | None:
     """The kind an answer's error ``code`` is, for an answer of ``api_key`` (None: none)."""
     if code in FENCED_CODES:
         return PRODUCER_FENCED
-    if code in SEQUENCE_CODES and api_key == PRODUCE_API:
+    if code in SEQUENCE_CODES and api_key == PRODUCE:
         return PRODUCER_SEQUENCE
     if code in STALE_CODES and api_key in COMMIT_APIS:
         return STALE_GENERATION

@@ -18,11 +18,10 @@ something else.
 from __future__ import annotations
 
 from kproxy.metrics.traffic import LabelledTraffic
+from kproxy.protocol.api_keys import API_VERSIONS
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.exchange import Exchange
 
-API_VERSIONS = int(ApiKey.API_VERSIONS)
 KIP_511_VERSION = 3  # the first ApiVersions request version with the client software fields
 
 

@@ -26,14 +26,12 @@ from collections import OrderedDict
 from typing import Final
 
 from kproxy.metrics.anomalies import REBALANCE_STORM, VANISHED_MEMBER, ClientAnomalies
+from kproxy.protocol.api_keys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ApiKey, ErrorCode
+from kproxy.protocol.tables import ErrorCode
 
-JOIN_GROUP: Final = int(ApiKey.JOIN_GROUP)
-HEARTBEAT: Final = int(ApiKey.HEARTBEAT)
-LEAVE_GROUP: Final = int(ApiKey.LEAVE_GROUP)
 MEMBERSHIP_APIS: Final = frozenset({JOIN_GROUP, HEARTBEAT, LEAVE_GROUP})
 MAX_GROUPS: Final = 10_000
 MAX_MEMBERS: Final = 10_000

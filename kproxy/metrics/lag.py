@@ -67,18 +67,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from kproxy.protocol.api_keys import FETCH, JOIN_GROUP, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.offsets import (
-    FETCH,
     GROUP_REQUESTS,
-    JOIN_GROUP,
-    LIST_OFFSETS,
-    METADATA,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    PRODUCE,
     Commit,
     Produced,
-    ScanEntries,
     Watermark,
     fetch_watermarks,
     latest_offsets,
@@ -90,6 +83,7 @@ from kproxy.protocol.offsets import (
 )
 from kproxy.protocol.request_fields import request_group_id
 from kproxy.protocol.scan import RequestScan, Topic
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS, TopicIdNames
 
 K = TypeVar("K")

@@ -16,10 +16,11 @@ from kproxy.metrics.anomalies import (
 from kproxy.metrics.client_software import ClientSoftware
 from kproxy.metrics.group_anomalies import MEMBERSHIP_APIS, GroupWatch, MembershipRequest
 from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
-from kproxy.metrics.stats import FETCH, PRODUCE, BrokerSeries, TrafficStats
+from kproxy.metrics.stats import BrokerSeries, TrafficStats
+from kproxy.protocol.api_keys import FETCH, METADATA, PRODUCE
 from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
 from kproxy.protocol.scan import RecordsRange
-from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS
+from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS
 from kproxy.proxy.exchange import ObserverMemo
 from kproxy.proxy.session import Exchange
 

@@ -47,6 +47,7 @@ from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.metrics.retries import RetryWatch
 from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
+from kproxy.protocol.api_keys import FETCH, PRODUCE
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
 from kproxy.protocol.offsets import OFFSET_FIELDS
@@ -62,9 +63,6 @@ _MISSING: Final = object()
 # servers in kproxy_upstream_up): a word, not -1, so that a query or a panel legend reads as what it is.
 BOOTSTRAP_NODE = "bootstrap"
 KNOWN_REJECT_REASONS = tuple(reason.value for reason in RejectReason)  # every value of the reason label
-# Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
-PRODUCE: Final = int(ApiKey.PRODUCE)
-FETCH: Final = int(ApiKey.FETCH)
 # accept() failures that mean "out of descriptors or kernel memory": the server backs off and retries.
 ACCEPT_CAPACITY_ERRORS = ("EMFILE", "ENFILE", "ENOBUFS", "ENOMEM")
 __all__ = ["RECORD_COUNT_BUDGET"]  # (kproxy.metrics.traffic's, where records are counted)

@@ -14,8 +14,9 @@ from typing import Any
 
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import DRY_RUN_DETAIL
+from kproxy.protocol.api_keys import FETCH
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
+from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
@@ -23,7 +24,6 @@ from kproxy.rules.actions.draft import Fault
 from kproxy.rules.apply import selector
 from kproxy.rules.model import Rule, Schedule
 
-FETCH = int(ApiKey.FETCH)  # the api that names topics by id (v13+, KIP-516)
 STREAMS_CAP = 100_000  # FaultInjector.stream_ordinals' keys at most
 
 

@@ -41,6 +41,7 @@ from kproxy.policy.in_force import RuleInForce
 from kproxy.policy.injector import STREAMS_CAP, FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
 from kproxy.policy.wire import WireOrders
+from kproxy.protocol.api_keys import METADATA
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.leader_epochs import (
@@ -53,7 +54,7 @@ from kproxy.protocol.leader_epochs import (
 )
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.request_fields import RequestHeaderMemo
-from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
+from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.rules import Decision, RuleHit

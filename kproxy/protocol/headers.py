@@ -22,14 +22,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
+from kproxy.protocol.api_keys import API_VERSIONS, CONTROLLED_SHUTDOWN
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.schema import is_flexible
-from kproxy.protocol.tables import ApiKey
 from kproxy.protocol.wire import Malformed, read_uvarint, skip_tagged_fields, write_uvarint
-
-# Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: tables.py).
-API_VERSIONS_KEY: Final = int(ApiKey.API_VERSIONS)
-CONTROLLED_SHUTDOWN_KEY: Final = int(ApiKey.CONTROLLED_SHUTDOWN)
 
 _FIXED: Final = struct.Struct(">hhi")
 _FIXED_CLIENT: Final = struct.Struct(">hhih")
@@ -48,7 +44,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
     key = (api_key << 16) | (api_version & 0xFFFF)
     found = _REQUEST_HEADER_VERSIONS.get(key)
     if found is None:
-        if api_key == CONTROLLED_SHUTDOWN_KEY and api_version == 0:
+        if api_key == CONTROLLED_SHUTDOWN and api_version == 0:
             found = 0
         else:
             found = 2 if is_flexible(api_key, api_version) else 1
@@ -60,7 +56,7 @@ def request_header_version(api_key: int, api_version: int) -> int:
 def response_header_version(api_key: int, api_version: int) -> int:
     """1 (flexible: tagged fields after the correlation id) or 0; ApiVersions answers always in v0
     (KIP-511). From the request header's cache: a version is flexible both ways or neither."""
-    if api_key == API_VERSIONS_KEY:
+    if api_key == API_VERSIONS:
         return 0
     return 1 if request_header_version(api_key, api_version) == 2 else 0
 

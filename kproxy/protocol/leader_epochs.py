@@ -33,6 +33,16 @@ import uuid
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from kproxy.protocol.api_keys import (
+    DESCRIBE_TOPIC_PARTITIONS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_FOR_LEADER_EPOCH,
+    PRODUCE,
+    SHARE_ACKNOWLEDGE,
+    SHARE_FETCH,
+)
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
@@ -40,7 +50,6 @@ from kproxy.protocol.mutation import Mutation, reframe
 from kproxy.protocol.scan import scan_body
 from kproxy.protocol.schema import Direction
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import ApiKey
 
 ANSWERS_CAP = 4  # Metadata answers remembered with the epochs they got (see LeaderEpochFloors)
 NEEDLES_CAP = 64  # topics with floors searched for as bytes before a frame is decoded
@@ -48,18 +57,18 @@ FLOORS_CAP = 100_000  # keys remembered (name or topic id, partition); past it t
 
 # api key -> (first version carrying a current leader epoch, top-level field holding the topics)
 RESPONSES: dict[int, tuple[int, str]] = {
-    int(ApiKey.METADATA): (7, "topics"),
-    int(ApiKey.DESCRIBE_TOPIC_PARTITIONS): (0, "topics"),
-    int(ApiKey.PRODUCE): (10, "responses"),
-    int(ApiKey.FETCH): (12, "responses"),
-    int(ApiKey.SHARE_FETCH): (0, "responses"),
-    int(ApiKey.SHARE_ACKNOWLEDGE): (0, "responses"),
+    METADATA: (7, "topics"),
+    DESCRIBE_TOPIC_PARTITIONS: (0, "topics"),
+    PRODUCE: (10, "responses"),
+    FETCH: (12, "responses"),
+    SHARE_FETCH: (0, "responses"),
+    SHARE_ACKNOWLEDGE: (0, "responses"),
 }
 # api key -> first version whose partitions carry ``current_leader_epoch``; the topics are in ``topics``
 REQUESTS: dict[int, int] = {
-    int(ApiKey.FETCH): 9,
-    int(ApiKey.LIST_OFFSETS): 4,
-    int(ApiKey.OFFSET_FOR_LEADER_EPOCH): 2,
+    FETCH: 9,
+    LIST_OFFSETS: 4,
+    OFFSET_FOR_LEADER_EPOCH: 2,
 }
 
 # A partition as answers and requests name it: by topic name or by topic id (KIP-516).
@@ -330,7 +339,7 @@ def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: Le
 
 # Answers whose errors-only scan (kproxy.protocol.scan) is read before a decode: those carrying records.
 # Share answers are decoded: their partitions hold two error codes, which the scan does not tell apart.
-_SCANNED = frozenset({int(ApiKey.PRODUCE), int(ApiKey.FETCH)})
+_SCANNED = frozenset({PRODUCE, FETCH})
 
 
 def _floored_error(frame: bytes, api_key: int, api_version: int, offset: int, floors: LeaderEpochFloors) -> bool:

@@ -44,8 +44,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from kproxy.protocol.api_keys import (
+    CONSUMER_GROUP_HEARTBEAT,
+    FETCH,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LIST_OFFSETS,
+    METADATA,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    PRODUCE,
+    SYNC_GROUP,
+)
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.records import (
     DEFAULT_RECORD_BUDGET,
@@ -54,32 +65,26 @@ from kproxy.protocol.records import (
     one_batch_count,
     v2_max_timestamp,
 )
+from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
 from kproxy.protocol.schema import Direction
 
-if TYPE_CHECKING:
-    from kproxy.protocol.scan import Entry, RequestScan, Topic
-
-# Requests of a group's members, which name it (api keys: 11 JoinGroup, 12 Heartbeat, 14 SyncGroup, 28
-# TxnOffsetCommit, 68 ConsumerGroupHeartbeat). LeaveGroup (13) is left out on purpose: a member leaving
-# does not say the group is still consuming.
-JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
 # The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
-# (untagged) field. Api keys: 0 Produce, 1 Fetch, 2 ListOffsets, 3 Metadata, 8 OffsetCommit, 9
-# OffsetFetch.
+# (untagged) field.
 OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
-    (0, Direction.RESPONSE): frozenset({"base_offset"}),  # Produce: where the request's records went
-    (8, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),  # OffsetCommit
-    (9, Direction.REQUEST): frozenset({"group_id"}),  # OffsetFetch v0-7: the answer's group
-    (9, Direction.RESPONSE): frozenset({"group_id", "committed_offset"}),  # OffsetFetch (v8+: per group)
-    (2, Direction.REQUEST): frozenset({"isolation_level", "timestamp"}),  # ListOffsets (v2+: isolation)
-    (2, Direction.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # ListOffsets (v0: an array)
-    (1, Direction.RESPONSE): frozenset({"high_watermark"}),  # Fetch
-    (3, Direction.RESPONSE): frozenset({"topic_id"}),  # Metadata v10+: topic id and name (KIP-516)
+    (PRODUCE, Direction.RESPONSE): frozenset({"base_offset"}),  # where the request's records went
+    (OFFSET_COMMIT, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),
+    (OFFSET_FETCH, Direction.REQUEST): frozenset({"group_id"}),  # v0-7: the answer's group
+    (OFFSET_FETCH, Direction.RESPONSE): frozenset({"group_id", "committed_offset"}),  # (v8+: per group)
+    (LIST_OFFSETS, Direction.REQUEST): frozenset({"isolation_level", "timestamp"}),  # (v2+: isolation)
+    (LIST_OFFSETS, Direction.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # (v0: an array)
+    (FETCH, Direction.RESPONSE): frozenset({"high_watermark"}),
+    (METADATA, Direction.RESPONSE): frozenset({"topic_id"}),  # v10+: topic id and name (KIP-516)
 }
-PRODUCE, OFFSET_COMMIT, OFFSET_FETCH, LIST_OFFSETS, FETCH, METADATA = 0, 8, 9, 2, 1, 3
-# Requests whose answer, without error, says their group is there: a member the coordinator accepted
-# (JoinGroup's also begins a rebalance). Not TxnOffsetCommit: a transactional producer's, whose answer
-# without a partition accepts nothing; the consumer it commits for is a member that heartbeats.
+# Requests of a group's members, which name it, whose answer, without error, says their group is
+# there: a member the coordinator accepted (JoinGroup's also begins a rebalance). LeaveGroup is left
+# out on purpose: a member leaving does not say the group is still consuming. Not TxnOffsetCommit: a
+# transactional producer's, whose answer without a partition accepts nothing; the consumer it commits
+# for is a member that heartbeats.
 GROUP_REQUESTS = frozenset({JOIN_GROUP, HEARTBEAT, SYNC_GROUP, CONSUMER_GROUP_HEARTBEAT})
 LATEST_TIMESTAMP = -1  # ListOffsets: the latest offset (the high watermark at read_uncommitted)
 READ_UNCOMMITTED = 0  # ListOffsets isolation_level (v2+; before, every answer is read_uncommitted)
@@ -88,27 +93,11 @@ OFFSET_FETCH_GROUPS = 8  # the first OffsetFetch version with groups in its requ
 # (group, topic, partition, committed offset); (topic, partition, offset); (topic, partition, records,
 # max timestamp: the latest its batch headers carry, ms since the epoch, -1 if none); (topic, partition,
 # base offset, records, max timestamp): what a Produce answer accepted (produce_appends)
-Commit = tuple[str, "Topic", int, int]
-Watermark = tuple["Topic", int, int]
-Produced = tuple["Topic", int, int, int]
-Appended = tuple["Topic", int, int, int, int]
+Commit = tuple[str, Topic, int, int]
+Watermark = tuple[Topic, int, int]
+Produced = tuple[Topic, int, int, int]
+Appended = tuple[Topic, int, int, int, int]
 Values = list[tuple[object, ...]]  # what a values-mode scan read (ScanEntries.values)
-
-
-class ScanEntries(list["Entry"]):
-    """A scan's entries (a list, as every scan gives) and, in values mode, the :data:`OFFSET_FIELDS`
-    it read, in the order of the body: ``(topic, partition, code, value)`` per partition-level struct
-    holding one (``code`` None where the struct has none), ``(topic or None, value, code)`` per other
-    struct holding one (a group, a Metadata topic, the top level), appended when that struct ends."""
-
-    __slots__ = ("values",)
-    values: list[tuple[object, ...]]  # set by whoever makes one (no __init__: one is made per scan)
-
-    @classmethod
-    def empty(cls) -> ScanEntries:
-        found = cls()
-        found.values = []
-        return found
 
 
 def values_of(scan: RequestScan | None) -> Values | None:

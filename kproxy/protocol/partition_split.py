@@ -34,6 +34,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from kproxy.protocol.api_keys import DESCRIBE_PRODUCERS, FETCH, LIST_OFFSETS, OFFSET_FETCH, OFFSET_FOR_LEADER_EPOCH
 from kproxy.protocol.error_response import build_error_body, error_values
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import Body, default_struct, require_codec
@@ -41,12 +42,10 @@ from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.schema import ERROR_CODE_FIELDS, PARTITION_FIELDS, Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import ApiKey, error_name
+from kproxy.protocol.tables import error_name
 
 # APIs that read and change nothing: their requests are forwarded whole (see the module docstring).
-READ_ONLY_APIS = frozenset({int(ApiKey.FETCH), int(ApiKey.LIST_OFFSETS), int(ApiKey.OFFSET_FETCH),
-                            int(ApiKey.OFFSET_FOR_LEADER_EPOCH), 61})  # 61: DescribeProducers
-FETCH = int(ApiKey.FETCH)
+READ_ONLY_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_FETCH, OFFSET_FOR_LEADER_EPOCH, DESCRIBE_PRODUCERS})
 _INDEX_FIELDS = PARTITION_FIELDS | {"index"}
 
 TopicKey = str | uuid.UUID | None

@@ -8,11 +8,10 @@ from __future__ import annotations
 import struct
 import uuid
 
-from kproxy.protocol.offsets import ScanEntries
-from kproxy.protocol.scan_types import Entry, RequestScan, Topic
+from kproxy.protocol.request_fields import transactional_id_at
+from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
 from kproxy.protocol.wire import Malformed, read_uvarint
 
-PRODUCE_KEY = 0
 _PRODUCE_COUNT = struct.Struct(">i")
 _PRODUCE_NAME = struct.Struct(">h")
 _PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
@@ -149,17 +148,9 @@ def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_vers
     if not 0 <= api_version <= 13:
         return None  # a layout this reader does not know
     try:
-        if api_version < 9:
-            if api_version >= 3:
-                (size,) = _PRODUCE_NAME.unpack_from(buf, pos)  # transactional_id
-                if size < -1:
-                    return None
-                pos += 2 + max(size, 0)
-        else:
-            size = buf[pos]  # transactional_id: 0 (null), else length + 1
-            if size >= 0x80:
-                return None
-            pos += 1 + max(size - 1, 0)
+        _, size, pos = transactional_id_at(buf, api_version, pos)
+        if size < -1:
+            return None
         found = _one_topic(buf, pos + 6, api_version)  # after acks, timeout_ms
         if found is None:
             return None

@@ -75,7 +75,7 @@ class RequestHeaderMemo:
 def produce_acks(frame: bytes | memoryview, api_version: int, body_offset: int) -> int | None:
     """The acks of a Produce request frame whose body starts at ``body_offset``; None if unreadable."""
     try:
-        _, _, pos = _transactional_id_at(frame, api_version, body_offset)
+        _, _, pos = transactional_id_at(frame, api_version, body_offset)
         (acks,) = _INT16.unpack_from(frame, pos)
         return int(acks)
     except (Malformed, struct.error, IndexError):
@@ -86,7 +86,7 @@ def produce_head(frame: bytes | memoryview, api_version: int, body_offset: int) 
     """A Produce request's transactional id (v3+; None when null or older) and acks, read in place;
     (None, None) if unreadable."""
     try:
-        start, n, pos = _transactional_id_at(frame, api_version, body_offset)
+        start, n, pos = transactional_id_at(frame, api_version, body_offset)
         (acks,) = _INT16.unpack_from(frame, pos)
     except (Malformed, struct.error, IndexError):
         return None, None
@@ -94,10 +94,13 @@ def produce_head(frame: bytes | memoryview, api_version: int, body_offset: int) 
     return txn, int(acks)
 
 
-def _transactional_id_at(frame: bytes | memoryview, api_version: int, pos: int) -> tuple[int, int, int]:
-    """Where a Produce body's transactional_id starts, its length (-1: null or absent) and where acks
-    starts. ProduceRequest.json: the body opens with transactional_id (v3+; a nullable string,
-    compact from v9, the first flexible version), then acks (int16)."""
+def transactional_id_at(frame: bytes | bytearray | memoryview, api_version: int, pos: int) -> tuple[int, int, int]:
+    """Where a Produce body's transactional_id starts, its length (-1: null or absent; below -1: not a
+    length, the bytes are malformed) and where acks starts: the one reader of a Produce body's head
+    (:func:`produce_acks`, :func:`produce_head`, and, before its topics,
+    :func:`kproxy.protocol.produce_scan.produce_request_scan`). ProduceRequest.json: the body opens
+    with transactional_id (v3+; a nullable string, compact from v9, the first flexible version), then
+    acks (int16)."""
     if api_version >= 9:
         n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
         return pos, n - 1, pos + max(n - 1, 0)  # compact: length + 1, 0 for null

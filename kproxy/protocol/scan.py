@@ -42,13 +42,15 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from kproxy.protocol.api_keys import PRODUCE
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
-from kproxy.protocol.offsets import OFFSET_FIELDS, ScanEntries
-from kproxy.protocol.produce_scan import PRODUCE_KEY, produce_request_scan
+from kproxy.protocol.offsets import OFFSET_FIELDS
+from kproxy.protocol.produce_scan import produce_request_scan
 from kproxy.protocol.scan_types import Entry as Entry
 from kproxy.protocol.scan_types import RecordsRange as RecordsRange
 from kproxy.protocol.scan_types import RequestScan as RequestScan
+from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.scan_types import Topic as Topic
 from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
 
@@ -435,7 +437,7 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     held in a ``memoryview``; another body in a ``memoryview`` is copied first (the generated
     scanner decodes names from slices of the frame).
     """
-    if api_key == PRODUCE_KEY:  # read in place, whatever holds the frame: a big one is never copied
+    if api_key == PRODUCE:  # read in place, whatever holds the frame: a big one is never copied
         found = produce_request_scan(frame, offset, api_version)
         if found is not None:
             return found

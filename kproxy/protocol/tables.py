@@ -3,8 +3,9 @@
 :class:`ApiKey` and :class:`ErrorCode` (generated into ``_tables.py`` by
 scripts/gen_protocol_tables.py) name the constants once; :data:`RETRIABLE_ERRORS`
 holds the codes Kafka marks retriable (``ErrorCode.X.retriable`` says it per code).
-Code on the per-frame path compares with ``int(ApiKey.X)`` bound once at import: an
-``int == IntEnum`` comparison costs about twice a plain one.
+Code on the per-frame path compares api keys with the plain ints of :mod:`.api_keys`
+(generated with the enums), not with ``ApiKey`` members: an ``int == IntEnum`` comparison
+goes through the enum's ``__eq__``.
 
 Unknown values are data (a newer broker may send codes this build does not
 know): they get a placeholder name, never an exception.

@@ -18,14 +18,13 @@ import threading
 import uuid
 from collections.abc import Callable
 
+from kproxy.protocol.api_keys import METADATA
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.scan import SCAN_FAILURES, _is_topic_id, _is_topic_name
 from kproxy.protocol.schema import Direction, Field, MessageSchema, message_schema
-from kproxy.protocol.tables import ApiKey
 
-METADATA = int(ApiKey.METADATA)
 METADATA_TOPIC_IDS = 10  # the first Metadata version whose response carries topic_id (KIP-516)
 TOPIC_ID_NAMES_CAP = 100_000
 

@@ -43,6 +43,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kproxy.protocol.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.payloads import encode_response
@@ -50,9 +51,6 @@ from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.proxy.exchange import Exchange
 from kproxy.sasl.server import CredentialChecker, MechanismServer, Step, invalid_credentials
 
-SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
-SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
-API_VERSIONS = int(ApiKey.API_VERSIONS)
 NONE = 0
 UNSUPPORTED_SASL_MECHANISM = int(ErrorCode.UNSUPPORTED_SASL_MECHANISM)
 ILLEGAL_SASL_STATE = int(ErrorCode.ILLEGAL_SASL_STATE)

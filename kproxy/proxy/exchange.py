@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, cast
+from typing import Any, Protocol, cast
 
+from kproxy.protocol.api_keys import PRODUCE
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
@@ -31,10 +32,8 @@ from kproxy.protocol.offsets import Produced
 from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
 from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ApiKey, api_name
+from kproxy.protocol.tables import api_name
 from kproxy.proxy.addresses import BrokerRoute
-
-PRODUCE: Final = int(ApiKey.PRODUCE)
 
 _UNREAD: object = object()  # a memo not computed yet (fields holding it are typed Any: see their readers)
 

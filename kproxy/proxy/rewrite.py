@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kproxy.protocol.api_keys import API_VERSIONS
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError, ProtocolError
@@ -38,7 +39,6 @@ from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.exchange import Exchange, ObserverMemo
 
 # Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
-API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
 UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
 MEMO_MAX_BODY: Final = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
 MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over

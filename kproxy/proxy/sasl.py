@@ -21,11 +21,11 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from kproxy.protocol.api_keys import SASL_HANDSHAKE
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.exchange import Exchange
 
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
@@ -94,7 +94,6 @@ def handshake_succeeded(frame: bytes) -> bool:
     (error_code,) = _INT16.unpack_from(frame, 8)
     return int(error_code) == 0
 
-SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
 
 
 class SaslRelay:

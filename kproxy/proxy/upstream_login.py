@@ -35,19 +35,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kproxy.protocol.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from kproxy.protocol.error_response import api_versions_answer, error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.messages import Body, require_codec
 from kproxy.protocol.payloads import decode_response
 from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ApiKey, ErrorCode, error_name
+from kproxy.protocol.tables import ErrorCode, error_name
 from kproxy.sasl.client import Credentials, MechanismClient, SaslClientError, ScramKeys, client_for
 from kproxy.sasl.scram import ScramError
 
-API_VERSIONS = int(ApiKey.API_VERSIONS)
-SASL_HANDSHAKE = int(ApiKey.SASL_HANDSHAKE)
-SASL_AUTHENTICATE = int(ApiKey.SASL_AUTHENTICATE)
 SASL_AUTHENTICATION_FAILED = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
 UNSUPPORTED_SASL_MECHANISM = int(ErrorCode.UNSUPPORTED_SASL_MECHANISM)
 ILLEGAL_SASL_STATE = int(ErrorCode.ILLEGAL_SASL_STATE)

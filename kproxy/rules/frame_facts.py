@@ -35,17 +35,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from kproxy.protocol.api_keys import FIND_COORDINATOR, PRODUCE
 from kproxy.protocol.errors import OverBudgetError
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.messages import codec
 from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, Record, RecordBudget, decode_records, iter_batches
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
 from kproxy.protocol.schema import Direction, message_schema
-from kproxy.protocol.tables import ApiKey
 from kproxy.rules.request_facts import IpAddress, RequestHeaderFacts
 
-# Plain ints, bound once: compared per frame (an IntEnum member compares at about twice the cost).
-PRODUCE, FIND_COORDINATOR = int(ApiKey.PRODUCE), int(ApiKey.FIND_COORDINATOR)
 _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
 # Scan of a request's topics (topic, partition, None per partition read) -> its topics() mapping;
 # bounded: starts afresh when full (a request naming a new set of partitions costs one build).

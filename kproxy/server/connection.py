@@ -57,7 +57,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, assert_never
 
 import trio
 
@@ -407,38 +407,41 @@ class Connection:
             self.close_reason = last.reason
         try:
             for command in commands:
-                kind = type(command)
-                if kind is SendToClient:
-                    await self._send(command)  # type: ignore[arg-type]
-                elif kind is ForwardUpstream:
-                    if turn != self._turn and turn >= 0:
-                        await self._wait_turn(turn)
-                    if command.more:  # type: ignore[union-attr]
-                        await self._upstream_writev((command.data, *command.more))  # type: ignore[union-attr]
-                    else:
-                        await self._upstream_writer(command.data)  # type: ignore[union-attr]
-                elif kind is WakeAt:
-                    self._wake_at(command.when)  # type: ignore[union-attr]
-                elif kind is VerifyCredentials:
-                    gone, checked = await self._verify(command)  # type: ignore[arg-type]
-                    if gone:
-                        self._end(scope, "client closed")
+                # The one dispatch of commands: a class pattern per kind, which mypy narrows (and checks
+                # for exhaustiveness below) and mypyc compiles to a type check.
+                match command:
+                    case SendToClient():
+                        await self._send(command)
+                    case ForwardUpstream():
+                        if turn != self._turn and turn >= 0:
+                            await self._wait_turn(turn)
+                        if command.more:
+                            await self._upstream_writev((command.data, *command.more))
+                        else:
+                            await self._upstream_writer(command.data)
+                    case WakeAt():
+                        self._wake_at(command.when)
+                    case VerifyCredentials():
+                        gone, checked = await self._verify(command)
+                        if gone:
+                            self._end(scope, "client closed")
+                            return False
+                        if not await self._execute(self.session.verified(checked), scope):
+                            return False
+                    case ConnectUpstream():
+                        if not await self._open_upstream(scope):
+                            return False
+                    case CloseConnection():
+                        if command.reject is not None and self.on_reject is not None:
+                            self.on_reject(command.reject.value)
+                        if command.abort:
+                            _linger_zero(self.client)
+                        if command.linger:
+                            await trio.sleep(command.linger)
+                        self._end(scope, command.reason)
                         return False
-                    if not await self._execute(self.session.verified(checked), scope):
-                        return False
-                elif kind is ConnectUpstream:
-                    if not await self._open_upstream(scope):
-                        return False
-                else:
-                    assert isinstance(command, CloseConnection)
-                    if command.reject is not None and self.on_reject is not None:
-                        self.on_reject(command.reject.value)
-                    if command.abort:
-                        _linger_zero(self.client)
-                    if command.linger:
-                        await trio.sleep(command.linger)
-                    self._end(scope, command.reason)
-                    return False
+                    case _:
+                        assert_never(command)
             return True
         finally:
             if turn >= 0:
@@ -506,7 +509,7 @@ class Connection:
     def _take_turn(self, commands: list[Command]) -> int:
         """The upstream turn of a command list that writes upstream (-1: it writes nothing)."""
         for command in commands:
-            if type(command) is ForwardUpstream:
+            if isinstance(command, ForwardUpstream):
                 self._turns += 1
                 return self._turns - 1
         return -1

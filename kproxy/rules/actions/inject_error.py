@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kproxy.protocol import _tables
+from kproxy.protocol.api_keys import PRODUCE
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     import yaml
 
 ERROR_NAMES = tuple(name for name, _ in _tables.ERRORS.values())
-PRODUCE = int(ApiKey.PRODUCE)
 
 
 class InjectMode(enum.Enum):

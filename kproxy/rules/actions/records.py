@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from kproxy.protocol.api_keys import FETCH, PRODUCE
 from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
-from kproxy.protocol.tables import ApiKey
 from kproxy.rules.actions.base import RuleAction, Step
 
-PRODUCE, FETCH = int(ApiKey.PRODUCE), int(ApiKey.FETCH)
 RECORD_APIS: frozenset[int] = frozenset({PRODUCE, FETCH})
 
 
