@@ -15,13 +15,6 @@ from __future__ import annotations
 import grimp
 import pytest
 
-# Circles that exist now in another engineer's area, with who removes them: each must be exactly
-# as listed (a new module in it, or the circle gone, fails: then update or remove the entry).
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"kproxy.protocol.offsets", "kproxy.protocol.produce_scan", "kproxy.protocol.scan"}):
-        "issue 38 item 4 (one reader per byte layout): the readers' work breaks it",
-}
-
 # What of kproxy.rules.actions the rest of kproxy may import: the interface every kind implements,
 # the draft its decide() writes into, and the registry the loader reads the kinds from.
 ACTIONS = "kproxy.rules.actions"
@@ -95,14 +88,8 @@ def test_circles_finds_a_circle_and_only_it() -> None:
 
 
 def test_no_import_circle_in_kproxy(graph: grimp.ImportGraph) -> None:
-    new = [c for c in circles(graph) if c not in KNOWN_CIRCLES]
-    assert not new, "import circles (type-only imports included):\n" + "\n\n".join(describe(graph, c) for c in new)
-
-
-def test_the_known_circles_are_still_there(graph: grimp.ImportGraph) -> None:
-    found = set(circles(graph))
-    gone = [f"{sorted(c)} ({owner})" for c, owner in KNOWN_CIRCLES.items() if c not in found]
-    assert not gone, f"known circles changed or gone: update KNOWN_CIRCLES in {__name__}: {gone}"
+    found = circles(graph)
+    assert not found, "import circles (type-only imports included):\n" + "\n\n".join(describe(graph, c) for c in found)
 
 
 def test_nothing_outside_rules_actions_names_an_action_kind(graph: grimp.ImportGraph) -> None:
