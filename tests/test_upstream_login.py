@@ -17,7 +17,7 @@ from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.payloads import decode_request, decode_response
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, SendToClient, WakeAt
-from kproxy.proxy.login_mode import REFUSAL_LINGER_S
+from kproxy.proxy.login_gate import REFUSAL_LINGER_S
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.proxy.upstream_login import (

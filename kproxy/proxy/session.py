@@ -12,7 +12,7 @@ connection closed; each step once, whatever the verdict. The session's parts liv
 beside it in kproxy/proxy/: the exchange and its concerns (exchange.py), the policy
 seam (verdict.py), the in-order release (release.py), the correlation ids and acks=0
 memory (correlation.py), the SASL token mode (sasl.py), kproxy's own login to the broker
-(login_mode.py) and terminate mode (terminate.py), these two as the session's base classes.
+(login_gate.py) and terminate mode (terminate.py), these two as the session's base classes.
 
 Guarantees kept here (each has bitten a peer):
 
@@ -37,7 +37,7 @@ Guarantees kept here (each has bitten a peer):
   held behind one it swallowed. It ends with its rule (``Verdict.blackhole_lasts``, asked before
   each request and at a slow close's time): requests read from then on flow again.
 * With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
-  the session's side of it in kproxy/proxy/login_mode.py), no client request goes up while one
+  the session's side of it in kproxy/proxy/login_gate.py), no client request goes up while one
   is in progress (the first, begun by the client's first chunk; each re-authentication,
   KIP-368): the client is read no further than one chunk, held until the login succeeded.
   A refused first login answers the client's first request with the
@@ -84,7 +84,7 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
-from kproxy.proxy.login_mode import UpstreamLoginMode
+from kproxy.proxy.login_gate import UpstreamLoginMode
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
@@ -253,7 +253,7 @@ class Session(UpstreamLoginMode):
         loop does not go to thousands of one client's tiny requests.
         """
         if self._hold is not None:
-            return self._login_hold(chunk, read_at)  # kproxy/proxy/login_mode.py
+            return self._login_hold(chunk, read_at)  # kproxy/proxy/login_gate.py
         try:
             frames, data, exact = self._client_frames.split(chunk)
         except ProtocolError as exc:
