@@ -1,4 +1,4 @@
-"""kproxy/server/secrets.py: the upstream login's secret file, re-read when it changes (in place, or
+"""kproxy/sasl/secret_file.py: the upstream login's secret file, re-read when it changes (in place, or
 a Kubernetes Secret's symlink swap); a bad or missing file keeps the last good secret and says so
 once, never with the secret in the line."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from kproxy.config import SaslUpstream
 from kproxy.logfmt import q
-from kproxy.server.secrets import SecretFile, UpstreamCredentials
+from kproxy.sasl.secret_file import SecretFile, UpstreamCredentials
 from tests.support.k8s_secret import kubernetes_secret, swap
 
 

@@ -141,7 +141,7 @@ class SaslUpstream:
     """kproxy's own SASL login to the brokers, for clients that do not log in themselves (off unless
     ``mechanism`` is set; docs/SASL.md). The secret comes from a file only, never a flag or a variable:
     ``password_file`` for PLAIN and SCRAM (with ``username``), ``token_file`` for OAUTHBEARER. Both
-    are re-read when they change (kproxy/server/secrets.py)."""
+    are re-read when they change (kproxy/sasl/secret_file.py)."""
 
     mechanism: str | None = None
     username: str | None = None

@@ -1,7 +1,7 @@
 """Secrets read from files (``sasl.upstream.password_file``, ``token_file``): what a file must hold.
 
 One reader for the start-up check (``kproxy run --check`` and the start refuse a bad file, one line
-naming the option) and for the re-reads while kproxy runs (kproxy/server/secrets.py keeps the last
+naming the option) and for the re-reads while kproxy runs (kproxy/sasl/secret_file.py keeps the last
 good secret when a new one is bad). A secret is the file's UTF-8 text: a password without its
 trailing line breaks (``echo pw > file`` adds one; a Kubernetes Secret made ``--from-literal`` has
 none), a token without any surrounding white space. The text of a secret never appears in a problem.

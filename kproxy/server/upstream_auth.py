@@ -16,7 +16,7 @@ from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin
 from kproxy.sasl.client import ScramKeys
-from kproxy.server.secrets import UpstreamCredentials
+from kproxy.sasl.secret_file import UpstreamCredentials
 
 log = logging.getLogger("kproxy.server")
 
