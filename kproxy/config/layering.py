@@ -37,8 +37,8 @@ from kproxy.config.model import (
     UpstreamTls,
 )
 from kproxy.config.options import BY_ENV, BY_PATH, ENV_PREFIX, OPTIONS, env_name, flag_name
-from kproxy.config.secrets import read_secret
 from kproxy.config.yaml_file import read_config_file
+from kproxy.sasl.secret_file import read_secret
 
 # KPROXY_* variables that kproxy or its tooling reads and that are not options of ``kproxy run``:
 # a shell or a test run may set them in the environment ``kproxy run`` inherits.

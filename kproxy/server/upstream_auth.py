@@ -25,7 +25,9 @@ class UpstreamLogins:
     """kproxy's logins for one server with ``sasl.upstream`` set: one per upstream connection."""
 
     def __init__(self, config: Config, stats: TrafficStats) -> None:
-        self.credentials = UpstreamCredentials(config.sasl_upstream)
+        sasl = config.sasl_upstream
+        assert sasl.mechanism is not None and sasl.secret_file is not None  # the configuration's check
+        self.credentials = UpstreamCredentials(sasl.mechanism, sasl.username, sasl.secret_file)
         self.timeout = config.limits.connect_timeout
         self.stats = stats
         self.scram_keys = ScramKeys()
