@@ -1,6 +1,6 @@
 """Terminate mode's client login (kproxy/proxy/terminate.py) driven directly: the client's requests
 in (as exchanges), kproxy's SASL server's answers and the login's decisions out: what to answer,
-the verification to run, the close, when to ask for the upstream connection and what waits for it.
+the verification to run, the close, when the upstream connection is due and what waits for it.
 
 The SASL server is the real one (kproxy/proxy/client_auth.py over kproxy/sasl/server.py, with a
 credentials store); how a session puts these answers in order with the others is tested through
@@ -14,16 +14,7 @@ import pytest
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter
 from kproxy.protocol.payloads import decode_response
-from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
-from kproxy.proxy.commands import (
-    CONNECT_UPSTREAM,
-    CloseKind,
-    Command,
-    ForwardUpstream,
-    RejectReason,
-    VerifyCredentials,
-    WakeAt,
-)
+from kproxy.proxy.client_auth import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
 from kproxy.proxy.exchange import Exchange
 from kproxy.proxy.terminate import ClientLogin, TerminateError
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials
@@ -39,7 +30,7 @@ def store() -> CredentialStore:
                                                       plain_iterations=PLAIN_MIN_ITERATIONS)})
 
 
-def login(store: CredentialStore, lifetime: float = 0.0) -> tuple[ClientLogin, FrameSplitter]:
+def login(store: CredentialStore, lifetime: float = 0.0) -> tuple[ClientLogin[Exchange], FrameSplitter]:
     frames = FrameSplitter(DEFAULT_MAX_FRAME_SIZE)
     auth = ClientAuth(CredentialChecker(store, ("PLAIN",)), session_lifetime=lifetime,
                       api_versions=lambda cid, version: b"cluster:%d:%d" % (cid, version))
@@ -53,24 +44,24 @@ def exchange(frame: bytes) -> Exchange:
     return Exchange(correlation_id, api_key, api_version, len(frame), NOW, NOW, frame)
 
 
-def sasl(c: ClientLogin, frame: bytes) -> tuple[AuthAnswer, Exchange]:
+def sasl(c: ClientLogin[Exchange], frame: bytes) -> tuple[AuthAnswer, Exchange]:
     ex = exchange(frame)
     answer = c.gate(ex, NOW)
     assert answer is not None
     return answer, ex
 
 
-def logged_in(c: ClientLogin) -> AuthAnswer:
+def logged_in(c: ClientLogin[Exchange]) -> AuthAnswer:
     """A PLAIN login of alice, its verification run as the server would: the answer that says so."""
     answer, ex = sasl(c, request_frame(SASL_HANDSHAKE, 1, 1, mechanism="PLAIN"))
     assert c.answered(answer, ex)
     answer, ex = sasl(c, request_frame(SASL_AUTHENTICATE, 2, 2, auth_bytes=b"\0alice\0alice-secret"))
     assert not c.answered(answer, ex)  # the slow hash first
-    commands: list[Command] = []
-    assert not c.tail(commands) and len(commands) == 1
-    verify = commands[0]
-    assert isinstance(verify, VerifyCredentials)
-    answer, answered = c.verified(verify.work(), NOW)
+    assert c.pending and not c.attach_due
+    verification = c.take_verification()
+    assert verification is not None and verification.verify is not None and verification.verify_key
+    assert c.take_verification() is None and not c.pending  # taken once
+    answer, answered = c.verified(verification.verify(), NOW)
     assert answered is ex  # the answer goes to the SaslAuthenticate that asked
     assert c.answered(answer, answered)
     return answer
@@ -95,15 +86,14 @@ def test_a_plain_login_asks_for_its_verification_then_for_the_upstream_connectio
     assert decode_response(answer.frame[4:], SASL_AUTHENTICATE, 2).body["error_code"] == 0
     assert c.auth.principal == "User:alice" and not c.logging_in and not c.gating
     assert frames.max_frame_size == DEFAULT_MAX_FRAME_SIZE  # the session's own bound again
-    assert c.pending and c.detached
-    # The answer's list also held requests pipelined behind the login: they wait for the connection.
-    commands: list[Command] = [WakeAt(1.0), ForwardUpstream(b"behind-the-login")]
-    assert c.tail(commands)
-    assert commands == [WakeAt(1.0), CONNECT_UPSTREAM]
-    assert not c.pending and not c.detached
+    assert c.pending and c.attach_due and c.detached
+    # Requests pipelined behind the login wait for the connection.
+    c.attached(b"behind-the-login")
+    assert not c.pending and not c.attach_due and not c.detached
     assert c.pipelined() == [b"behind-the-login"]
     assert c.pipelined() == []  # taken once
-    assert not c.tail(commands := []) and commands == []  # asked for once per connection
+    c.answered(AuthAnswer(), None)  # logged in already: no second connection
+    assert not c.attach_due
 
 
 def test_a_wrong_password_is_answered_then_closed_after_the_brokers_delay(store: CredentialStore) -> None:
@@ -111,22 +101,19 @@ def test_a_wrong_password_is_answered_then_closed_after_the_brokers_delay(store:
     c.answered(*sasl(c, request_frame(SASL_HANDSHAKE, 1, 1, mechanism="PLAIN")))
     answer, ex = sasl(c, request_frame(SASL_AUTHENTICATE, 2, 2, auth_bytes=b"\0alice\0wrong"))
     assert not c.answered(answer, ex)
-    commands: list[Command] = []
-    c.tail(commands)
-    assert isinstance(commands[0], VerifyCredentials)
-    answer, ex = c.verified(commands[0].work(), NOW)
-    assert c.answered(answer, ex) and answer.close is not None and answer.frame is not None
-    close = c.close(answer)
-    assert close.kind is CloseKind.END and close.linger == FAILED_AUTHENTICATION_DELAY
+    verification = c.take_verification()
+    assert verification is not None and verification.verify is not None
+    answer, ex = c.verified(verification.verify(), NOW)
+    assert c.answered(answer, ex) and answer.close is not None and answer.frame is not None and not answer.reject
+    assert decode_response(answer.frame[4:], SASL_AUTHENTICATE, 2).body["error_code"] == 58
     assert c.logging_in and c.detached and not c.pending  # no upstream connection for a refused client
 
 
-def test_a_close_without_an_answer_does_not_linger_and_a_broken_protocol_is_a_reject(store: CredentialStore) -> None:
+def test_a_request_before_the_handshake_closes_without_an_answer_as_a_reject(store: CredentialStore) -> None:
     c, _ = login(store)
     refused = c.gate(exchange(request_frame(METADATA, 12, 2, topics=None)), NOW)
-    assert refused is not None
-    close = c.close(refused)
-    assert close.kind is CloseKind.REJECT and close.reject is RejectReason.REQUEST_SESSION and close.linger == 0.0
+    assert refused is not None and refused.frame is None and refused.reject
+    assert c.answered(refused, None) and not c.pending
 
 
 def test_a_server_that_did_not_run_the_verification_refuses_the_login(store: CredentialStore) -> None:
@@ -134,7 +121,7 @@ def test_a_server_that_did_not_run_the_verification_refuses_the_login(store: Cre
     c.answered(*sasl(c, request_frame(SASL_HANDSHAKE, 1, 1, mechanism="PLAIN")))
     answer, ex = sasl(c, request_frame(SASL_AUTHENTICATE, 2, 2, auth_bytes=b"\0alice\0alice-secret"))
     c.answered(answer, ex)
-    c.tail([])
+    c.take_verification()
     answer, answered = c.verified(None, NOW)  # too many hashes under way for the client's address
     assert answered is ex and answer.close is not None and c.auth.principal is None
 
@@ -149,10 +136,9 @@ def test_a_raw_token_cannot_wait_behind_earlier_answers(store: CredentialStore) 
     answer = c.token(token, NOW, answers_due=False)
     assert answer.verify is not None  # the raw token's password is checked as a SaslAuthenticate's is
     assert not c.answered(answer, None)
-    commands: list[Command] = []
-    c.tail(commands)
-    assert isinstance(commands[0], VerifyCredentials)
-    answer, answered = c.verified(commands[0].work(), NOW)
+    verification = c.take_verification()
+    assert verification is not None and verification.verify is not None
+    answer, answered = c.verified(verification.verify(), NOW)
     assert answered is None and c.answered(answer, None)
     assert answer.frame == b"\x00\x00\x00\x00"  # an empty raw token: logged in
     assert c.auth.principal == "User:alice" and c.pending

@@ -74,13 +74,15 @@ from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spann
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.client_auth import AuthAnswer, ClientAuth
+from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, AuthAnswer, ClientAuth
 from kproxy.proxy.commands import (
+    CONNECT_UPSTREAM,
     CloseConnection,
     CloseKind,
     Command,
     ForwardUpstream,
     RejectReason,
+    VerifyCredentials,
     WakeAt,
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
@@ -157,7 +159,8 @@ class Session:
         self._client_frames = FrameSplitter(max_frame_size)
         # Terminate mode's client login (kproxy/proxy/terminate.py); ``_auth_gate`` is it only while
         # every request must be shown to it, else None (one attribute per request).
-        self._client_login = ClientLogin(auth, self._client_frames, max_frame_size) if auth is not None else None
+        self._client_login: ClientLogin[Exchange] | None = (ClientLogin(auth, self._client_frames, max_frame_size)
+                                                            if auth is not None else None)
         self._auth_gate = self._client_login if self._client_login is not None and self._client_login.gating else None
         self._upstream_frames = FrameSplitter(max_frame_size)
         # A bounded turn's leftovers (receive_client's and receive_upstream's ``turn``), taken before the next read.
@@ -471,7 +474,7 @@ class Session:
         """Terminate mode, before the upstream connection was asked for."""
         return self._client_login is not None and self._client_login.detached
 
-    def _auth_gated(self, gate: ClientLogin, ex: Exchange, now: float) -> bool:
+    def _auth_gated(self, gate: ClientLogin[Exchange], ex: Exchange, now: float) -> bool:
         """While every request is shown to the client login: True when ``ex`` was taken care of here
         (a SASL request answered by kproxy, or a request refused before the login), False when it
         goes on as any request does."""
@@ -486,7 +489,8 @@ class Session:
         self._auth_answer(gate, answer, ex, now)
         return True
 
-    def _auth_answer(self, client_login: ClientLogin, answer: AuthAnswer, ex: Exchange | None, now: float) -> None:
+    def _auth_answer(self, client_login: ClientLogin[Exchange], answer: AuthAnswer, ex: Exchange | None,
+                     now: float) -> None:
         """Do what kproxy's SASL server said: the answer (to ``ex``, tracked; or a raw token when
         ``ex`` is None) in its turn, the close, the new principal; or, first, the verification."""
         if not client_login.answered(answer, ex):
@@ -496,7 +500,11 @@ class Session:
         elif answer.frame is not None:
             self._release.ready.append(answer.frame)
         if answer.close is not None and self._closing is None:
-            self._closing = client_login.close(answer)
+            # After an answer (a refusal the client must read) the close waits, as a broker's does.
+            linger = FAILED_AUTHENTICATION_DELAY if answer.frame is not None else 0.0
+            self._closing = (CloseConnection(answer.close, CloseKind.REJECT, RejectReason.REQUEST_SESSION,
+                                             linger=linger) if answer.reject
+                             else CloseConnection(answer.close, CloseKind.END, linger=linger))
         principal = client_login.auth.principal
         if principal is not None and principal != self.principal:
             self.principal = principal
@@ -538,8 +546,30 @@ class Session:
             commands.append(self._closing)
             return
         client_login = self._client_login
-        if client_login is not None and client_login.tail(commands) and self._gate is not None:
+        if client_login is None:
+            return
+        if client_login.attach_due:
+            self._attach(client_login, commands)
+        verification = client_login.take_verification()
+        if verification is not None:
+            assert verification.verify is not None
+            commands.append(VerifyCredentials(verification.verify, verification.verify_key))
+
+    def _attach(self, client_login: ClientLogin[Exchange], commands: list[Command]) -> None:
+        """The client's first login succeeded: ask for the upstream connection after the answers in
+        ``commands``. What they would have sent upstream (requests pipelined behind the login's last
+        message) waits for :meth:`upstream_connected`; with kproxy's own login, so do the client's
+        next chunks (held by the login gate), until that login's end."""
+        pipelined = b""
+        for i, command in enumerate(commands):
+            if type(command) is ForwardUpstream:
+                pipelined = command.payload()
+                del commands[i]
+                break
+        client_login.attached(pipelined)
+        if self._gate is not None:
             self._gate.hold_from_now()
+        commands.append(CONNECT_UPSTREAM)
 
     def _cluster_api_versions(self, ex: Exchange) -> bytes | None:
         """The answer to the client's ApiVersions before the upstream connection is open: the
