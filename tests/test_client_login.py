@@ -1,8 +1,8 @@
-"""Terminate mode's client login (kproxy/proxy/terminate.py) driven directly: the client's requests
+"""Terminate mode's client login (kproxy/sasl/client_login.py) driven directly: the client's requests
 in (as exchanges), kproxy's SASL server's answers and the login's decisions out: what to answer,
 the verification to run, the close, when the upstream connection is due and what waits for it.
 
-The SASL server is the real one (kproxy/proxy/client_auth.py over kproxy/sasl/server.py, with a
+The SASL server is the real one (kproxy/sasl/authenticator.py over kproxy/sasl/server.py, with a
 credentials store); how a session puts these answers in order with the others is tested through
 the session in tests/test_client_auth_session.py.
 """
@@ -14,9 +14,9 @@ import pytest
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter
 from kproxy.protocol.payloads import decode_response
-from kproxy.proxy.client_auth import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
 from kproxy.proxy.exchange import Exchange
-from kproxy.proxy.terminate import ClientLogin, TerminateError
+from kproxy.sasl.authenticator import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
+from kproxy.sasl.client_login import ClientLogin, TerminateError
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials
 from kproxy.sasl.server import CredentialChecker
 

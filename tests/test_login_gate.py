@@ -1,4 +1,4 @@
-"""The login gate (kproxy/proxy/login_gate.py) driven directly: client chunks and the broker's
+"""The login gate (kproxy/sasl/login_gate.py) driven directly: client chunks and the broker's
 answers in, frames for the broker and each login's end out. The broker is tests/test_upstream_login.py's
 scripted one, whose mechanisms are tests/sasl_front.py's (a wrong password is refused).
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.payloads import decode_response
-from kproxy.proxy.login_gate import LoginEnd, LoginGate
-from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.sasl.client import Credentials
+from kproxy.sasl.login_gate import LoginEnd, LoginGate
+from kproxy.sasl.upstream_login import UpstreamLogin
 from tests.support.clock import Clock
 from tests.test_upstream_login import API_VERSIONS, HEARTBEAT, SASL_HANDSHAKE, ScriptedBroker
 

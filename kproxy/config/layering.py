@@ -227,8 +227,8 @@ def _sasl_client(sasl: SaslClient, problems: list[str]) -> SaslClient:
         problems.append("sasl.client.mode: terminate needs sasl.client.credentials_file "
                         "(--sasl-client-credentials-file; `kproxy credentials add USER --file FILE` writes one)")
         return sasl
-    from kproxy.config.credentials_file import load_credentials
     from kproxy.sasl.credentials import CredentialsError
+    from kproxy.sasl.credentials_file import load_credentials
 
     try:
         store = load_credentials(sasl.credentials_file)

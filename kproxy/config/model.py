@@ -160,7 +160,7 @@ class SaslUpstream:
 
 @dataclass(frozen=True)
 class SaslClient:
-    """The SASL of clients (kproxy/proxy/client_auth.py). ``relay``: a client's own exchange goes to
+    """The SASL of clients (kproxy/sasl/authenticator.py). ``relay``: a client's own exchange goes to
     the broker, as every other request. ``terminate``: kproxy answers it, checking the users of
     ``credentials_file`` for ``mechanisms``; ``session_lifetime`` (seconds, 0: none) makes clients
     re-authenticate that often (KIP-368). ``credentials`` is the file's store as read at start (not

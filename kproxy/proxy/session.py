@@ -30,26 +30,26 @@ Guarantees kept here (each has bitten a peer):
   int32 counter); kproxy/proxy/correlation.py says when an acks=0 id is.
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
-  mechanism's exchange is over (kproxy/proxy/sasl.py).
+  mechanism's exchange is over (kproxy/sasl/relay.py).
 * A black hole (a verdict's ``blackhole``) lets nothing more through while it lasts: each
   request read meanwhile is tracked in order and released at once as no answer, never
   forwarded (unless the verdict forwards), so nothing waits for an answer that will never come,
   nothing piles up, and answers to requests forwarded before or after it leave in order, never
   held behind one it swallowed. It ends with its rule (``Verdict.blackhole_lasts``, asked before
   each request and at a slow close's time): requests read from then on flow again.
-* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
-  the session's side of it in kproxy/proxy/login_gate.py), no client request goes up while one
+* With an upstream login (kproxy logs in to the broker itself: kproxy/sasl/upstream_login.py,
+  the session's side of it in kproxy/sasl/login_gate.py), no client request goes up while one
   is in progress (the first, begun by the client's first chunk; each re-authentication,
   KIP-368): the client is read no further than one chunk, held until the login succeeded.
   A refused first login answers the client's first request with the
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
-* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
+* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/sasl/client_login.py):
   its SASL requests are answered by kproxy, in order with the other answers, and there is no
   upstream connection before the client logged in.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
+  SASL form: kproxy/sasl/relay.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
   the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
@@ -74,7 +74,6 @@ from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spann
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY, AuthAnswer, ClientAuth
 from kproxy.proxy.commands import (
     CONNECT_UPSTREAM,
     CloseConnection,
@@ -87,13 +86,14 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
-from kproxy.proxy.login_gate import REFUSAL_LINGER_S, LoginEnd, LoginGate
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.terminate import ClientLogin
-from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, InForce, RequestPolicy, Verdict, keep_ruling
+from kproxy.sasl.authenticator import FAILED_AUTHENTICATION_DELAY, AuthAnswer, ClientAuth
+from kproxy.sasl.client_login import ClientLogin
+from kproxy.sasl.login_gate import REFUSAL_LINGER_S, LoginEnd, LoginGate
+from kproxy.sasl.relay import SASL_ROUNDS, SaslRelay, SaslTokens
+from kproxy.sasl.upstream_login import UpstreamLogin
 from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
@@ -157,7 +157,7 @@ class Session:
         self._observer = observer
         self.policy = policy
         self._client_frames = FrameSplitter(max_frame_size)
-        # Terminate mode's client login (kproxy/proxy/terminate.py); ``_auth_gate`` is it only while
+        # Terminate mode's client login (kproxy/sasl/client_login.py); ``_auth_gate`` is it only while
         # every request must be shown to it, else None (one attribute per request).
         self._client_login: ClientLogin[Exchange] | None = (ClientLogin(auth, self._client_frames, max_frame_size)
                                                             if auth is not None else None)
@@ -190,7 +190,7 @@ class Session:
         self._close_delay: tuple[float, InForce | None] | None = None  # a slow close: its delay, its lifetime
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
         self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
-        # The login gate (kproxy/proxy/login_gate.py): it holds client chunks while a login runs; in
+        # The login gate (kproxy/sasl/login_gate.py): it holds client chunks while a login runs; in
         # terminate mode only from the client's own login on.
         self._gate = (LoginGate(login, self._ids.refuses, self._client_frames, hold_first=auth is None)
                       if login is not None else None)
@@ -249,7 +249,7 @@ class Session:
 
     @property
     def mode(self) -> Mode:
-        """Whether the client speaks Kafka or passes raw SASL tokens (kproxy/proxy/sasl.py)."""
+        """Whether the client speaks Kafka or passes raw SASL tokens (kproxy/sasl/relay.py)."""
         return Mode.KAFKA if self._sasl is None else Mode.SASL_TOKENS
 
     # -- client -> upstream ----------------------------------------------------------
@@ -424,7 +424,7 @@ class Session:
         self._awaiting.append(ex)
         return out
 
-    # -- the login gate (kproxy's own login to the broker: kproxy/proxy/login_gate.py) -------------
+    # -- the login gate (kproxy's own login to the broker: kproxy/sasl/login_gate.py) -------------
     def _login_hold(self, gate: LoginGate, chunk: bytes | bytearray, read_at: float | None) -> list[Command]:
         """A client chunk read while a login runs: held; the connection's first one begins the
         first login (its first request, and a wake-up at its deadline)."""
@@ -469,7 +469,7 @@ class Session:
         if when is not None:
             self._release.want_wake(when)
 
-    # -- terminate mode (the client's login to kproxy: kproxy/proxy/terminate.py) ----------------
+    # -- terminate mode (the client's login to kproxy: kproxy/sasl/client_login.py) ----------------
     def _detached(self) -> bool:
         """Terminate mode, before the upstream connection was asked for."""
         return self._client_login is not None and self._client_login.detached
@@ -573,7 +573,7 @@ class Session:
 
     def _cluster_api_versions(self, ex: Exchange) -> bytes | None:
         """The answer to the client's ApiVersions before the upstream connection is open: the
-        cluster's own answer at that version (kproxy/proxy/terminate.py), capped and given
+        cluster's own answer at that version (kproxy/sasl/client_login.py), capped and given
         kproxy's SASL versions as a broker's answer is (kproxy/proxy/rewrite.py), then edited by
         the request's rules as a broker's would be. None when no answer of the cluster is known:
         the connection closes (nothing is answered)."""

@@ -1,5 +1,5 @@
 """kproxy's own SASL login to the brokers (``sasl.upstream``): :class:`UpstreamLogins` makes each
-upstream connection's :class:`~kproxy.proxy.upstream_login.UpstreamLogin` (the credentials as they
+upstream connection's :class:`~kproxy.sasl.upstream_login.UpstreamLogin` (the credentials as they
 are, the SCRAM keys remembered, the counters); :func:`authenticate` drives one over a bare upstream
 stream (broker discovery's connection). Client connections log in through their session instead
 (kproxy/proxy/session.py), which holds the client's requests meanwhile."""
@@ -14,9 +14,9 @@ from kproxy.config import Config
 from kproxy.logfmt import q
 from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin
 from kproxy.sasl.client import ScramKeys
 from kproxy.sasl.secret_file import UpstreamCredentials
+from kproxy.sasl.upstream_login import SUCCESS, LoginResult, UpstreamLogin
 
 log = logging.getLogger("kproxy.server")
 

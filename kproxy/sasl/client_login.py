@@ -1,25 +1,25 @@
 """Terminate mode's client login: what a session does with the answers of kproxy's own SASL server
-(:class:`~kproxy.proxy.client_auth.ClientAuth`), as a unit the session owns and calls.
+(:class:`~kproxy.sasl.authenticator.ClientAuth`), as a unit the session owns and calls.
 
 :class:`ClientLogin` is one connection's, made only in terminate mode (``auth``). It keeps the
 state of the client's login that is not the SASL exchange's own: the verification a PLAIN
 password's slow hash needs (:meth:`ClientLogin.take_verification`, run off the event loop by the
 server, its result back through :meth:`ClientLogin.verified`), whether the connection has an upstream
 side yet, and the requests read behind the login's last message. Until the client logged in its
-frames are bounded by :data:`~kproxy.proxy.client_auth.MAX_RECEIVE_SIZE` (the session's splitter
+frames are bounded by :data:`~kproxy.sasl.authenticator.MAX_RECEIVE_SIZE` (the session's splitter
 is given that bound, and its own back after the login) and the whole login is held to the
 deadline of one frame (the session's ``partial_request_at`` is 0). A refusal's answer is followed
-by the close :data:`~kproxy.proxy.client_auth.FAILED_AUTHENTICATION_DELAY` later, as a broker's.
+by the close :data:`~kproxy.sasl.authenticator.FAILED_AUTHENTICATION_DELAY` later, as a broker's.
 
 Nothing reaches the cluster for a client before its login succeeded: the session starts with no
 upstream connection (:attr:`ClientLogin.detached`), answers the client's ApiVersions from the
-cluster's own answers to kproxy (:data:`~kproxy.proxy.client_auth.ApiVersionsSource`), and asks for
+cluster's own answers to kproxy (:data:`~kproxy.sasl.authenticator.ApiVersionsSource`), and asks for
 the connection after the answer that tells the client it logged in (:attr:`ClientLogin.attach_due`).
 So a client that fails its login, or never tries, costs the cluster no connection and no login: an
 unauthenticated flood is not amplified. Requests the client sent behind its login's last message
 wait for the connection (:meth:`ClientLogin.pipelined`), and with kproxy's own login
 (``sasl.upstream``) for that login's end, as every request of a connection kproxy logs in on does
-(kproxy/proxy/login_gate.py).
+(kproxy/sasl/login_gate.py).
 
 The session shows it every request only while :attr:`ClientLogin.gating` (before the login, or
 with a session lifetime); in relay mode there is none, and the session checks one attribute per
@@ -33,7 +33,7 @@ from typing import Generic, TypeVar
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.tables import ApiKey
-from kproxy.proxy.client_auth import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
+from kproxy.sasl.authenticator import MAX_RECEIVE_SIZE, AuthAnswer, ClientAuth
 from kproxy.sasl.requests import SaslRequest
 
 R = TypeVar("R", bound=SaslRequest)  # the session's kind of request (its Exchange)
@@ -105,7 +105,7 @@ class ClientLogin(Generic[R]):
         """Take in what kproxy's SASL server said about ``ex`` (None: a raw token). False when it
         asked for a verification first (:meth:`take_verification`; the answer comes from
         :meth:`verified`); True when the answer is to be sent now, and the close it asks for done
-        (after :data:`~kproxy.proxy.client_auth.FAILED_AUTHENTICATION_DELAY` when there is an answer)."""
+        (after :data:`~kproxy.sasl.authenticator.FAILED_AUTHENTICATION_DELAY` when there is an answer)."""
         if answer.verify is not None:
             self._verification = answer
             self._verifying = ex

@@ -2,7 +2,7 @@
 
 :class:`LoginGate` is one connection's gate, a unit the session owns and calls (sans-IO: client
 chunks and broker answers in, frames for the broker and the login's end out). While a login runs
-(:class:`~kproxy.proxy.upstream_login.UpstreamLogin`, the SASL exchange itself) the client's chunks
+(:class:`~kproxy.sasl.upstream_login.UpstreamLogin`, the SASL exchange itself) the client's chunks
 are held (:meth:`LoginGate.hold`) and none of its requests goes up; the login's own frames go up
 instead, and the broker's answers to them (:meth:`LoginGate.answer`) never reach the client. The
 first login is begun by the client's first chunk (in terminate mode, the client is held from its
@@ -26,8 +26,8 @@ from typing import Final
 
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.proxy.client_auth import FAILED_AUTHENTICATION_DELAY
-from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
+from kproxy.sasl.authenticator import FAILED_AUTHENTICATION_DELAY
+from kproxy.sasl.upstream_login import SUCCESS, LoginResult, UpstreamLogin, refusal_answer
 
 # A refused upstream login closes this long after its answer, as a broker does (Kafka's
 # connection.failed.authentication.delay.ms, 100 ms by default).

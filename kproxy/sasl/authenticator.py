@@ -13,7 +13,7 @@ state:
   connection without an answer (``Unexpected Kafka request of type METADATA during SASL
   handshake``). Kafka's authenticator answers that ApiVersions itself, from the broker's versions;
   kproxy answers it from the cluster's own answers to kproxy (:data:`ApiVersionsSource`), since it
-  opens no upstream connection before the client logged in (kproxy/proxy/terminate.py);
+  opens no upstream connection before the client logged in (kproxy/sasl/client_login.py);
 * a SaslHandshake naming a mechanism not offered is answered UNSUPPORTED_SASL_MECHANISM with the
   list offered, then the connection closes; an offered one is answered NONE with the list;
 * after SaslHandshake v0 the client's frames are raw tokens, answered with raw tokens; after v1
