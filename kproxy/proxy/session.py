@@ -11,9 +11,10 @@ checked, the policy asked, then forwarded, answered locally, swallowed or the
 connection closed; each step once, whatever the verdict. The session's parts live
 beside it in kproxy/proxy/: the exchange and its concerns (exchange.py), the policy
 seam (verdict.py), the in-order release (release.py), the correlation ids and acks=0
-memory (correlation.py), the SASL token mode (sasl.py), and two units the session owns and calls,
-each with its own state: the login gate, which holds the client while kproxy logs in to the broker
-itself (login_gate.py), and the client's login to kproxy in terminate mode (terminate.py).
+memory (correlation.py). SASL's are in kproxy/sasl/: the token mode and relay (relay.py), and two
+units the session owns and calls, each with its own state: the login gate, which holds the client
+while kproxy logs in to the broker itself (login_gate.py), and the client's login to kproxy in
+terminate mode (client_login.py).
 
 Guarantees kept here (each has bitten a peer):
 
