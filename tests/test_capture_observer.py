@@ -185,7 +185,7 @@ def test_sasl_user_becomes_the_principal_after_a_successful_authenticate() -> No
     h = Harness()
     h.exchange(request_frame(17, 1, 1, mechanism="PLAIN"), response_frame(17, 1, 1, error_code=0,
                                                                          mechanisms=["PLAIN"]))
-    # The session's principal: the one its rules see (kproxy/proxy/sasl.py reads the login).
+    # The session's principal: the one its rules see (kproxy/sasl/relay.py reads the login).
     failed = h.exchange(request_frame(36, 2, 2, auth_bytes=b"\x00mallory\x00guess"),
                         response_frame(36, 2, 2, error_code=58, error_message="bad", auth_bytes=b""))
     assert failed["principal"] is None and failed["error_code"] == 58

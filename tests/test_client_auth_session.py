@@ -19,7 +19,6 @@ from kproxy.protocol import decode_response
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.client_auth import ANSWERED_VERSIONS, MAX_RECEIVE_SIZE, ClientAuth, Outcome
 from kproxy.proxy.commands import (
     CloseConnection,
     CloseKind,
@@ -33,10 +32,11 @@ from kproxy.proxy.commands import (
 )
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, RequestPolicy, Session, Verdict
-from kproxy.proxy.upstream_login import UpstreamLogin
+from kproxy.sasl.authenticator import ANSWERED_VERSIONS, MAX_RECEIVE_SIZE, ClientAuth, Outcome
 from kproxy.sasl.client import Credentials
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials
 from kproxy.sasl.server import CredentialChecker
+from kproxy.sasl.upstream_login import UpstreamLogin
 from tests.support.clock import Clock
 from tests.test_upstream_login import ScriptedBroker
 

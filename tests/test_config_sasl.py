@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.config import OPTIONS, ConfigError, SaslUpstream, add_run_arguments, build_config, config_from_args
-from kproxy.config.secrets import SECRET_MAX_BYTES, read_secret
+from kproxy.sasl.secret_file import SECRET_MAX_BYTES, read_secret
 
 KPROXY = [sys.executable, "-m", "kproxy"]
 SASL_OPTIONS = {"mechanism", "username", "password_file", "token_file"}

@@ -422,8 +422,8 @@ def test_sasl_secrets_are_mounted_as_files_where_kproxy_yaml_points(helm: Any, t
     """Credentials come from Secrets mounted as files, never the environment: the upstream password
     and the credentials file of terminate mode, at the paths kproxy.yaml names; kproxy loads that
     config (its credentials file read and checked) once the files are where the mounts would be."""
-    from kproxy.config.credentials_file import save_credentials
     from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user
+    from kproxy.sasl.credentials_file import save_credentials
 
     docs = render(helm, SASL_VALUES)
     text = one(docs, "ConfigMap")["data"]["kproxy.yaml"]

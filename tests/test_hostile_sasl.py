@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.config.credentials_file import save_credentials
 from kproxy.logfmt import parse_logfmt
 from kproxy.protocol import decode_response
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.sasl.credentials import CredentialStore, user_credentials, with_user
+from kproxy.sasl.credentials_file import save_credentials
 from kproxy.testing import Broker, free_port, wait_for_port
 
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36

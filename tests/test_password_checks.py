@@ -1,6 +1,7 @@
-"""The PLAIN hashes of terminate mode shared among connections (kproxy/server/password_checks.py):
-at most so many at once, one per key shared by its waiters, charged per address and served in turn,
-dropped when nobody waits. The work is real work in real threads, held by a gate the test opens."""
+"""The PLAIN hashes of terminate mode run in threads (kproxy/server/password_checks.py; its queue is
+kproxy/sasl/password_queue.py): at most so many at once, one per key shared by its waiters, charged
+per address and served in turn, dropped when nobody waits. The work is real work in real threads,
+held by a gate the test opens."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ async def test_a_queued_hash_nobody_waits_for_is_dropped() -> None:
                     gone.start_soon(checks.check, "10.0.0.66", f"gone-{i}".encode(), gated.work(f"gone-{i}"))
         assert checks.queued == 0
         gated.gate.set()
-    assert gated.ran == ["first"] and checks.runs == 1 and not checks._by_key and not checks._charged
+    assert gated.ran == ["first"] and checks.runs == 1 and not checks._queue._by_key and not checks._queue._charged
 
 
 async def test_never_more_threads_than_allowed() -> None:

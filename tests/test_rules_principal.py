@@ -23,13 +23,13 @@ from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.exchange import Exchange
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.sasl import USER_NAME_MAX, SaslLogin, plain_user, scram_user
 from kproxy.proxy.session import Session
 from kproxy.proxy.verdict import Verdict
 from kproxy.rules import RulesError
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_text
 from kproxy.rules.request_facts import StaticFacts
+from kproxy.sasl.relay import USER_NAME_MAX, SaslLogin, plain_user, scram_user
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "rules" / "kproxy-rules.schema.json").read_text())

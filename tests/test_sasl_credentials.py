@@ -15,7 +15,6 @@ import pytest
 import scramp
 
 from kproxy.cli import main
-from kproxy.config.credentials_file import load_credentials, save_credentials
 from kproxy.sasl import scram
 from kproxy.sasl.credentials import (
     PLAIN_MIN_ITERATIONS,
@@ -29,6 +28,7 @@ from kproxy.sasl.credentials import (
     with_user,
     without_user,
 )
+from kproxy.sasl.credentials_file import load_credentials, save_credentials
 
 FAST = PLAIN_MIN_ITERATIONS  # the cheapest PLAIN hash a file may hold: tests need not spend 210,000 iterations
 

@@ -1,4 +1,4 @@
-"""kproxy/server/secrets.py: the upstream login's secret file, re-read when it changes (in place, or
+"""kproxy/sasl/secret_file.py: the upstream login's secret file, re-read when it changes (in place, or
 a Kubernetes Secret's symlink swap); a bad or missing file keeps the last good secret and says so
 once, never with the secret in the line."""
 
@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.config import SaslUpstream
 from kproxy.logfmt import q
-from kproxy.server.secrets import SecretFile, UpstreamCredentials
+from kproxy.sasl.secret_file import SecretFile, UpstreamCredentials
 from tests.support.k8s_secret import kubernetes_secret, swap
 
 
@@ -70,7 +69,7 @@ def test_a_bad_or_missing_file_keeps_the_last_secret_and_says_so_once(tmp_path: 
 def test_a_token_file_gives_oauthbearer_credentials(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.\n")
-    credentials = UpstreamCredentials(SaslUpstream("OAUTHBEARER", None, None, path)).current()
+    credentials = UpstreamCredentials("OAUTHBEARER", None, path).current()
     assert (credentials.mechanism, credentials.username, credentials.secret) == (
         "OAUTHBEARER", None, "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.")
     assert "eyJ" not in repr(credentials)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import scramp
 
-from kproxy.config.credentials_file import load_credentials, save_credentials
 from kproxy.sasl import scram
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user
+from kproxy.sasl.credentials_file import load_credentials, save_credentials
 from kproxy.sasl.server import (
     AUTHZID_DIFFERS,
     PLAIN_INVALID,

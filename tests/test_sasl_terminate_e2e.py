@@ -24,7 +24,6 @@ from confluent_kafka import KafkaError, Producer
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 
-from kproxy.config.credentials_file import load_credentials, save_credentials
 from kproxy.logfmt import parse_logfmt
 from kproxy.sasl.credentials import (
     PLAIN_MAX_ITERATIONS,
@@ -34,6 +33,7 @@ from kproxy.sasl.credentials import (
     with_user,
     without_user,
 )
+from kproxy.sasl.credentials_file import load_credentials, save_credentials
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from kproxy.testing.tansu import free_port
 from tests.sasl_front import SaslFront

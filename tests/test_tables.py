@@ -70,7 +70,7 @@ def test_the_api_key_constants_are_the_enum_as_plain_ints() -> None:
 
 # Modules another change is taking apart (the session's login gate and terminate mode, issue 38 item 1):
 # they move to the constants there.
-_REBINDING_LEFT = {"kproxy/proxy/session.py", "kproxy/proxy/terminate.py"}
+_REBINDING_LEFT: set[str] = set()
 
 
 def test_api_keys_are_compared_as_the_constants_not_rebound_per_module() -> None:

@@ -23,13 +23,13 @@ import scramp
 import trio
 import trio.testing
 
-from kproxy.config.credentials_file import save_credentials
 from kproxy.logfmt import parse_logfmt
 from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.messages import Body
 from kproxy.protocol.payloads import decode_response
 from kproxy.sasl.credentials import CredentialStore, user_credentials
+from kproxy.sasl.credentials_file import save_credentials
 from kproxy.server.discovery import ClusterVersions, answers_by_version, fetch_api_versions_answers
 from kproxy.server.proxy import ProxyServer
 from kproxy.testing import proxy_config, running_server

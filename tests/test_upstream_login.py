@@ -17,10 +17,11 @@ from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.payloads import decode_request, decode_response
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, SendToClient, WakeAt
-from kproxy.proxy.login_mode import REFUSAL_LINGER_S
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
-from kproxy.proxy.upstream_login import (
+from kproxy.sasl.client import Credentials, ScramKeys
+from kproxy.sasl.login_gate import REFUSAL_LINGER_S
+from kproxy.sasl.upstream_login import (
     ERROR,
     FAILURE,
     SUCCESS,
@@ -28,7 +29,6 @@ from kproxy.proxy.upstream_login import (
     UpstreamLogin,
     refusal_answer,
 )
-from kproxy.sasl.client import Credentials, ScramKeys
 from tests.sasl_front import MECHANISMS, Refused, mechanism_server, unsecured_jws
 from tests.sasl_front import Credentials as FrontCredentials
 from tests.support.clock import Clock

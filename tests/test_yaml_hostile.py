@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kproxy.config.credentials_file import load_credentials, save_credentials
 from kproxy.config.model import ConfigError
 from kproxy.config.yaml_file import read_config_file
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialsError, CredentialStore, user_credentials, with_user
+from kproxy.sasl.credentials_file import load_credentials, save_credentials
 from kproxy.testing import Broker, running_proxy
 from tests.support.loopwatch import loop_lag_max, reset_loop_lag
 from tests.support.resilience import vm_rss_kb

@@ -17,7 +17,7 @@ rather than held for the writer's next turn.
 Each record carries the connection's principal when the exchange completed, as the
 session knows it (``identity``: :attr:`kproxy.proxy.session.Session.principal`, the TLS
 client certificate's subject or the user of a PLAIN or SCRAM login the broker accepted,
-read by :class:`kproxy.proxy.sasl.SaslLogin`): the principal the rules saw, so a what-if
+read by :class:`kproxy.sasl.relay.SaslLogin`): the principal the rules saw, so a what-if
 matches ``principal`` keys as the proxy did. Without an ``identity``, the connection's own
 (:attr:`ConnectionInfo.principal`).
 """

@@ -54,8 +54,8 @@ from kproxy.config.options import (
     flag_name,
     split_cluster_path,
 )
-from kproxy.config.secrets import read_secret
 from kproxy.config.yaml_file import read_config_file
+from kproxy.sasl.secret_file import read_secret
 
 # KPROXY_* variables that kproxy or its tooling reads and that are not options of ``kproxy run``:
 # a shell or a test run may set them in the environment ``kproxy run`` inherits.
@@ -367,8 +367,8 @@ def _sasl_client(sasl: SaslClient, problems: list[str]) -> SaslClient:
         problems.append("sasl.client.mode: terminate needs sasl.client.credentials_file "
                         "(--sasl-client-credentials-file; `kproxy credentials add USER --file FILE` writes one)")
         return sasl
-    from kproxy.config.credentials_file import load_credentials
     from kproxy.sasl.credentials import CredentialsError
+    from kproxy.sasl.credentials_file import load_credentials
 
     try:
         store = load_credentials(sasl.credentials_file)

@@ -142,7 +142,7 @@ class SaslUpstream:
     """kproxy's own SASL login to the brokers, for clients that do not log in themselves (off unless
     ``mechanism`` is set; docs/SASL.md). The secret comes from a file only, never a flag or a variable:
     ``password_file`` for PLAIN and SCRAM (with ``username``), ``token_file`` for OAUTHBEARER. Both
-    are re-read when they change (kproxy/server/secrets.py)."""
+    are re-read when they change (kproxy/sasl/secret_file.py)."""
 
     mechanism: str | None = None
     username: str | None = None
@@ -161,7 +161,7 @@ class SaslUpstream:
 
 @dataclass(frozen=True)
 class SaslClient:
-    """The SASL of clients (kproxy/proxy/client_auth.py). ``relay``: a client's own exchange goes to
+    """The SASL of clients (kproxy/sasl/authenticator.py). ``relay``: a client's own exchange goes to
     the broker, as every other request. ``terminate``: kproxy answers it, checking the users of
     ``credentials_file`` for ``mechanisms``; ``session_lifetime`` (seconds, 0: none) makes clients
     re-authenticate that often (KIP-368). ``credentials`` is the file's store as read at start (not

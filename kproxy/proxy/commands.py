@@ -161,7 +161,7 @@ class ConnectUpstream:
     """Open the upstream connection now, then hand the session's ``upstream_connected`` the fact and
     execute the commands it returns (the first requests for the broker). Terminate mode only: a
     session that answers its client's login itself has no upstream connection until that login
-    succeeded (kproxy/proxy/terminate.py), so a client that never logs in costs the cluster nothing.
+    succeeded (kproxy/sasl/client_login.py), so a client that never logs in costs the cluster nothing.
     Comes last in its list, once per connection, and nothing is written upstream before it; when no
     upstream address accepts, the connection closes, as a client of a dead upstream sees it."""
 

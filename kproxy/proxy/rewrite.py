@@ -111,7 +111,7 @@ class ResponseRewriter:
     itself); they are capped in ApiVersions like the rewritten ones.
 
     ``answered`` are API keys kproxy answers itself, whatever the broker speaks (SaslHandshake and
-    SaslAuthenticate in terminate mode: kproxy/proxy/client_auth.py), with the versions it
+    SaslAuthenticate in terminate mode: kproxy/sasl/authenticator.py), with the versions it
     answers: ApiVersions answers list those versions, added when the broker has none.
     """
 

@@ -11,8 +11,10 @@ checked, the policy asked, then forwarded, answered locally, swallowed or the
 connection closed; each step once, whatever the verdict. The session's parts live
 beside it in kproxy/proxy/: the exchange and its concerns (exchange.py), the policy
 seam (verdict.py), the in-order release (release.py), the correlation ids and acks=0
-memory (correlation.py), the SASL token mode (sasl.py), kproxy's own login to the broker
-(login_mode.py) and terminate mode (terminate.py), these two as the session's base classes.
+memory (correlation.py). SASL's are in kproxy/sasl/: the token mode and relay (relay.py), and two
+units the session owns and calls, each with its own state: the login gate, which holds the client
+while kproxy logs in to the broker itself (login_gate.py), and the client's login to kproxy in
+terminate mode (client_login.py).
 
 Guarantees kept here (each has bitten a peer):
 
@@ -29,26 +31,26 @@ Guarantees kept here (each has bitten a peer):
   int32 counter); kproxy/proxy/correlation.py says when an acks=0 id is.
 * After a successful SaslHandshake v0, the client and broker exchange raw
   size-prefixed SASL tokens with no Kafka header; they pass opaquely until the
-  mechanism's exchange is over (kproxy/proxy/sasl.py).
+  mechanism's exchange is over (kproxy/sasl/relay.py).
 * A black hole (a verdict's ``blackhole``) lets nothing more through while it lasts: each
   request read meanwhile is tracked in order and released at once as no answer, never
   forwarded (unless the verdict forwards), so nothing waits for an answer that will never come,
   nothing piles up, and answers to requests forwarded before or after it leave in order, never
   held behind one it swallowed. It ends with its rule (``Verdict.blackhole_lasts``, asked before
   each request and at a slow close's time): requests read from then on flow again.
-* With an upstream login (kproxy logs in to the broker itself: kproxy/proxy/upstream_login.py,
-  the session's side of it in kproxy/proxy/login_mode.py), no client request goes up while one
+* With an upstream login (kproxy logs in to the broker itself: kproxy/sasl/upstream_login.py,
+  the session's side of it in kproxy/sasl/login_gate.py), no client request goes up while one
   is in progress (the first, begun by the client's first chunk; each re-authentication,
   KIP-368): the client is read no further than one chunk, held until the login succeeded.
   A refused first login answers the client's first request with the
   broker's error where it can (ApiVersions can), then closes. The client's own SASL requests are
   answered ILLEGAL_SASL_STATE, as a broker answers them on a connection needing no login.
-* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/proxy/terminate.py):
+* Terminate mode (``auth``: kproxy authenticates the client itself, kproxy/sasl/client_login.py):
   its SASL requests are answered by kproxy, in order with the other answers, and there is no
   upstream connection before the client logged in.
 * The connection's principal (:attr:`Session.principal`) is the TLS client certificate's
   the server gives, or the user of a PLAIN or SCRAM login the broker accepted (in either
-  SASL form: kproxy/proxy/sasl.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
+  SASL form: kproxy/sasl/relay.py's :class:`SaslRelay`) or kproxy accepted (terminate mode);
   the policy is told when it changes.
 * ApiVersions at a version kproxy cannot read gets the KIP-511 answer (v0 body,
   UNSUPPORTED_VERSION, the range kproxy reads), never a closed connection, whatever
@@ -67,41 +69,39 @@ import time
 from collections.abc import Callable
 from typing import Final
 
+from kproxy.protocol.api_keys import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from kproxy.protocol.error_response import api_versions_answer
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
 from kproxy.protocol.request_fields import request_client_id
 from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.client_auth import ClientAuth
+from kproxy.protocol.tables import ErrorCode, api_name
 from kproxy.proxy.commands import (
+    CONNECT_UPSTREAM,
     CloseConnection,
     CloseKind,
     Command,
     ForwardUpstream,
     RejectReason,
+    VerifyCredentials,
     WakeAt,
 )
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
-from kproxy.proxy.login_mode import UpstreamLoginMode
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
 from kproxy.proxy.rewrite import ResponseRewriter
-from kproxy.proxy.sasl import SASL_ROUNDS, SaslRelay, SaslTokens
-from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, InForce, RequestPolicy, Verdict, keep_ruling
+from kproxy.sasl.authenticator import FAILED_AUTHENTICATION_DELAY, AuthAnswer, ClientAuth
+from kproxy.sasl.client_login import ClientLogin
+from kproxy.sasl.login_gate import REFUSAL_LINGER_S, LoginEnd, LoginGate
+from kproxy.sasl.relay import SASL_ROUNDS, SaslRelay, SaslTokens
+from kproxy.sasl.upstream_login import UpstreamLogin
 from kproxy.wire_toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
            "RequestPolicy", "RuleDecision", "Ruling", "Session", "SessionError", "SessionObserver", "Verdict"]
 
-# Plain ints, bound once: compared on every frame (an int == IntEnum comparison costs about twice a
-# plain one, kproxy/protocol/tables.py).
-PRODUCE: Final = int(ApiKey.PRODUCE)
-SASL_HANDSHAKE: Final = int(ApiKey.SASL_HANDSHAKE)
-SASL_AUTHENTICATE: Final = int(ApiKey.SASL_AUTHENTICATE)
 _SASL_APIS: Final = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
-API_VERSIONS: Final = int(ApiKey.API_VERSIONS)
 UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
 _REQUEST_FIXED: Final = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
 _RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
@@ -122,7 +122,7 @@ class Mode(enum.Enum):
     SASL_TOKENS = "sasl-tokens"
 
 
-class Session(UpstreamLoginMode):
+class Session:
     """Sans-IO state of one client connection.
 
     ``receive_client(chunk)`` and ``receive_upstream(chunk)`` take the bytes the
@@ -153,7 +153,11 @@ class Session(UpstreamLoginMode):
         self._observer = observer
         self.policy = policy
         self._client_frames = FrameSplitter(max_frame_size)
-        self._terminate(auth, max_frame_size)  # terminate mode's state (kproxy/proxy/terminate.py)
+        # Terminate mode's client login (kproxy/sasl/client_login.py); ``_auth_gate`` is it only while
+        # every request must be shown to it, else None (one attribute per request).
+        self._client_login: ClientLogin[Exchange] | None = (ClientLogin(auth, self._client_frames, max_frame_size)
+                                                            if auth is not None else None)
+        self._auth_gate = self._client_login if self._client_login is not None and self._client_login.gating else None
         self._upstream_frames = FrameSplitter(max_frame_size)
         # A bounded turn's leftovers (receive_client's and receive_upstream's ``turn``), taken before the next read.
         self._client_more: list[bytes] = []
@@ -182,17 +186,19 @@ class Session(UpstreamLoginMode):
         self._close_delay: tuple[float, InForce | None] | None = None  # a slow close: its delay, its lifetime
         self._edited = False  # a policy replaced a request of the chunk being read: the chunk is not what goes up
         self.login = login  # kproxy's own login to the broker (None: the client's SASL, if any, is relayed)
-        # Client chunks held during a login (module docstring; in terminate mode, after the client's: terminate.py).
-        self._hold: list[tuple[bytes | bytearray, float | None]] | None = [] if login and auth is None else None
+        # The login gate (kproxy/sasl/login_gate.py): it holds client chunks while a login runs; in
+        # terminate mode only from the client's own login on.
+        self._gate = (LoginGate(login, self._ids.refuses, self._client_frames, hold_first=auth is None)
+                      if login is not None else None)
         self._upstream_out: list[bytes] = []  # frames for the broker from receive_upstream / on_timer (a login's)
-        self._login_wake_asked: float | None = None
 
     # -- what the server may ask between chunks ----------------------------------------
     @property
     def can_accept(self) -> bool:
         """False while ``max_in_flight`` requests await responses, or a chunk read during an upstream
         login waits for it to end: stop reading the client."""
-        return len(self.in_flight) < self.max_in_flight and not self._hold
+        gate = self._gate
+        return len(self.in_flight) < self.max_in_flight and (gate is None or not gate.held)
 
     @property
     def in_flight_count(self) -> int:
@@ -204,7 +210,7 @@ class Session(UpstreamLoginMode):
         """Where in the client's byte stream the request frame still missing bytes begins; None when
         no partial frame is buffered (the server's frame deadline: limits.frame_timeout). In terminate
         mode, 0 until the client logged in: the whole login has one frame's deadline (the server's: from the start)."""
-        if self._auth_gate is not None and self._auth_gate.principal is None:
+        if self._auth_gate is not None and self._auth_gate.logging_in:
             return 0
         frames = self._client_frames
         return frames.consumed if frames.buffered else None
@@ -233,8 +239,13 @@ class Session(UpstreamLoginMode):
             self.policy.principal = principal
 
     @property
+    def logging_in(self) -> bool:
+        """Terminate mode, before the client's first login succeeded."""
+        return self._auth_gate is not None and self._auth_gate.logging_in
+
+    @property
     def mode(self) -> Mode:
-        """Whether the client speaks Kafka or passes raw SASL tokens (kproxy/proxy/sasl.py)."""
+        """Whether the client speaks Kafka or passes raw SASL tokens (kproxy/sasl/relay.py)."""
         return Mode.KAFKA if self._sasl is None else Mode.SASL_TOKENS
 
     # -- client -> upstream ----------------------------------------------------------
@@ -252,8 +263,9 @@ class Session(UpstreamLoginMode):
         server calls after a pass through its scheduler and before it reads again: one turn of its
         loop does not go to thousands of one client's tiny requests.
         """
-        if self._hold is not None:
-            return self._login_hold(chunk, read_at)  # kproxy/proxy/login_mode.py
+        gate = self._gate
+        if gate is not None and gate.held is not None:
+            return self._login_hold(gate, chunk, read_at)
         try:
             frames, data, exact = self._client_frames.split(chunk)
         except ProtocolError as exc:
@@ -297,7 +309,7 @@ class Session(UpstreamLoginMode):
         self._edited = False
         if release.wake is not None:
             self._ask_wake(commands)
-        if self._closing is not None or self._offload is not None or self._attach_due:
+        if self._closing is not None or (self._client_login is not None and self._client_login.pending):
             self._last(commands)
         return commands
 
@@ -318,8 +330,9 @@ class Session(UpstreamLoginMode):
                 return frame
             self._sasl = None  # a Kafka request again: it gets every check below
         gate = self._auth_gate
-        if gate is not None and gate.raw:
-            self._auth_token(gate, frame)
+        if gate is not None and gate.auth.raw:
+            now = self.clock()
+            self._auth_answer(gate, gate.token(frame, now, bool(self._release.in_flight)), None, now)
             return None
         try:
             _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
@@ -388,23 +401,191 @@ class Session(UpstreamLoginMode):
         if verdict is not None and not verdict.forward:
             self._answer_locally(ex, verdict.answer, now)
             return None
-        if api_key == API_VERSIONS and (api_version > _API_VERSIONS_MAX or self._detached):
+        if api_key == API_VERSIONS and (api_version > _API_VERSIONS_MAX or self._detached()):
             # KIP-511's answer above the versions kproxy reads; else (no upstream connection yet) the cluster's.
             self._answer_locally(ex, api_versions_answer(correlation_id, UNSUPPORTED_VERSION, _KIP511_RANGE)
                                  if api_version > _API_VERSIONS_MAX else self._cluster_api_versions(ex), now)
             return None
         if api_key in _SASL_APIS:
-            if self._auth is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
-                self._auth_answer(self._auth.request(ex, now), ex, now)
+            client_login = self._client_login
+            if client_login is not None:  # terminate mode, logged in for good: kproxy answers (ILLEGAL_SASL_STATE)
+                self._auth_answer(client_login, client_login.auth.request(ex, now), ex, now)
                 return None
-            if self.login is not None:  # kproxy logged in itself: nothing to relay (module docstring)
-                self._answer_locally(ex, self.login.refuse_client_sasl(frame), now)
+            if self._gate is not None:  # kproxy logged in itself: nothing to relay (module docstring)
+                self._answer_locally(ex, self._gate.refuse_client_sasl(frame), now)
                 return None
             if self._relay is None:
                 self._relay = SaslRelay()
             self._relay.request(ex)
         self._awaiting.append(ex)
         return out
+
+    # -- the login gate (kproxy's own login to the broker: kproxy/sasl/login_gate.py) -------------
+    def _login_hold(self, gate: LoginGate, chunk: bytes | bytearray, read_at: float | None) -> list[Command]:
+        """A client chunk read while a login runs: held; the connection's first one begins the
+        first login (its first request, and a wake-up at its deadline)."""
+        out = gate.hold(chunk, read_at)
+        if not out:
+            return []
+        assert gate.deadline is not None
+        return [ForwardUpstream(out), WakeAt(gate.deadline)]
+
+    def _login_ended(self, end: LoginEnd) -> None:
+        """Success: the held client chunks are read now (their requests go up, after those read
+        behind a terminate-mode login). Refusal: the answer to the client's first request, if
+        any, and the close."""
+        if end.close is not None:
+            if end.error is not None:
+                self._closing = CloseConnection.for_error(end.error, RejectReason.REQUEST_OVERSIZE,
+                                                         RejectReason.REQUEST_SESSION, "bad request from client")
+                self._edited = False
+                return
+            if end.answer is not None:
+                self._release.ready.append(end.answer)
+            self._closing = CloseConnection(end.close, CloseKind.END, linger=REFUSAL_LINGER_S)
+            return
+        try:
+            if self._client_login is not None:
+                self._upstream_out += self._client_login.pipelined()
+            for chunk, read_at in end.held:
+                frames, _, _ = self._client_frames.split(chunk)
+                self._upstream_out.extend(f for raw in frames if (f := self._client_frame(raw, read_at)) is not None)
+        except ProtocolError as exc:
+            self._closing = CloseConnection.for_error(exc, RejectReason.REQUEST_OVERSIZE, RejectReason.REQUEST_SESSION,
+                                                     "bad request from client")
+        self._edited = False
+
+    def _login_commands(self, gate: LoginGate, commands: list[Command], again: bool = False) -> None:
+        """The frames the login (and the requests it held) send next; a wake-up at its deadline or next
+        re-authentication when that changed, or ``again`` (on_timer: the server forgot the last)."""
+        if self._upstream_out:
+            out, self._upstream_out = self._upstream_out, []
+            commands.append(ForwardUpstream(out[0]) if len(out) == 1 else forward_frames(out))
+        when = gate.wake(again)
+        if when is not None:
+            self._release.want_wake(when)
+
+    # -- terminate mode (the client's login to kproxy: kproxy/sasl/client_login.py) ----------------
+    def _detached(self) -> bool:
+        """Terminate mode, before the upstream connection was asked for."""
+        return self._client_login is not None and self._client_login.detached
+
+    def _auth_gated(self, gate: ClientLogin[Exchange], ex: Exchange, now: float) -> bool:
+        """While every request is shown to the client login: True when ``ex`` was taken care of here
+        (a SASL request answered by kproxy, or a request refused before the login), False when it
+        goes on as any request does."""
+        answer = gate.gate(ex, now)
+        if answer is None:
+            return False
+        if answer.frame is None and ex.api_key not in _SASL_APIS:
+            self._auth_answer(gate, answer, None, now)  # closed without an answer, as a broker does: nothing to track
+            return True
+        self._release.in_flight.append(ex)
+        self._ids.taken.add(ex.correlation_id)
+        self._auth_answer(gate, answer, ex, now)
+        return True
+
+    def _auth_answer(self, client_login: ClientLogin[Exchange], answer: AuthAnswer, ex: Exchange | None,
+                     now: float) -> None:
+        """Do what kproxy's SASL server said: the answer (to ``ex``, tracked; or a raw token when
+        ``ex`` is None) in its turn, the close, the new principal; or, first, the verification."""
+        if not client_login.answered(answer, ex):
+            return  # a verification runs first: its answer comes through verified()
+        if ex is not None:
+            self._answer_locally(ex, answer.frame, now)  # None: swallowed (the connection closes)
+        elif answer.frame is not None:
+            self._release.ready.append(answer.frame)
+        if answer.close is not None and self._closing is None:
+            # After an answer (a refusal the client must read) the close waits, as a broker's does.
+            linger = FAILED_AUTHENTICATION_DELAY if answer.frame is not None else 0.0
+            self._closing = (CloseConnection(answer.close, CloseKind.REJECT, RejectReason.REQUEST_SESSION,
+                                             linger=linger) if answer.reject
+                             else CloseConnection(answer.close, CloseKind.END, linger=linger))
+        principal = client_login.auth.principal
+        if principal is not None and principal != self.principal:
+            self.principal = principal
+        if self._auth_gate is not None and not client_login.gating:
+            self._auth_gate = None
+
+    def verified(self, ok: bool | None) -> list[Command]:
+        """The result of a :class:`~kproxy.proxy.commands.VerifyCredentials` this session asked for
+        (None: the server did not run it): the commands that follow from it (the login's answer, in
+        its turn; a close after a refusal)."""
+        client_login = self._client_login
+        assert client_login is not None
+        now = self.clock()
+        answer, ex = client_login.verified(ok, now)
+        self._auth_answer(client_login, answer, ex, now)
+        release = self._release
+        commands: list[Command] = [release.take([], b"", False)] if release.ready else []
+        if release.wake is not None:
+            self._ask_wake(commands)
+        self._last(commands)
+        return commands
+
+    def upstream_connected(self) -> list[Command]:
+        """The connection :class:`~kproxy.proxy.commands.ConnectUpstream` asked for is open: what
+        goes up first. With kproxy's own login (``sasl.upstream``), that login's first requests
+        (the client's wait for its end); otherwise the requests read behind the client's login."""
+        gate = self._gate
+        if gate is not None:
+            out = gate.begin()
+            assert gate.deadline is not None
+            return [ForwardUpstream(out), WakeAt(gate.deadline)]
+        assert self._client_login is not None
+        return [ForwardUpstream(after) for after in self._client_login.pipelined()]
+
+    def _last(self, commands: list[Command]) -> None:
+        """What ends a command list: the close asked for, else the upstream connection a login just
+        earned (the client then held while kproxy logs in itself), and the verification to run."""
+        if self._closing is not None:
+            commands.append(self._closing)
+            return
+        client_login = self._client_login
+        if client_login is None:
+            return
+        if client_login.attach_due:
+            self._attach(client_login, commands)
+        verification = client_login.take_verification()
+        if verification is not None:
+            assert verification.verify is not None
+            commands.append(VerifyCredentials(verification.verify, verification.verify_key))
+
+    def _attach(self, client_login: ClientLogin[Exchange], commands: list[Command]) -> None:
+        """The client's first login succeeded: ask for the upstream connection after the answers in
+        ``commands``. What they would have sent upstream (requests pipelined behind the login's last
+        message) waits for :meth:`upstream_connected`; with kproxy's own login, so do the client's
+        next chunks (held by the login gate), until that login's end."""
+        pipelined = b""
+        for i, command in enumerate(commands):
+            if type(command) is ForwardUpstream:
+                pipelined = command.payload()
+                del commands[i]
+                break
+        client_login.attached(pipelined)
+        if self._gate is not None:
+            self._gate.hold_from_now()
+        commands.append(CONNECT_UPSTREAM)
+
+    def _cluster_api_versions(self, ex: Exchange) -> bytes | None:
+        """The answer to the client's ApiVersions before the upstream connection is open: the
+        cluster's own answer at that version (kproxy/sasl/client_login.py), capped and given
+        kproxy's SASL versions as a broker's answer is (kproxy/proxy/rewrite.py), then edited by
+        the request's rules as a broker's would be. None when no answer of the cluster is known:
+        the connection closes (nothing is answered)."""
+        assert self._client_login is not None
+        frame = self._client_login.cluster_api_versions(ex)
+        if frame is None:
+            self._closing = CloseConnection("no ApiVersions answer of the cluster known yet (kproxy answers a "
+                                            "client's before its login)", CloseKind.END)
+            return None
+        response = self.rewriter.rewrite_exchange(ex, frame)
+        ruling = ex.ruling
+        if ruling is not None and ruling.on_response is not None:
+            response = ruling.on_response(response)
+            if ex.memo is not None:
+                ex.memo.response_body = None
+        return response
 
     def _sasl_login(self, principal: str | None) -> None:
         """A login ended; ``principal`` is who it established (None: it established no one)."""
@@ -512,11 +693,12 @@ class Session(UpstreamLoginMode):
     def _upstream_commands(self, frames: list[bytes | Spanned], data: bytes, exact: bool) -> list[Command]:
         release = self._release
         commands: list[Command] = [release.take(frames, data, exact)] if release.ready else []
-        if self.login is not None:
-            self._login_commands(commands)
+        gate = self._gate
+        if gate is not None:
+            self._login_commands(gate, commands)
         if release.wake is not None:
             self._ask_wake(commands)
-        if self.login is not None:  # the client chunks a login held were read here
+        if gate is not None:  # the client chunks a login held were read here
             self._last(commands)
         return commands
 
@@ -534,13 +716,18 @@ class Session(UpstreamLoginMode):
             self._heal()
         release = self._release
         release.flush()
-        login = self.login
-        if login is not None and self._login_timer(login, now):  # it ran out of time
-            assert self._closing is not None
-            return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
+        gate = self._gate
+        if gate is not None:
+            out, end = gate.on_timer(now)
+            if out:
+                self._upstream_out.append(out)
+            if end is not None:  # it ran out of time
+                self._login_ended(end)
+                assert self._closing is not None
+                return [release.take([], b"", False), self._closing] if release.ready else [self._closing]
         commands: list[Command] = [release.take([], b"", False)] if release.ready else []
-        if login is not None:
-            self._login_commands(commands, True)
+        if gate is not None:
+            self._login_commands(gate, commands, True)
         if self._close_at is not None:
             release.want_wake(self._close_at)
         if release.wake is not None:
@@ -574,8 +761,13 @@ class Session(UpstreamLoginMode):
             # the answer to an acks=0 Produce, remembered or pushed out, is dropped; else a desync.
             if (ids.acks0 or ids.forgotten is not None) and ids.answers_acks0(correlation_id):
                 return
-            if self.login is not None and self.login.awaits(correlation_id):  # (its ids are never the client's)
-                self._login_answer(correlation_id, frame if parts is None else b"".join(parts))
+            gate = self._gate
+            if gate is not None and gate.awaits(correlation_id):  # (its ids are never the client's)
+                out, end = gate.answer(correlation_id, frame if parts is None else b"".join(parts))
+                if out:
+                    self._upstream_out.append(out)
+                if end is not None:
+                    self._login_ended(end)
                 return
             if ex is None:
                 raise SessionError(f"response with correlation id {correlation_id} matches no request in flight")

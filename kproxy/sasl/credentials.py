@@ -56,7 +56,7 @@ DECOY_KEY_BYTES = 32  # the file's key for the made-up entries of unknown users
 DECOY_KEY_MIN_BYTES = 16  # a shorter one could be guessed from the made-up entries it gives
 MECHANISMS = (PLAIN, *scram.HASHES)  # every mechanism an entry can have, in the order they are written
 # The longest user name and password kproxy accepts, in UTF-8 bytes (a client's longer one is refused
-# before any hashing). kproxy/proxy/sasl.py reads relayed user names to the same length.
+# before any hashing). kproxy/sasl/relay.py reads relayed user names to the same length.
 USER_NAME_MAX = 1024
 PASSWORD_MAX = 1024
 KEY_EXCERPT = 80  # a document key a problem names (a user name, a mechanism), at most this many characters

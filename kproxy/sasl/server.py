@@ -1,7 +1,7 @@
 """The server side of SASL PLAIN (RFC 4616) and SCRAM (RFC 5802), as a Kafka broker plays it.
 
 Sans-IO: a client's messages in, challenges and a verdict out (:class:`Step`). The Kafka framing
-around them (SaslHandshake, SaslAuthenticate, raw tokens) is :mod:`kproxy.proxy.client_auth`'s.
+around them (SaslHandshake, SaslAuthenticate, raw tokens) is :mod:`kproxy.sasl.authenticator`'s.
 
 :class:`CredentialChecker` is one per server: the users in force (:attr:`CredentialChecker.store`,
 replaced when the credentials file changes; a login in progress keeps the store it began with),

@@ -3,7 +3,7 @@ changes, and what each login leaves in the log and the metrics.
 
 :class:`ClientAuthService` is one per server (only with ``sasl.client.mode: terminate``). It holds
 the :class:`~kproxy.sasl.server.CredentialChecker` every connection's
-:class:`~kproxy.proxy.client_auth.ClientAuth` uses, the
+:class:`~kproxy.sasl.authenticator.ClientAuth` uses, the
 :class:`~kproxy.server.password_checks.PasswordChecks` that runs their PLAIN hashes, and polls
 the credentials file as the rules file is polled (kproxy/server/rules_reload.py says why a stat
 poll: a Kubernetes Secret is updated by a symlink flip that inotify does not see). A change is
@@ -29,14 +29,14 @@ import logging
 
 import trio
 
-from kproxy.config.credentials_file import load_credentials
 from kproxy.config.model import SaslClient
 from kproxy.files import stat_signature
 from kproxy.logfmt import clip, q
 from kproxy.metrics.stats import TrafficStats
-from kproxy.proxy.client_auth import ApiVersionsSource, ClientAuth, Outcome
 from kproxy.ratelimit import LogRateLimit
+from kproxy.sasl.authenticator import ApiVersionsSource, ClientAuth, Outcome
 from kproxy.sasl.credentials import CredentialsError, CredentialStore
+from kproxy.sasl.credentials_file import load_credentials
 from kproxy.sasl.server import CredentialChecker
 from kproxy.server.password_checks import PasswordChecks
 

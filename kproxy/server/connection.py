@@ -22,7 +22,7 @@ Log lines name the client by peer address and, once known, by identity: ``client
 first request's header; cut to 256 characters and escaped by :func:`~kproxy.logfmt.q`,
 a client chooses it) and ``principal`` (``User:`` and the subject of a verified TLS client
 certificate, as Kafka names it: :mod:`kproxy.proxy.principal`, or ``User:`` and the user of a
-PLAIN or SCRAM login the broker accepted: :mod:`kproxy.proxy.sasl`); each is left out while
+PLAIN or SCRAM login the broker accepted: :mod:`kproxy.sasl.relay`); each is left out while
 unknown. The session keeps the principal (``Session.principal``), which its rule policy reads.
 
 Deadlines: a connection ends after ``idle_timeout`` without traffic either way, or when a

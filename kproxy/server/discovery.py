@@ -14,7 +14,7 @@ each kind would otherwise pay.
 In terminate mode (kproxy answers the clients' SASL itself) kproxy also keeps each broker's
 answers to ApiVersions at every version it reads (:class:`ClusterVersions`), refreshed by each
 upstream check (kproxy/server/health.py): a client's ApiVersions before its login is answered from
-them, with no upstream connection of its own (kproxy/proxy/terminate.py).
+them, with no upstream connection of its own (kproxy/sasl/client_login.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.payloads import decode_response, encode_request
 from kproxy.protocol.schema import supported_versions
 from kproxy.protocol.tables import ApiKey, ErrorCode
-from kproxy.proxy.client_auth import ApiVersionsSource
+from kproxy.sasl.authenticator import ApiVersionsSource
 
 METADATA = ApiKey.METADATA
 API_VERSIONS = ApiKey.API_VERSIONS

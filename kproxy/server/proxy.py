@@ -53,11 +53,11 @@ from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOp
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
-from kproxy.proxy.client_auth import ANSWERED_VERSIONS
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
-from kproxy.proxy.upstream_login import UpstreamLogin
 from kproxy.ratelimit import LogRateLimit
+from kproxy.sasl.authenticator import ANSWERED_VERSIONS
+from kproxy.sasl.upstream_login import UpstreamLogin
 from kproxy.server.client_auth import ClientAuthService
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import ClusterVersions, fetch_api_versions, fetch_api_versions_answers, fetch_brokers
@@ -192,7 +192,7 @@ class ProxyServer:
                                           max_bytes=config.rules_max_bytes)
         self.client_auth = ClientAuthService(config.sasl_client, self.stats) if terminate else None
         # Terminate mode: the cluster's ApiVersions answers, which a client's before its login gets (its
-        # upstream connection opens after the login: kproxy/proxy/terminate.py), from the upstream checks.
+        # upstream connection opens after the login: kproxy/sasl/client_login.py), from the upstream checks.
         self.cluster_versions = ClusterVersions(BOOTSTRAP) if terminate else None
         self.admin_server: AdminServer | None = None
         self.capture: CaptureService | None = primary.capture if primary is not None else None

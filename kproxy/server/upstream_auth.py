@@ -1,5 +1,5 @@
 """kproxy's own SASL login to the brokers (``sasl.upstream``): :class:`UpstreamLogins` makes each
-upstream connection's :class:`~kproxy.proxy.upstream_login.UpstreamLogin` (the credentials as they
+upstream connection's :class:`~kproxy.sasl.upstream_login.UpstreamLogin` (the credentials as they
 are, the SCRAM keys remembered, the counters); :func:`authenticate` drives one over a bare upstream
 stream (broker discovery's connection). Client connections log in through their session instead
 (kproxy/proxy/session.py), which holds the client's requests meanwhile."""
@@ -14,9 +14,9 @@ from kproxy.config import Config
 from kproxy.logfmt import q
 from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol.framing import FrameSplitter
-from kproxy.proxy.upstream_login import SUCCESS, LoginResult, UpstreamLogin
 from kproxy.sasl.client import ScramKeys
-from kproxy.server.secrets import UpstreamCredentials
+from kproxy.sasl.secret_file import UpstreamCredentials
+from kproxy.sasl.upstream_login import SUCCESS, LoginResult, UpstreamLogin
 
 log = logging.getLogger("kproxy.server")
 
@@ -25,7 +25,9 @@ class UpstreamLogins:
     """kproxy's logins for one server with ``sasl.upstream`` set: one per upstream connection."""
 
     def __init__(self, config: Config, stats: TrafficStats) -> None:
-        self.credentials = UpstreamCredentials(config.sasl_upstream)
+        sasl = config.sasl_upstream
+        assert sasl.mechanism is not None and sasl.secret_file is not None  # the configuration's check
+        self.credentials = UpstreamCredentials(sasl.mechanism, sasl.username, sasl.secret_file)
         self.timeout = config.limits.connect_timeout
         self.stats = stats
         self.scram_keys = ScramKeys()

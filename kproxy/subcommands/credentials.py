@@ -113,7 +113,7 @@ def _file(args: argparse.Namespace) -> Path:
 
 
 def _load(path: Path, *, missing_ok: bool) -> CredentialStore:
-    from kproxy.config.credentials_file import load_credentials
+    from kproxy.sasl.credentials_file import load_credentials
 
     if missing_ok and not path.exists():
         return CredentialStore()
@@ -154,7 +154,7 @@ def _run_list(args: argparse.Namespace) -> int:
 
 
 def _save(path: Path, store: CredentialStore, said: str) -> int:
-    from kproxy.config.credentials_file import save_credentials
+    from kproxy.sasl.credentials_file import save_credentials
 
     try:
         save_credentials(path, store)

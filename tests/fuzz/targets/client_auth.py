@@ -57,10 +57,10 @@ def fuzz_client_auth(data: bytes) -> None:
     from kproxy.protocol.frame_builder import response_frame
     from kproxy.protocol.framing import frame
     from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.client_auth import ANSWERED_VERSIONS, ClientAuth, Outcome
     from kproxy.proxy.commands import CloseConnection, Command, ConnectUpstream, ForwardUpstream, VerifyCredentials
     from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
+    from kproxy.sasl.authenticator import ANSWERED_VERSIONS, ClientAuth, Outcome
     from kproxy.sasl.server import CredentialChecker
 
     checker = CredentialChecker(_store(), ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ exchange and mutates around it. Never an exception; and a login is accepted only
 with her password, byte for byte (PLAIN), or only over the server's whole nonce (SCRAM).
 
 ``credentials_file``: the input is the file's text, loaded as kproxy loads it
-(:func:`kproxy.config.credentials_file.load_credentials`): only a store or a
+(:func:`kproxy.sasl.credentials_file.load_credentials`): only a store or a
 :class:`~kproxy.sasl.credentials.CredentialsError` naming each problem may come out. A store must
 write back to the same store, and give a SCRAM server-first for each of its users and for one it
 does not hold (the made-up entries are built from the file's entries: whatever they hold).
@@ -120,8 +120,8 @@ def fuzz_sasl_server(data: bytes) -> None:
 
 
 def _credentials_seeds() -> Iterator[bytes]:
-    from kproxy.config.credentials_file import dump_credentials
     from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialStore, user_credentials, with_user
+    from kproxy.sasl.credentials_file import dump_credentials
 
     store = with_user(CredentialStore(), "alice", user_credentials(PASSWORD, MECHANISMS,
                                                                    plain_iterations=PLAIN_MIN_ITERATIONS))
@@ -149,9 +149,9 @@ def _scratch() -> _Scratch:
 @target(_credentials_seeds, warm=True)
 def fuzz_credentials_file(data: bytes) -> None:
     """The credentials file's text: a store or the problems named; a store writes back to itself."""
-    from kproxy.config.credentials_file import dump_credentials, load_credentials
     from kproxy.sasl import scram
     from kproxy.sasl.credentials import CredentialsError
+    from kproxy.sasl.credentials_file import dump_credentials, load_credentials
     from kproxy.sasl.server import CredentialChecker
 
     path = _scratch().path

@@ -26,7 +26,7 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.proxy.exchange import Exchange
+from kproxy.sasl.requests import SaslRequest
 
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
 SASL_ROUNDS = {"PLAIN": 1, "OAUTHBEARER": 1, "SCRAM-SHA-256": 2, "SCRAM-SHA-512": 2}
@@ -74,7 +74,7 @@ class SaslTokens:
                 and supported_versions(api_key) is not None)
 
 
-def handshake_mechanism(ex: Exchange) -> str | None:
+def handshake_mechanism(ex: SaslRequest) -> str | None:
     """The mechanism a SaslHandshake v0 request names (None when its body cannot be read)."""
     try:
         body = ex.request_body()
@@ -110,7 +110,7 @@ class SaslRelay:
         self.awaiting: dict[int, str | None] = {}
         self.login = SaslLogin()
 
-    def request(self, ex: Exchange) -> None:
+    def request(self, ex: SaslRequest) -> None:
         """A SaslHandshake or SaslAuthenticate request goes to the broker."""
         if ex.api_key == SASL_HANDSHAKE:
             self.awaiting[ex.correlation_id] = handshake_mechanism(ex)
@@ -118,7 +118,7 @@ class SaslRelay:
         self.awaiting[ex.correlation_id] = None
         self.login.client_token(_auth_bytes(ex.request_body))
 
-    def answer(self, ex: Exchange, frame: bytes) -> tuple[SaslTokens | None, str | None]:
+    def answer(self, ex: SaslRequest, frame: bytes) -> tuple[SaslTokens | None, str | None]:
         """The broker's answer (whole frame) to a request of :attr:`awaiting`: the token mode it
         begins (an accepted SaslHandshake v0), and the principal of a login it ends accepted.
 

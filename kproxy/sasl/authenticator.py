@@ -13,7 +13,7 @@ state:
   connection without an answer (``Unexpected Kafka request of type METADATA during SASL
   handshake``). Kafka's authenticator answers that ApiVersions itself, from the broker's versions;
   kproxy answers it from the cluster's own answers to kproxy (:data:`ApiVersionsSource`), since it
-  opens no upstream connection before the client logged in (kproxy/proxy/terminate.py);
+  opens no upstream connection before the client logged in (kproxy/sasl/client_login.py);
 * a SaslHandshake naming a mechanism not offered is answered UNSUPPORTED_SASL_MECHANISM with the
   list offered, then the connection closes; an offered one is answered NONE with the list;
 * after SaslHandshake v0 the client's frames are raw tokens, answered with raw tokens; after v1
@@ -48,7 +48,7 @@ from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.payloads import encode_response
 from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
-from kproxy.proxy.exchange import Exchange
+from kproxy.sasl.requests import SaslRequest
 from kproxy.sasl.server import CredentialChecker, MechanismServer, Step, invalid_credentials
 
 NONE = 0
@@ -136,7 +136,7 @@ class ClientAuth:
         self._server: MechanismServer | None = None  # the login (or re-authentication) in progress
         self._reauth = False
         self._verifying = False  # a step's verify runs: nothing more until verified()
-        self._pending: Exchange | None = None  # the SaslAuthenticate it answers (None: a raw token)
+        self._pending: SaslRequest | None = None  # the SaslAuthenticate it answers (None: a raw token)
 
     @property
     def gating(self) -> bool:
@@ -145,7 +145,7 @@ class ClientAuth:
         return self.state is not AuthState.COMPLETE or self.expires_at is not None
 
     # -- requests that are not SASL's ------------------------------------------------------------
-    def admits(self, ex: Exchange, now: float) -> AuthAnswer | None:
+    def admits(self, ex: SaslRequest, now: float) -> AuthAnswer | None:
         """A request other than SaslHandshake / SaslAuthenticate: None when it goes on as usual,
         else what to do (close, after an answer or not)."""
         state = self.state
@@ -170,7 +170,7 @@ class ClientAuth:
         return AuthAnswer(close="SASL authentication failed")
 
     # -- SASL requests -----------------------------------------------------------------------------
-    def request(self, ex: Exchange, now: float) -> AuthAnswer:
+    def request(self, ex: SaslRequest, now: float) -> AuthAnswer:
         """A SaslHandshake or SaslAuthenticate request (tracked in order by the session)."""
         if self.state is AuthState.FAILED:
             return AuthAnswer(close="SASL authentication failed")
@@ -201,7 +201,7 @@ class ClientAuth:
             return AuthAnswer()
         return self._step(self._server.verified(ok), ex, now)
 
-    def _handshake(self, ex: Exchange) -> AuthAnswer:
+    def _handshake(self, ex: SaslRequest) -> AuthAnswer:
         state = self.state
         if state is AuthState.AUTHENTICATE:
             self.state = AuthState.FAILED
@@ -235,7 +235,7 @@ class ClientAuth:
             self.raw = ex.api_version == 0
         return AuthAnswer(frame=_handshake_answer(ex, NONE, offered))
 
-    def _authenticate(self, ex: Exchange, now: float) -> AuthAnswer:
+    def _authenticate(self, ex: SaslRequest, now: float) -> AuthAnswer:
         state = self.state
         if state is AuthState.HANDSHAKE:
             self.state = AuthState.FAILED
@@ -254,7 +254,7 @@ class ClientAuth:
         step = server.respond(bytes(auth_bytes) if isinstance(auth_bytes, bytes | bytearray | memoryview) else b"")
         return self._step(step, ex, now)
 
-    def _step(self, step: Step, ex: Exchange | None, now: float) -> AuthAnswer:
+    def _step(self, step: Step, ex: SaslRequest | None, now: float) -> AuthAnswer:
         """The answer to a mechanism's step, for a SaslAuthenticate ``ex`` (None: a raw token)."""
         if step.verify is not None:
             self._pending = ex
@@ -310,7 +310,7 @@ class _Refused:
         raise AssertionError("no verification asked")
 
 
-def _name(ex: Exchange) -> str:
+def _name(ex: SaslRequest) -> str:
     """The request's api as Kafka's ApiKeys enum names it (METADATA, SASL_HANDSHAKE, ...)."""
     try:
         return ApiKey(ex.api_key).name
@@ -326,19 +326,19 @@ def _raw(token: bytes) -> bytes:
     return _framed(token)
 
 
-def _handshake_answer(ex: Exchange, error_code: int, mechanisms: tuple[str, ...]) -> bytes:
+def _handshake_answer(ex: SaslRequest, error_code: int, mechanisms: tuple[str, ...]) -> bytes:
     return _framed(encode_response(ex.correlation_id, SASL_HANDSHAKE, ex.api_version,
                                    {"error_code": error_code, "mechanisms": list(mechanisms)}))
 
 
-def _authenticate_answer(ex: Exchange, error_code: int, message: str | None, auth_bytes: bytes = b"",
+def _authenticate_answer(ex: SaslRequest, error_code: int, message: str | None, auth_bytes: bytes = b"",
                          lifetime_ms: int = 0) -> bytes:
     return _framed(encode_response(ex.correlation_id, SASL_AUTHENTICATE, ex.api_version,
                                    {"error_code": error_code, "error_message": message, "auth_bytes": auth_bytes,
                                     "session_lifetime_ms": lifetime_ms}))
 
 
-def _error_answer(ex: Exchange, error_code: int, message: str) -> bytes | None:
+def _error_answer(ex: SaslRequest, error_code: int, message: str) -> bytes | None:
     """Any request answered with ``error_code`` (None when kproxy cannot build that answer)."""
     try:
         return error_response(ex.request, error_code, message=message)

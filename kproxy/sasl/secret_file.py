@@ -1,4 +1,11 @@
-"""kproxy's upstream login credentials, their secret re-read from its file when the file changes.
+"""kproxy's upstream login secrets (``sasl.upstream.password_file``, ``token_file``): what a file must
+hold, and the secret re-read when its file changes.
+
+:func:`read_secret` is the one reader, for the start-up check (``kproxy run --check`` and the start
+refuse a bad file, one line naming the option: kproxy/config/layering.py) and for the re-reads while
+kproxy runs. A secret is the file's UTF-8 text: a password without its trailing line breaks
+(``echo pw > file`` adds one; a Kubernetes Secret made ``--from-literal`` has none), a token
+without any surrounding white space. The text of a secret never appears in a problem.
 
 :class:`SecretFile` checks the file at every new login (one ``stat``, microseconds on the tmpfs a
 Kubernetes Secret is mounted on) and reads it again when its identity or times changed: a rotated
@@ -17,10 +24,40 @@ import logging
 import os
 from pathlib import Path
 
-from kproxy.config import SaslUpstream
-from kproxy.config.secrets import read_secret
 from kproxy.logfmt import q
 from kproxy.sasl.client import Credentials
+
+# Bigger files are refused before they are read: a password or a JWT is far smaller (a JWT with
+# many claims runs to a few KiB).
+SECRET_MAX_BYTES = 64 * 1024
+
+
+def read_secret(path: Path, *, token: bool = False) -> str:
+    """The secret ``path`` holds (``token``: an OAUTHBEARER token); ValueError with one short
+    reason (never the file's text) when it cannot be read or holds none."""
+    try:
+        with path.open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size > SECRET_MAX_BYTES:
+                raise ValueError(f"{path} is {size} bytes, more than the {SECRET_MAX_BYTES} a secret may have")
+            data = file.read(SECRET_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > SECRET_MAX_BYTES:  # grew since the fstat (or not a regular file)
+        raise ValueError(f"{path} holds more than the {SECRET_MAX_BYTES} bytes a secret may have")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not UTF-8 text") from None
+    secret = text.strip() if token else text.rstrip("\r\n")
+    if not secret:
+        raise ValueError(f"{path} is empty")
+    if token and any(c.isspace() for c in secret):
+        raise ValueError(f"{path} holds white space inside the token (one token, on one line)")
+    if "\x00" in secret:
+        raise ValueError(f"{path} holds a NUL character (SASL PLAIN cannot carry it)")
+    return secret
+
 
 log = logging.getLogger("kproxy.sasl")
 
@@ -68,12 +105,11 @@ class SecretFile:
 class UpstreamCredentials:
     """What kproxy logs in with (``sasl.upstream``), its secret as the file holds it now."""
 
-    def __init__(self, sasl: SaslUpstream) -> None:
-        assert sasl.mechanism is not None and sasl.secret_file is not None
-        self.mechanism = sasl.mechanism
-        self.username = sasl.username
-        token = sasl.mechanism == "OAUTHBEARER"
-        self.secret = SecretFile(sasl.secret_file, "sasl.upstream." + ("token_file" if token else "password_file"),
+    def __init__(self, mechanism: str, username: str | None, secret_file: Path) -> None:
+        self.mechanism = mechanism
+        self.username = username
+        token = mechanism == "OAUTHBEARER"
+        self.secret = SecretFile(secret_file, "sasl.upstream." + ("token_file" if token else "password_file"),
                                  token=token)
 
     def current(self) -> Credentials:
