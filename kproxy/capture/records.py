@@ -66,7 +66,14 @@ from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.offsets import ScanEntries
 from kproxy.protocol.produce_scan import produce_answer
-from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
+from kproxy.protocol.records import (
+    RecordBudget,
+    count_records,
+    decode_records,
+    iter_batches,
+    one_batch_count,
+    v2_max_timestamp,
+)
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
 from kproxy.protocol.schema import Direction, message_schema
@@ -318,7 +325,9 @@ class RecordBuilder:
                 errors.append((None, None, top_code))
             produced = None
             if api_key == PRODUCE and not req.get("records_over_budget"):
-                produced = [(topic, partition, n, -1) for topic, partition, _, n, _ in entries if partition is not None]
+                stamps = req.get("written") or {}
+                produced = [(topic, partition, n, stamps.get((topic, partition), -1))
+                            for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
@@ -397,6 +406,8 @@ class RecordBuilder:
         if body is None:
             return None
         req: dict[str, Any] = {}
+        if ranges:
+            req["written"] = {(topic, partition): v2_max_timestamp(frame, ranges[0][0], ranges[0][1])}
         req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
@@ -461,8 +472,10 @@ class RecordBuilder:
             (entries, _, offsets), found = _scan(fn, frame, body, budget, keep_all=True, values=kind.values)
             if offsets is not None:
                 out["offsets"] = offsets
-            if kind.payloads and api_key == PRODUCE:
-                payloads = self._payloads(found, frame, budget)
+            if api_key == PRODUCE:
+                out["written"] = _written(found, frame)
+                if kind.payloads:
+                    payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
             out["transactional_id"], out["acks"] = produce_head(frame, api_version, body)
         elif api_key in _ID_APIS:
@@ -562,6 +575,24 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
             entries.append((topic, partition, code, n, size))
         n = size = 0
     return (tuple(entries), top, found.values if values else None), found  # type: ignore[attr-defined]
+
+
+def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
+    """A Produce request's scan (see :func:`_scan`) read for when its records were written: per
+    (topic, partition) the latest max timestamp of the v2 batch headers of its records (ms since the
+    epoch; -1: none, a legacy message set), read in place."""
+    out: dict[tuple[Any, Any], int] = {}
+    latest = -1
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            stamp = v2_max_timestamp(frame, x[0], x[1])
+            if stamp > latest:
+                latest = stamp
+        else:
+            if x[1] is not None:
+                out[(x[0], x[1])] = latest
+            latest = -1
+    return out
 
 
 def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]]:
