@@ -38,7 +38,11 @@ its end) and ``interval_s`` the width in seconds.
   and topic, the group's lag at the bin's end summed over its partitions, as
   ``kproxy_consumergroup_lag_sum`` computes it: each partition's latest high
   watermark known less the group's latest committed offset there, never below
-  0, partitions without both left out (:mod:`kproxy.analysis.lag`).
+  0, partitions without both left out (:mod:`kproxy.analysis.lag`); and its
+  lag in seconds, as ``kproxy_consumergroup_lag_seconds``: the most over its
+  partitions of how long before the bin's end the first offset it has not
+  committed was written, from the write times Produce answers gave (null where
+  none is known: a capture older than schema version 4).
 * ``throughput``: Produce and Fetch records and bytes per topic per time bin.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per time bin, connections first and last seen.
