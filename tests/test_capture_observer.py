@@ -149,7 +149,8 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
         response_frame(FETCH, 13, 2, responses=[{"topic_id": TOPIC_ID, "partitions": [
             {"partition_index": 1, "error_code": 0, "records": batch}]}]))
     assert rec["partitions"] == [{"topic": "orders", "partition": 1, "error_code": 0, "record_count": 4,
-                                  "record_bytes": len(batch), **NO_OFFSETS, "high_watermark": 0}]
+                                  "record_bytes": len(batch), **NO_OFFSETS, "high_watermark": 0,
+                                  "base_offset": 10, "last_offset": 13, "max_timestamp": 1003}]
     assert [(p["offset"], p["key"], p["value"], p["key_size"], p["value_size"]) for p in rec["payloads"]] == [
         (10, b"ke", b"v", 4, 1), (11, b"ke", b"vv", 4, 2), (12, b"ke", b"vv", 4, 3), (13, b"ke", b"vv", 4, 4)]
     unknown = Harness()  # a topic id never seen in Metadata stays an id

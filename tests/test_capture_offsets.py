@@ -149,6 +149,36 @@ def test_a_produce_record_dates_the_offsets_its_answer_gave_as_the_tracker_does(
     assert kept == {p: dated[("orders", p)][0] for p in (0, 1)}
 
 
+def _fetched(n: int, base: int, first_time: int) -> bytes:
+    """``n`` records from offset ``base``, written at ``first_time`` ms and a millisecond apart."""
+    from kproxy.protocol.records import Record, encode_batch_v2
+
+    return encode_batch_v2([Record(offset=base + i, timestamp=first_time + i, key=None, value=b"v")
+                            for i in range(n)], base_offset=base)
+
+
+@pytest.mark.parametrize("version", [v for v in versions(FETCH) if v >= 4])
+def test_a_fetch_answer_dates_its_records_live_and_in_the_capture(version: int) -> None:
+    """Fetch answers are a second source of write times: each partition's records' first offset, last
+    offset and latest max timestamp, in the tracker's points and the record's items alike; an answer
+    in which a partition carried no records is read for neither (its ranges would not pair)."""
+    both = Both()
+    both.exchange(METADATA, 12, {}, {"topics": [{"name": "orders", "topic_id": TOPIC_ID}]})
+    rec = both.exchange(FETCH, version, {}, {"responses": topic(
+        high_watermark=lambda p: 40, error_code=0, records=lambda p: _fetched(3 + p, 10 * p, 7000 + 100 * p))})
+    items = {p["partition"]: (p["base_offset"], p["last_offset"], p["max_timestamp"]) for p in rec["partitions"]}
+    expected = {p: (10 * p, 10 * p + 2 + p, 7000 + 100 * p + 2 + p) for p in range(3)}
+    assert items == expected
+    kept = {key[1]: tuple(points) for key, (points, _) in both.lag.written.items()}
+    assert kept == expected
+
+    other = Both()
+    rec = other.exchange(FETCH, version, {}, {"responses": topic(
+        high_watermark=lambda p: 40, error_code=0, records=lambda p: _fetched(3, 10, 7000) if p else None)})
+    assert [p["max_timestamp"] for p in rec["partitions"]] == [None, None, None]
+    assert not other.lag.written
+
+
 @pytest.mark.parametrize("version", versions(OFFSET_FETCH))
 def test_an_offset_fetch_record_has_one_item_per_group_and_partition(version: int) -> None:
     both = Both()

@@ -10,7 +10,9 @@ answer's log end offsets (its base offsets plus the records the request carried,
 items count them); a Produce answer's items also date their records, as the live tracker's
 write-time points do (:attr:`kproxy.metrics.lag.ConsumerLag.written`): ``base_offset`` and
 ``last_offset``, the offsets the answer gave the request's records there, and ``max_timestamp``,
-the latest max timestamp of their v2 batch headers (none for a legacy message set). So a
+the latest max timestamp of their v2 batch headers (none for a legacy message set); so do a Fetch
+answer's items, from its records' v2 batch headers (the first base offset, the last batch's last
+offset, their latest max timestamp). So a
 capture's analysis sees the same committed offsets, watermarks and write times as the live
 series. (The live tracker also keeps a Produce answer's end only when it is past the one it holds,
 and reads no Produce a rule replaced: offline, the latest record says; the records'
@@ -98,13 +100,18 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
     get their write time too: the range the answer gave and ``produced``'s max timestamp (-1: none
     known, left null)."""
     facts: list[tuple[str | None, object, int, int | None, int | None]]  # group, topic, partition, offsets
-    written: list[tuple[int, int, int | None]] = []  # a Produce answer's, per fact: first, last offset, time
+    written: list[tuple[Any, Any, Any]] = []  # per fact: first, last offset and time written (None: unknown)
     if api_key == PRODUCE:
         appends = produce_appends(produced or [], answer)
         facts = [(None, topic, partition, None, base + n) for topic, partition, base, n, _ in appends]
         written = [(base, base + n - 1, stamp if stamp >= 0 else None) for _, _, base, n, stamp in appends]
     elif api_key == FETCH:
-        facts = [(None, topic, partition, None, offset) for topic, partition, offset in fetch_watermarks(answer)]
+        # (the answer's values: its partitions' watermarks, four fields each, and the capture's own
+        # write times of their records, five: kproxy.capture.records._fetched_written)
+        facts = [(None, topic, partition, None, offset)
+                 for topic, partition, offset in fetch_watermarks([v for v in answer or () if len(v) == 4])]
+        dated = {(v[0], v[1]): (v[2], v[3], v[4]) for v in answer or () if len(v) == 5}
+        written = [dated.get((topic, partition), (None, None, None)) for _, topic, partition, _, _ in facts]
     elif api_key == LIST_OFFSETS:
         facts = [(None, topic, partition, None, offset) for topic, partition, offset in latest_offsets(request, answer)]
     elif api_key == OFFSET_COMMIT:

@@ -64,7 +64,7 @@ from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import ScanEntries
+from kproxy.protocol.offsets import ScanEntries, batches_written
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import (
     RecordBudget,
@@ -509,6 +509,8 @@ class RecordBuilder:
                 topic, index, code, _ = usual
                 return (((topic, index, code, 0, 0),), None, [usual] if kind.values else None), None
         scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values)
+        if api_key == FETCH and scan[2] is not None:
+            scan[2].extend(_fetched_written(found, response))
         if kind.payloads and api_key == FETCH:
             return scan, self._payloads(found, response, budget)
         return scan, None
@@ -592,6 +594,30 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
             if x[1] is not None:
                 out[(x[0], x[1])] = latest
             latest = -1
+    return out
+
+
+def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
+    """A Fetch answer's scan (see :func:`_scan`) read for when its records were written: per partition
+    with records, ``(topic, partition, first offset, last offset, max timestamp)`` of its whole v2
+    batches (:func:`~kproxy.protocol.offsets.batches_written`; a partition without one: nothing). Five
+    fields: the answer's values' partition items have four (:func:`kproxy.capture.offsets.with_offsets`
+    tells them apart). Read, as the live tracker reads it (:meth:`kproxy.metrics.lag.ConsumerLag.fetch_answer`),
+    only when every partition of the answer carried records."""
+    out: list[tuple[Any, ...]] = []
+    ranges = sum(1 for x in found if type(x[0]) is int)
+    if ranges != sum(1 for x in found if type(x[0]) is not int and x[1] is not None):
+        return out
+    span: tuple[int, int, int] | None = None
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            got = batches_written(frame, x[0], x[1])
+            if got is not None:
+                span = got if span is None else (span[0], got[1], max(span[2], got[2]))
+        else:
+            if span is not None and x[1] is not None:
+                out.append((x[0], x[1], *span))
+            span = None
     return out
 
 

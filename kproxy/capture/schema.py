@@ -30,8 +30,9 @@ version 3 files, whose items it would not know).
 Version 4 added ``base_offset``, ``last_offset`` and ``max_timestamp`` to the items of
 ``partitions``: when a range of the partition's offsets was written (lag in seconds: a Produce
 answer's base offset for the records its request carried there, with their v2 batch headers' max
-timestamp). Older files read as version 4 with the three null in every item: they recorded no
-write time, so their analysis has lag in offsets and no lag in seconds (and says so).
+timestamp; a Fetch answer's records' batch headers). Older files read as version 4 with the three
+null in every item: they recorded no write time, so their analysis has lag in offsets and no lag in
+seconds (and says so).
 
 The columns a fault-injection rule can match on (api, version, client id,
 client address, node id, topics and partitions, group id, transactional id,
@@ -92,10 +93,12 @@ PARTITION_ITEMS: tuple[Column, ...] = (
                                   "(version 3+)"),
     _c("base_offset", "int64", "the first offset of a range of the partition's records whose write time "
                                "max_timestamp gives: a Produce answer's base offset for the records its request "
-                               "carried here, whose answer accepted them (version 4+)"),
+                               "carried here, whose answer accepted them; a Fetch answer's first batch's base "
+                               "offset here (version 4+)"),
     _c("last_offset", "int64", "the last offset of that range (version 4+)"),
     _c("max_timestamp", "int64", "when the range was written, ms since the epoch: the latest max timestamp of "
-                                 "its v2 batch headers (the producer's CreateTime, or what it set; version 4+)"),
+                                 "its v2 batch headers (CreateTime: the producer's; a Fetch answer's batches of a "
+                                 "LogAppendTime topic: the broker's; version 4+)"),
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (

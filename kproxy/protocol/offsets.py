@@ -42,6 +42,7 @@ capture's alike. A scan that failed (None) gives nothing, never a partial answer
 
 from __future__ import annotations
 
+import struct
 import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -187,6 +188,35 @@ def fetch_watermarks(answer: Values | None) -> list[Watermark]:
     is a partition entry with an int, so one comprehension reads them; a null topic name is left out.)"""
     return [(topic, partition, value) for topic, partition, code, value in answer or ()  # type: ignore[misc]
             if not code and value >= 0 and topic is not None]  # type: ignore[operator]
+
+
+# A v2 record batch's header up to its max timestamp: baseOffset, batchLength, (partitionLeaderEpoch),
+# magic, (crc), attributes, lastOffsetDelta, (baseTimestamp), maxTimestamp.
+_V2_WRITTEN = struct.Struct(">qi4xb4xhi8xq")
+_V2_HEADER = 61  # a v2 batch header's bytes
+
+
+def batches_written(data: bytes | bytearray | memoryview, start: int, end: int) -> tuple[int, int, int] | None:
+    """``(first offset, last offset, max timestamp)`` of the whole v2 batches that open
+    ``data[start:end]`` (a Fetch answer's records), read in place from their headers (nothing
+    decompressed): the first batch's base offset, the last one's base offset plus its last offset
+    delta, and the latest max timestamp (ms since the epoch: the producers' CreateTime, or with
+    attribute bit 3, LogAppendTime, the broker's append time); None when no whole v2 batch opens it
+    (a legacy message set; a fetch cut short inside its first batch)."""
+    first = last = latest = -1
+    pos = start
+    unpack = _V2_WRITTEN.unpack_from
+    while end - pos >= _V2_HEADER:
+        base, length, magic, _attributes, delta, stamp = unpack(data, pos)
+        if magic != 2 or length < _V2_HEADER - 12 or pos + 12 + length > end:
+            break
+        if first < 0:
+            first = base
+        last = base + delta
+        if stamp > latest:
+            latest = stamp
+        pos += 12 + length
+    return None if first < 0 or latest < 0 else (first, last, latest)
 
 
 def latest_offsets(request: Values | None, answer: Values | None) -> list[Watermark]:
