@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -119,6 +120,77 @@ def test_offline_lag_seconds_equal_the_live_series(tansu: Broker, spark: Any, tm
     assert f"{last['lag_seconds']:.1f}" in text.getvalue()
     write_html(result, str(tmp_path / "out" / "report.html"))
     assert (tmp_path / "out" / "plots" / "consumer_lag_seconds.png").read_bytes().startswith(b"\x89PNG")
+
+
+class Reader:
+    """A librdkafka group member reading the topic through kproxy as it is written (a thread, bounded:
+    until stopped or 120 s)."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("lagsec-reader"),
+                                  "client.id": "lagsec-reader", "auto.offset.reset": "earliest",
+                                  "fetch.wait.max.ms": 100, "session.timeout.ms": 6000,
+                                  "heartbeat.interval.ms": 1000})
+        self.consumer.subscribe([topic])
+        self.read = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            message = self.consumer.poll(0.2)
+            if message is not None and not message.error():
+                self.read += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+        self.consumer.close()
+
+
+def test_a_partition_written_around_kproxy_has_lag_seconds_from_fetch_answers(tansu: Broker, spark: Any,
+                                                                             tmp_path: Path) -> None:
+    """The producer writes to the broker directly; a group reads through kproxy as records come, another
+    reads READ records, commits and stops: its lag in seconds, live and in the report, dates its
+    committed offset from the Fetch answers' batch headers, within TOLERANCE of its CreateTime."""
+    from kproxy.analysis.job import run_analysis
+
+    port = free_port()
+    capture = tmp_path / "capture"
+    topic, group = unique("lagsec-fetch"), unique("lagsec-fetch-group")
+    create_topic(tansu.bootstrap, topic, 1)
+    with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{port}", capture__dir=str(capture)) as proxy:
+        writer = Writer(tansu.bootstrap, topic)  # around kproxy
+        writer.thread.start()
+        reader = Reader(proxy.bootstrap, topic)
+        try:
+            while writer.end() < READ + 5 and not writer.errors:
+                time.sleep(0.1)
+            committed = _stopped_group(proxy.bootstrap, topic, group)
+            time.sleep(STOPPED_FOR)
+            metrics = wait_for(port, lambda m: series(m, "kproxy_consumergroup_lag_seconds", group=group),
+                               "the stopped group's lag in seconds")
+            scraped = time.time()
+            live = series(metrics, "kproxy_consumergroup_lag_seconds", group=group)[(("topic", topic),)]
+        finally:
+            reader.close()
+            writer.stop.set()
+            writer.thread.join(30)
+            del writer.producer
+    created = writer.written[committed] / 1000
+    print(f"lag seconds from Fetch answers: live {live:.3f}, dating the committed offset "
+          f"{scraped - live - created:+.3f} s from its CreateTime; the reader read {reader.read}")
+    assert not writer.errors and reader.read > committed
+    assert abs((scraped - live) - created) <= TOLERANCE, (scraped, live, created)
+    result = run_analysis([str(capture)], tmp_path / "out", spark, interval=1)
+    last = [r for r in result.tables["consumer_lag"] if r["group_id"] == group][-1]
+    assert last["lag_seconds"] is not None and last["lag"] > 0
+    dated = last["time"].timestamp() - last["lag_seconds"]
+    assert abs(dated - (scraped - live)) <= TOLERANCE, (dated, scraped - live)
 
 
 # -- the roll-up, without Spark ---------------------------------------------------------------------

@@ -179,6 +179,25 @@ def test_a_fetch_answer_dates_its_records_live_and_in_the_capture(version: int) 
     assert not other.lag.written
 
 
+def test_a_fetch_of_many_batches_dates_them_in_spans_live_and_in_the_capture() -> None:
+    """20 batches a partition (a consumer catching up): FETCH_SPANS spans, the batches split evenly among
+    them, each dated by its own batches' latest time, not the answer's; the capture's further spans
+    are items of their own, without records."""
+    from kproxy.protocol.offsets import FETCH_SPANS
+
+    both = Both()
+    rec = both.exchange(FETCH, 12, {}, {"responses": topic(high_watermark=40, error_code=0, records=lambda p: b"".join(
+        _fetched(1, i, 9000 + 100 * i) for i in range(20)))})
+    spans = [(k * 20 // FETCH_SPANS, (k + 1) * 20 // FETCH_SPANS - 1) for k in range(FETCH_SPANS)]
+    expected = [(first, last, 9000 + 100 * last) for first, last in spans]
+    for p in range(3):
+        items = [p_ for p_ in rec["partitions"] if p_["partition"] == p]
+        assert [(i["base_offset"], i["last_offset"], i["max_timestamp"]) for i in items] == expected
+        assert [i["record_count"] for i in items] == [20] + [0] * (FETCH_SPANS - 1)
+        points = both.lag.written[("orders", p)][0]
+        assert [tuple(points[i:i + 3]) for i in range(0, len(points), 3)] == expected
+
+
 @pytest.mark.parametrize("version", versions(OFFSET_FETCH))
 def test_an_offset_fetch_record_has_one_item_per_group_and_partition(version: int) -> None:
     both = Both()

@@ -101,6 +101,7 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
     known, left null)."""
     facts: list[tuple[str | None, object, int, int | None, int | None]]  # group, topic, partition, offsets
     written: list[tuple[Any, Any, Any]] = []  # per fact: first, last offset and time written (None: unknown)
+    extra: list[tuple[Any, ...]] = []  # a Fetch answer's further spans: (topic, partition, first, last, time)
     if api_key == PRODUCE:
         appends = produce_appends(produced or [], answer)
         facts = [(None, topic, partition, None, base + n) for topic, partition, base, n, _ in appends]
@@ -110,8 +111,15 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
         # write times of their records, five: kproxy.capture.records._fetched_written)
         facts = [(None, topic, partition, None, offset)
                  for topic, partition, offset in fetch_watermarks([v for v in answer or () if len(v) == 4])]
-        dated = {(v[0], v[1]): (v[2], v[3], v[4]) for v in answer or () if len(v) == 5}
-        written = [dated.get((topic, partition), (None, None, None)) for _, topic, partition, _, _ in facts]
+        dated: dict[tuple[object, object], list[tuple[Any, Any, Any]]] = {}
+        for v in answer or ():
+            if len(v) == 5:
+                dated.setdefault((v[0], v[1]), []).append((v[2], v[3], v[4]))
+        # A partition's first span goes in its item, any other in an item of its own (no records there).
+        for _, topic, partition, _, _ in facts:
+            spans = dated.get((topic, partition)) or [(None, None, None)]
+            written.append(spans[0])
+            extra.extend((topic, partition, *span) for span in spans[1:])
     elif api_key == LIST_OFFSETS:
         facts = [(None, topic, partition, None, offset) for topic, partition, offset in latest_offsets(request, answer)]
     elif api_key == OFFSET_COMMIT:
@@ -139,4 +147,7 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
             item[7] = watermark
         if written:
             item[8], item[9], item[10] = written[n]
+    for topic, partition, first, last, stamp in extra:
+        out.append([topic if type(topic) is str else name(topic), partition, None, 0, 0, None, None, None,
+                    first, last, stamp])
     return tuple(map(tuple, out))

@@ -64,7 +64,7 @@ from kproxy.offloop import short_switch_interval
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import ScanEntries, batches_written
+from kproxy.protocol.offsets import FETCH_SPANS, ScanEntries, batches_written
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import (
     RecordBudget,
@@ -598,26 +598,24 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
 
 
 def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
-    """A Fetch answer's scan (see :func:`_scan`) read for when its records were written: per partition
-    with records, ``(topic, partition, first offset, last offset, max timestamp)`` of its whole v2
-    batches (:func:`~kproxy.protocol.offsets.batches_written`; a partition without one: nothing). Five
-    fields: the answer's values' partition items have four (:func:`kproxy.capture.offsets.with_offsets`
-    tells them apart). Read, as the live tracker reads it (:meth:`kproxy.metrics.lag.ConsumerLag.fetch_answer`),
-    only when every partition of the answer carried records."""
+    """A Fetch answer's scan (see :func:`_scan`) read for when its records were written, as the live
+    tracker reads it (:meth:`kproxy.metrics.lag.ConsumerLag.fetch_answer`: only when every partition
+    of the answer carried records, in at most :data:`~kproxy.protocol.offsets.FETCH_SPANS` spans a
+    partition): ``(topic, partition, first offset, last offset, max timestamp)`` per span
+    (:func:`~kproxy.protocol.offsets.batches_written`). Five fields: the answer's values' partition
+    items have four (:func:`kproxy.capture.offsets.with_offsets` tells them apart)."""
     out: list[tuple[Any, ...]] = []
     ranges = sum(1 for x in found if type(x[0]) is int)
     if ranges != sum(1 for x in found if type(x[0]) is not int and x[1] is not None):
         return out
-    span: tuple[int, int, int] | None = None
+    spans: list[tuple[int, int, int]] = []
     for x in found:
         if type(x[0]) is int:  # a records range, of the entry noted next
-            got = batches_written(frame, x[0], x[1])
-            if got is not None:
-                span = got if span is None else (span[0], got[1], max(span[2], got[2]))
+            spans = batches_written(frame, x[0], x[1], FETCH_SPANS)
         else:
-            if span is not None and x[1] is not None:
-                out.append((x[0], x[1], *span))
-            span = None
+            if x[1] is not None:
+                out.extend((x[0], x[1], *span) for span in spans if span[2] >= 0)
+            spans = []
     return out
 
 

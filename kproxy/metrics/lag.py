@@ -72,6 +72,7 @@ from typing import TypeVar
 
 from kproxy.protocol.offsets import (
     FETCH,
+    FETCH_SPANS,
     GROUP_REQUESTS,
     JOIN_GROUP,
     LIST_OFFSETS,
@@ -215,7 +216,9 @@ class ConsumerLag:
     def fetch_answer(self, frame: bytes | bytearray, response: RequestScan | None, now: float) -> None:
         """A Fetch answer (``frame``; ``response``: its scan in values mode) reached its client: when
         the offsets of its records were written, a second source of write times beside Produce answers
-        (a partition written around kproxy and read through it). Its records ranges pair with its
+        (a partition written around kproxy and read through it): up to
+        :data:`~kproxy.protocol.offsets.FETCH_SPANS` points a partition, its batches split among
+        them. Its records ranges pair with its
         partitions' entries one to one only when every partition carried records (a range per
         partition, in the body's order): other answers are not read for it. A partition whose last
         point was taken within a second is left before its headers are read
@@ -238,9 +241,9 @@ class ConsumerLag:
             kept = points.get(key)
             if kept is not None and now - kept[1] < REFRESH_SECONDS:
                 continue
-            found = batches_written(frame, span[0], span[1])
-            if found is not None:
-                self._write(key, found[0], found[1], found[2], now)
+            for first, last, stamp in batches_written(frame, span[0], span[1], FETCH_SPANS):
+                if stamp >= 0:
+                    self._write(key, first, last, stamp, now)
 
     def produce_answer(self, produced: list[Produced], response: RequestScan | None, now: float) -> None:
         """A Produce answer reached its client: the log end offsets it gives (its scan in values mode,
