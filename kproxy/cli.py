@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TextIO
 
 from kproxy import __version__, native
-from kproxy.config import ConfigError, FileSections, add_run_arguments, config_from_args, deprecation_notes
+from kproxy.config import ConfigError, FileSections, UpstreamTls, add_run_arguments, config_from_args, deprecation_notes
+from kproxy.config.flags import take_cluster_flags
+from kproxy.config.options import CLUSTERS
 from kproxy.host_port import HostPort, parse_host_port
 from kproxy.protocol.tables import api_key as api_key_by_name
 from kproxy.subcommands.decode import DecodeOptions, decode_input
@@ -44,10 +46,18 @@ class SuggestingParser(argparse.ArgumentParser):
     --metric-listen (did you mean --metrics-listen?)``. A close match that is a deprecated alias
     suggests the flag that replaces it (its action's ``preferred``)."""
 
+    # Takes flags argparse cannot list beforehand out of the extras (``kproxy run``'s clusters' flags):
+    # returns the extras left and the problems of those taken.
+    claim_extras: Callable[[argparse.Namespace, list[str]], tuple[list[str], list[str]]] | None = None
+
     def parse_known_args(  # type: ignore[override]
             self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
     ) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
+        if self.claim_extras is not None:
+            extras, problems = self.claim_extras(parsed, extras)
+            if problems:
+                self.error("; ".join(problems))
         for extra in extras:
             if extra.startswith("--") and len(extra) > 2:
                 self.error(f"unrecognized argument {extra}{self._suggestion(extra.split('=', 1)[0])}")
@@ -242,7 +252,9 @@ Every option has one name: its key in the YAML file given with --config
 environment variable (KPROXY_LIMITS_MAX_IN_FLIGHT), shown at the end of each
 option's help. Flags win over the environment, the environment over the file.
 Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
-(broker N is then served on port 19093+N). Stops on SIGTERM/SIGINT after
+(broker N is then served on port 19093+N). Several clusters: clusters: in the
+file, each cluster's options as --clusters-NAME-OPTION and KPROXY_CLUSTERS_<NAME>_<OPTION>
+(--clusters-orders-upstream; docs/CLUSTERS.md). Stops on SIGTERM/SIGINT after
 letting in-flight requests finish (--limits-shutdown-grace).
 """
 
@@ -253,6 +265,8 @@ def _add_run(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         usage="%(prog)s [--config FILE] [--check] [OPTION ...]",
         epilog=_RUN_EPILOG, formatter_class=_RunHelpFormatter)
     add_run_arguments(parser)
+    if isinstance(parser, SuggestingParser):
+        parser.claim_extras = take_cluster_flags
     parser.add_argument("--check", action="store_true", dest="check_only",
                         help="check the configuration (file, KPROXY_* environment, flags; the rules, TLS and "
                              "token files it reads, the capture directory it writes) and exit: "
@@ -265,6 +279,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         problems = _start_problems(FileSections(config.client_tls, config.upstream_tls, config.capture))
+        for cluster in config.clusters:  # each cluster's own upstream TLS material
+            problems += [f"{CLUSTERS}.{cluster.name}.{problem}"
+                         for problem in _upstream_tls_problems(cluster.upstream_tls)]
     except ConfigError as exc:
         # The files of the sections that are valid are checked too: every problem in one round.
         problems = [*exc.problems, *(_start_problems(exc.files) if exc.files is not None else [])]
@@ -277,8 +294,9 @@ def _run_proxy(args: argparse.Namespace) -> int:
     if args.check_only:
         for note in deprecated:
             print(f"kproxy run: warning: {note}", file=sys.stderr)
-        print(f"kproxy run --check: configuration ok (upstream {','.join(map(str, config.upstream))}, "
-              f"listen {config.listen})")
+        print("kproxy run --check: configuration ok (" + "; ".join(
+            (f"cluster {c.name}: " if config.clusters else "") + f"upstream {','.join(map(str, c.upstream))}, "
+            f"listen {c.listen}" for c in config.every_cluster) + ")")
         return EXIT_OK
     from kproxy.server.app import run
 
@@ -295,22 +313,30 @@ def _run_proxy(args: argparse.Namespace) -> int:
     return run(config)
 
 
+def _upstream_tls_problems(tls: UpstreamTls) -> list[str]:
+    """The problems of the TLS material kproxy loads to connect to brokers (loaded now)."""
+    from kproxy.server.tls import upstream_context
+
+    try:
+        upstream_context(tls)
+    except ConfigError as exc:
+        return list(exc.problems)
+    return []
+
+
 def _start_problems(files: FileSections) -> list[str]:
     """The problems of the files kproxy loads or writes before it serves: TLS material (loaded
     here so that a bad certificate is a start-up error, not a per-connection one), the capture
     directory (written: :mod:`kproxy.paths`) and pyarrow for a capture."""
     from kproxy.paths import path_problems
-    from kproxy.server.tls import client_side_context, upstream_context
+    from kproxy.server.tls import client_side_context
 
     problems: list[str] = []
     try:
         client_side_context(files.client_tls)
     except ConfigError as exc:
         problems.extend(exc.problems)
-    try:
-        upstream_context(files.upstream_tls)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
+    problems.extend(_upstream_tls_problems(files.upstream_tls))
     problems.extend(path_problems(files))
     if files.capture.enabled:
         try:

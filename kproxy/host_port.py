@@ -11,6 +11,7 @@ A port is 1-65535 (0, "any free port", only where the caller allows it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -67,3 +68,9 @@ def split_host_port(text: str) -> tuple[str, int | None]:
     except ValueError:
         return text, None
     return found.host, found.port
+
+
+# A DNS label in lower case: what a cluster's name is (the config's ``clusters:``, the rules'
+# ``match.cluster``), since it names the cluster in metrics and logs and may in a host name.
+DNS_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+CLUSTER_NAME_RULE = "lower-case letters, digits and '-' (not first or last), at most 63"

@@ -14,6 +14,7 @@ import re
 import reprlib
 import sys
 import time
+from contextvars import ContextVar
 
 
 def q(text: str) -> str:
@@ -88,12 +89,19 @@ def excerpt(value: object, limit: int = EXCERPT_CHARS, *, quoted: bool = True) -
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# The cluster whose work the running task does, when kproxy serves several (each cluster's tasks set
+# it: a task inherits its starter's): every line logged in it says ``cluster=NAME`` after ``logger``.
+LOG_CLUSTER: ContextVar[str | None] = ContextVar("kproxy_log_cluster", default=None)
+
+
 class LogfmtFormatter(logging.Formatter):
-    """``ts=... level=... logger=... <message>``; messages are already ``key=value`` pairs."""
+    """``ts=... level=... logger=... [cluster=...] <message>``; messages are already ``key=value`` pairs."""
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
-        line = f"ts={ts} level={record.levelname.lower()} logger={record.name} {record.getMessage()}"
+        cluster = LOG_CLUSTER.get()
+        line = f"ts={ts} level={record.levelname.lower()} logger={record.name} " + (
+            f"cluster={q(cluster)} " if cluster is not None else "") + record.getMessage()
         if record.exc_info:
             line += " traceback=" + q(self.formatException(record.exc_info))
         return line
@@ -162,6 +170,9 @@ class JsonFormatter(logging.Formatter):
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
         entry: dict[str, str | int | float | bool] = {"ts": ts, "level": record.levelname.lower(),
                                                       "logger": record.name}
+        cluster = LOG_CLUSTER.get()
+        if cluster is not None:
+            entry["cluster"] = cluster
         for key, value in parse_logfmt(record.getMessage()).items():
             entry.setdefault(key, typed(key, value))  # ts/level/logger are the record's own
         if record.exc_info:

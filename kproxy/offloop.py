@@ -11,7 +11,7 @@ hold the loop far longer than its share:
   collection walked it again.
 * **the switch interval**: every time the loop thread comes back from a system call (each
   ``send``, ``recv``, ``epoll_wait``) it waits for the GIL, up to ``sys.getswitchinterval()``
-  (5 ms) while the worker computes; a loop turn of twenty system calls then took 100 ms.
+  (5 ms) while the worker computes, so a loop turn of many system calls takes many intervals.
 * **one big deallocation**: dropping a container of a million objects frees them in one
   cascade, seconds of GIL (:func:`hold_parts` / :func:`release_parts` spread it).
 
@@ -123,8 +123,8 @@ def freeze_if_many() -> bool:
 def _freeze_at_exit_if_building() -> None:
     """A build abandoned at shutdown (kproxy/server/rules_reload.py) leaves its thread holding
     millions of objects, and the interpreter's teardown collects garbage whether or not the
-    collector is on: each collection walked them all, and ``kproxy run`` took 5 s more to exit
-    after SIGTERM. Frozen, they are never walked."""
+    collector is on: each collection walked them all, and ``kproxy run`` took seconds more to
+    exit after SIGTERM. Frozen, they are never walked."""
     if _builds:
         gc.freeze()
 

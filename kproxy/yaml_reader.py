@@ -28,7 +28,7 @@ import yaml
 
 from kproxy.logfmt import excerpt
 
-# libyaml's parser when PyYAML was built with it: composing is ~10x faster than the pure-Python one.
+# libyaml's parser when PyYAML was built with it: composing is many times faster than the pure-Python one.
 YAML_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 Loader = yaml.SafeLoader | yaml.CSafeLoader
 MAX_DEPTH = 64  # collections within collections; kproxy's own files nest fewer than ten

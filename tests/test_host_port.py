@@ -12,8 +12,6 @@ import pytest
 from kproxy.capture.observer import split_peer
 from kproxy.config import Config, ConfigError, add_run_arguments, config_from_args
 from kproxy.host_port import HostPort, parse_host_port, split_host_port
-from kproxy.rules import RulesError, load_text
-from kproxy.rules.actions.rewrite_addresses import RewriteAddresses, address_map
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -86,21 +84,6 @@ def _rewrite_rules(mapping: str) -> str:
             match: {{api: metadata}}
             actions: [{{rewrite_addresses: {{map: {mapping}}}}}]
         """)
-
-
-def test_rewrite_addresses_map_reads_ipv6_and_names_a_bad_port_where_it_is() -> None:
-    rules = load_text(_rewrite_rules('{"[::1]:9092": "proxy:19092", "kafka-0:9092": "[::2]:9093"}'), "r.yaml")
-    action = rules.rules[0].actions[0]
-    assert isinstance(action, RewriteAddresses)
-    rewrite = address_map(action)
-    assert rewrite("::1", 9092) == ("proxy", 19092)
-    assert rewrite("kafka-0", 9092) == ("::2", 9093)
-    assert rewrite("kafka-0", 9093) is None
-    with pytest.raises(RulesError) as caught:
-        load_text(_rewrite_rules('{"kafka-0:9092": "proxy:99999"}'), "r.yaml")
-    assert [str(p) for p in caught.value.problems] == [
-        "r.yaml:4: rules[0].actions[0].rewrite_addresses.map.kafka-0:9092: bad port '99999' in address "
-        "'proxy:99999': expected 1-65535"]
 
 
 def test_peers_split_for_the_capture_and_the_policy() -> None:

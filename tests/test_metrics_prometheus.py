@@ -455,7 +455,7 @@ def test_long_polls_have_a_latency_panel_of_their_own() -> None:
     assert all('api!~"fetch|share_fetch|join_group|sync_group"' in e for e in broker)
     assert all('api=~"fetch|share_fetch|join_group|sync_group"' in e for e in polls)
     variables = [v["name"] for v in json.loads(DASHBOARD.read_text())["templating"]["list"]]
-    assert variables == ["datasource", "job", "namespace", "pod", "instance", "api", "node_id", "topic",
+    assert variables == ["datasource", "job", "namespace", "pod", "instance", "cluster", "api", "node_id", "topic",
                          "client_id", "group"]
 
 
@@ -481,7 +481,8 @@ def test_the_traffic_rows_are_there_and_rank_by_rate() -> None:
 
 
 def test_every_dashboard_query_returns_data(scraped: Stack) -> None:
-    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "api": ".*", "node_id": ".*",
+    values = {"job": "kproxy", "namespace": ".*", "pod": ".*", "instance": ".*", "cluster": ".*", "api": ".*",
+              "node_id": ".*",
               "topic": ".*", "client_id": ".*", "group": ".*", "__rate_interval": "30s", "datasource": ""}
     exprs = dashboard_exprs()
     assert len(exprs) >= 30

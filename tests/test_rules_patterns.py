@@ -137,20 +137,6 @@ def test_substitute_agrees_with_re_sub(pattern: str, template: list[str], text: 
     assert substitute(ours, parse_replacement(ours, replacement), text) == expected, (pattern, replacement, text)
 
 
-def test_a_rewrite_addresses_pattern_rewrites_with_named_groups() -> None:
-    rules = load_text("""\
-rules:
-  - id: a
-    match: {api: metadata}
-    actions:
-      - rewrite_addresses: {pattern: '(?P<name>broker-\\d+)\\.internal:9092', replacement: '\\g<name>.example:19092'}
-""")
-    action = rules.rules[0].actions[0]
-    from kproxy.rules.actions.rewrite_addresses import address_map
-    assert address_map(action)("broker-3.internal", 9092) == ("broker-3.example", 19092)  # type: ignore[arg-type]
-    assert address_map(action)("other", 9092) is None  # type: ignore[arg-type]
-
-
 # -- what RE2 refuses, and texts that are not valid Unicode ----------------------------------------
 def test_admin_json_patterns_are_checked_like_files() -> None:
     """The admin API's JSON goes through the same loader: a lone surrogate (valid JSON, not valid

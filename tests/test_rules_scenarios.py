@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +30,10 @@ from kproxy.proxy.commands import CloseConnection, ForwardUpstream, SendToClient
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
-from kproxy.rules.actions.delay import Delay, Ramp
 from kproxy.rules.lint import warnings_of_text
 from kproxy.subcommands.rules_admin import rules_table
 from tests.support.clock import Clock
-from tests.test_rules_session import Driver, heartbeat, produce_answer
-from tests.test_rules_session import produce as session_produce
+from tests.test_rules_session import produce_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATOR = jsonschema.Draft202012Validator(json.loads((ROOT / "rules" / "kproxy-rules.schema.json").read_text()))
@@ -235,25 +232,6 @@ def test_a_ramping_delay_grows_from_its_start_to_its_end_and_stays() -> None:
     assert seen == [10.0, 255.0, 500.0, 500.0]
 
 
-def test_a_ramp_is_checked_by_the_loader_and_the_editors_schema() -> None:
-    assert valid_for_editors(RAMP)
-    action = load_text(RAMP).rules[0].actions[0]
-    assert isinstance(action, Delay) and action.ramp == Ramp(10.0, 500.0, 300.0) and action.ms == 10.0
-    bad = "rules: [{id: r, match: {}, actions: [{delay: {ms: %s}}]}]"
-    assert problems(bad % "{from: 10, to: 500}") == [
-        "r.yaml:1: rules[0].actions[0].delay.ms.over_seconds: missing (seconds the ramp takes)"]
-    assert problems(bad % "{from: 10, to: 500, over_seconds: 0}") == [
-        "r.yaml:1: rules[0].actions[0].delay.ms.over_seconds: must be > 0, got 0"]
-    assert problems(bad % "{from: 10, too: 5, over_seconds: 3}") == [
-        "r.yaml:1: rules[0].actions[0].delay.ms.too: unknown key (did you mean 'to'?)",
-        "r.yaml:1: rules[0].actions[0].delay.ms.to: missing (milliseconds)"]
-    assert problems("rules: [{id: r, match: {}, actions: [{delay: {ms: {from: 1, to: 5, over_seconds: 3}, "
-                    "at: wire}}]}]") == [
-        "r.yaml:1: rules[0].actions[0].delay: a ramp (ms: {from, to, over_seconds}) is for at: request or "
-        "response: a wire delay's chunks have no rule time"]
-    assert not valid_for_editors(bad % "{from: 10, to: 500}")
-
-
 def test_the_what_if_resolves_a_ramp_at_each_records_time() -> None:
     hits = what_if(RAMP, [record(1, at_s=5), record(2, at_s=10), record(3, at_s=160), record(4, at_s=400)])
     assert [(h[2], h[12]) for h in hits] == [(2, 10.0), (3, 255.0), (4, 500.0)]
@@ -276,25 +254,6 @@ def test_a_flapping_rule_acts_for_its_window_in_every_period() -> None:
         clock.now = 100.0 + at
         seen[at] = conn.send()
     assert [at for at, what in seen.items() if what == "answered"] == [10, 39.9, 310, 339.9, 910, 939]
-
-
-def test_a_black_hole_of_a_flapping_rule_heals_at_the_end_of_each_window() -> None:
-    d = Driver("""
-rules:
-  - id: hole
-    match: {api: produce, schedule: {for_seconds: 2, period_seconds: 10}}
-    actions: [blackhole]
-""")
-    d.client(session_produce(1, -1))  # 0 s: in the first window: the hole opens
-    d.clock.now += 1
-    d.client(heartbeat(2))  # swallowed
-    d.clock.now += 2  # 3 s: the window closed: healed
-    d.client(heartbeat(3))
-    d.clock.now += 8  # 11 s: the second window
-    d.client(session_produce(4, -1), heartbeat(5))
-    d.clock.now += 2  # 13 s: closed again
-    d.client(heartbeat(6))
-    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [3, 6]
 
 
 def test_period_seconds_is_checked_by_the_loader_and_the_editors_schema() -> None:
@@ -335,13 +294,6 @@ def test_a_principal_scoped_throttle_shares_one_bucket_over_a_users_connections_
     assert bob.send() == "forwarded", "bob's own bucket, whatever his client id"
     anonymous = [Connection(live, clock, f"127.0.0.1:{port}") for port in (5558, 5559)]
     assert [c.send() for c in anonymous] == ["forwarded", "held"], "unknown principals share one bucket"
-
-
-def test_scope_principal_is_checked_by_the_loader_and_the_editors_schema() -> None:
-    assert valid_for_editors(USER_QUOTA)
-    assert problems(USER_QUOTA.replace("scope: principal", "scope: principle"))[0].startswith(
-        "r.yaml:5: rules[0].actions[0].throttle.scope: ")
-    assert not valid_for_editors(USER_QUOTA.replace("scope: principal", "scope: user"))
 
 
 def test_the_what_if_charges_a_principal_scoped_throttle_per_captured_principal() -> None:

@@ -25,7 +25,7 @@ from kproxy.protocol.frame_builder import request_body, request_frame, response_
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.commands import CloseConnection, CloseKind, Command, ForwardUpstream, SendToClient, WakeAt
+from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, SendToClient, WakeAt
 from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
@@ -121,51 +121,7 @@ def rules(action: str, match: str = "{api: heartbeat}", rule_id: str = "r1") -> 
     return RULES.format(id=rule_id, match=match, action=action)
 
 
-# -- inject_error ----------------------------------------------------------------------------------
-def test_respond_answers_locally_in_request_order_and_keeps_the_correlation_id() -> None:
-    d = Driver(rules("inject_error: {error: REBALANCE_IN_PROGRESS}"))
-    d.client(produce(1, -1), heartbeat(2), produce(3, -1))
-    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 3]  # the heartbeat never went up
-    assert d.to_client == []  # the local answer waits behind produce 1
-    d.broker(produce_answer(1))
-    assert d.answered() == [1, 2]
-    assert body(HEARTBEAT, 4, d.to_client[1])["error_code"] == REBALANCE_IN_PROGRESS
-    d.broker(produce_answer(3))
-    assert d.answered() == [1, 2, 3]
-
-
-def test_replace_rewrites_the_broker_codes_of_chosen_partitions_only() -> None:
-    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER, mode: replace, partitions: [1]}",
-                     "{api: produce}"))
-    d.client(produce(1, -1, partitions=(0, 1)))
-    assert len(d.upstream) == 1
-    d.broker(produce_answer(1, partitions=(0, 1)))
-    assert d.answered() == [1]
-    assert codes(d.to_client[0]) == [0, NOT_LEADER_OR_FOLLOWER]
-
-
-def test_acks0_produce_never_gets_an_answer_even_an_injected_one() -> None:
-    d = Driver(rules("inject_error: {error: NOT_LEADER_OR_FOLLOWER}", "{api: produce}"))
-    d.client(produce(1, 0), heartbeat(2))
-    assert [struct.unpack_from(">h", f, 4)[0] for f in d.upstream] == [HEARTBEAT]  # swallowed, not forwarded
-    d.broker(heartbeat_answer(2))
-    assert d.answered() == [2]
-
-
-# -- delay and throttle ------------------------------------------------------------------------------
-@pytest.mark.parametrize("at", ["request", "response"])
-def test_delay_holds_the_response_and_later_ones_wait_behind_it(at: str) -> None:
-    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
-    d.client(heartbeat(1), produce(2, -1))
-    d.clock.now += 0.05
-    d.broker(heartbeat_answer(1), produce_answer(2))
-    assert d.to_client == []
-    due = 100.2 if at == "request" else 100.25
-    assert d.wake == pytest.approx(due)
-    d.tick(due - d.clock.now - 0.01)
-    assert d.to_client == []
-    d.tick(0.02)
-    assert d.answered() == [1, 2]
+# -- shared with the kinds' own tests (tests/test_rules_action_<kind>.py) --------------------------
 
 
 class Completed:
@@ -181,191 +137,14 @@ class Completed:
         self.done.append(exchange)
 
 
-@pytest.mark.parametrize("at", ["request", "response"])
-def test_the_time_a_delay_holds_is_the_rules_for_the_held_response_and_those_behind_it(at: str) -> None:
-    """``held`` (kproxy_rule_held_seconds, kept out of kproxy_overhead_seconds): from each answer
-    to the hold's end, charged to the rule that held the head of the line (the produce behind the
-    delayed heartbeat matches no rule)."""
-    d = Driver(rules(f"delay: {{ms: 200, at: {at}}}"))
-    seen = d.session.observer = Completed()
-    d.client(heartbeat(1), produce(2, -1))
-    d.clock.now += 0.05
-    d.broker(heartbeat_answer(1), produce_answer(2))
-    due = 100.2 if at == "request" else 100.25
-    d.tick(due + 0.003 - d.clock.now)  # released 3 ms late: the timer's lateness is kproxy's own time
-    d.session.report()
-    assert d.answered() == [1, 2]
-    held = 0.2 if at == "response" else 0.15  # at request: the broker's 50 ms are the broker's
-    by_id = {ex.correlation_id: ex for ex in seen.done}
-    for ex in by_id.values():
-        assert ex.held is not None
-        assert ex.held[0] == pytest.approx(held)
-        assert ex.held[1] == ("r1", "delay")
-        assert ex.overhead_seconds == pytest.approx(0.003)
-
-
-def test_throttle_holds_like_a_quota_and_reports_throttle_time_ms() -> None:
-    d = Driver(rules("throttle: {bytes_per_second: 1000, burst_seconds: 0.01}", "{api: produce}"))
-    first = produce(1, -1)
-    d.client(first)
-    d.broker(produce_answer(1))
-    # A 10-byte bucket; the request's bytes past it are paid back at 1000 B/s.
-    expected_ms = round(len(first) - 10)  # ms: 1 byte a millisecond
-    assert d.to_client == []
-    d.tick(expected_ms / 1000 + 0.001)
-    assert d.answered() == [1]
-    assert body(PRODUCE, 9, d.to_client[0])["throttle_time_ms"] == expected_ms
-
-
-# -- connection faults -----------------------------------------------------------------------------
-def test_drop_response_swallows_one_answer_and_later_ones_flow() -> None:
-    d = Driver(rules("drop_response", "{api: heartbeat, schedule: {first: 1}}"))
-    d.client(heartbeat(1), heartbeat(2))
-    d.broker(heartbeat_answer(1), heartbeat_answer(2))
-    assert d.answered() == [2]
-    assert d.session.in_flight_count == 0
-
-
-@pytest.mark.parametrize(("action", "abort"), [("close_connection", False), ("reset_connection", True)])
-def test_close_and_reset_end_the_connection_deliberately(action: str, abort: bool) -> None:
-    d = Driver(rules(action))
-    d.client(produce(1, -1), heartbeat(2), produce(3, -1))
-    assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE and d.closed.abort is abort
-    assert len(d.upstream) == 1  # produce 1 went before the rule; nothing after it
-
-
-def test_slow_close_sends_nothing_upstream_answers_nothing_and_ends_later() -> None:
-    d = Driver(rules("blackhole: {close_after_ms: 500}"))
-    d.client(heartbeat(1))
-    d.client(produce(2, -1), produce(3, 0))
-    assert d.upstream == [], "a black hole lets no request through to the broker"
-    assert d.to_client == [] and d.closed is None
-    assert d.session.in_flight_count == 0, "nothing waits for an answer that will never come"
-    d.tick(0.6)
-    assert d.closed is not None and d.closed.kind is CloseKind.DELIBERATE
-
-
-@pytest.mark.parametrize("action", ["blackhole", "blackhole: {close_after_ms: 60000}"])
-def test_a_black_hole_begins_at_the_request_hit_and_earlier_answers_still_flow(action: str) -> None:
-    d = Driver(rules(action, "{api: produce, schedule: {after_requests: 1}}"))
-    d.client(produce(1, -1), heartbeat(2), produce(3, -1), heartbeat(4), produce(5, 0))
-    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 2]
-    d.broker(produce_answer(1), heartbeat_answer(2))
-    assert d.answered() == [1, 2]
-    for i in range(6, 2006):  # read and discarded: nothing piles up, ids are free again
-        d.client(heartbeat(i % 7 + 6))
-    assert len(d.upstream) == 2 and d.answered() == [1, 2] and d.closed is None
-    assert d.session.in_flight_count == 0
-    # Produce 3 and 5 met the rule (the policy is still asked, so its counts say what it met).
-    assert d.injector.counts.connection_faults == {("r1", action.split(":")[0]): 2}
-
-
-def test_the_observer_sees_each_swallowed_request_complete_with_no_response() -> None:
-    from kproxy.proxy.exchange import Exchange
-
-    class Seen:
-        def __init__(self) -> None:
-            self.requests: list[int] = []
-            self.completed: list[tuple[int, bytes | None, tuple[str, ...]]] = []
-
-        def request(self, ex: Exchange) -> None:
-            self.requests.append(ex.correlation_id)
-
-        def complete(self, ex: Exchange) -> None:
-            self.completed.append((ex.correlation_id, ex.response, tuple(d[1] for d in ex.rule_decisions)))
-
-    d = Driver(rules("blackhole"))
-    seen = Seen()
-    d.session.observer = seen
-    d.client(heartbeat(1), produce(2, -1))
-    d.session.report()
-    assert seen.requests == [1, 2]
-    assert seen.completed == [(1, None, ("blackhole",)), (2, None, ())]
-
-
-@pytest.mark.parametrize("action", ["blackhole: {forward: true}", "blackhole: {close_after_ms: 500, forward: true}"])
-def test_forward_true_sends_requests_on_and_swallows_their_answers(action: str) -> None:
-    d = Driver(rules(action))
-    d.client(heartbeat(1))
-    d.client(produce(2, -1), heartbeat(3))
-    assert [struct.unpack_from(">i", f, 8)[0] for f in d.upstream] == [1, 2, 3]
-    assert d.session.in_flight_count == 3, "the broker's answers are awaited, then swallowed"
-    d.broker(heartbeat_answer(1), produce_answer(2), heartbeat_answer(3))
-    assert d.to_client == [] and d.closed is None and d.session.in_flight_count == 0
-
-
-def _ids_up(d: Driver) -> list[int]:
+def upstream_ids(d: Driver) -> list[int]:
     return [struct.unpack_from(">i", f, 8)[0] for f in d.upstream]
 
 
 HOLE_FOR_2S = "{api: produce, schedule: {for_seconds: 2}}"
 
 
-@pytest.mark.parametrize("action", ["blackhole", "blackhole: {forward: true}"])
-def test_a_black_hole_ends_with_its_time_window_and_later_requests_flow_in_order(action: str) -> None:
-    d = Driver(rules(action, HOLE_FOR_2S))
-    d.client(heartbeat(1), produce(2, -1), heartbeat(3))  # 1 before the hole, 2 meets it, 3 in it
-    forwarded = action != "blackhole"
-    assert _ids_up(d) == ([1, 2, 3] if forwarded else [1])
-    d.clock.now += 2.5  # the rule's window is over: the connection heals
-    d.client(produce(4, -1), heartbeat(5))
-    assert _ids_up(d) == ([1, 2, 3, 4, 5] if forwarded else [1, 4, 5])
-    d.broker(heartbeat_answer(1))
-    if forwarded:
-        d.broker(produce_answer(2), heartbeat_answer(3))  # answered by the broker, swallowed by the hole
-    d.broker(produce_answer(4), heartbeat_answer(5))
-    # The swallowed requests stay unanswered and hold nothing back: the later answers leave in order.
-    assert d.answered() == [1, 4, 5] and d.closed is None and d.session.in_flight_count == 0
-
-
-def test_a_slow_close_whose_rule_ends_first_does_not_close() -> None:
-    d = Driver(rules("blackhole: {close_after_ms: 5000}", HOLE_FOR_2S))
-    d.client(produce(1, -1))
-    assert d.wake is not None
-    d.tick(2.5)
-    d.client(heartbeat(2))
-    d.tick(3.0)  # past the close's time
-    assert d.closed is None and _ids_up(d) == [2]
-
-
-@pytest.mark.parametrize("how", ["reload", "delete", "disable"])
-def test_a_black_hole_ends_when_its_rule_is_reloaded_away_deleted_or_disabled(how: str) -> None:
-    d = Driver(rules("blackhole", "{api: produce}") + """  - id: other
-    match: {api: metadata}
-    actions: [drop_response]
-""")
-    d.client(produce(1, -1), heartbeat(2))
-    assert d.upstream == []
-    if how == "reload":
-        d.live.replace(load_text(rules("blackhole", "{api: produce}", rule_id="renamed")), origin="test")
-    elif how == "delete":
-        d.live.replace(load_text(rules("drop_response", "{api: metadata}", rule_id="other")), origin="test")
-    else:
-        d.live.replace(load_text(rules("blackhole", "{api: produce}").replace("    match:", "    enabled: false\n"
-                                                                              "    match:")), origin="test")
-    d.client(heartbeat(3))
-    d.broker(heartbeat_answer(3))
-    assert _ids_up(d) == [3] and d.answered() == [3]
-
-
-def test_a_black_hole_lasts_while_its_rule_does_though_it_matches_one_request() -> None:
-    d = Driver(rules("blackhole", "{api: produce, schedule: {first: 1}}"))
-    d.client(produce(1, -1))
-    d.clock.now += 3600
-    d.client(heartbeat(2), produce(3, -1))
-    assert d.upstream == [] and d.to_client == []
-
-
-def test_a_later_rule_does_not_answer_out_of_a_black_hole() -> None:
-    text = rules("blackhole", "{api: produce}") + """  - id: r2
-    match: {api: heartbeat}
-    actions:
-      - delay: {ms: 10}
-"""
-    d = Driver(text)
-    d.client(produce(1, -1), heartbeat(2))
-    d.tick(0.05)
-    assert d.upstream == [] and d.to_client == [] and d.session.in_flight_count == 0
+# -- dry runs and fault lines ---------------------------------------------------------------------
 
 
 def test_dry_run_changes_nothing_and_logs_the_fault(caplog: pytest.LogCaptureFixture) -> None:
@@ -496,58 +275,10 @@ rules:
         assert line in exported, line
 
 
-def test_an_edited_request_goes_upstream_not_the_chunk_it_came_in() -> None:
-    from kproxy.protocol.records import Record, encode_batch_v2
-
-    batch = encode_batch_v2([Record(0, 1_700_000_000_000, b"k", b"v")])
-    body = request_body(PRODUCE, 9, transactional_id=None, acks=-1, timeout_ms=1500,
-                        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": batch}]}])
-    original = frame(encode_request(RequestHeader(PRODUCE, 9, 1, "producer-1", 2), body))
-    d = Driver(rules("corrupt_records: {target: crc}", "{api: produce}"))
-    d.client(original)  # the chunk holds exactly this one frame
-    [sent] = d.upstream
-    assert len(sent) == len(original) and sent != original
-
-
 # -- what a verdict costs must not change what it does (kproxy/policy/policy.py's shortcuts) ------
 def heartbeat_from(correlation_id: int, client_id: str | None) -> bytes:
     return request_frame(HEARTBEAT, 4, correlation_id, client_id=client_id, group_id="g", generation_id=1,
                          member_id="m")
-
-
-@pytest.mark.parametrize("match", ["{api: heartbeat}", "{}", "{api: heartbeat, client_id: 'kproxy.*|test.*'}"])
-@pytest.mark.parametrize(("action", "detail", "held"), [("delay: {ms: 200}", "200.0ms at request", True),
-                                                       ("delay: {ms: 0}", "0.0ms at request", False),
-                                                       ("delay: {ms: 200, at: response}", "200.0ms at response", True)])
-@pytest.mark.parametrize("dry_run", [False, True])
-def test_a_delay_rule_does_the_same_whether_its_faults_are_reported_or_not(
-        match: str, action: str, detail: str, held: bool, dry_run: bool, caplog: pytest.LogCaptureFixture) -> None:
-    """A delay rule that decides every request alike is decided without the request's facts when
-    no fault is reported (no ring, no log line): the hold, the wake-up and the hit counters must be
-    what the reported path gives, and the reported path must still say what it did."""
-    text = rules(action, match)
-    if dry_run:
-        text = text.replace("    match:", "    dry_run: true\n    match:")
-        detail, held = "dry run: nothing done", False
-    seen = []
-    for report in ("nothing", "ring", "log"):
-        d = Driver(text)
-        if report == "ring":
-            d.live.recent = deque(maxlen=10)
-        with caplog.at_level(logging.INFO if report == "log" else logging.WARNING, "kproxy.faults"):
-            caplog.clear()
-            d.client(heartbeat(1), heartbeat(2))
-            lines = [parse_logfmt(r.getMessage()) for r in caplog.records]
-        d.clock.now += 0.05  # the broker's time: a response delay counts from its answer, a hold from the request
-        d.broker(heartbeat_answer(1), heartbeat_answer(2))
-        at_once = d.answered()
-        d.tick(0.3)
-        seen.append((at_once, d.answered(), d.wake, dict(d.injector.counts.hits)))
-        details = [r.detail for r in d.live.recent or ()] if report == "ring" else [line["detail"] for line in lines]
-        assert details == ([] if report == "nothing" else [detail, detail]), report
-    assert seen[0] == seen[1] == seen[2]
-    assert seen[0][3] == {("r1", "delay", "true" if dry_run else "false"): 2}
-    assert seen[0][0] == ([] if held else [1, 2]) and seen[0][1] == [1, 2]
 
 
 def test_a_client_changing_its_client_id_meets_the_rules_of_each_id() -> None:
@@ -643,15 +374,3 @@ def test_toxicity_picks_that_share_of_connections_and_acts_on_every_request_ther
     # probability draws per request: at 0.1 over 20 requests most connections meet it at least once.
     per_request = _errors_per_connection("{api: heartbeat, probability: 0.1}")
     assert sum(1 for m in per_request if m) > 140 and 0 < sum(per_request) < 200 * 20
-
-
-def test_slow_close_passes_traffic_and_asks_the_close_late_while_its_rule_lasts() -> None:
-    d = Driver(rules("slow_close: {delay_ms: 1500}", HOLE_FOR_2S))
-    assert d.session.close_delay_s() == 0.0
-    d.client(produce(1, -1), heartbeat(2))
-    assert _ids_up(d) == [1, 2], "slow_close lets the traffic through"
-    d.broker(produce_answer(1), heartbeat_answer(2))
-    assert d.answered() == [1, 2] and d.closed is None
-    assert d.session.close_delay_s() == 1.5
-    d.clock.now += 2.5  # the rule's window is over: a close now comes at once
-    assert d.session.close_delay_s() == 0.0

@@ -473,29 +473,4 @@ def test_kproxy_rules_check_accepts_the_toxics_and_names_a_bad_key(tmp_path: Pat
         in checked.stderr + checked.stdout
 
 
-def test_the_toxics_keys_are_checked_with_one_clear_line_each() -> None:
-    from kproxy.rules import RulesError
-
-    text = """rules:
-  - id: bad
-    match: {}
-    actions:
-      - slicer: {average_bytes: 4, size_variation: 4}
-      - bandwidth: {bytes_per_second: 0}
-      - limit_data: {bytes: -1, direction: sideways}
-      - delay: {ms: 5, direction: upstream}
-"""
-    with pytest.raises(RulesError) as bad:
-        load_text(text, "t.yaml")
-    assert [str(p) for p in bad.value.problems] == [
-        "t.yaml:5: rules[0].actions[0].slicer: size_variation must be >= 0 and below average_bytes (4), got 4",
-        "t.yaml:6: rules[0].actions[1].bandwidth.bytes_per_second: must be >= 1, got 0",
-        "t.yaml:7: rules[0].actions[2].limit_data.bytes: must be >= 0, got -1",
-        "t.yaml:7: rules[0].actions[2].limit_data.direction: expected one of upstream, downstream, both, got "
-        "'sideways'",
-        "t.yaml:8: rules[0].actions[3].delay: direction is for at: wire only (a request or response delay holds "
-        "one frame)",
-    ]
-
-
 logging.getLogger("kafka").setLevel(logging.WARNING)

@@ -146,21 +146,6 @@ def test_every_hit_brings_the_same_order_and_the_session_hands_them_over(logged:
     assert not order.owner.in_force()
 
 
-def test_a_dry_run_rule_orders_nothing() -> None:
-    from tests.test_rules_session import Driver, heartbeat
-
-    d = Driver("""rules:
-  - id: r1
-    dry_run: true
-    match: {api: heartbeat}
-    actions:
-      - bandwidth: {bytes_per_second: 1000}
-""")
-    d.client(heartbeat(1))
-    assert d.session.wire_orders == []
-    assert d.injector.counts.hits[("r1", "bandwidth", "true")] == 1
-
-
 def test_the_bytes_through_each_toxic_are_exported_by_rule_action_and_direction() -> None:
     from prometheus_client import generate_latest
 

@@ -12,7 +12,9 @@ Prometheus scraping a real kproxy (tests/test_metrics_prometheus.py).
 
 Template variables: ``datasource`` (any Prometheus), ``job``, ``namespace``, ``pod``
 and ``instance`` (from ``kproxy_build_info``; namespace and pod are the target labels
-the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere), ``api``
+the Kubernetes scrape configs and prometheus-operator add, "All" elsewhere), ``cluster`` (of a
+kproxy serving several: docs/CLUSTERS.md; "All" matches a single cluster's series, which have no
+such label), ``api``
 (Kafka API names as kproxy labels them: ``produce``, ``fetch``, ``metadata`` ...),
 ``node_id`` (the broker behind a connection: its Kafka node id, or ``bootstrap``), which
 filters the broker-scoped panels only (requests, latency, errors, connections), and the
@@ -50,14 +52,17 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Every selector carries the dashboard's filters; $api only where the metric has an api label.
 # namespace=~".*" also matches series without the label (static scrape configs), so "All" works anywhere.
 SEL = 'job=~"$job", namespace=~"$namespace", pod=~"$pod", instance=~"$instance"'
-SEL_API = SEL + ', api=~"$api"'
+# A kproxy serving several clusters (docs/CLUSTERS.md) labels their series with cluster; the process's
+# own (rules, event loop) have none, so they keep SEL. cluster=~".*" matches series without it too.
+SEL_CLUSTER = SEL + ', cluster=~"$cluster"'
+SEL_API = SEL_CLUSTER + ', api=~"$api"'
 # Broker-scoped series (requests, responses, broker latency, error codes) also carry node_id; bytes,
 # records and kproxy's own time do not, so they keep SEL_API (a node filter would empty them).
-SEL_NODE = SEL + ', node_id=~"$node_id"'
+SEL_NODE = SEL_CLUSTER + ', node_id=~"$node_id"'
 SEL_BROKER = SEL_API + ', node_id=~"$node_id"'
 # The traffic rows' series (opt-in labels: metrics.topic_label, metrics.client_id_label; consumer lag).
-SEL_TOPIC = SEL + ', topic=~"$topic"'
-SEL_CLIENT = SEL + ', client_id=~"$client_id"'
+SEL_TOPIC = SEL_CLUSTER + ', topic=~"$topic"'
+SEL_CLIENT = SEL_CLUSTER + ', client_id=~"$client_id"'
 SEL_GROUP = SEL + ', group=~"$group", topic=~"$topic"'
 WINDOW = "$__rate_interval"
 TOP = 10  # the traffic rows show the top 10 by rate
@@ -426,6 +431,7 @@ def variables() -> list[Builder[VariableModel]]:
         label_values("pod", "Pod", 'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace"}, pod)'),
         label_values("instance", "Instance",
                      'label_values(kproxy_build_info{job=~"$job", namespace=~"$namespace", pod=~"$pod"}, instance)'),
+        label_values("cluster", "Cluster", 'label_values(kproxy_requests_total{job=~"$job"}, cluster)'),
         label_values("api", "API", 'label_values(kproxy_requests_total{job=~"$job"}, api)'),
         label_values("node_id", "Broker (node id)", 'label_values(kproxy_requests_total{job=~"$job"}, node_id)'),
         label_values("topic", "Topic", 'label_values(kproxy_topic_bytes_total{job=~"$job"}, topic)'),

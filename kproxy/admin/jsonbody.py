@@ -8,14 +8,13 @@ unbounded it fails on 100,000 nested arrays (RecursionError) and on a 5,001-digi
 * nesting is at most :data:`MAX_DEPTH` levels (a rule file needs under ten), and a body holds at
   most :data:`MAX_CONTAINERS` arrays and objects (10,000 rules take ~50,000), checked by a scan
   that stops at the first excess, before anything is decoded: the decoder runs in C holding the
-  GIL, and a megabyte of empty arrays kept every other thread (the trio loop) waiting ~0.2 s;
+  GIL, and a megabyte of empty arrays would keep every other thread (the trio loop) waiting;
 * a number is at most :data:`MAX_NUMBER_CHARS` characters (an int64 needs 20);
 * ``NaN`` and ``Infinity`` are refused (they are not JSON: RFC 8259).
 
 A body over :data:`C_DECODE_MAX` is decoded by the standard library's pure-Python scanner: the C
-one holds the GIL for the whole document, and on a loaded machine a 1 MiB rule file kept the trio
-loop waiting ~120 ms; the Python one lets the loop in between values (and costs ~10x the time, in a
-worker thread).
+one holds the GIL for the whole document, so a big rule file would keep the trio loop waiting;
+the Python one lets the loop in between values (at several times the CPU, in a worker thread).
 
 Pure and thread-safe: the admin server decodes in a worker thread.
 """
@@ -36,7 +35,7 @@ C_DECODE_MAX = 64 * 1024
 
 # One step of the scan: a bracket, a quote, an escape, or a run of anything else. Every match is
 # short (at most 64 KiB, never backtracking): the regex engine holds the GIL for each call, and one
-# call over a megabyte-long string kept every other thread (the trio loop) waiting ~80 ms.
+# call over a megabyte-long string would keep every other thread (the trio loop) waiting.
 _TOKEN = re.compile(r'[\[\]{}"]|\\.?|[^\[\]{}"\\]{1,65536}', re.DOTALL)
 
 

@@ -15,9 +15,9 @@ its end) and ``interval_s`` the width in seconds.
   broker and kproxy latency, per api (and time bin). Percentiles are exact up to
   ``exact_percentiles_max`` records (default :data:`EXACT_PERCENTILES_MAX`):
   Spark's ``percentile`` (linear interpolation between closest ranks, numpy's
-  default), which keeps every distinct value of a group in memory (10 million
-  records ran a 4 GiB driver out of heap; 2 million took 261 s on local[2]
-  where 3 million approximate took 14 s). Above that, they are read off
+  default), which keeps every distinct value of a group in memory (a driver
+  runs out of heap, and time grows far faster than with the approximation,
+  well before ten million records). Above that, they are read off
   log-scale histograms (:mod:`kproxy.analysis.histogram`, 32 buckets a
   doubling): each within 2.2 % of the exact value (the one ranked
   ``ceil(p * n)`` of the group's ``n``), maxima exact, in fixed-width counts
@@ -32,6 +32,8 @@ its end) and ``interval_s`` the width in seconds.
   (``produced_bytes``, ``fetched_bytes``: ``kproxy_client_bytes_total``'s
   ``produce`` and ``fetch``), requests, records, requests with an error and
   connections.
+* ``by_cluster``: per cluster (the capture's ``cluster``, null in older files): connections,
+  requests, frame and record batch bytes as ``top_clients``, records and requests with an error.
 * ``top_topics``: per topic: requests, records and bytes produced and fetched,
   requests with an error.
 * ``consumer_lag``: per time bin (the bin answers reached their clients), group
@@ -108,7 +110,7 @@ FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's inp
 _ANALYSED = ("api_key", "api_name", "api_version", "request_time", "response_time", "connection_id", "correlation_id",
              "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
-             "record_count", "record_bytes", "partitions", "rule_decisions", "group_id")
+             "record_count", "record_bytes", "partitions", "rule_decisions", "group_id", "cluster")
 
 
 @dataclass

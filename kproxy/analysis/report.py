@@ -27,6 +27,7 @@ _TABLES = (
     ("errors", "Error codes by API (requests whose response carried the code)"),
     ("top_clients", "Top clients by bytes (frames: requests from the client, responses to it; record batches "
                     "produced and fetched, as kproxy_client_bytes_total counts them)"),
+    ("by_cluster", "Traffic by cluster (the config's clusters:; empty for records written before the column)"),
     ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum, "
                      "and in seconds as kproxy_consumergroup_lag_seconds, '-' where no write time was captured; "
                      "as it stood at its time: the end of the last interval an offset was answered in)"),

@@ -163,7 +163,9 @@ def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
                         F.min("request_time").alias("first"),
                         F.max(F.coalesce("response_time", "request_time")).alias("last"),
                         F.max("request_time").alias("last_request"),
-                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions")))
+                        F.sum(F.coalesce(F.size("rule_decisions"), F.lit(0))).alias("decisions"),
+                        # A connection is of one cluster (null: a file written before the column).
+                        F.first("cluster", ignorenulls=True).alias("cluster")))
 
     # When the answer reached the client: the moment the live tracker learns an offset (ConsumerLag.answer).
     answered = F.coalesce(F.col("response_time"), F.col("request_time"))
@@ -204,7 +206,7 @@ def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
 
 
 _SERVES = {"latency": ("latency_by_api", "latency_over_time"), "errors": ("errors", "errors_over_time"),
-           "connections": ("top_clients", "connection_churn"),
+           "connections": ("top_clients", "by_cluster", "connection_churn"),
            "partitions": ("top_topics", "throughput", "hot_partitions", "consumer_lag")}  # the tables each pass is for
 
 
@@ -267,6 +269,11 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
                       ("bytes", pc.add(clients.column("request_bytes"), clients.column("response_bytes"))),
                       *clients.column_names[1:])
     out["top_clients"] = _top(clients, [("bytes", "descending"), ("client_id", "ascending")])
+    by_cluster = _rollup(conns, ["cluster"], connections=("connection_id", "count_distinct"),
+                         requests=("requests", "sum"), request_bytes=("request_bytes", "sum"),
+                         response_bytes=("response_bytes", "sum"), produced_bytes=("produced_bytes", "sum"),
+                         fetched_bytes=("fetched_bytes", "sum"), records=("records", "sum"), errors=("errors", "sum"))
+    out["by_cluster"] = _sort(by_cluster, [("cluster", "ascending")])
 
     parts = fine.partitions
     per_topic = _where(parts, pc.equal(parts.column("level"), _PER_TOPIC))

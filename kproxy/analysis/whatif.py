@@ -93,7 +93,6 @@ from pyspark.sql.types import (
 
 from kproxy.analysis.schema import snake_api_name
 from kproxy.protocol.tables import error_name
-from kproxy.rules.actions.throttle import Throttle
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_file, load_text
 from kproxy.rules.model import RuleSet
@@ -151,14 +150,14 @@ class WhatIfRules:
 
 def shared_state(rules: RuleSet) -> tuple[str, ...]:
     """Ids of enabled rules whose state is shared by connections (schedule counters, unless they count
-    per connection; throttle buckets; a rule waiting on another, ``schedule.after``, and the rule it
-    waits on)."""
+    per connection; an action's own, :attr:`~kproxy.rules.actions.base.RuleAction.shares_state`:
+    throttle buckets; a rule waiting on another, ``schedule.after``, and the rule it waits on)."""
     waited = {r.match.schedule.after.rule for r in rules.rules
               if r.enabled and r.match.schedule is not None and r.match.schedule.after is not None}
     return tuple(r.id for r in rules.rules if r.enabled and (
         (r.match.schedule is not None and r.match.schedule.counts and not r.match.schedule.per_connection)
         or (r.match.schedule is not None and r.match.schedule.after is not None) or r.id in waited
-        or any(isinstance(a, Throttle) for a in r.actions)))
+        or any(a.shares_state for a in r.actions)))
 
 
 @lru_cache(maxsize=4096)
@@ -242,8 +241,8 @@ def evaluator(rules: WhatIfRules, start_us: int) -> Callable[[Iterable[Any]], It
             topics = sorted(facts.topic_partitions)
             for hit in decision.hits:
                 code = next((a.injected_error for a in hit.actions if a.injected_error is not None), None)
-                throttle_s = max((engine.throttle_delay_s(hit.rule_id, a, facts, row["request_bytes"])
-                                  for a in hit.actions if isinstance(a, Throttle)), default=0.0)
+                throttle_s = max((a.whatif_hold_s(engine.buckets, hit.rule_id, facts, row["request_bytes"])
+                                  for a in hit.actions), default=0.0)
                 yield (row["connection_id"], row["request_us"], row["correlation_id"], row["api_name"],
                        row["client_id"], topics, ordinal, hit.rule_id, hit.dry_run,
                        [a.kind for a in hit.actions], code,

@@ -6,7 +6,7 @@ then makes Arrow columns of these lists. A row goes into its columns as it is ma
 append per value, and the items of its list columns (partitions, rule decisions, payloads)
 into their fields' lists. Adding rows as tuples and transposing each slice afterwards (what
 this replaced) made and freed a tuple per row, a tuple per column and per slice, and extended
-every list again: ~6,000 instructions per record on the writer thread, holding the GIL.
+every list again, on the writer thread, holding the GIL.
 
 Contract: :meth:`PendingColumns.add_row` adds a whole row or nothing (a row of the wrong width,
 or an item of a list column of the wrong width, raises ValueError before any list is touched);
@@ -65,7 +65,7 @@ class PendingColumns:
 
     def clear(self) -> None:
         """Empty again, a column at a time, handing the GIL over between columns: freeing a row
-        group's values (a few hundred thousand objects) at once held it for ~2-3 ms."""
+        group's values (a few hundred thousand objects) at once would hold it for the whole cascade."""
         for values in self.values:
             values.clear()
             time.sleep(0)

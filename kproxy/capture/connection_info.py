@@ -16,6 +16,7 @@ class ConnectionInfo:
     listener: str
     upstream: str
     principal: str | None = None
+    cluster: str | None = None  # the listener's (the config's clusters:)
     # The broker behind a ``broker-N`` listener; None behind the bootstrap listener (read per record:
     # worked out once).
     node_id: int | None = field(init=False, default=None)

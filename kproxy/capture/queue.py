@@ -1,8 +1,7 @@
 """The capture's queue: the event loop offers captured exchanges, the writer thread takes them.
 
 One job, per exchange, on the event loop: compiled (pyproject.toml [tool.kproxy.native]), so that
-an offer is a native call and a few native operations, not interpreted code (~1,500
-instructions each when it was a method of the writer: kproxy/capture/writer.py).
+an offer is a native call and a few native operations, not interpreted code.
 
 Contract of :class:`CaptureQueue`: :meth:`~CaptureQueue.offer` never blocks and never raises; a
 full queue (``queue_size`` items, or ``queue_bytes`` of frames referenced) drops the item and

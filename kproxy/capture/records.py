@@ -136,28 +136,28 @@ _Scan = tuple[tuple[_Entry, ...], int | None, list[tuple[object, ...]] | None]
 CACHE_FRAME = 4096
 CACHE_ENTRIES = 2048
 # Bigger Metadata answers are remembered too, by their body's length and Python's keyed 64-bit hash
-# (SipHash, ~0.5 ms per MB; as kproxy/metrics/stats.py ScanMemo): clients refresh Metadata again and
+# (SipHash; as kproxy/metrics/stats.py ScanMemo): clients refresh Metadata again and
 # again and brokers answer the same bytes, and reading an answer of 100,000 partitions (its topic ids
-# decoded, its error codes scanned) costs the writer ~100x that hash. Nothing big is kept: an entry
+# decoded, its error codes scanned) costs the writer far more than that hash. Nothing big is kept: an entry
 # is its key, the scan (non-zero codes only) and the TopicIdNames stamp it was read at; it counts
 # BIG_MEMO_ENTRY bytes plus BIG_MEMO_CODE per error entry, and the memo starts afresh past
 # BIG_MEMO_BYTES.
 BIG_MEMO_BYTES = 256 * 1024
 BIG_MEMO_ENTRY = 1024
 BIG_MEMO_CODE = 64
-# A first read of a Metadata answer from this size on (~2,500 partitions: ~1 ms of scan, one call
-# of a generated scanner that cannot stop midway) is done with the interpreter's switch interval
+# A first read of a Metadata answer from this size on (a few thousand partitions: one call of a
+# generated scanner that cannot stop midway) is done with the interpreter's switch interval
 # (sys.setswitchinterval, 5 ms by default) cut by kproxy.offloop.short_switch_interval: the event
-# loop, waiting for the GIL, gets it after 0.5 ms instead of 5 ms, again and again for the read's
-# ~10-200 ms. Only while a thread waits does the interval cost anything (a forced hand-over, a few µs).
+# loop, waiting for the GIL, gets it after 0.5 ms instead of 5 ms, again and again for the whole
+# read. Only while a thread waits does the interval cost anything (a forced hand-over).
 BIG_READ_BYTES = 64 * 1024
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
-# soon as the observer sees them, and let go: holding them until the writer's next turn (~0.1 s of
-# traffic) made the proxy's heap grow and churn (page faults: Produce of 100 KB batches cost 4x
-# the CPU per GB with capture on). Reading one costs a few µs whatever its size (records are
-# skipped by length): at most ~0.25 s per GB of such frames, on the loop.
+# soon as the observer sees them, and let go: holding them until the writer's next turn makes the
+# proxy's heap grow and churn (page faults on every big Produce with capture on). Reading one costs
+# the same whatever its size (records are skipped by length), so the loop's share stays small
+# per GB of such frames (docs/PERFORMANCE.md).
 EARLY_READ_BYTES = 16 * 1024
 
 
@@ -352,6 +352,7 @@ class RecordBuilder:
             partitions,
             decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
+            conn.cluster,
         )
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
@@ -503,7 +504,7 @@ class RecordBuilder:
         offset = offset or response_body_offset(response, api_key, api_version)
         if api_key == PRODUCE:
             # The usual answer (one topic, one partition) read by hand: what the scanner finds in it
-            # (tests/test_scan_shared.py), at a fraction of its cost (~12,000 instructions a Produce).
+            # (tests/test_scan_shared.py), at a fraction of its cost.
             usual = produce_answer(response, offset, api_version)
             if usual is not None:
                 topic, index, code, _ = usual

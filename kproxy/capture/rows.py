@@ -12,8 +12,8 @@ from typing import Any
 
 from kproxy.capture.schema import COLUMN_NAMES, PARTITION_ITEMS, PAYLOAD_ITEMS, RULE_DECISION_ITEMS
 
-_SCALARS = len(COLUMN_NAMES) - 3  # partitions, rule_decisions and payloads close every row
-assert COLUMN_NAMES[_SCALARS:] == ("partitions", "rule_decisions", "payloads")
+# Where the nested lists are in a row (by name: a nullable column added since may follow them).
+_PARTITIONS, _DECISIONS, _PAYLOADS = (COLUMN_NAMES.index(name) for name in ("partitions", "rule_decisions", "payloads"))
 PARTITION_FIELDS = tuple(c.name for c in PARTITION_ITEMS)
 RULE_DECISION_FIELDS = tuple(c.name for c in RULE_DECISION_ITEMS)
 PAYLOAD_FIELDS = tuple(c.name for c in PAYLOAD_ITEMS)
@@ -35,9 +35,9 @@ def dict_rows(batch: Iterable[dict[str, Any]]) -> list[tuple[Any, ...]]:
     for rec in batch:
         row = [rec[name] for name in COLUMN_NAMES]
         # (get: the nullable fields version 3 added may be left out of a ready record's items)
-        row[_SCALARS] = tuple(tuple(p.get(f) for f in PARTITION_FIELDS) for p in row[_SCALARS])
-        row[_SCALARS + 1] = tuple(tuple(d[f] for f in RULE_DECISION_FIELDS) for d in row[_SCALARS + 1])
-        if row[_SCALARS + 2] is not None:
-            row[_SCALARS + 2] = tuple(tuple(p[f] for f in PAYLOAD_FIELDS) for p in row[_SCALARS + 2])
+        row[_PARTITIONS] = tuple(tuple(p.get(f) for f in PARTITION_FIELDS) for p in row[_PARTITIONS])
+        row[_DECISIONS] = tuple(tuple(d[f] for f in RULE_DECISION_FIELDS) for d in row[_DECISIONS])
+        if row[_PAYLOADS] is not None:
+            row[_PAYLOADS] = tuple(tuple(p[f] for f in PAYLOAD_FIELDS) for p in row[_PAYLOADS])
         out.append(tuple(row))
     return out

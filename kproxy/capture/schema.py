@@ -154,6 +154,8 @@ COLUMNS: tuple[Column, ...] = (
        items=RULE_DECISION_ITEMS),
     _c("payloads", "list", "record keys and values; null unless capture.include_payloads",
        items=PAYLOAD_ITEMS),
+    _c("cluster", "string", "the cluster of the listener (the config's clusters:; default without); null: "
+                            "written before kproxy served several clusters"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 _BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}

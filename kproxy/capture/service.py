@@ -52,7 +52,7 @@ class CaptureService:
         self.writer.close()
 
     def observer(self, metrics: SessionObserver | None, *, peer: str, listener: str, upstream: str,
-                 client: Any = None, identity: Identity | None = None) -> SessionObserver:
+                 client: Any = None, identity: Identity | None = None, cluster: str | None = None) -> SessionObserver:
         """The observer of one new connection: capture, behind ``metrics`` when there is one.
 
         ``identity`` is the connection's session: records carry its principal. Without one,
@@ -62,7 +62,7 @@ class CaptureService:
         host, port = split_peer(peer)
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
-                              principal=_tls_subject(client))
+                              principal=_tls_subject(client), cluster=cluster)
         capture = CaptureObserver(conn, self.writer.queue.offer, self.clock_offset, reader=self.builder,
                                   identity=identity)
         return capture if metrics is None else Tee(metrics, capture)

@@ -78,16 +78,15 @@ from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
 
-# Items turned into rows per slice: reading frames is Python holding the GIL (~3-13 µs an item,
-# bench/bench_capture.py), so the writer gives the GIL back after each slice of a fraction of a
+# Items turned into rows per slice: reading frames is Python holding the GIL (bench/bench_capture.py
+# measures it per item), so the writer gives the GIL back after each slice of a fraction of a
 # millisecond: the proxy's event loop, if it wants the GIL meanwhile, waits that long at worst
-# (not CPython's 5 ms switch interval, nor a whole batch). 16, not 32: the writer's GIL holds
-# while it reads Produce exchanges went from ~370 to ~190 µs (p50), for one more sleep(0), ~1 µs,
-# per 16 items.
+# (not CPython's 5 ms switch interval, nor a whole batch). 16, not 32: halving the slice halved the
+# writer's GIL holds on Produce for one more sleep(0) per slice (docs/PERFORMANCE.md).
 CONVERT_SLICE = 16
 # Each slice's rows go into the pending row group column by column as they are made
 # (kproxy.capture.columns), and become Arrow columns a row group at a time, a column per call
-# (pa.array: a C loop over Python objects, ~0.1-0.7 ms per 10,000 rows), the GIL given back
+# (pa.array: a C loop over Python objects, holding the GIL), the GIL given back
 # between columns.
 ROWS = Callable[[list[Any]], list[tuple[Any, ...]]]
 ADD_ROWS = Callable[[list[Any], PendingColumns], None]
@@ -125,14 +124,11 @@ def _dictionary_columns(columns: Sequence[Column], prefix: str = "") -> list[str
     return out
 
 
-# Parquet options, chosen by CPU per record against file size, measured on 10,000 records of
-# bench/bench_capture.py's four kinds of exchange mixed, from 16 connections, in one row group:
-# zstd (Arrow's default level, 1) with a dictionary for every column: 1.36 µs, 29.6 B per record;
-# level 3: 1.48 µs, 29.3 B; snappy 1.25 µs, 38.8 B; lz4 1.16 µs, 40.0 B; uncompressed 1.09 µs,
-# 50.6 B. A dictionary only for the string columns, which repeat (api names, client ids,
-# listeners, topics): 0.97 µs, 22.4 B. Times, ids, sizes and latencies hardly repeat: a
-# dictionary of them is CPU spent for a bigger file. Statistics stay (Spark skips row groups by
-# request_time with them): without, 0.1 µs less per record.
+# Parquet options, chosen by CPU per record against file size (docs/PERFORMANCE.md, "Costs behind
+# the code's choices"): zstd at Arrow's default level, with a dictionary only for the string
+# columns, which repeat (api names, client ids, listeners, topics), was both the smallest file and
+# the least CPU. Times, ids, sizes and latencies hardly repeat: a dictionary of them is CPU spent
+# for a bigger file. Statistics stay (Spark skips row groups by request_time with them).
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": _dictionary_columns(COLUMNS)}
 
 

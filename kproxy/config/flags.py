@@ -15,9 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kproxy.config.options import OPTIONS, Alias, Option
+from kproxy.config.options import BY_PATH, CLUSTER_PATHS, CLUSTERS, OPTIONS, Alias, Option, cluster_path, flag_name
 
 _NOTES = "deprecated_flags"  # the namespace attribute holding the notes of the aliases used
+# The namespace attribute holding the clusters' flags given (option path -> value and flag).
+CLUSTER_FLAGS = "cluster_flags"
+_CLUSTERS_FLAG = flag_name(CLUSTERS) + "-"
+# A cluster option's flag after the cluster's name (``upstream``, ``tls-upstream-ca``), longest first:
+# a name may end in what is also the start of a longer one.
+_CLUSTER_FLAG_SUFFIXES = sorted(((flag_name(p)[2:], p) for p in CLUSTER_PATHS), key=lambda item: -len(item[0]))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,3 +97,59 @@ class _DeprecatedFlag(argparse.Action):
         notes = deprecation_notes(namespace)
         if note not in notes:
             setattr(namespace, _NOTES, [*notes, note])
+
+
+def take_cluster_flags(namespace: argparse.Namespace, extras: list[str]) -> tuple[list[str], list[str]]:
+    """Take the clusters' flags out of what argparse did not know (``extras``, in the order given):
+    ``--clusters-NAME-PATH VALUE`` (or ``=VALUE``), ``--clusters-NAME-PATH`` / ``--no-clusters-NAME-PATH``
+    for a boolean, into ``namespace``'s :data:`CLUSTER_FLAGS`. Returns the extras left and the
+    problems (a value missing, a name that is no cluster's name), one line each."""
+    from kproxy.config.values import cluster_name  # (values imports the model, which is not needed before)
+
+    taken: dict[str, tuple[Any, str]] = dict(getattr(namespace, CLUSTER_FLAGS, None) or {})
+    left: list[str] = []
+    problems: list[str] = []
+    i = 0
+    while i < len(extras):
+        arg = extras[i]
+        i += 1
+        flag, eq, text = arg.partition("=")
+        negative = flag.startswith("--no-" + _CLUSTERS_FLAG[2:])
+        rest = flag[len("--no-" + _CLUSTERS_FLAG[2:]):] if negative else (
+            flag[len(_CLUSTERS_FLAG):] if flag.startswith(_CLUSTERS_FLAG) else None)
+        found = next(((rest[:-len(suffix) - 1], path) for suffix, path in _CLUSTER_FLAG_SUFFIXES
+                      if rest is not None and rest.endswith("-" + suffix) and len(rest) > len(suffix) + 1), None)
+        if found is None:
+            left.append(arg)
+            continue
+        name, path = found
+        opt = BY_PATH[path]
+        try:
+            cluster_name(name)
+        except ValueError as exc:
+            problems.append(f"{flag}: {exc}")
+            continue
+        value: Any
+        if opt.boolean:
+            if eq:
+                problems.append(f"{flag}: takes no value")
+                continue
+            value = not negative
+        elif negative:
+            problems.append(f"{flag}: not a true/false option")
+            continue
+        elif eq:
+            value = text
+        elif i < len(extras) and not extras[i].startswith("--"):
+            value = extras[i]
+            i += 1
+        else:
+            problems.append(f"{flag}: expected a value ({opt.metavar})")
+            continue
+        key = cluster_path(name, path)
+        if opt.repeatable:
+            previous = taken.get(key, ([], flag))[0]
+            value = [*previous, value]
+        taken[key] = (value, flag)
+    setattr(namespace, CLUSTER_FLAGS, taken)
+    return left, problems

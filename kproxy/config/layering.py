@@ -23,10 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from kproxy.config import values
+from kproxy.config.flags import CLUSTER_FLAGS
 from kproxy.config.model import (
+    CLUSTER_PORT_COUNT,
     AdminOptions,
     CaptureOptions,
     ClientTls,
+    Cluster,
     Config,
     ConfigError,
     FileSections,
@@ -36,7 +39,21 @@ from kproxy.config.model import (
     SaslUpstream,
     UpstreamTls,
 )
-from kproxy.config.options import BY_ENV, BY_PATH, ENV_PREFIX, OPTIONS, env_name, flag_name
+from kproxy.config.options import (
+    BY_ENV,
+    BY_PATH,
+    CLUSTER_PATHS,
+    CLUSTER_SHARED_PATHS,
+    CLUSTERS,
+    ENV_PREFIX,
+    OPTIONS,
+    Option,
+    cluster_env_name,
+    cluster_path,
+    env_name,
+    flag_name,
+    split_cluster_path,
+)
 from kproxy.config.secrets import read_secret
 from kproxy.config.yaml_file import read_config_file
 
@@ -83,12 +100,42 @@ def read_environment(environ: Mapping[str, str]) -> tuple[dict[str, tuple[Any, s
         if not name.startswith(ENV_PREFIX) or name in KNOWN_VARIABLES:
             continue
         opt = BY_ENV.get(name)
-        if opt is None:
+        path = opt.path if opt is not None else None
+        if opt is None and name.startswith(_CLUSTERS_ENV):
+            found = _cluster_env(name)
+            if isinstance(found, str):
+                problems.append(f"environment {name}: {found}")
+                continue
+            opt, path = found
+        if opt is None or path is None:
             problems.append(f"environment {name}: not a kproxy option{_env_hint(name)}")
             continue
         value: Any = [part.strip() for part in text.split(",") if part.strip()] if opt.repeatable else text
-        out[opt.path] = (value, f"environment {name}")
+        out[path] = (value, f"environment {name}")
     return out, problems
+
+
+_CLUSTERS_ENV = env_name(CLUSTERS) + "_"
+# A cluster option's variable after the cluster's name (``UPSTREAM``, ``TLS_UPSTREAM_CA``), longest first:
+# a name may end in what is also the start of a longer one.
+_CLUSTER_ENV_SUFFIXES = sorted(((env_name(p)[len(ENV_PREFIX):], p) for p in CLUSTER_PATHS),
+                               key=lambda item: -len(item[0]))
+
+
+def _cluster_env(name: str) -> tuple[Option, str] | str:
+    """``KPROXY_CLUSTERS_ORDERS_TLS_UPSTREAM_CA`` -> (its option, ``clusters.orders.tls.upstream.ca``);
+    else why not (a cluster's name is spelt in capitals there, each '-' as '_')."""
+    rest = name[len(_CLUSTERS_ENV):]
+    for suffix, path in _CLUSTER_ENV_SUFFIXES:
+        if rest.endswith("_" + suffix) and len(rest) > len(suffix) + 1:
+            cluster = rest[:-len(suffix) - 1].lower().replace("_", "-")
+            try:
+                values.cluster_name(cluster)
+            except ValueError as exc:
+                return str(exc)
+            return BY_PATH[path], cluster_path(cluster, path)
+    return (f"not an option of a cluster: {_CLUSTERS_ENV}NAME_ then one of "
+            f"{', '.join(sorted(s for s, _ in _CLUSTER_ENV_SUFFIXES))}")
 
 
 def _env_hint(name: str) -> str:
@@ -117,8 +164,10 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         value = getattr(args, opt.dest, None)
         if value is not None:
             raw[opt.path] = (value, opt.flag)
+    for path, (value, flag) in (getattr(args, CLUSTER_FLAGS, None) or {}).items():
+        raw[path] = (value, flag)
     try:
-        return build_config(raw, problems)
+        return build_config(raw, problems, file.clusters if config_path is not None else {})
     except ConfigError as exc:
         if config_path is None:
             raise
@@ -130,19 +179,35 @@ def config_from_file(path: Path) -> Config:
     --config`` reads it; raises :class:`ConfigError` with every problem, in line order."""
     file = read_config_file(path)
     try:
-        return build_config(file.values, [str(p) for p in file.problems])
+        return build_config(file.values, [str(p) for p in file.problems], file.clusters)
     except ConfigError as exc:
         raise ConfigError(*_in_line_order(exc.problems, str(path)), files=exc.files) from None
 
 
-def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = ()) -> Config:
+def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (),
+                 clusters: Mapping[str, str] | None = None) -> Config:
     """Parse raw values (option path -> value and where it came from) into a validated
     :class:`Config`. Raises :class:`ConfigError` with ``problems`` (found before, reading the
     layers), then every value's problems, then those of options that go together (checked on
-    the values that parsed, so a bad value is not reported twice)."""
+    the values that parsed, so a bad value is not reported twice).
+
+    A cluster's options are at ``clusters.NAME.PATH``; ``clusters`` names those declared with no
+    option of their own (the config file's ``clusters:``), each with where.
+    """
     found = list(problems)
     parsed: dict[str, Any] = {}
     bad: set[str] = set()
+    declared: dict[str, str] = dict(clusters or {})
+    of_clusters: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in declared}
+    top_raw: dict[str, tuple[Any, str]] = {}
+    for path, entry in raw.items():
+        split = split_cluster_path(path)
+        if split is None:
+            top_raw[path] = entry
+        else:
+            of_clusters.setdefault(split[0], {})[split[1]] = entry
+            declared.setdefault(split[0], entry[1])
+    raw = top_raw
     for path, (value, where) in sorted(raw.items(), key=lambda item: item[0] == "rules"):  # rules last: they
         try:  # are read under rules_max_bytes
             parsed[path] = (BY_PATH[path].parse(value) if path != "rules" else
@@ -150,9 +215,13 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
         except ValueError as exc:
             bad.add(path)
             found.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
-    if "upstream" not in raw:
+    if "upstream" not in raw and not of_clusters:
         found.append(f"upstream: required (--upstream HOST:PORT, 'upstream:' in the config file, or "
                      f"{env_name('upstream')})")
+    for path in CLUSTER_PATHS:
+        if of_clusters and path in raw and path not in CLUSTER_SHARED_PATHS:
+            found.append(f"{raw[path][1]}: with clusters, each cluster has its own "
+                         f"({cluster_path('NAME', path)}); not at the top level")
 
     def section(prefix: str) -> dict[str, Any]:
         return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
@@ -187,14 +256,85 @@ def build_config(raw: Mapping[str, tuple[Any, str]], problems: Sequence[str] = (
     sasl_client = SaslClient(**section("sasl.client."))
     if together("sasl.client.mode", "sasl.client.credentials_file"):
         sasl_client = _sasl_client(sasl_client, found)
+    every = tuple(cluster for name, options in of_clusters.items()
+                  if (cluster := _cluster(name, options, parsed, found)) is not None)
+    found.extend(cluster_overlaps(every, declared))  # (of the clusters that are valid)
     if found:
         raise ConfigError(*found, files=FileSections(client_tls if client_ok else ClientTls(),
                                                      upstream_tls if upstream_ok else UpstreamTls(),
                                                      capture if together("capture.dir") else CaptureOptions()))
     top = {p: v for p, v in parsed.items() if "." not in p}
+    if every:
+        top["upstream"] = ()
     return Config(limits=Limits(**section("limits.")), metrics=MetricsOptions(**section("metrics.")),
                   client_tls=client_tls, upstream_tls=upstream_tls, capture=capture, admin=admin,
-                  sasl_upstream=sasl_upstream, sasl_client=sasl_client, **top)
+                  sasl_upstream=sasl_upstream, sasl_client=sasl_client, clusters=every, **top)
+
+
+def _cluster(name: str, options: Mapping[str, tuple[Any, str]], top: Mapping[str, Any],
+             found: list[str]) -> Cluster | None:
+    """One cluster of ``clusters:`` from its options (``options``: path in the cluster -> raw value
+    and where), its upstream TLS and login defaulting to the top level's (``top``: parsed values);
+    None, with its problems in ``found``, when it is not valid."""
+    before = len(found)
+    parsed: dict[str, Any] = {p: v for p, v in top.items() if p in CLUSTER_SHARED_PATHS}
+    for path, (value, where) in options.items():
+        try:
+            parsed[path] = BY_PATH[path].parse(value)
+        except ValueError as exc:
+            found.extend(f"{where}: {arg}" for arg in exc.args or (exc,))
+    if len(found) > before:
+        return None
+    for needed in ("upstream", "listen"):
+        if needed not in parsed:
+            found.append(f"{cluster_path(name, needed)}: required ({flag_name(cluster_path(name, needed))}, "
+                         f"'{needed}:' in the cluster's section of the config file, or "
+                         f"{cluster_env_name(name, needed)})")
+
+    def section(prefix: str) -> dict[str, Any]:
+        return {p[len(prefix):]: v for p, v in parsed.items() if p.startswith(prefix)}
+
+    upstream_tls = UpstreamTls(**section("tls.upstream."))
+    if (upstream_tls.cert is None) != (upstream_tls.key is None):
+        found.append(f"{cluster_path(name, 'tls.upstream')}: cert and key go together")
+    sasl_upstream = SaslUpstream(**section("sasl.upstream."))
+    found.extend(f"{CLUSTERS}.{name}.{problem}" for problem in sasl_upstream_problems(sasl_upstream))
+    if len(found) > before:
+        return None
+    top_level = {p: v for p, v in parsed.items() if "." not in p}
+    return Cluster(name, upstream_tls=upstream_tls, sasl_upstream=sasl_upstream,
+                   broker_port_count=top_level.pop("broker_port_count", CLUSTER_PORT_COUNT), **top_level)
+
+
+def cluster_overlaps(clusters: Sequence[Cluster], where: Mapping[str, str]) -> list[str]:
+    """Clusters whose local ports meet: a bootstrap port, or a broker port of one cluster's range
+    (or pinned), that another cluster listens on or keeps for its brokers, on the same host (or
+    either on every address). Ephemeral ports (0) never meet. ``where`` names each cluster's place."""
+    problems: list[str] = []
+
+    def ports(cluster: Cluster) -> list[tuple[int, int, str]]:
+        out = [(cluster.listen.port, cluster.listen.port, "bootstrap port")] if cluster.listen.port else []
+        if cluster.first_broker_port:
+            out.append((cluster.first_broker_port, cluster.last_broker_port, "broker ports"))
+        out += [(port, port, f"broker {node}'s port") for node, port in sorted(cluster.broker_ports.items()) if port]
+        return out
+
+    for i, a in enumerate(clusters):
+        for b in clusters[:i]:
+            wildcard = ("0.0.0.0", "::", "")
+            if a.listen.host != b.listen.host and a.listen.host not in wildcard and b.listen.host not in wildcard:
+                continue
+            for lo, hi, what in ports(a):
+                for other_lo, other_hi, other_what in ports(b):
+                    if lo <= other_hi and other_lo <= hi:
+                        problems.append(f"{where.get(a.name, cluster_path(a.name, 'listen'))}: its {what} "
+                                        f"{_span(lo, hi)} and the {other_what} {_span(other_lo, other_hi)} of "
+                                        f"cluster {b.name!r} overlap")
+    return problems
+
+
+def _span(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def _in_line_order(problems: Sequence[str], source: str) -> list[str]:

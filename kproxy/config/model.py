@@ -7,6 +7,7 @@ in ``kproxy run --help`` (:func:`kproxy.config.options.builtin_default`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,15 +189,73 @@ class FileSections:
     capture: CaptureOptions
 
 
+# The name of the one cluster of a configuration without ``clusters:``.
+DEFAULT_CLUSTER = "default"
+# The broker ports a cluster of ``clusters:`` has when ``broker_port_count`` is not given.
+CLUSTER_PORT_COUNT = 100
+
+
+def advertised_for(advertised_host: str | None, listen: HostPort) -> str:
+    """What clients are told: the configured host, else the listen host (``localhost`` when
+    listening on a wildcard address, which no client can connect to)."""
+    if advertised_host:
+        return advertised_host
+    return "localhost" if listen.host in ("0.0.0.0", "::", "") else listen.host
+
+
+def first_port_for(broker_port_base: int | None, listen: HostPort) -> int:
+    """``broker_port_base`` or, by default, the port after the bootstrap port (0 = ephemeral)."""
+    if broker_port_base is not None:
+        return broker_port_base
+    return 0 if listen.port == 0 else listen.port + 1
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One upstream cluster and the listeners kproxy serves it on (one entry of ``clusters:``).
+
+    Its brokers get the local ports ``first_broker_port`` .. ``last_broker_port`` (node N on the
+    first plus N, as one cluster's always have); ``last_broker_port`` is 65535 for the single
+    cluster of a configuration without ``clusters:``, as before there were several.
+    """
+
+    name: str
+    upstream: tuple[HostPort, ...]
+    listen: HostPort
+    advertised_host: str | None = None
+    broker_port_base: int | None = None
+    broker_port_count: int | None = None
+    broker_ports: Mapping[int, int] = field(default_factory=dict)
+    upstream_tls: UpstreamTls = field(default_factory=UpstreamTls)
+    sasl_upstream: SaslUpstream = field(default_factory=SaslUpstream)
+
+    @property
+    def advertised(self) -> str:
+        return advertised_for(self.advertised_host, self.listen)
+
+    @property
+    def first_broker_port(self) -> int:
+        return first_port_for(self.broker_port_base, self.listen)
+
+    @property
+    def last_broker_port(self) -> int:
+        """The highest local port a broker of this cluster may get (65535 without a count)."""
+        if self.broker_port_count is None or self.first_broker_port == 0:
+            return 65535
+        return min(65535, self.first_broker_port + self.broker_port_count - 1)
+
+
 @dataclass(frozen=True)
 class Config:
     upstream: tuple[HostPort, ...]
     listen: HostPort = field(default_factory=lambda: HostPort("127.0.0.1", 19092))
     advertised_host: str | None = None
     broker_port_base: int | None = None
+    broker_port_count: int | None = None
     broker_ports: Mapping[int, int] = field(default_factory=dict)
     metrics_listen: HostPort | None = None
     upstream_check_interval: float = 10.0
+    ready_clusters: str = "all"  # several clusters: /readyz ready when all (or any) of their upstreams are
     log_level: str = "info"
     log_format: str = "logfmt"
     limits: Limits = field(default_factory=Limits)
@@ -209,18 +268,39 @@ class Config:
     sasl_client: SaslClient = field(default_factory=SaslClient)
     rules: RuleSet | None = None  # fault injection (kproxy/policy/policy.py); None: none
     rules_max_bytes: int = 16 * 1024**2  # kproxy.rules.reading.DEFAULT_MAX_BYTES (rules are imported lazily)
+    # The clusters of ``clusters:``; empty: the one cluster ``default`` of the top-level options.
+    clusters: tuple[Cluster, ...] = ()
+    cluster: str = DEFAULT_CLUSTER  # the cluster the top-level options describe (cluster_config)
 
     @property
     def advertised(self) -> str:
         """What clients are told: the configured host, else the listen host (``localhost``
         when listening on a wildcard address, which no client can connect to)."""
-        if self.advertised_host:
-            return self.advertised_host
-        return "localhost" if self.listen.host in ("0.0.0.0", "::", "") else self.listen.host
+        return advertised_for(self.advertised_host, self.listen)
 
     @property
     def first_broker_port(self) -> int:
         """``broker_port_base`` or, by default, the port after the bootstrap port (0 = ephemeral)."""
-        if self.broker_port_base is not None:
-            return self.broker_port_base
-        return 0 if self.listen.port == 0 else self.listen.port + 1
+        return first_port_for(self.broker_port_base, self.listen)
+
+    @property
+    def last_broker_port(self) -> int:
+        """The highest local port a broker may get (65535 without ``broker_port_count``)."""
+        return self.every_cluster[0].last_broker_port if not self.clusters else 65535
+
+    @property
+    def every_cluster(self) -> tuple[Cluster, ...]:
+        """The clusters served: those of ``clusters:``, else one, ``default``, of the top-level options."""
+        if self.clusters:
+            return self.clusters
+        return (Cluster(self.cluster, self.upstream, self.listen, self.advertised_host, self.broker_port_base,
+                        self.broker_port_count, self.broker_ports, self.upstream_tls, self.sasl_upstream),)
+
+    def cluster_config(self, cluster: Cluster) -> Config:
+        """This configuration with ``cluster``'s upstream, listeners, upstream TLS and login as its
+        top-level options: what the server of that one cluster runs with."""
+        return dataclasses.replace(
+            self, upstream=cluster.upstream, listen=cluster.listen, advertised_host=cluster.advertised_host,
+            broker_port_base=cluster.broker_port_base, broker_port_count=cluster.broker_port_count,
+            broker_ports=cluster.broker_ports, upstream_tls=cluster.upstream_tls,
+            sasl_upstream=cluster.sasl_upstream, clusters=(), cluster=cluster.name)

@@ -18,6 +18,7 @@ from typing import Any
 
 from kproxy.config import values as v
 from kproxy.config.model import (
+    CLUSTER_PORT_COUNT,
     AdminOptions,
     CaptureOptions,
     ClientTls,
@@ -125,6 +126,10 @@ OPTIONS: tuple[Option, ...] = (
            "host name clients are told to connect to (default: the listen host, or localhost)", "HOST"),
     Option("broker_port_base", v.integer(0, 65535),
            "port of broker node 0; broker N listens on BASE+N (default: listen port + 1; 0 = ephemeral)", "PORT"),
+    Option("broker_port_count", v.integer(1, 65535),
+           "local ports kept for brokers from the first (BASE..BASE+COUNT-1): node ids past them, and "
+           "brokers past a node id's own port, take the first free port of the range (default: up to 65535; "
+           f"{CLUSTER_PORT_COUNT} for each cluster of clusters:)", "COUNT"),
     Option("broker_ports", v.broker_ports, "pin a broker's local port, NODE_ID=PORT; repeatable", "NODE=PORT",
            repeatable=True, aliases=(Alias("--broker-port"),)),
     Option("metrics_listen", v.address, "HTTP address of /metrics, /healthz and /readyz", "HOST:PORT"),
@@ -199,6 +204,9 @@ OPTIONS: tuple[Option, ...] = (
            "how often every upstream (bootstrap servers and known brokers) is checked with one connect, for "
            "/readyz and kproxy_upstream_up (in terminate mode also one ApiVersions, which clients are answered "
            "before their login)", "SECONDS", show_default=v.as_is),
+    Option("ready_clusters", v.ready_clusters,
+           "with several clusters (clusters:), /readyz is ready when the upstream of all of them is reachable "
+           "(all), or of at least one (any)", "all|any", show_default=v.as_is),
     Option("metrics.process_metrics", v.boolean,
            "also export the process's CPU, memory, open fds and the Python GC (process_*, python_gc_*)",
            boolean=True, aliases=(Alias("--metrics-process", sets=True),)),
@@ -271,3 +279,31 @@ OPTIONS: tuple[Option, ...] = (
 )
 BY_PATH = {o.path: o for o in OPTIONS}
 BY_ENV = {o.env: o for o in OPTIONS}
+
+# The options each cluster of ``clusters:`` has of its own (``clusters.NAME.PATH``: flag
+# ``--clusters-NAME-PATH``, variable ``KPROXY_CLUSTERS_<NAME>_<PATH>``, a '-' of the name spelt '_').
+CLUSTERS = "clusters"
+CLUSTER_PATHS: tuple[str, ...] = tuple(
+    o.path for o in OPTIONS
+    if o.path in ("upstream", "listen", "advertised_host", "broker_port_base", "broker_port_count", "broker_ports")
+    or o.path.startswith(("tls.upstream.", "sasl.upstream.")))
+# Of those, the ones a configuration with ``clusters:`` may give at the top level too: every
+# cluster's default (a CA or a login the clusters share). The others must differ per cluster.
+CLUSTER_SHARED_PATHS: tuple[str, ...] = tuple(p for p in CLUSTER_PATHS if p.startswith(("tls.", "sasl.")))
+
+
+def cluster_path(name: str, path: str) -> str:
+    """The path of a cluster's option: ``orders``, ``upstream`` -> ``clusters.orders.upstream``."""
+    return f"{CLUSTERS}.{name}.{path}"
+
+
+def cluster_env_name(name: str, path: str) -> str:
+    """The variable of a cluster's option: ``eu-west``, ``upstream`` -> ``KPROXY_CLUSTERS_EU_WEST_UPSTREAM``."""
+    return env_name(cluster_path(name.replace("-", "_"), path))
+
+
+def split_cluster_path(path: str) -> tuple[str, str] | None:
+    """``clusters.orders.tls.upstream.ca`` -> (``orders``, ``tls.upstream.ca``); None for other paths."""
+    head, _, rest = path.partition(".")
+    name, _, inner = rest.partition(".")
+    return (name, inner) if head == CLUSTERS and name and inner else None

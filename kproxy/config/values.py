@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kproxy.config.model import SASL_MECHANISMS, Config
-from kproxy.host_port import HostPort, parse_host_port
+from kproxy.host_port import CLUSTER_NAME_RULE, DNS_LABEL, HostPort, parse_host_port
 from kproxy.logfmt import excerpt
 
 if TYPE_CHECKING:
@@ -115,6 +115,13 @@ def broker_ports(value: Any) -> dict[int, int]:
     return {integer(0)(node): integer(1, 65535)(port) for node, port in pairs}
 
 
+def cluster_name(value: Any) -> str:
+    """A cluster's name: a DNS label in lower case (:data:`kproxy.host_port.DNS_LABEL`)."""
+    if not isinstance(value, str) or DNS_LABEL.fullmatch(value) is None:
+        raise ValueError(f"a cluster's name must be {CLUSTER_NAME_RULE}, got {excerpt(value)}")
+    return value
+
+
 def rules(value: Any, max_bytes: int = Config.rules_max_bytes) -> RuleSet:
     """A rule file, or a directory of them (a mounted ConfigMap; kproxy/rules/sources.py) of at most
     ``max_bytes``, loaded now: a bad one is a start-up error listing every problem as ``file:line: key:
@@ -187,6 +194,17 @@ def log_format(value: Any) -> str:
     if fmt not in LOG_FORMATS:
         raise ValueError(f"must be one of {', '.join(LOG_FORMATS)}, got {excerpt(value)}")
     return fmt
+
+
+READY_CLUSTERS = ("all", "any")
+
+
+def ready_clusters(value: Any) -> str:
+    """When /readyz says ready with several clusters: ``all`` their upstreams reachable, or ``any``."""
+    word = string(value).lower()
+    if word not in READY_CLUSTERS:
+        raise ValueError(f"must be one of {', '.join(READY_CLUSTERS)}, got {excerpt(value)}")
+    return word
 
 
 # -- how --help shows a default --------------------------------------------------------------

@@ -14,6 +14,7 @@ problems are reported in the same round. Problems print as the rules loader prin
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,30 @@ from typing import Any
 import yaml
 
 from kproxy.config.model import ConfigError
-from kproxy.config.options import BY_PATH
+from kproxy.config.options import BY_PATH, CLUSTER_PATHS, CLUSTERS, cluster_path
+from kproxy.config.values import cluster_name
 from kproxy.logfmt import excerpt
 from kproxy.rules.yaml_nodes import BAD, Problem, did_you_mean, node_kind
 from kproxy.yaml_reader import Loader, YamlRefused, compose
 
-# Every section of options ("tls", "tls.client", "limits", ...), with the names under it.
-_CHILDREN: dict[str, list[str]] = {}
-for _path in BY_PATH:
-    _parts = _path.split(".")
-    for _depth in range(len(_parts) - 1):
-        _names = _CHILDREN.setdefault(".".join(_parts[:_depth + 1]), [])
-        if _parts[_depth + 1] not in _names:
-            _names.append(_parts[_depth + 1])
-_EVERY_KEY = (*BY_PATH, *_CHILDREN)
+
+def _children(paths: Iterable[str]) -> dict[str, list[str]]:
+    """Every section of options ("tls", "tls.client", "limits", ...), with the names under it."""
+    children: dict[str, list[str]] = {}
+    for path in paths:
+        parts = path.split(".")
+        for depth in range(len(parts) - 1):
+            names = children.setdefault(".".join(parts[:depth + 1]), [])
+            if parts[depth + 1] not in names:
+                names.append(parts[depth + 1])
+    return children
+
+
+_CHILDREN = _children(BY_PATH)
+_EVERY_KEY = (*BY_PATH, CLUSTERS, *_CHILDREN)
+# A cluster's section (``clusters: {orders: {...}}``): its own options only.
+_CLUSTER_KEYS = frozenset(CLUSTER_PATHS)
+_CLUSTER_CHILDREN = _children(CLUSTER_PATHS)
 
 
 @dataclass
@@ -44,6 +55,8 @@ class ConfigFile:
 
     values: dict[str, tuple[Any, str]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    # The clusters of ``clusters:``, in file order, each with where it was written (``file:line: clusters.NAME``).
+    clusters: dict[str, str] = field(default_factory=dict)
 
 
 def read_config_file(path: Path) -> ConfigFile:
@@ -93,28 +106,67 @@ class _Walk:
     def fail(self, node: yaml.Node, key: str, reason: str) -> None:
         self.out.problems.append(Problem(self.source, node.start_mark.line + 1, key, reason))
 
-    def section(self, node: yaml.MappingNode, prefix: str) -> None:
+    def section(self, node: yaml.MappingNode, prefix: str, cluster: str | None = None) -> None:
+        """The options of ``node`` (a section at ``prefix``); of ``cluster``'s section, its own only."""
+        keys, children = (_CLUSTER_KEYS, _CLUSTER_CHILDREN) if cluster is not None else (BY_PATH, _CHILDREN)
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
             key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
             path = f"{prefix}.{key}" if prefix else key
+            shown = cluster_path(cluster, path) if cluster is not None else path
             line = key_node.start_mark.line + 1
             if path in seen:
-                self.fail(key_node, path, f"duplicate key (first at line {seen[path]})")
+                self.fail(key_node, shown, f"duplicate key (first at line {seen[path]})")
                 continue
             seen[path] = line
-            if path in BY_PATH:
+            if path in keys:
                 try:
-                    self.out.values[path] = (_value(self.loader, value_node), f"{self.source}:{line}: {path}")
+                    self.out.values[shown] = (_value(self.loader, value_node), f"{self.source}:{line}: {shown}")
                 except ValueError as exc:
-                    self.fail(value_node, path, str(exc))
-            elif path in _CHILDREN and isinstance(value_node, yaml.MappingNode):
-                self.section(value_node, path)
-            elif path in _CHILDREN:
+                    self.fail(value_node, shown, str(exc))
+            elif path in children and isinstance(value_node, yaml.MappingNode):
+                self.section(value_node, path, cluster)
+            elif path in children:
                 kind = node_kind(value_node, _value_or_bad(self.loader, value_node))
-                self.fail(value_node, path, f"is a section of options ({', '.join(_CHILDREN[path])}), not {kind}")
+                self.fail(value_node, shown, f"is a section of options ({', '.join(children[path])}), not {kind}")
+            elif path == CLUSTERS and cluster is None:
+                self.clusters(value_node)
+            elif cluster is not None:
+                close = difflib.get_close_matches(path, sorted(keys | children.keys()), n=1)
+                where = "not an option of a cluster" if path in BY_PATH or path in _CHILDREN else "unknown key"
+                self.fail(key_node, shown, f"{where}{did_you_mean(path, close) if close else ''}")
             else:
                 self.fail(key_node, path, f"unknown key{_suggestion(path, prefix)}")
+
+    def clusters(self, node: yaml.Node) -> None:
+        """``clusters:``: a mapping of each cluster's name to its section (it may be empty: a
+        cluster whose options all come from the environment or flags)."""
+        if not isinstance(node, yaml.MappingNode) or not node.value:
+            kind = node_kind(node, _value_or_bad(self.loader, node))
+            self.fail(node, CLUSTERS, f"must map each cluster's name to its options "
+                                      f"({', '.join(_top(CLUSTER_PATHS))}), not {kind}")
+            return
+        seen: dict[str, int] = {}
+        for name_node, section_node in node.value:
+            name = str(name_node.value) if isinstance(name_node, yaml.ScalarNode) else "?"
+            line = name_node.start_mark.line + 1
+            try:
+                cluster_name(name)
+            except ValueError as exc:
+                self.fail(name_node, f"{CLUSTERS}.{excerpt(name, quoted=False)}", str(exc))
+                continue
+            if name in seen:
+                self.fail(name_node, f"{CLUSTERS}.{name}", f"duplicate cluster (first at line {seen[name]})")
+                continue
+            seen[name] = line
+            self.out.clusters[name] = f"{self.source}:{line}: {CLUSTERS}.{name}"
+            if isinstance(section_node, yaml.ScalarNode) and section_node.tag.endswith(":null"):
+                continue
+            if not isinstance(section_node, yaml.MappingNode):
+                kind = node_kind(section_node, _value_or_bad(self.loader, section_node))
+                self.fail(section_node, f"{CLUSTERS}.{name}", f"is a cluster's options, not {kind}")
+                continue
+            self.section(section_node, "", name)
 
 
 def _value_or_bad(loader: Loader, node: yaml.Node) -> Any:
@@ -132,6 +184,11 @@ def _suggestion(path: str, prefix: str) -> str:
     siblings = [f"{prefix}.{name}" if prefix else name for name in _CHILDREN.get(prefix, _top_names())]
     close = difflib.get_close_matches(path, siblings, n=1)
     return did_you_mean(path, close) if close else did_you_mean(path, _EVERY_KEY)
+
+
+def _top(paths: Iterable[str]) -> list[str]:
+    """The top-level names of ``paths``, in order, once each."""
+    return list(dict.fromkeys(p.split(".", 1)[0] for p in paths))
 
 
 def _top_names() -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 import kproxy
 from kproxy.http_server import HttpLimits, HttpServer, Request, Response
+from kproxy.metrics.clusters import ClustersCollector
 from kproxy.metrics.stats import BrokerSeries, TrafficStats
 from kproxy.offloop import off_loop_build
 from kproxy.protocol.tables import error_class, error_code
@@ -227,16 +228,34 @@ def _by_node(brokers: list[BrokerSeries], counts: Callable[[BrokerSeries], Mappi
     return {(*key, b.node_id): n for b in brokers for key, n in list(counts(b).items())}
 
 
+@dataclass(frozen=True)
+class ClusterSeries:
+    """What one cluster's series are made of, when kproxy serves several (``make_registry``'s ``clusters``)."""
+
+    name: str
+    stats: TrafficStats
+    gauges: Callable[[], LiveGauges]
+    lag: Collector | None = None
+
+
 def make_registry(stats: TrafficStats, gauges: Callable[[], LiveGauges], *,
-                  process: bool = False, lag: Collector | None = None) -> CollectorRegistry:
+                  process: bool = False, lag: Collector | None = None,
+                  clusters: Sequence[ClusterSeries] = ()) -> CollectorRegistry:
     """kproxy's own registry; ``process`` adds prometheus-client's standard process (CPU, memory, open
     fds, start time: ``process_*``), Python (``python_info``) and garbage-collector (``python_gc_*``)
     collectors, off by default (metrics.process_metrics); ``lag``, consumer lag's
-    (:class:`kproxy.metrics.lag_exposition.ConsumerLagCollector`), when it is tracked."""
+    (:class:`kproxy.metrics.lag_exposition.ConsumerLagCollector`), when it is tracked. With
+    ``clusters`` (several served: the first is ``stats``, ``gauges`` and ``lag``'s), every cluster's
+    series, with a ``cluster`` label (:mod:`kproxy.metrics.clusters`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TrafficCollector(stats, gauges))
-    if lag is not None:
-        registry.register(lag)
+    if clusters:
+        registry.register(ClustersCollector([
+            (c.name, [TrafficCollector(c.stats, c.gauges), *([c.lag] if c.lag is not None else [])])
+            for c in clusters]))
+    else:
+        registry.register(TrafficCollector(stats, gauges))
+        if lag is not None:
+            registry.register(lag)
     if process:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
@@ -284,9 +303,9 @@ class MetricsServer:
     async def respond(self, request: Request) -> Response:
         target = request.target.split("?", 1)[0]
         if target == "/metrics":
-            # Rendered in a worker thread: with 10,000 rules loaded (10,000 hit series) rendering held
-            # the loop ~0.2 s. The collector reads every counter through a list() copy, which the GIL
-            # makes atomic against the loop's updates.
+            # Rendered in a worker thread: rendering grows with the series (a hit series per rule),
+            # and on the loop it would hold every connection. The collector reads every counter
+            # through a list() copy, which the GIL makes atomic against the loop's updates.
             return Response(200, await trio.to_thread.run_sync(_render, self.registry), CONTENT_TYPE)
         if target == "/healthz":
             return Response(200, b"ok\n")

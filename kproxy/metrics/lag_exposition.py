@@ -51,7 +51,7 @@ from kproxy.metrics.labels import OTHER, cut_label
 from kproxy.metrics.lag import ConsumerLag, LagView
 
 N = TypeVar("N", int, float)
-SERIES_PER_LABEL = 20  # per family: label_cap x this many series at most (~180 KB at the default cap)
+SERIES_PER_LABEL = 20  # per family: label_cap x this many series at most (a bounded exposition at the default cap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,7 @@ _ERROR_RANK: Final[dict[int, int]] = {}
 # kproxy/proxy/rewrite.py, relies on the same): their error scan is remembered per body, so a
 # client polling Metadata or sending heartbeats costs one hash of the body instead of a scan (no hash
 # at all for the answers the proxy rewrites: see TrafficStats.response's ``body``). ApiVersions is one:
-# every connection opens with it, and its scan (~1 µs) costs more than a memo hit.
+# every connection opens with it, and its scan costs more than a memo hit.
 # Produce and Fetch answers carry offsets and records: never the same twice, never remembered.
 REPEATING_ANSWERS: Final = frozenset(int(k) for k in (ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.HEARTBEAT,
                                                ApiKey.DESCRIBE_CLUSTER, ApiKey.API_VERSIONS))
@@ -132,9 +132,9 @@ class KindStats:
 class ScanMemo:
     """The remembered error scans of one message kind (see :data:`REPEATING_ANSWERS`): body -> result.
 
-    Small bodies are their own key (compared exactly); big ones (a Metadata answer of 100,000
-    partitions is ~4 MB, its scan ~90 ms) are keyed by length and Python's keyed 64-bit hash
-    (SipHash, ~0.5 ms per MB), so nothing big is kept. Bounded by :data:`SCAN_MEMO_BYTES`.
+    Small bodies are their own key (compared exactly); big ones (a Metadata answer of a big
+    cluster, whose scan costs far more than hashing it) are keyed by length and Python's keyed
+    64-bit hash (SipHash), so nothing big is kept. Bounded by :data:`SCAN_MEMO_BYTES`.
     """
 
     __slots__ = ("bytes", "results")

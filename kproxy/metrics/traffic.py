@@ -60,7 +60,7 @@ from kproxy.protocol.topic_ids import TopicIdNames
 
 # Decompressed bytes one frame may cost to count its legacy (magic 0/1) compressed records, on the event
 # loop: the one per-frame default of every records reader (kproxy.protocol.records.budget), so a wrapper
-# any broker would take is counted (~25 ms of walk at most); a decompression bomb is not.
+# any broker would take is counted (a bounded walk); a decompression bomb is not.
 RECORD_COUNT_BUDGET = DEFAULT_RECORD_BUDGET
 PRODUCE, FETCH = 0, 1  # the directions, as indexes
 DIRECTIONS = ("produce", "fetch")  # their label values

@@ -62,7 +62,7 @@ _API_LABELS: dict[int, str] = {}
 
 
 def api_label(api_key: int) -> str:
-    """:func:`api_snake_name`, remembered (it runs a regex substitution: ~1 µs a fault line). Bounded:
+    """:func:`api_snake_name`, remembered (it runs a regex substitution per fault line). Bounded:
     a rule for every api key sees whatever keys clients make up."""
     found = _API_LABELS.get(api_key)
     if found is None:

@@ -14,10 +14,10 @@ fault on every connection, at the next moment the connection asks.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from typing import Protocol
 
 from kproxy.policy.injector import FaultInjector
-from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.model import Schedule
 
 
@@ -30,11 +30,12 @@ class HasInjector(Protocol):
 
 class RuleInForce:
     """Whether ``action`` of rule ``rule_id`` is in force in the rule set ``live`` holds now
-    (:class:`kproxy.proxy.verdict.InForce`)."""
+    (:class:`kproxy.proxy.verdict.InForce`). The action is a value, equal to one of the rule's
+    actions while it is unchanged (rule actions are frozen dataclasses)."""
 
     __slots__ = ("action", "live", "rule_id")
 
-    def __init__(self, live: HasInjector, rule_id: str, action: RuleAction) -> None:
+    def __init__(self, live: HasInjector, rule_id: str, action: Hashable) -> None:
         self.live = live
         self.rule_id = rule_id
         self.action = action

@@ -19,10 +19,7 @@ from kproxy.protocol.tables import ApiKey, api_snake_name, error_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
-from kproxy.rules.actions.delay import Delay
 from kproxy.rules.actions.draft import Fault
-from kproxy.rules.actions.mutate_metadata import MutateMetadata
-from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.apply import selector
 from kproxy.rules.model import Rule, Schedule
 
@@ -134,9 +131,7 @@ class FaultInjector:
             state = engine.state(rule.id)
             if state is None:
                 continue
-            out[rule.id] = rule_state(rule, state.count, now - state.started,
-                                      [engine.ramp_ms(rule.id, a, now) for a in rule.actions
-                                       if isinstance(a, Delay) and a.ramp is not None], engine.released(rule.id))
+            out[rule.id] = rule_state(rule, state.count, now - state.started, engine.released(rule.id))
         return out
 
     def started(self, rule_id: str) -> float | None:
@@ -223,7 +218,7 @@ class RulePlan:
         self.request_actions = tuple(a for a in rule.actions if a.edits_request)
         self.response_actions = tuple(a for a in rule.actions if a.edits_response)
         self.leader_moves: frozenset[tuple[str, int]] = frozenset().union(
-            *(a.leader_moves for a in self.response_actions if isinstance(a, MutateMetadata)))
+            *(a.leader_moves for a in self.response_actions))
         self.respond_error = next((error_name(a.injected_error) for a in rule.actions
                                    if a.answers and a.injected_error is not None), None)
         self.response_errors = tuple(error_name(a.injected_error) for a in self.response_actions
@@ -235,20 +230,20 @@ class RulePlan:
 
 def has_live_state(rule: Rule) -> bool:
     """Whether a rule has state the admin listing shows: a schedule or scenario key (a counter, a
-    time window, a request size, a ramping delay, a principal quota)."""
+    time window, a request size, or an action's own: a ramping delay, a principal quota)."""
     m = rule.match
     s = m.schedule
     return ((s is not None and (s.counts or s.for_s is not None or s.after_s > 0 or s.after is not None))
             or m.min_request_bytes is not None or m.max_request_bytes is not None
-            or any(isinstance(a, Delay) and a.ramp is not None for a in rule.actions)
-            or any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions))
+            or any(a.has_live_state for a in rule.actions))
 
 
-def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None], released: bool | None = None
-               ) -> dict[str, Any]:
+def rule_state(rule: Rule, count: int, elapsed: float, released: bool | None = None) -> dict[str, Any]:
     """A rule's live state as JSON (:meth:`FaultInjector.live_state`), ``elapsed`` seconds after its
     schedule's start, having counted ``count`` requests (per rule); ``released``: whether a rule
-    waiting on another no longer waits (its time window is shown once it no longer does)."""
+    waiting on another no longer waits (its time window is shown once it no longer does). Its
+    actions' own state (:meth:`~kproxy.rules.actions.base.RuleAction.live_state`: a ramp's value)
+    counts from the start of its time conditions, as the engine's delays do (after ``after_seconds``)."""
     m = rule.match
     out: dict[str, Any] = {}
     s = m.schedule
@@ -265,10 +260,10 @@ def rule_state(rule: Rule, count: int, elapsed: float, ramps: list[float | None]
     if m.min_request_bytes is not None or m.max_request_bytes is not None:
         out["request_bytes"] = {k: v for k, v in (("min", m.min_request_bytes), ("max", m.max_request_bytes))
                                 if v is not None}
-    if ramps:
-        out["ramp_ms"] = [None if ms is None else round(ms, 3) for ms in ramps]
-    if any(isinstance(a, Throttle) and a.scope is ThrottleScope.PRINCIPAL for a in rule.actions):
-        out["throttle_scope"] = "principal"
+    since = elapsed - (s.after_s if s is not None else 0.0)
+    for a in rule.actions:
+        if a.has_live_state:
+            a.live_state(since, out)
     return out
 
 

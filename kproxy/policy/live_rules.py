@@ -36,7 +36,7 @@ from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
 from kproxy.protocol.leader_epochs import LeaderEpochFloors
 from kproxy.rules import RuleSet
 
-# Series keys looked at per turn of the loop by put_in_force: ~1 ms of work on an idle core.
+# Series keys looked at per turn of the loop by put_in_force: a turn short enough for the loop.
 SERIES_CHUNK = 5000
 
 
@@ -152,13 +152,14 @@ class LiveRules:
         if injector is not None:
             yield from injector.series_steps(chunk)
 
-    def policy(self, peer: str, broker_id: int | None = None) -> RulePolicy | None:
-        """The policy of one client connection, or ``None`` when no rule can ever apply to it."""
+    def policy(self, peer: str, broker_id: int | None = None, cluster: str | None = None) -> RulePolicy | None:
+        """The policy of one client connection (of ``cluster``: the config's ``clusters:``), or ``None``
+        when no rule can ever apply to it."""
         if self.injector is None and not self.mutable:
             return None
         if self.mutable or (self.injector is not None and self.injector.learns_topic_ids):
-            return TopicIdLearningPolicy(self, peer, broker_id)  # topic keys may need Metadata's topic ids
-        return RulePolicy(self, peer, broker_id)
+            return TopicIdLearningPolicy(self, peer, broker_id, cluster)  # topic keys may need Metadata's topic ids
+        return RulePolicy(self, peer, broker_id, cluster)
 
 
 __all__ = ["SERIES_CHUNK", "LiveRules"]

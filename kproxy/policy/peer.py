@@ -12,7 +12,7 @@ IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 class _HashedOnce:
     """An address whose hash is computed once (:func:`client_ip` sets it): the engine keys its
     per-peer cache with the client address on every request (kproxy/rules/engine.py), and
-    ipaddress hashes ``hex(int(ip))`` on every call (~0.5 µs). Equal, and hashing equal, to the
+    ipaddress hashes ``hex(int(ip))`` on every call. Equal, and hashing equal, to the
     plain address. Mixed into each ipaddress class below, which holds the slot (a slotted
     ipaddress base leaves no room for a mixin's own)."""
 

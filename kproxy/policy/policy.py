@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Final, Protocol
 
 from kproxy.logfmt import q
@@ -57,9 +57,8 @@ from kproxy.protocol.topic_ids import METADATA, METADATA_TOPIC_IDS, TopicIdNames
 from kproxy.proxy.commands import CloseConnection, CloseKind
 from kproxy.proxy.session import Exchange, RuleDecision, Verdict
 from kproxy.rules import Decision, RuleHit
-from kproxy.rules.actions.base import HitKey, RuleAction, Step
-from kproxy.rules.actions.draft import VerdictDraft
-from kproxy.rules.actions.throttle import charging_response
+from kproxy.rules.actions.base import HitKey, Step
+from kproxy.rules.actions.draft import ResponseCharge, VerdictDraft
 from kproxy.rules.apply import apply_to_request, apply_to_response
 from kproxy.rules.frame_facts import FrameFacts
 
@@ -95,7 +94,7 @@ class _Delays:
     __slots__ = ("decisions", "keys", "verdict")
 
     def __init__(self, hit: RuleHit, plan: RulePlan, injector: FaultInjector, wire: WireOrders) -> None:
-        draft = VerdictDraft()  # no engine, no facts: these actions read neither
+        draft = VerdictDraft()  # no buckets, no facts: these actions read neither
         if hit.dry_run:
             faults = list(plan.dry_faults)
         else:
@@ -147,14 +146,15 @@ class RulePolicy:
     """
 
     __slots__ = ("_admitted", "_admitted_for", "_counted", "_drawn", "_floored", "_gates", "_headers", "_injector",
-                 "_lasts", "_principal", "broker_id", "client_ip", "counts", "live", "peer", "wire")
+                 "_lasts", "_principal", "broker_id", "client_ip", "cluster", "counts", "live", "peer", "wire")
 
-    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None) -> None:
+    def __init__(self, live: _HasInjector, peer: str, broker_id: int | None, cluster: str | None = None) -> None:
         self.live = live
         self.counts = live.counts  # one FaultStats for every generation of rules
         self.peer = peer
         self.client_ip = client_ip(peer)
         self.broker_id = broker_id
+        self.cluster = cluster  # the connection's cluster (the config's clusters:): match.cluster
         self._headers = RequestHeaderMemo()
         # For the rule set in force (_injector): the gate of each api key met, and for the client id
         # _admitted_for, the gate of each api key met whose rules are for some clients only.
@@ -165,7 +165,7 @@ class RulePolicy:
         self._floored: Verdict | None = None  # the last verdict whose response edit keeps epoch floors
         self._drawn: dict[tuple[str, float, int], bool] = {}  # its toxicity draws (kproxy.rules.engine)
         self._counted: dict[object, int] = {}  # its per-connection schedule counters (kproxy.rules.engine)
-        self._lasts: dict[tuple[str, RuleAction], RuleInForce] = {}  # what connection-wide faults last as long as
+        self._lasts: dict[tuple[str, Hashable], RuleInForce] = {}  # what connection-wide faults last as long as
         self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
         self._principal: str | None = None
 
@@ -230,7 +230,7 @@ class RulePolicy:
                            stream_ordinal=ordinal, now=exchange.read_at,
                            wall_time=time.time() if engine.reads_wall_time else 0.0,
                            topic_names=injector.topic_names, principal=self._principal,
-                           connection_draws=self._drawn, connection_counts=self._counted)
+                           connection_draws=self._drawn, connection_counts=self._counted, cluster=self.cluster)
         decision = fixed if fixed is not None else engine.evaluate(facts)  # a fixed one is evaluate()'s
         if not decision.hits:
             return None
@@ -263,11 +263,11 @@ class RulePolicy:
         if gate is None:
             engine = injector.engine
             principal = self._principal
-            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal):
+            if not engine.admits(api_key, client_id, self.client_ip, self.broker_id, principal, self.cluster):
                 gate = (_IGNORED, None, None)
             else:
                 gate = _open(injector, engine.client_decision(api_key, client_id, self.client_ip, self.broker_id,
-                                                              principal), self.wire)
+                                                              principal, self.cluster), self.wire)
             if len(self._admitted) >= _GATES_CAP:
                 self._admitted.clear()
             self._admitted[api_key] = gate
@@ -277,7 +277,7 @@ class RulePolicy:
     def _verdict(self, injector: FaultInjector, ex: Exchange, decision: Decision, facts: FrameFacts,
                  frame: bytes) -> Verdict | None:
         counts = self.counts
-        draft = VerdictDraft(injector.engine, facts, ex.request_size)
+        draft = VerdictDraft(injector.engine.buckets, facts, ex.request_size)
         faults = draft.faults
         answer: bytes | None = None
         forward = True
@@ -326,8 +326,7 @@ class RulePolicy:
         on_response = self._on_response(ex, facts, response_steps or [], throttle_ms) \
             if (response_steps or throttle_ms) and forward else None
         if draft.response_charges and forward:
-            on_response = charging_response(injector.engine, injector.clock, facts, draft.response_charges,
-                                            on_response)
+            on_response = _charging(injector.clock, facts, draft.response_charges, on_response)
         if answer is not None and throttle_ms:
             answer = apply_to_response((), answer, ex.api_key, ex.api_version, throttle_time_ms=throttle_ms).frame
         hold_s, response_delay_s, drop, blackhole = draft.hold_s, draft.response_delay_s, draft.drop, draft.blackhole
@@ -348,7 +347,7 @@ class RulePolicy:
             return verdict
         return None
 
-    def _lasting(self, by: tuple[str, RuleAction] | None) -> RuleInForce | None:
+    def _lasting(self, by: tuple[str, Hashable] | None) -> RuleInForce | None:
         """What a connection-wide fault (a black hole, a slow close) rule ``by`` started lasts as long
         as: that rule's action in force (one per rule and action, made once per connection; None: none)."""
         if by is None:
@@ -473,6 +472,29 @@ class RulePolicy:
                  "detail=%s%s", rule_id, action, self.peer, facts.correlation_id, api_label(facts.api_key),
                  q(",".join(sorted(topics))), q(",".join(map(str, partitions))), q(detail),
                  " dry_run=true" if dry_run else "")
+
+
+def _charging(clock: Callable[[], float], facts: FrameFacts, charges: list[ResponseCharge],
+              edit: Callable[[bytes], bytes] | None) -> Callable[[bytes], bytes]:
+    """The response edit of a request whose actions charge its response's size (``charges``: a
+    draft's ``response_charges``, as a throttle does a Fetch under a byte rate): ``edit`` (if any),
+    then the size charged to each, at the time the broker's answer is seen, the longest throttle
+    time that earns reported in its throttle_time_ms (never lowering a larger one already there)."""
+    api_key, api_version = facts.api_key, facts.api_version
+
+    def charge(response: bytes) -> bytes:
+        if edit is not None:
+            response = edit(response)
+        facts.now = clock()  # when the broker's answer is seen: the usage happens now
+        # The answer leaves as it came (KIP-219): only the throttle time is reported; the next request waits for it.
+        size = len(response)
+        throttled = max(c(size) for c in charges)
+        if throttled > 0:
+            response = apply_to_response((), response, api_key, api_version,
+                                         throttle_time_ms=round(throttled * 1000)).frame
+        return response
+
+    return charge
 
 
 def _selected(topics: Mapping[str, frozenset[int]], only: Selector) -> Mapping[str, frozenset[int]]:

@@ -14,36 +14,39 @@ A later hit of the rule installs it afresh. A dry-run rule counts its hits and i
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import count
 from kproxy.policy.in_force import HasInjector, RuleInForce
 from kproxy.policy.injector import FaultInjector
-from kproxy.rules.actions.base import HitKey, RuleAction
+from kproxy.rules.actions.draft import HitKey
 from kproxy.wire_toxics import Direction, Toxic, WireOrder
 
 
 class RuleToxic:
-    """The owner of the toxics one action of one rule installs (:class:`~kproxy.wire_toxics.Owner`)."""
+    """The owner of the toxics one action of one rule installs (:class:`~kproxy.wire_toxics.Owner`);
+    ``kind`` its kind (the action's name in its hit counter key)."""
 
-    __slots__ = ("action", "counts", "label", "life", "rule_id")
+    __slots__ = ("counts", "kind", "label", "life", "rule_id")
 
-    def __init__(self, live: HasInjector, rule_id: str, action: RuleAction, counts: FaultStats) -> None:
+    def __init__(self, live: HasInjector, rule_id: str, action: Hashable, kind: str, counts: FaultStats) -> None:
         self.life = RuleInForce(live, rule_id, action)
         self.rule_id = rule_id
-        self.action = action
+        self.kind = kind
         self.counts = counts
-        self.label = f"rule {rule_id}: {action.kind}"
+        self.label = f"rule {rule_id}: {kind}"
 
     def in_force(self) -> bool:
         return self.life.in_force()
 
     def passed(self, direction: Direction, nbytes: int) -> None:
-        key = (self.rule_id, self.action.kind, direction.value)
+        key = (self.rule_id, self.kind, direction.value)
         wire = self.counts.wire_bytes
         wire[key] = wire.get(key, 0) + nbytes
 
     def cut(self, direction: Direction) -> None:
-        count(self.counts.connection_faults, (self.rule_id, self.action.kind))
+        count(self.counts.connection_faults, (self.rule_id, self.kind))
 
 
 _MADE_CAP = 1024  # orders remembered per connection: rule sets edited again and again start it afresh
@@ -57,9 +60,9 @@ class WireOrders:
     def __init__(self, live: HasInjector, counts: FaultStats) -> None:
         self.live = live
         self.counts = counts
-        self._made: dict[tuple[str, RuleAction, Direction], WireOrder] = {}
+        self._made: dict[tuple[str, Hashable, Direction], WireOrder] = {}
 
-    def orders(self, injector: FaultInjector, asked: list[tuple[HitKey, RuleAction, Direction, Toxic]]
+    def orders(self, injector: FaultInjector, asked: list[tuple[HitKey, Hashable, Direction, Toxic]]
                ) -> tuple[WireOrder, ...]:
         out = []
         for key, action, direction, toxic in asked:
@@ -68,7 +71,7 @@ class WireOrders:
             if order is None:
                 if len(self._made) >= _MADE_CAP:
                     self._made.clear()
-                owner = RuleToxic(self.live, key[0], action, self.counts)
+                owner = RuleToxic(self.live, key[0], action, key[1], self.counts)
                 rule = next((r for r in injector.rules.rules if r.id == key[0]), None)
                 seed = rule.seed if rule is not None and rule.seed is not None else injector.rules.seed
                 order = self._made[name] = WireOrder(name, owner, direction, toxic, f"{seed}\x1f{key[0]}")

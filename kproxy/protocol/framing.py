@@ -18,7 +18,7 @@ SIZE_PREFIX: Final = struct.Struct(">i")
 # A frame as the pieces of the chunks that brought it, in order (FrameSplitter.split with join=False).
 Spanned = list[bytes | bytearray | memoryview]
 # Pieces smaller than this are copied into one buffer rather than held each as an object of its own:
-# a peer trickling a byte per read must not cost ~35 bytes of object per byte it sent.
+# a peer trickling a byte per read must not cost an object's header per byte it sent.
 COALESCE_BELOW: Final = 16 * 1024
 # split(join=False) joins frames smaller than this all the same: copying a few KB costs less than the
 # vectored write of their pieces would save.

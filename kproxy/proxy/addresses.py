@@ -85,7 +85,7 @@ class AddressMap:
             return route
         known = route.upstream
         # Compared field by field: the usual answer names the broker where it was, and HostPort's
-        # dataclass __init__ and __eq__ are interpreted code (~5,000 instructions per Metadata answer).
+        # dataclass __init__ and __eq__ are interpreted code, called per Metadata answer.
         if known.port != port or known.host != host:
             # The broker moved: same local port, new destination for new connections.
             route.upstream = HostPort(host, port)

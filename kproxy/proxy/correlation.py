@@ -28,7 +28,7 @@ class CorrelationIds:
     request reusing a taken id is refused before it is tracked). ``acks0``: remembered acks=0
     Produce, oldest first, as ``(seq, correlation id)`` where ``seq`` is the session's request
     count when it arrived (None until the connection's first acks=0 Produce: an empty deque keeps
-    a block of 64 slots, ~0.6 KB, and most connections never send one). ``forgotten``: acks=0 ids
+    a block of 64 slots, and most connections never send one). ``forgotten``: acks=0 ids
     pushed out while still answerable, as ``(lowest, highest, the newest one's seq)``, or None.
     """
 

@@ -34,7 +34,7 @@ class InOrderRelease:
 
     ``in_flight``: exchanges read and not yet released, oldest first (local answers waiting
     their turn included): a list, not a deque, since an emptied list holds no buffer where a deque
-    keeps a block of 64 slots (~0.6 KB per idle connection); taking its head moves the few
+    keeps a block of 64 slots per idle connection; taking its head moves the few
     pointers behind it (requests in flight: at most ``max_in_flight``). ``ready``: the frames
     due to the client, in order (a :data:`Spanned` frame among them sets ``spanned``), with the
     ``routes`` they carry. ``completed``: exchanges done, for the observer (kept only when

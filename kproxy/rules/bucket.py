@@ -16,11 +16,10 @@ cost), not the wait of the whole queue ahead of it. The holds are those of a pla
 bucket charged at read time (the same release times, so the same rate), only the
 reported time differs.
 
-What is charged, as a broker charges it (KIP-13: produce quotas on the bytes
-a client sends, fetch quotas on the bytes it is sent):
+What the ``throttle`` action (kproxy/rules/actions/throttle.py) charges, as a broker charges it
+(KIP-13: produce quotas on the bytes a client sends, fetch quotas on the bytes it is sent):
 
-* every request but Fetch: its own size, when it is read (:func:`charged_on_response`
-  is False); the response is held for the debt and reports it;
+* every request but Fetch: its own size, when it is read; the response is held for the debt and reports it;
 * Fetch: the size of its response, when the broker's answer is seen. The
   response itself leaves as it came, reporting its throttle time in ``throttle_time_ms``
   (KIP-219: a broker answers at once and then stops reading the client's
@@ -32,28 +31,7 @@ a client sends, fetch quotas on the bytes it is sent):
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kproxy.rules.actions.throttle import Throttle
-
-FETCH = 1  # ApiKey.FETCH, bound as a plain int: compared per throttled request
-
-
-def charged_on_response(api_key: int, throttle: Throttle) -> bool:
-    """Whether a throttle's byte rate is charged with this api's response sizes (Fetch) rather
-    than its request sizes."""
-    return api_key == FETCH and throttle.bytes_per_second is not None
-
-
-def split_throttle(throttle: Throttle) -> tuple[Throttle | None, Throttle | None]:
-    """(the byte rate alone, the request rate alone) of a throttle; None where it has none."""
-    if throttle.bytes_per_second is None or throttle.requests_per_second is None:
-        return ((throttle, None) if throttle.requests_per_second is None else (None, throttle))
-    return (dataclasses.replace(throttle, requests_per_second=None),
-            dataclasses.replace(throttle, bytes_per_second=None))
 
 
 def broker_throttle_s(observed_rate: float, quota: float, window_s: float) -> float:

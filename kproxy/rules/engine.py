@@ -52,8 +52,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kproxy.rules.actions.base import RuleAction
-from kproxy.rules.actions.delay import Delay
-from kproxy.rules.actions.throttle import Throttle, ThrottleScope
 from kproxy.rules.bucket import Buckets
 from kproxy.rules.model import Match, Rule, RuleSet
 from kproxy.rules.patterns import UserPattern
@@ -63,7 +61,8 @@ from kproxy.rules.request_facts import IpAddress, RequestFacts
 @dataclass(frozen=True, slots=True)
 class RuleHit:
     """One matched rule. ``draw`` is the probability draw (None when the rule has no
-    probability); ``delays_ms`` the resolved delay of each ``delay`` action, in order."""
+    probability); ``delays_ms`` the delay of each action that takes one
+    (:attr:`~kproxy.rules.actions.base.RuleAction.takes_delay`), in order."""
 
     rule_id: str
     actions: tuple[RuleAction, ...]
@@ -107,6 +106,7 @@ class _Peer:
     client_ip: IpAddress | None
     broker_id: int | None
     principal: str | None = None
+    cluster: str | None = None
 
 
 class RuleState:
@@ -135,7 +135,7 @@ class _Compiled:
         self.rule = rule
         self.match = m = rule.match
         self.seed = rule.seed if rule.seed is not None else seed
-        self.delays = tuple(a for a in rule.actions if isinstance(a, Delay))
+        self.delays = tuple(a for a in rule.actions if a.takes_delay)
         self.state = state
         # The keys on the request's size and records: one test for the rules without them.
         self.by_content = m.min_request_bytes is not None or m.max_request_bytes is not None or m.record is not None
@@ -143,18 +143,18 @@ class _Compiled:
         self.watched = False  # a rule waits on its hits
         # Keys fixed for a client connection, checked once per (api, client id, address, broker,
         # principal).
-        self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids))
+        self.peer_keys = any(v is not None for v in (m.client_id, m.principal, m.client_address, m.broker_ids,
+                                                     m.clusters))
         # Keys that differ per request.
         self.request_keys = any(v is not None for v in (
             m.acks, m.topics, m.partitions, m.group_id, m.transactional_id, m.schedule, m.min_version,
             m.max_version, m.min_request_bytes, m.max_request_bytes, m.record))
         # Without a draw, a hit is always the same value: built once.
-        fixed = m.probability is None and m.toxicity is None and not any(
-            d.jitter_ms or d.ramp is not None for d in self.delays)
+        fixed = m.probability is None and m.toxicity is None and not any(d.delay_varies for d in self.delays)
         # Where a ramping delay's ramp starts: the start of the rule's time conditions.
         self.ramp_after_s = m.schedule.after_s if m.schedule is not None else 0.0
-        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None, tuple(d.ms for d in self.delays)) \
-            if fixed else None
+        self.fixed = RuleHit(rule.id, rule.actions, rule.dry_run, None,
+                             tuple(d.hit_delay_ms(0.0, 0.0) for d in self.delays)) if fixed else None
         self.decision = Decision((self.fixed,)) if self.fixed is not None else None
 
     def peer_matches(self, facts: _Peer | RequestFacts) -> bool:
@@ -169,6 +169,8 @@ class _Compiled:
             ip = facts.client_ip
             if ip is None or not any(ip in net for net in m.client_address):
                 return False
+        if m.clusters is not None and facts.cluster not in m.clusters:
+            return False
         return m.broker_ids is None or facts.broker_id in m.broker_ids
 
 
@@ -185,7 +187,8 @@ class RuleEngine:
     ``previous``: the engine this one replaces, when the rules it shares with it unchanged (the same
     rule, the same seed) are to carry on (an admin edit of one rule): they keep their
     :class:`RuleState` (counters, the start of their time conditions, which :meth:`start` leaves
-    alone) and, through :meth:`adopt`, their throttle buckets. Built in a worker thread: reading
+    alone) and, through :meth:`adopt`, their token buckets (:attr:`buckets`, which the actions
+    that hold by a quota charge: kproxy/rules/actions/throttle.py). Built in a worker thread: reading
     ``previous`` takes only references. Without it, every rule starts afresh.
 
     The keys that are fixed for a client (client id, address, broker id, and the principal when a
@@ -246,6 +249,8 @@ class RuleEngine:
         # Whether a rule names a principal: else the principal is no part of a client's cache key
         # and RequestFacts.principal is never read.
         self.reads_principal = any(c.match.principal is not None for c in compiled)
+        # A rule names a cluster: a connection's cluster is one of its fixed keys (last in the peer key).
+        self.reads_cluster = any(c.match.clusters is not None for c in compiled)
         self._by_peer: dict[tuple[object, ...], tuple[tuple[_Compiled, ...], bool]] = {}
         self._by_topics: dict[tuple[object, ...], tuple[_Compiled, ...]] = {}
         self._by_text: dict[tuple[int, str], bool] = {}
@@ -258,7 +263,7 @@ class RuleEngine:
             state.started = now
 
     def adopt(self, previous: RuleEngine) -> None:
-        """Take over ``previous``'s throttle buckets of the rules carried on from it (at the swap, on
+        """Take over ``previous``'s token buckets of the rules carried on from it (at the swap, on
         the thread that charges buckets: requests decided by ``previous`` meanwhile are counted)."""
         if self.carried:
             self.buckets.adopt(previous.buckets, self.carried)
@@ -273,24 +278,26 @@ class RuleEngine:
         return bool(self._by_api.get(api_key, self._any))
 
     def admits(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
-               principal: str | None = None) -> bool:
+               principal: str | None = None, cluster: str | None = None) -> bool:
         """Whether a rule of this api key passes a client's fixed keys (client id, address, broker
         id, principal): False means :meth:`evaluate` would decide nothing for any request of theirs with this
         api key, and touch no counter. One dict lookup once the client was met (the same cache as
         :meth:`evaluate`'s), so a caller can skip building a request's facts."""
         if self._all_unscoped or api_key in self._unscoped:
             return True
-        return bool(self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0])
+        return bool(self._peer_rules(api_key, client_id, client_ip, broker_id, principal, cluster)[0])
 
     def _peer_rules(self, api_key: int, client_id: str | None, client_ip: IpAddress | None, broker_id: int | None,
-                    principal: str | None) -> tuple[tuple[_Compiled, ...], bool]:
+                    principal: str | None, cluster: str | None = None) -> tuple[tuple[_Compiled, ...], bool]:
         """The cache entry of :meth:`_peer_entry` for a client's fixed keys."""
         peer: tuple[object, ...] = ((api_key, client_id, client_ip, broker_id) if not self.reads_principal
                                     else (api_key, client_id, client_ip, broker_id, principal))
+        if self.reads_cluster:
+            peer += (cluster,)
         cached = self._by_peer.get(peer)
         if cached is None:
             candidates = self._by_api.get(api_key, self._any)
-            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id, principal))
+            cached = self._peer_entry(peer, candidates, _Peer(client_id, client_ip, broker_id, principal, cluster))
         return cached
 
     def admits_all(self, api_key: int) -> bool:
@@ -309,14 +316,15 @@ class RuleEngine:
         return self._fixed.get(api_key, self._any_fixed)
 
     def client_decision(self, api_key: int, client_id: str | None, client_ip: IpAddress | None,
-                        broker_id: int | None, principal: str | None = None) -> Decision | None:
+                        broker_id: int | None, principal: str | None = None,
+                        cluster: str | None = None) -> Decision | None:
         """:meth:`fixed_decision` for one client: the decision :meth:`evaluate` returns for every
         request of this api key from a client with these fixed keys (client id, address, broker id,
         principal), when it depends on nothing else; None when it may depend on the request.
 
         That is when the first rule of the api key that passes the client's fixed keys names no
         request key (topic, version, schedule...), draws nothing and does not ``continue``."""
-        live = self._peer_rules(api_key, client_id, client_ip, broker_id, principal)[0]
+        live = self._peer_rules(api_key, client_id, client_ip, broker_id, principal, cluster)[0]
         if not live or live[0].request_keys or live[0].rule.continue_:
             return None
         return live[0].decision
@@ -340,6 +348,8 @@ class RuleEngine:
         peer: tuple[object, ...] = (
             (api_key, facts.client_id, facts.client_ip, facts.broker_id) if not self.reads_principal
             else (api_key, facts.client_id, facts.client_ip, facts.broker_id, facts.principal))
+        if self.reads_cluster:
+            peer += (facts.cluster,)
         cached = self._by_peer.get(peer)
         if cached is None:
             cached = self._peer_entry(peer, candidates, facts)
@@ -413,18 +423,11 @@ class RuleEngine:
             return None
         return c.state.released
 
-    def _delay_ms(self, c: _Compiled, delay: Delay, facts: RequestFacts, index: int) -> float:
-        """A delay action's milliseconds for this request: its ramp's value now, its jitter drawn."""
-        ramp = delay.ramp
-        ms = delay.ms if ramp is None else ramp.ms_at(facts.now - c.state.started - c.ramp_after_s)
-        return delay.resolve(draw(c.seed, c.rule.id, facts, index), ms) if delay.jitter_ms else ms
-
-    def ramp_ms(self, rule_id: str, delay: Delay, now: float) -> float | None:
-        """A ramping delay's value at ``now`` (the listing's "now" of it); None: no such rule or no ramp."""
-        c = self._compiled.get(rule_id)
-        if c is None or delay.ramp is None:
-            return None
-        return delay.ramp.ms_at(now - c.state.started - c.ramp_after_s)
+    def _delay_ms(self, c: _Compiled, action: RuleAction, facts: RequestFacts, index: int) -> float:
+        """An action's delay for this request (:meth:`~kproxy.rules.actions.base.RuleAction.hit_delay_ms`),
+        its draw hashed only when it reads one."""
+        d = draw(c.seed, c.rule.id, facts, index) if action.delay_draws else 0.0
+        return action.hit_delay_ms(facts.now - c.state.started - c.ramp_after_s, d)
 
     def _matches(self, c: _Compiled, m: Match, facts: RequestFacts) -> bool:
         if m.min_version is not None and facts.api_version < m.min_version:
@@ -480,7 +483,7 @@ class RuleEngine:
     def _fullmatch(self, pattern: UserPattern, text: str) -> bool:
         """``pattern.fullmatch(text)``, remembered for short texts. A group id, transactional id or
         topic meets the same patterns request after request, and one RE2 call through its binding
-        (~2-3 µs) costs what a dozen dict lookups do. At most 4096 entries of at most 255
+        costs what a dozen dict lookups do. At most 4096 entries of at most 255
         characters (it starts afresh when full): bounded whatever texts clients send."""
         if len(text) > _MEMO_TEXT_MAX:
             return pattern.fullmatch(text)
@@ -500,38 +503,6 @@ class RuleEngine:
             if m.partitions is None or not m.partitions.isdisjoint(partitions):
                 return True
         return False
-
-    def throttle_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> tuple[float, float]:
-        """Record one request of ``nbytes`` against a throttle's buckets, at its turn
-        (:mod:`kproxy.rules.bucket`); (the seconds to hold it, its throttle time in seconds: the
-        response's ``throttle_time_ms`` as a broker with that quota reports it).
-
-        Each the longest of the byte and request buckets; with a topic scope, the longest over
-        the request's topics.
-        """
-        if throttle.scope is ThrottleScope.GLOBAL:
-            scopes: list[object] = [None]
-        elif throttle.scope is ThrottleScope.CLIENT_ID:
-            scopes = [facts.client_id]
-        elif throttle.scope is ThrottleScope.PRINCIPAL:
-            scopes = [("principal", facts.principal)]  # apart from a client id spelt like a principal
-        else:
-            scopes = list(facts.topics()) or [None]
-        hold = reported = 0.0
-        for scope in scopes:
-            if throttle.bytes_per_second is not None:
-                h, t = self.buckets.charge((rule_id, scope, "bytes"), throttle.bytes_per_second, throttle.burst_s,
-                                           nbytes, facts.now)
-                hold, reported = max(hold, h), max(reported, t)
-            if throttle.requests_per_second is not None:
-                h, t = self.buckets.charge((rule_id, scope, "requests"), throttle.requests_per_second,
-                                           throttle.burst_s, 1, facts.now)
-                hold, reported = max(hold, h), max(reported, t)
-        return hold, reported
-
-    def throttle_delay_s(self, rule_id: str, throttle: Throttle, facts: RequestFacts, nbytes: int) -> float:
-        """:meth:`throttle_s`'s hold alone: what the what-if (kproxy/analysis/whatif.py) charges."""
-        return self.throttle_s(rule_id, throttle, facts, nbytes)[0]
 
 
 TOXICITY_DRAW = -1  # the draw index of toxicity: apart from probability's (0) and the delays' (1 on)

@@ -105,6 +105,7 @@ class FrameFacts:
         "api_version",
         "broker_id",
         "client_ip",
+        "cluster",
         "connection_counts",
         "connection_draws",
         "correlation_id",
@@ -118,7 +119,7 @@ class FrameFacts:
                  broker_id: int | None = None, stream_ordinal: int = 0, now: float = 0.0, wall_time: float = 0.0,
                  topic_names: Mapping[uuid.UUID, str] | None = None, principal: str | None = None,
                  connection_draws: dict[tuple[str, float, int], bool] | None = None,
-                 connection_counts: dict[object, int] | None = None) -> None:
+                 connection_counts: dict[object, int] | None = None, cluster: str | None = None) -> None:
         self._frame = frame
         self._header = header
         # Plain attributes, not properties over the header: the engine reads them for every rule tried.
@@ -129,6 +130,7 @@ class FrameFacts:
         self.client_ip = client_ip
         self.broker_id = broker_id
         self.principal = principal  # the connection's (kproxy.proxy.session.Session.principal)
+        self.cluster = cluster  # the connection's (the config's clusters:), None where there is no connection
         self.stream_ordinal = stream_ordinal
         self.now = now
         self.wall_time = wall_time

@@ -158,6 +158,7 @@ def covers(a: Match, b: Match) -> bool:
     return (_superset(a.apis, b.apis) and _versions_cover(a, b)
             and _pattern_covers(a.client_id, b.client_id) and _principal_covers(a.principal, b.principal)
             and _addresses_cover(a.client_address, b.client_address) and _superset(a.broker_ids, b.broker_ids)
+            and _superset(a.clusters, b.clusters)
             and _topics_cover(a.topics, b.topics) and _superset(a.partitions, b.partitions)
             and _pattern_covers(a.group_id, b.group_id) and _pattern_covers(a.transactional_id, b.transactional_id)
             and _superset(a.acks, b.acks) and _sizes_cover(a, b) and (a.record is None or a.record == b.record))
@@ -172,7 +173,7 @@ def _sizes_cover(a: Match, b: Match) -> bool:
     return low and high
 
 
-def _superset(a: frozenset[int] | None, b: frozenset[int] | None) -> bool:
+def _superset(a: frozenset[int] | frozenset[str] | None, b: frozenset[int] | frozenset[str] | None) -> bool:
     return a is None or (b is not None and b <= a)
 
 

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from kproxy.host_port import CLUSTER_NAME_RULE, DNS_LABEL
+from kproxy.logfmt import excerpt
 from kproxy.rules.load_actions import ActionReader
 from kproxy.rules.model import (
     After,
@@ -47,7 +49,8 @@ T = TypeVar("T")
 
 TOP_KEYS = ("seed", "rules")
 RULE_KEYS = ("id", "description", "enabled", "continue", "dry_run", "seed", "match", "actions")
-MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "topic", "partition",
+MATCH_KEYS = ("api", "api_version", "client_id", "principal", "client_address", "broker_id", "cluster", "topic",
+              "partition",
               "group_id", "transactional_id", "acks", "request_bytes", "record", "probability", "toxicity", "schedule")
 SCHEDULE_KEYS = ("after_requests", "after_seconds", "for_seconds", "every", "first", "window", "per",
                  "period_seconds", "after")
@@ -66,7 +69,7 @@ def load_data(data: Any, source: str = "<data>", *, partial: bool = False) -> Ru
     check (:func:`kproxy.rules.model.sequence_problems` over the whole set).
 
     Its nodes are built from the data (:func:`data_node`), not rendered as YAML and composed again:
-    that round trip took ~20 s for 10,000 rules, and with libyaml the compose is one C call that
+    that round trip is slow for many rules, and with libyaml the compose is one C call that
     holds the GIL (every other thread, the trio loop among them) throughout. Node "lines" are
     numbered in the order of the data: problems' lines mean nothing to the caller; their key paths do."""
     try:
@@ -287,6 +290,8 @@ class _Loader(ActionReader):
         if "broker_id" in m:
             kw["broker_ids"] = self.one_or_many(m["broker_id"], f"{path}.broker_id",
                                                 lambda n, p: self.integer(n, p, 0, INT32[1]))
+        if "cluster" in m:
+            kw["clusters"] = self.one_or_many(m["cluster"], f"{path}.cluster", self.cluster)
         if "topic" in m:
             kw["topics"] = self.one_or_many(m["topic"], f"{path}.topic", self.topic, container=tuple)
         if "partition" in m:
@@ -359,6 +364,13 @@ class _Loader(ActionReader):
         if lo is None and hi is None:  # said once: an unknown key was reported already
             return (self.fail(node, path, "give min, max or both") if not node.value else BAD), BAD
         return lo, hi
+
+    def cluster(self, node: yaml.Node, path: str) -> str | Bad:
+        """A cluster's name, as the config's ``clusters:`` names it."""
+        name = self.string(node, path)
+        if isinstance(name, Bad) or DNS_LABEL.fullmatch(name) is not None:
+            return name
+        return self.fail(node, path, f"a cluster's name is {CLUSTER_NAME_RULE}, got {excerpt(name)}")
 
     def topic(self, node: yaml.Node, path: str) -> TopicPattern | Bad:
         if isinstance(node, yaml.MappingNode):

@@ -222,6 +222,7 @@ class Match:
     principal: PrincipalPattern | None = None
     client_address: tuple[IpNetwork, ...] | None = None
     broker_ids: frozenset[int] | None = None
+    clusters: frozenset[str] | None = None  # the names of the clusters (config's clusters:) it applies to
     topics: tuple[TopicPattern, ...] | None = None
     partitions: frozenset[int] | None = None
     group_id: UserPattern | None = None

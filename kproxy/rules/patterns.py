@@ -30,11 +30,11 @@ from typing import Any
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
 # RE2 builds a pattern holding the GIL, so the time to compile one is bounded too (not only its
-# matching): under ~30 ms on a loaded 2-core machine whatever the pattern within these limits
-# (a 16 KiB pattern of \\pL took 4 s to refuse).
+# matching): these limits keep the worst pattern's compile short (docs/PERFORMANCE.md), where
+# a pattern of thousands of \\pL classes holds the loop for seconds.
 # A client-id alternation of 300 names fits; a megabyte of pattern text does not.
 MAX_PATTERN_CHARS = 4096
-# Each Unicode property class (\pL, \p{Greek}, \PN...) costs RE2 up to ~1 ms to build.
+# Each Unicode property class (\pL, \p{Greek}, \PN...) is the costliest part of a pattern to build.
 MAX_UNICODE_CLASSES = 8
 # RE2's budget for one pattern: its compiled program and the DFA cache it fills while matching
 # (a DFA that outgrows it falls back to RE2's NFA, still linear). A program that would not fit
@@ -71,9 +71,9 @@ class UserPattern:
         """Made by :func:`compile_pattern` or :func:`compile_glob`: ``regexp`` is RE2's."""
         self.pattern = pattern
         self._regexp = regexp
-        # A pattern of plain characters matches only itself: compared as a string, ~30x cheaper than
+        # A pattern of plain characters matches only itself: compared as a string, far cheaper than
         # a call into RE2. It matters where patterns are many: 100,000 rules each naming one client id
-        # are checked on the loop at a client's first request (165 ms through RE2, measured).
+        # are checked on the loop at a client's first request.
         self._literal = pattern if pattern and _LITERAL_CHARS.issuperset(pattern) else None
         self.groups: int = regexp.groups if captures else 0
         self.groupindex: dict[str, int] = dict(regexp.groupindex) if captures else {}

@@ -68,6 +68,8 @@ class RequestFacts(RequestHeaderFacts, Protocol):
     @property
     def principal(self) -> str | None: ...
     @property
+    def cluster(self) -> str | None: ...
+    @property
     def request_bytes(self) -> int: ...
     @property
     def stream_ordinal(self) -> int: ...
@@ -99,6 +101,7 @@ class StaticFacts:
     client_ip: IpAddress | None = None
     broker_id: int | None = None
     principal: str | None = None
+    cluster: str | None = None
     request_bytes: int = 0
     stream_ordinal: int = 0
     now: float = 0.0

@@ -2,10 +2,10 @@
 
 glibc hands every freed block above its mmap threshold (128 KiB to 32 MiB,
 adapting) straight back to the kernel, so each multi-megabyte Fetch response
-kproxy reassembles is built in fresh pages that fault in one by one: the
-benchmark measured 6-10 ms of page faults per 5 MB frame. Raising the mmap and
-trim thresholds keeps those buffers in the heap for reuse: ~10x cheaper frame
-reassembly for a higher but bounded resident size (peak unchanged).
+kproxy reassembles is built in fresh pages that fault in one by one. Raising
+the mmap and trim thresholds keeps those buffers in the heap for reuse: a much
+cheaper frame reassembly for a higher but bounded resident size (peak unchanged;
+docs/PERFORMANCE.md has the figures).
 
 The cyclic garbage collector is tuned too (:func:`tune_gc`, :func:`freeze_start_up`): with a
 thousand connections open, each request wakes cold per-connection state, and CPython's default

@@ -26,23 +26,26 @@ rules_reload.py, kproxy/policy/ (the rules in force), kproxy/admin/.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
 import signal
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
 
-from kproxy.config import Config
+from kproxy.config import AdminOptions, CaptureOptions, Config
+from kproxy.config.model import Cluster
 from kproxy.host_port import HostPort
+from kproxy.logfmt import LOG_CLUSTER
 from kproxy.logfmt import q as _q
 from kproxy.metrics.anomalies import AnomalyOptions
-from kproxy.metrics.exposition import LiveGauges, MetricsServer, make_registry
+from kproxy.metrics.exposition import ClusterSeries, LiveGauges, MetricsServer, make_registry
 from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import ConsumerLagCollector
 from kproxy.metrics.observer import MetricsObserver
@@ -109,11 +112,23 @@ class ProxyServer:
     ``bootstrap_port`` is the bound port (useful with ``--listen HOST:0``).
     """
 
-    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False) -> None:
+    def __init__(self, config: Config, *, handle_signals: bool = True, freeze_gc: bool = False,
+                 primary: ProxyServer | None = None) -> None:
+        # With several clusters (config.clusters) this server serves the first, and one server per
+        # other cluster (its ``siblings``, made here with ``primary`` = this one) the others: they share
+        # this one's rules, capture, metrics and admin endpoints, signals and event loop watch.
+        self.primary = primary
+        every = config.every_cluster
+        if config.clusters:
+            config = config.cluster_config(every[0])
         self.config = config
+        self.cluster = config.cluster
+        # Logs name the cluster only when there are several (LOG_CLUSTER, set in this server's tasks).
+        self.log_cluster = config.cluster if len(every) > 1 or primary is not None else None
         self.handle_signals = handle_signals
         self.freeze_gc = freeze_gc  # the process is kproxy's own: freeze_start_up() after the warm-up
-        self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports))
+        self.addresses = AddressMap(config.advertised, config.first_broker_port, dict(config.broker_ports),
+                                    max_port=config.last_broker_port)
         # Terminate mode: kproxy answers SASL itself, and ApiVersions answers say which versions it speaks.
         terminate = config.sasl_client.terminate
         self.rewriter = ResponseRewriter(self.addresses, answered=ANSWERED_VERSIONS if terminate else None)
@@ -165,10 +180,11 @@ class ProxyServer:
         self._prebound: dict[int, socket.socket] = {}
         # One engine for every connection: schedule counters and throttle buckets are global. The
         # rules in force can be replaced while connections run (kproxy/policy/live_rules.py).
-        self.rules = LiveRules(config.rules, counts=self.stats.faults)
+        self.rules: LiveRules = (primary.rules if primary is not None
+                                 else LiveRules(config.rules, counts=self.stats.faults))
         self.reloader: RulesReloader | None = None
         source = config.rules.source if config.rules is not None else None
-        if source is not None and os.path.exists(source):
+        if primary is None and source is not None and os.path.exists(source):
             # Rules read from a file can change while connections run: every connection gets a policy,
             # so a file empty at its start applies to it once it is filled.
             self.rules.mutable = True
@@ -179,16 +195,20 @@ class ProxyServer:
         # upstream connection opens after the login: kproxy/proxy/terminate.py), from the upstream checks.
         self.cluster_versions = ClusterVersions(BOOTSTRAP) if terminate else None
         self.admin_server: AdminServer | None = None
-        self.capture: CaptureService | None = None
-        if config.capture.enabled:
+        self.capture: CaptureService | None = primary.capture if primary is not None else None
+        if config.capture.enabled and primary is None:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
 
             self.capture = CaptureService(config.capture)
+        self.siblings: list[ProxyServer] = [] if primary is not None else [
+            ProxyServer(_sibling_config(config, cluster), handle_signals=False, primary=self) for cluster in every[1:]]
 
     # -- lifecycle -----------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.primary is not None:  # a sibling's every task is its cluster's (the first's: _as_cluster)
+            LOG_CLUSTER.set(self.log_cluster)  # (this task's context, which the tasks it starts inherit)
         self._warn_about_options()
-        if self.capture is None:
+        if self.capture is None or self.primary is not None:
             await self._run(task_status=task_status)
             return
         self.capture.start()
@@ -208,10 +228,15 @@ class ProxyServer:
                 await nursery.start(self._serve, boot)
                 self.bootstrap_port = boot.port
                 self.addresses.reserved_ports.add(boot.port)
+                for sibling in self.siblings:  # (beside the connections: its own drain is not cancelled with ours)
+                    await connections.start(sibling.run)
                 if self.config.metrics_listen is not None:
                     self.metrics_server = MetricsServer(
                         make_registry(self.stats, self._live_gauges, process=self.config.metrics.process_metrics,
-                                      lag=self._lag_collector()),
+                                      lag=self._lag_collector(), clusters=[
+                                          ClusterSeries(server.cluster, server.stats, server._live_gauges,
+                                                        server._lag_collector())
+                                          for server in (self, *self.siblings)] if self.siblings else ()),
                         self.readiness, max_connections=self.config.limits.max_http_connections)
                     try:
                         await nursery.start(self.metrics_server.serve, self.config.metrics_listen.host,
@@ -230,18 +255,21 @@ class ProxyServer:
                     await nursery.start(self.client_auth.run)
                 if self.tls_reloader is not None:
                     await nursery.start(self.tls_reloader.run)
-                nursery.start_soon(self._discover_brokers)
-                nursery.start_soon(self.health.run)
+                nursery.start_soon(self._as_cluster, self._discover_brokers)
+                nursery.start_soon(self._as_cluster, self.health.run)
                 # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
-                connections.start_soon(self.loop_watch.run)
+                if self.primary is None:
+                    connections.start_soon(self.loop_watch.run)
                 connections.start_soon(self.deadlines.run)
+                said = LOG_CLUSTER.set(self.log_cluster)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
+                LOG_CLUSTER.reset(said)
                 task_status.started()
             # Listeners are closed (shutdown); connections drain within the grace period.
             with trio.move_on_after(self.config.limits.shutdown_grace) as grace:
-                while self.connections:
+                while self.connections or any(sibling.connections for sibling in self.siblings):
                     await trio.sleep(0.05)
             if grace.cancelled_caught:
                 log.warning("event=shutdown_grace_expired connections=%d", len(self.connections))
@@ -276,20 +304,31 @@ class ProxyServer:
             enabled = [r for r in rules.rules if r.enabled]
             log.warning("event=fault_injection_enabled file=%s rules=%d dry_run_rules=%d seed=%d",
                         _q(rules.source or "-"), len(enabled), sum(1 for r in enabled if r.dry_run), rules.seed)
+            # A rule for a cluster no server here has (a misspelt name) would never match: said at start.
+            known = {server.cluster for server in (self, *self.siblings)}
+            for rule in enabled:
+                unknown = sorted((rule.match.clusters or frozenset()) - known)
+                if unknown:
+                    log.warning("event=rule_cluster_unknown rule=%s clusters=%s known=%s", _q(rule.id),
+                                ",".join(unknown), ",".join(sorted(known)))
 
     def shutdown(self) -> None:
         """Stop accepting; drain connections; ``run`` returns when they are done or the grace ends."""
         if self.draining:
             return
         self.draining = True
+        said = LOG_CLUSTER.set(self.log_cluster)  # (its connections: with several clusters, this cluster's)
         log.info("event=shutdown_started connections=%d grace_s=%.1f", len(self.connections),
                  self.config.limits.shutdown_grace)
+        LOG_CLUSTER.reset(said)
         for listener in self.listeners.values():
             listener.scope.cancel()
         for conn in list(self.connections):
             conn.drain()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+        for sibling in self.siblings:
+            sibling.shutdown()
 
     async def _watch_signals(self) -> None:
         # Returns after the first: a second SIGTERM/SIGINT during the drain kills at once (the
@@ -372,8 +411,19 @@ class ProxyServer:
         if self.draining:
             return "shutting down"
         if self.bootstrap_port == 0:
-            return "bootstrap listener not open"
-        return self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+            why: str | None = "bootstrap listener not open"
+        else:
+            why = self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+        if not self.siblings:
+            return why
+        # Several clusters: ready when every one is (ready_clusters: all) or one is (any), else each
+        # one's reason, named.
+        servers = (self, *self.siblings)
+        reasons = [f"cluster {server.cluster}: {reason}" for server in servers
+                   if (reason := why if server is self else await server.readiness()) is not None]
+        if self.config.ready_clusters == "any" and len(reasons) < len(servers):
+            return None
+        return "; ".join(reasons) or None
 
     def _health_targets(self) -> list[Target]:
         targets = [Target(addr, BOOTSTRAP) for addr in self.config.upstream]
@@ -424,7 +474,15 @@ class ProxyServer:
             if listener is not None and not listener.ready.is_set():
                 await listener.ready.wait()  # (Event.wait yields even when set: skip it on the hot path)
 
+    async def _as_cluster(self, work: Callable[[], Awaitable[None]]) -> None:
+        """``work`` as this server's cluster's: its log lines name the cluster (when there are several).
+        The first cluster's server runs the process's tasks too (metrics, rules, signals): only its
+        cluster's own are started through here, so theirs do not name it."""
+        LOG_CLUSTER.set(self.log_cluster)
+        await work()
+
     async def _serve(self, listener: _Listener, *, task_status: trio.TaskStatus[None]) -> None:
+        LOG_CLUSTER.set(self.log_cluster)  # (its connections' tasks inherit it)
         try:
             sock = await self._open_socket(listener.port)
         except OSError as exc:
@@ -538,7 +596,7 @@ class ProxyServer:
             await trio.aclose_forcefully(stream)
             return
         limits = self.config.limits
-        policy = self.rules.policy(peer, listener.node_id)
+        policy = self.rules.policy(peer, listener.node_id, self.cluster)
         auth = None
         if self.client_auth is not None and self.cluster_versions is not None:
             auth = self.client_auth.for_connection(peer, self.cluster_versions.source(node))
@@ -553,7 +611,7 @@ class ProxyServer:
             # (terminate mode: the upstream it will try first, once the client logged in)
             observer = self.capture.observer(observer, peer=peer, listener=listener.name,
                                              upstream=str(addr or listener.resolve()[0]), client=client,
-                                             identity=session)
+                                             identity=session, cluster=self.cluster)
         session.observer = observer
 
         async def connect() -> tuple[trio.abc.Stream, HostPort]:  # terminate mode: ConnectUpstream
@@ -610,3 +668,10 @@ class ProxyServer:
 def _route_resolver(route: BrokerRoute) -> Callable[[], list[HostPort]]:
     # Read at every accept: a broker that moved is followed by new connections.
     return lambda: [route.upstream]
+
+
+def _sibling_config(config: Config, cluster: Cluster) -> Config:
+    """The configuration of the server of one cluster beside the first's: the first's endpoints
+    (metrics, admin) and rules and capture are the first server's, shared."""
+    return dataclasses.replace(config.cluster_config(cluster), metrics_listen=None, admin=AdminOptions(),
+                               rules=None, capture=CaptureOptions())

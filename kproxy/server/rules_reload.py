@@ -75,7 +75,7 @@ log = logging.getLogger("kproxy.rules")
 POLL_INTERVAL = 0.5
 
 # A replaced rule set of more rules than this is freed a part at a time (see RulesReloader._release):
-# freeing 25,000 rules at once held the GIL ~0.4 s on a loaded machine; a thousand, milliseconds.
+# freeing tens of thousands of rules at once holds the GIL in one cascade; a thousand is short.
 RELEASE_ABOVE = 1000
 RELEASE_POLL = 1.0  # how often a replaced rule set still in use by some connection is looked at again
 

@@ -2,7 +2,7 @@
 
 Each connection has a few deadlines (kproxy/server/connection.py: its idle timeout, its request
 frame's timeout, the time its session asked to be called back at) and needs waking at the nearest
-one. A task per connection sleeping until then cost a task (~1.2 KB, a start per connection) and
+one. A task per connection sleeping until then costs a task (its memory, a start per connection) and
 a cancel scope; :class:`Deadlines` is one task and one heap for all of them.
 
 Contract: a :class:`Timed` object (a connection) says when it next wants :meth:`Timed.on_deadline`

@@ -33,7 +33,7 @@ async def warm_up(broker_versions: dict[int, int], rewriter: ResponseRewriter) -
     started = time.perf_counter()
     kinds = 0
     for api_key, version in warm_up_kinds(broker_versions, VERSIONS_BELOW):
-        # In a worker thread: compiling one kind takes 20-40 ms of Python (more on a loaded machine),
+        # In a worker thread: compiling one kind is a long run of Python,
         # which on the loop would hold every connection. The caches are plain dicts: a client's
         # request compiling the same kind at the same time costs a second compile, never a wrong codec.
         await trio.to_thread.run_sync(_compile, api_key, version, rewriter)

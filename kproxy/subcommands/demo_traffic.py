@@ -4,7 +4,7 @@ server would, with no access to the broker.
 
 The demo turns on the per-topic and per-client labels (``metrics.topic_label``,
 ``metrics.client_id_label``) and scrapes its kproxy while a consumer group that stopped half-way
-is still connected, so every family of issue 24 has something to show.
+is still connected, so every traffic and consumer-lag family has something to show.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
 
 Names are imported on first use (PEP 562 ``__getattr__``): pytest imports the plugin, hence this
 package, in every run of a venv where kproxy is installed, and the server (trio, prometheus-client,
-the protocol tables) costs ~0.4 s to import.
+the protocol tables) is slow to import.
 """
 
 from __future__ import annotations

@@ -157,8 +157,11 @@ not in brokerNodeIds are listed too.
 {{- if not (has .Values.mode (list "standalone" "sidecar")) -}}
 {{- fail (printf "kproxy: mode must be standalone or sidecar, got %q" (toString .Values.mode)) -}}
 {{- end -}}
-{{- if not $v.upstream -}}
+{{- if not (or $v.upstream $v.clusters) -}}
 {{- fail "kproxy: kproxy.upstream needs at least one HOST:PORT" -}}
+{{- end -}}
+{{- if and $v.clusters (not (include "kproxy.isSidecar" .)) -}}
+{{- fail "kproxy: kproxy.clusters is for mode: sidecar (the chart renders one Service, for one cluster)" -}}
 {{- end -}}
 {{- $ports := list (int $v.bootstrapPort) (int $v.metricsPort) -}}
 {{- if .Values.admin.enabled -}}
@@ -235,6 +238,18 @@ sidecar should give their pod at least this much.
 {{- define "kproxy.config" -}}
 {{- $v := .Values.kproxy -}}
 {{- $cfg := dict -}}
+{{- if $v.clusters -}}
+{{- /* several clusters (docs/CLUSTERS.md): each its own upstream and ports, on listenHost */ -}}
+{{- $clusters := dict -}}
+{{- range $v.clusters -}}
+{{- $one := dict "upstream" .upstream "listen" (include "kproxy.hostPort" (list (include "kproxy.listenHost" $) .bootstrapPort)) "advertised_host" (include "kproxy.advertisedHost" $) "broker_port_base" (int .brokerPortBase) -}}
+{{- if .brokerPortCount -}}
+{{- $_ := set $one "broker_port_count" (int .brokerPortCount) -}}
+{{- end -}}
+{{- $_ := set $clusters .name $one -}}
+{{- end -}}
+{{- $_ := set $cfg "clusters" $clusters -}}
+{{- else -}}
 {{- $_ := set $cfg "upstream" $v.upstream -}}
 {{- $_ := set $cfg "listen" (include "kproxy.hostPort" (list (include "kproxy.listenHost" .) $v.bootstrapPort)) -}}
 {{- $_ := set $cfg "advertised_host" (include "kproxy.advertisedHost" .) -}}
@@ -245,6 +260,7 @@ sidecar should give their pod at least this much.
 {{- $_ := set $pins (toString $id) (int $port) -}}
 {{- end -}}
 {{- $_ := set $cfg "broker_ports" $pins -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set $cfg "metrics_listen" (printf "0.0.0.0:%d" (int $v.metricsPort)) -}}
 {{- $_ := set $cfg "log_level" $v.logLevel -}}

@@ -14,9 +14,9 @@ What is charged
 * every decompressed byte: a compressed payload is decompressed within what is
   left (:meth:`RecordBudget.limit`), never past it;
 * :data:`RECORD_COST` bytes per record or legacy message a reader turns into a
-  Python object or edits one by one (the costly part of decoding and editing,
-  ~1-3 µs each): so a budget bounds the time of a walk of tiny records too.
-  Counting only reads message sizes (~0.2 µs each) and is charged bytes alone.
+  Python object or edits one by one (the costly part of decoding and editing):
+  so a budget bounds the time of a walk of tiny records too. Counting only reads
+  message sizes (an order of magnitude cheaper) and is charged bytes alone.
 
 Reading the frame's own uncompressed bytes is not charged: the proxy already
 holds them and their size is bounded by the frame size limit.
@@ -30,8 +30,8 @@ from kproxy.protocol.errors import OverBudgetError
 
 #: The budget of one frame unless a caller says otherwise, in bytes: Kafka's default
 #: ``message.max.bytes`` (1 MiB), so a batch any broker takes by default is read whole. A frame
-#: read to its last byte costs ~25 ms of CPU at most (1 MiB inflated: ~3 ms; 40,000 legacy
-#: messages counted, or 16,384 records decoded or edited).
+#: read to its last byte is bounded alike whether it is 1 MiB inflated, 40,000 legacy messages
+#: counted, or 16,384 records decoded or edited (docs/PERFORMANCE.md has the worst case's CPU).
 DEFAULT_RECORD_BUDGET: Final = 1024 * 1024
 
 #: What one record (or legacy message) decoded or edited costs of a budget, in bytes, on top of

@@ -7,10 +7,18 @@ says, through the hooks below, everything the rest of kproxy asks of it:
   through :data:`kproxy.rules.actions.registry.ACTION_KINDS`;
 * what it does to a request (:meth:`RuleAction.answer_request`, :meth:`RuleAction.request_step`)
   and to a response (:meth:`RuleAction.response_step`), run by :mod:`kproxy.rules.apply`;
+* the number the engine works out for it on every hit (:attr:`RuleAction.takes_delay`,
+  :meth:`RuleAction.hit_delay_ms`: a delay, drawn or ramping), kept in the hit so that runs replay;
 * its part of the verdict (:meth:`RuleAction.decide`): what the session must time, drop or close,
   written into a :class:`~kproxy.rules.actions.draft.VerdictDraft` that the rule policy turns into
-  the session's verdict;
-* what the policy counts for it (the class flags and :attr:`RuleAction.injected_error`).
+  the session's verdict, with the engine's token buckets at hand (:mod:`kproxy.rules.bucket`);
+* what its response edits do to leader epochs (:attr:`RuleAction.leader_moves`);
+* what the policy counts for it (the class flags and :attr:`RuleAction.injected_error`), what the
+  admin listing shows of it (:meth:`RuleAction.live_state`) and what a what-if run over a capture
+  charges it (:attr:`RuleAction.shares_state`, :meth:`RuleAction.whatif_hold_s`).
+
+Nothing outside this package names a kind: the engine, the policy and the what-if find an action
+through these hooks alone.
 
 Every hook has a default that does nothing, so a kind defines only what it does.
 """
@@ -19,18 +27,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.tables import api_snake_name
+from kproxy.rules.actions.draft import HitKey as HitKey  # every kind's decide() takes one
 
 if TYPE_CHECKING:
     import yaml
 
     from kproxy.rules.actions.draft import VerdictDraft
+    from kproxy.rules.bucket import Buckets
+    from kproxy.rules.request_facts import RequestFacts
     from kproxy.rules.yaml_nodes import Bad, NodeReader
 
 # Bounds on durations, so that nothing accepted overflows at run time (a delay, its jitter, a slow
@@ -41,8 +52,6 @@ MAX_DURATION_MS = MAX_DURATION_S * 1000
 # A step of an action on one frame: the label its note starts with (the action's YAML name first,
 # kproxy.policy reads it back) and the edit, which raises ProtocolError when it cannot apply.
 Step = tuple[str, Callable[[bytes], Mutation]]
-# The hit counter key of one action of one rule: (rule id, action name, dry run "true"/"false").
-HitKey = tuple[str, str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +94,12 @@ class RuleAction:
     verdict_from_draws: ClassVar[bool] = False
     # It has a verdict part: the policy calls decide() for it on every hit.
     decides: ClassVar[bool] = False
+    # The engine works out one delay per hit for it (hit_delay_ms), in the hit's ``delays_ms``: its
+    # decide() takes it from the draft (VerdictDraft.next_delay_ms), in the order of the rule's actions.
+    takes_delay: ClassVar[bool] = False
+    # It keeps state that every connection shares (a throttle's token buckets): a what-if run
+    # replays the capture in one order for the rules that have one (kproxy.analysis.whatif).
+    shares_state: ClassVar[bool] = False
     # Its frame edits act on the partitions its rule's topic/partition keys select only (the ``only``
     # of its hooks), so its fault lines name those only.
     partition_scoped: ClassVar[bool] = False
@@ -156,8 +171,46 @@ class RuleAction:
         the bootstrap connection): :meth:`response_step` unless the kind cares who answered."""
         return self.response_step(api_key, api_version, only, budget)
 
+    # -- the hit's numbers (kproxy.rules.engine) ---------------------------------------------
+    @property
+    def delay_draws(self) -> bool:
+        """Whether :meth:`hit_delay_ms` reads its ``draw`` (the engine hashes one only then)."""
+        return False
+
+    @property
+    def delay_varies(self) -> bool:
+        """Whether :meth:`hit_delay_ms` may differ from hit to hit (a draw, or a value that changes with
+        time): False lets the engine work a hit out once per rule set."""
+        return False
+
+    def hit_delay_ms(self, elapsed_s: float, draw: float) -> float:
+        """Its delay for a hit (when :attr:`takes_delay`), ``elapsed_s`` seconds after its rule's time
+        conditions started, with ``draw`` the engine's reproducible uniform draw in [0, 1) for it."""
+        return 0.0
+
     # -- the verdict (kproxy.policy) ---------------------------------------------------------
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
         """Its part of the verdict of a request it hit (not in a dry run), written into ``draft``;
         ``key`` is its hit counter key, for the faults it reports. Called when :attr:`decides`."""
+
+    @property
+    def leader_moves(self) -> frozenset[tuple[str, int]]:
+        """The (topic, partition) pairs whose leader epoch its response edits raise: the policy keeps
+        the epochs it sends as floors (kproxy.protocol.leader_epochs)."""
+        return frozenset()
+
+    # -- the admin listing and the what-if ---------------------------------------------------
+    @property
+    def has_live_state(self) -> bool:
+        """Whether :meth:`live_state` shows something (its rule is then listed with its state)."""
+        return False
+
+    def live_state(self, elapsed_s: float, out: dict[str, Any]) -> None:
+        """Write what the admin listing shows of it into its rule's state ``out``, ``elapsed_s``
+        seconds after its rule's time conditions started."""
+
+    def whatif_hold_s(self, buckets: Buckets, rule_id: str, facts: RequestFacts, nbytes: int) -> float:
+        """The seconds it would hold a request of ``nbytes`` bytes, charged to ``buckets`` (the
+        what-if's throttle column; 0: it holds by no quota)."""
+        return 0.0
 

@@ -12,7 +12,8 @@ force; ``direction`` is for ``at: wire`` only.
 A ramp: ``ms: {from: 10, to: 500, over_seconds: 300}`` (:class:`Ramp`) grows the delay linearly
 from ``from`` to ``to`` over that many seconds, counted from the start of the rule's time
 conditions (its load, plus ``after_seconds``), and keeps ``to`` after; jitter is drawn around the
-ramp's value. The engine works the value out per request (a ramping delay is never a fixed hit).
+ramp's value. The engine works the value out per request through :meth:`Delay.hit_delay_ms` (a ramping
+or jittered delay is never a fixed hit).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Delay(RuleAction):
     counts_held: ClassVar[bool] = True
     verdict_from_draws: ClassVar[bool] = True
     decides: ClassVar[bool] = True
+    takes_delay: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.ms < 0 or self.jitter_ms < 0:
@@ -137,6 +139,27 @@ class Delay(RuleAction):
         kw["over_s"] = BAD if over is None else reader.number(over, f"{path}.over_seconds", 0.0, exclusive=True,
                                                                hi=MAX_DURATION_MS / 1000)
         return reader.made(node, path, kw, Ramp)
+
+    @property
+    def delay_draws(self) -> bool:
+        return self.jitter_ms != 0
+
+    @property
+    def delay_varies(self) -> bool:
+        return self.jitter_ms != 0 or self.ramp is not None
+
+    def hit_delay_ms(self, elapsed_s: float, draw: float) -> float:
+        ramp = self.ramp
+        ms = self.ms if ramp is None else ramp.ms_at(elapsed_s)
+        return self.resolve(draw, ms) if self.jitter_ms else ms
+
+    @property
+    def has_live_state(self) -> bool:
+        return self.ramp is not None
+
+    def live_state(self, elapsed_s: float, out: dict[str, Any]) -> None:
+        if self.ramp is not None:  # the ramp's value now, one entry per ramping delay of the rule
+            out.setdefault("ramp_ms", []).append(round(self.ramp.ms_at(elapsed_s), 3))
 
     def wire_delay_s(self, draw: float) -> float:
         """A wire delay in seconds for a uniform draw (one per chunk: kproxy.wire_toxics.Latency)."""

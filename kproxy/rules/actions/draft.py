@@ -4,22 +4,27 @@ Each action's :meth:`~kproxy.rules.actions.base.RuleAction.decide` writes its pa
 a response delay, a dropped response, a closed connection...) and reports what it did as faults;
 the rule policy (:mod:`kproxy.policy`) adds the request and response edits, counts and logs the
 faults, and turns the draft into the session's ``Verdict``. The rules floor never imports the
-session: this is the shape of a verdict in the rules' own words.
+session: this is the shape of a verdict in the rules' own words. It names no action kind, nor
+:class:`~kproxy.rules.actions.base.RuleAction` itself (whose ``decide`` takes a draft): an action
+that starts a lasting fault is kept as a value, compared later with its rule's actions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from kproxy.rules.actions.base import HitKey
 from kproxy.wire_toxics import Direction, Toxic
 
 if TYPE_CHECKING:
-    from kproxy.rules.actions.base import RuleAction
-    from kproxy.rules.actions.throttle import Throttle
-    from kproxy.rules.engine import RuleEngine
+    from kproxy.rules.bucket import Buckets
     from kproxy.rules.frame_facts import FrameFacts
 
+# The hit counter key of one action of one rule: (rule id, action name, dry run "true"/"false").
+HitKey = tuple[str, str, str]
+# A charge of a response's size: called with it when the response comes (the request's facts' ``now``
+# set to then), returns the throttle seconds that response is to report.
+ResponseCharge = Callable[[int], float]
 # A fault reported by an action: its hit counter key, its detail (the log line's), and whether it
 # is a connection fault (counted as such too).
 Fault = tuple[HitKey, str, bool]
@@ -31,10 +36,11 @@ class VerdictDraft:
     * ``hold_s``: seconds to hold the request before forwarding it; ``response_delay_s``: seconds
       to hold its response; ``held_by``: the (rule, action) of the longest single hold;
     * ``throttle_ms``: the ``throttle_time_ms`` to report in the answer (the largest asked);
-      ``response_charges``: (rule id, byte rate) pairs charged with the response's size;
+      ``response_charges``: what charges the response's size (see :data:`ResponseCharge`);
       ``throttled``: (rule id, seconds held) per throttle that held the request (both None: none);
     * ``drop``: swallow the response; ``blackhole``: let nothing more through this connection
-      while the rule and action ``blackhole_by`` names is in force (``blackhole_forwards``:
+      while the rule and action ``blackhole_by`` names is in force (an action is kept as a value,
+      compared with its rule's actions: kproxy.policy.in_force) (``blackhole_forwards``:
       requests still reach the broker, only answers are lost);
       ``close_after_s``: then close it after that long; ``close_delay_s``: close the connection
       that long after it ends, while the rule and action ``close_delay_by`` names is in force
@@ -44,8 +50,8 @@ class VerdictDraft:
       (None: none; the policy installs each once per connection: kproxy.policy.wire);
     * ``faults``: what each action reported, in order (see :data:`Fault`).
 
-    ``engine`` and ``facts`` are the request's, for the actions that ask a bucket or read the
-    request (None where a verdict is worked out ahead of any request: only the
+    ``buckets`` (the engine's token buckets) and ``facts`` (the request's) are for the actions that
+    charge a bucket or read the request (None where a verdict is worked out ahead of any request: only the
     :attr:`~kproxy.rules.actions.base.RuleAction.verdict_from_draws` kinds run then).
     """
 
@@ -54,31 +60,32 @@ class VerdictDraft:
     hold_s = response_delay_s = longest_s = 0.0
     held_by: tuple[str, str] | None = None
     throttle_ms = 0
-    response_charges: list[tuple[str, Throttle]] | None = None
+    response_charges: list[ResponseCharge] | None = None
     throttled: list[tuple[str, float]] | None = None
     drop = blackhole = blackhole_forwards = False
-    blackhole_by: tuple[str, RuleAction] | None = None
+    blackhole_by: tuple[str, Hashable] | None = None
     close_delay_s = 0.0
-    close_delay_by: tuple[str, RuleAction] | None = None
+    close_delay_by: tuple[str, Hashable] | None = None
     close_after_s: float | None = None
     closing: tuple[str, bool] | None = None
-    wire: list[tuple[HitKey, RuleAction, Direction, Toxic]] | None = None
+    wire: list[tuple[HitKey, Hashable, Direction, Toxic]] | None = None
     delays_ms: tuple[float, ...] = ()  # the current hit's drawn delays, taken in order
     drawn = 0
 
-    def __init__(self, engine: RuleEngine | None = None, facts: FrameFacts | None = None, request_size: int = 0
+    def __init__(self, buckets: Buckets | None = None, facts: FrameFacts | None = None, request_size: int = 0
                  ) -> None:
-        self.engine = engine
+        self.buckets = buckets
         self.facts = facts
         self.request_size = request_size
         self.faults: list[Fault] = []
 
     def hit(self, delays_ms: tuple[float, ...]) -> None:
-        """Start the actions of the next hit, whose delays the engine drew (one per ``delay``)."""
+        """Start the actions of the next hit, whose delays the engine worked out (one per action that
+        :attr:`~kproxy.rules.actions.base.RuleAction.takes_delay`)."""
         self.delays_ms, self.drawn = delays_ms, 0
 
     def next_delay_ms(self) -> float:
-        """The hit's next drawn delay (the engine draws one per ``delay`` action, in order)."""
+        """The hit's next drawn delay (one per action that takes one, in order)."""
         ms = self.delays_ms[self.drawn]
         self.drawn += 1
         return ms
@@ -93,11 +100,11 @@ class VerdictDraft:
         if seconds > self.longest_s:
             self.longest_s, self.held_by = seconds, (key[0], key[1])
 
-    def charge_response(self, rule_id: str, by_bytes: Throttle) -> None:
-        """Charge the response's size to ``by_bytes`` (a byte rate of rule ``rule_id``) when it comes."""
+    def charge_response(self, charge: ResponseCharge) -> None:
+        """Charge the response's size with ``charge`` when it comes."""
         if self.response_charges is None:
             self.response_charges = []
-        self.response_charges.append((rule_id, by_bytes))
+        self.response_charges.append(charge)
 
     def count_throttled(self, rule_id: str, seconds: float) -> None:
         """A throttle of rule ``rule_id`` held the request ``seconds`` (kproxy_rule_throttle_seconds_total)."""
@@ -105,20 +112,20 @@ class VerdictDraft:
             self.throttled = []
         self.throttled.append((rule_id, seconds))
 
-    def wire_toxic(self, key: HitKey, action: RuleAction, direction: Direction, toxic: Toxic) -> None:
+    def wire_toxic(self, key: HitKey, action: Hashable, direction: Direction, toxic: Toxic) -> None:
         """Install ``toxic`` on the connection's ``direction`` (from this request on, while ``action``'s
         rule is in force; once per connection however many requests hit it)."""
         if self.wire is None:
             self.wire = []
         self.wire.append((key, action, direction, toxic))
 
-    def black_hole(self, key: HitKey, action: RuleAction, *, forward: bool) -> None:
+    def black_hole(self, key: HitKey, action: Hashable, *, forward: bool) -> None:
         """Let nothing more through the connection while ``action`` of rule ``key[0]`` is in force
         (``forward``: requests still reach the broker); the first black hole asked is the one kept."""
         if not self.blackhole:
             self.blackhole, self.blackhole_forwards, self.blackhole_by = True, forward, (key[0], action)
 
-    def slow_close(self, key: HitKey, action: RuleAction, seconds: float) -> None:
+    def slow_close(self, key: HitKey, action: Hashable, seconds: float) -> None:
         """Close the connection ``seconds`` after it ends, while ``action`` of rule ``key[0]`` is in
         force (the longest delay asked is the one kept)."""
         if seconds > self.close_delay_s:
@@ -136,4 +143,4 @@ class VerdictDraft:
         self.faults.append((key, detail, True))
 
 
-__all__ = ["Fault", "VerdictDraft"]
+__all__ = ["Fault", "HitKey", "ResponseCharge", "VerdictDraft"]

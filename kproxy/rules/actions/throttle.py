@@ -5,32 +5,32 @@ client_id|principal|topic|global, burst_seconds: 1}``. ``scope: principal`` is K
 quota: one bucket per authenticated principal (``User:alice``, whatever her client ids and
 connections), and one shared by the connections whose principal is unknown (as Kafka's
 ``User:ANONYMOUS``). A request over its rate is held for the debt
-(:class:`kproxy.rules.bucket.TokenBucket`, through
-:meth:`kproxy.rules.engine.RuleEngine.throttle_s`), and its answer reports in
-``throttle_time_ms`` the throttle time a broker with that quota would give it: its own bytes'
-share, not the wait behind requests pipelined ahead of it (kproxy/rules/bucket.py); a Fetch
-under a byte rate is charged with its response's size instead
-(:func:`kproxy.rules.bucket.charged_on_response`, :func:`charging_response`).
+(:class:`kproxy.rules.bucket.TokenBucket`, through :meth:`Throttle.charge`, in the engine's
+buckets), and its answer reports in ``throttle_time_ms`` the throttle time a broker with that
+quota would give it: its own bytes' share, not the wait behind requests pipelined ahead of it
+(kproxy/rules/bucket.py); a Fetch under a byte rate is charged with its response's size instead
+(:func:`charged_on_response`; the policy calls the charge when the response comes).
+
+Its buckets are keyed (rule id, scope value, unit), so that a rule's buckets can be carried over
+to the engine that replaces its own (:meth:`kproxy.rules.bucket.Buckets.adopt`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from kproxy.rules.actions.base import MAX_DURATION_S, HitKey, RuleAction
-from kproxy.rules.apply import apply_to_response
-from kproxy.rules.bucket import charged_on_response, split_throttle
 from kproxy.rules.yaml_nodes import Bad, NodeReader
 
 if TYPE_CHECKING:
     import yaml
 
     from kproxy.rules.actions.draft import VerdictDraft
-    from kproxy.rules.engine import RuleEngine
-    from kproxy.rules.frame_facts import FrameFacts
+    from kproxy.rules.bucket import Buckets
+    from kproxy.rules.request_facts import RequestFacts
 
 # Bounds on the rates, so that nothing accepted overflows at run time: a throttle holds a request
 # debt / rate seconds and reports that in an int32 throttle_time_ms, and a rate of 5e-324 bytes/s
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 MIN_BYTES_PER_SECOND = 1.0
 MIN_REQUESTS_PER_SECOND = 0.001  # one request every ~17 minutes
 MAX_RATE = 1e15  # per second, bytes or requests: far above any link, and rate * burst stays finite
+FETCH = 1  # ApiKey.FETCH, bound as a plain int: compared per throttled request
 
 
 class ThrottleScope(enum.Enum):
@@ -61,6 +62,7 @@ class Throttle(RuleAction):
     counts_held: ClassVar[bool] = True
     counts_throttled: ClassVar[bool] = True
     decides: ClassVar[bool] = True
+    shares_state: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.bytes_per_second is None and self.requests_per_second is None:
@@ -89,50 +91,81 @@ class Throttle(RuleAction):
         return reader.made(at, path, kw, cls)
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:
-        engine, facts = draft.engine, draft.facts
-        assert engine is not None and facts is not None  # a throttle's verdict is never worked out ahead
+        buckets, facts = draft.buckets, draft.facts
+        assert buckets is not None and facts is not None  # a throttle's verdict is never worked out ahead
         rule_id = key[0]
         if charged_on_response(facts.api_key, self):
-            delay, reported, by_bytes = _throttle_on_response(engine, rule_id, self, facts)
-            draft.charge_response(rule_id, by_bytes)
+            delay, reported, by_bytes = self._on_response(buckets, rule_id, facts)
+            draft.charge_response(lambda size: by_bytes.charge(buckets, rule_id, facts, size)[1])
         else:
-            delay, reported = engine.throttle_s(rule_id, self, facts, draft.request_size)
+            delay, reported = self.charge(buckets, rule_id, facts, draft.request_size)
         if delay > 0:
             draft.hold(delay, key)
             draft.throttle_ms = max(draft.throttle_ms, round(reported * 1000))
             draft.count_throttled(rule_id, delay)
             draft.fault(key, f"held {delay * 1000:.1f}ms, throttle_time_ms {round(reported * 1000)}")
 
+    def scopes(self, facts: RequestFacts) -> list[object]:
+        """The scope values of the buckets a request of ``facts`` is charged to (one, or one per topic)."""
+        if self.scope is ThrottleScope.GLOBAL:
+            return [None]
+        if self.scope is ThrottleScope.CLIENT_ID:
+            return [facts.client_id]
+        if self.scope is ThrottleScope.PRINCIPAL:
+            return [("principal", facts.principal)]  # apart from a client id spelt like a principal
+        return list(facts.topics()) or [None]
 
-def _throttle_on_response(engine: RuleEngine, rule_id: str, throttle: Throttle, facts: FrameFacts
-                          ) -> tuple[float, float, Throttle]:
-    """A Fetch under a byte rate: the seconds to hold it (the byte debt left by earlier responses,
-    or its request rate's hold), the throttle time to report (the request rate's only: the byte
-    debt was reported by the response that made it), and the byte rate alone."""
-    by_bytes, by_requests = split_throttle(throttle)
-    assert by_bytes is not None
-    held, reported = engine.throttle_s(rule_id, by_requests, facts, 1) if by_requests is not None else (0.0, 0.0)
-    debt = engine.throttle_delay_s(rule_id, by_bytes, facts, 0)  # nothing charged: what is owed now
-    return max(debt, held), reported, by_bytes
+    def charge(self, buckets: Buckets, rule_id: str, facts: RequestFacts, nbytes: int) -> tuple[float, float]:
+        """Record one request of ``nbytes`` against this throttle's buckets of rule ``rule_id``, at its
+        turn (:mod:`kproxy.rules.bucket`); (the seconds to hold it, its throttle time in seconds: the
+        response's ``throttle_time_ms`` as a broker with that quota reports it).
+
+        Each the longest of the byte and request buckets; with a topic scope, the longest over
+        the request's topics.
+        """
+        hold = reported = 0.0
+        for scope in self.scopes(facts):
+            if self.bytes_per_second is not None:
+                h, t = buckets.charge((rule_id, scope, "bytes"), self.bytes_per_second, self.burst_s, nbytes,
+                                      facts.now)
+                hold, reported = max(hold, h), max(reported, t)
+            if self.requests_per_second is not None:
+                h, t = buckets.charge((rule_id, scope, "requests"), self.requests_per_second, self.burst_s, 1,
+                                      facts.now)
+                hold, reported = max(hold, h), max(reported, t)
+        return hold, reported
+
+    def whatif_hold_s(self, buckets: Buckets, rule_id: str, facts: RequestFacts, nbytes: int) -> float:
+        return self.charge(buckets, rule_id, facts, nbytes)[0]
+
+    def _on_response(self, buckets: Buckets, rule_id: str, facts: RequestFacts) -> tuple[float, float, Throttle]:
+        """A Fetch under a byte rate: the seconds to hold it (the byte debt left by earlier responses,
+        or its request rate's hold), the throttle time to report (the request rate's only: the byte
+        debt was reported by the response that made it), and the byte rate alone."""
+        by_bytes, by_requests = split_throttle(self)
+        assert by_bytes is not None
+        held, reported = by_requests.charge(buckets, rule_id, facts, 1) if by_requests is not None else (0.0, 0.0)
+        debt = by_bytes.charge(buckets, rule_id, facts, 0)[0]  # nothing charged: what is owed now
+        return max(debt, held), reported, by_bytes
+
+    @property
+    def has_live_state(self) -> bool:
+        return self.scope is ThrottleScope.PRINCIPAL
+
+    def live_state(self, elapsed_s: float, out: dict[str, Any]) -> None:
+        if self.scope is ThrottleScope.PRINCIPAL:
+            out["throttle_scope"] = "principal"
 
 
-def charging_response(engine: RuleEngine, clock: Callable[[], float], facts: FrameFacts,
-                      charges: list[tuple[str, Throttle]], edit: Callable[[bytes], bytes] | None
-                      ) -> Callable[[bytes], bytes]:
-    """The response edit of a Fetch under byte rates (``charges``: a draft's ``response_charges``):
-    ``edit`` (if any), then the response's size charged to each byte rate, the throttle time that
-    earns reported in its throttle_time_ms (never lowering a larger one already there)."""
-    api_key, api_version = facts.api_key, facts.api_version
+def charged_on_response(api_key: int, throttle: Throttle) -> bool:
+    """Whether a throttle's byte rate is charged with this api's response sizes (Fetch) rather
+    than its request sizes."""
+    return api_key == FETCH and throttle.bytes_per_second is not None
 
-    def charge(response: bytes) -> bytes:
-        if edit is not None:
-            response = edit(response)
-        facts.now = clock()  # when the broker's answer is seen: the usage happens now
-        # The answer leaves as it came (KIP-219): only the throttle time is reported; the next Fetch waits for it.
-        throttled = max(engine.throttle_s(rule_id, by_bytes, facts, len(response))[1] for rule_id, by_bytes in charges)
-        if throttled > 0:
-            response = apply_to_response((), response, api_key, api_version,
-                                         throttle_time_ms=round(throttled * 1000)).frame
-        return response
 
-    return charge
+def split_throttle(throttle: Throttle) -> tuple[Throttle | None, Throttle | None]:
+    """(the byte rate alone, the request rate alone) of a throttle; None where it has none."""
+    if throttle.bytes_per_second is None or throttle.requests_per_second is None:
+        return ((throttle, None) if throttle.requests_per_second is None else (None, throttle))
+    return (dataclasses.replace(throttle, requests_per_second=None),
+            dataclasses.replace(throttle, bytes_per_second=None))
