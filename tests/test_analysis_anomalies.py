@@ -118,3 +118,16 @@ def test_the_report_and_metrics_agree_on_a_shared_run(spark: Any, tansu: Broker,
     assert result.problems == []
     reported = {(r["kind"], r["client_id"]): r["count"] for r in result.tables["client_anomalies"]}
     assert reported == counted
+
+
+def test_rebalance_storms_replay_each_groups_joins_in_the_live_windows() -> None:
+    """3 joins within 60 s: a storm, for the client whose join reached it; a window opens at the first
+    join past the last one's 60 s; groups apart; the order the joins were answered, not given."""
+    second = 1_000_000
+    joins = [("g", 0, "c1", 1, "a"), ("g", 10 * second, "c2", 1, "b"), ("g", 20 * second, "c1", 2, "a"),  # storm: a
+             ("g", 30 * second, "c2", 2, "b"),  # (the 4th of that window: counted once)
+             ("g", 61 * second, "c2", 3, "b"), ("g", 62 * second, "c1", 3, "a"),  # a new window: 2 joins only
+             ("h", 5 * second, "c3", 1, "x" * 200), ("h", 1 * second, "c3", 2, "x" * 200),
+             ("h", 3 * second, "c4", 1, "y")]
+    assert offline.rebalance_storms(joins, 3, 60.0) == {("rebalance_storm", "a"): 1,
+                                                        ("rebalance_storm", cut_label("x" * 200)): 1}

@@ -72,9 +72,9 @@ def _carries(codes: Any, wanted: frozenset[int]) -> Any:
 def client_anomalies(df: DataFrame, rebalance_joins: int = REBALANCE_JOINS,
                      rebalance_window: float = REBALANCE_WINDOW) -> pa.Table:
     """``(kind, client_id, count)``, sorted by kind and client id, from the capture records ``df``: one
-    Spark pass, grouped by connection (each connection's anomalies are its first client id's, as live),
-    and one over the JoinGroups answered (``rebalance_joins`` within ``rebalance_window`` seconds: a
-    storm; see the module docstring)."""
+    Spark pass, grouped by connection (each connection's anomalies are its first client id's, as live;
+    its JoinGroups answered without error listed, replayed on the driver for rebalance storms:
+    ``rebalance_joins`` within ``rebalance_window`` seconds, see the module docstring)."""
     codes = _codes()
     api = F.col("api_key")
     last_deprecated = F.create_map(*[F.lit(v) for pair in sorted(DEPRECATED_UP_TO.items()) for v in pair])
@@ -82,43 +82,50 @@ def client_anomalies(df: DataFrame, rebalance_joins: int = REBALANCE_JOINS,
     fenced = _carries(codes, FENCED_CODES)
     sequence = ~fenced & (api == PRODUCE_API) & _carries(codes, SEQUENCE_CODES)
     stale = ~fenced & api.isin(*sorted(COMMIT_APIS)) & _carries(codes, STALE_CODES)
+    joined = ((api == JOIN_GROUP) & (F.col("error_code") == 0) & F.col("response_time").isNotNull()
+              & F.col("group_id").isNotNull())
     client = F.coalesce(F.col("client_id"), F.lit(""))
     kinds = ((PRODUCER_FENCED, fenced), (PRODUCER_SEQUENCE, sequence), (STALE_GENERATION, stale))
     per_connection = df.groupBy("connection_id").agg(
         F.min_by(client, F.struct("request_time", "correlation_id")).alias("client_id"),
         F.max(deprecated.cast("int")).alias(DEPRECATED_VERSION),
-        *[F.sum(F.coalesce(found, F.lit(False)).cast("int")).alias(kind) for kind, found in kinds])
-    counted = rebalance_storms(df, per_connection.select("connection_id", "client_id"), rebalance_joins,
-                               rebalance_window)
-    for row in per_connection.where(" + ".join([DEPRECATED_VERSION, *(k for k, _ in kinds)]) + " > 0").collect():
+        *[F.sum(F.coalesce(found, F.lit(False)).cast("int")).alias(kind) for kind, found in kinds],
+        # (collect_list leaves out the nulls: the records that are no such join)
+        F.collect_list(F.when(joined, F.struct(F.col("group_id").alias("group"),
+                                               F.unix_micros("response_time").alias("at"),
+                                               F.col("correlation_id").alias("correlation_id")))).alias("joins"))
+    counted: dict[tuple[str, str], int] = {}
+    joins: list[tuple[str, int, str, int, str]] = []  # (group, answered at, connection, correlation id, client)
+    flagged = " + ".join([DEPRECATED_VERSION, *(k for k, _ in kinds)]) + " > 0 OR size(joins) > 0"
+    for row in per_connection.where(flagged).collect():
         for kind in (DEPRECATED_VERSION, *(k for k, _ in kinds)):
             if row[kind]:
                 key = (kind, cut_label(row["client_id"]))
                 counted[key] = counted.get(key, 0) + row[kind]
+        joins.extend((j["group"], j["at"], row["connection_id"], j["correlation_id"], row["client_id"])
+                     for j in row["joins"])
+    for key, n in rebalance_storms(joins, rebalance_joins, rebalance_window).items():
+        counted[key] = counted.get(key, 0) + n
     ordered = sorted(counted)
     return pa.table({"kind": [k for k, _ in ordered], "client_id": [c for _, c in ordered],
                      "count": [counted[key] for key in ordered]}, schema=ANOMALIES_SCHEMA)
 
 
-def rebalance_storms(df: DataFrame, clients: DataFrame, joins: int, window: float) -> dict[tuple[str, str], int]:
-    """``{(rebalance_storm, client id): storms}`` from the JoinGroups answered without error in ``df``
-    (``clients``: each connection's client id), replayed per group on the driver (a member joins a
-    few times per rebalance: few rows)."""
-    answered = df.where((F.col("api_key") == JOIN_GROUP) & (F.col("error_code") == 0)
-                        & F.col("response_time").isNotNull() & F.col("group_id").isNotNull())
-    rows = (answered.select("group_id", "connection_id", F.unix_micros("response_time").alias("at"),
-                            "correlation_id")
-            .join(clients, "connection_id").orderBy("group_id", "at", "connection_id", "correlation_id").collect())
+def rebalance_storms(joins: list[tuple[str, int, str, int, str]], threshold: int, window: float
+                     ) -> dict[tuple[str, str], int]:
+    """``{(rebalance_storm, client id): storms}`` from the JoinGroups answered without error, ``(group,
+    answered at: µs since the epoch, connection, correlation id, client id)`` each, replayed per group in
+    the order they were answered, in the live detector's windows (see the module docstring)."""
     counted: dict[tuple[str, str], int] = {}
     group: str | None = None
     start = 0.0
     n = 0
-    for row in rows:
-        at = row["at"] / 1_000_000
-        if row["group_id"] != group or at - start >= window:
-            group, start, n = row["group_id"], at, 0
+    for name, answered, _, _, client in sorted(joins):
+        at = answered / 1_000_000
+        if name != group or at - start >= window:
+            group, start, n = name, at, 0
         n += 1
-        if n == joins:
-            key = (REBALANCE_STORM, cut_label(row["client_id"]))
+        if n == threshold:
+            key = (REBALANCE_STORM, cut_label(client))
             counted[key] = counted.get(key, 0) + 1
     return counted
