@@ -526,7 +526,8 @@ def _run_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
-                   exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval)
+                   exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval,
+                   rebalance=(args.rebalance_joins, args.rebalance_window))
 
 
 def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -280,7 +280,7 @@ def test_bad_inputs_are_named_and_the_rest_is_analysed(spark: Any, generated: tu
     reasons = {p.path: p.reason for p in result.problems}
     assert reasons[str(tmp_path / "missing")] == "no such file or directory"
     assert "not a complete Parquet file" in reasons[str(cut)]
-    assert reasons[str(other)] == "capture schema version 99, this kproxy reads versions 1 to 3"
+    assert reasons[str(other)] == "capture schema version 99, this kproxy reads versions 1 to 4"
     assert "no capture files" in reasons[str(empty_dir)]
     assert result.records == len(generated[1])
 

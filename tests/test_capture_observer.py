@@ -23,8 +23,10 @@ from kproxy.proxy.session import Session
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
 TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
-# The items' fields schema version 3 added, when an exchange carries no offsets (tests/test_capture_offsets.py).
-NO_OFFSETS = {"group_id": None, "committed_offset": None, "high_watermark": None}
+# The items' fields schema versions 3 and 4 added, when an exchange carries no offsets nor write times
+# (tests/test_capture_offsets.py).
+NO_OFFSETS = {"group_id": None, "committed_offset": None, "high_watermark": None, "base_offset": None,
+              "last_offset": None, "max_timestamp": None}
 
 def _batch(n: int, base: int = 0) -> bytes:
     return encode_batch_v2([Record(offset=base + i, timestamp=1000 + i, key=b"key%d" % i, value=b"v" * (i + 1))
@@ -83,9 +85,11 @@ def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     assert (rec["acks"], rec["transactional_id"], rec["group_id"]) == (-1, "tx-9", None)
     assert (rec["client_host"], rec["client_port"], rec["node_id"], rec["listener"]) == ("10.0.0.9", 5555, 7,
                                                                                           "broker-7")
-    assert rec["partitions"] == [  # partition 0's log end offset after the append: base offset 40 + 3 records
+    # Partition 0's log end offset after the append: base offset 40 + 3 records; those three (40 to 42)
+    # written at their batch header's max timestamp (the records' times: 1000 to 1002).
+    assert rec["partitions"] == [
         {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0]),
-         **NO_OFFSETS, "high_watermark": 43},
+         **NO_OFFSETS, "high_watermark": 43, "base_offset": 40, "last_offset": 42, "max_timestamp": 1002},
         {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2]),
          **NO_OFFSETS}]
     assert (rec["record_count"], rec["record_bytes"]) == (8, len(batches[0]) + len(batches[2]))
@@ -145,7 +149,8 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
         response_frame(FETCH, 13, 2, responses=[{"topic_id": TOPIC_ID, "partitions": [
             {"partition_index": 1, "error_code": 0, "records": batch}]}]))
     assert rec["partitions"] == [{"topic": "orders", "partition": 1, "error_code": 0, "record_count": 4,
-                                  "record_bytes": len(batch), **NO_OFFSETS, "high_watermark": 0}]
+                                  "record_bytes": len(batch), **NO_OFFSETS, "high_watermark": 0,
+                                  "base_offset": 10, "last_offset": 13, "max_timestamp": 1003}]
     assert [(p["offset"], p["key"], p["value"], p["key_size"], p["value_size"]) for p in rec["payloads"]] == [
         (10, b"ke", b"v", 4, 1), (11, b"ke", b"vv", 4, 2), (12, b"ke", b"vv", 4, 3), (13, b"ke", b"vv", 4, 4)]
     unknown = Harness()  # a topic id never seen in Metadata stays an id

@@ -1,11 +1,13 @@
-"""The capture's committed offsets and watermarks (schema version 3), against the live tracker's.
+"""The capture's committed offsets and watermarks (schema version 3) and write times (version 4),
+against the live tracker's.
 
 One session's observer is the metrics' (with consumer lag) and the capture's together, as the
 server wires them: every version of OffsetCommit, OffsetFetch, Fetch, ListOffsets and Produce goes
 through it, and the last committed offset per (group, topic, partition) and the last watermark per
 (topic, partition) that the capture's records hold are what the tracker holds (a Produce answer's:
 the log end offset). Records of other exchanges carry none; an older capture (version 2, no such
-fields) still reads.
+fields) still reads. A Produce answer's items say when the offsets it gave were written, as the
+tracker's write-time points do.
 """
 
 from __future__ import annotations
@@ -124,6 +126,78 @@ def test_the_capture_records_the_offsets_the_live_tracker_reads() -> None:
     assert marks == {("orders", 0): end + 2, ("orders", 1): end + 3, ("orders", 2): 300 + last[LIST_OFFSETS] + 2}
 
 
+def test_a_produce_record_dates_the_offsets_its_answer_gave_as_the_tracker_does() -> None:
+    """Every Produce version: the items of the partitions the answer accepted carry the range it gave
+    (base offset 400 + 10 i, 2 + p records) and their batch header's max timestamp (the records' last
+    time, 1001 + p; none for a legacy message set, v0-2); the tracker's first write-time point of each
+    partition (it takes at most one a second) is the first dated item's."""
+    both = Both()
+    traffic(both)
+    dated: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    produces = [r for r in both.records if r["api_name"] == "Produce"]
+    assert len(produces) == len(versions(PRODUCE))
+    for i, (v, record) in enumerate(zip(versions(PRODUCE), produces, strict=True)):
+        items = {p["partition"]: (p["base_offset"], p["last_offset"], p["max_timestamp"])
+                 for p in record["partitions"]}
+        stamp = (lambda p: 1001 + p) if v >= 3 else (lambda p: None)
+        assert items == {p: (400 + 10 * i, 400 + 10 * i + 1 + p, stamp(p)) for p in (0, 1)} | {
+            2: (None, None, None)}, v  # 2: refused
+        for p in (0, 1):
+            if stamp(p) is not None:
+                dated.setdefault(("orders", p), []).append(items[p])
+    kept = {key[1]: tuple(points[:3]) for key, (points, _) in both.lag.written.items()}
+    assert kept == {p: dated[("orders", p)][0] for p in (0, 1)}
+
+
+def _fetched(n: int, base: int, first_time: int) -> bytes:
+    """``n`` records from offset ``base``, written at ``first_time`` ms and a millisecond apart."""
+    from kproxy.protocol.records import Record, encode_batch_v2
+
+    return encode_batch_v2([Record(offset=base + i, timestamp=first_time + i, key=None, value=b"v")
+                            for i in range(n)], base_offset=base)
+
+
+@pytest.mark.parametrize("version", [v for v in versions(FETCH) if v >= 4])
+def test_a_fetch_answer_dates_its_records_live_and_in_the_capture(version: int) -> None:
+    """Fetch answers are a second source of write times: each partition's records' first offset, last
+    offset and latest max timestamp, in the tracker's points and the record's items alike; an answer
+    in which a partition carried no records is read for neither (its ranges would not pair)."""
+    both = Both()
+    both.exchange(METADATA, 12, {}, {"topics": [{"name": "orders", "topic_id": TOPIC_ID}]})
+    rec = both.exchange(FETCH, version, {}, {"responses": topic(
+        high_watermark=lambda p: 40, error_code=0, records=lambda p: _fetched(3 + p, 10 * p, 7000 + 100 * p))})
+    items = {p["partition"]: (p["base_offset"], p["last_offset"], p["max_timestamp"]) for p in rec["partitions"]}
+    expected = {p: (10 * p, 10 * p + 2 + p, 7000 + 100 * p + 2 + p) for p in range(3)}
+    assert items == expected
+    kept = {key[1]: tuple(points) for key, (points, _) in both.lag.written.items()}
+    assert kept == expected
+
+    other = Both()
+    rec = other.exchange(FETCH, version, {}, {"responses": topic(
+        high_watermark=lambda p: 40, error_code=0, records=lambda p: _fetched(3, 10, 7000) if p else None)})
+    assert [p["max_timestamp"] for p in rec["partitions"]] == [None, None, None]
+    assert not other.lag.written
+
+
+def test_a_fetch_of_many_batches_dates_them_in_spans_live_and_in_the_capture() -> None:
+    """20 batches a partition (a consumer catching up): FETCH_SPANS spans, the batches split evenly among
+    them, each dated by its own batches' latest time, not the answer's; the capture's further spans
+    are items of their own, without records."""
+    from kproxy.protocol.offsets import FETCH_SPANS
+
+    both = Both()
+    rec = both.exchange(FETCH, 12, {}, {"responses": topic(high_watermark=40, error_code=0, records=lambda p: b"".join(
+        _fetched(1, i, 9000 + 100 * i) for i in range(20)))})
+    spans = [(k * 20 // FETCH_SPANS, (k + 1) * 20 // FETCH_SPANS - 1) for k in range(FETCH_SPANS)]
+    expected = [(first, last, 9000 + 100 * last) for first, last in spans]
+    for p in range(3):
+        items = [p_ for p_ in rec["partitions"] if p_["partition"] == p]
+        assert [(i["base_offset"], i["last_offset"], i["max_timestamp"]) for i in items] == expected
+        assert [i["record_count"] for i in items] == [20] + [0] * (FETCH_SPANS - 1)
+        points = both.lag.written[("orders", p)][0]
+        assert [tuple(points[i:i + 3]) for i in range(0, len(points), 3)] == expected
+
+
 @pytest.mark.parametrize("version", versions(OFFSET_FETCH))
 def test_an_offset_fetch_record_has_one_item_per_group_and_partition(version: int) -> None:
     both = Both()
@@ -174,9 +248,10 @@ def test_a_produce_whose_records_were_not_all_counted_gives_no_log_end_offset() 
     assert both.offline()[1] == both.lag.view(both.session.clock()).watermarks == {("orders", 0): 52}
 
 
-def test_version_3_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:
-    """A version 2 file (items without the three fields) and a version 3 file read together under
-    today's schema, as the analysis reads them: the older items' offsets are null."""
+def test_version_4_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:
+    """A version 2 file (items without the offsets), a version 3 file (items without the write times)
+    and a version 4 file read together under today's schema, as the analysis reads them: the older
+    items' missing fields are null."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -184,20 +259,26 @@ def test_version_3_is_written_and_older_captures_still_read(tmp_path: Path, spar
     from kproxy.capture.writer import CaptureWriter
     from tests.support.capture import record
 
-    assert SCHEMA_VERSION == 3 and READABLE_VERSIONS == (1, 2, 3)
-    for version in (1, 2, 3):
+    assert SCHEMA_VERSION == 4 and READABLE_VERSIONS == (1, 2, 3, 4)
+    for version in (1, 2, 3, 4):
         check_version({b"kproxy.capture.schema_version": str(version).encode()}, "f.parquet")
     writer = CaptureWriter(tmp_path / "new", max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
-    writer.offer(record(1, api_key=FETCH, api_name="Fetch", partitions=[
-        {"topic": "t", "partition": 0, "error_code": 0, "record_count": 1, "record_bytes": 10, "high_watermark": 9}]))
+    writer.offer(record(1, api_key=PRODUCE, api_name="Produce", partitions=[
+        {"topic": "t", "partition": 0, "error_code": 0, "record_count": 4, "record_bytes": 10, "high_watermark": 9,
+         "base_offset": 5, "last_offset": 8, "max_timestamp": 1234}]))
     writer.close()
-    item = pa.struct([("topic", pa.string()), ("partition", pa.int32()), ("error_code", pa.int16()),
-                      ("record_count", pa.int64()), ("record_bytes", pa.int64())])
+    fields = [("topic", pa.string()), ("partition", pa.int32()), ("error_code", pa.int16()),
+              ("record_count", pa.int64()), ("record_bytes", pa.int64())]
+    v3 = [("group_id", pa.string()), ("committed_offset", pa.int64()), ("high_watermark", pa.int64())]
     (tmp_path / "old").mkdir()
+    item = {"topic": "t", "partition": 0, "error_code": 0, "record_count": 1, "record_bytes": 10}
     pq.write_table(pa.table({"schema_version": pa.array([2], pa.int16()), "partitions": pa.array(
-        [[{"topic": "t", "partition": 0, "error_code": 0, "record_count": 1, "record_bytes": 10}]], pa.list_(item))}),
-        tmp_path / "old" / "capture-old.parquet")
+        [[item]], pa.list_(pa.struct(fields)))}), tmp_path / "old" / "capture-v2.parquet")
+    pq.write_table(pa.table({"schema_version": pa.array([3], pa.int16()), "partitions": pa.array(
+        [[{**item, "group_id": None, "committed_offset": None, "high_watermark": 7}]],
+        pa.list_(pa.struct(fields + v3)))}), tmp_path / "old" / "capture-v3.parquet")
     files = [str(p) for p in sorted(tmp_path.rglob("*.parquet"))]
     rows = spark.read.schema(spark_schema()).parquet(*files).select("schema_version", "partitions").collect()
-    seen = sorted((r["schema_version"], p["high_watermark"], p["group_id"]) for r in rows for p in r["partitions"])
-    assert seen == [(2, None, None), (3, 9, None)]
+    seen = sorted((r["schema_version"], p["high_watermark"], p["base_offset"], p["last_offset"], p["max_timestamp"])
+                  for r in rows for p in r["partitions"])
+    assert seen == [(2, None, None, None, None), (3, 7, None, None, None), (4, 9, 5, 8, 1234)]

@@ -75,7 +75,8 @@ def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
     rows = _rows(tmp_path)
     assert [r["correlation_id"] for r in rows] == list(range(10))
     assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION}
-    assert rows[3]["partitions"] == [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None}]
+    assert rows[3]["partitions"] == [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None,
+            "base_offset": None, "last_offset": None, "max_timestamp": None}]
     assert writer.written == 10 and writer.dropped == 0
     assert _hidden(tmp_path) == []
 
@@ -304,7 +305,8 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     writer.close()
     written = _rows(tmp_path)
     assert [r["correlation_id"] for r in written] == [0, 2]
-    read = [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None}]
+    read = [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None,
+            "base_offset": None, "last_offset": None, "max_timestamp": None}]
     assert [r["partitions"] for r in written] == [read, read]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
 

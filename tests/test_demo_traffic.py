@@ -19,6 +19,11 @@ kproxy_topic_records_total{topic="t",direction="produce"} 3.0
 kproxy_client_records_total{client_id="c",direction="fetch"} 7.0
 # TYPE kproxy_consumergroup_lag_sum gauge
 kproxy_consumergroup_lag_sum{group="g",topic="t"} 5.0
+# TYPE kproxy_consumergroup_lag_seconds gauge
+kproxy_consumergroup_lag_seconds{group="g",topic="t"} 2.5
+# TYPE kproxy_client_anomalies_total counter
+kproxy_client_anomalies_total{kind="stale_generation",client_id="c"} 2.0
+kproxy_client_anomalies_total{kind="producer_fenced",client_id="c"} 0.0
 # TYPE kproxy_requests_total counter
 kproxy_requests_total{api="produce",version="9",node_id="1"} 2.0
 """
@@ -28,7 +33,8 @@ def test_parse_pairs_records_with_bytes_and_ignores_other_families() -> None:
     view = parse(EXPOSITION)
     assert view.topics == {("t", "produce"): (3.0, 120.0)}
     assert view.clients == {("c", "fetch"): (7.0, 0.0)}  # a family without its twin counts 0, not missing
-    assert view.lag == {("g", "t"): 5.0}
+    assert view.lag == {("g", "t"): 5.0} and view.lag_seconds == {("g", "t"): 2.5}
+    assert view.anomalies == {("stale_generation", "c"): 2.0}  # (a kind at 0 is no anomaly)
     assert view.batches == {} and view.software == {}
 
 
@@ -55,3 +61,10 @@ def test_the_demo_prints_traffic_by_topic_client_producer_and_lag_as_the_clients
     produced, committed, expected = (int(lag.group(i)) for i in (1, 2, 3))
     assert committed == 250 // 2 and expected == produced - committed > 0
     assert (lag.group(4), lag.group(5)) == (str(expected), "same")
+    # Its lag in seconds: the oldest record it had not committed, dated by the producer's delivery report.
+    late = re.search(r"stopped's oldest record not committed was written (\S+) s before the scrape \(its CreateTime\); "
+                     r"kproxy: (\S+) s \(([\w .]+)\)", text)
+    assert late is not None, text
+    assert float(late.group(1)) > 0 and late.group(3) == "within 1.5 s", late.group(0)
+    # Clean traffic: no client anomaly.
+    assert "client anomalies (kproxy_client_anomalies_total; none on clean traffic):\n    none\n" in text, text

@@ -11,6 +11,8 @@ Produce frames whose v2 batches carry known max timestamps go through a real
 * a partition keeps at most WRITTEN_POINTS write times, at most one a second, thinned so that an old
   offset's age stays close; a log that restarts lower starts over; an answer that comes late is
   not taken; the table stays within its byte bound under ever new topics, evicting the oldest;
+* Fetch answers date offsets too (their batches' first and last offsets and max timestamp): a
+  partition written around kproxy and read through it has lag seconds; bounded alike;
 * catch-up seconds: lag over (consume rate - produce rate), rates over RATE_WINDOW at least;
   absent while the group does not gain; 0 when caught up.
 """
@@ -19,10 +21,12 @@ from __future__ import annotations
 
 import tracemalloc
 
+import pytest
+
 from kproxy.metrics.lag import RATE_WINDOW, WRITTEN_POINTS, ConsumerLag, written_at
 from kproxy.metrics.lag_exposition import lag_series
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set, v2_max_timestamp
-from tests.test_lag_metrics import PRODUCE, TOPIC_ID, Proxy
+from tests.test_lag_metrics import FETCH, PRODUCE, TOPIC_ID, Proxy
 
 EPOCH = 1_800_000_000_000  # ms: the write times' origin here
 
@@ -192,3 +196,34 @@ def test_the_catchup_time_is_the_lag_over_what_the_group_gains_a_second() -> Non
     # Caught up: 0.
     proxy.commit(8, "g", "orders", {0: offset})
     assert series() == ({("g", "orders"): 0.0}, {("g", "orders"): 0.0})
+
+
+def fetched(proxy: Proxy, topic: str, mark: int, base: int, n: int, written: int, version: int = 12) -> None:
+    """A Fetch answer for partition 0 of ``topic`` (watermark ``mark``) with ``n`` records from ``base`` in
+    one v2 batch whose records were written a millisecond apart, the last at ``written`` (ms)."""
+    records = [Record(offset=base + i, timestamp=written - (n - 1 - i), key=None, value=b"v") for i in range(n)]
+    proxy.exchange(FETCH, version, {}, {"responses": [{"topic": topic, "topic_id": TOPIC_ID, "partitions": [
+        {"partition_index": 0, "high_watermark": mark, "records": encode_batch_v2(records, base_offset=base)}]}]})
+
+
+def test_fetch_answers_date_the_offsets_of_a_partition_written_around_kproxy() -> None:
+    """No Produce through kproxy: the Fetch answers of a consumer reading through it date the offsets
+    (their batches' first and last offsets, their max timestamp), so a stopped group gets lag seconds."""
+    proxy = Proxy()
+    for second in range(10):  # another group reads 10 records a second as they are written
+        fetched(proxy, "orders", 10 * second + 10, 10 * second, 10, EPOCH + 1000 * second + 900)
+        proxy.clock.now += 1.0
+    proxy.commit(8, "billing", "orders", {0: 35})
+    assert proxy.lag is not None
+    view = proxy.lag.view(proxy.clock.now, wall(proxy))
+    assert view.lag == {("billing", "orders", 0): 100 - 35}
+    # Offset 35 is in the batch of offsets 30 to 39, whose latest record was written at EPOCH + 3.9 s.
+    assert view.lag_seconds[("billing", "orders", 0)] == pytest.approx(10 - 3.9)
+
+
+def test_fetch_write_times_stay_within_the_key_bound_under_ever_new_topics() -> None:
+    proxy = Proxy(max_keys=50)
+    for i in range(400):
+        fetched(proxy, f"topic-{i}", 10, 0, 10, EPOCH + i)
+    assert proxy.lag is not None
+    assert len(proxy.lag.written) == 50 and proxy.lag.evicted["write_time"] == 350

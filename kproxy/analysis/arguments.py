@@ -8,6 +8,9 @@ import argparse
 
 # Records up to which the job's latency percentiles are exact (kproxy.analysis.job says why not above).
 EXACT_PERCENTILES_MAX = 1_000_000
+# The rebalance storm's thresholds by default: the live detector's (metrics.client_anomalies_rebalance_joins
+# and _window in kproxy.config.model; tests/test_analysis_anomalies.py checks they agree).
+REBALANCE_JOINS, REBALANCE_WINDOW = 50, 300.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the time series' bin width: 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, "
                              "... seconds (default: chosen from the capture's span, at most 200 points: seconds "
                              "for a short capture, minutes for hours)")
+    parser.add_argument("--rebalance-joins", type=int, default=REBALANCE_JOINS, metavar="N",
+                        help="client anomalies: a group's JoinGroups within --rebalance-window that count as a "
+                             "rebalance storm, as the run's metrics.client_anomalies_rebalance_joins (default "
+                             "%(default)s)")
+    parser.add_argument("--rebalance-window", type=float, default=REBALANCE_WINDOW, metavar="SECONDS",
+                        help="client anomalies: the rebalance storm's window, as the run's "
+                             "metrics.client_anomalies_rebalance_window (default %(default)g)")
     parser.add_argument("--verbose", action="store_true",
                         help="let Spark write its progress bars and warnings to stderr (quiet by default: "
                              "stderr then holds kproxy analyze's own lines)")

@@ -40,7 +40,11 @@ its end) and ``interval_s`` the width in seconds.
   and topic, the group's lag at the bin's end summed over its partitions, as
   ``kproxy_consumergroup_lag_sum`` computes it: each partition's latest high
   watermark known less the group's latest committed offset there, never below
-  0, partitions without both left out (:mod:`kproxy.analysis.lag`).
+  0, partitions without both left out (:mod:`kproxy.analysis.lag`); and its
+  lag in seconds, as ``kproxy_consumergroup_lag_seconds``: the most over its
+  partitions of how long before the bin's end the first offset it has not
+  committed was written, from the write times Produce answers gave (null where
+  none is known: a capture older than schema version 4).
 * ``throughput``: Produce and Fetch records and bytes per topic per time bin.
 * ``hot_partitions``: topic-partitions by records and bytes moved.
 * ``connection_churn``: per time bin, connections first and last seen.
@@ -80,7 +84,7 @@ from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
 from kproxy.analysis.anomalies import client_anomalies
-from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, REBALANCE_WINDOW
 from kproxy.analysis.histogram import RELATIVE_ERROR
 from kproxy.analysis.inputs import InputProblem as InputProblem  # re-exported: where callers found them
 from kproxy.analysis.inputs import Inputs as Inputs
@@ -106,7 +110,7 @@ FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's inp
 _ANALYSED = ("api_key", "api_name", "api_version", "request_time", "response_time", "connection_id", "correlation_id",
              "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
-             "record_count", "record_bytes", "partitions", "rule_decisions", "cluster")
+             "record_count", "record_bytes", "partitions", "rule_decisions", "group_id", "cluster")
 
 
 @dataclass
@@ -160,10 +164,13 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
 
 # -- aggregates ------------------------------------------------------------------------------
 def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
-               progress: Callable[[str], None] = lambda _: None) -> tuple[dict[str, pa.Table], tuple[int, Any, Any]]:
+               progress: Callable[[str], None] = lambda _: None,
+               rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)
+               ) -> tuple[dict[str, pa.Table], tuple[int, Any, Any]]:
     """Every table of the report (Arrow, on the driver) and the records' span (records, first and
     last ``request_time`` as Arrow scalars); ``exact``: exact percentiles, else approximate;
-    ``interval``: the time bins' width, seconds. One Spark job per pass (:mod:`kproxy.analysis.tables`),
+    ``interval``: the time bins' width, seconds; ``rebalance``: the rebalance storm's joins and window
+    (:mod:`kproxy.analysis.anomalies`). One Spark job per pass (:mod:`kproxy.analysis.tables`),
     one more for ``faults`` when a rule acted."""
     fine = collect(passes(df, exact=exact, interval=interval), progress)
     found = tables(fine)
@@ -171,14 +178,15 @@ def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
     if acted:
         progress(f"aggregating faults ({len(acted)} connections a rule acted on)")
     found["faults"] = faults(df, acted, exact)
-    found["client_anomalies"] = client_anomalies(df)
+    found["client_anomalies"] = client_anomalies(df, *rebalance)
     return found, fine.span()
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None,
                  exact_percentiles_max: int = EXACT_PERCENTILES_MAX, inputs: Inputs | None = None,
-                 interval: int | None = None) -> Analysis:
+                 interval: int | None = None,
+                 rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
 
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
@@ -186,6 +194,7 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     ``inputs``: ``find_inputs(paths)`` when the caller checked them already (before Spark started).
     ``interval``: the time bins' width in seconds (one of :data:`kproxy.analysis.interval.WIDTHS` or
     whole days, else ValueError); None: chosen from the records' span (:func:`time_span`).
+    ``rebalance``: a rebalance storm's JoinGroups and window, seconds (the live detector's config).
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
@@ -205,7 +214,8 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  f"{RELATIVE_ERROR:.1%})")
     interval = auto_interval(time_span(df, inputs)) if interval is None else check_interval(interval)
     progress(f"time series per {label(interval)}")
-    found, (records, first, last) = aggregates(df, exact=exact, interval=interval, progress=progress)
+    found, (records, first, last) = aggregates(df, exact=exact, interval=interval, progress=progress,
+                                               rebalance=rebalance)
     if records == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records Spark could read")])
     if records < inputs.records:  # the checks passed what Spark then could not read (remote: unchecked)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, REBALANCE_WINDOW, add_arguments
 from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.job import NoInput, find_inputs, run_analysis
 from kproxy.analysis.report import live_summary, summary, write_html
@@ -26,7 +26,7 @@ FOLLOW_POLL_SECONDS = 1  # --follow: how soon after Ctrl-C the query is stopped 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
             seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False,
-            interval: int | None = None) -> int:
+            interval: int | None = None, rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be
     or Java is missing. Every input is checked, and Java found, before Spark starts.
 
@@ -35,6 +35,8 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
     ``interval``: the time series' bin width in seconds (:mod:`kproxy.analysis.interval`); None: chosen
     from the capture's span.
+    ``rebalance``: a rebalance storm's JoinGroups (2 or more) and window (seconds, above 0), as the
+    captured run's client anomalies config.
     ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines, and
     Spark's errors). A driver JVM that exits before it serves is exit 2, its own lines on stderr.
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
@@ -54,6 +56,10 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         except ValueError as exc:
             stderr.write(f"kproxy analyze: --interval: {exc}\n")
             return EXIT_USAGE
+    if rebalance[0] < 2 or not rebalance[1] > 0:
+        stderr.write(f"kproxy analyze: --rebalance-joins {rebalance[0]} / --rebalance-window {rebalance[1]:g}: "
+                     "expected 2 joins or more within more than 0 seconds\n")
+        return EXIT_USAGE
     what_if = None
     if rules is not None:
         if follow:
@@ -97,7 +103,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         return EXIT_USAGE
     try:
         analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles,
-                                inputs=inputs, interval=interval)
+                                inputs=inputs, interval=interval, rebalance=rebalance)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -163,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
-                   exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval)
+                   exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval,
+                   rebalance=(args.rebalance_joins, args.rebalance_window))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ _TITLES = {
     "bytes_by_api": "Bytes per API (requests in, responses out)",
     "consumer_lag": "Consumer lag per group over time (per {per}: records behind at its end, summed over the "
                     "group's topics)",
+    "consumer_lag_seconds": "Consumer lag in seconds per group over time (per {per}: how long before its end the "
+                            "oldest record not committed was written, the most over the group's topics)",
 }
 
 
@@ -77,6 +79,9 @@ def figures(tables: dict[str, list[dict[str, Any]]], error_class: Callable[[int]
         out["bytes_by_api"] = _bytes_by_api(tables["latency_by_api"])
     if tables.get("consumer_lag") and window is not None:
         out["consumer_lag"] = _consumer_lag(tables["consumer_lag"], window)
+        # (drawn when a write time is known: a group behind with a lag in seconds)
+        if any(r["lag"] and r.get("lag_seconds") is not None for r in tables["consumer_lag"]):
+            out["consumer_lag_seconds"] = _consumer_lag_seconds(tables["consumer_lag"], window)
     return out
 
 
@@ -263,6 +268,30 @@ def _consumer_lag(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
     ax.set_ylim(0, max(ax.get_ylim()[1], 1))
     ax.yaxis.set_major_locator(_integer_locator())
     ax.yaxis.set_major_formatter(_count_formatter())
+    _time_axis(ax, window)
+    _legend_below(ax, "group (furthest behind first)", left, "groups")
+    return fig
+
+
+def _consumer_lag_seconds(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
+    """A line per group, its lag in seconds (the most over its topics), each value at its row's time
+    (the end of its bin); rows without one (no write time known) left out; the groups furthest
+    behind, the rest counted."""
+    plt = _pyplot()
+    per_group: dict[str, dict[Any, float]] = defaultdict(dict)
+    for r in rows:
+        late = r.get("lag_seconds")
+        if late is not None:
+            at = per_group[r["group_id"]]
+            at[r["time"]] = max(at.get(r["time"], 0.0), late)
+    groups, left = _busiest({g: max(lags.values()) for g, lags in per_group.items()})
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    for i, group in enumerate(groups):
+        points = sorted(per_group[group].items())
+        ax.plot([m for m, _ in points], [s for _, s in points], color=f"C{i}", label=group, clip_on=False,
+                **_dots(len(points)))
+    ax.set_ylabel(f"seconds behind (end of each {label(window.interval)} bin)")
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.0))
     _time_axis(ax, window)
     _legend_below(ax, "group (furthest behind first)", left, "groups")
     return fig

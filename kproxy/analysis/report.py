@@ -28,7 +28,8 @@ _TABLES = (
     ("top_clients", "Top clients by bytes (frames: requests from the client, responses to it; record batches "
                     "produced and fetched, as kproxy_client_bytes_total counts them)"),
     ("by_cluster", "Traffic by cluster (the config's clusters:; empty for records written before the column)"),
-    ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum; "
+    ("consumer_lag", "Consumer lag at the capture's end, per group and topic (as kproxy_consumergroup_lag_sum, "
+                     "and in seconds as kproxy_consumergroup_lag_seconds, '-' where no write time was captured; "
                      "as it stood at its time: the end of the last interval an offset was answered in)"),
     ("top_topics", "Top topics"),
     ("hot_partitions", "Hot partitions (Produce + Fetch)"),
@@ -86,9 +87,14 @@ def summary(analysis: Analysis, out: TextIO) -> None:
               f"{r['produced_bytes']:>12} / {r['fetched_bytes']:<12} {r['requests']:>8}\n")
     lag = lag_at_end(analysis.tables["consumer_lag"])
     if lag:
-        w("\ngroup / topic                                                 lag  partitions  at (UTC)\n")
+        w("\ngroup / topic                                                 lag  partitions      lag s  at (UTC)\n")
         for r in lag[:10]:
-            w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11}  {r['time']}\n")
+            late = "-" if r["lag_seconds"] is None else f"{r['lag_seconds']:.1f}"
+            w(f"{r['group_id'] + ' / ' + r['topic']:<56} {r['lag']:>11} {r['partitions']:>11} {late:>10}  "
+              f"{r['time']}\n")
+        if any(r["lag"] for r in lag) and all(r["lag_seconds"] is None for r in lag if r["lag"]):
+            w("lag in seconds: no write times in the capture (files older than schema version 4, or no Produce "
+              "answered through kproxy)\n")
     topics = analysis.tables["top_topics"]
     if topics:
         w("\ntopic                                requests    produced records / bytes     fetched records / bytes"
@@ -108,7 +114,7 @@ def lag_at_end(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         last[(r["group_id"], r["topic"])] = r
     ranked = sorted(last.values(), key=lambda r: (-r["lag"], r["group_id"], r["topic"]))
     return [{"group_id": r["group_id"], "topic": r["topic"], "lag": r["lag"], "partitions": r["partitions"],
-             "time": r["time"]} for r in ranked]
+             "lag_seconds": r.get("lag_seconds"), "time": r["time"]} for r in ranked]
 
 
 def live_summary(rows: Sequence[dict[str, Any]], out: TextIO) -> None:

@@ -27,7 +27,8 @@ chosen from the capture's span), a bin ``time`` its start; ``interval`` below.
   answered, api, group, topic, partition) in one grouping-sets aggregation: records, record bytes,
   entries with an error, requests naming the topic (an entry counts the request when it is the
   first entry of its request naming that topic), and the last committed offset or high watermark
-  answered in the bin with when it was; ``throughput`` and ``top_topics`` roll up the first,
+  answered in the bin with when it was, and the offsets the bin's answers dated with their write
+  times (schema version 4); ``throughput`` and ``top_topics`` roll up the first,
   ``hot_partitions`` and ``consumer_lag`` (:mod:`kproxy.analysis.lag`) the second.
 
 ``faults`` reads only the connections a rule acted on, and only when ``connections`` counted a
@@ -180,7 +181,10 @@ def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
                        .alias("naming"), F.col("p.group_id").alias("group_id"),
                        # An item without a group carries a watermark, one with a group its committed offset.
                        F.when(F.col("p.group_id").isNull(), F.col("p.high_watermark"))
-                       .otherwise(F.col("p.committed_offset")).alias("offset")))
+                       .otherwise(F.col("p.committed_offset")).alias("offset"),
+                       # When a range of offsets was written (version 4+: null in older files).
+                       F.col("p.base_offset").alias("first"), F.col("p.last_offset").alias("last"),
+                       F.col("p.max_timestamp").alias("stamp")))
     # Two sets, so that every entry goes through the aggregation twice, not three times (a set per
     # table cost the job 0.6 GiB of heap at 10 million records): per (time, api, topic) for the
     # topics' tables, and per (time answered, api, group, partition) both for the partitions' sums
@@ -194,7 +198,9 @@ def passes(df: DataFrame, *, exact: bool, interval: int = 60) -> Passes:
         F.sum("records").alias("records"), F.sum("record_bytes").alias("record_bytes"),
         F.sum("errors").alias("errors"), F.sum("naming").alias("naming"),
         F.max_by("offset", offset_at).alias("offset"), F.max(offset_at).alias("offset_at"),
-        F.grouping_id().alias("level")
+        # The bin's write-time point: the offsets the answers dated and their earliest and latest times.
+        F.min("first").alias("first"), F.max("last").alias("last"), F.min("stamp").alias("stamp_low"),
+        F.max("stamp").alias("stamp_high"), F.grouping_id().alias("level")
     ).withColumn("api_name", snake_api_name())
     return Passes(latency, errors, connections, partitions, exact, interval)
 
@@ -289,7 +295,7 @@ def tables(fine: Fine) -> dict[str, pa.Table]:
                                       ("bytes", moving.column("record_bytes"))),
                               [("time", "ascending"), ("api_name", "ascending"), ("topic", "ascending")])
 
-    out["consumer_lag"] = consumer_lag(_last_offsets(per_answer), interval)
+    out["consumer_lag"] = consumer_lag(_last_offsets(per_answer), interval, _write_points(per_answer))
 
     hot = _where(per_partition, pc.and_(pc.is_in(per_partition.column("api_name"), pa.array(_MOVING)),
                                         pc.is_valid(per_partition.column("partition"))))
@@ -374,6 +380,18 @@ def _last_offsets(per_answer: pa.Table) -> pa.Table:
     last = told.group_by(["answered", "group_id", "topic", "partition"], use_threads=False).aggregate(
         [("offset", "last")])
     return _select(last, "answered", "group_id", "topic", "partition", ("offset", last.column("offset_last")))
+
+
+def _write_points(per_answer: pa.Table) -> pa.Table:
+    """Per (time bin answered, topic, partition): the offsets whose write time the bin's answers gave
+    (the lowest first, the highest last) and the earliest and latest of those times, whichever api's
+    answers they were."""
+    dated = _where(per_answer, pc.is_valid(per_answer.column("stamp_high")))
+    points = dated.group_by(["answered", "topic", "partition"], use_threads=False).aggregate(
+        [("first", "min"), ("last", "max"), ("stamp_low", "min"), ("stamp_high", "max")])
+    return _select(points, "answered", "topic", "partition", ("first", points.column("first_min")),
+                   ("last", points.column("last_max")), ("stamp_low", points.column("stamp_low_min")),
+                   ("stamp_high", points.column("stamp_high_max")))
 
 
 def _bin(times: Any, interval: int) -> Any:

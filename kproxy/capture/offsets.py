@@ -1,5 +1,5 @@
 """A capture record's partition items: the request's and the response's entries merged, with the
-offsets consumer lag is made of (schema version 3).
+offsets consumer lag is made of (schema version 3) and when offsets were written (version 4).
 
 :func:`merge_partitions` merges the two sides' entries per (topic, partition);
 :func:`with_offsets` then gives the items of the exchanges that carry offsets their
@@ -7,9 +7,15 @@ offsets consumer lag is made of (schema version 3).
 metrics read them (:mod:`kproxy.protocol.offsets`): an OffsetCommit's accepted offsets, an
 OffsetFetch answer's, a Fetch answer's watermarks, a ListOffsets answer's latest offsets, a Produce
 answer's log end offsets (its base offsets plus the records the request carried, as the record's
-items count them). So a capture's analysis sees the same committed offsets and watermarks as the
-live series. (The live tracker also keeps a Produce answer's end only when it is past the one it
-holds, and reads no Produce a rule replaced: offline, the latest record says; the records'
+items count them); a Produce answer's items also date their records, as the live tracker's
+write-time points do (:attr:`kproxy.metrics.lag.ConsumerLag.written`): ``base_offset`` and
+``last_offset``, the offsets the answer gave the request's records there, and ``max_timestamp``,
+the latest max timestamp of their v2 batch headers (none for a legacy message set); so do a Fetch
+answer's items, from its records' v2 batch headers (the first base offset, the last batch's last
+offset, their latest max timestamp). So a
+capture's analysis sees the same committed offsets, watermarks and write times as the live
+series. (The live tracker also keeps a Produce answer's end only when it is past the one it holds,
+and reads no Produce a rule replaced: offline, the latest record says; the records'
 ``rule_decisions`` say where a rule acted.)
 """
 
@@ -26,7 +32,7 @@ from kproxy.protocol.offsets import (
     latest_offsets,
     offset_commits,
     offset_fetches,
-    produce_end_offsets,
+    produce_appends,
 )
 
 # The kinds whose scans the capture makes in values mode (Metadata's topic ids it reads in full already).
@@ -34,7 +40,8 @@ VALUE_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, PRODUC
 # One side's entry: topic (a name, or an id until named), partition, error code, records, bytes.
 Entry = tuple[Any, int | None, int | None, int, int]
 Name = Callable[[object], str | None]
-_NO_OFFSETS = (None, None, None)  # group_id, committed_offset, high_watermark
+# group_id, committed_offset, high_watermark; base_offset, last_offset, max_timestamp
+_NO_OFFSETS = (None, None, None, None, None, None)
 
 
 def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: Name
@@ -85,13 +92,30 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
     and the answer's values (None: not read) and the answer's non-zero codes (the top-level one as
     ``(None, None, code)``; None: the answer was not read); ``produced``: a Produce request's records
     per partition (None: not all counted). A committed offset or watermark of a partition no item
-    names gets an item of its own (an OffsetFetch v8+ answer: one per group)."""
+    names gets an item of its own (an OffsetFetch v8+ answer: one per group). A Produce answer's items
+    get their write time too: the range the answer gave and ``produced``'s max timestamp (-1: none
+    known, left null)."""
     facts: list[tuple[str | None, object, int, int | None, int | None]]  # group, topic, partition, offsets
+    written: list[tuple[Any, Any, Any]] = []  # per fact: first, last offset and time written (None: unknown)
+    extra: list[tuple[Any, ...]] = []  # a Fetch answer's further spans: (topic, partition, first, last, time)
     if api_key == PRODUCE:
-        facts = [(None, topic, partition, None, offset)
-                 for topic, partition, offset in produce_end_offsets(produced or [], answer)]
+        appends = produce_appends(produced or [], answer)
+        facts = [(None, topic, partition, None, base + n) for topic, partition, base, n, _ in appends]
+        written = [(base, base + n - 1, stamp if stamp >= 0 else None) for _, _, base, n, stamp in appends]
     elif api_key == FETCH:
-        facts = [(None, topic, partition, None, offset) for topic, partition, offset in fetch_watermarks(answer)]
+        # (the answer's values: its partitions' watermarks, four fields each, and the capture's own
+        # write times of their records, five: kproxy.capture.records._fetched_written)
+        facts = [(None, topic, partition, None, offset)
+                 for topic, partition, offset in fetch_watermarks([v for v in answer or () if len(v) == 4])]
+        dated: dict[tuple[object, object], list[tuple[Any, Any, Any]]] = {}
+        for v in answer or ():
+            if len(v) == 5:
+                dated.setdefault((v[0], v[1]), []).append((v[2], v[3], v[4]))
+        # A partition's first span goes in its item, any other in an item of its own (no records there).
+        for _, topic, partition, _, _ in facts:
+            spans = dated.get((topic, partition)) or [(None, None, None)]
+            written.append(spans[0])
+            extra.extend((topic, partition, *span) for span in spans[1:])
     elif api_key == LIST_OFFSETS:
         facts = [(None, topic, partition, None, offset) for topic, partition, offset in latest_offsets(request, answer)]
     elif api_key == OFFSET_COMMIT:
@@ -106,15 +130,20 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
         return partitions
     out = [list(p) for p in partitions]
     where = {(p[0], p[1]): i for i, p in enumerate(out)}
-    for group, topic, partition, committed, watermark in facts:
+    for n, (group, topic, partition, committed, watermark) in enumerate(facts):
         key = (topic if type(topic) is str else name(topic), partition)
         i = where.get(key)
         if i is None or (group is not None and out[i][5] not in (None, group)):  # (another group's item)
-            out.append([key[0], partition, None, 0, 0, None, None, None])
+            out.append([key[0], partition, None, 0, 0, *_NO_OFFSETS])
             i = where[key] = len(out) - 1
         item = out[i]
         if group is not None:
             item[5], item[6] = group, committed
         else:
             item[7] = watermark
+        if written:
+            item[8], item[9], item[10] = written[n]
+    for topic, partition, first, last, stamp in extra:
+        out.append([topic if type(topic) is str else name(topic), partition, None, 0, 0, None, None, None,
+                    first, last, stamp])
     return tuple(map(tuple, out))

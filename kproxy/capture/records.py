@@ -65,8 +65,16 @@ from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.messages import decode_body
+from kproxy.protocol.offsets import FETCH_SPANS, batches_written
 from kproxy.protocol.produce_scan import produce_answer
-from kproxy.protocol.records import RecordBudget, count_records, decode_records, iter_batches, one_batch_count
+from kproxy.protocol.records import (
+    RecordBudget,
+    count_records,
+    decode_records,
+    iter_batches,
+    one_batch_count,
+    v2_max_timestamp,
+)
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
 from kproxy.protocol.scan_types import ScanEntries
@@ -316,7 +324,9 @@ class RecordBuilder:
                 errors.append((None, None, top_code))
             produced = None
             if api_key == PRODUCE and not req.get("records_over_budget"):
-                produced = [(topic, partition, n, -1) for topic, partition, _, n, _ in entries if partition is not None]
+                stamps = req.get("written") or {}
+                produced = [(topic, partition, n, stamps.get((topic, partition), -1))
+                            for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
@@ -396,6 +406,8 @@ class RecordBuilder:
         if body is None:
             return None
         req: dict[str, Any] = {}
+        if ranges:
+            req["written"] = {(topic, partition): v2_max_timestamp(frame, ranges[0][0], ranges[0][1])}
         req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
@@ -460,8 +472,10 @@ class RecordBuilder:
             (entries, _, offsets), found = _scan(fn, frame, body, budget, keep_all=True, values=kind.values)
             if offsets is not None:
                 out["offsets"] = offsets
-            if kind.payloads and api_key == PRODUCE:
-                payloads = self._payloads(found, frame, budget)
+            if api_key == PRODUCE:
+                out["written"] = _written(found, frame)
+                if kind.payloads:
+                    payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
             out["transactional_id"], out["acks"] = produce_head(frame, api_version, body)
         elif api_key in _ID_APIS:
@@ -495,6 +509,8 @@ class RecordBuilder:
                 topic, index, code, _ = usual
                 return (((topic, index, code, 0, 0),), None, [usual] if kind.values else None), None
         scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values)
+        if api_key == FETCH and scan[2] is not None:
+            scan[2].extend(_fetched_written(found, response))
         if kind.payloads and api_key == FETCH:
             return scan, self._payloads(found, response, budget)
         return scan, None
@@ -561,6 +577,46 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
             entries.append((topic, partition, code, n, size))
         n = size = 0
     return (tuple(entries), top, found.values if values else None), found  # type: ignore[attr-defined]
+
+
+def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
+    """A Produce request's scan (see :func:`_scan`) read for when its records were written: per
+    (topic, partition) the latest max timestamp of the v2 batch headers of its records (ms since the
+    epoch; -1: none, a legacy message set), read in place."""
+    out: dict[tuple[Any, Any], int] = {}
+    latest = -1
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            stamp = v2_max_timestamp(frame, x[0], x[1])
+            if stamp > latest:
+                latest = stamp
+        else:
+            if x[1] is not None:
+                out[(x[0], x[1])] = latest
+            latest = -1
+    return out
+
+
+def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
+    """A Fetch answer's scan (see :func:`_scan`) read for when its records were written, as the live
+    tracker reads it (:meth:`kproxy.metrics.lag.ConsumerLag.fetch_answer`: only when every partition
+    of the answer carried records, in at most :data:`~kproxy.protocol.offsets.FETCH_SPANS` spans a
+    partition): ``(topic, partition, first offset, last offset, max timestamp)`` per span
+    (:func:`~kproxy.protocol.offsets.batches_written`). Five fields: the answer's values' partition
+    items have four (:func:`kproxy.capture.offsets.with_offsets` tells them apart)."""
+    out: list[tuple[Any, ...]] = []
+    ranges = sum(1 for x in found if type(x[0]) is int)
+    if ranges != sum(1 for x in found if type(x[0]) is not int and x[1] is not None):
+        return out
+    spans: list[tuple[int, int, int]] = []
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            spans = batches_written(frame, x[0], x[1], FETCH_SPANS)
+        else:
+            if x[1] is not None:
+                out.extend((x[0], x[1], *span) for span in spans if span[2] >= 0)
+            spans = []
+    return out
 
 
 def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]]:

@@ -27,6 +27,13 @@ as version 3 with the three null in every item, which is what they mean there: n
 the kind was recorded. Readers name the fields they read (a reader of version 2 refuses
 version 3 files, whose items it would not know).
 
+Version 4 added ``base_offset``, ``last_offset`` and ``max_timestamp`` to the items of
+``partitions``: when a range of the partition's offsets was written (lag in seconds: a Produce
+answer's base offset for the records its request carried there, with their v2 batch headers' max
+timestamp; a Fetch answer's records' batch headers). Older files read as version 4 with the three
+null in every item: they recorded no write time, so their analysis has lag in offsets and no lag in
+seconds (and says so).
+
 The columns a fault-injection rule can match on (api, version, client id,
 client address, node id, topics and partitions, group id, transactional id,
 acks) are all here, so a what-if run can evaluate rules against a capture.
@@ -38,9 +45,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Versions whose files read correctly under COLUMNS (see the module docstring): the writer's and older.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)
 VERSION_METADATA_KEY = "kproxy.capture.schema_version"
 
 # Scalar types, named as Arrow and Spark both understand them (each side maps them once).
@@ -84,6 +91,14 @@ PARTITION_ITEMS: tuple[Column, ...] = (
                                   "ListOffsets answer's latest offset at read_uncommitted; or its log end offset "
                                   "after a Produce the answer accepted: base offset + the request's records there "
                                   "(version 3+)"),
+    _c("base_offset", "int64", "the first offset of a range of the partition's records whose write time "
+                               "max_timestamp gives: a Produce answer's base offset for the records its request "
+                               "carried here, whose answer accepted them; a Fetch answer's first batch's base "
+                               "offset here (version 4+)"),
+    _c("last_offset", "int64", "the last offset of that range (version 4+)"),
+    _c("max_timestamp", "int64", "when the range was written, ms since the epoch: the latest max timestamp of "
+                                 "its v2 batch headers (CreateTime: the producer's; a Fetch answer's batches of a "
+                                 "LogAppendTime topic: the broker's; version 4+)"),
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (
@@ -185,7 +200,7 @@ def check_version(metadata: Mapping[bytes, bytes] | None, where: str) -> None:
 
 
 def version_support() -> str:
-    """``this kproxy reads versions 1 to 3``: what a refusal of another version says."""
+    """``this kproxy reads versions 1 to 4``: what a refusal of another version says."""
     low, high = min(READABLE_VERSIONS), max(READABLE_VERSIONS)
     return f"this kproxy reads version {high}" if low == high else f"this kproxy reads versions {low} to {high}"
 

@@ -12,7 +12,10 @@ record touched.
 
 Lag in time. A Produce answer also dates the offsets it gave: the request's v2 batch headers carry
 their max timestamp (milliseconds since the epoch: the producers' CreateTime, or whatever time they
-set), read in place with the record counts (:func:`~kproxy.protocol.offsets.produce_record_counts`).
+set), read in place with the record counts (:func:`~kproxy.protocol.offsets.produce_record_counts`);
+and a Fetch answer's batch headers carry the same for the offsets they hold (their base offsets,
+last offset deltas and max timestamps: :meth:`ConsumerLag.fetch_answer`), so a partition whose
+producers write around kproxy and whose consumers read through it is dated too.
 :attr:`ConsumerLag.written` keeps, per partition, at most :data:`WRITTEN_POINTS` such points
 ``(first offset, last offset, timestamp)``, at most one a second; a full table drops one between two
 others (:func:`_thin`: the recent past stays dense). :meth:`ConsumerLag.view` gives a group's lag
@@ -69,10 +72,12 @@ from typing import TypeVar
 
 from kproxy.protocol.api_keys import FETCH, JOIN_GROUP, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.offsets import (
+    FETCH_SPANS,
     GROUP_REQUESTS,
     Commit,
     Produced,
     Watermark,
+    batches_written,
     fetch_watermarks,
     latest_offsets,
     metadata_topic_ids,
@@ -201,6 +206,38 @@ class ConsumerLag:
             self._last_metadata = response
             for topic_id, name in metadata_topic_ids(values_of(response)):
                 self.names.learn(topic_id, name)
+
+    def fetch_answer(self, frame: bytes | bytearray, response: RequestScan | None, now: float) -> None:
+        """A Fetch answer (``frame``; ``response``: its scan in values mode) reached its client: when
+        the offsets of its records were written, a second source of write times beside Produce answers
+        (a partition written around kproxy and read through it): up to
+        :data:`~kproxy.protocol.offsets.FETCH_SPANS` points a partition, its batches split among
+        them. Its records ranges pair with its
+        partitions' entries one to one only when every partition carried records (a range per
+        partition, in the body's order): other answers are not read for it. A partition whose last
+        point was taken within a second is left before its headers are read
+        (:func:`~kproxy.protocol.offsets.batches_written`)."""
+        if response is None:
+            return
+        ranges = response[1]
+        if not ranges:
+            return
+        entries = response[0]
+        values = entries.values if type(entries) is ScanEntries else None
+        if values is None or len(values) != len(ranges):
+            return
+        points = self.written
+        for item, span in zip(values, ranges, strict=True):
+            topic, partition = item[0], item[1]
+            if len(item) != 4 or item[2] or type(partition) is not int or not isinstance(topic, str | uuid.UUID):
+                continue
+            key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
+            kept = points.get(key)
+            if kept is not None and now - kept[1] < REFRESH_SECONDS:
+                continue
+            for first, last, stamp in batches_written(frame, span[0], span[1], FETCH_SPANS):
+                if stamp >= 0:
+                    self._write(key, first, last, stamp, now)
 
     def produce_answer(self, produced: list[Produced], response: RequestScan | None, now: float) -> None:
         """A Produce answer reached its client: the log end offsets it gives (its scan in values mode,

@@ -228,6 +228,8 @@ class BrokerObserver:
                 self.lag.answer(api_key, exchange.api_version,
                                 exchange.request_scan if api_key in self.lag_requests else None, found,
                                 exchange.completed_at)
+                if api_key == FETCH and found is not None and found[1]:  # (its records: when they were written)
+                    self.lag.fetch_answer(response, found, exchange.completed_at)
         elif api_key in self.group_requests and memo is not None and memo.group_id is not None and self.lag is not None:
             if not exchange.local:  # (an answer a rule made says nothing of the coordinator)
                 self.lag.group_answer(api_key, memo.group_id, found, exchange.completed_at)

@@ -92,10 +92,12 @@ def drive_traffic(bootstrap: str, messages: int = MESSAGES, snapshot: Callable[[
     advertised = {b.id: (str(b.host), int(b.port)) for b in metadata.brokers.values()}
     produced = 0
     per_partition = [0, 0, 0]  # records acknowledged per partition: what a group's lag is measured against
+    created: dict[tuple[int, int], int] = {}  # (partition, offset) -> CreateTime (ms), from the delivery reports
 
     def delivered(err: Any, msg: Any) -> None:
         if err is None:
             per_partition[msg.partition()] += 1
+            created[(msg.partition(), msg.offset())] = msg.timestamp()[1]
 
     per_codec = messages // len(CODECS)
     for codec in CODECS:
@@ -133,10 +135,13 @@ def drive_traffic(bootstrap: str, messages: int = MESSAGES, snapshot: Callable[[
         # A partition the group never committed has no lag kproxy can know (it depends on the
         # client's auto.offset.reset): the truth covers the partitions with a commit.
         with_commit = [tp for tp in commits if tp.offset >= 0]
+        oldest = [created[(tp.partition, tp.offset)] for tp in with_commit if (tp.partition, tp.offset) in created]
+        scraped_at = time.time()
+        text = snapshot()
         truth = LagTruth(group=group, topic=topic, partitions=len(with_commit),
                          produced=sum(per_partition[tp.partition] for tp in with_commit),
-                         committed=sum(tp.offset for tp in with_commit))
-        text = snapshot()
+                         committed=sum(tp.offset for tp in with_commit),
+                         behind_seconds=scraped_at - min(oldest) / 1000 if oldest else None)
     finally:
         stopped.close()
     return Traffic(produced, consumed, advertised, missing_error, truth, text)

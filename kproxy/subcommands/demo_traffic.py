@@ -1,5 +1,6 @@
-"""The demo's traffic view: what kproxy's ``/metrics`` says of topics, clients, producers and
-consumer lag, read over HTTP as a Prometheus server would, with no access to the broker.
+"""The demo's traffic view: what kproxy's ``/metrics`` says of topics, clients, producers,
+consumer lag (in records and in seconds) and client anomalies, read over HTTP as a Prometheus
+server would, with no access to the broker.
 
 The demo turns on the per-topic and per-client labels (``metrics.topic_label``,
 ``metrics.client_id_label``) and scrapes its kproxy while a consumer group that stopped half-way
@@ -31,6 +32,8 @@ class TrafficView:
     batches: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (client_id, compression, acks)
     software: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (client_id, name, version)
     lag: dict[tuple[str, str], float] = field(default_factory=dict)  # (group, topic)
+    lag_seconds: dict[tuple[str, str], float] = field(default_factory=dict)  # (group, topic)
+    anomalies: dict[tuple[str, str], float] = field(default_factory=dict)  # (kind, client_id)
 
 
 def scrape(port: int, timeout: float = 10.0) -> str:
@@ -62,6 +65,10 @@ def parse(text: str) -> TrafficView:
                     sample.value
             elif name == "kproxy_consumergroup_lag_sum":
                 view.lag[(labels["group"], labels["topic"])] = sample.value
+            elif name == "kproxy_consumergroup_lag_seconds":
+                view.lag_seconds[(labels["group"], labels["topic"])] = sample.value
+            elif name == "kproxy_client_anomalies_total" and sample.value:
+                view.anomalies[(labels["kind"], labels["client_id"])] = sample.value
     for key, target in (("topic", view.topics), ("client_id", view.clients)):
         for labels_key in bytes_[key].keys() | records[key].keys():
             target[labels_key] = (records[key].get(labels_key, 0.0), bytes_[key].get(labels_key, 0.0))
@@ -72,13 +79,16 @@ def parse(text: str) -> TrafficView:
 class LagTruth:
     """What the clients did, over the partitions the stopped group committed: the records the
     producers had acknowledged there, and the group's committed offsets (a new topic: offsets
-    start at 0, so the records produced to a partition are its end offset)."""
+    start at 0, so the records produced to a partition are its end offset); and, in seconds, how long
+    before the scrape the oldest record the group had not committed was written (its CreateTime, from
+    the producer's delivery report; None: none known)."""
 
     group: str
     topic: str
     partitions: int
     produced: int
     committed: int
+    behind_seconds: float | None = None
 
 
 def report(view: TrafficView, truth: LagTruth | None, out: TextIO) -> None:
@@ -106,6 +116,17 @@ def report(view: TrafficView, truth: LagTruth | None, out: TextIO) -> None:
         w(f"  {truth.group} read half and stopped: on the {truth.partitions} partition(s) it committed, "
           f"produced {truth.produced} - committed {truth.committed} = {expected}; "
           f"kproxy: {'-' if seen is None else f'{seen:.0f}'} ({verdict})\n")
+    w("  consumer lag in seconds (kproxy_consumergroup_lag_seconds: how long ago the oldest record not committed "
+      "was written):\n")
+    _lines(out, (f"{group} on {topic}: {late:.1f} s" for (group, topic), late in sorted(view.lag_seconds.items())))
+    if truth is not None and truth.behind_seconds is not None:
+        late = view.lag_seconds.get((truth.group, truth.topic))
+        # (kproxy keeps a write time a second per partition: within about a second of the record's own)
+        verdict = "-" if late is None else "within 1.5 s" if abs(late - truth.behind_seconds) <= 1.5 else "DIFFERENT"
+        w(f"  {truth.group}'s oldest record not committed was written {truth.behind_seconds:.1f} s before the "
+          f"scrape (its CreateTime); kproxy: {'-' if late is None else f'{late:.1f} s'} ({verdict})\n")
+    w("  client anomalies (kproxy_client_anomalies_total; none on clean traffic):\n")
+    _lines(out, (f"{kind} by {client}: {n:.0f}" for (kind, client), n in sorted(view.anomalies.items())))
 
 
 def _lines(out: TextIO, lines: Iterable[str]) -> None:

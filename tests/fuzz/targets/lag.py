@@ -96,6 +96,7 @@ def fuzz_consumer_lag(data: bytes) -> None:
         _committed_cost,
         _group_cost,
         _watermark_cost,
+        _written_cost,
     )
     from kproxy.metrics.lag_exposition import lag_series
     from kproxy.metrics.observer import MetricsObserver
@@ -117,7 +118,8 @@ def fuzz_consumer_lag(data: bytes) -> None:
         session.report()
         tables = ((len(lag.committed), lag.committed_bytes, sum(_committed_cost(k) for k in lag.committed)),
                   (len(lag.watermarks), lag.watermark_bytes, sum(_watermark_cost(k) for k in lag.watermarks)),
-                  (len(lag.groups), lag.group_bytes, sum(_group_cost(k) for k in lag.groups)))
+                  (len(lag.groups), lag.group_bytes, sum(_group_cost(k) for k in lag.groups)),
+                  (len(lag.written), lag.written_bytes, sum(_written_cost(k) for k in lag.written)))
         for keys, counted, cost in tables:
             assert keys <= MAX_KEYS and counted == cost <= MAX_BYTES, tables
         for group, topic, _ in lag.committed:
