@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
+from tests.support.matrix import SEED_VARIABLE, matrix_seed
 
 TESTS = Path(__file__).resolve().parent
 # What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
@@ -25,6 +27,7 @@ SLOW_MODULES = frozenset({
     "fuzz/test_fuzz.py",  # each target fuzzed for seconds
     "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
     "test_admin_hostile.py",
+    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers, a Spark session
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
     "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
@@ -97,6 +100,18 @@ PURE_PASS_MODULES = frozenset({
 })
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
 BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Choose this run's seed of the sampled matrices (tests/support/matrix.py) unless one is given: set
+    in the environment before the xdist workers start, so that every worker collects the same tests."""
+    if not os.environ.get(SEED_VARIABLE, "").strip():
+        os.environ[SEED_VARIABLE] = str(random.SystemRandom().randrange(1_000_000))
+    matrix_seed()  # a malformed seed fails here, before any test
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"sampled matrices: {SEED_VARIABLE}={os.environ[SEED_VARIABLE]} (tests/support/matrix.py)"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
