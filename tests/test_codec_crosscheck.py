@@ -194,7 +194,7 @@ def _kio_kinds() -> list[Kind]:
 
 KIO_KINDS = _kio_kinds()
 # This run's share of them (tests/support/matrix.py): every api's boundary versions, a seeded sample of the rest.
-KIO_RUN = matrix_cut(KIO_KINDS, lambda k: (k[0], k[1]), lambda k: (k[0], k[2]), "kio")
+KIO_RUN = matrix_cut(KIO_KINDS, lambda k: k, "kio")
 
 # Kinds where kio follows a different spec than our tables, for a known reason.
 KIO_SKIP: dict[Kind, str] = {
@@ -446,7 +446,7 @@ def _kp_kinds() -> list[Kind]:
 
 
 KP_KINDS = _kp_kinds()
-KP_RUN = matrix_cut(KP_KINDS, lambda k: (k[0], k[1]), lambda k: (k[0], k[2]), "kafka-python")
+KP_RUN = matrix_cut(KP_KINDS, lambda k: k, "kafka-python")
 
 # Kinds where kafka-python's classes are known to differ from the wire format (none in
 # 3.0.12; the ApiVersions error-code quirk is worked around in _kp_body).

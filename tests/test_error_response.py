@@ -37,7 +37,8 @@ def _error_codes(api_key: int, version: int, body: dict[str, Any]) -> list[int]:
 
 
 # This run's share (tests/support/matrix.py): every api's boundary versions, a seeded sample of the rest.
-@pytest.mark.parametrize(("api_key", "version"), matrix_cut(REQUEST_KINDS, lambda k: k, name="error-response"),
+@pytest.mark.parametrize(("api_key", "version"),
+                         matrix_cut(REQUEST_KINDS, lambda k: (*k, Direction.RESPONSE), "error-response"),
                          ids=lambda x: str(x))
 def test_every_known_kind_answers_with_the_error(api_key: int, version: int) -> None:
     """An empty request of each kind: our decoder reads the answer; every code it has is the error."""
