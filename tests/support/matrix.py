@@ -5,8 +5,8 @@ first flexible one, and both sides of every change of its layout) and a seeded r
 versions whose layout is the same as both neighbours'; the sample changes from run to run, so the
 whole matrix is covered over runs. The seed is chosen once per run (tests/conftest.py's
 ``pytest_configure``, before any xdist worker starts, so every worker collects the same sample),
-printed in the report's header, and read back from ``KPROXY_MATRIX_SEED``:
-``KPROXY_MATRIX_SEED=1234 pytest ...`` repeats a run's sample, and ``KPROXY_MATRIX_SEED=all`` runs
+printed in the report's header, and read back from ``CODEC_MATRIX_SEED``:
+``CODEC_MATRIX_SEED=1234 pytest ...`` repeats a run's sample, and ``CODEC_MATRIX_SEED=all`` runs
 the whole matrix.
 """
 
@@ -20,7 +20,7 @@ from typing import TypeVar
 from kproxy.protocol import Direction
 from kproxy.protocol.schema import is_flexible, message_schema
 
-SEED_VARIABLE = "KPROXY_MATRIX_SEED"
+SEED_VARIABLE = "CODEC_MATRIX_SEED"
 SHARE = 0.15  # of the versions between the boundaries, sampled in each run
 
 T = TypeVar("T")
