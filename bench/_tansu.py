@@ -18,7 +18,9 @@ from kproxy.testing import wait_for_port as _wait_for_port
 __all__ = ["broker", "free_port", "proxy", "tansu", "tansu_binary", "wait_for_port"]
 
 
-def wait_for_port(port: int, timeout: float = 20.0) -> None:
+def wait_for_port(port: int, timeout: float = 60.0) -> None:
+    """Until something listens on ``port`` (the timeout is generous: the suite's smoke runs,
+    tests/test_bench_smoke.py, start brokers and kproxy processes on cores other tests share)."""
     _wait_for_port("127.0.0.1", port, timeout)
 
 

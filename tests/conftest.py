@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
+from tests.support.matrix import SEED_VARIABLE, matrix_seed
 
 TESTS = Path(__file__).resolve().parent
 # What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
@@ -25,6 +28,7 @@ SLOW_MODULES = frozenset({
     "fuzz/test_fuzz.py",  # each target fuzzed for seconds
     "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
     "test_admin_hostile.py",
+    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers, a Spark session
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
     "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
@@ -66,37 +70,68 @@ SLOW_TESTS = frozenset({
 })
 SLOW_FIXTURES = frozenset({"spark", "captured_run"})
 # The pure pass: scripts/test runs the whole suite on the compiled build (pyproject.toml
-# [tool.kproxy.native], kproxy/native.py), then these modules again with KPROXY_PURE=1: the tests of
-# the code that is compiled (the session, the codec, the metrics' counting, the rules), so that the
-# pure Python, which is the same code, stays right too. Marked ``pure_pass``, with every test marked
+# [tool.kproxy.native], kproxy/native.py), then the tests of the code that is compiled again with
+# KPROXY_PURE=1, so that the pure Python, which is the same code, stays right too. Each test module of
+# it names the compiled modules whose code it exercises (directly, or through the compiled module
+# that calls them); it is in the pass (marked ``pure_pass``) while one of them is in pyproject.toml's
+# list, the one truth of what is compiled: a module no longer compiled takes its tests out of the
+# pass, and test_suite_marks.py checks that every compiled module has a test here. Every test marked
 # ``pure_only`` (it patches a function inside a compiled module, which compiled callers never look up
-# again: skipped on the compiled build, run in the pure pass).
-PURE_PASS_MODULES = frozenset({
-    "test_session.py",
-    "test_connection_failures.py",
-    "test_facts_exchange.py",
-    "test_scan_shared.py",
-    "test_framing.py",
-    "test_wire.py",
-    "test_codec_golden.py",
-    "test_codec_malformed.py",
-    "test_rewrite_memo.py",
-    "test_rewrite_big_bodies.py",
-    "test_metrics_counting.py",
-    "test_metrics_kinds.py",
-    "test_metrics_memo.py",
-    "test_lag_metrics.py",
-    "test_capture_observer.py",
-    "test_rules_session.py",
-    "test_rules_engine.py",
-    "test_rules_properties.py",
-    "test_resilience_memo.py",
-    "test_rules_apply.py",
-    "test_rules_actions.py",
-    "test_native.py",
-})
+# again) is in the pass too: skipped on the compiled build, run in the pure pass.
+PURE_PASS_TESTS: dict[str, frozenset[str]] = {test: frozenset(f"kproxy.{m}" for m in tested.split())
+                                              for test, tested in {
+    "test_session.py": "proxy.session proxy.commands proxy.correlation proxy.release proxy.verdict protocol.headers",
+    "test_connection_failures.py": "server.connection server.fastio",
+    "test_facts_exchange.py": "proxy.exchange rules.frame_facts protocol.request_fields",
+    "test_scan_shared.py": "protocol.scan protocol.produce_scan metrics.observer metrics.traffic metrics.anomalies",
+    "test_framing.py": "protocol.framing",
+    "test_wire.py": "protocol.wire",
+    "test_codec_golden.py": "protocol.headers",
+    "test_codec_malformed.py": "protocol.framing",
+    "test_rewrite_memo.py": "proxy.rewrite proxy.addresses",
+    "test_rewrite_big_bodies.py": "proxy.rewrite protocol.endpoints protocol.splice",
+    "test_metrics_counting.py": "metrics.histogram metrics.stats protocol.records.counting",
+    "test_metrics_kinds.py": "metrics.stats",
+    "test_metrics_memo.py": "metrics.observer",
+    "test_lag_metrics.py": "metrics.lag capture.offsets",
+    "test_capture_observer.py":
+        "capture.observer capture.records capture.connection_info capture.columns capture.queue",
+    "test_rules_session.py": "policy.policy proxy.session",
+    "test_rules_engine.py": "rules.engine",
+    "test_rules_properties.py": "rules.engine",
+    "test_resilience_memo.py": "proxy.rewrite",
+    "test_rules_apply.py": "policy.policy rules.engine",
+    "test_rules_actions.py": "rules.engine",
+    "test_native.py": "proxy.session",  # which build each pass is on: run in both while anything is compiled
+}.items()}
+
+
+def compiled_modules() -> frozenset[str]:
+    """The modules pyproject.toml lists to compile ([tool.kproxy.native] modules)."""
+    with open(TESTS.parent / "pyproject.toml", "rb") as f:
+        return frozenset(tomllib.load(f)["tool"]["kproxy"]["native"]["modules"])
+
+
+def pure_pass_modules(compiled: frozenset[str]) -> frozenset[str]:
+    """The test modules of the pure pass when ``compiled`` are the compiled modules."""
+    return frozenset(test for test, tested in PURE_PASS_TESTS.items() if tested & compiled)
+
+
+PURE_PASS_MODULES = pure_pass_modules(compiled_modules())
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
 BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Choose this run's seed of the sampled matrices (tests/support/matrix.py) unless one is given: set
+    in the environment before the xdist workers start, so that every worker collects the same tests."""
+    if not os.environ.get(SEED_VARIABLE, "").strip():
+        os.environ[SEED_VARIABLE] = str(random.SystemRandom().randrange(1_000_000))
+    matrix_seed()  # a malformed seed fails here, before any test
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"sampled matrices: {SEED_VARIABLE}={os.environ[SEED_VARIABLE]} (tests/support/matrix.py)"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,6 +10,12 @@ and a pip configuration naming it; the Dockerfile stays generic. Containers run 
 host's network (the broker listens on loopback), with explicit rlimits (crun could not set them
 in the sandbox this test was first run in).
 
+The build keeps buildah's layer cache (``--layers``): an instruction whose inputs (the Dockerfile's
+line, the files it copies, the layer before) are unchanged since an earlier build on this machine is
+not run again, so a later run recompiles only when kproxy's source changed, and a cache miss is a
+build from scratch. The test image's tag is removed afterwards, its layers kept (``--no-prune``);
+untagged layers made more than CACHE_DAYS ago are pruned.
+
 Skipped, saying why, only where buildah or podman cannot run (not installed, not root, no storage);
 scripts/system-deps installs them.
 """
@@ -42,6 +48,7 @@ MIRROR = "http://deb.debian.org/debian"
 BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # where Debian's ca-certificates puts the bundle
 RUN = ["--runtime", "runc", "--network", "host", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 BUILD_TIMEOUT = 1800
+CACHE_DAYS = 7
 
 
 def why_not_here() -> str | None:
@@ -110,14 +117,15 @@ def image(base: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tag = f"localhost/kproxy-test:{uuid.uuid4().hex[:12]}"
     log = tmp_path_factory.mktemp("build") / "buildah.log"
     with log.open("w") as out:
-        done = subprocess.run(["buildah", "bud", "--format", "docker", *RUN, "--build-arg", f"BASE={base}",
+        done = subprocess.run(["buildah", "bud", "--layers", "--format", "docker", *RUN, "--build-arg", f"BASE={base}",
                                "--build-arg", "VCS_REF=test", "-f", str(ROOT / "Dockerfile"), "-t", tag, str(ROOT)],
                               stdout=out, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT, check=False)
     assert done.returncode == 0, log.read_text()[-5000:]
     try:
         yield tag
     finally:
-        podman("rmi", "--force", tag)
+        podman("rmi", "--force", "--no-prune", tag)
+        podman("image", "prune", "--force", "--filter", f"until={CACHE_DAYS * 24}h")
 
 
 def http_get(url: str) -> tuple[int, str]:

@@ -186,6 +186,20 @@ def test_produce_batches_by_client_codec_and_acks_and_their_sizes() -> None:
                 1 for n in observed if n <= bound)
 
 
+def test_a_batch_of_exactly_a_bucket_bound_counts_in_that_bucket() -> None:
+    """Prometheus buckets are ``le``: a batch of exactly a bound's size is in it, whether it came
+    alone in its Produce or with others."""
+    for bound in (256, 1024):
+        [exact] = [b for b in (batch(1, size=v) for v in range(bound)) if len(b) == bound]
+        for alone in (True, False):
+            stats = labelled()
+            partitions = {0: exact} if alone else {0: exact, 1: batch(1)}
+            Connection(stats).produce(9, {"orders": partitions})
+            text = exposition(stats)
+            assert value(text, "kproxy_produce_batch_bytes_bucket", compression="none", le=repr(float(bound))) == (
+                1 if alone else 2), (bound, alone)
+
+
 def test_fetch_v13_topics_are_named_by_the_ids_metadata_taught() -> None:
     stats = labelled()
     reader = Connection(stats, "reader")

@@ -62,3 +62,5 @@ def test_names_and_attributes() -> None:
         scram.credential("SCRAM-SHA-1", "x")
     with pytest.raises(scram.ScramError, match="iterations"):
         scram.credential("SCRAM-SHA-256", "x", iterations=100)
+    with pytest.raises(scram.ScramError, match="iterations 16385 outside"):  # above Kafka's maximum too
+        scram.credential("SCRAM-SHA-256", "x", iterations=16385)

@@ -157,6 +157,8 @@ def test_plain_accepts_the_password_after_the_slow_hash_then_remembers_it() -> N
     (b"bob\x00alice\x00alice-secret", AUTHZID_DIFFERS, "authorization id"),
     (b"alice-secret", invalid_credentials("PLAIN"), "expected 3 NUL-separated tokens, got 1"),
     (b"\x00" + b"a" * 2000 + b"\x00pw", PLAIN_INVALID, "user name over 1024 bytes"),
+    # Just over the bound (not over twice it): a password is refused before its slow hash is paid.
+    (b"\x00alice\x00" + b"p" * 1025, PLAIN_INVALID, "password over 1024 bytes"),
 ])
 def test_plain_refuses_as_kafka_does(checker: CredentialChecker, message: bytes, error: str, reason: str) -> None:
     first, verified = _plain(checker, message)

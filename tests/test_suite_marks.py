@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PURE_PASS_MODULES, SLOW_FIXTURES, SLOW_MODULES, SLOW_TESTS, TESTS
+from tests.conftest import (
+    PURE_PASS_MODULES,
+    PURE_PASS_TESTS,
+    SLOW_FIXTURES,
+    SLOW_MODULES,
+    SLOW_TESTS,
+    TESTS,
+    compiled_modules,
+    pure_pass_modules,
+)
 
 
 def test_every_slow_module_and_test_exists() -> None:
@@ -23,6 +32,22 @@ def test_every_slow_module_and_test_exists() -> None:
 def test_every_module_of_the_pure_pass_exists() -> None:
     missing = [m for m in PURE_PASS_MODULES if not (TESTS / m).is_file()]
     assert not missing, f"tests/conftest.py PURE_PASS_MODULES names modules that do not exist: {missing}"
+
+
+def test_the_pure_pass_follows_the_compiled_list() -> None:
+    """Every compiled module (pyproject.toml) is exercised by a test module of the pure pass; every
+    module the pass names is a kproxy module; a test module is in the pass while it names a compiled one."""
+    named = set().union(*PURE_PASS_TESTS.values())
+    untested = sorted(compiled_modules() - named)
+    assert not untested, f"compiled modules no test module of tests/conftest.py PURE_PASS_TESTS names: {untested}"
+    root = TESTS.parent
+    unknown = [m for m in named if not (root / (m.replace(".", "/") + ".py")).is_file()]
+    assert not unknown, f"tests/conftest.py PURE_PASS_TESTS names modules that do not exist: {unknown}"
+    compiled = compiled_modules()
+    assert "test_wire.py" in PURE_PASS_MODULES
+    assert "test_wire.py" not in pure_pass_modules(compiled - {"kproxy.protocol.wire"})
+    assert "test_session.py" in pure_pass_modules(compiled - {"kproxy.protocol.headers"})  # it names others
+    assert pure_pass_modules(frozenset()) == frozenset()
 
 
 def test_slow_fixtures_are_fixtures_of_the_suite() -> None:

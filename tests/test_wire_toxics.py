@@ -90,6 +90,16 @@ def test_limit_lets_exactly_its_bytes_through_then_cuts() -> None:
     assert pieces(shaper(Limit(0)), b"x", 0.0) == []
 
 
+
+def test_limit_cuts_as_soon_as_a_piece_brings_exactly_its_last_byte() -> None:
+    """The connection ends with the write of the last byte allowed, not at the next write (which may
+    never come: a client waiting for an answer sends nothing more)."""
+    owner = Owner()
+    s = shaper(Limit(4), owner=owner)
+    assert pieces(s, b"0123", 0.0) == [(0.0, b"0123")]
+    assert s.cut is owner and owner.cuts == [Direction.DOWNSTREAM]
+
+
 def test_toxics_chain_in_one_order_whatever_their_install_order() -> None:
     # Slices last: its writes are what leave, even though it was installed first.
     s = shaper(Slices(3), Pace(100), Limit(7))
