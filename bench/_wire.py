@@ -12,7 +12,7 @@ import struct
 import time
 from typing import Any
 
-from kproxy.protocol import Direction, decode_response, default_body, encode_request, frame
+from kproxy.protocol import MessageType, decode_response, default_body, encode_request, frame
 from kproxy.protocol.headers import RequestHeader, request_header_version
 from kproxy.protocol.records import Record, encode_batch_v2
 
@@ -33,7 +33,7 @@ def request(api: tuple[int, int], body: dict[str, Any], correlation_id: int = 1)
 
 
 def body_of(api: tuple[int, int], **fields: Any) -> dict[str, Any]:
-    body = default_body(api[0], api[1], Direction.REQUEST)
+    body = default_body(api[0], api[1], MessageType.REQUEST)
     body.update(fields)
     return body
 

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from _util import fmt_rate, machine_line, table
 
-from kproxy.capture.schema import COLUMNS, SCHEMA_VERSION
+from kproxy.capture.record_schema import COLUMNS, SCHEMA_VERSION
 from kproxy.capture.writer import arrow_schema
 
 APIS = [("Produce", 0, 0.45), ("Fetch", 1, 0.45), ("Metadata", 3, 0.05), ("Heartbeat", 12, 0.05)]
@@ -153,7 +153,7 @@ def pyarrow_aggregate(files: list[str]) -> dict[str, Any]:
 
 def spark_aggregate(spark: Any, files: list[str], exact: bool) -> dict[str, Any]:
     from kproxy.analysis.job import aggregates, table_rows
-    from kproxy.analysis.schema import spark_schema
+    from kproxy.analysis.spark_schema import spark_schema
 
     df = spark.read.schema(spark_schema()).parquet(*files)
     aggs, _ = aggregates(df, exact=exact)
@@ -352,7 +352,7 @@ def agree(a: dict[str, Any], b: dict[str, Any], files: list[str] | None) -> None
         for api, values in a["latency"].items():
             assert np.allclose(values, b["latency"][api], rtol=1e-9), (api, values, b["latency"][api])
         return
-    from kproxy.analysis.histogram import RELATIVE_ERROR
+    from kproxy.analysis.log_histogram import RELATIVE_ERROR
 
     t = pq.read_table(files, columns=["api_name", "broker_latency_ms", "kproxy_latency_ms"])
     api = t.column("api_name").to_numpy(zero_copy_only=False)

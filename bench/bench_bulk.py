@@ -44,10 +44,10 @@ FETCH_RESPONSES = 4
 
 
 def _produce_answer(correlation_id: int) -> bytes:
-    from kproxy.protocol import Direction, default_body, frame
+    from kproxy.protocol import MessageType, default_body, frame
     from kproxy.protocol.payloads import encode_response
 
-    body = default_body(0, 7, Direction.RESPONSE)
+    body = default_body(0, 7, MessageType.RESPONSE)
     body["responses"] = [{"name": "bench-produce", "partition_responses": [
         {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1, "log_start_offset": 0,
          "record_errors": [], "error_message": None}]}]
@@ -55,10 +55,10 @@ def _produce_answer(correlation_id: int) -> bytes:
 
 
 def _fetch_answer(correlation_id: int, batches: bytes) -> bytes:
-    from kproxy.protocol import Direction, default_body, frame
+    from kproxy.protocol import MessageType, default_body, frame
     from kproxy.protocol.payloads import encode_response
 
-    body = default_body(1, 11, Direction.RESPONSE)
+    body = default_body(1, 11, MessageType.RESPONSE)
     body["responses"] = [{"topic": "bench-fetch", "partitions": [{
         "partition_index": 0, "error_code": 0, "high_watermark": 100, "last_stable_offset": 100,
         "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1, "records": batches}]}]
@@ -83,10 +83,10 @@ def _reads(stream: bytes, first: int) -> list[bytes]:
 def in_process(reps: int) -> dict[str, float]:
     import _wire as wire
 
-    from kproxy.metrics.observer import MetricsObserver
     from kproxy.metrics.stats import StatsOptions, TrafficStats
+    from kproxy.metrics.traffic_observer import MetricsObserver
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.server.memory import tune_allocator
 

@@ -135,15 +135,15 @@ def _session(tmp: Path, pairs: list[tuple[bytes, bytes]], **options: Any) -> tup
     from kproxy.capture import observer as obs_mod
     from kproxy.capture.writer import CaptureWriter
     from kproxy.protocol.topic_ids import TopicIdNames
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
 
     conn = obs_mod.ConnectionInfo(connection_id="c-1", client_host="127.0.0.1", client_port=50000,
                                   listener="broker-1", upstream="127.0.0.1:9092")
     n = len(pairs)
     if hasattr(obs_mod, "Captured"):
-        from kproxy.capture.records import RecordBuilder
+        from kproxy.capture.record_builder import RecordBuilder
 
         builder = RecordBuilder()
         writer = CaptureWriter(tmp, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=60,

@@ -37,7 +37,7 @@ from kio.schema.request_header.v2.header import RequestHeader as KioHeaderV2
 from kio.serial import entity_reader, entity_writer
 
 from kproxy.protocol import (
-    Direction,
+    MessageType,
     decode_body,
     default_body,
     encode_body,
@@ -45,17 +45,17 @@ from kproxy.protocol import (
     scan_body,
     splice_body,
 )
+from kproxy.protocol.codes import all_api_keys
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader, decode_request_header, encode_request_header
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.messages import codec
 from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import all_api_keys
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 
 METADATA = 3
-RESP = Direction.RESPONSE
+RESP = MessageType.RESPONSE
 BROKERS = 3
 PARTITIONS_PER_TOPIC = 100
 NEW_HOST = "kproxy.example.internal"

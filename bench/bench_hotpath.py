@@ -54,18 +54,18 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
     from kproxy.protocol import default_body, encode_request, frame
     from kproxy.protocol.frame_builder import request_body, response_body
     from kproxy.protocol.headers import RequestHeader, request_header_version
+    from kproxy.protocol.message_schemas import MessageType
     from kproxy.protocol.payloads import encode_response
     from kproxy.protocol.records import Record, encode_batch_v2
-    from kproxy.protocol.schema import Direction
 
     def req(key: int, version: int, **fields: Any) -> bytes:
-        body = default_body(key, version, Direction.REQUEST)
+        body = default_body(key, version, MessageType.REQUEST)
         body.update(fields)
         header = RequestHeader(key, version, 1, "kproxy-bench", request_header_version(key, version), {})
         return frame(encode_request(header, body))
 
     def resp(key: int, version: int, **fields: Any) -> bytes:
-        body = default_body(key, version, Direction.RESPONSE)
+        body = default_body(key, version, MessageType.RESPONSE)
         body.update(fields)
         return frame(encode_response(1, key, version, body))
 
@@ -122,12 +122,12 @@ def _session_factories() -> dict[str, Callable[[], Any]]:
 
     from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.rules.load import load_text
-    from kproxy.server.proxy import ProxyServer
-    from kproxy.testing.proxy import proxy_config
+    from kproxy.server.proxy_server import ProxyServer
+    from kproxy.testing.proxy_thread import proxy_config
 
     rewriter = ResponseRewriter(AddressMap("127.0.0.1", 40000))
     server = ProxyServer(proxy_config("127.0.0.1:9"))  # the metrics as kproxy run makes them by default

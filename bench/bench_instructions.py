@@ -109,13 +109,13 @@ def _api_versions(key_version: bytes) -> bytes:
     """An ApiVersions answer of the version asked (kproxy's broker discovery asks v0), naming the
     versions the workloads use; anything else is a bug of this benchmark."""
     from kproxy.protocol import default_body, frame
+    from kproxy.protocol.message_schemas import MessageType
     from kproxy.protocol.payloads import encode_response
-    from kproxy.protocol.schema import Direction
 
     key, version = struct.unpack(">hh", key_version)
     if key != 18:
         raise RuntimeError(f"the canned broker has no answer for api {key} v{version}")
-    body = default_body(18, version, Direction.RESPONSE)
+    body = default_body(18, version, MessageType.RESPONSE)
     body.update(error_code=0, api_keys=[{"api_key": k, "min_version": 0, "max_version": v}
                                         for k, v in ((0, 9), (1, 12), (3, 12), (12, 4), (18, 3))])
     return frame(encode_response(1, 18, version, body))

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _util import machine_line, table
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.partition_split import replace_entries, split_request
 from kproxy.protocol.records import Record, encode_batch_v2
-from kproxy.protocol.tables import ApiKey
 
 TOPICS, PARTITIONS, NOT_LEADER = 10, 10, 6
 IDS = [uuid.UUID(int=i + 1) for i in range(TOPICS)]

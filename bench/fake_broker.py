@@ -28,8 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kproxy.protocol import default_body, frame
+from kproxy.protocol.message_schemas import MessageType, known_api_keys, supported_versions
 from kproxy.protocol.payloads import decode_request, encode_response
-from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
 
 API_VERSIONS, METADATA = 18, 3
 PARTITIONS_PER_TOPIC = 100
@@ -41,7 +41,7 @@ def topic_name(partitions: int) -> str:
 
 
 def metadata_body(partitions: int, port: int) -> dict[str, Any]:
-    body = default_body(METADATA, 1, Direction.RESPONSE)
+    body = default_body(METADATA, 1, MessageType.RESPONSE)
     body["brokers"] = [{"node_id": 0, "host": "127.0.0.1", "port": port, "rack": None}]
     body["controller_id"] = 0
     topics = []
@@ -63,7 +63,7 @@ def api_versions_body() -> dict[str, Any]:
         span = supported_versions(key)
         if span is not None:
             keys.append({"api_key": key, "min_version": span[0], "max_version": span[1]})
-    body = default_body(API_VERSIONS, 3, Direction.RESPONSE)
+    body = default_body(API_VERSIONS, 3, MessageType.RESPONSE)
     body.update(error_code=0, api_keys=keys)
     return body
 

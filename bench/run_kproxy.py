@@ -36,7 +36,7 @@ import trio
 from kproxy.config import build_config
 from kproxy.config.layering import read_environment
 from kproxy.server.memory import tune_allocator, tune_gc
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 
 
 def raise_fd_limit() -> None:

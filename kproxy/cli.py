@@ -29,7 +29,7 @@ from kproxy.config import ConfigError, FileSections, UpstreamTls, add_run_argume
 from kproxy.config.flags import take_cluster_flags
 from kproxy.config.options import CLUSTERS
 from kproxy.host_port import HostPort, parse_host_port
-from kproxy.protocol.tables import api_key as api_key_by_name
+from kproxy.protocol.codes import api_key as api_key_by_name
 from kproxy.subcommands.decode import DecodeOptions, decode_input
 from kproxy.subcommands.hexdump import InputError
 
@@ -531,7 +531,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
 
 
 def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from kproxy.subcommands.credentials import add_credentials_command  # argparse only until it runs
+    from kproxy.subcommands.credentials_command import add_credentials_command  # argparse only until it runs
 
     add_credentials_command(subparsers)
 

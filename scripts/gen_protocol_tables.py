@@ -237,7 +237,7 @@ def render_api_keys(names: dict[int, str]) -> str:
     compares api keys per frame imports these: a plain int compares faster than an ``IntEnum``
     member, and mypyc inlines a ``Final`` int literal of an imported module into its callers."""
     lines = [
-        '"""Kafka\'s api keys as plain int constants, named as :class:`kproxy.protocol.tables.ApiKey` names',
+        '"""Kafka\'s api keys as plain int constants, named as :class:`kproxy.protocol.codes.ApiKey` names',
         "them: what per-frame code compares api keys with (an ``int == IntEnum`` comparison goes through",
         "the enum's ``__eq__``; mypyc inlines these literals into compiled callers).",
         "",

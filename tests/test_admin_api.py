@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kproxy.admin.client import AdminClient, AdminRefused, AdminUnreachable
+from kproxy.admin.api_client import AdminClient, AdminRefused, AdminUnreachable
 from kproxy.cli import main
 from kproxy.rules.load import load_file
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy

@@ -14,9 +14,9 @@ import pytest
 from kproxy.admin.book import RECENT_FAULTS, AdminError, RuleBook
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.test_rules_session import produce, produce_answer

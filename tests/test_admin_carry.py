@@ -15,9 +15,9 @@ from kproxy.admin.book import RuleBook
 from kproxy.admin.listing import listing
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.support.clock import Clock

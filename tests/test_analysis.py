@@ -131,8 +131,8 @@ def test_above_the_exact_limit_percentiles_are_within_the_stated_relative_error(
     """Above the exact limit, per api and per time bin, the percentiles come off log-scale histograms:
     each within the stated relative error of the exact value ranked ceil(p * n), the requests, the
     bytes and the maxima exact. The bins are the capture's auto interval (two minutes: a second each)."""
-    from kproxy.analysis.histogram import RELATIVE_ERROR
     from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.log_histogram import RELATIVE_ERROR
     from kproxy.analysis.report import summary
 
     rows = generated[1]
@@ -457,7 +457,7 @@ def test_a_corrupt_page_in_any_column_is_named_before_spark_starts(
 
 def test_the_tables_come_from_one_spark_job_per_pass(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
                                                      tmp_path: Path) -> None:
-    """Five passes over the records (the four of kproxy.analysis.tables and client anomalies'), rolled
+    """Five passes over the records (the four of kproxy.analysis.report_tables and client anomalies'), rolled
     up and written on the driver: no Spark job per table (the job ran 60 of them, a write and a collect
     per table), and none for ``faults`` when no rule acted."""
     from kproxy.analysis.job import run_analysis
@@ -484,7 +484,7 @@ def test_the_tables_come_from_one_spark_job_per_pass(spark: Any, generated: tupl
 def test_local_sessions_split_the_files_for_every_core(spark: Any) -> None:
     """At least four reads per core: ten files of one size made four splits on two cores (one core idle
     in every pass's last wave)."""
-    from kproxy.analysis.session import local_cores
+    from kproxy.analysis.spark_session import local_cores
 
     assert [local_cores(m) for m in ("local", "local[3]", "local[2, 4]", "spark://h:7077")] == [1, 3, 2, 1]
     assert local_cores("local[*]") == (os.cpu_count() or 1)
@@ -496,7 +496,7 @@ def test_plots_of_a_one_minute_capture_are_pngs() -> None:
     from datetime import datetime
 
     from kproxy.analysis.plots import plots
-    from kproxy.protocol.tables import error_class
+    from kproxy.protocol.codes import error_class
 
     minute = datetime(2026, 9, 21, 14, 14)
     latency = {"time": minute, "requests": 10, "broker_p50_ms": 1.0, "broker_p99_ms": 2.0,
@@ -521,7 +521,7 @@ def test_partial_minutes_are_shaded_and_legends_sit_below_the_lines() -> None:
     import matplotlib.pyplot as plt
 
     from kproxy.analysis.plots import figures
-    from kproxy.protocol.tables import error_class
+    from kproxy.protocol.codes import error_class
 
     first, last = datetime(2026, 9, 21, 14, 14, 40), datetime(2026, 9, 21, 14, 16, 5)
     minutes = [first.replace(second=0) + timedelta(minutes=i) for i in range(3)]

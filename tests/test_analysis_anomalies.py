@@ -1,4 +1,4 @@
-"""The analysis report's client anomalies (kproxy/analysis/anomalies.py) against the live counter.
+"""The analysis report's client anomalies (kproxy/analysis/capture_anomalies.py) against the live counter.
 
 One shared run: real clients through a capturing kproxy whose rules provoke the anomalies a capture
 can tell (a fenced producer, an out-of-order one, a stale-generation commit, a member whose
@@ -15,12 +15,12 @@ from typing import Any
 
 from kafka import KafkaConsumer
 
-from kproxy.analysis import anomalies as offline
-from kproxy.config.model import MetricsOptions
-from kproxy.metrics import anomalies as live
+from kproxy.analysis import capture_anomalies as offline
+from kproxy.config.sections import MetricsOptions
+from kproxy.metrics import client_anomalies as live
 from kproxy.metrics import group_anomalies
 from kproxy.metrics.labels import cut_label
-from kproxy.protocol import Direction, default_body
+from kproxy.protocol import MessageType, default_body
 from kproxy.testing import Broker, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
 from tests.support.rawkafka import RawKafka
@@ -70,8 +70,8 @@ def broker_answered_commit(bootstrap: str, topic: str) -> None:
     """A commit for a member its group does not know: Tansu answers UNKNOWN_MEMBER_ID itself."""
     raw = RawKafka(bootstrap, "raw-committer")
     try:
-        raw.request(18, 3, default_body(18, 3, Direction.REQUEST))
-        body = default_body(8, 8, Direction.REQUEST)
+        raw.request(18, 3, default_body(18, 3, MessageType.REQUEST))
+        body = default_body(8, 8, MessageType.REQUEST)
         body.update(group_id=unique("analysis-group"), generation_id_or_member_epoch=3, member_id="gone",
                     topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
                                                             "committed_leader_epoch": -1, "committed_metadata": ""}]}])

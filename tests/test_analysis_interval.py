@@ -84,7 +84,7 @@ def test_a_short_capture_is_drawn_per_second_over_its_own_span(spark: Any, tmp_p
     from kproxy.analysis.job import run_analysis
     from kproxy.analysis.plots import figures, plot_titles, plots
     from kproxy.analysis.report import lag_at_end, summary, write_html
-    from kproxy.protocol.tables import error_class
+    from kproxy.protocol.codes import error_class
 
     start = datetime(2026, 11, 29, 3, 58, 41)
     got = run_analysis([str(_capture(tmp_path / "capture", start, 27, 20))], tmp_path / "out", spark)

@@ -16,7 +16,7 @@ second:
   second), and each is within TOLERANCE of the row's time less that CreateTime;
 * the report's text table and its plot carry it.
 
-The roll-up itself (:func:`kproxy.analysis.lag.consumer_lag` with write-time points) is checked on
+The roll-up itself (:func:`kproxy.analysis.capture_lag.consumer_lag` with write-time points) is checked on
 its own, on tables made by hand, without Spark; so is a capture with no write times (older than
 schema version 4): lag in offsets, no lag in seconds, and the summary says why.
 """
@@ -217,7 +217,7 @@ def _points(rows: list[tuple[int, str, int, int, int, int, int]]) -> Any:
 
 
 def test_the_roll_up_dates_the_first_offset_not_committed_from_the_points_known() -> None:
-    from kproxy.analysis.lag import consumer_lag
+    from kproxy.analysis.capture_lag import consumer_lag
 
     offsets = _offsets([
         (0, None, "t", 0, 10), (0, None, "t", 1, 10),  # the partitions' ends after the first appends
@@ -242,7 +242,7 @@ def test_the_roll_up_dates_the_first_offset_not_committed_from_the_points_known(
 
 
 def test_a_topic_made_again_starts_its_points_over_and_late_answers_are_known_already() -> None:
-    from kproxy.analysis.lag import WritePoints
+    from kproxy.analysis.capture_lag import WritePoints
 
     points = WritePoints()
     points.add(100, 109, 0, 900)

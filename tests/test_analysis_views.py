@@ -14,7 +14,7 @@ analyze``'s job runs over the capture:
   ``kproxy_client_bytes_total{direction=produce|fetch}``, and its requests ``kproxy_client_requests_total``
   summed over the apis.
 
-The roll-up of consumer lag itself (:func:`kproxy.analysis.lag.consumer_lag`) and its plot are
+The roll-up of consumer lag itself (:func:`kproxy.analysis.capture_lag.consumer_lag`) and its plot are
 checked on their own, on tables made by hand, without Spark.
 """
 
@@ -229,7 +229,7 @@ def _offsets(rows: list[tuple[int, str | None, str, int, int | None]]) -> Any:
 
 
 def test_the_lag_roll_up_replays_the_minutes_as_the_live_tracker_would() -> None:
-    from kproxy.analysis.lag import consumer_lag
+    from kproxy.analysis.capture_lag import consumer_lag
 
     got = consumer_lag(_offsets([
         (0, None, "t", 0, 10),  # a watermark, nobody committed yet: no lag
@@ -256,7 +256,7 @@ def test_the_lag_plot_draws_the_groups_furthest_behind_and_says_how_many_it_left
     import matplotlib.pyplot as plt
 
     from kproxy.analysis.plots import MAX_SERIES, figures, plots
-    from kproxy.protocol.tables import error_class
+    from kproxy.protocol.codes import error_class
 
     groups = MAX_SERIES + 3
     rows = [{"time": T0 + timedelta(minutes=m), "group_id": f"group-{g}", "topic": topic,
@@ -289,7 +289,7 @@ def test_the_lag_plot_of_groups_that_never_fell_behind_has_whole_record_ticks() 
     import matplotlib.pyplot as plt
 
     from kproxy.analysis.plots import figures
-    from kproxy.protocol.tables import error_class
+    from kproxy.protocol.codes import error_class
 
     rows = [{"time": T0 + timedelta(minutes=m), "group_id": "keeping-up", "topic": "orders", "lag": 0,
              "partitions": 4} for m in range(3)]

@@ -1,4 +1,4 @@
-"""kproxy.metrics.anomalies on its own: which answers are which kind, churn per minute, the producer
+"""kproxy.metrics.client_anomalies on its own: which answers are which kind, churn per minute, the producer
 policy's batch check, and bounded state under hostile client ids (the e2e pairs with real clients are
 tests/test_anomalies_e2e.py)."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.metrics.anomalies import (
+from kproxy.metrics.client_anomalies import (
     CHURN_WINDOW,
     CONNECTION_CHURN,
     KINDS,
@@ -38,7 +38,7 @@ from kproxy.metrics.group_anomalies import (
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.metrics.retries import MAX_BATCHES as RETRY_MAX_BATCHES
 from kproxy.metrics.retries import RetryWatch
-from kproxy.protocol.tables import ApiKey, ErrorCode
+from kproxy.protocol.codes import ApiKey, ErrorCode
 
 
 @pytest.mark.parametrize(("api", "code", "kind"), [

@@ -21,15 +21,15 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from kafka import KafkaConsumer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kproxy.protocol import Direction, default_body
-from kproxy.protocol.tables import error_code
+from kproxy.protocol import MessageType, default_body
+from kproxy.protocol.codes import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
 from tests.support.rawkafka import RawKafka
 
 FAMILY = "kproxy_client_anomalies"
 # A record big enough that a compressing producer's batch is compressed
-# (kproxy.metrics.anomalies.UNCOMPRESSED_MIN_BYTES).
+# (kproxy.metrics.client_anomalies.UNCOMPRESSED_MIN_BYTES).
 PAYLOAD = b"a compressible record " * 200
 CHURN = 10  # connections closed within a minute that count as churn, in these tests
 JOINS = 3  # JoinGroups of one group within a minute that count as a rebalance storm, in these tests
@@ -324,8 +324,8 @@ def test_the_brokers_own_answer_counts_under_the_connections_client_id(proxy_wit
     create_topic(proxy.bootstrap, topic, 1)
     raw = RawKafka(proxy.bootstrap, "raw-committer")
     try:
-        raw.request(18, 3, default_body(18, 3, Direction.REQUEST))  # the commit is not the connection's first
-        body = default_body(8, 8, Direction.REQUEST)
+        raw.request(18, 3, default_body(18, 3, MessageType.REQUEST))  # the commit is not the connection's first
+        body = default_body(8, 8, MessageType.REQUEST)
         body.update(group_id=unique("anomaly-group"), generation_id_or_member_epoch=3, member_id="gone",
                     topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
                                                             "committed_leader_epoch": -1, "committed_metadata": ""}]}])

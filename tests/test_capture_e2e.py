@@ -18,7 +18,7 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from kproxy.capture.schema import COLUMN_NAMES, SCHEMA_VERSION, check_version  # noqa: E402
+from kproxy.capture.record_schema import COLUMN_NAMES, SCHEMA_VERSION, check_version  # noqa: E402
 from kproxy.testing import free_port, running_proxy, wait_for_port  # noqa: E402
 from tests.support.captured import PRODUCER_ID, CapturedRun  # noqa: E402
 from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique  # noqa: E402
@@ -46,7 +46,7 @@ def test_the_capture_holds_every_request_kproxy_counted(captured_run: CapturedRu
     assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION}
     # Requests per api: the capture and kproxy's metrics count the same traffic independently.
     by_api = Counter(r["api_name"] for r in rows)
-    from kproxy.protocol.tables import api_key, api_snake_name
+    from kproxy.protocol.codes import api_key, api_snake_name
 
     expected = {name: n for name, n in run.requests.items()}
     assert {api_snake_name(api_key(name) or 0): n for name, n in by_api.items()} == expected

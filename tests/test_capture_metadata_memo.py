@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.capture.records import (
+from kproxy.capture.record_builder import (
     BIG_MEMO_BYTES,
     BIG_READ_BYTES,
     CACHE_FRAME,

@@ -8,16 +8,16 @@ from typing import Any
 import pytest
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, split_peer
-from kproxy.capture.records import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, as_dict
-from kproxy.capture.schema import COLUMN_NAMES
+from kproxy.capture.record_builder import EARLY_READ_BYTES, EarlyRead, PayloadOptions, RecordBuilder, as_dict
+from kproxy.capture.record_schema import COLUMN_NAMES
 from kproxy.protocol import encode_request, frame
 from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
 from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11

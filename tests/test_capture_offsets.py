@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Tee
-from kproxy.capture.records import RecordBuilder, as_dict
-from kproxy.capture.schema import READABLE_VERSIONS, SCHEMA_VERSION, check_version
-from kproxy.metrics.lag import ConsumerLag
-from kproxy.metrics.observer import MetricsObserver
+from kproxy.capture.record_builder import RecordBuilder, as_dict
+from kproxy.capture.record_schema import READABLE_VERSIONS, SCHEMA_VERSION, check_version
+from kproxy.metrics.consumer_lag import ConsumerLag
 from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from tests.test_lag_metrics import produce_records
 
@@ -183,7 +183,7 @@ def test_a_fetch_of_many_batches_dates_them_in_spans_live_and_in_the_capture() -
     """20 batches a partition (a consumer catching up): FETCH_SPANS spans, the batches split evenly among
     them, each dated by its own batches' latest time, not the answer's; the capture's further spans
     are items of their own, without records."""
-    from kproxy.protocol.offsets import FETCH_SPANS
+    from kproxy.protocol.offset_reads import FETCH_SPANS
 
     both = Both()
     rec = both.exchange(FETCH, 12, {}, {"responses": topic(high_watermark=40, error_code=0, records=lambda p: b"".join(
@@ -255,7 +255,7 @@ def test_version_4_is_written_and_older_captures_still_read(tmp_path: Path, spar
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kproxy.analysis.schema import spark_schema
+    from kproxy.analysis.spark_schema import spark_schema
     from kproxy.capture.writer import CaptureWriter
     from tests.support.capture import record
 

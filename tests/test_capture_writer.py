@@ -12,7 +12,7 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from kproxy.capture.schema import COLUMN_NAMES, SCHEMA_VERSION, SchemaVersionError, check_version, new_record  # noqa: E402
+from kproxy.capture.record_schema import COLUMN_NAMES, SCHEMA_VERSION, SchemaVersionError, check_version, new_record  # noqa: E402
 from kproxy.capture.writer import (  # noqa: E402
     HOUR_US,
     CaptureWriter,

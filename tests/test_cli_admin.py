@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.admin.client import AdminClient
+from kproxy.admin.api_client import AdminClient
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
 

@@ -18,6 +18,7 @@ import scramp
 from kproxy.protocol import decode_response
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import (
     CloseConnection,
@@ -30,7 +31,6 @@ from kproxy.proxy.commands import (
     VerifyCredentials,
     WakeAt,
 )
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, RequestPolicy, Session, Verdict
 from kproxy.sasl.authenticator import ANSWERED_VERSIONS, MAX_RECEIVE_SIZE, ClientAuth, Outcome
 from kproxy.sasl.client import Credentials

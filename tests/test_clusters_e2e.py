@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.config import build_config
 from kproxy.logfmt import LogfmtFormatter
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import Broker, ProxyThread, free_port, run_tansu, running_server
 from tests.support.e2e import (
     TANSU_NODE_ID,

@@ -45,7 +45,7 @@ import kio.static.primitive as kio_primitive
 import pytest
 
 from kproxy.protocol import (
-    Direction,
+    MessageType,
     RequestHeader,
     _tables,
     codec,
@@ -59,10 +59,10 @@ from kproxy.protocol import (
     response_header_version,
 )
 from kproxy.protocol.headers import decode_request_header, encode_request_header
-from kproxy.protocol.schema import Field, all_message_kinds, message_schema
+from kproxy.protocol.message_schemas import Field, all_message_kinds, message_schema
 from tests.support.matrix import matrix_cut
 
-Kind = tuple[int, int, Direction]
+Kind = tuple[int, int, MessageType]
 OUR_KINDS = set(all_message_kinds())
 PROFILES = ("full", "single", "nulls")
 EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -71,7 +71,7 @@ ZERO_UUID = uuid.UUID(int=0)
 
 def _kind_id(kind: Kind) -> str:
     api_key, version, direction = kind
-    return f"{api_key}-v{version}-{'req' if direction is Direction.REQUEST else 'resp'}"
+    return f"{api_key}-v{version}-{'req' if direction is MessageType.REQUEST else 'resp'}"
 
 
 # =====================================================================================
@@ -184,7 +184,7 @@ def _kio_kinds() -> list[Kind]:
     out = []
     for api_key, name in kio_schema_index.api_key_map.items():
         for version, entities in kio_schema_index.schema_name_map[name].items():
-            for direction, entity_type in ((Direction.REQUEST, "request"), (Direction.RESPONSE, "response")):
+            for direction, entity_type in ((MessageType.REQUEST, "request"), (MessageType.RESPONSE, "response")):
                 if not any(str(e).endswith(entity_type) for e in entities):
                     continue
                 if (api_key, version, direction) in OUR_KINDS:
@@ -201,13 +201,13 @@ KIO_SKIP: dict[Kind, str] = {
     # Share-group state RPCs were early access in the Kafka 4.0 snapshot our tables come
     # from; Kafka later added PartitionResult.LeaderEpoch to v0 without bumping the
     # version, and kio 0.6.5 follows the later layout.
-    (87, 0, Direction.RESPONSE): "ReadShareGroupStateSummaryResponse v0 changed after the 4.0 snapshot",
+    (87, 0, MessageType.RESPONSE): "ReadShareGroupStateSummaryResponse v0 changed after the 4.0 snapshot",
 }
 
 
 def kio_class(kind: Kind) -> type[Any]:
     api_key, version, direction = kind
-    if direction is Direction.REQUEST:
+    if direction is MessageType.REQUEST:
         return kio_index.load_request_schema(api_key, version)  # type: ignore[no-any-return]
     return kio_index.load_response_schema(api_key, version)  # type: ignore[no-any-return]
 
@@ -378,7 +378,7 @@ def test_kio_header_versions_agree() -> None:
     for kind in KIO_KINDS:
         api_key, version, direction = kind
         theirs = int(kio_class(kind).__header_schema__.__version__)
-        ours = (request_header_version(api_key, version) if direction is Direction.REQUEST
+        ours = (request_header_version(api_key, version) if direction is MessageType.REQUEST
                 else response_header_version(api_key, version))
         if theirs != ours:
             wrong.append((_kind_id(kind), theirs, ours))
@@ -417,18 +417,18 @@ def _subclasses(cls: type) -> Iterator[type]:
         yield from _subclasses(sub)
 
 
-def _kafka_python_classes() -> dict[tuple[int, Direction], type]:
+def _kafka_python_classes() -> dict[tuple[int, MessageType], type]:
     import kafka.protocol as kp
 
     for info in pkgutil.walk_packages(kp.__path__, "kafka.protocol."):
         if ".old" in info.name or info.name.endswith((".generate_stubs",)):
             continue
         importlib.import_module(info.name)
-    out: dict[tuple[int, Direction], type] = {}
+    out: dict[tuple[int, MessageType], type] = {}
     for cls in _subclasses(kafka_api_message.ApiMessage):
         if getattr(cls, "_class_version", None) is not None:
             continue  # a versioned wrapper of a primary class
-        direction = Direction.REQUEST if cls.is_request() else Direction.RESPONSE
+        direction = MessageType.REQUEST if cls.is_request() else MessageType.RESPONSE
         out[(cls.API_KEY, direction)] = cls
     return out
 
@@ -484,7 +484,7 @@ def _kp_scalar(value: Any) -> Any:
 
 def _kp_body(kind: Kind, profile: str, seed: int) -> dict[str, Any]:
     body = our_body(kind, profile, seed)
-    if kind[0] == 18 and kind[2] is Direction.RESPONSE:
+    if kind[0] == 18 and kind[2] is MessageType.RESPONSE:
         # kafka-python decodes any ApiVersions response whose error code is not 0 as v0
         # (what a broker sends for UNSUPPORTED_VERSION); keep it 0 to test the real layout.
         body["error_code"] = 0
@@ -518,7 +518,7 @@ def test_kafka_python_whole_payloads(kind: Kind) -> None:
     cls = KP_CLASSES[(api_key, direction)]
     body = _kp_body(kind, "full", 7)
     message = cls.decode(encode_body(*kind, body), version=version)
-    if direction is Direction.REQUEST:
+    if direction is MessageType.REQUEST:
         message.with_header(correlation_id=123456, client_id="kp-ü")
         payload = bytes(message.encode(header=True))
         request = decode_request(payload)
@@ -559,7 +559,7 @@ def _old_classes() -> dict[Kind, type]:
             match = re.fullmatch(r"\w+(Request|Response)_v(\d+)", name)
             if not (match and inspect.isclass(cls) and cls.__module__ == info.name):
                 continue
-            direction = Direction.REQUEST if match.group(1) == "Request" else Direction.RESPONSE
+            direction = MessageType.REQUEST if match.group(1) == "Request" else MessageType.RESPONSE
             version = int(match.group(2))
             if getattr(cls, "API_VERSION", None) != version:
                 continue
@@ -577,7 +577,7 @@ OLD_CLASSES = _old_classes()
 OLD_SKIP: dict[Kind, str] = {
     # kafka-python's DescribeLogDirsRequest_v0 declares partitions as one int32; the spec
     # (and every broker) has an array of int32 there.
-    (35, 0, Direction.REQUEST): "kafka-python old class: partitions is int32, not []int32",
+    (35, 0, MessageType.REQUEST): "kafka-python old class: partitions is int32, not []int32",
 }
 
 
@@ -627,9 +627,9 @@ def test_ours_to_kafka_python_old_classes(kind: Kind) -> None:
 
 
 def test_old_classes_cover_old_versions() -> None:
-    for kind in [(0, 0, Direction.REQUEST), (0, 2, Direction.RESPONSE), (1, 0, Direction.REQUEST),
-                 (1, 3, Direction.RESPONSE), (2, 0, Direction.REQUEST), (8, 1, Direction.REQUEST),
-                 (19, 1, Direction.REQUEST), (11, 0, Direction.RESPONSE)]:
+    for kind in [(0, 0, MessageType.REQUEST), (0, 2, MessageType.RESPONSE), (1, 0, MessageType.REQUEST),
+                 (1, 3, MessageType.RESPONSE), (2, 0, MessageType.REQUEST), (8, 1, MessageType.REQUEST),
+                 (19, 1, MessageType.REQUEST), (11, 0, MessageType.RESPONSE)]:
         assert kind in OLD_CLASSES
 
 
@@ -644,35 +644,35 @@ def _old(kind: Kind) -> type:
 
 def test_kafka_python_old_produce_v0_to_ours() -> None:
     message_set = bytes(range(40))
-    cls = _old((0, 0, Direction.REQUEST))
+    cls = _old((0, 0, MessageType.REQUEST))
     raw = bytes(cls(required_acks=-1, timeout=30000, topics=[("tøpic", [(3, message_set)])]).encode())
-    body = decode_body(0, 0, Direction.REQUEST, raw)
+    body = decode_body(0, 0, MessageType.REQUEST, raw)
     assert body == {"acks": -1, "timeout_ms": 30000,
                     "topic_data": [{"name": "tøpic", "partition_data": [{"index": 3, "records": message_set}]}]}
-    assert encode_body(0, 0, Direction.REQUEST, body) == raw
+    assert encode_body(0, 0, MessageType.REQUEST, body) == raw
 
 
 def test_kafka_python_old_fetch_v3_to_ours() -> None:
-    cls = _old((1, 3, Direction.REQUEST))
+    cls = _old((1, 3, MessageType.REQUEST))
     raw = bytes(cls(replica_id=-1, max_wait_time=500, min_bytes=1, max_bytes=52428800,
                     topics=[("a", [(0, 42, 1048576), (1, 7, 1024)])]).encode())
-    body = decode_body(1, 3, Direction.REQUEST, raw)
+    body = decode_body(1, 3, MessageType.REQUEST, raw)
     assert body["replica_id"] == -1
     assert body["max_wait_ms"] == 500
     assert body["max_bytes"] == 52428800
     assert body["topics"][0]["topic"] == "a"
     assert body["topics"][0]["partitions"][1] == {"partition": 1, "fetch_offset": 7, "partition_max_bytes": 1024}
-    assert encode_body(1, 3, Direction.REQUEST, body) == raw
+    assert encode_body(1, 3, MessageType.REQUEST, body) == raw
 
 
 def test_kafka_python_old_metadata_v0_response_to_ours() -> None:
-    cls = _old((3, 0, Direction.RESPONSE))
+    cls = _old((3, 0, MessageType.RESPONSE))
     raw = bytes(cls(brokers=[(1, "broker-1", 9092), (2, "broker-2", 9093)],
                     topics=[(0, "t", [(0, 0, 1, [1, 2], [1])])]).encode())
-    body = decode_body(3, 0, Direction.RESPONSE, raw)
+    body = decode_body(3, 0, MessageType.RESPONSE, raw)
     assert body["brokers"][1] == {"node_id": 2, "host": "broker-2", "port": 9093}
     assert body["topics"][0]["partitions"][0]["replica_nodes"] == [1, 2]
-    assert encode_body(3, 0, Direction.RESPONSE, body) == raw
+    assert encode_body(3, 0, MessageType.RESPONSE, body) == raw
 
 
 def test_codec_for_every_crosschecked_kind_exists() -> None:

@@ -14,8 +14,8 @@ import zlib
 import pytest
 
 from kproxy.protocol import (
-    Direction,
     FrameSplitter,
+    MessageType,
     RequestHeader,
     ResponseHeader,
     decode_request,
@@ -32,7 +32,7 @@ from kproxy.protocol.headers import (
     encode_request_header,
     encode_response_header,
 )
-from kproxy.protocol.schema import message_schema
+from kproxy.protocol.message_schemas import message_schema
 
 
 def _hex(text: str) -> bytes:
@@ -210,7 +210,7 @@ def test_controlled_shutdown_v0_uses_request_header_v0() -> None:
 
 @pytest.mark.parametrize(("api_key", "version"), [(3, 9), (3, 12), (18, 3), (18, 4), (0, 9), (1, 12)])
 def test_flexible_requests_use_header_v2_with_non_compact_client_id(api_key: int, version: int) -> None:
-    schema = message_schema(api_key, version, Direction.REQUEST)
+    schema = message_schema(api_key, version, MessageType.REQUEST)
     assert schema is not None and schema.flexible
     assert request_header_version(api_key, version) == 2
     header = RequestHeader(api_key, version, 99, "client-ü", 2, {})
@@ -230,7 +230,7 @@ def test_flexible_requests_use_header_v2_with_non_compact_client_id(api_key: int
 
 @pytest.mark.parametrize(("api_key", "version"), [(3, 8), (0, 8), (1, 11), (18, 2), (11, 5)])
 def test_non_flexible_requests_use_header_v1(api_key: int, version: int) -> None:
-    schema = message_schema(api_key, version, Direction.REQUEST)
+    schema = message_schema(api_key, version, MessageType.REQUEST)
     assert schema is not None and not schema.flexible
     assert request_header_version(api_key, version) == 1
     assert response_header_version(api_key, version) == 0

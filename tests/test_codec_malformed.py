@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 
 from kproxy.protocol import (
     DecodeError,
-    Direction,
     FrameSizeError,
     FrameSplitter,
+    MessageType,
     ProtocolError,
     RequestHeader,
     UnknownApiError,
@@ -51,12 +51,12 @@ from kproxy.protocol import (
     splice_body,
 )
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kproxy.protocol.schema import Field, all_message_kinds, message_schema
+from kproxy.protocol.message_schemas import Field, all_message_kinds, message_schema
 
-REQ = Direction.REQUEST
-RESP = Direction.RESPONSE
+REQ = MessageType.REQUEST
+RESP = MessageType.RESPONSE
 KINDS = all_message_kinds()
-Kind = tuple[int, int, Direction]
+Kind = tuple[int, int, MessageType]
 
 # From the project's protocol guides (../shared/seeds/000_*.txt, Produce v0 example):
 # the request payload, after its 4-byte size prefix.

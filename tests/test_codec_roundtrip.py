@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kproxy.protocol import Direction, codec, decode_body, encode_body, scan_body
-from kproxy.protocol.schema import Field, all_message_kinds, message_schema, supported_versions
+from kproxy.protocol import MessageType, codec, decode_body, encode_body, scan_body
+from kproxy.protocol.message_schemas import Field, all_message_kinds, message_schema, supported_versions
 from tests.support.matrix import matrix_cut
 
 KINDS = all_message_kinds()
@@ -48,9 +48,9 @@ INT_RANGES = {
 MAX_TAG = 2**32 - 1  # tags are unsigned varints of at most 32 bits
 
 
-def _kind_id(kind: tuple[int, int, Direction]) -> str:
+def _kind_id(kind: tuple[int, int, MessageType]) -> str:
     api_key, version, direction = kind
-    return f"{api_key}-v{version}-{'req' if direction is Direction.REQUEST else 'resp'}"
+    return f"{api_key}-v{version}-{'req' if direction is MessageType.REQUEST else 'resp'}"
 
 
 def _scalar(field: Field, flexible: bool) -> st.SearchStrategy[Any]:
@@ -101,7 +101,7 @@ def struct_strategy(fields: tuple[Field, ...], flexible: bool) -> st.SearchStrat
 
 
 @functools.cache
-def body_strategy(api_key: int, version: int, direction: Direction) -> st.SearchStrategy[dict[str, Any]]:
+def body_strategy(api_key: int, version: int, direction: MessageType) -> st.SearchStrategy[dict[str, Any]]:
     schema = message_schema(api_key, version, direction)
     assert schema is not None
     return struct_strategy(schema.fields, schema.flexible)
@@ -123,7 +123,7 @@ def test_every_kind_is_covered() -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.filter_too_much, HealthCheck.large_base_example])
 @given(data=st.data())
-def test_roundtrip(kind: tuple[int, int, Direction], data: st.DataObject) -> None:
+def test_roundtrip(kind: tuple[int, int, MessageType], data: st.DataObject) -> None:
     api_key, version, direction = kind
     body = data.draw(body_strategy(api_key, version, direction), label="body")
     the_codec = codec(api_key, version, direction)
@@ -155,7 +155,7 @@ def test_roundtrip(kind: tuple[int, int, Direction], data: st.DataObject) -> Non
 def test_scan_reports_each_records_range(kind: tuple[int, int]) -> None:
     """The (start, end) pairs a scan reports are exactly the non-empty records values."""
     api_key, version = kind
-    direction = Direction.REQUEST if api_key == 0 else Direction.RESPONSE
+    direction = MessageType.REQUEST if api_key == 0 else MessageType.RESPONSE
     schema = message_schema(api_key, version, direction)
     assert schema is not None
 
@@ -189,7 +189,7 @@ def _collect_records(fields: tuple[Field, ...], value: dict[str, Any]) -> list[b
 
 
 @pytest.mark.parametrize("kind", KINDS[::7], ids=_kind_id)
-def test_null_accepted_for_non_nullable_fields(kind: tuple[int, int, Direction]) -> None:
+def test_null_accepted_for_non_nullable_fields(kind: tuple[int, int, MessageType]) -> None:
     """Null strings, bytes and arrays round-trip even where the spec says non-nullable."""
     the_codec = codec(*kind)
     assert the_codec is not None
@@ -246,12 +246,12 @@ def test_splice_edits_tagged_offline_log_dirs() -> None:
     """The practical effect of a string tag: splice_body cannot find the field on the wire."""
     from kproxy.protocol import default_body, splice_body
 
-    body = default_body(63, 1, Direction.REQUEST)
+    body = default_body(63, 1, MessageType.REQUEST)
     body["offline_log_dirs"] = [uuid.UUID(int=1)]
-    raw = encode_body(63, 1, Direction.REQUEST, body)
-    new, edited = splice_body(63, 1, Direction.REQUEST, raw, {"offline_log_dirs": lambda dirs: []})
+    raw = encode_body(63, 1, MessageType.REQUEST, body)
+    new, edited = splice_body(63, 1, MessageType.REQUEST, raw, {"offline_log_dirs": lambda dirs: []})
     assert edited == ["offline_log_dirs"]
-    assert decode_body(63, 1, Direction.REQUEST, new)["offline_log_dirs"] == []
+    assert decode_body(63, 1, MessageType.REQUEST, new)["offline_log_dirs"] == []
 
 
 # -- splicing node_endpoints (KIP-951) keeps every other tag -------------------------------------
@@ -291,20 +291,20 @@ def test_splice_of_node_endpoints_keeps_the_other_tags(api_key: int, version: in
     from kproxy.protocol import splice_body
 
     body = _kip951_body(api_key, version)
-    raw = encode_body(api_key, version, Direction.RESPONSE, body)
-    assert decode_body(api_key, version, Direction.RESPONSE, raw) == body  # the input has every tag
+    raw = encode_body(api_key, version, MessageType.RESPONSE, body)
+    assert decode_body(api_key, version, MessageType.RESPONSE, raw) == body  # the input has every tag
 
     def move(endpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{**e, "host": "kproxy.test", "port": 40000 + e["node_id"]} for e in endpoints]
 
-    new, edited = splice_body(api_key, version, Direction.RESPONSE, raw, {"node_endpoints": move})
+    new, edited = splice_body(api_key, version, MessageType.RESPONSE, raw, {"node_endpoints": move})
     assert edited == ["node_endpoints"]
     assert new is not None
     expected = {**body, "node_endpoints": move(body["node_endpoints"])}
-    got = decode_body(api_key, version, Direction.RESPONSE, new)
+    got = decode_body(api_key, version, MessageType.RESPONSE, new)
     assert got.get("_unknown_tags") == OTHER_TOP_TAGS, "top-level tags other than node_endpoints were lost"
     assert got == expected
-    assert new == encode_body(api_key, version, Direction.RESPONSE, expected)
+    assert new == encode_body(api_key, version, MessageType.RESPONSE, expected)
     # A splice that changes nothing gives back the input, byte for byte.
-    same, _ = splice_body(api_key, version, Direction.RESPONSE, raw, {"node_endpoints": lambda v: v})
+    same, _ = splice_body(api_key, version, MessageType.RESPONSE, raw, {"node_endpoints": lambda v: v})
     assert same == raw

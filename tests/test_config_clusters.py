@@ -14,7 +14,7 @@ import pytest
 from kproxy.cli import main
 from kproxy.config import ConfigError, config_from_file
 from kproxy.config.layering import build_config
-from kproxy.config.model import DEFAULT_CLUSTER
+from kproxy.config.sections import DEFAULT_CLUSTER
 from kproxy.host_port import HostPort
 
 TWO = """\

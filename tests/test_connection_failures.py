@@ -25,11 +25,11 @@ import trio.testing
 from kproxy.config import Limits
 from kproxy.host_port import HostPort
 from kproxy.protocol import FrameSplitter, frame
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, Verdict
 from kproxy.server.connection import Connection
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import METADATA, CloseConnection, FakeBroker, FakeCluster, Received, fake_cluster
 from tests.support.kafkaclient import KafkaClient

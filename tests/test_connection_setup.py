@@ -13,9 +13,9 @@ import trio.testing
 
 from kproxy.server import memory
 from kproxy.server.connection import _close
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.server.sockets import open_tcp, os_reason
-from kproxy.testing.proxy import proxy_config
+from kproxy.testing.proxy_thread import proxy_config
 from tests.support.fakecluster import fake_cluster
 
 

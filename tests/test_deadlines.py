@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 from kproxy.server.timers import COMPACT_SLACK, Deadlines
-from kproxy.testing.proxy import proxy_config, running_server
+from kproxy.testing.proxy_thread import proxy_config, running_server
 from tests.support.fakecluster import fake_cluster
 from tests.support.kafkaclient import KafkaClient
 from tests.test_connection_failures import opaque, wait_until

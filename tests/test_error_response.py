@@ -9,45 +9,45 @@ from typing import Any
 import pytest
 import trio
 
-from kproxy.protocol import Direction, decode_body, default_body, response_header_version
+from kproxy.protocol import MessageType, decode_body, default_body, response_header_version
 from kproxy.protocol.error_response import error_response, set_error_codes
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.headers import decode_response_header
+from kproxy.protocol.message_schemas import all_message_kinds
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.scan import scan_body
-from kproxy.protocol.schema import all_message_kinds
 from tests.support.fakecluster import PRODUCE, Received, fake_cluster
 from tests.support.matrix import matrix_cut
 
 NOT_LEADER_OR_FOLLOWER, NOT_COORDINATOR, TOPIC_AUTHORIZATION_FAILED = 6, 16, 29
-REQUEST_KINDS = [(k, v) for k, v, d in all_message_kinds() if d is Direction.REQUEST
-                 and (k, v, Direction.RESPONSE) in set(all_message_kinds())]
+REQUEST_KINDS = [(k, v) for k, v, d in all_message_kinds() if d is MessageType.REQUEST
+                 and (k, v, MessageType.RESPONSE) in set(all_message_kinds())]
 
 
 def _read_back(api_key: int, version: int, frame: bytes) -> tuple[int, dict[str, Any]]:
     assert int.from_bytes(frame[:4], "big", signed=True) == len(frame) - 4
     header = decode_response_header(frame[4:], api_key, version)
     assert header.header_version == response_header_version(api_key, version)
-    return header.correlation_id, decode_body(api_key, version, Direction.RESPONSE, frame[4:], header.size)
+    return header.correlation_id, decode_body(api_key, version, MessageType.RESPONSE, frame[4:], header.size)
 
 
 def _error_codes(api_key: int, version: int, body: dict[str, Any]) -> list[int]:
-    raw = require_codec(api_key, version, Direction.RESPONSE).encode(body)
-    return list(scan_body(api_key, version, Direction.RESPONSE, raw).error_codes())
+    raw = require_codec(api_key, version, MessageType.RESPONSE).encode(body)
+    return list(scan_body(api_key, version, MessageType.RESPONSE, raw).error_codes())
 
 
 # This run's share (tests/support/matrix.py): every api's boundary versions, a seeded sample of the rest.
 @pytest.mark.parametrize(("api_key", "version"),
-                         matrix_cut(REQUEST_KINDS, lambda k: (*k, Direction.RESPONSE), "error-response"),
+                         matrix_cut(REQUEST_KINDS, lambda k: (*k, MessageType.RESPONSE), "error-response"),
                          ids=lambda x: str(x))
 def test_every_known_kind_answers_with_the_error(api_key: int, version: int) -> None:
     """An empty request of each kind: our decoder reads the answer; every code it has is the error."""
-    request = request_frame(api_key, version, 424242, default_body(api_key, version, Direction.REQUEST))
+    request = request_frame(api_key, version, 424242, default_body(api_key, version, MessageType.REQUEST))
     answer = error_response(request, NOT_LEADER_OR_FOLLOWER)
     correlation_id, body = _read_back(api_key, version, answer)
     assert correlation_id == 424242
     assert set(_error_codes(api_key, version, body)) <= {NOT_LEADER_OR_FOLLOWER}
-    schema = require_codec(api_key, version, Direction.RESPONSE).schema
+    schema = require_codec(api_key, version, MessageType.RESPONSE).schema
     top_codes = [f.name for f in schema.fields if f.is_error_code and f.tag is None]
     assert all(body[name] == NOT_LEADER_OR_FOLLOWER for name in top_codes)
     if any(f.name == "throttle_time_ms" for f in schema.fields):
@@ -64,7 +64,7 @@ def _produce_request(version: int) -> bytes:
 
 @pytest.mark.parametrize("version", range(3, 14))
 def test_produce_partitions_answered_and_subset_fails(version: int) -> None:
-    require_codec(PRODUCE, version, Direction.REQUEST)
+    require_codec(PRODUCE, version, MessageType.REQUEST)
     _, body = _read_back(PRODUCE, version, error_response(_produce_request(version), NOT_LEADER_OR_FOLLOWER,
                                                           partitions=[1], message="moved"))
     [topic] = body["responses"]
@@ -126,8 +126,8 @@ def test_trailing_request_bytes_are_ignored() -> None:
 
 
 def test_set_error_codes_replaces_a_decoded_response_in_place() -> None:
-    fields = require_codec(PRODUCE, 9, Direction.RESPONSE).schema.fields
-    body = default_body(PRODUCE, 9, Direction.RESPONSE)
+    fields = require_codec(PRODUCE, 9, MessageType.RESPONSE).schema.fields
+    body = default_body(PRODUCE, 9, MessageType.RESPONSE)
     body["responses"] = [{"name": "t", "partition_responses": [
         {"index": i, "error_code": 0, "base_offset": 10, "log_append_time_ms": -1, "log_start_offset": 0,
          "record_errors": [], "error_message": None} for i in range(3)]}]
@@ -193,7 +193,7 @@ def _kio_error_codes(value: Any) -> list[int]:
 def test_kafka_python_reads_the_same_answer(api_key: int, version: int) -> None:
     from tests.test_codec_crosscheck import KP_CLASSES
 
-    cls = KP_CLASSES.get((api_key, Direction.RESPONSE))
+    cls = KP_CLASSES.get((api_key, MessageType.RESPONSE))
     if cls is None or version > cls.max_version:
         pytest.skip("kafka-python has no class for this kind")
     if api_key == 18:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.mutation import request_header
 from kproxy.protocol.request_fields import RequestHeaderMemo, request_client_id
-from kproxy.protocol.tables import ApiKey
 from kproxy.proxy.session import Exchange
 from kproxy.rules.frame_facts import FrameFacts
 

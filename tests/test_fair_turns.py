@@ -8,7 +8,7 @@ now takes TURN_FRAMES of them per turn). What is checked, which a loaded machine
 blur, is the longest step of a connection's pump in CPU time of the loop's thread: the work one turn
 of the loop did for one connection. The other client's worst round trip is printed beside its worst
 under the same load when the rule matches nobody. Last, 1-byte slicers on 20 connections and a
-probe's median round trip beside them (the toxic writers' write budget, kproxy/server/wire.py).
+probe's median round trip beside them (the toxic writers' write budget, kproxy/server/toxic_writer.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.records import Record, encode_batch_v2
-from kproxy.protocol.tables import ApiKey
 from kproxy.testing import Broker, running_proxy
 from tests.support.e2e import _recv_exactly, create_topic, unique
 from tests.test_rules_toxics import api_versions
@@ -173,7 +173,8 @@ def test_another_client_keeps_its_round_trip_under_a_greedy_client_s_rule(tansu:
 
 
 class WriterShare(trio.abc.Instrument):
-    """CPU seconds of the loop's thread in task steps: all of them, and the toxic writers' (kproxy/server/wire.py)."""
+    """CPU seconds of the loop's thread in task steps: all of them, and the toxic
+    writers' (kproxy/server/toxic_writer.py)."""
 
     def __init__(self) -> None:
         self.began: dict[int, float] = {}
@@ -239,7 +240,7 @@ def test_one_byte_slicers_on_20_connections_leave_the_loop_s_turns_short(tansu: 
           f"writers took {100 * share.writers / share.all:.0f} % of the loop's {share.all:.2f} s of CPU in task steps")
     assert trips, "the sliced clients got answers"
     # The toxic writers together write for at most WRITE_BUDGET of every BUDGET_WINDOW of the loop
-    # (kproxy/server/wire.py), so the probe's round trip waits for a window at most: with no bound it
+    # (kproxy/server/toxic_writer.py), so the probe's round trip waits for a window at most: with no bound it
     # waited behind 40 writers' 64 writes each, turn after turn (a median of 12-38 ms here, against
     # 0.2-4.8 ms with the bound on a loaded machine).
     assert probe_trips[len(probe_trips) // 2] < 0.008, probe_trips[len(probe_trips) // 2]

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.capture.records import PayloadOptions, RecordBuilder
+from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.errors import OverBudgetError, RecordsMutationError
 from kproxy.protocol.frame_builder import response_frame

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.metrics.lag import ConsumerLag
+from kproxy.metrics.consumer_lag import ConsumerLag
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.testing import Broker, run_tansu, running_proxy
@@ -32,7 +32,7 @@ HEARTBEAT, OFFSET_COMMIT = 12, 8
 HEARTBEATS, COMMITS = 20_000, 10_000
 ID_CHARS = 32767  # a group id as long as a Kafka string can be
 WINDOW = 64  # requests in flight on the connection
-KEPT_CHARS = 255  # the longest id the tracker keys (kproxy.metrics.lag.MAX_ID_LENGTH)
+KEPT_CHARS = 255  # the longest id the tracker keys (kproxy.metrics.consumer_lag.MAX_ID_LENGTH)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Consumer lag as kproxy tracks and exports it (kproxy/metrics/lag.py, lag_exposition.py), sans-IO.
+"""Consumer lag as kproxy tracks and exports it (kproxy/metrics/consumer_lag.py, lag_exposition.py), sans-IO.
 
 Frames built with kproxy's codec go through a real :class:`~kproxy.proxy.session.Session` whose
 observer is the metrics' (as the server wires them), on a clock the test moves:
@@ -31,25 +31,25 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kproxy.metrics.consumer_lag import ConsumerLag
 from kproxy.metrics.exposition import LiveGauges, make_registry
 from kproxy.metrics.labels import MAX_LABEL_LENGTH
-from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import SERIES_PER_LABEL, ConsumerLagCollector, lag_series
-from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.protocol.offsets import GROUP_REQUESTS
+from kproxy.protocol.message_schemas import MessageType, supported_versions
+from kproxy.protocol.offset_reads import GROUP_REQUESTS
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
 from kproxy.protocol.scan import scanner
-from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
-KEPT_CHARS = 255  # the longest group id or topic name the tracker keys (kproxy.metrics.lag.MAX_ID_LENGTH)
+KEPT_CHARS = 255  # the longest group id or topic name the tracker keys (kproxy.metrics.consumer_lag.MAX_ID_LENGTH)
 TOPIC_ID = uuid.UUID(int=0xABC)
 
 
@@ -575,11 +575,11 @@ def test_without_the_option_nothing_is_tracked_and_answers_are_scanned_as_before
     proxy.fetch(11, "orders", {0: 9})
     kinds = proxy.stats.brokers["bootstrap"].kinds
     assert not any(k.values for k in kinds.values())
-    assert kinds[FETCH << 16 | 11].scanner is scanner(FETCH, 11, Direction.RESPONSE, errors_only=True)
+    assert kinds[FETCH << 16 | 11].scanner is scanner(FETCH, 11, MessageType.RESPONSE, errors_only=True)
     with_lag = Proxy()
     with_lag.fetch(11, "orders", {0: 9})
     fetch = with_lag.stats.brokers["bootstrap"].kinds[FETCH << 16 | 11]
-    assert fetch.values and fetch.scanner is scanner(FETCH, 11, Direction.RESPONSE, errors_only=True, values=True)
+    assert fetch.values and fetch.scanner is scanner(FETCH, 11, MessageType.RESPONSE, errors_only=True, values=True)
 
 
 @pytest.mark.parametrize(("options", "tracked", "per_partition"), [
@@ -590,8 +590,8 @@ def test_without_the_option_nothing_is_tracked_and_answers_are_scanned_as_before
 ])
 def test_kproxy_run_tracks_lag_by_default_and_as_its_options_say(options: dict[str, Any], tracked: bool,
                                                                   per_partition: bool) -> None:
-    from kproxy.server.proxy import ProxyServer
-    from kproxy.testing.proxy import proxy_config
+    from kproxy.server.proxy_server import ProxyServer
+    from kproxy.testing.proxy_thread import proxy_config
 
     server = ProxyServer(proxy_config("127.0.0.1:9", metrics__consumer_lag_stale_after=42, **options))
     assert (server.lag is not None) == tracked and server.stats.options.consumer_lag == tracked

@@ -1,4 +1,4 @@
-"""Consumer lag in seconds and the time to catch up (kproxy/metrics/lag.py, lag_exposition.py), sans-IO.
+"""Consumer lag in seconds and the time to catch up (kproxy/metrics/consumer_lag.py, lag_exposition.py), sans-IO.
 
 Produce frames whose v2 batches carry known max timestamps go through a real
 :class:`~kproxy.proxy.session.Session` with the metrics' observer (tests/test_lag_metrics.py's
@@ -23,7 +23,7 @@ import tracemalloc
 
 import pytest
 
-from kproxy.metrics.lag import RATE_WINDOW, WRITTEN_POINTS, ConsumerLag, written_at
+from kproxy.metrics.consumer_lag import RATE_WINDOW, WRITTEN_POINTS, ConsumerLag, written_at
 from kproxy.metrics.lag_exposition import lag_series
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set, v2_max_timestamp
 from tests.test_lag_metrics import FETCH, PRODUCE, TOPIC_ID, Proxy

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kproxy.protocol import decode_request, decode_response
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.leader_epochs import (
@@ -19,8 +20,7 @@ from kproxy.protocol.leader_epochs import (
     floor_leader_epochs,
     unfloor_request_epochs,
 )
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey
+from kproxy.protocol.message_schemas import supported_versions
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.METADATA
 OFFSET_FOR_LEADER_EPOCH, DESCRIBE_TOPIC_PARTITIONS = ApiKey.OFFSET_FOR_LEADER_EPOCH, ApiKey.DESCRIBE_TOPIC_PARTITIONS

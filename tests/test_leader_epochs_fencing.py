@@ -20,8 +20,8 @@ from confluent_kafka import Consumer, TopicPartition
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
+from kproxy.protocol.codes import ErrorCode
 from kproxy.protocol.frame_builder import response_body
-from kproxy.protocol.tables import ErrorCode
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import FETCH, FakeBroker, FakeCluster, Received, fake_cluster
 

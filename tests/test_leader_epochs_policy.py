@@ -15,8 +15,8 @@ from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol import decode_request
 from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.support.clock import Clock

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 import trio
 
-from kproxy.metrics.histogram import LOOP_LAG_BUCKETS, Histogram
+from kproxy.metrics.fixed_histogram import LOOP_LAG_BUCKETS, Histogram
 from kproxy.server import loopwatch
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.testing import Broker, free_port, running_proxy

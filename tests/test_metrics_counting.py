@@ -25,11 +25,11 @@ import trio
 from prometheus_client import generate_latest
 
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.histogram import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram
+from kproxy.metrics.fixed_histogram import BROKER_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.stats import TrafficStats
 from kproxy.protocol import frame
+from kproxy.protocol.codes import error_code
 from kproxy.protocol.frame_builder import request_frame, response_body
-from kproxy.protocol.tables import error_code
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import METADATA, PRODUCE, FakeBroker, Received, fake_cluster
 from tests.support.kafkaclient import KafkaClient

@@ -16,18 +16,18 @@ import pytest
 
 from kproxy.metrics.labels import OTHER
 from kproxy.metrics.stats import StatsOptions, TrafficStats
-from kproxy.protocol import Direction, RequestHeader, default_body, encode_request, encode_response, frame
+from kproxy.protocol import MessageType, RequestHeader, default_body, encode_request, encode_response, frame
+from kproxy.protocol.codes import error_code
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.headers import request_header_version, response_body_offset
+from kproxy.protocol.message_schemas import all_message_kinds, message_schema
 from kproxy.protocol.messages import default_struct
 from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set
 from kproxy.protocol.scan import BodyScan, scan_body
-from kproxy.protocol.schema import all_message_kinds, message_schema
-from kproxy.protocol.tables import error_code
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT = 0, 1, 2, 3, 8
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, API_VERSIONS = 10, 11, 12, 18
-RESP, REQ = Direction.RESPONSE, Direction.REQUEST
+RESP, REQ = MessageType.RESPONSE, MessageType.REQUEST
 
 
 def code(name: str) -> int:
@@ -44,7 +44,7 @@ LEADER_NA = code("LEADER_NOT_AVAILABLE")
 
 
 # -- building messages ------------------------------------------------------------------------
-def element(api_key: int, version: int, direction: Direction, *path: str) -> dict[str, Any]:
+def element(api_key: int, version: int, direction: MessageType, *path: str) -> dict[str, Any]:
     """A default element of the (nested) array field at ``path``."""
     schema = message_schema(api_key, version, direction)
     assert schema is not None

@@ -8,10 +8,10 @@ from prometheus_client import generate_latest
 
 from kproxy.metrics.exposition import LiveGauges, make_registry
 from kproxy.metrics.stats import TrafficStats, kind_key
+from kproxy.protocol.codes import ApiKey, error_code
 from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.framing import frame
 from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.tables import ApiKey, error_code
 from tests.test_metrics_counting import sample
 
 HEARTBEAT = int(ApiKey.HEARTBEAT)

@@ -6,12 +6,12 @@ from collections.abc import Callable
 
 import pytest
 
-from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import SCAN_MEMO_BODY_MAX, SCAN_MEMO_BYTES, TrafficStats
+from kproxy.metrics.traffic_observer import MetricsObserver
+from kproxy.protocol.codes import ApiKey, error_class, error_code
 from kproxy.protocol.frame_builder import request_frame, response_frame
-from kproxy.protocol.tables import ApiKey, error_class, error_code
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
 METADATA, HEARTBEAT, PRODUCE = int(ApiKey.METADATA), int(ApiKey.HEARTBEAT), int(ApiKey.PRODUCE)

@@ -46,9 +46,9 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from kproxy.protocol import Direction, default_body
+from kproxy.protocol import MessageType, default_body
+from kproxy.protocol.codes import error_code
 from kproxy.protocol.records import Record, encode_batch_v2
-from kproxy.protocol.tables import error_code
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, stop_process
 from tests.support.e2e import TANSU_NODE_ID
 from tests.support.pki import server_pki
@@ -201,7 +201,7 @@ def produce_v3(client: RawKafka, topic: str, n: int) -> None:
     for i in range(n):
         now = int(time.time() * 1000)
         batch = encode_batch_v2([Record(j, now, f"raw-{i}-{j}".encode(), b"v") for j in range(RECORDS_PER_PRODUCE)])
-        body = default_body(0, 3, Direction.REQUEST)
+        body = default_body(0, 3, MessageType.REQUEST)
         body.update(acks=1, timeout_ms=5000,
                     topic_data=[{"name": topic, "partition_data": [{"index": 0, "records": batch}]}])
         response = client.request(0, 3, body)
@@ -210,7 +210,7 @@ def produce_v3(client: RawKafka, topic: str, n: int) -> None:
 
 
 def metadata_for_missing(client: RawKafka, topics: list[str]) -> None:
-    body = default_body(3, 9, Direction.REQUEST)
+    body = default_body(3, 9, MessageType.REQUEST)
     body.update(topics=[{"name": t} for t in topics], allow_auto_topic_creation=False)
     response = client.request(3, 9, body)
     # What the broker (Tansu) really answers, checked here so the metric assertions stand on it.
@@ -222,7 +222,7 @@ def client_anomalies(client: RawKafka, topic: str) -> None:
     """One stale-generation commit (the stack's rule answers it), of a topic already labelled (the
     label cap is the cardinality test's). (The raw client's Produce v3 is of a
     deprecated version: its connection's deprecated_version.)"""
-    body = default_body(8, 8, Direction.REQUEST)
+    body = default_body(8, 8, MessageType.REQUEST)
     body.update(group_id=f"metrics-stale-{uuid.uuid4().hex[:8]}", generation_id_or_member_epoch=3, member_id="gone",
                 topics=[{"name": topic, "partitions": [{"partition_index": 0, "committed_offset": 1,
                                                         "committed_leader_epoch": -1, "committed_metadata": ""}]}])
@@ -314,7 +314,7 @@ def stack(tansu: Broker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
         # Kept open to the end: it says which software it runs (ApiVersions v3, KIP-511).
         raw = RawKafka(proxy.bootstrap, RAW_CLIENT)
-        body = default_body(18, 3, Direction.REQUEST)
+        body = default_body(18, 3, MessageType.REQUEST)
         body.update(client_software_name=RAW_SOFTWARE[0], client_software_version=RAW_SOFTWARE[1])
         assert raw.request(18, 3, body)["error_code"] == 0
         produce_v3(raw, traffic.topic, RAW_PRODUCES)

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from kproxy.metrics.exposition import LiveGauges, make_registry
-from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.metrics.traffic import BATCH_BYTES_BUCKETS, CACHE_SLACK
+from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.errors import CorruptRecordsError
 from kproxy.protocol.frame_builder import request_frame, response_frame
@@ -42,9 +42,9 @@ from kproxy.protocol.records import (
     one_batch_count,
     v2_totals,
 )
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.exchange import Exchange
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 
 PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import trio
 
-from kproxy.protocol import Direction, Response, frame, message_schema
-from kproxy.protocol.schema import supported_versions
-from kproxy.server.proxy import ProxyServer
+from kproxy.protocol import MessageType, Response, frame, message_schema
+from kproxy.protocol.message_schemas import supported_versions
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import (
     API_VERSIONS,
@@ -207,7 +207,7 @@ async def test_kip951_node_endpoints_are_rewritten(cluster: FakeCluster, proxy: 
     found = assert_rewritten(response, cluster, proxy)
     parts = response.body["responses"][0]["partition_responses" if api_key == PRODUCE else "partitions"]
     assert [p["error_code"] for p in parts] == [0, NOT_LEADER_OR_FOLLOWER, NOT_LEADER_OR_FOLLOWER]
-    schema = message_schema(api_key, version, Direction.RESPONSE)
+    schema = message_schema(api_key, version, MessageType.RESPONSE)
     assert schema is not None
     has_endpoints = any(f.name == "node_endpoints" for f in schema.fields)
     assert has_endpoints == (version >= (10 if api_key == PRODUCE else 16))

@@ -66,13 +66,14 @@ def test_this_run_uses_the_build_it_should() -> None:
 
 @needs_build
 def test_the_listed_modules_come_from_the_build_and_the_others_from_their_sources() -> None:
+    others = ["kproxy.cli", "kproxy.protocol.message_schemas", "kproxy.server.proxy_server"]
     found = run(ROOT, "import kproxy, kproxy.native as n, importlib, json; "
                       "print(json.dumps({m: importlib.import_module(m).__file__ for m in "
-                      f"{[*listed(), 'kproxy.cli', 'kproxy.protocol.schema', 'kproxy.server.proxy']!r}}}))")
+                      f"{[*listed(), *others]!r}}}))")
     files = json.loads(found.stdout)
     for name in listed():
         assert files[name].endswith(SUFFIX) and "/kproxy/_native/" in files[name], (name, files[name])
-    for name in ("kproxy.cli", "kproxy.protocol.schema", "kproxy.server.proxy"):
+    for name in ("kproxy.cli", "kproxy.protocol.message_schemas", "kproxy.server.proxy_server"):
         assert files[name].endswith(".py"), (name, files[name])
 
 
@@ -84,7 +85,7 @@ def test_the_build_in_the_checkout_is_fresh_and_of_the_listed_modules() -> None:
 
 
 @needs_build
-@pytest.mark.parametrize("edited", ["kproxy/proxy/session.py", "kproxy/protocol/schema.py"])
+@pytest.mark.parametrize("edited", ["kproxy/proxy/session.py", "kproxy/protocol/message_schemas.py"])
 def test_a_source_changed_after_the_build_runs_pure_and_says_which(copy: Path, edited: str) -> None:
     # A compiled module, or a module one imports (mypyc may have inlined its Final constants): the whole
     # build is refused (its modules call each other directly), with one line naming the file.
@@ -185,7 +186,7 @@ def test_version_says_which_build_runs() -> None:
 def test_the_build_reads_each_compiled_module_and_what_it_imports() -> None:
     sources = {p.as_posix() for p in native_build.source_closure(["kproxy.proxy.session"])}
     assert {"kproxy/__init__.py", "kproxy/proxy/session.py", "kproxy/protocol/framing.py",
-            "kproxy/proxy/exchange.py", "kproxy/wire_toxics.py", "kproxy/protocol/schema.py"} <= sources
+            "kproxy/proxy/exchange.py", "kproxy/toxics.py", "kproxy/protocol/message_schemas.py"} <= sources
     assert "kproxy/server/connection.py" not in sources and "kproxy/cli.py" not in sources
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kproxy.capture.records import BIG_READ_BYTES
+from kproxy.capture.record_builder import BIG_READ_BYTES
 from kproxy.offloop import SHORT_SWITCH_INTERVAL, off_loop_build, short_switch_interval
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from tests.test_capture_observer import Harness

@@ -1,4 +1,4 @@
-"""Consumer lag's protocol side (kproxy/protocol/offsets.py): the values mode of the scans and its readers.
+"""Consumer lag's protocol side (kproxy/protocol/offset_reads.py): the values mode of the scans and its readers.
 
 * The values mode reads, in every version kproxy's tables know of each kind it covers (OffsetCommit
   and OffsetFetch requests and answers, ListOffsets requests and answers, Fetch, Metadata and
@@ -25,8 +25,9 @@ import pytest
 
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_body, response_body
+from kproxy.protocol.message_schemas import PARTITION_FIELDS, Field, MessageType, message_schema, supported_versions
 from kproxy.protocol.messages import decode_body, encode_body
-from kproxy.protocol.offsets import (
+from kproxy.protocol.offset_reads import (
     GROUP_REQUESTS,
     OFFSET_FIELDS,
     fetch_watermarks,
@@ -51,7 +52,6 @@ from kproxy.protocol.scan import (
     scanner,
 )
 from kproxy.protocol.scan_types import ScanEntries
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, message_schema, supported_versions
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH = 0, 1, 2, 3, 8, 9
 JOIN_GROUP, HEARTBEAT, SYNC_GROUP, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT = 11, 12, 14, 28, 68
@@ -64,7 +64,7 @@ def versions(api_key: int) -> range:
     return range(span[0], span[1] + 1)
 
 
-def kinds() -> list[tuple[int, int, Direction]]:
+def kinds() -> list[tuple[int, int, MessageType]]:
     return [(api, v, d) for api, d in OFFSET_FIELDS for v in versions(api)]
 
 
@@ -79,31 +79,31 @@ def topics(**extra: Any) -> list[dict[str, Any]]:
             for name, tid in (("orders", T1), ("payments", T2))]
 
 
-def body(api_key: int, api_version: int, direction: Direction) -> dict[str, Any]:
-    if (api_key, direction) == (OFFSET_COMMIT, Direction.REQUEST):
+def body(api_key: int, api_version: int, direction: MessageType) -> dict[str, Any]:
+    if (api_key, direction) == (OFFSET_COMMIT, MessageType.REQUEST):
         return request_body(api_key, api_version, group_id="billing",
                             topics=topics(committed_offset=lambda p: 100 + p, committed_metadata="m"))
-    if (api_key, direction) == (OFFSET_COMMIT, Direction.RESPONSE):
+    if (api_key, direction) == (OFFSET_COMMIT, MessageType.RESPONSE):
         return response_body(api_key, api_version, topics=topics(error_code=lambda p: 25 * p))
-    if (api_key, direction) == (OFFSET_FETCH, Direction.REQUEST):
+    if (api_key, direction) == (OFFSET_FETCH, MessageType.REQUEST):
         return request_body(api_key, api_version, group_id="billing", topics=[{"name": "orders",
                                                                                "partition_indexes": [0, 1]}],
                             groups=[{"group_id": "billing"}, {"group_id": "audit"}])
-    if (api_key, direction) == (OFFSET_FETCH, Direction.RESPONSE):
+    if (api_key, direction) == (OFFSET_FETCH, MessageType.RESPONSE):
         found = topics(committed_offset=lambda p: 40 + p, error_code=0)
         return response_body(api_key, api_version, topics=found, groups=[
             {"group_id": "billing", "topics": found}, {"group_id": "audit", "topics": found, "error_code": 16}])
-    if (api_key, direction) == (LIST_OFFSETS, Direction.REQUEST):
+    if (api_key, direction) == (LIST_OFFSETS, MessageType.REQUEST):
         return request_body(api_key, api_version, isolation_level=0, topics=topics(timestamp=lambda p: -1 - p))
-    if (api_key, direction) == (LIST_OFFSETS, Direction.RESPONSE):
+    if (api_key, direction) == (LIST_OFFSETS, MessageType.RESPONSE):
         return response_body(api_key, api_version, topics=topics(offset=lambda p: 70 + p, timestamp=-1,
                                                                  old_style_offsets=lambda p: [70 + p, 0]))
-    if (api_key, direction) == (FETCH, Direction.RESPONSE):
+    if (api_key, direction) == (FETCH, MessageType.RESPONSE):
         return response_body(api_key, api_version, responses=topics(high_watermark=lambda p: 900 + p,
                                                                     error_code=lambda p: 6 * p))
-    if (api_key, direction) == (METADATA, Direction.RESPONSE):
+    if (api_key, direction) == (METADATA, MessageType.RESPONSE):
         return response_body(api_key, api_version, topics=topics())
-    if (api_key, direction) == (PRODUCE, Direction.RESPONSE):
+    if (api_key, direction) == (PRODUCE, MessageType.RESPONSE):
         return response_body(api_key, api_version, responses=[
             {"name": name, "topic_id": tid, "partition_responses": [
                 {"index": p, "error_code": 6 * p, "base_offset": 500 + p, "log_append_time_ms": 7,
@@ -112,7 +112,7 @@ def body(api_key: int, api_version: int, direction: Direction) -> dict[str, Any]
     raise AssertionError((api_key, direction))
 
 
-def encoded(api_key: int, api_version: int, direction: Direction, value: dict[str, Any] | None = None) -> bytes:
+def encoded(api_key: int, api_version: int, direction: MessageType, value: dict[str, Any] | None = None) -> bytes:
     return encode_body(api_key, api_version, direction, body(api_key, api_version, direction) if value is None
                        else value)
 
@@ -148,7 +148,7 @@ def reference(fields: tuple[Field, ...], d: dict[str, Any], wanted: frozenset[st
 
 @pytest.mark.parametrize(("api_key", "api_version", "direction"), kinds(),
                          ids=[f"{a}-v{v}-{d.name.lower()}" for a, v, d in kinds()])
-def test_the_values_mode_reads_what_the_decoder_finds(api_key: int, api_version: int, direction: Direction) -> None:
+def test_the_values_mode_reads_what_the_decoder_finds(api_key: int, api_version: int, direction: MessageType) -> None:
     data = encoded(api_key, api_version, direction)
     schema = message_schema(api_key, api_version, direction)
     assert schema is not None
@@ -166,12 +166,12 @@ def test_the_values_mode_reads_what_the_decoder_finds(api_key: int, api_version:
 def test_the_request_scan_shared_by_every_reader_is_made_in_values_mode() -> None:
     from kproxy.protocol.scan import scan_request
 
-    data = encoded(OFFSET_COMMIT, 8, Direction.REQUEST)
+    data = encoded(OFFSET_COMMIT, 8, MessageType.REQUEST)
     found = scan_request(OFFSET_COMMIT, 8, data, 0)
     assert found is not None and isinstance(found[0], ScanEntries)
     assert found[0] == [("orders", 0, None), ("orders", 1, None), ("payments", 0, None), ("payments", 1, None)]
     assert found[0].values[-1] == (None, "billing", None)
-    produce = scan_request(0, 9, encode_body(0, 9, Direction.REQUEST, request_body(0, 9)), 0)
+    produce = scan_request(0, 9, encode_body(0, 9, MessageType.REQUEST, request_body(0, 9)), 0)
     assert produce is not None and not isinstance(produce[0], ScanEntries)  # other kinds as before
 
 
@@ -181,14 +181,14 @@ def scans(api_key: int, api_version: int, request: dict[str, Any] | None, respon
     """The request's shared scan and the answer's metrics scan (errors only), both in values mode."""
     req = None
     if request is not None:
-        fn = scanner(api_key, api_version, Direction.REQUEST, values=True)
-        req = run_values_scanner(fn, encode_body(api_key, api_version, Direction.REQUEST, request), 0)
-    fn = scanner(api_key, api_version, Direction.RESPONSE, errors_only=True, values=True)
-    return req, run_values_scanner(fn, encode_body(api_key, api_version, Direction.RESPONSE, response), 0)
+        fn = scanner(api_key, api_version, MessageType.REQUEST, values=True)
+        req = run_values_scanner(fn, encode_body(api_key, api_version, MessageType.REQUEST, request), 0)
+    fn = scanner(api_key, api_version, MessageType.RESPONSE, errors_only=True, values=True)
+    return req, run_values_scanner(fn, encode_body(api_key, api_version, MessageType.RESPONSE, response), 0)
 
 
 def commits(request: RequestScan | None, response: RequestScan | None) -> Any:
-    """offset_commits of the two scans, as kproxy.metrics.lag.ConsumerLag.answer reads them."""
+    """offset_commits of the two scans, as kproxy.metrics.consumer_lag.ConsumerLag.answer reads them."""
     return offset_commits(values_of(request), None if response is None else response[0])
 
 
@@ -208,13 +208,13 @@ def named(api_version: int, first_id: int) -> Any:
 @pytest.mark.parametrize("api_version", versions(OFFSET_COMMIT))
 def test_an_offset_commit_counts_the_partitions_its_answer_accepted(api_version: int) -> None:
     topic = named(api_version, 10)
-    request = body(OFFSET_COMMIT, api_version, Direction.REQUEST)
+    request = body(OFFSET_COMMIT, api_version, MessageType.REQUEST)
     accepted = response_body(OFFSET_COMMIT, api_version, topics=topics(error_code=0))
     assert commits(*scans(OFFSET_COMMIT, api_version, request, accepted)) == [
         ("billing", topic("orders", T1), 0, 100), ("billing", topic("orders", T1), 1, 101),
         ("billing", topic("payments", T2), 0, 100), ("billing", topic("payments", T2), 1, 101)]
     # Partition 1 of each topic refused (ILLEGAL_GENERATION): its offset was not committed.
-    partly = body(OFFSET_COMMIT, api_version, Direction.RESPONSE)
+    partly = body(OFFSET_COMMIT, api_version, MessageType.RESPONSE)
     assert commits(*scans(OFFSET_COMMIT, api_version, request, partly)) == [
         ("billing", topic("orders", T1), 0, 100), ("billing", topic("payments", T2), 0, 100)]
     req, resp = scans(OFFSET_COMMIT, api_version, request, accepted)
@@ -224,8 +224,8 @@ def test_an_offset_commit_counts_the_partitions_its_answer_accepted(api_version:
 @pytest.mark.parametrize("api_version", versions(OFFSET_FETCH))
 def test_an_offset_fetch_answer_gives_the_committed_offsets_of_groups_without_errors(api_version: int) -> None:
     topic = named(api_version, 10)
-    request = body(OFFSET_FETCH, api_version, Direction.REQUEST)
-    answer = body(OFFSET_FETCH, api_version, Direction.RESPONSE)
+    request = body(OFFSET_FETCH, api_version, MessageType.REQUEST)
+    answer = body(OFFSET_FETCH, api_version, MessageType.RESPONSE)
     expected = [("billing", topic(name, tid), p, 40 + p) for name, tid in (("orders", T1), ("payments", T2))
                 for p in (0, 1)]
     # v8+: the second group's error (COORDINATOR_NOT_AVAILABLE) leaves it out; v0-7: the request's group.
@@ -246,7 +246,7 @@ def test_an_offset_fetch_answer_gives_the_committed_offsets_of_groups_without_er
 @pytest.mark.parametrize("api_version", versions(FETCH))
 def test_a_fetch_answer_gives_the_high_watermarks_of_partitions_without_errors(api_version: int) -> None:
     topic = named(api_version, 13)
-    _, answer = scans(FETCH, api_version, None, body(FETCH, api_version, Direction.RESPONSE))
+    _, answer = scans(FETCH, api_version, None, body(FETCH, api_version, MessageType.RESPONSE))
     # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its watermark is not one.
     assert fetch_watermarks(values_of(answer)) == [(topic("orders", T1), 0, 900), (topic("payments", T2), 0, 900)]
     assert fetch_watermarks(None) == []
@@ -254,8 +254,8 @@ def test_a_fetch_answer_gives_the_high_watermarks_of_partitions_without_errors(a
 
 @pytest.mark.parametrize("api_version", versions(LIST_OFFSETS))
 def test_only_a_list_offsets_for_the_latest_offset_at_read_uncommitted_gives_watermarks(api_version: int) -> None:
-    request = body(LIST_OFFSETS, api_version, Direction.REQUEST)  # partition 0: -1 (latest), 1: -2 (earliest)
-    answer = body(LIST_OFFSETS, api_version, Direction.RESPONSE)
+    request = body(LIST_OFFSETS, api_version, MessageType.REQUEST)  # partition 0: -1 (latest), 1: -2 (earliest)
+    answer = body(LIST_OFFSETS, api_version, MessageType.RESPONSE)
     assert latest(*scans(LIST_OFFSETS, api_version, request, answer)) == [("orders", 0, 70),
                                                                                   ("payments", 0, 70)]
     failed = response_body(LIST_OFFSETS, api_version, topics=topics(offset=-1, error_code=6, old_style_offsets=[]))
@@ -268,7 +268,7 @@ def test_only_a_list_offsets_for_the_latest_offset_at_read_uncommitted_gives_wat
 
 @pytest.mark.parametrize("api_version", versions(METADATA))
 def test_metadata_answers_teach_topic_ids_from_v10(api_version: int) -> None:
-    _, answer = scans(METADATA, api_version, None, body(METADATA, api_version, Direction.RESPONSE))
+    _, answer = scans(METADATA, api_version, None, body(METADATA, api_version, MessageType.RESPONSE))
     assert metadata_topic_ids(values_of(answer)) == ([(T1, "orders"), (T2, "payments")] if api_version >= 10
                                                      else [])
     zero = response_body(METADATA, api_version, topics=[{"name": "gone", "topic_id": uuid.UUID(int=0)}])
@@ -297,7 +297,7 @@ def produce_frame(api_version: int, partitions: dict[tuple[str, int], bytes | No
 
 def counted(frame: bytes, api_version: int) -> Any:
     """produce_record_counts of a Produce frame; given the metrics' count of its records (as
-    kproxy.metrics.observer gives it) or not, the same."""
+    kproxy.metrics.traffic_observer gives it) or not, the same."""
     from kproxy.metrics.traffic import count_ranges
     from kproxy.protocol.headers import request_body_offset
 
@@ -348,7 +348,7 @@ def test_a_produce_request_over_the_record_budget_or_unreadable_is_not_counted()
 @pytest.mark.parametrize("api_version", versions(PRODUCE))
 def test_a_produce_answer_gives_the_log_end_offset_of_each_partition_it_accepted(api_version: int) -> None:
     topic = named(api_version, 13)
-    answer = scans(PRODUCE, api_version, None, body(PRODUCE, api_version, Direction.RESPONSE))[1]
+    answer = scans(PRODUCE, api_version, None, body(PRODUCE, api_version, MessageType.RESPONSE))[1]
     produced = [(topic("orders", T1), 0, 3, 7000), (topic("orders", T1), 1, 3, 7001),
                 (topic("payments", T2), 0, 9, -1)]
     # Partition 1 of each topic answered NOT_LEADER_OR_FOLLOWER: its records were not appended. The
@@ -391,7 +391,7 @@ def test_every_group_request_names_its_group_read_in_place(api_key: int, api_ver
     from kproxy.protocol.request_fields import request_group_id
 
     frame, offset = group_request(api_key, api_version, "billing-é")
-    decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, offset)
+    decoded = decode_body(api_key, api_version, MessageType.REQUEST, frame, offset)
     several = api_key == OFFSET_FETCH and api_version >= 8  # KIP-709: groups in an array, from the scan
     assert request_group_id(frame, api_key, api_version, offset) == (None if several else decoded["group_id"])
     if several:
@@ -416,7 +416,8 @@ def test_every_group_request_names_its_group_read_in_place(api_key: int, api_ver
 
 # -- malformed bodies ------------------------------------------------------------------------------------
 def _reads(api_key: int, api_version: int, request: RequestScan | None, response: RequestScan | None) -> list[Any]:
-    """What the kind's reader takes from the two scans (as kproxy.metrics.lag.ConsumerLag.answer reads them)."""
+    """What the kind's reader takes from the two scans (as ConsumerLag.answer reads them,
+    kproxy/metrics/consumer_lag.py)."""
     if api_key == OFFSET_COMMIT:
         return commits(request, response)
     if api_key == OFFSET_FETCH:
@@ -434,11 +435,11 @@ def _reads(api_key: int, api_version: int, request: RequestScan | None, response
 @pytest.mark.parametrize(("api_key", "api_version", "direction"), kinds(),
                          ids=[f"{a}-v{v}-{d.name.lower()}" for a, v, d in kinds()])
 def test_cut_and_changed_bodies_raise_nothing_and_a_refused_one_teaches_nothing(
-        api_key: int, api_version: int, direction: Direction) -> None:
+        api_key: int, api_version: int, direction: MessageType) -> None:
     data = encoded(api_key, api_version, direction)
-    whole = scan_body(api_key, api_version, direction, data, errors_only=direction is Direction.RESPONSE,
+    whole = scan_body(api_key, api_version, direction, data, errors_only=direction is MessageType.RESPONSE,
                       values=True)
-    fn = scanner(api_key, api_version, direction, errors_only=direction is Direction.RESPONSE, values=True)
+    fn = scanner(api_key, api_version, direction, errors_only=direction is MessageType.RESPONSE, values=True)
     other = scanner(api_key, api_version, direction.__class__(1 - direction), values=True)
     good = run_values_scanner(other, encoded(api_key, api_version, direction.__class__(1 - direction)), 0) \
         if (api_key, direction.__class__(1 - direction)) in OFFSET_FIELDS else None
@@ -446,13 +447,13 @@ def test_cut_and_changed_bodies_raise_nothing_and_a_refused_one_teaches_nothing(
     variants += [data[:at] + bytes([b]) + data[at + 1:] for at in range(len(data)) for b in (0x00, 0x7F, 0xFF)]
     for bad in variants:
         found = run_values_scanner(fn, bad, 0)
-        plain = run_scanner(scanner(api_key, api_version, direction, errors_only=direction is Direction.RESPONSE),
+        plain = run_scanner(scanner(api_key, api_version, direction, errors_only=direction is MessageType.RESPONSE),
                             bad, 0)
         assert (found is None) == (plain is None)  # the values mode refuses what the plain scan refuses
-        request, response = (found, good) if direction is Direction.REQUEST else (good, found)
+        request, response = (found, good) if direction is MessageType.REQUEST else (good, found)
         reads = _reads(api_key, api_version, request, response)  # never raises
         if found is None:
-            if direction is Direction.RESPONSE or (api_key, api_version >= 8) != (OFFSET_FETCH, True):
+            if direction is MessageType.RESPONSE or (api_key, api_version >= 8) != (OFFSET_FETCH, True):
                 assert reads == []  # (an OffsetFetch v8+ answer names its groups: its request is not read)
         elif len(bad) < len(data):  # cut after what the walk reads: the same reads as the whole body's
             assert found[0].values == whole.values  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.error_response import build_error_body
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.headers import (
@@ -23,6 +24,7 @@ from kproxy.protocol.headers import (
     encode_response_header,
     response_header_version,
 )
+from kproxy.protocol.message_schemas import MessageType, supported_versions
 from kproxy.protocol.messages import Body, decode_body, default_struct, require_codec
 from kproxy.protocol.partition_split import (
     READ_ONLY_APIS,
@@ -32,8 +34,6 @@ from kproxy.protocol.partition_split import (
     replace_selected_codes,
     split_request,
 )
-from kproxy.protocol.schema import Direction, supported_versions
-from kproxy.protocol.tables import ApiKey
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import load_text
 from kproxy.rules.actions.base import LocalAnswer, PartAnswer
@@ -81,7 +81,7 @@ def _name(topic: Any) -> str:
 
 
 def _request(api_key: int, version: int, lay: Layout, topics: Any = TOPICS, **values: Any) -> bytes:
-    codec = require_codec(api_key, version, Direction.REQUEST)
+    codec = require_codec(api_key, version, MessageType.REQUEST)
     field = next(f for f in codec.schema.fields if f.name == lay.request_topics)
     assert field.fields is not None
     parts_field = next(f for f in field.fields if f.name == lay.request_partitions)
@@ -102,7 +102,7 @@ def _request(api_key: int, version: int, lay: Layout, topics: Any = TOPICS, **va
 
 def _request_body(frame: bytes) -> Body:
     header = decode_request_header(memoryview(frame)[4:])
-    return decode_body(header.api_key, header.api_version, Direction.REQUEST, frame, 4 + header.size)
+    return decode_body(header.api_key, header.api_version, MessageType.REQUEST, frame, 4 + header.size)
 
 
 def _broker_answer(api_key: int, version: int, request: Body, *, reverse: bool = False) -> Body:
@@ -124,7 +124,7 @@ def _broker_answer(api_key: int, version: int, request: Body, *, reverse: bool =
 def _frame(api_key: int, version: int, body: Body) -> bytes:
     out = bytearray(b"\0\0\0\0")
     out += encode_response_header(ResponseHeader(7, response_header_version(api_key, version)))
-    require_codec(api_key, version, Direction.RESPONSE).encode_into(out, body)
+    require_codec(api_key, version, MessageType.RESPONSE).encode_into(out, body)
     out[:4] = (len(out) - 4).to_bytes(4, "big")
     return bytes(out)
 
@@ -132,7 +132,7 @@ def _frame(api_key: int, version: int, body: Body) -> bytes:
 def _decode(api_key: int, version: int, frame: bytes) -> Body:
     from kproxy.protocol.headers import response_body_offset
 
-    return decode_body(api_key, version, Direction.RESPONSE, frame,
+    return decode_body(api_key, version, MessageType.RESPONSE, frame,
                        response_body_offset(frame, api_key, version, whole=True))
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record import MemoryRecords
 
-from kproxy.protocol import Direction, decode_request, decode_response
+from kproxy.protocol import MessageType, decode_request, decode_response
 from kproxy.protocol.compression import Codec
 from kproxy.protocol.endpoints import rewrite_endpoints
 from kproxy.protocol.error_response import error_response
@@ -33,6 +33,7 @@ from kproxy.protocol.errors import (
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import ERROR_CODE_FIELDS, all_message_kinds, message_schema, supported_versions
 from kproxy.protocol.messages import default_body
 from kproxy.protocol.record_faults import CorruptTarget, corrupt_records, duplicate_records, replace_schema_ids
 from kproxy.protocol.records import (
@@ -53,7 +54,6 @@ from kproxy.protocol.response_faults import (
     set_throttle_time,
 )
 from kproxy.protocol.scan import scan_body
-from kproxy.protocol.schema import ERROR_CODE_FIELDS, all_message_kinds, message_schema, supported_versions
 from tests.test_records import kafka_codecs  # noqa: F401  (a fixture: kafka-python's codecs through cramjam)
 
 PRODUCE, FETCH, METADATA, API_VERSIONS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = \
@@ -79,15 +79,15 @@ def test_mutation_errors_are_protocol_errors() -> None:
 
 # ------------------------------------------------------------------------------ throttle time
 
-RESPONSE_KINDS = [(k, v) for k, v, d in all_message_kinds() if d is Direction.RESPONSE]
+RESPONSE_KINDS = [(k, v) for k, v, d in all_message_kinds() if d is MessageType.RESPONSE]
 THROTTLED = [(k, v) for k, v in RESPONSE_KINDS
              if any(f.name == "throttle_time_ms" and f.tag is None
-                    for f in message_schema(k, v, Direction.RESPONSE).fields)]  # type: ignore[union-attr]
+                    for f in message_schema(k, v, MessageType.RESPONSE).fields)]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(("api_key", "version"), THROTTLED, ids=str)
 def test_throttle_time_set_in_every_response_that_has_it(api_key: int, version: int) -> None:
-    body = default_body(api_key, version, Direction.RESPONSE)
+    body = default_body(api_key, version, MessageType.RESPONSE)
     body["throttle_time_ms"] = 7
     frame = response_frame(api_key, version, 31, body)
     result = set_throttle_time(frame, api_key, version, 1500)
@@ -326,7 +326,7 @@ def produce_request(version: int, records: bytes | None = None, topics: tuple[st
 def test_rewrite_acks_in_every_produce_version(version: int) -> None:
     frame = produce_request(version, encode_batch_v2([Record(0, 5, b"k", b"v", [])]))
     before = decode_request(frame[4:])
-    result = rewrite_fields(frame, PRODUCE, version, Direction.REQUEST, [FieldEdit("acks", value=1)])
+    result = rewrite_fields(frame, PRODUCE, version, MessageType.REQUEST, [FieldEdit("acks", value=1)])
     after = decode_request(result.frame[4:])
     assert after.header == before.header and after.body == {**before.body, "acks": 1} and result.changed == 1
     # acks is an int16: only its two bytes may differ.
@@ -337,10 +337,10 @@ def test_rewrite_acks_in_every_produce_version(version: int) -> None:
 @pytest.mark.parametrize("version", versions(PRODUCE, 0)[:13])
 def test_rewrite_maps_topic_prefixes_and_client_id(version: int) -> None:
     frame = produce_request(version, None, topics=("orders-a", "audit"))
-    result = rename_topics(frame, PRODUCE, version, Direction.REQUEST, [("orders-", "staging-orders-")])
+    result = rename_topics(frame, PRODUCE, version, MessageType.REQUEST, [("orders-", "staging-orders-")])
     after = decode_request(result.frame[4:])
     assert [t["name"] for t in after.body["topic_data"]] == ["staging-orders-a", "audit"]
-    renamed = rewrite_fields(result.frame, PRODUCE, version, Direction.REQUEST,
+    renamed = rewrite_fields(result.frame, PRODUCE, version, MessageType.REQUEST,
                              [FieldEdit("client_id", values={"kproxy-test": "batch-7"}),
                               FieldEdit("topic_data[].partition_data[].index", values={1: 9})])
     again = decode_request(renamed.frame[4:])
@@ -354,7 +354,7 @@ def test_rewrite_a_config_value_in_a_response(version: int) -> None:
     configs = [{"name": "retention.ms", "value": "1000"}, {"name": "cleanup.policy", "value": "delete"}]
     frame = response_frame(DESCRIBE_CONFIGS, version, 3, results=[{"resource_name": "t", "configs": configs}])
     before = body_of_response(DESCRIBE_CONFIGS, version, frame)
-    result = rewrite_fields(frame, DESCRIBE_CONFIGS, version, Direction.RESPONSE,
+    result = rewrite_fields(frame, DESCRIBE_CONFIGS, version, MessageType.RESPONSE,
                             [FieldEdit("results[].configs[].value", values={"delete": "compact"})])
     after = body_of_response(DESCRIBE_CONFIGS, version, result.frame)
     expected = copy.deepcopy(before)
@@ -366,10 +366,10 @@ def test_rewrite_keeps_bytes_after_a_request_body() -> None:
     """librdkafka sends some requests with bytes after the body (Metadata v12 with 3): kept as they were."""
     plain = request_frame(METADATA, 12, 4, topics=[{"name": "orders"}])
     frame = struct.pack(">i", len(plain) - 1) + plain[4:] + b"\1\2\3"
-    result = rewrite_fields(frame, METADATA, 12, Direction.REQUEST, [FieldEdit("topics[].name", value="x")])
+    result = rewrite_fields(frame, METADATA, 12, MessageType.REQUEST, [FieldEdit("topics[].name", value="x")])
     assert result.frame.endswith(b"\1\2\3")
     assert struct.unpack_from(">i", result.frame)[0] == len(result.frame) - 4
-    renamed = rename_topics(frame, METADATA, 12, Direction.REQUEST, [("ord", "ORD")])
+    renamed = rename_topics(frame, METADATA, 12, MessageType.REQUEST, [("ord", "ORD")])
     assert renamed.frame.endswith(b"\1\2\3") and b"ORDers" in renamed.frame
 
 
@@ -382,7 +382,7 @@ def test_rewrite_keeps_bytes_after_a_request_body() -> None:
 ])
 def test_rewrite_refuses_bad_paths_and_values(edit: FieldEdit, reason: str) -> None:
     with pytest.raises(FieldRewriteError, match=reason):
-        rewrite_fields(produce_request(9), PRODUCE, 9, Direction.REQUEST, [edit])
+        rewrite_fields(produce_request(9), PRODUCE, 9, MessageType.REQUEST, [edit])
 
 
 @settings(max_examples=60, deadline=None)
@@ -390,7 +390,7 @@ def test_rewrite_refuses_bad_paths_and_values(edit: FieldEdit, reason: str) -> N
        old=st.text(st.sampled_from("abc-"), min_size=1, max_size=3), new=st.text(st.sampled_from("xyz"), max_size=4))
 def test_rename_topics_is_exactly_the_prefix_map(names: list[str], old: str, new: str) -> None:
     frame = produce_request(9, None, topics=tuple(names))
-    result = rename_topics(frame, PRODUCE, 9, Direction.REQUEST, [(old, new)])
+    result = rename_topics(frame, PRODUCE, 9, MessageType.REQUEST, [(old, new)])
     got = [t["name"] for t in decode_request(result.frame[4:]).body["topic_data"]]
     assert got == [new + n[len(old):] if n.startswith(old) else n for n in names]
     assert result.changed == sum(1 for n in names if n.startswith(old) and old != new)
@@ -691,18 +691,18 @@ def test_hostile_record_bytes_raise_only_protocol_errors(junk: bytes, count: int
         records_of(PRODUCE, version, result.frame)  # whatever came back still decodes as a Produce request
 
 
-ANSWERABLE = [(k, v) for k, v, d in all_message_kinds() if d is Direction.REQUEST
-              and message_schema(k, v, Direction.RESPONSE) is not None]
+ANSWERABLE = [(k, v) for k, v, d in all_message_kinds() if d is MessageType.REQUEST
+              and message_schema(k, v, MessageType.RESPONSE) is not None]
 
 
 @pytest.mark.parametrize(("api_key", "version"), ANSWERABLE, ids=str)
 def test_replace_error_codes_in_every_known_response(api_key: int, version: int) -> None:
     """A broker's answer (here: one naming every topic and partition of a default request, all codes NONE)
     has every error code replaced, and nothing else changed."""
-    request = request_frame(api_key, version, 5, default_body(api_key, version, Direction.REQUEST))
+    request = request_frame(api_key, version, 5, default_body(api_key, version, MessageType.REQUEST))
     answer = error_response(request, 0)
     before = body_of_response(api_key, version, answer)
-    codes = list(scan_body(api_key, version, Direction.RESPONSE, answer, response_body_offset(
+    codes = list(scan_body(api_key, version, MessageType.RESPONSE, answer, response_body_offset(
         answer, api_key, version)).error_codes())
     if not codes:
         with pytest.raises(ErrorCodeMutationError):
@@ -711,7 +711,7 @@ def test_replace_error_codes_in_every_known_response(api_key: int, version: int)
     result = replace_error_codes(answer, api_key, version, NOT_LEADER_OR_FOLLOWER, message="injected")
     after = body_of_response(api_key, version, result.frame)
     assert decode_response(result.frame[4:], api_key, version).header.correlation_id == 5
-    assert set(scan_body(api_key, version, Direction.RESPONSE, result.frame, response_body_offset(
+    assert set(scan_body(api_key, version, MessageType.RESPONSE, result.frame, response_body_offset(
         result.frame, api_key, version)).error_codes()) == {NOT_LEADER_OR_FOLLOWER}
     assert _without(after) == _without(before)
 

@@ -12,11 +12,11 @@ import tracemalloc
 
 import pytest
 
-import kproxy.proxy.rewrite as rewrite
+import kproxy.proxy.address_rewrite as rewrite
 from kproxy.protocol.frame_builder import response_frame
 from kproxy.protocol.headers import response_body_offset
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 
 BUDGET = 256 * 1024  # a small memo bound, so the test needs few responses to cross it
 

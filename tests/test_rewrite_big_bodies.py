@@ -8,25 +8,25 @@ from typing import Any
 
 import pytest
 
-import kproxy.proxy.rewrite as rewrite
+import kproxy.proxy.address_rewrite as rewrite
 from kproxy.host_port import HostPort
 from kproxy.protocol import decode_response, default_body, encode_response
 from kproxy.protocol.errors import DecodeError
-from kproxy.protocol.schema import Direction, message_schema
+from kproxy.protocol.message_schemas import MessageType, message_schema
+from kproxy.proxy.address_rewrite import MEMO_MAX_BODY, ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import MEMO_MAX_BODY, ResponseRewriter
 
 METADATA = 3
 
 
 def big_metadata(host: str, port: int, version: int = 1, topics: int = 40, correlation_id: int = 1) -> bytes:
-    body = default_body(METADATA, version, Direction.RESPONSE)
+    body = default_body(METADATA, version, MessageType.RESPONSE)
     body["brokers"] = [{"node_id": 1, "host": host, "port": port, "rack": None}]
     body["controller_id"] = 1
     body["topics"] = [{"error_code": 0, "name": f"topic-{t:03d}", "is_internal": False, "partitions": [
         {"error_code": 0, "partition_index": p, "leader_id": 1, "leader_epoch": 0, "replica_nodes": [1],
          "isr_nodes": [1], "offline_replicas": []} for p in range(100)]} for t in range(topics)]
-    schema = message_schema(METADATA, version, Direction.RESPONSE)
+    schema = message_schema(METADATA, version, MessageType.RESPONSE)
     assert schema is not None
     schema_fields = {f.name for f in schema.fields}
     body = {k: v for k, v in body.items() if k in schema_fields}
@@ -36,14 +36,14 @@ def big_metadata(host: str, port: int, version: int = 1, topics: int = 40, corre
 
 @pytest.fixture
 def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts the whole-body walks (kproxy.proxy.rewrite._check_whole), which still run: each takes the
+    """Counts the whole-body walks (kproxy.proxy.address_rewrite._check_whole), which still run: each takes the
     response's codec from kproxy.protocol.messages (interpreted, looked up by name on every call in
     both builds, where _check_whole itself is called directly by compiled code) and walks the body with
     its ``skip``."""
     seen: list[int] = []
     real = rewrite.codec
 
-    def counting(api_key: int, api_version: int, direction: Direction) -> Any:
+    def counting(api_key: int, api_version: int, direction: MessageType) -> Any:
         c = real(api_key, api_version, direction)
         assert c is not None
 

@@ -6,15 +6,15 @@ import struct
 
 from kproxy.host_port import HostPort
 from kproxy.protocol import decode_response, default_body, encode_response
-from kproxy.protocol.schema import Direction
+from kproxy.protocol.message_schemas import MessageType
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 
 METADATA = 3
 
 
 def metadata_frame(host: str, port: int, correlation_id: int = 1) -> bytes:
-    body = default_body(METADATA, 1, Direction.RESPONSE)
+    body = default_body(METADATA, 1, MessageType.RESPONSE)
     body["brokers"] = [{"node_id": 1, "host": host, "port": port, "rack": None}]
     payload = encode_response(correlation_id, METADATA, 1, body)
     return struct.pack(">i", len(payload)) + payload

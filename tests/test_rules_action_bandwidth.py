@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kproxy.rules import RulesError, load_text
-from kproxy.wire_toxics import Direction, Pace
+from kproxy.toxics import Direction, Pace
 from tests.test_rules_session import Driver, heartbeat, rules
 
 

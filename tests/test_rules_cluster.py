@@ -77,7 +77,7 @@ def test_a_connections_policy_carries_its_cluster() -> None:
 def test_a_rule_for_a_cluster_kproxy_does_not_serve_is_warned_of_at_start(tmp_path: Path,
                                                                           caplog: pytest.LogCaptureFixture) -> None:
     from kproxy.config import build_config
-    from kproxy.server.proxy import ProxyServer
+    from kproxy.server.proxy_server import ProxyServer
 
     rules = tmp_path / "rules.yaml"
     rules.write_text(_rules("{api: produce, cluster: [orders, paymnets]}"))

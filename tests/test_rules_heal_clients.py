@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from kproxy.admin.client import AdminClient
+from kproxy.admin.api_client import AdminClient
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.delivered import Outcome, read_back

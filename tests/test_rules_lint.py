@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from kproxy.cli import main
-from kproxy.protocol.tables import ApiKey
+from kproxy.protocol.codes import ApiKey
 from kproxy.rules import RuleEngine, StaticFacts, load_text
 from kproxy.rules.lint import warnings_of_text
 
@@ -169,7 +169,7 @@ def test_keys_an_api_does_not_carry_are_reported_at_the_key() -> None:
 
 
 def _max_version(api: int) -> int:
-    from kproxy.protocol.schema import supported_versions
+    from kproxy.protocol.message_schemas import supported_versions
 
     known = supported_versions(api)
     assert known is not None

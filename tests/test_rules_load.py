@@ -12,7 +12,7 @@ import yaml
 
 from kproxy.cli import main
 from kproxy.protocol import _tables
-from kproxy.protocol.tables import api_snake_name
+from kproxy.protocol.codes import api_snake_name
 from kproxy.rules import RulesError, load_file, load_text
 from kproxy.rules.actions.delay import Delay
 from kproxy.rules.actions.downgrade_api_versions import DowngradeApiVersions

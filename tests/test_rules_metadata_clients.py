@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from kproxy.protocol import Direction, default_body
-from kproxy.protocol.tables import ApiKey
+from kproxy.protocol import MessageType, default_body
+from kproxy.protocol.codes import ApiKey
 from kproxy.testing import Broker, ProxyThread, running_proxy
 from tests.support.delivered import Outcome, read_back
 from tests.support.e2e import TANSU_NODE_ID, create_topic, produce_confluent, unique
@@ -126,16 +126,17 @@ def test_no_answer_kproxy_writes_lists_zero_brokers_though_the_rule_hides_every_
         raw = RawKafka(address)
         try:
             offered = {k["api_key"]: (k["min_version"], k["max_version"]) for k in raw.request(
-                int(ApiKey.API_VERSIONS), 3, default_body(int(ApiKey.API_VERSIONS), 3, Direction.REQUEST))["api_keys"]}
+                int(ApiKey.API_VERSIONS), 3,
+                default_body(int(ApiKey.API_VERSIONS), 3, MessageType.REQUEST))["api_keys"]}
             metadata, cluster = offered[int(ApiKey.METADATA)], offered[int(ApiKey.DESCRIBE_CLUSTER)]
             for version in range(max(1, metadata[0]), metadata[1] + 1):
-                request = default_body(int(ApiKey.METADATA), version, Direction.REQUEST)
+                request = default_body(int(ApiKey.METADATA), version, MessageType.REQUEST)
                 request["topics"] = None
                 body = raw.request(int(ApiKey.METADATA), version, request)
                 assert [b["node_id"] for b in body["brokers"]] == [TANSU_NODE_ID], f"{name} Metadata v{version}"
             for version in range(cluster[0], cluster[1] + 1):
                 body = raw.request(int(ApiKey.DESCRIBE_CLUSTER), version,
-                                   default_body(int(ApiKey.DESCRIBE_CLUSTER), version, Direction.REQUEST))
+                                   default_body(int(ApiKey.DESCRIBE_CLUSTER), version, MessageType.REQUEST))
                 assert [b["broker_id"] for b in body["brokers"]] == [TANSU_NODE_ID], \
                     f"{name} DescribeCluster v{version}"
         finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 import trio
 from confluent_kafka import Producer
 
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import METADATA, PRODUCE, FakeCluster, fake_cluster
 from tests.support.kafkaclient import KafkaClient

@@ -19,10 +19,10 @@ import pytest
 
 from kproxy.cli import main as cli_main
 from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.exchange import Exchange
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.proxy.verdict import Verdict
 from kproxy.rules import RulesError

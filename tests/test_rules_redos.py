@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from kproxy.admin.client import AdminClient
+from kproxy.admin.api_client import AdminClient
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame
-from kproxy.protocol.tables import ApiKey
 from kproxy.testing import Broker, free_port, wait_for_port
 from tests.support.e2e import create_topic, unique
 from tests.support.loopwatch import BLOCKED, stalls_over

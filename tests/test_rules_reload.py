@@ -232,7 +232,7 @@ def test_reload_series_are_exported_born_at_zero() -> None:
 
 
 def test_a_server_with_a_rules_file_watches_it_and_gives_every_connection_a_policy(tmp_path: Path) -> None:
-    from kproxy.server.proxy import ProxyServer
+    from kproxy.server.proxy_server import ProxyServer
 
     path = tmp_path / "rules.yaml"
     path.write_text(rules_text("a"))

@@ -357,7 +357,7 @@ def test_series_of_rules_no_longer_loaded_are_removed_at_the_next_replacement() 
 
 
 def test_metrics_stay_bounded_however_often_rules_are_replaced_through_the_admin_api(tansu: Broker) -> None:
-    from kproxy.admin.client import AdminClient
+    from kproxy.admin.api_client import AdminClient
 
     metrics_port, admin_port = free_port(), free_port()
     with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{metrics_port}",
@@ -416,7 +416,7 @@ def test_decode_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
 
 
 def test_rules_list_into_a_closed_pipe_ends_quietly(tansu: Broker) -> None:
-    from kproxy.admin.client import AdminClient
+    from kproxy.admin.api_client import AdminClient
 
     admin_port = free_port()
     with running_proxy(tansu.bootstrap, admin__listen=f"127.0.0.1:{admin_port}") as proxy:

@@ -25,9 +25,9 @@ from kproxy.protocol.compression import Codec
 from kproxy.protocol.frame_builder import request_body
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.records import Record, encode_batch_v2
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, ForwardUpstream, SendToClient, WakeAt
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import RulesError, load_text
 from kproxy.rules.lint import warnings_of_text

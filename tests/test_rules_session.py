@@ -24,9 +24,9 @@ from kproxy.protocol import decode_response, encode_request, frame
 from kproxy.protocol.frame_builder import request_body, request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, SendToClient, WakeAt
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.support.clock import Clock

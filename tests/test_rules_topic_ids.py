@@ -14,8 +14,8 @@ from kproxy.policy.live_rules import LiveRules
 from kproxy.policy.policy import RulePolicy, TopicIdLearningPolicy
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.topic_ids import TopicIdNames
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.rules import load_text
 from tests.support.clock import Clock

@@ -1,6 +1,6 @@
 """The byte-level toxics against the real broker with real clients: what reaches the wire, and when.
 
-``bandwidth``, ``slicer``, ``limit_data`` and ``delay`` with ``at: wire`` (kproxy/wire_toxics.py),
+``bandwidth``, ``slicer``, ``limit_data`` and ``delay`` with ``at: wire`` (kproxy/toxics.py),
 measured where kproxy writes to its sockets (``Wire``: every write of every connection, timed) or
 with a raw socket reading kproxy's bytes.
 """
@@ -24,8 +24,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from kafka import KafkaProducer
 
 import kproxy.server.connection as connection_module
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame
-from kproxy.protocol.tables import ApiKey
 from kproxy.rules import load_text
 from kproxy.server.fastio import Writer
 from kproxy.testing import Broker, ProxyThread, running_proxy

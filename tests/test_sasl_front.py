@@ -19,7 +19,7 @@ import trio
 from confluent_kafka import Producer
 from kafka.net.sasl.oauth import AbstractTokenProvider
 
-from kproxy.protocol.tables import ApiKey
+from kproxy.protocol.codes import ApiKey
 from kproxy.testing import running_proxy
 from tests.sasl_front import MECHANISMS, SASL_AUTHENTICATION_FAILED, SaslFront, unsecured_jws
 from tests.support.e2e import consume_confluent, consume_kafka_python, create_topic, produce_confluent, unique

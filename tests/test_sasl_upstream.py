@@ -24,7 +24,7 @@ import pytest
 import trio
 from confluent_kafka import Producer
 
-from kproxy.protocol.tables import ApiKey
+from kproxy.protocol.codes import ApiKey
 from kproxy.testing import free_port, running_proxy
 from tests.sasl_front import MECHANISMS, SaslFront, unsecured_jws
 from tests.support.e2e import (

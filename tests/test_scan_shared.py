@@ -28,12 +28,13 @@ from hypothesis import strategies as st
 import kproxy.proxy.exchange as exchange_module
 import kproxy.rules.frame_facts as facts_module
 from kproxy.metrics.fault_stats import FaultStats
-from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import StatsOptions, TrafficStats
+from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
+from kproxy.protocol.message_schemas import MessageType, supported_versions
 from kproxy.protocol.produce_scan import produce_answer as produce_answer_entry
 from kproxy.protocol.produce_scan import produce_answer_errors, produce_request_scan
 from kproxy.protocol.records import (
@@ -48,9 +49,8 @@ from kproxy.protocol.records import (
 )
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scan_request, scanner
 from kproxy.protocol.scan_types import ScanEntries
-from kproxy.protocol.schema import Direction, supported_versions
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Session
 from kproxy.rules import load_text
 from kproxy.rules.frame_facts import FrameFacts
@@ -123,7 +123,7 @@ def test_the_shared_scan_finds_the_records_ranges_the_metrics_scan_found(version
     offset = request_body_offset(frame, PRODUCE, version)
     if offset is None:
         return
-    fn = scanner(PRODUCE, version, Direction.REQUEST, errors_only=True)
+    fn = scanner(PRODUCE, version, MessageType.REQUEST, errors_only=True)
     assert fn is not None
     ranges: list[tuple[int, int]] | None = []
     try:
@@ -163,7 +163,7 @@ def test_bytes_bytearray_and_memoryview_scan_alike(version: int) -> None:
 # -- produce_answer_errors against the generated scanner ---------------------------------------------
 def generated(frame: bytes, offset: int, version: int, values: bool = False) -> Any:
     """The generated errors-only scanner's entries (in values mode: and its values)."""
-    fn = scanner(PRODUCE, version, Direction.RESPONSE, errors_only=True, values=values)
+    fn = scanner(PRODUCE, version, MessageType.RESPONSE, errors_only=True, values=values)
     assert fn is not None
     acc: list[Entry] = ScanEntries.empty() if values else []
     try:
@@ -185,7 +185,7 @@ def fast_path(frame: bytes, offset: int, version: int, values: bool = False) -> 
 def generated_full(frame: bytes, offset: int, version: int) -> tuple[list[Entry], list[Any]] | None:
     """The full scanner's entries (every partition, whatever its code) and what its values mode
     reads: the capture's scan of a Produce answer."""
-    fn = scanner(PRODUCE, version, Direction.RESPONSE, values=True)
+    fn = scanner(PRODUCE, version, MessageType.RESPONSE, values=True)
     assert fn is not None
     acc = ScanEntries()
     acc.values = []
@@ -350,7 +350,7 @@ def test_the_walks_of_v2_headers_agree_with_count_records(counts: list[int], cod
 
 # -- the Produce request fast path of scan_request against the generated scanner --------------------
 def generated_request(frame: bytes, offset: int, version: int) -> RequestScan | None:
-    fn = scanner(PRODUCE, version, Direction.REQUEST)
+    fn = scanner(PRODUCE, version, MessageType.REQUEST)
     assert fn is not None
     acc: list[Entry] = []
     recs: list[tuple[int, int]] = []

@@ -22,7 +22,8 @@ from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_body, request_frame, response_body, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.headers import RequestHeader, response_body_offset
-from kproxy.protocol.schema import supported_versions
+from kproxy.protocol.message_schemas import supported_versions
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap, BrokerRoute
 from kproxy.proxy.commands import (
     CloseConnection,
@@ -33,7 +34,6 @@ from kproxy.proxy.commands import (
     SendToClient,
     WakeAt,
 )
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Exchange, Mode, Session, SessionError, Verdict
 from tests.support.clock import Clock
 

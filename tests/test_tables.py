@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.protocol import _tables, api_keys
-from kproxy.protocol.tables import (
+from kproxy.protocol.codes import (
     RETRIABLE_ERRORS,
     ApiKey,
     ErrorCode,

@@ -31,7 +31,7 @@ from kproxy.protocol.payloads import decode_response
 from kproxy.sasl.credentials import CredentialStore, user_credentials
 from kproxy.sasl.credentials_file import save_credentials
 from kproxy.server.discovery import ClusterVersions, answers_by_version, fetch_api_versions_answers
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import METADATA, FakeCluster, fake_cluster
 from tests.support.kafkaclient import KafkaClient

@@ -33,7 +33,7 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from kproxy.config import ClientTls, ConfigError
-from kproxy.protocol import Direction, RequestHeader, decode_response, default_body, encode_request, frame
+from kproxy.protocol import MessageType, RequestHeader, decode_response, default_body, encode_request, frame
 from kproxy.protocol.headers import request_header_version
 from kproxy.server.tls import client_side_context, client_side_material
 from kproxy.server.tls_reload import LiveTls
@@ -75,7 +75,7 @@ def served_serial(address: str, ctx: ssl.SSLContext) -> int:
         der = tls.getpeercert(binary_form=True)
         assert der is not None
         header = RequestHeader(18, 3, 1, "tls-rotation-probe", request_header_version(18, 3))
-        tls.sendall(frame(encode_request(header, default_body(18, 3, Direction.REQUEST))))
+        tls.sendall(frame(encode_request(header, default_body(18, 3, MessageType.REQUEST))))
         answer = b""
         while len(answer) < 4 or len(answer) < 4 + int.from_bytes(answer[:4], "big"):
             chunk = tls.recv(65536)
@@ -251,7 +251,7 @@ def answered_through(address: str) -> bool:
     upstream connection for it, whose handshake must succeed."""
     try:
         with RawKafka(address, "tls-rotation-probe") as client:
-            return bool(client.request(18, 3, default_body(18, 3, Direction.REQUEST))["error_code"] == 0)
+            return bool(client.request(18, 3, default_body(18, 3, MessageType.REQUEST))["error_code"] == 0)
     except (OSError, EOFError):
         return False
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kproxy.capture.records import RecordBuilder
+from kproxy.capture.record_builder import RecordBuilder
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import decode_request_header, response_body_offset
+from kproxy.protocol.message_schemas import MessageType, supported_versions
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.protocol.topic_ids import TopicIdNames, topic_id_pairs
 from kproxy.rules.frame_facts import FrameFacts
 
@@ -113,7 +113,7 @@ def test_the_pairs_reader_finds_what_a_full_decode_finds(version: int, topics: l
         frame = frame[:max(len(frame) - cut, offset)]  # the body cut short (the header whole)
     found = topic_id_pairs(frame, offset, version)
     try:
-        body = decode_body(METADATA, version, Direction.RESPONSE, frame, offset)
+        body = decode_body(METADATA, version, MessageType.RESPONSE, frame, offset)
     except Exception:
         assert cut is not None
         # Cut short: unreadable, unless the cut fell only in what the reader skips and does not check

@@ -11,7 +11,7 @@ import urllib.request
 import trio
 
 from kproxy.host_port import HostPort
-from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
+from kproxy.server.upstream_health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.testing import Broker, free_port, running_proxy
 
 

@@ -15,9 +15,9 @@ import pytest
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.framing import FrameSplitter
 from kproxy.protocol.payloads import decode_request, decode_response
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import CloseConnection, Command, ForwardUpstream, SendToClient, WakeAt
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session
 from kproxy.sasl.client import Credentials, ScramKeys
 from kproxy.sasl.login_gate import REFUSAL_LINGER_S

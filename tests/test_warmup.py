@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from kproxy.protocol import scan
+from kproxy.protocol.codes import ApiKey, all_api_keys
 from kproxy.protocol.kinds import FIRST_REQUEST_APIS, warm_up_kinds
-from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ApiKey, all_api_keys
+from kproxy.protocol.message_schemas import MessageType
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.server.warmup import VERSIONS_BELOW, warm_up
 
 PRODUCE, METADATA = ApiKey.PRODUCE, ApiKey.METADATA
@@ -20,14 +20,14 @@ async def test_warm_up_compiles_the_versions_below_the_broker_max() -> None:
     assert kinds == 2 * (VERSIONS_BELOW + 1)
     for api_key, top in ((PRODUCE, 5), (METADATA, 6)):
         for version in range(top - VERSIONS_BELOW, top + 1):
-            for direction in (Direction.REQUEST, Direction.RESPONSE):
+            for direction in (MessageType.REQUEST, MessageType.RESPONSE):
                 assert (api_key, version, direction, True) in scan._scanners
-    assert (PRODUCE, 6, Direction.REQUEST, True) not in scan._scanners  # above what the broker speaks
+    assert (PRODUCE, 6, MessageType.REQUEST, True) not in scan._scanners  # above what the broker speaks
     # The values mode of the answers consumer lag reads (on by default): Metadata's, for its topic ids;
     # Produce's, for its base offsets (the log end offsets); none for a Produce request.
-    assert (METADATA, 6, Direction.RESPONSE, True, True) in scan._scanners
-    assert (PRODUCE, 5, Direction.RESPONSE, True, True) in scan._scanners
-    assert not any(key[:3] == (PRODUCE, 5, Direction.REQUEST) and len(key) == 5 for key in scan._scanners)
+    assert (METADATA, 6, MessageType.RESPONSE, True, True) in scan._scanners
+    assert (PRODUCE, 5, MessageType.RESPONSE, True, True) in scan._scanners
+    assert not any(key[:3] == (PRODUCE, 5, MessageType.REQUEST) and len(key) == 5 for key in scan._scanners)
 
 
 async def test_warm_up_skips_apis_the_broker_does_not_speak() -> None:

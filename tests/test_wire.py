@@ -1,4 +1,4 @@
-"""kproxy.protocol.wire: varints and tagged-field sections, canonical both ways."""
+"""kproxy.protocol.primitives: varints and tagged-field sections, canonical both ways."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kproxy.protocol.errors import DecodeError, ProtocolError
-from kproxy.protocol.wire import (
+from kproxy.protocol.primitives import (
     Malformed,
     read_tagged_fields,
     read_uvarint,

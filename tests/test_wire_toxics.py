@@ -1,4 +1,4 @@
-"""The byte-level toxics' arithmetic (kproxy/wire_toxics.py): what a chunk becomes, and when it leaves."""
+"""The byte-level toxics' arithmetic (kproxy/toxics.py): what a chunk becomes, and when it leaves."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from kproxy.wire_toxics import Direction, Latency, Limit, Pace, Slices, Toxic, WireShaper
+from kproxy.toxics import Direction, Latency, Limit, Pace, Slices, Toxic, WireShaper
 
 
 @dataclass

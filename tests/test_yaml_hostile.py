@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kproxy.config.model import ConfigError
+from kproxy.config.sections import ConfigError
 from kproxy.config.yaml_file import read_config_file
 from kproxy.sasl.credentials import PLAIN_MIN_ITERATIONS, CredentialsError, CredentialStore, user_credentials, with_user
 from kproxy.sasl.credentials_file import load_credentials, save_credentials

@@ -1,6 +1,6 @@
 """The rule-editing logic of the admin API: JSON in, a new :class:`~kproxy.rules.RuleSet` in force.
 
-No HTTP here (that is :mod:`kproxy.admin.server`): a :class:`RuleBook` takes decoded JSON values,
+No HTTP here (that is :mod:`kproxy.admin.api_server`): a :class:`RuleBook` takes decoded JSON values,
 validates them with the rule-file loader (:func:`kproxy.rules.load.load_data`, so a rule means the
 same and fails with the same reasons whether it comes from a file or from the API), and puts every
 change in force with one :meth:`LiveRules.install(..., origin="admin") <kproxy.policy.live_rules.LiveRules.install>`.

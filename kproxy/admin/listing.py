@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kproxy.protocol.tables import api_snake_name
+from kproxy.protocol.codes import api_snake_name
 from kproxy.rules.model import Rule, RuleSet
 
 ADMIN = "admin"  # the LiveRules origin of every change made through the admin API

@@ -9,7 +9,7 @@ import argparse
 # Records up to which the job's latency percentiles are exact (kproxy.analysis.job says why not above).
 EXACT_PERCENTILES_MAX = 1_000_000
 # The rebalance storm's thresholds by default: the live detector's (metrics.client_anomalies_rebalance_joins
-# and _window in kproxy.config.model; tests/test_analysis_anomalies.py checks they agree).
+# and _window in kproxy.config.sections; tests/test_analysis_anomalies.py checks they agree).
 REBALANCE_JOINS, REBALANCE_WINDOW = 50, 300.0
 
 

@@ -19,8 +19,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from kproxy.analysis.schema import snake_api_name, spark_schema
-from kproxy.capture.schema import READABLE_VERSIONS
+from kproxy.analysis.spark_schema import snake_api_name, spark_schema
+from kproxy.capture.record_schema import READABLE_VERSIONS
 
 LIVE_TABLE = "live_by_minute"
 

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kproxy.capture.schema import SchemaVersionError, check_version
+from kproxy.capture.record_schema import SchemaVersionError, check_version
 
 PARQUET_MAGIC = b"PAR1"
 PAGE_BATCH_ROWS = 65_536  # read_pages: records decoded at a time (memory per thread: one batch, one row group)

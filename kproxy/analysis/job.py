@@ -18,7 +18,7 @@ its end) and ``interval_s`` the width in seconds.
   default), which keeps every distinct value of a group in memory (a driver
   runs out of heap, and time grows far faster than with the approximation,
   well before ten million records). Above that, they are read off
-  log-scale histograms (:mod:`kproxy.analysis.histogram`, 32 buckets a
+  log-scale histograms (:mod:`kproxy.analysis.log_histogram`, 32 buckets a
   doubling): each within 2.2 % of the exact value (the one ranked
   ``ceil(p * n)`` of the group's ``n``), maxima exact, in fixed-width counts
   (a ``percentile_approx`` sketch per minute made the job's heap outgrow plain
@@ -40,7 +40,7 @@ its end) and ``interval_s`` the width in seconds.
   and topic, the group's lag at the bin's end summed over its partitions, as
   ``kproxy_consumergroup_lag_sum`` computes it: each partition's latest high
   watermark known less the group's latest committed offset there, never below
-  0, partitions without both left out (:mod:`kproxy.analysis.lag`); and its
+  0, partitions without both left out (:mod:`kproxy.analysis.capture_lag`); and its
   lag in seconds, as ``kproxy_consumergroup_lag_seconds``: the most over its
   partitions of how long before the bin's end the first offset it has not
   committed was written, from the write times Produce answers gave (null where
@@ -55,7 +55,7 @@ its end) and ``interval_s`` the width in seconds.
   (another api), ``connection_ended`` (it sent nothing more there: closed, or
   reconnected elsewhere); with the median time to that next request.
 * ``client_anomalies``: per kind and client id, the anomalies of ``kproxy_client_anomalies_total`` a
-  capture can tell (:mod:`kproxy.analysis.anomalies`).
+  capture can tell (:mod:`kproxy.analysis.capture_anomalies`).
 * ``whatif_*`` (with ``rules``): what a rule file would have done to these
   records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
@@ -65,7 +65,7 @@ decode are each reported with the file and the reason (:class:`InputProblem`),
 and the readable files are analysed. Local files are checked before Spark reads
 them, footer and every page (:mod:`kproxy.analysis.inputs`), so every pass reads
 the same records. The tables come from four passes over the files, each reading
-only the columns it needs, rolled up on the driver (:mod:`kproxy.analysis.tables`),
+only the columns it needs, rolled up on the driver (:mod:`kproxy.analysis.report_tables`),
 and written as Parquet from the driver (by Spark when ``out`` is a URI).
 """
 
@@ -83,9 +83,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
-from kproxy.analysis.anomalies import client_anomalies
 from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, REBALANCE_WINDOW
-from kproxy.analysis.histogram import RELATIVE_ERROR
+from kproxy.analysis.capture_anomalies import client_anomalies
 from kproxy.analysis.inputs import InputProblem as InputProblem  # re-exported: where callers found them
 from kproxy.analysis.inputs import Inputs as Inputs
 from kproxy.analysis.inputs import check_file as check_file
@@ -93,17 +92,20 @@ from kproxy.analysis.inputs import find_inputs as find_inputs
 from kproxy.analysis.inputs import read_footer as read_footer
 from kproxy.analysis.interval import auto_interval, label
 from kproxy.analysis.interval import check as check_interval
-from kproxy.analysis.schema import spark_schema
-from kproxy.analysis.session import local_driver_memory as local_driver_memory  # re-exported: where callers found it
-from kproxy.analysis.session import ship_kproxy
-from kproxy.analysis.session import spark_session as spark_session  # re-exported: where callers found it
-from kproxy.analysis.tables import APPROX_ACCURACY as APPROX_ACCURACY  # re-exported: where callers found it
-from kproxy.analysis.tables import PERCENTILES as PERCENTILES
-from kproxy.analysis.tables import TOP_N as TOP_N
-from kproxy.analysis.tables import collect, faults, passes, tables
-from kproxy.analysis.tables import percentile as percentile
+from kproxy.analysis.log_histogram import RELATIVE_ERROR
+from kproxy.analysis.report_tables import APPROX_ACCURACY as APPROX_ACCURACY  # re-exported: where callers found it
+from kproxy.analysis.report_tables import PERCENTILES as PERCENTILES
+from kproxy.analysis.report_tables import TOP_N as TOP_N
+from kproxy.analysis.report_tables import collect, faults, passes, tables
+from kproxy.analysis.report_tables import percentile as percentile
+from kproxy.analysis.spark_schema import spark_schema
+from kproxy.analysis.spark_session import (
+    local_driver_memory as local_driver_memory,  # re-exported: where callers found it
+)
+from kproxy.analysis.spark_session import ship_kproxy
+from kproxy.analysis.spark_session import spark_session as spark_session  # re-exported: where callers found it
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
-from kproxy.capture.schema import READABLE_VERSIONS, version_support
+from kproxy.capture.record_schema import READABLE_VERSIONS, version_support
 
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): Spark reads no other.
@@ -157,7 +159,7 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
     for more in frames[1:]:
         df = df.unionByName(more)
     # Kafka's api names as captured (``GetTelemetrySubscriptions``): the tables spell them as the
-    # metrics do once aggregated (:func:`kproxy.analysis.schema.snake_api_name`, a regular expression
+    # metrics do once aggregated (:func:`kproxy.analysis.spark_schema.snake_api_name`, a regular expression
     # too costly to run on every record read).
     return df
 
@@ -170,7 +172,7 @@ def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
     """Every table of the report (Arrow, on the driver) and the records' span (records, first and
     last ``request_time`` as Arrow scalars); ``exact``: exact percentiles, else approximate;
     ``interval``: the time bins' width, seconds; ``rebalance``: the rebalance storm's joins and window
-    (:mod:`kproxy.analysis.anomalies`). One Spark job per pass (:mod:`kproxy.analysis.tables`),
+    (:mod:`kproxy.analysis.capture_anomalies`). One Spark job per pass (:mod:`kproxy.analysis.report_tables`),
     one more for ``faults`` when a rule acted."""
     fine = collect(passes(df, exact=exact, interval=interval), progress)
     found = tables(fine)

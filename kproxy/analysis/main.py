@@ -15,7 +15,7 @@ from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, RE
 from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.job import NoInput, find_inputs, run_analysis
 from kproxy.analysis.report import live_summary, summary, write_html
-from kproxy.analysis.session import SparkNotStarted, java_problem, spark_session
+from kproxy.analysis.spark_session import SparkNotStarted, java_problem, spark_session
 from kproxy.analysis.whatif import WhatIfRules
 from kproxy.rules.load import RulesError
 

@@ -11,7 +11,7 @@ part of a bin: a dip there is not a drop in traffic), and error rates leave out 
 of normal protocol flow.
 
 :func:`plots` returns ``{name: PNG bytes}`` for the plots a given analysis has data for. It
-classifies error codes with the function it is given (``kproxy.protocol.tables.error_class``,
+classifies error codes with the function it is given (``kproxy.protocol.codes.error_class``,
 which the report passes: this module reads nothing of kproxy outside the analysis).
 """
 
@@ -250,7 +250,7 @@ def _throughput(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
 
 def _consumer_lag(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
     """A line per group, its lag summed over its topics, each value at its row's time (the end of its
-    bin) and drawn as steps (it holds until the next bin with a row: :mod:`kproxy.analysis.lag`); the
+    bin) and drawn as steps (it holds until the next bin with a row: :mod:`kproxy.analysis.capture_lag`); the
     groups that fell furthest behind, the rest counted. A state, not a count: no bin is partial."""
     plt = _pyplot()
     per_group: dict[str, dict[Any, int]] = defaultdict(lambda: defaultdict(int))

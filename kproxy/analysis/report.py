@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from kproxy.analysis.histogram import BUCKETS_PER_OCTAVE, RELATIVE_ERROR
 from kproxy.analysis.interval import label
 from kproxy.analysis.job import Analysis
+from kproxy.analysis.log_histogram import BUCKETS_PER_OCTAVE, RELATIVE_ERROR
 from kproxy.analysis.plots import plot_titles, plots
-from kproxy.protocol.tables import error_class, error_name
+from kproxy.protocol.codes import error_class, error_name
 
 _TABLES = (
     ("latency_by_api", "Latency per API (ms)"),

@@ -91,8 +91,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from kproxy.analysis.schema import snake_api_name
-from kproxy.protocol.tables import error_name
+from kproxy.analysis.spark_schema import snake_api_name
+from kproxy.protocol.codes import error_name
 from kproxy.rules.engine import RuleEngine
 from kproxy.rules.load import load_file, load_text
 from kproxy.rules.model import RuleSet

@@ -1,9 +1,9 @@
 """Traffic capture: one record per request/response pair, written for the analysis job.
 
-:mod:`kproxy.capture.schema` (sans-IO, shared with :mod:`kproxy.analysis`) defines
+:mod:`kproxy.capture.record_schema` (sans-IO, shared with :mod:`kproxy.analysis`) defines
 the record; :mod:`kproxy.capture.observer` takes what a record needs from a
 session's exchanges on the event loop (references to the frames, a few numbers;
-one observer per client connection); :mod:`kproxy.capture.records` reads them
+one observer per client connection); :mod:`kproxy.capture.record_builder` reads them
 into records on the writer thread; :mod:`kproxy.capture.writer` (needs pyarrow:
 the ``capture`` extra) writes the files.
 """

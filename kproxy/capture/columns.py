@@ -1,7 +1,7 @@
 """The capture's pending row group, kept column by column as rows come (compiled: one job, per record).
 
 The writer thread (:mod:`kproxy.capture.writer`) turns captured exchanges into rows
-(:class:`kproxy.capture.records.RecordBuilder`) and keeps them here until a row group is due,
+(:class:`kproxy.capture.record_builder.RecordBuilder`) and keeps them here until a row group is due,
 then makes Arrow columns of these lists. A row goes into its columns as it is made: one list
 append per value, and the items of its list columns (partitions, rule decisions, payloads)
 into their fields' lists. Adding rows as tuples and transposing each slice afterwards (what

@@ -5,13 +5,13 @@ for one connection, so each record knows its connection (id, client address,
 listener, broker). The session calls it from :meth:`Session.report`, after the
 frames have been written. Per exchange it keeps a reference to the request
 frame until the exchange completes, then offers one
-:data:`kproxy.capture.records.Captured` tuple (the two frames, by reference:
+:data:`kproxy.capture.record_builder.Captured` tuple (the two frames, by reference:
 ``bytes`` are immutable, nothing is copied; a few numbers) to ``sink``, the
 writer's non-blocking ``offer``. It reads no frame: scanning, decoding and
-building records is the writer thread's work (:mod:`kproxy.capture.records`),
+building records is the writer thread's work (:mod:`kproxy.capture.record_builder`),
 in batches, so the event loop pays about a microsecond per exchange. Except
 big Produce requests and Fetch responses (``EARLY_READ_BYTES`` and more): those
-are read here, a few µs each, and let go (:class:`~kproxy.capture.records.EarlyRead`),
+are read here, a few µs each, and let go (:class:`~kproxy.capture.record_builder.EarlyRead`),
 rather than held for the writer's next turn.
 
 Each record carries the connection's principal when the exchange completed, as the
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from kproxy.capture.connection_info import (
     ConnectionInfo as ConnectionInfo,  # re-exported: where the server and tests import it
 )
-from kproxy.capture.records import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
+from kproxy.capture.record_builder import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
 from kproxy.host_port import split_host_port
 from kproxy.protocol.api_keys import FETCH, PRODUCE
 from kproxy.protocol.scan import RequestScan

@@ -1,7 +1,7 @@
 """Capture rows and record dicts, one into the other: for producers of ready records and for tests.
 
-A row is a tuple in the order of :data:`kproxy.capture.schema.COLUMN_NAMES`, its nested lists
-as tuples in their item order (what :class:`kproxy.capture.records.RecordBuilder` makes and the
+A row is a tuple in the order of :data:`kproxy.capture.record_schema.COLUMN_NAMES`, its nested lists
+as tuples in their item order (what :class:`kproxy.capture.record_builder.RecordBuilder` makes and the
 writer turns into Arrow columns); a record dict is what Arrow's ``to_pylist`` reads back.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from kproxy.capture.schema import COLUMN_NAMES, PARTITION_ITEMS, PAYLOAD_ITEMS, RULE_DECISION_ITEMS
+from kproxy.capture.record_schema import COLUMN_NAMES, PARTITION_ITEMS, PAYLOAD_ITEMS, RULE_DECISION_ITEMS
 
 # Where the nested lists are in a row (by name: a nullable column added since may follow them).
 _PARTITIONS, _DECISIONS, _PAYLOADS = (COLUMN_NAMES.index(name) for name in ("partitions", "rule_decisions", "payloads"))
@@ -30,7 +30,7 @@ def as_dict(row: Sequence[Any]) -> dict[str, Any]:
 
 
 def dict_rows(batch: Iterable[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    """Rows of record dicts (:func:`kproxy.capture.schema.new_record`): for producers of ready records."""
+    """Rows of record dicts (:func:`kproxy.capture.record_schema.new_record`): for producers of ready records."""
     out = []
     for rec in batch:
         row = [rec[name] for name in COLUMN_NAMES]

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Identity, Tee, split_peer
-from kproxy.capture.records import PayloadOptions, RecordBuilder
+from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.paths import OptionFailed

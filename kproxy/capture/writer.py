@@ -71,8 +71,8 @@ import pyarrow.parquet as pq
 
 from kproxy.capture.columns import HOUR_US, PendingColumns
 from kproxy.capture.queue import CaptureQueue
+from kproxy.capture.record_schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 from kproxy.capture.rows import dict_rows
-from kproxy.capture.schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 from kproxy.logfmt import q as _q
 from kproxy.ratelimit import LogRateLimit
 
@@ -133,7 +133,7 @@ PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": _dic
 
 
 def arrow_schema() -> pa.Schema:
-    """The Arrow schema of :data:`kproxy.capture.schema.COLUMNS`, with the version in its metadata."""
+    """The Arrow schema of :data:`kproxy.capture.record_schema.COLUMNS`, with the version in its metadata."""
     return pa.schema([_arrow_field(c) for c in COLUMNS],
                      metadata={VERSION_METADATA_KEY: str(SCHEMA_VERSION)})
 
@@ -229,11 +229,11 @@ class CaptureWriter:
     """Queue + thread writing capture records as Parquet.
 
     The queue holds items; ``rows`` turns a list of them into rows (tuples in
-    :data:`~kproxy.capture.schema.COLUMN_NAMES` order) on the writer thread: by
-    default items are record dicts (:func:`~kproxy.capture.schema.new_record`).
+    :data:`~kproxy.capture.record_schema.COLUMN_NAMES` order) on the writer thread: by
+    default items are record dicts (:func:`~kproxy.capture.record_schema.new_record`).
     ``add_rows``, when given, is used instead: it adds the items' rows to the pending row group
     itself, in order (the proxy's: captured exchanges,
-    :meth:`kproxy.capture.records.RecordBuilder.add_rows`, no list of rows made in between).
+    :meth:`kproxy.capture.record_builder.RecordBuilder.add_rows`, no list of rows made in between).
 
     ``start()`` scans ``directory`` (stale temporary files removed, existing
     capture files counted towards the cap), then starts the thread.

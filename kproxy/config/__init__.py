@@ -29,7 +29,8 @@ from kproxy.config.layering import (
     is_loopback,
     read_environment,
 )
-from kproxy.config.model import (
+from kproxy.config.options import OPTIONS, Alias, Option, builtin_default, env_name, flag_name
+from kproxy.config.sections import (
     AdminOptions,
     CaptureOptions,
     ClientTls,
@@ -42,7 +43,6 @@ from kproxy.config.model import (
     SaslUpstream,
     UpstreamTls,
 )
-from kproxy.config.options import OPTIONS, Alias, Option, builtin_default, env_name, flag_name
 from kproxy.config.values import LOG_FORMATS
 from kproxy.config.yaml_file import ConfigFile, read_config_file
 

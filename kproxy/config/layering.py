@@ -2,7 +2,7 @@
 ``KPROXY_*`` environment < flag.
 
 Every problem of every layer is collected before anything is refused, so one
-:class:`~kproxy.config.model.ConfigError` lists them all, each naming where: the file and line
+:class:`~kproxy.config.sections.ConfigError` lists them all, each naming where: the file and line
 (``kproxy.yaml:4: limits.idle_timeout: ...``), the variable (``environment KPROXY_LOG_LEVEL:
 ...``) or the flag (``--limits-max-in-flight: ...``).
 
@@ -24,21 +24,6 @@ from typing import Any
 
 from kproxy.config import values
 from kproxy.config.flags import CLUSTER_FLAGS
-from kproxy.config.model import (
-    CLUSTER_PORT_COUNT,
-    AdminOptions,
-    CaptureOptions,
-    ClientTls,
-    Cluster,
-    Config,
-    ConfigError,
-    FileSections,
-    Limits,
-    MetricsOptions,
-    SaslClient,
-    SaslUpstream,
-    UpstreamTls,
-)
 from kproxy.config.options import (
     BY_ENV,
     BY_PATH,
@@ -53,6 +38,21 @@ from kproxy.config.options import (
     env_name,
     flag_name,
     split_cluster_path,
+)
+from kproxy.config.sections import (
+    CLUSTER_PORT_COUNT,
+    AdminOptions,
+    CaptureOptions,
+    ClientTls,
+    Cluster,
+    Config,
+    ConfigError,
+    FileSections,
+    Limits,
+    MetricsOptions,
+    SaslClient,
+    SaslUpstream,
+    UpstreamTls,
 )
 from kproxy.config.yaml_file import read_config_file
 from kproxy.sasl.secret_file import read_secret

@@ -17,7 +17,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from kproxy.config import values as v
-from kproxy.config.model import (
+from kproxy.config.sections import (
     CLUSTER_PORT_COUNT,
     AdminOptions,
     CaptureOptions,
@@ -60,7 +60,7 @@ class Option:
     """One option: its YAML path (dotted), parser, help and deprecated flags.
 
     ``boolean`` options take no argument on the command line: ``--X`` sets true, ``--no-X``
-    false. ``show_default`` renders the built-in default (read from :mod:`kproxy.config.model`,
+    false. ``show_default`` renders the built-in default (read from :mod:`kproxy.config.sections`,
     never written twice) at the end of the help, followed by ``default_note``.
     """
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kproxy.config.model import SASL_MECHANISMS, Config
+from kproxy.config.sections import SASL_MECHANISMS, Config
 from kproxy.host_port import CLUSTER_NAME_RULE, DNS_LABEL, HostPort, parse_host_port
 from kproxy.logfmt import excerpt
 
@@ -62,7 +62,7 @@ def string(value: Any) -> str:
 
 
 def sasl_mechanism(value: Any) -> str:
-    """One of :data:`~kproxy.config.model.SASL_MECHANISMS`, in any case (``scram-sha-256``)."""
+    """One of :data:`~kproxy.config.sections.SASL_MECHANISMS`, in any case (``scram-sha-256``)."""
     mechanism = string(value).upper()
     if mechanism not in SASL_MECHANISMS:
         raise ValueError(f"must be one of {', '.join(SASL_MECHANISMS)}, got {excerpt(value)}")
@@ -158,7 +158,7 @@ def sasl_client_mode(value: Any) -> str:
 
 def sasl_client_mechanisms(value: Any) -> tuple[str, ...]:
     """Mechanisms terminate mode offers, each once: a list, or names separated by commas."""
-    from kproxy.config.model import CLIENT_MECHANISMS
+    from kproxy.config.sections import CLIENT_MECHANISMS
 
     items = value if isinstance(value, list) else [value]
     names = [part.strip().upper() for item in items for part in string(item).split(",") if part.strip()]

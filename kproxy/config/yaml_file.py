@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from kproxy.config.model import ConfigError
 from kproxy.config.options import BY_PATH, CLUSTER_PATHS, CLUSTERS, cluster_path
+from kproxy.config.sections import ConfigError
 from kproxy.config.values import cluster_name
 from kproxy.logfmt import excerpt
 from kproxy.rules.yaml_nodes import BAD, Problem, did_you_mean, node_kind

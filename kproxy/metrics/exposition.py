@@ -29,7 +29,7 @@ from kproxy.http_server import HttpLimits, HttpServer, Request, Response
 from kproxy.metrics.clusters import ClustersCollector
 from kproxy.metrics.stats import BrokerSeries, TrafficStats
 from kproxy.offloop import off_loop_build
-from kproxy.protocol.tables import error_class, error_code
+from kproxy.protocol.codes import error_class, error_code
 
 log = logging.getLogger("kproxy.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -11,7 +11,7 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kproxy.metrics.histogram import BROKER_BUCKETS, Histogram
+from kproxy.metrics.fixed_histogram import BROKER_BUCKETS, Histogram
 
 
 @dataclass

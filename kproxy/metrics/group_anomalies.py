@@ -1,10 +1,10 @@
 """Consumer group anomalies read off the wire: rebalance storms and members that vanish.
 
-Fed by :class:`~kproxy.metrics.observer.BrokerObserver` with the exchanges of the group membership
+Fed by :class:`~kproxy.metrics.traffic_observer.BrokerObserver` with the exchanges of the group membership
 apis only (JoinGroup, Heartbeat, LeaveGroup: :data:`MEMBERSHIP_APIS`): their requests decoded here when
 read (:meth:`GroupWatch.read`; a member heartbeats every few seconds: nothing per Produce or Fetch),
 and their answers' error codes when they complete. Counted into
-:class:`~kproxy.metrics.anomalies.ClientAnomalies` under the client id of the exchange:
+:class:`~kproxy.metrics.client_anomalies.ClientAnomalies` under the client id of the exchange:
 
 * ``rebalance_storm``: a group whose JoinGroups answered NONE (one per member per rebalance) reached
   ``rebalance_joins`` within ``rebalance_window`` seconds: counted once per such window, for the
@@ -25,12 +25,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from kproxy.metrics.anomalies import REBALANCE_STORM, VANISHED_MEMBER, ClientAnomalies
+from kproxy.metrics.client_anomalies import REBALANCE_STORM, VANISHED_MEMBER, ClientAnomalies
 from kproxy.protocol.api_keys import HEARTBEAT, JOIN_GROUP, LEAVE_GROUP
+from kproxy.protocol.codes import ErrorCode
 from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ErrorCode
 
 MEMBERSHIP_APIS: Final = frozenset({JOIN_GROUP, HEARTBEAT, LEAVE_GROUP})
 MAX_GROUPS: Final = 10_000
@@ -94,7 +94,7 @@ class GroupWatch:
         if body_offset is None:
             return None
         try:
-            body = decode_body(api_key, api_version, Direction.REQUEST, request, body_offset)
+            body = decode_body(api_key, api_version, MessageType.REQUEST, request, body_offset)
         except (ProtocolError, ValueError, IndexError):
             return None
         group = body.get("group_id")

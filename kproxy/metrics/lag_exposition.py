@@ -1,4 +1,4 @@
-"""Consumer lag as Prometheus series, computed at scrape time from :class:`~kproxy.metrics.lag.ConsumerLag`.
+"""Consumer lag as Prometheus series, computed at scrape time from :class:`~kproxy.metrics.consumer_lag.ConsumerLag`.
 
 Series (the names kafka_exporter uses, with kproxy's prefix):
 
@@ -10,13 +10,13 @@ Series (the names kafka_exporter uses, with kproxy's prefix):
   answer's high watermark, a ListOffsets answer's latest offset, a Produce answer's log end offset);
 * ``kproxy_consumergroup_lag_seconds{group,topic}``: how long ago the oldest record the group has not
   committed on the topic was written (the most over its partitions; 0 when caught up), from the
-  write times kproxy saw (:func:`~kproxy.metrics.lag.written_at`: the max timestamp of the Produce
+  write times kproxy saw (:func:`~kproxy.metrics.consumer_lag.written_at`: the max timestamp of the Produce
   batches that crossed it, the nearest it saw where it saw none for that offset); per partition as
   ``kproxy_consumergroup_partition_lag_seconds{group,topic,partition}`` with the per-partition lag;
 * ``kproxy_consumergroup_catchup_seconds{group,topic}``: how long until the group is caught up at
   its recent rates: its lag over the topic's partitions it committed on, divided by the records a
   second its committed offsets moved by less those the watermarks moved by (both over
-  :data:`~kproxy.metrics.lag.RATE_WINDOW` at least); 0 when caught up, absent while the group does
+  :data:`~kproxy.metrics.consumer_lag.RATE_WINDOW` at least); 0 when caught up, absent while the group does
   not gain on the producers (its rate 0, or not above theirs);
 * ``kproxy_consumergroup_lag_evicted_total{table}`` and ``kproxy_consumergroup_lag_series_omitted{family}``:
   what the bounds cost (keys evicted from the tracker; series left out of this scrape).
@@ -47,8 +47,8 @@ from typing import Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kproxy.metrics.consumer_lag import ConsumerLag, LagView
 from kproxy.metrics.labels import OTHER, cut_label
-from kproxy.metrics.lag import ConsumerLag, LagView
 
 N = TypeVar("N", int, float)
 SERIES_PER_LABEL = 20  # per family: label_cap x this many series at most (a bounded exposition at the default cap)

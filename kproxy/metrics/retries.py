@@ -20,7 +20,7 @@ import struct
 from collections import OrderedDict
 from typing import Final
 
-from kproxy.metrics.anomalies import RETRY_STORM, ClientAnomalies, MinuteWindow
+from kproxy.metrics.client_anomalies import RETRY_STORM, ClientAnomalies, MinuteWindow
 from kproxy.metrics.labels import OTHER
 from kproxy.protocol.scan import RecordsRange
 

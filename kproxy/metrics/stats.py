@@ -28,7 +28,7 @@ per frame. The label-keyed dicts /metrics reads (``requests``, ``responses``, ``
 are built from the kinds when asked, at scrape time.
 
 What the rules did is counted apart, in :mod:`kproxy.metrics.fault_stats`; the histogram and the
-label cap live in :mod:`kproxy.metrics.histogram` and :mod:`kproxy.metrics.labels`. What stays is
+label cap live in :mod:`kproxy.metrics.fixed_histogram` and :mod:`kproxy.metrics.labels`. What stays is
 one structure, :class:`TrafficStats` with its per-broker and per-kind series, whose counting
 methods and the scans they call share those series on every frame.
 """
@@ -40,21 +40,21 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from kproxy.metrics.anomalies import ANOMALY_CODES, AnomalyOptions, ClientAnomalies
+from kproxy.metrics.client_anomalies import ANOMALY_CODES, AnomalyOptions, ClientAnomalies
 from kproxy.metrics.fault_stats import FaultStats
+from kproxy.metrics.fixed_histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.group_anomalies import GroupWatch
-from kproxy.metrics.histogram import BROKER_BUCKETS, LOOP_LAG_BUCKETS, OVERHEAD_BUCKETS, Histogram
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.metrics.retries import RetryWatch
 from kproxy.metrics.traffic import RECORD_COUNT_BUDGET, LabelledTraffic
 from kproxy.protocol.api_keys import FETCH, PRODUCE
+from kproxy.protocol.codes import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset, response_header_version
-from kproxy.protocol.offsets import OFFSET_FIELDS
+from kproxy.protocol.message_schemas import MessageType, known_api_keys, supported_versions
+from kproxy.protocol.offset_reads import OFFSET_FIELDS
 from kproxy.protocol.produce_scan import produce_answer_errors
 from kproxy.protocol.scan import Entry, RecordsRange, run_scanner, run_values_scanner, scanner
-from kproxy.protocol.schema import Direction, known_api_keys, supported_versions
-from kproxy.protocol.tables import ERROR_CLASSES, ApiKey, api_snake_name, error_class, error_name
 from kproxy.proxy.commands import RejectReason
 
 UNKNOWN_API = "unknown"
@@ -71,7 +71,7 @@ __all__ = ["RECORD_COUNT_BUDGET"]  # (kproxy.metrics.traffic's, where records ar
 # error code -> index in ERROR_CLASSES, filled as codes are seen (a few dozen at most).
 _ERROR_RANK: Final[dict[int, int]] = {}
 # Responses that brokers repeat byte for byte between cluster changes (the proxy's rewrite memo,
-# kproxy/proxy/rewrite.py, relies on the same): their error scan is remembered per body, so a
+# kproxy/proxy/address_rewrite.py, relies on the same): their error scan is remembered per body, so a
 # client polling Metadata or sending heartbeats costs one hash of the body instead of a scan (no hash
 # at all for the answers the proxy rewrites: see TrafficStats.response's ``body``). ApiVersions is one:
 # every connection opens with it, and its scan costs more than a memo hit.
@@ -117,7 +117,7 @@ class KindStats:
         self.scanner: object = _MISSING  # the errors-only response scanner, found at the first scan
         self.request_scanner: object = _MISSING  # the request's (Produce: to count records), likewise
         self.memo: ScanMemo | None = None  # the kind's remembered scans, if brokers repeat its answers
-        self.values = False  # its answers are scanned in values mode (consumer lag: kproxy.metrics.lag)
+        self.values = False  # its answers are scanned in values mode (consumer lag: kproxy.metrics.consumer_lag)
 
     def add(self, other: KindStats) -> None:
         """Add ``other``'s counts (same labels) to this one's; histograms are the series' to add."""
@@ -156,7 +156,7 @@ class StatsOptions:
     label_cap: int = 100
     scan_responses: bool = True
     consumer_lag: bool = False  # scan the answers consumer lag reads in values mode (OFFSET_FIELDS)
-    anomalies: AnomalyOptions | None = None  # client anomalies detected (kproxy.metrics.anomalies); None: off
+    anomalies: AnomalyOptions | None = None  # client anomalies detected (kproxy.metrics.client_anomalies); None: off
 
 
 @dataclass
@@ -216,7 +216,7 @@ class TrafficStats:
     overhead: dict[str, Histogram] = field(default_factory=dict)
     # How late the event loop ran a due task, one observation per heartbeat (kproxy.server.loopwatch).
     event_loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
-    # The last periodic check of each upstream (kproxy.server.health), by (address, node_id).
+    # The last periodic check of each upstream (kproxy.server.upstream_health), by (address, node_id).
     upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)
     client_requests: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -260,7 +260,7 @@ class TrafficStats:
             span = supported_versions(key)
             if span is not None:
                 self._apis[key] = (api_snake_name(key), span[1])
-        self._scanners: dict[tuple[int, int, Direction], object] = {}
+        self._scanners: dict[tuple[int, int, MessageType], object] = {}
         self._scan_memos: dict[tuple[int, int], ScanMemo] = {}  # (api key, version) of REPEATING_ANSWERS
         # The reasons kproxy.server.connection reports start at zero: a counter series born at 1
         # hides its first increase from rate()/increase(), so an alert would miss the first rejection.
@@ -343,7 +343,7 @@ class TrafficStats:
         if known:
             kind = broker.kinds[kind_key(api_key, api_version)] = KindStats(
                 api, version, True, response_header_version(api_key, api_version) >= 1)
-            kind.values = self.options.consumer_lag and (api_key, Direction.RESPONSE) in OFFSET_FIELDS
+            kind.values = self.options.consumer_lag and (api_key, MessageType.RESPONSE) in OFFSET_FIELDS
             if api_key in REPEATING_ANSWERS:  # one memo per kind, shared by every broker's
                 memo = self._scan_memos.get((api_key, api_version))
                 if memo is None:
@@ -391,10 +391,10 @@ class TrafficStats:
         """A response from ``broker`` went to the client. Scans its error codes (records are skipped, not read;
         a Fetch answer's records ranges are counted, as its request's ``client_id``'s when that is a label)
         and returns the scan (None: not scanned, or unreadable); with ``options.consumer_lag``, the
-        answers of :data:`~kproxy.protocol.offsets.OFFSET_FIELDS` are scanned in values mode.
+        answers of :data:`~kproxy.protocol.offset_reads.OFFSET_FIELDS` are scanned in values mode.
 
         ``body``, when given, is ``frame[body_offset:]`` as an object that repeats: the proxy's rewrite
-        memo hands out one per distinct answer (:attr:`kproxy.proxy.rewrite.Rewritten.body`). The scan
+        memo hands out one per distinct answer (:attr:`kproxy.proxy.address_rewrite.Rewritten.body`). The scan
         memo then keys on it as it is: its hash is computed once, and a repeat is found by identity,
         where a slice of ``frame`` would be copied, hashed and compared for every response.
 
@@ -462,7 +462,7 @@ class TrafficStats:
             hist = self.overhead[api] = Histogram(OVERHEAD_BUCKETS)
         hist.observe(overhead_seconds)
 
-    def _scanner(self, api_key: int, api_version: int, direction: Direction) -> object:
+    def _scanner(self, api_key: int, api_version: int, direction: MessageType) -> object:
         """The generated errors-only scanner of a message kind (None: unknown kind), made once."""
         key = (api_key, api_version, direction)
         fn = self._scanners.get(key, _MISSING)
@@ -480,8 +480,8 @@ class TrafficStats:
         (the memo is bound to the kind when it is made, see :meth:`_kind`)."""
         fn = kind.scanner
         if fn is _MISSING:
-            fn = kind.scanner = (scanner(api_key, api_version, Direction.RESPONSE, errors_only=True, values=True)
-                                 if kind.values else self._scanner(api_key, api_version, Direction.RESPONSE))
+            fn = kind.scanner = (scanner(api_key, api_version, MessageType.RESPONSE, errors_only=True, values=True)
+                                 if kind.values else self._scanner(api_key, api_version, MessageType.RESPONSE))
         run = run_values_scanner if kind.values else self._run_scan
         memo = kind.memo
         if memo is None:
@@ -544,7 +544,7 @@ class TrafficStats:
                 return  # a malformed request is the broker's to refuse; nothing to count
         fn = kind.request_scanner
         if fn is _MISSING:
-            fn = kind.request_scanner = self._scanner(api_key, api_version, Direction.REQUEST)
+            fn = kind.request_scanner = self._scanner(api_key, api_version, MessageType.REQUEST)
         found = self._run_scan(fn, frame, offset)
         if found is not None and found[1]:
             self._counted(kind.api, self.labelled.produce(frame, found[1], client_id, None, api_version, offset))

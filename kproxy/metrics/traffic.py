@@ -41,7 +41,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.fixed_histogram import Histogram
 from kproxy.metrics.labels import OTHER, LabelCap, cut_label
 from kproxy.protocol.compression import codec_name
 from kproxy.protocol.errors import ProtocolError

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from kproxy.metrics.fault_stats import FaultStats
-from kproxy.protocol.tables import api_snake_name
+from kproxy.protocol.codes import api_snake_name
 from kproxy.proxy.session import Exchange
 from kproxy.ratelimit import LogRateLimit
 from kproxy.rules.actions.base import HitKey

@@ -1,7 +1,7 @@
 """Whether one action of one rule is still in force: what connection-wide faults last as long as.
 
 A fault a rule starts on a connection and that outlives the request that started it (a byte-level
-toxic, :mod:`kproxy.policy.wire`; a black hole, kproxy/proxy/session.py) lasts while its rule is in
+toxic, :mod:`kproxy.policy.rule_toxics`; a black hole, kproxy/proxy/session.py) lasts while its rule is in
 force: while the rule set in force holds a rule of that id with that very action, not in a dry run,
 whose time conditions (``schedule``'s ``after_seconds``, ``for_seconds``, ``period_seconds``,
 ``window``) hold: a fault of a flapping rule ends with each of its windows.

@@ -15,8 +15,8 @@ from typing import Any
 from kproxy.metrics.fault_stats import FaultStats
 from kproxy.policy.faults import DRY_RUN_DETAIL
 from kproxy.protocol.api_keys import FETCH
+from kproxy.protocol.codes import api_snake_name, error_name
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.tables import api_snake_name, error_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.rules import RuleEngine, RuleSet
 from kproxy.rules.actions.base import HitKey, RuleAction
@@ -200,7 +200,7 @@ class RulePlan:
     partition) pairs whose leader epoch the rule's response edits raise (``move_leader``), whose
     epochs the policy then remembers as floors (kproxy.protocol.leader_epochs); ``acting``: the
     actions it takes (none in a dry run) and ``schedule`` its schedule, which say whether a
-    byte-level toxic it installed is still in force (kproxy.policy.wire).
+    byte-level toxic it installed is still in force (kproxy.policy.rule_toxics).
     """
 
     __slots__ = ("acting", "deciders", "dry_faults", "from_draws", "keys", "leader_moves", "only",

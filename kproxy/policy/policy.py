@@ -40,7 +40,7 @@ from kproxy.policy.faults import (
 from kproxy.policy.in_force import RuleInForce
 from kproxy.policy.injector import STREAMS_CAP, FaultInjector, RulePlan
 from kproxy.policy.peer import client_ip
-from kproxy.policy.wire import WireOrders
+from kproxy.policy.rule_toxics import WireOrders
 from kproxy.protocol.api_keys import METADATA
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import request_body_offset
@@ -167,7 +167,7 @@ class RulePolicy:
         self._drawn: dict[tuple[str, float, int], bool] = {}  # its toxicity draws (kproxy.rules.engine)
         self._counted: dict[object, int] = {}  # its per-connection schedule counters (kproxy.rules.engine)
         self._lasts: dict[tuple[str, Hashable], RuleInForce] = {}  # what connection-wide faults last as long as
-        self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.wire)
+        self.wire = WireOrders(live, live.counts)  # the byte-level toxics its rules ask for (kproxy.policy.rule_toxics)
         self._principal: str | None = None
 
     @property

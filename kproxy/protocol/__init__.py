@@ -73,10 +73,10 @@ from kproxy.protocol.headers import (
     request_header_version,
     response_header_version,
 )
+from kproxy.protocol.message_schemas import MessageType, message_schema
 from kproxy.protocol.messages import codec, decode_body, default_body, encode_body
 from kproxy.protocol.payloads import Request, Response, decode_request, decode_response, encode_request, encode_response
 from kproxy.protocol.scan import BodyScan, scan_body
-from kproxy.protocol.schema import Direction, message_schema
 from kproxy.protocol.splice import splice_body
 
 __all__ = [
@@ -84,10 +84,10 @@ __all__ = [
     "BodyScan",
     "CorruptRecordsError",
     "DecodeError",
-    "Direction",
     "EncodeError",
     "FrameSizeError",
     "FrameSplitter",
+    "MessageType",
     "ProtocolError",
     "Request",
     "RequestHeader",

@@ -1,4 +1,4 @@
-"""Kafka's api keys as plain int constants, named as :class:`kproxy.protocol.tables.ApiKey` names
+"""Kafka's api keys as plain int constants, named as :class:`kproxy.protocol.codes.ApiKey` names
 them: what per-frame code compares api keys with (an ``int == IntEnum`` comparison goes through
 the enum's ``__eq__``; mypyc inlines these literals into compiled callers).
 

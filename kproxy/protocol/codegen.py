@@ -7,7 +7,7 @@ single ``struct`` call, arrays of ints one ``unpack_from``), ``exec``s it, and
 caches the functions per (api key, version, direction).
 
 The generated code reads and writes through the primitives of
-:mod:`kproxy.protocol.wire` (varints, :class:`~kproxy.protocol.wire.Malformed`), named in its
+:mod:`kproxy.protocol.primitives` (varints, :class:`~kproxy.protocol.primitives.Malformed`), named in its
 namespace by :mod:`kproxy.protocol.codegen_runtime`; :meth:`SchemaCompiler.build` returns a
 :class:`CompiledSchema`.
 
@@ -54,7 +54,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from kproxy.protocol.codegen_runtime import ARRAY_CACHE, BASE_NAMESPACE, DECODE_FORMAT, min_wire_size
-from kproxy.protocol.schema import FIXED_WIDTH, STRUCT_FORMAT, Field, MessageSchema
+from kproxy.protocol.message_schemas import FIXED_WIDTH, STRUCT_FORMAT, Field, MessageSchema
 
 
 class FieldFunctions(NamedTuple):

@@ -2,7 +2,7 @@
 
 The generated functions call a few checks by name (a length past the end of the data, an array
 count the bytes left cannot hold, a bool byte other than 0 or 1: each a
-:class:`~kproxy.protocol.wire.Malformed`), the wire's varint functions, and ``struct`` readers and
+:class:`~kproxy.protocol.primitives.Malformed`), the wire's varint functions, and ``struct`` readers and
 writers for arrays of ints compiled once per count. :data:`BASE_NAMESPACE` names them as the
 generated source does; :func:`min_wire_size` is what the compiler checks array counts against.
 """
@@ -13,8 +13,8 @@ import struct
 import uuid
 from typing import Any
 
-from kproxy.protocol.schema import FIXED_WIDTH, STRUCT_FORMAT, Field
-from kproxy.protocol.wire import Malformed, read_uvarint, uvarint_bytes, write_uvarint
+from kproxy.protocol.message_schemas import FIXED_WIDTH, STRUCT_FORMAT, Field
+from kproxy.protocol.primitives import Malformed, read_uvarint, uvarint_bytes, write_uvarint
 
 UNKNOWN_TAGS = "_unknown_tags"
 

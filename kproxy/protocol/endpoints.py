@@ -5,7 +5,7 @@ Metadata brokers, FindCoordinator, DescribeCluster, the KIP-951
 ``node_endpoints`` of Produce v10+ and Fetch v16+, ShareFetch/ShareAcknowledge,
 the KRaft quorum APIs. Nothing is listed by hand: a new API with endpoints in a
 newer spec is covered by regenerating the tables. Both the default address
-rewriter (:mod:`kproxy.proxy.rewrite`) and the ``rewrite_addresses`` rule action
+rewriter (:mod:`kproxy.proxy.address_rewrite`) and the ``rewrite_addresses`` rule action
 (:func:`rewrite_endpoints`) find the fields here.
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 
 from kproxy.protocol.errors import EndpointRewriteError
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import Field, MessageType, message_schema
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.mutation import Mutation, reframe
-from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
 
 #: Maps an endpoint (host, port) to its replacement, or None to leave it.
@@ -39,7 +39,7 @@ def has_endpoint(fields: tuple[Field, ...]) -> bool:
 def endpoint_fields(api_key: int, api_version: int) -> tuple[str, ...] | None:
     """Top-level response fields holding endpoints; ``()`` when the top level itself
     has host/port (FindCoordinator v0-3); ``None`` when nothing needs rewriting."""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    schema = message_schema(api_key, api_version, MessageType.RESPONSE)
     if schema is None:
         return None
     names = {f.name for f in schema.fields}
@@ -64,7 +64,7 @@ def rewrite_endpoints(frame: bytes, api_key: int, api_version: int, mapping: End
         raise EndpointRewriteError(f"api key {api_key} v{api_version} responses carry no broker endpoints")
     offset = response_body_offset(frame, api_key, api_version, whole=True)
     count = [0]
-    codec = require_codec(api_key, api_version, Direction.RESPONSE)
+    codec = require_codec(api_key, api_version, MessageType.RESPONSE)
 
     def edit(value: Any) -> Any:
         _map_value(value, mapping, count)
@@ -76,7 +76,7 @@ def rewrite_endpoints(frame: bytes, api_key: int, api_version: int, mapping: End
         if not count[0]:
             return Mutation(frame, 0)
         return Mutation(reframe(frame, offset, codec.encode(body)), count[0])
-    spliced, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, dict.fromkeys(fields, edit), offset)
+    spliced, _ = splice_body(api_key, api_version, MessageType.RESPONSE, frame, dict.fromkeys(fields, edit), offset)
     if spliced is None or not count[0]:
         return Mutation(frame, 0)
     return Mutation(reframe(frame, offset, spliced), count[0])

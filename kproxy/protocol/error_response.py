@@ -39,11 +39,11 @@ import struct
 from collections.abc import Collection
 from typing import Any
 
+from kproxy.protocol.codes import ApiKey, error_name
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.headers import ResponseHeader, encode_response_header, response_header_version
+from kproxy.protocol.message_schemas import PARTITION_FIELDS, Field, MessageType
 from kproxy.protocol.messages import Body, default_struct, require_codec
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field
-from kproxy.protocol.tables import ApiKey, error_name
 
 _SIZE = struct.Struct(">i")
 _TOPIC_KEYS = frozenset({"name", "topic", "topic_name", "topic_id"})
@@ -96,13 +96,13 @@ def error_response(request_frame: bytes, error_code: int, *, partitions: Collect
 
     header = decode_request_header(memoryview(request_frame)[4:])
     data = bytes(request_frame)
-    request_codec = require_codec(header.api_key, header.api_version, Direction.REQUEST)
+    request_codec = require_codec(header.api_key, header.api_version, MessageType.REQUEST)
     start = 4 + header.size
     end = request_codec.skip(data, start)
     request = request_codec.decode(data[:end], start)
     body = build_error_body(header.api_key, header.api_version, request, error_code, partitions=partitions,
                             message=message)
-    response_codec = require_codec(header.api_key, header.api_version, Direction.RESPONSE)
+    response_codec = require_codec(header.api_key, header.api_version, MessageType.RESPONSE)
     out = bytearray(b"\0\0\0\0")
     out += encode_response_header(ResponseHeader(
         header.correlation_id, response_header_version(header.api_key, header.api_version)))
@@ -114,8 +114,8 @@ def error_response(request_frame: bytes, error_code: int, *, partitions: Collect
 def build_error_body(api_key: int, api_version: int, request: Body, error_code: int, *,
                      partitions: Collection[int] | None = None, message: str | None = None) -> Body:
     """The response body (a dict for :func:`encode_body`) answering a decoded request with an error."""
-    response_fields = require_codec(api_key, api_version, Direction.RESPONSE).schema.fields
-    request_fields = require_codec(api_key, api_version, Direction.REQUEST).schema.fields
+    response_fields = require_codec(api_key, api_version, MessageType.RESPONSE).schema.fields
+    request_fields = require_codec(api_key, api_version, MessageType.REQUEST).schema.fields
     body = _mirror(response_fields, request_fields, request)
     fixes = _ERROR_VALUES.get(api_key)
     if fixes:

@@ -27,8 +27,8 @@ from typing import Any
 
 from kproxy.protocol.errors import FieldRewriteError
 from kproxy.protocol.headers import encode_request_header, response_body_offset
+from kproxy.protocol.message_schemas import Field, MessageType, message_schema
 from kproxy.protocol.mutation import Mutation, reframe, request_header
-from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import Edit, splice_body
 
 _UNSET: Any = object()
@@ -126,7 +126,7 @@ def _resolve(fields: tuple[Field, ...], path: str) -> list[Field]:
     return out
 
 
-def rewrite_fields(frame: bytes, api_key: int, api_version: int, direction: Direction,
+def rewrite_fields(frame: bytes, api_key: int, api_version: int, direction: MessageType,
                    edits: Sequence[FieldEdit]) -> Mutation:
     """Apply ``edits`` to a request or response frame (size prefix included).
 
@@ -137,7 +137,7 @@ def rewrite_fields(frame: bytes, api_key: int, api_version: int, direction: Dire
     schema = message_schema(api_key, api_version, direction)
     if schema is None:
         raise FieldRewriteError(f"no schema for api key {api_key} v{api_version} {direction.name.lower()}s")
-    header_edits = [e for e in edits if e.path == "client_id" and direction is Direction.REQUEST
+    header_edits = [e for e in edits if e.path == "client_id" and direction is MessageType.REQUEST
                     and not any(f.name == "client_id" for f in schema.fields)]
     body_edits = [e for e in edits if e not in header_edits]
     plans = [(e, _resolve(schema.fields, e.path)) for e in body_edits]
@@ -147,7 +147,7 @@ def rewrite_fields(frame: bytes, api_key: int, api_version: int, direction: Dire
         by_top.setdefault(steps[0].name, []).append((edit, steps))
     splice_edits = {name: _top_edit(group, count) for name, group in by_top.items()}
     new_header: bytes | None = None
-    if direction is Direction.REQUEST:
+    if direction is MessageType.REQUEST:
         header = request_header(frame)
         offset = 4 + header.size
         client_id = header.client_id
@@ -202,7 +202,7 @@ def _leaf(old: Any, leaf: Field, fe: FieldEdit, count: list[int]) -> Any:
     return new
 
 
-def rename_topics(frame: bytes, api_key: int, api_version: int, direction: Direction,
+def rename_topics(frame: bytes, api_key: int, api_version: int, direction: MessageType,
                   prefixes: Sequence[tuple[str, str]]) -> Mutation:
     """Map the prefixes of every topic name in a request or response (``orders-`` -> ``staging-orders-``).
 
@@ -220,7 +220,7 @@ def rename_topics(frame: bytes, api_key: int, api_version: int, direction: Direc
     def editor(f: Field) -> Edit:
         return lambda value: _rename(value, f, prefixes, count)
 
-    offset = 4 + request_header(frame).size if direction is Direction.REQUEST else \
+    offset = 4 + request_header(frame).size if direction is MessageType.REQUEST else \
         response_body_offset(frame, api_key, api_version, whole=True)
     new_body, _ = splice_body(api_key, api_version, direction, frame, {f.name: editor(f) for f in tops}, offset)
     if new_body is None or not count[0]:

@@ -15,9 +15,9 @@ from typing import Any
 from kproxy.protocol.errors import UnknownApiError
 from kproxy.protocol.framing import frame
 from kproxy.protocol.headers import RequestHeader, request_header_version
+from kproxy.protocol.message_schemas import Field, MessageType, message_schema
 from kproxy.protocol.messages import Body, default_struct
 from kproxy.protocol.payloads import encode_request, encode_response
-from kproxy.protocol.schema import Direction, Field, message_schema
 
 __all__ = ["body_of", "request_body", "request_frame", "response_body", "response_frame", "shape"]
 
@@ -42,7 +42,7 @@ def shape(fields: tuple[Field, ...], values: dict[str, Any]) -> Body:
     return out
 
 
-def body_of(api_key: int, api_version: int, direction: Direction, **values: Any) -> Body:
+def body_of(api_key: int, api_version: int, direction: MessageType, **values: Any) -> Body:
     """A body of this kind: the spec's defaults, overridden by ``values`` (see :func:`shape`)."""
     schema = message_schema(api_key, api_version, direction)
     if schema is None:
@@ -52,12 +52,12 @@ def body_of(api_key: int, api_version: int, direction: Direction, **values: Any)
 
 def request_body(api_key: int, api_version: int, **values: Any) -> Body:
     """:func:`body_of` a request; raises :class:`UnknownApiError` for a kind the tables lack."""
-    return body_of(api_key, api_version, Direction.REQUEST, **values)
+    return body_of(api_key, api_version, MessageType.REQUEST, **values)
 
 
 def response_body(api_key: int, api_version: int, **values: Any) -> Body:
     """:func:`body_of` a response; raises :class:`UnknownApiError` for a kind the tables lack."""
-    return body_of(api_key, api_version, Direction.RESPONSE, **values)
+    return body_of(api_key, api_version, MessageType.RESPONSE, **values)
 
 
 def request_frame(api_key: int, api_version: int, correlation_id: int, body: Body | None = None,

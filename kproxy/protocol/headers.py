@@ -24,8 +24,8 @@ from typing import Final, NamedTuple
 
 from kproxy.protocol.api_keys import API_VERSIONS, CONTROLLED_SHUTDOWN
 from kproxy.protocol.errors import DecodeError, EncodeError
-from kproxy.protocol.schema import is_flexible
-from kproxy.protocol.wire import Malformed, read_uvarint, skip_tagged_fields, write_uvarint
+from kproxy.protocol.message_schemas import is_flexible
+from kproxy.protocol.primitives import Malformed, read_uvarint, skip_tagged_fields, write_uvarint
 
 _FIXED: Final = struct.Struct(">hhi")
 _FIXED_CLIENT: Final = struct.Struct(">hhih")

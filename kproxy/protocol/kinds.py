@@ -13,9 +13,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from kproxy.protocol.codes import ApiKey, all_api_keys
 from kproxy.protocol.endpoints import endpoint_fields
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, all_api_keys
+from kproxy.protocol.message_schemas import supported_versions
 
 # The APIs every producer, consumer and admin client sends in its first seconds (bootstrap,
 # produce, consume in a group, commit, create topics): what a new client's first requests need.

@@ -45,10 +45,10 @@ from kproxy.protocol.api_keys import (
 )
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import decode_body
 from kproxy.protocol.mutation import Mutation, reframe
 from kproxy.protocol.scan import scan_body
-from kproxy.protocol.schema import Direction
 from kproxy.protocol.splice import splice_body
 
 ANSWERS_CAP = 4  # Metadata answers remembered with the epochs they got (see LeaderEpochFloors)
@@ -264,7 +264,7 @@ def broker_epochs(frame: bytes, api_key: int, api_version: int, partitions: Coll
         return {}  # none of their topics named: a byte search instead of a decode
     offset = response_body_offset(frame, api_key, api_version, whole=True)
     found: dict[tuple[str, int], int] = {}
-    for topic in decode_body(api_key, api_version, Direction.RESPONSE, frame, offset).get("topics") or ():
+    for topic in decode_body(api_key, api_version, MessageType.RESPONSE, frame, offset).get("topics") or ():
         name = topic.get("name")
         for p in topic.get("partitions") or ():
             key = (name, p.get("partition_index"))
@@ -326,7 +326,7 @@ def floor_leader_epochs(frame: bytes, api_key: int, api_version: int, floors: Le
         found = floors._answers.get(seen_key)
         if found is not None and found[0] == floors.changes:
             return Mutation(frame, 0) if found[1] is None else Mutation(reframe(frame, offset, found[1]), found[2])
-    new_body, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, {field: topics}, offset)
+    new_body, _ = splice_body(api_key, api_version, MessageType.RESPONSE, frame, {field: topics}, offset)
     if seen_key is not None:
         answers = floors._answers
         if len(answers) >= ANSWERS_CAP:
@@ -347,7 +347,7 @@ def _floored_error(frame: bytes, api_key: int, api_version: int, offset: int, fl
     names a current leader only beside an error (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH), and
     the errors-only scan skips records, where a decode would copy them."""
     try:
-        errors = scan_body(api_key, api_version, Direction.RESPONSE, frame, offset, errors_only=True).entries
+        errors = scan_body(api_key, api_version, MessageType.RESPONSE, frame, offset, errors_only=True).entries
     except ProtocolError:
         return True  # the decode says what is wrong
     return any(topic is not None and partition is not None and floors.floor(topic, partition) is not None
@@ -380,7 +380,7 @@ def unfloor_request_epochs(frame: bytes, api_key: int, api_version: int, body_of
                     count[0] += 1
         return value
 
-    new_body, _ = splice_body(api_key, api_version, Direction.REQUEST, frame, {"topics": topics}, body_offset)
+    new_body, _ = splice_body(api_key, api_version, MessageType.REQUEST, frame, {"topics": topics}, body_offset)
     if new_body is None or not count[0]:
         return Mutation(frame, 0)
     return Mutation(reframe(frame, body_offset, new_body), count[0])

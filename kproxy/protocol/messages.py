@@ -24,8 +24,8 @@ from typing import Any
 
 from kproxy.protocol.codegen import CompiledSchema, FieldFunctions, SchemaCompiler
 from kproxy.protocol.errors import DecodeError, EncodeError, UnknownApiError
-from kproxy.protocol.schema import Direction, Field, MessageSchema, message_schema
-from kproxy.protocol.wire import Malformed
+from kproxy.protocol.message_schemas import Field, MessageSchema, MessageType, message_schema
+from kproxy.protocol.primitives import Malformed
 
 Body = dict[str, Any]
 # What a bug-free generated decoder can still raise on hostile bytes.
@@ -141,11 +141,11 @@ def _describe(exc: BaseException, label: str) -> str:
     return f"malformed {label}: {exc}"
 
 
-_codecs: dict[tuple[int, int, Direction], MessageCodec] = {}
+_codecs: dict[tuple[int, int, MessageType], MessageCodec] = {}
 _codecs_lock = threading.Lock()
 
 
-def codec(api_key: int, api_version: int, direction: Direction) -> MessageCodec | None:
+def codec(api_key: int, api_version: int, direction: MessageType) -> MessageCodec | None:
     """The compiled codec for a message kind, or ``None`` when the tables do not know it.
 
     Compiled on first use and cached for the life of the process.
@@ -164,19 +164,19 @@ def codec(api_key: int, api_version: int, direction: Direction) -> MessageCodec 
     return found
 
 
-def require_codec(api_key: int, api_version: int, direction: Direction) -> MessageCodec:
+def require_codec(api_key: int, api_version: int, direction: MessageType) -> MessageCodec:
     found = codec(api_key, api_version, direction)
     if found is None:
         raise UnknownApiError(api_key, api_version)
     return found
 
 
-def decode_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0) -> Body:
+def decode_body(api_key: int, api_version: int, direction: MessageType, data: bytes, offset: int = 0) -> Body:
     """Decode a request or response body (the bytes after the header)."""
     return require_codec(api_key, api_version, direction).decode(data, offset)
 
 
-def encode_body(api_key: int, api_version: int, direction: Direction, body: Body) -> bytes:
+def encode_body(api_key: int, api_version: int, direction: MessageType, body: Body) -> bytes:
     """Encode a body dict produced by :func:`decode_body` or :func:`default_body`."""
     return require_codec(api_key, api_version, direction).encode(body)
 
@@ -210,6 +210,6 @@ def default_struct(fields: tuple[Field, ...]) -> Body:
     return {f.name: default_value(f) for f in fields if f.tag is None}
 
 
-def default_body(api_key: int, api_version: int, direction: Direction) -> Body:
+def default_body(api_key: int, api_version: int, direction: MessageType) -> Body:
     """A complete body with default values, for building messages from scratch."""
     return default_struct(require_codec(api_key, api_version, direction).schema.fields)

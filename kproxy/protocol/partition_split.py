@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol.api_keys import DESCRIBE_PRODUCERS, FETCH, LIST_OFFSETS, OFFSET_FETCH, OFFSET_FOR_LEADER_EPOCH
+from kproxy.protocol.codes import error_name
 from kproxy.protocol.error_response import build_error_body, error_values
 from kproxy.protocol.headers import request_body_offset, response_body_offset
+from kproxy.protocol.message_schemas import ERROR_CODE_FIELDS, PARTITION_FIELDS, Field, MessageType, message_schema
 from kproxy.protocol.messages import Body, default_struct, require_codec
 from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.record_faults import Selector
-from kproxy.protocol.schema import ERROR_CODE_FIELDS, PARTITION_FIELDS, Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import error_name
 
 # APIs that read and change nothing: their requests are forwarded whole (see the module docstring).
 READ_ONLY_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_FETCH, OFFSET_FOR_LEADER_EPOCH, DESCRIBE_PRODUCERS})
@@ -93,8 +93,8 @@ class Layout:
 @functools.cache
 def layout(api_key: int, api_version: int) -> Layout | None:
     """The topic-partition layout of an (api key, version), or None when it has none to split."""
-    request = message_schema(api_key, api_version, Direction.REQUEST)
-    response = message_schema(api_key, api_version, Direction.RESPONSE)
+    request = message_schema(api_key, api_version, MessageType.REQUEST)
+    response = message_schema(api_key, api_version, MessageType.RESPONSE)
     if request is None or response is None:
         return None
     candidates: list[tuple[bool, Field, Field, Field]] = []
@@ -157,7 +157,7 @@ class Split:
             return _merge(lay, self.order, list(got or ()), by_topic)
 
         offset = response_body_offset(response, self.api_key, self.api_version, whole=True)
-        new_body, _ = splice_body(self.api_key, self.api_version, Direction.RESPONSE, response,
+        new_body, _ = splice_body(self.api_key, self.api_version, MessageType.RESPONSE, response,
                                   {lay.response_topics: edit}, offset)
         if new_body is None:
             return Mutation(response, 0)
@@ -234,7 +234,7 @@ def split_request(frame: bytes, chosen: Selector) -> Split | None:
                 kept.append({**entry, lay.request_partitions: stay} if gone else entry)
         return kept
 
-    new_body, _ = splice_body(api_key, api_version, Direction.REQUEST, frame, {lay.request_topics: edit}, offset)
+    new_body, _ = splice_body(api_key, api_version, MessageType.REQUEST, frame, {lay.request_topics: edit}, offset)
     if not selected or new_body is None:
         return Split(api_key, api_version, lay, (), frame, tuple(order), ())
     rest = None if all(all(taken for _, taken in parts) for _, parts in order) else reframe(frame, offset, new_body)
@@ -283,7 +283,7 @@ def _set_code(fields: tuple[Field, ...], entry: Body, error_code: int, message: 
 
 def _edit_selected(frame: bytes, api_key: int, api_version: int, chosen: Selector,
                    visit: Callable[[tuple[Field, ...], Body], Body]) -> Mutation:
-    codec = require_codec(api_key, api_version, Direction.RESPONSE)
+    codec = require_codec(api_key, api_version, MessageType.RESPONSE)
     offset = response_body_offset(frame, api_key, api_version, whole=True)
     body = codec.decode(frame, offset)
     changed = _each_selected(codec.schema.fields, body, None, chosen, visit)

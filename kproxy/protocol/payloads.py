@@ -20,8 +20,8 @@ from kproxy.protocol.headers import (
     encode_response_header,
     response_header_version,
 )
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import Body, require_codec
-from kproxy.protocol.schema import Direction
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,12 +42,12 @@ def decode_request(payload: bytes) -> Request:
     """Decode a request payload; offsets in errors are relative to ``payload``."""
     payload = bytes(payload)
     header = decode_request_header(payload)
-    codec = require_codec(header.api_key, header.api_version, Direction.REQUEST)
+    codec = require_codec(header.api_key, header.api_version, MessageType.REQUEST)
     return Request(header, codec.decode(payload, header.size))
 
 
 def encode_request(header: RequestHeader, body: Body) -> bytes:
-    codec = require_codec(header.api_key, header.api_version, Direction.REQUEST)
+    codec = require_codec(header.api_key, header.api_version, MessageType.REQUEST)
     out = bytearray(encode_request_header(header))
     codec.encode_into(out, body)
     return bytes(out)
@@ -56,14 +56,14 @@ def encode_request(header: RequestHeader, body: Body) -> bytes:
 def decode_response(payload: bytes, api_key: int, api_version: int) -> Response:
     """Decode a response payload to a request of (api_key, api_version)."""
     payload = bytes(payload)
-    codec = require_codec(api_key, api_version, Direction.RESPONSE)
+    codec = require_codec(api_key, api_version, MessageType.RESPONSE)
     header = decode_response_header(payload, api_key, api_version)
     return Response(header, api_key, api_version, codec.decode(payload, header.size))
 
 
 def encode_response(correlation_id: int, api_key: int, api_version: int, body: Body,
                     header_tags: dict[int, bytes] | None = None) -> bytes:
-    codec = require_codec(api_key, api_version, Direction.RESPONSE)
+    codec = require_codec(api_key, api_version, MessageType.RESPONSE)
     header = ResponseHeader(correlation_id, response_header_version(api_key, api_version), header_tags or NO_TAGS)
     out = bytearray(encode_response_header(header))
     codec.encode_into(out, body)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import struct
 import uuid
 
+from kproxy.protocol.primitives import Malformed, read_uvarint
 from kproxy.protocol.request_fields import transactional_id_at
 from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
-from kproxy.protocol.wire import Malformed, read_uvarint
 
 _PRODUCE_COUNT = struct.Struct(">i")
 _PRODUCE_NAME = struct.Struct(">h")

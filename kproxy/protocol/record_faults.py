@@ -54,9 +54,9 @@ from crc32c import crc32c
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED, Codec, compress, decompress
 from kproxy.protocol.errors import CorruptRecordsError, RecordsMutationError
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import Field, MessageType, message_schema
 from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.records import RECORD_COST, V2_HEADER_SIZE, BatchInfo, RecordBudget, iter_batches
-from kproxy.protocol.schema import Direction, Field, message_schema
 from kproxy.protocol.splice import splice_body
 
 PRODUCE, FETCH = 0, 1
@@ -84,7 +84,7 @@ class CorruptTarget(enum.Enum):
 # ------------------------------------------------------------------------------ frames
 
 
-def _records_path(api_key: int, api_version: int, direction: Direction) -> tuple[Field, Field]:
+def _records_path(api_key: int, api_version: int, direction: MessageType) -> tuple[Field, Field]:
     """(topics array field, partitions array field) of the message holding ``records``."""
     schema = message_schema(api_key, api_version, direction)
     if schema is not None:
@@ -101,10 +101,10 @@ def edit_records_fields(frame: bytes, api_key: int, api_version: int,
     """Apply ``edit`` (records bytes -> (new bytes, changes)) to the records of each chosen
     partition of a Produce request or Fetch response frame."""
     if api_key == PRODUCE:
-        direction = Direction.REQUEST
+        direction = MessageType.REQUEST
         offset = 4 + request_header(frame).size
     elif api_key == FETCH:
-        direction = Direction.RESPONSE
+        direction = MessageType.RESPONSE
         offset = response_body_offset(frame, api_key, api_version, whole=True)
     else:
         raise RecordsMutationError(f"records faults act on Produce requests and Fetch responses, not api key "

@@ -15,8 +15,8 @@ import struct
 from typing import Final
 
 from kproxy.protocol.headers import request_body_offset, request_header_version
-from kproxy.protocol.schema import Direction, message_schema
-from kproxy.protocol.wire import Malformed, read_uvarint
+from kproxy.protocol.message_schemas import MessageType, message_schema
+from kproxy.protocol.primitives import Malformed, read_uvarint
 
 _INT16: Final = struct.Struct(">h")
 # Request header v1/v2: size, api_key, api_version, correlation_id, then the client id's int16 length.
@@ -119,7 +119,7 @@ def _group_id_layout(api_key: int, api_version: int) -> tuple[int, bool] | None:
     key = api_key << 16 | api_version
     if key in _GROUP_ID_LAYOUTS:
         return _GROUP_ID_LAYOUTS[key]
-    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    schema = message_schema(api_key, api_version, MessageType.REQUEST)
     if schema is None:
         return None  # (not remembered: a client cycling through made-up versions adds nothing)
     layout = None

@@ -21,6 +21,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kproxy.protocol.codes import error_name
 from kproxy.protocol.error_response import set_error_codes
 from kproxy.protocol.errors import (
     ApiVersionsMutationError,
@@ -29,11 +30,10 @@ from kproxy.protocol.errors import (
     ThrottleTimeError,
 )
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import PARTITION_FIELDS, MessageType, message_schema
 from kproxy.protocol.messages import require_codec
 from kproxy.protocol.mutation import Mutation, reframe
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, message_schema
 from kproxy.protocol.splice import Edit, splice_body
-from kproxy.protocol.tables import error_name
 
 API_VERSIONS, FETCH = 18, 1
 UNSUPPORTED_VERSION = 35
@@ -46,7 +46,7 @@ def _splice(frame: bytes, api_key: int, api_version: int, edits: Mapping[str, Ed
     """Apply top-level edits to a response frame; ``count[0]`` is what the edits counted."""
     if offset is None:
         offset = response_body_offset(frame, api_key, api_version, whole=True)
-    new_body, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, offset)
+    new_body, _ = splice_body(api_key, api_version, MessageType.RESPONSE, frame, edits, offset)
     if new_body is None or not count[0]:
         return Mutation(frame, 0)
     return Mutation(reframe(frame, offset, new_body), count[0])
@@ -64,7 +64,7 @@ def set_throttle_time(frame: bytes, api_key: int, api_version: int, throttle_tim
     clamped to [0, 2**31 - 1]. Raises :class:`ThrottleTimeError` when this
     response version has no such field (ApiVersions v0, Produce v0...).
     """
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    schema = message_schema(api_key, api_version, MessageType.RESPONSE)
     if schema is None or not any(f.name == "throttle_time_ms" and f.tag is None for f in schema.fields):
         raise ThrottleTimeError(f"api key {api_key} v{api_version} responses have no throttle_time_ms")
     wanted = min(max(int(throttle_time_ms), 0), _INT32_MAX)
@@ -146,7 +146,7 @@ def mutate_metadata(frame: bytes, api_key: int, api_version: int, edits: Metadat
     the first it lists stays, with the partitions it leads: the answer lists at
     least one broker whenever the broker's did.
     """
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    schema = message_schema(api_key, api_version, MessageType.RESPONSE)
     names = {f.name for f in schema.fields if f.tag is None} if schema is not None else set()
     if not names & {"brokers", "topics"}:
         raise MetadataMutationError(f"api key {api_key} v{api_version} responses have no brokers or topics")
@@ -258,7 +258,7 @@ def downgrade_api_versions(frame: bytes, api_version: int, max_versions: Mapping
     """
     offset = response_body_offset(frame, API_VERSIONS, api_version, whole=True)
     version = 0 if _api_versions_error(frame, offset) == UNSUPPORTED_VERSION else api_version
-    if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
+    if message_schema(API_VERSIONS, version, MessageType.RESPONSE) is None:
         raise ApiVersionsMutationError(f"no ApiVersions response schema for v{version}")
     count = [0]
 
@@ -273,7 +273,7 @@ def downgrade_api_versions(frame: bytes, api_version: int, max_versions: Mapping
                 count[0] += 1
         return entries
 
-    new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap}, offset)
+    new_body, _ = splice_body(API_VERSIONS, version, MessageType.RESPONSE, frame, {"api_keys": cap}, offset)
     if new_body is None or not count[0]:
         return Mutation(frame, 0)
     return Mutation(reframe(frame, offset, new_body), count[0])
@@ -294,7 +294,7 @@ def replace_error_codes(frame: bytes, api_key: int, api_version: int, error_code
     :class:`ErrorCodeMutationError` when the response has no code to replace
     (or none of the given partitions).
     """
-    codec = require_codec(api_key, api_version, Direction.RESPONSE)
+    codec = require_codec(api_key, api_version, MessageType.RESPONSE)
     offset = response_body_offset(frame, api_key, api_version, whole=True)
     body = codec.decode(frame, offset)
     chosen = None if partitions is None else frozenset(partitions)

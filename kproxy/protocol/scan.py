@@ -45,17 +45,17 @@ from dataclasses import dataclass
 from kproxy.protocol.api_keys import PRODUCE
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import DecodeError, UnknownApiError
-from kproxy.protocol.offsets import OFFSET_FIELDS
+from kproxy.protocol.message_schemas import PARTITION_FIELDS, Field, MessageSchema, MessageType, message_schema
+from kproxy.protocol.offset_reads import OFFSET_FIELDS
 from kproxy.protocol.produce_scan import produce_request_scan
 from kproxy.protocol.scan_types import Entry as Entry
 from kproxy.protocol.scan_types import RecordsRange as RecordsRange
 from kproxy.protocol.scan_types import RequestScan as RequestScan
 from kproxy.protocol.scan_types import ScanEntries
 from kproxy.protocol.scan_types import Topic as Topic
-from kproxy.protocol.schema import PARTITION_FIELDS, Direction, Field, MessageSchema, message_schema
 
 # Request kinds whose shared scan (scan_request) is made in values mode.
-_VALUE_REQUESTS = frozenset(api for api, direction in OFFSET_FIELDS if direction is Direction.REQUEST)
+_VALUE_REQUESTS = frozenset(api for api, direction in OFFSET_FIELDS if direction is MessageType.REQUEST)
 
 _TOPIC_PARTITION_FIELDS = PARTITION_FIELDS | {"index"}
 
@@ -84,7 +84,7 @@ def request_names_topics(api_key: int, api_version: int) -> tuple[bool, bool]:
     """Whether a request of this kind can name topics, and partitions under them, as a scan of it
     reports them (what the rules' ``topic`` and ``partition`` keys are matched against): (topics,
     partitions); (False, False) for a kind the tables do not know."""
-    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    schema = message_schema(api_key, api_version, MessageType.REQUEST)
     return (False, False) if schema is None else _names_topics(schema.fields, False)
 
 
@@ -355,7 +355,7 @@ class BodyScan:
 
 
 # (api key, version, direction, errors only), and True after them for a values-mode scanner.
-_scanners: dict[tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool], Callable[..., int]] = {}
+_scanners: dict[tuple[int, int, MessageType, bool] | tuple[int, int, MessageType, bool, bool], Callable[..., int]] = {}
 _lock = threading.Lock()
 # What a generated scanner can raise on bytes it cannot read (callers of `scanner` catch these): the
 # codec's DecodeError (a wire rule broken) and what Python's own readers raise, which the scanner lets
@@ -363,13 +363,13 @@ _lock = threading.Lock()
 SCAN_FAILURES = (DecodeError, struct.error, IndexError, ValueError, OverflowError)
 
 
-def scanner(api_key: int, api_version: int, direction: Direction, errors_only: bool = False,
+def scanner(api_key: int, api_version: int, direction: MessageType, errors_only: bool = False,
             values: bool = False) -> Callable[..., int] | None:
     """The generated scanner of a kind (None: no schema), made once. ``values``: the values mode,
     whose scanner must be given a :class:`ScanEntries` (:func:`run_values_scanner`); for a kind
     with no :data:`OFFSET_FIELDS` it is the plain scanner."""
     fields = OFFSET_FIELDS.get((api_key, direction), frozenset()) if values else frozenset()
-    key: tuple[int, int, Direction, bool] | tuple[int, int, Direction, bool, bool] = (
+    key: tuple[int, int, MessageType, bool] | tuple[int, int, MessageType, bool, bool] = (
         (api_key, api_version, direction, errors_only, True) if fields else (api_key, api_version, direction,
                                                                            errors_only))
     fn = _scanners.get(key)
@@ -384,7 +384,7 @@ def scanner(api_key: int, api_version: int, direction: Direction, errors_only: b
     return fn
 
 
-def scan_body(api_key: int, api_version: int, direction: Direction, data: bytes, offset: int = 0, *,
+def scan_body(api_key: int, api_version: int, direction: MessageType, data: bytes, offset: int = 0, *,
               errors_only: bool = False, values: bool = False) -> BodyScan:
     """Scan the body at ``data[offset:]``. Raises :class:`DecodeError` on malformed bytes.
 
@@ -447,7 +447,7 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     fn = _REQUEST_SCANNERS.get(kind, _UNSEEN)
     valued = api_key in _VALUE_REQUESTS  # (the few small group and offset requests consumer lag reads)
     if fn is _UNSEEN:
-        fn = scanner(api_key, api_version, Direction.REQUEST, values=valued)
+        fn = scanner(api_key, api_version, MessageType.REQUEST, values=valued)
         if kind >= 0 and len(_REQUEST_SCANNERS) < REQUEST_SCANNERS_CAP:
             _REQUEST_SCANNERS[kind] = fn
     return run_values_scanner(fn, frame, offset) if valued else run_scanner(fn, frame, offset)

@@ -1,5 +1,5 @@
 """What the protocol's scans (:mod:`kproxy.protocol.scan`, :mod:`kproxy.protocol.produce_scan`)
-return, and what the readers of their results (:mod:`kproxy.protocol.offsets`, the metrics, the
+return, and what the readers of their results (:mod:`kproxy.protocol.offset_reads`, the metrics, the
 capture) name: a module of its own, importing nothing of kproxy, so that none of them imports another
 for a type."""
 
@@ -18,7 +18,7 @@ RequestScan = tuple[list[Entry], list[RecordsRange]]
 
 class ScanEntries(list[Entry]):
     """A scan's entries (a list, as every scan gives) and, in values mode, the values it read
-    (:data:`kproxy.protocol.offsets.OFFSET_FIELDS`), in the order of the body: ``(topic, partition,
+    (:data:`kproxy.protocol.offset_reads.OFFSET_FIELDS`), in the order of the body: ``(topic, partition,
     code, value)`` per partition-level struct holding one (``code`` None where the struct has none),
     ``(topic or None, value, code)`` per other struct holding one (a group, a Metadata topic, the top
     level), appended when that struct ends."""

@@ -18,16 +18,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kproxy.protocol.errors import DecodeError, EncodeError
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import MessageCodec, require_codec
-from kproxy.protocol.schema import Direction
-from kproxy.protocol.wire import Malformed, read_uvarint, write_uvarint
+from kproxy.protocol.primitives import Malformed, read_uvarint, write_uvarint
 
 Edit = Callable[[Any], Any]
 _FAILURES = (Malformed, struct.error, IndexError, ValueError, OverflowError)
 _ENCODE_FAILURES = (struct.error, KeyError, TypeError, AttributeError, ValueError, OverflowError, IndexError)
 
 
-def splice_body(api_key: int, api_version: int, direction: Direction, data: bytes,
+def splice_body(api_key: int, api_version: int, direction: MessageType, data: bytes,
                 edits: Mapping[str, Edit], offset: int = 0) -> tuple[bytes | None, list[str]]:
     """Apply ``edits`` (top-level field name -> edit) to the body at ``data[offset:]``.
 
@@ -68,10 +68,10 @@ def splice_body(api_key: int, api_version: int, direction: Direction, data: byte
 
 
 Step = tuple[str, Callable[..., Any], Callable[..., Any], Callable[..., Any], bool]
-_plans: dict[tuple[int, int, Direction, frozenset[str]], tuple[MessageCodec, list[Step], dict[int, Any]]] = {}
+_plans: dict[tuple[int, int, MessageType, frozenset[str]], tuple[MessageCodec, list[Step], dict[int, Any]]] = {}
 
 
-def _plan(api_key: int, api_version: int, direction: Direction, names: frozenset[str]
+def _plan(api_key: int, api_version: int, direction: MessageType, names: frozenset[str]
           ) -> tuple[MessageCodec, list[Step], dict[int, Any]]:
     """The walk for one (message kind, set of edited fields), worked out once.
 

@@ -22,8 +22,8 @@ from kproxy.protocol.api_keys import METADATA
 from kproxy.protocol.codegen import SchemaCompiler
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import Field, MessageSchema, MessageType, message_schema
 from kproxy.protocol.scan import SCAN_FAILURES, _is_topic_id, _is_topic_name
-from kproxy.protocol.schema import Direction, Field, MessageSchema, message_schema
 
 METADATA_TOPIC_IDS = 10  # the first Metadata version whose response carries topic_id (KIP-516)
 TOPIC_ID_NAMES_CAP = 100_000
@@ -156,7 +156,7 @@ def _reader(api_version: int) -> Callable[..., int] | None:
     if api_version in _readers:
         return _readers[api_version]
     with _lock:
-        schema: MessageSchema | None = message_schema(METADATA, api_version, Direction.RESPONSE)
+        schema: MessageSchema | None = message_schema(METADATA, api_version, MessageType.RESPONSE)
         fn = None if schema is None else _TopicIdCompiler(schema, traced=False).build_reader()
         if schema is not None:  # only versions with a schema are kept: a bounded cache
             _readers[api_version] = fn

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from kproxy.protocol.api_keys import PRODUCE
+from kproxy.protocol.codes import api_name
 from kproxy.protocol.errors import DecodeError
 from kproxy.protocol.framing import Spanned
 from kproxy.protocol.headers import request_body_offset as find_request_body
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import Produced
+from kproxy.protocol.offset_reads import Produced
 from kproxy.protocol.request_fields import produce_acks, request_client_id
 from kproxy.protocol.scan import RequestScan, scan_request
-from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import api_name
 from kproxy.proxy.addresses import BrokerRoute
 
 _UNREAD: object = object()  # a memo not computed yet (fields holding it are typed Any: see their readers)
@@ -94,7 +94,7 @@ class ObserverMemo:
     * ``request_scan``: :attr:`Exchange.request_scan`'s result, once asked;
     * ``produced``: a Produce request's records per partition, ``(topic, partition, records)``, when
       a reader counted them while the frame was held (consumer lag reads the answer with them:
-      :func:`kproxy.protocol.offsets.produce_record_counts`); None: not counted;
+      :func:`kproxy.protocol.offset_reads.produce_record_counts`); None: not counted;
     * ``group_id``: the group a group member's request named, as consumer lag keys it, read while
       the frame was held (its answer says whether the coordinator accepted the member); None: not read.
     """
@@ -240,7 +240,7 @@ class Exchange:
         offset = self.request_body_offset
         if offset is None:
             raise DecodeError(f"{self.api} v{self.api_version} request header cannot be read", offset=4)
-        return decode_body(self.api_key, self.api_version, Direction.REQUEST, self.request, offset)
+        return decode_body(self.api_key, self.api_version, MessageType.REQUEST, self.request, offset)
 
     @property
     def rule_decisions(self) -> tuple[RuleDecision, ...]:

@@ -70,12 +70,13 @@ from collections.abc import Callable
 from typing import Final
 
 from kproxy.protocol.api_keys import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kproxy.protocol.codes import ErrorCode, api_name
 from kproxy.protocol.error_response import api_versions_answer
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE, FrameSplitter, Spanned, frame_head
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.request_fields import request_client_id
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ErrorCode, api_name
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.commands import (
     CONNECT_UPSTREAM,
     CloseConnection,
@@ -89,14 +90,13 @@ from kproxy.proxy.commands import (
 from kproxy.proxy.correlation import ACKS0_REMEMBERED, CorrelationIds
 from kproxy.proxy.exchange import Exchange, RuleDecision, Ruling, SessionObserver, produce_acks_zero
 from kproxy.proxy.release import VECTORED_MAX_FRAMES, VECTORED_MIN_BYTES, InOrderRelease, forward_frames
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.verdict import BLACKHOLED, BLACKHOLED_FORWARDED, InForce, RequestPolicy, Verdict, keep_ruling
 from kproxy.sasl.authenticator import FAILED_AUTHENTICATION_DELAY, AuthAnswer, ClientAuth
 from kproxy.sasl.client_login import ClientLogin
 from kproxy.sasl.login_gate import REFUSAL_LINGER_S, LoginEnd, LoginGate
 from kproxy.sasl.relay import SASL_ROUNDS, SaslRelay, SaslTokens
 from kproxy.sasl.upstream_login import UpstreamLogin
-from kproxy.wire_toxics import WireOrder
+from kproxy.toxics import WireOrder
 
 __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_MIN_BYTES", "Exchange", "Mode",
            "RequestPolicy", "RuleDecision", "Ruling", "Session", "SessionError", "SessionObserver", "Verdict"]
@@ -180,7 +180,7 @@ class Session:
         self._closing: CloseConnection | None = None  # a policy's close, to return after the chunk's commands
         self._blackholed: Verdict | None = None  # in a black hole: the verdict of every request
         self._blackhole_lasts: InForce | None = None  # what the black hole lasts as long as (None: the connection)
-        # Byte-level toxics verdicts asked for (kproxy.wire_toxics), for the server to take after each chunk.
+        # Byte-level toxics verdicts asked for (kproxy.toxics), for the server to take after each chunk.
         self.wire_orders: list[WireOrder] = []
         self._close_at: float | None = None  # a black hole's close time (close_after_s)
         self._close_delay: tuple[float, InForce | None] | None = None  # a slow close: its delay, its lifetime
@@ -570,7 +570,7 @@ class Session:
     def _cluster_api_versions(self, ex: Exchange) -> bytes | None:
         """The answer to the client's ApiVersions before the upstream connection is open: the
         cluster's own answer at that version (kproxy/sasl/client_login.py), capped and given
-        kproxy's SASL versions as a broker's answer is (kproxy/proxy/rewrite.py), then edited by
+        kproxy's SASL versions as a broker's answer is (kproxy/proxy/address_rewrite.py), then edited by
         the request's rules as a broker's would be. None when no answer of the cluster is known:
         the connection closes (nothing is answered)."""
         assert self._client_login is not None

@@ -14,7 +14,7 @@ from typing import Final, Protocol
 
 from kproxy.proxy.commands import CloseConnection
 from kproxy.proxy.exchange import Exchange, Ruling
-from kproxy.wire_toxics import WireOrder
+from kproxy.toxics import WireOrder
 
 
 class InForce(Protocol):
@@ -56,7 +56,7 @@ class Verdict:
       the rest of the connection), the connection's sockets close that long after it ended (a slow
       close: traffic passes meanwhile as ever; :meth:`Session.close_delay_s`).
     * ``wire``: byte-level toxics for the connection to install from this request on
-      (:mod:`kproxy.wire_toxics`; the session hands them to the server: ``Session.wire_orders``).
+      (:mod:`kproxy.toxics`; the session hands them to the server: ``Session.wire_orders``).
 
     Every guarantee of the session holds whatever the verdict: responses that do leave
     keep request order and correlation ids, and an acks=0 Produce never gets an answer.

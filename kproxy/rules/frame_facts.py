@@ -38,10 +38,10 @@ from typing import Any, Protocol
 from kproxy.protocol.api_keys import FIND_COORDINATOR, PRODUCE
 from kproxy.protocol.errors import OverBudgetError
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.message_schemas import MessageType, message_schema
 from kproxy.protocol.messages import codec
 from kproxy.protocol.records import DEFAULT_RECORD_BUDGET, Record, RecordBudget, decode_records, iter_batches
 from kproxy.protocol.scan import SCAN_FAILURES, RequestScan, scan_request
-from kproxy.protocol.schema import Direction, message_schema
 from kproxy.rules.request_facts import IpAddress, RequestHeaderFacts
 
 _EMPTY: Mapping[str, frozenset[int]] = MappingProxyType({})
@@ -61,7 +61,7 @@ def reads_fact(api_key: int, api_version: int, fact: str) -> bool:
     of this kind: the top-level field it reads is in the request's schema (FindCoordinator names a
     group in ``key``, v0-v3). False: a rule matching on ``fact`` never matches such a request."""
     name = "key" if fact == "group_id" and api_key == FIND_COORDINATOR else fact
-    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    schema = message_schema(api_key, api_version, MessageType.REQUEST)
     return schema is not None and any(f.name == name and f.tag is None for f in schema.fields)
 
 
@@ -256,7 +256,7 @@ class FrameFacts:
 
     def _field(self, name: str) -> Any:
         """One top-level (untagged) field's value, or None when absent or unreadable."""
-        c = codec(self.api_key, self.api_version, Direction.REQUEST)
+        c = codec(self.api_key, self.api_version, MessageType.REQUEST)
         if c is None or not any(f.name == name and f.tag is None for f in c.schema.fields):
             return None
         pos = self._body_offset

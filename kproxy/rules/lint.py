@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import yaml
 
+from kproxy.protocol.codes import api_snake_name
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.scan import request_names_topics
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import api_snake_name
 from kproxy.rules.frame_facts import reads_fact
 from kproxy.rules.load import YAML_LOADER, Problem, RulesError, load_text
 from kproxy.rules.model import Match, PrincipalPattern, Rule, TopicPattern

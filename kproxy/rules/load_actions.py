@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import yaml
 
-from kproxy.protocol.tables import api_snake_name
+from kproxy.protocol.codes import api_snake_name
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.actions.registry import ACTION_KINDS
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader, did_you_mean

@@ -19,8 +19,8 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.records import Record
-from kproxy.protocol.tables import ApiKey
 from kproxy.rules.actions.base import RuleAction
 from kproxy.rules.patterns import UserPattern, compile_glob, compile_pattern
 

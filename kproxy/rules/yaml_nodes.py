@@ -18,7 +18,7 @@ import yaml
 
 from kproxy.logfmt import excerpt
 from kproxy.protocol import _tables
-from kproxy.protocol.tables import api_key, api_snake_name
+from kproxy.protocol.codes import api_key, api_snake_name
 from kproxy.rules.patterns import UserPattern, compile_pattern
 
 T = TypeVar("T")

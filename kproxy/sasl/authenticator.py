@@ -44,10 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kproxy.protocol.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kproxy.protocol.codes import ApiKey, ErrorCode, api_name
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.payloads import encode_response
-from kproxy.protocol.tables import ApiKey, ErrorCode, api_name
 from kproxy.sasl.requests import SaslRequest
 from kproxy.sasl.server import CredentialChecker, MechanismServer, Step, invalid_credentials
 
@@ -56,7 +56,7 @@ UNSUPPORTED_SASL_MECHANISM = int(ErrorCode.UNSUPPORTED_SASL_MECHANISM)
 ILLEGAL_SASL_STATE = int(ErrorCode.ILLEGAL_SASL_STATE)
 SASL_AUTHENTICATION_FAILED = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
 # The versions kproxy answers (the spec's: SaslHandshake 0-1, SaslAuthenticate 0-2), which the
-# ApiVersions answers clients get say instead of the broker's (kproxy/proxy/rewrite.py).
+# ApiVersions answers clients get say instead of the broker's (kproxy/proxy/address_rewrite.py).
 ANSWERED_VERSIONS = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
 MAX_RECEIVE_SIZE = 512 * 1024  # Kafka's sasl.server.max.receive.size default
 # A refusal's answer is followed by the close this much later (Kafka's connection.failed.authentication.delay.ms

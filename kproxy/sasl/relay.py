@@ -24,8 +24,8 @@ from typing import Any
 from kproxy.protocol.api_keys import SASL_HANDSHAKE
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import response_body_offset
+from kproxy.protocol.message_schemas import MessageType, supported_versions
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.schema import Direction, supported_versions
 from kproxy.sasl.requests import SaslRequest
 
 # Rounds of a SaslHandshake v0 exchange whose length the mechanism fixes.
@@ -140,7 +140,7 @@ class SaslRelay:
             self.login.handshake(mechanism)
             return (SaslTokens(mechanism) if ex.api_version == 0 else None), None
         try:
-            body = decode_body(ex.api_key, ex.api_version, Direction.RESPONSE, frame,
+            body = decode_body(ex.api_key, ex.api_version, MessageType.RESPONSE, frame,
                                response_body_offset(frame, ex.api_key, ex.api_version))
         except ProtocolError:
             return None, self.login.broker_token(None, False)  # not an answer that says it succeeded

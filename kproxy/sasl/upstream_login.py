@@ -36,13 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kproxy.protocol.api_keys import API_VERSIONS, SASL_AUTHENTICATE, SASL_HANDSHAKE
+from kproxy.protocol.codes import ErrorCode, error_name
 from kproxy.protocol.error_response import api_versions_answer, error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import Body, require_codec
 from kproxy.protocol.payloads import decode_response
-from kproxy.protocol.schema import Direction
-from kproxy.protocol.tables import ErrorCode, error_name
 from kproxy.sasl.client import Credentials, MechanismClient, SaslClientError, ScramKeys, client_for
 from kproxy.sasl.scram import ScramError
 
@@ -262,7 +262,7 @@ def refusal_answer(request: bytes, error_code: int, message: str) -> bytes | Non
         api_key, api_version = int.from_bytes(request[4:6], "big", signed=True), int.from_bytes(request[6:8], "big")
         if api_key == API_VERSIONS:
             return api_versions_answer(int.from_bytes(request[8:12], "big", signed=True), error_code)
-        fields = require_codec(api_key, api_version, Direction.RESPONSE).schema.fields
+        fields = require_codec(api_key, api_version, MessageType.RESPONSE).schema.fields
         if not any(f.name == "error_code" for f in fields):
             return None
         return error_response(request, error_code, message=message)

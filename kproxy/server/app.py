@@ -11,7 +11,7 @@ from kproxy.config import Config
 from kproxy.logfmt import q, setup_logging
 from kproxy.paths import OptionFailed
 from kproxy.server.memory import tune_allocator, tune_gc
-from kproxy.server.proxy import ListenFailed, ProxyServer
+from kproxy.server.proxy_server import ListenFailed, ProxyServer
 
 log = logging.getLogger("kproxy.server")
 

@@ -29,7 +29,7 @@ import logging
 
 import trio
 
-from kproxy.config.model import SaslClient
+from kproxy.config.sections import SaslClient
 from kproxy.files import stat_signature
 from kproxy.logfmt import clip, q
 from kproxy.metrics.stats import TrafficStats

@@ -39,9 +39,9 @@ upstream pump and the watchdog (the login's requests, the client's requests it h
 command list that writes upstream takes a turn, in the order the lists were returned, before any
 await; without a login only the client pump writes upstream and no turn is taken.
 
-Byte-level toxics (:mod:`kproxy.wire_toxics`: a rule's bandwidth, slicer, limit_data, delay at
+Byte-level toxics (:mod:`kproxy.toxics`: a rule's bandwidth, slicer, limit_data, delay at
 wire) are taken from the session after each client chunk, before its commands run, and installed
-on their direction: that direction's writers become a :class:`~kproxy.server.wire.ToxicWriter`'s
+on their direction: that direction's writers become a :class:`~kproxy.server.toxic_writer.ToxicWriter`'s
 until no toxic of it is in force. A connection with none pays one attribute check per client chunk.
 """
 
@@ -81,9 +81,9 @@ from kproxy.proxy.session import Session
 from kproxy.server.fastio import Reader, VectorWriter, Writer, reader, vector_writer, writer
 from kproxy.server.password_checks import PasswordChecks, charged_to, client_gone, closed_already
 from kproxy.server.timers import Deadlines
+from kproxy.server.toxic_writer import ToxicWriter
 from kproxy.server.upstream import UpstreamUnavailable
-from kproxy.server.wire import ToxicWriter
-from kproxy.wire_toxics import Direction, Installed, WireOrder, WireShaper
+from kproxy.toxics import Direction, Installed, WireOrder, WireShaper
 
 log = logging.getLogger("kproxy.connection")
 

@@ -13,7 +13,7 @@ each kind would otherwise pay.
 
 In terminate mode (kproxy answers the clients' SASL itself) kproxy also keeps each broker's
 answers to ApiVersions at every version it reads (:class:`ClusterVersions`), refreshed by each
-upstream check (kproxy/server/health.py): a client's ApiVersions before its login is answered from
+upstream check (kproxy/server/upstream_health.py): a client's ApiVersions before its login is answered from
 them, with no upstream connection of its own (kproxy/sasl/client_login.py).
 """
 
@@ -24,13 +24,13 @@ import struct
 import trio
 
 from kproxy import __version__
+from kproxy.protocol.codes import ApiKey, ErrorCode
 from kproxy.protocol.error_response import api_versions_answer
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import RequestHeader
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.payloads import decode_response, encode_request
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, ErrorCode
 from kproxy.sasl.authenticator import ApiVersionsSource
 
 METADATA = ApiKey.METADATA

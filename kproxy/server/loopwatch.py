@@ -37,7 +37,7 @@ from types import FrameType
 import trio
 
 from kproxy.logfmt import q
-from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.fixed_histogram import Histogram
 from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.server")

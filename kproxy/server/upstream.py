@@ -4,7 +4,7 @@
 
 A client connection gets its upstream connection at accept, or in terminate mode once its login
 succeeded (kproxy/server/connection.py executes the session's ConnectUpstream); the upstream
-checks (kproxy/server/health.py) and broker discovery connect through here too.
+checks (kproxy/server/upstream_health.py) and broker discovery connect through here too.
 """
 
 from __future__ import annotations

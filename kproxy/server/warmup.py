@@ -17,11 +17,11 @@ import time
 import trio
 
 from kproxy.protocol.kinds import VERSIONS_BELOW, warm_up_kinds
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.messages import codec
-from kproxy.protocol.offsets import OFFSET_FIELDS
+from kproxy.protocol.offset_reads import OFFSET_FIELDS
 from kproxy.protocol.scan import scanner
-from kproxy.protocol.schema import Direction
-from kproxy.proxy.rewrite import ResponseRewriter
+from kproxy.proxy.address_rewrite import ResponseRewriter
 
 __all__ = ["VERSIONS_BELOW", "warm_up"]
 
@@ -43,9 +43,9 @@ async def warm_up(broker_versions: dict[int, int], rewriter: ResponseRewriter) -
 
 
 def _compile(api_key: int, version: int, rewriter: ResponseRewriter) -> None:
-    for direction in (Direction.REQUEST, Direction.RESPONSE):
+    for direction in (MessageType.REQUEST, MessageType.RESPONSE):
         scanner(api_key, version, direction, errors_only=True)
         if (api_key, direction) in OFFSET_FIELDS:  # what consumer lag reads (metrics.consumer_lag, the default)
-            scanner(api_key, version, direction, errors_only=direction is Direction.RESPONSE, values=True)
+            scanner(api_key, version, direction, errors_only=direction is MessageType.RESPONSE, values=True)
     if rewriter.needs_rewrite(api_key, version):
-        codec(api_key, version, Direction.RESPONSE)
+        codec(api_key, version, MessageType.RESPONSE)

@@ -53,9 +53,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kproxy.protocol.codes import api_snake_name
 from kproxy.protocol.errors import CorruptRecordsError, ProtocolError, UnknownApiError
 from kproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kproxy.protocol.headers import RequestHeader, decode_request_header, peek_correlation_id
+from kproxy.protocol.message_schemas import Field, MessageType
 from kproxy.protocol.messages import Body, codec
 from kproxy.protocol.payloads import Request, decode_request, decode_response
 from kproxy.protocol.records import (
@@ -66,8 +68,6 @@ from kproxy.protocol.records import (
     decode_records,
     iter_batches,
 )
-from kproxy.protocol.schema import Direction, Field
-from kproxy.protocol.tables import api_snake_name
 from kproxy.subcommands.framespans import FrameSpan, frame_spans
 from kproxy.subcommands.hexdump import InputError, InputFormat, load_input
 
@@ -178,7 +178,7 @@ class FrameDecoder:
         payload = span.payload
         try:
             header = decode_request_header(payload)
-            c = codec(header.api_key, header.api_version, Direction.REQUEST)
+            c = codec(header.api_key, header.api_version, MessageType.REQUEST)
             if c is None:
                 return None
             end = c.skip(payload, header.size)
@@ -196,7 +196,7 @@ class FrameDecoder:
         header = request.header
         out = self._request_head(span, header)
         out["body"] = _BodyWriter(span, header.size, self._options.records).body(
-            request.body, header.api_key, header.api_version, Direction.REQUEST)
+            request.body, header.api_key, header.api_version, MessageType.REQUEST)
         return out
 
     def _unknown_request(self, span: FrameSpan) -> JsonDict:
@@ -259,7 +259,7 @@ class FrameDecoder:
         if header.tagged_fields:
             out["header_tagged_fields"] = _tags_json(header.tagged_fields)
         out["body"] = _BodyWriter(span, header.size, self._options.records).body(
-            response.body, kind.api_key, kind.api_version, Direction.RESPONSE)
+            response.body, kind.api_key, kind.api_version, MessageType.RESPONSE)
         return out
 
 
@@ -310,7 +310,7 @@ class _BodyWriter:
         self._cursor = body_start
         self._with_records = with_records
 
-    def body(self, body: Body, api_key: int, api_version: int, direction: Direction) -> JsonDict:
+    def body(self, body: Body, api_key: int, api_version: int, direction: MessageType) -> JsonDict:
         found = codec(api_key, api_version, direction)
         assert found is not None  # the body was decoded with it
         return self._struct(body, found.schema.fields, "")

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from kproxy.metrics.histogram import Histogram
+from kproxy.metrics.fixed_histogram import Histogram
 from kproxy.metrics.stats import TrafficStats
-from kproxy.protocol.tables import error_class, error_code
+from kproxy.protocol.codes import error_class, error_code
 from kproxy.subcommands.demo_traffic import TRAFFIC_OPTIONS, LagTruth, parse, scrape
 from kproxy.subcommands.demo_traffic import report as report_traffic
 from kproxy.testing import Broker, ProxyThread, proxy_config, run_tansu

@@ -1,5 +1,5 @@
 """``kproxy rules list|apply|add|enable|disable|delete|reset|faults``: a running kproxy's rules,
-through its admin API (docs/ADMIN.md) and :class:`kproxy.admin.client.AdminClient`.
+through its admin API (docs/ADMIN.md) and :class:`kproxy.admin.api_client.AdminClient`.
 
 Contract of every command: exit 0 when done; 2 when the input cannot be read or kproxy refuses
 (each problem on its own line of stderr: ``file:line: path: reason`` for a rule file, as
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kproxy.admin.client import AdminClient
+    from kproxy.admin.api_client import AdminClient
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -83,7 +83,7 @@ def add_admin_commands(actions: argparse._SubParsersAction[argparse.ArgumentPars
 
 def default_admin() -> str:
     """Where the admin commands go without ``--admin``: like Toxiproxy's CLI, the local API."""
-    from kproxy.admin.client import DEFAULT_URL
+    from kproxy.admin.api_client import DEFAULT_URL
 
     return os.environ.get("KPROXY_ADMIN") or os.environ.get("KPROXY_ADMIN_URL") or DEFAULT_URL
 
@@ -93,14 +93,14 @@ def _limit(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 1 <= value <= 100_000:  # the API's own bounds (kproxy/admin/server.py)
+    if not 1 <= value <= 100_000:  # the API's own bounds (kproxy/admin/api_server.py)
         raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
     return value
 
 
 def run_admin_command(args: argparse.Namespace) -> int:
     """Run ``kproxy rules <args.rules_command>`` against the admin API; returns the exit status."""
-    from kproxy.admin.client import AdminClient, AdminRefused, AdminUnreachable, format_error
+    from kproxy.admin.api_client import AdminClient, AdminRefused, AdminUnreachable, format_error
 
     command = f"kproxy rules {args.rules_command}"
     token = args.token
@@ -164,7 +164,7 @@ def _add_rules(command: str, client: AdminClient, rules: list[dict[str, Any]], *
     """Add (or with ``replace``, put) each rule in turn, one request each, printing each as done.
     A refusal stops there: the rules added before it stay (each was a change of its own), and the
     message says which they are."""
-    from kproxy.admin.client import AdminRefused, format_error
+    from kproxy.admin.api_client import AdminRefused, format_error
 
     done_ids: list[str] = []
     for i, rule in enumerate(rules):

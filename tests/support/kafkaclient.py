@@ -8,9 +8,9 @@ from typing import Any
 import trio
 
 from kproxy.protocol import FrameSplitter, Response, decode_response, peek_correlation_id
+from kproxy.protocol.codes import ApiKey, ErrorCode
 from kproxy.protocol.frame_builder import request_frame
 from kproxy.protocol.messages import Body
-from kproxy.protocol.tables import ApiKey, ErrorCode
 
 LOOPBACK = "127.0.0.1"
 API_VERSIONS, UNSUPPORTED_VERSION = ApiKey.API_VERSIONS, ErrorCode.UNSUPPORTED_VERSION

@@ -17,8 +17,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kproxy.protocol import Direction
-from kproxy.protocol.schema import is_flexible, message_schema
+from kproxy.protocol import MessageType
+from kproxy.protocol.message_schemas import is_flexible, message_schema
 
 SEED_VARIABLE = "CODEC_MATRIX_SEED"
 SHARE = 0.15  # of the versions between the boundaries, sampled in each run
@@ -36,7 +36,7 @@ def matrix_seed() -> str:
     return seed
 
 
-def boundary_versions(api_key: int, direction: Direction, versions: Sequence[int]) -> set[int]:
+def boundary_versions(api_key: int, direction: MessageType, versions: Sequence[int]) -> set[int]:
     """Of ``versions`` (of one api and direction): the lowest, the highest, the first flexible, and on
     each side of every change of layout (a version whose fields differ from the version before it,
     and that version before): a bug that moves where a field starts or ends shows on one side."""
@@ -53,7 +53,7 @@ def boundary_versions(api_key: int, direction: Direction, versions: Sequence[int
     return chosen
 
 
-def matrix_cut(kinds: Sequence[T], kind_of: Callable[[T], tuple[int, int, Direction]], name: str = "") -> list[T]:
+def matrix_cut(kinds: Sequence[T], kind_of: Callable[[T], tuple[int, int, MessageType]], name: str = "") -> list[T]:
     """``kinds`` (in their order) cut to this run's: the boundary versions of each api and direction
     (:func:`boundary_versions`; ``kind_of`` says which api, version and direction an element checks),
     and a sample of :data:`SHARE` of the rest drawn with this run's seed (and ``name``, so that each
@@ -62,7 +62,7 @@ def matrix_cut(kinds: Sequence[T], kind_of: Callable[[T], tuple[int, int, Direct
     if seed == "all":
         return list(kinds)
     keys = [kind_of(kind) for kind in kinds]
-    by_group: dict[tuple[int, Direction], list[int]] = {}
+    by_group: dict[tuple[int, MessageType], list[int]] = {}
     for api_key, version, direction in keys:
         by_group.setdefault((api_key, direction), []).append(version)
     boundaries = {(a, d): boundary_versions(a, d, versions) for (a, d), versions in by_group.items()}

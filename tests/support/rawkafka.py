@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from kproxy.protocol import Direction, RequestHeader, decode_response, default_body, encode_request, frame
+from kproxy.protocol import MessageType, RequestHeader, decode_response, default_body, encode_request, frame
 from kproxy.protocol.headers import request_header_version
 from kproxy.protocol.records import iter_batches
 
@@ -77,7 +77,7 @@ def stored_batches(broker: str, topics: dict[str, int], max_bytes: int = 64 * 10
             wanted = [key for key in offsets if key not in done]
             if not wanted:
                 return out
-            body = default_body(FETCH, 12, Direction.REQUEST)
+            body = default_body(FETCH, 12, MessageType.REQUEST)
             # min_bytes 1: Tansu answers a min_bytes 0 Fetch with no topics at all.
             body.update(replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=max_bytes, isolation_level=0,
                         topics=[{"topic": t, "partitions": [

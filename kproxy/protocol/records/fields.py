@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kproxy.protocol.compression import Codec, codec_name, decompress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.primitives import write_varlong
 from kproxy.protocol.records.budget import RecordBudget
 from kproxy.protocol.records.entries import (
     _INT32,
@@ -17,7 +18,6 @@ from kproxy.protocol.records.entries import (
     BatchInfo,
     BytesLike,
 )
-from kproxy.protocol.wire import write_varlong
 
 
 class _Reader:

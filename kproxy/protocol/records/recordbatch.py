@@ -8,6 +8,7 @@ from crc32c import crc32c
 
 from kproxy.protocol.compression import Codec, compress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.primitives import write_varlong
 from kproxy.protocol.records.budget import RECORD_COST, RecordBudget
 from kproxy.protocol.records.entries import (
     _CODEC_MASK,
@@ -41,7 +42,6 @@ from kproxy.protocol.records.fields import (
     _read_varlong,
     _write_varint_bytes,
 )
-from kproxy.protocol.wire import write_varlong
 
 
 def decode_v2(batch: BatchInfo, max_decompressed: int, budget: RecordBudget | None = None) -> list[Record]:

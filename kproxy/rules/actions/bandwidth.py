@@ -3,7 +3,7 @@
 YAML: ``- bandwidth: {bytes_per_second: 262144, direction: downstream}``. From the first request
 the rule matches on a connection on, that connection's bytes in ``direction``
 (:mod:`kproxy.rules.actions.direction`) leave at that rate
-(:class:`kproxy.wire_toxics.Pace`), while the rule is in force. No Kafka quota is involved: no
+(:class:`kproxy.toxics.Pace`), while the rule is in force. No Kafka quota is involved: no
 ``throttle_time_ms``, just slow bytes (``throttle`` is the broker's quota).
 """
 
@@ -16,7 +16,7 @@ from kproxy.rules.actions.base import HitKey, RuleAction
 from kproxy.rules.actions.direction import DEFAULT_DIRECTION, read_direction
 from kproxy.rules.actions.throttle import MAX_RATE, MIN_BYTES_PER_SECOND
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
-from kproxy.wire_toxics import Direction, Pace
+from kproxy.toxics import Direction, Pace
 
 if TYPE_CHECKING:
     import yaml

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kproxy.protocol.codes import api_snake_name
 from kproxy.protocol.headers import RequestHeader
 from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
-from kproxy.protocol.tables import api_snake_name
 from kproxy.rules.actions.draft import HitKey as HitKey  # every kind's decide() takes one
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ kproxy.rules.engine); the session holds the request before forwarding it, or its
 releasing it (still in request order). ``at: wire`` acts below the frame instead: from the first
 request the rule matches on a connection on, every chunk of that connection's bytes in
 ``direction`` (:mod:`kproxy.rules.actions.direction`) leaves ``ms`` (± its own jitter) after
-kproxy would have written it, in order (:class:`kproxy.wire_toxics.Latency`), while the rule is in
+kproxy would have written it, in order (:class:`kproxy.toxics.Latency`), while the rule is in
 force; ``direction`` is for ``at: wire`` only.
 
 A ramp: ``ms: {from: 10, to: 500, over_seconds: 300}`` (:class:`Ramp`) grows the delay linearly
@@ -28,7 +28,7 @@ import yaml
 from kproxy.rules.actions.base import MAX_DURATION_MS, HitKey, RuleAction
 from kproxy.rules.actions.direction import DEFAULT_DIRECTION, read_direction
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
-from kproxy.wire_toxics import Direction, Latency
+from kproxy.toxics import Direction, Latency
 
 if TYPE_CHECKING:
     from kproxy.rules.actions.draft import VerdictDraft
@@ -42,7 +42,7 @@ class Distribution(enum.Enum):
 class DelayPoint(enum.Enum):
     REQUEST = "request"  # before forwarding the request
     RESPONSE = "response"  # before releasing the response (still in request order)
-    WIRE = "wire"  # every chunk of bytes in a direction, from the first match on (kproxy.wire_toxics)
+    WIRE = "wire"  # every chunk of bytes in a direction, from the first match on (kproxy.toxics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ class Delay(RuleAction):
             out.setdefault("ramp_ms", []).append(round(self.ramp.ms_at(elapsed_s), 3))
 
     def wire_delay_s(self, draw: float) -> float:
-        """A wire delay in seconds for a uniform draw (one per chunk: kproxy.wire_toxics.Latency)."""
+        """A wire delay in seconds for a uniform draw (one per chunk: kproxy.toxics.Latency)."""
         return self.resolve(draw) / 1000
 
     def decide(self, draft: VerdictDraft, key: HitKey) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kproxy.wire_toxics import Direction
+from kproxy.toxics import Direction
 
 if TYPE_CHECKING:
     import yaml

@@ -12,11 +12,11 @@ from typing import ClassVar
 import yaml
 
 from kproxy.protocol.api_keys import API_VERSIONS
+from kproxy.protocol.codes import api_snake_name
+from kproxy.protocol.message_schemas import supported_versions
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.response_faults import downgrade_api_versions
-from kproxy.protocol.schema import supported_versions
-from kproxy.protocol.tables import api_snake_name
 from kproxy.rules.actions.base import RuleAction, Step
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from kproxy.wire_toxics import Direction, Toxic
+from kproxy.toxics import Direction, Toxic
 
 if TYPE_CHECKING:
     from kproxy.rules.bucket import Buckets
@@ -47,7 +47,7 @@ class VerdictDraft:
       (a slow close); ``closing``: close it now, as
       (reason, abort: a TCP RST rather than a FIN), the first asked;
     * ``wire``: byte-level toxics to install on the connection, as (key, action, direction, toxic)
-      (None: none; the policy installs each once per connection: kproxy.policy.wire);
+      (None: none; the policy installs each once per connection: kproxy.policy.rule_toxics);
     * ``faults``: what each action reported, in order (see :data:`Fault`).
 
     ``buckets`` (the engine's token buckets) and ``facts`` (the request's) are for the actions that

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kproxy.protocol import _tables
 from kproxy.protocol.api_keys import PRODUCE
+from kproxy.protocol.codes import ApiKey, error_code, error_name
 from kproxy.protocol.error_response import error_response
 from kproxy.protocol.errors import ProtocolError
 from kproxy.protocol.headers import RequestHeader
@@ -34,7 +35,6 @@ from kproxy.protocol.partition_split import (
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.response_faults import replace_error_codes
-from kproxy.protocol.tables import ApiKey, error_code, error_name
 from kproxy.rules.actions.base import LocalAnswer, PartAnswer, RuleAction, Step
 from kproxy.rules.frame_facts import FrameFacts
 from kproxy.rules.yaml_nodes import BAD, INT32, Bad, NodeReader, did_you_mean, node_kind

@@ -4,7 +4,7 @@ YAML: ``- limit_data: {bytes: 65536, direction: downstream}``. From the first re
 matches on a connection on, that connection lets ``bytes`` more bytes through in ``direction``
 (:mod:`kproxy.rules.actions.direction`; ``both``: that many each way), then closes (a FIN, right
 after the last of them is written; ``bytes: 0`` closes at the first byte that would pass), while
-the rule is in force (:class:`kproxy.wire_toxics.Limit`). The cut counts as a connection fault.
+the rule is in force (:class:`kproxy.toxics.Limit`). The cut counts as a connection fault.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kproxy.rules.actions.base import HitKey, RuleAction
 from kproxy.rules.actions.direction import DEFAULT_DIRECTION, read_direction
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
-from kproxy.wire_toxics import Direction, Limit
+from kproxy.toxics import Direction, Limit
 
 if TYPE_CHECKING:
     import yaml

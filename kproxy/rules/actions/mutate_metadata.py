@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
 from kproxy.protocol.response_faults import MetadataEdits, mutate_metadata
-from kproxy.protocol.tables import ApiKey
 from kproxy.rules.actions.base import RuleAction, Step
 from kproxy.rules.yaml_nodes import BAD, INT32, Bad, NodeReader
 

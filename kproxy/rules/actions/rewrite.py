@@ -15,12 +15,12 @@ from typing import Any, ClassVar
 
 import yaml
 
+from kproxy.protocol.codes import api_snake_name
 from kproxy.protocol.field_rewrite import FieldEdit, rename_topics, rewrite_fields
+from kproxy.protocol.message_schemas import MessageType, message_schema, supported_versions
 from kproxy.protocol.mutation import Mutation
 from kproxy.protocol.record_faults import Selector
 from kproxy.protocol.records import RecordBudget
-from kproxy.protocol.schema import Direction, message_schema, supported_versions
-from kproxy.protocol.tables import api_snake_name
 from kproxy.rules.actions.base import RuleAction, Step
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader, did_you_mean
 
@@ -83,13 +83,13 @@ class Rewrite(RuleAction):
 
     def request_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                      ) -> Step | None:
-        return self._step(api_key, api_version, Direction.REQUEST) if self.edits_request else None
+        return self._step(api_key, api_version, MessageType.REQUEST) if self.edits_request else None
 
     def response_step(self, api_key: int, api_version: int, only: Selector | None, budget: RecordBudget
                       ) -> Step | None:
-        return self._step(api_key, api_version, Direction.RESPONSE) if self.edits_response else None
+        return self._step(api_key, api_version, MessageType.RESPONSE) if self.edits_response else None
 
-    def _step(self, api_key: int, api_version: int, direction: Direction) -> Step:
+    def _step(self, api_key: int, api_version: int, direction: MessageType) -> Step:
         edits = [FieldEdit(path, value=value) for path, value in self.set_fields]
         edits += [FieldEdit(path, values=dict(table)) for path, table in self.map_fields]
         prefixes = self.topic_prefix
@@ -149,8 +149,8 @@ def _value_maps(reader: NodeReader, node: yaml.Node, path: str) -> Any:
 
 def _unknown_field_path(path: str, apis: frozenset[int], direction: RewriteDirection) -> str | None:
     """Why ``path`` names no field of these APIs' messages in any version; None when it does."""
-    side = Direction.REQUEST if direction is RewriteDirection.REQUEST else Direction.RESPONSE
-    if path == "client_id" and side is Direction.REQUEST:
+    side = MessageType.REQUEST if direction is RewriteDirection.REQUEST else MessageType.RESPONSE
+    if path == "client_id" and side is MessageType.REQUEST:
         return None  # the request header's client id (kproxy/protocol/field_rewrite.py)
     for key in sorted(apis):
         known = supported_versions(key)

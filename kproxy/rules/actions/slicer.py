@@ -5,7 +5,7 @@ YAML: ``- slicer: {average_bytes: 4, size_variation: 3, delay_us: 100, direction
 From the first request the rule matches on a connection on, that connection's bytes in
 ``direction`` (:mod:`kproxy.rules.actions.direction`) leave as writes of ``average_bytes`` ±
 ``size_variation`` bytes (uniform, drawn per write), each at least ``delay_us`` microseconds after
-the one before (:class:`kproxy.wire_toxics.Slices`), while the rule is in force.
+the one before (:class:`kproxy.toxics.Slices`), while the rule is in force.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from kproxy.rules.actions.base import MAX_DURATION_MS, HitKey, RuleAction
 from kproxy.rules.actions.direction import DEFAULT_DIRECTION, read_direction
 from kproxy.rules.yaml_nodes import BAD, Bad, NodeReader
-from kproxy.wire_toxics import Direction, Slices
+from kproxy.toxics import Direction, Slices
 
 if TYPE_CHECKING:
     import yaml

@@ -1,6 +1,6 @@
 """Fuzz target of the admin HTTP server: raw bytes in, an HTTP answer (or a close) out.
 
-Each input is one connection to a real :class:`~kproxy.admin.server.AdminServer` (bearer token
+Each input is one connection to a real :class:`~kproxy.admin.api_server.AdminServer` (bearer token
 :data:`TOKEN`, one file rule in force) serving on loopback, inside one ``trio.run`` of its own:
 the input is sent whole, the client half-closes, and reads until the server closes. Written
 against that public behaviour only (bytes in, an answer out), not the serving loop's insides.
@@ -102,8 +102,8 @@ def fuzz_admin_http(data: bytes) -> None:
     """Raw bytes into a real AdminServer on loopback: never raises; a whole HTTP answer or a close, in seconds."""
     import trio
 
+    from kproxy.admin.api_server import AdminServer
     from kproxy.admin.book import RuleBook
-    from kproxy.admin.server import AdminServer
     from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text

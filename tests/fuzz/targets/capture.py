@@ -4,13 +4,13 @@ An input is one flags byte, then frames in the session target's format
 (:func:`tests.fuzz.targets.session.session_input`). A :class:`~kproxy.proxy.session.Session`
 with a :class:`~kproxy.capture.observer.CaptureObserver` reads them (so each exchange, its
 frames and its offsets are the ones kproxy would capture); the observer's offers go to one
-:class:`~kproxy.capture.records.RecordBuilder` (the writer's reading, and the early reads of big
+:class:`~kproxy.capture.record_builder.RecordBuilder` (the writer's reading, and the early reads of big
 Produce requests and Fetch responses), then to Arrow columns as the writer makes them.
 
 Flags: bit 0 keeps payloads (records decoded, decompressed, under the builder's own caps);
 bit 1 closes the connection at the end (requests never answered still make records).
 
-The documented outcomes (kproxy/capture/records.py): one row per exchange, an unreadable
+The documented outcomes (kproxy/capture/record_builder.py): one row per exchange, an unreadable
 exchange still makes a row; no exception from the observer or the builder; every row converts
 to the capture's Arrow schema (a value out of its column's type would cost the writer the
 whole row group).
@@ -168,11 +168,11 @@ def _prepare() -> None:
 def fuzz_capture_records(data: bytes) -> None:
     """Capture records of a real session's exchanges: a row per exchange, no exception, rows fit the Arrow schema."""
     from kproxy.capture.observer import CaptureObserver, ConnectionInfo
-    from kproxy.capture.records import PayloadOptions, RecordBuilder
+    from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
     from kproxy.protocol.framing import frame
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
 
     if not data:

@@ -56,9 +56,9 @@ def fuzz_client_auth(data: bytes) -> None:
     before it; a principal only after a login."""
     from kproxy.protocol.frame_builder import response_frame
     from kproxy.protocol.framing import frame
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection, Command, ConnectUpstream, ForwardUpstream, VerifyCredentials
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
     from kproxy.sasl.authenticator import ANSWERED_VERSIONS, ClientAuth, Outcome
     from kproxy.sasl.server import CredentialChecker

@@ -20,7 +20,7 @@ _KIND = struct.Struct(">H")
 
 # -- message kinds: the first two bytes of an input pick one of the tables' (api, version, direction) ----
 def _kinds() -> list[tuple[int, int, Any]]:
-    from kproxy.protocol.schema import all_message_kinds
+    from kproxy.protocol.message_schemas import all_message_kinds
 
     return all_message_kinds()
 

@@ -46,7 +46,7 @@ EDITORS = [name for name, *_ in _editors()]
 
 
 def _versions(api: int) -> tuple[int, int]:
-    from kproxy.protocol.schema import supported_versions
+    from kproxy.protocol.message_schemas import supported_versions
 
     span = supported_versions(api)
     assert span is not None
@@ -71,15 +71,15 @@ def _editor_seeds() -> Iterator[bytes]:
 def _body(api: int, version: int, whole: bytes) -> tuple[int, Any] | None:
     """(body offset, decoded body) of a whole frame, or None when it does not decode."""
     from kproxy.protocol.headers import decode_request_header, response_body_offset
+    from kproxy.protocol.message_schemas import MessageType
     from kproxy.protocol.messages import decode_body
-    from kproxy.protocol.schema import Direction
 
     try:
         if api == 0:
             offset = 4 + decode_request_header(memoryview(whole)[4:]).size
-            return offset, decode_body(api, version, Direction.REQUEST, whole, offset)
+            return offset, decode_body(api, version, MessageType.REQUEST, whole, offset)
         offset = response_body_offset(whole, api, version, whole=True)
-        return offset, decode_body(api, version, Direction.RESPONSE, whole, offset)
+        return offset, decode_body(api, version, MessageType.RESPONSE, whole, offset)
     except ProtocolError:
         return None
 

@@ -90,7 +90,7 @@ def fuzz_consumer_lag(data: bytes) -> None:
     the clock moving as the input says: never an exception; after each frame every table within
     its key and byte bounds, each table's byte count what its keys cost, no id past the cut; the
     view and its series made without error, no lag below 0."""
-    from kproxy.metrics.lag import (
+    from kproxy.metrics.consumer_lag import (
         MAX_ID_LENGTH,
         ConsumerLag,
         _committed_cost,
@@ -99,12 +99,12 @@ def fuzz_consumer_lag(data: bytes) -> None:
         _written_cost,
     )
     from kproxy.metrics.lag_exposition import lag_series
-    from kproxy.metrics.observer import MetricsObserver
     from kproxy.metrics.stats import StatsOptions, TrafficStats
+    from kproxy.metrics.traffic_observer import MetricsObserver
     from kproxy.protocol.framing import frame
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
 
     now = [1000.0]

@@ -11,7 +11,7 @@ action, response edits) with no exception and within the per-input time bound.
 
 ``rules_json``: the first byte picks a route (``PUT /rules``, ``POST /rules``,
 ``PUT /rules/{id}``, ``PATCH /rules/{id}``), the rest is the request's body, answered by
-:meth:`kproxy.admin.server.AdminServer.respond` over a :class:`~kproxy.admin.book.RuleBook`
+:meth:`kproxy.admin.api_server.AdminServer.respond` over a :class:`~kproxy.admin.book.RuleBook`
 with one file rule in force (:func:`answer`). Only the book's refusals (an ``AdminError``, answered 4xx) or a
 success may come out: an exception, a 5xx or an answer that is not JSON is a finding.
 """
@@ -198,9 +198,9 @@ def meet_requests(rules: Any) -> None:
     no exception, whatever the rules do (answer, delay, edit, close); timers fired at once."""
     from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection, ForwardUpstream, WakeAt
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Session
 
     live = LiveRules(rules, counts=FaultStats())
@@ -273,8 +273,8 @@ def answer(server: Any, method: str, url: str, body: bytes) -> tuple[int, Any]:
 @target(_rules_json_seeds, warm=True)
 def fuzz_rules_json(data: bytes) -> None:
     """Admin API JSON bodies (PUT/POST /rules, PUT/PATCH /rules/{id}): a 2xx or a 4xx refusal, never an error."""
+    from kproxy.admin.api_server import AdminServer
     from kproxy.admin.book import RuleBook
-    from kproxy.admin.server import AdminServer
     from kproxy.metrics.fault_stats import FaultStats
     from kproxy.policy.live_rules import LiveRules
     from kproxy.rules.load import load_text

@@ -63,9 +63,9 @@ def fuzz_session(data: bytes) -> None:
     """A whole sans-IO Session fed frames from both sides: never an exception (a protocol error is a
     CloseConnection command); responses in request order."""
     from kproxy.protocol.framing import FrameSplitter, frame
+    from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.commands import CloseConnection, SendToClient
-    from kproxy.proxy.rewrite import ResponseRewriter
     from kproxy.proxy.session import Mode, Session
 
     session = Session(ResponseRewriter(AddressMap("kproxy.test", 40000)), max_in_flight=64, clock=lambda: 0.0)

@@ -1,4 +1,4 @@
-"""The capture schema as Spark sees it: derived from :mod:`kproxy.capture.schema`, never restated."""
+"""The capture schema as Spark sees it: derived from :mod:`kproxy.capture.record_schema`, never restated."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kproxy.capture.schema import COLUMNS, Column
+from kproxy.capture.record_schema import COLUMNS, Column
 
 _SPARK_SCALARS: dict[str, DataType] = {
     "bool": BooleanType(), "int16": ShortType(), "int32": IntegerType(), "int64": LongType(),
@@ -42,6 +42,6 @@ def spark_schema() -> StructType:
 def snake_api_name(column: str = "api_name") -> SparkColumn:
     """A capture's api name (Kafka's, ``GetTelemetrySubscriptions``) as the metrics, rules and logs
     spell it (``get_telemetry_subscriptions``): the rule of
-    :func:`kproxy.protocol.tables.api_snake_name`, in Spark, so every output of ``analyze`` uses
+    :func:`kproxy.protocol.codes.api_snake_name`, in Spark, so every output of ``analyze`` uses
     the one spelling whatever a capture holds."""
     return F.lower(F.regexp_replace(F.col(column), "(?<!^)(?=[A-Z])", "_"))

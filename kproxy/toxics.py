@@ -8,7 +8,7 @@ bytes left before a cut, the last slice's time). A :class:`WireShaper` holds the
 on one direction of one connection and chains them:
 :meth:`WireShaper.shape` turns a chunk read at ``now`` into pieces ``(due, bytes)``, in stream
 order and with non-decreasing due times, which the server writes one after the other, each no
-earlier than its due time (kproxy/server/wire.py).
+earlier than its due time (kproxy/server/toxic_writer.py).
 
 Whatever the rules' order, stages chain in one order: ``limit_data`` (bytes are counted as they
 enter, so a cut does not depend on time), latency, bandwidth, slicer (so its slices are the writes
@@ -214,7 +214,7 @@ class SlicesStage:
 
 
 class Owner(Protocol):
-    """Who installed a stage (a rule's action, kproxy.policy.wire): asked whether it is still in
+    """Who installed a stage (a rule's action, kproxy.policy.rule_toxics): asked whether it is still in
     force before each chunk, told the bytes it let through and when it cut the connection."""
 
     @property

@@ -13,7 +13,7 @@ chosen from the capture's span), a bin ``time`` its start; ``interval`` below.
   aggregation: requests, bytes, the latency percentiles (one sketch per column for all of
   :data:`PERCENTILES`) and maxima; ``latency_by_api`` is the first, ``latency_over_time`` the second,
   or, with approximate percentiles, read off the latency histograms of the connections pass
-  (:mod:`kproxy.analysis.histogram`: no sketch per time bin).
+  (:mod:`kproxy.analysis.log_histogram`: no sketch per time bin).
 * ``errors``: requests per (time, api, error code), only the records with an error code read
   past the filter; ``errors_over_time`` as it is, rolled up over the bins for ``errors`` (its
   rate divides by ``latency_by_api``'s requests).
@@ -29,7 +29,7 @@ chosen from the capture's span), a bin ``time`` its start; ``interval`` below.
   first entry of its request naming that topic), and the last committed offset or high watermark
   answered in the bin with when it was, and the offsets the bin's answers dated with their write
   times (schema version 4); ``throughput`` and ``top_topics`` roll up the first,
-  ``hot_partitions`` and ``consumer_lag`` (:mod:`kproxy.analysis.lag`) the second.
+  ``hot_partitions`` and ``consumer_lag`` (:mod:`kproxy.analysis.capture_lag`) the second.
 
 ``faults`` reads only the connections a rule acted on, and only when ``connections`` counted a
 rule decision (none in a capture without rules: no pass at all). Every per-record expression is
@@ -51,9 +51,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.util import inheritable_thread_target
 
-from kproxy.analysis import histogram
-from kproxy.analysis.lag import consumer_lag
-from kproxy.analysis.schema import snake_api_name
+from kproxy.analysis import log_histogram as histogram
+from kproxy.analysis.capture_lag import consumer_lag
+from kproxy.analysis.spark_schema import snake_api_name
 from kproxy.protocol.api_keys import FETCH, PRODUCE
 
 PERCENTILES = (0.5, 0.95, 0.99)

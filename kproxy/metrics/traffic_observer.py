@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Final
 
-from kproxy.metrics.anomalies import (
+from kproxy.metrics.client_anomalies import (
     ACKS0_PRODUCER,
     DEPRECATED_UP_TO,
     DEPRECATED_VERSION,
@@ -14,11 +14,11 @@ from kproxy.metrics.anomalies import (
     uncompressed,
 )
 from kproxy.metrics.client_software import ClientSoftware
+from kproxy.metrics.consumer_lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.group_anomalies import MEMBERSHIP_APIS, GroupWatch, MembershipRequest
-from kproxy.metrics.lag import LAG_ANSWERS, LAG_REQUESTS, ConsumerLag
 from kproxy.metrics.stats import BrokerSeries, TrafficStats
 from kproxy.protocol.api_keys import FETCH, METADATA, PRODUCE
-from kproxy.protocol.offsets import GROUP_REQUESTS, produce_record_counts
+from kproxy.protocol.offset_reads import GROUP_REQUESTS, produce_record_counts
 from kproxy.protocol.scan import RecordsRange
 from kproxy.protocol.topic_ids import METADATA_TOPIC_IDS
 from kproxy.proxy.exchange import ObserverMemo
@@ -60,7 +60,7 @@ class BrokerObserver:
 
     Reads the header facts the session parsed (the client id only when it is a label)
     and counts them into the stats, under the connection's broker; with a
-    :class:`~kproxy.metrics.lag.ConsumerLag`, hands it the answers it reads with their scans.
+    :class:`~kproxy.metrics.consumer_lag.ConsumerLag`, hands it the answers it reads with their scans.
     """
 
     __slots__ = ("anomalies", "broker", "client", "client_ids", "flagged", "group_requests", "group_watch", "lag",
@@ -81,7 +81,7 @@ class BrokerObserver:
         self.topic_ids = stats.options.topic_label and lag is None
         # The client software this connection named (ApiVersions v3+), counted while it is open.
         self.software = ClientSoftware(stats.labelled) if self.client_ids else None
-        # Client anomalies (kproxy.metrics.anomalies; None: off): the connection's first client id (its
+        # Client anomalies (kproxy.metrics.client_anomalies; None: off): the connection's first client id (its
         # churn is that client's), the anomalies already counted for it, and whether Produce requests are
         # checked against the producer policy at all.
         self.anomalies = stats.anomalies

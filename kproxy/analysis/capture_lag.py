@@ -1,12 +1,12 @@
 """Consumer lag over a capture, time bin by time bin, as kproxy's live series compute it (on the driver).
 
 The capture's partition items carry the offsets lag is made of (schema version 3,
-:mod:`kproxy.capture.offsets`, from the same readings as :class:`kproxy.metrics.lag.ConsumerLag`):
+:mod:`kproxy.capture.partition_items`, from the same readings as :class:`kproxy.metrics.consumer_lag.ConsumerLag`):
 a ``committed_offset`` with its ``group_id`` (an OffsetCommit the answer accepted, an OffsetFetch
 answer) and a ``high_watermark`` without one (a Fetch answer's, a ListOffsets answer's latest, a
 Produce answer's log end offset). The partitions pass gives, per time bin the answer reached its
 client (the analysis's interval: :mod:`kproxy.analysis.interval`), per group (none: a watermark)
-and partition, the last of each answered in that bin (:mod:`kproxy.analysis.tables`);
+and partition, the last of each answered in that bin (:mod:`kproxy.analysis.report_tables`);
 :func:`consumer_lag` replays those bins in order.
 
 A group's lag on a partition at the end of a bin is, as ``kproxy_consumergroup_lag``: the
@@ -24,9 +24,9 @@ answered in it, whatever its source. A bin in which no offset was answered has n
 stood as the row before says.
 
 Lag in seconds (schema version 4: Produce answers' items date the offsets they gave, as the live
-tracker's write-time points do, :mod:`kproxy.metrics.lag`): the partitions pass gives, per bin and
+tracker's write-time points do, :mod:`kproxy.metrics.consumer_lag`): the partitions pass gives, per bin and
 partition, the offsets its answers dated (lowest first, highest last) and their earliest and
-latest max timestamps (:func:`kproxy.analysis.tables._write_points`), one point per bin. A group's
+latest max timestamps (:func:`kproxy.analysis.report_tables._write_points`), one point per bin. A group's
 ``lag_seconds`` on a topic at a bin's end is, as ``kproxy_consumergroup_lag_seconds``, the most
 over its partitions of how long before that moment the first offset it has not committed was
 written (0 where its lag is 0): that offset's time read off the points known by then, between a

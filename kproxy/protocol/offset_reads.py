@@ -59,6 +59,7 @@ from kproxy.protocol.api_keys import (
     SYNC_GROUP,
 )
 from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.message_schemas import MessageType
 from kproxy.protocol.records import (
     DEFAULT_RECORD_BUDGET,
     RecordBudget,
@@ -67,19 +68,18 @@ from kproxy.protocol.records import (
     v2_max_timestamp,
 )
 from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
-from kproxy.protocol.schema import Direction
 
 # The fields the values mode reads, by (api key, direction). At most one per struct; each is a plain
 # (untagged) field.
-OFFSET_FIELDS: dict[tuple[int, Direction], frozenset[str]] = {
-    (PRODUCE, Direction.RESPONSE): frozenset({"base_offset"}),  # where the request's records went
-    (OFFSET_COMMIT, Direction.REQUEST): frozenset({"group_id", "committed_offset"}),
-    (OFFSET_FETCH, Direction.REQUEST): frozenset({"group_id"}),  # v0-7: the answer's group
-    (OFFSET_FETCH, Direction.RESPONSE): frozenset({"group_id", "committed_offset"}),  # (v8+: per group)
-    (LIST_OFFSETS, Direction.REQUEST): frozenset({"isolation_level", "timestamp"}),  # (v2+: isolation)
-    (LIST_OFFSETS, Direction.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # (v0: an array)
-    (FETCH, Direction.RESPONSE): frozenset({"high_watermark"}),
-    (METADATA, Direction.RESPONSE): frozenset({"topic_id"}),  # v10+: topic id and name (KIP-516)
+OFFSET_FIELDS: dict[tuple[int, MessageType], frozenset[str]] = {
+    (PRODUCE, MessageType.RESPONSE): frozenset({"base_offset"}),  # where the request's records went
+    (OFFSET_COMMIT, MessageType.REQUEST): frozenset({"group_id", "committed_offset"}),
+    (OFFSET_FETCH, MessageType.REQUEST): frozenset({"group_id"}),  # v0-7: the answer's group
+    (OFFSET_FETCH, MessageType.RESPONSE): frozenset({"group_id", "committed_offset"}),  # (v8+: per group)
+    (LIST_OFFSETS, MessageType.REQUEST): frozenset({"isolation_level", "timestamp"}),  # (v2+: isolation)
+    (LIST_OFFSETS, MessageType.RESPONSE): frozenset({"offset", "old_style_offsets"}),  # (v0: an array)
+    (FETCH, MessageType.RESPONSE): frozenset({"high_watermark"}),
+    (METADATA, MessageType.RESPONSE): frozenset({"topic_id"}),  # v10+: topic id and name (KIP-516)
 }
 # Requests of a group's members, which name it, whose answer, without error, says their group is
 # there: a member the coordinator accepted (JoinGroup's also begins a rebalance). LeaveGroup is left

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from kproxy.config.model import CLIENT_MECHANISMS
 from kproxy.config.options import env_name
+from kproxy.config.sections import CLIENT_MECHANISMS
 from kproxy.sasl import scram
 from kproxy.sasl.credentials import (
     PLAIN_ITERATIONS,

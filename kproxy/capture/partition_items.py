@@ -4,11 +4,11 @@ offsets consumer lag is made of (schema version 3) and when offsets were written
 :func:`merge_partitions` merges the two sides' entries per (topic, partition);
 :func:`with_offsets` then gives the items of the exchanges that carry offsets their
 ``group_id``, ``committed_offset`` and ``high_watermark``, read from the scans' values as the
-metrics read them (:mod:`kproxy.protocol.offsets`): an OffsetCommit's accepted offsets, an
+metrics read them (:mod:`kproxy.protocol.offset_reads`): an OffsetCommit's accepted offsets, an
 OffsetFetch answer's, a Fetch answer's watermarks, a ListOffsets answer's latest offsets, a Produce
 answer's log end offsets (its base offsets plus the records the request carried, as the record's
 items count them); a Produce answer's items also date their records, as the live tracker's
-write-time points do (:attr:`kproxy.metrics.lag.ConsumerLag.written`): ``base_offset`` and
+write-time points do (:attr:`kproxy.metrics.consumer_lag.ConsumerLag.written`): ``base_offset`` and
 ``last_offset``, the offsets the answer gave the request's records there, and ``max_timestamp``,
 the latest max timestamp of their v2 batch headers (none for a legacy message set); so do a Fetch
 answer's items, from its records' v2 batch headers (the first base offset, the last batch's last
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kproxy.protocol.api_keys import FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
-from kproxy.protocol.offsets import (
+from kproxy.protocol.offset_reads import (
     Produced,
     Values,
     fetch_watermarks,
@@ -104,7 +104,7 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
         written = [(base, base + n - 1, stamp if stamp >= 0 else None) for _, _, base, n, stamp in appends]
     elif api_key == FETCH:
         # (the answer's values: its partitions' watermarks, four fields each, and the capture's own
-        # write times of their records, five: kproxy.capture.records._fetched_written)
+        # write times of their records, five: kproxy.capture.record_builder._fetched_written)
         facts = [(None, topic, partition, None, offset)
                  for topic, partition, offset in fetch_watermarks([v for v in answer or () if len(v) == 4])]
         dated: dict[tuple[object, object], list[tuple[Any, Any, Any]]] = {}

@@ -25,20 +25,20 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kproxy.protocol.api_keys import API_VERSIONS
+from kproxy.protocol.codes import ApiKey, ErrorCode
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError, ProtocolError
 from kproxy.protocol.framing import SIZE_PREFIX
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.kinds import rewritten_api_keys
+from kproxy.protocol.message_schemas import Field, MessageType, message_schema, supported_versions
 from kproxy.protocol.messages import codec
-from kproxy.protocol.schema import Direction, Field, message_schema, supported_versions
 from kproxy.protocol.splice import splice_body
-from kproxy.protocol.tables import ApiKey, ErrorCode
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
 from kproxy.proxy.exchange import Exchange, ObserverMemo
 
-# Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/tables.py).
+# Plain ints, bound once (an int == IntEnum comparison costs about twice a plain one: kproxy/protocol/codes.py).
 UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
 MEMO_MAX_BODY: Final = 64 * 1024  # bodies above this (big Metadata, any Fetch) are rewritten every time
 MEMO_MAX_TOTAL = 16 * 1024 * 1024  # bytes remembered (bodies, results, bookkeeping) before the memo starts over
@@ -57,7 +57,7 @@ Endpoint = tuple[int, str, int]  # (node id, upstream host, upstream port) as a 
 def _endpoint_struct_fields(api_key: int, api_version: int) -> tuple[Field, ...]:
     """The top-level Field objects named by :func:`endpoint_fields` (for the splice editors)."""
     names = endpoint_fields(api_key, api_version) or ()
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    schema = message_schema(api_key, api_version, MessageType.RESPONSE)
     return tuple(f for f in schema.fields if f.name in names) if schema is not None else ()
 
 
@@ -70,7 +70,7 @@ def _walks_part(api_key: int, api_version: int) -> bool:
 
 def _check_whole(api_key: int, api_version: int, frame: bytes, body_offset: int) -> None:
     """DecodeError unless ``frame[body_offset:]`` is exactly one body of this kind (walked, not built)."""
-    c = codec(api_key, api_version, Direction.RESPONSE)
+    c = codec(api_key, api_version, MessageType.RESPONSE)
     assert c is not None
     end = c.skip(frame, body_offset)
     if end != len(frame):
@@ -158,7 +158,7 @@ class ResponseRewriter:
             return False
         found = self._unreadable.get((api_key, api_version))
         if found is None:
-            found = message_schema(api_key, api_version, Direction.RESPONSE) is None
+            found = message_schema(api_key, api_version, MessageType.RESPONSE) is None
             if len(self._unreadable) < 65536:  # versions are int16: bounded, but say so
                 self._unreadable[(api_key, api_version)] = found
         return found
@@ -223,7 +223,7 @@ class ResponseRewriter:
         routes: list[Endpoint] = []
         if fields == ():
             # Host and port at the top level (FindCoordinator v0-3): tiny, decode it whole.
-            c = codec(api_key, api_version, Direction.RESPONSE)
+            c = codec(api_key, api_version, MessageType.RESPONSE)
             assert c is not None
             body = c.decode(frame, body_offset)
             self._rewrite_struct(body, c.schema.fields, None, routes)
@@ -235,7 +235,7 @@ class ResponseRewriter:
                 # (another API's answer read under a wrong correlation id, a truncated frame).
                 self._check_whole_once(api_key, api_version, frame, body_offset)
             edits = {f.name: self._editor(f, routes) for f in _endpoint_struct_fields(api_key, api_version)}
-            spliced, _ = splice_body(api_key, api_version, Direction.RESPONSE, frame, edits, body_offset)
+            spliced, _ = splice_body(api_key, api_version, MessageType.RESPONSE, frame, edits, body_offset)
             if spliced is None:
                 return None, []
             new_body = spliced
@@ -301,7 +301,7 @@ class ResponseRewriter:
             raise DecodeError("ApiVersions response too short for its error code", offset=body_offset)
         (error_code,) = struct.unpack_from(">h", frame, body_offset)
         version = 0 if error_code == UNSUPPORTED_VERSION else api_version
-        if message_schema(API_VERSIONS, version, Direction.RESPONSE) is None:
+        if message_schema(API_VERSIONS, version, MessageType.RESPONSE) is None:
             return None
 
         answered = self.answered if error_code == 0 else {}  # an error answer lists only ApiVersions (KIP-511)
@@ -328,7 +328,7 @@ class ResponseRewriter:
                 out.sort(key=lambda entry: int(entry["api_key"]))
             return out
 
-        new_body, _ = splice_body(API_VERSIONS, version, Direction.RESPONSE, frame, {"api_keys": cap},
+        new_body, _ = splice_body(API_VERSIONS, version, MessageType.RESPONSE, frame, {"api_keys": cap},
                                   body_offset)
         return new_body
 

@@ -3,7 +3,7 @@
 One record describes one request and its response (or its absence: Produce with
 acks=0). The columns are declared once, here, as plain data; the writer derives
 its Arrow schema from them (:mod:`kproxy.capture.writer`) and the analysis job
-its Spark ``StructType`` (:mod:`kproxy.analysis.schema`), so the two cannot
+its Spark ``StructType`` (:mod:`kproxy.analysis.spark_schema`), so the two cannot
 drift apart. This module is sans-IO and imports nothing else of kproxy, nor
 pyarrow nor pyspark: the Spark job ships it to executors on its own.
 
@@ -22,7 +22,7 @@ reads as version 2: its ``rule_decisions`` lists are all empty, so the missing
 field is missing from no item.
 
 Version 3 added ``group_id``, ``committed_offset`` and ``high_watermark`` to the items of
-``partitions`` (what consumer lag is made of: kproxy/protocol/offsets.py). Older files read
+``partitions`` (what consumer lag is made of: kproxy/protocol/offset_reads.py). Older files read
 as version 3 with the three null in every item, which is what they mean there: nothing of
 the kind was recorded. Readers name the fields they read (a reader of version 2 refuses
 version 3 files, whose items it would not know).

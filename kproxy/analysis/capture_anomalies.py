@@ -1,7 +1,7 @@
 """Client anomalies over a capture: the kinds of ``kproxy_client_anomalies_total`` a capture can tell.
 
 One Spark job over the records' answers' error codes and request versions, counted as the live
-detectors (:mod:`kproxy.metrics.anomalies`) count them:
+detectors (:mod:`kproxy.metrics.client_anomalies`) count them:
 
 * ``stale_generation``, ``producer_fenced``, ``producer_sequence``: one per answer carrying one of
   their codes (top level or in any partition);
@@ -35,9 +35,9 @@ from pyspark.sql import functions as F
 
 from kproxy.analysis.arguments import REBALANCE_JOINS, REBALANCE_WINDOW
 from kproxy.protocol.api_keys import JOIN_GROUP, OFFSET_COMMIT, PRODUCE, TXN_OFFSET_COMMIT
-from kproxy.protocol.tables import DEPRECATED_VERSIONS, ErrorCode
+from kproxy.protocol.codes import DEPRECATED_VERSIONS, ErrorCode
 
-# The live detectors' kinds and codes (kproxy.metrics.anomalies, which analysis may not import:
+# The live detectors' kinds and codes (kproxy.metrics.client_anomalies, which analysis may not import:
 # tests/test_analysis_anomalies.py checks the two agree).
 STALE_GENERATION, PRODUCER_FENCED, PRODUCER_SEQUENCE = "stale_generation", "producer_fenced", "producer_sequence"
 DEPRECATED_VERSION, REBALANCE_STORM = "deprecated_version", "rebalance_storm"

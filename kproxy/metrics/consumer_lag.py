@@ -3,7 +3,7 @@
 :class:`ConsumerLag` keeps the last committed offset kproxy saw per (group, topic, partition), the
 last high watermark per (topic, partition), and when it last saw each group, each with when it was
 seen (the caller's clock: the session's, ``time.perf_counter``). What counts as either is
-:mod:`kproxy.protocol.offsets`'s: an OffsetCommit the answer accepted, an OffsetFetch answer; a
+:mod:`kproxy.protocol.offset_reads`'s: an OffsetCommit the answer accepted, an OffsetFetch answer; a
 Fetch answer, a ListOffsets answer for the latest offset at read_uncommitted, a Produce answer (the
 log end offset after the append). :meth:`ConsumerLag.answer` and :meth:`ConsumerLag.produce_answer`
 read them from the scans kproxy made anyway (the exchange's request scan and the metrics' response
@@ -12,7 +12,7 @@ record touched.
 
 Lag in time. A Produce answer also dates the offsets it gave: the request's v2 batch headers carry
 their max timestamp (milliseconds since the epoch: the producers' CreateTime, or whatever time they
-set), read in place with the record counts (:func:`~kproxy.protocol.offsets.produce_record_counts`);
+set), read in place with the record counts (:func:`~kproxy.protocol.offset_reads.produce_record_counts`);
 and a Fetch answer's batch headers carry the same for the offsets they hold (their base offsets,
 last offset deltas and max timestamps: :meth:`ConsumerLag.fetch_answer`), so a partition whose
 producers write around kproxy and whose consumers read through it is dated too.
@@ -29,7 +29,7 @@ is dropped. A committed offset is the group's state, not a reading: it stays whi
 seeing the group, so a consumer that stopped consuming but whose client still heartbeats keeps its
 growing lag. A sighting is what the broker confirmed of the group, never a request alone
 (:meth:`ConsumerLag.group_answer`): an answer without error to a request of
-:data:`~kproxy.protocol.offsets.GROUP_REQUESTS` (a member the coordinator accepted: a Heartbeat
+:data:`~kproxy.protocol.offset_reads.GROUP_REQUESTS` (a member the coordinator accepted: a Heartbeat
 every few seconds while it lives), an offset an OffsetCommit answer accepted, a committed offset
 an OffsetFetch answer reports. A committed offset goes ``stale_after`` after the later of its
 last commit and the group's last sighting, with one exception: an accepted JoinGroup (a
@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kproxy.protocol.api_keys import FETCH, JOIN_GROUP, LIST_OFFSETS, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
-from kproxy.protocol.offsets import (
+from kproxy.protocol.offset_reads import (
     FETCH_SPANS,
     GROUP_REQUESTS,
     Commit,
@@ -211,12 +211,12 @@ class ConsumerLag:
         """A Fetch answer (``frame``; ``response``: its scan in values mode) reached its client: when
         the offsets of its records were written, a second source of write times beside Produce answers
         (a partition written around kproxy and read through it): up to
-        :data:`~kproxy.protocol.offsets.FETCH_SPANS` points a partition, its batches split among
+        :data:`~kproxy.protocol.offset_reads.FETCH_SPANS` points a partition, its batches split among
         them. Its records ranges pair with its
         partitions' entries one to one only when every partition carried records (a range per
         partition, in the body's order): other answers are not read for it. A partition whose last
         point was taken within a second is left before its headers are read
-        (:func:`~kproxy.protocol.offsets.batches_written`)."""
+        (:func:`~kproxy.protocol.offset_reads.batches_written`)."""
         if response is None:
             return
         ranges = response[1]
@@ -290,14 +290,14 @@ class ConsumerLag:
 
     @staticmethod
     def group_named(api_key: int, api_version: int, frame: bytes, body_offset: int | None) -> str | None:
-        """The group a request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS` names (``frame``, its
+        """The group a request of :data:`~kproxy.protocol.offset_reads.GROUP_REQUESTS` names (``frame``, its
         body at ``body_offset``), as the tables key it (:func:`bounded_id`); None: not readable. Read
         while the frame is held; :meth:`group_answer` takes it with the answer."""
         named = request_group_id(frame, api_key, api_version, body_offset)
         return None if named is None else bounded_id(named)
 
     def group_answer(self, api_key: int, group: str, response: RequestScan | None, now: float) -> None:
-        """The broker answered, at ``now``, a request of :data:`~kproxy.protocol.offsets.GROUP_REQUESTS`
+        """The broker answered, at ``now``, a request of :data:`~kproxy.protocol.offset_reads.GROUP_REQUESTS`
         naming ``group`` (:meth:`group_named`); ``response``: the answer's scan (None: not read). An
         answer without error code is a sighting (an accepted JoinGroup: a rebalance); any other says
         nothing of the group (see the module docstring)."""

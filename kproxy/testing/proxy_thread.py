@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from kproxy.config import Config, build_config
-from kproxy.server.proxy import ProxyServer
+from kproxy.server.proxy_server import ProxyServer
 
 
 class ProxyThread:

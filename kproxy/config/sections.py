@@ -86,11 +86,11 @@ class MetricsOptions:
     label_cap: int = 100
     scan_responses: bool = True
     process_metrics: bool = False
-    # Consumer lag from OffsetCommit / OffsetFetch / Fetch / ListOffsets traffic (kproxy.metrics.lag).
+    # Consumer lag from OffsetCommit / OffsetFetch / Fetch / ListOffsets traffic (kproxy.metrics.consumer_lag).
     consumer_lag: bool = True
     consumer_lag_partitions: bool = False
     consumer_lag_stale_after: float = 300.0
-    # Client anomalies read off the wire (kproxy.metrics.anomalies): kproxy_client_anomalies_total.
+    # Client anomalies read off the wire (kproxy.metrics.client_anomalies): kproxy_client_anomalies_total.
     client_anomalies: bool = True
     client_anomalies_churn_per_minute: int = 60
     client_anomalies_forbid_acks0: bool = False

@@ -3,7 +3,7 @@
 A rule action that acts below the frame (``bandwidth``, ``slicer``, ``limit_data``, ``delay`` with
 ``at: wire``) asks, on every request its rule hits, for a toxic on the connection's bytes
 (:meth:`~kproxy.rules.actions.draft.VerdictDraft.wire_toxic`). The policy turns each ask into a
-:class:`~kproxy.wire_toxics.WireOrder` whose owner is a :class:`RuleToxic`; the connection installs
+:class:`~kproxy.toxics.WireOrder` whose owner is a :class:`RuleToxic`; the connection installs
 an order once (the same key again, while installed, does nothing).
 
 How long a toxic lasts: while its rule is in force (:mod:`kproxy.policy.in_force`), asked before
@@ -21,11 +21,11 @@ from kproxy.policy.faults import count
 from kproxy.policy.in_force import HasInjector, RuleInForce
 from kproxy.policy.injector import FaultInjector
 from kproxy.rules.actions.draft import HitKey
-from kproxy.wire_toxics import Direction, Toxic, WireOrder
+from kproxy.toxics import Direction, Toxic, WireOrder
 
 
 class RuleToxic:
-    """The owner of the toxics one action of one rule installs (:class:`~kproxy.wire_toxics.Owner`);
+    """The owner of the toxics one action of one rule installs (:class:`~kproxy.toxics.Owner`);
     ``kind`` its kind (the action's name in its hit counter key)."""
 
     __slots__ = ("counts", "kind", "label", "life", "rule_id")

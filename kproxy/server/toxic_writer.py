@@ -1,5 +1,5 @@
 """One direction of a connection with byte-level toxics installed: a queue and the task that
-writes it out as its :class:`~kproxy.wire_toxics.WireShaper` says (what to write when).
+writes it out as its :class:`~kproxy.toxics.WireShaper` says (what to write when).
 
 Installed on the first toxic of a direction (:class:`ToxicWriter`), it takes that direction's
 writes in the pumps' place: a write queues the bytes (stamped with the time) and returns at once
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import trio
 
 from kproxy.server.fastio import VectorWriter, Writer
-from kproxy.wire_toxics import Installed, Owner, Toxic, WireShaper
+from kproxy.toxics import Installed, Owner, Toxic, WireShaper
 
 # Bytes a direction's queue holds before its writers wait: a read's worth (limits.read_size's
 # default), so that a pump reading ahead of a slow toxic holds one read, not the stream.

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kproxy.protocol import _tables
-from kproxy.protocol.tables import api_name
+from kproxy.protocol.codes import api_name
 
 Range = tuple[int, int] | None
 
 
-class Direction(enum.IntEnum):
+class MessageType(enum.IntEnum):
     """Which half of an exchange a message body is. Values index the tables."""
 
     REQUEST = 0
@@ -65,13 +65,13 @@ class MessageSchema:
 
     api_key: int
     api_version: int
-    direction: Direction
+    direction: MessageType
     flexible: bool
     fields: tuple[Field, ...]
 
     @property
     def name(self) -> str:
-        suffix = "Request" if self.direction is Direction.REQUEST else "Response"
+        suffix = "Request" if self.direction is MessageType.REQUEST else "Response"
         return f"{api_name(self.api_key)}{suffix}"
 
 
@@ -101,12 +101,12 @@ def _resolve(raw_fields: tuple[Any, ...], version: int, flexible: bool) -> tuple
 
 
 @functools.cache
-def message_schema(api_key: int, api_version: int, direction: Direction) -> MessageSchema | None:
+def message_schema(api_key: int, api_version: int, direction: MessageType) -> MessageSchema | None:
     """The schema of one message body, or ``None`` when the tables do not know it."""
     for first, last, first_flexible, raw_fields in _tables.MESSAGES.get((api_key, int(direction)), ()):
         if first <= api_version <= last:
             flexible = first_flexible is not None and api_version >= first_flexible
-            return MessageSchema(api_key, api_version, Direction(direction), flexible,
+            return MessageSchema(api_key, api_version, MessageType(direction), flexible,
                                  _resolve(raw_fields, api_version, flexible))
     return None
 
@@ -122,7 +122,7 @@ def supported_versions(api_key: int) -> tuple[int, int] | None:
 
 def is_flexible(api_key: int, api_version: int) -> bool | None:
     """Whether a request of this version uses flexible encoding; ``None`` if unknown."""
-    schema = message_schema(api_key, api_version, Direction.REQUEST)
+    schema = message_schema(api_key, api_version, MessageType.REQUEST)
     return None if schema is None else schema.flexible
 
 
@@ -130,10 +130,10 @@ def known_api_keys() -> list[int]:
     return sorted(_tables.API_NAMES)
 
 
-def all_message_kinds() -> list[tuple[int, int, Direction]]:
+def all_message_kinds() -> list[tuple[int, int, MessageType]]:
     """Every (api key, version, direction) the tables know: what round-trip tests walk."""
-    out: list[tuple[int, int, Direction]] = []
+    out: list[tuple[int, int, MessageType]] = []
     for (key, direction), variants in sorted(_tables.MESSAGES.items()):
         versions = sorted({v for first, last, _, _ in variants for v in range(first, last + 1)})
-        out.extend((key, v, Direction(direction)) for v in versions)
+        out.extend((key, v, MessageType(direction)) for v in versions)
     return out

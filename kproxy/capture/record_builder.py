@@ -5,7 +5,7 @@ The observer (:mod:`kproxy.capture.observer`) hands the writer one
 they went through (immutable ``bytes``, never copied) and a few numbers. All the
 reading happens here, off the proxy's event loop, when the writer takes a batch:
 :meth:`RecordBuilder.rows` turns the batch into rows (tuples in the order of
-:data:`kproxy.capture.schema.COLUMN_NAMES`, nested lists as tuples in their item
+:data:`kproxy.capture.record_schema.COLUMN_NAMES`, nested lists as tuples in their item
 order) that the writer transposes into Arrow columns.
 
 What is read, and how far:
@@ -57,15 +57,17 @@ from typing import Any
 
 from kproxy.capture.columns import PendingColumns
 from kproxy.capture.connection_info import ConnectionInfo
-from kproxy.capture.offsets import VALUE_APIS, merge_partitions, with_offsets
+from kproxy.capture.partition_items import VALUE_APIS, merge_partitions, with_offsets
+from kproxy.capture.record_schema import SCHEMA_VERSION
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
-from kproxy.capture.schema import SCHEMA_VERSION
 from kproxy.offloop import short_switch_interval
 from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kproxy.protocol.codes import ApiKey, api_name
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
+from kproxy.protocol.message_schemas import MessageType, message_schema
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offsets import FETCH_SPANS, batches_written
+from kproxy.protocol.offset_reads import FETCH_SPANS, batches_written
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import (
     RecordBudget,
@@ -78,8 +80,6 @@ from kproxy.protocol.records import (
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
 from kproxy.protocol.scan_types import ScanEntries
-from kproxy.protocol.schema import Direction, message_schema
-from kproxy.protocol.tables import ApiKey, api_name
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.ratelimit import LogRateLimit
 
@@ -194,10 +194,10 @@ class _Kind:
         self.cached = api_key != PRODUCE and not self.payloads
         # The exchanges carrying committed offsets and watermarks are scanned in values mode (version 3).
         self.values = api_key in VALUE_APIS
-        self.request_scan = scanner(api_key, api_version, Direction.REQUEST, values=self.values)
+        self.request_scan = scanner(api_key, api_version, MessageType.REQUEST, values=self.values)
         # Responses other than Produce and Fetch keep only non-zero codes: the errors-only scan reads
         # no further than the last error code (an ApiVersions response: its first field).
-        self.response_scan = scanner(api_key, api_version, Direction.RESPONSE, errors_only=not self.records,
+        self.response_scan = scanner(api_key, api_version, MessageType.RESPONSE, errors_only=not self.records,
                                      values=self.values)
         self.top_code = _top_level_code(api_key, api_version)
 
@@ -479,7 +479,7 @@ class RecordBuilder:
         if api_key == PRODUCE:
             out["transactional_id"], out["acks"] = produce_head(frame, api_version, body)
         elif api_key in _ID_APIS:
-            decoded = decode_body(api_key, api_version, Direction.REQUEST, frame, body)
+            decoded = decode_body(api_key, api_version, MessageType.REQUEST, frame, body)
             out["group_id"] = decoded.get("group_id")
             out["transactional_id"] = decoded.get("transactional_id")
             if api_key == FIND_COORDINATOR:
@@ -599,11 +599,11 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
 
 def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
     """A Fetch answer's scan (see :func:`_scan`) read for when its records were written, as the live
-    tracker reads it (:meth:`kproxy.metrics.lag.ConsumerLag.fetch_answer`: only when every partition
-    of the answer carried records, in at most :data:`~kproxy.protocol.offsets.FETCH_SPANS` spans a
+    tracker reads it (:meth:`kproxy.metrics.consumer_lag.ConsumerLag.fetch_answer`: only when every partition
+    of the answer carried records, in at most :data:`~kproxy.protocol.offset_reads.FETCH_SPANS` spans a
     partition): ``(topic, partition, first offset, last offset, max timestamp)`` per span
-    (:func:`~kproxy.protocol.offsets.batches_written`). Five fields: the answer's values' partition
-    items have four (:func:`kproxy.capture.offsets.with_offsets` tells them apart)."""
+    (:func:`~kproxy.protocol.offset_reads.batches_written`). Five fields: the answer's values' partition
+    items have four (:func:`kproxy.capture.partition_items.with_offsets` tells them apart)."""
     out: list[tuple[Any, ...]] = []
     ranges = sum(1 for x in found if type(x[0]) is int)
     if ranges != sum(1 for x in found if type(x[0]) is not int and x[1] is not None):
@@ -641,6 +641,6 @@ def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
 @functools.cache
 def _top_level_code(api_key: int, api_version: int) -> bool:
     """Does this response have a top-level error code (so that "no error" reads 0, not null)?"""
-    schema = message_schema(api_key, api_version, Direction.RESPONSE)
+    schema = message_schema(api_key, api_version, MessageType.RESPONSE)
     return schema is not None and any(f.is_error_code and f.tag is None for f in schema.fields)
 

@@ -20,7 +20,7 @@ the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever 
 Size (over the ~500 lines the project aims for): one class, :class:`ProxyServer`, whose
 lifecycle (start, signals, drain), listeners and per-connection set-up share its state (the
 listener table, the connection set, the draining flag, the upstream health). The jobs that stand
-alone are their own modules already: connection.py, upstream.py, discovery.py, health.py,
+alone are their own modules already: connection.py, upstream.py, discovery.py, upstream_health.py,
 rules_reload.py, kproxy/policy/ (the rules in force), kproxy/admin/.
 """
 
@@ -40,20 +40,20 @@ from typing import TYPE_CHECKING
 import trio
 
 from kproxy.config import AdminOptions, CaptureOptions, Config
-from kproxy.config.model import Cluster
+from kproxy.config.sections import Cluster
 from kproxy.host_port import HostPort
 from kproxy.logfmt import LOG_CLUSTER
 from kproxy.logfmt import q as _q
-from kproxy.metrics.anomalies import AnomalyOptions
+from kproxy.metrics.client_anomalies import AnomalyOptions
+from kproxy.metrics.consumer_lag import ConsumerLag
 from kproxy.metrics.exposition import ClusterSeries, LiveGauges, MetricsServer, make_registry
-from kproxy.metrics.lag import ConsumerLag
 from kproxy.metrics.lag_exposition import ConsumerLagCollector
-from kproxy.metrics.observer import MetricsObserver
 from kproxy.metrics.stats import ACCEPT_CAPACITY_ERRORS, BOOTSTRAP_NODE, StatsOptions, TrafficStats, node_label
+from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
+from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap, BrokerRoute, PortsExhausted
-from kproxy.proxy.rewrite import ResponseRewriter
 from kproxy.proxy.session import Session, SessionObserver
 from kproxy.ratelimit import LogRateLimit
 from kproxy.sasl.authenticator import ANSWERED_VERSIONS
@@ -61,7 +61,6 @@ from kproxy.sasl.upstream_login import UpstreamLogin
 from kproxy.server.client_auth import ClientAuthService
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import ClusterVersions, fetch_api_versions, fetch_api_versions_answers, fetch_brokers
-from kproxy.server.health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.loopwatch import LoopWatch
 from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
@@ -70,10 +69,11 @@ from kproxy.server.timers import Deadlines
 from kproxy.server.tls_reload import LiveTls, TlsReloader
 from kproxy.server.upstream import UpstreamConnector, UpstreamUnavailable
 from kproxy.server.upstream_auth import UpstreamLoginFailed, UpstreamLogins, authenticate
+from kproxy.server.upstream_health import BOOTSTRAP, Result, Target, UpstreamHealth
 from kproxy.server.warmup import warm_up
 
 if TYPE_CHECKING:
-    from kproxy.admin.server import AdminServer
+    from kproxy.admin.api_server import AdminServer
     from kproxy.capture.service import CaptureService
 
 log = logging.getLogger("kproxy.server")
@@ -278,8 +278,8 @@ class ProxyServer:
 
     async def _start_admin(self, nursery: trio.Nursery, address: HostPort) -> None:
         """The admin API (kproxy/admin/), imported only when it is on."""
+        from kproxy.admin.api_server import AdminServer
         from kproxy.admin.book import RuleBook
-        from kproxy.admin.server import AdminServer
 
         self.admin_server = AdminServer(RuleBook(self.rules), token=self.config.admin.bearer_token(),
                                         max_connections=self.config.limits.max_http_connections)

@@ -1,6 +1,6 @@
 """Client bugs and misconfigurations as the wire shows them: ``kproxy_client_anomalies_total{kind,client_id}``.
 
-Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerObserver` already reads
+Each kind is one detector, fed by what :class:`~kproxy.metrics.traffic_observer.BrokerObserver` already reads
 (the consumer group kinds, ``rebalance_storm`` and ``vanished_member``, are
 :mod:`kproxy.metrics.group_anomalies`'; ``retry_storm``, idempotent batches sent again, is
 :mod:`kproxy.metrics.retries`'):
@@ -20,7 +20,7 @@ Each kind is one detector, fed by what :class:`~kproxy.metrics.observer.BrokerOb
   whose connections are many clients');
 
 * from requests, once per connection that does it: ``deprecated_version``, a request of a version
-  Kafka's specs mark deprecated (:data:`~kproxy.protocol.tables.DEPRECATED_VERSIONS`, KIP-896: a
+  Kafka's specs mark deprecated (:data:`~kproxy.protocol.codes.DEPRECATED_VERSIONS`, KIP-896: a
   Kafka 4 broker refuses them); ``acks0_producer`` (with ``forbid_acks0``) and
   ``uncompressed_producer`` (with ``require_compression``: a batch of :data:`UNCOMPRESSED_MIN_BYTES`
   or more sent with no compression), read from the Produce request's acks and its v2 batches'
@@ -43,8 +43,8 @@ from typing import Final
 from kproxy.logfmt import q
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.api_keys import OFFSET_COMMIT, PRODUCE, TXN_OFFSET_COMMIT
+from kproxy.protocol.codes import DEPRECATED_VERSIONS, ErrorCode, error_name
 from kproxy.protocol.scan import RecordsRange
-from kproxy.protocol.tables import DEPRECATED_VERSIONS, ErrorCode, error_name
 
 log = logging.getLogger("kproxy.metrics")
 
