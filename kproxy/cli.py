@@ -254,7 +254,7 @@ option's help. Flags win over the environment, the environment over the file.
 Without a file: kproxy run --upstream 127.0.0.1:9092 --listen 127.0.0.1:19092
 (broker N is then served on port 19093+N). Several clusters: clusters: in the
 file, each cluster's options as --clusters-NAME-OPTION and KPROXY_CLUSTERS_<NAME>_<OPTION>
-(--clusters-orders-upstream; docs/CLUSTERS.md). Stops on SIGTERM/SIGINT after
+(--clusters-orders-upstream). Stops on SIGTERM/SIGINT after
 letting in-flight requests finish (--limits-shutdown-grace).
 """
 
