@@ -229,7 +229,9 @@ class ConsumerLag:
         points = self.written
         for item, span in zip(values, ranges, strict=True):
             topic, partition = item[0], item[1]
-            if len(item) != 4 or item[2] or type(partition) is not int or not isinstance(topic, str | uuid.UUID):
+            # (Two checks, not one against ``str | uuid.UUID``: that union is an object made at each call.)
+            if (len(item) != 4 or item[2] or type(partition) is not int
+                    or not (type(topic) is str or isinstance(topic, uuid.UUID))):
                 continue
             key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             kept = points.get(key)
