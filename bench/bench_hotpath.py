@@ -112,6 +112,7 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
         "Produce v7 1x100 KB": produce(big),
         "Fetch v11 1 partition 1 KB": fetch(11, 1),
         "Fetch v11 100 partitions x 1 KB": fetch(11, 100),
+        "Fetch v11 4 partitions x 1 KB": fetch(11, 4),
         "Fetch v13 1 partition 1 KB": fetch(13, 1),
     }
 

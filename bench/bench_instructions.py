@@ -66,7 +66,9 @@ from _paths import VARIANTS, cpu_seconds, variant_command  # noqa: E402
 from _util import machine_line  # noqa: E402
 
 _SIZE = struct.Struct(">i")
-SEQUENTIAL = ("ApiVersions v3", "Metadata v1", "Produce v7 1x100 B")
+# A consumer's steady fetch: an answer of one v2 batch for each of a few partitions (what consumer
+# lag dates the partitions' offsets from, kproxy.metrics.lag).
+SEQUENTIAL = ("ApiVersions v3", "Metadata v1", "Produce v7 1x100 B", "Fetch v11 4 partitions x 1 KB")
 PIPELINED = ("ApiVersions v3", "Metadata v1")
 WORKLOADS = [*(f"{w}" for w in SEQUENTIAL), *(f"pipelined {w}" for w in PIPELINED)]
 READY_TIMEOUT = 900.0  # seconds for a process to listen: pyarrow's import alone is slow under valgrind
@@ -119,6 +121,24 @@ def _api_versions(key_version: bytes) -> bytes:
     body.update(error_code=0, api_keys=[{"api_key": k, "min_version": 0, "max_version": v}
                                         for k, v in ((0, 9), (1, 12), (3, 12), (12, 4), (18, 3))])
     return frame(encode_response(1, 18, version, body))
+
+
+def canned_responses(workloads: list[str]) -> dict[bytes, bytes]:
+    """The canned broker's answers to ``workloads``, by api key and version (kproxy's own requests
+    to the broker, its Metadata, included: every workload's answer is served whichever are measured).
+    Two workloads of one api key and version with different answers cannot share the list, the broker
+    telling them apart by nothing else."""
+    frames = bench_hotpath._frames()
+    out: dict[bytes, bytes] = {}
+    named: dict[bytes, str] = {}
+    for name in workloads:
+        request, response = frames[name.removeprefix("pipelined ")]
+        key = request[4:8]
+        if key in out and out[key] != response:
+            raise ValueError(f"workloads {named[key]!r} and {name!r} have the same api key and version "
+                             "but different answers")
+        out[key], named[key] = response, name
+    return out
 
 
 # -- the client -----------------------------------------------------------------------
@@ -558,9 +578,7 @@ def main() -> int:
         if w not in WORKLOADS:
             parser.error(f"unknown workload {w!r}")
     trees = [(t.split("=", 1)[0], Path(t.split("=", 1)[1]).resolve()) for t in args.tree]
-    frames = bench_hotpath._frames()
-    responses = {request[4:8]: response for request, response in frames.values()}
-    port = canned_broker(responses)
+    port = canned_broker(canned_responses(WORKLOADS))
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="kproxy-instructions-"))
     work.mkdir(parents=True, exist_ok=True)
     specs = path_specs([k.strip() for k in args.paths.split(",") if k.strip()], trees, f"127.0.0.1:{port}", work,

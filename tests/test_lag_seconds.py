@@ -227,3 +227,19 @@ def test_fetch_write_times_stay_within_the_key_bound_under_ever_new_topics() -> 
         fetched(proxy, f"topic-{i}", 10, 0, 10, EPOCH + i)
     assert proxy.lag is not None
     assert len(proxy.lag.written) == 50 and proxy.lag.evicted["write_time"] == 350
+
+
+def test_a_consumer_behind_has_the_batch_headers_read_at_most_once_a_second() -> None:
+    """A Fetch answer of offsets already dated (a group behind re-reading them) counts as the second's
+    look at the partition: a newer answer within that second is not read, one after it is."""
+    proxy = Proxy()
+    fetched(proxy, "orders", 10, 0, 10, EPOCH + 900)
+    proxy.clock.now += 2.0
+    fetched(proxy, "orders", 10, 0, 10, EPOCH + 900)  # known offsets: nothing to learn
+    proxy.clock.now += 0.5
+    fetched(proxy, "orders", 20, 10, 10, EPOCH + 2400)  # within a second of the last look: not read
+    assert proxy.lag is not None
+    assert list(proxy.lag.written[("orders", 0)][0]) == [0, 9, EPOCH + 900]
+    proxy.clock.now += 0.6
+    fetched(proxy, "orders", 30, 20, 10, EPOCH + 3000)
+    assert list(proxy.lag.written[("orders", 0)][0]) == [0, 9, EPOCH + 900, 20, 29, EPOCH + 3000]

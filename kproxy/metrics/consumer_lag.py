@@ -229,7 +229,9 @@ class ConsumerLag:
         points = self.written
         for item, span in zip(values, ranges, strict=True):
             topic, partition = item[0], item[1]
-            if len(item) != 4 or item[2] or type(partition) is not int or not isinstance(topic, str | uuid.UUID):
+            # (Two checks, not one against ``str | uuid.UUID``: that union is an object made at each call.)
+            if (len(item) != 4 or item[2] or type(partition) is not int
+                    or not (type(topic) is str or isinstance(topic, uuid.UUID))):
                 continue
             key = (topic if type(topic) is str and len(topic) <= MAX_ID_LENGTH else self._topic(topic), partition)
             kept = points.get(key)
@@ -383,9 +385,12 @@ class ConsumerLag:
     def _write(self, key: tuple[TopicKey, int], first: int, last: int, timestamp: int, now: float) -> None:
         """Offsets ``first`` to ``last`` of a partition were written at ``timestamp`` (ms since the
         epoch: their batches' max timestamp), seen at ``now``: kept as a point of the partition's write
-        times unless they are not past its last point (an answer that reached kproxy late: its offsets
-        are known already) while not below its first (below: the log restarted lower: a topic deleted
-        and made again, its points start over)."""
+        times unless they are not past its last point (an answer that reached kproxy late, or a
+        consumer behind re-reading them: its offsets are known already) while not below its first
+        (below: the log restarted lower: a topic deleted and made again, its points start over). Known
+        offsets still count as a look at the partition (its time is ``now``): the callers read a
+        partition's batch headers at most once a second from that time, and a consumer behind the
+        partition's last point would otherwise have them read at every Fetch answer, to learn nothing."""
         table = self.written
         kept = table.get(key)
         if kept is None:
@@ -400,6 +405,8 @@ class ConsumerLag:
         points = kept[0]
         if first <= points[-2]:
             if last >= points[0]:
+                table[key] = (points, now)
+                table.move_to_end(key)
                 return
             points = array("q")
         elif len(points) >= 3 * WRITTEN_POINTS:
