@@ -83,11 +83,14 @@ def generate(directory: Path, records: int, seed: int = 7) -> list[str]:
         # Every answered Produce and Fetch entry carries its partition's end (schema version 3), as a
         # capture's do: a high watermark that grows (its values do not matter here, their cost does).
         watermark = pa.array(np.where(failed, -1, start + np.cumsum(count)), mask=failed)
-        entries = pa.StructArray.from_arrays(
-            [pa.array(np.char.add("topic-", topic.astype(str)).astype(object)), pa.array(partition),
-             pa.array(np.where(failed, 6, 0).astype(np.int16)), pa.array(count), pa.array(count * 100),
-             pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), watermark],
-            fields=list(schema.field("partitions").type.value_type))
+        item_fields = list(schema.field("partitions").type.value_type)
+        known = {"topic": pa.array(np.char.add("topic-", topic.astype(str)).astype(object)),
+                 "partition": pa.array(partition), "error_code": pa.array(np.where(failed, 6, 0).astype(np.int16)),
+                 "record_count": pa.array(count), "record_bytes": pa.array(count * 100), "high_watermark": watermark}
+        # Item fields this generator does not make up (group offsets, write times) are null, by name, so a
+        # field the schema gains is null here rather than a misplaced array.
+        entries = pa.StructArray.from_arrays([known.get(f.name, pa.nulls(m, f.type)) for f in item_fields],
+                                             fields=item_fields)
         parts = pa.ListArray.from_arrays(pa.array(offsets), entries)
         moved_count = np.zeros(n, dtype=np.int64)
         moved_count[moves] = count

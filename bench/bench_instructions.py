@@ -67,7 +67,7 @@ from _util import machine_line  # noqa: E402
 
 _SIZE = struct.Struct(">i")
 # A consumer's steady fetch: an answer of one v2 batch for each of a few partitions (what consumer
-# lag dates the partitions' offsets from, kproxy.metrics.lag).
+# lag dates the partitions' offsets from, kproxy.metrics.consumer_lag).
 SEQUENTIAL = ("ApiVersions v3", "Metadata v1", "Produce v7 1x100 B", "Fetch v11 4 partitions x 1 KB")
 PIPELINED = ("ApiVersions v3", "Metadata v1")
 WORKLOADS = [*(f"{w}" for w in SEQUENTIAL), *(f"pipelined {w}" for w in PIPELINED)]

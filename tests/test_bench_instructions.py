@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kproxy.protocol.offsets import batches_written
+from kproxy.protocol.offset_reads import batches_written
 from kproxy.protocol.payloads import decode_response
 from kproxy.protocol.records import decode_all
 

@@ -11,6 +11,7 @@ has the API, kafka-python.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import random
@@ -449,8 +450,12 @@ def test_rebalance_chaos_a_librdkafka_group_loses_no_committed_offset_and_has_no
                                                 "find-coordinator-flaps", "slow-join")}
     print(f"rebalance chaos: rule hits {hits}; first consumer read {len(first)} (committed up to {committed}), second "
           f"{len(second)}; commit errors reaching the application: {errors_1 + errors_2}")
-    assert first == keys[:len(first)], "the first member read a gap or out of order"
-    assert second and second[0] in keys[:len(first) + 1], "the second member started past the committed offset"
+    # A commit the rules refused leaves its records uncommitted: after the rebalance the member reads
+    # them again (at least once), so a step back is allowed; a step forward past the next record is a gap.
+    order = [keys.index(k) for k in first]
+    assert order[0] == 0 and all(b == a + 1 or b <= a for a, b in itertools.pairwise(order)), \
+        f"the first member read a gap or out of order: {order}"
+    assert second and second[0] in keys[:max(order) + 2], "the second member started past the committed offset"
     start = keys.index(second[0])
     assert start <= committed and second == keys[start:start + len(second)], "a gap after the rejoin"
     assert set(first) | set(second) == set(keys), "records never read"
