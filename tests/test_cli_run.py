@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -74,3 +75,35 @@ def test_run_reports_a_busy_port_and_exits_1() -> None:
                                 capture_output=True, text=True, timeout=60, env={**os.environ})
     assert result.returncode == 1
     assert "event=start_failed" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_sigterm_the_moment_the_port_accepts_drains_instead_of_killing(tmp_path: Path) -> None:
+    """The signal receivers are installed before the first listener opens.
+
+    A pod stopped right after it became ready gets a SIGTERM as soon as the port accepts; it must
+    drain and exit 0, not die by the signal's default action (exit -15). The metrics and admin
+    listeners start after the bootstrap one, which is the window a late receiver left open.
+    """
+    for attempt in range(3):
+        port, metrics, admin = free_port(), free_port(), free_port()
+        log = tmp_path / f"kproxy-{attempt}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen([*KPROXY, "run", "--upstream", "127.0.0.1:9", "--listen", f"127.0.0.1:{port}",
+                                     "--broker-port-base", "0", "--metrics-listen", f"127.0.0.1:{metrics}",
+                                     "--admin-listen", f"127.0.0.1:{admin}", "--limits-shutdown-grace", "1"],
+                                    stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    break
+                except OSError:
+                    time.sleep(0.001)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, log.read_text()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert "event=stopped" in log.read_text()

@@ -469,6 +469,18 @@ async def test_shutdown_stops_accepting_finishes_in_flight_then_closes() -> None
     assert not server.connections
 
 
+async def test_shutdown_before_start_up_completes_ends_run_cleanly() -> None:
+    """A shutdown that comes before ``run`` (or while it starts) opens no listener, and ``run``
+    returns, telling whoever waits for its start, instead of failing or serving on."""
+    async with fake_cluster((0,)) as cluster:
+        server = ProxyServer(proxy_config(cluster.bootstrap), handle_signals=False)
+        server.shutdown()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.run)
+        assert server.bootstrap_port == 0 and not server.listeners
+
+
 SHUTDOWN_GRACE = 0.5
 # What may come after the grace ends: trio running the cancelled connection task and a loopback
 # FIN. Measured at 2-25 ms on a loaded 2-core machine; 0.2 s leaves ~8x that for a slower one,

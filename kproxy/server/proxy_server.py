@@ -220,10 +220,19 @@ class ProxyServer:
                 await trio.to_thread.run_sync(self.capture.close)
 
     async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
+        started = False
         async with trio.open_nursery() as connections:
             self._connections_nursery = connections
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.handle_signals:
+                    # Before the first listener opens: from the moment a client (or a readiness probe)
+                    # can connect, a SIGTERM must drain, never kill with the default action.
+                    await nursery.start(self._watch_signals)
+                    # In the outer nursery: SIGHUP is handled (not fatal) while connections drain too.
+                    await connections.start(self._watch_hangups)
+                if self.draining:  # shutdown() came before run(): start nothing, stop cleanly
+                    nursery.cancel_scope.cancel()
                 boot = _Listener("bootstrap", self.config.listen.port, lambda: list(self.config.upstream))
                 await nursery.start(self._serve, boot)
                 self.bootstrap_port = boot.port
@@ -245,10 +254,6 @@ class ProxyServer:
                         raise ListenFailed("metrics", str(self.config.metrics_listen), exc) from exc
                 if self.config.admin.listen is not None:
                     await self._start_admin(nursery, self.config.admin.listen)
-                if self.handle_signals:
-                    nursery.start_soon(self._watch_signals)
-                    # In the outer nursery: SIGHUP is handled (not fatal) while connections drain too.
-                    connections.start_soon(self._watch_hangups)
                 if self.reloader is not None:
                     await nursery.start(self.reloader.run)
                 if self.client_auth is not None:
@@ -266,6 +271,11 @@ class ProxyServer:
                          self.config.listen.host, boot.port, ",".join(map(str, self.config.upstream)),
                          self.config.advertised)
                 LOG_CLUSTER.reset(said)
+                task_status.started()
+                started = True
+            if not started:
+                # A shutdown during start-up cancelled it: whoever waits for the start is told, and
+                # the drain below ends at once (nothing was accepted).
                 task_status.started()
             # Listeners are closed (shutdown); connections drain within the grace period.
             with trio.move_on_after(self.config.limits.shutdown_grace) as grace:
@@ -330,22 +340,27 @@ class ProxyServer:
         for sibling in self.siblings:
             sibling.shutdown()
 
-    async def _watch_signals(self) -> None:
-        # Returns after the first: a second SIGTERM/SIGINT during the drain kills at once (the
-        # default action), the way out of a drain an operator does not want to wait for.
+    async def _watch_signals(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Started once the receiver is installed; returns after the first SIGTERM/SIGINT.
+
+        A second one during the drain kills at once (the default action again), the way out of a
+        drain an operator does not want to wait for.
+        """
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             async for signum in signals:
                 log.info("event=signal signal=%s", signal.Signals(signum).name)
                 self.shutdown()
                 return
 
-    async def _watch_hangups(self) -> None:
+    async def _watch_hangups(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """SIGHUP reloads the rules and never ends the process (its default action would, exit 129).
 
         A receiver of its own, separate from SIGTERM/SIGINT's, so that it outlives their first
         signal and covers the drain.
         """
         with trio.open_signal_receiver(signal.SIGHUP) as signals:
+            task_status.started()
             async for _ in signals:
                 if self.reloader is None or self.draining:
                     why = "shutting down" if self.draining else "no rules file configured (--rules)"
