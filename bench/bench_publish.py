@@ -22,6 +22,11 @@ Paths, measured in rounds whose path order rotates (medians of the rounds report
   ``labels`` (everything on: topic and client id labels, 100 rules, capture) unless
   ``--variants`` says otherwise.
 
+``--pin``: the proxies (the pipe and every kproxy, all their threads) on the last core and
+everything else (this producer, the brokers) on the others, as a sidecar with a core of its own
+would be: what is left of the added latency then is the proxy's own, not its wait for a core
+shared with the client and the broker.
+
 Prints Markdown tables for docs/PERFORMANCE.md; progress to stderr.
 """
 
@@ -214,6 +219,12 @@ def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str]) -> It
         yield [(h, b) for h, b in paths if h.name == DIRECT or h.name not in skip]
 
 
+def pin_threads(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` (and the threads it starts later, which inherit it) on ``cpus``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), cpus)
+
+
 def rotated(hops: list[Path_], r: int) -> list[Path_]:
     k = r % len(hops)
     return hops[k:] + hops[:k]
@@ -332,6 +343,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stalls", metavar="DIR",
                         help="each kproxy process writes its long task steps and collections to DIR "
                              "(bench/_stalls.py); a summary is printed after the tables")
+    parser.add_argument("--pin", action="store_true",
+                        help="the proxies on the last core, the producer and the brokers on the others")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s, 1 KB values only (a smoke run)")
     args = parser.parse_args()
     if args.quick:
@@ -350,9 +363,19 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="kproxy-bench-publish-"))
     if args.stalls:
         os.environ["KPROXY_BENCH_STALLS"] = str(Path(args.stalls).resolve())  # inherited by run_kproxy.py
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin:
+        if len(cpus) < 2:
+            raise SystemExit("--pin needs two cores or more")
+        pin_threads(os.getpid(), set(cpus[:-1]))  # (the brokers and proxies started below inherit it)
     try:
         with open_paths(args.keys, workdir, Path(tempfile.gettempdir()), args.skip) as hops:
             machine = machine_line()
+            if args.pin:
+                for hop, _ in hops:
+                    if hop.pid:
+                        pin_threads(hop.pid, {cpus[-1]})
+                machine += f"; proxies pinned to core {cpus[-1]}, producer and brokers to {cpus[:-1]}"
             pids = {h.pid: h.name for h, _ in hops if h.pid and h.name != "pipe"}
             for hop, broker_port in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
                 publish(hop, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0, broker_port)
