@@ -190,6 +190,10 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
     return tuple(map(tuple, out))
 
 
+# A Fetch answer's write-time span where it has none (topic, partition, first, last, max timestamp).
+_NO_SPAN: tuple[Any, ...] = (None, None, None, None, None)
+
+
 def _fetch_items(partitions: tuple[tuple[Any, ...], ...], answer: Values, name: Name
                  ) -> tuple[tuple[Any, ...], ...] | None:
     """:func:`with_offsets` of a Fetch answer whose partitions are ``partitions``' first ones, in their
@@ -217,9 +221,12 @@ def _fetch_items(partitions: tuple[tuple[Any, ...], ...], answer: Values, name: 
             j += 1
         # (a fact as fetch_watermarks reads it: no error, a watermark, a named topic)
         if not code and watermark >= 0 and topic is not None:  # type: ignore[operator]
-            # (slices joined: a star in a tuple display makes a list first, compiled)
-            span = answer[first][2:] if j > first else _NO_OFFSETS[3:6]
-            out.append(item[:7] + value[3:] + span + item[11:])
+            # (one tuple display: compiled, a star in one makes a list first, and joining tuples
+            # is a generic call each)
+            span = answer[first] if j > first else _NO_SPAN
+            made = (item[0], item[1], item[2], item[3], item[4], item[5], item[6], watermark, span[2], span[3],
+                    span[4])
+            out.append(made if len(item) == 11 else made + item[11:])
             for k in range(first + 1, j):
                 extra.append((named, partition, None, 0, 0, *_NO_OFFSETS[:3], *answer[k][2:], *_NO_OFFSETS[6:]))
         else:
