@@ -19,13 +19,25 @@ Produce frames whose v2 batches carry known max timestamps go through a real
 
 from __future__ import annotations
 
+import contextlib
 import tracemalloc
 
 import pytest
 
 from kproxy.metrics.consumer_lag import RATE_WINDOW, WRITTEN_POINTS, ConsumerLag, written_at
 from kproxy.metrics.lag_exposition import lag_series
-from kproxy.protocol.records import Record, encode_batch_v2, encode_message_set, v2_max_timestamp
+from kproxy.protocol.compression import Codec
+from kproxy.protocol.errors import CorruptRecordsError
+from kproxy.protocol.offset_reads import batches_written, written_spans
+from kproxy.protocol.records import (
+    Record,
+    count_records,
+    encode_batch_v2,
+    encode_message_set,
+    iter_batches,
+    v2_dated,
+    v2_max_timestamp,
+)
 from tests.test_lag_metrics import FETCH, PRODUCE, TOPIC_ID, Proxy
 
 EPOCH = 1_800_000_000_000  # ms: the write times' origin here
@@ -97,6 +109,45 @@ def test_a_records_range_gives_the_latest_max_timestamp_of_its_whole_v2_batches(
     assert v2_max_timestamp(two, 0, 40) == -1
     legacy = encode_message_set([Record(offset=0, timestamp=9000, key=None, value=b"v")], magic=1)
     assert v2_max_timestamp(legacy, 0, len(legacy)) == -1
+
+
+def test_one_read_of_each_batch_header_dates_the_batches_and_counts_their_records() -> None:
+    """v2_dated: each whole v2 batch's offsets and max timestamp, as the general reader of the headers
+    gives them, and the range's records as count_records counts them up to where it stops (a legacy
+    tail, a cut batch, a negative count: the count goes on from there, the dates stop at the first
+    entry that is no whole v2 batch)."""
+    def batch(base: int, *times: int, codec: int = Codec.NONE) -> bytes:
+        return encode_batch_v2([Record(offset=base + i, timestamp=t, key=None, value=b"v" * 30)
+                                for i, t in enumerate(times)], base_offset=base, codec=codec)
+
+    legacy = encode_message_set([Record(offset=0, timestamp=9000, key=None, value=b"v")], magic=1)
+    whole = batch(10, 5000, 7000) + batch(12, 6000, codec=Codec.LZ4) + batch(13, 4000, 4500, 4100)
+    negative = bytearray(batch(20, 8000))
+    negative[57:61] = (-1).to_bytes(4, "big", signed=True)
+    cases = {"whole": whole, "cut": whole[:-5], "legacy tail": whole + legacy, "legacy": legacy + whole,
+             "negative count": whole + bytes(negative) + batch(21, 8100), "short": whole[:40]}
+    for label, data in cases.items():
+        for start in (0, 3):
+            padded = b"\0" * start + bytes(data)
+            dates: list[tuple[int, int, int]] = []
+            records, stop = v2_dated(padded, start, len(padded), dates)
+            headers = []
+            with contextlib.suppress(CorruptRecordsError):  # (the general reader refuses a negative count)
+                for info in iter_batches(memoryview(padded)[start:]):
+                    if info.magic != 2 or info.offset + info.length > len(padded) - start:
+                        break
+                    headers.append((info.base_offset, info.base_offset + info.last_offset_delta,
+                                    info.max_timestamp))
+            if label == "negative count":
+                headers += [(20, 20, 8000), (21, 21, 8100)]  # dated on past the count's stop
+            assert dates == headers, label
+            expected_stop = {"whole": len(padded), "cut": start + len(whole) - len(batch(13, 4000, 4500, 4100)),
+                             "legacy tail": start + len(whole), "legacy": start, "short": start,
+                             "negative count": start + len(whole)}[label]
+            assert stop == expected_stop, label
+            assert records == count_records(memoryview(padded)[start:stop]), label
+    assert batches_written(whole, 0, len(whole), 2) == [(10, 11, 7000), (12, 15, 6000)]
+    assert written_spans([(1, 2, 5), (3, 3, 9), (4, 8, 7)], 8) == [(1, 2, 5), (3, 3, 9), (4, 8, 7)]
 
 
 def test_a_partition_keeps_a_bounded_number_of_write_times_spread_over_its_history() -> None:

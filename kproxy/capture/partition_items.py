@@ -63,6 +63,10 @@ def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: 
             n += n2
             size += size2
             return ((topic, partition, code if code2 is None else code2, n, size, *_NO_OFFSETS),), n, size
+    if len(first) == len(second):  # a Fetch: the answer's partitions, as many, in the request's order
+        paired = _paired(first, second, name)
+        if paired is not None:
+            return paired
     parts: dict[tuple[str | None, int | None], list[Any]] = {}
     for entries in (first, second):
         for topic, partition, code, n, size in entries:
@@ -85,6 +89,33 @@ def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: 
     return partitions, count, size_
 
 
+def _paired(first: tuple[Entry, ...], second: tuple[Entry, ...], name: Name
+            ) -> tuple[tuple[tuple[Any, ...], ...], int, int] | None:
+    """:func:`merge_partitions` of two sides naming the same partitions in the same order, each once,
+    made pair by pair; None when they do not (the general way decides)."""
+    out: list[tuple[Any, ...]] = []
+    seen: set[tuple[str | None, int | None]] = set()
+    count = size_ = 0
+    for i in range(len(first)):  # (compiled: an index, not a zip, whose strict= is a call with a keyword)
+        topic, partition, code, n, size = first[i]
+        topic2, partition2, code2, n2, size2 = second[i]
+        if topic != topic2 or partition != partition2:
+            return None
+        if type(topic) is not str:
+            topic = name(topic)
+        key = (topic, partition)
+        if key in seen:
+            return None
+        seen.add(key)
+        n += n2
+        size += size2
+        # (compiled: a star in a tuple display makes a list first, then the tuple)
+        out.append((topic, partition, code if code2 is None else code2, n, size) + _NO_OFFSETS)  # noqa: RUF005
+        count += n
+        size_ += size
+    return tuple(out), count, size_
+
+
 def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_version: int,
                  request: Values | None, answer: Values | None, answer_errors: list[tuple[Any, Any, Any]] | None,
                  name: Name, produced: list[Produced] | None = None) -> tuple[tuple[Any, ...], ...]:
@@ -100,9 +131,19 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
     extra: list[tuple[Any, ...]] = []  # a Fetch answer's further spans: (topic, partition, first, last, time)
     if api_key == PRODUCE:
         appends = produce_appends(produced or [], answer)
+        if len(appends) == 1 and len(partitions) == 1:  # the usual Produce: one partition, accepted
+            only, appended = partitions[0], appends[0]
+            base, records, stamp = appended[2], appended[3], appended[4]
+            if only[1] == appended[1] and only[0] == (appended[0] if type(appended[0]) is str else name(appended[0])):
+                return ((*only[:7], base + records, base, base + records - 1, stamp if stamp >= 0 else None,
+                         *only[11:]),)
         facts = [(None, topic, partition, None, base + n) for topic, partition, base, n, _ in appends]
         written = [(base, base + n - 1, stamp if stamp >= 0 else None) for _, _, base, n, stamp in appends]
     elif api_key == FETCH:
+        if answer:
+            items = _fetch_items(partitions, answer, name)
+            if items is not None:
+                return items
         # (the answer's values: its partitions' watermarks, four fields each, and the capture's own
         # write times of their records, five: kproxy.capture.record_builder._fetched_written)
         facts = [(None, topic, partition, None, offset)
@@ -147,3 +188,50 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
         out.append([topic if type(topic) is str else name(topic), partition, None, 0, 0, None, None, None,
                     first, last, stamp])
     return tuple(map(tuple, out))
+
+
+# A Fetch answer's write-time span where it has none (topic, partition, first, last, max timestamp).
+_NO_SPAN: tuple[Any, ...] = (None, None, None, None, None)
+
+
+def _fetch_items(partitions: tuple[tuple[Any, ...], ...], answer: Values, name: Name
+                 ) -> tuple[tuple[Any, ...], ...] | None:
+    """:func:`with_offsets` of a Fetch answer whose partitions are ``partitions``' first ones, in their
+    order (what :func:`merge_partitions` makes of the usual Fetch), its write-time spans after them
+    (``kproxy.capture.record_builder._fetched_written``: a partition's together, in the same order),
+    made item by item; None for any other answer (the general way decides)."""
+    n = len(partitions)
+    last = len(answer)
+    if last < n:
+        return None
+    out: list[tuple[Any, ...]] = []
+    extra: list[tuple[Any, ...]] = []
+    j = n  # the next span
+    for i in range(n):
+        value = answer[i]
+        item = partitions[i]
+        if len(value) != 4:
+            return None
+        topic, partition, code, watermark = value
+        named = topic if type(topic) is str else name(topic)
+        if named != item[0] or partition != item[1]:
+            return None
+        first = j
+        while j < last and len(answer[j]) == 5 and answer[j][1] == partition and answer[j][0] == topic:
+            j += 1
+        # (a fact as fetch_watermarks reads it: no error, a watermark, a named topic)
+        if not code and watermark >= 0 and topic is not None:  # type: ignore[operator]
+            # (one tuple display: compiled, a star in one makes a list first, and joining tuples
+            # is a generic call each)
+            span = answer[first] if j > first else _NO_SPAN
+            made = (item[0], item[1], item[2], item[3], item[4], item[5], item[6], watermark, span[2], span[3],
+                    span[4])
+            out.append(made if len(item) == 11 else made + item[11:])
+            for k in range(first + 1, j):
+                extra.append((named, partition, None, 0, 0, *_NO_OFFSETS[:3], *answer[k][2:], *_NO_OFFSETS[6:]))
+        else:
+            out.append(item)
+    if j != last:
+        return None
+    out.extend(extra)
+    return tuple(out)

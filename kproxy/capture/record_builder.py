@@ -67,7 +67,7 @@ from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
 from kproxy.protocol.message_schemas import MessageType, message_schema
 from kproxy.protocol.messages import decode_body
-from kproxy.protocol.offset_reads import FETCH_SPANS, batches_written
+from kproxy.protocol.offset_reads import FETCH_SPANS, written_spans
 from kproxy.protocol.produce_scan import produce_answer
 from kproxy.protocol.records import (
     RecordBudget,
@@ -75,6 +75,7 @@ from kproxy.protocol.records import (
     decode_records,
     iter_batches,
     one_batch_count,
+    v2_dated,
     v2_max_timestamp,
 )
 from kproxy.protocol.request_fields import produce_head, request_client_id
@@ -93,6 +94,8 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP, ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN,
     ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
+# The kinds whose offsets are read with their answer's non-zero codes (partition_items.with_offsets).
+_CODED_OFFSETS = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.OFFSET_FETCH)})
 # A frame over its records budget is logged at once, then at most once a minute with the count.
 OVER_BUDGET_LOG_SECONDS = 60.0
 _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
@@ -319,9 +322,11 @@ class RecordBuilder:
         if entries or response_entries:
             partitions, record_count, record_bytes = merge_partitions(entries, response_entries, self.topics.name)
         if kind.values and response is not None:
-            errors = [(topic, partition, code) for topic, partition, code, _, _ in response_entries if code]
-            if top_code:
-                errors.append((None, None, top_code))
+            errors: list[tuple[Any, Any, Any]] = []
+            if api_key in _CODED_OFFSETS:
+                errors = [(topic, partition, code) for topic, partition, code, _, _ in response_entries if code]
+                if top_code:
+                    errors.append((None, None, top_code))
             produced = None
             if api_key == PRODUCE and not req.get("records_over_budget"):
                 stamps = req.get("written") or {}
@@ -508,9 +513,8 @@ class RecordBuilder:
             if usual is not None:
                 topic, index, code, _ = usual
                 return (((topic, index, code, 0, 0),), None, [usual] if kind.values else None), None
-        scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values)
-        if api_key == FETCH and scan[2] is not None:
-            scan[2].extend(_fetched_written(found, response))
+        scan, found = _scan(fn, response, offset, budget, keep_all=kind.records, values=kind.values,
+                            dated=api_key == FETCH)
         if kind.payloads and api_key == FETCH:
             return scan, self._payloads(found, response, budget)
         return scan, None
@@ -543,7 +547,7 @@ class RecordBuilder:
 
 
 def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudget, *, keep_all: bool,
-          values: bool = False) -> tuple[_Scan, list[Any]]:
+          values: bool = False, dated: bool = False) -> tuple[_Scan, list[Any]]:
     """Run a generated scanner; its entries with their records counted from the batch headers
     (legacy compressed wrappers within ``budget``: the ones past it are not counted).
 
@@ -554,6 +558,9 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
     so each range belongs to the next entry in the list. That
     order, read in one pass, is what the scan also returns (see :func:`_by_entry`). ``values``: the
     scanner is a values-mode one (its kind is in VALUE_APIS): what it read is the scan's third part.
+    ``dated`` (a Fetch answer's, in values mode): each range's batch headers are read once for its
+    records and when they were written together, and the spans go into the values
+    (:func:`_fetched_written`).
     """
     found: list[Any] = ScanEntries.empty() if values else []
     fn(frame, offset, found, found, None)
@@ -561,12 +568,25 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
     top: int | None = None
     n = size = 0
     view = None
+    batches: list[tuple[int, int, int]] = []  # (dated) the last range's, of the entry noted next
+    written: list[tuple[Any, Any, list[tuple[int, int, int]]]] = []  # (dated) per partition entry
+    ranges = 0
     for x in found:
         if type(x[0]) is int:  # a records range, of the entry noted next
             start, end, _ = x
-            if view is None:
-                view = memoryview(frame)
-            n += count_records(view[start:end], budget=budget)
+            if dated:
+                ranges += 1
+                batches = []
+                counted, stop = v2_dated(frame, start, end, batches)
+                if stop < end:  # not whole v2 batches: the count goes on where the headers' stopped
+                    if view is None:
+                        view = memoryview(frame)
+                    counted += count_records(view[stop:end], budget=budget)
+                n += counted
+            else:
+                if view is None:
+                    view = memoryview(frame)
+                n += count_records(view[start:end], budget=budget)
             size += end - start
             continue
         topic, partition, code = x
@@ -575,8 +595,15 @@ def _scan(fn: Callable[..., int], frame: bytes, offset: int, budget: RecordBudge
                 top = code
         elif keep_all or code or n:
             entries.append((topic, partition, code, n, size))
+        if dated:
+            if partition is not None:
+                written.append((topic, partition, batches))
+            batches = []
         n = size = 0
-    return (tuple(entries), top, found.values if values else None), found  # type: ignore[attr-defined]
+    answer: list[tuple[object, ...]] | None = found.values if values else None  # type: ignore[attr-defined]
+    if dated and ranges and answer is not None:
+        _fetched_written(written, ranges, answer)
+    return (tuple(entries), top, answer), found
 
 
 def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
@@ -597,26 +624,22 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
     return out
 
 
-def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:
-    """A Fetch answer's scan (see :func:`_scan`) read for when its records were written, as the live
-    tracker reads it (:meth:`kproxy.metrics.consumer_lag.ConsumerLag.fetch_answer`: only when every partition
-    of the answer carried records, in at most :data:`~kproxy.protocol.offset_reads.FETCH_SPANS` spans a
-    partition): ``(topic, partition, first offset, last offset, max timestamp)`` per span
-    (:func:`~kproxy.protocol.offset_reads.batches_written`). Five fields: the answer's values' partition
-    items have four (:func:`kproxy.capture.partition_items.with_offsets` tells them apart)."""
-    out: list[tuple[Any, ...]] = []
-    ranges = sum(1 for x in found if type(x[0]) is int)
-    if ranges != sum(1 for x in found if type(x[0]) is not int and x[1] is not None):
-        return out
-    spans: list[tuple[int, int, int]] = []
-    for x in found:
-        if type(x[0]) is int:  # a records range, of the entry noted next
-            spans = batches_written(frame, x[0], x[1], FETCH_SPANS)
-        else:
-            if x[1] is not None:
-                out.extend((x[0], x[1], *span) for span in spans if span[2] >= 0)
-            spans = []
-    return out
+def _fetched_written(written: list[tuple[Any, Any, list[tuple[int, int, int]]]], ranges: int,
+                     out: list[tuple[object, ...]]) -> None:
+    """A Fetch answer's write times (its scan's ``written``: per partition entry, the batches of its
+    records range, from :func:`_scan`) into ``out``, its values, as the live tracker reads them
+    (:meth:`kproxy.metrics.consumer_lag.ConsumerLag.fetch_answer`: only when every partition of the
+    answer carried records, ``ranges`` of them, in at most
+    :data:`~kproxy.protocol.offset_reads.FETCH_SPANS` spans a partition): ``(topic, partition, first
+    offset, last offset, max timestamp)`` per span (:func:`~kproxy.protocol.offset_reads.written_spans`).
+    Five fields: the answer's values' partition items have four
+    (:func:`kproxy.capture.partition_items.with_offsets` tells them apart)."""
+    if ranges != len(written):
+        return
+    for topic, partition, batches in written:
+        for first, last, stamp in (batches if len(batches) <= FETCH_SPANS else written_spans(batches, FETCH_SPANS)):
+            if stamp >= 0:
+                out.append((topic, partition, first, last, stamp))
 
 
 def _by_entry(found: list[Any]) -> tuple[list[Entry], list[tuple[int, int, int]]]:

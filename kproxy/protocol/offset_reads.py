@@ -42,7 +42,6 @@ capture's alike. A scan that failed (None) gives nothing, never a partial answer
 
 from __future__ import annotations
 
-import struct
 import uuid
 from collections.abc import Iterable
 
@@ -65,6 +64,7 @@ from kproxy.protocol.records import (
     RecordBudget,
     count_records,
     one_batch_count,
+    v2_dated,
     v2_max_timestamp,
 )
 from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
@@ -179,10 +179,6 @@ def fetch_watermarks(answer: Values | None) -> list[Watermark]:
             if not code and value >= 0 and topic is not None]  # type: ignore[operator]
 
 
-# A v2 record batch's header up to its max timestamp: baseOffset, batchLength, (partitionLeaderEpoch),
-# magic, (crc), attributes, lastOffsetDelta, (baseTimestamp), maxTimestamp.
-_V2_WRITTEN = struct.Struct(">qi4xb4xhi8xq")
-_V2_HEADER = 61  # a v2 batch header's bytes
 # Write-time spans a Fetch answer's records give a partition, at most (its batches split evenly among
 # them): a consumer catching up fetches many batches at once, and one span for all would date them
 # all by the latest (the lag tracker keeps 24 points a partition: a third of them).
@@ -199,14 +195,14 @@ def batches_written(data: bytes | bytearray | memoryview, start: int, end: int, 
     LogAppendTime, the broker's append time); none when no whole v2 batch opens it (a legacy message
     set; a fetch cut short inside its first batch)."""
     batches: list[tuple[int, int, int]] = []
-    pos = start
-    unpack = _V2_WRITTEN.unpack_from
-    while end - pos >= _V2_HEADER:
-        base, length, magic, _attributes, delta, stamp = unpack(data, pos)
-        if magic != 2 or length < _V2_HEADER - 12 or pos + 12 + length > end:
-            break
-        batches.append((base, base + delta, stamp))
-        pos += 12 + length
+    v2_dated(data, start, end, batches)
+    return written_spans(batches, segments)
+
+
+def written_spans(batches: list[tuple[int, int, int]], segments: int) -> list[tuple[int, int, int]]:
+    """``batches`` (``(base offset, last offset, max timestamp)`` each, in offset order:
+    :func:`~kproxy.protocol.records.v2_dated`) as at most ``segments`` spans, split evenly among them
+    (see :func:`batches_written`): ``batches`` itself when they are no more."""
     n = len(batches)
     if n <= segments:
         return batches

@@ -48,7 +48,8 @@ writers, payload decompression); :func:`decode_records` here dispatches by magic
   :func:`one_batch_count` - the same for a range that is one v2 batch, read in place;
   :func:`v2_max_timestamp` - the latest write time the v2 batch headers of a range carry;
   :func:`v2_totals`, :func:`v2_batches` - records and bytes of a range's whole v2 batches (per
-  batch, with its codec, for the second), read in place: the metrics' per-topic counts.
+  batch, with its codec, for the second), read in place: the metrics' per-topic counts;
+  :func:`v2_dated` - each whole v2 batch's offsets and write time, with the range's records.
 * :func:`encode_batch_v2`, :func:`encode_message_set` - encoders for tests and
   fault injection, with correct lengths and CRCs.
 
@@ -69,6 +70,7 @@ from kproxy.protocol.records.counting import (
     one_batch_count,
     one_batch_header,
     v2_batches,
+    v2_dated,
     v2_max_timestamp,
     v2_totals,
 )
@@ -108,6 +110,7 @@ __all__ = [
     "one_batch_count",
     "one_batch_header",
     "v2_batches",
+    "v2_dated",
     "v2_max_timestamp",
     "v2_totals",
     "verify_crc",

@@ -127,6 +127,43 @@ def v2_max_timestamp(data: BytesLike, start: int, end: int) -> int:
     return latest
 
 
+# baseOffset, batchLength, (partitionLeaderEpoch), magic, (crc, attributes), lastOffsetDelta,
+# (baseTimestamp), maxTimestamp, (producerId, producerEpoch, baseSequence), recordsCount: a v2 header.
+_V2_DATED = struct.Struct(">qi4xb6xi8xq14xi")
+
+
+def v2_dated(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> tuple[int, int]:
+    """Append ``(base offset, last offset, max timestamp)`` of each whole v2 batch that opens
+    ``data[start:end]`` to ``out``, read in place, one read of each header (when its records were
+    written: :func:`kproxy.protocol.offset_reads.batches_written`); returns ``(records, stop)``, its
+    records and where counting them stopped, as :func:`v2_totals` gives them (a negative
+    ``records_count`` stops the count, not the dates), for :func:`count_records` to go on from."""
+    records = 0
+    counted = -1  # where the count stopped, while it has not
+    pos = start
+    unpack = _V2_DATED.unpack_from
+    header = _V2_FAST_MIN
+    # (typed: compiled, the arithmetic is then on native ints)
+    base: int
+    batch_length: int
+    magic: int
+    delta: int
+    stamp: int
+    n: int
+    while end - pos >= header:
+        base, batch_length, magic, delta, stamp, n = unpack(data, pos)
+        if magic != 2 or batch_length < header - 12 or pos + 12 + batch_length > end:
+            break
+        out.append((base, base + delta, stamp))
+        if counted < 0:
+            if n < 0:
+                counted = pos
+            else:
+                records += n
+        pos += 12 + batch_length
+    return records, pos if counted < 0 else counted
+
+
 def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
     """Append ``(bytes, codec, records)`` of each whole v2 batch that opens ``data[start:end]`` to
     ``out`` (the codec is the low 3 bits of the batch's attributes, ``Codec``), read in place from
