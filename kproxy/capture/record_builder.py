@@ -76,6 +76,7 @@ from kproxy.protocol.records import (
     iter_batches,
     one_batch_count,
     v2_max_timestamp,
+    v2_producer_head,
 )
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
@@ -93,6 +94,10 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.LEAVE_GROUP, ApiKey.SYNC_GROUP, ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN,
     ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
+# Group requests whose member id, static member id and session timeout a record carries (version 5).
+_MEMBER_APIS = frozenset(int(key) for key in (
+    ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.OFFSET_COMMIT,
+    ApiKey.TXN_OFFSET_COMMIT, ApiKey.CONSUMER_GROUP_HEARTBEAT))
 # A frame over its records budget is logged at once, then at most once a minute with the count.
 OVER_BUDGET_LOG_SECONDS = 60.0
 _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
@@ -329,6 +334,10 @@ class RecordBuilder:
                             for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
+        if api_key == PRODUCE and partitions:
+            heads = req.get("heads")
+            if heads:
+                partitions = _with_heads(partitions, heads, self.topics.name)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
@@ -352,6 +361,7 @@ class RecordBuilder:
             decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
             conn.cluster,
+            req.get("member_id"), req.get("group_instance_id"), req.get("session_timeout_ms"),
         )
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
@@ -408,6 +418,9 @@ class RecordBuilder:
         req: dict[str, Any] = {}
         if ranges:
             req["written"] = {(topic, partition): v2_max_timestamp(frame, ranges[0][0], ranges[0][1])}
+            head = v2_producer_head(frame, ranges[0][0], ranges[0][1])
+            if head is not None:
+                req["heads"] = {(topic, partition): head}
         req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
@@ -474,6 +487,7 @@ class RecordBuilder:
                 out["offsets"] = offsets
             if api_key == PRODUCE:
                 out["written"] = _written(found, frame)
+                out["heads"] = _heads(found, frame)
                 if kind.payloads:
                     payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
@@ -482,6 +496,8 @@ class RecordBuilder:
             decoded = decode_body(api_key, api_version, MessageType.REQUEST, frame, body)
             out["group_id"] = decoded.get("group_id")
             out["transactional_id"] = decoded.get("transactional_id")
+            if api_key in _MEMBER_APIS:
+                _member(decoded, out)
             if api_key == FIND_COORDINATOR:
                 key = decoded.get("key") or next(iter(decoded.get("coordinator_keys") or ()), None)
                 if key is not None:
@@ -595,6 +611,51 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
                 out[(x[0], x[1])] = latest
             latest = -1
     return out
+
+
+def _heads(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], tuple[int, int, int, int, int]]:
+    """A Produce request's scan (see :func:`_scan`) read for its batches' producers: per (topic,
+    partition) its records range's first v2 batch header's producer id, epoch, base sequence, CRC and
+    codec (:func:`~kproxy.protocol.records.v2_producer_head`; none for a legacy message set)."""
+    out: dict[tuple[Any, Any], tuple[int, int, int, int, int]] = {}
+    head = None
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            head = v2_producer_head(frame, x[0], x[1])
+        else:
+            if head is not None and x[1] is not None:
+                out[(x[0], x[1])] = head
+            head = None
+    return out
+
+
+def _with_heads(partitions: tuple[tuple[Any, ...], ...], heads: dict[tuple[Any, Any], tuple[int, ...]],
+                name: Callable[[object], str | None]) -> tuple[tuple[Any, ...], ...]:
+    """A Produce record's partition items with their first batch's producer fields (:func:`_heads`,
+    keyed by the topic as the request names it: a name, or an id until named)."""
+    if len(heads) == 1 and len(partitions) == 1:  # the usual Produce: one partition
+        ((topic, partition), head), = heads.items()
+        item = partitions[0]
+        if item[1] == partition and item[0] == (topic if type(topic) is str else name(topic)):
+            return (item[:11] + head,)
+        return partitions
+    named = {(topic if type(topic) is str else name(topic), partition): head
+             for (topic, partition), head in heads.items()}
+    return tuple(item[:11] + named[(item[0], item[1])] if (item[0], item[1]) in named else item
+                 for item in partitions)
+
+
+def _member(decoded: dict[str, Any], out: dict[str, Any]) -> None:
+    """A decoded group request's member id, static member id and session timeout into ``out``
+    (a LeaveGroup v3+ names its members in a list: its first one's)."""
+    members = decoded.get("members")
+    first = members[0] if isinstance(members, list) and members and isinstance(members[0], dict) else decoded
+    member = first.get("member_id")
+    instance = first.get("group_instance_id")
+    out["member_id"] = member if isinstance(member, str) else None
+    out["group_instance_id"] = instance if isinstance(instance, str) else None
+    session = decoded.get("session_timeout_ms")
+    out["session_timeout_ms"] = session if isinstance(session, int) else None
 
 
 def _fetched_written(found: list[Any], frame: bytes) -> list[tuple[Any, ...]]:

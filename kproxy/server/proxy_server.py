@@ -199,7 +199,8 @@ class ProxyServer:
         if config.capture.enabled and primary is None:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
 
-            self.capture = CaptureService(config.capture)
+            # (the run's detector settings go in the capture's metadata: kproxy analyze counts with them)
+            self.capture = CaptureService(config.capture, None if anomalies is None else dataclasses.asdict(anomalies))
         self.siblings: list[ProxyServer] = [] if primary is not None else [
             ProxyServer(_sibling_config(config, cluster), handle_signals=False, primary=self) for cluster in every[1:]]
 
