@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 import uuid
 from typing import Any
 
@@ -192,14 +193,21 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
     assert rec["partitions"][0]["topic"] == str(TOPIC_ID) and rec["partitions"][0]["error_code"] == 3
 
 
-def test_requests_left_unanswered_become_records_at_close() -> None:
+def test_requests_left_unanswered_become_records_at_close_then_the_close_itself() -> None:
     h = Harness()
     h.session.receive_client(request_frame(METADATA, 12, 5, topics=None))
     h.session.report()
     assert h.records == []
-    h.observer.close()
-    (rec,) = h.records
+    before = time.time()
+    h.observer.close("idle timeout")
+    rec, closed = h.records
     assert rec["correlation_id"] == 5 and rec["response_time"] is None and rec["response_bytes"] is None
+    assert rec["close_reason"] is None
+    # (version 5: the close's own record, after the connection's last request's: its time and reason)
+    assert (closed["api_key"], closed["api_name"], closed["close_reason"]) == (-1, "ConnectionClosed", "idle timeout")
+    assert closed["connection_id"] == rec["connection_id"] and closed["client_host"] == rec["client_host"]
+    assert before - 1 <= closed["request_time"] / 1e6 <= time.time() + 1
+    assert (closed["response_time"], closed["partitions"], closed["client_id"]) == (None, [], None)
 
 
 def test_unreadable_request_body_still_makes_a_record() -> None:

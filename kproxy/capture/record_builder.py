@@ -58,7 +58,7 @@ from typing import Any
 from kproxy.capture.columns import PendingColumns
 from kproxy.capture.connection_info import ConnectionInfo
 from kproxy.capture.partition_items import VALUE_APIS, merge_partitions, with_offsets
-from kproxy.capture.record_schema import SCHEMA_VERSION
+from kproxy.capture.record_schema import CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, SCHEMA_VERSION
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.offloop import short_switch_interval
 from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
@@ -118,6 +118,11 @@ _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 #   17 request_scan  a Produce request's scan as the session shared it (Exchange.request_scan: the
 #                   metrics and the rules read the same), or None: the writer reads the frame itself
 Captured = tuple[Any, ...]
+# A connection's close, as the observer offers it after its last exchange (schema version 5): a
+# plain tuple too, told from a Captured one by its length. Field order:
+#   0 conn  1 clock_offset  2 principal  3 closed_at (the session's clock)  4 reason (None: not given)
+ClosedConnection = tuple[Any, ...]
+_CLOSED_FIELDS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -254,6 +259,8 @@ class RecordBuilder:
         # Each field read into a typed local: compiled, the numbers are then native (a float's
         # arithmetic, an int's shift), not generic operations on objects.
         if len(item) != 18:
+            if len(item) == _CLOSED_FIELDS:
+                return _closed_row(item)
             raise ValueError(f"a captured exchange of {len(item)} fields, not 18")
         conn: ConnectionInfo = item[0]
         wall: float = item[1]
@@ -362,6 +369,7 @@ class RecordBuilder:
             payloads if self.payloads.include else None,
             conn.cluster,
             req.get("member_id"), req.get("group_instance_id"), req.get("session_timeout_ms"),
+            None,
         )
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
@@ -611,6 +619,20 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
                 out[(x[0], x[1])] = latest
             latest = -1
     return out
+
+
+def _closed_row(item: ClosedConnection) -> tuple[Any, ...]:
+    """The record of a connection's close (:data:`ClosedConnection`): its time and reason, no exchange."""
+    conn: ConnectionInfo = item[0]
+    return (
+        SCHEMA_VERSION, int((item[3] + item[1]) * 1_000_000), None,
+        conn.connection_id, conn.client_host, conn.client_port, None,
+        item[2], conn.listener, conn.node_id, conn.upstream,
+        CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, 0, -1, 0, None,
+        None, 0.0, False, None,
+        None, None, None, 0, 0, (), (), None,
+        conn.cluster, None, None, None, item[4],
+    )
 
 
 def _heads(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], tuple[int, int, int, int, int]]:

@@ -38,7 +38,10 @@ Version 5 added what the client anomaly detectors read (:mod:`kproxy.analysis.ca
 ``producer_id``, ``producer_epoch``, ``base_sequence``, ``batch_crc`` and ``codec`` to the items of
 ``partitions`` (a Produce request's first v2 batch header there: retry storms, uncompressed
 producers), and ``member_id``, ``group_instance_id`` and ``session_timeout_ms`` at the end of the
-record (members that vanish). Its files also carry the run's detector settings in their metadata
+record (members that vanish). It also writes one record per connection when it closes (connection
+churn): ``api_key`` :data:`CONNECTION_CLOSED_KEY`, ``request_time`` the close's time, ``close_reason``
+why, no request nor response; :func:`kproxy.analysis.job.read_captures` leaves these out of the
+records every table but the client anomalies reads. Its files also carry the run's detector settings in their metadata
 (:data:`ANOMALY_METADATA_KEY`). Older files read as version 5 with these null: their analysis
 says which anomaly kinds it could not tell.
 
@@ -57,6 +60,9 @@ SCHEMA_VERSION = 5
 # Versions whose files read correctly under COLUMNS (see the module docstring): the writer's and older.
 READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5)
 VERSION_METADATA_KEY = "kproxy.capture.schema_version"
+# The api key and name of a connection's close record (version 5+): no request, the connection's end.
+CONNECTION_CLOSED_KEY = -1
+CONNECTION_CLOSED_NAME = "ConnectionClosed"
 # The run's client anomaly detector settings (version 5+; JSON, AnomalyOptions' fields by name; absent
 # when the run counted no client anomalies): what ``kproxy analyze`` counts with unless told otherwise.
 ANOMALY_METADATA_KEY = "kproxy.capture.client_anomalies"
@@ -177,6 +183,8 @@ COLUMNS: tuple[Column, ...] = (
                               "first member's; version 5+)"),
     _c("group_instance_id", "string", "the static member id a group request names (version 5+)"),
     _c("session_timeout_ms", "int32", "a JoinGroup's session timeout (version 5+)"),
+    _c("close_reason", "string", "a connection's close record (api_key -1): why it closed, as the "
+                                 "connection_closed log line says (version 5+)"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 _BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}

@@ -73,11 +73,12 @@ class CaptureService:
                                   identity=identity)
         return capture if metrics is None else Tee(metrics, capture)
 
-    def connection_closed(self, observer: SessionObserver | None) -> None:
-        """Record the requests ``observer``'s connection left unanswered (see :meth:`CaptureObserver.close`)."""
+    def connection_closed(self, observer: SessionObserver | None, reason: str | None = None) -> None:
+        """Record the requests ``observer``'s connection left unanswered, and its close (``reason``:
+        why; see :meth:`CaptureObserver.close`)."""
         capture = observer.second if isinstance(observer, Tee) else observer
         if isinstance(capture, CaptureObserver):
-            capture.close()
+            capture.close(reason)
 
     def counts(self) -> dict[str, int]:
         """Records by outcome, for ``kproxy_capture_records_total``."""

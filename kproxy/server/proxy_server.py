@@ -656,7 +656,7 @@ class ProxyServer:
             self.connections.discard(conn)
             if self.capture is not None:
                 session.report()  # what the connection read before it ended
-                self.capture.connection_closed(observer)
+                self.capture.connection_closed(observer, conn.close_reason)
             if metrics is not None:
                 metrics.close()  # what it counted while open (kproxy_client_info)
             self.stats.client_disconnected(listener.name, node)
