@@ -195,13 +195,12 @@ def client_anomalies(df: DataFrame, settings: Settings | None = None, versions: 
     client = F.coalesce(F.col("client_id"), F.lit(""))
     counted_kinds = ((PRODUCER_FENCED, fenced), (PRODUCER_SEQUENCE, sequence), (STALE_GENERATION, stale))
     once_kinds = ((DEPRECATED_VERSION, deprecated), (ACKS0_PRODUCER, acks0), (UNCOMPRESSED_PRODUCER, uncompressed))
-    retried = _retried(df)
-    # (the connections whose batches were sent again: their client ids, from the pass below)
-    retrying = sorted({connection for _, _, connection in retried})
+    idempotent = F.size(F.filter(F.coalesce(F.col("partitions"), F.array()), lambda p: p["producer_id"] >= 0))
     per_connection = df.groupBy("connection_id").agg(
         # (a close record last: the client id is the first request's)
         F.min_by(client, F.struct(closed.alias("closed"), "request_time", "correlation_id")).alias("client_id"),
         F.sum((~closed).cast("int")).alias("requests"),
+        F.max(F.when(api == PRODUCE, idempotent)).alias("idempotent"),
         F.max(F.when(closed, F.unix_micros("request_time"))).alias("closed_at"),
         *[F.max(F.coalesce(found, F.lit(False)).cast("int")).alias(kind) for kind, found in once_kinds],
         *[F.sum(F.coalesce(found, F.lit(False)).cast("int")).alias(kind) for kind, found in counted_kinds],
@@ -216,24 +215,27 @@ def client_anomalies(df: DataFrame, settings: Settings | None = None, versions: 
     per_connection = per_connection.cache()
     try:
         kinds = [k for k, _ in once_kinds] + [k for k, _ in counted_kinds]
-        flagged = " + ".join(kinds) + " > 0 OR size(memberships) > 0"
-        if retrying:
-            flagged += " OR connection_id IN (" + ", ".join("'" + c.replace("'", "''") + "'" for c in retrying) + ")"
+        # (a connection that sent idempotent batches: its client id, should they be sent again)
+        flagged = " + ".join(kinds) + " > 0 OR size(memberships) > 0 OR idempotent > 0"
         counted: dict[tuple[str, str], int] = {}
         clients: dict[str, str] = {}
         events: list[tuple[int, str, int, Any, str]] = []  # (answered at, connection, correlation id, exchange, client)
-        closes = 0
+        idempotent_batches = False
         for row in per_connection.where(flagged).collect():
             clients[row["connection_id"]] = row["client_id"]
+            idempotent_batches = idempotent_batches or bool(row["idempotent"])
             for kind in kinds:
                 if row[kind] and kind not in untold:
                     key = (kind, cut_label(row["client_id"]))
                     counted[key] = counted.get(key, 0) + row[kind]
             events.extend((m["at"], row["connection_id"], m["correlation_id"], m, row["client_id"])
                           for m in row["memberships"])
-        churned, swept, closes = _closes(per_connection, settings.churn_per_minute)
+        # (the close times matter only where a member may vanish)
+        tracked = any(m["api_key"] == JOIN_GROUP and m["session_ms"] and m["member"] for _, _, _, m, _ in events)
+        churned, swept, closes = _closes(per_connection, settings.churn_per_minute, tracked)
     finally:
         per_connection.unpersist()
+    retried = _retried(df) if idempotent_batches and RETRY_STORM not in untold else []
     joins = [(m["group"], at, connection, correlation, client)
              for at, connection, correlation, m, client in events if m["api_key"] == JOIN_GROUP and m["joined"]]
     for found in (rebalance_storms(joins, settings.rebalance_joins, settings.rebalance_window),
@@ -250,21 +252,30 @@ def client_anomalies(df: DataFrame, settings: Settings | None = None, versions: 
     return Anomalies(table, untold, closes)
 
 
-def _closes(per_connection: DataFrame, threshold: int) -> tuple[dict[tuple[str, str], int], list[int], int]:
+def _closes(per_connection: DataFrame, threshold: int, members: bool
+            ) -> tuple[dict[tuple[str, str], int], list[int], int]:
     """Connection churn (see the module docstring), the close times the live watch would have looked
-    at its members at (the first a second: µs since the epoch) and the close records' count."""
+    at its members at (``members``: there are members to look at; the first close a second, µs since
+    the epoch) and the close records' count: a Spark job per client id (a row each: its closes' count,
+    their times when past the threshold), one more per second of closes when ``members``."""
     closed = per_connection.where(F.col("closed_at").isNotNull())
+    client = F.when(F.col("requests") > 0, _cut(F.col("client_id")))  # (null: a connection that sent nothing)
+    by_client = (closed.groupBy(client.alias("client"))
+                 .agg(F.count(F.lit(1)).alias("n"), F.sort_array(F.collect_list("closed_at")).alias("closes"))
+                 .select("client", "n", F.when(F.col("client").isNotNull() & (F.col("n") >= threshold),
+                                               F.col("closes")).alias("closes")))
     counted: dict[tuple[str, str], int] = {}
-    by_client = (closed.where(F.col("requests") > 0).groupBy(_cut(F.col("client_id")).alias("client"))
-                 .agg(F.sort_array(F.collect_list("closed_at")).alias("closes"))
-                 .where(F.size("closes") >= threshold).collect())
-    for row in by_client:
-        n = _minute_windows(row["closes"], threshold)
+    closes = 0
+    for row in by_client.collect():
+        closes += row["n"]
+        n = _minute_windows(row["closes"] or (), threshold)
         if n:
             counted[(CONNECTION_CHURN, row["client"])] = n
-    seconds = (closed.groupBy(F.floor(F.col("closed_at") / 1_000_000))
-               .agg(F.min("closed_at").alias("at"), F.count(F.lit(1)).alias("closes")).collect())
-    return counted, sorted(r["at"] for r in seconds), sum(r["closes"] for r in seconds)
+    swept: list[int] = []
+    if members and closes:
+        seconds = closed.groupBy(F.floor(F.col("closed_at") / 1_000_000)).agg(F.min("closed_at").alias("at"))
+        swept = sorted(r["at"] for r in seconds.collect())
+    return counted, swept, closes
 
 
 def _minute_windows(times: Iterable[int], threshold: int) -> int:
