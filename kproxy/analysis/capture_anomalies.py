@@ -41,10 +41,13 @@ older version (``retry_storm``, ``vanished_member``, ``uncompressed_producer``, 
 ``acks0_producer`` and ``uncompressed_producer`` when neither the capture's metadata nor a flag says
 whether the run forbade them.
 
-Spark jobs: one over the records per connection (its flags, counts and membership exchanges, and
-its close), two over its result (closes per client id past the churn threshold; the close times
-looked at, one a second), one over the Produce batches (those sent more than once): only what may be
-an anomaly reaches the driver, replayed there.
+Spark jobs: one over the records per connection (its flags, counts, membership exchanges and
+close), one over its result per client id (its closes, their times past the churn threshold), and
+only where needed one for the close times a vanished member replay looks at (the first close of
+each second: a member expired between two closes of one second is counted at the next look) and
+one over the Produce batches (those sent more than once, when a connection sent idempotent
+batches): only what may be an anomaly reaches the driver, replayed there. The driver holds the
+membership exchanges of the capture (a member's few a minute).
 """
 
 from __future__ import annotations
