@@ -13,9 +13,12 @@ what ``/metrics`` said, client by client, kind by kind.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kafka import KafkaConsumer
 
 from kproxy.analysis import capture_anomalies as offline
@@ -325,3 +328,20 @@ def test_retry_storms_and_vanished_members_replay_as_the_live_watches_keep_them(
     assert offline.vanished_members(events, [3 * SECOND + 1]) == {("vanished_member", "x-client"): 1}
     # Looks a second apart at most: one at 3.5 s comes too soon after the one at 3 s.
     assert offline.vanished_members(events, [3 * SECOND, 3 * SECOND + SECOND // 2]) == {}
+
+
+def test_the_runs_settings_read_from_a_captures_metadata_and_flags_over_them() -> None:
+    recorded = offline.Settings.recorded(json.dumps(dataclasses.asdict(live.AnomalyOptions(
+        churn_per_minute=7, forbid_acks0=True, rebalance_window=30.0))), "f.parquet")
+    assert recorded == offline.Settings(churn_per_minute=7, forbid_acks0=True, require_compression=False,
+                                        rebalance_window=30.0)
+    assert recorded.over({"churn_per_minute": None, "forbid_acks0": False}) == dataclasses.replace(
+        recorded, forbid_acks0=False)
+    assert offline.Settings.recorded(None) == offline.Settings()  # (the producer policy then unknown)
+    for raw, said in (('{"churn_per_minute": "7"}', "churn_per_minute='7' is not a int"),
+                      ('{"forbid_acks0": 1}', "forbid_acks0=1 is not a bool"),
+                      ('{"retries_per_minute": true}', "retries_per_minute=True is not a int"),
+                      ("[1]", "not an object"), ("{", "unreadable")):
+        with pytest.raises(ValueError, match=re.escape(said)) as raised:
+            offline.Settings.recorded(raw, "f.parquet")
+        assert str(raised.value).startswith("f.parquet: ")

@@ -12,7 +12,14 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from kproxy.capture.record_schema import COLUMN_NAMES, SCHEMA_VERSION, SchemaVersionError, check_version, new_record  # noqa: E402
+from kproxy.capture.record_schema import (  # noqa: E402
+    ANOMALY_METADATA_KEY,
+    COLUMN_NAMES,
+    SCHEMA_VERSION,
+    SchemaVersionError,
+    check_version,
+    new_record,
+)
 from kproxy.capture.writer import (  # noqa: E402
     HOUR_US,
     CaptureWriter,
@@ -278,6 +285,21 @@ def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp
     writer.close()
     assert [r["correlation_id"] for r in _rows(tmp_path)] == [0, 2]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
+
+
+def test_the_runs_detector_settings_are_in_every_files_metadata(tmp_path: Path) -> None:
+    settings = '{"churn_per_minute": 7, "forbid_acks0": true}'
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           metadata={ANOMALY_METADATA_KEY: settings}).start()
+    for i in range(3):
+        assert writer.offer(record(i, at_us=T0_US + i * 3_600_000_000))  # three hours: three files
+    writer.close()
+    files = _files(tmp_path)
+    assert len(files) == 3
+    for path in files:
+        metadata = pq.read_metadata(path).metadata
+        assert metadata[ANOMALY_METADATA_KEY.encode()] == settings.encode()
+        assert metadata[b"kproxy.capture.schema_version"] == str(SCHEMA_VERSION).encode()
 
 
 def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
