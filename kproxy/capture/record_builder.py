@@ -656,10 +656,10 @@ def _with_heads(partitions: tuple[tuple[Any, ...], ...], heads: dict[tuple[Any, 
     """A Produce record's partition items with their first batch's producer fields (:func:`_heads`,
     keyed by the topic as the request names it: a name, or an id until named)."""
     if len(heads) == 1 and len(partitions) == 1:  # the usual Produce: one partition
-        ((topic, partition), head), = heads.items()
         item = partitions[0]
-        if item[1] == partition and item[0] == (topic if type(topic) is str else name(topic)):
-            return (item[:11] + head,)
+        for (topic, partition), head in heads.items():
+            if item[1] == partition and item[0] == (topic if type(topic) is str else name(topic)):
+                return (item[:11] + head,)
         return partitions
     named = {(topic if type(topic) is str else name(topic), partition): head
              for (topic, partition), head in heads.items()}
