@@ -342,9 +342,13 @@ class RecordBuilder:
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
         if api_key == PRODUCE and partitions:
-            heads = req.get("heads")
-            if heads:
-                partitions = _with_heads(partitions, heads, self.topics.name)
+            one = req.get("head")  # (the usual Produce's: its one partition and batch, see _from_scan)
+            if one is not None and len(partitions) == 1:
+                partitions = (partitions[0][:11] + one[2],)
+            else:
+                heads = req.get("heads") if one is None else {(one[0], one[1]): one[2]}
+                if heads:
+                    partitions = _with_heads(partitions, heads, self.topics.name)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
@@ -428,7 +432,7 @@ class RecordBuilder:
             req["written"] = {(topic, partition): v2_max_timestamp(frame, ranges[0][0], ranges[0][1])}
             head = v2_producer_head(frame, ranges[0][0], ranges[0][1])
             if head is not None:
-                req["heads"] = {(topic, partition): head}
+                req["head"] = (topic, partition, head)
         req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
@@ -655,12 +659,6 @@ def _with_heads(partitions: tuple[tuple[Any, ...], ...], heads: dict[tuple[Any, 
                 name: Callable[[object], str | None]) -> tuple[tuple[Any, ...], ...]:
     """A Produce record's partition items with their first batch's producer fields (:func:`_heads`,
     keyed by the topic as the request names it: a name, or an id until named)."""
-    if len(heads) == 1 and len(partitions) == 1:  # the usual Produce: one partition
-        item = partitions[0]
-        for (topic, partition), head in heads.items():
-            if item[1] == partition and item[0] == (topic if type(topic) is str else name(topic)):
-                return (item[:11] + head,)
-        return partitions
     named = {(topic if type(topic) is str else name(topic), partition): head
              for (topic, partition), head in heads.items()}
     return tuple(item[:11] + named[(item[0], item[1])] if (item[0], item[1]) in named else item
