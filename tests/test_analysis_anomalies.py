@@ -345,3 +345,18 @@ def test_the_runs_settings_read_from_a_captures_metadata_and_flags_over_them() -
         with pytest.raises(ValueError, match=re.escape(said)) as raised:
             offline.Settings.recorded(raw, "f.parquet")
         assert str(raised.value).startswith("f.parquet: ")
+
+
+def test_a_threshold_flag_out_of_range_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    import io
+
+    from kproxy.analysis.main import EXIT_USAGE, analyze
+
+    for flags, said in (({"rebalance_joins": 1}, "--rebalance-joins 1: expected at least 2"),
+                        ({"rebalance_window": 0.0}, "--rebalance-window 0: expected more than 0"),
+                        ({"churn_per_minute": 0}, "--churn-per-minute 0: expected at least 1"),
+                        ({"retries_per_minute": -3}, "--retries-per-minute -3: expected at least 1")):
+        err = io.StringIO()
+        assert analyze([str(tmp_path)], master="local[1]", out=str(tmp_path / "out"), stdout=io.StringIO(),
+                       stderr=err, anomalies=flags) == EXIT_USAGE
+        assert err.getvalue() == f"kproxy analyze: {said}\n"
