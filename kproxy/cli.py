@@ -519,6 +519,7 @@ def _add_analyze(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
 def _run_analyze(args: argparse.Namespace) -> int:
     # The one place that reaches kproxy.analysis, lazily: the proxy never loads Spark.
     try:
+        from kproxy.analysis.arguments import anomaly_flags
         from kproxy.analysis.main import analyze
     except ImportError as exc:
         print(f"kproxy analyze: needs the 'analysis' extra ({exc}): pip install '{DISTRIBUTION}[analysis]'",
@@ -527,7 +528,7 @@ def _run_analyze(args: argparse.Namespace) -> int:
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
                    exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval,
-                   rebalance=(args.rebalance_joins, args.rebalance_window))
+                   anomalies=anomaly_flags(args))
 
 
 def _add_credentials(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

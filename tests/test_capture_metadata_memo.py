@@ -69,7 +69,8 @@ def test_a_repeated_big_metadata_answer_is_read_once_and_each_record_is_its_own(
         assert rec["partitions"] == [{"topic": "t-007", "partition": 3, "error_code": 5, "record_count": 0,
                                       "record_bytes": 0, "group_id": None, "committed_offset": None,
                                       "high_watermark": None, "base_offset": None, "last_offset": None,
-                                      "max_timestamp": None}]
+                                      "max_timestamp": None, "producer_id": None, "producer_epoch": None,
+                                      "base_sequence": None, "batch_crc": None, "codec": None}]
         assert rec["response_bytes"] == len(_answer(1, ids, failing=7))
     # The same size, another content (the failing partition elsewhere): read, never taken for the first.
     other = _metadata(h, 4, _answer(4, ids, failing=9))

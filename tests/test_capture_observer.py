@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import time
 import uuid
 from typing import Any
 
@@ -20,17 +22,26 @@ from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.commands import ForwardUpstream, SendToClient
 from kproxy.proxy.session import Session
 
-PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, LEAVE_GROUP = 0, 1, 3, 10, 11, 12, 13
 TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 
-# The items' fields schema versions 3 and 4 added, when an exchange carries no offsets nor write times
-# (tests/test_capture_offsets.py).
+# The items' fields schema versions 3, 4 and 5 added, when an exchange carries no offsets nor write times
+# (tests/test_capture_offsets.py) nor Produce batches.
 NO_OFFSETS = {"group_id": None, "committed_offset": None, "high_watermark": None, "base_offset": None,
-              "last_offset": None, "max_timestamp": None}
+              "last_offset": None, "max_timestamp": None, "producer_id": None, "producer_epoch": None,
+              "base_sequence": None, "batch_crc": None, "codec": None}
 
-def _batch(n: int, base: int = 0) -> bytes:
+
+def _head(batch: bytes) -> dict[str, Any]:
+    """The producer fields version 5 gives a Produce item: its batch's header, read here by Kafka's layout."""
+    crc, attributes = struct.unpack_from(">Ih", batch, 17)
+    producer, epoch, sequence = struct.unpack_from(">qhi", batch, 43)
+    return {"producer_id": producer, "producer_epoch": epoch, "base_sequence": sequence, "batch_crc": crc,
+            "codec": attributes & 7}
+
+def _batch(n: int, base: int = 0, **producer: int) -> bytes:
     return encode_batch_v2([Record(offset=base + i, timestamp=1000 + i, key=b"key%d" % i, value=b"v" * (i + 1))
-                            for i in range(n)], base_offset=base)
+                            for i in range(n)], base_offset=base, **producer)
 
 
 class Harness:
@@ -76,7 +87,7 @@ def _produce(version: int, correlation_id: int, acks: int, txn: str | None, batc
 
 def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     h = Harness()
-    batches = {0: _batch(3), 2: _batch(5)}
+    batches = {0: _batch(3, producer_id=7001, producer_epoch=3, base_sequence=40), 2: _batch(5)}
     response = response_frame(PRODUCE, 9, 4, responses=[{"name": "orders", "partition_responses": [
         {"index": 0, "error_code": 0, "base_offset": 40}, {"index": 2, "error_code": 6, "base_offset": -1}]}])
     rec = h.exchange(_produce(9, 4, -1, "tx-9", batches), response)
@@ -89,9 +100,13 @@ def test_produce_with_acks_records_partitions_errors_and_identity() -> None:
     # written at their batch header's max timestamp (the records' times: 1000 to 1002).
     assert rec["partitions"] == [
         {"topic": "orders", "partition": 0, "error_code": 0, "record_count": 3, "record_bytes": len(batches[0]),
-         **NO_OFFSETS, "high_watermark": 43, "base_offset": 40, "last_offset": 42, "max_timestamp": 1002},
+         **NO_OFFSETS, "high_watermark": 43, "base_offset": 40, "last_offset": 42, "max_timestamp": 1002,
+         **_head(batches[0])},
         {"topic": "orders", "partition": 2, "error_code": 6, "record_count": 5, "record_bytes": len(batches[2]),
-         **NO_OFFSETS}]
+         **NO_OFFSETS, **_head(batches[2])}]
+    # (version 5: each partition's batch's producer; partition 2's producer is not idempotent)
+    assert rec["partitions"][0]["producer_id"] == 7001 and rec["partitions"][0]["base_sequence"] == 40
+    assert rec["partitions"][1]["producer_id"] == -1
     assert (rec["record_count"], rec["record_bytes"]) == (8, len(batches[0]) + len(batches[2]))
     assert rec["error_code"] is None  # Produce has no top-level code
     assert rec["response_bytes"] == len(response) and rec["broker_latency_ms"] is not None
@@ -136,6 +151,23 @@ def test_group_and_transaction_ids() -> None:
     assert group["group_id"] == "readers"
 
 
+def test_group_requests_carry_their_member_ids_and_session_timeout() -> None:
+    # (version 5: what the report's vanished_member replays; a static member's instance id too)
+    h = Harness()
+    join = h.exchange(request_frame(JOIN_GROUP, 9, 1, group_id="readers", member_id="m-1", group_instance_id="i-1",
+                                    session_timeout_ms=6000, protocol_type="consumer"),
+                      response_frame(JOIN_GROUP, 9, 1, error_code=0))
+    assert (join["member_id"], join["group_instance_id"], join["session_timeout_ms"]) == ("m-1", "i-1", 6000)
+    beat = h.exchange(request_frame(HEARTBEAT, 4, 2, group_id="readers", generation_id=1, member_id="m-1"),
+                      response_frame(HEARTBEAT, 4, 2, error_code=0))
+    assert (beat["member_id"], beat["group_instance_id"], beat["session_timeout_ms"]) == ("m-1", None, None)
+    leave = h.exchange(request_frame(LEAVE_GROUP, 3, 3, group_id="readers", members=[
+        {"member_id": "m-2", "group_instance_id": None}]), response_frame(LEAVE_GROUP, 3, 3, error_code=0, members=[]))
+    assert (leave["group_id"], leave["member_id"]) == ("readers", "m-2")
+    fetch = h.exchange(request_frame(FETCH, 12, 4, topics=[]), response_frame(FETCH, 12, 4, responses=[]))
+    assert (fetch["member_id"], fetch["session_timeout_ms"]) == (None, None)
+
+
 def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection() -> None:
     names = TopicIdNames()
     meta = Harness(topics=names)
@@ -161,14 +193,21 @@ def test_fetch_by_topic_id_is_named_from_a_metadata_response_of_any_connection()
     assert rec["partitions"][0]["topic"] == str(TOPIC_ID) and rec["partitions"][0]["error_code"] == 3
 
 
-def test_requests_left_unanswered_become_records_at_close() -> None:
+def test_requests_left_unanswered_become_records_at_close_then_the_close_itself() -> None:
     h = Harness()
     h.session.receive_client(request_frame(METADATA, 12, 5, topics=None))
     h.session.report()
     assert h.records == []
-    h.observer.close()
-    (rec,) = h.records
+    before = time.time()
+    h.observer.close("idle timeout")
+    rec, closed = h.records
     assert rec["correlation_id"] == 5 and rec["response_time"] is None and rec["response_bytes"] is None
+    assert rec["close_reason"] is None
+    # (version 5: the close's own record, after the connection's last request's: its time and reason)
+    assert (closed["api_key"], closed["api_name"], closed["close_reason"]) == (-1, "ConnectionClosed", "idle timeout")
+    assert closed["connection_id"] == rec["connection_id"] and closed["client_host"] == rec["client_host"]
+    assert before - 1 <= closed["request_time"] / 1e6 <= time.time() + 1
+    assert (closed["response_time"], closed["partitions"], closed["client_id"]) == (None, [], None)
 
 
 def test_unreadable_request_body_still_makes_a_record() -> None:
@@ -290,7 +329,7 @@ def test_big_produce_requests_and_fetch_responses_are_read_at_once_and_let_go() 
     assert timeless(early.records) == timeless(later.records)  # the records the writer thread would read
     produce, fetch = early.records
     assert produce["partitions"] == [{"topic": "orders", "partition": 0, "error_code": 6, "record_count": 40,
-                                      "record_bytes": len(big[0]), **NO_OFFSETS}]
+                                      "record_bytes": len(big[0]), **NO_OFFSETS, **_head(big[0])}]
     assert produce["request_bytes"] == len(request) and fetch["response_bytes"] == len(fetch_response)
     assert fetch["record_count"] == 40 and len(fetch["payloads"]) == 40 and fetch["payloads"][0]["value"] == b"xxxx"
 

@@ -248,10 +248,11 @@ def test_a_produce_whose_records_were_not_all_counted_gives_no_log_end_offset() 
     assert both.offline()[1] == both.lag.view(both.session.clock()).watermarks == {("orders", 0): 52}
 
 
-def test_version_4_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:
-    """A version 2 file (items without the offsets), a version 3 file (items without the write times)
-    and a version 4 file read together under today's schema, as the analysis reads them: the older
-    items' missing fields are null."""
+def test_version_5_is_written_and_older_captures_still_read(tmp_path: Path, spark: Any) -> None:
+    """A version 2 file (items without the offsets), a version 3 file (items without the write times),
+    a version 4 file (items without the batch producers, records without member ids) and a version 5
+    file read together under today's schema, as the analysis reads them: the older items' missing
+    fields are null."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -259,13 +260,13 @@ def test_version_4_is_written_and_older_captures_still_read(tmp_path: Path, spar
     from kproxy.capture.writer import CaptureWriter
     from tests.support.capture import record
 
-    assert SCHEMA_VERSION == 4 and READABLE_VERSIONS == (1, 2, 3, 4)
-    for version in (1, 2, 3, 4):
+    assert SCHEMA_VERSION == 5 and READABLE_VERSIONS == (1, 2, 3, 4, 5)
+    for version in (1, 2, 3, 4, 5):
         check_version({b"kproxy.capture.schema_version": str(version).encode()}, "f.parquet")
     writer = CaptureWriter(tmp_path / "new", max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
     writer.offer(record(1, api_key=PRODUCE, api_name="Produce", partitions=[
         {"topic": "t", "partition": 0, "error_code": 0, "record_count": 4, "record_bytes": 10, "high_watermark": 9,
-         "base_offset": 5, "last_offset": 8, "max_timestamp": 1234}]))
+         "base_offset": 5, "last_offset": 8, "max_timestamp": 1234, "producer_id": 7, "codec": 4}]))
     writer.close()
     fields = [("topic", pa.string()), ("partition", pa.int32()), ("error_code", pa.int16()),
               ("record_count", pa.int64()), ("record_bytes", pa.int64())]
@@ -277,8 +278,17 @@ def test_version_4_is_written_and_older_captures_still_read(tmp_path: Path, spar
     pq.write_table(pa.table({"schema_version": pa.array([3], pa.int16()), "partitions": pa.array(
         [[{**item, "group_id": None, "committed_offset": None, "high_watermark": 7}]],
         pa.list_(pa.struct(fields + v3)))}), tmp_path / "old" / "capture-v3.parquet")
+    v4 = [("base_offset", pa.int64()), ("last_offset", pa.int64()), ("max_timestamp", pa.int64())]
+    pq.write_table(pa.table({"schema_version": pa.array([4], pa.int16()), "partitions": pa.array(
+        [[{**item, "group_id": None, "committed_offset": None, "high_watermark": 8, "base_offset": 1,
+           "last_offset": 2, "max_timestamp": 99}]], pa.list_(pa.struct(fields + v3 + v4)))}),
+        tmp_path / "old" / "capture-v4.parquet")
     files = [str(p) for p in sorted(tmp_path.rglob("*.parquet"))]
     rows = spark.read.schema(spark_schema()).parquet(*files).select("schema_version", "partitions").collect()
-    seen = sorted((r["schema_version"], p["high_watermark"], p["base_offset"], p["last_offset"], p["max_timestamp"])
-                  for r in rows for p in r["partitions"])
-    assert seen == [(2, None, None, None, None), (3, 7, None, None, None), (4, 9, 5, 8, 1234)]
+    seen = sorted((r["schema_version"], p["high_watermark"], p["base_offset"], p["last_offset"], p["max_timestamp"],
+                   p["producer_id"], p["codec"]) for r in rows for p in r["partitions"])
+    assert seen == [(2, None, None, None, None, None, None), (3, 7, None, None, None, None, None),
+                    (4, 8, 1, 2, 99, None, None), (5, 9, 5, 8, 1234, 7, 4)]
+    members = spark.read.schema(spark_schema()).parquet(*files).select("schema_version", "member_id").collect()
+    assert sorted((r["schema_version"], r["member_id"]) for r in members) == [(2, None), (3, None), (4, None),
+                                                                               (5, None)]

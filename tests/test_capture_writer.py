@@ -12,7 +12,14 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from kproxy.capture.record_schema import COLUMN_NAMES, SCHEMA_VERSION, SchemaVersionError, check_version, new_record  # noqa: E402
+from kproxy.capture.record_schema import (  # noqa: E402
+    ANOMALY_METADATA_KEY,
+    COLUMN_NAMES,
+    SCHEMA_VERSION,
+    SchemaVersionError,
+    check_version,
+    new_record,
+)
 from kproxy.capture.writer import (  # noqa: E402
     HOUR_US,
     CaptureWriter,
@@ -21,6 +28,9 @@ from kproxy.capture.writer import (  # noqa: E402
     over_cap,
 )
 from tests.support.capture import T0_US, record  # noqa: E402
+
+# The partition items' fields version 5 added (a Produce request's first batch's producer), null here.
+NO_HEAD = {"producer_id": None, "producer_epoch": None, "base_sequence": None, "batch_crc": None, "codec": None}
 
 
 def _files(directory: Path) -> list[Path]:
@@ -76,7 +86,7 @@ def test_records_round_trip_with_the_schema_version(tmp_path: Path) -> None:
     assert [r["correlation_id"] for r in rows] == list(range(10))
     assert {r["schema_version"] for r in rows} == {SCHEMA_VERSION}
     assert rows[3]["partitions"] == [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None,
-            "base_offset": None, "last_offset": None, "max_timestamp": None}]
+            "base_offset": None, "last_offset": None, "max_timestamp": None, **NO_HEAD}]
     assert writer.written == 10 and writer.dropped == 0
     assert _hidden(tmp_path) == []
 
@@ -277,6 +287,21 @@ def test_items_that_cannot_be_read_are_lost_and_counted_and_the_rest_written(tmp
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
 
 
+def test_the_runs_detector_settings_are_in_every_files_metadata(tmp_path: Path) -> None:
+    settings = '{"churn_per_minute": 7, "forbid_acks0": true}'
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           metadata={ANOMALY_METADATA_KEY: settings}).start()
+    for i in range(3):
+        assert writer.offer(record(i, at_us=T0_US + i * 3_600_000_000))  # three hours: three files
+    writer.close()
+    files = _files(tmp_path)
+    assert len(files) == 3
+    for path in files:
+        metadata = pq.read_metadata(path).metadata
+        assert metadata[ANOMALY_METADATA_KEY.encode()] == settings.encode()
+        assert metadata[b"kproxy.capture.schema_version"] == str(SCHEMA_VERSION).encode()
+
+
 def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_rest_written(tmp_path: Path) -> None:
     # A row whose partitions fit but whose payload items have a field too few: its slice is lost
     # whole (its partitions not added either, which would shift every later row's), the rows of
@@ -287,9 +312,10 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
 
     def rows(items: list[Any]) -> list[tuple[Any, ...]]:
         out = dict_rows(items)
-        bad = (("other", 9, 0, 1, 70, None, None, None),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules,
+        bad = (("other", 9, 0, 1, 70, *[None] * 11),), (), (("t", 1, 0, b"k", b"v", 1),)  # partitions, rules,
         # payloads
-        return [row[:-3] + bad if row[6] == "bad" else row for row in out]
+        at = COLUMN_NAMES.index("partitions")
+        return [row[:at] + bad + row[at + 3:] if row[6] == "bad" else row for row in out]
 
     writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
                            rows=rows).start()
@@ -306,7 +332,7 @@ def test_rows_whose_items_do_not_fit_the_schema_are_lost_and_counted_and_the_res
     written = _rows(tmp_path)
     assert [r["correlation_id"] for r in written] == [0, 2]
     read = [{**parts[0], "group_id": None, "committed_offset": None, "high_watermark": None,
-            "base_offset": None, "last_offset": None, "max_timestamp": None}]
+            "base_offset": None, "last_offset": None, "max_timestamp": None, **NO_HEAD}]
     assert [r["partitions"] for r in written] == [read, read]
     assert (writer.written, writer.dropped, writer.offered) == (2, 1, 3)
 

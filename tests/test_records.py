@@ -42,6 +42,7 @@ from kproxy.protocol.records import (
     encode_batch_v2,
     encode_message_set,
     iter_batches,
+    v2_producer_head,
     verify_crc,
 )
 
@@ -788,3 +789,16 @@ def test_record_and_batch_info_are_frozen_and_hashable() -> None:
         batch.offset = 3  # type: ignore[misc]
     assert batch == only_batch(bytearray(GOLDEN_V0))  # the buffer is not part of equality
     hash(batch)
+
+
+def test_the_producer_head_of_a_ranges_first_v2_batch_is_read_in_place() -> None:
+    first = encode_batch_v2([Record(0, 1, b"k", b"v" * 300)], codec=Codec.ZSTD, producer_id=4321, producer_epoch=7,
+                            base_sequence=99)
+    second = encode_batch_v2([Record(1, 2, b"k", b"v")], producer_id=1, base_sequence=1)
+    data = b"xx" + first + second
+    (info,) = list(iter_batches(first))
+    assert v2_producer_head(data, 2, len(data)) == (4321, 7, 99, info.crc, int(Codec.ZSTD))  # the first batch's
+    assert v2_producer_head(data, 2 + len(first), len(data))[:3] == (1, -1, 1)  # type: ignore[index]
+    assert v2_producer_head(data, 2, 2 + 60) is None  # shorter than a v2 batch header
+    legacy = encode_message_set([Record(0, 1, b"k", b"v" * 100)], 1, Codec.NONE)
+    assert v2_producer_head(legacy, 0, len(legacy)) is None  # magic 1: no producer

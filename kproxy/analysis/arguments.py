@@ -5,6 +5,7 @@ CLI can build its parser without the ``analysis`` extra installed."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 # Records up to which the job's latency percentiles are exact (kproxy.analysis.job says why not above).
 EXACT_PERCENTILES_MAX = 1_000_000
@@ -37,13 +38,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the time series' bin width: 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, "
                              "... seconds (default: chosen from the capture's span, at most 200 points: seconds "
                              "for a short capture, minutes for hours)")
-    parser.add_argument("--rebalance-joins", type=int, default=REBALANCE_JOINS, metavar="N",
+    # The client anomaly detectors' settings: the capture records the run's (version 5); a flag overrides.
+    recorded = "default: the capture's record of the run's setting, else "
+    parser.add_argument("--rebalance-joins", type=int, metavar="N",
                         help="client anomalies: a group's JoinGroups within --rebalance-window that count as a "
-                             "rebalance storm, as the run's metrics.client_anomalies_rebalance_joins (default "
-                             "%(default)s)")
-    parser.add_argument("--rebalance-window", type=float, default=REBALANCE_WINDOW, metavar="SECONDS",
-                        help="client anomalies: the rebalance storm's window, as the run's "
-                             "metrics.client_anomalies_rebalance_window (default %(default)g)")
+                             f"rebalance storm, as metrics.client_anomalies_rebalance_joins ({recorded}"
+                             f"{REBALANCE_JOINS})")
+    parser.add_argument("--rebalance-window", type=float, metavar="SECONDS",
+                        help="client anomalies: the rebalance storm's window, as "
+                             f"metrics.client_anomalies_rebalance_window ({recorded}{REBALANCE_WINDOW:g})")
+    parser.add_argument("--churn-per-minute", type=int, metavar="N",
+                        help="client anomalies: connections of one client id closed within a minute that count as "
+                             f"connection churn, as metrics.client_anomalies_churn_per_minute ({recorded}60)")
+    parser.add_argument("--retries-per-minute", type=int, metavar="N",
+                        help="client anomalies: batches of one client id sent again within a minute that count as "
+                             f"a retry storm, as metrics.client_anomalies_retries_per_minute ({recorded}30)")
+    parser.add_argument("--forbid-acks0", action=argparse.BooleanOptionalAction,
+                        help="client anomalies: count Produce requests with acks=0 (acks0_producer), as "
+                             "metrics.client_anomalies_forbid_acks0 (default: the capture's record of the run's "
+                             "setting, else not told)")
+    parser.add_argument("--require-compression", action=argparse.BooleanOptionalAction,
+                        help="client anomalies: count Produce batches without compression (uncompressed_producer), "
+                             "as metrics.client_anomalies_require_compression (default: the capture's record of "
+                             "the run's setting, else not told)")
     parser.add_argument("--verbose", action="store_true",
                         help="let Spark write its progress bars and warnings to stderr (quiet by default: "
                              "stderr then holds kproxy analyze's own lines)")
+
+
+# The flags above that set a client anomaly setting (kproxy.analysis.capture_anomalies.Settings' names).
+ANOMALY_FLAGS = ("rebalance_joins", "rebalance_window", "churn_per_minute", "retries_per_minute", "forbid_acks0",
+                 "require_compression")
+
+
+def anomaly_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The client anomaly settings ``kproxy analyze``'s flags give, by name (None: not given)."""
+    return {name: getattr(args, name) for name in ANOMALY_FLAGS}

@@ -25,7 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kproxy.capture.record_schema import SchemaVersionError, check_version
+from kproxy.capture.record_schema import (
+    ANOMALY_METADATA_KEY,
+    VERSION_METADATA_KEY,
+    SchemaVersionError,
+    check_version,
+)
 
 PARQUET_MAGIC = b"PAR1"
 PAGE_BATCH_ROWS = 65_536  # read_pages: records decoded at a time (memory per thread: one batch, one row group)
@@ -52,6 +57,10 @@ class Inputs:
     # local file -> its first and last request_time (UTC) as its footer's statistics tell them, None where
     # they do not (a writer that kept none)
     spans: dict[str, tuple[datetime, datetime] | None] = field(default_factory=dict)
+    versions: set[int] = field(default_factory=set)  # the capture schema versions of the records read
+    # The run's client anomaly settings as the newest local file that records them says (its metadata's
+    # JSON, kproxy.capture.record_schema.ANOMALY_METADATA_KEY), and that file; None: none records them.
+    anomaly_settings: tuple[str, bytes] | None = None
 
     @property
     def records(self) -> int:
@@ -106,6 +115,11 @@ def find_inputs(paths: Sequence[str], *, threads: int | None = None) -> Inputs:
     for file, meta in metadata:
         if str(file) in found.rows and not isinstance(meta, InputProblem):
             found.spans[str(file)] = footer_span(meta)
+            kv = meta.metadata or {}
+            found.versions.add(int(kv[VERSION_METADATA_KEY.encode()]))
+            settings = kv.get(ANOMALY_METADATA_KEY.encode())
+            if settings is not None:  # (files in time order: hour directories, then names)
+                found.anomaly_settings = (str(file), settings)
     return found
 
 

@@ -54,8 +54,9 @@ its end) and ``interval_s`` the width in seconds.
   connection: ``retried`` (its next request was the same api), ``other``
   (another api), ``connection_ended`` (it sent nothing more there: closed, or
   reconnected elsewhere); with the median time to that next request.
-* ``client_anomalies``: per kind and client id, the anomalies of ``kproxy_client_anomalies_total`` a
-  capture can tell (:mod:`kproxy.analysis.capture_anomalies`).
+* ``client_anomalies``: per kind and client id, the anomalies of ``kproxy_client_anomalies_total``
+  (:mod:`kproxy.analysis.capture_anomalies`; the kinds a capture could not tell are in
+  :attr:`Analysis.untold_anomalies`).
 * ``whatif_*`` (with ``rules``): what a rule file would have done to these
   records, evaluated by the proxy's own rule engine (:mod:`kproxy.analysis.whatif`).
 
@@ -83,8 +84,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from kproxy.analysis import whatif
-from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, REBALANCE_WINDOW
-from kproxy.analysis.capture_anomalies import client_anomalies
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX
+from kproxy.analysis.capture_anomalies import Settings, client_anomalies
 from kproxy.analysis.inputs import InputProblem as InputProblem  # re-exported: where callers found them
 from kproxy.analysis.inputs import Inputs as Inputs
 from kproxy.analysis.inputs import check_file as check_file
@@ -105,14 +106,15 @@ from kproxy.analysis.spark_session import (
 from kproxy.analysis.spark_session import ship_kproxy
 from kproxy.analysis.spark_session import spark_session as spark_session  # re-exported: where callers found it
 from kproxy.analysis.whatif import WhatIf, WhatIfRules
-from kproxy.capture.record_schema import READABLE_VERSIONS, version_support
+from kproxy.capture.record_schema import CONNECTION_CLOSED_KEY, READABLE_VERSIONS, version_support
 
 FILE_COLUMN = "_file"  # read_captures: the file a record came from (Spark's input_file_name, a URI)
 # The columns aggregates() reads (the what-if adds its own): Spark reads no other.
 _ANALYSED = ("api_key", "api_name", "api_version", "request_time", "response_time", "connection_id", "correlation_id",
              "client_id",
              "request_bytes", "response_bytes", "broker_latency_ms", "kproxy_latency_ms", "error_code",
-             "record_count", "record_bytes", "partitions", "rule_decisions", "group_id", "cluster")
+             "record_count", "record_bytes", "partitions", "rule_decisions", "group_id", "cluster",
+             "acks", "member_id", "group_instance_id", "session_timeout_ms")
 
 
 @dataclass
@@ -129,13 +131,17 @@ class Analysis:
     exact_percentiles: bool = True  # False: from histograms (more than exact_percentiles_max records)
     interval: int = 60  # the time bins' width, seconds (kproxy.analysis.interval)
     whatif: WhatIf | None = None  # how a --rules what-if ran (its tables are in ``tables``, whatif_*)
+    # client anomaly kinds the capture could not tell, and why (kproxy.analysis.capture_anomalies)
+    untold_anomalies: dict[str, str] | None = None
 
 
 # -- records ---------------------------------------------------------------------------------
-def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
+def read_captures(spark: SparkSession, inputs: Inputs, *, closes: bool = False) -> DataFrame | None:
     """All readable records as one DataFrame (None if there are none); remote inputs whose
     ``schema_version`` column is not one this kproxy reads are reported in ``inputs.problems`` and
-    left out, and the records of the rest counted (``inputs.remote_rows``)."""
+    left out, and the records of the rest counted (``inputs.remote_rows``, their versions in
+    ``inputs.versions``). Connection close records (schema version 5: no request) only with
+    ``closes``: only the client anomalies read them."""
     schema = spark_schema()
     frames: list[DataFrame] = []
     if inputs.files:
@@ -149,6 +155,7 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
         for row in versions:
             if row["schema_version"] in READABLE_VERSIONS:
                 inputs.remote_rows += row["records"]
+                inputs.versions.add(row["schema_version"])
             else:
                 inputs.problems.append(InputProblem(row["file"], f"capture schema version {row['schema_version']}, "
                                                                  f"{version_support()}"))
@@ -158,6 +165,8 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
     df = frames[0]
     for more in frames[1:]:
         df = df.unionByName(more)
+    if not closes:
+        df = df.where(F.col("api_key") != CONNECTION_CLOSED_KEY)
     # Kafka's api names as captured (``GetTelemetrySubscriptions``): the tables spell them as the
     # metrics do once aggregated (:func:`kproxy.analysis.spark_schema.snake_api_name`, a regular expression
     # too costly to run on every record read).
@@ -167,28 +176,33 @@ def read_captures(spark: SparkSession, inputs: Inputs) -> DataFrame | None:
 # -- aggregates ------------------------------------------------------------------------------
 def aggregates(df: DataFrame, *, exact: bool = True, interval: int = 60,
                progress: Callable[[str], None] = lambda _: None,
-               rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)
-               ) -> tuple[dict[str, pa.Table], tuple[int, Any, Any]]:
-    """Every table of the report (Arrow, on the driver) and the records' span (records, first and
-    last ``request_time`` as Arrow scalars); ``exact``: exact percentiles, else approximate;
-    ``interval``: the time bins' width, seconds; ``rebalance``: the rebalance storm's joins and window
-    (:mod:`kproxy.analysis.capture_anomalies`). One Spark job per pass (:mod:`kproxy.analysis.report_tables`),
-    one more for ``faults`` when a rule acted."""
-    fine = collect(passes(df, exact=exact, interval=interval), progress)
+               anomalies: Settings | None = None, versions: Sequence[int] = ()
+               ) -> tuple[dict[str, pa.Table], tuple[int, Any, Any], dict[str, str], int]:
+    """Every table of the report (Arrow, on the driver), the records' span (records, first and last
+    ``request_time`` as Arrow scalars), the client anomaly kinds not told (kind -> why) and the
+    connection close records read; ``df``: the records, close records included
+    (:func:`read_captures`); ``exact``: exact percentiles, else approximate; ``interval``: the time
+    bins' width, seconds; ``anomalies``: the client anomaly detectors' settings, ``versions`` the
+    capture's schema versions (:mod:`kproxy.analysis.capture_anomalies`). One Spark job per pass
+    (:mod:`kproxy.analysis.report_tables`), one more for ``faults`` when a rule acted, and the client
+    anomalies'."""
+    requests = df.where(F.col("api_key") != CONNECTION_CLOSED_KEY)
+    fine = collect(passes(requests, exact=exact, interval=interval), progress)
     found = tables(fine)
     acted = fine.faulted_connections()
     if acted:
         progress(f"aggregating faults ({len(acted)} connections a rule acted on)")
-    found["faults"] = faults(df, acted, exact)
-    found["client_anomalies"] = client_anomalies(df, *rebalance)
-    return found, fine.span()
+    found["faults"] = faults(requests, acted, exact)
+    progress("client anomalies")
+    told = client_anomalies(df, anomalies, versions)
+    found["client_anomalies"] = told.table
+    return found, fine.span(), told.untold, told.closes
 
 
 def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  progress: Callable[[str], None] = lambda _: None, rules: WhatIfRules | None = None,
                  exact_percentiles_max: int = EXACT_PERCENTILES_MAX, inputs: Inputs | None = None,
-                 interval: int | None = None,
-                 rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)) -> Analysis:
+                 interval: int | None = None, anomalies: dict[str, Any] | None = None) -> Analysis:
     """Analyse ``paths``; write Parquet aggregates under ``out`` and return them collected.
 
     ``rules``: also evaluate that rule file against the records (:mod:`kproxy.analysis.whatif`).
@@ -196,14 +210,16 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     ``inputs``: ``find_inputs(paths)`` when the caller checked them already (before Spark started).
     ``interval``: the time bins' width in seconds (one of :data:`kproxy.analysis.interval.WIDTHS` or
     whole days, else ValueError); None: chosen from the records' span (:func:`time_span`).
-    ``rebalance``: a rebalance storm's JoinGroups and window, seconds (the live detector's config).
+    ``anomalies``: client anomaly settings by :class:`~kproxy.analysis.capture_anomalies.Settings`' names
+    (None values: not given), over the ones the capture records (its newest local file's), over the
+    defaults.
 
     Raises :class:`NoInput` when no input could be read at all (its message lists why).
     """
     if inputs is None:
         progress("checking inputs")
         inputs = find_inputs(paths)
-    df = read_captures(spark, inputs)
+    df = read_captures(spark, inputs, closes=True)
     if df is None:
         raise NoInput(inputs.problems)
     if inputs.records == 0:
@@ -216,11 +232,20 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
                  f"{RELATIVE_ERROR:.1%})")
     interval = auto_interval(time_span(df, inputs)) if interval is None else check_interval(interval)
     progress(f"time series per {label(interval)}")
-    found, (records, first, last) = aggregates(df, exact=exact, interval=interval, progress=progress,
-                                               rebalance=rebalance)
+    recorded = inputs.anomaly_settings
+    try:
+        settings = Settings.recorded(None if recorded is None else recorded[1],
+                                     "capture" if recorded is None else recorded[0])
+    except ValueError as exc:
+        inputs.problems.append(InputProblem(recorded[0] if recorded else ", ".join(paths),
+                                            f"{exc} (the defaults counted instead)"))
+        settings = Settings()
+    settings = settings.over(anomalies or {})
+    found, (records, first, last), untold, closes = aggregates(
+        df, exact=exact, interval=interval, progress=progress, anomalies=settings, versions=sorted(inputs.versions))
     if records == 0:
         raise NoInput([*inputs.problems, InputProblem(", ".join(paths), "no capture records Spark could read")])
-    if records < inputs.records:  # the checks passed what Spark then could not read (remote: unchecked)
+    if records + closes < inputs.records:  # the checks passed what Spark then could not read (remote: unchecked)
         inputs.problems.append(InputProblem(", ".join(paths), f"Spark read {records} of the {inputs.records} "
                                                               f"records the inputs hold"))
     out_dir = str(out)
@@ -231,11 +256,12 @@ def run_analysis(paths: Sequence[str], out: Path | str, spark: SparkSession,
     info = None
     if rules is not None:
         ship_kproxy(spark)  # the what-if runs kproxy's rule engine on the executors
-        replayed, info = whatif.run(spark, df, rules, first.value, out_dir, progress)
+        requests = df.where(F.col("api_key") != CONNECTION_CLOSED_KEY)
+        replayed, info = whatif.run(spark, requests, rules, first.value, out_dir, progress)
         rows.update(replayed)
     return Analysis(records=records, files=len(inputs.files) + len(inputs.uris), first=_naive(first.as_py()),
                     last=_naive(last.as_py()), problems=inputs.problems, tables=rows, out=out_dir, whatif=info,
-                    exact_percentiles=exact, interval=interval)
+                    exact_percentiles=exact, interval=interval, untold_anomalies=untold)
 
 
 def time_span(df: DataFrame, inputs: Inputs) -> float:

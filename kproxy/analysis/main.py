@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, REBALANCE_JOINS, REBALANCE_WINDOW, add_arguments
+from kproxy.analysis.arguments import EXACT_PERCENTILES_MAX, add_arguments, anomaly_flags
 from kproxy.analysis.interval import check as check_interval
 from kproxy.analysis.job import NoInput, find_inputs, run_analysis
 from kproxy.analysis.report import live_summary, summary, write_html
@@ -26,7 +26,7 @@ FOLLOW_POLL_SECONDS = 1  # --follow: how soon after Ctrl-C the query is stopped 
 def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: TextIO,
             follow: bool = False, conf: Sequence[str] = (), rules: str | None = None,
             seed: int | None = None, exact_percentiles: int = EXACT_PERCENTILES_MAX, verbose: bool = False,
-            interval: int | None = None, rebalance: tuple[int, float] = (REBALANCE_JOINS, REBALANCE_WINDOW)) -> int:
+            interval: int | None = None, anomalies: dict[str, Any] | None = None) -> int:
     """Run the job; 0 when something was analysed (inputs left out are listed), 2 when nothing could be
     or Java is missing. Every input is checked, and Java found, before Spark starts.
 
@@ -35,8 +35,8 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
     ``exact_percentiles``: percentiles are exact up to that many records, approximate above.
     ``interval``: the time series' bin width in seconds (:mod:`kproxy.analysis.interval`); None: chosen
     from the capture's span.
-    ``rebalance``: a rebalance storm's JoinGroups (2 or more) and window (seconds, above 0), as the
-    captured run's client anomalies config.
+    ``anomalies``: the client anomaly detectors' settings the flags give (:func:`anomaly_flags`; None
+    values: not given, the capture's own then): the run's ``metrics.client_anomalies_*``.
     ``verbose``: Spark's progress bars and warnings on stderr too (else only this command's lines, and
     Spark's errors). A driver JVM that exits before it serves is exit 2, its own lines on stderr.
     ``rules``: a rule file to evaluate against the records (the what-if), ``seed`` replacing its
@@ -56,10 +56,14 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         except ValueError as exc:
             stderr.write(f"kproxy analyze: --interval: {exc}\n")
             return EXIT_USAGE
-    if rebalance[0] < 2 or not rebalance[1] > 0:
-        stderr.write(f"kproxy analyze: --rebalance-joins {rebalance[0]} / --rebalance-window {rebalance[1]:g}: "
-                     "expected 2 joins or more within more than 0 seconds\n")
-        return EXIT_USAGE
+    given = anomalies or {}
+    for name, least, above in (("rebalance_joins", 2, False), ("rebalance_window", 0, True),
+                               ("churn_per_minute", 1, False), ("retries_per_minute", 1, False)):
+        limit = given.get(name)
+        if limit is not None and (limit <= least if above else limit < least):
+            stderr.write(f"kproxy analyze: --{name.replace('_', '-')} {limit:g}: expected "
+                         f"{'more than' if above else 'at least'} {least}\n")
+            return EXIT_USAGE
     what_if = None
     if rules is not None:
         if follow:
@@ -103,7 +107,7 @@ def analyze(paths: list[str], *, master: str, out: str, stdout: TextIO, stderr: 
         return EXIT_USAGE
     try:
         analysis = run_analysis(paths, out, spark, progress, rules=what_if, exact_percentiles_max=exact_percentiles,
-                                inputs=inputs, interval=interval, rebalance=rebalance)
+                                inputs=inputs, interval=interval, anomalies=anomalies)
     except NoInput as exc:
         for problem in exc.problems:
             stderr.write(f"kproxy analyze: {problem}\n")
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     return analyze(args.captures, master=args.master, out=args.out, stdout=sys.stdout, stderr=sys.stderr,
                    follow=args.follow, conf=args.conf, rules=args.rules, seed=args.seed,
                    exact_percentiles=args.exact_percentiles, verbose=args.verbose, interval=args.interval,
-                   rebalance=(args.rebalance_joins, args.rebalance_window))
+                   anomalies=anomaly_flags(args))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,8 @@ _TABLES = (
     ("connection_churn", "Connection churn per {per}"),
     ("faults", "Faults injected by rule (dry runs: matched, nothing done), and what the client did next on "
                "that connection"),
-    ("client_anomalies", "Client anomalies by kind and client id (as kproxy_client_anomalies_total counts them: "
-                         "answers' error codes, connections on deprecated versions)"),
+    ("client_anomalies", "Client anomalies by kind and client id (as kproxy_client_anomalies_total counts them, "
+                         "with the run's settings)"),
 )
 _WHATIF_TABLES = (
     ("whatif_rules", "Per rule: requests it would have matched (of the captured requests of its apis), what it "
@@ -102,6 +102,15 @@ def summary(analysis: Analysis, out: TextIO) -> None:
         for r in topics[:10]:
             w(f"{r['topic']:<36} {r['requests']:>8} {r['produced_records']:>12} / {r['produced_bytes']:<12} "
               f"{r['fetched_records']:>11} / {r['fetched_bytes']:<12} {r['errors']:>6}\n")
+    anomalies = analysis.tables["client_anomalies"]
+    if anomalies or analysis.untold_anomalies:
+        w("\nclient anomaly         client id                                  count\n")
+        for r in anomalies[:20]:
+            w(f"{r['kind']:<22} {r['client_id'] or '-':<42} {r['count']:>5}\n")
+        if len(anomalies) > 20:
+            w(f"... {len(anomalies) - 20} more (report.html, client_anomalies/)\n")
+        for kind, why in sorted((analysis.untold_anomalies or {}).items()):
+            w(f"{kind}: not told: {why}\n")
     if analysis.whatif is not None:
         _whatif_summary(analysis, w)
 
@@ -197,6 +206,10 @@ def write_html(analysis: Analysis, path: str) -> None:
         rows = [{k: v for k, v in r.items() if k != "interval_s"} for r in rows]
         title = title.format(per=label(analysis.interval))
         parts.append(f"<h2>{html.escape(title)}</h2>" + _table(_labelled(rows)))
+        if name == "client_anomalies" and analysis.untold_anomalies:
+            parts.append("<p>Not told:</p><ul>" + "".join(
+                f"<li><code>{html.escape(kind)}</code>: {html.escape(why)}</li>"
+                for kind, why in sorted(analysis.untold_anomalies.items())) + "</ul>")
     if analysis.whatif is not None:
         info = analysis.whatif
         parts.append(f"<h2>What-if: {html.escape(info.source)}</h2><p>Seed {info.seed}; requests evaluated in "

@@ -31,6 +31,7 @@ from kproxy.capture.connection_info import (
     ConnectionInfo as ConnectionInfo,  # re-exported: where the server and tests import it
 )
 from kproxy.capture.record_builder import EARLY_READ_BYTES, Captured, EarlyRead, RecordBuilder
+from kproxy.capture.record_builder import ClosedConnection as ClosedConnection  # (re-exported)
 from kproxy.host_port import split_host_port
 from kproxy.protocol.api_keys import FETCH, PRODUCE
 from kproxy.protocol.scan import RequestScan
@@ -113,15 +114,17 @@ class CaptureObserver:
                    ex.api_key, ex.api_version, ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at,
                    ex.received_at, ex.completed_at, ex.local, body_offset, ex.held, ex.rule_decisions, scan), held)
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
         """The connection ended: requests still unanswered are offered without a response (a
-        response held back, by a delay rule say, never reached the client: none either)."""
+        response held back, by a delay rule say, never reached the client: none either), then the
+        close itself (:data:`ClosedConnection`), ``reason`` its cause."""
         pending, self._pending = self._pending, {}
         for ex, request, scan in pending.values():
             self.sink((self.conn, self._clock_offset, self.principal, request, None, ex.api_key, ex.api_version,
                        ex.correlation_id, ex.request_size, ex.read_at, ex.forwarded_at, 0.0, 0.0, ex.local, 0,
                        None, ex.rule_decisions, scan),
                       _held(request))
+        self.sink((self.conn, self._clock_offset, self.principal, time.perf_counter(), reason), 0)
 
 
 def _held(frame: bytes | EarlyRead | None) -> int:

@@ -40,8 +40,9 @@ VALUE_APIS = frozenset({FETCH, LIST_OFFSETS, OFFSET_COMMIT, OFFSET_FETCH, PRODUC
 # One side's entry: topic (a name, or an id until named), partition, error code, records, bytes.
 Entry = tuple[Any, int | None, int | None, int, int]
 Name = Callable[[object], str | None]
-# group_id, committed_offset, high_watermark; base_offset, last_offset, max_timestamp
-_NO_OFFSETS = (None, None, None, None, None, None)
+# group_id, committed_offset, high_watermark; base_offset, last_offset, max_timestamp; producer_id,
+# producer_epoch, base_sequence, batch_crc, codec (a Produce request's: kproxy.capture.record_builder)
+_NO_OFFSETS = (None, None, None, None, None, None, None, None, None, None, None)
 
 
 def merge_partitions(first: tuple[Entry, ...], second: tuple[Entry, ...], name: Name
@@ -186,7 +187,7 @@ def with_offsets(partitions: tuple[tuple[Any, ...], ...], api_key: int, api_vers
             item[8], item[9], item[10] = written[n]
     for topic, partition, first, last, stamp in extra:
         out.append([topic if type(topic) is str else name(topic), partition, None, 0, 0, None, None, None,
-                    first, last, stamp])
+                    first, last, stamp, None, None, None, None, None])
     return tuple(map(tuple, out))
 
 

@@ -58,7 +58,7 @@ from typing import Any
 from kproxy.capture.columns import PendingColumns
 from kproxy.capture.connection_info import ConnectionInfo
 from kproxy.capture.partition_items import VALUE_APIS, merge_partitions, with_offsets
-from kproxy.capture.record_schema import SCHEMA_VERSION
+from kproxy.capture.record_schema import CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, SCHEMA_VERSION
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.offloop import short_switch_interval
 from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
@@ -77,6 +77,7 @@ from kproxy.protocol.records import (
     one_batch_count,
     v2_dated,
     v2_max_timestamp,
+    v2_producer_head,
 )
 from kproxy.protocol.request_fields import produce_head, request_client_id
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scanner
@@ -96,6 +97,10 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
 # The kinds whose offsets are read with their answer's non-zero codes (partition_items.with_offsets).
 _CODED_OFFSETS = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.OFFSET_FETCH)})
+# Group requests whose member id, static member id and session timeout a record carries (version 5).
+_MEMBER_APIS = frozenset(int(key) for key in (
+    ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.OFFSET_COMMIT,
+    ApiKey.TXN_OFFSET_COMMIT, ApiKey.CONSUMER_GROUP_HEARTBEAT))
 # A frame over its records budget is logged at once, then at most once a minute with the count.
 OVER_BUDGET_LOG_SECONDS = 60.0
 _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
@@ -116,6 +121,11 @@ _READ_FAILURES = (ProtocolError, *SCAN_FAILURES)
 #   17 request_scan  a Produce request's scan as the session shared it (Exchange.request_scan: the
 #                   metrics and the rules read the same), or None: the writer reads the frame itself
 Captured = tuple[Any, ...]
+# A connection's close, as the observer offers it after its last exchange (schema version 5): a
+# plain tuple too, told from a Captured one by its length. Field order:
+#   0 conn  1 clock_offset  2 principal  3 closed_at (the session's clock)  4 reason (None: not given)
+ClosedConnection = tuple[Any, ...]
+_CLOSED_FIELDS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,6 +262,8 @@ class RecordBuilder:
         # Each field read into a typed local: compiled, the numbers are then native (a float's
         # arithmetic, an int's shift), not generic operations on objects.
         if len(item) != 18:
+            if len(item) == _CLOSED_FIELDS:
+                return _closed_row(item)
             raise ValueError(f"a captured exchange of {len(item)} fields, not 18")
         conn: ConnectionInfo = item[0]
         wall: float = item[1]
@@ -334,6 +346,14 @@ class RecordBuilder:
                             for topic, partition, _, n, _ in entries if partition is not None]
             partitions = with_offsets(partitions, api_key, api_version, req.get("offsets"), answer,
                                       None if answer is None else errors, self.topics.name, produced)
+        if api_key == PRODUCE and partitions:
+            one = req.get("head")  # (the usual Produce's: its one partition and batch, see _from_scan)
+            if one is not None and len(partitions) == 1:
+                partitions = (partitions[0][:11] + one[2],)
+            else:
+                heads = req.get("heads") if one is None else {(one[0], one[1]): one[2]}
+                if heads:
+                    partitions = _with_heads(partitions, heads, self.topics.name)
         # Latencies as Exchange.broker_seconds and Exchange.overhead_seconds compute them (held: the rules' time).
         overhead = forwarded_at - read_at
         broker = None
@@ -357,6 +377,8 @@ class RecordBuilder:
             decisions,  # (rule, action, detail, dry_run) each: RULE_DECISION_ITEMS' order
             payloads if self.payloads.include else None,
             conn.cluster,
+            req.get("member_id"), req.get("group_instance_id"), req.get("session_timeout_ms"),
+            None,
         )
 
     def _big_metadata(self, kind: _Kind, response: bytes, offset: int) -> _Scan | None:
@@ -413,6 +435,9 @@ class RecordBuilder:
         req: dict[str, Any] = {}
         if ranges:
             req["written"] = {(topic, partition): v2_max_timestamp(frame, ranges[0][0], ranges[0][1])}
+            head = v2_producer_head(frame, ranges[0][0], ranges[0][1])
+            if head is not None:
+                req["head"] = (topic, partition, head)
         req["transactional_id"], req["acks"] = produce_head(frame, kind.api_version, body)
         req["client_id"] = request_client_id(frame, kind.api_key, kind.api_version)
         return ((topic, partition, None, count, size),), req
@@ -479,6 +504,7 @@ class RecordBuilder:
                 out["offsets"] = offsets
             if api_key == PRODUCE:
                 out["written"] = _written(found, frame)
+                out["heads"] = _heads(found, frame)
                 if kind.payloads:
                     payloads = self._payloads(found, frame, budget)
         if api_key == PRODUCE:
@@ -487,6 +513,8 @@ class RecordBuilder:
             decoded = decode_body(api_key, api_version, MessageType.REQUEST, frame, body)
             out["group_id"] = decoded.get("group_id")
             out["transactional_id"] = decoded.get("transactional_id")
+            if api_key in _MEMBER_APIS:
+                _member(decoded, out)
             if api_key == FIND_COORDINATOR:
                 key = decoded.get("key") or next(iter(decoded.get("coordinator_keys") or ()), None)
                 if key is not None:
@@ -622,6 +650,59 @@ def _written(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], int]:
                 out[(x[0], x[1])] = latest
             latest = -1
     return out
+
+
+def _closed_row(item: ClosedConnection) -> tuple[Any, ...]:
+    """The record of a connection's close (:data:`ClosedConnection`): its time and reason, no exchange."""
+    conn: ConnectionInfo = item[0]
+    return (
+        SCHEMA_VERSION, int((item[3] + item[1]) * 1_000_000), None,
+        conn.connection_id, conn.client_host, conn.client_port, None,
+        item[2], conn.listener, conn.node_id, conn.upstream,
+        CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, 0, -1, 0, None,
+        None, 0.0, False, None,
+        None, None, None, 0, 0, (), (), None,
+        conn.cluster, None, None, None, item[4],
+    )
+
+
+def _heads(found: list[Any], frame: bytes) -> dict[tuple[Any, Any], tuple[int, int, int, int, int]]:
+    """A Produce request's scan (see :func:`_scan`) read for its batches' producers: per (topic,
+    partition) its records range's first v2 batch header's producer id, epoch, base sequence, CRC and
+    codec (:func:`~kproxy.protocol.records.v2_producer_head`; none for a legacy message set)."""
+    out: dict[tuple[Any, Any], tuple[int, int, int, int, int]] = {}
+    head = None
+    for x in found:
+        if type(x[0]) is int:  # a records range, of the entry noted next
+            head = v2_producer_head(frame, x[0], x[1])
+        else:
+            if head is not None and x[1] is not None:
+                out[(x[0], x[1])] = head
+            head = None
+    return out
+
+
+def _with_heads(partitions: tuple[tuple[Any, ...], ...], heads: dict[tuple[Any, Any], tuple[int, ...]],
+                name: Callable[[object], str | None]) -> tuple[tuple[Any, ...], ...]:
+    """A Produce record's partition items with their first batch's producer fields (:func:`_heads`,
+    keyed by the topic as the request names it: a name, or an id until named)."""
+    named = {(topic if type(topic) is str else name(topic), partition): head
+             for (topic, partition), head in heads.items()}
+    return tuple(item[:11] + named[(item[0], item[1])] if (item[0], item[1]) in named else item
+                 for item in partitions)
+
+
+def _member(decoded: dict[str, Any], out: dict[str, Any]) -> None:
+    """A decoded group request's member id, static member id and session timeout into ``out``
+    (a LeaveGroup v3+ names its members in a list: its first one's)."""
+    members = decoded.get("members")
+    first = members[0] if isinstance(members, list) and members and isinstance(members[0], dict) else decoded
+    member = first.get("member_id")
+    instance = first.get("group_instance_id")
+    out["member_id"] = member if isinstance(member, str) else None
+    out["group_instance_id"] = instance if isinstance(instance, str) else None
+    session = decoded.get("session_timeout_ms")
+    out["session_timeout_ms"] = session if isinstance(session, int) else None
 
 
 def _fetched_written(written: list[tuple[Any, Any, list[tuple[int, int, int]]]], ranges: int,

@@ -34,6 +34,17 @@ timestamp; a Fetch answer's records' batch headers). Older files read as version
 null in every item: they recorded no write time, so their analysis has lag in offsets and no lag in
 seconds (and says so).
 
+Version 5 added what the client anomaly detectors read (:mod:`kproxy.analysis.capture_anomalies`):
+``producer_id``, ``producer_epoch``, ``base_sequence``, ``batch_crc`` and ``codec`` to the items of
+``partitions`` (a Produce request's first v2 batch header there: retry storms, uncompressed
+producers), and ``member_id``, ``group_instance_id`` and ``session_timeout_ms`` at the end of the
+record (members that vanish). It also writes one record per connection when it closes (connection
+churn): ``api_key`` :data:`CONNECTION_CLOSED_KEY`, ``request_time`` the close's time, ``close_reason``
+why, no request nor response; :func:`kproxy.analysis.job.read_captures` leaves these out of the
+records every table but the client anomalies reads. Its files also carry the run's detector settings in their metadata
+(:data:`ANOMALY_METADATA_KEY`). Older files read as version 5 with these null: their analysis
+says which anomaly kinds it could not tell.
+
 The columns a fault-injection rule can match on (api, version, client id,
 client address, node id, topics and partitions, group id, transactional id,
 acks) are all here, so a what-if run can evaluate rules against a capture.
@@ -45,10 +56,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Versions whose files read correctly under COLUMNS (see the module docstring): the writer's and older.
-READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4)
+READABLE_VERSIONS: tuple[int, ...] = (1, 2, 3, 4, 5)
 VERSION_METADATA_KEY = "kproxy.capture.schema_version"
+# The api key and name of a connection's close record (version 5+): no request, the connection's end.
+CONNECTION_CLOSED_KEY = -1
+CONNECTION_CLOSED_NAME = "ConnectionClosed"
+# The run's client anomaly detector settings (version 5+; JSON, AnomalyOptions' fields by name; absent
+# when the run counted no client anomalies): what ``kproxy analyze`` counts with unless told otherwise.
+ANOMALY_METADATA_KEY = "kproxy.capture.client_anomalies"
 
 # Scalar types, named as Arrow and Spark both understand them (each side maps them once).
 SCALAR_TYPES = frozenset({"bool", "int16", "int32", "int64", "float64", "string", "binary", "timestamp_us"})
@@ -99,6 +116,12 @@ PARTITION_ITEMS: tuple[Column, ...] = (
     _c("max_timestamp", "int64", "when the range was written, ms since the epoch: the latest max timestamp of "
                                  "its v2 batch headers (CreateTime: the producer's; a Fetch answer's batches of a "
                                  "LogAppendTime topic: the broker's; version 4+)"),
+    _c("producer_id", "int64", "a Produce request's first v2 batch here: its producer id (-1: not idempotent; "
+                               "version 5+)"),
+    _c("producer_epoch", "int16", "that batch's producer epoch (version 5+)"),
+    _c("base_sequence", "int32", "that batch's base sequence (version 5+)"),
+    _c("batch_crc", "int64", "that batch's CRC-32C as its header states it (version 5+)"),
+    _c("codec", "int16", "that batch's compression codec: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (version 5+)"),
 )
 
 RULE_DECISION_ITEMS: tuple[Column, ...] = (
@@ -156,6 +179,12 @@ COLUMNS: tuple[Column, ...] = (
        items=PAYLOAD_ITEMS),
     _c("cluster", "string", "the cluster of the listener (the config's clusters:; default without); null: "
                             "written before kproxy served several clusters"),
+    _c("member_id", "string", "the consumer group member id a group request names (a LeaveGroup v3+: its "
+                              "first member's; version 5+)"),
+    _c("group_instance_id", "string", "the static member id a group request names (version 5+)"),
+    _c("session_timeout_ms", "int32", "a JoinGroup's session timeout (version 5+)"),
+    _c("close_reason", "string", "a connection's close record (api_key -1): why it closed, as the "
+                                 "connection_closed log line says (version 5+)"),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 _BY_NAME: Mapping[str, Column] = {c.name: c for c in COLUMNS}

@@ -6,12 +6,14 @@ extra), which the proxy does not carry otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Identity, Tee, split_peer
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
+from kproxy.capture.record_schema import ANOMALY_METADATA_KEY
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.paths import OptionFailed
@@ -23,7 +25,9 @@ from kproxy.proxy.session import SessionObserver
 class CaptureService:
     """``start()`` once, ``observer(...)`` per connection, ``close()`` at shutdown."""
 
-    def __init__(self, options: CaptureOptions) -> None:
+    def __init__(self, options: CaptureOptions, anomalies: dict[str, Any] | None = None) -> None:
+        """``anomalies``: the client anomaly detectors' settings, by name (None: none counted), for the
+        capture files' metadata (:data:`~kproxy.capture.record_schema.ANOMALY_METADATA_KEY`)."""
         assert options.dir is not None
         self.topics = TopicIdNames()
         self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
@@ -32,7 +36,9 @@ class CaptureService:
         self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
                                     rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
                                     queue_size=options.queue_size, rows=self.builder.rows,
-                                    add_rows=self.builder.add_rows)
+                                    add_rows=self.builder.add_rows,
+                                    metadata=None if anomalies is None else {
+                                        ANOMALY_METADATA_KEY: json.dumps(anomalies, sort_keys=True)})
         # Wall time of the sessions' perf_counter clock, read once: every connection's records on one
         # time line (the what-if orders requests across connections by it, kproxy.analysis.whatif).
         self.clock_offset = time.time() - time.perf_counter()
@@ -67,11 +73,12 @@ class CaptureService:
                                   identity=identity)
         return capture if metrics is None else Tee(metrics, capture)
 
-    def connection_closed(self, observer: SessionObserver | None) -> None:
-        """Record the requests ``observer``'s connection left unanswered (see :meth:`CaptureObserver.close`)."""
+    def connection_closed(self, observer: SessionObserver | None, reason: str | None = None) -> None:
+        """Record the requests ``observer``'s connection left unanswered, and its close (``reason``:
+        why; see :meth:`CaptureObserver.close`)."""
         capture = observer.second if isinstance(observer, Tee) else observer
         if isinstance(capture, CaptureObserver):
-            capture.close()
+            capture.close(reason)
 
     def counts(self) -> dict[str, int]:
         """Records by outcome, for ``kproxy_capture_records_total``."""

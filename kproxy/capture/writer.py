@@ -132,10 +132,11 @@ def _dictionary_columns(columns: Sequence[Column], prefix: str = "") -> list[str
 PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "use_dictionary": _dictionary_columns(COLUMNS)}
 
 
-def arrow_schema() -> pa.Schema:
-    """The Arrow schema of :data:`kproxy.capture.record_schema.COLUMNS`, with the version in its metadata."""
+def arrow_schema(metadata: dict[str, str] | None = None) -> pa.Schema:
+    """The Arrow schema of :data:`kproxy.capture.record_schema.COLUMNS`, with the version in its metadata
+    (and ``metadata``'s keys: the run's detector settings)."""
     return pa.schema([_arrow_field(c) for c in COLUMNS],
-                     metadata={VERSION_METADATA_KEY: str(SCHEMA_VERSION)})
+                     metadata={**(metadata or {}), VERSION_METADATA_KEY: str(SCHEMA_VERSION)})
 
 
 # -- pure decisions ------------------------------------------------------------------------
@@ -242,7 +243,8 @@ class CaptureWriter:
     def __init__(self, directory: Path, *, max_bytes_total: int, rotate_bytes: int, rotate_seconds: float,
                  queue_size: int = 10_000, queue_bytes: int = 256 * 1024 * 1024, row_group_rows: int = 10_000,
                  flush_seconds: float = 1.0, poll_seconds: float = 0.1, rows: ROWS = dict_rows,
-                 add_rows: ADD_ROWS | None = None, clock: Callable[[], float] = time.time) -> None:
+                 add_rows: ADD_ROWS | None = None, clock: Callable[[], float] = time.time,
+                 metadata: dict[str, str] | None = None) -> None:
         if rotate_bytes > max_bytes_total:
             raise ValueError("rotate_bytes must not exceed max_bytes_total")
         self.directory = directory
@@ -254,7 +256,7 @@ class CaptureWriter:
         self.rows = rows
         self.add_rows = add_rows
         self.clock = clock
-        self.schema = arrow_schema()
+        self.schema = arrow_schema(metadata)
         # The queue (kproxy.capture.queue, compiled: the loop's side, per exchange). Each counter
         # below has one writer, the thread (_lost, written...), so no increment races another.
         self.queue_size = queue_size

@@ -199,7 +199,8 @@ class ProxyServer:
         if config.capture.enabled and primary is None:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
 
-            self.capture = CaptureService(config.capture)
+            # (the run's detector settings go in the capture's metadata: kproxy analyze counts with them)
+            self.capture = CaptureService(config.capture, None if anomalies is None else dataclasses.asdict(anomalies))
         self.siblings: list[ProxyServer] = [] if primary is not None else [
             ProxyServer(_sibling_config(config, cluster), handle_signals=False, primary=self) for cluster in every[1:]]
 
@@ -655,7 +656,7 @@ class ProxyServer:
             self.connections.discard(conn)
             if self.capture is not None:
                 session.report()  # what the connection read before it ended
-                self.capture.connection_closed(observer)
+                self.capture.connection_closed(observer, conn.close_reason)
             if metrics is not None:
                 metrics.close()  # what it counted while open (kproxy_client_info)
             self.stats.client_disconnected(listener.name, node)

@@ -47,6 +47,8 @@ writers, payload decompression); :func:`decode_records` here dispatches by magic
 * :func:`count_records` - records in a records field from the v2 headers alone;
   :func:`one_batch_count` - the same for a range that is one v2 batch, read in place;
   :func:`v2_max_timestamp` - the latest write time the v2 batch headers of a range carry;
+  :func:`v2_producer_head` - the producer id, epoch, base sequence, CRC and codec of a range's first
+  v2 batch, read in place;
   :func:`v2_totals`, :func:`v2_batches` - records and bytes of a range's whole v2 batches (per
   batch, with its codec, for the second), read in place: the metrics' per-topic counts;
   :func:`v2_dated` - each whole v2 batch's offsets and write time, with the range's records.
@@ -72,6 +74,7 @@ from kproxy.protocol.records.counting import (
     v2_batches,
     v2_dated,
     v2_max_timestamp,
+    v2_producer_head,
     v2_totals,
 )
 from kproxy.protocol.records.entries import (
@@ -112,6 +115,7 @@ __all__ = [
     "v2_batches",
     "v2_dated",
     "v2_max_timestamp",
+    "v2_producer_head",
     "v2_totals",
     "verify_crc",
 ]

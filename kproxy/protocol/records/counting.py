@@ -183,6 +183,24 @@ def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, 
     return pos
 
 
+# magic, crc (unsigned), attributes, (lastOffsetDelta, baseTimestamp, maxTimestamp), producerId,
+# producerEpoch, baseSequence: bytes 16 to 56 of a v2 batch
+_V2_PRODUCER_HEAD = struct.Struct(">bIh20xqhi")
+
+
+def v2_producer_head(data: BytesLike, start: int, end: int) -> tuple[int, int, int, int, int] | None:
+    """``(producer id, producer epoch, base sequence, CRC, codec)`` of the v2 batch that opens
+    ``data[start:end]``, read in place from its header (the codec: the low 3 bits of its attributes,
+    ``Codec``); None when the range opens with no v2 batch header (a legacy message set, too short).
+    The first batch only, as the live detectors read a Produce request's range (a producer's batch)."""
+    if end - start < _V2_FAST_MIN:
+        return None
+    magic, crc, attributes, producer, epoch, sequence = _V2_PRODUCER_HEAD.unpack_from(data, start + 16)
+    if magic != 2:
+        return None
+    return producer, epoch, sequence, crc, attributes & _CODEC_MASK
+
+
 def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, int] | None:
     """``(bytes, codec, records)`` of ``data[start:end]`` when that range is exactly one v2 batch
     (what a producer sends per partition), read in place: what :func:`v2_batches` gives for it in
