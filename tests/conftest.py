@@ -86,6 +86,7 @@ PURE_PASS_TESTS: dict[str, frozenset[str]] = {test: frozenset(f"kproxy.{m}" for 
     "test_scan_shared.py":
         "protocol.scan protocol.produce_scan metrics.traffic_observer metrics.traffic metrics.client_anomalies",
     "test_framing.py": "protocol.framing",
+    "test_batch_layout.py": "protocol.records.counting metrics.client_anomalies",
     "test_wire.py": "protocol.primitives",
     "test_codec_golden.py": "protocol.headers",
     "test_codec_malformed.py": "protocol.framing",

@@ -44,6 +44,7 @@ from kproxy.logfmt import q
 from kproxy.metrics.labels import OTHER, LabelCap
 from kproxy.protocol.api_keys import OFFSET_COMMIT, PRODUCE, TXN_OFFSET_COMMIT
 from kproxy.protocol.codes import DEPRECATED_VERSIONS, ErrorCode, error_name
+from kproxy.protocol.records.batch_layout import ATTRIBUTES_AT, CODEC_MASK, MAGIC_AT
 from kproxy.protocol.scan import RecordsRange
 
 log = logging.getLogger("kproxy.metrics")
@@ -75,10 +76,6 @@ CHURN_WINDOW: Final = 60.0  # seconds: connection churn is counted per minute
 # A batch this big or bigger sent uncompressed is an uncompressed producer's: a smaller one may be a
 # compressing producer's too (librdkafka sends a batch as it is when compressing would not shrink it).
 UNCOMPRESSED_MIN_BYTES: Final = 1024
-# Offsets in a v2 record batch (magic 2): its magic byte and the low byte of its attributes (the codec's bits).
-_MAGIC_AT: Final = 16
-_ATTRIBUTES_LOW_AT: Final = 22
-_CODEC_MASK: Final = 7
 
 
 @dataclass(frozen=True)
@@ -112,8 +109,9 @@ def uncompressed(frame: bytes, ranges: list[RecordsRange]) -> bool:
     """Whether a Produce request's records ranges hold a v2 batch with no compression (codec 0) of
     :data:`UNCOMPRESSED_MIN_BYTES` or more (the range's first batch is read: a producer's batch)."""
     for start, end, _ in ranges:
-        if end - start >= UNCOMPRESSED_MIN_BYTES and frame[start + _MAGIC_AT] == 2 \
-                and not frame[start + _ATTRIBUTES_LOW_AT] & _CODEC_MASK:
+        # (the codec's bits are in the attributes' low byte, the second: big-endian)
+        if end - start >= UNCOMPRESSED_MIN_BYTES and frame[start + MAGIC_AT] == 2 \
+                and not frame[start + ATTRIBUTES_AT + 1] & CODEC_MASK:
             return True
     return False
 

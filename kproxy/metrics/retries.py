@@ -16,25 +16,16 @@ leave the minute), and per-client windows are keyed by the capped client id labe
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 from typing import Final
 
 from kproxy.metrics.client_anomalies import RETRY_STORM, ClientAnomalies, MinuteWindow
 from kproxy.metrics.labels import OTHER
+from kproxy.protocol.records import v2_producer_head
 from kproxy.protocol.scan import RecordsRange
 
 WINDOW: Final = 60.0  # seconds
 MAX_BATCHES: Final = 100_000
-# A v2 batch header: magic at 16, CRC at 17 (uint32), producer id at 43 (int64), base sequence at 53 (int32).
-_MAGIC_AT: Final = 16
-_CRC_AT: Final = 17
-_PRODUCER_AT: Final = 43
-_SEQUENCE_AT: Final = 53
-_HEADER_BYTES: Final = 61
-_PRODUCER: Final = struct.Struct(">q")
-_CRC: Final = struct.Struct(">I")
-_SEQUENCE: Final = struct.Struct(">i")
 
 
 class RetryWatch:
@@ -51,13 +42,11 @@ class RetryWatch:
     def produce(self, frame: bytes, ranges: list[RecordsRange], client_id: str | None, now: float) -> None:
         """A Produce request's records ranges, read at ``now`` from ``client_id``'s connection."""
         for start, end, _ in ranges:
-            if end - start < _HEADER_BYTES or frame[start + _MAGIC_AT] != 2:
-                continue
-            (producer,) = _PRODUCER.unpack_from(frame, start + _PRODUCER_AT)
-            if producer < 0:
-                continue  # not idempotent: nothing to tell a retry by
-            key = (producer, _SEQUENCE.unpack_from(frame, start + _SEQUENCE_AT)[0],
-                   _CRC.unpack_from(frame, start + _CRC_AT)[0])
+            # (the capture reads a batch's producer with the same function: the report replays this)
+            head = v2_producer_head(frame, start, end)
+            if head is None or head[0] < 0:
+                continue  # a legacy message set, or not idempotent: nothing to tell a retry by
+            key = (head[0], head[2], head[3])  # producer id, base sequence, CRC
             first = self.batches.get(key)
             if first is not None and now - first < WINDOW:
                 self._again(client_id, now)

@@ -57,17 +57,22 @@ from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.message_schemas import Field, MessageType, message_schema
 from kproxy.protocol.mutation import Mutation, reframe, request_header
 from kproxy.protocol.records import RECORD_COST, V2_HEADER_SIZE, BatchInfo, RecordBudget, iter_batches
+from kproxy.protocol.records.batch_layout import (
+    ATTRIBUTES_AT,
+    BASE_TIMESTAMP_AT,
+    BATCH_LENGTH_AT,
+    CODEC_MASK,
+    CRC_AT,
+    MAX_TIMESTAMP_AT,
+)
 from kproxy.protocol.splice import splice_body
 
 PRODUCE, FETCH = 0, 1
 Selector = Callable[[str | uuid.UUID | None, int], bool]
-# Byte positions in a RecordBatch v2 (see kproxy/protocol/records.py's module docstring).
-_BATCH_LENGTH_POS, _CRC_POS, _ATTRIBUTES_POS, _BASE_TIMESTAMP_POS, _MAX_TIMESTAMP_POS = 8, 17, 21, 27, 35
-_LEGACY_CRC_POS, _LEGACY_MAGIC_POS = 12, 16
+_LEGACY_CRC_POS, _LEGACY_MAGIC_POS = 12, 16  # (a legacy message's: kproxy/protocol/records/__init__.py)
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT64 = struct.Struct(">q")
-_CODEC_MASK = 0x07
 #: Shift of the timestamp target: one year back, past any broker's
 #: ``log.message.timestamp.before.max.ms`` default... and plainly wrong to a consumer.
 DEFAULT_TIMESTAMP_SHIFT_MS = -365 * 24 * 3600 * 1000
@@ -248,7 +253,7 @@ def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int
     header = raw[:V2_HEADER_SIZE]
     changed = 0
     if timestamp_shift_ms:
-        for pos in (_BASE_TIMESTAMP_POS, _MAX_TIMESTAMP_POS):
+        for pos in (BASE_TIMESTAMP_AT, MAX_TIMESTAMP_AT):
             (ts,) = _INT64.unpack_from(header, pos)
             if ts >= 0:
                 _INT64.pack_into(header, pos, ts + timestamp_shift_ms)
@@ -266,8 +271,8 @@ def _edit_batch(batch: BatchInfo, patch: Patcher | None, timestamp_shift_ms: int
     if not changed:
         return b"", 0
     new = header + payload
-    _INT32.pack_into(new, _BATCH_LENGTH_POS, len(new) - 12)
-    _UINT32.pack_into(new, _CRC_POS, crc32c(bytes(new[_ATTRIBUTES_POS:])))
+    _INT32.pack_into(new, BATCH_LENGTH_AT, len(new) - 12)
+    _UINT32.pack_into(new, CRC_AT, crc32c(bytes(new[ATTRIBUTES_AT:])))
     return bytes(new), changed
 
 
@@ -403,7 +408,7 @@ def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: in
         if ts >= 0:
             _INT64.pack_into(entry, ts_at, ts + timestamp_shift_ms)
             changed = 1
-    codec = attributes & _CODEC_MASK
+    codec = attributes & CODEC_MASK
     if codec == Codec.NONE:
         if patch is not None:
             changed = max(changed, patch(entry, [(key_len_at + 4, key_len, value_at, value_len, [])]))
@@ -416,7 +421,7 @@ def _edit_legacy(entry: bytearray, patch: Patcher | None, timestamp_shift_ms: in
             changed = n
     if not changed:
         return b"", 0
-    _INT32.pack_into(entry, _BATCH_LENGTH_POS, len(entry) - 12)
+    _INT32.pack_into(entry, BATCH_LENGTH_AT, len(entry) - 12)
     _UINT32.pack_into(entry, _LEGACY_CRC_POS, zlib.crc32(bytes(entry[_LEGACY_MAGIC_POS:])))
     return bytes(entry), changed
 

@@ -32,7 +32,8 @@ Legacy message (v0/v1), after the 12-byte offset/size prefix::
 
 What this package offers (import it from here; the modules split it by job)
 ---------------------------------------------------------------------------
-:mod:`.entries` (layouts, values, header walking, CRCs), :mod:`.recordbatch`
+:mod:`.batch_layout` (where each field of a v2 batch header sits: every header reader's
+positions), :mod:`.entries` (values, header walking, CRCs), :mod:`.recordbatch`
 (RecordBatch v2), :mod:`.messageset` (legacy message sets), :mod:`.counting`
 (record counts), :mod:`.budget` (the :class:`RecordBudget` every per-frame
 reader on the data path runs under), :mod:`.fields` (bounded field readers and
@@ -66,6 +67,7 @@ actually present, and decompression is capped by ``max_decompressed``.
 from __future__ import annotations
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
+from kproxy.protocol.records.batch_layout import V2_HEADER_SIZE
 from kproxy.protocol.records.budget import DEFAULT_RECORD_BUDGET, RECORD_COST, RecordBudget
 from kproxy.protocol.records.counting import (
     count_records,
@@ -79,7 +81,6 @@ from kproxy.protocol.records.counting import (
 )
 from kproxy.protocol.records.entries import (
     LOG_OVERHEAD,
-    V2_HEADER_SIZE,
     BatchInfo,
     BatchIterator,
     BytesLike,

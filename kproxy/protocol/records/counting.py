@@ -7,9 +7,17 @@ from typing import Final
 
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
 from kproxy.protocol.errors import OverBudgetError
+from kproxy.protocol.records.batch_layout import (
+    BATCH_LENGTH_AT,
+    CODEC_MASK,
+    MAGIC_AT,
+    MAX_TIMESTAMP_AT,
+    RECORDS_COUNT_AT,
+    V2_HEADER_SIZE,
+    header_struct,
+)
 from kproxy.protocol.records.budget import RecordBudget
 from kproxy.protocol.records.entries import (
-    _CODEC_MASK,
     _LEGACY_MIN_SIZE,
     LOG_OVERHEAD,
     BatchInfo,
@@ -18,9 +26,9 @@ from kproxy.protocol.records.entries import (
 )
 from kproxy.protocol.records.messageset import _inner_entries, _wrapper_payload
 
-_V2_LENGTH_MAGIC = struct.Struct(">i4xb")  # batchLength, (partitionLeaderEpoch), magic
-_V2_COUNT = struct.Struct(">i")  # recordsCount, at byte 57 of a v2 batch
-_V2_FAST_MIN = 61  # a v2 batch header
+_V2_LENGTH_MAGIC: Final = header_struct("batch_length", "magic")  # at BATCH_LENGTH_AT
+_V2_COUNT: Final = header_struct("records_count")  # at RECORDS_COUNT_AT
+_V2_FAST_MIN: Final = V2_HEADER_SIZE
 
 
 def count_records(
@@ -46,10 +54,10 @@ def count_records(
     pos = 0
     end = len(data)
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, pos + 8)
+        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, pos + BATCH_LENGTH_AT)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break  # legacy, malformed or truncated: the general walk below decides
-        count = _V2_COUNT.unpack_from(data, pos + 57)[0]
+        count = _V2_COUNT.unpack_from(data, pos + RECORDS_COUNT_AT)[0]
         if count < 0:
             break  # malformed: the general walk refuses it (a count is never negative)
         total += count
@@ -72,15 +80,14 @@ def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
     batch (what a producer sends per partition), read in place: what :func:`count_records` of the
     range returns, without slicing it. None for any other range (:func:`count_records` decides)."""
     if end - start >= _V2_FAST_MIN:
-        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + 8)
+        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + BATCH_LENGTH_AT)
         if magic == 2 and start + 12 + batch_length == end:
-            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            count = int(_V2_COUNT.unpack_from(data, start + RECORDS_COUNT_AT)[0])
             return count if count >= 0 else None
     return None
 
 
-# batchLength, (partitionLeaderEpoch), magic, (crc), attributes: bytes 8..22 of a v2 batch.
-_V2_LENGTH_MAGIC_ATTRIBUTES = struct.Struct(">i4xb4xh")
+_V2_LENGTH_MAGIC_ATTRIBUTES: Final = header_struct("batch_length", "magic", "attributes")  # at BATCH_LENGTH_AT
 
 
 def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
@@ -94,10 +101,10 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
     unpack = _V2_LENGTH_MAGIC.unpack_from
     count = _V2_COUNT.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic = unpack(data, pos + 8)
+        batch_length, magic = unpack(data, pos + BATCH_LENGTH_AT)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        n = count(data, pos + 57)[0]
+        n = count(data, pos + RECORDS_COUNT_AT)[0]
         if n < 0:
             break  # malformed: left to the caller (count_records refuses it)
         records += n
@@ -105,7 +112,7 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
     return records, pos - start, pos
 
 
-_V2_MAX_TIMESTAMP = struct.Struct(">q")  # maxTimestamp, at byte 35 of a v2 batch
+_V2_MAX_TIMESTAMP: Final = header_struct("max_timestamp")  # at MAX_TIMESTAMP_AT
 
 
 def v2_max_timestamp(data: BytesLike, start: int, end: int) -> int:
@@ -117,19 +124,18 @@ def v2_max_timestamp(data: BytesLike, start: int, end: int) -> int:
     unpack = _V2_LENGTH_MAGIC.unpack_from
     timestamp = _V2_MAX_TIMESTAMP.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic = unpack(data, pos + 8)
+        batch_length, magic = unpack(data, pos + BATCH_LENGTH_AT)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        t = int(timestamp(data, pos + 35)[0])
+        t = int(timestamp(data, pos + MAX_TIMESTAMP_AT)[0])
         if t > latest:
             latest = t
         pos += 12 + batch_length
     return latest
 
 
-# baseOffset, batchLength, (partitionLeaderEpoch), magic, (crc, attributes), lastOffsetDelta,
-# (baseTimestamp), maxTimestamp, (producerId, producerEpoch, baseSequence), recordsCount: a v2 header.
-_V2_DATED = struct.Struct(">qi4xb6xi8xq14xi")
+_V2_DATED: Final = header_struct("base_offset", "batch_length", "magic", "last_offset_delta", "max_timestamp",
+                                 "records_count")  # a whole header, from its first byte
 
 
 def v2_dated(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> tuple[int, int]:
@@ -172,20 +178,19 @@ def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, 
     unpack = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from
     count = _V2_COUNT.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic, attributes = unpack(data, pos + 8)
+        batch_length, magic, attributes = unpack(data, pos + BATCH_LENGTH_AT)
         if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        n = count(data, pos + 57)[0]
+        n = count(data, pos + RECORDS_COUNT_AT)[0]
         if n < 0:
             break  # malformed: left to the caller (count_records refuses it)
-        out.append((12 + batch_length, attributes & _CODEC_MASK, n))
+        out.append((12 + batch_length, attributes & CODEC_MASK, n))
         pos += 12 + batch_length
     return pos
 
 
-# magic, crc (unsigned), attributes, (lastOffsetDelta, baseTimestamp, maxTimestamp), producerId,
-# producerEpoch, baseSequence: bytes 16 to 56 of a v2 batch
-_V2_PRODUCER_HEAD = struct.Struct(">bIh20xqhi")
+_V2_PRODUCER_HEAD: Final = header_struct("magic", "crc", "attributes", "producer_id", "producer_epoch",
+                                         "base_sequence")  # at MAGIC_AT
 
 
 def v2_producer_head(data: BytesLike, start: int, end: int) -> tuple[int, int, int, int, int] | None:
@@ -195,10 +200,10 @@ def v2_producer_head(data: BytesLike, start: int, end: int) -> tuple[int, int, i
     The first batch only, as the live detectors read a Produce request's range (a producer's batch)."""
     if end - start < _V2_FAST_MIN:
         return None
-    magic, crc, attributes, producer, epoch, sequence = _V2_PRODUCER_HEAD.unpack_from(data, start + 16)
+    magic, crc, attributes, producer, epoch, sequence = _V2_PRODUCER_HEAD.unpack_from(data, start + MAGIC_AT)
     if magic != 2:
         return None
-    return producer, epoch, sequence, crc, attributes & _CODEC_MASK
+    return producer, epoch, sequence, crc, attributes & CODEC_MASK
 
 
 def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, int] | None:
@@ -206,11 +211,11 @@ def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, i
     (what a producer sends per partition), read in place: what :func:`v2_batches` gives for it in
     one call. None for any other range (the walk decides)."""
     if end - start >= _V2_FAST_MIN:
-        batch_length, magic, attributes = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from(data, start + 8)
+        batch_length, magic, attributes = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from(data, start + BATCH_LENGTH_AT)
         if magic == 2 and start + 12 + batch_length == end and batch_length >= _V2_FAST_MIN - 12:
-            count = int(_V2_COUNT.unpack_from(data, start + 57)[0])
+            count = int(_V2_COUNT.unpack_from(data, start + RECORDS_COUNT_AT)[0])
             if count >= 0:
-                return end - start, attributes & _CODEC_MASK, count
+                return end - start, attributes & CODEC_MASK, count
     return None
 
 
@@ -229,8 +234,8 @@ def _count_wrapper(batch: BatchInfo, max_decompressed: int, budget: RecordBudget
     minimum = _LEGACY_MIN_SIZE[batch.magic]
     unpack = _LEGACY_SIZE_MAGIC_ATTRIBUTES.unpack_from
     while end - pos >= LOG_OVERHEAD + minimum:
-        size, magic, attributes = unpack(data, pos + 8)
-        if size < minimum or size > end - pos - LOG_OVERHEAD or magic != batch.magic or attributes & _CODEC_MASK:
+        size, magic, attributes = unpack(data, pos + BATCH_LENGTH_AT)
+        if size < minimum or size > end - pos - LOG_OVERHEAD or magic != batch.magic or attributes & CODEC_MASK:
             break
         pos += LOG_OVERHEAD + size
         count += 1

@@ -16,6 +16,15 @@ from crc32c import crc32c
 
 from kproxy.protocol.compression import Codec, codec_name
 from kproxy.protocol.errors import CorruptRecordsError
+from kproxy.protocol.records.batch_layout import (
+    ATTRIBUTES_AT,
+    CODEC_MASK,
+    CRC_AT,
+    FIELDS,
+    MAGIC_AT,
+    V2_HEADER_SIZE,
+    header_struct,
+)
 
 BytesLike = bytes | bytearray | memoryview
 Header = tuple[str, bytes | None]
@@ -24,13 +33,8 @@ Header = tuple[str, bytes | None]
 
 #: offset int64 + size int32: the prefix every entry shares.
 LOG_OVERHEAD: Final = 12
-_V2_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
-#: Size of the RecordBatch v2 header, up to and including records_count.
-V2_HEADER_SIZE: Final = _V2_HEADER.size  # 61
-_MAGIC_POS: Final = 16  # same position for every magic, see the module docstring
-_V2_CRC_POS: Final = 17
-_V2_ATTRIBUTES_POS: Final = 21  # the CRC-32C covers from here to the end
-_V2_MIN_BATCH_LENGTH: Final = V2_HEADER_SIZE - LOG_OVERHEAD  # 49
+_V2_HEADER: Final = header_struct(*(name for name, _, _ in FIELDS))  # every field, from the first byte
+_V2_MIN_BATCH_LENGTH: Final = V2_HEADER_SIZE - LOG_OVERHEAD
 
 # offset, message_size, crc, magic, attributes (+ timestamp int64 for magic 1)
 _LEGACY_HEADER: Final = struct.Struct(">qiIbb")
@@ -40,7 +44,6 @@ _LEGACY_MAGIC_POS: Final = 16  # the CRC-32 covers from here to the end
 _LEGACY_MIN_SIZE: Final = {0: 14, 1: 22}
 _SMALLEST_ENTRY_SIZE: Final = 14
 
-_CODEC_MASK: Final = 0x07
 _TIMESTAMP_TYPE_MASK: Final = 0x08
 _TRANSACTIONAL_MASK: Final = 0x10
 _CONTROL_MASK: Final = 0x20
@@ -135,7 +138,7 @@ class BatchInfo:
     @property
     def codec(self) -> int:
         """Compression codec id (see :class:`~kproxy.protocol.compression.Codec`)."""
-        return self.attributes & _CODEC_MASK
+        return self.attributes & CODEC_MASK
 
     @property
     def codec_name(self) -> str:
@@ -248,7 +251,7 @@ def _read_entry_header(buf: BytesLike, pos: int, end: int) -> BatchInfo | None:
     if size > remaining - LOG_OVERHEAD:
         return None
     length = LOG_OVERHEAD + size
-    magic = buf[pos + _MAGIC_POS]
+    magic = buf[pos + MAGIC_AT]
     if magic == 2:
         if size < _V2_MIN_BATCH_LENGTH:
             raise CorruptRecordsError(
@@ -299,7 +302,7 @@ def _read_entry_header(buf: BytesLike, pos: int, end: int) -> BatchInfo | None:
             )
         offset, _, crc, _, attributes = _LEGACY_HEADER.unpack_from(buf, pos)
         timestamp = _INT64.unpack_from(buf, pos + _LEGACY_HEADER.size)[0] if magic == 1 else -1
-        count = 1 if attributes & _CODEC_MASK == Codec.NONE else None
+        count = 1 if attributes & CODEC_MASK == Codec.NONE else None
         return BatchInfo(
             offset=pos,
             length=length,
@@ -317,7 +320,7 @@ def _read_entry_header(buf: BytesLike, pos: int, end: int) -> BatchInfo | None:
             base_sequence=-1,
             buffer=buf,
         )
-    raise CorruptRecordsError(f"unknown magic {magic}", offset=pos + _MAGIC_POS, field="magic")
+    raise CorruptRecordsError(f"unknown magic {magic}", offset=pos + MAGIC_AT, field="magic")
 
 
 # ------------------------------------------------------------------------- CRC
@@ -327,7 +330,7 @@ def compute_crc(batch: BatchInfo) -> int:
     """The CRC the entry's bytes actually have (CRC-32C for v2, CRC-32 for v0/v1)."""
     view = memoryview(batch.buffer)
     if batch.magic >= 2:
-        return crc32c(view[batch.offset + _V2_ATTRIBUTES_POS : batch.end])
+        return crc32c(view[batch.offset + ATTRIBUTES_AT : batch.end])
     return zlib.crc32(view[batch.offset + _LEGACY_MAGIC_POS : batch.end])
 
 
@@ -339,7 +342,7 @@ def verify_crc(batch: BatchInfo) -> None:
     """
     actual = compute_crc(batch)
     if actual != batch.crc:
-        where = _V2_CRC_POS if batch.magic >= 2 else _LEGACY_CRC_POS
+        where = CRC_AT if batch.magic >= 2 else _LEGACY_CRC_POS
         raise CorruptRecordsError(
             f"CRC mismatch: stored 0x{batch.crc:08x}, computed 0x{actual:08x}",
             offset=batch.offset + where,

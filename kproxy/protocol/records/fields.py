@@ -10,11 +10,11 @@ from __future__ import annotations
 from kproxy.protocol.compression import Codec, codec_name, decompress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
 from kproxy.protocol.primitives import write_varlong
+from kproxy.protocol.records.batch_layout import ATTRIBUTES_AT
 from kproxy.protocol.records.budget import RecordBudget
 from kproxy.protocol.records.entries import (
     _INT32,
     _LEGACY_MAGIC_POS,
-    _V2_ATTRIBUTES_POS,
     BatchInfo,
     BytesLike,
 )
@@ -65,7 +65,7 @@ def _payload(
         # Kafka never allowed zstd in legacy messages (it came with KIP-110, magic 2).
         raise CorruptRecordsError(
             f"compression codec {codec_name(codec)} is not valid with magic {batch.magic}",
-            offset=batch.offset + (_V2_ATTRIBUTES_POS if batch.magic >= 2 else _LEGACY_MAGIC_POS + 1),
+            offset=batch.offset + (ATTRIBUTES_AT if batch.magic >= 2 else _LEGACY_MAGIC_POS + 1),
             field="attributes",
         )
     limit = max_decompressed if budget is None else budget.limit(max_decompressed)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from kproxy.protocol.compression import Codec, codec_name, compress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
+from kproxy.protocol.records.batch_layout import MAGIC_AT
 from kproxy.protocol.records.budget import RECORD_COST, RecordBudget
 from kproxy.protocol.records.entries import (
     _INT32,
@@ -18,7 +19,6 @@ from kproxy.protocol.records.entries import (
     _LEGACY_CRC_POS,
     _LEGACY_HEADER,
     _LEGACY_MAGIC_POS,
-    _MAGIC_POS,
     _TIMESTAMP_TYPE_MASK,
     _UINT32,
     LOG_OVERHEAD,
@@ -102,7 +102,7 @@ def _inner_entries(
             if info.magic != batch.magic:
                 raise CorruptRecordsError(
                     f"inner message magic {info.magic} differs from the wrapper's {batch.magic}",
-                    offset=info.offset + _MAGIC_POS,
+                    offset=info.offset + MAGIC_AT,
                     field="magic",
                 )
             if info.codec != Codec.NONE:

@@ -9,9 +9,9 @@ from crc32c import crc32c
 from kproxy.protocol.compression import Codec, compress
 from kproxy.protocol.errors import CorruptRecordsError, EncodeError
 from kproxy.protocol.primitives import write_varlong
+from kproxy.protocol.records.batch_layout import ATTRIBUTES_AT, CODEC_MASK, CRC_AT, V2_HEADER_SIZE
 from kproxy.protocol.records.budget import RECORD_COST, RecordBudget
 from kproxy.protocol.records.entries import (
-    _CODEC_MASK,
     _CONTROL_MASK,
     _DELETE_HORIZON_MASK,
     _INT32_MAX,
@@ -22,11 +22,8 @@ from kproxy.protocol.records.entries import (
     _TIMESTAMP_TYPE_MASK,
     _TRANSACTIONAL_MASK,
     _UINT32,
-    _V2_ATTRIBUTES_POS,
-    _V2_CRC_POS,
     _V2_HEADER,
     LOG_OVERHEAD,
-    V2_HEADER_SIZE,
     BatchInfo,
     BytesLike,
     Header,
@@ -163,7 +160,7 @@ def encode_batch_v2(
     _check_range(producer_id, _INT64_MIN, _INT64_MAX, "producer_id")
     _check_range(producer_epoch, -(2**15), 2**15 - 1, "producer_epoch")
     _check_range(base_sequence, _INT32_MIN, _INT32_MAX, "base_sequence")
-    _check_range(codec, 0, _CODEC_MASK, "codec")
+    _check_range(codec, 0, CODEC_MASK, "codec")
     if base_timestamp is None:
         base_timestamp = recs[0].timestamp if recs else -1
     if max_timestamp is None:
@@ -236,5 +233,5 @@ def encode_batch_v2(
         len(recs),
     )
     out += payload
-    _UINT32.pack_into(out, _V2_CRC_POS, crc32c(memoryview(out)[_V2_ATTRIBUTES_POS:]))
+    _UINT32.pack_into(out, CRC_AT, crc32c(memoryview(out)[ATTRIBUTES_AT:]))
     return bytes(out)
