@@ -18,6 +18,7 @@ from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
 from tests.support.matrix import SEED_VARIABLE, matrix_seed
+from tests.support.module_times import ModuleTimes
 
 TESTS = Path(__file__).resolve().parent
 # What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
@@ -56,7 +57,24 @@ SLOW_MODULES = frozenset({
     "test_rules_properties.py",  # property tests of the engine, hundreds of rule sets
     "test_rules_reload_hostile.py",  # FIFOs, /dev/zero, 100,000 rules, kproxy subprocesses
     "test_security_scan.py",  # checkov
+    "test_suite_times.py",  # pytest runs of the suite's own modules, as subprocesses
 })
+# The modules that take longest, longest first (the `longest test modules` table a run prints:
+# tests/support/module_times.py). They are scheduled first, the rest after them in the order pytest
+# collects them: with each module whole in one worker (``--dist loadfile``), a long module handed out
+# last would leave the other cores idle while it runs. scripts/test passes ``--no-loadscope-reorder``,
+# since pytest-xdist's own order (most tests first) puts these long modules of few tests last. A module
+# missing here only runs later than it could; re-rank from a whole run's table when it has moved.
+LONGEST_FIRST: tuple[str, ...] = (
+    "test_install.py", "fuzz/test_fuzz.py", "test_image.py", "test_bench_smoke.py", "test_analysis_launch.py",
+    "test_analysis_cluster.py", "test_analysis.py", "test_rules_patterns.py", "test_whatif.py",
+    "test_rules_examples_clients.py", "test_rules_heal_clients.py", "test_soak.py", "test_anomalies_e2e.py",
+    "test_codec_roundtrip.py", "test_rules_metadata_clients.py", "test_rules_reload_hostile.py",
+    "test_lag_seconds_e2e.py", "test_sasl_terminate_e2e.py", "plugin/test_pytest_plugin.py", "test_demo_traffic.py",
+    "test_analysis_lag_seconds.py", "test_e2e_clients.py", "test_doc_examples.py", "test_sasl_upstream.py",
+    "test_resilience_clients.py", "test_capture_offsets.py", "test_rules_blackhole_e2e.py", "test_fair_turns.py",
+    "test_rules_e2e.py", "test_rules_client_notes.py",
+)
 SLOW_TESTS = frozenset({
     "test_codec_roundtrip.py::test_roundtrip",  # generated bodies of every kind and version
     "test_codec_malformed.py::test_fuzz_random_bytes",
@@ -121,8 +139,31 @@ def pure_pass_modules(compiled: frozenset[str]) -> frozenset[str]:
 
 
 PURE_PASS_MODULES = pure_pass_modules(compiled_modules())
+LONGEST_RANK = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
 BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
+
+
+MODULE_TIMES = ModuleTimes()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--module-times", type=int, default=20, metavar="N",
+                     help="print the N test modules that took longest at the end of the run (0: none); "
+                          "tests/support/module_times.py")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    MODULE_TIMES.add(report.nodeid, report.when, report.duration)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("--module-times")
+    lines = MODULE_TIMES.lines(count) if count > 0 else []
+    if lines:
+        terminalreporter.section("longest test modules (seconds of setup, call and teardown, summed over workers)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -155,6 +196,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if pure_only and native.BUILD.compiled:
             item.add_marker(pytest.mark.skip(reason="patches a function of a compiled module: runs in the pure "
                                                     "pass (KPROXY_PURE=1, scripts/test)"))
+    items.sort(key=schedule_rank)
+
+
+def schedule_rank(item: pytest.Item) -> int:
+    """Where ``item``'s module goes in the run: its place in LONGEST_FIRST, else after all of them
+    (``list.sort`` is stable, so the rest keep the order they were collected in)."""
+    module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+    return LONGEST_RANK.get(module, len(LONGEST_RANK))
 
 
 @pytest.fixture(scope="session")
