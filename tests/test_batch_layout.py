@@ -61,7 +61,8 @@ def test_the_data_path_readers_agree_with_what_was_written() -> None:
 
 def test_the_uncompressed_producer_detector_reads_the_codec_bits() -> None:
     plain = written_by_kafka_python(codec=0, value=b"x" * UNCOMPRESSED_MIN_BYTES)
-    gzipped = written_by_kafka_python(codec=1, value=random.Random(7).randbytes(UNCOMPRESSED_MIN_BYTES))  # (incompressible)
+    noise = random.Random(7).randbytes(UNCOMPRESSED_MIN_BYTES)  # (incompressible: the batch stays this big)
+    gzipped = written_by_kafka_python(codec=1, value=noise)
     assert len(gzipped) >= UNCOMPRESSED_MIN_BYTES
     assert uncompressed(plain, [(0, len(plain), 0)])
     assert not uncompressed(gzipped, [(0, len(gzipped), 0)])
