@@ -61,7 +61,7 @@ from kproxy.capture.partition_items import VALUE_APIS, merge_partitions, with_of
 from kproxy.capture.record_schema import CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, SCHEMA_VERSION
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
 from kproxy.offloop import short_switch_interval
-from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, PRODUCE
+from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.codes import ApiKey, api_name
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
 from kproxy.protocol.headers import request_body_offset, response_body_offset
@@ -96,7 +96,7 @@ _ID_APIS = frozenset(int(key) for key in (
     ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.OFFSET_DELETE,
     ApiKey.CONSUMER_GROUP_HEARTBEAT))
 # The kinds whose offsets are read with their answer's non-zero codes (partition_items.with_offsets).
-_CODED_OFFSETS = frozenset({int(ApiKey.OFFSET_COMMIT), int(ApiKey.OFFSET_FETCH)})
+_CODED_OFFSETS = frozenset({OFFSET_COMMIT, OFFSET_FETCH})
 # Group requests whose member id, static member id and session timeout a record carries (version 5).
 _MEMBER_APIS = frozenset(int(key) for key in (
     ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.LEAVE_GROUP, ApiKey.OFFSET_COMMIT,
