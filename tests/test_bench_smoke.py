@@ -32,6 +32,8 @@ SMOKE: dict[str, tuple[list[str], str]] = {
     "bench_partition_split.py": (["--repeats", "2"], TABLE),
     "bench_patterns.py": ([], TABLE),
     "bench_proxy.py": (["--quick", "--rounds", "1", "--idle-connections", "10", "--variants", "bare"], TABLE),
+    "bench_session_instructions.py": (["--no-callgrind", "--pairs", "20", "--workloads", "Metadata v1",
+                                       "--variants", "metrics"], TABLE),
     "bench_roundtrip.py": (["--procs", "1", "--requests", "100", "--rounds", "1"], "p50"),
     "bench_throttle.py": (["--quick", "--seconds", "0.3"], TABLE),
 }

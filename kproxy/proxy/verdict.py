@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Protocol
 
 from kproxy.proxy.commands import CloseConnection
 from kproxy.proxy.exchange import Exchange, Ruling
@@ -25,7 +25,7 @@ class InForce(Protocol):
         ...
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict:
     """What a :class:`RequestPolicy` decided about one request, in the session's own terms
     (the server's adapter translates fault-injection rules into it; proxy/ never sees a rule).
@@ -61,48 +61,24 @@ class Verdict:
     Every guarantee of the session holds whatever the verdict: responses that do leave
     keep request order and correlation ids, and an acks=0 Produce never gets an answer.
 
-    Immutable (``Final`` fields: one verdict may serve many requests) and built by its own
-    ``__init__``, native code in a compiled build (kproxy/proxy/commands.py says why).
+    Immutable (frozen: one verdict may serve many requests); made with keywords.
     """
 
-    close: Final[CloseConnection | None]
-    answer: Final[bytes | None]
-    forward: Final[bool]
-    request: Final[bytes | None]
-    hold_s: Final[float]
-    response_delay_s: Final[float]
-    on_response: Final[Callable[[bytes], bytes] | None]
-    drop_response: Final[bool]
-    blackhole: Final[bool]
-    close_after_s: Final[float | None]
-    blackhole_lasts: Final[InForce | None]
-    close_delay_s: Final[float]
-    close_delay_lasts: Final[InForce | None]
-    held_by: Final[tuple[str, str] | None]
-    wire: Final[tuple[WireOrder, ...]]
-
-    def __init__(self, close: CloseConnection | None = None, answer: bytes | None = None, forward: bool = True,
-                 request: bytes | None = None, hold_s: float = 0.0, response_delay_s: float = 0.0,
-                 on_response: Callable[[bytes], bytes] | None = None, drop_response: bool = False,
-                 blackhole: bool = False, close_after_s: float | None = None,
-                 blackhole_lasts: InForce | None = None, held_by: tuple[str, str] | None = None,
-                 wire: tuple[WireOrder, ...] = (), close_delay_s: float = 0.0,
-                 close_delay_lasts: InForce | None = None) -> None:
-        self.close = close
-        self.answer = answer
-        self.forward = forward
-        self.request = request
-        self.hold_s = hold_s
-        self.response_delay_s = response_delay_s
-        self.on_response = on_response
-        self.drop_response = drop_response
-        self.blackhole = blackhole
-        self.close_after_s = close_after_s
-        self.blackhole_lasts = blackhole_lasts
-        self.close_delay_s = close_delay_s
-        self.close_delay_lasts = close_delay_lasts
-        self.held_by = held_by
-        self.wire = wire
+    close: CloseConnection | None = None
+    answer: bytes | None = None
+    forward: bool = True
+    request: bytes | None = None
+    hold_s: float = 0.0
+    response_delay_s: float = 0.0
+    on_response: Callable[[bytes], bytes] | None = None
+    drop_response: bool = False
+    blackhole: bool = False
+    close_after_s: float | None = None
+    blackhole_lasts: InForce | None = None
+    close_delay_s: float = 0.0
+    close_delay_lasts: InForce | None = None
+    held_by: tuple[str, str] | None = None
+    wire: tuple[WireOrder, ...] = ()
 
 
 # What every request in a black hole gets: read and discarded, never forwarded nor answered; in
