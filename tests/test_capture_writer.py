@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from kproxy.capture.record_schema import (  # noqa: E402
 )
 from kproxy.capture.writer import (  # noqa: E402
     HOUR_US,
+    WRITER_NICENESS,
     CaptureWriter,
     Rotation,
     hour_dir_name,
@@ -390,3 +392,19 @@ def test_a_disk_failing_mid_run_is_survived_retried_and_counters_only_rise(
     failed = [line for line in lines if "event=capture_write_failed" in line]
     assert len(failed) == 1 and "retry_in_s=1" in failed[0], failed  # then one a minute at most
     assert len([line for line in lines if "event=capture_write_recovered" in line]) == 1
+
+
+def test_the_writer_thread_runs_below_the_event_loop_s_priority(tmp_path: Path) -> None:
+    """The capture is background work: its thread is niced by WRITER_NICENESS, the rest of the
+    process (the event loop's thread) is not, so where cores are scarce the loop gets the core."""
+    writer = CaptureWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
+    try:
+        tid = writer._thread.native_id
+        assert tid is not None
+        deadline = time.monotonic() + 10
+        while os.getpriority(os.PRIO_PROCESS, tid) == os.getpriority(os.PRIO_PROCESS, 0) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)  # (the thread lowers its own priority as it starts)
+        assert os.getpriority(os.PRIO_PROCESS, tid) == os.getpriority(os.PRIO_PROCESS, 0) + WRITER_NICENESS
+    finally:
+        writer.close()

@@ -325,6 +325,7 @@ class CaptureWriter:
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
+        _yield_the_core()
         pending = pending_columns(self.schema)  # rows waiting for a full row group, or flush_seconds
         first_at = 0.0
         while True:
@@ -475,6 +476,25 @@ class CaptureWriter:
                     path.parent.rmdir()
             except OSError as exc:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
+
+
+WRITER_NICENESS = 10
+
+
+def _yield_the_core() -> None:
+    """Lower the calling thread's scheduling priority by :data:`WRITER_NICENESS` (Linux: per thread).
+
+    The capture is background work: where cores are scarce (a sidecar's share, a machine shared
+    with the client and the broker), the scheduler gives the event loop's thread the core whenever
+    both are runnable, and the writer catches up when the loop waits. Holding the GIL at that moment
+    costs the loop no more than a slice (the writer hands it back between slices). Where lowering it
+    is refused (no permission to change, another OS), the writer runs at the process's priority.
+    """
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
+    except (AttributeError, OSError):
+        pass
 
 
 def _table(pending: PendingColumns, schema: pa.Schema) -> pa.Table:
