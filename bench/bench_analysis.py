@@ -159,7 +159,7 @@ def spark_aggregate(spark: Any, files: list[str], exact: bool) -> dict[str, Any]
     from kproxy.analysis.spark_schema import spark_schema
 
     df = spark.read.schema(spark_schema()).parquet(*files)
-    aggs, _ = aggregates(df, exact=exact)
+    aggs = aggregates(df, exact=exact)[0]
     latency = {r["api_name"]: (r["requests"], r["broker_p50_ms"], r["broker_p95_ms"], r["broker_p99_ms"],
                                r["broker_max_ms"], r["kproxy_p50_ms"], r["kproxy_p95_ms"], r["kproxy_p99_ms"])
                for r in table_rows(aggs["latency_by_api"])}

@@ -22,12 +22,12 @@ def test_health_follows_the_config_file_of_a_running_kproxy(tansu: Broker, tmp_p
     metrics = free_port()
     config = tmp_path / "kproxy.yaml"
     config.write_text(f"upstream: {tansu.bootstrap}\nlisten: 127.0.0.1:{free_port()}\n"
-                      f"broker_port_base: {free_port()}\nmetrics_listen: 0.0.0.0:{metrics}\n")
+                      f"broker_port_base: 0\nmetrics_listen: 0.0.0.0:{metrics}\n")
     assert health("--config", str(config)).returncode == 1  # nothing runs yet
     proc = subprocess.Popen([*KPROXY, "run", "--config", str(config)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_for_port("127.0.0.1", metrics)
+        wait_for_port("127.0.0.1", metrics, timeout=60)
         done = health("--config", str(config))
         assert (done.returncode, done.stderr) == (0, "")
         assert health("--url", f"http://127.0.0.1:{metrics}/healthz").returncode == 0
