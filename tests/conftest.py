@@ -18,7 +18,7 @@ from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
 from tests.support.matrix import SEED_VARIABLE, matrix_seed
-from tests.support.module_times import ModuleTimes
+from tests.support.module_times import ModuleTimes, cpu_seconds
 
 TESTS = Path(__file__).resolve().parent
 # What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
@@ -153,8 +153,44 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "tests/support/module_times.py")
 
 
+PHASE_CPU = pytest.StashKey[dict[str, float]]()
+CPU_PROPERTY = "cpu_seconds"  # a report's user property: its phase's CPU seconds (tests/support/module_times.py)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    return (yield from _phase_cpu(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    return (yield from _phase_cpu(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Any:
+    return (yield from _phase_cpu(item, "teardown"))
+
+
+def _phase_cpu(item: pytest.Item, when: str) -> Any:
+    """Run one phase, noting the CPU seconds it cost for its report (below)."""
+    before = cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        item.stash.setdefault(PHASE_CPU, {})[when] = cpu_seconds() - before
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    report.user_properties.append((CPU_PROPERTY, item.stash.get(PHASE_CPU, {}).get(call.when, 0.0)))
+    return report
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    MODULE_TIMES.add(report.nodeid, report.when, report.duration)
+    cpu = next((value for key, value in report.user_properties if key == CPU_PROPERTY), 0.0)
+    MODULE_TIMES.add(report.nodeid, report.when, report.duration, float(cpu))
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:

@@ -31,9 +31,11 @@ def test_module_times_add_every_phase_and_count_each_test_once() -> None:
     assert times.longest(5) == [("tests/test_b.py", 4.0, 1), ("tests/test_a.py", 3.0, 2)]
     assert times.longest(1) == [("tests/test_b.py", 4.0, 1)]
     assert times.total() == 7.0
+    times.add("tests/test_a.py::test_one", "teardown", 0.0, cpu=0.5)
+    assert times.cpu("tests/test_a.py") == 0.5 and times.cpu("tests/test_b.py") == 0.0
     lines = times.lines(5)
-    assert lines[1].split() == ["tests/test_b.py", "4.0", "57.1%", "1"]
-    assert lines[-1].split() == ["all", "2", "modules", "7.0"]
+    assert lines[1].split() == ["tests/test_b.py", "4.0", "0.0", "57.1%", "1"]
+    assert lines[-1].split() == ["all", "2", "modules", "7.0", "0.5"]
     assert ModuleTimes().lines(5) == []
 
 
@@ -42,12 +44,13 @@ def test_a_run_ends_with_its_longest_modules_also_across_workers() -> None:
                      "tests/test_wire.py")
     assert "longest test modules" in out, out
     table = out[out.index("longest test modules"):].splitlines()
-    assert table[1].split() == ["module", "seconds", "share", "tests"], table
+    assert table[1].split() == ["module", "seconds", "cpu", "share", "tests"], table
     rows = [line.split() for line in table[2:4]]
     assert sorted(row[0] for row in rows) == ["tests/test_framing.py", "tests/test_wire.py"], table
     assert all(float(row[1]) > 0 for row in rows) and float(rows[0][1]) >= float(rows[1][1]), table
     passed = int(out.split(" passed")[0].split()[-1])
-    assert sum(int(row[3]) for row in rows) == passed, (table, passed)  # reports from both workers
+    assert all(float(row[2]) > 0 for row in rows), table  # the CPU the workers spent on them, reported too
+    assert sum(int(row[4]) for row in rows) == passed, (table, passed)  # reports from both workers
     assert table[4].split()[:3] == ["all", "2", "modules"], table
     assert "longest test modules" not in pytest_run("-q", "-n", "0", "--module-times=0", "tests/test_framing.py")
 
