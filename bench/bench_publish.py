@@ -39,6 +39,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,11 +53,20 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
-from _paths import VARIANTS, Hop, cpu_seconds, pipe_hop, variant_hops  # noqa: E402
+from _paths import VARIANTS, Hop, cpu_seconds, own_cpu_seconds, pipe_hop, variant_hops  # noqa: E402
 from _stalls import BLOCKED, LONG  # noqa: E402
 from _util import machine_line, percentile, table  # noqa: E402
 
-Path_ = tuple[Hop, int | None]  # a path, and the port of the broker behind it that it must not bypass (None: direct)
+
+@dataclass(frozen=True)
+class Route:
+    """One path: its hop, the port of the broker behind a proxy, which no Produce request may
+    bypass it to reach (None for direct), and the broker's process (its CPU is recorded)."""
+
+    hop: Hop
+    broker_port: int | None
+    broker: subprocess.Popen[bytes]
+
 TOPICS = [f"publish-{i}" for i in range(10)]
 DIRECT, DIRECT_AA = "direct", "direct A/A"
 STATS = ("avg", "p50", "p99", "p99.9", "max")
@@ -71,6 +81,8 @@ class Sample:
     seconds: float
     cpu_s: float | None  # the proxy process's CPU over the measurement (None for direct)
     produce_requests: int
+    broker_cpu_s: float  # the broker's CPU over the measurement
+    client_cpu_s: float  # this process's (the producer's: librdkafka's threads and the pacing loop)
 
     def stats(self) -> dict[str, float]:
         lat = self.latencies
@@ -119,11 +131,10 @@ def produce_requests_of(stats_json: str, hop: Hop, broker_port: int | None) -> i
     return sum(b.get("req", {}).get("Produce", 0) for b in brokers)
 
 
-def publish(hop: Hop, load: Load, seconds: float, warmup: float, broker_port: int | None = None) -> Sample:
-    """Send ``load.rate`` messages a second, round-robin over TOPICS, through ``hop`` for ``warmup``
-    seconds and then ``seconds`` more; the latencies of the messages sent after the warm-up.
-    ``broker_port``: the address of the broker behind a proxy, which no Produce request may reach
-    directly."""
+def publish(route: Route, load: Load, seconds: float, warmup: float) -> Sample:
+    """Send ``load.rate`` messages a second, round-robin over TOPICS, through ``route`` for ``warmup``
+    seconds and then ``seconds`` more; the latencies of the messages sent after the warm-up."""
+    hop, broker_port = route.hop, route.broker_port
     from confluent_kafka import Producer
 
     latencies: list[float] = []
@@ -155,16 +166,18 @@ def publish(hop: Hop, load: Load, seconds: float, warmup: float, broker_port: in
         paced(producer, load, warmup, warm)
         req0 = produce_requests_of(fresh_stats(producer, stats), hop, broker_port)
         cpu0 = cpu_seconds(hop.pid) if hop.pid else 0.0
+        broker0, client0 = cpu_seconds(route.broker.pid), own_cpu_seconds()
         measured = paced(producer, load, seconds, counted)
         if producer.flush(30):
             raise RuntimeError(f"{hop.name}: messages still unacknowledged 30 s after the last was sent")
         cpu = cpu_seconds(hop.pid) - cpu0 if hop.pid else None
+        broker_cpu, client_cpu = cpu_seconds(route.broker.pid) - broker0, own_cpu_seconds() - client0
         reqs = produce_requests_of(fresh_stats(producer, stats), hop, broker_port) - req0
     finally:
         producer.flush(5)
     if not latencies:
         raise RuntimeError(f"{hop.name}: no message was acknowledged ({failed[0]} failed)")
-    return Sample(latencies, failed[0], measured, cpu, reqs)
+    return Sample(latencies, failed[0], measured, cpu, reqs, broker_cpu, client_cpu)
 
 
 def fresh_stats(producer: Any, stats: list[str]) -> str:
@@ -202,21 +215,38 @@ def paced(producer: Any, load: Load, seconds: float, on_delivery: Any) -> float:
 
 # -- paths --------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str]) -> Iterator[list[Path_]]:
-    """Both brokers with their topics, and every path but those named in ``skip`` with the port of
-    the broker behind it (None for direct), until the block ends."""
-    port_a, port_b = _tansu.free_port(), _tansu.free_port()
+def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str], own_brokers: bool
+               ) -> Iterator[list[Route]]:
+    """The brokers with their topics, and every path but those named in ``skip``, until the block
+    ends. The pipe always has a broker of its own (it advertises the pipe's port); ``own_brokers``
+    gives every other path one too, so that no broker holds more data or serves more connections
+    than another path's."""
+    started_brokers: dict[int, subprocess.Popen[bytes]] = {}
+
+    def new_broker(stack: contextlib.ExitStack, name: str, advertised_port: int | None = None) -> int:
+        port = _tansu.free_port()
+        proc = stack.enter_context(_tansu.broker(port, logs / f"bench-publish-broker-{name}.log",
+                                                 advertised_port=advertised_port))
+        create_topics(port)
+        started_brokers[port] = proc
+        return port
+
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_tansu.broker(port_a, logs / "bench-publish-broker.log"))
-        pipe = pipe_hop(stack, sys.executable, f"127.0.0.1:{port_b}", logs, log_suffix="-publish")
-        stack.enter_context(_tansu.broker(port_b, logs / "bench-publish-broker-pipe.log", advertised_port=pipe.port))
-        create_topics(port_a)
-        create_topics(port_b)
-        paths: list[Path_] = [(Hop(DIRECT, port_a), None), (Hop(DIRECT_AA, port_a), None),
-                                               (pipe, port_b)]
-        paths += [(h, port_a) for h in variant_hops(stack, sys.executable, f"127.0.0.1:{port_a}", keys, workdir,
-                                                     logs, "-publish")]
-        yield [(h, b) for h, b in paths if h.name == DIRECT or h.name not in skip]
+        shared = new_broker(stack, "shared")
+        pipe_broker = _tansu.free_port()
+        pipe = pipe_hop(stack, sys.executable, f"127.0.0.1:{pipe_broker}", logs, log_suffix="-publish")
+        started_brokers[pipe_broker] = stack.enter_context(
+            _tansu.broker(pipe_broker, logs / "bench-publish-broker-pipe.log", advertised_port=pipe.port))
+        create_topics(pipe_broker)
+        routes = [Route(Hop(DIRECT, shared), None, started_brokers[shared])]
+        aa = new_broker(stack, "aa") if own_brokers else shared
+        routes.append(Route(Hop(DIRECT_AA, aa), None, started_brokers[aa]))
+        routes.append(Route(pipe, pipe_broker, started_brokers[pipe_broker]))
+        for key in keys:
+            port = new_broker(stack, key) if own_brokers else shared
+            [hop] = variant_hops(stack, sys.executable, f"127.0.0.1:{port}", [key], workdir, logs, "-publish")
+            routes.append(Route(hop, port, started_brokers[port]))
+        yield [r for r in routes if r.hop.name == DIRECT or r.hop.name not in skip]
 
 
 def pin_threads(pid: int, cpus: set[int]) -> None:
@@ -225,17 +255,18 @@ def pin_threads(pid: int, cpus: set[int]) -> None:
         os.sched_setaffinity(int(task), cpus)
 
 
-def rotated(hops: list[Path_], r: int) -> list[Path_]:
+def rotated(hops: list[Route], r: int) -> list[Route]:
     k = r % len(hops)
     return hops[k:] + hops[:k]
 
 
-def measure(hops: list[Path_], loads: list[Load], rounds: int, seconds: float, warmup: float) -> Results:
+def measure(hops: list[Route], loads: list[Load], rounds: int, seconds: float, warmup: float) -> Results:
     results = Results()
     for r in range(rounds):
         for load in loads:
-            for hop, broker_port in rotated(hops, r):
-                sample = publish(hop, load, seconds, warmup, broker_port)
+            for route in rotated(hops, r):
+                hop = route.hop
+                sample = publish(route, load, seconds, warmup)
                 results.add(load, hop.name, sample)
                 s = sample.stats()
                 print(f"  round {r + 1}/{rounds} {load.label} {hop.name}: avg {1e3 * s['avg']:.2f} ms, "
@@ -266,9 +297,11 @@ def load_table(samples: dict[str, list[Sample]]) -> str:
         reqs = statistics.median(s.produce_requests / s.seconds for s in runs)
         rows.append([path, *(ms(med[k]) for k in STATS), *extra, f"{reqs:,.0f}",
                      f"{1e6 * per_msg:.0f}" if per_msg is not None else "-",
-                     f"{1e6 * per_req:.0f}" if per_req is not None else "-"])
+                     f"{1e6 * per_req:.0f}" if per_req is not None else "-",
+                     f"{1e6 * statistics.median(s.broker_cpu_s / len(s.latencies) for s in runs):.0f}",
+                     f"{1e6 * statistics.median(s.client_cpu_s / len(s.latencies) for s in runs):.0f}"])
     return table(["path", "avg ms", "p50", "p99", "p99.9", "max", "added avg", "added p99", "Produce req/s",
-                  "proxy CPU µs/msg", "µs/request"], rows)
+                  "proxy CPU µs/msg", "µs/request", "broker µs/msg", "producer µs/msg"], rows)
 
 
 def target_rows(results: Results, candidate: str) -> list[list[str]]:
@@ -343,6 +376,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--stalls", metavar="DIR",
                         help="each kproxy process writes its long task steps and collections to DIR "
                              "(bench/_stalls.py); a summary is printed after the tables")
+    parser.add_argument("--own-brokers", action="store_true",
+                        help="every path a broker of its own (by default direct, direct A/A and the kproxy "
+                             "variants share one; the pipe always has its own)")
     parser.add_argument("--pin", action="store_true",
                         help="the proxies on the last core, the producer and the brokers on the others")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s, 1 KB values only (a smoke run)")
@@ -369,16 +405,16 @@ def main() -> int:
             raise SystemExit("--pin needs two cores or more")
         pin_threads(os.getpid(), set(cpus[:-1]))  # (the brokers and proxies started below inherit it)
     try:
-        with open_paths(args.keys, workdir, Path(tempfile.gettempdir()), args.skip) as hops:
+        with open_paths(args.keys, workdir, Path(tempfile.gettempdir()), args.skip, args.own_brokers) as hops:
             machine = machine_line()
             if args.pin:
-                for hop, _ in hops:
-                    if hop.pid:
-                        pin_threads(hop.pid, {cpus[-1]})
+                for route in hops:
+                    if route.hop.pid:
+                        pin_threads(route.hop.pid, {cpus[-1]})
                 machine += f"; proxies pinned to core {cpus[-1]}, producer and brokers to {cpus[:-1]}"
-            pids = {h.pid: h.name for h, _ in hops if h.pid and h.name != "pipe"}
-            for hop, broker_port in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
-                publish(hop, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0, broker_port)
+            pids = {r.hop.pid: r.hop.name for r in hops if r.hop.pid and r.hop.name != "pipe"}
+            for route in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
+                publish(route, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0)
             if args.stalls:
                 for pid in pids:
                     os.kill(pid, signal.SIGUSR1)  # start-up is over: the stall watch starts afresh
