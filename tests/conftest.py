@@ -48,7 +48,9 @@ SLOW_MODULES = frozenset({
     "test_hostile_sasl.py",  # floods of PLAIN logins through a kproxy process, at the real hash cost
     "test_image.py",  # the Dockerfile built by buildah, the image run by podman: minutes
     "test_image_health.py",
-    "test_install.py",  # the README's install in fresh venvs: a wheel compiled by mypyc, pip, Spark
+    "test_install_compiled.py",  # the README's install in a fresh venv: a wheel compiled by mypyc, Spark
+    "test_install_fallback.py",  # wheels built where mypyc or the C compiler fails
+    "test_install_pure.py",  # the README's install with no C compiler on PATH
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults
     "test_rules_heal_clients.py",  # faults that end with their rule, librdkafka and kafkajs (Node) through each
