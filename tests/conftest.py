@@ -69,9 +69,9 @@ SLOW_MODULES = frozenset({
 # missing here only runs later than it could; re-rank from a whole run's table when it has moved.
 LONGEST_FIRST: tuple[str, ...] = (
     "test_install_compiled.py", "fuzz/test_fuzz.py", "test_image.py", "test_bench_smoke.py",
-    "test_analysis_launch.py", "test_install_fallback.py", "test_analysis_cluster.py", "test_install_pure.py",
-    "test_analysis.py", "test_rules_patterns.py", "test_whatif.py",
-    "test_rules_examples_clients.py", "test_rules_heal_clients.py", "test_soak.py", "test_anomalies_e2e.py",
+    "test_analysis_launch.py", "test_analysis_cluster.py", "test_analysis.py", "test_rules_patterns.py",
+    "test_whatif.py", "test_rules_examples_clients.py", "test_rules_heal_clients.py", "test_install_pure.py",
+    "test_soak.py", "test_anomalies_e2e.py", "test_install_fallback.py",
     "test_codec_roundtrip.py", "test_rules_metadata_clients.py", "test_rules_reload_hostile.py",
     "test_lag_seconds_e2e.py", "test_sasl_terminate_e2e.py", "plugin/test_pytest_plugin.py", "test_demo_traffic.py",
     "test_analysis_lag_seconds.py", "test_e2e_clients.py", "test_doc_examples.py", "test_sasl_upstream.py",
