@@ -147,8 +147,8 @@ def brief_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     """The brief run of every target this session selected, from one process that instruments kproxy once
     and forks a libFuzzer child per target (``--targets``): the engine's JSON summary by target, its
     stderr, and where failing inputs went."""
-    targets = sorted({item.callspec.params["target"] for item in request.session.items
-                      if item.originalname == "test_fuzz_briefly" and hasattr(item, "callspec")})
+    targets = sorted({str(item.callspec.params["target"]) for item in request.session.items
+                      if isinstance(item, pytest.Function) and item.originalname == "test_fuzz_briefly"})
     artifacts = tmp_path_factory.mktemp("fuzz-failures")
     cmd = [sys.executable, "-m", "tests.fuzz.engine", "--targets", ",".join(targets), "--seconds", str(SECONDS),
            "--artifacts", str(artifacts), "--seed", "1", "--quiet", "--no-generated-coverage"]
