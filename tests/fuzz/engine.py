@@ -18,6 +18,7 @@ tests/fuzz/test_fuzz.py and docs/RELIABILITY.md use.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import importlib.util
 import json
@@ -279,6 +280,12 @@ def run_forked(targets: list[str], seconds: float, artifacts: Path, seed: int, q
                     os.dup2(write_end, 2)
                     atheris_child(target, seconds, into, Path(work), seed, keep_going=False)
                     code = 0
+                except SystemExit as exc:
+                    # atheris ends the run on a failing input so; libFuzzer's exit hook writes that input
+                    # out. C's exit runs the hook and ends the child without going back to the parent's
+                    # Python (os._exit would skip the hook, and with it the input).
+                    sys.stderr.flush()
+                    ctypes.CDLL(None).exit(exc.code if isinstance(exc.code, int) else 1)
                 except BaseException:
                     traceback.print_exc()
                 finally:
