@@ -33,7 +33,7 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...]]] = {
     # Enough requests that the pipe's CPU time per request is above the clock's tick (it divides by it).
     "bench_conns.py": (["--counts", "1,10", "--rounds", "1", "--requests", "2000", "--idle", "10", "--no-pipelined",
                         "--churn", "10"], (TABLE,)),
-    "bench_hotpath.py": (["--rounds", "1", "--pairs", "100"], (TABLE,)),  # (--quick is 2 rounds of 1,000)
+    "bench_hotpath.py": (["--rounds", "1", "--pairs", "100", "--warmup", "10"], (TABLE,)),  # (--quick: 2 x 1,000)
     "bench_instructions.py": (["--no-callgrind", "--calls", "--requests", "20", "--warmup", "5", "--paths", "pipe"],
                               (TABLE,)),
     "bench_partition_split.py": (["--repeats", "2"], (TABLE,)),
