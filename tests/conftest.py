@@ -29,7 +29,8 @@ SLOW_MODULES = frozenset({
     "fuzz/test_fuzz.py",  # each target fuzzed for seconds
     "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
     "test_admin_hostile.py",
-    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers, a Spark session
+    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers
+    "test_bench_analysis_smoke.py",  # the analysis benchmark's smoke run: a Spark session
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
     "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
@@ -71,6 +72,7 @@ LONGEST_FIRST: tuple[str, ...] = (
     "test_rules_examples_clients.py", "test_rules_heal_clients.py", "test_soak.py", "test_anomalies_e2e.py",
     "test_codec_roundtrip.py", "test_rules_metadata_clients.py", "test_rules_reload_hostile.py",
     "test_lag_seconds_e2e.py", "test_sasl_terminate_e2e.py", "plugin/test_pytest_plugin.py", "test_demo_traffic.py",
+    "test_bench_analysis_smoke.py",
     "test_analysis_lag_seconds.py", "test_e2e_clients.py", "test_doc_examples.py", "test_sasl_upstream.py",
     "test_resilience_clients.py", "test_capture_offsets.py", "test_rules_blackhole_e2e.py", "test_fair_turns.py",
     "test_rules_e2e.py", "test_rules_client_notes.py",
