@@ -302,8 +302,9 @@ def spark() -> Iterator[Any]:
             pytest.skip("no Java on this machine (Spark needs Java 17+)")
         os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
     from kproxy.analysis.job import spark_session
+    from tests.support.spark import DRIVER_CONF
 
-    session = spark_session("local[2]")
+    session = spark_session("local[2]", [DRIVER_CONF])
     session.sparkContext.setLogLevel("ERROR")
     session.conf.set("spark.sql.shuffle.partitions", "2")  # test data is tiny: fewer tasks, faster stages
     yield session
