@@ -202,15 +202,16 @@ class Throughput:
     fetch: dict[str, float]
 
 
-def throughput_phases(paths: list[Hop], rounds: int, quick: bool, log: ThroughputLog) -> Throughput:
-    """Pipelined ApiVersions and Metadata (4 connections x 100 in flight), Produce of ~100 KB
-    batches (2 x 5), Fetch of ~5 MB responses (2 x 2)."""
-    duration = 1.0 if quick else 1.5
+def throughput_phases(paths: list[Hop], rounds: int, quick: bool, log: ThroughputLog,
+                      duration: float) -> Throughput:
+    """Pipelined ApiVersions and Metadata (4 connections x 100 in flight, each run ``duration`` seconds
+    after a warm-up), Produce of ~100 KB batches (2 x 5), Fetch of ~5 MB responses (2 x 2)."""
+    warmup = min(0.3, duration / 2)  # a smoke run's short runs keep their warm-up in proportion
     pipelined = {}
     for label, frame in (("ApiVersions v3", wire.api_versions_request()),
                          ("Metadata v1", wire.metadata_request(None))):
         pipelined[label] = phase_throughput(paths, rounds, f"pipelined {label}", frame, "req/s", log,
-                                            connections=4, depth=100, duration=duration, warmup=0.3)
+                                            connections=4, depth=100, duration=duration, warmup=warmup)
     produce_frame = wire.produce_request(PRODUCE_TOPIC, wire.record_batch(BATCH_BYTES))
     produce = phase_throughput(paths, rounds, "produce", produce_frame, "MB/s", log, connections=2, depth=5,
                                count=30 if quick else 60)
@@ -221,10 +222,13 @@ def throughput_phases(paths: list[Hop], rounds: int, quick: bool, log: Throughpu
 
 
 # -- memory -------------------------------------------------------------------------------------
-def idle_connections_rss(p: Hop, n: int) -> tuple[int, int]:
-    """(RSS before, RSS with ``n`` connections open, each having answered one ApiVersions), in KB."""
+def idle_connections_rss(p: Hop, n: int, settle: float = 1.0) -> tuple[int, int]:
+    """(RSS before, RSS with ``n`` connections open, each having answered one ApiVersions), in KB.
+
+    The proxy is left ``settle`` seconds after the connections open and after they close (half that
+    before the first reading), so that its memory reflects them rather than their passing."""
     assert p.pid is not None
-    time.sleep(0.5)
+    time.sleep(settle / 2)
     before = rss_kb(p.pid)
     frame = wire.api_versions_request()
     socks = []
@@ -235,22 +239,22 @@ def idle_connections_rss(p: Hop, n: int) -> tuple[int, int]:
             socks.append(s)
         for s in socks:
             wire.recv_frame(s)  # answered: the upstream connection exists
-        time.sleep(1.0)
+        time.sleep(settle)
         after = rss_kb(p.pid)
     finally:
         for s in socks:
             s.close()
-    time.sleep(1.0)
+    time.sleep(settle)
     return before, after
 
 
-def idle_rss_rows(paths: list[Hop], n: int) -> list[list[str]]:
+def idle_rss_rows(paths: list[Hop], n: int, settle: float = 1.0) -> list[list[str]]:
     """The idle-connections table's rows: each proxy's RSS before and with ``n`` idle connections."""
     rows = []
     for p in paths:
         if p.pid is None:
             continue
-        before, after = idle_connections_rss(p, n)
+        before, after = idle_connections_rss(p, n, settle)
         rows.append([p.name, f"{before / 1024:.1f}", f"{after / 1024:.1f}", f"{(after - before) / 1024:.1f}",
                      f"{(after - before) / n:.1f}"])
     print("  idle connections done", file=sys.stderr)

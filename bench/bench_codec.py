@@ -1,6 +1,6 @@
 """Codec benchmark: kproxy.protocol side by side with kio (0.6.5) on the same bytes.
 
-    .venv/bin/python bench/bench_codec.py [--repeats N] [--quick]
+    .venv/bin/python bench/bench_codec.py [--repeats N] [--quick] [--loop-seconds S]
 
 Prints Markdown tables (paste them into docs/PERFORMANCE.md):
 
@@ -147,7 +147,7 @@ def verify(version: int, partitions: int, data: bytes) -> None:
 
 
 # -- (a) headers ----------------------------------------------------------------------------
-def header_rows(repeats: int) -> list[list[str]]:
+def header_rows(repeats: int, min_time: float) -> list[list[str]]:
     rows = []
     client_id = "console-producer-1"
     for hv, api_key, api_version, kio_type in ((1, 0, 7, KioHeaderV1), (2, 0, 9, KioHeaderV2)):
@@ -164,7 +164,7 @@ def header_rows(repeats: int) -> list[list[str]]:
             ("decode_hv", lambda f=frame, v=hv: decode_request_header(f, v)),
             ("peek", lambda f=frame: peek_request(f)),
             ("kio", lambda f=frame, r=kio_reader: r(f, 0)),
-        ], repeats=repeats, min_time=0.05)
+        ], repeats=repeats, min_time=min_time)
         what = f"header v{hv} (Produce v{api_version}, client id {len(client_id)} chars)"
         rows.append([f"`decode_request_header` {what}", fmt_rate(1 / t["decode"]), fmt_rate(1 / t["kio"]),
                      f"{t['kio'] / t['decode']:.2f}x", f">= {HEADER_TARGET:,}",
@@ -177,7 +177,8 @@ def header_rows(repeats: int) -> list[list[str]]:
 
 
 # -- (b)-(d) Metadata --------------------------------------------------------------------------
-def metadata_rows(version: int, partitions: int, repeats: int) -> tuple[list[list[str]], dict[str, float]]:
+def metadata_rows(version: int, partitions: int, repeats: int,
+                  min_time: float) -> tuple[list[list[str]], dict[str, float]]:
     data = encode_body(METADATA, version, RESP, metadata_body(version, partitions))
     verify(version, partitions, data)
     ours_decoded = decode_body(METADATA, version, RESP, data)
@@ -203,7 +204,7 @@ def metadata_rows(version: int, partitions: int, repeats: int) -> tuple[list[lis
         kio_writer(buf, kio_edit_brokers(kio_reader(data, 0)[0]))
         return buf.getvalue()
 
-    min_time = 0.05 if partitions <= 1000 else 0.0  # big inputs: one call per timed loop
+    min_time = min_time if partitions <= 1000 else 0.0  # big inputs: one call per timed loop
     dec = side_by_side([("kproxy", lambda: decode_body(METADATA, version, RESP, data)),
                         ("kio", lambda: kio_reader(data, 0))], repeats=repeats, min_time=min_time)
     enc = side_by_side([("kproxy", lambda: encode_body(METADATA, version, RESP, ours_decoded)),
@@ -239,7 +240,7 @@ def response_frame(api_key: int, api_version: int, body: dict[str, Any]) -> tupl
     return len(payload).to_bytes(4, "big") + payload, 4 + header_size
 
 
-def hot_path_rows(repeats: int) -> list[list[str]]:
+def hot_path_rows(repeats: int, min_time: float) -> list[list[str]]:
     """Per-frame costs of what kproxy does to every response of a kind (in-process, one core)."""
     keys = [k for k in all_api_keys() if supported_versions(k) is not None]
     api_versions = {"error_code": 0, "throttle_time_ms": 0, "api_keys": [
@@ -277,7 +278,7 @@ def hot_path_rows(repeats: int) -> list[list[str]]:
         ("md_scan", lambda: scan_body(METADATA, 1, RESP, md_frame, md_at)),
         ("split_big", split_big),
         ("join_big", lambda: b"".join(chunks)),
-    ], repeats=repeats, min_time=0.05)
+    ], repeats=repeats, min_time=min_time)
     us = lambda x: f"{x * 1e6:,.1f}"  # noqa: E731
     return [
         [f"ApiVersions v3 response (all {len(keys)} api keys kproxy knows): "
@@ -294,10 +295,14 @@ def hot_path_rows(repeats: int) -> list[list[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=7, help="rounds per comparison; medians are reported")
-    parser.add_argument("--quick", action="store_true", help="1,000 partitions only, 3 repeats")
+    parser.add_argument("--repeats", type=int, help="rounds per comparison; medians are reported (default 7; "
+                        "with --quick 3)")
+    parser.add_argument("--quick", action="store_true", help="1,000 partitions only, 3 repeats unless --repeats")
+    parser.add_argument("--loop-seconds", type=float, default=0.05,
+                        help="each timed loop repeats its call for at least this long (default 0.05; 0: one call, "
+                             "for a smoke run)")
     args = parser.parse_args()
-    repeats = 3 if args.quick else args.repeats
+    repeats = args.repeats or (3 if args.quick else 7)
     sizes = (1_000,) if args.quick else (1_000, 100_000)
 
     print(f"### Codec benchmark ({machine_line()})\n")
@@ -305,10 +310,10 @@ def main() -> int:
           "'kio/kproxy' > 1 means kproxy is faster.\n")
     print("#### (a) Request header decode, one core\n")
     print(table(["operation", "kproxy frames/s", "kio frames/s", "kio/kproxy", "target", "status"],
-                header_rows(repeats)))
+                header_rows(repeats, args.loop_seconds)))
     print()
     print("#### (e) Per-frame pieces of the proxy's hot path\n")
-    print(table(["operation", "µs per frame", "note"], hot_path_rows(repeats)))
+    print(table(["operation", "µs per frame", "note"], hot_path_rows(repeats, args.loop_seconds)))
     print()
     print("#### (b)-(d) Metadata response: decode, encode, broker rewrite, scan\n")
     print(f"{BROKERS} brokers, topics of {PARTITIONS_PER_TOPIC} partitions, replicas and ISR [0, 1, 2]. "
@@ -316,7 +321,8 @@ def main() -> int:
     rows: list[list[str]] = []
     for partitions in sizes:
         for version in (12, 1):
-            more, _ = metadata_rows(version, partitions, repeats if partitions <= 1000 else max(3, repeats // 2))
+            more, _ = metadata_rows(version, partitions, repeats if partitions <= 1000 else max(3, repeats // 2),
+                                    args.loop_seconds)
             rows.extend(more)
             print(f"  done: v{version} {partitions:,} partitions", file=sys.stderr)
     print(table(["version", "partitions", "body bytes", "operation", "kproxy ms", "kio ms", "kio/kproxy",

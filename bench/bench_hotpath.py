@@ -164,8 +164,9 @@ def _time_pairs(session: Any, request: bytes, response: bytes, pairs: int) -> fl
     return (clock() - t0) / pairs
 
 
-def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
-    """µs per pair for every workload x variant, variants rotated by ``offset``."""
+def worker(pairs: int, offset: int, warmup: int) -> dict[str, dict[str, float]]:
+    """µs per pair for every workload x variant, variants rotated by ``offset``, after ``warmup`` untimed
+    pairs through each session."""
     frames = _frames()
     factories = _session_factories()
     out: dict[str, dict[str, float]] = {}
@@ -173,7 +174,7 @@ def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
         request, response = frames[workload]
         sessions = {v: f() for v, f in factories.items()}
         for s in sessions.values():  # warm up: caches, memo, scanners
-            _time_pairs(s, request, response, 300)
+            _time_pairs(s, request, response, warmup)
         order = list(VARIANTS)
         k = (offset + w_i) % len(order)
         order = order[k:] + order[:k]
@@ -186,10 +187,12 @@ def worker(pairs: int, offset: int) -> dict[str, dict[str, float]]:
 
 
 # -- driver -------------------------------------------------------------------------------------
-def run_tree(root: Path, pairs: int, offset: int, extra_env: dict[str, str]) -> dict[str, dict[str, float]]:
+def run_tree(root: Path, pairs: int, offset: int, extra_env: dict[str, str],
+             warmup: int) -> dict[str, dict[str, float]]:
     env = {**os.environ, "PYTHONPATH": str(root), **extra_env}
     done = subprocess.run([sys.executable, str(BENCH / "bench_hotpath.py"), "--worker", "--pairs", str(pairs),
-                           "--offset", str(offset)], env=env, cwd=root, check=True, capture_output=True, text=True)
+                           "--offset", str(offset), "--warmup", str(warmup)], env=env, cwd=root, check=True,
+                          capture_output=True, text=True)
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 
@@ -198,6 +201,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=3000, help="pairs per timed slice")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 1,000 pairs")
+    parser.add_argument("--warmup", type=int, default=300,
+                        help="untimed pairs through each session first: caches, memos, scanners (default 300)")
     parser.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                         help="also measure the kproxy of another checkout, alternating round by round")
     parser.add_argument("--cpu-time", action="store_true",
@@ -209,7 +214,7 @@ def main() -> int:
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.pairs, args.offset)))
+        print(json.dumps(worker(args.pairs, args.offset, args.warmup)))
         return 0
     rounds, pairs = (2, 1000) if args.quick else (args.rounds, args.pairs)
     if args.cpu_time:
@@ -221,7 +226,7 @@ def main() -> int:
     results: dict[str, list[dict[str, dict[str, float]]]] = {label: [] for label, _, _ in trees}
     for r in range(rounds):
         for label, root, extra_env in trees[r % len(trees):] + trees[:r % len(trees)]:
-            results[label].append(run_tree(root, pairs, r, extra_env))
+            results[label].append(run_tree(root, pairs, r, extra_env, args.warmup))
         print(f"  round {r + 1}/{rounds} done", file=sys.stderr)
 
     sys.path[:0] = [str(BENCH), str(BENCH.parent)]

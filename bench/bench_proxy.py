@@ -1,6 +1,6 @@
 """Proxy benchmark: direct vs a bare trio pipe vs kproxy vs `tansu proxy`, against one Tansu broker.
 
-    .venv/bin/python bench/bench_proxy.py [--rounds N] [--quick] [--variants LIST] [--scale]
+    .venv/bin/python bench/bench_proxy.py [--rounds N] [--quick] [--variants LIST] [--scale] [--seconds S]
 
 Every path is measured in the same run, against the same broker, in rounds
 whose path order rotates; medians of the rounds are reported. Processes: the
@@ -75,9 +75,13 @@ from _util import machine_line  # noqa: E402
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per phase (medians reported)")
-    parser.add_argument("--quick", action="store_true", help="2 rounds, shorter phases (a smoke run)")
+    parser.add_argument("--rounds", type=int, help="rounds per phase, medians reported (default 5; with --quick 2)")
+    parser.add_argument("--quick", action="store_true", help="2 rounds unless --rounds, shorter phases (a smoke run)")
     parser.add_argument("--idle-connections", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, help="length of each pipelined run (default 1.5; with --quick 1)")
+    parser.add_argument("--settle", type=float, default=1.0,
+                        help="seconds each proxy is left to settle around its idle-connections RSS readings "
+                             "(default 1; 0 for a smoke run)")
     parser.add_argument("--variants", default=None, metavar="LIST",
                         help=f"kproxy presets side by side, comma-separated, from {', '.join(VARIANTS)} "
                              f"(default {DEFAULT_VARIANTS}; with --quick {QUICK_VARIANTS}); 'metrics' (the path "
@@ -93,7 +97,8 @@ def parse_args() -> argparse.Namespace:
                              "`git worktree add --detach /tmp/kproxy-old COMMIT`): its bench/run_kproxy.py runs with "
                              "that tree first on PYTHONPATH, side by side with this one (repeatable)")
     args = parser.parse_args()
-    args.rounds = 2 if args.quick else args.rounds
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.seconds = args.seconds or (1.0 if args.quick else 1.5)
     keys = [k.strip() for k in (args.variants or (QUICK_VARIANTS if args.quick else DEFAULT_VARIANTS)).split(",")
             if k.strip()]
     unknown = [k for k in keys if k not in VARIANTS]
@@ -181,12 +186,12 @@ def measure(run: Run, args: argparse.Namespace) -> Measurements:
     with open_paths(run, args) as paths:
         machine = machine_line()
         hops = paths.hops
-        rss_rows = idle_rss_rows(hops, args.idle_connections)  # first, while every proxy is fresh
+        rss_rows = idle_rss_rows(hops, args.idle_connections, args.settle)  # first, while every proxy is fresh
         n_seq = 300 if args.quick else 1000
         latency = phase_latency(hops, args.rounds, n_seq)
         print("  latency done", file=sys.stderr)
         log = ThroughputLog(paths.broker_pid)
-        throughput = throughput_phases(hops, args.rounds, args.quick, log)
+        throughput = throughput_phases(hops, args.rounds, args.quick, log, args.seconds)
         peak = {p.name: rss_kb(p.pid, "VmHWM") for p in hops if p.pid}
         scale: list[str] = []
         if args.scale:

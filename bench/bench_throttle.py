@@ -235,10 +235,11 @@ def measure_fetch(bootstrap: str, topic: str, target: Target, seconds: float, co
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=8.0, help="target length of each measurement (default 8)")
-    parser.add_argument("--quick", action="store_true", help="1.5 s measurements (~20 s in all): rough figures")
+    parser.add_argument("--seconds", type=float, help="target length of each measurement (default 8; with --quick 1.5)")
+    parser.add_argument("--quick", action="store_true", help="1.5 s measurements unless --seconds (~20 s in all): "
+                        "rough figures")
     args = parser.parse_args()
-    seconds = 1.5 if args.quick else args.seconds
+    seconds = args.seconds or (1.5 if args.quick else 8.0)
     run = uuid.uuid4().hex[:6]
     cases: list[tuple[Target, str, str]] = []
     for i, target in enumerate(TARGETS):

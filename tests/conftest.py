@@ -29,7 +29,8 @@ SLOW_MODULES = frozenset({
     "fuzz/test_fuzz.py",  # each target fuzzed for seconds
     "plugin/test_pytest_plugin.py",  # a user's suite in pytest processes of its own
     "test_admin_hostile.py",
-    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers, a Spark session
+    "test_bench_smoke.py",  # every benchmark at its smallest size: processes, brokers
+    "test_bench_analysis_smoke.py",  # the analysis benchmark's smoke run: a Spark session
     "test_analysis_cluster.py",  # a standalone Spark master and two workers
     "test_analysis_launch.py",  # kproxy analyze as fresh processes, Spark started in each
     "test_bench_publish.py",  # the fixed-rate benchmark's smoke run: brokers, a pipe, kproxy
@@ -49,8 +50,8 @@ SLOW_MODULES = frozenset({
     "test_image.py",  # the Dockerfile built by buildah, the image run by podman: minutes
     "test_image_health.py",
     "test_install_compiled.py",  # the README's install in a fresh venv: a wheel compiled by mypyc, Spark
-    "test_install_fallback.py",  # wheels built where mypyc or the C compiler fails
-    "test_install_pure.py",  # the README's install with no C compiler on PATH
+    "test_install_fallback.py",  # a wheel built where mypyc fails, installed with its extras
+    "test_install_pure.py",  # the README's install with no C compiler, or a failing one
     "test_resilience_memo.py",
     "test_rules_examples_clients.py",  # every example file with real clients: minutes of faults
     "test_rules_heal_clients.py",  # faults that end with their rule, librdkafka and kafkajs (Node) through each
@@ -74,6 +75,7 @@ LONGEST_FIRST: tuple[str, ...] = (
     "test_soak.py", "test_anomalies_e2e.py", "test_install_fallback.py",
     "test_codec_roundtrip.py", "test_rules_metadata_clients.py", "test_rules_reload_hostile.py",
     "test_lag_seconds_e2e.py", "test_sasl_terminate_e2e.py", "plugin/test_pytest_plugin.py", "test_demo_traffic.py",
+    "test_bench_analysis_smoke.py",
     "test_analysis_lag_seconds.py", "test_e2e_clients.py", "test_doc_examples.py", "test_sasl_upstream.py",
     "test_resilience_clients.py", "test_capture_offsets.py", "test_rules_blackhole_e2e.py", "test_fair_turns.py",
     "test_rules_e2e.py", "test_rules_client_notes.py",
@@ -303,8 +305,9 @@ def spark() -> Iterator[Any]:
             pytest.skip("no Java on this machine (Spark needs Java 17+)")
         os.environ["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
     from kproxy.analysis.job import spark_session
+    from tests.support.spark import DRIVER_CONF
 
-    session = spark_session("local[2]")
+    session = spark_session("local[2]", [DRIVER_CONF])
     session.sparkContext.setLogLevel("ERROR")
     session.conf.set("spark.sql.shuffle.partitions", "2")  # test data is tiny: fewer tasks, faster stages
     yield session

@@ -371,23 +371,6 @@ def test_local_driver_memory_is_a_quarter_of_the_machine_within_bounds() -> None
     assert local_driver_memory(256 << 30) == "8g"
 
 
-def test_cli_stderr_holds_only_its_own_lines_unless_verbose(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
-                                                             tmp_path: Path) -> None:
-    """Spark's progress bars and log lines (WARN NativeCodeLoader, WARN Utils...) stay off stderr by
-    default: a fresh process, as a user runs it (the session of the ``spark`` fixture is set up already)."""
-    import re
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "kproxy", "analyze", str(generated[0]), "--out", str(tmp_path / "o"),
-                           "--master", "local[1]"], capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "[Stage" not in done.stderr, done.stderr
-    spark_lines = [ln for ln in done.stderr.splitlines() if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) ", ln)]
-    assert spark_lines == [], done.stderr
-    assert "kproxy analyze: aggregating latency_by_api" in done.stderr
-
-
 def test_a_version_1_capture_is_read_beside_version_2(spark: Any, generated: tuple[Path, list[dict[str, Any]]],
                                                       tmp_path: Path) -> None:
     """Version 1 files (rule decisions without ``dry_run``, always empty) are read with today's

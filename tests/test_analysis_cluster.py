@@ -1,15 +1,19 @@
 """``kproxy analyze --master spark://...`` on a real standalone Spark cluster: a master and two
 workers, each its own JVM started from the pyspark wheel's ``spark-class``, on loopback. The
-tables (what-if included: executors run kproxy's rule engine) are local mode's."""
+tables (what-if included: executors run kproxy's rule engine) are local mode's: the same job run by
+this process's local-mode session (the ``spark`` fixture) while the cluster's JVMs start."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 from kproxy.capture.writer import CaptureWriter  # noqa: E402
 from kproxy.testing import free_port  # noqa: E402
 from tests.support.capture import record  # noqa: E402
+from tests.support.spark import DRIVER_CONF, EXECUTOR_CONF, QUICK_JVM  # noqa: E402
 
 KPROXY = str(Path(sys.executable).with_name("kproxy"))
 RULES = """\
@@ -45,46 +50,61 @@ def _spark_class() -> str:
     return str(Path(pyspark.__file__).parent / "bin" / "spark-class")
 
 
-def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], stopping: threading.Event,
+              timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while text not in (log.read_text(errors="replace") if log.exists() else ""):
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
         assert time.monotonic() < deadline, f"no {text!r} in {log}"
+        assert not stopping.is_set(), "the cluster was stopped while it started"
         time.sleep(0.5)
 
 
 @contextlib.contextmanager
-def standalone_cluster(tmp: Path, workers: int = 2) -> Iterator[str]:
-    """A standalone master and ``workers`` workers (one core, 1 GiB each) on 127.0.0.1; its URL."""
+def standalone_cluster(tmp: Path, workers: int = 2) -> Iterator[Future[str]]:
+    """A standalone master and ``workers`` workers (one core, 1 GiB each) on 127.0.0.1, started by a
+    background thread (the caller works meanwhile); the future's result is the master's URL once
+    every worker has registered. Every JVM is stopped on exit, a start-up still under way first."""
     port = free_port()
     env = dict(os.environ, SPARK_WORKER_DIR=str(tmp / "work"), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable)
+               SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable, SPARK_DAEMON_JAVA_OPTS=QUICK_JVM)
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        log = tmp / "master.log"
+    stopping = threading.Event()
+
+    def spawn(name: str, args: list[str]) -> tuple[Path, subprocess.Popen[bytes]]:
+        assert not stopping.is_set(), "the cluster was stopped while it started"
+        log = tmp / f"{name}.log"
         with open(log, "wb") as out:
-            procs.append(subprocess.Popen([_spark_class(), "org.apache.spark.deploy.master.Master", "--host",
-                                           "127.0.0.1", "--port", str(port), "--webui-port", str(free_port())],
-                                          stdout=out, stderr=subprocess.STDOUT, env=env))
-        _wait_for(log, "I have been elected leader", procs[0])
+            procs.append(subprocess.Popen([_spark_class(), *args], stdout=out, stderr=subprocess.STDOUT, env=env))
+        return log, procs[-1]
+
+    def start() -> str:
+        log, master = spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
+                                       str(port), "--webui-port", str(free_port())])
+        _wait_for(log, "I have been elected leader", master, stopping)
         url = f"spark://127.0.0.1:{port}"
-        for i in range(workers):
-            log = tmp / f"worker{i}.log"
-            with open(log, "wb") as out:
-                procs.append(subprocess.Popen([_spark_class(), "org.apache.spark.deploy.worker.Worker", url,
-                                               "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-                                               "--webui-port", str(free_port())],
-                                              stdout=out, stderr=subprocess.STDOUT, env=env))
-            _wait_for(log, "Successfully registered with master", procs[-1])
-        yield url
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        # The workers start side by side: each registers on its own.
+        started = [spawn(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                                        "--cores", "1", "--memory", "1g", "--webui-port", str(free_port())])
+                   for i in range(workers)]
+        for log, worker in started:
+            _wait_for(log, "Successfully registered with master", worker, stopping)
+        return url
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="standalone-cluster") as pool:
+        ready = pool.submit(start)
+        try:
+            yield ready
+        finally:
+            stopping.set()
+            concurrent.futures.wait([ready])  # no JVM is spawned after this
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
 
 
 def _rows(out: Path, table: str) -> list[tuple[Any, ...]]:
@@ -94,7 +114,10 @@ def _rows(out: Path, table: str) -> list[tuple[Any, ...]]:
                   for r in rows)
 
 
-def test_a_standalone_cluster_gives_local_modes_tables(tmp_path: Path) -> None:
+def test_a_standalone_cluster_gives_local_modes_tables(spark: Any, tmp_path: Path) -> None:
+    from kproxy.analysis.job import run_analysis
+    from kproxy.analysis.whatif import WhatIfRules
+
     capture = tmp_path / "capture"
     writer = CaptureWriter(capture, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600).start()
     for i in range(120):  # three connections, Produce and Fetch
@@ -107,14 +130,12 @@ def test_a_standalone_cluster_gives_local_modes_tables(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    local = subprocess.run([KPROXY, "analyze", str(capture), "--rules", str(rules), "--out", str(tmp_path / "local"),
-                            "--master", "local[1]"], capture_output=True, text=True, env=env, timeout=900,
-                           check=False)
-    assert local.returncode == 0, local.stderr[-3000:]
-    with standalone_cluster(tmp_path) as url:
+    with standalone_cluster(tmp_path) as cluster:
+        run_analysis([str(capture)], tmp_path / "local", spark, rules=WhatIfRules.from_file(str(rules)))
         done = subprocess.run([KPROXY, "analyze", str(capture), "--rules", str(rules), "--out",
-                               str(tmp_path / "cluster"), "--master", url, "--conf", "spark.executor.memory=512m",
-                               "--conf", "spark.driver.host=127.0.0.1"],
+                               str(tmp_path / "cluster"), "--master", cluster.result(timeout=900), "--conf",
+                               "spark.executor.memory=512m", "--conf", "spark.driver.host=127.0.0.1",
+                               "--conf", "=".join(DRIVER_CONF), "--conf", "=".join(EXECUTOR_CONF)],
                               capture_output=True, text=True, env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     for table in TABLES:

@@ -17,6 +17,7 @@ pytest.importorskip("pyarrow")
 
 from kproxy.capture.writer import CaptureWriter
 from tests.support.capture import record
+from tests.support.spark import DRIVER_CONF
 
 KPROXY = str(Path(sys.executable).with_name("kproxy"))  # the venv's command, by its full path
 RULES = """\
@@ -52,8 +53,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _analyze(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([KPROXY, "analyze", *args, "--master", "local[1]"], capture_output=True, text=True,
-                          env=env, timeout=timeout, check=False)
+    """``kproxy analyze ARGS`` on one core, its driver JVM a cheap one (tests.support.spark)."""
+    return subprocess.run([KPROXY, "analyze", *args, "--master", "local[1]", "--conf", "=".join(DRIVER_CONF)],
+                          capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
 
 def test_without_java_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -85,20 +87,27 @@ def test_inputs_are_checked_before_spark_starts(tmp_path: Path) -> None:
     assert "Java" not in done.stderr and "Traceback" not in done.stderr
 
 
-def test_rules_run_by_full_path_without_the_venv_on_path(tmp_path: Path) -> None:
+def test_rules_run_by_full_path_without_the_venv_on_path_and_stderr_stays_quiet(tmp_path: Path) -> None:
     """Spark's Python workers are the command's own interpreter, not the ``python3`` on PATH
-    (/usr/bin's, without kproxy)."""
+    (/usr/bin's, without kproxy). And, the run being a default one (no --verbose), its stderr holds
+    only the command's own lines, its progress among them: none of the driver JVM's start-up notices
+    (the incubator module's warning, Spark's "Setting default log level"), Spark's WARN and INFO log
+    lines, its progress bars or the Python workers' lines reach it."""
     capture = _capture(tmp_path / "capture")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
     done = _analyze(str(capture), "--rules", str(rules), "--out", str(tmp_path / "out"), env=_env())
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
     assert "every-produce" in done.stdout and (tmp_path / "out" / "report.html").exists()
+    assert done.stderr.splitlines()[0] == "kproxy analyze: checking inputs"
+    assert [line for line in done.stderr.splitlines() if not line.startswith("kproxy analyze: ")] == []
+    assert "kproxy analyze: aggregating latency_by_api" in done.stderr
 
 
-def test_rules_run_on_workers_without_kproxy_installed(tmp_path: Path) -> None:
-    """The what-if's executors import kproxy from the zip the job ships them."""
+def test_rules_run_on_workers_without_kproxy_installed_and_verbose_is_loud(tmp_path: Path) -> None:
+    """The what-if's executors import kproxy from the zip the job ships them. The run is a --verbose
+    one (this check needs no particular stderr): the driver JVM's start-up notice, which a default
+    run leaves out, reaches stderr."""
     capture = _capture(tmp_path / "capture")
     rules = tmp_path / "rules.yaml"
     rules.write_text(RULES)
@@ -111,17 +120,19 @@ def test_rules_run_on_workers_without_kproxy_installed(tmp_path: Path) -> None:
     check = subprocess.run([str(worker), "-c", "import kproxy"], capture_output=True, text=True, check=False,
                            cwd=tmp_path)
     assert "No module named 'kproxy'" in check.stderr  # the workers' Python has no kproxy of its own
-    done = _analyze(str(capture), "--rules", str(rules), "--out", str(tmp_path / "out"),
+    done = _analyze(str(capture), "--rules", str(rules), "--out", str(tmp_path / "out"), "--verbose",
                     env=_env(PYSPARK_PYTHON=str(worker)))
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("every-produce"))
     assert line.split()[1] == "30"  # every record is a Produce (tests.support.capture.record's default)
+    assert "WARNING: Using incubator modules" in done.stderr
 
 
 def test_ctrl_c_on_follow_stops_the_query_prints_the_last_summary_and_exits_0(tmp_path: Path) -> None:
     capture = _capture(tmp_path / "capture")
     out = tmp_path / "out"
-    proc = subprocess.Popen([KPROXY, "analyze", str(capture), "--follow", "--out", str(out), "--master", "local[1]"],
+    proc = subprocess.Popen([KPROXY, "analyze", str(capture), "--follow", "--out", str(out), "--master", "local[1]",
+                             "--conf", "=".join(DRIVER_CONF)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
                             start_new_session=True)
     try:
@@ -141,19 +152,6 @@ def test_ctrl_c_on_follow_stops_the_query_prints_the_last_summary_and_exits_0(tm
     assert "batch 0: 1 minute/api rows" in stdout
     tail = stdout[stdout.index("last update"):]
     assert tail.splitlines()[2].split()[:3] == ["produce", "30", "0"], stdout
-
-
-def test_quiet_by_default_stderr_holds_only_the_commands_own_lines(tmp_path: Path) -> None:
-    """Without --verbose, none of the driver JVM's start-up notices (the incubator module's warning,
-    Spark's "Setting default log level") reach stderr; with it, they do."""
-    capture = _capture(tmp_path / "capture")
-    done = _analyze(str(capture), "--out", str(tmp_path / "out"), env=_env())
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.splitlines()[0] == "kproxy analyze: checking inputs"
-    assert [line for line in done.stderr.splitlines() if not line.startswith("kproxy analyze: ")] == []
-    loud = _analyze(str(capture), "--out", str(tmp_path / "loud"), "--verbose", env=_env())
-    assert loud.returncode == 0, loud.stderr[-3000:]
-    assert "WARNING: Using incubator modules" in loud.stderr
 
 
 def test_a_driver_jvm_that_does_not_start_says_why_and_exits_2(tmp_path: Path) -> None:

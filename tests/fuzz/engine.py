@@ -18,8 +18,12 @@ tests/fuzz/test_fuzz.py and docs/RELIABILITY.md use.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
+import importlib.util
 import json
+import math
+import os
 import random
 import shutil
 import sys
@@ -159,8 +163,8 @@ TARGET_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
-def instrument_kproxy(generated: bool, target: str = "") -> None:
-    """Coverage for libFuzzer: kproxy's modules ``target`` reaches, and the codecs it generates at run time.
+def instrument_kproxy(generated: bool, targets: tuple[str, ...] = ()) -> None:
+    """Coverage for libFuzzer: kproxy's modules the ``targets`` reach, and the codecs it generates at run time.
 
     Must run before anything imports kproxy (the targets module does). The generated
     decoders, scanners and skippers (kproxy/protocol/codegen.py) are compiled from
@@ -172,7 +176,7 @@ def instrument_kproxy(generated: bool, target: str = "") -> None:
     import atheris
 
     with atheris.instrument_imports(include=["kproxy"]):
-        for module in (*INSTRUMENTED, *TARGET_MODULES.get(target, ())):
+        for module in (*INSTRUMENTED, *(m for t in targets for m in TARGET_MODULES.get(t, ()))):
             importlib.import_module(module)
     if not generated:
         return
@@ -200,7 +204,9 @@ def atheris_child(target: str, seconds: float, artifacts: Path, work: Path, seed
 
     from tests.fuzz.targets import TARGETS
 
-    argv = [sys.argv[0], str(work), f"-max_total_time={max(int(seconds), 1)}", f"-max_len={MAX_LEN}",
+    # libFuzzer stops once the whole seconds since its start exceed -max_total_time: one less than
+    # ``seconds`` ends the run at ``seconds`` (0 would mean no limit, so a run lasts two at least).
+    argv = [sys.argv[0], str(work), f"-max_total_time={max(math.ceil(seconds) - 1, 1)}", f"-max_len={MAX_LEN}",
             f"-timeout={PER_INPUT_SECONDS}", f"-rss_limit_mb={RSS_LIMIT_MB}", f"-seed={seed}",
             f"-artifact_prefix={artifacts}/", "-print_final_stats=1"]
     run = TARGETS[target].run
@@ -243,17 +249,71 @@ def run_atheris(target: str, seconds: float, artifacts: Path, work: Path, seed: 
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=HERE.parents[1], stderr=subprocess.PIPE, text=True, errors="replace")
     assert proc.stderr is not None
+    stats, tail = _read_libfuzzer(proc.stderr, quiet)
+    return _summary(target, proc.wait(), time.monotonic() - start, stats, tail, artifacts, before, quiet)
+
+
+def run_forked(targets: list[str], seconds: float, artifacts: Path, seed: int, quiet: bool,
+               generated_coverage: bool) -> Iterator[dict[str, object]]:
+    """The brief runs of several targets from this one process, whose kproxy modules are already
+    instrumented for all of them (``instrument_kproxy``): a forked child per target hands itself to
+    libFuzzer, so the instrumentation, which costs more than a brief run's fuzzing, is paid once.
+
+    Each target's failing inputs go to ``artifacts/<target>/``; a summary per target is yielded as
+    its child ends. The forked child starts with no thread of the parent's, as libFuzzer needs.
+    """
+    for target in targets:
+        into = artifacts / target
+        into.mkdir(parents=True, exist_ok=True)
+        before = set(into.iterdir())
+        with tempfile.TemporaryDirectory(prefix=f"kproxy-fuzz-{target}-") as work:
+            write_seeds(target, Path(work))
+            read_end, write_end = os.pipe()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            start = time.monotonic()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child: libFuzzer exits it
+                code = 1
+                try:
+                    os.close(read_end)
+                    os.dup2(write_end, 2)
+                    atheris_child(target, seconds, into, Path(work), seed, keep_going=False)
+                    code = 0
+                except SystemExit as exc:
+                    # atheris ends the run on a failing input so; libFuzzer's exit hook writes that input
+                    # out. C's exit runs the hook and ends the child without going back to the parent's
+                    # Python (os._exit would skip the hook, and with it the input).
+                    sys.stderr.flush()
+                    ctypes.CDLL(None).exit(exc.code if isinstance(exc.code, int) else 1)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            os.close(write_end)
+            with os.fdopen(read_end, encoding="utf-8", errors="replace") as stream:
+                stats, tail = _read_libfuzzer(stream, quiet)
+            _, status = os.waitpid(pid, 0)
+            yield _summary(target, os.waitstatus_to_exitcode(status), time.monotonic() - start, stats, tail,
+                           into, before, quiet)
+
+
+def _read_libfuzzer(stream: Iterator[str], quiet: bool) -> tuple[dict[str, str], list[str]]:
+    """libFuzzer's final stats (``-print_final_stats``) and the last lines it wrote."""
     stats: dict[str, str] = {}
     tail: list[str] = []
-    for line in proc.stderr:
+    for line in stream:
         if line.startswith("stat::"):
             key, _, value = line.removeprefix("stat::").partition(":")
             stats[key.strip()] = value.strip()
         tail = [*tail[-60:], line]
         if not quiet:
             sys.stderr.write(line)
-    code = proc.wait()
-    elapsed = time.monotonic() - start
+    return stats, tail
+
+
+def _summary(target: str, code: int, elapsed: float, stats: dict[str, str], tail: list[str], artifacts: Path,
+             before: set[Path], quiet: bool) -> dict[str, object]:
     failures = sorted(str(p) for p in set(artifacts.iterdir()) - before)
     if code != 0 and not failures:
         failures = [f"libFuzzer exited with {code}: " + "".join(tail[-20:])]
@@ -266,11 +326,25 @@ def run_atheris(target: str, seconds: float, artifacts: Path, work: Path, seed: 
             "failures": failures}
 
 
+def _target_list(text: str) -> list[str]:
+    """NAME,NAME,... or 'all': target names, each checked against the registry."""
+    from tests.fuzz.targets import TARGETS
+
+    names = sorted(TARGETS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown targets {unknown} (--list names them)" if unknown else "no target")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     from tests.fuzz.targets import TARGETS
 
     parser = argparse.ArgumentParser(prog="scripts/fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", choices=sorted(TARGETS), help="what to fuzz")
+    parser.add_argument("--targets", type=_target_list, help="several targets, NAME,NAME,... or 'all', one "
+                        "after the other from one instrumented process (atheris only; the brief CI runs use it): "
+                        "a JSON summary line per target")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long (default 60)")
     parser.add_argument("--artifacts", type=Path, help="where failing inputs go "
                         "(default tests/fuzz/regressions/<target>/)")
@@ -286,12 +360,12 @@ def main(argv: list[str] | None = None) -> int:
                              "their branches (the brief CI runs use it)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.list or not args.target:
+    seed = args.seed or int(time.time()) % 1_000_000 + 1
+    if args.list or not (args.target or args.targets):
         for name, t in sorted(TARGETS.items()):
             print(f"{name:16} {t.doc}")
         return 0
-    seed = args.seed or int(time.time()) % 1_000_000 + 1
-    artifacts = args.artifacts or REGRESSIONS / args.target
+    artifacts = args.artifacts or REGRESSIONS / (args.target or "")
     try:
         import atheris  # noqa: F401
         have_atheris = not args.no_atheris
@@ -300,6 +374,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         atheris_child(args.target, args.seconds, artifacts, args.work, seed, args.keep_going)
         return 0
+    if args.targets:
+        if args.target or args.keep_going or args.work:
+            parser.error("--targets takes neither --target, --keep-going nor --work")
+        root = args.artifacts or REGRESSIONS
+        results = (run_forked(args.targets, args.seconds, root, seed, args.quiet, not args.no_generated_coverage)
+                   if have_atheris else (run_loop(t, args.seconds, root / t, seed) for t in args.targets))
+        failed = False
+        for result in results:
+            print(json.dumps(result), flush=True)
+            failed = failed or bool(result["failures"])
+        return 1 if failed else 0
     if have_atheris:
         work = args.work or Path(tempfile.mkdtemp(prefix=f"kproxy-fuzz-{args.target}-"))
         try:
@@ -318,5 +403,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(HERE.parents[1]))
     if "--child" in sys.argv:
         instrument_kproxy(generated="--no-generated-coverage" not in sys.argv,
-                          target=sys.argv[sys.argv.index("--target") + 1])
+                          targets=(sys.argv[sys.argv.index("--target") + 1],))
+    elif "--targets" in sys.argv and "--no-atheris" not in sys.argv and importlib.util.find_spec("atheris"):
+        # before the targets module imports kproxy
+        named = sys.argv[sys.argv.index("--targets") + 1]  # unchecked here: main checks the names
+        instrument_kproxy(generated="--no-generated-coverage" not in sys.argv,
+                          targets=tuple(TARGET_MODULES) if named == "all" else tuple(named.split(",")))
     sys.exit(main())
