@@ -69,16 +69,15 @@ SLOW_MODULES = frozenset({
 # since pytest-xdist's own order (most tests first) puts these long modules of few tests last. A module
 # missing here only runs later than it could; re-rank from a whole run's table when it has moved.
 LONGEST_FIRST: tuple[str, ...] = (
-    "test_install_compiled.py", "fuzz/test_fuzz.py", "test_image.py", "test_bench_smoke.py",
-    "test_analysis_launch.py", "test_analysis_cluster.py", "test_analysis.py", "test_rules_patterns.py",
-    "test_whatif.py", "test_rules_examples_clients.py", "test_rules_heal_clients.py", "test_install_pure.py",
-    "test_soak.py", "test_anomalies_e2e.py", "test_install_fallback.py",
-    "test_codec_roundtrip.py", "test_rules_metadata_clients.py", "test_rules_reload_hostile.py",
-    "test_lag_seconds_e2e.py", "test_sasl_terminate_e2e.py", "plugin/test_pytest_plugin.py", "test_demo_traffic.py",
-    "test_bench_analysis_smoke.py",
-    "test_analysis_lag_seconds.py", "test_e2e_clients.py", "test_doc_examples.py", "test_sasl_upstream.py",
-    "test_resilience_clients.py", "test_capture_offsets.py", "test_rules_blackhole_e2e.py", "test_fair_turns.py",
-    "test_rules_e2e.py", "test_rules_client_notes.py",
+    "test_install_compiled.py", "test_image.py", "test_bench_smoke.py", "test_rules_examples_clients.py",
+    "test_rules_heal_clients.py", "test_analysis_anomalies.py", "test_analysis_launch.py", "test_soak.py",
+    "fuzz/test_fuzz.py", "test_anomalies_e2e.py", "test_whatif.py", "test_bench_analysis_smoke.py",
+    "test_rules_metadata_clients.py", "test_lag_seconds_e2e.py", "test_install_pure.py", "test_demo_traffic.py",
+    "test_sasl_terminate_e2e.py", "test_analysis.py", "test_analysis_lag_seconds.py", "test_e2e_clients.py",
+    "test_sasl_upstream.py", "test_analysis_cluster.py", "test_rules_blackhole_e2e.py",
+    "test_rules_reload_hostile.py", "test_install_fallback.py", "test_codec_roundtrip.py",
+    "plugin/test_pytest_plugin.py", "test_doc_examples.py", "test_resilience_clients.py", "test_capture_offsets.py",
+    "test_fair_turns.py", "test_rules_e2e.py", "test_rules_client_notes.py", "test_rules_patterns.py",
 )
 SLOW_TESTS = frozenset({
     "test_codec_roundtrip.py::test_roundtrip",  # generated bodies of every kind and version
@@ -194,8 +193,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    cpu = next((value for key, value in report.user_properties if key == CPU_PROPERTY), 0.0)
-    MODULE_TIMES.add(report.nodeid, report.when, report.duration, float(cpu))
+    cpu = next((value for key, value in report.user_properties
+                if key == CPU_PROPERTY and isinstance(value, float)), 0.0)
+    MODULE_TIMES.add(report.nodeid, report.when, report.duration, cpu)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
