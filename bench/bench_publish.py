@@ -1,7 +1,7 @@
 """Publish latency at a fixed rate: direct (twice, the A/A pair), the bare trio pipe and kproxy variants.
 
     .venv/bin/python bench/bench_publish.py [--rounds N] [--seconds S] [--quick] [--variants LIST]
-                                            [--rates LIST] [--sizes LIST]
+                                            [--rates LIST] [--sizes LIST] [--own-brokers] [--pin]
 
 The measure users watch and the OpenMessaging Benchmark's Kafka driver reports: one librdkafka
 producer (confluent-kafka; acks=all, linger.ms=1) sends at a fixed rate, round-robin over 10
@@ -9,7 +9,8 @@ topics, and each message's publish latency is librdkafka's own, from ``produce()
 acknowledgement (``Message.latency()``, so when the delivery callback happens to run does not
 count). Per path, rate and value size: avg, p50, p99, p99.9 and max, and what each adds over
 direct; the proxy process's CPU per message and per Produce request (the broker's request count
-from librdkafka's statistics) over the same seconds.
+from librdkafka's statistics) over the same seconds, and the broker's and the producer's CPU per
+message (what else the path's messages cost the cores it shares).
 
 Paths, measured in rounds whose path order rotates (medians of the rounds reported):
 
@@ -17,7 +18,8 @@ Paths, measured in rounds whose path order rotates (medians of the rounds report
   machine's noise floor in this run;
 * ``pipe``: bench/pipe.py, the Python floor. A byte pipe cannot rewrite the broker address a
   Metadata answer gives, and a client sends its Produce requests to that address, so the pipe
-  has a Tansu broker of its own (identical, memory storage) that advertises the pipe's port;
+  has a Tansu broker of its own (identical, memory storage) that advertises the pipe's port
+  (``--own-brokers``: every other path a broker of its own too, so that none holds more data);
 * kproxy variants (bench/_paths.py's presets, one process each): ``metrics`` (the defaults) and
   ``labels`` (everything on: topic and client id labels, 100 rules, capture) unless
   ``--variants`` says otherwise.
@@ -324,8 +326,10 @@ def print_report(results: Results, machine: str, args: argparse.Namespace, candi
     print(f"One librdkafka producer (acks=all, linger.ms=1), 10 topics round-robin, {args.seconds:g} s per path "
           f"after {args.warmup:g} s of warm-up; median of {args.rounds} rounds, path order rotated per round. "
           "Latency is librdkafka's per message, produce() to acknowledgement; 'added' is over direct within a "
-          "round. `direct A/A` is the broker again: the run's noise floor. The pipe's broker is a second Tansu "
-          "advertising the pipe. Proxy CPU is its process's (all threads) over the counted seconds.\n")
+          "round. `direct A/A` is the broker again: the run's noise floor. "
+          + ("Every path has a Tansu broker of its own (the pipe's advertises the pipe). " if args.own_brokers else
+             "The pipe's broker is a second Tansu advertising the pipe; the others share one. ")
+          + "Proxy, broker and producer CPU are each process's (all threads) over the counted seconds.\n")
     for label, samples in results.samples.items():
         print(f"#### {label}\n")
         print(load_table(samples) + "\n")
