@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.testing import Broker, free_port, wait_for_port
-from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique
+from tests.support.e2e import round_trip, unique
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ("buildah", "podman", "runc", "debootstrap")
@@ -178,12 +178,7 @@ def test_the_image_serves_in_front_of_a_broker_as_non_root_and_stops_cleanly(
         health = podman("exec", name, "kproxy", "health", "--config", "/etc/kproxy/kproxy.yaml")
         assert (health.returncode, health.stderr) == (0, ""), health.stderr  # the image's HEALTHCHECK command
 
-        bootstrap = f"127.0.0.1:{listen}"
-        topic = unique("image")
-        create_topic(bootstrap, topic, partitions=2)
-        sent = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(200)]
-        produce_confluent(bootstrap, topic, sent).flush(10)
-        assert sorted(consume_confluent(bootstrap, topic, 2, len(sent))) == sorted(sent)
+        round_trip(f"127.0.0.1:{listen}", "image", 200)
 
         stopped = podman("stop", "--time", "30", name, timeout=60)
         assert stopped.returncode == 0, stopped.stderr

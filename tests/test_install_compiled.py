@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kproxy.testing import Broker, free_port, wait_for_port
-from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique
+from tests.support.e2e import round_trip
 from tests.support.install import (
     COMPILED_WHEEL,
     PLUGIN_EXAMPLE,
@@ -81,12 +81,7 @@ def test_kproxy_analyze_reads_a_capture_that_install_wrote(compiled: Venv, tansu
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_port("127.0.0.1", listen)
-        bootstrap = f"127.0.0.1:{listen}"
-        topic = unique("installed")
-        create_topic(bootstrap, topic, partitions=2)
-        sent = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(100)]
-        produce_confluent(bootstrap, topic, sent).flush(10)
-        assert len(consume_confluent(bootstrap, topic, 2, len(sent))) == len(sent)
+        round_trip(f"127.0.0.1:{listen}", "installed", 100)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, (tmp_path / "kproxy.log").read_text()[-3000:]

@@ -189,6 +189,17 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, count: int,
         consumer.close()
 
 
+
+def round_trip(bootstrap: str, prefix: str, count: int) -> None:
+    """A new topic of two partitions, ``count`` records produced through ``bootstrap`` and read back:
+    every one, once (librdkafka both ways)."""
+    topic = unique(prefix)
+    create_topic(bootstrap, topic, partitions=2)
+    sent = [(f"k{i}".encode(), f"v{i}".encode()) for i in range(count)]
+    produce_confluent(bootstrap, topic, sent).flush(10)
+    assert sorted(consume_confluent(bootstrap, topic, 2, len(sent))) == sorted(sent)
+
+
 # -- kafka-python ---------------------------------------------------------------------------------
 def consume_kafka_python(bootstrap: str, topic: str, partitions: int, count: int,
                          timeout: float = 30.0, **config: Any) -> list[KeyValue]:
