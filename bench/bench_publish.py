@@ -225,10 +225,9 @@ def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str], own_b
     than another path's."""
     started_brokers: dict[int, subprocess.Popen[bytes]] = {}
 
-    def new_broker(stack: contextlib.ExitStack, name: str, advertised_port: int | None = None) -> int:
+    def new_broker(stack: contextlib.ExitStack, name: str) -> int:
         port = _tansu.free_port()
-        proc = stack.enter_context(_tansu.broker(port, logs / f"bench-publish-broker-{name}.log",
-                                                 advertised_port=advertised_port))
+        proc = stack.enter_context(_tansu.broker(port, logs / f"bench-publish-broker-{name}.log"))
         create_topics(port)
         started_brokers[port] = proc
         return port
