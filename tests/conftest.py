@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import shutil
@@ -217,6 +218,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"sampled matrices: {SEED_VARIABLE}={os.environ[SEED_VARIABLE]} (tests/support/matrix.py)"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Leave what collection built (every test item of the suite, in each xdist worker) out of later
+    garbage collections, as ``kproxy run`` does with its own start-up (kproxy.server.memory): a
+    full collection walks all of it, long enough that a kproxy running in a test's process would
+    count the pause as its event loop held, and fail a hostile test's bound for the test process's
+    heap. Tests that change the collector restore the freeze (tests/test_connection_setup.py)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -5,7 +5,7 @@ broker, with its admin API and metrics endpoint on. A hostile client keeps 300 c
 admin port, each with a request half sent (a head that never ends, or a body that never comes),
 opening new ones as kproxy closes them. Meanwhile a well-behaved client (confluent-kafka, acks=all)
 keeps producing and new Kafka clients must still connect and be answered; kproxy's loop is never
-held over 100 ms (its own ``kproxy_event_loop_lag_seconds``), its memory stays bounded.
+held over 100 ms (its own ``kproxy_event_loop_held_seconds``), its memory stays bounded.
 """
 
 from __future__ import annotations

@@ -73,9 +73,12 @@ async def test_a_plain_stream_is_closed_at_once_even_in_a_cancelled_scope() -> N
 
 @pytest.fixture
 def restored_gc() -> Iterator[None]:
-    threshold = gc.get_threshold()
+    """The collector's thresholds as they were, and the objects frozen again if they were (tests/conftest.py)."""
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count() > 0
     yield
     gc.unfreeze()
+    if frozen:
+        gc.freeze()
     gc.set_threshold(*threshold)
 
 

@@ -28,7 +28,7 @@ import pytest
 from kproxy.capture.writer import hour_dir_name
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
-from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
+from tests.support.loopwatch import BLOCKED, loop_held_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, wait_for
 from tests.test_hostile_server import round_trip
 
@@ -87,7 +87,7 @@ def test_the_capture_disk_failing_and_coming_back(tansu: Broker, tmp_path: Path,
             (tmp_path / "moved").rename(hour)
             before = _complete(directory)
             wait_for(lambda: _complete(directory) - before, 30, "a capture file written after the disk came back")
-            lag = loop_lag_max(proxy)
+            lag = loop_held_max(proxy)
         finally:
             stop.set()
             scraper.join(5)

@@ -43,7 +43,7 @@ from kproxy.protocol.records import (
 )
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
-from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
+from tests.support.loopwatch import BLOCKED, loop_held_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, vm_rss_kb, wait_for
 from tests.test_hostile_server import legacy_gzip_wrapper, produce_frame, recv_exact, round_trip
 
@@ -121,7 +121,7 @@ def _send_bomb(proxy: ProxyThread, frame: bytes) -> Figures:
         stop.set()
         sampler.join(5)
     figures.rss_growth_kb = peak[0] - baseline
-    figures.loop_lag_s = loop_lag_max(proxy)
+    figures.loop_lag_s = loop_held_max(proxy)
     return figures
 
 

@@ -10,7 +10,7 @@ broker, with the rule loaded from a file or added through the admin API, and che
   each ``'a' * n + '!'``) is answered within a second, and a matching text still gets the rule;
 * a well-behaved real client (confluent-kafka producing with acks=all) is answered throughout,
   and a probe doing ApiVersions round trips every ~10 ms never waits long;
-* the event loop was never blocked over 100 ms (the watchdog's ``kproxy_event_loop_lag_seconds``);
+* the event loop was never blocked over 100 ms (the watchdog's ``kproxy_event_loop_held_seconds``);
 * kproxy's memory stays bounded, and SIGTERM ends it cleanly afterwards.
 """
 

@@ -30,7 +30,7 @@ from kproxy.policy.live_rules import LiveRules
 from kproxy.rules import load_text
 from kproxy.rules.sources import load_path
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy, wait_for_port
-from tests.support.loopwatch import BLOCKED, loop_lag_max, reset_loop_lag
+from tests.support.loopwatch import BLOCKED, loop_held_max, reset_loop_lag
 from tests.support.resilience import assert_unaffected, steady_producer, vm_rss_kb, wait_for
 from tests.support.rules_reload import Harness, reload_lines, rules_text, watched_file
 
@@ -271,7 +271,7 @@ def test_reloading_100000_rules_keeps_a_client_answered_and_the_loop_free(
             staged.rename(rules)
             wait_for(lambda: proxy.call(lambda: server.rules.generation) == 2, 300, "the 100,000 rules in force")
             took = time.monotonic() - started
-            lag = loop_lag_max(proxy)
+            lag = loop_held_max(proxy)
             assert proxy.call(lambda: server.stats.faults.rules_loaded) == 100_000
             grown_mb = (vm_rss_kb(os.getpid()) - rss) / 1024
             delivered = record.delivered
@@ -282,14 +282,14 @@ def test_reloading_100000_rules_keeps_a_client_answered_and_the_loop_free(
             replace_with(rules, rules_text("c"))
             wait_for(lambda: proxy.call(lambda: server.rules.generation) == 3, 60, "the small rules in force again")
             time.sleep(3.0)  # the old set is freed meanwhile, a part at a time
-            lag_back = loop_lag_max(proxy)
+            lag_back = loop_held_max(proxy)
             if max(lag, lag_back) >= floor_bound(floor):
                 # The worst lag of a longer window is longer on a loaded machine (other processes take
                 # the cores for longer at times): the floor again, over as long as the reload took.
                 reset_loop_lag(proxy)
                 floor = max(floor, loop_lag_with_python_busy_beside(proxy, seconds=min(took, 30.0)))
-    print(f"\n100,000-rule reload: {took:.1f} s, worst loop lag {lag * 1000:.0f} ms, RSS +{grown_mb:.0f} MB; "
-          f"replaced again: worst loop lag {lag_back * 1000:.0f} ms; floor (plain Python thread beside the "
+    print(f"\n100,000-rule reload: {took:.1f} s, loop held at most {lag * 1000:.0f} ms, RSS +{grown_mb:.0f} MB; "
+          f"replaced again: held at most {lag_back * 1000:.0f} ms; floor (plain Python thread beside the "
           f"loop) {floor * 1000:.0f} ms")
     assert_unaffected(record, worst_latency=2.0)
     bound = floor_bound(floor)
@@ -318,7 +318,7 @@ def loop_lag_with_python_busy_beside(proxy: ProxyThread, seconds: float) -> floa
     thread = threading.Thread(target=busy, name="busy-control")
     thread.start()
     thread.join(seconds + 30)
-    return loop_lag_max(proxy)
+    return loop_held_max(proxy)
 
 
 def test_what_a_rule_set_build_makes_holds_no_reference_cycles() -> None:

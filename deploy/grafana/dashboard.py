@@ -260,11 +260,15 @@ def connections_row() -> list[timeseries.Panel]:
               query(f"sum by (instance) (kproxy_in_flight_requests{{{SEL}}})", "{{instance}}"), width=8),
         graph("Event-loop lag", "How late kproxy's event loop ran a due task (sampled every 50 ms): every "
               "connection of the instance waits this long. Healthy is under a few ms; over 100 ms, the log "
-              "line event=event_loop_blocked names what held the loop.", "s",
+              "line event=event_loop_blocked names what held the loop. Held is the lag less the loop thread's "
+              "wait for a CPU: lag well above held is a CPU-starved pod, not kproxy's work.", "s",
               query("histogram_quantile(0.99, sum by (instance, le) "
                     f"(rate(kproxy_event_loop_lag_seconds_bucket{{{SEL}}}[{WINDOW}])))", "p99 {{instance}}"),
               query(f"max by (instance) (rate(kproxy_event_loop_lag_seconds_sum{{{SEL}}}[{WINDOW}]) / "
                     f"rate(kproxy_event_loop_lag_seconds_count{{{SEL}}}[{WINDOW}]))", "mean {{instance}}", "B"),
+              query("histogram_quantile(0.99, sum by (instance, le) "
+                    f"(rate(kproxy_event_loop_held_seconds_bucket{{{SEL}}}[{WINDOW}])))", "held p99 {{instance}}",
+                    "C"),
               width=8),
         graph("TLS certificates: time left", "Time until each certificate of kproxy's TLS files expires "
               "(side listener: what it serves clients with and the CA of their certificates; upstream: "

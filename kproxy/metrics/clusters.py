@@ -16,7 +16,8 @@ from prometheus_client.registry import Collector
 
 CLUSTER_LABEL = "cluster"
 # Families of the process, not of a cluster: (name, or name prefix ending in '_').
-PROCESS_WIDE = ("kproxy_build_info", "kproxy_event_loop_lag_seconds", "kproxy_rules_", "kproxy_rule_",
+PROCESS_WIDE = ("kproxy_build_info", "kproxy_event_loop_lag_seconds", "kproxy_event_loop_held_seconds",
+                "kproxy_rules_", "kproxy_rule_",
                 "kproxy_injected_errors", "kproxy_capture_records", "kproxy_records_over_budget")
 
 

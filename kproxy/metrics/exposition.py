@@ -79,6 +79,11 @@ class TrafficCollector(Collector):
                                        "0.1 s, one event=event_loop_blocked log line names what held it.")
         family.add_metric([], s.event_loop_lag.cumulative(), s.event_loop_lag.sum)
         yield family
+        family = HistogramMetricFamily("kproxy_event_loop_held_seconds", "The event loop's lag less the time its "
+                                       "thread waited for a CPU (Linux; the lag elsewhere): how long kproxy's own "
+                                       "work held the loop. Lag without hold is a CPU-starved process.")
+        family.add_metric([], s.event_loop_held.cumulative(), s.event_loop_held.sum)
+        yield family
         yield _counter("kproxy_response_errors", "Kafka error codes (not NONE) found in responses, per partition "
                        "where the response has partitions; class: routine (normal protocol flow), retriable, "
                        "error.", ["api", "error", "class", "node_id"],

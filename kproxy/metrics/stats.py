@@ -216,6 +216,8 @@ class TrafficStats:
     overhead: dict[str, Histogram] = field(default_factory=dict)
     # How late the event loop ran a due task, one observation per heartbeat (kproxy.server.loopwatch).
     event_loop_lag: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
+    # The same lateness less the loop thread's wait for a CPU: how long kproxy's own work held it.
+    event_loop_held: Histogram = field(default_factory=lambda: Histogram(LOOP_LAG_BUCKETS))
     # The last periodic check of each upstream (kproxy.server.upstream_health), by (address, node_id).
     upstream_up: dict[tuple[str, str], int] = field(default_factory=dict)
     topic_errors: dict[tuple[str, str, str], int] = field(default_factory=dict)

@@ -10,23 +10,30 @@ and names the culprit:
   each one is observed into ``kproxy_event_loop_lag_seconds`` (a histogram of
   :class:`~kproxy.metrics.stats.TrafficStats`), and the worst since start is kept for tests
   (:attr:`LoopWatch.max_lag`).
+* Lag has two causes a user fixes differently: kproxy's own work holding the loop, and the loop
+  thread waiting for a CPU (other processes, a pod's CPU limit). On Linux the heartbeat reads
+  the loop thread's run-queue wait (``run_delay`` of ``/proc/<pid>/task/<tid>/schedstat``) at
+  each beat; the lag less what the thread waited for a CPU over the same beat is the time the
+  loop was **held**, observed into ``kproxy_event_loop_held_seconds`` (worst kept as
+  :attr:`LoopWatch.max_held`). Where the kernel does not say, held is the lag.
 * A **sentinel thread** (not the loop's: it must run while the loop is stuck) checks the heartbeat
   every :data:`SENTINEL_PERIOD`. When the loop has not beaten for :data:`BLOCKED_AFTER`, it samples
   the loop thread's Python stack (``sys._current_frames``), which is what is running there right
   then. The heartbeat, once it runs again, logs one line for the stall::
 
-      event=event_loop_blocked lag_ms=523 where="kproxy/rules/engine.py:124 in _match < ..."
+      event=event_loop_blocked lag_ms=523 cpu_wait_ms=4 where="kproxy/rules/engine.py:124 in _match < ..."
 
   (at most one line per :data:`LOG_INTERVAL` seconds, with ``stalls=N`` counting the ones held
   back). A loop that stays stuck cannot log: the sentinel says so itself, once per stall, after
   :data:`STUCK_AFTER` seconds (``event=event_loop_stuck``), so a frozen proxy still tells why.
 
-Cost: a wake-up of each part every 50 ms, nothing per request.
+Cost: a wake-up of each part every 50 ms (and one small read of /proc), nothing per request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -56,52 +63,72 @@ _FRAMES_NAMED = 4  # innermost frames in ``where``: enough to name the call, sho
 class LoopWatch:
     """The heartbeat (:meth:`run`, a trio task) and its sentinel thread, for one trio loop.
 
-    ``histogram`` receives one observation per heartbeat, in seconds of lateness.
+    ``histogram`` receives one observation per heartbeat, in seconds of lateness; ``held`` the same
+    lateness less the loop thread's wait for a CPU over that beat. ``cpu_wait`` reads a thread's
+    run-queue wait in seconds (a running total); by default :meth:`run` opens the loop thread's
+    own (:class:`RunQueueWait`).
     """
 
-    def __init__(self, histogram: Histogram, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, histogram: Histogram, held: Histogram, *, clock: Callable[[], float] = time.monotonic,
+                 cpu_wait: Callable[[], float] | None = None) -> None:
         self.histogram = histogram
+        self.held = held
         self.clock = clock
+        self.cpu_wait = cpu_wait
         self.max_lag = 0.0
+        self.max_held = 0.0
         self._beat = clock()  # when the loop last ran the heartbeat (read by the sentinel thread)
         self._where: str | None = None  # the loop thread's stack, sampled during the current stall
         self._stuck_logged = False
         self._throttle = LogRateLimit(LOG_INTERVAL)
 
     def reset_max(self) -> None:
-        """Forget the worst lag seen so far (tests measure one scenario at a time)."""
+        """Forget the worst lag and hold seen so far (tests measure one scenario at a time)."""
         self.max_lag = 0.0
+        self.max_held = 0.0
 
-    async def run(self) -> None:
-        """Beat until cancelled; the sentinel thread lives as long as this task."""
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Beat until cancelled; the sentinel thread and the run-queue reader live as long as this task
+        (started: both are open)."""
         loop_thread = threading.get_ident()
         stop = threading.Event()
         sentinel = threading.Thread(target=self._sentinel, args=(loop_thread, stop), name="kproxy-loopwatch",
                                     daemon=True)
+        own = RunQueueWait(threading.get_native_id()) if self.cpu_wait is None else None
+        cpu_wait = self.cpu_wait or own
+        assert cpu_wait is not None
         self._beat = self.clock()
-        sentinel.start()
         try:
+            sentinel.start()
+            task_status.started()
+            waited = cpu_wait()
             while True:
                 due = self.clock() + INTERVAL
                 await trio.sleep(INTERVAL)
                 now = self.clock()
                 self._beat = now
-                self._observe(max(0.0, now - due))
+                waited_before, waited = waited, cpu_wait()
+                self._observe(max(0.0, now - due), waited - waited_before)
         finally:
             stop.set()
+            if own is not None:
+                own.close()
 
-    def _observe(self, lag: float) -> None:
+    def _observe(self, lag: float, cpu_wait: float) -> None:
+        """One heartbeat: ``lag`` seconds late, after ``cpu_wait`` seconds runnable without a CPU since the last."""
+        held = max(0.0, lag - cpu_wait)
         self.histogram.observe(lag)
-        if lag > self.max_lag:
-            self.max_lag = lag
+        self.held.observe(held)
+        self.max_lag = max(self.max_lag, lag)
+        self.max_held = max(self.max_held, held)
         where, self._where = self._where, None
         self._stuck_logged = False
         if lag <= BLOCKED_AFTER:
             return
         stalls = self._throttle.due()
         if stalls is not None:
-            log.warning("event=event_loop_blocked lag_ms=%d stalls=%d where=%s", round(lag * 1000), stalls,
-                        q(where or _NOT_SAMPLED))
+            log.warning("event=event_loop_blocked lag_ms=%d cpu_wait_ms=%d stalls=%d where=%s", round(lag * 1000),
+                        round(cpu_wait * 1000), stalls, q(where or _NOT_SAMPLED))
 
     def _sentinel(self, loop_thread: int, stop: threading.Event) -> None:
         """The watching thread: samples the loop thread's stack while the heartbeat is late."""
@@ -114,6 +141,34 @@ class LoopWatch:
             if late >= STUCK_AFTER and not self._stuck_logged:
                 self._stuck_logged = True
                 log.error("event=event_loop_stuck blocked_s=%.1f where=%s", late, q(self._where or "unknown"))
+
+
+class RunQueueWait:
+    """How long one thread has been runnable but not running, in seconds (call it to read).
+
+    The second field of Linux's ``/proc/<pid>/task/<tid>/schedstat`` (``run_delay``, nanoseconds
+    since the thread started), kept open until :meth:`close`. Where it cannot be opened or read
+    (another OS, a kernel without schedstats), it reads 0, so held equals lag.
+    """
+
+    def __init__(self, native_id: int) -> None:
+        try:
+            self._fd: int | None = os.open(f"/proc/self/task/{native_id}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def __call__(self) -> float:
+        if self._fd is None:
+            return 0.0
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _describe(frame: FrameType | None) -> str | None:
@@ -138,4 +193,4 @@ def _short(path: str) -> str:
     return path
 
 
-__all__ = ["BLOCKED_AFTER", "LoopWatch"]
+__all__ = ["BLOCKED_AFTER", "LoopWatch", "RunQueueWait"]

@@ -142,7 +142,7 @@ class ProxyServer:
                                                consumer_lag=lag, anomalies=anomalies))
         self.lag = ConsumerLag(stale_after=m.consumer_lag_stale_after) if lag else None
         self.observer: MetricsObserver | None = MetricsObserver(self.stats, self.lag)
-        self.loop_watch = LoopWatch(self.stats.event_loop_lag)
+        self.loop_watch = LoopWatch(self.stats.event_loop_lag, self.stats.event_loop_held)
         self.deadlines = Deadlines()  # every connection's timeouts and wake-ups, kept by one task
         self.metrics_server: MetricsServer | None = None
         # Each side's TLS in force (None: plaintext), replaced when its files are rotated.
@@ -265,7 +265,7 @@ class ProxyServer:
                 nursery.start_soon(self._as_cluster, self.health.run)
                 # In the outer nursery: the loop is watched, and connections' deadlines kept, while they drain too.
                 if self.primary is None:
-                    connections.start_soon(self.loop_watch.run)
+                    await connections.start(self.loop_watch.run)
                 connections.start_soon(self.deadlines.run)
                 said = LOG_CLUSTER.set(self.log_cluster)
                 log.info("event=listening listener=bootstrap address=%s:%d upstream=%s advertised_host=%s",
