@@ -268,9 +268,10 @@ rules:
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
         before = api_versions(sock, 1) + api_versions(sock, 2)  # no metadata yet: nothing counted
         assert before > 0
-        # The Metadata request installs the limit: from its answer on, 1000 bytes, then a FIN.
-        for cid in range(3, 40):
-            sock.sendall(request_frame(METADATA, 9, cid, topics=None, allow_auto_topic_creation=False))
+        # The Metadata request installs the limit: from its answer on, 1000 bytes, then a FIN. The
+        # requests go in one write: written one by one, the later ones could meet the closed connection.
+        sock.sendall(b"".join(request_frame(METADATA, 9, cid, topics=None, allow_auto_topic_creation=False)
+                              for cid in range(3, 40)))
         got = read_to_eof(sock)
     assert len(got) == 1000
     assert proxy.call(lambda: proxy.server.stats.faults.connection_faults[("short-pipe", "limit_data")]) == 1
