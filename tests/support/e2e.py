@@ -137,10 +137,11 @@ def assert_only_kproxy_reaches_broker(proxy: ProxyThread, seen: BrokerConnection
 def create_topic(bootstrap: str, name: str, partitions: int = 3, config: dict[str, str] | None = None,
                  **client: Any) -> None:
     """Create ``name`` (topic ``config``); ``client``: more admin client settings (SASL's, say)."""
+    # Timeouts a loaded test machine's broker keeps: a broker that never answers still fails in a minute.
     admin = AdminClient({"bootstrap.servers": bootstrap, **client})
     futures = admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1,
-                                            config=config or {})], operation_timeout=10, request_timeout=15)
-    futures[name].result(timeout=20)
+                                            config=config or {})], operation_timeout=30, request_timeout=45)
+    futures[name].result(timeout=60)
 
 
 def produce_confluent(bootstrap: str, topic: str, messages: Iterable[KeyValue], **config: Any) -> Producer:
