@@ -20,6 +20,7 @@ from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
 from tests.support.matrix import SEED_VARIABLE, matrix_seed
 from tests.support.module_times import ModuleTimes, cpu_seconds
+from tests.support.thread_cpu import StrayThreads
 
 TESTS = Path(__file__).resolve().parent
 # What ``scripts/test --fast`` leaves out besides the broker's tests (marked ``slow``): tests of
@@ -150,6 +151,9 @@ BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
 
 
 MODULE_TIMES = ModuleTimes()
+STRAYS = StrayThreads()
+STRAY_PROPERTY = "stray_threads"  # a teardown report's user property: threads busy during it, there before it
+STRAY_REPORTS: list[str] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -164,6 +168,7 @@ CPU_PROPERTY = "cpu_seconds"  # a report's user property: its phase's CPU second
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
+    STRAYS.begin(item.nodeid.split("::", 1)[0])
     return (yield from _phase_cpu(item, "setup"))
 
 
@@ -190,6 +195,8 @@ def _phase_cpu(item: pytest.Item, when: str) -> Any:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     report.user_properties.append((CPU_PROPERTY, item.stash.get(PHASE_CPU, {}).get(call.when, 0.0)))
+    if call.when == "teardown":
+        report.user_properties.append((STRAY_PROPERTY, STRAYS.end(item.nodeid.split("::", 1)[0])))
     return report
 
 
@@ -197,6 +204,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     cpu = next((value for key, value in report.user_properties
                 if key == CPU_PROPERTY and isinstance(value, float)), 0.0)
     MODULE_TIMES.add(report.nodeid, report.when, report.duration, cpu)
+    for key, value in report.user_properties:
+        if key == STRAY_PROPERTY and isinstance(value, list) and value:
+            STRAY_REPORTS.append(f"{report.nodeid}: {', '.join(map(str, value))}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -205,6 +215,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if lines:
         terminalreporter.section("longest test modules (seconds of setup, call and teardown, summed over workers)")
         for line in lines:
+            terminalreporter.write_line(line)
+    if STRAY_REPORTS:
+        terminalreporter.section("threads busy during tests that found them running (tests/support/thread_cpu.py)")
+        for line in STRAY_REPORTS[:40]:
             terminalreporter.write_line(line)
 
 

@@ -1,14 +1,18 @@
-"""What the suite says about its own time (tests/support/module_times.py) and the order it hands modules
-to the workers in (tests/conftest.py LONGEST_FIRST), checked through real pytest runs of real modules."""
+"""What the suite says about its own time (tests/support/module_times.py), the threads a module
+leaves busy (tests/support/thread_cpu.py) and the order it hands modules to the workers in
+(tests/conftest.py LONGEST_FIRST), checked through real pytest runs of real modules."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from tests.conftest import LONGEST_FIRST, TESTS
 from tests.support.module_times import ModuleTimes
+from tests.support.thread_cpu import BUSY_SECONDS, StrayThreads
 
 ROOT = TESTS.parent
 
@@ -70,3 +74,28 @@ def test_the_longest_modules_are_collected_first_and_each_module_stays_in_its_or
     framing = [line.split("::")[1].split("[")[0] for line in listed if line.startswith("tests/test_framing.py")]
     source = (TESTS / "test_framing.py").read_text()
     assert framing == sorted(framing, key=lambda name: source.index(f"def {name}(")), framing  # a module's own order
+
+
+def test_a_busy_thread_another_module_left_is_named_and_one_of_this_module_is_not() -> None:
+    strays = StrayThreads()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    strays.begin("tests/test_a.py")
+    left = threading.Thread(target=spin, name="left-behind", daemon=True)
+    left.start()
+    try:
+        strays.end("tests/test_a.py")  # its home is test_a.py: the module that started it
+        strays.begin("tests/test_a.py")
+        time.sleep(BUSY_SECONDS * 1.5)
+        assert strays.end("tests/test_a.py") == []  # busy in its own module's test: not a stray
+        strays.begin("tests/test_b.py")
+        time.sleep(BUSY_SECONDS * 1.5)
+        named = strays.end("tests/test_b.py")
+    finally:
+        stop.set()
+        left.join()
+    assert len(named) == 1 and named[0].startswith("left-behind (from tests/test_a.py): "), named

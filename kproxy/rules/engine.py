@@ -483,7 +483,9 @@ class RuleEngine:
     def _fullmatch(self, pattern: UserPattern, text: str) -> bool:
         """``pattern.fullmatch(text)``, remembered for short texts. A group id, transactional id or
         topic meets the same patterns request after request, and one RE2 call through its binding
-        costs what a dozen dict lookups do. At most 4096 entries of at most 255
+        costs what a dozen dict lookups do; the binding also lets the interpreter lock go for each
+        match, and beside a busy Python thread (an off-loop rule build, the capture's writer) the
+        loop thread then waits a switch interval to get it back. At most 4096 entries of at most 255
         characters (it starts afresh when full): bounded whatever texts clients send."""
         if len(text) > _MEMO_TEXT_MAX:
             return pattern.fullmatch(text)
