@@ -142,6 +142,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
 
 
+def run_delay_seconds(pid: int) -> float:
+    """Seconds the threads of process ``pid`` have spent runnable but waiting for a core, so far
+    (the run delay of /proc/PID/task/*/schedstat; threads that ended are not counted)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread ended meanwhile
+    return total / 1e9
+
+
 def rss_kb(pid: int, key: str = "VmRSS") -> int:
     """``key`` of /proc/PID/status in KB: VmRSS, or VmHWM for the peak."""
     with open(f"/proc/{pid}/status") as f:

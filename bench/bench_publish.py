@@ -55,7 +55,15 @@ sys.path[:0] = [str(BENCH), str(BENCH.parent)]
 
 import _tansu  # noqa: E402
 import _wire as wire  # noqa: E402
-from _paths import VARIANTS, Hop, cpu_seconds, own_cpu_seconds, pipe_hop, variant_hops  # noqa: E402
+from _paths import (  # noqa: E402
+    VARIANTS,
+    Hop,
+    cpu_seconds,
+    own_cpu_seconds,
+    pipe_hop,
+    run_delay_seconds,
+    variant_hops,
+)
 from _stalls import BLOCKED, LONG  # noqa: E402
 from _util import machine_line, percentile, table  # noqa: E402
 
@@ -85,6 +93,7 @@ class Sample:
     produce_requests: int
     broker_cpu_s: float  # the broker's CPU over the measurement
     client_cpu_s: float  # this process's (the producer's: librdkafka's threads and the pacing loop)
+    waits_s: float  # the path's processes' (proxy, broker, producer) time runnable but waiting for a core
 
     def stats(self) -> dict[str, float]:
         lat = self.latencies
@@ -169,17 +178,20 @@ def publish(route: Route, load: Load, seconds: float, warmup: float) -> Sample:
         req0 = produce_requests_of(fresh_stats(producer, stats), hop, broker_port)
         cpu0 = cpu_seconds(hop.pid) if hop.pid else 0.0
         broker0, client0 = cpu_seconds(route.broker.pid), own_cpu_seconds()
+        pids = [pid for pid in (hop.pid, route.broker.pid, os.getpid()) if pid]
+        waits0 = sum(map(run_delay_seconds, pids))
         measured = paced(producer, load, seconds, counted)
         if producer.flush(30):
             raise RuntimeError(f"{hop.name}: messages still unacknowledged 30 s after the last was sent")
         cpu = cpu_seconds(hop.pid) - cpu0 if hop.pid else None
         broker_cpu, client_cpu = cpu_seconds(route.broker.pid) - broker0, own_cpu_seconds() - client0
+        waits = sum(map(run_delay_seconds, pids)) - waits0
         reqs = produce_requests_of(fresh_stats(producer, stats), hop, broker_port) - req0
     finally:
         producer.flush(5)
     if not latencies:
         raise RuntimeError(f"{hop.name}: no message was acknowledged ({failed[0]} failed)")
-    return Sample(latencies, failed[0], measured, cpu, reqs, broker_cpu, client_cpu)
+    return Sample(latencies, failed[0], measured, cpu, reqs, broker_cpu, client_cpu, waits)
 
 
 def fresh_stats(producer: Any, stats: list[str]) -> str:
@@ -300,9 +312,10 @@ def load_table(samples: dict[str, list[Sample]]) -> str:
                      f"{1e6 * per_msg:.0f}" if per_msg is not None else "-",
                      f"{1e6 * per_req:.0f}" if per_req is not None else "-",
                      f"{1e6 * statistics.median(s.broker_cpu_s / len(s.latencies) for s in runs):.0f}",
-                     f"{1e6 * statistics.median(s.client_cpu_s / len(s.latencies) for s in runs):.0f}"])
+                     f"{1e6 * statistics.median(s.client_cpu_s / len(s.latencies) for s in runs):.0f}",
+                     f"{1e6 * statistics.median(s.waits_s / len(s.latencies) for s in runs):.0f}"])
     return table(["path", "avg ms", "p50", "p99", "p99.9", "max", "added avg", "added p99", "Produce req/s",
-                  "proxy CPU µs/msg", "µs/request", "broker µs/msg", "producer µs/msg"], rows)
+                  "proxy CPU µs/msg", "µs/request", "broker µs/msg", "producer µs/msg", "core wait µs/msg"], rows)
 
 
 def target_rows(results: Results, candidate: str) -> list[list[str]]:
@@ -328,7 +341,8 @@ def print_report(results: Results, machine: str, args: argparse.Namespace, candi
           "round. `direct A/A` is the broker again: the run's noise floor. "
           + ("Every path has a Tansu broker of its own (the pipe's advertises the pipe). " if args.own_brokers else
              "The pipe's broker is a second Tansu advertising the pipe; the others share one. ")
-          + "Proxy, broker and producer CPU are each process's (all threads) over the counted seconds.\n")
+          + "Proxy, broker and producer CPU are each process's (all threads) over the counted seconds; core "
+          "wait is the time their threads were runnable but waiting for a core (schedstat's run delay), summed.\n")
     for label, samples in results.samples.items():
         print(f"#### {label}\n")
         print(load_table(samples) + "\n")
