@@ -41,7 +41,7 @@ used by one thread, the writer's (the only one that reads Metadata answers:
 reading a big one, it cuts the interpreter's switch interval and gives the GIL
 back between its two passes, see :data:`BIG_READ_BYTES`).
 
-Size (over the ~500 lines the project aims for): one job, mostly :class:`RecordBuilder`, whose
+Why one module: one job, mostly :class:`RecordBuilder`, whose
 readers share its tables and memos (split, each half would import the other); the row helpers
 are in :mod:`kproxy.capture.rows`.
 """

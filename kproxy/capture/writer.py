@@ -46,9 +46,9 @@ Contract of :class:`CaptureWriter`:
 The decisions (which hour, when to rotate, which files to delete) are pure
 functions below, tested without a disk.
 
-Size (over the ~500 lines the project aims for): the writer thread, its file rotation and the
-Arrow conversion of its slices; the pure decisions are already functions apart, the pending row
-group's lists are :mod:`kproxy.capture.columns` (compiled, with the record builder).
+Why one module: the writer thread, its file rotation and the Arrow conversion of its slices
+share the open file's state; the pure decisions are functions apart, and the pending row group's
+lists are :mod:`kproxy.capture.columns` (compiled, with the record builder).
 """
 
 from __future__ import annotations

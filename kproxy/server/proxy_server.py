@@ -17,7 +17,7 @@ accepting, lets connections finish their in-flight requests for
 ``limits.shutdown_grace`` seconds, then cancels what is left. SIGHUP never stops it: it reloads
 the rules file (kproxy/server/rules_reload.py), which is also reloaded whenever it changes.
 
-Size (over the ~500 lines the project aims for): one class, :class:`ProxyServer`, whose
+Why one module: one class, :class:`ProxyServer`, whose
 lifecycle (start, signals, drain), listeners and per-connection set-up share its state (the
 listener table, the connection set, the draining flag, the upstream health). The jobs that stand
 alone are their own modules already: connection.py, upstream.py, discovery.py, upstream_health.py,
