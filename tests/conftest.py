@@ -18,6 +18,7 @@ from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
 from kproxy.testing.fixture import KproxyProcess
 from tests.sasl_front import SaslFront
 from tests.support.captured import CapturedRun, make_capture
+from tests.support.interpreter_state import StateWatch
 from tests.support.matrix import SEED_VARIABLE, matrix_seed
 from tests.support.module_times import ModuleTimes, cpu_seconds
 from tests.support.thread_cpu import StrayThreads
@@ -154,6 +155,9 @@ MODULE_TIMES = ModuleTimes()
 STRAYS = StrayThreads()
 STRAY_PROPERTY = "stray_threads"  # a teardown report's user property: threads busy during it, there before it
 STRAY_REPORTS: list[str] = []
+STATE = StateWatch()
+STATE_PROPERTY = "interpreter_state"  # a teardown report's user property: settings the test left changed
+STATE_REPORTS: list[str] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -169,6 +173,7 @@ CPU_PROPERTY = "cpu_seconds"  # a report's user property: its phase's CPU second
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
     STRAYS.begin(item.nodeid.split("::", 1)[0])
+    STATE.begin()
     return (yield from _phase_cpu(item, "setup"))
 
 
@@ -197,6 +202,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report.user_properties.append((CPU_PROPERTY, item.stash.get(PHASE_CPU, {}).get(call.when, 0.0)))
     if call.when == "teardown":
         report.user_properties.append((STRAY_PROPERTY, STRAYS.end(item.nodeid.split("::", 1)[0])))
+        report.user_properties.append((STATE_PROPERTY, STATE.end()))
     return report
 
 
@@ -207,6 +213,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == STRAY_PROPERTY and isinstance(value, list) and value:
             STRAY_REPORTS.append(f"{report.nodeid}: {', '.join(map(str, value))}")
+        if key == STATE_PROPERTY and isinstance(value, list) and value:
+            STATE_REPORTS.append(f"{report.nodeid}: {'; '.join(map(str, value))}")
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -219,6 +227,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if STRAY_REPORTS:
         terminalreporter.section("threads busy during tests that found them running (tests/support/thread_cpu.py)")
         for line in STRAY_REPORTS[:40]:
+            terminalreporter.write_line(line)
+    if STATE_REPORTS:
+        terminalreporter.section("interpreter settings tests left changed (tests/support/interpreter_state.py)")
+        for line in STATE_REPORTS[:40]:
             terminalreporter.write_line(line)
 
 

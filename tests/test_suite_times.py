@@ -11,6 +11,7 @@ import threading
 import time
 
 from tests.conftest import LONGEST_FIRST, TESTS
+from tests.support.interpreter_state import StateWatch
 from tests.support.module_times import ModuleTimes
 from tests.support.thread_cpu import BUSY_SECONDS, StrayThreads
 
@@ -99,3 +100,17 @@ def test_a_busy_thread_another_module_left_is_named_and_one_of_this_module_is_no
         stop.set()
         left.join()
     assert len(named) == 1 and named[0].startswith("left-behind (from tests/test_a.py): "), named
+
+
+def test_a_setting_a_test_leaves_changed_is_named_and_one_put_back_is_not() -> None:
+    watch, interval = StateWatch(), sys.getswitchinterval()
+    try:
+        watch.begin()
+        sys.setswitchinterval(0.001)
+        sys.setswitchinterval(interval)
+        assert watch.end() == []
+        watch.begin()
+        sys.setswitchinterval(0.001)
+        assert watch.end() == [f"switch interval: {interval:g} s -> 0.001 s"]
+    finally:
+        sys.setswitchinterval(interval)
