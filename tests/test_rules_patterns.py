@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import json
+import random
 import re
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kproxy.rules import RulesError, load_text
@@ -38,34 +38,38 @@ from kproxy.rules.request_facts import StaticFacts
 from kproxy.testing import free_port, running_proxy
 
 # -- the syntax both engines share: a small grammar of it ---------------------------------------
-ATOMS = st.sampled_from(["a", "b", "c", "-", "_", "0", "7", ".", r"\.", "[a-c]", "[^ab]", "[0-9]", r"\d", r"\w",
-                         r"\s", "[-_]", r"\b"])
-QUANTIFIERS = st.sampled_from(["", "", "*", "+", "?", "*?", "+?", "{2}", "{1,3}", "{0,2}"])
+ATOMS = ["a", "b", "c", "-", "_", "0", "7", ".", r"\.", "[a-c]", "[^ab]", "[0-9]", r"\d", r"\w", r"\s", "[-_]",
+         r"\b"]
+QUANTIFIERS = ["", "", "*", "+", "?", "*?", "+?", "{2}", "{1,3}", "{0,2}"]
 # Texts over ASCII: RE2's \d, \w, \s are ASCII-only (documented), Python's are Unicode.
-TEXTS = st.text(alphabet="abc-_07. \nxB", max_size=12)
+TEXT_ALPHABET = "abc-_07. \nxB"
 
 
-@st.composite
-def patterns(draw: Any, depth: int = 0) -> str:
+def random_pattern(rng: random.Random, depth: int = 0) -> str:
     """A regex of literals, classes, groups, alternation and quantifiers, optionally anchored."""
     def piece() -> str:
-        if depth < 2 and draw(st.integers(0, 4)) == 0:
-            inner = draw(patterns(depth + 1))
-            body = draw(st.sampled_from(["({})", "(?:{})", "(?P<NAME>{})"])).format(inner)
+        if depth < 2 and rng.randint(0, 4) == 0:
+            body = rng.choice(["({})", "(?:{})", "(?P<NAME>{})"]).format(random_pattern(rng, depth + 1))
         else:
-            body = draw(ATOMS)
+            body = rng.choice(ATOMS)
             if body == r"\b":
                 return body  # an assertion: nothing to repeat
-        return body + draw(QUANTIFIERS)
+        return body + rng.choice(QUANTIFIERS)
 
-    branches = ["".join(piece() for _ in range(draw(st.integers(1, 4)))) for _ in range(draw(st.integers(1, 3)))]
+    branches = ["".join(piece() for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
     text = "|".join(branches)
     if depth == 0:
-        text = draw(st.sampled_from(["", "^"])) + text + draw(st.sampled_from(["", "$"]))
-        text = draw(st.sampled_from(["", "(?i)", "(?s)"])) + text
+        text = rng.choice(["", "(?i)", "(?s)"]) + rng.choice(["", "^"]) + text + rng.choice(["", "$"])
         names = iter(range(100))
         text = re.sub("NAME", lambda _: f"g{next(names)}", text)
     return text
+
+
+def grammar_examples(count: int, seed: int) -> list[tuple[str, list[str]]]:
+    """``count`` patterns of the grammar, each with one to eight texts of up to 12 characters."""
+    rng = random.Random(seed)
+    return [(random_pattern(rng), ["".join(rng.choice(TEXT_ALPHABET) for _ in range(rng.randint(0, 12)))
+                                   for _ in range(rng.randint(1, 8))]) for _ in range(count)]
 
 
 # The patterns rules/README.md and rules/examples show, and the ones of the bench's rule files.
@@ -73,17 +77,22 @@ DOCUMENTED = ["batch-.*", "payments-.*", "pay(ment)?s", "orders-audit(-v[0-9]+)?
               "(a+)+$", "tx-[0-9]{1,4}", "(?i)orders", "[^.]+\\.internal"]
 
 
-# Derandomized: Python's re (the reference here) backtracks exponentially on some nested
-# quantified groups the grammar can draw, and a random run met one and did not end for minutes;
-# the fixed examples are known to finish (in seconds), and every run checks the same 600.
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
-          database=None)
-@given(pattern=patterns(), texts=st.lists(TEXTS, min_size=1, max_size=8))
-def test_re2_agrees_with_re_on_the_shared_syntax(pattern: str, texts: list[str]) -> None:
-    python = re.compile(pattern)
-    ours = compile_pattern(pattern)
-    for text in texts:
-        assert ours.fullmatch(text) == (python.fullmatch(text) is not None), (pattern, text)
+# Fixed seeds, not Hypothesis: Python's re (the reference here) backtracks exponentially on some
+# nested quantified groups the grammar draws (of the seeds 1 to 8, five drew one that held re for
+# seconds to minutes), so the examples must be ones known to finish; and Hypothesis' draws are not
+# fixed even when derandomized: it mixes in constants from the source of every module loaded, so
+# a full run of the suite drew other examples than a run of this module, one of which held re for
+# 86 s. These three seeds' 1,800 patterns finish at once and hold the grammar's every construct.
+GRAMMAR_SEEDS = (4, 5, 8)
+
+
+@pytest.mark.parametrize("seed", GRAMMAR_SEEDS)
+def test_re2_agrees_with_re_on_the_shared_syntax(seed: int) -> None:
+    for pattern, texts in grammar_examples(600, seed):
+        python = re.compile(pattern)
+        ours = compile_pattern(pattern)
+        for text in texts:
+            assert ours.fullmatch(text) == (python.fullmatch(text) is not None), (pattern, text)
 
 
 @pytest.mark.parametrize("pattern", DOCUMENTED)
