@@ -204,17 +204,9 @@ SLICED_CLIENTS = """
 import socket, struct, sys, threading
 from kproxy.protocol.codes import ApiKey
 from kproxy.protocol.frame_builder import request_frame
+from tests.support.e2e import _recv_exactly as exactly
 
 port, stop, trips = int(sys.argv[1]), threading.Event(), [0]
-
-def exactly(sock, n):
-    got = bytearray()
-    while len(got) < n:
-        chunk = sock.recv(n - len(got))
-        if not chunk:
-            raise EOFError
-        got += chunk
-    return bytes(got)
 
 def client():
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
@@ -247,7 +239,7 @@ def test_one_byte_slicers_on_20_connections_leave_the_loop_s_turns_short(tansu: 
             socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as probe:
         api_versions(probe, 1)
         sliced = subprocess.Popen([sys.executable, "-c", SLICED_CLIENTS, str(proxy.port)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
+                                  stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
         assert sliced.stdin is not None and sliced.stdout is not None
         loop_waits = proxy.call(lambda: RunQueueWait(threading.get_native_id()))
         probe_waits = RunQueueWait(threading.get_native_id())
