@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import trio
 
 from kproxy.metrics.fixed_histogram import LOOP_LAG_BUCKETS, Histogram
 from kproxy.server import loopwatch
-from kproxy.server.loopwatch import LoopWatch, RunQueueWait
+from kproxy.server.loopwatch import LoopWatch, RunQueueWait, ThreadTimes
 from kproxy.testing import Broker, free_port, running_proxy
 from tests.support.loopwatch import LAG, loop_held_max, loop_lag_max, reset_loop_lag, stalls_over
 
@@ -65,6 +66,69 @@ async def test_lag_spent_waiting_for_a_cpu_is_not_counted_as_held(caplog: pytest
     assert (held_over, lag_over) == (0, 1), (watch.held.counts, watch.histogram.counts)
     lines = [r.getMessage() for r in caplog.records if "event_loop_blocked" in r.getMessage()]
     assert len(lines) == 1 and "cpu_wait_ms=250" in lines[0], lines
+
+
+async def test_a_loop_waiting_for_the_gil_names_the_thread_that_held_it(caplog: pytest.LogCaptureFixture) -> None:
+    # Sorting a list of floats is one C call that keeps the GIL throughout: the loop thread is
+    # neither running nor waiting for a core meanwhile, and the sentinel cannot sample it.
+    caplog.set_level(logging.WARNING, logger="kproxy.server")
+    values = [random.random() for _ in range(2_000_000)]
+    go, sorted_, end = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        go.wait(10)
+        sorted(values)
+        sorted_.set()
+        end.wait(10)  # alive when the heartbeat logs: a thread that ended is not read again
+
+    holder = threading.Thread(target=hold, name="gil-holder", daemon=True)
+    holder.start()
+    watch = LoopWatch(Histogram(LOOP_LAG_BUCKETS), Histogram(LOOP_LAG_BUCKETS))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.run)
+        await trio.sleep(0.3)  # the sentinel has read the threads, the holder among them
+        go.set()
+        while not sorted_.is_set():
+            await trio.sleep(0.05)
+        await trio.sleep(0.2)  # the heartbeat runs again, logs
+        nursery.cancel_scope.cancel()
+    end.set()
+    lines = [r.getMessage() for r in caplog.records if "event_loop_blocked" in r.getMessage()]
+    assert len(lines) == 1, lines
+    others = lines[0].partition(" others=")[2]
+    assert others.startswith('"gil-holder cpu='), lines[0]  # the busiest thread first
+    held_by_holder = int(others.partition("cpu=")[2].partition("ms")[0])
+    assert held_by_holder > 100, lines[0]
+
+
+def test_thread_times_follow_threads_as_they_come_and_go() -> None:
+    reader = ThreadTimes()
+    try:
+        started = threading.Event()
+        stop = threading.Event()
+        spinner = threading.Thread(target=lambda: (started.set(), _spin_until(stop)), daemon=True)
+        spinner.start()
+        started.wait(5)
+        first = reader.read()
+        assert spinner.native_id in first and threading.get_native_id() in first
+        time.sleep(0.2)
+        second = reader.read()
+        assert second[spinner.native_id][0] - first[spinner.native_id][0] > 0.01  # it ran
+        stop.set()
+        spinner.join(5)
+        deadline = time.monotonic() + 5  # the kernel's thread ends a little after Python's join
+        while spinner.native_id in reader.read() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spinner.native_id not in reader.read()  # ended: its file closed, left out
+    finally:
+        reader.close()
+    assert reader.read() == {} or threading.get_native_id() in reader.read()  # reopens when read again
+    reader.close()
+
+
+def _spin_until(stop: threading.Event) -> None:
+    while not stop.is_set():
+        pass
 
 
 def test_the_run_queue_wait_counts_time_runnable_without_a_cpu() -> None:

@@ -28,6 +28,11 @@ Contract of :class:`CaptureWriter`:
   Everything else (turning items into rows, Arrow, the disk) happens on the
   writer thread, a slice of items at a time, giving the GIL back between
   slices so that the event loop waits at most one slice.
+* The writer thread runs at the process's scheduling priority, never below it. A thread at a
+  lower priority is the one the kernel leaves off a busy core, and it may be left off while it
+  holds the GIL (inside a garbage collection, or a ``pa.array`` call): the event loop then waits
+  for the lock as long as the writer waits for a core, a priority inversion that the run-queue
+  wait of the loop's own thread does not show.
 * A file is rotated when it reaches ``rotate_bytes``, has been open
   ``rotate_seconds``, or the hour changes. After each write the oldest complete
   files are deleted while all files together exceed ``max_bytes_total``.
@@ -325,7 +330,6 @@ class CaptureWriter:
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
-        _yield_the_core()
         pending = pending_columns(self.schema)  # rows waiting for a full row group, or flush_seconds
         first_at = 0.0
         while True:
@@ -476,25 +480,6 @@ class CaptureWriter:
                     path.parent.rmdir()
             except OSError as exc:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
-
-
-WRITER_NICENESS = 10
-
-
-def _yield_the_core() -> None:
-    """Lower the calling thread's scheduling priority by :data:`WRITER_NICENESS` (Linux: per thread).
-
-    The capture is background work: where cores are scarce (a sidecar's share, a machine shared
-    with the client and the broker), the scheduler gives the event loop's thread the core whenever
-    both are runnable, and the writer catches up when the loop waits. Holding the GIL at that moment
-    costs the loop no more than a slice (the writer hands it back between slices). Where lowering it
-    is refused (no permission to change, another OS), the writer runs at the process's priority.
-    """
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICENESS)
-    except (AttributeError, OSError):
-        pass
 
 
 def _table(pending: PendingColumns, schema: pa.Schema) -> pa.Table:
