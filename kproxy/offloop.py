@@ -21,6 +21,7 @@ when the last build ends, the collector only if it was on before the first began
 has one owner, :func:`short_switch_interval`, which other long reads off the loop enter too (the
 capture's writer reading a huge Metadata answer): its holders are counted under a lock, whatever
 thread enters or leaves first, so the interval found by the first is the one left by the last.
+The capture's writer holds it for each of its turns.
 
 What a big build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
 kproxy.server.memory.freeze_start_up does after start-up): either when the objects made exceed

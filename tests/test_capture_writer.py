@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from kproxy.capture.writer import (  # noqa: E402
     hour_dir_name,
     over_cap,
 )
+from kproxy.offloop import SHORT_SWITCH_INTERVAL  # noqa: E402
 from tests.support.capture import T0_US, record  # noqa: E402
 
 # The partition items' fields version 5 added (a Produce request's first batch's producer), null here.
@@ -391,6 +393,35 @@ def test_a_disk_failing_mid_run_is_survived_retried_and_counters_only_rise(
     failed = [line for line in lines if "event=capture_write_failed" in line]
     assert len(failed) == 1 and "retry_in_s=1" in failed[0], failed  # then one a minute at most
     assert len([line for line in lines if "event=capture_write_recovered" in line]) == 1
+
+
+def test_the_switch_interval_is_short_while_the_writer_works_and_restored_after(tmp_path: Path) -> None:
+    """While the writer converts and writes, a loop wanting the GIL gets it within the short
+    interval (kproxy.offloop), not the interpreter's 5 ms; idle, the interpreter's is back."""
+    seen: list[float] = []
+
+    class WatchedWriter(CaptureWriter):
+        def write_batch_done(self, file: Any) -> None:
+            seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    writer = WatchedWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           row_group_rows=10).start()
+    try:
+        for i in range(50):
+            writer.offer(record(i))
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while writer.queued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # (the turn that wrote the last row group has ended)
+        idle = sys.getswitchinterval()
+    finally:
+        writer.close()
+    assert len(seen) >= 3 and max(seen) <= SHORT_SWITCH_INTERVAL, seen
+    assert idle == before > SHORT_SWITCH_INTERVAL
+    assert sys.getswitchinterval() == before
 
 
 def test_the_writer_thread_runs_at_the_process_s_priority(tmp_path: Path) -> None:

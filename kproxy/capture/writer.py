@@ -27,7 +27,11 @@ Contract of :class:`CaptureWriter`:
   or at once when the queue is a quarter full.
   Everything else (turning items into rows, Arrow, the disk) happens on the
   writer thread, a slice of items at a time, giving the GIL back between
-  slices so that the event loop waits at most one slice.
+  slices so that the event loop waits at most one slice. Each turn of the writer runs
+  inside :func:`kproxy.offloop.short_switch_interval`: a loop thread back from a system call
+  that finds the writer holding the GIL asks for it after the short interval, not after the
+  interpreter's 5 ms. On a core the two threads share, handing the GIL back between slices
+  does not wake the loop before the writer takes it again; the forced hand-over does.
 * The writer thread runs at the process's scheduling priority, never below it. A thread at a
   lower priority is the one the kernel leaves off a busy core, and it may be left off while it
   holds the GIL (inside a garbage collection, or a ``pa.array`` call): the event loop then waits
@@ -79,6 +83,7 @@ from kproxy.capture.queue import CaptureQueue
 from kproxy.capture.record_schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 from kproxy.capture.rows import dict_rows
 from kproxy.logfmt import q as _q
+from kproxy.offloop import short_switch_interval
 from kproxy.ratelimit import LogRateLimit
 
 log = logging.getLogger("kproxy.capture")
@@ -339,7 +344,8 @@ class CaptureWriter:
                 self._wake.clear()
                 continue
             try:
-                first_at = self._turn(pending, first_at, stop)
+                with short_switch_interval():  # the loop, wanting the GIL meanwhile, waits less for it
+                    first_at = self._turn(pending, first_at, stop)
             except Exception as exc:  # an error no branch foresaw: its rows are lost, the thread goes on
                 self._lost += pending.rows
                 pending.clear()
