@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -19,9 +20,48 @@ from typing import Any
 
 
 def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing is bound to now, for a listener the caller starts next.
+
+    Chosen below the kernel's ephemeral range (``ip_local_port_range``) where there is room: a port
+    of that range is the kernel's to hand out, to any process's outgoing connection or bind of port
+    0, so it can be taken between this call and the caller's bind (a broker listener of a kproxy
+    process, bound once the broker is discovered, lost its port that way while tests ran in
+    parallel). Below it, only a program that names the port can take it. Drawn from the operating
+    system's randomness, so that processes seeded alike (test workers) do not draw alike, and
+    never the same port twice in one process.
+    """
+    low = _ephemeral_low()
+    if low - FREE_PORT_SPAN >= 1024:
+        for _ in range(200):
+            port = _draw.randrange(low - FREE_PORT_SPAN, low)
+            if port in _handed_out:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            if len(_handed_out) >= FREE_PORT_SPAN // 2:  # a long run: old ports are bound or closed by now
+                _handed_out.clear()
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+FREE_PORT_SPAN = 12_000  # the ports below the ephemeral range free_port draws from
+_draw = random.SystemRandom()
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), or 0 where it does not say."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
