@@ -13,7 +13,7 @@ import time
 from tests.conftest import LONGEST_FIRST, TESTS
 from tests.support.interpreter_state import StateWatch
 from tests.support.module_times import ModuleTimes
-from tests.support.thread_cpu import BUSY_SECONDS, StrayThreads
+from tests.support.thread_cpu import BUSY_SECONDS, StrayThreads, thread_cpu
 
 ROOT = TESTS.parent
 
@@ -77,6 +77,17 @@ def test_the_longest_modules_are_collected_first_and_each_module_stays_in_its_or
     assert framing == sorted(framing, key=lambda name: source.index(f"def {name}(")), framing  # a module's own order
 
 
+def _until_it_ran(thread: threading.Thread, cpu_seconds: float) -> None:
+    """Wait until ``thread`` has spent ``cpu_seconds`` more of CPU (on a loaded machine a spinning
+    thread gets less than its wall time), 60 s at most."""
+    def used() -> float:
+        return thread_cpu().get(thread.native_id or -1, ("", 0.0))[1]
+
+    start, deadline = used(), time.monotonic() + 60
+    while used() - start < cpu_seconds and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_a_busy_thread_another_module_left_is_named_and_one_of_this_module_is_not() -> None:
     strays = StrayThreads()
     stop = threading.Event()
@@ -91,10 +102,10 @@ def test_a_busy_thread_another_module_left_is_named_and_one_of_this_module_is_no
     try:
         strays.end("tests/test_a.py")  # its home is test_a.py: the module that started it
         strays.begin("tests/test_a.py")
-        time.sleep(BUSY_SECONDS * 1.5)
+        _until_it_ran(left, BUSY_SECONDS * 1.5)
         assert strays.end("tests/test_a.py") == []  # busy in its own module's test: not a stray
         strays.begin("tests/test_b.py")
-        time.sleep(BUSY_SECONDS * 1.5)
+        _until_it_ran(left, BUSY_SECONDS * 1.5)
         named = strays.end("tests/test_b.py")
     finally:
         stop.set()
