@@ -330,6 +330,23 @@ async def test_ports_are_broker_port_base_plus_node_id() -> None:
         assert {base + n for n in (0, 3, 5, 6)} <= set(server.listeners)
 
 
+async def test_a_broker_port_that_cannot_be_bound_makes_the_proxy_not_ready() -> None:
+    """Clients are still sent to that port (it is the one Metadata answers name): /readyz says so."""
+    base = free_port_range(4)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 3))
+        taken.listen()
+        async with fake_cluster((0, 3)) as cluster, running_server(
+                proxy_config(cluster.bootstrap, advertised_host=ADVERTISED, broker_port_base=base)) as server:
+            with trio.fail_after(10):
+                while not {base, base + 3} <= set(server.listeners):
+                    await trio.sleep(0.01)
+            reason = await server.readiness()
+            assert reason is not None and f"listener broker-3 cannot listen on port {base + 3}" in reason, reason
+            assert "broker-0" not in reason
+            assert await reaches(server, base, cluster) == 0  # the other broker is served
+
+
 async def test_connections_after_a_test_are_all_closed(cluster: FakeCluster, proxy: ProxyServer) -> None:
     async with await client(proxy) as c:
         ports = broker_ports(await c.request(METADATA, 12, topics=None))

@@ -430,6 +430,11 @@ class ProxyServer:
             why: str | None = "bootstrap listener not open"
         else:
             why = self.health.not_ready()  # the periodic check's last word: a probe opens no connection
+        # A broker's port that could not be bound is still the one Metadata answers give clients.
+        failed = [f"listener {lst.name} cannot listen on port {lst.port}: {lst.failed}"
+                  for lst in list(self.listeners.values()) if lst.failed is not None]
+        if failed:
+            why = "; ".join([*failed, *([why] if why is not None else [])])
         if not self.siblings:
             return why
         # Several clusters: ready when every one is (ready_clusters: all) or one is (any), else each
