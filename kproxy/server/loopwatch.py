@@ -136,7 +136,8 @@ class LoopWatch:
 
     def _observe(self, lag: float, cpu_wait: float, others: dict[int, tuple[float, float]] | None = None) -> None:
         """One heartbeat: ``lag`` seconds late, after ``cpu_wait`` seconds runnable without a CPU since the
-        last; ``others``: the threads' times as the sentinel read them during this stall, if it did."""
+        last; ``others``: every thread's times as the sentinel last read them before this beat fell
+        late (None: not read, or read too long before)."""
         held = max(0.0, lag - cpu_wait)
         self.histogram.observe(lag)
         self.held.observe(held)
