@@ -72,13 +72,13 @@ SLOW_MODULES = frozenset({
 # since pytest-xdist's own order (most tests first) puts these long modules of few tests last. A module
 # missing here only runs later than it could; re-rank from a whole run's table when it has moved.
 LONGEST_FIRST: tuple[str, ...] = (
-    "test_install_compiled.py", "test_image.py", "test_bench_smoke.py", "test_rules_examples_clients.py",
-    "test_rules_heal_clients.py", "test_analysis_anomalies.py", "test_analysis_launch.py", "test_soak.py",
-    "fuzz/test_fuzz.py", "test_anomalies_e2e.py", "test_whatif.py", "test_bench_analysis_smoke.py",
-    "test_rules_metadata_clients.py", "test_lag_seconds_e2e.py", "test_install_pure.py", "test_demo_traffic.py",
-    "test_sasl_terminate_e2e.py", "test_analysis.py", "test_analysis_lag_seconds.py", "test_e2e_clients.py",
-    "test_sasl_upstream.py", "test_analysis_cluster.py", "test_rules_blackhole_e2e.py",
-    "test_rules_reload_hostile.py", "test_install_fallback.py", "test_codec_roundtrip.py",
+    "test_install_compiled.py", "test_analysis_launch.py", "test_rules_examples_clients.py",
+    "test_rules_heal_clients.py", "test_analysis_cluster.py", "test_soak.py", "test_anomalies_e2e.py",
+    "test_whatif.py", "fuzz/test_fuzz.py", "test_bench_smoke.py", "test_analysis_anomalies.py",
+    "test_install_fallback.py", "test_install_pure.py", "test_rules_metadata_clients.py",
+    "test_sasl_terminate_e2e.py", "test_lag_seconds_e2e.py", "test_demo_traffic.py", "test_rules_reload_hostile.py",
+    "test_e2e_clients.py", "test_sasl_upstream.py", "test_image.py", "test_bench_analysis_smoke.py",
+    "test_analysis.py", "test_analysis_lag_seconds.py", "test_rules_blackhole_e2e.py", "test_codec_roundtrip.py",
     "plugin/test_pytest_plugin.py", "test_doc_examples.py", "test_resilience_clients.py", "test_capture_offsets.py",
     "test_fair_turns.py", "test_rules_e2e.py", "test_rules_client_notes.py", "test_rules_patterns.py",
 )
