@@ -92,6 +92,8 @@ SLOW_TESTS = frozenset({
     "test_rules_patterns.py::test_a_topic_glob_means_what_fnmatch_says",
     # 100,000 topic names and 100,000 connections through Sessions: ~15 s.
     "test_metrics_traffic.py::test_100000_topics_client_ids_and_software_names_leave_metrics_under_1_mb",
+    # Two collections of the whole suite, as subprocesses.
+    "test_suite_marks.py::test_the_pure_pass_leaves_out_no_module_that_holds_one_of_its_tests",
 })
 SLOW_FIXTURES = frozenset({"spark", "captured_run"})
 # The pure pass: scripts/test runs the whole suite on the compiled build (pyproject.toml
@@ -254,6 +256,25 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     heap. Tests that change the collector restore the freeze (tests/test_connection_setup.py)."""
     gc.collect()
     gc.freeze()
+
+
+def may_hold_pure_pass_tests(path: Path) -> bool:
+    """Whether the test module at ``path`` can hold a test of the pure pass: it is one of
+    PURE_PASS_MODULES, or its text marks a test ``pure_only`` (the marks are read, not imported)."""
+    module = path.relative_to(TESTS).as_posix() if path.is_relative_to(TESTS) else ""
+    return module in PURE_PASS_MODULES or "pure_only" in path.read_text()
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The pure pass (``-m pure_pass``, alone or first of an ``and``: scripts/test) does not import the
+    test modules that cannot hold one of its tests: each worker would import all of them to keep a
+    tenth of the tests. tests/test_suite_marks.py checks that the pass selects the same tests without it."""
+    marks = str(config.getoption("markexpr", "") or "")
+    if marks != "pure_pass" and not marks.startswith("pure_pass and "):
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return None if may_hold_pure_pass_tests(collection_path) else True
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,6 +3,9 @@ and the fast selection reaches no broker."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from tests.conftest import (
     SLOW_TESTS,
     TESTS,
     compiled_modules,
+    may_hold_pure_pass_tests,
     pure_pass_modules,
 )
 
@@ -60,3 +64,24 @@ def test_this_module_runs_in_the_fast_suite(request: pytest.FixtureRequest) -> N
     marks = {m.name for m in request.node.iter_markers()}
     assert not marks & {"broker", "slow"}, marks
     assert Path(__file__).parent == TESTS
+
+
+
+def collected(marks: str) -> list[str]:
+    """The node ids ``pytest --collect-only -m marks`` lists for the whole suite, in a process of its own."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", marks,
+                           "-p", "no:cacheprovider", "-p", "no:randomly", str(TESTS)],
+                          cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KPROXY_TEST_BUILD": "", "PYTEST_ADDOPTS": ""})
+    ids = [line for line in done.stdout.splitlines() if "::" in line]
+    assert done.returncode == 0 and ids, done.stdout[-2000:] + done.stderr[-2000:]
+    return sorted(ids)
+
+
+def test_the_pure_pass_leaves_out_no_module_that_holds_one_of_its_tests() -> None:
+    """The pure pass (``-m pure_pass``) does not import the modules ``may_hold_pure_pass_tests`` rules out,
+    and selects the same tests as the whole suite's collection does (``-m "(pure_pass)"``, an expression
+    that does not prune); the rule does leave modules out."""
+    assert collected("pure_pass") == collected("(pure_pass)")
+    assert may_hold_pure_pass_tests(TESTS / "test_rules_toxics.py")  # pure_only tests, not in PURE_PASS_TESTS
+    assert not may_hold_pure_pass_tests(TESTS / "test_suite_times.py")
