@@ -8,6 +8,7 @@ with kproxy's codec and sent over loopback TCP. The proxy advertises
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
 import struct
@@ -19,6 +20,7 @@ import trio
 
 from kproxy.protocol import MessageType, Response, frame, message_schema
 from kproxy.protocol.message_schemas import supported_versions
+from kproxy.server import proxy_server
 from kproxy.server.proxy_server import ProxyServer
 from kproxy.testing import proxy_config, running_server
 from tests.support.fakecluster import (
@@ -330,10 +332,14 @@ async def test_ports_are_broker_port_base_plus_node_id() -> None:
         assert {base + n for n in (0, 3, 5, 6)} <= set(server.listeners)
 
 
-async def test_a_broker_port_that_cannot_be_bound_makes_the_proxy_not_ready() -> None:
-    """Clients are still sent to that port (it is the one Metadata answers name): /readyz says so."""
+async def test_a_broker_port_that_cannot_be_bound_makes_the_proxy_not_ready_until_it_is_free(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Clients are still sent to that port (it is the one Metadata answers name): /readyz says so, and
+    the listener binds the port again until it can; then the broker is served and kproxy is ready."""
+    caplog.set_level(logging.INFO, "kproxy.server")
     base = free_port_range(4)
-    with socket.socket() as taken:
+    taken = socket.socket()
+    try:
         taken.bind(("127.0.0.1", base + 3))
         taken.listen()
         async with fake_cluster((0, 3)) as cluster, running_server(
@@ -345,6 +351,41 @@ async def test_a_broker_port_that_cannot_be_bound_makes_the_proxy_not_ready() ->
             assert reason is not None and f"listener broker-3 cannot listen on port {base + 3}" in reason, reason
             assert "broker-0" not in reason
             assert await reaches(server, base, cluster) == 0  # the other broker is served
+            failed = [r.getMessage() for r in caplog.records if "event=listen_failed" in r.getMessage()]
+            assert failed == [f'event=listen_failed listener=broker-3 port={base + 3} error="Address already in use" '
+                              "attempts=1 retry_in_s=1"], failed
+            taken.close()
+            with trio.fail_after(10):
+                while (reason := await server.readiness()) is not None:
+                    await trio.sleep(0.05)
+            assert await reaches(server, base + 3, cluster) == 3
+            listening = [r.getMessage() for r in caplog.records if "listener=broker-3" in r.getMessage()
+                         and "event=listening" in r.getMessage()]
+            assert len(listening) == 1 and " attempts=" in listening[0], listening
+    finally:
+        taken.close()
+
+
+async def test_a_port_held_for_long_is_logged_at_doubling_attempts(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retries back off, and their failures are logged at the 1st, 2nd, 4th, 8th... attempt only."""
+    monkeypatch.setattr(proxy_server, "_LISTEN_RETRY_FIRST", 0.002)
+    monkeypatch.setattr(proxy_server, "_LISTEN_RETRY_MAX", 0.01)
+    base = free_port_range(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        async with fake_cluster((0, 1)) as cluster, running_server(
+                proxy_config(cluster.bootstrap, advertised_host=ADVERTISED, broker_port_base=base)):
+
+            def attempts() -> list[int]:
+                return [int(r.getMessage().split(" attempts=")[1].split()[0]) for r in caplog.records
+                        if "event=listen_failed listener=broker-1" in r.getMessage()]
+
+            with trio.fail_after(10):
+                while 16 not in attempts():
+                    await trio.sleep(0.01)
+            assert attempts() == [1, 2, 4, 8, 16]
 
 
 async def test_connections_after_a_test_are_all_closed(cluster: FakeCluster, proxy: ProxyServer) -> None:

@@ -82,6 +82,12 @@ log = logging.getLogger("kproxy.server")
 # retried after _ACCEPT_BACKOFF, as trio's own serve_listeners does; any other error ends the listener.
 _CAPACITY_ERRNOS = {getattr(errno, name): name for name in ACCEPT_CAPACITY_ERRORS}
 _ACCEPT_BACKOFF = 0.1
+# A broker listener whose port could not be bound (another process holds it) binds it again after
+# _LISTEN_RETRY_FIRST seconds, then twice as long each time up to _LISTEN_RETRY_MAX: the port a
+# Metadata answer names heals once it is free, without a restart; the bootstrap listener's failure
+# ends `run` instead (nothing could reach kproxy).
+_LISTEN_RETRY_FIRST = 1.0
+_LISTEN_RETRY_MAX = 30.0
 
 
 class ListenFailed(OSError):
@@ -153,7 +159,7 @@ class ProxyServer:
         # kproxy's own login to the brokers (sasl.upstream), on every upstream connection it opens.
         self.logins = UpstreamLogins(config, self.stats) if config.sasl_upstream.enabled else None
         self.listeners: dict[int, _Listener] = {}
-        # The ports of listeners that are ready (open, or failed for good): what ensure_listeners
+        # The ports of listeners that are ready (open, or failed and binding again): what ensure_listeners
         # waits for, which connections check first (a set lookup per route, not an await).
         self.listening: set[int] = set()
         self.connections: set[Connection] = set()
@@ -503,32 +509,36 @@ class ProxyServer:
         await work()
 
     async def _serve(self, listener: _Listener, *, task_status: trio.TaskStatus[None]) -> None:
+        """Open ``listener``'s port and accept on it until its scope is cancelled. Started once the port
+        is open, or once a broker listener's port failed to open: that listener is then marked failed
+        (readiness names it) and binds its port again until it is free (``_listen_again``)."""
         LOG_CLUSTER.set(self.log_cluster)  # (its connections' tasks inherit it)
+        sock: trio.socket.SocketType | None = None
+        attempts = 1
         try:
             sock = await self._open_socket(listener.port)
         except OSError as exc:
-            listener.failed = f"{exc.strerror or exc}"
-            listener.ready.set()
-            self.listeners[listener.port] = listener
-            self.listening.add(listener.port)
-            log.error("event=listen_failed listener=%s port=%d error=%s", listener.name, listener.port,
-                      _q(listener.failed))
+            self._listen_failed(listener, exc, attempts=1)
             if listener.name == "bootstrap":
                 raise ListenFailed("bootstrap", f"{self.config.listen.host}:{listener.port}", exc) from exc
             task_status.started()
-            return
-        listener.port = sock.getsockname()[1]
-        self.listeners[listener.port] = listener
-        self.stats.listener_opened(listener.name, node_label(listener.node_id))
-        tcp = trio.SocketListener(sock)
-        listener.ready.set()
-        self.listening.add(listener.port)
-        if listener.name != "bootstrap":
-            log.info("event=listening listener=%s address=%s:%d", listener.name, self.config.listen.host,
-                     listener.port)
-        task_status.started()
         assert self._connections_nursery is not None
         with listener.scope:
+            retried = sock is None
+            if sock is None:
+                sock, attempts = await self._listen_again(listener)
+            listener.port = sock.getsockname()[1]
+            listener.failed = None
+            self.listeners[listener.port] = listener
+            self.stats.listener_opened(listener.name, node_label(listener.node_id))
+            tcp = trio.SocketListener(sock)
+            listener.ready.set()
+            self.listening.add(listener.port)
+            if listener.name != "bootstrap":
+                log.info("event=listening listener=%s address=%s:%d%s", listener.name, self.config.listen.host,
+                         listener.port, f" attempts={attempts}" if retried else "")
+            if not retried:
+                task_status.started()
             async with tcp:
                 cap = self.config.limits.max_connections
                 while True:
@@ -547,6 +557,35 @@ class ProxyServer:
                     self.connections_total += 1
                     self.open_clients += 1
                     self._connections_nursery.start_soon(self._handle, stream, listener)
+
+    def _listen_failed(self, listener: _Listener, exc: OSError, *, attempts: int,
+                       retry_in: float | None = _LISTEN_RETRY_FIRST) -> None:
+        """Mark ``listener`` failed (ready: nobody waits for it; readiness names it) and say so."""
+        listener.failed = f"{exc.strerror or exc}"
+        listener.ready.set()
+        self.listeners[listener.port] = listener
+        self.listening.add(listener.port)
+        retry = "" if listener.name == "bootstrap" or retry_in is None else f" retry_in_s={retry_in:.0f}"
+        log.error("event=listen_failed listener=%s port=%d error=%s attempts=%d%s", listener.name, listener.port,
+                  _q(listener.failed), attempts, retry)
+
+    async def _listen_again(self, listener: _Listener) -> tuple[trio.socket.SocketType, int]:
+        """Bind a failed broker listener's port again, backing off, until it opens (returned, with the
+        attempts it took, the first failed one included) or the listener's scope is cancelled. A failure
+        is logged at the 2nd, 4th, 8th... attempt: a port held for hours leaves a line every few
+        minutes, not one a retry."""
+        delay, attempts = _LISTEN_RETRY_FIRST, 1
+        while True:
+            await trio.sleep(delay)
+            attempts += 1
+            try:
+                return await self._open_socket(listener.port), attempts
+            except OSError as exc:
+                delay = min(delay * 2, _LISTEN_RETRY_MAX)
+                if attempts & (attempts - 1) == 0:
+                    self._listen_failed(listener, exc, attempts=attempts, retry_in=delay)
+                else:
+                    listener.failed = f"{exc.strerror or exc}"
 
     def _accept_failed(self, listener: _Listener, error: str, exc: OSError) -> None:
         self.stats.accept_failed(error)
