@@ -92,8 +92,6 @@ SLOW_TESTS = frozenset({
     "test_rules_patterns.py::test_a_topic_glob_means_what_fnmatch_says",
     # 100,000 topic names and 100,000 connections through Sessions: ~15 s.
     "test_metrics_traffic.py::test_100000_topics_client_ids_and_software_names_leave_metrics_under_1_mb",
-    # Two collections of the whole suite, as subprocesses.
-    "test_suite_marks.py::test_the_pure_pass_leaves_out_no_module_that_holds_one_of_its_tests",
 })
 SLOW_FIXTURES = frozenset({"spark", "captured_run"})
 # The pure pass: scripts/test runs the whole suite on the compiled build (pyproject.toml
