@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadFileScheduling
 
 from kproxy import native
 from kproxy.testing import Broker, ProxyThread, run_tansu, running_proxy
@@ -147,6 +148,17 @@ def pure_pass_modules(compiled: frozenset[str]) -> frozenset[str]:
 
 PURE_PASS_MODULES = pure_pass_modules(compiled_modules())
 LONGEST_RANK = {module: rank for rank, module in enumerate(LONGEST_FIRST)}
+# The modules whose tests use the session's Spark or its real capture (the ``spark`` and ``captured_run``
+# fixtures, one per worker): they are one unit of work, run by one worker, which starts one JVM and
+# makes one capture for all of them instead of each worker its own (``SessionSharing``). The unit is
+# handed out first. tests/test_suite_marks.py checks this list against the fixtures the tests use.
+SHARED_SESSION_FIXTURES = frozenset({"spark", "captured_run"})
+SHARED_SESSION_MODULES = frozenset({
+    "test_analysis.py", "test_analysis_anomalies.py", "test_analysis_cluster.py", "test_analysis_clusters.py",
+    "test_analysis_interval.py", "test_analysis_lag_seconds.py", "test_analysis_views.py", "test_capture_e2e.py",
+    "test_capture_faults.py", "test_capture_offsets.py", "test_rules_principal_e2e.py", "test_whatif.py",
+})
+SHARED_SESSION_UNIT = "tests/ (the modules sharing the session's Spark and capture)"
 # Fixtures that start a Tansu broker of their own (tests/sasl_front.py's front is one, before its Tansu).
 BROKER_FIXTURES = frozenset({"tansu", "sasl_front"})
 
@@ -297,10 +309,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def schedule_rank(item: pytest.Item) -> int:
-    """Where ``item``'s module goes in the run: its place in LONGEST_FIRST, else after all of them
-    (``list.sort`` is stable, so the rest keep the order they were collected in)."""
+    """Where ``item``'s module goes in the run: first the modules of SHARED_SESSION_MODULES (one unit),
+    then its place in LONGEST_FIRST, else after all of them (``list.sort`` is stable, so the rest keep
+    the order they were collected in)."""
     module = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
-    return LONGEST_RANK.get(module, len(LONGEST_RANK))
+    return -1 if module in SHARED_SESSION_MODULES else LONGEST_RANK.get(module, len(LONGEST_RANK))
+
+
+class SessionSharing(LoadFileScheduling):
+    """``--dist loadfile`` (each module whole in one worker), with the modules of SHARED_SESSION_MODULES
+    as one unit: a worker makes the session fixtures they share once for all of them."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = super()._split_scope(nodeid)
+        return SHARED_SESSION_UNIT if module.removeprefix("tests/") in SHARED_SESSION_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> SessionSharing | None:
+    """scripts/test's ``--dist loadfile`` is scheduled by :class:`SessionSharing`; other modes as xdist does."""
+    return SessionSharing(config, log) if config.getoption("dist", "no") == "loadfile" else None
 
 
 @pytest.fixture(scope="session")

@@ -13,14 +13,19 @@ import pytest
 from tests.conftest import (
     PURE_PASS_MODULES,
     PURE_PASS_TESTS,
+    SHARED_SESSION_FIXTURES,
+    SHARED_SESSION_MODULES,
+    SHARED_SESSION_UNIT,
     SLOW_FIXTURES,
     SLOW_MODULES,
     SLOW_TESTS,
     TESTS,
+    SessionSharing,
     compiled_modules,
     may_hold_pure_pass_tests,
     pure_pass_modules,
 )
+from tests.support.collection_census import CollectedTest, describe, parse
 
 
 def test_every_slow_module_and_test_exists() -> None:
@@ -68,27 +73,47 @@ def test_this_module_runs_in_the_fast_suite(request: pytest.FixtureRequest) -> N
 
 
 
-def pure_pass_modules_collected(request: pytest.FixtureRequest) -> set[Path]:
-    """The modules holding a test marked ``pure_pass``: from this session's items when it collected
-    the suite (scripts/test), else from a collection of the whole suite in a process of its own."""
-    items = request.session.items
-    if len({item.path for item in items}) > 1:
-        return {item.path for item in items if item.get_closest_marker("pure_pass") is not None}
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "(pure_pass)",
-                           "-p", "no:cacheprovider", "-p", "no:randomly", str(TESTS)],
+
+def whole_suite(request: pytest.FixtureRequest) -> list[CollectedTest]:
+    """Every test of the suite, marked as tests/conftest.py marks them: from this session's items when it
+    collected the whole suite and kept it (scripts/test), else from a collection of it in a process of
+    its own."""
+    config = request.config
+    paths = {(config.invocation_params.dir / arg.split("::", 1)[0]).resolve() for arg in config.args}
+    if paths == {TESTS} and not config.getoption("markexpr") and not config.getoption("keyword"):
+        return describe(request.session.items)
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "tests.support.collection_census", "-p", "no:cacheprovider", "-p", "no:randomly",
+                           str(TESTS)],
                           cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "KPROXY_TEST_BUILD": "", "PYTEST_ADDOPTS": ""})
-    ids = [line for line in done.stdout.splitlines() if "::" in line]
-    assert done.returncode == 0 and ids, done.stdout[-2000:] + done.stderr[-2000:]
-    return {TESTS.parent / nodeid.split("::", 1)[0] for nodeid in ids}
+    facts = parse(done.stdout)
+    assert done.returncode == 0 and facts, done.stdout[-2000:] + done.stderr[-2000:]
+    return facts
 
 
 def test_the_pure_pass_leaves_out_no_module_that_holds_one_of_its_tests(request: pytest.FixtureRequest) -> None:
     """The pure pass (``-m pure_pass``) does not import the modules ``may_hold_pure_pass_tests`` rules
-    out: none of them holds a test marked ``pure_pass`` (``-m "(pure_pass)"`` collects without that
-    pruning); and the rule does leave modules out."""
-    left_out = sorted(path.relative_to(TESTS).as_posix() for path in pure_pass_modules_collected(request)
-                      if not may_hold_pure_pass_tests(path))
+    out: none of them holds a test marked ``pure_pass``; and the rule does leave modules out."""
+    left_out = sorted({t.module for t in whole_suite(request)
+                       if "pure_pass" in t.marks and not may_hold_pure_pass_tests(TESTS / t.module)})
     assert not left_out, f"modules holding tests of the pure pass that it would not collect: {left_out}"
     assert may_hold_pure_pass_tests(TESTS / "test_rules_toxics.py")  # pure_only tests, not in PURE_PASS_TESTS
     assert not may_hold_pure_pass_tests(TESTS / "test_suite_times.py")
+
+
+def test_the_modules_sharing_session_fixtures_are_the_ones_that_use_them(request: pytest.FixtureRequest) -> None:
+    """SHARED_SESSION_MODULES (one unit of work, one worker) are the modules whose tests use a fixture of
+    SHARED_SESSION_FIXTURES: a module missing makes its worker start another JVM or capture; one listed
+    for nothing only keeps the unit longer."""
+    using = {t.module for t in whole_suite(request) if t.fixtures & SHARED_SESSION_FIXTURES}
+    assert using == SHARED_SESSION_MODULES, (f"use them, not listed: {sorted(using - SHARED_SESSION_MODULES)}; "
+                                             f"listed, do not: {sorted(SHARED_SESSION_MODULES - using)}")
+
+
+def test_the_shared_session_modules_are_one_unit_and_other_modules_their_own() -> None:
+    scheduler = SessionSharing.__new__(SessionSharing)
+    units = {scheduler._split_scope(f"tests/{m}::test_x") for m in SHARED_SESSION_MODULES}
+    assert units == {SHARED_SESSION_UNIT}
+    assert scheduler._split_scope("tests/test_session.py::test_x[1]") == "tests/test_session.py"
+    assert scheduler._split_scope("tests/fuzz/test_fuzz.py::test_fuzz_briefly[a]") == "tests/fuzz/test_fuzz.py"
