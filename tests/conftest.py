@@ -278,7 +278,7 @@ def may_hold_pure_pass_tests(path: Path) -> bool:
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """The pure pass (``-m pure_pass``, alone or first of an ``and``: scripts/test) does not import the
     test modules that cannot hold one of its tests: each worker would import all of them to keep a
-    tenth of the tests. tests/test_suite_marks.py checks that the pass selects the same tests without it."""
+    tenth of the tests. tests/test_suite_marks.py checks that no module left out holds one."""
     marks = str(config.getoption("markexpr", "") or "")
     if marks != "pure_pass" and not marks.startswith("pure_pass and "):
         return None
