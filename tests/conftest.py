@@ -184,7 +184,11 @@ CPU_PROPERTY = "cpu_seconds"  # a report's user property: its phase's CPU second
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Any:
-    STRAYS.begin(item.nodeid.split("::", 1)[0])
+    module = item.nodeid.split("::", 1)[0]
+    if module != LAST_MODULE[0]:
+        LAST_MODULE[0] = module
+        _freeze_what_is_alive()
+    STRAYS.begin(module)
     STATE.begin()
     return (yield from _phase_cpu(item, "setup"))
 
@@ -264,6 +268,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     full collection walks all of it, long enough that a kproxy running in a test's process would
     count the pause as its event loop held, and fail a hostile test's bound for the test process's
     heap. Tests that change the collector restore the freeze (tests/test_connection_setup.py)."""
+    _freeze_what_is_alive()
+
+
+LAST_MODULE = [""]  # the module of the test set up last in this process
+
+
+def _freeze_what_is_alive() -> None:
+    """Collect, then leave every object still alive out of later collections. Done after collection
+    and again as each module begins (its predecessor's module fixtures are torn down by then): what
+    the modules before left alive (session fixtures such as a Spark session, caches, imported
+    libraries) would otherwise be walked by each full collection, and a collection in an in-process
+    kproxy's thread counts as its loop held."""
     gc.collect()
     gc.freeze()
 
