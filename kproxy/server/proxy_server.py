@@ -514,7 +514,6 @@ class ProxyServer:
         (readiness names it) and binds its port again until it is free (``_listen_again``)."""
         LOG_CLUSTER.set(self.log_cluster)  # (its connections' tasks inherit it)
         sock: trio.socket.SocketType | None = None
-        attempts = 1
         try:
             sock = await self._open_socket(listener.port)
         except OSError as exc:
@@ -525,6 +524,7 @@ class ProxyServer:
         assert self._connections_nursery is not None
         with listener.scope:
             retried = sock is None
+            attempts = 1
             if sock is None:
                 sock, attempts = await self._listen_again(listener)
             listener.port = sock.getsockname()[1]
@@ -559,13 +559,13 @@ class ProxyServer:
                     self._connections_nursery.start_soon(self._handle, stream, listener)
 
     def _listen_failed(self, listener: _Listener, exc: OSError, *, attempts: int,
-                       retry_in: float | None = _LISTEN_RETRY_FIRST) -> None:
+                       retry_in: float = _LISTEN_RETRY_FIRST) -> None:
         """Mark ``listener`` failed (ready: nobody waits for it; readiness names it) and say so."""
         listener.failed = f"{exc.strerror or exc}"
         listener.ready.set()
         self.listeners[listener.port] = listener
         self.listening.add(listener.port)
-        retry = "" if listener.name == "bootstrap" or retry_in is None else f" retry_in_s={retry_in:.0f}"
+        retry = "" if listener.name == "bootstrap" else f" retry_in_s={retry_in:.0f}"  # (the bootstrap's ends run)
         log.error("event=listen_failed listener=%s port=%d error=%s attempts=%d%s", listener.name, listener.port,
                   _q(listener.failed), attempts, retry)
 
