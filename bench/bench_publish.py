@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_publish.py [--rounds N] [--seconds S] [--quick] [--variants LIST]
                                             [--rates LIST] [--sizes LIST] [--own-brokers] [--pin]
+                                            [--broker-nice N] [--stalls DIR]
 
 The measure users watch and the OpenMessaging Benchmark's Kafka driver reports: one librdkafka
 producer (confluent-kafka; acks=all, linger.ms=1) sends at a fixed rate, round-robin over 10
@@ -28,6 +29,16 @@ Paths, measured in rounds whose path order rotates (medians of the rounds report
 everything else (this producer, the brokers) on the others, as a sidecar with a core of its own
 would be: what is left of the added latency then is the proxy's own, not its wait for a core
 shared with the client and the broker.
+
+``--broker-nice N``: every broker's threads at nice N. Unpinned, with a negative N the kernel
+serves the brokers first, as a broker on a machine of its own is served: without it, a proxy's
+CPU is taken from the broker behind it on these two cores, and the broker's queue for a core is
+what the path adds (see the next paragraph).
+
+Where a path's time went: for each kproxy variant with a capture, the capture's own timings of
+its Produce requests sent in the counted seconds are summed up after the run: kproxy's time (read
+-> forwarded, answer read -> released) against the broker's (forwarded -> answer read, which also
+holds the loop's wait to read an answer that has come).
 
 Prints Markdown tables for docs/PERFORMANCE.md; progress to stderr.
 """
@@ -76,6 +87,7 @@ class Route:
     hop: Hop
     broker_port: int | None
     broker: subprocess.Popen[bytes]
+    key: str | None = None  # the kproxy variant (VARIANTS), None for direct and the pipe
 
 TOPICS = [f"publish-{i}" for i in range(10)]
 DIRECT, DIRECT_AA = "direct", "direct A/A"
@@ -94,6 +106,7 @@ class Sample:
     broker_cpu_s: float  # the broker's CPU over the measurement
     client_cpu_s: float  # this process's (the producer's: librdkafka's threads and the pacing loop)
     waits_s: float  # the path's processes' (proxy, broker, producer) time runnable but waiting for a core
+    window: tuple[float, float] = (0.0, 0.0)  # wall clock (time.time()) of the counted messages' sending
 
     def stats(self) -> dict[str, float]:
         lat = self.latencies
@@ -180,7 +193,9 @@ def publish(route: Route, load: Load, seconds: float, warmup: float) -> Sample:
         broker0, client0 = cpu_seconds(route.broker.pid), own_cpu_seconds()
         pids = [pid for pid in (hop.pid, route.broker.pid, os.getpid()) if pid]
         waits0 = sum(map(run_delay_seconds, pids))
+        began = time.time()
         measured = paced(producer, load, seconds, counted)
+        window = (began, time.time())
         if producer.flush(30):
             raise RuntimeError(f"{hop.name}: messages still unacknowledged 30 s after the last was sent")
         cpu = cpu_seconds(hop.pid) - cpu0 if hop.pid else None
@@ -191,7 +206,7 @@ def publish(route: Route, load: Load, seconds: float, warmup: float) -> Sample:
         producer.flush(5)
     if not latencies:
         raise RuntimeError(f"{hop.name}: no message was acknowledged ({failed[0]} failed)")
-    return Sample(latencies, failed[0], measured, cpu, reqs, broker_cpu, client_cpu, waits)
+    return Sample(latencies, failed[0], measured, cpu, reqs, broker_cpu, client_cpu, waits, window)
 
 
 def fresh_stats(producer: Any, stats: list[str]) -> str:
@@ -258,7 +273,7 @@ def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str], own_b
         for key in keys:
             port = new_broker(stack, key) if own_brokers else shared
             [hop] = variant_hops(stack, sys.executable, f"127.0.0.1:{port}", [key], workdir, logs, "-publish")
-            routes.append(Route(hop, port, started_brokers[port]))
+            routes.append(Route(hop, port, started_brokers[port], key))
         yield [r for r in routes if r.hop.name == DIRECT or r.hop.name not in skip]
 
 
@@ -266,6 +281,12 @@ def pin_threads(pid: int, cpus: set[int]) -> None:
     """Every thread of ``pid`` (and the threads it starts later, which inherit it) on ``cpus``."""
     for task in os.listdir(f"/proc/{pid}/task"):
         os.sched_setaffinity(int(task), cpus)
+
+
+def renice_threads(pid: int, nice: int) -> None:
+    """Every thread of ``pid`` at scheduling priority ``nice`` (threads it starts later inherit it)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.setpriority(os.PRIO_PROCESS, int(task), nice)
 
 
 def rotated(hops: list[Route], r: int) -> list[Route]:
@@ -352,6 +373,45 @@ def print_report(results: Results, machine: str, args: argparse.Namespace, candi
         print(table(["metric", "measured ms", "target ms", "status"], rows) + "\n")
 
 
+def print_split(captures: dict[str, Path], results: Results) -> None:
+    """Per kproxy path with a capture: where its counted Produce requests (those sent in the measured
+    seconds of every round, warm-ups left out) spent their time, from the capture's
+    own timings: kproxy's (read -> forwarded, plus answer read -> released) and the broker's
+    (forwarded -> answer read: the broker's work, its queue for a core, and the loop's wait to read
+    an answer that has come). A path whose added latency is in the second column while kproxy's
+    own time stays small was held behind the proxy's handling, not in it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    rows = []
+    for name, where in captures.items():
+        files = list(where.glob("hour=*/*.parquet"))
+        if not files:
+            rows.append([name, "(no capture file)", "", "", "", "", "", ""])
+            continue
+        windows = [sample.window for samples in results.samples.values() for sample in samples.get(name, [])]
+        counted = pc.field("api_name") == "Produce"
+        within = None
+        for began, ended in windows:
+            one = ((pc.field("request_time") >= pa.scalar(int(began * 1e6), pa.timestamp("us", tz="UTC")))
+                   & (pc.field("request_time") <= pa.scalar(int(ended * 1e6), pa.timestamp("us", tz="UTC"))))
+            within = one if within is None else within | one
+        t = ds.dataset(where, format="parquet", partitioning="hive").to_table(
+            columns=["kproxy_latency_ms", "broker_latency_ms"], filter=counted if within is None else counted & within)
+        own = [v for v in t.column("kproxy_latency_ms").to_pylist() if v is not None]
+        broker = [v for v in t.column("broker_latency_ms").to_pylist() if v is not None]
+        rows.append([name, f"{len(own):,}", *(f"{percentile(own, q):.3f}" for q in (50, 99, 99.9)),
+                     *(f"{percentile(broker, q):.2f}" for q in (50, 99, 99.9))])
+    print("#### Inside the proxy and behind it (the capture's timings of the Produce requests sent in the "
+          "counted seconds)\n")
+    print("kproxy's own time: request read -> forwarded, plus answer read -> released; the broker's: "
+          "forwarded -> answer read (the broker's work, its waits for a core, and the proxy loop's wait to "
+          "read an answer that has come).\n")
+    print(table(["path", "Produce requests", "kproxy p50 ms", "p99", "p99.9", "broker p50 ms", "p99", "p99.9"],
+                rows) + "\n")
+
+
 def print_stalls(where: Path, pids: dict[int, str]) -> None:
     """Per kproxy process: its task steps and collections of at least _stalls.LONG, and the longest;
     the loop's time in steps split into CPU, waiting for a core and blocked (the GIL)."""
@@ -398,6 +458,10 @@ def parse_args() -> argparse.Namespace:
                              "variants share one; the pipe always has its own)")
     parser.add_argument("--pin", action="store_true",
                         help="the proxies on the last core, the producer and the brokers on the others")
+    parser.add_argument("--broker-nice", type=int, default=0, metavar="N",
+                        help="every broker's threads at nice N (negative favours the brokers over the "
+                             "producer and the proxies, as a broker on a machine of its own would be; "
+                             "below 0 needs root)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 3 s, 1 KB values only (a smoke run)")
     args = parser.parse_args()
     if args.quick:
@@ -415,6 +479,7 @@ def main() -> int:
     args = parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="kproxy-bench-publish-"))
     if args.stalls:
+        Path(args.stalls).mkdir(parents=True, exist_ok=True)  # each kproxy writes its file there as it ends
         os.environ["KPROXY_BENCH_STALLS"] = str(Path(args.stalls).resolve())  # inherited by run_kproxy.py
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin:
@@ -429,6 +494,10 @@ def main() -> int:
                     if route.hop.pid:
                         pin_threads(route.hop.pid, {cpus[-1]})
                 machine += f"; proxies pinned to core {cpus[-1]}, producer and brokers to {cpus[:-1]}"
+            if args.broker_nice:
+                for route in hops:
+                    renice_threads(route.broker.pid, args.broker_nice)
+                machine += f"; brokers at nice {args.broker_nice}"
             pids = {r.hop.pid: r.hop.name for r in hops if r.hop.pid and r.hop.name != "pipe"}
             for route in hops:  # every path warm (connections, codecs, kproxy's start-up work) first
                 publish(route, Load(min(load.rate for load in args.loads), 1024), 1.0, 0.0)
@@ -438,6 +507,10 @@ def main() -> int:
             results = measure(hops, args.loads, args.rounds, args.seconds, args.warmup)
         candidate = VARIANTS[args.keys[-1]].path if args.keys else "pipe"
         print_report(results, machine, args, candidate)
+        captures = {VARIANTS[route.key].path: workdir / f"capture-{route.key}-{route.broker_port}"
+                    for route in hops if route.key and VARIANTS[route.key].capture}
+        if captures:
+            print_split(captures, results)
         if args.stalls:
             print_stalls(Path(args.stalls), pids)
     finally:

@@ -46,6 +46,28 @@ def test_smoke_run_measures_every_path_and_the_loop_stalls(tmp_path: Path) -> No
     assert "steps' ms CPU/queue/blocked" in report
 
 
+def test_capture_splits_the_time_between_proxy_and_broker(tmp_path: Path) -> None:
+    stalls = tmp_path / "not-made-yet"  # the benchmark makes it
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_publish.py"), "--rounds", "1", "--seconds", "1", "--warmup", "0.2",
+         "--rates", "50", "--sizes", "100", "--variants", "capture", "--skip", "direct A/A,pipe",
+         "--broker-nice", "1", "--stalls", str(stalls)],
+        capture_output=True, text=True, timeout=180, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = out.stdout
+    assert "brokers at nice 1" in report
+    assert list(stalls.glob("stalls-*.json")), "the stall watch wrote nothing"
+    assert "#### Inside the proxy and behind it" in report
+    [row] = [line for line in report.splitlines() if line.startswith("| kproxy +capture |")
+             and line.count("|") == 9]
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    # Only the counted second's Produce requests: 50 messages, one request each at this rate (the
+    # warm-up's are left out), and each split into kproxy's time and the broker's.
+    assert 40 <= int(cells[0].replace(",", "")) <= 50, row
+    own_p50, broker_p50 = float(cells[1]), float(cells[4])
+    assert 0 < own_p50 < broker_p50, row
+
+
 def test_a_client_that_went_around_the_proxy_is_refused() -> None:
     sys.path.insert(0, str(BENCH))
     try:
