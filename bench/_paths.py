@@ -59,6 +59,9 @@ VARIANTS = {
     "labels": Variant(EVERYTHING_LABELS, rules="none-match", capture=True, env=_LABELS),
     # The same without the capture: what the capture's writer thread (its CPU, its turns with the
     # GIL) adds to a path, beside `labels`.
+    # Everything on with the capture in a worker process of its own (capture.process).
+    "labelsproc": Variant("kproxy everything, labels, capture process", rules="none-match", capture=True,
+                          env=(*_LABELS, ("KPROXY_CAPTURE_PROCESS", "true"))),
     "nocapture": Variant("kproxy labels and rules, no capture", rules="none-match", env=_LABELS),
     # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
     # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
@@ -135,23 +138,54 @@ def tansu_proxy(origin_port: int, log: Path) -> Iterator[tuple[subprocess.Popen[
         yield None, 0, f"`tansu proxy` did not listen within 20 s (see {log})"
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started and that still run, and theirs (a capture worker: its CPU is the proxy's)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            continue
+        for kid in kids:
+            out += [kid, *children(kid)]
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    """CPU seconds of process ``pid`` so far, user plus system, all threads (/proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
+    """CPU seconds of process ``pid`` and the processes it started, so far, user plus system, all
+    threads (/proc/PID/stat)."""
+    total = 0
+    for one in (pid, *children(pid)):
+        try:
+            with open(f"/proc/{one}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        total += int(fields[11]) + int(fields[12])  # utime + stime, all threads
+    return total / CLK_TCK
 
 
 def run_delay_seconds(pid: int) -> float:
-    """Seconds the threads of process ``pid`` have spent runnable but waiting for a core, so far
-    (the run delay of /proc/PID/task/*/schedstat; threads that ended are not counted)."""
+    """Seconds the threads of process ``pid`` (and of the processes it started) have spent runnable
+    but waiting for a core, so far (the run delay of /proc/PID/task/*/schedstat; threads that ended
+    are not counted)."""
     total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
+    for one in (pid, *children(pid)):
         try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # a thread ended meanwhile
+            tasks = os.listdir(f"/proc/{one}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{one}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # a thread ended meanwhile
     return total / 1e9
 
 

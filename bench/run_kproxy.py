@@ -75,8 +75,10 @@ def main() -> None:
         "log_level": (args.log_level, "--log-level"),
         "limits.shutdown_grace": (2, "bench"),
     }
-    # The metrics options from the environment, as `kproxy run` reads them (KPROXY_BENCH_* are not options).
-    options, problems = read_environment({k: v for k, v in os.environ.items() if k.startswith("KPROXY_METRICS_")})
+    # The metrics options and capture.process from the environment, as `kproxy run` reads them
+    # (KPROXY_BENCH_* are not options).
+    options, problems = read_environment({k: v for k, v in os.environ.items()
+                                          if k.startswith("KPROXY_METRICS_") or k == "KPROXY_CAPTURE_PROCESS"})
     if problems:
         parser.error("; ".join(problems))
     raw.update(options)

@@ -14,6 +14,7 @@ from typing import Any
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Identity, Tee, split_peer
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.record_schema import ANOMALY_METADATA_KEY
+from kproxy.capture.shipper import CaptureShipper
 from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.paths import OptionFailed
@@ -31,14 +32,22 @@ class CaptureService:
         assert options.dir is not None
         self.topics = TopicIdNames()
         self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
-        # Observers offer captured exchanges; the writer thread reads them (RecordBuilder), off the loop.
-        self.builder = RecordBuilder(self.topics, self.payloads)
-        self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
-                                    rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
-                                    queue_size=options.queue_size, rows=self.builder.rows,
-                                    add_rows=self.builder.add_rows,
-                                    metadata=None if anomalies is None else {
-                                        ANOMALY_METADATA_KEY: json.dumps(anomalies, sort_keys=True)})
+        metadata = None if anomalies is None else {ANOMALY_METADATA_KEY: json.dumps(anomalies, sort_keys=True)}
+        # Observers offer captured exchanges; the writer thread reads them (RecordBuilder), off the loop,
+        # or (capture.process) a worker process does, fed by the shipper's thread.
+        self.builder: RecordBuilder | None = None
+        self.writer: CaptureWriter | CaptureShipper
+        if options.process:
+            self.writer = CaptureShipper(options.dir, max_bytes_total=options.max_bytes_total,
+                                         rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
+                                         queue_size=options.queue_size, include_payloads=options.include_payloads,
+                                         payload_max_bytes=options.payload_max_bytes, metadata=metadata)
+        else:
+            self.builder = RecordBuilder(self.topics, self.payloads)
+            self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
+                                        rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
+                                        queue_size=options.queue_size, rows=self.builder.rows,
+                                        add_rows=self.builder.add_rows, metadata=metadata)
         # Wall time of the sessions' perf_counter clock, read once: every connection's records on one
         # time line (the what-if orders requests across connections by it, kproxy.analysis.whatif).
         self.clock_offset = time.time() - time.perf_counter()
@@ -69,6 +78,8 @@ class CaptureService:
         conn = ConnectionInfo(connection_id=f"{self._prefix}-{self._connections}", client_host=host,
                               client_port=port, listener=listener, upstream=upstream,
                               principal=_tls_subject(client), cluster=cluster)
+        # (reader: big frames read at once on the loop, not held; a worker process is handed them whole,
+        # its own reader knowing the topic ids that Fetch answers name)
         capture = CaptureObserver(conn, self.writer.queue.offer, self.clock_offset, reader=self.builder,
                                   identity=identity)
         return capture if metrics is None else Tee(metrics, capture)
@@ -83,6 +94,13 @@ class CaptureService:
     def counts(self) -> dict[str, int]:
         """Records by outcome, for ``kproxy_capture_records_total``."""
         return {"written": self.writer.written, "dropped": self.writer.dropped, "abandoned": self.writer.abandoned}
+
+    @property
+    def over_budget(self) -> int:
+        """Frames whose records were read no further (over their budget), for the metrics."""
+        if isinstance(self.writer, CaptureShipper):
+            return self.writer.over_budget
+        return self.builder.over_budget if self.builder is not None else 0
 
 
 def _tls_subject(client: Any) -> str | None:

@@ -310,6 +310,12 @@ class CaptureWriter:
         """Items offered and never written: the queue was full, a write failed, or offered after close."""
         return self.queue.full + self._lost
 
+    @property
+    def open_records(self) -> int:
+        """Records written to the file still open (under its temporary name)."""
+        f = self._open
+        return f.records if f is not None else 0
+
     def start(self) -> CaptureWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         found = []

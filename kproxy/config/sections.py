@@ -111,6 +111,7 @@ class CaptureOptions:
     queue_size: int = 10_000
     include_payloads: bool = False
     payload_max_bytes: int = 1024
+    process: bool = False  # read and write in a worker process (kproxy.capture.worker), not a thread
 
     @property
     def enabled(self) -> bool:

@@ -423,7 +423,7 @@ class ProxyServer:
         return LiveGauges(in_flight=sum(c.session.in_flight_count for c in list(self.connections)),
                           listeners=sum(1 for lst in list(self.listeners.values()) if lst.failed is None),
                           capture=self.capture.counts() if self.capture is not None else None,
-                          capture_over_budget=self.capture.builder.over_budget if self.capture is not None else 0,
+                          capture_over_budget=self.capture.over_budget if self.capture is not None else 0,
                           certificates={(side.side, subject): validity for side in self.tls_reloader.sides
                                         for subject, validity in side.validity().items()}
                           if self.tls_reloader is not None else {})

@@ -1,0 +1,138 @@
+"""The capture worker: a process of its own that reads captured exchanges into Parquet files.
+
+``python -m kproxy.capture.worker SETTINGS`` is started by :class:`kproxy.capture.shipper.CaptureShipper`
+when ``capture.process`` is on. Why a process: the capture's reading and writing is Python work that
+holds the GIL, and in the proxy's process a thread doing it shares the GIL with the event loop: the
+loop waits for the lock while the writer holds it, and longest when the kernel has left the writer
+off a busy core (a lower priority for that thread makes it worse). In a process of its own the
+work takes no lock the loop needs, and it runs at a lower priority, so on cores the proxy shares
+with others the kernel serves the proxy first.
+
+Contract:
+
+* SETTINGS is a JSON object: the capture directory and its rotation and cap, the writer's queue
+  size, the payload options and the files' metadata. Its priority is the parent's to set (it is
+  set as the process starts, before anything is read).
+* Standard input carries batches: a 4-byte big-endian length, then a pickle (trusted: only the
+  parent writes this pipe) of a list of items, each a :data:`kproxy.capture.record_builder.Captured`
+  or ``ClosedConnection`` tuple whose connection is given as :func:`connection_key`'s tuple instead of a
+  :class:`~kproxy.capture.connection_info.ConnectionInfo`. Each item goes to the writer's queue
+  in order (:class:`kproxy.capture.writer.CaptureWriter`: a full queue drops and counts).
+* Standard output carries the counters, one JSON line (:data:`COUNTERS`, :data:`GAUGES`) every
+  :data:`REPORT_SECONDS`, and a last one once standard input ends and the writer has written
+  what it had and completed its file. Then the process exits 0.
+* A batch cut short (the parent killed mid-write) ends the input like an end of file. SIGINT and
+  SIGTERM are ignored: the worker ends when its input does, so a proxy stopped in any way (a
+  terminal's Ctrl-C reaches the whole process group; SIGKILL closes the pipe) leaves complete files.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from kproxy.capture.connection_info import ConnectionInfo
+from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
+from kproxy.capture.writer import CaptureWriter
+from kproxy.protocol.topic_ids import TopicIdNames
+
+# The counters a report carries (CaptureWriter's and RecordBuilder's, by these names), and
+# ``open_records``: records written to the file still open (lost with it if the worker is killed).
+COUNTERS = ("written", "dropped", "abandoned", "over_budget", "files_written", "files_deleted", "write_errors")
+GAUGES = ("open_records",)
+# A report this often, whether items come or not.
+REPORT_SECONDS = 1.0
+# The ConnectionInfo fields a connection key carries, in order (node_id is worked out from listener).
+CONNECTION_FIELDS = ("connection_id", "client_host", "client_port", "listener", "upstream", "principal", "cluster")
+
+
+def connection_key(conn: ConnectionInfo) -> tuple[Any, ...]:
+    """What the worker needs of a connection, as plain values (a frozen dataclass with slots does
+    not come back from a pickle)."""
+    return (conn.connection_id, conn.client_host, conn.client_port, conn.listener, conn.upstream, conn.principal,
+            conn.cluster)
+
+
+def counters(writer: CaptureWriter, builder: RecordBuilder) -> dict[str, int]:
+    """The worker's counters now (:data:`COUNTERS` and :data:`GAUGES`)."""
+    return {"written": writer.written, "dropped": writer.dropped, "abandoned": writer.abandoned,
+            "over_budget": builder.over_budget, "files_written": writer.files_written,
+            "files_deleted": writer.files_deleted, "write_errors": writer.write_errors,
+            "open_records": writer.open_records}
+
+
+def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:
+    data = stream.read(n)
+    return data if data is not None and len(data) == n else None
+
+
+def serve(settings: dict[str, Any], stdin: BinaryIO, stdout: Any) -> None:
+    """Read batches from ``stdin`` into a capture writer until it ends; counters to ``stdout``."""
+    builder = RecordBuilder(TopicIdNames(), PayloadOptions(include=bool(settings["include_payloads"]),
+                                                           max_bytes=int(settings["payload_max_bytes"])))
+    writer = CaptureWriter(Path(settings["dir"]), max_bytes_total=int(settings["max_bytes_total"]),
+                           rotate_bytes=int(settings["rotate_bytes"]),
+                           rotate_seconds=float(settings["rotate_seconds"]),
+                           queue_size=int(settings["queue_size"]), rows=builder.rows, add_rows=builder.add_rows,
+                           metadata=settings.get("metadata"))
+    writer.start()
+    offer = writer.queue.offer
+    connections: dict[tuple[Any, ...], ConnectionInfo] = {}
+
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def report() -> None:
+        with lock:
+            stdout.write(json.dumps(counters(writer, builder)) + "\n")
+            stdout.flush()
+
+    def reports() -> None:
+        while not done.wait(REPORT_SECONDS):
+            report()
+
+    threading.Thread(target=reports, name="kproxy-capture-reports", daemon=True).start()
+    try:
+        while True:
+            head = _read_exactly(stdin, 4)
+            body = None if head is None else _read_exactly(stdin, int.from_bytes(head, "big"))
+            if body is None:
+                break
+            for item in pickle.loads(body):
+                key = item[0]
+                conn = connections.get(key)
+                if conn is None:
+                    conn = connections[key] = ConnectionInfo(**dict(zip(CONNECTION_FIELDS, key, strict=True)))
+                frames = item[3] if len(item) > 5 else b""
+                response = item[4] if len(item) > 5 else None
+                held = (len(frames) if type(frames) is bytes else 0) + (len(response) if type(response) is bytes else 0)
+                offer((conn, *item[1:]), held)
+    finally:
+        writer.close()
+        done.set()
+        report()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m kproxy.capture.worker SETTINGS_JSON", file=sys.stderr)
+        return 2
+    # The worker ends when its input does, having completed its file: not on the Ctrl-C a terminal
+    # sends the whole process group, nor on a SIGTERM meant for the proxy (which then closes the
+    # input). A proxy killed outright closes it too. (The shipper starts it with both blocked;
+    # ignored now, they are unblocked.)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    serve(json.loads(args[0]), sys.stdin.buffer, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
