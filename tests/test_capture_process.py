@@ -20,9 +20,9 @@ import pytest
 pq = pytest.importorskip("pyarrow.parquet")
 
 from kproxy.capture.connection_info import ConnectionInfo  # noqa: E402
+from kproxy.capture.handoff import connection_key  # noqa: E402
 from kproxy.capture.record_schema import check_version  # noqa: E402
 from kproxy.capture.shipper import WORKER_NICE, CaptureShipper  # noqa: E402
-from kproxy.capture.worker import connection_key  # noqa: E402
 from kproxy.testing import running_proxy  # noqa: E402
 from tests.support.e2e import consume_confluent, create_topic, produce_confluent, unique  # noqa: E402
 
@@ -172,6 +172,9 @@ def test_ctrl_c_to_the_process_group_still_completes_the_file(tansu: Any, tmp_pa
         wait_for_port("127.0.0.1", port)
         producer = produce_confluent(f"127.0.0.1:{port}", topic, [(b"k", b"v%d" % i) for i in range(50)])
         _wait(lambda: list(capture.rglob(".capture-*.tmp")), 10, "the worker opened a file")
+        # The proxy itself never loads pyarrow: the worker reads and writes.
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "libarrow" not in maps and "pyarrow" not in maps
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 0, log.read_text()
         del producer
@@ -182,3 +185,26 @@ def test_ctrl_c_to_the_process_group_still_completes_the_file(tansu: Any, tmp_pa
     assert _produced(_rows(capture), topic) == 50
     text = log.read_text()
     assert "Traceback" not in text and "capture_worker_exited" not in text, text
+
+
+def test_big_frames_reach_the_worker_whole(tansu: Any, tmp_path: Path) -> None:
+    """Frames of INLINE_BYTES and more go to the worker after the batch's pickle, not in it: a big
+    Produce request and the Fetch answer carrying it back are read as the thread would read them."""
+    from kproxy.capture.shipper import INLINE_BYTES
+
+    topic = unique("process-big")
+    create_topic(tansu.bootstrap, topic, partitions=1)
+    capture = tmp_path / "capture"
+    big = b"b" * (40 * INLINE_BYTES)
+    messages = [(b"small", b"s"), (b"big", big), (b"small", b"t")]
+    with running_proxy(tansu.bootstrap, capture__dir=str(capture), capture__process=True) as proxy:
+        produce_confluent(proxy.bootstrap, topic, messages, **{"linger.ms": 0, "batch.size": 1})
+        got = consume_confluent(proxy.bootstrap, topic, 1, len(messages))
+        assert sorted(len(v) for _k, v in got) == [1, 1, len(big)]
+    rows = _rows(capture)
+    produces = [r for r in rows if r["api_name"] == "Produce" and any(p["topic"] == topic for p in r["partitions"])]
+    assert sum(p["record_count"] for r in produces for p in r["partitions"]) == 3
+    assert max(r["request_bytes"] for r in produces) > len(big)
+    fetched = [p for r in rows if r["api_name"] == "Fetch" for p in r["partitions"] if p["topic"] == topic]
+    assert sum(p["record_count"] for p in fetched) >= 3
+    assert max(r["response_bytes"] or 0 for r in rows if r["api_name"] == "Fetch") > len(big)

@@ -1,7 +1,8 @@
 """The capture of one kproxy process: the writer, and an observer per client connection.
 
-Imported only when capture is configured: it needs pyarrow (the ``capture``
-extra), which the proxy does not carry otherwise.
+Imported only when capture is configured: its writer needs pyarrow (the ``capture``
+extra), which the proxy does not carry otherwise (with ``capture.process`` the worker
+process loads it, the proxy does not).
 """
 
 from __future__ import annotations
@@ -9,18 +10,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kproxy.capture.observer import CaptureObserver, ConnectionInfo, Identity, Tee, split_peer
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.record_schema import ANOMALY_METADATA_KEY
 from kproxy.capture.shipper import CaptureShipper
-from kproxy.capture.writer import CaptureWriter
 from kproxy.config import CaptureOptions
 from kproxy.paths import OptionFailed
 from kproxy.protocol.topic_ids import TopicIdNames
 from kproxy.proxy.principal import tls_principal
 from kproxy.proxy.session import SessionObserver
+
+if TYPE_CHECKING:
+    from kproxy.capture.writer import CaptureWriter
 
 
 class CaptureService:
@@ -43,6 +46,8 @@ class CaptureService:
                                          queue_size=options.queue_size, include_payloads=options.include_payloads,
                                          payload_max_bytes=options.payload_max_bytes, metadata=metadata)
         else:
+            from kproxy.capture.writer import CaptureWriter  # pyarrow: loaded where the files are written
+
             self.builder = RecordBuilder(self.topics, self.payloads)
             self.writer = CaptureWriter(options.dir, max_bytes_total=options.max_bytes_total,
                                         rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,

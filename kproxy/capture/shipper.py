@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from kproxy.capture.handoff import CLOSE_FIELDS, COUNTERS, GAUGES, connection_key
 from kproxy.capture.queue import CaptureQueue
-from kproxy.capture.worker import COUNTERS, GAUGES, connection_key
 from kproxy.logfmt import q as _q
 from kproxy.ratelimit import LogRateLimit
 
@@ -57,6 +57,9 @@ WORKER_NICE = 10
 # The pipe to the worker holds this much (Linux: F_SETPIPE_SZ, up to /proc/sys/fs/pipe-max-size):
 # a burst waits there rather than in the proxy's queue.
 PIPE_BYTES = 1024 * 1024
+# Frames this big go to the worker as themselves after the batch's pickle, not inside it: pickling
+# copies a frame under the GIL, the pipe's write copies it with the GIL released.
+INLINE_BYTES = 4096
 RESTART_FIRST_SECONDS = 1.0
 RESTART_MAX_SECONDS = 30.0
 EXIT_LOG_SECONDS = 60.0
@@ -227,15 +230,30 @@ class CaptureShipper:
             return
         keys = self._connections
         batch = []
+        frames: list[bytes] = []  # the big frames, written after the pickle, in their items' order
         for item in items:
             conn = item[0]
             key = keys.get(id(conn))
             if key is None:
                 key = keys[id(conn)] = connection_key(conn)
+            if len(item) > CLOSE_FIELDS:
+                request, response = item[3], item[4]
+                big_request = type(request) is bytes and len(request) >= INLINE_BYTES
+                big_response = type(response) is bytes and len(response) >= INLINE_BYTES
+                if big_request or big_response:
+                    if big_request:
+                        frames.append(request)
+                    if big_response:
+                        frames.append(response)
+                    batch.append((key, item[1], item[2], len(request) if big_request else request,
+                                  len(response) if big_response else response, *item[5:]))
+                    continue
             batch.append((key, *item[1:]))
         data = pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
         try:
             worker.send(len(data).to_bytes(4, "big") + data)
+            for frame in frames:
+                worker.send(frame)
             worker.shipped += len(items)
         except OSError:
             self._lost += len(items)

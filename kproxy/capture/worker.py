@@ -15,12 +15,15 @@ Contract:
   set as the process starts, before anything is read).
 * Standard input carries batches: a 4-byte big-endian length, then a pickle (trusted: only the
   parent writes this pipe) of a list of items, each a :data:`kproxy.capture.record_builder.Captured`
-  or ``ClosedConnection`` tuple whose connection is given as :func:`connection_key`'s tuple instead of a
-  :class:`~kproxy.capture.connection_info.ConnectionInfo`. Each item goes to the writer's queue
+  or ``ClosedConnection`` tuple whose connection is given as
+  :func:`kproxy.capture.handoff.connection_key`'s tuple instead of a
+  :class:`~kproxy.capture.connection_info.ConnectionInfo`, and a frame of
+  ``kproxy.capture.shipper.INLINE_BYTES`` or more given as its size, its bytes following the
+  pickle, in the items' order (request, then response). Each item goes to the writer's queue
   in order (:class:`kproxy.capture.writer.CaptureWriter`: a full queue drops and counts).
-* Standard output carries the counters, one JSON line (:data:`COUNTERS`, :data:`GAUGES`) every
-  :data:`REPORT_SECONDS`, and a last one once standard input ends and the writer has written
-  what it had and completed its file. Then the process exits 0.
+* Standard output carries the counters, one JSON line (:data:`kproxy.capture.handoff.COUNTERS`,
+  ``GAUGES``) every :data:`REPORT_SECONDS`, and a last one once standard input ends and the
+  writer has written what it had and completed its file. Then the process exits 0.
 * A batch cut short (the parent killed mid-write) ends the input like an end of file. SIGINT and
   SIGTERM are ignored: the worker ends when its input does, so a proxy stopped in any way (a
   terminal's Ctrl-C reaches the whole process group; SIGKILL closes the pipe) leaves complete files.
@@ -37,29 +40,17 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from kproxy.capture.connection_info import ConnectionInfo
+from kproxy.capture.handoff import CLOSE_FIELDS, connection
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.protocol.topic_ids import TopicIdNames
 
-# The counters a report carries (CaptureWriter's and RecordBuilder's, by these names), and
-# ``open_records``: records written to the file still open (lost with it if the worker is killed).
-COUNTERS = ("written", "dropped", "abandoned", "over_budget", "files_written", "files_deleted", "write_errors")
-GAUGES = ("open_records",)
 # A report this often, whether items come or not.
 REPORT_SECONDS = 1.0
-# The ConnectionInfo fields a connection key carries, in order (node_id is worked out from listener).
-CONNECTION_FIELDS = ("connection_id", "client_host", "client_port", "listener", "upstream", "principal", "cluster")
-
-
-def connection_key(conn: ConnectionInfo) -> tuple[Any, ...]:
-    """What the worker needs of a connection, as plain values (a frozen dataclass with slots does
-    not come back from a pickle)."""
-    return (conn.connection_id, conn.client_host, conn.client_port, conn.listener, conn.upstream, conn.principal,
-            conn.cluster)
 
 
 def counters(writer: CaptureWriter, builder: RecordBuilder) -> dict[str, int]:
-    """The worker's counters now (:data:`COUNTERS` and :data:`GAUGES`)."""
+    """The worker's counters now (:data:`kproxy.capture.handoff.COUNTERS` and ``GAUGES``)."""
     return {"written": writer.written, "dropped": writer.dropped, "abandoned": writer.abandoned,
             "over_budget": builder.over_budget, "files_written": writer.files_written,
             "files_deleted": writer.files_deleted, "write_errors": writer.write_errors,
@@ -103,15 +94,26 @@ def serve(settings: dict[str, Any], stdin: BinaryIO, stdout: Any) -> None:
             body = None if head is None else _read_exactly(stdin, int.from_bytes(head, "big"))
             if body is None:
                 break
-            for item in pickle.loads(body):
+            items = pickle.loads(body)
+            for item in items:
                 key = item[0]
                 conn = connections.get(key)
                 if conn is None:
-                    conn = connections[key] = ConnectionInfo(**dict(zip(CONNECTION_FIELDS, key, strict=True)))
-                frames = item[3] if len(item) > 5 else b""
-                response = item[4] if len(item) > 5 else None
-                held = (len(frames) if type(frames) is bytes else 0) + (len(response) if type(response) is bytes else 0)
-                offer((conn, *item[1:]), held)
+                    conn = connections[key] = connection(key)
+                if len(item) <= CLOSE_FIELDS:
+                    offer((conn, *item[1:]), 0)
+                    continue
+                request, response = item[3], item[4]
+                if type(request) is int:  # a big frame, sent after the pickle: its size
+                    request = _read_exactly(stdin, request)
+                if type(response) is int:
+                    response = _read_exactly(stdin, response)
+                if request is None or (response is None and type(item[4]) is int):
+                    return  # the input ended inside a batch
+                held = len(request) if type(request) is bytes else 0
+                if type(response) is bytes:
+                    held += len(response)
+                offer((conn, item[1], item[2], request, response, *item[5:]), held)
     finally:
         writer.close()
         done.set()
