@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import json
 import os
 import select
@@ -340,7 +341,10 @@ def _start_problems(files: FileSections) -> list[str]:
     problems.extend(path_problems(files))
     if files.capture.enabled:
         try:
-            import kproxy.capture.service  # noqa: F401 (imports pyarrow)
+            if not files.capture.process:
+                import kproxy.capture.writer  # noqa: F401 (imports pyarrow)
+            elif importlib.util.find_spec("pyarrow") is None:  # found, not imported: the worker imports it
+                raise ImportError("No module named 'pyarrow'")
         except ImportError as exc:
             problems.append(f"capture.dir: traffic capture needs pyarrow ({exc}); "
                             f"install it with: pip install '{DISTRIBUTION}[capture]'")

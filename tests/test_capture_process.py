@@ -168,6 +168,7 @@ def test_ctrl_c_to_the_process_group_still_completes_the_file(tansu: Any, tmp_pa
     log = tmp_path / "kproxy.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    producer = None
     try:
         wait_for_port("127.0.0.1", port)
         producer = produce_confluent(f"127.0.0.1:{port}", topic, [(b"k", b"v%d" % i) for i in range(50)])
@@ -177,8 +178,8 @@ def test_ctrl_c_to_the_process_group_still_completes_the_file(tansu: Any, tmp_pa
         assert "libarrow" not in maps and "pyarrow" not in maps
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=30) == 0, log.read_text()
-        del producer
     finally:
+        del producer  # (a client left retrying a stopped proxy would keep the test process alive)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert list(capture.rglob(".*")) == [], log.read_text()
@@ -208,3 +209,15 @@ def test_big_frames_reach_the_worker_whole(tansu: Any, tmp_path: Path) -> None:
     fetched = [p for r in rows if r["api_name"] == "Fetch" for p in r["partitions"] if p["topic"] == topic]
     assert sum(p["record_count"] for p in fetched) >= 3
     assert max(r["response_bytes"] or 0 for r in rows if r["api_name"] == "Fetch") > len(big)
+
+
+def test_process_capture_without_pyarrow_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # The proxy does not import pyarrow with capture.process (its worker does): the check at start
+    # looks for it all the same, so that a missing extra is said at once, not by a dying worker.
+    from kproxy.cli import main
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed
+    assert main(["run", "--upstream", "127.0.0.1:1", "--capture-dir", str(tmp_path), "--capture-process"]) == 2
+    err = capsys.readouterr().err
+    assert "capture.dir: traffic capture needs pyarrow" in err and "pip install 'kproxy-kafka[capture]'" in err
