@@ -132,9 +132,9 @@ def test_the_worker_reads_its_input_to_the_end_and_completes_its_file(tmp_path: 
     closes = [(connection_key(conn), 1_790_000_000.0, None, 10.0 + i, "client closed") for i in range(5)]
     settings = {"dir": str(tmp_path / "capture"), "max_bytes_total": 10**9, "rotate_bytes": 10**8,
                 "rotate_seconds": 300, "queue_size": 100, "include_payloads": False, "payload_max_bytes": 0,
-                "metadata": None}
+                "metadata": None, "log_level": "info", "log_format": "json"}
     proc = subprocess.Popen([sys.executable, "-m", "kproxy.capture.worker", json.dumps(settings)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
     proc.stdout.readline()  # its first report: started, the signals ignored
     assert proc.stdin is not None and proc.stdout is not None
@@ -146,6 +146,10 @@ def test_the_worker_reads_its_input_to_the_end_and_completes_its_file(tmp_path: 
     assert proc.poll() is None
     proc.stdin.close()
     assert proc.wait(30) == 0
+    assert proc.stderr is not None
+    # Its lines as the proxy writes its own (the run's format and level, given in SETTINGS).
+    lines = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith(b"{")]
+    assert any(doc.get("event") == "capture_worker_serving" for doc in lines), lines
     last = json.loads(proc.stdout.read().splitlines()[-1])
     assert last["written"] == 5 and last["dropped"] == 0 and last["open_records"] == 0, last
     rows = _rows(tmp_path / "capture")

@@ -29,9 +29,11 @@ if TYPE_CHECKING:
 class CaptureService:
     """``start()`` once, ``observer(...)`` per connection, ``close()`` at shutdown."""
 
-    def __init__(self, options: CaptureOptions, anomalies: dict[str, Any] | None = None) -> None:
+    def __init__(self, options: CaptureOptions, anomalies: dict[str, Any] | None = None,
+                 log_settings: tuple[str, str] = ("info", "logfmt")) -> None:
         """``anomalies``: the client anomaly detectors' settings, by name (None: none counted), for the
-        capture files' metadata (:data:`~kproxy.capture.record_schema.ANOMALY_METADATA_KEY`)."""
+        capture files' metadata (:data:`~kproxy.capture.record_schema.ANOMALY_METADATA_KEY`);
+        ``log_settings``: the run's log level and format, which a worker process logs with too."""
         assert options.dir is not None
         self.topics = TopicIdNames()
         self.payloads = PayloadOptions(include=options.include_payloads, max_bytes=options.payload_max_bytes)
@@ -44,7 +46,8 @@ class CaptureService:
             self.writer = CaptureShipper(options.dir, max_bytes_total=options.max_bytes_total,
                                          rotate_bytes=options.rotate_bytes, rotate_seconds=options.rotate_seconds,
                                          queue_size=options.queue_size, include_payloads=options.include_payloads,
-                                         payload_max_bytes=options.payload_max_bytes, metadata=metadata)
+                                         payload_max_bytes=options.payload_max_bytes, metadata=metadata,
+                                         log_settings=log_settings)
         else:
             from kproxy.capture.writer import CaptureWriter  # pyarrow: loaded where the files are written
 

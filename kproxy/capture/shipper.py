@@ -127,14 +127,16 @@ class CaptureShipper:
     def __init__(self, directory: Path, *, max_bytes_total: int, rotate_bytes: int, rotate_seconds: float,
                  queue_size: int = 10_000, queue_bytes: int = 256 * 1024 * 1024, include_payloads: bool = False,
                  payload_max_bytes: int = 1024, metadata: dict[str, str] | None = None, nice: int = WORKER_NICE,
-                 poll_seconds: float = 0.05, python: str = sys.executable) -> None:
+                 poll_seconds: float = 0.05, python: str = sys.executable,
+                 log_settings: tuple[str, str] = ("info", "logfmt")) -> None:
         if rotate_bytes > max_bytes_total:
             raise ValueError("rotate_bytes must not exceed max_bytes_total")
         self.directory = directory
         self.poll_seconds = poll_seconds
         settings = {"dir": str(directory), "max_bytes_total": max_bytes_total, "rotate_bytes": rotate_bytes,
                     "rotate_seconds": rotate_seconds, "queue_size": queue_size, "include_payloads": include_payloads,
-                    "payload_max_bytes": payload_max_bytes, "metadata": metadata}
+                    "payload_max_bytes": payload_max_bytes, "metadata": metadata, "log_level": log_settings[0],
+                    "log_format": log_settings[1]}
         self._nice = nice
         self._command = [python, "-m", "kproxy.capture.worker", json.dumps(settings)]
         self._wake = threading.Event()

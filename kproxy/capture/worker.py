@@ -11,7 +11,8 @@ with others the kernel serves the proxy first.
 Contract:
 
 * SETTINGS is a JSON object: the capture directory and its rotation and cap, the writer's queue
-  size, the payload options and the files' metadata. Its priority is the parent's to set (it is
+  size, the payload options, the files' metadata and the run's log level and format (its lines
+  go to the stderr it shares with the proxy, formatted as the proxy's). Its priority is the parent's to set (it is
   set as the process starts, before anything is read).
 * Standard input carries batches: a 4-byte big-endian length, then a pickle (trusted: only the
   parent writes this pipe) of a list of items, each a :data:`kproxy.capture.record_builder.Captured`
@@ -32,6 +33,8 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
+import os
 import pickle
 import signal
 import sys
@@ -43,7 +46,10 @@ from kproxy.capture.connection_info import ConnectionInfo
 from kproxy.capture.handoff import CLOSE_FIELDS, connection
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
+from kproxy.logfmt import q, setup_logging
 from kproxy.protocol.topic_ids import TopicIdNames
+
+log = logging.getLogger("kproxy.capture")
 
 # A report this often, whether items come or not.
 REPORT_SECONDS = 1.0
@@ -72,6 +78,7 @@ def serve(settings: dict[str, Any], stdin: BinaryIO, stdout: Any) -> None:
                            queue_size=int(settings["queue_size"]), rows=builder.rows, add_rows=builder.add_rows,
                            metadata=settings.get("metadata"))
     writer.start()
+    log.info("event=capture_worker_serving pid=%d dir=%s", os.getpid(), q(settings["dir"]))
     offer = writer.queue.offer
     connections: dict[tuple[Any, ...], ConnectionInfo] = {}
 
@@ -132,7 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-    serve(json.loads(args[0]), sys.stdin.buffer, sys.stdout)
+    settings = json.loads(args[0])
+    # Its lines (a failing disk, a frame over budget) on the proxy's stderr, as the proxy writes its own.
+    setup_logging(str(settings.get("log_level", "info")), str(settings.get("log_format", "logfmt")))
+    serve(settings, sys.stdin.buffer, sys.stdout)
     return 0
 
 

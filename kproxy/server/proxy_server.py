@@ -206,7 +206,8 @@ class ProxyServer:
             from kproxy.capture.service import CaptureService  # needs pyarrow: only when capture is on
 
             # (the run's detector settings go in the capture's metadata: kproxy analyze counts with them)
-            self.capture = CaptureService(config.capture, None if anomalies is None else dataclasses.asdict(anomalies))
+            self.capture = CaptureService(config.capture, None if anomalies is None else dataclasses.asdict(anomalies),
+                                          log_settings=(config.log_level, config.log_format))
         self.siblings: list[ProxyServer] = [] if primary is not None else [
             ProxyServer(_sibling_config(config, cluster), handle_signals=False, primary=self) for cluster in every[1:]]
 
