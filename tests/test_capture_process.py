@@ -109,7 +109,7 @@ def test_a_killed_worker_is_replaced_and_its_losses_counted(tansu: Any, tmp_path
         second = _worker_pid(server)
         assert second != first
         produce_confluent(proxy.bootstrap, topic, [(b"c", b"after %d" % i) for i in range(30)])
-    assert any("event=capture_worker_exited" in r.getMessage() and "code=-9" in r.getMessage()
+    assert any("event=capture_worker_exited" in r.getMessage() and "code=-9 signal=SIGKILL" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
     rows = _rows(capture)
     assert not list(capture.rglob(".*")), "the killed worker's file was not cleared"

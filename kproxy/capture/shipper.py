@@ -276,8 +276,8 @@ class CaptureShipper:
             self._restart_at = time.monotonic() + self._restart_delay
             held = self._exits_log.due()
             if held is not None:
-                log.error("event=capture_worker_exited code=%s exits=%d restart_in_s=%.0f", code, held,
-                          self._restart_delay)
+                log.error("event=capture_worker_exited code=%s%s exits=%d restart_in_s=%.0f", code, _signal_of(code),
+                          held, self._restart_delay)
             self._restart_delay = min(self._restart_delay * 2, RESTART_MAX_SECONDS)
             return
         if time.monotonic() >= self._restart_at:
@@ -299,3 +299,13 @@ class CaptureShipper:
         if died:
             ended["abandoned"] += report["open_records"]
         self._state = (ended, None)
+
+
+def _signal_of(code: int) -> str:
+    """`` signal=NAME`` for an exit by a signal (a negative code), else nothing."""
+    if code >= 0:
+        return ""
+    try:
+        return f" signal={signal.Signals(-code).name}"
+    except ValueError:
+        return ""
