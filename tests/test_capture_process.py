@@ -81,6 +81,8 @@ def test_a_real_run_is_captured_by_a_worker_at_a_lower_priority(tansu: Any, tmp_
     # Every exchange the proxy offered is in a file: the counters come from the worker's last report.
     assert shipper.written == len(rows) == shipper.offered, (shipper.written, len(rows), shipper.offered)
     assert shipper.dropped == 0 and shipper.abandoned == 0
+    # Each connection's key went with its close: nothing is kept per connection once it is gone.
+    assert shipper._connections == {}
     assert _produced(rows, topic) == len(messages)
     fetched = sum(p["record_count"] for r in rows if r["api_name"] == "Fetch" for p in r["partitions"]
                   if p["topic"] == topic)

@@ -16,6 +16,10 @@ COUNTERS = ("written", "dropped", "abandoned", "over_budget", "files_written", "
 GAUGES = ("open_records",)
 # A connection's close has this many fields (record_builder's ClosedConnection); an exchange more.
 CLOSE_FIELDS = 5
+# Connections each side keeps what it made of at most (the proxy its keys, the worker its
+# ConnectionInfo): an entry goes with the connection's close, and should closes be lost (a full
+# queue drops them), all go past this many, to be made again as items come.
+CACHED_CONNECTIONS = 10_000
 # The ConnectionInfo fields a connection key carries, in order (node_id is worked out from listener).
 CONNECTION_FIELDS = ("connection_id", "client_host", "client_port", "listener", "upstream", "principal", "cluster")
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from kproxy.capture.handoff import CLOSE_FIELDS, COUNTERS, GAUGES, connection_key
+from kproxy.capture.handoff import CACHED_CONNECTIONS, CLOSE_FIELDS, COUNTERS, GAUGES, connection_key
 from kproxy.capture.queue import CaptureQueue
 from kproxy.logfmt import q as _q
 from kproxy.ratelimit import LogRateLimit
@@ -151,7 +151,9 @@ class CaptureShipper:
         self._restart_delay = RESTART_FIRST_SECONDS
         self._exits_log = LogRateLimit(EXIT_LOG_SECONDS)
         self.restarts = 0
-        self._connections: dict[int, tuple[Any, ...]] = {}  # id(ConnectionInfo) -> its key
+        # connection id -> its key, one tuple a connection so that a batch's pickle holds it once;
+        # a connection's entry goes with its close (or all of them past CACHED_CONNECTIONS).
+        self._connections: dict[str, tuple[Any, ...]] = {}
 
     # -- counters (read by the metrics, from the event loop) -----------------------------
     def _count(self, name: str) -> int:
@@ -235,10 +237,14 @@ class CaptureShipper:
         frames: list[bytes] = []  # the big frames, written after the pickle, in their items' order
         for item in items:
             conn = item[0]
-            key = keys.get(id(conn))
+            key = keys.get(conn.connection_id)
             if key is None:
-                key = keys[id(conn)] = connection_key(conn)
-            if len(item) > CLOSE_FIELDS:
+                if len(keys) >= CACHED_CONNECTIONS:  # closes dropped with a full queue: none stays for good
+                    keys.clear()
+                key = keys[conn.connection_id] = connection_key(conn)
+            if len(item) <= CLOSE_FIELDS:  # the connection's last item
+                del keys[conn.connection_id]
+            else:
                 request, response = item[3], item[4]
                 big_request = type(request) is bytes and len(request) >= INLINE_BYTES
                 big_response = type(response) is bytes and len(response) >= INLINE_BYTES

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from kproxy.capture.connection_info import ConnectionInfo
-from kproxy.capture.handoff import CLOSE_FIELDS, connection
+from kproxy.capture.handoff import CACHED_CONNECTIONS, CLOSE_FIELDS, connection
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.logfmt import q, setup_logging
@@ -106,8 +106,11 @@ def serve(settings: dict[str, Any], stdin: BinaryIO, stdout: Any) -> None:
                 key = item[0]
                 conn = connections.get(key)
                 if conn is None:
+                    if len(connections) >= CACHED_CONNECTIONS:
+                        connections.clear()
                     conn = connections[key] = connection(key)
-                if len(item) <= CLOSE_FIELDS:
+                if len(item) <= CLOSE_FIELDS:  # the connection's last item
+                    del connections[key]
                     offer((conn, *item[1:]), 0)
                     continue
                 request, response = item[3], item[4]
