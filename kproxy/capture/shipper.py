@@ -177,16 +177,8 @@ class CaptureShipper:
         return self._count("over_budget")
 
     @property
-    def files_written(self) -> int:
-        return self._count("files_written")
-
-    @property
     def offered(self) -> int:
         return self.queue.offered
-
-    @property
-    def queued(self) -> int:
-        return len(self.queue)
 
     # -- life cycle -----------------------------------------------------------------------
     def start(self) -> CaptureShipper:
