@@ -57,11 +57,11 @@ VARIANTS = {
     "aa": Variant(AA),
     # Everything on, the traffic labels too (topic and client id): bench_publish.py's candidate.
     "labels": Variant(EVERYTHING_LABELS, rules="none-match", capture=True, env=_LABELS),
-    # The same without the capture: what the capture's writer thread (its CPU, its turns with the
-    # GIL) adds to a path, beside `labels`.
     # Everything on with the capture in a worker process of its own (capture.process).
     "labelsproc": Variant("kproxy everything, labels, capture process", rules="none-match", capture=True,
                           env=(*_LABELS, ("KPROXY_CAPTURE_PROCESS", "true"))),
+    # Everything on but the capture: what the capture's writer thread (its CPU, its turns with the
+    # GIL) adds to a path, beside `labels`.
     "nocapture": Variant("kproxy labels and rules, no capture", rules="none-match", env=_LABELS),
     # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
     # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
