@@ -45,28 +45,33 @@ EVERYTHING_PURE = "kproxy everything, pure"
 EVERYTHING_LABELS = "kproxy everything, labels"
 _PURE = (("KPROXY_PURE", "1"),)
 _LABELS = (("KPROXY_METRICS_TOPIC_LABEL", "true"), ("KPROXY_METRICS_CLIENT_ID_LABEL", "true"))
+# The capture's thread, not its worker process (the default): the presets that compare instructions
+# (callgrind follows one process) or trees from before the worker keep the capture's work in the
+# proxy's process, where both see it.
+_THREAD = (("KPROXY_CAPTURE_PROCESS", "false"),)
 VARIANTS = {
     "bare": Variant("kproxy no observer", ("--no-metrics",)),
     "metrics": Variant(KPROXY),
     "rules100": Variant("kproxy +100 rules", rules="none-match"),
     "match1": Variant("kproxy +1 matching rule", rules="one-zero-delay"),
-    "capture": Variant("kproxy +capture", capture=True),
-    "all": Variant(EVERYTHING, rules="none-match", capture=True),
+    "capture": Variant("kproxy +capture", capture=True, env=_THREAD),
+    "all": Variant(EVERYTHING, rules="none-match", capture=True, env=_THREAD),
     # The noise floor: a second process identical to plain kproxy. What it comes out "over" kproxy
     # is what two identical processes differ by in this run; a feature's cost below it is not seen.
     "aa": Variant(AA),
-    # Everything on, the traffic labels too (topic and client id): bench_publish.py's candidate.
+    # Everything on as a user turns it on, the traffic labels too (topic and client id), the capture
+    # in its worker process: bench_publish.py's candidate.
     "labels": Variant(EVERYTHING_LABELS, rules="none-match", capture=True, env=_LABELS),
-    # Everything on with the capture in a worker process of its own (capture.process).
-    "labelsproc": Variant("kproxy everything, labels, capture process", rules="none-match", capture=True,
-                          env=(*_LABELS, ("KPROXY_CAPTURE_PROCESS", "true"))),
-    # Everything on but the capture: what the capture's writer thread (its CPU, its turns with the
-    # GIL) adds to a path, beside `labels`.
+    # The same with the capture's thread (capture.process: false).
+    "labelsthread": Variant("kproxy everything, labels, capture thread", rules="none-match", capture=True,
+                            env=(*_LABELS, *_THREAD)),
+    # Everything on but the capture: what the capture adds to a path, beside `labels` (its worker's
+    # CPU, the shipping thread) and `labelsthread` (the writer thread's CPU and turns with the GIL).
     "nocapture": Variant("kproxy labels and rules, no capture", rules="none-match", env=_LABELS),
     # The same code interpreted: the build kproxy runs without a C compiler (or with KPROXY_PURE=1), beside
     # the compiled one (the default wherever scripts/setup could build it: `kproxy --version` says which).
     "pure": Variant("kproxy pure", env=_PURE),
-    "allpure": Variant(EVERYTHING_PURE, rules="none-match", capture=True, env=_PURE),
+    "allpure": Variant(EVERYTHING_PURE, rules="none-match", capture=True, env=(*_PURE, *_THREAD)),
 }
 DEFAULT_VARIANTS = "bare,metrics,rules100,match1,capture,all,aa"
 QUICK_VARIANTS = "bare,metrics,all"

@@ -22,7 +22,7 @@ Paths, measured in rounds whose path order rotates (medians of the rounds report
   has a Tansu broker of its own (identical, memory storage) that advertises the pipe's port
   (``--own-brokers``: every other path a broker of its own too, so that none holds more data);
 * kproxy variants (bench/_paths.py's presets, one process each): ``metrics`` (the defaults) and
-  ``labels`` (everything on: topic and client id labels, 100 rules, capture) unless
+  ``labels`` (everything on: topic and client id labels, 100 rules, capture in its worker process) unless
   ``--variants`` says otherwise.
 
 ``--pin``: the proxies (the pipe and every kproxy, all their threads) on the last core and
@@ -69,6 +69,7 @@ import _wire as wire  # noqa: E402
 from _paths import (  # noqa: E402
     VARIANTS,
     Hop,
+    children,
     cpu_seconds,
     own_cpu_seconds,
     pipe_hop,
@@ -278,9 +279,11 @@ def open_paths(keys: list[str], workdir: Path, logs: Path, skip: set[str], own_b
 
 
 def pin_threads(pid: int, cpus: set[int]) -> None:
-    """Every thread of ``pid`` (and the threads it starts later, which inherit it) on ``cpus``."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        os.sched_setaffinity(int(task), cpus)
+    """Every thread of ``pid`` and of the processes it started (a capture worker: the sidecar's CPU is
+    its CPU too), and the threads they start later, which inherit it, on ``cpus``."""
+    for process in (pid, *children(pid)):
+        for task in os.listdir(f"/proc/{process}/task"):
+            os.sched_setaffinity(int(task), cpus)
 
 
 def renice_threads(pid: int, nice: int) -> None:

@@ -124,7 +124,8 @@ def test_each_boolean_option_is_a_pair_of_flags_and_each_moves_it_off_its_defaul
     assert {o.path for o in booleans if builtin_default(o.path) is True} == {"metrics.scan_responses",
                                                                              "metrics.consumer_lag",
                                                                              "metrics.client_anomalies",
-                                                                             "tls.upstream.verify"}
+                                                                             "tls.upstream.verify",
+                                                                             "capture.process"}
     base = ["--upstream", "k:1"]
     pem = tmp_path / "any.pem"
     pem.write_text("unread: only its existence is checked here")

@@ -6,7 +6,8 @@ root, which ignores permission bits (a chmod'ed directory stays writable), and a
 cannot be made on loopback without privileges of another kind; a path that is not a directory
 fails for every user. Meanwhile a real client produces through kproxy and a raw connection
 sends ApiVersions requests as fast as they are answered (the capture's queue, 200 items here,
-fills while the writer backs off): nobody waits on the disk, the loop is never held over 100 ms,
+fills while the writer backs off; with the capture's worker process, the default, once the pipe
+to it is full): nobody waits on the disk, the loop is never held over 100 ms,
 ``kproxy_capture_records_total{outcome="written"}`` never goes down, and once the directory is
 back, new capture files are written.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from kproxy.capture.shipper import CaptureShipper
 from kproxy.capture.writer import hour_dir_name
 from kproxy.testing import Broker, ProxyThread, free_port, running_proxy
 from tests.support.e2e import create_topic, unique
@@ -47,8 +49,12 @@ def _complete(directory: Path) -> set[str]:
     return {p.name for p in directory.glob("hour=*/capture-*.parquet")}
 
 
-def test_the_capture_disk_failing_and_coming_back(tansu: Broker, tmp_path: Path,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("process", [True, False], ids=["worker", "thread"])
+def test_the_capture_disk_failing_and_coming_back(process: bool, tansu: Broker, tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture,
+                                                  capfd: pytest.CaptureFixture[str]) -> None:
+    """The capture's worker process (the default) and its thread (``capture.process: false``) alike:
+    the same writer, the worker's log lines on its standard error."""
     caplog.set_level(logging.INFO, logger="kproxy.capture")
     now = datetime.now(UTC)
     if now.minute == 59 and now.second > 20:  # the records' hour must not change during the test
@@ -60,7 +66,7 @@ def test_the_capture_disk_failing_and_coming_back(tansu: Broker, tmp_path: Path,
     samples: list[dict[str, float]] = []
     stop = threading.Event()
     with running_proxy(tansu.bootstrap, metrics_listen=f"127.0.0.1:{free_port()}", capture__dir=str(directory),
-                       capture__rotate_seconds=2, capture__queue_size=200) as proxy, \
+                       capture__rotate_seconds=2, capture__queue_size=200, capture__process=process) as proxy, \
             steady_producer(proxy.bootstrap, topic) as steady, \
             socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as probe:
 
@@ -93,7 +99,9 @@ def test_the_capture_disk_failing_and_coming_back(tansu: Broker, tmp_path: Path,
             scraper.join(5)
         after = _capture_counts(proxy)
         assert proxy.server is not None and proxy.server.capture is not None
-        assert proxy.server.capture.writer._thread.is_alive()
+        writer = proxy.server.capture.writer
+        assert writer._thread.is_alive()
+        assert not isinstance(writer, CaptureShipper) or writer.restarts == 0  # the worker survived it
     print(f"\ndisk failing: worst round trip {worst * 1000:.0f} ms, loop lag {lag * 1000:.0f} ms, "
           f"{after.get('dropped', 0):.0f} records dropped, {after.get('abandoned', 0):.0f} abandoned")
     written = [s.get("written", 0.0) for s in samples]
@@ -103,6 +111,6 @@ def test_the_capture_disk_failing_and_coming_back(tansu: Broker, tmp_path: Path,
     assert lag < BLOCKED, f"the event loop was held {lag * 1000:.0f} ms"
     assert worst < 0.5, f"a request waited {worst:.2f} s while the capture's disk failed"
     assert_unaffected(steady)
-    lines = [r.getMessage() for r in caplog.records]
+    lines = [r.getMessage() for r in caplog.records] + capfd.readouterr().err.splitlines()
     assert len([line for line in lines if "event=capture_write_failed" in line]) == 1, lines
     assert any("event=capture_write_recovered" in line for line in lines)

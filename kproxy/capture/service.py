@@ -1,8 +1,8 @@
 """The capture of one kproxy process: the writer, and an observer per client connection.
 
 Imported only when capture is configured: its writer needs pyarrow (the ``capture``
-extra), which the proxy does not carry otherwise (with ``capture.process`` the worker
-process loads it, the proxy does not).
+extra), which the proxy does not carry otherwise (with ``capture.process``, the default, the
+worker process loads it, the proxy does not).
 """
 
 from __future__ import annotations

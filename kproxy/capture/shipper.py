@@ -1,6 +1,6 @@
 """The proxy's side of a capture worker process: a bounded queue, a thread that ships it, counters.
 
-With ``capture.process`` on, the capture's reading and writing run in
+With ``capture.process`` on (the default), the capture's reading and writing run in
 :mod:`kproxy.capture.worker`, a process of its own at a lower priority, and the proxy keeps only
 what the event loop must do per exchange (the observers' offers) and this thread, which turns
 what they queued into pickled batches on the worker's standard input: about a microsecond of
@@ -142,7 +142,7 @@ class CaptureShipper:
         self._wake = threading.Event()
         self.queue = CaptureQueue(queue_size, queue_bytes, self._wake)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kproxy-capture", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="kproxy-capture-shipper", daemon=True)
         # (the counters of the workers that ended, the worker now): one tuple, replaced whole, so
         # that a reader on another thread never sees a worker counted twice or not at all.
         self._state: tuple[dict[str, int], _Worker | None] = (dict.fromkeys(COUNTERS, 0), None)

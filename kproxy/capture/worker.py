@@ -1,7 +1,7 @@
 """The capture worker: a process of its own that reads captured exchanges into Parquet files.
 
 ``python -m kproxy.capture.worker SETTINGS`` is started by :class:`kproxy.capture.shipper.CaptureShipper`
-when ``capture.process`` is on. Why a process: the capture's reading and writing is Python work that
+unless ``capture.process`` is off. Why a process: the capture's reading and writing is Python work that
 holds the GIL, and in the proxy's process a thread doing it shares the GIL with the event loop: the
 loop waits for the lock while the writer holds it, and longest when the kernel has left the writer
 off a busy core (a lower priority for that thread makes it worse). In a process of its own the

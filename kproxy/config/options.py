@@ -160,7 +160,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("capture.payload_max_bytes", v.integer(0),
            "bytes kept of each captured key and value", "BYTES", show_default=v.as_is),
     Option("capture.process", v.boolean, "read and write the capture in a process of its own at a lower "
-           "priority, not a thread sharing the proxy's GIL (more memory, less latency under load)", boolean=True),
+           "priority; --no-capture-process: in a thread sharing the proxy's GIL (less memory, more latency "
+           "under load)", boolean=True),
     Option("metrics.client_id_label", v.boolean,
            "label request counts, traffic, producer batches and client software by client id (capped by "
            "--metrics-label-cap)", boolean=True),

@@ -111,7 +111,9 @@ class CaptureOptions:
     queue_size: int = 10_000
     include_payloads: bool = False
     payload_max_bytes: int = 1024
-    process: bool = False  # read and write in a worker process (kproxy.capture.worker), not a thread
+    # Read and write in a worker process (kproxy.capture.worker), not a thread sharing the proxy's GIL:
+    # the capture's work then never holds the event loop (docs/PERFORMANCE.md, open finding 1).
+    process: bool = True
 
     @property
     def enabled(self) -> bool:
