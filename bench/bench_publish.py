@@ -23,7 +23,8 @@ Paths, measured in rounds whose path order rotates (medians of the rounds report
   (``--own-brokers``: every other path a broker of its own too, so that none holds more data);
 * kproxy variants (bench/_paths.py's presets, one process each): ``metrics`` (the defaults) and
   ``labels`` (everything on: topic and client id labels, 100 rules, capture in its worker process) unless
-  ``--variants`` says otherwise.
+  ``--variants`` says otherwise. The last variant of the list is the one judged against the
+  target (issue 37's: see ``target_rows``).
 
 ``--pin``: the proxies (the pipe and every kproxy, all their threads) on the last core and
 everything else (this producer, the brokers) on the others, as a sidecar with a core of its own
@@ -450,7 +451,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rates", default="1000,5000", help="messages per second, comma-separated")
     parser.add_argument("--sizes", default="1024,100", help="value bytes, comma-separated")
     parser.add_argument("--variants", default="metrics,labels", metavar="LIST",
-                        help=f"kproxy presets, comma-separated, from {', '.join(VARIANTS)}")
+                        help=f"kproxy presets, comma-separated, from {', '.join(VARIANTS)}; the last is "
+                             "judged against the target")
     parser.add_argument("--skip", default="", metavar="LIST",
                         help=f"paths left out, comma-separated: '{DIRECT_AA}', pipe (direct always runs)")
     parser.add_argument("--stalls", metavar="DIR",
