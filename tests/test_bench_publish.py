@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,43 @@ def test_a_client_that_went_around_the_proxy_is_refused() -> None:
         bench_publish.produce_requests_of(json.dumps(stats), hop, 9092)
     assert bench_publish.produce_requests_of(json.dumps(stats), Hop("direct", 9092), None) == 7
     assert bench_publish.produce_requests_of(json.dumps(stats), hop, 9093) == 7
+
+
+def _bench_publish() -> Any:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_publish
+    finally:
+        sys.path.remove(str(BENCH))
+    return bench_publish
+
+
+def _results(bp: Any, avg_ms: dict[str, float], p99_ms: dict[str, float]) -> Any:
+    """Three rounds per path, each of 100 latencies: 98 at the path's avg and two at its p99 (so the
+    avg moves a little with the p99, as it does in a real sample)."""
+    results = bp.Results()
+    load = bp.Load(5000, 1024)
+    for path, avg in avg_ms.items():
+        for _ in range(3):
+            latencies = [avg / 1e3] * 98 + [p99_ms[path] / 1e3] * 2
+            results.add(load, path, bp.Sample(latencies, 0, 5.0, None, 500, 0.0, 0.0, 0.0))
+    return results
+
+
+def test_the_verdict_is_void_when_direct_disagrees_with_itself() -> None:
+    bp = _bench_publish()
+    quiet = _results(bp, {"direct": 1.5, "direct A/A": 1.5, "pipe": 1.8, "cand": 1.9},
+                     {"direct": 3.0, "direct A/A": 3.2, "pipe": 3.5, "cand": 4.0})
+    statuses = [row[3] for row in bp.target_rows(quiet, "cand")]
+    assert statuses == ["met", "met"], statuses
+    slower = _results(bp, {"direct": 1.5, "direct A/A": 1.5, "pipe": 1.8, "cand": 3.0},
+                      {"direct": 3.0, "direct A/A": 3.2, "pipe": 3.5, "cand": 9.0})
+    assert [row[3] for row in bp.target_rows(slower, "cand")] == ["**not met**", "**not met**"]
+    # The broker alone saturated: direct's two measurements of the same path apart by tens of ms. A
+    # pipe that fell further behind than the candidate must not make the candidate "met".
+    saturated = _results(bp, {"direct": 40.0, "direct A/A": 48.0, "pipe": 320.0, "cand": 39.0},
+                         {"direct": 150.0, "direct A/A": 130.0, "pipe": 690.0, "cand": 175.0})
+    rows = bp.target_rows(saturated, "cand")
+    assert all(row[3].startswith("void: direct's A/A pair apart by") for row in rows), rows
+    without_aa = _results(bp, {"direct": 1.5, "pipe": 1.8, "cand": 1.9}, {"direct": 3.0, "pipe": 3.5, "cand": 4.0})
+    assert [row[3] for row in bp.target_rows(without_aa, "cand")] == ["met (unchecked: no A/A pair)"] * 2
