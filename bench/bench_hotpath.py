@@ -19,6 +19,11 @@ shared machine):
 * ``metrics+1 matching rule``: and one rule matching every request with a 0 ms delay
   (the whole decide path; the verdict is empty, nothing is held).
 
+``--evict BYTES`` times each pair alone after copying BYTES of other data (16 MiB: more than the
+caches of the cores a VM is given hold): what an exchange costs when the broker, the client and
+other pods ran on the core since the connection's last one, as they do in a sidecar, where the
+figures of hot loops flatter code that is big more than code that is slow.
+
 ``--pure`` runs this tree's pure-Python build too (``KPROXY_PURE=1``: kproxy/native.py), beside
 the compiled one, alternating round by round. ``--tree LABEL=DIR`` runs the same measurement on
 another checkout (e.g. the commit before a change, made with ``git archive COMMIT | tar -x -C DIR``) in a
@@ -155,6 +160,9 @@ def _time_pairs(session: Any, request: bytes, response: bytes, pairs: int) -> fl
     """Seconds per request/response pair (one id in flight at a time: ids are free once answered)."""
     receive_client, receive_upstream, report = session.receive_client, session.receive_upstream, session.report
     gc.collect()
+    evict = int(os.environ.get("KPROXY_BENCH_EVICT", "0"))
+    if evict:
+        return _time_cold_pairs(session, request, response, pairs, evict)
     clock = time.thread_time if os.environ.get("KPROXY_BENCH_CPU_TIME") else time.perf_counter
     t0 = clock()
     for _ in range(pairs):
@@ -162,6 +170,24 @@ def _time_pairs(session: Any, request: bytes, response: bytes, pairs: int) -> fl
         receive_upstream(response)
         report()
     return (clock() - t0) / pairs
+
+
+def _time_cold_pairs(session: Any, request: bytes, response: bytes, pairs: int, evict: int) -> float:
+    """As :func:`_time_pairs`, each pair timed alone after ``evict`` bytes were copied (the caches
+    filled with other data, as a core shared with the broker and the client leaves them between
+    two exchanges of one connection): mean seconds per pair, the copies not counted."""
+    receive_client, receive_upstream, report = session.receive_client, session.receive_upstream, session.report
+    junk, source = bytearray(evict), bytes(evict)
+    clock = time.perf_counter
+    total = 0.0
+    for _ in range(pairs):
+        junk[:] = source
+        t0 = clock()
+        receive_client(request)
+        receive_upstream(response)
+        report()
+        total += clock() - t0
+    return total / pairs
 
 
 def worker(pairs: int, offset: int, warmup: int) -> dict[str, dict[str, float]]:
@@ -208,6 +234,9 @@ def main() -> int:
     parser.add_argument("--cpu-time", action="store_true",
                         help="time the thread's CPU (time.thread_time), not the wall clock: what a loaded machine's "
                              "other processes take is not counted (the clock is coarser: use big slices)")
+    parser.add_argument("--evict", type=int, default=0, metavar="BYTES",
+                        help="copy BYTES between two pairs and time each pair alone: the cost with the CPU's "
+                             "caches cold, as on a core shared with other processes (use small --pairs)")
     parser.add_argument("--pure", action="store_true",
                         help="also measure this tree's pure-Python build (KPROXY_PURE=1) beside its compiled one")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -219,6 +248,8 @@ def main() -> int:
     rounds, pairs = (2, 1000) if args.quick else (args.rounds, args.pairs)
     if args.cpu_time:
         os.environ["KPROXY_BENCH_CPU_TIME"] = "1"  # read by each tree's worker process
+    if args.evict:
+        os.environ["KPROXY_BENCH_EVICT"] = str(args.evict)
     trees: list[tuple[str, Path, dict[str, str]]] = [("this tree", BENCH.parent, {})]
     if args.pure:
         trees.append(("this tree, pure", BENCH.parent, {"KPROXY_PURE": "1"}))
@@ -234,9 +265,10 @@ def main() -> int:
 
     print(f"### Per-exchange cost, in process ({machine_line()})\n")
     timed = "CPU µs of the thread" if args.cpu_time else "µs"
-    print(f"{timed} per request/response pair through a Session (receive_client + receive_upstream + report), best of "
-          f"3 slices of {pairs:,} pairs, median of {rounds} rounds; '/ none' = ratio to no observer and no rules "
-          "in the same round and tree.\n")
+    cold = f", each pair after {args.evict:,} bytes copied (caches cold)" if args.evict else ""
+    print(f"{timed} per request/response pair through a Session (receive_client + receive_upstream + report){cold}, "
+          f"best of 3 slices of {pairs:,} pairs, median of {rounds} rounds; '/ none' = ratio to no observer and no "
+          "rules in the same round and tree.\n")
     rows = []
     for workload in WORKLOADS:
         for variant in VARIANTS:
