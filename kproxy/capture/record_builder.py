@@ -38,8 +38,9 @@ Fetch records after it.
 
 This module is pure (no pyarrow, no threads): one :class:`RecordBuilder` is
 used by one thread, the writer's (the only one that reads Metadata answers:
-reading a big one, it cuts the interpreter's switch interval and gives the GIL
-back between its two passes, see :data:`BIG_READ_BYTES`).
+after a big one's first pass it gives the GIL back, see :meth:`RecordBuilder._read_response`;
+in the proxy's process the writer's whole turn runs with the interpreter's switch
+interval cut, :mod:`kproxy.capture.writer`).
 
 Why one module: one job, mostly :class:`RecordBuilder`, whose
 readers share its tables and memos (split, each half would import the other); the row helpers
@@ -60,7 +61,6 @@ from kproxy.capture.connection_info import ConnectionInfo
 from kproxy.capture.partition_items import VALUE_APIS, merge_partitions, with_offsets
 from kproxy.capture.record_schema import CONNECTION_CLOSED_KEY, CONNECTION_CLOSED_NAME, SCHEMA_VERSION
 from kproxy.capture.rows import as_dict as as_dict  # re-exported: where readers of rows have found it
-from kproxy.offloop import short_switch_interval
 from kproxy.protocol.api_keys import FETCH, FIND_COORDINATOR, METADATA, OFFSET_COMMIT, OFFSET_FETCH, PRODUCE
 from kproxy.protocol.codes import ApiKey, api_name
 from kproxy.protocol.errors import DecodeError, OverBudgetError, ProtocolError
@@ -157,12 +157,6 @@ CACHE_ENTRIES = 2048
 BIG_MEMO_BYTES = 256 * 1024
 BIG_MEMO_ENTRY = 1024
 BIG_MEMO_CODE = 64
-# A first read of a Metadata answer from this size on (a few thousand partitions: one call of a
-# generated scanner that cannot stop midway) is done with the interpreter's switch interval
-# (sys.setswitchinterval, 5 ms by default) cut by kproxy.offloop.short_switch_interval: the event
-# loop, waiting for the GIL, gets it after 0.5 ms instead of 5 ms, again and again for the whole
-# read. Only while a thread waits does the interval cost anything (a forced hand-over).
-BIG_READ_BYTES = 64 * 1024
 
 
 # Request (Produce) and response (Fetch) frames from this size on are read on the event loop as
@@ -391,11 +385,7 @@ class RecordBuilder:
         hit = self._big.get(key)
         if hit is not None and hit[1] == topics.forgotten:
             return hit[0]
-        if len(body) < BIG_READ_BYTES:
-            scan, _ = self._response_part(kind, response, offset)
-        else:
-            with short_switch_interval():
-                scan, _ = self._response_part(kind, response, offset)
+        scan, _ = self._response_part(kind, response, offset)
         cost = BIG_MEMO_ENTRY + BIG_MEMO_CODE * (len(scan[0]) if scan is not None else 0)
         if self._big_bytes + cost > BIG_MEMO_BYTES:
             self._big.clear()
