@@ -14,9 +14,12 @@ bytes offered) or the thread's (the bytes taken), so no increment races another.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from typing import Any
+
+log = logging.getLogger("kproxy.capture")
 
 
 class CaptureQueue:
@@ -62,3 +65,17 @@ class CaptureQueue:
 
     def __len__(self) -> int:
         return len(self.items)
+
+
+def stop_draining(thread: threading.Thread, stop: threading.Event, wake: threading.Event, queue: CaptureQueue,
+                  timeout: float) -> None:
+    """End ``thread``, the one taking from ``queue`` (the writer's or the shipper's): ``stop`` set
+    before ``wake``, so that the thread, woken, sees it and takes what was offered before it ends.
+    Waits up to ``timeout`` seconds; a thread still running then is logged with what is left."""
+    if not thread.is_alive():
+        return
+    stop.set()
+    wake.set()
+    thread.join(timeout)
+    if thread.is_alive():
+        log.warning("event=capture_close_timeout queued=%d", len(queue))

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from kproxy.capture.handoff import CACHED_CONNECTIONS, CLOSE_FIELDS, COUNTERS, GAUGES, connection_key
-from kproxy.capture.queue import CaptureQueue
+from kproxy.capture.queue import CaptureQueue, stop_draining
 from kproxy.logfmt import q as _q
 from kproxy.ratelimit import LogRateLimit
 
@@ -193,13 +193,7 @@ class CaptureShipper:
 
     def close(self, timeout: float = 30.0) -> None:
         """Ship what is queued, end the worker's input, wait up to ``timeout`` for it to finish."""
-        if not self._thread.is_alive():
-            return
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("event=capture_close_timeout queued=%d", len(self.queue))
+        stop_draining(self._thread, self._stop, self._wake, self.queue, timeout)
 
     # -- the thread -------------------------------------------------------------------------
     def _run(self) -> None:

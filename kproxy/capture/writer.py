@@ -79,7 +79,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kproxy.capture.columns import HOUR_US, PendingColumns
-from kproxy.capture.queue import CaptureQueue
+from kproxy.capture.queue import CaptureQueue, stop_draining
 from kproxy.capture.record_schema import COLUMN_NAMES, COLUMNS, SCHEMA_VERSION, VERSION_METADATA_KEY, Column
 from kproxy.capture.rows import dict_rows
 from kproxy.logfmt import q as _q
@@ -331,13 +331,7 @@ class CaptureWriter:
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued, complete the open file; waits up to ``timeout`` seconds."""
-        if not self._thread.is_alive():
-            return
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("event=capture_close_timeout queued=%d", len(self.queue))
+        stop_draining(self._thread, self._stop, self._wake, self.queue, timeout)
 
     # -- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
