@@ -122,6 +122,8 @@ PURE_PASS_TESTS: dict[str, frozenset[str]] = {test: frozenset(f"kproxy.{m}" for 
     "test_metrics_kinds.py": "metrics.stats",
     "test_metrics_memo.py": "metrics.traffic_observer",
     "test_lag_metrics.py": "metrics.consumer_lag capture.partition_items",
+    "test_offsets.py": "protocol.offset_reads",
+    "test_anomalies.py": "metrics.retries",
     "test_capture_observer.py":
         "capture.observer capture.record_builder capture.connection_info capture.columns capture.queue",
     "test_capture_rows_kept.py": "capture.record_builder capture.partition_items capture.columns",

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from kproxy.capture.record_builder import BIG_READ_BYTES
 from kproxy.offloop import SHORT_SWITCH_INTERVAL, off_loop_build, short_switch_interval
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from tests.test_capture_observer import Harness
@@ -73,15 +72,14 @@ def _huge_metadata_answer() -> bytes:
     topics = [{"name": f"t-{t:03d}", "topic_id": uuid.UUID(int=t + 1), "partitions": [
         {"partition_index": p, "leader_id": 1, "replica_nodes": [1, 2], "isr_nodes": [1, 2], "error_code": 0}
         for p in range(8)]} for t in range(400)]
-    answer = response_frame(METADATA, 12, 1, brokers=[], cluster_id="c", controller_id=1, topics=topics)
-    assert len(answer) >= BIG_READ_BYTES
-    return answer
+    return response_frame(METADATA, 12, 1, brokers=[], cluster_id="c", controller_id=1, topics=topics)
 
 
 def test_a_huge_capture_read_and_a_rule_build_overlapping_leave_the_interval_they_found(
         monkeypatch: pytest.MonkeyPatch, interval: float) -> None:
-    """The capture's writer thread reads a huge Metadata answer (the interval cut) while a rule
-    set is built on another thread (cut too); the read ends first, the build after. The build
+    """The capture's writer thread reads a huge Metadata answer in its turn (the interval cut, as
+    CaptureWriter._run cuts it) while a rule set is built on another thread (cut too); the read
+    ends first, the build after. The build
     still runs with the short interval once the read is done, and the 5 ms found at first is what
     stays after both."""
     reading, finish_read = threading.Event(), threading.Event()
@@ -98,7 +96,12 @@ def test_a_huge_capture_read_and_a_rule_build_overlapping_leave_the_interval_the
     monkeypatch.setattr(h.builder.topics, "learn_metadata", slow)
     answer = _huge_metadata_answer()
     rows: list[dict[str, Any]] = []
-    writer = _in_thread(lambda: rows.append(h.exchange(request_frame(METADATA, 12, 1, topics=None), answer)))
+
+    def turn() -> None:
+        with short_switch_interval():
+            rows.append(h.exchange(request_frame(METADATA, 12, 1, topics=None), answer))
+
+    writer = _in_thread(turn)
     assert reading.wait(10)
     assert sys.getswitchinterval() == SHORT_SWITCH_INTERVAL
     with off_loop_build():

@@ -69,6 +69,7 @@ KNOWN_VARIABLES: Mapping[str, str] = {
     "KPROXY_BENCH_NO_METRICS": "bench/run_kproxy.py: a benchmark without metrics",
     "KPROXY_BENCH_PROFILE": "bench/: a cProfile of a benchmark run",
     "KPROXY_BENCH_CPU_TIME": "bench/bench_hotpath.py --cpu-time: its workers time CPU, not the wall clock",
+    "KPROXY_BENCH_EVICT": "bench/bench_hotpath.py --evict: its workers time each exchange with the caches cold",
     "KPROXY_BENCH_CAPTURE_ROW_GROUP": "bench/run_kproxy.py: capture row groups of N records (bench_instructions.py)",
     "KPROXY_BENCH_STALLS": "bench/run_kproxy.py: record the loop's long steps and collections (bench_publish.py)",
     "KPROXY_TEST_NODE_CACHE": "tests/support/kafkajs.py: where the tests' kafkajs is installed from npm",
