@@ -10,6 +10,9 @@ loop a GIL hand-over each time): only once the queue is a quarter full, in items
 :meth:`~CaptureQueue.take` is the writer thread's. The items sit in a deque (append and popleft
 are atomic under the GIL); each counter has one writer: the loop's (``offered``, ``full``, the
 bytes offered) or the thread's (the bytes taken), so no increment races another.
+
+:func:`stop_draining` ends the thread that takes from a queue (the in-process writer's, the
+worker's shipper's: the same life cycle), once it has taken what was offered before.
 """
 
 from __future__ import annotations
