@@ -283,6 +283,29 @@ def test_the_lag_plot_draws_the_groups_furthest_behind_and_says_how_many_it_left
     (tmp_path / "consumer_lag.png").write_bytes(png)
 
 
+@pytest.mark.parametrize(("bins", "interval"), [(1, 1), (2, 1), (3, 1), (30, 1), (1, 60), (2, 60), (5, 60)])
+def test_a_short_capture_gets_one_tick_label_per_time_not_several_between_bins(bins: int, interval: int) -> None:
+    """A capture of a second or two (or of two minutes, in minute bins): matplotlib asked for three
+    ticks puts them between the bins, and the labels, at the bins' resolution, repeat."""
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.codes import error_class
+
+    step = timedelta(seconds=interval)
+    rows = [{"time": T0 + k * step, "group_id": "g", "topic": "orders", "lag": k, "partitions": 1}
+            for k in range(bins)]
+    fig = figures({"consumer_lag": rows}, error_class, (T0, T0 + bins * step - timedelta(milliseconds=1)),
+                  interval)["consumer_lag"]
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+        assert len(labels) >= 2 and len(set(labels)) == len(labels), labels
+    finally:
+        plt.close(fig)
+
+
 def test_the_lag_plot_of_groups_that_never_fell_behind_has_whole_record_ticks() -> None:
     """Every lag 0 (a consumer keeping up): the axis still counts whole records, 0 at the bottom,
     not fractions of one (matplotlib's own range around 0 is +-0.055)."""

@@ -119,13 +119,18 @@ def _png(fig: Any) -> bytes:
 
 def _time_axis(ax: Any, window: _Window) -> None:
     """The window's range (a fiftieth of it to spare each side, for the end points' markers), UTC
-    ticks (HH:MM:SS below a minute's bins, HH:MM above), the bins' width in the axis's label."""
+    ticks (HH:MM:SS below a minute's bins, HH:MM above), the bins' width in the axis's label.
+    Ticks are never finer than a bin: a window of one or two bins gets a tick per bin, where
+    asking for three ticks would put them between the bins, labelled alike (a two-second capture:
+    11:50:53, 11:50:53, 11:50:54...)."""
     import matplotlib.dates
 
     mdates: Any = matplotlib.dates  # untyped
-    pad = (window.end - window.start) / 50
+    span = window.end - window.start
+    pad = span / 50
     ax.set_xlim(window.start - pad, window.end + pad)
-    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=8))
+    minticks = 3 if span >= timedelta(seconds=3 * window.interval) else 1
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=minticks, maxticks=8))
     ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S" if window.interval < 60 else "%H:%M"))
     first, last = window.start, window.end - timedelta(microseconds=1)
     ax.set_xlabel(f"UTC, {first:%Y-%m-%d}" + ("" if first.date() == last.date() else f" .. {last:%Y-%m-%d}")
