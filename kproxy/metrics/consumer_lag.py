@@ -207,7 +207,7 @@ class ConsumerLag:
             for topic_id, name in metadata_topic_ids(values_of(response)):
                 self.names.learn(topic_id, name)
 
-    def fetch_answer(self, frame: bytes | bytearray, response: RequestScan | None, now: float) -> None:
+    def fetch_answer(self, frame: bytes, response: RequestScan | None, now: float) -> None:
         """A Fetch answer (``frame``; ``response``: its scan in values mode) reached its client: when
         the offsets of its records were written, a second source of write times beside Produce answers
         (a partition written around kproxy and read through it): up to

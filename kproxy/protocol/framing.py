@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Final, overload
 
+from librt.strings import read_i32_be
+
 from kproxy.protocol.errors import FrameSizeError
 
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes is 100 MiB too
@@ -135,7 +137,7 @@ class FrameSplitter:
         begun = pos
         base = self.consumed - pos  # where data[0] is in the stream
         while n - pos >= 4:
-            (size,) = SIZE_PREFIX.unpack_from(data, pos)
+            size: int = read_i32_be(data, pos)
             check_frame_size(size, self.max_frame_size, offset=base + pos)
             end = pos + 4 + size
             if end > n:
@@ -169,7 +171,7 @@ class FrameSplitter:
             if len(head) < 4:
                 self._hold(data)
                 return -1
-            (size,) = SIZE_PREFIX.unpack_from(head, 0)
+            size: int = read_i32_be(head, 0)
             check_frame_size(size, self.max_frame_size, offset=self.consumed)
             self._need = 4 + size
         take = self._need - self._held

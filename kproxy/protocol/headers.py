@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final, NamedTuple
 
+from librt.strings import read_i16_be
+
 from kproxy.protocol.api_keys import API_VERSIONS, CONTROLLED_SHUTDOWN
 from kproxy.protocol.errors import DecodeError, EncodeError
 from kproxy.protocol.message_schemas import is_flexible
@@ -130,7 +132,7 @@ def peek_correlation_id(frame: bytes | bytearray | memoryview) -> int:
         raise DecodeError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
 
 
-def request_body_offset(frame: bytes | memoryview, api_key: int, api_version: int) -> int | None:
+def request_body_offset(frame: bytes, api_key: int, api_version: int) -> int | None:
     """Where the body of a request frame (size prefix included) starts; None if unreadable.
 
     The hot-path twin of :func:`decode_request_header` that builds nothing.
@@ -139,12 +141,12 @@ def request_body_offset(frame: bytes | memoryview, api_key: int, api_version: in
         version = request_header_version(api_key, api_version)
         if version == 0:
             return 12
-        n: int = _INT16.unpack_from(frame, 12)[0]
+        n: int = read_i16_be(frame, 12)  # the client id's length
         pos = 14 + max(n, 0)
         if version >= 2:
             pos = skip_tagged_fields(frame, pos)
         return pos if pos <= len(frame) else None
-    except (struct.error, IndexError, Malformed):
+    except (IndexError, Malformed):
         return None
 
 

@@ -185,7 +185,7 @@ def fetch_watermarks(answer: Values | None) -> list[Watermark]:
 FETCH_SPANS = 8
 
 
-def batches_written(data: bytes | bytearray | memoryview, start: int, end: int, segments: int
+def batches_written(data: bytes, start: int, end: int, segments: int
                     ) -> list[tuple[int, int, int]]:
     """When the records of ``data[start:end]`` (a Fetch answer's) were written, from the headers of the
     whole v2 batches that open it, read in place (nothing decompressed): at most ``segments`` spans
@@ -253,7 +253,7 @@ def group_ids(request: Values | None) -> list[str]:
     return [item[1] for item in request or () if len(item) == 3 and isinstance(item[1], str)]
 
 
-def produce_record_counts(frame: bytes | bytearray | memoryview, scan: RequestScan | None,
+def produce_record_counts(frame: bytes, scan: RequestScan | None,
                           total: int | None = None) -> list[Produced] | None:
     """``(topic, partition, records, max_timestamp)`` of each partition of a Produce request (``scan``:
     its shared scan, ``frame``: the frame it was made of), from the batch headers of its records ranges:

@@ -5,20 +5,13 @@ Field layouts: Kafka's ProduceRequest and ProduceResponse message specs."""
 
 from __future__ import annotations
 
-import struct
 import uuid
+
+from librt.strings import read_i16_be, read_i32_be, read_i64_be
 
 from kproxy.protocol.primitives import Malformed, read_uvarint
 from kproxy.protocol.request_fields import transactional_id_at
 from kproxy.protocol.scan_types import Entry, RequestScan, ScanEntries, Topic
-
-_PRODUCE_COUNT = struct.Struct(">i")
-_PRODUCE_NAME = struct.Struct(">h")
-_PRODUCE_TOPICS = struct.Struct(">ih")  # topics, the first one's name length
-_PRODUCE_PARTITION = struct.Struct(">iih")  # partitions, the first one's index and error_code
-_PRODUCE_PARTITION_RECORDS = struct.Struct(">iii")  # partitions, the first one's index and records length
-_PRODUCE_INDEX_CODE = struct.Struct(">ih")  # (flexible) partition index, error_code
-_PRODUCE_BASE_OFFSET = struct.Struct(">q")
 
 
 def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool = False) -> list[Entry] | None:
@@ -33,7 +26,7 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool =
     base_offset)``.
 
     Per Produce answer this replaces a generated scan (two nested calls, an error-code tuple per
-    partition) by a few struct reads (:func:`_produce_answer_at`).
+    partition) by a few reads in place (:func:`_produce_answer_at`).
     """
     found = _produce_answer_at(buf, pos, api_version)
     if found is None:
@@ -50,7 +43,8 @@ def produce_answer_errors(buf: bytes, pos: int, api_version: int, values: bool =
     acc = ScanEntries()
     if code:
         acc.append((topic, index, code))
-    acc.values = [(topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0])]
+    base_offset: int = read_i64_be(buf, base)  # (within the answer: _produce_answer_at read past it)
+    acc.values = [(topic, index, code, base_offset)]
     return acc
 
 
@@ -77,7 +71,8 @@ def produce_answer(buf: bytes, pos: int, api_version: int) -> tuple[Topic, int, 
         topic = _produce_topic(buf, start, end, api_version)
     except UnicodeDecodeError:
         return None
-    return topic, index, code, _PRODUCE_BASE_OFFSET.unpack_from(buf, base)[0]
+    base_offset: int = read_i64_be(buf, base)  # (within the answer: _produce_answer_at read past it)
+    return topic, index, code, base_offset
 
 
 def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
@@ -104,23 +99,26 @@ def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int
             return None
         start, end = found
         if api_version < 9:
-            partitions, index, code = _PRODUCE_PARTITION.unpack_from(buf, end)
+            partitions: int = read_i32_be(buf, end)
+            index: int = read_i32_be(buf, end + 4)
+            code: int = read_i16_be(buf, end + 8)
             if partitions != 1:
                 return None
             base = end + 10  # base_offset
             # base_offset (v0), log_append_time_ms (v2), log_start_offset (v5): 8 bytes each.
             pos = base + (8 if api_version < 2 else 16 if api_version < 5 else 24)
             if api_version >= 8:
-                if _PRODUCE_COUNT.unpack_from(buf, pos)[0] != 0:  # record_errors
+                if read_i32_be(buf, pos) != 0:  # record_errors
                     return None
-                (size,) = _PRODUCE_NAME.unpack_from(buf, pos + 4)  # error_message
+                size: int = read_i16_be(buf, pos + 4)  # error_message
                 if size < -1:
                     return None
                 pos += 6 + max(size, 0)
         else:
             if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
-            index, code = _PRODUCE_INDEX_CODE.unpack_from(buf, end + 1)
+            index = read_i32_be(buf, end + 1)
+            code = read_i16_be(buf, end + 5)
             base = end + 7
             pos = base + 24
             if buf[pos] > 1:  # record_errors: 0 (null) or 1 (empty)
@@ -134,12 +132,12 @@ def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int
             pos += 2
         if pos > n:
             return None
-    except (struct.error, IndexError):
+    except (IndexError, ValueError):
         return None
     return start, end, index, code, base, pos
 
 
-def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> RequestScan | None:
+def produce_request_scan(buf: bytes, pos: int, api_version: int) -> RequestScan | None:
     """:func:`scan_request` of a Produce request naming one topic and one partition (what a producer
     sends to each broker most of the time), read by hand; None for any other shape, or for bytes it
     is not sure of: the generated scanner then decides (tests/test_scan_shared.py checks the two
@@ -156,7 +154,9 @@ def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_vers
             return None
         start, end = found
         if api_version < 9:
-            partitions, index, size = _PRODUCE_PARTITION_RECORDS.unpack_from(buf, end)
+            partitions: int = read_i32_be(buf, end)
+            index: int = read_i32_be(buf, end + 4)
+            size = read_i32_be(buf, end + 8)
             if partitions != 1 or size < -1:
                 return None
             records = end + 12
@@ -164,7 +164,7 @@ def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_vers
         else:
             if buf[end] != 2:  # one partition (compact array: count + 1)
                 return None
-            (index,) = _PRODUCE_COUNT.unpack_from(buf, end + 1)
+            index = read_i32_be(buf, end + 1)
             pos = end + 5
             size = buf[pos]  # records: length + 1, a varint
             if size < 0x80:
@@ -179,20 +179,21 @@ def produce_request_scan(buf: bytes | bytearray | memoryview, pos: int, api_vers
             pos += 3
         if pos > len(buf):
             return None
-        topic: Topic = (uuid.UUID(bytes=bytes(buf[start:end])) if api_version >= 13
-                        else str(buf[start:end], "utf-8"))  # (any buffer: a memoryview has no decode)
-    except (struct.error, IndexError, UnicodeDecodeError, Malformed):
+        topic: Topic = (uuid.UUID(bytes=buf[start:end]) if api_version >= 13
+                        else buf[start:end].decode("utf-8"))
+    except (IndexError, ValueError, Malformed):  # (UnicodeDecodeError is a ValueError)
         return None
     return [(topic, index, None)], [(records, records + size, topic)] if size > 0 else []
 
 
-def _one_topic(buf: bytes | bytearray | memoryview, pos: int, api_version: int) -> tuple[int, int] | None:
+def _one_topic(buf: bytes, pos: int, api_version: int) -> tuple[int, int] | None:
     """Where the name (from v13 the id, KIP-516) of the only topic of the topics array at ``buf[pos]``
     lies, ``(start, end)``, in a Produce request or response of ``api_version`` (0-13): both open
     their topics alike. None when the array does not hold exactly one topic, or (v9+) when the name's
     compact length takes more than one byte: the generated scanner reads those."""
     if api_version < 9:
-        topics, size = _PRODUCE_TOPICS.unpack_from(buf, pos)
+        topics: int = read_i32_be(buf, pos)
+        size: int = read_i16_be(buf, pos + 4)
         if topics != 1 or size < 0:
             return None
         return pos + 6, pos + 6 + size

@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from librt.strings import read_i16_be
+
 from kproxy.protocol.headers import request_body_offset, request_header_version
 from kproxy.protocol.message_schemas import MessageType, message_schema
 from kproxy.protocol.primitives import Malformed, read_uvarint
@@ -72,41 +74,42 @@ class RequestHeaderMemo:
         return found
 
 
-def produce_acks(frame: bytes | memoryview, api_version: int, body_offset: int) -> int | None:
+def produce_acks(frame: bytes, api_version: int, body_offset: int) -> int | None:
     """The acks of a Produce request frame whose body starts at ``body_offset``; None if unreadable."""
     try:
         _, _, pos = transactional_id_at(frame, api_version, body_offset)
-        (acks,) = _INT16.unpack_from(frame, pos)
-        return int(acks)
-    except (Malformed, struct.error, IndexError):
+        acks: int = read_i16_be(frame, pos)
+        return acks
+    except (Malformed, IndexError, ValueError):
         return None
 
 
-def produce_head(frame: bytes | memoryview, api_version: int, body_offset: int) -> tuple[str | None, int | None]:
+def produce_head(frame: bytes, api_version: int, body_offset: int) -> tuple[str | None, int | None]:
     """A Produce request's transactional id (v3+; None when null or older) and acks, read in place;
     (None, None) if unreadable."""
     try:
         start, n, pos = transactional_id_at(frame, api_version, body_offset)
-        (acks,) = _INT16.unpack_from(frame, pos)
-    except (Malformed, struct.error, IndexError):
+        acks: int = read_i16_be(frame, pos)
+    except (Malformed, IndexError, ValueError):
         return None, None
-    txn = bytes(frame[start:start + n]).decode("utf-8", "replace") if n >= 0 else None
-    return txn, int(acks)
+    txn = frame[start:start + n].decode("utf-8", "replace") if n >= 0 else None
+    return txn, acks
 
 
-def transactional_id_at(frame: bytes | bytearray | memoryview, api_version: int, pos: int) -> tuple[int, int, int]:
+def transactional_id_at(frame: bytes, api_version: int, pos: int) -> tuple[int, int, int]:
     """Where a Produce body's transactional_id starts, its length (-1: null or absent; below -1: not a
     length, the bytes are malformed) and where acks starts: the one reader of a Produce body's head
     (:func:`produce_acks`, :func:`produce_head`, and, before its topics,
     :func:`kproxy.protocol.produce_scan.produce_request_scan`). ProduceRequest.json: the body opens
     with transactional_id (v3+; a nullable string, compact from v9, the first flexible version), then
-    acks (int16)."""
+    acks (int16). Raises IndexError or ValueError (a negative position) for a frame cut short,
+    :class:`~kproxy.protocol.primitives.Malformed` for a varint that never ends."""
     if api_version >= 9:
         n, pos = (frame[pos], pos + 1) if frame[pos] < 0x80 else read_uvarint(frame, pos)
         return pos, n - 1, pos + max(n - 1, 0)  # compact: length + 1, 0 for null
     if api_version >= 3:
-        (n,) = _INT16.unpack_from(frame, pos)
-        return pos + 2, n, pos + 2 + max(n, 0)
+        size: int = read_i16_be(frame, pos)
+        return pos + 2, size, pos + 2 + max(size, 0)
     return pos, -1, pos
 
 

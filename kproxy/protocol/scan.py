@@ -433,11 +433,11 @@ def scan_request(api_key: int, api_version: int, frame: bytes | bytearray | memo
     As lenient as a broker: bytes after the body are not checked. The per-request path's one read
     of a request body: a rules policy's topics, the metrics' record count and the capture's early
     read all take it from here, through the session's exchange, instead of scanning again.
-    ``bytes`` and ``bytearray`` are read in place, and so is a one-topic one-partition Produce
-    held in a ``memoryview``; another body in a ``memoryview`` is copied first (the generated
+    ``bytes`` and ``bytearray`` are read in place (a one-topic one-partition Produce in ``bytes``,
+    what the session holds, by hand); a body in a ``memoryview`` is copied first (the generated
     scanner decodes names from slices of the frame).
     """
-    if api_key == PRODUCE:  # read in place, whatever holds the frame: a big one is never copied
+    if api_key == PRODUCE and isinstance(frame, bytes):
         found = produce_request_scan(frame, offset, api_version)
         if found is not None:
             return found

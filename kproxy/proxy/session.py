@@ -64,10 +64,11 @@ Guarantees kept here (each has bitten a peer):
 from __future__ import annotations
 
 import enum
-import struct
 import time
 from collections.abc import Callable
 from typing import Final
+
+from librt.strings import read_i16_be, read_i32_be
 
 from kproxy.protocol.api_keys import API_VERSIONS, PRODUCE, SASL_AUTHENTICATE, SASL_HANDSHAKE
 from kproxy.protocol.codes import ErrorCode, api_name
@@ -103,8 +104,6 @@ __all__ = ["ACKS0_REMEMBERED", "SASL_ROUNDS", "VECTORED_MAX_FRAMES", "VECTORED_M
 
 _SASL_APIS: Final = frozenset((SASL_HANDSHAKE, SASL_AUTHENTICATE))
 UNSUPPORTED_VERSION: Final = int(ErrorCode.UNSUPPORTED_VERSION)
-_REQUEST_FIXED: Final = struct.Struct(">ihhi")  # size, api_key, api_version, correlation_id
-_RESPONSE_FIXED: Final = struct.Struct(">ii")  # size, correlation_id
 # What ApiVersions kproxy reads (above it: the KIP-511 answer).
 _KIP511_RANGE: Final = ((API_VERSIONS, *(supported_versions(API_VERSIONS) or (0, 0))),)
 _API_VERSIONS_MAX: Final = _KIP511_RANGE[0][2]
@@ -334,11 +333,11 @@ class Session:
             now = self.clock()
             self._auth_answer(gate, gate.token(frame, now, bool(self._release.in_flight)), None, now)
             return None
-        try:
-            _, api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
-        except struct.error:
-            raise SessionError(f"request frame of {len(frame)} bytes is too short for a header",
-                               offset=0) from None
+        if len(frame) < 12:  # size, api_key, api_version, correlation_id
+            raise SessionError(f"request frame of {len(frame)} bytes is too short for a header", offset=0)
+        api_key: int = read_i16_be(frame, 4)
+        api_version: int = read_i16_be(frame, 6)
+        correlation_id: int = read_i32_be(frame, 8)
         if self.rewriter.unreadable(api_key, api_version):
             raise SessionError(f"{api_name(api_key)} v{api_version} request: kproxy cannot read that version's "
                                f"response, so it could not keep broker addresses out of it (ApiVersions offered "
@@ -750,10 +749,9 @@ class Session:
             if self._sasl.broker_token():
                 self._sasl = None
             return
-        try:
-            _, correlation_id = _RESPONSE_FIXED.unpack_from(frame, 0)
-        except struct.error:
-            raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0) from None
+        if len(frame) < 8:  # size, correlation_id
+            raise SessionError(f"response frame of {len(frame)} bytes has no correlation id", offset=0)
+        correlation_id: int = read_i32_be(frame, 4)
         ids = self._ids
         ex = self._awaiting[0] if self._awaiting else None
         if ex is None or ex.correlation_id != correlation_id:

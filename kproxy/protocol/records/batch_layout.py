@@ -4,10 +4,11 @@ Several readers look at a v2 batch header, each for what it needs and in place (
 the full walker (:mod:`.entries`), the counting, dating and producer-head reads of the data path
 (:mod:`.counting`), the live client-anomaly detectors (:mod:`kproxy.metrics.client_anomalies`,
 :mod:`kproxy.metrics.retries`) and the record faults that rewrite headers
-(:mod:`kproxy.protocol.record_faults`). They take each field's position from here, and a read of
-several fields is one struct built from their names by :func:`header_struct`, so no reader counts
-padding bytes of its own and a position can be wrong in one place only (tests/test_batch_layout.py
-checks every struct against a batch written field by field).
+(:mod:`kproxy.protocol.record_faults`). They take each field's position from here: the data path's
+readers (:mod:`.counting`'s ``v2_*``) read each field at its ``*_AT`` position in place, and
+elsewhere a read of several fields is one struct built from their names by :func:`header_struct`,
+so no reader counts padding bytes of its own and a position can be wrong in one place only
+(tests/test_batch_layout.py checks every struct against a batch written field by field).
 
 Positions are from the batch's first byte (its base offset); the magic byte sits at the same
 position in every entry, legacy message sets included (the package's docstring).

@@ -5,13 +5,22 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from librt.strings import read_i16_be, read_i32_be, read_i64_be
+
 from kproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED
 from kproxy.protocol.errors import OverBudgetError
 from kproxy.protocol.records.batch_layout import (
+    ATTRIBUTES_AT,
+    BASE_OFFSET_AT,
+    BASE_SEQUENCE_AT,
     BATCH_LENGTH_AT,
     CODEC_MASK,
+    CRC_AT,
+    LAST_OFFSET_DELTA_AT,
     MAGIC_AT,
     MAX_TIMESTAMP_AT,
+    PRODUCER_EPOCH_AT,
+    PRODUCER_ID_AT,
     RECORDS_COUNT_AT,
     V2_HEADER_SIZE,
     header_struct,
@@ -75,22 +84,25 @@ def count_records(
     return total
 
 
-def one_batch_count(data: BytesLike, start: int, end: int) -> int | None:
+def one_batch_count(data: bytes, start: int, end: int) -> int | None:
     """The record count in the header of ``data[start:end]`` when that range is exactly one v2
     batch (what a producer sends per partition), read in place: what :func:`count_records` of the
     range returns, without slicing it. None for any other range (:func:`count_records` decides)."""
     if end - start >= _V2_FAST_MIN:
-        batch_length, magic = _V2_LENGTH_MAGIC.unpack_from(data, start + BATCH_LENGTH_AT)
-        if magic == 2 and start + 12 + batch_length == end:
-            count = int(_V2_COUNT.unpack_from(data, start + RECORDS_COUNT_AT)[0])
+        batch_length: int = read_i32_be(data, start + BATCH_LENGTH_AT)
+        if data[start + MAGIC_AT] == 2 and start + 12 + batch_length == end:
+            count: int = read_i32_be(data, start + RECORDS_COUNT_AT)
             return count if count >= 0 else None
     return None
 
 
-_V2_LENGTH_MAGIC_ATTRIBUTES: Final = header_struct("batch_length", "magic", "attributes")  # at BATCH_LENGTH_AT
+# The v2 header readers below take ``bytes`` (a frame as the proxy reads it) and read each field
+# with librt's in-place reads, which mypyc compiles to a load: per frame they run several times,
+# where a struct read costs a method call and a tuple. The range they are given lies within
+# ``data``; they read no field past ``end`` (each checks a whole header is there first).
 
 
-def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
+def v2_totals(data: bytes, start: int, end: int) -> tuple[int, int, int]:
     """``(records, bytes, stop)`` of the whole v2 batches that open ``data[start:end]``, from their
     headers alone, read in place: records as their ``records_count`` fields say, bytes as the
     batches take on the wire. ``stop`` is where the walk ended: ``end`` when the range was whole v2
@@ -98,13 +110,11 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
     Fetch responses at the byte limit) starts, which the caller may hand to :func:`count_records`."""
     records = 0
     pos = start
-    unpack = _V2_LENGTH_MAGIC.unpack_from
-    count = _V2_COUNT.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic = unpack(data, pos + BATCH_LENGTH_AT)
-        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+        batch_length: int = read_i32_be(data, pos + BATCH_LENGTH_AT)
+        if data[pos + MAGIC_AT] != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        n = count(data, pos + RECORDS_COUNT_AT)[0]
+        n: int = read_i32_be(data, pos + RECORDS_COUNT_AT)
         if n < 0:
             break  # malformed: left to the caller (count_records refuses it)
         records += n
@@ -112,33 +122,24 @@ def v2_totals(data: BytesLike, start: int, end: int) -> tuple[int, int, int]:
     return records, pos - start, pos
 
 
-_V2_MAX_TIMESTAMP: Final = header_struct("max_timestamp")  # at MAX_TIMESTAMP_AT
-
-
-def v2_max_timestamp(data: BytesLike, start: int, end: int) -> int:
+def v2_max_timestamp(data: bytes, start: int, end: int) -> int:
     """The latest ``maxTimestamp`` (milliseconds since the epoch) of the whole v2 batches that open
     ``data[start:end]``, read in place from their headers (no record touched, nothing decompressed);
     -1 when the range opens with no v2 batch (a legacy message set, a truncated or malformed header)."""
     latest = -1
     pos = start
-    unpack = _V2_LENGTH_MAGIC.unpack_from
-    timestamp = _V2_MAX_TIMESTAMP.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic = unpack(data, pos + BATCH_LENGTH_AT)
-        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+        batch_length: int = read_i32_be(data, pos + BATCH_LENGTH_AT)
+        if data[pos + MAGIC_AT] != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        t = int(timestamp(data, pos + MAX_TIMESTAMP_AT)[0])
+        t: int = read_i64_be(data, pos + MAX_TIMESTAMP_AT)
         if t > latest:
             latest = t
         pos += 12 + batch_length
     return latest
 
 
-_V2_DATED: Final = header_struct("base_offset", "batch_length", "magic", "last_offset_delta", "max_timestamp",
-                                 "records_count")  # a whole header, from its first byte
-
-
-def v2_dated(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> tuple[int, int]:
+def v2_dated(data: bytes, start: int, end: int, out: list[tuple[int, int, int]]) -> tuple[int, int]:
     """Append ``(base offset, last offset, max timestamp)`` of each whole v2 batch that opens
     ``data[start:end]`` to ``out``, read in place, one read of each header (when its records were
     written: :func:`kproxy.protocol.offset_reads.batches_written`); returns ``(records, stop)``, its
@@ -147,21 +148,16 @@ def v2_dated(data: BytesLike, start: int, end: int, out: list[tuple[int, int, in
     records = 0
     counted = -1  # where the count stopped, while it has not
     pos = start
-    unpack = _V2_DATED.unpack_from
-    header = _V2_FAST_MIN
-    # (typed: compiled, the arithmetic is then on native ints)
-    base: int
-    batch_length: int
-    magic: int
-    delta: int
-    stamp: int
-    n: int
-    while end - pos >= header:
-        base, batch_length, magic, delta, stamp, n = unpack(data, pos)
-        if magic != 2 or batch_length < header - 12 or pos + 12 + batch_length > end:
+    while end - pos >= _V2_FAST_MIN:
+        batch_length: int = read_i32_be(data, pos + BATCH_LENGTH_AT)
+        if data[pos + MAGIC_AT] != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
+        base: int = read_i64_be(data, pos + BASE_OFFSET_AT)
+        delta: int = read_i32_be(data, pos + LAST_OFFSET_DELTA_AT)
+        stamp: int = read_i64_be(data, pos + MAX_TIMESTAMP_AT)
         out.append((base, base + delta, stamp))
         if counted < 0:
+            n: int = read_i32_be(data, pos + RECORDS_COUNT_AT)
             if n < 0:
                 counted = pos
             else:
@@ -170,52 +166,47 @@ def v2_dated(data: BytesLike, start: int, end: int, out: list[tuple[int, int, in
     return records, pos if counted < 0 else counted
 
 
-def v2_batches(data: BytesLike, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
+def v2_batches(data: bytes, start: int, end: int, out: list[tuple[int, int, int]]) -> int:
     """Append ``(bytes, codec, records)`` of each whole v2 batch that opens ``data[start:end]`` to
     ``out`` (the codec is the low 3 bits of the batch's attributes, ``Codec``), read in place from
     the headers; returns where the walk stopped, as :func:`v2_totals` does."""
     pos = start
-    unpack = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from
-    count = _V2_COUNT.unpack_from
     while end - pos >= _V2_FAST_MIN:
-        batch_length, magic, attributes = unpack(data, pos + BATCH_LENGTH_AT)
-        if magic != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
+        batch_length: int = read_i32_be(data, pos + BATCH_LENGTH_AT)
+        if data[pos + MAGIC_AT] != 2 or batch_length < _V2_FAST_MIN - 12 or pos + 12 + batch_length > end:
             break
-        n = count(data, pos + RECORDS_COUNT_AT)[0]
+        n: int = read_i32_be(data, pos + RECORDS_COUNT_AT)
         if n < 0:
             break  # malformed: left to the caller (count_records refuses it)
-        out.append((12 + batch_length, attributes & CODEC_MASK, n))
+        out.append((12 + batch_length, data[pos + ATTRIBUTES_AT + 1] & CODEC_MASK, n))
         pos += 12 + batch_length
     return pos
 
 
-_V2_PRODUCER_HEAD: Final = header_struct("magic", "crc", "attributes", "producer_id", "producer_epoch",
-                                         "base_sequence")  # at MAGIC_AT
-
-
-def v2_producer_head(data: BytesLike, start: int, end: int) -> tuple[int, int, int, int, int] | None:
+def v2_producer_head(data: bytes, start: int, end: int) -> tuple[int, int, int, int, int] | None:
     """``(producer id, producer epoch, base sequence, CRC, codec)`` of the v2 batch that opens
     ``data[start:end]``, read in place from its header (the codec: the low 3 bits of its attributes,
     ``Codec``); None when the range opens with no v2 batch header (a legacy message set, too short).
     The first batch only, as the live detectors read a Produce request's range (a producer's batch)."""
-    if end - start < _V2_FAST_MIN:
+    if end - start < _V2_FAST_MIN or data[start + MAGIC_AT] != 2:
         return None
-    magic, crc, attributes, producer, epoch, sequence = _V2_PRODUCER_HEAD.unpack_from(data, start + MAGIC_AT)
-    if magic != 2:
-        return None
-    return producer, epoch, sequence, crc, attributes & CODEC_MASK
+    producer: int = read_i64_be(data, start + PRODUCER_ID_AT)
+    epoch: int = read_i16_be(data, start + PRODUCER_EPOCH_AT)
+    sequence: int = read_i32_be(data, start + BASE_SEQUENCE_AT)
+    crc: int = read_i32_be(data, start + CRC_AT)  # an unsigned int32, read as signed
+    return producer, epoch, sequence, crc & 0xFFFFFFFF, data[start + ATTRIBUTES_AT + 1] & CODEC_MASK
 
 
-def one_batch_header(data: BytesLike, start: int, end: int) -> tuple[int, int, int] | None:
+def one_batch_header(data: bytes, start: int, end: int) -> tuple[int, int, int] | None:
     """``(bytes, codec, records)`` of ``data[start:end]`` when that range is exactly one v2 batch
     (what a producer sends per partition), read in place: what :func:`v2_batches` gives for it in
     one call. None for any other range (the walk decides)."""
     if end - start >= _V2_FAST_MIN:
-        batch_length, magic, attributes = _V2_LENGTH_MAGIC_ATTRIBUTES.unpack_from(data, start + BATCH_LENGTH_AT)
-        if magic == 2 and start + 12 + batch_length == end and batch_length >= _V2_FAST_MIN - 12:
-            count = int(_V2_COUNT.unpack_from(data, start + RECORDS_COUNT_AT)[0])
+        batch_length: int = read_i32_be(data, start + BATCH_LENGTH_AT)
+        if data[start + MAGIC_AT] == 2 and start + 12 + batch_length == end and batch_length >= _V2_FAST_MIN - 12:
+            count: int = read_i32_be(data, start + RECORDS_COUNT_AT)
             if count >= 0:
-                return end - start, attributes & CODEC_MASK, count
+                return end - start, data[start + ATTRIBUTES_AT + 1] & CODEC_MASK, count
     return None
 
 
