@@ -227,7 +227,8 @@ class ConsumerLag:
         if values is None or len(values) != len(ranges):
             return
         points = self.written
-        for item, span in zip(values, ranges, strict=True):
+        for i in range(len(ranges)):  # (paired by index: their lengths are equal, checked above)
+            item, span = values[i], ranges[i]
             topic, partition = item[0], item[1]
             # (Two checks, not one against ``str | uuid.UUID``: that union is an object made at each call.)
             if (len(item) != 4 or item[2] or type(partition) is not int

@@ -282,7 +282,9 @@ def produce_record_counts(frame: bytes, scan: RequestScan | None,
         return None
     out: list[Produced] = []
     budget: RecordBudget | None = None
-    for (topic, partition, _), span in zip(entries, ranges, strict=True):
+    for i in range(len(ranges)):  # (paired by index: their lengths are equal, checked above)
+        topic, partition, _ = entries[i]
+        span = ranges[i]
         start, end = span[0], span[1]
         n = one_batch_count(frame, start, end)
         if n is None:

@@ -79,7 +79,7 @@ def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
     """The topic a Produce request or response names at ``buf[start:end]``: its name, or from v13 its id."""
     if api_version >= 13:
         return uuid.UUID(bytes=bytes(buf[start:end]))
-    return str(buf[start:end], "utf-8")  # (any buffer: a memoryview has no decode)
+    return buf[start:end].decode("utf-8")
 
 
 def _produce_answer_at(buf: bytes, pos: int, api_version: int) -> tuple[int, int, int, int, int, int] | None:

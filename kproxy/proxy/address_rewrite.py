@@ -130,7 +130,9 @@ class ResponseRewriter:
         # api key -> (version, body) of the last body over MEMO_MAX_BODY that passed _check_whole
         # (see _check_whole_once): one body per api key with endpoints, so a few at most.
         self._whole: dict[int, tuple[int, bytes]] = {}
-        self._unreadable: dict[tuple[int, int], bool] = {}
+        # Keyed by api key and version in one int (api_version & 0xFFFF: an int16), as
+        # headers.request_header_version's cache: no tuple made and hashed per request.
+        self._unreadable: dict[int, bool] = {}
         # needs_rewrite per kind, keyed by one int (api key << 16 | version): asked for every response,
         # and endpoint_fields' functools.cache costs a call through its wrapper and a key tuple each time.
         self._needs: dict[int, bool] = {}
@@ -156,11 +158,12 @@ class ResponseRewriter:
         """
         if api_key not in self.capped or api_key == API_VERSIONS:
             return False
-        found = self._unreadable.get((api_key, api_version))
+        key = api_key << 16 | (api_version & 0xFFFF)
+        found = self._unreadable.get(key)
         if found is None:
             found = message_schema(api_key, api_version, MessageType.RESPONSE) is None
-            if len(self._unreadable) < 65536:  # versions are int16: bounded, but say so
-                self._unreadable[(api_key, api_version)] = found
+            if len(self._unreadable) < 65536 and -0x8000 <= api_version < 0x8000:  # bounded; one key a version
+                self._unreadable[key] = found
         return found
 
     def rewrite_exchange(self, ex: Exchange, frame: bytes) -> bytes:
