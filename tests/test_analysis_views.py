@@ -325,3 +325,78 @@ def test_the_lag_plot_of_groups_that_never_fell_behind_has_whole_record_ticks() 
         assert ax.get_ylim()[1] >= 1
     finally:
         plt.close(fig)
+
+
+def test_a_latency_line_breaks_where_no_request_was_measured() -> None:
+    """An api answered in seconds 0, 1 and 10 of a capture, none between: the p99 and p50 lines stop
+    after second 1 and start again at 10 (a NaN between them), in both panels, instead of drawing
+    latencies nobody measured; the error rate's line alike."""
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.codes import error_class
+
+    step = timedelta(seconds=1)
+    bins = [{"time": T0 + k * step, "api_name": "metadata", "requests": 2, "broker_p99_ms": 1.0 + k,
+             "broker_p50_ms": 0.5 + k, "kproxy_p99_ms": 0.1 + k, "kproxy_p50_ms": 0.05 + k} for k in (0, 1, 10)]
+    errors = [{"time": T0 + k * step, "api_name": "metadata", "code": 3, "requests": 1} for k in (0, 1, 10)]
+    found = figures({"latency_over_time": bins, "errors_over_time": errors}, error_class,
+                    (T0, T0 + 11 * step - timedelta(milliseconds=1)), 1)
+    try:
+        lines = [line for ax in found["latency"].axes for line in ax.get_lines()]
+        lines += found["error_rate"].axes[0].get_lines()
+        assert len(lines) == 5
+        for line in lines:
+            xs, ys = list(line.get_xdata()), list(line.get_ydata())
+            assert [math.isnan(y) for y in ys] == [False, False, True, False], ys
+            assert xs[2] == T0 + 2 * step
+    finally:
+        for fig in found.values():
+            plt.close(fig)
+
+
+def test_a_topic_without_records_in_a_bin_is_drawn_at_zero_there() -> None:
+    """A topic produced to in seconds 2 and 10 of a twelve-second capture: its line drops to zero in
+    the seconds around and between, not straight from one busy second to the next."""
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.codes import error_class
+
+    step = timedelta(seconds=1)
+    rows = [{"time": T0 + k * step, "api_name": "produce", "topic": "orders", "records": 500} for k in (2, 3, 10)]
+    fig = figures({"throughput": rows}, error_class, (T0, T0 + 12 * step - timedelta(milliseconds=1)),
+                  1)["throughput"]
+    try:
+        [line] = fig.axes[0].get_lines()
+        drawn = [((x - T0).total_seconds(), y) for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True)]
+        assert drawn == [(1, 0), (2, 500), (3, 500), (4, 0), (9, 0), (10, 500), (11, 0)]
+    finally:
+        plt.close(fig)
+
+
+def test_a_latency_axis_of_a_decade_or_so_is_labelled_in_plain_milliseconds() -> None:
+    """Broker latencies from 0.3 to 5 ms: matplotlib's own log axis labelled it ``10^0`` alone; the
+    axis reads 0.5, 1, 2 and 5 (ms), no power of ten written as one."""
+    import matplotlib.pyplot as plt
+
+    from kproxy.analysis.plots import figures
+    from kproxy.protocol.codes import error_class
+
+    step = timedelta(seconds=1)
+    bins = [{"time": T0 + k * step, "api_name": "produce", "requests": 5, "broker_p99_ms": p99, "broker_p50_ms": 0.3,
+             "kproxy_p99_ms": 0.05, "kproxy_p50_ms": 0.01} for k, p99 in enumerate((0.4, 5.0, 2.0))]
+    found = figures({"latency_over_time": bins}, error_class, (T0, T0 + 3 * step - timedelta(milliseconds=1)), 1)
+    try:
+        ax = found["latency"].axes[0]
+        found["latency"].canvas.draw()
+        low, high = ax.get_ylim()
+        labels = {t.get_text() for t in ax.get_yticklabels(minor=False) + ax.get_yticklabels(minor=True)
+                  if t.get_text() and low <= t.get_position()[1] <= high}
+        assert {"0.5", "1", "2", "5"} <= labels, labels
+        assert not any("e" in text or "^" in text for text in labels), labels
+    finally:
+        for fig in found.values():
+            plt.close(fig)

@@ -18,6 +18,7 @@ which the report passes: this module reads nothing of kproxy outside the analysi
 from __future__ import annotations
 
 import io
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,42 @@ def _dots(points: int) -> dict[str, Any]:
     return {"marker": "o", "ms": 3} if points <= 60 else {}
 
 
+def _broken_at_gaps(xs: list[datetime], ys: list[Any], interval: int) -> tuple[list[datetime], list[Any]]:
+    """The points with a NaN after each one whose next point is more than a bin later: matplotlib
+    breaks the line there. A latency or an error rate is measured only in bins with requests; a
+    line drawn through the bins between would show values nobody measured."""
+    step = timedelta(seconds=interval)
+    out_x: list[datetime] = []
+    out_y: list[Any] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if i and x - xs[i - 1] > step:
+            out_x.append(xs[i - 1] + step)
+            out_y.append(math.nan)
+        out_x.append(x)
+        out_y.append(y)
+    return out_x, out_y
+
+
+def _zero_filled(points: list[tuple[datetime, float]], window: _Window) -> list[tuple[datetime, float]]:
+    """A count per bin with the bins between two points, and those around them within ``window``,
+    at zero where no row was: a topic without records in a bin had none, and a line drawn straight
+    from one busy bin to the next would show records that never came. One zero each side of a gap is
+    enough for the line to drop and rise."""
+    step = timedelta(seconds=window.interval)
+    out: list[tuple[datetime, float]] = []
+    for i, (t, n) in enumerate(points):
+        before = points[i - 1][0] if i else window.start - step
+        if t - before > step:
+            if i:
+                out.append((before + step, 0))
+            if t - before > 2 * step or not i:
+                out.append((t - step, 0))
+        out.append((t, n))
+    if points and points[-1][0] + step < window.end:
+        out.append((points[-1][0] + step, 0))
+    return out
+
+
 def _legend_below(ax: Any, title: str | None = None, left: int = 0, what: str = "") -> None:
     """The axes' legend under it, off the lines; ``left`` series left out are said in its title."""
     handles, labels = ax.get_legend_handles_labels()
@@ -190,11 +227,15 @@ def _latency(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
             if not mine:
                 continue
             xs = [r["time"] for r in mine]
-            ax.plot(xs, [r[f"{who}_p99_ms"] for r in mine], color=colour, label=api, **_dots(len(xs)))
-            ax.plot(xs, [r[f"{who}_p50_ms"] for r in mine], linestyle="--", color=colour, alpha=0.7)
+            dots = _dots(len(xs))
+            ax.plot(*_broken_at_gaps(xs, [r[f"{who}_p99_ms"] for r in mine], window.interval), color=colour,
+                    label=api, **dots)
+            ax.plot(*_broken_at_gaps(xs, [r[f"{who}_p50_ms"] for r in mine], window.interval), linestyle="--",
+                    color=colour, alpha=0.7)
         ax.set_title("broker (forwarded -> answered)" if who == "broker" else "kproxy's own time")
         ax.set_ylabel("ms")
         ax.set_yscale("log")
+        _log_ms_ticks(ax)
         _time_axis(ax, window)
         _partial_bins(ax, window)
     _legend_below(axes[0], "api: p99 (dashed: p50)", left, "apis")  # the same apis and colours in both
@@ -219,7 +260,8 @@ def _error_rate(bins: Sequence[dict[str, Any]], errors: Sequence[dict[str, Any]]
         for cls, style in (("error", "-"), ("retriable", ":")):
             ys = [100.0 * failed.get((m, api), {}).get(cls, 0) / n for m, n in points]
             if any(ys):
-                ax.plot(xs, ys, linestyle=style, color=f"C{i}", label=f"{api} ({cls})", **_dots(len(xs)))
+                ax.plot(*_broken_at_gaps(xs, ys, window.interval), linestyle=style, color=f"C{i}",
+                        label=f"{api} ({cls})", **_dots(len(xs)))
     if not apis:
         ax.text(0.5, 0.5, "no errors but routine ones", transform=ax.transAxes, ha="center", va="center")
     ax.set_ylabel("% of the api's requests")
@@ -240,7 +282,7 @@ def _throughput(rows: Sequence[dict[str, Any]], window: _Window) -> Any:
             totals[r["topic"]] += r["records"] or 0
         topics, left = _busiest(totals)
         for i, topic in enumerate(topics):
-            points = sorted((r["time"], r["records"] or 0) for r in mine if r["topic"] == topic)
+            points = _zero_filled(sorted((r["time"], r["records"] or 0) for r in mine if r["topic"] == topic), window)
             ax.plot([m for m, _ in points], [n for _, n in points], color=f"C{i}", label=topic, **_dots(len(points)))
         ax.set_title("produced" if api == "produce" else "fetched")
         ax.set_ylabel(f"records per {label(window.interval)}")
@@ -329,6 +371,26 @@ def _bytes_by_api(rows: Sequence[dict[str, Any]]) -> Any:
 def _bytes_formatter() -> Any:
     """Ticks in decimal units of bytes: ``12 B``, ``1.5 MB``."""
     return _scaled_formatter(" ", "B")
+
+
+def _log_ms_ticks(ax: Any) -> None:
+    """Plain numbers on a log axis of milliseconds (``0.3``, ``1``, ``20``), and between the powers
+    of ten the 2s and 5s labelled too while the axis spans two decades or less (the 3s too within
+    one): matplotlib's own labels stop at the powers of ten once it spans more than one, so a
+    latency axis from 0.3 to 5 ms showed one label, ``10^0``."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(value: float, _pos: int) -> str:
+        low, high = ax.get_ylim()
+        if value <= 0 or low <= 0:
+            return ""
+        decades = math.log10(high / low)
+        digit = round(value / 10 ** math.floor(math.log10(value) + 1e-9))
+        shown = (2, 3, 5) if decades <= 1 else (2, 5) if decades <= 2 else ()
+        return f"{value:g}" if digit in shown else ""
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _count_formatter() -> Any:
