@@ -84,6 +84,12 @@ def count_records(
     return total
 
 
+# The v2 header readers below take ``bytes`` (a frame as the proxy reads it) and read each field
+# with librt's in-place reads, which mypyc compiles to a load: per frame they run several times,
+# where a struct read costs a method call and a tuple. The range they are given lies within
+# ``data``; they read no field past ``end`` (each checks a whole header is there first).
+
+
 def one_batch_count(data: bytes, start: int, end: int) -> int | None:
     """The record count in the header of ``data[start:end]`` when that range is exactly one v2
     batch (what a producer sends per partition), read in place: what :func:`count_records` of the
@@ -94,12 +100,6 @@ def one_batch_count(data: bytes, start: int, end: int) -> int | None:
             count: int = read_i32_be(data, start + RECORDS_COUNT_AT)
             return count if count >= 0 else None
     return None
-
-
-# The v2 header readers below take ``bytes`` (a frame as the proxy reads it) and read each field
-# with librt's in-place reads, which mypyc compiles to a load: per frame they run several times,
-# where a struct read costs a method call and a tuple. The range they are given lies within
-# ``data``; they read no field past ``end`` (each checks a whole header is there first).
 
 
 def v2_totals(data: bytes, start: int, end: int) -> tuple[int, int, int]:
