@@ -124,3 +124,41 @@ def test_the_verdict_is_void_when_direct_disagrees_with_itself() -> None:
     assert all(row[3].startswith("void: direct's A/A pair apart by") for row in rows), rows
     without_aa = _results(bp, {"direct": 1.5, "pipe": 1.8, "cand": 1.9}, {"direct": 3.0, "pipe": 3.5, "cand": 4.0})
     assert [row[3] for row in bp.target_rows(without_aa, "cand")] == ["met (unchecked: no A/A pair)"] * 2
+
+
+def test_the_verdict_is_void_when_the_pipe_itself_queued_for_the_cores() -> None:
+    bp = _bench_publish()
+    # Direct quiet and in agreement, but the pipe (a few tens of µs of work a message) 15 ms behind it
+    # on average: a candidate 20 ms behind would pass a bar of 1.5x that, by the scheduler's leave.
+    queued = _results(bp, {"direct": 1.5, "direct A/A": 1.5, "pipe": 16.5, "cand": 21.5},
+                      {"direct": 3.0, "direct A/A": 3.2, "pipe": 60.0, "cand": 66.0})
+    rows = bp.target_rows(queued, "cand")
+    assert all(row[3].startswith("void: the pipe itself added") for row in rows), rows
+    # Only p99 past its bound (one stall in the pipe's rounds) is enough.
+    p99_only = _results(bp, {"direct": 1.5, "direct A/A": 1.5, "pipe": 1.8, "cand": 1.9},
+                        {"direct": 3.0, "direct A/A": 3.2, "pipe": 9.0, "cand": 4.0})
+    assert all(row[3].startswith("void: the pipe itself") for row in bp.target_rows(p99_only, "cand"))
+
+
+def _pm_qos_cpu_latency() -> int:
+    """The kernel's current CPU latency target in µs (the least of the requests held)."""
+    with open("/dev/cpu_dma_latency", "rb") as f:
+        return int.from_bytes(f.read(4), sys.byteorder, signed=True)
+
+
+@pytest.mark.skipif(not os.access("/dev/cpu_dma_latency", os.W_OK), reason="PM QoS needs root")
+def test_idle_poll_holds_the_cpu_latency_request_for_the_block_only() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _idle import cores_polled_when_idle
+    finally:
+        sys.path.remove(str(BENCH))
+    before = _pm_qos_cpu_latency()
+    assert before > 0, "another process already holds the request at 0: the test would prove nothing"
+    with cores_polled_when_idle() as phrase:
+        assert _pm_qos_cpu_latency() == 0
+        assert phrase.startswith("idle cores polling")
+    assert _pm_qos_cpu_latency() == before
+    with pytest.raises(RuntimeError), cores_polled_when_idle():
+        raise RuntimeError("a run that failed")
+    assert _pm_qos_cpu_latency() == before
