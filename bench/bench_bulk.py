@@ -83,12 +83,12 @@ def _reads(stream: bytes, first: int) -> list[bytes]:
 def in_process(reps: int) -> dict[str, float]:
     import _wire as wire
 
+    from kproxy.memory import tune_allocator
     from kproxy.metrics.stats import StatsOptions, TrafficStats
     from kproxy.metrics.traffic_observer import MetricsObserver
     from kproxy.proxy.address_rewrite import ResponseRewriter
     from kproxy.proxy.addresses import AddressMap
     from kproxy.proxy.session import Session
-    from kproxy.server.memory import tune_allocator
 
     tune_allocator()  # as `kproxy run` does
     batch = wire.record_batch(100_000)

@@ -35,7 +35,7 @@ import trio
 
 from kproxy.config import build_config
 from kproxy.config.layering import read_environment
-from kproxy.server.memory import tune_allocator, tune_gc
+from kproxy.memory import tune_allocator, tune_gc
 from kproxy.server.proxy_server import ProxyServer
 
 

@@ -24,7 +24,7 @@ thread enters or leaves first, so the interval found by the first is the one lef
 The capture's writer holds it for each of its turns.
 
 What a big build leaves is moved out of the collector's sight with ``gc.freeze()`` (as
-kproxy.server.memory.freeze_start_up does after start-up): either when the objects made exceed
+kproxy.memory.freeze_start_up does after start-up): either when the objects made exceed
 :data:`FREEZE_ABOVE` (:func:`freeze_if_many`) or, at the last build's end, when a build set
 ``keep`` (a big rule set put in force). That is sound because what a build makes holds no
 reference cycles (tests/test_rules_reload_hostile.py checks it): a replaced rule set is freed by

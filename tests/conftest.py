@@ -266,7 +266,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Leave what collection built (every test item of the suite, in each xdist worker) out of later
-    garbage collections, as ``kproxy run`` does with its own start-up (kproxy.server.memory): a
+    garbage collections, as ``kproxy run`` does with its own start-up (kproxy.memory): a
     full collection walks all of it, long enough that a kproxy running in a test's process would
     count the pause as its event loop held, and fail a hostile test's bound for the test process's
     heap. Tests that change the collector restore the freeze (tests/test_connection_setup.py)."""

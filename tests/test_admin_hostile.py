@@ -120,7 +120,7 @@ def test_a_put_of_10000_rules_and_their_listing_never_hold_the_loop(tansu: Broke
         wait_for(lambda: steady.delivered > 0, 15, "the steady producer's first delivery")
         generation = json.loads(call(proxy, "GET", "/rules")[1])["generation"]
         rss_before = vm_rss_kb(os.getpid())
-        # As `kproxy run` does once started (kproxy.server.memory.freeze_start_up): the heap of this
+        # As `kproxy run` does once started (kproxy.memory.freeze_start_up): the heap of this
         # process (pytest, the clients, earlier tests) is not kproxy's, and a full collection walking
         # it on the loop thread would be measured as the PUT's.
         gc.collect()  # (holds the loop thread too: its late heartbeat must land before the reset)

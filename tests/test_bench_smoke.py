@@ -28,6 +28,7 @@ TABLE = "| --- |"  # a Markdown table's rule: the report the script prints
 SMOKE: dict[str, tuple[list[str], tuple[str, ...]]] = {
     "bench_bulk.py": (["--rounds", "1", "--seconds", "0.3", "--reps", "2"], (TABLE,)),
     "bench_capture.py": (["--exchanges", "100", "--rounds", "1", "--stalls", "100"], (TABLE,)),
+    "bench_capture_worker.py": (["--exchanges", "200", "--rounds", "1"], (TABLE,)),
     "bench_codec.py": (["--quick", "--repeats", "1", "--loop-seconds", "0"],
                        (TABLE, "Median of 1 side-by-side rounds")),
     # Enough requests that the pipe's CPU time per request is above the clock's tick (it divides by it).

@@ -157,6 +157,24 @@ def test_the_worker_reads_its_input_to_the_end_and_completes_its_file(tmp_path: 
     assert {r["node_id"] for r in rows} == {7}
 
 
+def test_the_worker_tunes_its_collector_as_the_proxy_does(tmp_path: Path) -> None:
+    """Its entry point, before it serves: generation 0 collected as rarely as in the proxy
+    (kproxy.memory), and what its imports loaded (pyarrow) frozen out of every collection."""
+    from kproxy.memory import GEN0_THRESHOLD
+
+    probe = ("import gc, json, sys\n"
+             "import kproxy.capture.worker as worker\n"
+             "worker.serve = lambda *a: print(json.dumps([gc.get_threshold()[0], gc.get_freeze_count(),\n"
+             "                                            'pyarrow' in sys.modules]))\n"
+             "worker.main([sys.argv[1]])\n")
+    settings = {"dir": str(tmp_path), "log_level": "info", "log_format": "json"}
+    out = subprocess.run([sys.executable, "-c", probe, json.dumps(settings)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    threshold, frozen, pyarrow_loaded = json.loads(out)
+    assert threshold == GEN0_THRESHOLD and pyarrow_loaded
+    assert frozen > 10_000, frozen  # the interpreter's and pyarrow's modules, not a handful
+
+
 def test_ctrl_c_to_the_process_group_still_completes_the_file(tansu: Any, tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches ``kproxy run`` and its worker alike: the proxy shuts down and ends
     the worker's input; the worker, ignoring the signal, writes what it has and completes its file."""

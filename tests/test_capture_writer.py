@@ -23,6 +23,7 @@ from kproxy.capture.record_schema import (  # noqa: E402
     new_record,
 )
 from kproxy.capture.writer import (  # noqa: E402
+    CONVERT_SLICE,
     HOUR_US,
     CaptureWriter,
     Rotation,
@@ -422,6 +423,52 @@ def test_the_switch_interval_is_short_while_the_writer_works_and_restored_after(
     assert len(seen) >= 3 and max(seen) <= SHORT_SWITCH_INTERVAL, seen
     assert idle == before > SHORT_SWITCH_INTERVAL
     assert sys.getswitchinterval() == before
+
+
+class _CountedSleeps:
+    """Stands in for the time module in kproxy.capture.writer: counts ``sleep(0)``, the writer's
+    hand-over of the GIL."""
+
+    def __init__(self) -> None:
+        self.hand_overs = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def sleep(self, seconds: float) -> None:
+        self.hand_overs += seconds == 0
+        time.sleep(seconds)
+
+
+@pytest.mark.parametrize("beside_loop", [True, False])
+def test_only_a_writer_beside_a_loop_hands_the_gil_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        beside_loop: bool) -> None:
+    """Beside the proxy's event loop (the capture thread) a turn runs in the short switch interval
+    and hands the GIL over between slices and columns; in the capture worker, where no loop shares
+    the GIL, each would be a switch of threads for nothing: the interpreter's interval, no hand-over."""
+    import kproxy.capture.writer as writer_module
+
+    counted = _CountedSleeps()
+    monkeypatch.setattr(writer_module, "time", counted)
+    seen: list[float] = []
+
+    class WatchedWriter(CaptureWriter):
+        def write_batch_done(self, file: Any) -> None:
+            seen.append(sys.getswitchinterval())
+
+    before = sys.getswitchinterval()
+    writer = WatchedWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                           row_group_rows=40, beside_loop=beside_loop)
+    for i in range(100):  # queued before the thread starts: turns of whole slices
+        writer.offer(record(i))
+    writer.start()
+    writer.close()
+    assert len(_rows(tmp_path)) == 100 and seen, seen
+    if beside_loop:
+        assert max(seen) <= SHORT_SWITCH_INTERVAL < before and counted.hand_overs >= 100 // CONVERT_SLICE, (
+            seen, counted.hand_overs)
+    else:
+        assert set(seen) == {before} and counted.hand_overs == 0, (seen, counted.hand_overs)
 
 
 def test_the_writer_thread_runs_at_the_process_s_priority(tmp_path: Path) -> None:

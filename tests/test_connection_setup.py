@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from kproxy.server import memory
+from kproxy import memory
 from kproxy.server.connection import _close
 from kproxy.server.proxy_server import ProxyServer
 from kproxy.server.sockets import open_tcp, os_reason

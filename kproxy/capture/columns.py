@@ -17,7 +17,7 @@ row's items one after the other. No pyarrow here: the schema's shape comes as nu
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any, Final
 
 HOUR_US: Final = 3_600_000_000
@@ -63,12 +63,14 @@ class PendingColumns:
         for row in rows:
             self.add_row(row)
 
-    def clear(self) -> None:
-        """Empty again, a column at a time, handing the GIL over between columns: freeing a row
-        group's values (a few hundred thousand objects) at once would hold it for the whole cascade."""
+    def clear(self, hand_over: Callable[[], None] | None = None) -> None:
+        """Empty again, a column at a time, calling ``hand_over`` between columns (the writer's GIL
+        hand-over, beside an event loop: freeing a row group's values, a few hundred thousand
+        objects, at once would hold the GIL for the whole cascade)."""
         for values in self.values:
             values.clear()
-            time.sleep(0)
+            if hand_over is not None:
+                hand_over()
         for fields in self.items.values():
             for values in fields:
                 values.clear()

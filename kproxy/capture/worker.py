@@ -25,6 +25,8 @@ Contract:
 * Standard output carries the counters, one JSON line (:data:`kproxy.capture.handoff.COUNTERS`,
   ``GAUGES``) every :data:`REPORT_SECONDS`, and a last one once standard input ends and the
   writer has written what it had and completed its file. Then the process exits 0.
+* Its writer runs each turn whole (``beside_loop=False``): no event loop shares this process's GIL,
+  and the collector is tuned as the proxy's is (:mod:`kproxy.memory`).
 * A batch cut short (the parent killed mid-write) ends the input like an end of file. SIGINT and
   SIGTERM are ignored: the worker ends when its input does, so a proxy stopped in any way (a
   terminal's Ctrl-C reaches the whole process group; SIGKILL closes the pipe) leaves complete files.
@@ -47,6 +49,7 @@ from kproxy.capture.handoff import CACHED_CONNECTIONS, CLOSE_FIELDS, connection
 from kproxy.capture.record_builder import PayloadOptions, RecordBuilder
 from kproxy.capture.writer import CaptureWriter
 from kproxy.logfmt import q, setup_logging
+from kproxy.memory import freeze_start_up, tune_gc
 from kproxy.protocol.topic_ids import TopicIdNames
 
 log = logging.getLogger("kproxy.capture")
@@ -76,7 +79,7 @@ def serve(settings: dict[str, Any], stdin: BinaryIO, stdout: Any) -> None:
                            rotate_bytes=int(settings["rotate_bytes"]),
                            rotate_seconds=float(settings["rotate_seconds"]),
                            queue_size=int(settings["queue_size"]), rows=builder.rows, add_rows=builder.add_rows,
-                           metadata=settings.get("metadata"))
+                           metadata=settings.get("metadata"), beside_loop=False)
     writer.start()
     log.info("event=capture_worker_serving pid=%d dir=%s", os.getpid(), q(settings["dir"]))
     offer = writer.queue.offer
@@ -143,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     settings = json.loads(args[0])
+    # As the proxy's own process: the rows are tuples kept a row group long, and what the imports
+    # loaded (pyarrow above all) stays out of every collection.
+    tune_gc()
+    freeze_start_up()
     # Its lines (a failing disk, a frame over budget) on the proxy's stderr, as the proxy writes its own.
     setup_logging(str(settings.get("log_level", "info")), str(settings.get("log_format", "logfmt")))
     serve(settings, sys.stdin.buffer, sys.stdout)

@@ -254,7 +254,7 @@ class CaptureWriter:
                  queue_size: int = 10_000, queue_bytes: int = 256 * 1024 * 1024, row_group_rows: int = 10_000,
                  flush_seconds: float = 1.0, poll_seconds: float = 0.1, rows: ROWS = dict_rows,
                  add_rows: ADD_ROWS | None = None, clock: Callable[[], float] = time.time,
-                 metadata: dict[str, str] | None = None) -> None:
+                 metadata: dict[str, str] | None = None, beside_loop: bool = True) -> None:
         if rotate_bytes > max_bytes_total:
             raise ValueError("rotate_bytes must not exceed max_bytes_total")
         self.directory = directory
@@ -267,6 +267,15 @@ class CaptureWriter:
         self.add_rows = add_rows
         self.clock = clock
         self.schema = arrow_schema(metadata)
+        # Whether an event loop shares this process's GIL (the capture thread) or not (the capture
+        # worker, whose other thread only reads its input): beside a loop a turn runs inside the
+        # short switch interval and hands the GIL over between slices and columns; in the worker
+        # each hand-over would only be a switch of threads with nothing waiting, so a turn runs whole.
+        self.beside_loop = beside_loop
+        self._slice = CONVERT_SLICE if beside_loop else queue_size
+        self._turn_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            short_switch_interval if beside_loop else contextlib.nullcontext)
+        self._hand_over: Callable[[], None] = hand_over_gil if beside_loop else _keep_gil
         # The queue (kproxy.capture.queue, compiled: the loop's side, per exchange). Each counter
         # below has one writer, the thread (_lost, written...), so no increment races another.
         self.queue_size = queue_size
@@ -344,7 +353,7 @@ class CaptureWriter:
                 self._wake.clear()
                 continue
             try:
-                with short_switch_interval():  # the loop, wanting the GIL meanwhile, waits less for it
+                with self._turn_context():  # beside a loop: it waits less for the GIL meanwhile
                     first_at = self._turn(pending, first_at, stop)
             except Exception as exc:  # an error no branch foresaw: its rows are lost, the thread goes on
                 self._lost += pending.rows
@@ -366,19 +375,19 @@ class CaptureWriter:
         oldest pending row came."""
         budget = self.queue_size  # a turn ends even while items keep coming: time checks below
         while self.queue and budget > 0 and (stop or time.monotonic() >= self._retry_at):  # not when failing
-            items = self.queue.take(min(CONVERT_SLICE, budget))
+            items = self.queue.take(min(self._slice, budget))
             budget -= len(items)
             if not pending.rows:
                 first_at = self.clock()
             self._convert(items, pending)
             if pending.rows >= self.row_group_rows:
                 self._write(pending)
-                pending.clear()
-            time.sleep(0)  # hand the GIL to the event loop if it waits for it
+                pending.clear(self._hand_over)
+            self._hand_over()
         now = self.clock()
         if pending.rows and (stop or now - first_at >= self.flush_seconds):
             self._write(pending)
-            pending.clear()
+            pending.clear(self._hand_over)
         if self._open is not None and (stop or self.rotation.due(size=self._open.size,
                                                                  opened_at=self._open.opened_at, now=now)):
             self._finish()
@@ -410,7 +419,7 @@ class CaptureWriter:
                 if self._open is None:
                     self._open = self._new_file(hour)
                 if table is None:
-                    table = _table(pending, self.schema)
+                    table = _table(pending, self.schema, self._hand_over)
                 self._open.write(table.slice(start, length))  # a slice of a table: no copy
                 self.written += length
                 self.write_batch_done(self._open)
@@ -488,16 +497,27 @@ class CaptureWriter:
                 log.warning("event=capture_delete_failed file=%s error=%s", _q(str(path)), _q(str(exc)))
 
 
-def _table(pending: PendingColumns, schema: pa.Schema) -> pa.Table:
-    """The pending row group as an Arrow table, a column per call, the GIL handed over between columns."""
+def hand_over_gil() -> None:
+    """Let a thread waiting for the GIL (the event loop) have it now: the writer's pause between
+    slices of work, beside a loop."""
+    time.sleep(0)
+
+
+def _keep_gil() -> None:
+    """The writer's pause where no loop shares the GIL: none."""
+
+
+def _table(pending: PendingColumns, schema: pa.Schema, hand_over: Callable[[], None] = hand_over_gil) -> pa.Table:
+    """The pending row group as an Arrow table, a column per call, ``hand_over`` between columns."""
     arrays = []
     for i, (values, f) in enumerate(zip(pending.values, schema, strict=True)):
-        arrays.append(_column(values, f.type, pending.items.get(i)))
-        time.sleep(0)  # as between slices of items (CONVERT_SLICE)
+        arrays.append(_column(values, f.type, pending.items.get(i), hand_over))
+        hand_over()  # as between slices of items (CONVERT_SLICE)
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None) -> pa.Array:
+def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None,
+            hand_over: Callable[[], None] = hand_over_gil) -> pa.Array:
     """One column; a list column's ``values`` are each row's items (None: a null list), its
     ``items`` their fields' values (:class:`~kproxy.capture.columns.PendingColumns`).
 
@@ -524,7 +544,7 @@ def _column(values: list[Any], type_: pa.DataType, items: list[list[Any]] | None
     arrays = []
     for c, f in zip(items, fields, strict=True):
         arrays.append(pa.array(c, type=f.type))
-        time.sleep(0)  # as between columns: one list column is several
+        hand_over()  # as between columns: one list column is several
     children = pa.StructArray.from_arrays(arrays, fields=fields)
     mask = pa.array([v is None for v in values], type=pa.bool_()) if nulls else None
     return pa.ListArray.from_arrays(offsets, children, type=type_, mask=mask)

@@ -9,8 +9,8 @@ import trio
 
 from kproxy.config import Config
 from kproxy.logfmt import q, setup_logging
+from kproxy.memory import tune_allocator, tune_gc
 from kproxy.paths import OptionFailed
-from kproxy.server.memory import tune_allocator, tune_gc
 from kproxy.server.proxy_server import ListenFailed, ProxyServer
 
 log = logging.getLogger("kproxy.server")

@@ -44,6 +44,7 @@ from kproxy.config.sections import Cluster
 from kproxy.host_port import HostPort
 from kproxy.logfmt import LOG_CLUSTER
 from kproxy.logfmt import q as _q
+from kproxy.memory import freeze_start_up
 from kproxy.metrics.client_anomalies import AnomalyOptions
 from kproxy.metrics.consumer_lag import ConsumerLag
 from kproxy.metrics.exposition import ClusterSeries, LiveGauges, MetricsServer, make_registry
@@ -62,7 +63,6 @@ from kproxy.server.client_auth import ClientAuthService
 from kproxy.server.connection import Connection
 from kproxy.server.discovery import ClusterVersions, fetch_api_versions, fetch_api_versions_answers, fetch_brokers
 from kproxy.server.loopwatch import LoopWatch
-from kproxy.server.memory import freeze_start_up
 from kproxy.server.rules_reload import RulesReloader
 from kproxy.server.sockets import peer_name
 from kproxy.server.timers import Deadlines

@@ -1,4 +1,4 @@
-"""Process-level memory tuning for a proxy that moves multi-megabyte frames.
+"""Process-level memory tuning for kproxy's processes: the proxy and its capture worker.
 
 glibc hands every freed block above its mmap threshold (128 KiB to 32 MiB,
 adapting) straight back to the kernel, so each multi-megabyte Fetch response
@@ -7,12 +7,15 @@ the mmap and trim thresholds keeps those buffers in the heap for reuse: a much
 cheaper frame reassembly for a higher but bounded resident size (peak unchanged;
 docs/PERFORMANCE.md has the figures).
 
-The cyclic garbage collector is tuned too (:func:`tune_gc`, :func:`freeze_start_up`): with a
-thousand connections open, each request wakes cold per-connection state, and CPython's default
-of a generation-0 collection every 700 container allocations, with the survivors promoted and
-the whole heap walked once they add up, showed as a large part of the CPU per request: timed
-with ``gc.callbacks`` over the same bench/bench_conns.py run, 1.25 s of collections with the
-defaults, 0.27 s with both settings (0.67 s with the freeze alone, 0.52 s with the threshold alone).
+The cyclic garbage collector is tuned too (:func:`tune_gc`, :func:`freeze_start_up`). In the
+proxy, with a thousand connections open, each request wakes cold per-connection state, and
+CPython's default of a generation-0 collection every 700 container allocations, with the
+survivors promoted and the whole heap walked once they add up, showed as a large part of the CPU
+per request. The capture worker makes a few tuples per captured exchange and keeps a row group's
+worth of them alive until it is written, over a heap that pyarrow's modules make large: the same
+two settings take most collections out of its work (docs/PERFORMANCE.md has both measurements).
+
+A leaf: the standard library only, so that any process entry of kproxy may call it.
 """
 
 from __future__ import annotations
@@ -59,8 +62,9 @@ def tune_gc() -> None:
 def freeze_start_up() -> None:
     """Leave what start-up built out of every later collection (``gc.freeze``).
 
-    Called once the server is up and its codecs compiled: the message tables, codecs, metric
-    families and configuration live as long as the process, and a full collection would walk
+    Called once a process's start-up is over (the proxy: the server up and its codecs compiled;
+    the capture worker: its writer started, pyarrow loaded): the message tables, codecs, metric
+    families, configuration and modules live as long as the process, and a full collection would walk
     every one of them again. Objects frozen are still freed by reference counting; only cycles
     among them would stay, and start-up builds none that it drops.
     """
