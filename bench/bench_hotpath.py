@@ -48,7 +48,8 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 
-WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "ApiVersions v3", "Metadata v1", "Produce v7 1x100 KB",
+WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "Produce v10 1x1 KB", "ApiVersions v3", "Metadata v1",
+             "Produce v7 1x100 KB",
              "Fetch v11 1 partition 1 KB", "Fetch v11 100 partitions x 1 KB", "Fetch v13 1 partition 1 KB")
 VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules", "metrics+1 matching rule")
 
@@ -99,10 +100,21 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
                     {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1,
                      "log_start_offset": 0}]}]))
 
+    def produce_v10(records: bytes) -> tuple[bytes, bytes]:
+        return (req(0, 10, **request_body(0, 10, acks=-1, timeout_ms=30_000, topic_data=[
+                    {"name": "bench-produce", "partition_data": [{"index": 0, "records": records}]}])),
+                resp(0, 10, **response_body(0, 10, responses=[{"name": "bench-produce", "partition_responses": [
+                    {"index": 0, "error_code": 0, "base_offset": 42, "log_append_time_ms": -1,
+                     "log_start_offset": 0}]}])))
+
+    # What librdkafka sends since KIP-951 (Produce v10, acks=all), of the publish benchmark's 1 KB message.
+    kilobyte = encode_batch_v2([Record(offset=0, timestamp=now, key=None, value=b"x" * 1024, headers=[])])
+
     return {
         "Heartbeat v4": (req(12, 4, group_id="bench-group", generation_id=1, member_id="m-1"),
                          resp(12, 4, error_code=0)),
         "Produce v7 1x100 B": produce(batch),
+        "Produce v10 1x1 KB": produce_v10(kilobyte),
         "ApiVersions v3": (req(18, 3, client_software_name="kproxy-bench", client_software_version="1.0"),
                            resp(18, 3, error_code=0, api_keys=[
                                {"api_key": k, "min_version": 0, "max_version": v}

@@ -36,7 +36,7 @@ from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.message_schemas import MessageType, supported_versions
 from kproxy.protocol.produce_scan import produce_answer as produce_answer_entry
-from kproxy.protocol.produce_scan import produce_answer_errors, produce_request_scan
+from kproxy.protocol.produce_scan import produce_answer_errors, produce_answer_untagged, produce_request_scan
 from kproxy.protocol.records import (
     Record,
     count_records,
@@ -49,6 +49,7 @@ from kproxy.protocol.records import (
 )
 from kproxy.protocol.scan import SCAN_FAILURES, Entry, RequestScan, scan_request, scanner
 from kproxy.protocol.scan_types import ScanEntries
+from kproxy.protocol.splice import splice_body
 from kproxy.proxy.address_rewrite import ResponseRewriter
 from kproxy.proxy.addresses import AddressMap
 from kproxy.proxy.session import Exchange, Session
@@ -294,6 +295,44 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
     assert fast_path(frame, offset, version, True) == (fast, [(topic, 4, code, 7)])  # the base offset too
     assert produce_answer_entry(frame, offset, version) == (topic, 4, code, 7)
     assert full_fast(frame, offset, version) == generated_full(frame, offset, version)
+
+
+# -- produce_answer_untagged against the rewrite's splice ------------------------------------------------
+def _splice_finds(frame: bytes, offset: int, version: int) -> Any:
+    """What the address rewrite's splice makes of a Produce answer: None (nothing to change), the
+    names it changed, or "raises"."""
+    edits = {"node_endpoints": lambda value: value}
+    try:
+        spliced, done = splice_body(PRODUCE, version, MessageType.RESPONSE, frame, edits, offset)
+    except ProtocolError:
+        return "raises"
+    return None if spliced is None else done
+
+
+@pytest.mark.parametrize("version", [v for v in PRODUCE_VERSIONS if v >= 9])
+@pytest.mark.parametrize("endpoints", [False, True])
+def test_the_untagged_produce_answer_is_what_the_splice_finds_nothing_in(version: int, endpoints: bool) -> None:
+    """produce_answer_untagged says "nothing to rewrite" only where the splice, on the same bytes, finds
+    nothing to change and raises nothing: on the answer, every cut of it and every changed byte."""
+    tagged = {"node_endpoints": [{"node_id": 2, "host": "b2", "port": 9093, "rack": None}]} if (
+        endpoints and version >= 10) else {}
+    frame = response_frame(PRODUCE, version, 1, throttle_time_ms=3, responses=[
+        {"name": "orders", "partition_responses": [{"index": 4, "error_code": 0, "base_offset": 7}]}], **tagged)
+    offset = 9
+    assert produce_answer_untagged(frame, offset, version) == (not tagged)
+    assert (_splice_finds(frame, offset, version) is None) == (not tagged)
+    variants = [frame[:end] for end in range(offset, len(frame))] + [frame + b"\x00"]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(offset, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    for variant in variants:
+        if produce_answer_untagged(variant, offset, version):
+            assert _splice_finds(variant, offset, version) is None, variant.hex()
+    # Through the rewriter: the answer with endpoints still has them rewritten, the other is left as is.
+    rewriter = ResponseRewriter(AddressMap("kproxy.test", 40000))
+    done = rewriter.rewrite(PRODUCE, version, frame, offset)
+    assert (done is None) == (not tagged)
+    if done is not None:
+        assert b"kproxy.test" in done.frame and b"b2" not in done.frame
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------

@@ -75,6 +75,21 @@ def produce_answer(buf: bytes, pos: int, api_version: int) -> tuple[Topic, int, 
     return topic, index, code, base_offset
 
 
+def produce_answer_untagged(buf: bytes, pos: int, api_version: int) -> bool:
+    """True when the body at ``buf[pos:]`` is a flexible (v9+) Produce response of the usual shape
+    (:func:`produce_answer_errors`) whose own tagged fields are none and end the frame: no
+    ``node_endpoints`` (KIP-951, v10+) for the address rewrite to change, found by a few reads in
+    place. False for any other shape or bytes this reader is not sure of: the rewrite's splice then
+    walks the body (tests/test_scan_shared.py checks the two agree on every cut and changed byte)."""
+    if api_version < 9:
+        return False
+    found = _produce_answer_at(buf, pos, api_version)
+    if found is None:
+        return False
+    tags = found[5] + 4  # after throttle_time_ms: the body's tagged fields' count
+    return tags + 1 == len(buf) and buf[tags] == 0
+
+
 def _produce_topic(buf: bytes, start: int, end: int, api_version: int) -> Topic:
     """The topic a Produce request or response names at ``buf[start:end]``: its name, or from v13 its id."""
     if api_version >= 13:
