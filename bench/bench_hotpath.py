@@ -50,7 +50,8 @@ BENCH = Path(__file__).resolve().parent
 
 WORKLOADS = ("Heartbeat v4", "Produce v7 1x100 B", "Produce v10 1x1 KB", "ApiVersions v3", "Metadata v1",
              "Produce v7 1x100 KB",
-             "Fetch v11 1 partition 1 KB", "Fetch v11 100 partitions x 1 KB", "Fetch v13 1 partition 1 KB")
+             "Fetch v11 1 partition 1 KB", "Fetch v11 100 partitions x 1 KB", "Fetch v13 1 partition 1 KB",
+             "Fetch v16 4 partitions x 1 KB")
 VARIANTS = ("none", "metrics", "metrics+100 rules", "metrics+100 client-id rules", "metrics+1 matching rule")
 
 
@@ -131,6 +132,8 @@ def _frames() -> dict[str, tuple[bytes, bytes]]:
         "Fetch v11 100 partitions x 1 KB": fetch(11, 100),
         "Fetch v11 4 partitions x 1 KB": fetch(11, 4),
         "Fetch v13 1 partition 1 KB": fetch(13, 1),
+        # What librdkafka fetches with since KIP-951.
+        "Fetch v16 4 partitions x 1 KB": fetch(16, 4),
     }
 
 

@@ -40,7 +40,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
 WORKLOADS = ("ApiVersions v3", "Metadata v1", "Produce v7 1x100 B", "Produce v10 1x1 KB",
-             "Fetch v11 4 partitions x 1 KB", "Heartbeat v4", "Fetch v13 1 partition 1 KB")
+             "Fetch v11 4 partitions x 1 KB", "Fetch v16 4 partitions x 1 KB", "Heartbeat v4",
+             "Fetch v13 1 partition 1 KB")
 VARIANTS = ("metrics", "metrics+100 rules", "metrics+1 matching rule")
 WARMUP = 300
 

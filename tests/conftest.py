@@ -110,7 +110,8 @@ PURE_PASS_TESTS: dict[str, frozenset[str]] = {test: frozenset(f"kproxy.{m}" for 
     "test_connection_failures.py": "server.connection server.fastio",
     "test_facts_exchange.py": "proxy.exchange rules.frame_facts protocol.request_fields",
     "test_scan_shared.py":
-        "protocol.scan protocol.produce_scan metrics.traffic_observer metrics.traffic metrics.client_anomalies",
+        "protocol.scan protocol.produce_scan protocol.fetch_scan metrics.traffic_observer metrics.traffic "
+        "metrics.client_anomalies",
     "test_framing.py": "protocol.framing",
     "test_batch_layout.py": "protocol.records.counting metrics.client_anomalies",
     "test_wire.py": "protocol.primitives",

@@ -32,6 +32,7 @@ from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
+from kproxy.protocol.fetch_scan import fetch_answer_untagged
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.message_schemas import MessageType, supported_versions
@@ -57,6 +58,7 @@ from kproxy.rules import load_text
 from kproxy.rules.frame_facts import FrameFacts
 
 PRODUCE = 0
+FETCH = 1
 PRODUCE_VERSIONS = range(supported_versions(PRODUCE)[0], supported_versions(PRODUCE)[1] + 1)  # type: ignore[index]
 TOPIC_RULE = """
 seed: 7
@@ -333,6 +335,53 @@ def test_the_untagged_produce_answer_is_what_the_splice_finds_nothing_in(version
     assert (done is None) == (not tagged)
     if done is not None:
         assert b"kproxy.test" in done.frame and b"b2" not in done.frame
+
+
+def _fetch_splice_finds(frame: bytes, offset: int, version: int) -> Any:
+    edits = {"node_endpoints": lambda value: value}
+    try:
+        spliced, done = splice_body(FETCH, version, MessageType.RESPONSE, frame, edits, offset)
+    except ProtocolError:
+        return "raises"
+    return None if spliced is None else done
+
+
+FETCH_SHAPES = {
+    "plain": {},
+    "aborted": {"aborted_transactions": [{"producer_id": 5, "first_offset": 3}]},
+    "no records": {"records": None},
+    "current leader": {"current_leader": {"leader_id": 2, "leader_epoch": 5}},  # a partition's tagged field
+}
+
+
+@pytest.mark.parametrize("version", [16, 17])
+@pytest.mark.parametrize("shape", [*FETCH_SHAPES, "node endpoints"])
+def test_the_untagged_fetch_answer_is_what_the_splice_finds_nothing_in(version: int, shape: str) -> None:
+    """fetch_answer_untagged says "nothing to rewrite" only where the splice, on the same bytes,
+    finds nothing to change and raises nothing: on a consumer's answer (two partitions), every cut
+    of it and every changed byte; it takes the usual answer and leaves any tagged one to the splice."""
+    topic_id = uuid.UUID(int=0xFE7C)
+    partition = {"error_code": 0, "high_watermark": 9, "last_stable_offset": 9, "log_start_offset": 0,
+                 "preferred_read_replica": -1, "records": batch(2), **FETCH_SHAPES.get(shape, {})}
+    endpoints = ({"node_endpoints": [{"node_id": 2, "host": "b2", "port": 9093, "rack": None}]}
+                 if shape == "node endpoints" else {})
+    frame = response_frame(FETCH, version, 1, throttle_time_ms=0, error_code=0, session_id=7, responses=[
+        {"topic_id": topic_id, "partitions": [{"partition_index": p, **partition} for p in range(2)]}], **endpoints)
+    offset = 9
+    usual = shape in ("plain", "aborted", "no records")
+    assert fetch_answer_untagged(frame, offset, version) == usual
+    assert (_fetch_splice_finds(frame, offset, version) is None) == (shape != "node endpoints")
+    variants = [frame[:end] for end in range(offset, len(frame))] + [frame + b"\x00"]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(offset, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    for variant in variants:
+        if fetch_answer_untagged(variant, offset, version):
+            assert _fetch_splice_finds(variant, offset, version) is None, variant.hex()
+    done = ResponseRewriter(AddressMap("kproxy.test", 40000)).rewrite(FETCH, version, frame, offset)
+    assert (done is None) == (shape != "node endpoints")
+    if done is not None:
+        assert b"kproxy.test" in done.frame and b"b2" not in done.frame
+    assert not fetch_answer_untagged(frame, offset, 15)  # no node_endpoints before v16: never asked
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------

@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kproxy.protocol.api_keys import API_VERSIONS, PRODUCE
+from kproxy.protocol.api_keys import API_VERSIONS, FETCH, PRODUCE
 from kproxy.protocol.codes import ApiKey, ErrorCode
 from kproxy.protocol.endpoints import endpoint_fields
 from kproxy.protocol.endpoints import has_endpoint as _has_endpoint
 from kproxy.protocol.errors import DecodeError, ProtocolError
+from kproxy.protocol.fetch_scan import fetch_answer_untagged
 from kproxy.protocol.framing import SIZE_PREFIX
 from kproxy.protocol.headers import response_body_offset
 from kproxy.protocol.kinds import rewritten_api_keys
@@ -223,9 +224,10 @@ class ResponseRewriter:
         """The rewritten body (None: nothing to change) and the upstream endpoints it named."""
         if api_key == API_VERSIONS:
             return self._cap_api_versions(api_version, frame, body_offset), []
-        if api_key == PRODUCE and produce_answer_untagged(frame, body_offset, api_version):
-            # A producer's usual answer, without node_endpoints: read in place, where the splice
-            # would walk it with the generated codec's skips to find it has nothing to change.
+        if ((api_key == PRODUCE and produce_answer_untagged(frame, body_offset, api_version))
+                or (api_key == FETCH and fetch_answer_untagged(frame, body_offset, api_version))):
+            # A producer's or a consumer's usual answer, without node_endpoints: read in place, where
+            # the splice would walk it with the generated codec's skips to find nothing to change.
             return None, []
         fields = endpoint_fields(api_key, api_version)
         routes: list[Endpoint] = []
