@@ -31,7 +31,9 @@ Contract of :class:`CaptureWriter`:
   inside :func:`kproxy.offloop.short_switch_interval`: a loop thread back from a system call
   that finds the writer holding the GIL asks for it after the short interval, not after the
   interpreter's 5 ms. On a core the two threads share, handing the GIL back between slices
-  does not wake the loop before the writer takes it again; the forced hand-over does.
+  does not wake the loop before the writer takes it again; the forced hand-over does. All of
+  this is for a writer beside a loop (``beside_loop``, the default); the capture worker's
+  writer, with no loop in its process, runs each turn whole.
 * The writer thread runs at the process's scheduling priority, never below it. A thread at a
   lower priority is the one the kernel leaves off a busy core, and it may be left off while it
   holds the GIL (inside a garbage collection, or a ``pa.array`` call): the event loop then waits
@@ -271,7 +273,6 @@ class CaptureWriter:
         # worker, whose other thread only reads its input): beside a loop a turn runs inside the
         # short switch interval and hands the GIL over between slices and columns; in the worker
         # each hand-over would only be a switch of threads with nothing waiting, so a turn runs whole.
-        self.beside_loop = beside_loop
         self._slice = CONVERT_SLICE if beside_loop else queue_size
         self._turn_context: Callable[[], contextlib.AbstractContextManager[Any]] = (
             short_switch_interval if beside_loop else contextlib.nullcontext)
