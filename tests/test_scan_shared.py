@@ -32,7 +32,7 @@ from kproxy.metrics.stats import StatsOptions, TrafficStats
 from kproxy.metrics.traffic_observer import MetricsObserver
 from kproxy.policy.live_rules import LiveRules
 from kproxy.protocol.errors import ProtocolError
-from kproxy.protocol.fetch_scan import fetch_answer_untagged
+from kproxy.protocol.fetch_scan import fetch_answer_scan, fetch_answer_untagged
 from kproxy.protocol.frame_builder import request_frame, response_frame
 from kproxy.protocol.headers import request_body_offset
 from kproxy.protocol.message_schemas import MessageType, supported_versions
@@ -382,6 +382,73 @@ def test_the_untagged_fetch_answer_is_what_the_splice_finds_nothing_in(version: 
     if done is not None:
         assert b"kproxy.test" in done.frame and b"b2" not in done.frame
     assert not fetch_answer_untagged(frame, offset, 15)  # no node_endpoints before v16: never asked
+
+
+# -- fetch_answer_scan against the generated scanner ---------------------------------------------------
+def fetch_generated(frame: bytes, offset: int, version: int, values: bool) -> Any:
+    """The generated errors-only scanner of a Fetch answer: (entries, records ranges), in values mode
+    with the values; None where it cannot read the bytes."""
+    fn = scanner(FETCH, version, MessageType.RESPONSE, errors_only=True, values=values)
+    acc: list[Entry] = ScanEntries.empty() if values else []
+    recs: list[Any] = []
+    try:
+        fn(frame, offset, acc, recs, None)  # type: ignore[misc]
+    except SCAN_FAILURES:
+        return None
+    return (list(acc), recs, acc.values) if values else (acc, recs)  # type: ignore[attr-defined]
+
+
+def fetch_fast(frame: bytes, offset: int, version: int, values: bool) -> Any:
+    found = fetch_answer_scan(frame, offset, version, values)
+    if found is None:
+        return None
+    entries, recs = found
+    return (list(entries), recs, entries.values) if values else (entries, recs)  # type: ignore[attr-defined]
+
+
+fetch_partition = st.fixed_dictionaries({
+    "partition_index": st.integers(-2, 2**31 - 1), "error_code": st.sampled_from([0, 0, 1, 6, -1, 32767]),
+    "high_watermark": st.integers(-1, 2**40), "last_stable_offset": st.integers(-1, 2**40),
+    "aborted_transactions": st.none() | st.lists(st.fixed_dictionaries(
+        {"producer_id": st.integers(0, 9), "first_offset": st.integers(0, 9)}), max_size=2),
+    "records": st.sampled_from([None, b"", batch(1), batch(3)])})
+fetch_topic = st.fixed_dictionaries({"topic_id": st.uuids(), "partitions": st.lists(fetch_partition, max_size=3)})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=st.sampled_from([16, 17]), topics=st.lists(fetch_topic, max_size=2),
+       code=st.sampled_from([0, 0, 87]), how=mutation)
+def test_the_fetch_answer_fast_path_agrees_with_the_generated_scanner(version: int, topics: list[dict[str, Any]],
+                                                                    code: int, how: Any) -> None:
+    frame = mutate(response_frame(FETCH, version, 1, error_code=code, session_id=3, responses=topics), how)
+    for values in (False, True):
+        fast = fetch_fast(frame, 9, version, values)
+        if fast is not None:
+            assert fast == fetch_generated(frame, 9, version, values)
+        elif how is None:
+            pytest.fail("the usual answer, whole and unchanged, was left to the scanner")
+
+
+@pytest.mark.parametrize("version", [16, 17])
+@pytest.mark.parametrize("shape", list(FETCH_SHAPES))
+def test_the_fetch_scan_agrees_on_every_cut_and_changed_byte(version: int, shape: str) -> None:
+    partition = {"error_code": 1, "high_watermark": 9, "last_stable_offset": 9, "log_start_offset": 0,
+                 "preferred_read_replica": -1, "records": batch(2), **FETCH_SHAPES[shape]}
+    frame = response_frame(FETCH, version, 1, throttle_time_ms=0, error_code=0, session_id=7, responses=[
+        {"topic_id": uuid.UUID(int=0xFE7C), "partitions": [{"partition_index": p, **partition} for p in range(2)]}])
+    variants = [frame] + [frame[:end] for end in range(9, len(frame))]
+    variants += [frame[:at] + bytes([value]) + frame[at + 1:]
+                 for at in range(9, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
+    taken = 0
+    for variant in variants:
+        for values in (False, True):
+            fast = fetch_fast(variant, 9, version, values)
+            if fast is not None:
+                taken += 1
+                assert fast == fetch_generated(variant, 9, version, values), variant.hex()
+    assert bool(taken) == (shape != "current leader")  # a partition's tagged field: the scanner's
+    # And only the versions it knows: before v16 (no node_endpoints) the scanner reads them all.
+    assert fetch_answer_scan(frame, 9, 15) is None
 
 
 # -- one_batch_count against count_records -------------------------------------------------------------
