@@ -28,11 +28,13 @@ in the same walk, into the ``values`` list of the :class:`ScanEntries` it fills:
 * ``(topic or None, value, code)`` per other struct holding one (a group, a topic of a Metadata
   answer, the top level), appended when the struct ends: after its partitions' entries.
 
-Two shortcuts for the per-request path: :func:`scan_request`, the one scan of a
+Shortcuts for the per-request path: :func:`scan_request`, the one scan of a
 request body that every reader of it shares (the proxy session keeps it on the
-exchange: rules read its topics, metrics and capture its records ranges), and
+exchange: rules read its topics, metrics and capture its records ranges);
 :func:`~kproxy.protocol.produce_scan.produce_answer_errors`, the errors-only scan of the Produce answer a
-producer usually gets (one topic, one partition), read by hand.
+producer usually gets (one topic, one partition), read by hand; and
+:func:`~kproxy.protocol.fetch_scan.fetch_answer_scan`, the same of a KIP-951 consumer's usual Fetch
+answer (v16-v17, no tagged fields).
 """
 
 from __future__ import annotations
