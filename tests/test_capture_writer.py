@@ -396,18 +396,25 @@ def test_a_disk_failing_mid_run_is_survived_retried_and_counters_only_rise(
     assert len([line for line in lines if "event=capture_write_recovered" in line]) == 1
 
 
+class _IntervalWatched(CaptureWriter):
+    """A writer that notes the interpreter's switch interval in ``seen`` as each row group is written."""
+
+    def __init__(self, seen: list[float], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen = seen
+
+    def write_batch_done(self, file: Any) -> None:
+        self.seen.append(sys.getswitchinterval())
+
+
 def test_the_switch_interval_is_short_while_the_writer_works_and_restored_after(tmp_path: Path) -> None:
     """While the writer converts and writes, a loop wanting the GIL gets it within the short
     interval (kproxy.offloop), not the interpreter's 5 ms; idle, the interpreter's is back."""
     seen: list[float] = []
 
-    class WatchedWriter(CaptureWriter):
-        def write_batch_done(self, file: Any) -> None:
-            seen.append(sys.getswitchinterval())
-
     before = sys.getswitchinterval()
-    writer = WatchedWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
-                           row_group_rows=10).start()
+    writer = _IntervalWatched(seen, tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                              row_group_rows=10).start()
     try:
         for i in range(50):
             writer.offer(record(i))
@@ -452,13 +459,9 @@ def test_only_a_writer_beside_a_loop_hands_the_gil_over(tmp_path: Path, monkeypa
     monkeypatch.setattr(writer_module, "time", counted)
     seen: list[float] = []
 
-    class WatchedWriter(CaptureWriter):
-        def write_batch_done(self, file: Any) -> None:
-            seen.append(sys.getswitchinterval())
-
     before = sys.getswitchinterval()
-    writer = WatchedWriter(tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
-                           row_group_rows=40, beside_loop=beside_loop)
+    writer = _IntervalWatched(seen, tmp_path, max_bytes_total=10**9, rotate_bytes=10**8, rotate_seconds=3600,
+                              row_group_rows=40, beside_loop=beside_loop)
     for i in range(100):  # queued before the thread starts: turns of whole slices
         writer.offer(record(i))
     writer.start()

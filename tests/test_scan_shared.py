@@ -300,12 +300,12 @@ def test_the_usual_produce_answer_takes_the_fast_path(version: int, code: int) -
 
 
 # -- produce_answer_untagged against the rewrite's splice ------------------------------------------------
-def _splice_finds(frame: bytes, offset: int, version: int) -> Any:
-    """What the address rewrite's splice makes of a Produce answer: None (nothing to change), the
-    names it changed, or "raises"."""
+def _splice_finds(frame: bytes, offset: int, version: int, api_key: int = PRODUCE) -> Any:
+    """What the address rewrite's splice makes of a Produce (or Fetch) answer's node_endpoints:
+    None (nothing to change), the names it changed, or "raises"."""
     edits = {"node_endpoints": lambda value: value}
     try:
-        spliced, done = splice_body(PRODUCE, version, MessageType.RESPONSE, frame, edits, offset)
+        spliced, done = splice_body(api_key, version, MessageType.RESPONSE, frame, edits, offset)
     except ProtocolError:
         return "raises"
     return None if spliced is None else done
@@ -337,15 +337,6 @@ def test_the_untagged_produce_answer_is_what_the_splice_finds_nothing_in(version
         assert b"kproxy.test" in done.frame and b"b2" not in done.frame
 
 
-def _fetch_splice_finds(frame: bytes, offset: int, version: int) -> Any:
-    edits = {"node_endpoints": lambda value: value}
-    try:
-        spliced, done = splice_body(FETCH, version, MessageType.RESPONSE, frame, edits, offset)
-    except ProtocolError:
-        return "raises"
-    return None if spliced is None else done
-
-
 FETCH_SHAPES = {
     "plain": {},
     "aborted": {"aborted_transactions": [{"producer_id": 5, "first_offset": 3}]},
@@ -370,13 +361,13 @@ def test_the_untagged_fetch_answer_is_what_the_splice_finds_nothing_in(version: 
     offset = 9
     usual = shape in ("plain", "aborted", "no records")
     assert fetch_answer_untagged(frame, offset, version) == usual
-    assert (_fetch_splice_finds(frame, offset, version) is None) == (shape != "node endpoints")
+    assert (_splice_finds(frame, offset, version, FETCH) is None) == (shape != "node endpoints")
     variants = [frame[:end] for end in range(offset, len(frame))] + [frame + b"\x00"]
     variants += [frame[:at] + bytes([value]) + frame[at + 1:]
                  for at in range(offset, len(frame)) for value in (0, 1, 2, 0x7F, 0x80, 0xFF)]
     for variant in variants:
         if fetch_answer_untagged(variant, offset, version):
-            assert _fetch_splice_finds(variant, offset, version) is None, variant.hex()
+            assert _splice_finds(variant, offset, version, FETCH) is None, variant.hex()
     done = ResponseRewriter(AddressMap("kproxy.test", 40000)).rewrite(FETCH, version, frame, offset)
     assert (done is None) == (shape != "node endpoints")
     if done is not None:
